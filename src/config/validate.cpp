@@ -1,0 +1,401 @@
+#include "config/validate.hpp"
+
+#include <cmath>
+
+#include "config/mlm_args.hpp"
+#include "core/error.hpp"
+#include "core/text.hpp"
+
+namespace laoyao::config {
+
+std::string display_name(const std::string& path, FrontEnd fe) {
+  if (fe == FrontEnd::MegatronLM) {
+    std::string flag = mlm_flag_for_path(path);
+    if (!flag.empty()) return flag;
+  }
+  return path;
+}
+
+int64_t padded_vocab_size(int64_t vocab, int64_t divisor, int64_t tp) {
+  int64_t m = divisor * tp;
+  if (m <= 0) return vocab;
+  return (vocab + m - 1) / m * m;
+}
+
+std::vector<std::string> mixed_precision_presets() {
+  return {"bf16_mixed",
+          "fp16_mixed",
+          "bf16_with_fp8_delayed_scaling_mixed",
+          "fp16_with_fp8_delayed_scaling_mixed",
+          "bf16_with_mxfp8_mixed",
+          "fp16_with_mxfp8_mixed",
+          "bf16_with_fp8_current_scaling_mixed",
+          "fp16_with_fp8_current_scaling_mixed",
+          "bf16_with_fp8_subchannel_scaling_mixed",
+          "fp16_with_fp8_subchannel_scaling_mixed",
+          "bf16_with_nvfp4_mixed"};
+}
+
+namespace {
+
+struct Checker {
+  ConfigContainer& c;
+  const ValidateOptions& opt;
+  Validated& out;
+
+  std::string n(const std::string& path) const { return display_name(path, opt.front_end); }
+  bool mlm() const { return opt.front_end == FrontEnd::MegatronLM; }
+  [[noreturn]] void fail(const std::string& msg) const { throw UsageError(msg); }
+  void positive(const std::string& path, int64_t v) const {
+    if (v <= 0) fail(n(path) + " must be a positive integer, got " + std::to_string(v));
+  }
+
+  void mixed_precision() {
+    if (!c.mixed_precision) return;
+    std::string p = *c.mixed_precision;
+    for (auto& ch : p)
+      if (ch == '-') ch = '_';
+    auto presets = mixed_precision_presets();
+    bool known = false;
+    for (auto& k : presets) known = known || k == p;
+    if (!known) {
+      std::string hint = p == "16_mixed" ? " ('16-mixed' is not a preset: use fp16_mixed)" : did_you_mean(p, presets);
+      fail("unknown mixed_precision preset '" + *c.mixed_precision + "'" + hint + "; presets: " + join(presets, ", "));
+    }
+    bool bf16 = starts_with(p, "bf16");
+    // Bridge's setup copies the preset's fields onto model, optimizer and ddp.
+    c.model.bf16 = c.optimizer.bf16 = bf16;
+    c.model.fp16 = c.optimizer.fp16 = !bf16;
+    c.model.params_dtype = c.optimizer.params_dtype = bf16 ? "bf16" : "fp16";
+    c.ddp.grad_reduce_in_fp32 = bf16;
+    c.mixed_precision = p;
+  }
+
+  void model_shape() {
+    auto& m = c.model;
+    positive("model.num_layers", m.num_layers);
+    positive("model.hidden_size", m.hidden_size);
+    positive("model.num_attention_heads", m.num_attention_heads);
+    if (!m.kv_channels) {
+      if (m.hidden_size % m.num_attention_heads != 0)
+        fail(n("model.hidden_size") + " (" + std::to_string(m.hidden_size) + ") must be divisible by " +
+             n("model.num_attention_heads") + " (" + std::to_string(m.num_attention_heads) + ") unless " +
+             n("model.kv_channels") + " is set");
+      m.kv_channels = m.hidden_size / m.num_attention_heads;
+    }
+    positive("model.kv_channels", *m.kv_channels);
+    if (!m.ffn_hidden_size) m.ffn_hidden_size = 4 * m.hidden_size;
+    positive("model.ffn_hidden_size", *m.ffn_hidden_size);
+    if (!m.num_query_groups) m.num_query_groups = m.num_attention_heads;
+    positive("model.num_query_groups", *m.num_query_groups);
+    if (m.num_attention_heads % *m.num_query_groups != 0)
+      fail(n("model.num_attention_heads") + " (" + std::to_string(m.num_attention_heads) +
+           ") must be divisible by " + n("model.num_query_groups") + " (" + std::to_string(*m.num_query_groups) + ")");
+    if (m.num_moe_experts && *m.num_moe_experts == 0) m.num_moe_experts.reset();  // MLM: 0 -> None
+    if (m.num_moe_experts && !m.moe_ffn_hidden_size) m.moe_ffn_hidden_size = m.ffn_hidden_size;
+    if (m.hidden_dropout < 0 || m.hidden_dropout >= 1) fail(n("model.hidden_dropout") + " must be in [0, 1)");
+    if (m.attention_dropout < 0 || m.attention_dropout >= 1) fail(n("model.attention_dropout") + " must be in [0, 1)");
+    if (m.layernorm_epsilon <= 0) fail(n("model.layernorm_epsilon") + " must be > 0");
+    if (m.init_method_std <= 0) fail(n("model.init_method_std") + " must be > 0");
+  }
+
+  void seq_length() {
+    auto& m = c.model;
+    auto& d = c.dataset;
+    if (!d.seq_length) fail(n("dataset.seq_length") + " must be set");
+    positive("dataset.seq_length", *d.seq_length);
+    if (m.seq_length != *d.seq_length)
+      fail("Please ensure sequence length configuration in model config and dataset config match.\n"
+           "Sequence length in model config: " + std::to_string(m.seq_length) +
+           ", Sequence length in dataset config: " + std::to_string(*d.seq_length));
+    if (m.max_position_embeddings && *m.max_position_embeddings < m.seq_length)
+      fail(n("model.max_position_embeddings") + " (" + std::to_string(*m.max_position_embeddings) +
+           ") must be >= " + n("model.seq_length") + " (" + std::to_string(m.seq_length) + ")");
+    if (m.context_parallel_size > 1 && m.seq_length % (2 * m.context_parallel_size) != 0)
+      fail(n("model.seq_length") + " (" + std::to_string(m.seq_length) + ") must be divisible by 2 x " +
+           n("model.context_parallel_size") + " (" + std::to_string(2 * m.context_parallel_size) + ")");
+  }
+
+  void parallelism() {
+    auto& m = c.model;
+    positive("model.tensor_model_parallel_size", m.tensor_model_parallel_size);
+    positive("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size);
+    positive("model.context_parallel_size", m.context_parallel_size);
+    positive("model.expert_model_parallel_size", m.expert_model_parallel_size);
+    int64_t mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size;
+    if (opt.world_size % mp != 0)
+      fail("world size (" + std::to_string(opt.world_size) + ") is not divisible by " +
+           n("model.tensor_model_parallel_size") + " x " + n("model.pipeline_model_parallel_size") + " x " +
+           n("model.context_parallel_size") + " (" + std::to_string(mp) + ")");
+    out.derived.world_size = opt.world_size;
+    out.derived.data_parallel_size = opt.world_size / mp;
+    if (m.sequence_parallel && m.tensor_model_parallel_size == 1) {
+      m.sequence_parallel = false;
+      out.warnings.push_back("sequence parallelism needs tensor parallelism > 1; " + n("model.sequence_parallel") +
+                             " turned off");
+    }
+    if (m.num_query_groups && *m.num_query_groups % m.tensor_model_parallel_size != 0)
+      fail(n("model.num_query_groups") + " (" + std::to_string(*m.num_query_groups) + ") must be divisible by " +
+           n("model.tensor_model_parallel_size") + " (" + std::to_string(m.tensor_model_parallel_size) + ")");
+    if (m.num_moe_experts && *m.num_moe_experts % m.expert_model_parallel_size != 0)
+      fail(n("model.num_moe_experts") + " (" + std::to_string(*m.num_moe_experts) + ") must be divisible by " +
+           n("model.expert_model_parallel_size") + " (" + std::to_string(m.expert_model_parallel_size) + ")");
+    // Bridge: expert_tensor_parallel_size None -> 1 when EP > 1 (MCore would use TP).
+    if (!m.expert_tensor_parallel_size && m.expert_model_parallel_size > 1 && !mlm()) m.expert_tensor_parallel_size = 1;
+    if (!m.expert_tensor_parallel_size && m.num_moe_experts) m.expert_tensor_parallel_size = m.tensor_model_parallel_size;
+    // Distributed optimizer: Bridge ORs the ddp and optimizer switches (same for param gather).
+    if (c.ddp.use_distributed_optimizer != c.optimizer.use_distributed_optimizer) {
+      out.warnings.push_back(
+          "Distributed optimizer settings were not in sync: ddp.use_distributed_optimizer=" +
+          std::string(c.ddp.use_distributed_optimizer ? "True" : "False") + ", optimizer.use_distributed_optimizer=" +
+          (c.optimizer.use_distributed_optimizer ? "True" : "False") +
+          ". Automatically enabling distributed optimizer for both settings.");
+      c.ddp.use_distributed_optimizer = c.optimizer.use_distributed_optimizer = true;
+    }
+    if (c.ddp.overlap_param_gather != c.optimizer.overlap_param_gather)
+      c.ddp.overlap_param_gather = c.optimizer.overlap_param_gather = true;
+  }
+
+  void batch() {
+    auto& t = c.train;
+    if (!t.micro_batch_size) fail(n("train.micro_batch_size") + " must be set");
+    positive("train.micro_batch_size", *t.micro_batch_size);
+    int64_t dp = out.derived.data_parallel_size;
+    if (!t.global_batch_size) t.global_batch_size = *t.micro_batch_size * dp;
+    positive("train.global_batch_size", *t.global_batch_size);
+    if (*t.global_batch_size % (*t.micro_batch_size * dp) != 0)
+      fail(n("train.global_batch_size") + " (" + std::to_string(*t.global_batch_size) +
+           ") must be a multiple of " + n("train.micro_batch_size") + " x data-parallel size (" +
+           std::to_string(*t.micro_batch_size) + " x " + std::to_string(dp) + ")");
+    out.derived.num_microbatches = *t.global_batch_size / (*t.micro_batch_size * dp);
+    if (!t.rampup_batch_size.empty() && t.rampup_batch_size.size() != 3)
+      fail(n("train.rampup_batch_size") + " takes three integers: start, increment, samples");
+    // Exactly one of train_iters / train_samples (num_epochs is not offered).
+    if (t.train_iters && t.train_samples)
+      fail("set only one of " + n("train.train_iters") + " and " + n("train.train_samples"));
+    if (!t.train_iters && !t.train_samples)
+      fail("one of " + n("train.train_iters") + " or " + n("train.train_samples") + " must be provided");
+    if (t.train_iters) positive("train.train_iters", *t.train_iters);
+    if (t.train_samples) positive("train.train_samples", *t.train_samples);
+  }
+
+  void validation() {
+    auto& v = c.validation;
+    auto& t = c.train;
+    // Bridge HEAD: the deprecated train.eval_* fields are copied into validation.* with a warning.
+    if (t.eval_iters) {
+      v.eval_iters = *t.eval_iters, t.eval_iters.reset();
+      out.warnings.push_back("train.eval_iters is deprecated; use validation.eval_iters");
+    }
+    if (t.eval_interval) {
+      v.eval_interval = *t.eval_interval, t.eval_interval.reset();
+      out.warnings.push_back("train.eval_interval is deprecated; use validation.eval_interval");
+    }
+    if (t.skip_train) {
+      v.skip_train = *t.skip_train, t.skip_train.reset();
+      out.warnings.push_back("train.skip_train is deprecated; use validation.skip_train");
+    }
+    if (v.eval_iters < 0) fail(n("validation.eval_iters") + " must be >= 0");
+    if (v.eval_interval) positive("validation.eval_interval", *v.eval_interval);
+    int64_t dp = out.derived.data_parallel_size;
+    int64_t egbs = v.eval_global_batch_size.value_or(*t.global_batch_size);
+    int64_t embs = v.eval_micro_batch_size.value_or(*t.micro_batch_size);
+    if (egbs % (embs * dp) != 0)
+      fail(n("validation.eval_global_batch_size") + " (" + std::to_string(egbs) + ") must be a multiple of " +
+           n("validation.eval_micro_batch_size") + " x data-parallel size (" + std::to_string(embs) + " x " +
+           std::to_string(dp) + ")");
+    // Sample budgets (MLM training.py get_train_valid_test_num_samples).
+    int64_t iters = t.train_iters ? *t.train_iters : *t.train_samples / *t.global_batch_size;
+    out.derived.train_samples = t.train_samples ? *t.train_samples : iters * *t.global_batch_size;
+    out.derived.valid_samples = v.eval_interval ? (iters / *v.eval_interval + 1) * v.eval_iters * egbs : 0;
+    out.derived.test_samples = v.eval_iters * egbs;
+  }
+
+  void optimizer() {
+    auto& o = c.optimizer;
+    if (!o.lr) fail(n("optimizer.lr") + " must be set");
+    if (*o.lr < 0) fail(n("optimizer.lr") + " must be >= 0");
+    if (!o.min_lr) o.min_lr = 0.0;
+    if (*o.min_lr > *o.lr)
+      fail(n("optimizer.min_lr") + " (" + format_double(*o.min_lr) + ") must be <= " + n("optimizer.lr") + " (" +
+           format_double(*o.lr) + ")");
+    if (o.adam_beta1 < 0 || o.adam_beta1 >= 1 || o.adam_beta2 < 0 || o.adam_beta2 >= 1)
+      fail(n("optimizer.adam_beta1") + " and " + n("optimizer.adam_beta2") + " must be in [0, 1)");
+    if (o.adam_eps <= 0) fail(n("optimizer.adam_eps") + " must be > 0");
+    if (o.clip_grad < 0) fail(n("optimizer.clip_grad") + " must be >= 0");
+    if (o.weight_decay < 0) fail(n("optimizer.weight_decay") + " must be >= 0");
+  }
+
+  void scheduler() {
+    auto& s = c.scheduler;
+    auto& t = c.train;
+    int64_t gbs = *t.global_batch_size;
+    if (!s.start_weight_decay) s.start_weight_decay = c.optimizer.weight_decay;
+    if (!s.end_weight_decay) s.end_weight_decay = c.optimizer.weight_decay;
+    if (s.weight_decay_incr_style == "constant" && *s.start_weight_decay != *s.end_weight_decay)
+      fail(n("scheduler.start_weight_decay") + " and " + n("scheduler.end_weight_decay") +
+           " must be equal with the constant weight-decay style");
+    if (s.override_opt_param_scheduler && s.use_checkpoint_opt_param_scheduler)
+      fail("both override and use-checkpoint are set: choose one of " + n("scheduler.override_opt_param_scheduler") +
+           " and " + n("scheduler.use_checkpoint_opt_param_scheduler"));
+    bool iter_fields = s.lr_decay_iters || s.lr_warmup_iters > 0 || s.lr_wsd_decay_iters;
+    bool sample_fields = s.lr_decay_samples || s.lr_warmup_samples > 0 || s.lr_wsd_decay_samples;
+    if (iter_fields && sample_fields)
+      fail("Cannot mix iteration-based and sample-based scheduler fields: " + n("scheduler.lr_decay_iters") + "/" +
+           n("scheduler.lr_warmup_iters") + " with " + n("scheduler.lr_decay_samples") + "/" +
+           n("scheduler.lr_warmup_samples"));
+    if (s.lr_warmup_fraction && (s.lr_warmup_iters > 0 || s.lr_warmup_samples > 0))
+      fail("Can only specify one of " + n("scheduler.lr_warmup_fraction") + " or " + n("scheduler.lr_warmup_iters") +
+           " (or " + n("scheduler.lr_warmup_samples") + ")");
+    if (t.train_iters) {
+      if (sample_fields)
+        fail("Use " + n("scheduler.lr_decay_iters") + " / " + n("scheduler.lr_warmup_iters") +
+             " for iteration-based training, not the *_samples fields");
+      if (s.max_steps) {
+        if (*s.max_steps < *t.train_iters)
+          fail(n("scheduler.max_steps") + " (" + std::to_string(*s.max_steps) + ") must be >= " +
+               n("train.train_iters") + " (" + std::to_string(*t.train_iters) + ")");
+        s.lr_decay_iters = s.max_steps;
+      } else if (!s.lr_decay_iters) {
+        s.lr_decay_iters = t.train_iters;
+      }
+      if (s.lr_decay_style == "WSD" && !s.lr_wsd_decay_iters) s.lr_wsd_decay_iters = s.lr_decay_iters;
+      s.lr_decay_steps = *s.lr_decay_iters * gbs;
+      s.wd_incr_steps = s.max_steps.value_or(*t.train_iters) * gbs;
+      s.wsd_decay_steps = s.lr_wsd_decay_iters ? OptInt(*s.lr_wsd_decay_iters * gbs) : std::nullopt;
+      s.lr_warmup_steps = s.lr_warmup_fraction
+                              ? static_cast<int64_t>(*s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps))
+                              : s.lr_warmup_iters * gbs;
+    } else {
+      if (s.lr_decay_iters)
+        fail("Use " + n("scheduler.lr_decay_samples") + " for sample-based training, not " +
+             n("scheduler.lr_decay_iters"));
+      s.lr_decay_steps = s.lr_decay_samples.value_or(*t.train_samples);
+      s.wd_incr_steps = *t.train_samples;
+      s.wsd_decay_steps = s.lr_wsd_decay_samples;
+      s.lr_warmup_steps = s.lr_warmup_fraction
+                              ? static_cast<int64_t>(*s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps))
+                              : s.lr_warmup_samples;
+    }
+    if (*s.lr_decay_steps <= 0)
+      fail("lr_decay_steps must be > 0, got " + std::to_string(*s.lr_decay_steps) +
+           ". Please increase train_iters/train_samples or lr_decay_iters/lr_decay_samples (set " +
+           n("train.train_iters") + " or " + n("scheduler.lr_decay_iters") + ").");
+    if (*s.lr_warmup_steps >= *s.lr_decay_steps) {
+      if (mlm())  // Megatron-LM asserts lr_warmup_steps < lr_decay_steps before step 1.
+        fail("the warmup (" + std::to_string(*s.lr_warmup_steps) + " samples) must be shorter than the decay (" +
+             std::to_string(*s.lr_decay_steps) + " samples): lower " + n("scheduler.lr_warmup_iters") +
+             " or raise " + n("scheduler.lr_decay_iters") + " / " + n("train.train_iters"));
+      out.warnings.push_back("lr_warmup_steps (" + std::to_string(*s.lr_warmup_steps) + ") >= lr_decay_steps (" +
+                             std::to_string(*s.lr_decay_steps) + "); capping lr_warmup_steps to " +
+                             std::to_string(*s.lr_decay_steps - 1) +
+                             ". Reduce lr_warmup_iters (or lr_warmup_samples) for short training runs "
+                             "(scheduler.lr_warmup_iters=N with N < scheduler.lr_decay_iters).");
+      s.lr_warmup_steps = *s.lr_decay_steps - 1;
+    }
+  }
+
+  void data() {
+    auto& d = c.dataset;
+    bool has_blend = !d.blend.is_null() || !d.blend_per_split.is_null() || !d.data_path.empty() ||
+                     !d.train_data_path.empty() || !d.valid_data_path.empty() || !d.test_data_path.empty();
+    if (d.mock.value_or(false) && has_blend)
+      fail("mock data was requested together with data paths; choose one (" + n("dataset.mock") + " or " +
+           n("dataset.data_path") + ")");
+    if (!d.mock) {
+      d.mock = !has_blend && !d.dataset_name;
+      if (*d.mock) out.notes.push_back("Let mock = True, as both blend and blend_per_split are None");
+    }
+    if (!*d.mock && !has_blend && !d.dataset_name)
+      fail("no training data: set " + n("dataset.data_path") + " (a Megatron .bin/.idx prefix) or use mock data (" +
+           n("dataset.mock") + ")");
+    if (*d.mock && d.split != std::string("1,1,1")) {
+      out.notes.push_back("Let split = 1,1,1, an arbitrarily even split, as mock is True");
+      d.split = "1,1,1";
+    }
+    if (!*d.mock && !d.split && !d.data_path.empty()) d.split = "969, 30, 1";
+    if (d.num_workers < 0) fail(n("dataset.num_workers") + " must be >= 0");
+  }
+
+  void tokenizer() {
+    auto& k = c.tokenizer;
+    auto& m = c.model;
+    if (!k.tokenizer_type) fail(n("tokenizer.tokenizer_type") + " must be set");
+    static const Choices types = {"NullTokenizer",        "GPT2BPETokenizer",      "HuggingFaceTokenizer",
+                                  "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+                                  "TikTokenizer",          "MultimodalTokenizer",   "BertWordPieceLowerCase",
+                                  "BertWordPieceCase"};
+    bool known = false;
+    for (auto& t : types) known = known || t == *k.tokenizer_type;
+    if (!known)
+      fail("unknown " + n("tokenizer.tokenizer_type") + " '" + *k.tokenizer_type + "'" +
+           did_you_mean(*k.tokenizer_type, types) + "; choose from " + join(types, ", "));
+    int64_t tp = m.tensor_model_parallel_size;
+    if (*k.tokenizer_type == "NullTokenizer") {
+      if (!k.vocab_size) fail(n("tokenizer.vocab_size") + " must be set for the NullTokenizer");
+      positive("tokenizer.vocab_size", *k.vocab_size);
+      int64_t v = k.null_vocab_includes_eod ? *k.vocab_size : *k.vocab_size + 1;
+      out.derived.tokenizer_vocab_size = v;
+      out.derived.eod_id = v - 1;
+    } else {
+      auto need = [&](const OptString& f, const std::string& path) {
+        if (!f) fail(n(path) + " must be set for the " + *k.tokenizer_type);
+      };
+      if (*k.tokenizer_type == "GPT2BPETokenizer") {
+        need(k.vocab_file, "tokenizer.vocab_file");
+        need(k.merge_file, "tokenizer.merge_file");
+      } else if (*k.tokenizer_type != "BertWordPieceLowerCase" && *k.tokenizer_type != "BertWordPieceCase") {
+        need(k.tokenizer_model, "tokenizer.tokenizer_model");
+      }
+      out.notes.push_back("the vocabulary size of the " + *k.tokenizer_type +
+                          " is read from its files when the run starts");
+      return;
+    }
+    int64_t tok = out.derived.tokenizer_vocab_size;
+    if (!m.vocab_size || k.use_tokenizer_vocab_size) {
+      m.vocab_size = tok;
+      m.should_pad_vocab = true;
+    } else if (*m.vocab_size < tok) {
+      fail(n("model.vocab_size") + " (" + std::to_string(*m.vocab_size) + ") is smaller than the tokenizer's vocabulary (" +
+           std::to_string(tok) + ")");
+    }
+    out.derived.padded_vocab_size =
+        m.should_pad_vocab ? padded_vocab_size(*m.vocab_size, m.make_vocab_size_divisible_by, tp) : *m.vocab_size;
+  }
+
+  void checkpoint() {
+    auto& k = c.checkpoint;
+    if (k.save && mlm() && !k.save_interval)
+      fail("--save needs a positive --save-interval (Megatron-LM asserts it)");
+    if (k.save_interval && *k.save_interval <= 0) fail(n("checkpoint.save_interval") + " must be > 0");
+  }
+
+  void logger() { positive("logger.log_interval", c.logger.log_interval); }
+
+  void run() {
+    if (opt.world_size <= 0) fail("world size must be positive");
+    if (c.rng.seed <= 0) fail(n("rng.seed") + " must be > 0, got " + std::to_string(c.rng.seed));
+    mixed_precision();
+    model_shape();
+    seq_length();
+    parallelism();
+    batch();
+    validation();
+    optimizer();
+    scheduler();
+    data();
+    tokenizer();
+    checkpoint();
+    logger();
+  }
+};
+
+}  // namespace
+
+Validated validate(ConfigContainer& c, const ValidateOptions& opt) {
+  Validated out;
+  Checker{c, opt, out}.run();
+  return out;
+}
+
+}  // namespace laoyao::config

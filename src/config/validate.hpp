@@ -1,0 +1,40 @@
+// The one validation pass every front end goes through: it fills the fields Megatron derives
+// (ffn_hidden_size, kv_channels, global batch size, scheduler steps in samples, the padded
+// vocabulary, ...), applies Bridge's post-processing rules (seq_length sync, warmup/decay guard,
+// distributed-optimizer OR rule, mixed-precision preset) and refuses inconsistent settings with
+// one UsageError that names the setting the way the user's front end spells it.
+// validate() is idempotent: validating a validated config changes nothing.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/config_container.hpp"
+
+namespace laoyao::config {
+
+enum class FrontEnd { MegatronLM, Bridge };
+
+struct ValidateOptions {
+  FrontEnd front_end = FrontEnd::Bridge;
+  int64_t world_size = 1;
+};
+
+struct Validated {
+  Derived derived;
+  std::vector<std::string> warnings;  // printed as "WARNING: ..." by the CLI
+  std::vector<std::string> notes;     // informational lines ("Let mock = True, ...")
+};
+
+Validated validate(ConfigContainer& c, const ValidateOptions& opt);
+
+// How the front end names a field: "--num-layers" for Megatron-LM flags, "model.num_layers" for
+// recipes. Falls back to the path when no flag maps to it.
+std::string display_name(const std::string& path, FrontEnd fe);
+
+// Megatron's padded vocabulary: ceil(v / (divisor * tp)) * divisor * tp.
+int64_t padded_vocab_size(int64_t vocab, int64_t divisor, int64_t tp);
+
+// The mixed-precision presets Bridge registers (names with '_'; '-' aliases are accepted).
+std::vector<std::string> mixed_precision_presets();
+
+}  // namespace laoyao::config

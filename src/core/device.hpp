@@ -1,0 +1,14 @@
+// What accelerators this process can use. Built without the CUDA backend, there are none.
+#pragma once
+#include <string>
+
+namespace laoyao {
+
+bool cuda_backend_built();
+// Number of visible CUDA devices; 0 when the backend is not built, no driver is present or no
+// GPU is visible (never throws: "no GPU" is a normal answer on CPU machines).
+int cuda_device_count();
+// One line naming device `i` ("NVIDIA H200, cc 9.0, 132 SMs, 139.8 GiB"), or "" if unavailable.
+std::string cuda_device_summary(int i);
+
+}  // namespace laoyao

@@ -1,0 +1,141 @@
+// The user's surface, through the built binary: exit statuses, messages, nothing half-written.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "run_binary.hpp"
+
+using laoyao::test::count_entries;
+using laoyao::test::fresh_dir;
+using laoyao::test::run_laoyao;
+
+static std::vector<std::string> seed_mlm() {
+  return {"pretrain-gpt", "--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+          "--ffn-hidden-size", "1024", "--seq-length", "512", "--max-position-embeddings", "512",
+          "--micro-batch-size", "4", "--global-batch-size", "32", "--train-iters", "10", "--eval-iters", "2",
+          "--eval-interval", "10", "--mock-data", "--bf16", "--use-mcore-models", "--tokenizer-type",
+          "NullTokenizer", "--vocab-size", "32000", "--lr", "3e-4", "--min-lr", "3e-5", "--seed", "1234",
+          "--log-interval", "1"};
+}
+
+static bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(Cli, UnknownCommandAndHelp) {
+  auto r = run_laoyao({"pretrain-gtp"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "did you mean pretrain-gpt?")) << r.output;
+  r = run_laoyao({"--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "run-recipe")) << r.output;
+  EXPECT_EQ(run_laoyao({}).status, 2);
+}
+
+TEST(Cli, SeedMlmCommandResolvesThenStopsAtTheMissingEngineWritingNothing) {
+  std::string dir = fresh_dir("seed_mlm");
+  auto args = seed_mlm();
+  args.insert(args.end(), {"--save", dir + "/ckpt", "--save-interval", "5"});
+  auto r = run_laoyao(args, dir);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "setting number of microbatches to constant 8")) << r.output;
+  EXPECT_TRUE(contains(r.output, " > padded vocab (size: 32000) with 0 dummy tokens (new size: 32000)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "training engine")) << r.output;
+  EXPECT_EQ(count_entries(dir), 0u) << "nothing may be written";
+}
+
+TEST(Cli, TypoInAFlagIsExitTwoWithTheNearestFlag) {
+  auto args = seed_mlm();
+  args[1] = "--num-layer";
+  auto r = run_laoyao(args);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "unrecognized argument --num-layer (did you mean --num-layers?)")) << r.output;
+}
+
+TEST(Cli, RecipesListAndShow) {
+  auto r = run_laoyao({"recipes"});
+  EXPECT_EQ(r.status, 0);
+  for (auto n : {"vanilla_gpt_pretrain_config", "llama32_1b_pretrain_config", "llama3_8b_peft_config",
+                 "deepseek_v2_lite_pretrain_config", "qwen3_8b_sft_config"})
+    EXPECT_TRUE(contains(r.output, n)) << n;
+  r = run_laoyao({"recipes", "show", "llama32_1b_pretrain_config"}, ".", "WORLD_SIZE=1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "  num_layers: 16\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "  lr_warmup_steps: 1024000\n")) << "resolved: warmup 2000 x GBS 512";
+  r = run_laoyao({"recipes", "show", "vanilla_gpt_pretrain_config"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "NOT resolved: model.num_layers must be a positive integer")) << r.output;
+  r = run_laoyao({"recipes", "show", "nope"});
+  EXPECT_EQ(r.status, 2);
+}
+
+// `recipes show` output, fed back through --config-file, gives the same resolved config.
+TEST(Cli, ShowOutputFeedsBackThroughConfigFile) {
+  std::string dir = fresh_dir("yaml_round_trip");
+  std::vector<std::string> o = {"model.num_layers=2", "model.hidden_size=256", "model.num_attention_heads=4",
+                                "train.train_iters=10", "scheduler.lr_warmup_iters=1"};
+  std::vector<std::string> show = {"recipes", "show", "vanilla_gpt_pretrain_config"};
+  show.insert(show.end(), o.begin(), o.end());
+  auto shown = run_laoyao(show, dir);
+  ASSERT_EQ(shown.status, 0) << shown.output;
+  std::ofstream(dir + "/cfg.yaml") << shown.output;
+  auto r = run_laoyao({"run-recipe", "--recipe", "vanilla_gpt_pretrain_config", "--config-file", "cfg.yaml",
+                       "--dry-run", "logger.save_config_filepath=" + dir + "/out.yaml"},
+                      dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(dir + "/out.yaml");
+  std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string shown_yaml = shown.output.substr(shown.output.find('\n') + 1);  // drop the comment line
+  // The only difference: the save path the dry run was told to write to.
+  auto strip = [](std::string s) {
+    auto at = s.find("  save_config_filepath:");
+    return s.substr(0, at) + s.substr(s.find('\n', at));
+  };
+  EXPECT_EQ(strip(written), strip(shown_yaml));
+}
+
+TEST(Cli, RunRecipeSeedCommandAndBadOverrides) {
+  std::string dir = fresh_dir("seed_bridge");
+  std::vector<std::string> a = {"run-recipe", "--recipe", "vanilla_gpt_pretrain_config", "model.num_layers=2",
+                                "model.hidden_size=256", "model.num_attention_heads=4", "model.ffn_hidden_size=1024",
+                                "model.seq_length=512", "dataset.seq_length=512", "train.train_iters=10",
+                                "train.global_batch_size=32", "train.micro_batch_size=4",
+                                "validation.eval_interval=10", "validation.eval_iters=2", "optimizer.lr=3e-4",
+                                "optimizer.min_lr=3e-5", "scheduler.lr_warmup_iters=1",
+                                "scheduler.lr_decay_iters=10", "rng.seed=1234", "logger.log_interval=1"};
+  auto r = run_laoyao(a, dir);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "Final configuration:")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Automatically enabling distributed optimizer")) << r.output;
+  EXPECT_TRUE(contains(r.output, "training engine")) << r.output;
+  EXPECT_EQ(count_entries(dir), 0u) << "nothing may be written";
+  a.push_back("model.num_layer=3");
+  r = run_laoyao(a, dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "did you mean model.num_layers?")) << r.output;
+  EXPECT_EQ(count_entries(dir), 0u);
+}
+
+// The convert-args command, executed as printed, resolves to the Megatron-LM command's config.
+TEST(Cli, ConvertArgsPrintsACommandThatRuns) {
+  std::string dir = fresh_dir("convert");
+  auto mlm = seed_mlm();
+  mlm[0] = "convert-args";
+  auto conv = run_laoyao(mlm, dir);
+  ASSERT_EQ(conv.status, 0) << conv.output;
+  ASSERT_TRUE(contains(conv.output, "laoyao run-recipe --recipe vanilla_gpt_pretrain_config")) << conv.output;
+  std::string cmd = conv.output;
+  cmd.replace(cmd.find("laoyao "), 7, laoyao::test::shell_word(LAOYAO_BINARY) + " ");
+  std::ofstream(dir + "/cmd.sh") << cmd.substr(0, cmd.size() - 1) << " --dry-run logger.save_config_filepath=a.yaml\n";
+  int st = std::system(("cd " + dir + " && bash cmd.sh >/dev/null 2>&1").c_str());
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  mlm.insert(mlm.begin() + 1, {"--emit", "yaml"});
+  auto yaml = run_laoyao(mlm, dir);
+  ASSERT_EQ(yaml.status, 0);
+  std::ifstream in(dir + "/a.yaml");
+  std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto strip = [](std::string s) {
+    auto at = s.find("  save_config_filepath:");
+    return s.substr(0, at) + s.substr(s.find('\n', at));
+  };
+  EXPECT_EQ(strip(written), strip(yaml.output));
+}

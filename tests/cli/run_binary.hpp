@@ -1,0 +1,54 @@
+// Runs the built `laoyao` binary as a user would, in a given directory, capturing its output.
+#pragma once
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace laoyao::test {
+
+struct RunResult {
+  int status = -1;     // exit status
+  std::string output;  // stdout and stderr together
+};
+
+inline std::string shell_word(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+inline RunResult run_laoyao(const std::vector<std::string>& args, const std::string& cwd = ".",
+                            const std::string& env = "") {
+  std::string cmd = "cd " + shell_word(cwd) + " && " + env + " " + shell_word(LAOYAO_BINARY);
+  for (const auto& a : args) cmd += " " + shell_word(a);
+  cmd += " 2>&1";
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// A fresh empty directory under the system temp folder.
+inline std::string fresh_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("laoyao_test_" + name);
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+inline size_t count_entries(const std::string& dir) {
+  size_t n = 0;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir)) (void)e, ++n;
+  return n;
+}
+
+}  // namespace laoyao::test

@@ -1,0 +1,194 @@
+#include <gtest/gtest.h>
+
+#include "config/front_ends.hpp"
+#include "config/mlm_args.hpp"
+#include "core/error.hpp"
+#include "test_util.hpp"
+
+using namespace laoyao;
+using namespace laoyao::config;
+using laoyao::config::test::seed_mlm_args;
+
+static std::string usage_error(const std::vector<std::string>& args) {
+  try {
+    resolve_mlm(args, 1);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+static std::vector<std::string> with(std::vector<std::string> a, std::vector<std::string> extra) {
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST(MlmArgs, SeedCommandResolvesWithMegatronLmDefaults) {
+  Resolved r = resolve_mlm(seed_mlm_args(), 1);
+  auto& c = r.cfg;
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.model.hidden_size, 256);
+  EXPECT_EQ(*c.model.ffn_hidden_size, 1024);
+  EXPECT_EQ(*c.model.kv_channels, 64);
+  EXPECT_EQ(*c.model.num_query_groups, 4);
+  EXPECT_EQ(c.model.seq_length, 512);
+  EXPECT_EQ(*c.dataset.seq_length, 512);
+  EXPECT_EQ(*c.model.max_position_embeddings, 512);
+  // Numerically relevant Megatron-LM defaults (megatron-lm.md §2.2).
+  EXPECT_DOUBLE_EQ(c.model.hidden_dropout, 0.1);
+  EXPECT_DOUBLE_EQ(c.model.attention_dropout, 0.1);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_DOUBLE_EQ(*c.scheduler.start_weight_decay, 0.01);
+  EXPECT_DOUBLE_EQ(c.optimizer.adam_beta2, 0.999);
+  EXPECT_DOUBLE_EQ(c.optimizer.adam_eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.clip_grad, 1.0);
+  EXPECT_EQ(c.scheduler.lr_decay_style, "linear");
+  EXPECT_EQ(c.scheduler.lr_warmup_iters, 0);
+  EXPECT_TRUE(c.model.bias_activation_fusion) << "tanh GeLU is what Megatron-LM runs by default";
+  EXPECT_TRUE(c.model.add_bias_linear);
+  EXPECT_TRUE(c.model.add_qkv_bias);
+  EXPECT_TRUE(c.model.share_embeddings_and_output_weights);
+  EXPECT_FALSE(c.model.attention_softmax_in_fp32);
+  EXPECT_EQ(c.mixed_precision, "bf16_mixed");
+  EXPECT_TRUE(c.model.bf16);
+  EXPECT_TRUE(c.ddp.grad_reduce_in_fp32) << "--bf16 turns on fp32 gradient accumulation";
+  EXPECT_TRUE(c.ddp.check_for_nan_in_grad);
+  EXPECT_FALSE(c.ddp.use_distributed_optimizer);
+  EXPECT_TRUE(*c.dataset.mock);
+  EXPECT_EQ(*c.dataset.split, "1,1,1");
+  EXPECT_EQ(c.dataset.random_seed, 1234);
+  EXPECT_EQ(c.logger.log_interval, 1);
+  EXPECT_EQ(c.validation.eval_iters, 2);
+  // Current NullTokenizer: vocab V, EOD V-1, padded to a multiple of 128 (32000 already is).
+  auto& d = r.validated.derived;
+  EXPECT_EQ(d.tokenizer_vocab_size, 32000);
+  EXPECT_EQ(d.eod_id, 31999);
+  EXPECT_EQ(d.padded_vocab_size, 32000);
+  EXPECT_EQ(d.num_microbatches, 8);
+  EXPECT_EQ(d.train_samples, 320);
+  EXPECT_EQ(d.valid_samples, (10 / 10 + 1) * 2 * 32);
+  EXPECT_EQ(d.test_samples, 64);
+  EXPECT_EQ(*c.scheduler.lr_decay_steps, 320);
+  EXPECT_EQ(*c.scheduler.lr_warmup_steps, 0);
+}
+
+TEST(MlmArgs, DefaultsWhenFlagsAreAbsent) {
+  ConfigContainer c = parse_mlm_args({});
+  EXPECT_EQ(c.validation.eval_iters, 100);
+  EXPECT_FALSE(c.validation.eval_interval.has_value());
+  EXPECT_EQ(c.logger.log_interval, 100);
+  EXPECT_EQ(*c.tokenizer.tokenizer_type, "GPT2BPETokenizer");
+  EXPECT_EQ(c.model.make_vocab_size_divisible_by, 128);
+  EXPECT_EQ(c.rng.seed, 1234);
+  EXPECT_DOUBLE_EQ(*c.optimizer.min_lr, 0.0);
+  EXPECT_EQ(c.model.position_embedding_type, "learned_absolute");
+  EXPECT_EQ(c.model.normalization, "LayerNorm");
+  EXPECT_DOUBLE_EQ(c.model.layernorm_epsilon, 1e-5);
+  EXPECT_EQ(c.model.transformer_impl, "transformer_engine");
+}
+
+TEST(MlmArgs, ArgparseForms) {
+  ConfigContainer c = parse_mlm_args({"--num-layers=3", "--num-layers", "5", "--lr=1e-3", "--data-path", "0.3",
+                                      "/d/a_text_document", "0.7", "/d/b", "--split", "98,2,0"});
+  EXPECT_EQ(c.model.num_layers, 5) << "the last occurrence wins";
+  EXPECT_DOUBLE_EQ(*c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.dataset.data_path, (std::vector<std::string>{"0.3", "/d/a_text_document", "0.7", "/d/b"}));
+  EXPECT_EQ(*c.dataset.split, "98,2,0");
+  ConfigContainer neg = parse_mlm_args({"--lr-warmup-init", "-0.5", "--ckpt-step", "-1"});
+  EXPECT_DOUBLE_EQ(neg.scheduler.lr_warmup_init, -0.5) << "a negative number is a value, not a flag";
+}
+
+TEST(MlmArgs, SwitchesAndQuirks) {
+  ConfigContainer c = parse_mlm_args({"--swiglu", "--hidden-size", "2048", "--disable-bias-linear",
+                                      "--untie-embeddings-and-output-weights", "--group-query-attention",
+                                      "--num-query-groups", "8", "--normalization", "RMSNorm",
+                                      "--position-embedding-type", "rope", "--use-distributed-optimizer",
+                                      "--no-bias-gelu-fusion"});
+  EXPECT_TRUE(c.model.gated_linear_unit);
+  EXPECT_EQ(c.model.activation_func, "silu");
+  EXPECT_EQ(*c.model.ffn_hidden_size, 5440) << "int(4*h*2/3/64)*64";
+  EXPECT_FALSE(c.model.add_bias_linear);
+  EXPECT_FALSE(c.model.add_qkv_bias);
+  EXPECT_FALSE(c.model.share_embeddings_and_output_weights);
+  EXPECT_EQ(*c.model.num_query_groups, 8);
+  EXPECT_TRUE(c.model.bias_activation_fusion) << "swiglu uses --no-bias-swiglu-fusion, not the gelu switch";
+  EXPECT_TRUE(c.ddp.use_distributed_optimizer);
+  EXPECT_TRUE(c.optimizer.use_distributed_optimizer);
+  ConfigContainer g = parse_mlm_args({"--no-bias-gelu-fusion"});
+  EXPECT_FALSE(g.model.bias_activation_fusion) << "exact erf GeLU";
+  ConfigContainer q = parse_mlm_args({"--num-query-groups", "2"});
+  EXPECT_FALSE(q.model.num_query_groups.has_value()) << "--num-query-groups is ignored without --group-query-attention";
+  ConfigContainer m = parse_mlm_args({"--num-experts", "64", "--moe-layer-freq", "([0]+[1]*3)*2"});
+  ASSERT_EQ(m.model.moe_layer_freq.kind, Value::Kind::List);
+  std::vector<int64_t> freq;
+  for (auto& v : m.model.moe_layer_freq.list) freq.push_back(v.i);
+  EXPECT_EQ(freq, (std::vector<int64_t>{0, 1, 1, 1, 0, 1, 1, 1}));
+}
+
+TEST(MlmArgs, UnknownFlagNamesTheNearestOne) {
+  std::string e = usage_error({"--num-layer", "2"});
+  EXPECT_NE(e.find("--num-layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean --num-layers?"), std::string::npos) << e;
+  EXPECT_NE(usage_error({"--hiden-size", "2"}).find("--hidden-size"), std::string::npos);
+}
+
+TEST(MlmArgs, BadValuesNameFlagValueAndWhatIsAccepted) {
+  std::string e = usage_error(with(seed_mlm_args(), {"--num-layers", "two"}));
+  EXPECT_NE(e.find("'two'"), std::string::npos) << e;
+  EXPECT_NE(e.find("--num-layers"), std::string::npos) << e;
+  EXPECT_NE(e.find("integer"), std::string::npos) << e;
+  e = usage_error(with(seed_mlm_args(), {"--lr-decay-style", "cosin"}));
+  EXPECT_NE(e.find("choose from constant, linear, cosine"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean cosine?"), std::string::npos) << e;
+  e = usage_error({"--num-layers"});
+  EXPECT_NE(e.find("expected one argument"), std::string::npos) << e;
+  e = usage_error({"--bf16=yes"});
+  EXPECT_NE(e.find("ignored explicit argument"), std::string::npos) << e;
+  e = usage_error({"stray"});
+  EXPECT_NE(e.find("stray"), std::string::npos) << e;
+}
+
+TEST(MlmArgs, UnsupportedMegatronFlagsAreRefusedByName) {
+  std::string e = usage_error({"--fp8-format", "hybrid"});
+  EXPECT_NE(e.find("--fp8-format"), std::string::npos);
+  EXPECT_NE(e.find("does not support"), std::string::npos);
+  EXPECT_NE(usage_error({"--spec", "local"}).find("--spec"), std::string::npos);
+}
+
+TEST(MlmArgs, ValidationErrorsUseFlagNames) {
+  std::string e = usage_error({"--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4",
+                               "--seq-length", "64", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                               "--vocab-size", "100", "--lr", "1e-3", "--train-iters", "5"});
+  EXPECT_NE(e.find("--micro-batch-size"), std::string::npos) << e;
+  auto args = seed_mlm_args();
+  e = usage_error(with(args, {"--lr-warmup-iters", "20"}));
+  EXPECT_NE(e.find("--lr-warmup-iters"), std::string::npos) << "Megatron-LM asserts warmup < decay: " << e;
+  e = usage_error(with(args, {"--global-batch-size", "30"}));
+  EXPECT_NE(e.find("--global-batch-size (30) must be a multiple of --micro-batch-size"), std::string::npos) << e;
+  e = usage_error(with(args, {"--min-lr", "1e-2"}));
+  EXPECT_NE(e.find("--min-lr"), std::string::npos) << e;
+  e = usage_error(with(args, {"--max-position-embeddings", "256"}));
+  EXPECT_NE(e.find("--max-position-embeddings (256) must be >= --seq-length (512)"), std::string::npos) << e;
+  e = usage_error(with(args, {"--save", "/tmp/x"}));
+  EXPECT_NE(e.find("--save-interval"), std::string::npos) << e;
+}
+
+TEST(MlmArgs, TwoGpuSeedNeedsTwoRanksForTensorParallelism) {
+  Resolved r = resolve_mlm(test::seed_mlm_args_tp2(), 2);
+  EXPECT_TRUE(r.cfg.model.sequence_parallel);
+  EXPECT_EQ(r.validated.derived.data_parallel_size, 1);
+  EXPECT_EQ(r.validated.derived.padded_vocab_size, 1024) << "ceil(1024 / (128*2)) * 256";
+  std::string e = usage_error(test::seed_mlm_args_tp2());
+  EXPECT_NE(e.find("world size (1) is not divisible by --tensor-model-parallel-size"), std::string::npos) << e;
+  // With TP=1 Megatron turns sequence parallelism off with a warning.
+  Resolved one = resolve_mlm(with(seed_mlm_args(), {"--sequence-parallel"}), 1);
+  EXPECT_FALSE(one.cfg.model.sequence_parallel);
+  ASSERT_FALSE(one.validated.warnings.empty());
+}
+
+TEST(MlmArgs, EveryFlagIsKnownOnce) {
+  auto names = mlm_flag_names();
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end());
+  EXPECT_GT(names.size(), 200u);
+}

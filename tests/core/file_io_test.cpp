@@ -1,0 +1,30 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/file_io.hpp"
+
+using namespace laoyao;
+
+TEST(FileIo, AtomicWriteReplacesWholeFileAndLeavesNoTemporary) {
+  auto dir = std::filesystem::temp_directory_path() / "laoyao_file_io_test";
+  std::filesystem::remove_all(dir);
+  std::string path = (dir / "sub" / "f.txt").string();
+  write_file_atomic(path, "first");
+  write_file_atomic(path, "second, longer");
+  EXPECT_EQ(read_file(path), "second, longer");
+  int entries = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir / "sub")) (void)e, ++entries;
+  EXPECT_EQ(entries, 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FileIo, ReadingAMissingFileIsAUsageErrorNamingIt) {
+  try {
+    read_file("/nonexistent/laoyao.yaml");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/laoyao.yaml"), std::string::npos);
+  }
+}
