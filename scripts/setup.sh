@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PRESET=${1:-default}
 
 PACKAGES=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev nlohmann-json3-dev libgtest-dev
-          libpcre2-dev)
+          libpcre2-dev libopenblas-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

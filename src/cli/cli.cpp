@@ -23,6 +23,8 @@ const Subcommand kSubcommands[] = {
     {"recipes", cmd_recipes, "list the recipes; `recipes show NAME [a.b=v ...]` prints one as YAML"},
     {"convert-args", cmd_convert_args,
      "print the run-recipe command (and YAML) equal to a set of Megatron-LM flags"},
+    {"compare-logs", cmd_compare_logs,
+     "per-iteration loss diff of two training logs, with a BF16-tolerance verdict"},
 };
 
 void print_usage(std::FILE* out) {

@@ -1,0 +1,44 @@
+// AdamW on fp32 main parameters (Megatron's Adam with decoupled weight decay, megatron-lm.md §4.1),
+// global-norm gradient clipping (§4.4). Works on flat buffers; a per-element group table says
+// which ranges get weight decay.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace laoyao::optim {
+
+struct AdamWSettings {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+
+// A contiguous range of parameters with one weight-decay multiplier (0 for biases and 1-D params).
+struct ParamRange {
+  int64_t offset = 0, numel = 0;
+  double wd_mult = 1.0;
+};
+
+class AdamW {
+ public:
+  AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s);
+  // One step with learning rate `lr` and weight decay `wd` (times each range's multiplier):
+  //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+  //   p -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)        (t counts steps from 1)
+  void step(float* params, const float* grads, double lr, double wd);
+  int64_t steps() const { return step_; }
+  std::vector<float>& exp_avg() { return m_; }
+  std::vector<float>& exp_avg_sq() { return v_; }
+  void set_steps(int64_t t) { step_ = t; }
+
+ private:
+  std::vector<ParamRange> ranges_;
+  AdamWSettings s_;
+  std::vector<float> m_, v_;
+  int64_t step_ = 0;
+};
+
+// L2 norm of the gradients (accumulated in double).
+double grad_norm(const float* grads, int64_t n);
+// Megatron's clip: coeff = max_norm / (norm + 1e-6), applied only when < 1. Returns the coefficient used.
+double clip_grads(float* grads, int64_t n, double norm, double max_norm);
+
+}  // namespace laoyao::optim

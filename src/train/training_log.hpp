@@ -1,0 +1,111 @@
+// Megatron's training log text, byte for byte, so that tools written for Megatron logs (the
+// regexes of Megatron-Bridge's scripts/performance/utils/evaluate.py, users' grep/awk) read ours.
+//
+// Reproduced functions:
+//   megatron/training/training.py::training_log            (MLM per-iteration line)
+//   megatron/bridge/training/utils/train_utils.py::training_log   (Bridge line + "Step Time" line)
+//   megatron/training/training.py::evaluate_and_print_results     (validation block; Bridge's
+//                                                                  training/eval.py is identical)
+// Formatting follows Python's format-spec semantics ({:.6E}, {:.3f}, {:8d}, str(float)), which
+// differ from printf only for nan/inf: Python never prints a sign on nan and writes
+// "nan"/"NAN", never "-nan".
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace laoyao::train {
+
+// Which Megatron prints the line. MLM stamps `[%Y-%m-%d %H:%M:%S.%f]` (microseconds, since
+// 2026), Bridge `[%Y-%m-%d %H:%M:%S]`. Bridge also computes throughput with a different
+// expression order (see tflops_per_gpu).
+enum class LogFlavor { kMegatronLM, kBridge };
+
+// Wall-clock time as Python's datetime.now() gives it (local time).
+struct Timestamp {
+  int year = 1970, month = 1, day = 1, hour = 0, minute = 0, second = 0, microsecond = 0;
+};
+Timestamp now_timestamp();
+// "[2026-11-30 05:34:22.661240]" (kMegatronLM) or "[2026-05-28 22:32:59]" (kBridge).
+std::string format_timestamp(const Timestamp& t, LogFlavor flavor);
+
+struct LossValue {
+  std::string name;  // "lm loss", "load_balancing_loss", "mtp_1 loss", ...
+  double value = 0.0;
+};
+
+// The values of one training_log line. Optional fields are printed only when set, as Megatron
+// prints them only when the corresponding option is on (or the value exists).
+struct TrainingLogValues {
+  int64_t iteration = 0;
+  int64_t train_iters = 0;
+  int64_t consumed_samples = 0;
+  int64_t skipped_samples = 0;  // " skipped samples: {:12d} |" only when > 0
+  double elapsed_ms_per_iteration = 0.0;
+  std::optional<double> throughput_tflops_per_gpu;  // --log-throughput / logger.log_throughput
+  std::optional<double> energy_j_per_iter_per_gpu;  // --log-energy: energy and power together
+  std::optional<double> power_w_per_gpu;
+  std::optional<double> learning_rate;  // MLM omits it on ranks without trainable params
+  std::optional<double> decoupled_learning_rate;  // older MLM, with --decoupled-lr
+  int64_t global_batch_size = 0;
+  // Every reported loss, in Megatron's dict order ("lm loss" first, then MoE/MTP keys). Each is
+  // printed as " {name}: {:.6E} |" only if value >= 0.0 (Megatron's `if avg >= 0.0`, so a NaN
+  // average is not printed at all).
+  std::vector<LossValue> losses;
+  double loss_scale = 1.0;  // 1.0 for bf16
+  std::optional<double> grad_norm;
+  std::optional<double> num_zeros;  // printed with Python str() of a float: "1234.0"
+  std::optional<double> params_norm;
+  std::optional<double> max_attention_logit;  // Bridge only (MLM logs it to TensorBoard)
+  int64_t skipped_iterations = 0;
+  int64_t nan_iterations = 0;
+};
+
+// The whole line, starting with the space before '[' and ending with "|" (no newline).
+std::string format_training_line(const TrainingLogValues& v, const Timestamp& t, LogFlavor flavor);
+
+// Bridge's extra line printed on rank 0 before each training line:
+// "Step Time : {s:.2f}s GPU utilization: {tflops:.1f}MODEL_TFLOP/s/GPU".
+std::string format_bridge_step_time_line(double seconds_per_iteration, double tflops_per_gpu);
+
+// Per-GPU TFLOP/s as each flavor computes it (same value, different float expression order):
+//   MLM:    flops / (elapsed_s * 10**12 * world_size)
+//   Bridge: flops / elapsed_s / world_size / 1e12
+double tflops_per_gpu(double flops_per_iteration, double elapsed_s_per_iteration, int64_t world_size,
+                      LogFlavor flavor);
+
+// Which evaluation printed a validation block.
+enum class EvalSet {
+  kDuringTraining,  // " validation loss at iteration N | ..."
+  kValidationSet,   // " validation loss at iteration N on validation set | ..." (end of training)
+  kTestSet,         // " validation loss at iteration N on test set | ..."
+};
+
+struct ValidationLogValues {
+  int64_t iteration = 0;
+  EvalSet set = EvalSet::kDuringTraining;
+  // --multiple-validation-sets prints "validation-{index} loss at"; unset: "validation loss at".
+  std::optional<int> validation_set_index;
+  std::vector<LossValue> losses;  // each printed as "{name} value: ... | {name} PPL: ... | "
+};
+
+// exp(min(20, loss)) with Python's min(): min(20, nan) is 20, so a NaN loss prints PPL e^20.
+double validation_ppl(double loss);
+
+// The three lines of evaluate_and_print_results, each ending in '\n': a dash line of
+// len(string)+1, the string (which ends in "| ", trailing space included), the dash line again.
+std::string format_validation_block(const ValidationLogValues& v);
+// Just the middle line (no newline).
+std::string format_validation_line(const ValidationLogValues& v);
+
+// Python format-spec equivalents used above (exposed for tests and for other log writers).
+namespace pyfmt {
+std::string fixed(double x, int precision);        // '{:.Nf}'.format(x)
+std::string exp_upper(double x, int precision);    // '{:.NE}'.format(x)
+std::string exp_lower(double x, int precision);    // '{:.Ne}'.format(x)
+std::string integer(int64_t x, int width);         // '{:Wd}'.format(x)
+std::string float_str(double x);                   // str(x) / f'{x}' for a Python float
+}  // namespace pyfmt
+
+}  // namespace laoyao::train
