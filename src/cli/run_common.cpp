@@ -2,7 +2,11 @@
 
 #include <cstdio>
 
+#include "config/yaml_io.hpp"
+#include "core/device.hpp"
+#include "core/file_io.hpp"
 #include "train/capabilities.hpp"
+#include "train/trainer.hpp"
 
 namespace laoyao::cli {
 
@@ -12,14 +16,37 @@ void print_messages(const config::Resolved& r) {
   for (const auto& w : r.validated.warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
 }
 
+namespace {
+
+// Where the resolved config goes: logger.save_config_filepath, else beside the run's outputs
+// (the checkpoint directory, else the TensorBoard directory); "" when the run has no outputs.
+std::string run_config_path(const config::ConfigContainer& c) {
+  if (c.logger.save_config_filepath) return *c.logger.save_config_filepath;
+  if (c.checkpoint.save) return *c.checkpoint.save + "/run_config.yaml";
+  if (c.logger.tensorboard_dir) return *c.logger.tensorboard_dir + "/run_config.yaml";
+  return "";
+}
+
+}  // namespace
+
 int start_training(config::Resolved& r) {
-  auto missing = train::missing_features(r.cfg);
+  auto missing = train::missing_features(r.cfg, r.validated.derived.world_size);
   if (!missing.empty()) {
     std::fprintf(stderr, "laoyao: cannot train this configuration yet; it resolved and validated, but this build lacks:\n");
     for (const auto& m : missing) std::fprintf(stderr, "  - %s\n", m.c_str());
     std::fprintf(stderr, "Nothing was written.\n");
     return 2;
   }
+  if (cuda_device_count() > 0)
+    std::printf("laoyao: a GPU is visible, but the CUDA training backend is not built yet: training on the CPU\n");
+  std::string path = run_config_path(r.cfg);
+  if (!path.empty()) {
+    write_file_atomic(path, config::to_yaml(r.cfg));
+    std::printf("resolved configuration written to %s\n", path.c_str());
+  }
+  train::TrainOptions opt;
+  opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
+  train::train(r.cfg, r.validated.derived, opt);
   return 0;
 }
 

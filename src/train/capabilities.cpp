@@ -2,18 +2,31 @@
 
 namespace laoyao::train {
 
-std::vector<std::string> missing_features(const config::ConfigContainer& c) {
+std::vector<std::string> missing_features(const config::ConfigContainer& c, int64_t world_size) {
   std::vector<std::string> out;
-  // The engine itself is the first missing piece: the front ends, config and data exist, the
-  // model/optimizer/training loop do not yet. Checks for individual features follow, so the
-  // message stays specific once the engine lands.
-  out.push_back("the training engine (model, optimizer, training loop) is not built yet");
   const auto& m = c.model;
-  if (m.num_moe_experts) out.push_back("Mixture-of-Experts layers (model.num_moe_experts)");
-  if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
+  if (world_size > 1) out.push_back("more than one rank (world size " + std::to_string(world_size) + ")");
+  if (m.tensor_model_parallel_size > 1) out.push_back("tensor parallelism (model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
+  if (m.num_moe_experts) out.push_back("Mixture-of-Experts layers (model.num_moe_experts)");
+  if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
+  if (m.position_embedding_type != "learned_absolute")
+    out.push_back("position embeddings of type '" + m.position_embedding_type + "' (only learned_absolute so far)");
+  if (m.qk_layernorm) out.push_back("QK layernorm (model.qk_layernorm)");
   if (m.mtp_num_layers) out.push_back("multi-token prediction (model.mtp_num_layers)");
+  if (m.apply_query_key_layer_scaling) out.push_back("query-key layer scaling (model.apply_query_key_layer_scaling)");
+  if (m.activation_func != "gelu" && !(m.activation_func == "silu" && m.gated_linear_unit))
+    out.push_back("activation '" + m.activation_func + "'" + (m.gated_linear_unit ? " with a gated linear unit" : ""));
+  if (m.gated_linear_unit && m.activation_func != "silu") out.push_back("gated linear units other than SwiGLU");
+  if (m.calculate_per_token_loss) out.push_back("per-token loss normalisation (model.calculate_per_token_loss)");
+  if (c.train.train_samples) out.push_back("sample-based training (train.train_samples)");
+  if (!c.train.rampup_batch_size.empty()) out.push_back("batch-size ramp-up (train.rampup_batch_size)");
+  if (c.tokenizer.tokenizer_type && *c.tokenizer.tokenizer_type != "NullTokenizer")
+    out.push_back("training with the " + *c.tokenizer.tokenizer_type + " (only the NullTokenizer so far)");
+  if (c.checkpoint.save) out.push_back("saving checkpoints (checkpoint.save / --save): set checkpoint.save=null or drop --save");
+  if (c.checkpoint.load) out.push_back("loading checkpoints (checkpoint.load / --load)");
+  if (c.checkpoint.pretrained_checkpoint) out.push_back("pretrained checkpoints (checkpoint.pretrained_checkpoint)");
   if (c.peft.scheme) {
     out.push_back("PEFT (" + *c.peft.scheme + ")");
     if (!c.checkpoint.pretrained_checkpoint)
@@ -24,6 +37,7 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c) {
     out.push_back("FP8 training (mixed_precision=" + *c.mixed_precision + ")");
   if (c.mixed_precision && c.mixed_precision->find("fp4") != std::string::npos)
     out.push_back("FP4 training (mixed_precision=" + *c.mixed_precision + ")");
+  if (c.mixed_precision && *c.mixed_precision == "fp16_mixed") out.push_back("fp16 training with loss scaling");
   return out;
 }
 

@@ -9,6 +9,6 @@
 namespace laoyao::train {
 
 // One line per feature the config needs that the engine does not have; empty = trainable.
-std::vector<std::string> missing_features(const config::ConfigContainer& c);
+std::vector<std::string> missing_features(const config::ConfigContainer& c, int64_t world_size);
 
 }  // namespace laoyao::train

@@ -45,14 +45,18 @@ void swiglu_backward(const float* x, const float* dy, float* dx, int64_t T, int6
 // S x S matrix; the CUDA backend does not). Scores are scaled by `scale` (1/sqrt(D)); a key after
 // the query is masked (Megatron fills -10000.0; in fp32 that is exactly a zero probability).
 // Query head h reads the k/v of group h / (H/G) (GQA without materialising repeated k/v).
+// H must be a positive multiple of G (checked: laoyao::Error).
+// dropout_mask (nullable) [b, H, s, s] holds 0 or 1/(1-p): attention dropout on the probabilities
+// (ctx = (probs * mask) V); probs keeps the undropped softmax, which backward needs.
 void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
-                       int64_t D, float scale);
+                       int64_t D, float scale, const float* dropout_mask = nullptr);
 // dqkv[T, G*(H/G+2)*D] overwritten.
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
-                        int64_t H, int64_t G, int64_t D, float scale);
+                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask = nullptr);
 
 // ---- cross entropy over all V (padded) logits, as Megatron's vocab-parallel CE at TP=1:
 // loss[t] = logsumexp(logits[t]) - logits[t][target[t]]. lse[T] saved for backward.
+// targets must be in [0, V) (checked in forward and backward: laoyao::Error).
 void cross_entropy_forward(const float* logits, const int64_t* targets, float* loss, float* lse, int64_t T, int64_t V);
 // Overwrites logits with d(sum_t dloss[t]*loss[t]) / dlogits = (softmax - onehot) * dloss[t].
 void cross_entropy_backward(float* logits, const int64_t* targets, const float* lse, const float* dloss, int64_t T,
@@ -61,7 +65,8 @@ void cross_entropy_backward(float* logits, const int64_t* targets, const float* 
 // ---- embedding: y[T, C] (+)= table[ids[t]]; ids must be in [0, rows) (checked: laoyao::Error).
 void embedding_forward(const int64_t* ids, const float* table, float* y, int64_t T, int64_t C, int64_t rows,
                        bool accumulate);
-void embedding_backward(const int64_t* ids, const float* dy, float* dtable, int64_t T, int64_t C);  // dtable +=
+// dtable[ids[t]] += dy[t]; ids are not re-checked here (the forward checked them).
+void embedding_backward(const int64_t* ids, const float* dy, float* dtable, int64_t T, int64_t C);
 
 // ---- elementwise helpers
 void add_inplace(float* y, const float* x, int64_t n);                     // y += x

@@ -1,0 +1,141 @@
+// Causal self-attention on Megatron-Core's fused QKV layout (core attention of DotProductAttention:
+// baddbmm with alpha = scale, causal masked_fill(-10000), softmax, P @ V), with GQA read in place.
+// Per (batch, head) the two GEMMs go through OpenBLAS sgemm with leading dimensions that stride over
+// the fused row, so q/k/v/ctx are never copied. These sgemm calls run inside OpenMP regions;
+// OpenBLAS (pthread build) is safe to call concurrently and runs these small GEMMs on the calling
+// thread.
+//
+// Masking: Megatron fills masked scores with -10000.0 and runs the softmax over all s keys. In fp32
+// exp(-10000 - max) is exactly 0 whenever the row's max score exceeds about -9900 (always, for any
+// trainable model), so this reference takes the softmax over keys j <= i only and stores exact zeros
+// above the diagonal; that is the same result without the sentinel.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace laoyao::kernels::cpu {
+namespace {
+
+// Column offsets inside one token's fused row [G x (q (H/G heads x D), k (D), v (D))].
+struct QkvLayout {
+  int64_t H, G, D, heads_per_group, row;
+  QkvLayout(int64_t H_, int64_t G_, int64_t D_) : H(H_), G(G_), D(D_) {
+    if (H <= 0 || G <= 0 || D <= 0 || H % G != 0)
+      throw Error("attention: num_attention_heads (" + std::to_string(H) + ") must be a positive multiple of "
+                  "num_query_groups (" + std::to_string(G) + "), head dim " + std::to_string(D) + " positive");
+    heads_per_group = H / G;
+    row = G * (heads_per_group + 2) * D;
+  }
+  int64_t group_of(int64_t h) const { return h / heads_per_group; }
+  int64_t q(int64_t h) const { return group_of(h) * (heads_per_group + 2) * D + (h % heads_per_group) * D; }
+  int64_t k(int64_t g) const { return (g * (heads_per_group + 2) + heads_per_group) * D; }
+  int64_t v(int64_t g) const { return (g * (heads_per_group + 2) + heads_per_group + 1) * D; }
+};
+
+}  // namespace
+
+void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
+                       int64_t D, float scale, const float* dropout_mask) {
+  const QkvLayout L(H, G, D);
+  if (b == 0 || s == 0) return;
+  const int64_t HD = H * D;
+#pragma omp parallel
+  {
+  std::vector<float> dropped(dropout_mask ? s * s : 0);
+#pragma omp for schedule(static)
+  for (int64_t bh = 0; bh < b * H; ++bh) {
+    const int64_t bi = bh / H, h = bh % H, g = L.group_of(h);
+    const float* base = qkv + bi * s * L.row;
+    float* P = probs + bh * s * s;
+    // S = scale * Q K^T (the scale in the GEMM's alpha, as baddbmm's).
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, D, scale, base + L.q(h), L.row, base + L.k(g),
+                L.row, 0.0f, P, s);
+    for (int64_t i = 0; i < s; ++i) {
+      float* p = P + i * s;
+      float m = p[0];
+      for (int64_t j = 1; j <= i; ++j) m = std::max(m, p[j]);
+      double sum = 0.0;  // the row sum in double: cheap, exact enough to leave only exp's rounding
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = std::exp(p[j] - m);
+        sum += p[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
+      for (int64_t j = i + 1; j < s; ++j) p[j] = 0.0f;  // future keys: exactly zero probability
+    }
+    // Attention dropout acts on the probabilities that multiply V; the saved probs stay undropped.
+    const float* PV = P;
+    if (dropout_mask) {
+      const float* mask = dropout_mask + bh * s * s;
+      for (int64_t i = 0; i < s * s; ++i) dropped[i] = P[i] * mask[i];
+      PV = dropped.data();
+    }
+    // ctx[:, h*D:(h+1)*D] = P V
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, D, s, 1.0f, PV, s, base + L.v(g), L.row, 0.0f,
+                ctx + bi * s * HD + h * D, HD);
+  }
+  }
+}
+
+void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
+                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask) {
+  const QkvLayout L(H, G, D);
+  if (b == 0 || s == 0) return;
+  const int64_t HD = H * D;
+  // One work item per (batch, query group): the group's heads all add into the same dk/dv, so they
+  // are summed by one thread, in head order (deterministic for any thread count).
+#pragma omp parallel
+  {
+    std::vector<float> dS(s * s), dropped(dropout_mask ? s * s : 0);
+#pragma omp for schedule(static)
+    for (int64_t bg = 0; bg < b * G; ++bg) {
+      const int64_t bi = bg / G, g = bg % G;
+      const float* base = qkv + bi * s * L.row;
+      float* dbase = dqkv + bi * s * L.row;
+      for (int64_t i = 0; i < L.heads_per_group; ++i) {
+        const int64_t h = g * L.heads_per_group + i;
+        const float* P = probs + (bi * H + h) * s * s;
+        const float* dC = dctx + bi * s * HD + h * D;
+        // The group's first head overwrites dk/dv (beta 0), the others add.
+        const float beta = i == 0 ? 0.0f : 1.0f;
+        const float* mask = dropout_mask ? dropout_mask + (bi * H + h) * s * s : nullptr;
+        const float* PV = P;  // the probabilities V was multiplied by (after dropout)
+        if (mask) {
+          for (int64_t e = 0; e < s * s; ++e) dropped[e] = P[e] * mask[e];
+          PV = dropped.data();
+        }
+        // dV (+)= P^T dC
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, D, s, 1.0f, PV, s, dC, HD, beta, dbase + L.v(g),
+                    L.row);
+        // dP = dC V^T, then softmax backward dS = P * (dP - rowsum(P * dP)). Masked entries have
+        // P = 0 and get dS = 0.
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, D, 1.0f, dC, HD, base + L.v(g), L.row, 0.0f,
+                    dS.data(), s);
+        if (mask)  // through the dropout: d(P) = d(P * mask) * mask
+          for (int64_t e = 0; e < s * s; ++e) dS[e] *= mask[e];
+        for (int64_t r = 0; r < s; ++r) {
+          const float* p = P + r * s;
+          float* d = dS.data() + r * s;
+          double dot = 0.0;
+          for (int64_t j = 0; j <= r; ++j) dot += static_cast<double>(p[j]) * d[j];
+          const float dotf = static_cast<float>(dot);
+          for (int64_t j = 0; j <= r; ++j) d[j] = p[j] * (d[j] - dotf);
+          for (int64_t j = r + 1; j < s; ++j) d[j] = 0.0f;
+        }
+        // dQ = scale * dS K (overwrite); dK (+)= scale * dS^T Q
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, D, s, scale, dS.data(), s, base + L.k(g), L.row,
+                    0.0f, dbase + L.q(h), L.row);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, D, s, scale, dS.data(), s, base + L.q(h), L.row,
+                    beta, dbase + L.k(g), L.row);
+      }
+    }
+  }
+}
+
+}  // namespace laoyao::kernels::cpu

@@ -1,0 +1,43 @@
+// Linear layer y = x @ w^T (+ bias) with torch's [out, in] weight layout, through OpenBLAS sgemm.
+// These GEMMs are called outside any OpenMP region, so OpenBLAS uses its own thread pool.
+#include <cblas.h>
+
+#include <cstring>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace laoyao::kernels::cpu {
+
+void linear_forward(const float* x, const float* w, const float* bias, float* y, int64_t T, int64_t K, int64_t N) {
+  if (T == 0 || N == 0) return;
+  if (K == 0) {  // an empty reduction: y = bias (or 0)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) y[t * N + n] = bias ? bias[n] : 0.0f;
+    return;
+  }
+  // Like torch's addmm (F.linear with a bias): y = 1*bias + x @ w^T, the bias pre-loaded into C.
+  float beta = 0.0f;
+  if (bias) {
+    for (int64_t t = 0; t < T; ++t) std::memcpy(y + t * N, bias, sizeof(float) * N);
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, x, K, w, K, beta, y, N);
+}
+
+void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* dbias,
+                     int64_t T, int64_t K, int64_t N) {
+  if (dx && T > 0 && K > 0) {
+    if (N == 0) {
+      std::memset(dx, 0, sizeof(float) * T * K);
+    } else {
+      // dx[T,K] = dy[T,N] @ w[N,K]; beta = 0 overwrites (OpenBLAS zeroes C, so stale NaNs do not leak).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, K, N, 1.0f, dy, N, w, K, 0.0f, dx, K);
+    }
+  }
+  // dw[N,K] += dy^T @ x (beta = 1 accumulates, as Megatron's main_grad accumulation does).
+  if (dw && T > 0 && K > 0 && N > 0)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, T, 1.0f, dy, N, x, K, 1.0f, dw, K);
+  if (dbias) bias_grad_accumulate(dy, dbias, T, N);
+}
+
+}  // namespace laoyao::kernels::cpu

@@ -1,0 +1,38 @@
+// The shape and math of a GPT model, as the model layer needs it (the training layer maps the
+// ConfigContainer's model section to this; the model knows no config files).
+#pragma once
+#include <cstdint>
+
+namespace laoyao::model {
+
+enum class Norm { LayerNorm, RMSNorm };
+enum class Activation { GeluTanh, GeluErf, SwiGLU };
+enum class Positions { LearnedAbsolute, None };
+
+struct GptConfig {
+  int64_t num_layers = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t query_groups = 0;  // = heads without GQA
+  int64_t kv_channels = 0;   // head dim
+  int64_t ffn = 0;           // MLP width (per half with SwiGLU)
+  int64_t vocab = 0;         // padded vocabulary: rows of the word embedding and output layer
+  int64_t max_positions = 0; // rows of the learned position table
+  bool tied_embeddings = true;
+  bool add_bias_linear = true;  // linear_proj, linear_fc1, linear_fc2
+  bool add_qkv_bias = true;
+  Norm norm = Norm::LayerNorm;
+  float norm_eps = 1e-5f;
+  bool zero_centered_gamma = false;
+  Activation activation = Activation::GeluTanh;
+  Positions positions = Positions::LearnedAbsolute;
+  double init_std = 0.02;
+  double embedding_init_std = 0.02;
+  double hidden_dropout = 0.0;
+  double attention_dropout = 0.0;
+
+  int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
+  int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }
+};
+
+}  // namespace laoyao::model

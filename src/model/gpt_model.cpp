@@ -1,0 +1,269 @@
+#include "model/gpt_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/ops.hpp"
+
+namespace laoyao::model {
+
+namespace k = laoyao::kernels::cpu;
+
+GptModel::GptModel(const GptConfig& cfg) : cfg_(cfg) {
+  if (cfg.num_layers <= 0 || cfg.hidden <= 0 || cfg.heads <= 0 || cfg.kv_channels <= 0 || cfg.ffn <= 0 ||
+      cfg.vocab <= 0 || cfg.query_groups <= 0 || cfg.heads % cfg.query_groups != 0)
+    throw Error("GptModel: invalid shape");
+  if (cfg.positions == Positions::LearnedAbsolute && cfg.max_positions <= 0)
+    throw Error("GptModel: learned positions need max_positions > 0");
+  build_parameter_table();
+  weights_.assign(static_cast<size_t>(table_.total), 0.0f);
+  grads_.assign(static_cast<size_t>(table_.total), 0.0f);
+}
+
+void GptModel::build_parameter_table() {
+  const auto& c = cfg_;
+  const int64_t h = c.hidden;
+  // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
+  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  word_emb_ = table_.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
+  if (c.positions == Positions::LearnedAbsolute)
+    pos_emb_ = table_.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
+  const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
+  const bool ln = c.norm == Norm::LayerNorm;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    LayerParams L{};
+    L.ln1_w = table_.add(p + "input_layernorm.weight", {h}, gamma_init);
+    L.ln1_b = ln ? table_.add(p + "input_layernorm.bias", {h}, Init::Zeros) : -1;
+    // Megatron registers linear_proj (Attention.__init__) before linear_qkv (SelfAttention.__init__).
+    L.proj_w = table_.add(p + "self_attention.linear_proj.weight", {h, c.heads * c.kv_channels}, Init::Normal, out_std);
+    L.proj_b = c.add_bias_linear ? table_.add(p + "self_attention.linear_proj.bias", {h}, Init::Zeros) : -1;
+    L.qkv_w = table_.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
+    L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
+                  ? table_.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
+                  : -1;
+    L.ln2_w = table_.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
+    L.ln2_b = ln ? table_.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
+    L.fc1_w = table_.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
+    L.fc1_b = c.add_bias_linear ? table_.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
+    L.fc2_w = table_.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
+    L.fc2_b = c.add_bias_linear ? table_.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
+    layers_.push_back(L);
+  }
+  final_w_ = table_.add("decoder.final_layernorm.weight", {h}, gamma_init);
+  final_b_ = ln ? table_.add("decoder.final_layernorm.bias", {h}, Init::Zeros) : -1;
+  output_w_ = c.tied_embeddings ? word_emb_ : table_.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
+}
+
+void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+void GptModel::allocate_activations(int64_t b, int64_t s) {
+  if (b == b_ && s == s_) return;
+  const auto& c = cfg_;
+  const int64_t T = b * s, h = c.hidden;
+  int64_t n = 0;
+  auto take = [&](int64_t count) {
+    int64_t off = n;
+    n += count;
+    return off;
+  };
+  layer_acts_.clear();
+  emb_drop_ = take(T * h);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerActs a{};
+    a.x_in = take(T * h);
+    a.ln1 = take(T * h);
+    a.ln1_mean = take(T);
+    a.ln1_rstd = take(T);
+    a.qkv = take(T * c.qkv_width());
+    a.probs = take(b * c.heads * s * s);
+    a.attn_mask = take(c.attention_dropout > 0 ? b * c.heads * s * s : 0);
+    a.ctx = take(T * c.heads * c.kv_channels);
+    a.drop1 = take(T * h);
+    a.x_mid = take(T * h);
+    a.ln2 = take(T * h);
+    a.ln2_mean = take(T);
+    a.ln2_rstd = take(T);
+    a.u = take(T * c.fc1_width());
+    a.g = take(T * c.ffn);
+    a.drop2 = take(T * h);
+    layer_acts_.push_back(a);
+  }
+  x_final_in_ = take(T * h);
+  xf_ = take(T * h);
+  xf_mean_ = take(T);
+  xf_rstd_ = take(T);
+  logits_ = take(T * c.vocab);
+  lse_ = take(T);
+  acts_.assign(static_cast<size_t>(n), 0.0f);
+  // Backward scratch: dqkv/du (widest), d(residual), d(norm out), d(norm in), d(act), d(ctx).
+  int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * c.kv_channels, h});
+  work_.assign(static_cast<size_t>(T * (wide + 3 * h + c.ffn + c.heads * c.kv_channels)), 0.0f);
+  b_ = b, s_ = s;
+}
+
+namespace {
+
+// Fills `mask` with 0 or 1/(1-p) (inverted dropout, as torch.nn.functional.dropout scales).
+void dropout_mask(float* mask, int64_t n, double p, uint64_t seed, const std::string& stream) {
+  Rng rng(seed, stream);
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+  for (int64_t i = 0; i < n; ++i) mask[i] = rng.uniform() < p ? 0.0f : keep;
+}
+
+void multiply(float* y, const float* mask, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= mask[i];
+}
+
+k::Gelu gelu_kind(Activation a) { return a == Activation::GeluErf ? k::Gelu::Erf : k::Gelu::Tanh; }
+
+}  // namespace
+
+void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses) {
+  const auto& c = cfg_;
+  allocate_activations(mb.b, mb.s);
+  const int64_t T = mb.b * mb.s, h = c.hidden, D = c.kv_channels;
+  training_ = key.training;
+  tokens_.assign(mb.tokens, mb.tokens + T);
+  labels_.assign(mb.labels, mb.labels + T);
+  if (mb.positions) positions_.assign(mb.positions, mb.positions + T);
+  const bool drop = training_ && c.hidden_dropout > 0;
+  const bool attn_drop = training_ && c.attention_dropout > 0;
+  const std::string call = std::to_string(key.call);
+
+  // Embedding: word + position, then embedding dropout.
+  float* x = A(layer_acts_.empty() ? x_final_in_ : layer_acts_[0].x_in);
+  k::embedding_forward(mb.tokens, P(word_emb_), x, T, h, c.vocab, false);
+  if (pos_emb_ >= 0) {
+    if (!mb.positions) throw Error("GptModel: learned positions need position ids");
+    k::embedding_forward(mb.positions, P(pos_emb_), x, T, h, c.max_positions, true);
+  }
+  if (drop) {
+    dropout_mask(A(emb_drop_), T * h, c.hidden_dropout, key.seed, "dropout.embedding." + call);
+    multiply(x, A(emb_drop_), T * h);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerParams& L = layers_[l];
+    const LayerActs& a = layer_acts_[l];
+    float* x_in = A(a.x_in);
+    float* x_out = A(l + 1 < c.num_layers ? layer_acts_[l + 1].x_in : x_final_in_);
+    const std::string site = "dropout.layer" + std::to_string(l) + ".";
+    // Attention block: x_mid = x_in + dropout(proj(attn(norm(x_in))) + b_proj)
+    if (c.norm == Norm::LayerNorm)
+      k::layernorm_forward(x_in, P(L.ln1_w), P(L.ln1_b), A(a.ln1), A(a.ln1_mean), A(a.ln1_rstd), T, h, c.norm_eps,
+                           c.zero_centered_gamma);
+    else
+      k::rmsnorm_forward(x_in, P(L.ln1_w), A(a.ln1), A(a.ln1_rstd), T, h, c.norm_eps, c.zero_centered_gamma);
+    k::linear_forward(A(a.ln1), P(L.qkv_w), L.qkv_b >= 0 ? P(L.qkv_b) : nullptr, A(a.qkv), T, h, c.qkv_width());
+    const float* attn_mask = nullptr;
+    if (attn_drop) {
+      dropout_mask(A(a.attn_mask), mb.b * c.heads * mb.s * mb.s, c.attention_dropout, key.seed,
+                   site + "probs." + call);
+      attn_mask = A(a.attn_mask);
+    }
+    k::attention_forward(A(a.qkv), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale, attn_mask);
+    float* o = A(a.x_mid);  // the branch output is built in place, then the residual added
+    k::linear_forward(A(a.ctx), P(L.proj_w), L.proj_b >= 0 ? P(L.proj_b) : nullptr, o, T, c.heads * D, h);
+    if (drop) {
+      dropout_mask(A(a.drop1), T * h, c.hidden_dropout, key.seed, site + "attention." + call);
+      multiply(o, A(a.drop1), T * h);
+    }
+    k::add_inplace(o, x_in, T * h);
+    // MLP block: x_out = x_mid + dropout(fc2(act(fc1(norm(x_mid)))) + b_fc2)
+    if (c.norm == Norm::LayerNorm)
+      k::layernorm_forward(o, P(L.ln2_w), P(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), T, h, c.norm_eps,
+                           c.zero_centered_gamma);
+    else
+      k::rmsnorm_forward(o, P(L.ln2_w), A(a.ln2), A(a.ln2_rstd), T, h, c.norm_eps, c.zero_centered_gamma);
+    k::linear_forward(A(a.ln2), P(L.fc1_w), L.fc1_b >= 0 ? P(L.fc1_b) : nullptr, A(a.u), T, h, c.fc1_width());
+    if (c.activation == Activation::SwiGLU)
+      k::swiglu_forward(A(a.u), A(a.g), T, c.ffn);
+    else
+      k::gelu_forward(A(a.u), A(a.g), T * c.ffn, gelu_kind(c.activation));
+    k::linear_forward(A(a.g), P(L.fc2_w), L.fc2_b >= 0 ? P(L.fc2_b) : nullptr, x_out, T, c.ffn, h);
+    if (drop) {
+      dropout_mask(A(a.drop2), T * h, c.hidden_dropout, key.seed, site + "mlp." + call);
+      multiply(x_out, A(a.drop2), T * h);
+    }
+    k::add_inplace(x_out, o, T * h);
+  }
+  if (c.norm == Norm::LayerNorm)
+    k::layernorm_forward(A(x_final_in_), P(final_w_), P(final_b_), A(xf_), A(xf_mean_), A(xf_rstd_), T, h, c.norm_eps,
+                         c.zero_centered_gamma);
+  else
+    k::rmsnorm_forward(A(x_final_in_), P(final_w_), A(xf_), A(xf_rstd_), T, h, c.norm_eps, c.zero_centered_gamma);
+  k::linear_forward(A(xf_), P(output_w_), nullptr, A(logits_), T, h, c.vocab);
+  k::cross_entropy_forward(A(logits_), mb.labels, losses, A(lse_), T, c.vocab);
+}
+
+void GptModel::backward(const float* dloss) {
+  const auto& c = cfg_;
+  if (b_ == 0) throw Error("GptModel::backward without a forward");
+  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
+  const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * D, h});
+  float* dwide = work_.data();          // [T, wide]: dqkv, du, dctx
+  float* dx = dwide + T * wide;         // [T, h]: gradient of the residual stream
+  float* dnorm = dx + T * h;            // [T, h]: gradient at a norm's output
+  float* dtmp = dnorm + T * h;          // [T, h]: gradient at a norm's input
+  float* dg = dtmp + T * h;             // [T, ffn]
+  float* dctx = dg + T * c.ffn;         // [T, heads * D]
+  const bool drop = training_ && c.hidden_dropout > 0;
+
+  // Loss and output layer (tied: the gradient lands in the word embedding).
+  k::cross_entropy_backward(A(logits_), labels_.data(), A(lse_), dloss, T, c.vocab);
+  k::linear_backward(A(xf_), P(output_w_), A(logits_), dnorm, G(output_w_), nullptr, T, h, c.vocab);
+  if (c.norm == Norm::LayerNorm)
+    k::layernorm_backward(dnorm, A(x_final_in_), P(final_w_), A(xf_mean_), A(xf_rstd_), dx, G(final_w_),
+                          G(final_b_), T, h, c.zero_centered_gamma);
+  else
+    k::rmsnorm_backward(dnorm, A(x_final_in_), P(final_w_), A(xf_rstd_), dx, G(final_w_), T, h,
+                        c.zero_centered_gamma);
+
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+    const LayerParams& L = layers_[l];
+    const LayerActs& a = layer_acts_[l];
+    // MLP block. dx holds d(x_out); the residual passes it to x_mid unchanged.
+    float* dbranch = dtmp;
+    std::memcpy(dbranch, dx, sizeof(float) * T * h);
+    if (drop) multiply(dbranch, A(a.drop2), T * h);
+    k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), L.fc2_b >= 0 ? G(L.fc2_b) : nullptr, T, c.ffn, h);
+    if (c.activation == Activation::SwiGLU)
+      k::swiglu_backward(A(a.u), dg, dwide, T, c.ffn);
+    else
+      k::gelu_backward(A(a.u), dg, dwide, T * c.ffn, gelu_kind(c.activation));
+    k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), L.fc1_b >= 0 ? G(L.fc1_b) : nullptr, T, h,
+                       c.fc1_width());
+    if (c.norm == Norm::LayerNorm)
+      k::layernorm_backward(dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), G(L.ln2_b),
+                            T, h, c.zero_centered_gamma);
+    else
+      k::rmsnorm_backward(dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_rstd), dtmp, G(L.ln2_w), T, h, c.zero_centered_gamma);
+    k::add_inplace(dx, dtmp, T * h);  // dx = d(x_mid)
+    // Attention block.
+    std::memcpy(dbranch, dx, sizeof(float) * T * h);
+    if (drop) multiply(dbranch, A(a.drop1), T * h);
+    k::linear_backward(A(a.ctx), P(L.proj_w), dbranch, dctx, G(L.proj_w), L.proj_b >= 0 ? G(L.proj_b) : nullptr, T,
+                       c.heads * D, h);
+    k::attention_backward(A(a.qkv), A(a.probs), dctx, dwide, b_, s_, c.heads, c.query_groups, D,
+                          1.0f / std::sqrt(static_cast<float>(D)),
+                          training_ && c.attention_dropout > 0 ? A(a.attn_mask) : nullptr);
+    k::linear_backward(A(a.ln1), P(L.qkv_w), dwide, dnorm, G(L.qkv_w), L.qkv_b >= 0 ? G(L.qkv_b) : nullptr, T, h,
+                       c.qkv_width());
+    if (c.norm == Norm::LayerNorm)
+      k::layernorm_backward(dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), G(L.ln1_b),
+                            T, h, c.zero_centered_gamma);
+    else
+      k::rmsnorm_backward(dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_rstd), dtmp, G(L.ln1_w), T, h, c.zero_centered_gamma);
+    k::add_inplace(dx, dtmp, T * h);  // dx = d(x_in)
+  }
+  if (drop) multiply(dx, A(emb_drop_), T * h);
+  k::embedding_backward(tokens_.data(), dx, G(word_emb_), T, h);
+  if (pos_emb_ >= 0) k::embedding_backward(positions_.data(), dx, G(pos_emb_), T, h);
+}
+
+}  // namespace laoyao::model

@@ -1,0 +1,55 @@
+#include "model/parameters.hpp"
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace laoyao::model {
+
+int64_t ParameterTable::add(std::string name, std::vector<int64_t> shape, Init init, double std) {
+  ParamSpec p;
+  p.numel = 1;
+  for (auto d : shape) {
+    if (d <= 0) throw Error("parameter " + name + " has a non-positive dimension");
+    p.numel *= d;
+  }
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.offset = total;
+  p.init = init;
+  p.std = std;
+  // Megatron's default no_weight_decay_cond: 1-D parameters and biases get wd_mult 0.
+  p.weight_decay = !(p.shape.size() == 1 || p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0);
+  total += p.numel;
+  specs.push_back(std::move(p));
+  return specs.back().offset;
+}
+
+const ParamSpec* ParameterTable::find(const std::string& name) const {
+  for (const auto& p : specs)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16) {
+  for (const auto& p : table.specs) {
+    float* w = weights + p.offset;
+    switch (p.init) {
+      case Init::Zeros:
+        for (int64_t i = 0; i < p.numel; ++i) w[i] = 0.0f;
+        break;
+      case Init::Ones:
+        for (int64_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
+        break;
+      case Init::Normal: {
+        Rng rng(seed, p.name);
+        for (int64_t i = 0; i < p.numel; ++i) {
+          float v = static_cast<float>(rng.normal() * p.std);
+          w[i] = round_bf16 ? round_to_bf16(v) : v;
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace laoyao::model

@@ -1,0 +1,36 @@
+// The model's parameters: one flat fp32 buffer of weights and one of gradients, with a table of
+// Megatron-Core names, shapes and offsets (state-dict order), so checkpoints map one to one.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace laoyao::model {
+
+enum class Init { Normal, Zeros, Ones };
+
+struct ParamSpec {
+  std::string name;             // "decoder.layers.0.self_attention.linear_qkv.weight"
+  std::vector<int64_t> shape;   // [out, in] for linears
+  int64_t offset = 0;           // into the flat buffers
+  int64_t numel = 0;
+  Init init = Init::Zeros;
+  double std = 0;               // for Init::Normal
+  bool weight_decay = true;     // false for biases and 1-D parameters (Megatron's wd_mult 0)
+};
+
+struct ParameterTable {
+  std::vector<ParamSpec> specs;
+  int64_t total = 0;
+
+  // Appends a parameter; returns its offset.
+  int64_t add(std::string name, std::vector<int64_t> shape, Init init, double std = 0);
+  const ParamSpec* find(const std::string& name) const;
+};
+
+// Fills `weights` (size table.total) with Megatron's init distributions, drawing from laoyao's
+// generator keyed by (seed, parameter name). With round_bf16, values are rounded to bf16 (the
+// bf16 model's weights, which the fp32 main copy starts from).
+void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16);
+
+}  // namespace laoyao::model

@@ -1,0 +1,74 @@
+#include "train/data_pipeline.hpp"
+
+#include <memory>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+#include "data/blended_dataset.hpp"
+#include "data/indexed_dataset.hpp"
+#include "data/mock_dataset.hpp"
+
+namespace laoyao::train {
+
+RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d) {
+  const auto& ds = c.dataset;
+  RunData r;
+  r.seq_length = *ds.seq_length;
+  data::SampleBudgetParams bp;
+  bp.train_iters = *c.train.train_iters;
+  bp.train_samples = c.train.train_samples.value_or(0);
+  bp.global_batch_size = *c.train.global_batch_size;
+  bp.eval_iters = c.validation.eval_iters;
+  bp.eval_interval = c.validation.eval_interval.value_or(0);
+  bp.eval_global_batch_size = c.validation.eval_global_batch_size.value_or(0);
+  r.budget = data::train_valid_test_num_samples(bp);
+  r.train_layout = {*c.train.micro_batch_size, d.data_parallel_size, d.num_microbatches};
+  int64_t eval_mbs = c.validation.eval_micro_batch_size.value_or(*c.train.micro_batch_size);
+  int64_t eval_gbs = c.validation.eval_global_batch_size.value_or(*c.train.global_batch_size);
+  r.eval_layout = {eval_mbs, d.data_parallel_size, eval_gbs / (eval_mbs * d.data_parallel_size)};
+
+  data::GptDatasetConfig gc;
+  gc.seq_length = r.seq_length;
+  gc.random_seed = ds.random_seed;
+  gc.eod_id = d.eod_id;
+  gc.reset_position_ids = ds.reset_position_ids;
+  gc.reset_attention_mask = ds.reset_attention_mask;
+  gc.eod_mask_loss = ds.eod_mask_loss;
+  data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};
+  if (ds.mock.value_or(false)) {
+    auto corpus = std::make_shared<data::MockGptLowLevelDataset>(d.tokenizer_vocab_size, d.eod_id);
+    r.datasets = data::build_mock_gpt_datasets(corpus, sizes, gc);
+    return r;
+  }
+  if (!ds.train_data_path.empty() || !ds.valid_data_path.empty() || !ds.test_data_path.empty() ||
+      !ds.blend.is_null() || !ds.blend_per_split.is_null())
+    throw UsageError("per-split data paths and dataset.blend are not supported yet; use --data-path / dataset.data_path");
+  data::Blend blend = data::parse_blend(ds.data_path);
+  std::vector<std::shared_ptr<const data::LowLevelDataset>> corpora;
+  for (const auto& prefix : blend.prefixes) {
+    // Token ids are checked against the vocabulary as batches are embedded (no full scan here).
+    corpora.push_back(std::make_shared<data::IndexedDataset>(prefix));
+  }
+  r.datasets = data::build_gpt_datasets(corpora, blend.weights, ds.split.value_or("969, 30, 1"), sizes, gc);
+  return r;
+}
+
+MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices) {
+  MicroBatchData mb;
+  mb.b = static_cast<int64_t>(indices.size());
+  mb.sample_indices = indices;
+  for (int64_t idx : indices) {
+    if (idx < 0 || idx >= ds.size())
+      throw Error("sample " + std::to_string(idx) + " is past the end of a dataset of " + std::to_string(ds.size()) +
+                  " samples");
+    data::GptSample s = ds.get(idx);
+    if (mb.s == 0) mb.s = static_cast<int64_t>(s.tokens.size());
+    mb.tokens.insert(mb.tokens.end(), s.tokens.begin(), s.tokens.end());
+    mb.labels.insert(mb.labels.end(), s.labels.begin(), s.labels.end());
+    mb.positions.insert(mb.positions.end(), s.position_ids.begin(), s.position_ids.end());
+    mb.loss_mask.insert(mb.loss_mask.end(), s.loss_mask.begin(), s.loss_mask.end());
+  }
+  return mb;
+}
+
+}  // namespace laoyao::train

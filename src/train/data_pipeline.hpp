@@ -1,0 +1,33 @@
+// The data a run reads: the train/valid/test datasets Megatron's builder would make for the
+// config (mock corpus or indexed .bin/.idx prefixes with a blend), and the micro-batches each
+// iteration takes from them, in MegatronPretrainingSampler's order.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "config/config_container.hpp"
+#include "data/blended_dataset_builder.hpp"
+#include "data/gpt_dataset_budget.hpp"
+
+namespace laoyao::train {
+
+struct RunData {
+  data::SplitDatasets datasets;  // train, valid, test (null: no samples requested)
+  data::SampleBudget budget;
+  data::MicroBatchLayout train_layout, eval_layout;
+  int64_t seq_length = 0;
+};
+
+RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d);
+
+// Samples stacked into one micro-batch, token t = row*seq + position.
+struct MicroBatchData {
+  int64_t b = 0, s = 0;
+  std::vector<int64_t> sample_indices;
+  std::vector<int64_t> tokens, labels, positions;
+  std::vector<float> loss_mask;
+};
+
+MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices);
+
+}  // namespace laoyao::train

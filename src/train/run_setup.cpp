@@ -1,0 +1,76 @@
+#include "train/run_setup.hpp"
+
+#include "core/error.hpp"
+
+namespace laoyao::train {
+
+model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d) {
+  const auto& m = c.model;
+  model::GptConfig g;
+  g.num_layers = m.num_layers;
+  g.hidden = m.hidden_size;
+  g.heads = m.num_attention_heads;
+  g.query_groups = m.num_query_groups.value_or(m.num_attention_heads);
+  g.kv_channels = m.kv_channels.value_or(m.hidden_size / m.num_attention_heads);
+  g.ffn = m.ffn_hidden_size.value_or(4 * m.hidden_size);
+  if (d.padded_vocab_size <= 0) throw Error("the padded vocabulary size is not known yet");
+  g.vocab = d.padded_vocab_size;
+  g.max_positions = m.max_position_embeddings.value_or(m.seq_length);
+  g.tied_embeddings = m.share_embeddings_and_output_weights;
+  g.add_bias_linear = m.add_bias_linear;
+  g.add_qkv_bias = m.add_bias_linear || m.add_qkv_bias;  // MCore: qkv bias = add_bias_linear or add_qkv_bias
+  g.norm = m.normalization == "RMSNorm" ? model::Norm::RMSNorm : model::Norm::LayerNorm;
+  g.norm_eps = static_cast<float>(m.layernorm_epsilon);
+  g.zero_centered_gamma = m.layernorm_zero_centered_gamma;
+  if (m.gated_linear_unit) {
+    g.activation = model::Activation::SwiGLU;
+  } else {
+    // The fused bias_gelu (tanh approximation) runs when bias-activation fusion is on and the
+    // linears have biases; otherwise F.gelu, the exact erf form (megatron-lm.md §3.6).
+    g.activation = (m.bias_activation_fusion && m.add_bias_linear) ? model::Activation::GeluTanh
+                                                                    : model::Activation::GeluErf;
+  }
+  g.positions = m.position_embedding_type == "learned_absolute" ? model::Positions::LearnedAbsolute
+                                                                : model::Positions::None;
+  g.init_std = m.init_method_std;
+  g.embedding_init_std = m.embedding_init_method_std.value_or(m.init_method_std);
+  g.hidden_dropout = m.hidden_dropout;
+  g.attention_dropout = m.attention_dropout;
+  return g;
+}
+
+optim::ParamSchedule param_schedule(const config::ConfigContainer& c) {
+  const auto& s = c.scheduler;
+  optim::ParamSchedule p;
+  p.max_lr = *c.optimizer.lr;
+  p.min_lr = c.optimizer.min_lr.value_or(0.0);
+  p.init_lr = s.lr_warmup_init;
+  p.warmup_steps = s.lr_warmup_steps.value_or(0);
+  p.decay_steps = s.lr_decay_steps.value_or(0);
+  p.decay_style = s.lr_decay_style;
+  p.wsd_decay_style = s.lr_wsd_decay_style;
+  p.wsd_decay_steps = s.wsd_decay_steps.value_or(0);
+  p.start_wd = s.start_weight_decay.value_or(c.optimizer.weight_decay);
+  p.end_wd = s.end_weight_decay.value_or(c.optimizer.weight_decay);
+  p.wd_incr_steps = s.wd_incr_steps.value_or(0);
+  p.wd_incr_style = s.weight_decay_incr_style;
+  return p;
+}
+
+FlopShape flop_shape(const config::ConfigContainer& c, const config::Derived& d) {
+  const auto& m = c.model;
+  FlopShape f;
+  f.global_batch_size = *c.train.global_batch_size;
+  f.seq_length = m.seq_length;
+  f.num_layers = m.num_layers;
+  f.hidden_size = m.hidden_size;
+  f.ffn_hidden_size = m.ffn_hidden_size.value_or(4 * m.hidden_size);
+  f.num_attention_heads = m.num_attention_heads;
+  f.num_query_groups = m.num_query_groups.value_or(0);
+  f.kv_channels = m.kv_channels.value_or(0);
+  f.gated_linear_unit = m.gated_linear_unit;
+  f.padded_vocab_size = d.padded_vocab_size;
+  return f;
+}
+
+}  // namespace laoyao::train

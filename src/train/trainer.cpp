@@ -1,0 +1,192 @@
+#include "train/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "core/error.hpp"
+#include "model/gpt_model.hpp"
+#include "optim/adamw.hpp"
+#include "optim/param_scheduler.hpp"
+#include "train/data_pipeline.hpp"
+#include "train/run_setup.hpp"
+
+namespace laoyao::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Megatron's loss report of one micro-batch: masked sum and token count (loss_func).
+struct LossSum {
+  double sum = 0;
+  double count = 0;
+};
+
+// Forward (and, when training, backward) of one micro-batch. The gradient of each token's loss is
+// mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches.
+LossSum run_micro_batch(model::GptModel& m, const MicroBatchData& mb, const model::DropoutKey& key,
+                        int64_t num_microbatches, bool backward, std::vector<float>& losses,
+                        std::vector<float>& dloss) {
+  const int64_t T = mb.b * mb.s;
+  losses.resize(static_cast<size_t>(T));
+  model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data()};
+  m.forward(in, key, losses.data());
+  LossSum r;
+  for (int64_t t = 0; t < T; ++t) {
+    r.sum += static_cast<double>(losses[t]) * mb.loss_mask[t];
+    r.count += mb.loss_mask[t];
+  }
+  if (backward) {
+    dloss.resize(static_cast<size_t>(T));
+    const double scale = 1.0 / std::max(r.count, 1.0) / static_cast<double>(num_microbatches);
+    for (int64_t t = 0; t < T; ++t) dloss[t] = static_cast<float>(mb.loss_mask[t] * scale);
+    m.backward(dloss.data());
+  }
+  return r;
+}
+
+}  // namespace
+
+TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, const TrainOptions& opt) {
+  auto print_line = [&](const std::string& s) {
+    std::fputs(s.c_str(), opt.out);
+    std::fputc('\n', opt.out);
+    std::fflush(opt.out);
+  };
+  print_line("> building train, validation, and test datasets for GPT ...");
+  RunData data = build_run_data(c, d);
+  print_line("> finished creating GPT datasets ...");
+
+  model::GptModel model(model_config(c, d));
+  // bf16 runs start from bf16-rounded weights (Megatron initialises the bf16 params; the fp32
+  // main copy is made from them).
+  model::init_parameters(model.table(), model.weights(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
+  print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (0, 0, 0): " +
+             std::to_string(model.num_parameters()));
+
+  std::vector<optim::ParamRange> ranges;
+  for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
+  optim::AdamW adam(model.num_parameters(), ranges,
+                    {c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps});
+  const optim::ParamSchedule schedule = param_schedule(c);
+  const FlopShape flops_shape = flop_shape(c, d);
+
+  const int64_t train_iters = *c.train.train_iters;
+  const int64_t gbs = *c.train.global_batch_size;
+  const int64_t M = data.train_layout.num_microbatches;
+  const int64_t log_interval = c.logger.log_interval;
+  const uint64_t seed = static_cast<uint64_t>(c.rng.seed);
+  const bool dropout = c.model.hidden_dropout > 0 || c.model.attention_dropout > 0;
+  std::vector<float> losses, dloss;
+
+  TrainSummary summary;
+  int64_t consumed = 0, consumed_valid = 0, sched_n = 0, skipped = 0, nan_iters = 0, consecutive_nan = 0;
+  int64_t iters_since_print = 0, total_nan = 0;
+  double interval_loss = 0;
+  int64_t interval_iters = 0;
+  auto interval_start = Clock::now();
+
+  auto evaluate = [&](const data::SampleDataset* ds, int64_t& consumed_eval, int64_t iteration,
+                      EvalSet set) -> double {
+    if (!ds || c.validation.eval_iters <= 0) return NAN;
+    const auto& L = data.eval_layout;
+    LossSum total;
+    for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
+      for (int64_t m = 0; m < L.num_microbatches; ++m) {
+        int64_t first = data::microbatch_first_sample(L, consumed_eval, m, 0);
+        std::vector<int64_t> idx;
+        for (int64_t k = 0; k < L.micro_batch_size; ++k) idx.push_back(first + k);
+        MicroBatchData mb = load_micro_batch(*ds, idx);
+        LossSum s = run_micro_batch(model, mb, {seed, 0, false}, L.num_microbatches, false, losses, dloss);
+        total.sum += s.sum, total.count += s.count;
+      }
+      consumed_eval += L.micro_batch_size * L.data_parallel_size * L.num_microbatches;
+    }
+    ValidationLogValues v;
+    v.iteration = iteration;
+    v.set = set;
+    v.losses.push_back({"lm loss", total.sum / std::max(total.count, 1.0)});
+    std::fputs(format_validation_block(v).c_str(), opt.out);
+    std::fflush(opt.out);
+    return v.losses[0].value;
+  };
+
+  int64_t iteration = 0;
+  while (iteration < train_iters) {
+    ++iteration;
+    model.zero_grads();
+    LossSum iter_loss;
+    for (int64_t m = 0; m < M; ++m) {
+      MicroBatchData mb = load_micro_batch(*data.datasets[0], data::microbatch_sample_indices(data.train_layout, iteration, m, 0));
+      model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
+      LossSum s = run_micro_batch(model, mb, key, M, true, losses, dloss);
+      iter_loss.sum += s.sum, iter_loss.count += s.count;
+    }
+    const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
+    const double norm = optim::grad_norm(model.grads(), model.num_parameters());
+    const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
+    if (finite) {
+      optim::clip_grads(model.grads(), model.num_parameters(), norm, c.optimizer.clip_grad);
+      adam.step(model.weights(), model.grads(), optim::lr_at(schedule, sched_n), optim::wd_at(schedule, sched_n));
+      sched_n += gbs;  // the scheduler steps only after a successful update
+      consecutive_nan = 0;
+    } else {
+      // Megatron counts the iteration as skipped and does not advance the schedule.
+      ++skipped, ++nan_iters, ++consecutive_nan, ++total_nan;
+      if (consecutive_nan >= 10)
+        throw Error("training stopped: the loss or the gradients were NaN/Inf in 10 consecutive iterations (last: "
+                    "iteration " + std::to_string(iteration) + "); lower the learning rate or check the data");
+    }
+    consumed += gbs;  // consumed samples advance even for a skipped iteration
+    ++iters_since_print;
+    if (finite) interval_loss += lm_loss, ++interval_iters;
+    summary.lm_loss.push_back(lm_loss);
+    summary.grad_norm.push_back(norm);
+
+    // Megatron logs every log_interval iterations, and iteration 1 always (without resetting the
+    // interval's accumulators, so the next line still averages the whole interval).
+    const bool at_interval = iteration % log_interval == 0;
+    if (at_interval || iteration == 1) {
+      auto now = Clock::now();
+      const double elapsed_ms = std::chrono::duration<double, std::milli>(now - interval_start).count() /
+                                static_cast<double>(iters_since_print);
+      interval_start = now;
+      iters_since_print = 0;
+      TrainingLogValues v;
+      v.iteration = iteration;
+      v.train_iters = train_iters;
+      v.consumed_samples = consumed;
+      v.elapsed_ms_per_iteration = elapsed_ms;
+      if (c.logger.log_throughput)
+        v.throughput_tflops_per_gpu =
+            tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0, d.world_size, opt.flavor);
+      v.learning_rate = optim::lr_at(schedule, sched_n);  // the post-step value, as Megatron prints it
+      v.global_batch_size = gbs;
+      const double shown = interval_iters > 0 ? interval_loss / static_cast<double>(interval_iters) : NAN;
+      v.losses.push_back({"lm loss", iteration == 1 && !at_interval ? lm_loss : shown});
+      v.grad_norm = norm;
+      v.skipped_iterations = skipped;
+      v.nan_iterations = nan_iters;
+      if (opt.flavor == LogFlavor::kBridge)
+        print_line(format_bridge_step_time_line(
+            elapsed_ms / 1000.0, tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0,
+                                                d.world_size, opt.flavor)));
+      print_line(format_training_line(v, now_timestamp(), opt.flavor));
+      if (at_interval) interval_loss = 0, interval_iters = 0, skipped = 0, nan_iters = 0;
+    }
+    if (c.validation.eval_interval && iteration % *c.validation.eval_interval == 0)
+      summary.valid_loss.push_back(
+          evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kDuringTraining));
+    if (c.train.exit_interval && iteration % *c.train.exit_interval == 0) break;
+  }
+  summary.valid_loss.push_back(evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kValidationSet));
+  int64_t consumed_test = 0;
+  summary.test_loss = evaluate(data.datasets[2].get(), consumed_test, iteration, EvalSet::kTestSet);
+  summary.iterations = iteration;
+  summary.consumed_samples = consumed;
+  summary.nan_iterations = total_nan;
+  return summary;
+}
+
+}  // namespace laoyao::train

@@ -1,0 +1,33 @@
+// The training loop of Megatron's pretrain(): iterations of micro-batches with gradient
+// accumulation and Megatron's loss normalisation, global-norm clipping, AdamW, the sample-based
+// LR/WD schedule, Megatron's log lines, periodic evaluation and the final validation and test
+// evaluations. CPU reference backend, one rank.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "config/config_container.hpp"
+#include "train/training_log.hpp"
+
+namespace laoyao::train {
+
+struct TrainOptions {
+  LogFlavor flavor = LogFlavor::kMegatronLM;
+  std::FILE* out = stdout;  // where the log lines go
+};
+
+struct TrainSummary {
+  int64_t iterations = 0;
+  int64_t consumed_samples = 0;
+  int64_t nan_iterations = 0;
+  std::vector<double> lm_loss;    // per iteration, token-weighted over the global batch
+  std::vector<double> grad_norm;  // per iteration, before clipping
+  std::vector<double> valid_loss; // every evaluation on the validation set, in order (final one last)
+  double test_loss = 0;
+};
+
+// Prints Megatron's log lines on stdout as it goes.
+TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, const TrainOptions& opt);
+
+}  // namespace laoyao::train

@@ -1,0 +1,156 @@
+// The whole GPT model: Megatron-Core's parameter names and count, and the hand-written backward
+// against finite differences of the forward (several architectures, with and without dropout).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "model/gpt_model.hpp"
+
+using namespace laoyao::model;
+
+TEST(GptModel, ParameterNamesAndCountMatchMegatron) {
+  GptConfig c;
+  c.num_layers = 2, c.hidden = 256, c.heads = 4, c.query_groups = 4, c.kv_channels = 64, c.ffn = 1024;
+  c.vocab = 32000, c.max_positions = 512;
+  GptModel m(c);
+  // megatron-lm.md §3.9: the seed model prints 9,903,104 parameters.
+  EXPECT_EQ(m.num_parameters(), 9903104);
+  const auto& s = m.table().specs;
+  EXPECT_EQ(s[0].name, "embedding.word_embeddings.weight");
+  EXPECT_EQ(s[1].name, "embedding.position_embeddings.weight");
+  EXPECT_EQ(s[2].name, "decoder.layers.0.input_layernorm.weight");
+  EXPECT_EQ(s.back().name, "decoder.final_layernorm.bias");
+  const ParamSpec* qkv = m.table().find("decoder.layers.1.self_attention.linear_qkv.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->shape, (std::vector<int64_t>{768, 256}));
+  EXPECT_TRUE(qkv->weight_decay);
+  EXPECT_FALSE(m.table().find("decoder.layers.1.self_attention.linear_qkv.bias")->weight_decay);
+  EXPECT_FALSE(m.table().find("decoder.layers.0.input_layernorm.weight")->weight_decay);
+  EXPECT_TRUE(m.table().find("embedding.position_embeddings.weight")->weight_decay);
+  EXPECT_EQ(m.table().find("output_layer.weight"), nullptr) << "tied to the word embedding";
+  // Output layers get std / sqrt(2L).
+  EXPECT_DOUBLE_EQ(m.table().find("decoder.layers.0.mlp.linear_fc2.weight")->std, 0.02 / 2.0);
+  EXPECT_DOUBLE_EQ(m.table().find("decoder.layers.0.mlp.linear_fc1.weight")->std, 0.02);
+}
+
+TEST(GptModel, InitFollowsMegatronsDistributions) {
+  GptConfig c;
+  c.num_layers = 4, c.hidden = 64, c.heads = 4, c.query_groups = 4, c.kv_channels = 16, c.ffn = 256;
+  c.vocab = 512, c.max_positions = 64;
+  GptModel m(c);
+  init_parameters(m.table(), m.weights(), 1234, true);
+  auto stats = [&](const std::string& name) {
+    const ParamSpec* p = m.table().find(name);
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < p->numel; ++i) s += m.weights()[p->offset + i], s2 += std::pow(m.weights()[p->offset + i], 2);
+    return std::make_pair(s / p->numel, std::sqrt(s2 / p->numel));
+  };
+  EXPECT_NEAR(stats("embedding.word_embeddings.weight").second, 0.02, 0.001);
+  EXPECT_NEAR(stats("decoder.layers.2.self_attention.linear_proj.weight").second, 0.02 / std::sqrt(8.0), 0.0005);
+  EXPECT_EQ(stats("decoder.layers.2.self_attention.linear_proj.bias").second, 0.0);
+  EXPECT_EQ(stats("decoder.layers.1.pre_mlp_layernorm.weight").first, 1.0);
+  // bf16-rounded: every value has a zero low half.
+  const float* w = m.weights();
+  for (int64_t i = 0; i < 1000; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &w[i], 4);
+    ASSERT_EQ(u & 0xffffu, 0u);
+  }
+}
+
+namespace {
+
+struct Case {
+  const char* name;
+  GptConfig cfg;
+  bool training;
+};
+
+std::vector<Case> cases() {
+  GptConfig base;
+  base.num_layers = 2, base.hidden = 8, base.heads = 2, base.query_groups = 2, base.kv_channels = 4, base.ffn = 12;
+  base.vocab = 11, base.max_positions = 6, base.init_std = 0.4, base.embedding_init_std = 0.4;
+  std::vector<Case> out;
+  out.push_back({"vanilla_gpt", base, false});
+  GptConfig llama = base;
+  llama.norm = Norm::RMSNorm, llama.activation = Activation::SwiGLU, llama.add_bias_linear = false;
+  llama.add_qkv_bias = false, llama.tied_embeddings = false, llama.heads = 4, llama.query_groups = 2;
+  llama.kv_channels = 3, llama.positions = Positions::None;
+  out.push_back({"rmsnorm_swiglu_gqa_untied", llama, false});
+  GptConfig erf = base;
+  erf.activation = Activation::GeluErf, erf.zero_centered_gamma = true;
+  out.push_back({"erf_gelu_layernorm_1p", erf, false});
+  GptConfig drop = base;
+  drop.hidden_dropout = 0.3, drop.attention_dropout = 0.2;
+  out.push_back({"with_dropout", drop, true});
+  return out;
+}
+
+}  // namespace
+
+// d(sum_t r_t * loss_t)/d(param) by central differences of the fp32 forward (loss summed in
+// double), against backward(), for every parameter tensor.
+TEST(GptModel, BackwardMatchesFiniteDifferencesOfTheWholeModel) {
+  for (const auto& tc : cases()) {
+    SCOPED_TRACE(tc.name);
+    GptModel m(tc.cfg);
+    init_parameters(m.table(), m.weights(), 7, false);
+    std::mt19937 rng(11);
+    // Non-trivial norm parameters and biases, so their gradients are exercised off the defaults.
+    std::normal_distribution<float> N(0.0f, 0.3f);
+    for (const auto& p : m.table().specs)
+      if (p.init != Init::Normal)
+        for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] += N(rng);
+    const int64_t b = 2, s = 5, T = b * s;
+    std::vector<int64_t> tokens(T), labels(T), positions(T);
+    std::uniform_int_distribution<int64_t> tok(0, tc.cfg.vocab - 1);
+    for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
+    std::vector<float> r(T), losses(T);
+    for (auto& x : r) x = std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
+    MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+    DropoutKey key{99, 5, tc.training};
+    auto loss = [&] {
+      m.forward(mb, key, losses.data());
+      double L = 0;
+      for (int64_t t = 0; t < T; ++t) L += static_cast<double>(r[t]) * losses[t];
+      return L;
+    };
+    loss();
+    m.zero_grads();
+    m.backward(r.data());
+    std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
+    for (const auto& p : m.table().specs) {
+      std::uniform_int_distribution<int64_t> pick(0, p.numel - 1);
+      for (int k = 0; k < 3; ++k) {
+        const int64_t i = p.offset + pick(rng);
+        const float keep = m.weights()[i];
+        const float eps = 1e-2f;
+        m.weights()[i] = keep + eps;
+        const double up = loss();
+        m.weights()[i] = keep - eps;
+        const double down = loss();
+        m.weights()[i] = keep;
+        const double fd = (up - down) / (2.0 * eps);
+        EXPECT_NEAR(analytic[i], fd, 3e-3 + 2e-2 * std::abs(fd)) << p.name << "[" << i - p.offset << "]";
+      }
+    }
+  }
+}
+
+TEST(GptModel, GradientsAccumulateAcrossMicroBatches) {
+  GptConfig c = cases()[0].cfg;
+  GptModel m(c);
+  init_parameters(m.table(), m.weights(), 3, false);
+  std::vector<int64_t> tok = {1, 2, 3, 4, 5, 6}, lab = {2, 3, 4, 5, 6, 7}, pos = {0, 1, 2, 0, 1, 2};
+  std::vector<float> losses(6), d(6, 1.0f);
+  MicroBatch mb{2, 3, tok.data(), lab.data(), pos.data()};
+  m.zero_grads();
+  m.forward(mb, {}, losses.data());
+  m.backward(d.data());
+  std::vector<float> once(m.grads(), m.grads() + m.num_parameters());
+  m.forward(mb, {}, losses.data());
+  m.backward(d.data());
+  for (int64_t i = 0; i < m.num_parameters(); i += 7) ASSERT_NEAR(m.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::abs(once[i]));
+}
