@@ -25,6 +25,8 @@ const Subcommand kSubcommands[] = {
      "print the run-recipe command (and YAML) equal to a set of Megatron-LM flags"},
     {"compare-logs", cmd_compare_logs,
      "per-iteration loss diff of two training logs, with a BF16-tolerance verdict"},
+    {"data-samples", cmd_data_samples,
+     "print, as JSON lines, the samples and token ids a run with those flags feeds the model"},
     {"preprocess-data", cmd_preprocess_data, "tokenize a JSON-lines file into a Megatron .bin/.idx dataset"},
 };
 

@@ -16,6 +16,7 @@ int cmd_run_recipe(const Args& args);
 int cmd_recipes(const Args& args);
 int cmd_convert_args(const Args& args);
 int cmd_compare_logs(const Args& args);
+int cmd_data_samples(const Args& args);
 int cmd_preprocess_data(const Args& args);
 
 }  // namespace laoyao::cli

@@ -94,14 +94,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     LossSum total;
     for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
       for (int64_t m = 0; m < L.num_microbatches; ++m) {
-        int64_t first = data::microbatch_first_sample(L, consumed_eval, m, 0);
-        std::vector<int64_t> idx;
-        for (int64_t k = 0; k < L.micro_batch_size; ++k) idx.push_back(first + k);
-        MicroBatchData mb = load_micro_batch(*ds, idx);
+        MicroBatchData mb = load_micro_batch(*ds, eval_sample_indices(data, consumed_eval, m));
         LossSum s = run_micro_batch(model, mb, {seed, 0, false}, L.num_microbatches, false, losses, dloss);
         total.sum += s.sum, total.count += s.count;
       }
-      consumed_eval += L.micro_batch_size * L.data_parallel_size * L.num_microbatches;
+      consumed_eval += eval_round_samples(data, 1);  // the validation stream continues across evaluations
     }
     ValidationLogValues v;
     v.iteration = iteration;
@@ -118,7 +115,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     model.zero_grads();
     LossSum iter_loss;
     for (int64_t m = 0; m < M; ++m) {
-      MicroBatchData mb = load_micro_batch(*data.datasets[0], data::microbatch_sample_indices(data.train_layout, iteration, m, 0));
+      MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, iteration, m));
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
       LossSum s = run_micro_batch(model, mb, key, M, true, losses, dloss);
       iter_loss.sum += s.sum, iter_loss.count += s.count;

@@ -1,0 +1,75 @@
+// laoyao data-samples: what a run feeds the model, as JSON lines.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "run_binary.hpp"
+
+using laoyao::test::run_laoyao;
+
+static std::vector<std::string> seed_flags() {
+  return {"--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--ffn-hidden-size", "1024",
+          "--seq-length", "512", "--max-position-embeddings", "512", "--micro-batch-size", "4",
+          "--global-batch-size", "32", "--train-iters", "10", "--eval-iters", "2", "--eval-interval", "10",
+          "--mock-data", "--bf16", "--use-mcore-models", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+          "32000", "--lr", "3e-4", "--min-lr", "3e-5", "--seed", "1234", "--log-interval", "1"};
+}
+
+static std::vector<nlohmann::json> lines_of(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+TEST(DataSamples, SeedCommandFeedsMegatronsMockSamplesInOrder) {
+  std::vector<std::string> a = {"data-samples", "--iterations", "2", "--splits", "train"};
+  auto f = seed_flags();
+  a.insert(a.end(), f.begin(), f.end());
+  auto r = run_laoyao(a);
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 16u) << "2 iterations x 8 micro-batches";
+  // Iteration k, micro-batch m reads dataset indices ((k-1)*8 + m)*4 + [0, 4).
+  EXPECT_EQ(lines[9]["iteration"], 2);
+  EXPECT_EQ(lines[9]["microbatch"], 1);
+  EXPECT_EQ(lines[9]["sample_indices"], nlohmann::json({36, 37, 38, 39}));
+  const auto& tokens = lines[0]["tokens"][0];
+  ASSERT_EQ(tokens.size(), 512u);
+  // Megatron's first training sample of this command starts inside a mock document at 3138.
+  EXPECT_EQ(tokens[0], 3138);
+  for (size_t i = 0; i + 1 < 512; ++i) ASSERT_EQ(lines[0]["labels"][0][i], tokens[i + 1]) << i;
+  EXPECT_EQ(lines[0]["position_ids"][0][511], 511);
+  EXPECT_EQ(lines[0]["loss_mask"][0][100], 1.0);
+}
+
+TEST(DataSamples, EvaluationsContinueTheValidationStreamAndTestStartsAtZero) {
+  std::vector<std::string> a = {"data-samples", "--splits", "valid,test"};
+  auto f = seed_flags();
+  a.insert(a.end(), f.begin(), f.end());
+  auto r = run_laoyao(a);
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  auto lines = lines_of(r.output);
+  // Evaluation at iteration 10 and the final one: 2 eval iterations x 8 micro-batches each; test: 16.
+  ASSERT_EQ(lines.size(), 48u);
+  EXPECT_EQ(lines[0]["split"], "valid");
+  EXPECT_EQ(lines[0]["sample_indices"], nlohmann::json({0, 1, 2, 3}));
+  EXPECT_EQ(lines[16]["final"], true);
+  EXPECT_EQ(lines[16]["sample_indices"], nlohmann::json({64, 65, 66, 67})) << "the final validation continues";
+  EXPECT_EQ(lines[32]["split"], "test");
+  EXPECT_EQ(lines[32]["sample_indices"], nlohmann::json({0, 1, 2, 3}));
+}
+
+TEST(DataSamples, RecipeCommandLinesAndBadInput) {
+  auto r = run_laoyao({"data-samples", "--iterations", "1", "--splits", "train", "--recipe",
+                       "vanilla_gpt_pretrain_config", "model.num_layers=2", "model.hidden_size=64",
+                       "model.num_attention_heads=4", "dataset.seq_length=64", "train.train_iters=10",
+                       "train.global_batch_size=4", "train.micro_batch_size=2", "scheduler.lr_warmup_iters=1"});
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  EXPECT_EQ(lines_of(r.output).size(), 2u);
+  EXPECT_EQ(run_laoyao({"data-samples", "--splits", "training"}).status, 2);
+  EXPECT_EQ(run_laoyao({"data-samples", "--num-layer", "2"}).status, 2);
+}
