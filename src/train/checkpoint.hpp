@@ -1,0 +1,133 @@
+// Checkpoint storage: Megatron's layout with safetensors inside (DESIGN.md §2 "Checkpoints",
+// §5 "Nothing lost"; megatron-bridge.md §6).
+//
+//   <save>/latest_checkpointed_iteration.txt   the iteration number (Megatron's tracker), written
+//                                              atomically and only after the directory is complete
+//   <save>/iter_0000010/
+//     model.safetensors       fp32 main parameters under Megatron-Core names
+//     optimizer.safetensors   Adam moments: optimizer.state.exp_avg.<param>, .exp_avg_sq.<param>
+//                             (absent when saved without optimizer state)
+//     run_config.yaml         the resolved config, as the caller serialised it
+//     train_state.json        counters, scheduler/optimizer steps, RNG state, model-shape fields and
+//                             the size and SHA-256 of each file above (checked on load)
+//
+// A save writes "iter_0000010.tmp.<pid>", fsyncs every file and the folder, then renames it into
+// place (atomically exchanging it with an existing iter_0000010, so a complete directory of that
+// number exists at every instant) and only then rewrites the tracker. A crash leaves at most a
+// "*.tmp.*" folder, which loads never read and the next save removes.
+//
+// Loads go through the tracker (or an explicit step), never "the largest iter_* folder": a folder
+// the tracker does not name may be one a crashed save left (Megatron-Bridge PR #5964).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/safetensors.hpp"
+
+namespace laoyao::model {
+struct ParameterTable;
+}
+
+namespace laoyao::train {
+
+// A scalar in train_state.json: model-shape fields, RNG state, anything opaque to this layer.
+// (Unsigned 64-bit RNG words do not fit int64: store them as strings.)
+using StateValue = std::variant<int64_t, double, bool, std::string>;
+using StateMap = std::map<std::string, StateValue>;
+std::string state_value_str(const StateValue& v);  // 12, 0.5, true, "RMSNorm"
+
+struct TensorRef {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;  // prod(shape) fp32 values, row-major
+};
+
+struct ParamShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+std::vector<ParamShape> param_shapes(const model::ParameterTable& table);
+
+struct TrainStateRecord {
+  int64_t iteration = 0;  // completed iterations (Megatron's step)
+  int64_t consumed_train_samples = 0;
+  int64_t consumed_valid_samples = 0;
+  int64_t skipped_train_samples = 0;
+  int64_t skipped_iterations = 0;  // Megatron's "number of skipped iterations" total
+  int64_t nan_iterations = 0;      // Megatron's "number of nan iterations" total
+  int64_t scheduler_num_steps = 0; // OptimizerParamScheduler.num_steps: samples, not iterations
+  int64_t optimizer_steps = 0;     // Adam's step count t (bias correction)
+  double floating_point_operations_so_far = 0;
+  StateMap rng;          // opaque RNG state (seed, generator words as strings, ...)
+  StateMap model_shape;  // num_layers, hidden_size, ...: compared on resume (check_model_shape)
+};
+
+struct CheckpointWrite {
+  std::vector<TensorRef> model;      // Megatron-Core names
+  std::vector<TensorRef> optimizer;  // exp_avg_name(p) / exp_avg_sq_name(p); empty: none saved
+  TrainStateRecord state;            // state.iteration must equal the iteration saved
+  std::string run_config_yaml;
+};
+
+std::string exp_avg_name(const std::string& param);     // "optimizer.state.exp_avg.<param>"
+std::string exp_avg_sq_name(const std::string& param);  // "optimizer.state.exp_avg_sq.<param>"
+std::string iteration_dir_name(int64_t iteration);      // "iter_0000010" (Megatron's iter_{:07d})
+std::string tracker_path(const std::string& dir);       // <dir>/latest_checkpointed_iteration.txt
+
+// Writes <save_dir>/iter_NNNNNNN and then the tracker; returns the iteration directory.
+// I/O failures are laoyao::Error naming the path; the previous checkpoint and tracker are intact.
+std::string save_checkpoint(const std::string& save_dir, int64_t iteration, const CheckpointWrite& w);
+
+// The tracker's iteration; nullopt when `load_dir` has no tracker. A tracker that holds anything
+// but a non-negative integer is a UsageError naming it.
+std::optional<int64_t> latest_iteration(const std::string& load_dir);
+
+// Removes the "iter_*.tmp.*" folders that interrupted saves left in `save_dir`; returns their
+// names (for a log line). save_checkpoint calls it; callers may too, at startup.
+std::vector<std::string> remove_incomplete_checkpoints(const std::string& save_dir);
+
+struct LoadedCheckpoint {
+  std::string dir;  // the iteration directory read
+  TrainStateRecord state;
+  std::string run_config_yaml;
+  SafetensorsFile model;
+  std::optional<SafetensorsFile> optimizer;
+
+  // Copies a tensor's fp32 values; UsageError naming the file when absent or of another size.
+  void read_model(const std::string& name, float* out, size_t n) const;
+  void read_optimizer(const std::string& name, float* out, size_t n) const;
+};
+
+// Opens and verifies a checkpoint (sizes and SHA-256 of every file train_state.json lists).
+// `load_dir` is a save root or an iteration directory itself. With `step`, reads iter_<step>
+// (a missing one is a UsageError, as Bridge's ckpt_step); without, the tracker's iteration (no
+// tracker: UsageError; use latest_iteration first to decide whether to load at all).
+LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step = std::nullopt);
+
+// Resuming a different model is the "stale nemo_experiments" trap (megatron-bridge.md §6): these
+// say exactly what differs, as UsageErrors. check_model_shape compares the saved model-shape
+// fields with the current ones (each differing, missing or extra field named with both values);
+// check_parameters requires every expected parameter with its shape, fp32, and no others (and the
+// same of the optimizer state, when present), naming each problem with both shapes.
+void check_model_shape(const LoadedCheckpoint& ckpt, const StateMap& current);
+void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape>& expected);
+
+// Weights only (--pretrained-checkpoint / checkpoint.pretrained_checkpoint). `path` is a laoyao
+// save root (tracker), an iteration directory, a .safetensors file, or a folder of *.safetensors
+// files holding a Megatron-Core state dict (F32, BF16 or F16; sharded over any number of files,
+// each tensor in exactly one). Every expected parameter must be there with its shape. Tensors not
+// expected are refused (naming them) unless allow_unexpected, and then listed in `ignored`;
+// Transformer Engine's "*._extra_state" entries are always skipped.
+struct PretrainedWeights {
+  std::map<std::string, std::vector<float>> tensors;  // exactly the expected names
+  std::vector<std::string> files;                      // what was read
+  std::vector<std::string> ignored;                    // unexpected names skipped
+};
+PretrainedWeights load_pretrained_weights(const std::string& path, const std::vector<ParamShape>& expected,
+                                          bool allow_unexpected = false);
+
+}  // namespace laoyao::train
