@@ -45,6 +45,7 @@ int start_training(config::Resolved& r) {
     std::printf("resolved configuration written to %s\n", path.c_str());
   }
   train::TrainOptions opt;
+  if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   train::train(r.cfg, r.validated.derived, opt);
   return 0;

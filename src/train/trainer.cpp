@@ -1,11 +1,16 @@
 #include "train/trainer.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
+#include "core/file_io.hpp"
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
 #include "optim/param_scheduler.hpp"
@@ -16,6 +21,10 @@ namespace laoyao::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// --exit-signal-handler: SIGTERM asks the loop to stop after the current iteration.
+std::atomic<bool> g_sigterm{false};
+extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
 // Megatron's loss report of one micro-batch: masked sum and token count (loss_func).
 struct LossSum {
@@ -53,6 +62,24 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     std::fputs(s.c_str(), opt.out);
     std::fputc('\n', opt.out);
     std::fflush(opt.out);
+  };
+  std::FILE* metrics = nullptr;
+  if (!opt.metrics_path.empty()) {
+    std::string dir = opt.metrics_path.substr(0, opt.metrics_path.find_last_of('/'));
+    if (dir != opt.metrics_path) make_dirs(dir);
+    metrics = std::fopen(opt.metrics_path.c_str(), "w");
+    if (!metrics) throw Error("cannot write the metrics file " + opt.metrics_path);
+  }
+  struct CloseMetrics {
+    std::FILE* f;
+    ~CloseMetrics() {
+      if (f) std::fclose(f);
+    }
+  } close_metrics{metrics};
+  auto write_metrics = [&](const nlohmann::ordered_json& j) {
+    if (!metrics) return;
+    std::fputs((j.dump() + "\n").c_str(), metrics);
+    std::fflush(metrics);
   };
   print_line("> building train, validation, and test datasets for GPT ...");
   RunData data = build_run_data(c, d);
@@ -106,9 +133,16 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     v.losses.push_back({"lm loss", total.sum / std::max(total.count, 1.0)});
     std::fputs(format_validation_block(v).c_str(), opt.out);
     std::fflush(opt.out);
+    write_metrics({{"iteration", iteration},
+                   {"split", set == EvalSet::kTestSet ? "test" : "valid"},
+                   {"final", set != EvalSet::kDuringTraining},
+                   {"lm_loss", v.losses[0].value},
+                   {"ppl", validation_ppl(v.losses[0].value)}});
     return v.losses[0].value;
   };
 
+  if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
+  const auto train_start = Clock::now();
   int64_t iteration = 0;
   while (iteration < train_iters) {
     ++iteration;
@@ -170,16 +204,46 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
             elapsed_ms / 1000.0, tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0,
                                                 d.world_size, opt.flavor)));
       print_line(format_training_line(v, now_timestamp(), opt.flavor));
+      write_metrics({{"iteration", iteration},
+                     {"consumed_samples", consumed},
+                     {"lm_loss", v.losses[0].value},
+                     {"iteration_lm_loss", lm_loss},
+                     {"learning_rate", *v.learning_rate},
+                     {"grad_norm", norm},
+                     {"elapsed_ms_per_iteration", elapsed_ms},
+                     {"skipped_iterations", skipped},
+                     {"nan_iterations", nan_iters}});
       if (at_interval) interval_loss = 0, interval_iters = 0, skipped = 0, nan_iters = 0;
     }
     if (c.validation.eval_interval && iteration % *c.validation.eval_interval == 0)
       summary.valid_loss.push_back(
           evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kDuringTraining));
-    if (c.train.exit_interval && iteration % *c.train.exit_interval == 0) break;
+    // Megatron's early exits, checked after each iteration: a signal, a duration, an interval.
+    if (c.train.exit_signal_handler && g_sigterm.load()) {
+      print_line("exiting program after receiving SIGTERM.");
+      summary.exit_reason = "signal";
+      break;
+    }
+    if (c.train.exit_duration_in_mins &&
+        std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0 >
+            static_cast<double>(*c.train.exit_duration_in_mins)) {
+      print_line("exiting program after " + std::to_string(*c.train.exit_duration_in_mins) + " minutes");
+      summary.exit_reason = "duration";
+      break;
+    }
+    if (c.train.exit_interval && iteration % *c.train.exit_interval == 0) {
+      print_line("exiting program at iteration " + std::to_string(iteration));
+      summary.exit_reason = "interval";
+      break;
+    }
   }
-  summary.valid_loss.push_back(evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kValidationSet));
-  int64_t consumed_test = 0;
-  summary.test_loss = evaluate(data.datasets[2].get(), consumed_test, iteration, EvalSet::kTestSet);
+  // Megatron exits right after an early stop; the final evaluations run only after a full run.
+  if (summary.exit_reason.empty()) {
+    summary.valid_loss.push_back(
+        evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kValidationSet));
+    int64_t consumed_test = 0;
+    summary.test_loss = evaluate(data.datasets[2].get(), consumed_test, iteration, EvalSet::kTestSet);
+  }
   summary.iterations = iteration;
   summary.consumed_samples = consumed;
   summary.nan_iterations = total_nan;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "config/config_container.hpp"
@@ -15,6 +16,9 @@ namespace laoyao::train {
 struct TrainOptions {
   LogFlavor flavor = LogFlavor::kMegatronLM;
   std::FILE* out = stdout;  // where the log lines go
+  // A JSON-lines metrics file written beside the log ("" = none): one object per logged
+  // iteration and per evaluation.
+  std::string metrics_path;
 };
 
 struct TrainSummary {
@@ -25,6 +29,7 @@ struct TrainSummary {
   std::vector<double> grad_norm;  // per iteration, before clipping
   std::vector<double> valid_loss; // every evaluation on the validation set, in order (final one last)
   double test_loss = 0;
+  std::string exit_reason;        // "" (all iterations ran), "signal", "duration" or "interval"
 };
 
 // Prints Megatron's log lines on stdout as it goes.

@@ -139,3 +139,32 @@ TEST(Cli, ConvertArgsPrintsACommandThatRuns) {
   };
   EXPECT_EQ(strip(written), strip(yaml.output));
 }
+
+// A run writes its resolved config and a JSON-lines metrics file beside its outputs, and prints
+// Bridge's lines (Step Time, the training line without microseconds).
+TEST(Cli, RunRecipeTrainsAndWritesConfigAndMetricsBesideItsOutputs) {
+  std::string dir = fresh_dir("recipe_train");
+  auto r = run_laoyao({"run-recipe", "--recipe", "vanilla_gpt_pretrain_config", "model.num_layers=1",
+                       "model.hidden_size=32", "model.num_attention_heads=2", "dataset.seq_length=32",
+                       "train.train_iters=4", "train.global_batch_size=4", "train.micro_batch_size=2",
+                       "validation.eval_interval=2", "validation.eval_iters=1", "scheduler.lr_warmup_iters=1",
+                       "tokenizer.vocab_size=100", "logger.log_interval=1", "checkpoint.save=null",
+                       "logger.tensorboard_dir=" + dir + "/tb"},
+                      dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "Step Time : ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "] iteration        4/       4 | consumed samples:           16 |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "validation loss at iteration 4 on test set")) << r.output;
+  std::ifstream cfg(dir + "/tb/run_config.yaml");
+  std::string yaml((std::istreambuf_iterator<char>(cfg)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(yaml, "  num_layers: 1\n")) << yaml.substr(0, 500);
+  std::ifstream metrics(dir + "/tb/metrics.jsonl");
+  std::string line;
+  int train_lines = 0, eval_lines = 0;
+  while (std::getline(metrics, line)) {
+    if (contains(line, "\"learning_rate\"")) ++train_lines;
+    if (contains(line, "\"split\"")) ++eval_lines;
+  }
+  EXPECT_EQ(train_lines, 4);
+  EXPECT_EQ(eval_lines, 4) << "evaluations at 2 and 4, then the final validation and test";
+}

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "config/convert_args.hpp"
+#include "core/error.hpp"
 #include "config/front_ends.hpp"
 #include "train/trainer.hpp"
 
@@ -26,15 +27,23 @@ train::TrainSummary run(const config::Resolved& r, std::string* log = nullptr) {
   train::TrainOptions opt;
   opt.out = f;
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
-  auto s = train::train(r.cfg, r.validated.derived, opt);
-  if (log) {
-    std::rewind(f);
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) log->append(buf, n);
+  auto read_log = [&] {
+    if (log) {
+      std::rewind(f);
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) log->append(buf, n);
+    }
+    std::fclose(f);
+  };
+  try {
+    auto s = train::train(r.cfg, r.validated.derived, opt);
+    read_log();
+    return s;
+  } catch (...) {
+    read_log();  // the log up to the failure is part of what tests check
+    throw;
   }
-  std::fclose(f);
-  return s;
 }
 
 }  // namespace
@@ -120,4 +129,36 @@ TEST(Trainer, LogLinesFollowMegatronsIntervalsAndLearningRates) {
   std::snprintf(want, sizeof want, "lm loss: %.6E", mean);
   auto line8 = log.substr(log.find("iteration        8/"));
   EXPECT_NE(line8.substr(0, line8.find('\n')).find(want), std::string::npos) << line8.substr(0, 300) << " want " << want;
+}
+
+TEST(Trainer, NonFiniteIterationsAreCountedSkippedAndStopTheRunWhenRepeated) {
+  // A learning rate of 1e30 blows the weights up after the first update: every later loss is
+  // non-finite, so those iterations are skipped (counted in the log), and 10 in a row stop the run.
+  auto args = tiny_args(30, 1);
+  for (size_t k = 0; k + 1 < args.size(); ++k)
+    if (args[k] == "--lr") args[k + 1] = "1e30";
+  for (size_t k = 0; k + 1 < args.size(); ++k)
+    if (args[k] == "--min-lr") args[k + 1] = "1e29";
+  auto r = config::resolve_mlm(args, 1);
+  std::string log;
+  try {
+    run(r, &log);
+    FAIL() << "expected the run to stop";
+  } catch (const laoyao::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("10 consecutive iterations"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(log.find("number of nan iterations:   1 |"), std::string::npos) << log.substr(0, 3000);
+  EXPECT_NE(log.find("number of skipped iterations:   1 |"), std::string::npos);
+}
+
+TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
+  auto args = tiny_args(10, 1);
+  args.insert(args.end(), {"--exit-interval", "3"});
+  auto r = config::resolve_mlm(args, 1);
+  std::string log;
+  auto s = run(r, &log);
+  EXPECT_EQ(s.iterations, 3);
+  EXPECT_EQ(s.exit_reason, "interval");
+  EXPECT_NE(log.find("exiting program at iteration 3"), std::string::npos);
+  EXPECT_EQ(log.find("on test set"), std::string::npos);
 }
