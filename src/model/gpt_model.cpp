@@ -121,6 +121,23 @@ void multiply(float* y, const float* mask, int64_t n) {
 
 k::Gelu gelu_kind(Activation a) { return a == Activation::GeluErf ? k::Gelu::Erf : k::Gelu::Tanh; }
 
+// The configured norm (LayerNorm with bias, or RMSNorm) over [T, C].
+void norm_forward(const GptConfig& c, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                  float* rstd, int64_t T) {
+  if (c.norm == Norm::LayerNorm)
+    k::layernorm_forward(x, gamma, beta, y, mean, rstd, T, c.hidden, c.norm_eps, c.zero_centered_gamma);
+  else
+    k::rmsnorm_forward(x, gamma, y, rstd, T, c.hidden, c.norm_eps, c.zero_centered_gamma);
+}
+
+void norm_backward(const GptConfig& c, const float* dy, const float* x, const float* gamma, const float* mean,
+                   const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t T) {
+  if (c.norm == Norm::LayerNorm)
+    k::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, T, c.hidden, c.zero_centered_gamma);
+  else
+    k::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, T, c.hidden, c.zero_centered_gamma);
+}
+
 }  // namespace
 
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses) {
@@ -154,12 +171,8 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     float* x_out = A(l + 1 < c.num_layers ? layer_acts_[l + 1].x_in : x_final_in_);
     const std::string site = "dropout.layer" + std::to_string(l) + ".";
     // Attention block: x_mid = x_in + dropout(proj(attn(norm(x_in))) + b_proj)
-    if (c.norm == Norm::LayerNorm)
-      k::layernorm_forward(x_in, P(L.ln1_w), P(L.ln1_b), A(a.ln1), A(a.ln1_mean), A(a.ln1_rstd), T, h, c.norm_eps,
-                           c.zero_centered_gamma);
-    else
-      k::rmsnorm_forward(x_in, P(L.ln1_w), A(a.ln1), A(a.ln1_rstd), T, h, c.norm_eps, c.zero_centered_gamma);
-    k::linear_forward(A(a.ln1), P(L.qkv_w), L.qkv_b >= 0 ? P(L.qkv_b) : nullptr, A(a.qkv), T, h, c.qkv_width());
+    norm_forward(c, x_in, P(L.ln1_w), opt(L.ln1_b), A(a.ln1), A(a.ln1_mean), A(a.ln1_rstd), T);
+    k::linear_forward(A(a.ln1), P(L.qkv_w), opt(L.qkv_b), A(a.qkv), T, h, c.qkv_width());
     const float* attn_mask = nullptr;
     if (attn_drop) {
       dropout_mask(A(a.attn_mask), mb.b * c.heads * mb.s * mb.s, c.attention_dropout, key.seed,
@@ -168,35 +181,27 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     }
     k::attention_forward(A(a.qkv), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale, attn_mask);
     float* o = A(a.x_mid);  // the branch output is built in place, then the residual added
-    k::linear_forward(A(a.ctx), P(L.proj_w), L.proj_b >= 0 ? P(L.proj_b) : nullptr, o, T, c.heads * D, h);
+    k::linear_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h);
     if (drop) {
       dropout_mask(A(a.drop1), T * h, c.hidden_dropout, key.seed, site + "attention." + call);
       multiply(o, A(a.drop1), T * h);
     }
     k::add_inplace(o, x_in, T * h);
     // MLP block: x_out = x_mid + dropout(fc2(act(fc1(norm(x_mid)))) + b_fc2)
-    if (c.norm == Norm::LayerNorm)
-      k::layernorm_forward(o, P(L.ln2_w), P(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), T, h, c.norm_eps,
-                           c.zero_centered_gamma);
-    else
-      k::rmsnorm_forward(o, P(L.ln2_w), A(a.ln2), A(a.ln2_rstd), T, h, c.norm_eps, c.zero_centered_gamma);
-    k::linear_forward(A(a.ln2), P(L.fc1_w), L.fc1_b >= 0 ? P(L.fc1_b) : nullptr, A(a.u), T, h, c.fc1_width());
+    norm_forward(c, o, P(L.ln2_w), opt(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), T);
+    k::linear_forward(A(a.ln2), P(L.fc1_w), opt(L.fc1_b), A(a.u), T, h, c.fc1_width());
     if (c.activation == Activation::SwiGLU)
       k::swiglu_forward(A(a.u), A(a.g), T, c.ffn);
     else
       k::gelu_forward(A(a.u), A(a.g), T * c.ffn, gelu_kind(c.activation));
-    k::linear_forward(A(a.g), P(L.fc2_w), L.fc2_b >= 0 ? P(L.fc2_b) : nullptr, x_out, T, c.ffn, h);
+    k::linear_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h);
     if (drop) {
       dropout_mask(A(a.drop2), T * h, c.hidden_dropout, key.seed, site + "mlp." + call);
       multiply(x_out, A(a.drop2), T * h);
     }
     k::add_inplace(x_out, o, T * h);
   }
-  if (c.norm == Norm::LayerNorm)
-    k::layernorm_forward(A(x_final_in_), P(final_w_), P(final_b_), A(xf_), A(xf_mean_), A(xf_rstd_), T, h, c.norm_eps,
-                         c.zero_centered_gamma);
-  else
-    k::rmsnorm_forward(A(x_final_in_), P(final_w_), A(xf_), A(xf_rstd_), T, h, c.norm_eps, c.zero_centered_gamma);
+  norm_forward(c, A(x_final_in_), P(final_w_), opt(final_b_), A(xf_), A(xf_mean_), A(xf_rstd_), T);
   k::linear_forward(A(xf_), P(output_w_), nullptr, A(logits_), T, h, c.vocab);
   k::cross_entropy_forward(A(logits_), mb.labels, losses, A(lse_), T, c.vocab);
 }
@@ -217,12 +222,8 @@ void GptModel::backward(const float* dloss) {
   // Loss and output layer (tied: the gradient lands in the word embedding).
   k::cross_entropy_backward(A(logits_), labels_.data(), A(lse_), dloss, T, c.vocab);
   k::linear_backward(A(xf_), P(output_w_), A(logits_), dnorm, G(output_w_), nullptr, T, h, c.vocab);
-  if (c.norm == Norm::LayerNorm)
-    k::layernorm_backward(dnorm, A(x_final_in_), P(final_w_), A(xf_mean_), A(xf_rstd_), dx, G(final_w_),
-                          G(final_b_), T, h, c.zero_centered_gamma);
-  else
-    k::rmsnorm_backward(dnorm, A(x_final_in_), P(final_w_), A(xf_rstd_), dx, G(final_w_), T, h,
-                        c.zero_centered_gamma);
+  norm_backward(c, dnorm, A(x_final_in_), P(final_w_), A(xf_mean_), A(xf_rstd_), dx, G(final_w_),
+                gopt(final_b_), T);
 
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const LayerParams& L = layers_[l];
@@ -231,34 +232,26 @@ void GptModel::backward(const float* dloss) {
     float* dbranch = dtmp;
     std::memcpy(dbranch, dx, sizeof(float) * T * h);
     if (drop) multiply(dbranch, A(a.drop2), T * h);
-    k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), L.fc2_b >= 0 ? G(L.fc2_b) : nullptr, T, c.ffn, h);
+    k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), gopt(L.fc2_b), T, c.ffn, h);
     if (c.activation == Activation::SwiGLU)
       k::swiglu_backward(A(a.u), dg, dwide, T, c.ffn);
     else
       k::gelu_backward(A(a.u), dg, dwide, T * c.ffn, gelu_kind(c.activation));
-    k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), L.fc1_b >= 0 ? G(L.fc1_b) : nullptr, T, h,
+    k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), gopt(L.fc1_b), T, h,
                        c.fc1_width());
-    if (c.norm == Norm::LayerNorm)
-      k::layernorm_backward(dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), G(L.ln2_b),
-                            T, h, c.zero_centered_gamma);
-    else
-      k::rmsnorm_backward(dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_rstd), dtmp, G(L.ln2_w), T, h, c.zero_centered_gamma);
+    norm_backward(c, dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), gopt(L.ln2_b), T);
     k::add_inplace(dx, dtmp, T * h);  // dx = d(x_mid)
     // Attention block.
     std::memcpy(dbranch, dx, sizeof(float) * T * h);
     if (drop) multiply(dbranch, A(a.drop1), T * h);
-    k::linear_backward(A(a.ctx), P(L.proj_w), dbranch, dctx, G(L.proj_w), L.proj_b >= 0 ? G(L.proj_b) : nullptr, T,
+    k::linear_backward(A(a.ctx), P(L.proj_w), dbranch, dctx, G(L.proj_w), gopt(L.proj_b), T,
                        c.heads * D, h);
     k::attention_backward(A(a.qkv), A(a.probs), dctx, dwide, b_, s_, c.heads, c.query_groups, D,
                           1.0f / std::sqrt(static_cast<float>(D)),
                           training_ && c.attention_dropout > 0 ? A(a.attn_mask) : nullptr);
-    k::linear_backward(A(a.ln1), P(L.qkv_w), dwide, dnorm, G(L.qkv_w), L.qkv_b >= 0 ? G(L.qkv_b) : nullptr, T, h,
+    k::linear_backward(A(a.ln1), P(L.qkv_w), dwide, dnorm, G(L.qkv_w), gopt(L.qkv_b), T, h,
                        c.qkv_width());
-    if (c.norm == Norm::LayerNorm)
-      k::layernorm_backward(dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), G(L.ln1_b),
-                            T, h, c.zero_centered_gamma);
-    else
-      k::rmsnorm_backward(dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_rstd), dtmp, G(L.ln1_w), T, h, c.zero_centered_gamma);
+    norm_backward(c, dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), gopt(L.ln1_b), T);
     k::add_inplace(dx, dtmp, T * h);  // dx = d(x_in)
   }
   if (drop) multiply(dx, A(emb_drop_), T * h);

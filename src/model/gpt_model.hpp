@@ -57,7 +57,9 @@ class GptModel {
   float* P(int64_t off) { return weights_.data() + off; }
   float* G(int64_t off) { return grads_.data() + off; }
   float* A(int64_t off) { return acts_.data() + off; }
-  const float* norm_bias(int64_t off) { return off >= 0 ? P(off) : nullptr; }
+  // An optional parameter (a bias, a LayerNorm beta): offset -1 when the model has none.
+  float* opt(int64_t off) { return off >= 0 ? P(off) : nullptr; }
+  float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
   GptConfig cfg_;
   ParameterTable table_;
