@@ -18,5 +18,6 @@ int cmd_convert_args(const Args& args);
 int cmd_compare_logs(const Args& args);
 int cmd_data_samples(const Args& args);
 int cmd_preprocess_data(const Args& args);
+int cmd_doctor(const Args& args);
 
 }  // namespace laoyao::cli

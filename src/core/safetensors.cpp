@@ -329,6 +329,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::vector<Span> spans;
     for (const auto& [name, v] : h.items()) {
       if (name == "__metadata__") {
+        if (v.is_null()) continue;  // the reference reads null as "no metadata"
         if (!v.is_object()) bad_file(path, "__metadata__ must be an object of strings");
         for (const auto& [k, s] : v.items()) {
           if (!s.is_string()) bad_file(path, "__metadata__ value of '" + k + "' is not a string: " + s.dump());

@@ -27,6 +27,8 @@ class AdamW {
   int64_t steps() const { return step_; }
   std::vector<float>& exp_avg() { return m_; }
   std::vector<float>& exp_avg_sq() { return v_; }
+  const std::vector<float>& exp_avg() const { return m_; }
+  const std::vector<float>& exp_avg_sq() const { return v_; }
   void set_steps(int64_t t) { step_ = t; }
 
  private:

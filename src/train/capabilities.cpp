@@ -24,9 +24,12 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (!c.train.rampup_batch_size.empty()) out.push_back("batch-size ramp-up (train.rampup_batch_size)");
   if (c.tokenizer.tokenizer_type && *c.tokenizer.tokenizer_type != "NullTokenizer")
     out.push_back("training with the " + *c.tokenizer.tokenizer_type + " (only the NullTokenizer so far)");
-  if (c.checkpoint.save) out.push_back("saving checkpoints (checkpoint.save / --save): set checkpoint.save=null or drop --save");
-  if (c.checkpoint.load) out.push_back("loading checkpoints (checkpoint.load / --load)");
-  if (c.checkpoint.pretrained_checkpoint) out.push_back("pretrained checkpoints (checkpoint.pretrained_checkpoint)");
+  // Checkpoints are laoyao's safetensors layout in place of torch_dist (docs/configuration.md).
+  if (c.checkpoint.ckpt_format != "torch_dist")
+    out.push_back("checkpoint format '" + c.checkpoint.ckpt_format + "' (laoyao writes safetensors in place of torch_dist)");
+  if (c.checkpoint.async_save) out.push_back("asynchronous checkpoint saving (checkpoint.async_save)");
+  if (c.scheduler.use_checkpoint_opt_param_scheduler)
+    out.push_back("taking the LR schedule from the checkpoint (scheduler.use_checkpoint_opt_param_scheduler)");
   if (c.peft.scheme) {
     out.push_back("PEFT (" + *c.peft.scheme + ")");
     if (!c.checkpoint.pretrained_checkpoint)

@@ -86,6 +86,10 @@ std::string save_checkpoint(const std::string& save_dir, int64_t iteration, cons
 // but a non-negative integer is a UsageError naming it.
 std::optional<int64_t> latest_iteration(const std::string& load_dir);
 
+// Bridge's auto-resume test (checkpoint_utils.checkpoint_exists): `load_dir` is an iteration
+// directory (has train_state.json) or a save root with a tracker.
+bool checkpoint_exists(const std::string& load_dir);
+
 // Removes the "iter_*.tmp.*" folders that interrupted saves left in `save_dir`; returns their
 // names (for a log line). save_checkpoint calls it; callers may too, at startup.
 std::vector<std::string> remove_incomplete_checkpoints(const std::string& save_dir);

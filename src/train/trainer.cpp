@@ -15,6 +15,7 @@
 #include "optim/adamw.hpp"
 #include "optim/param_scheduler.hpp"
 #include "train/data_pipeline.hpp"
+#include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
 
 namespace laoyao::train {
@@ -141,9 +142,29 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     return v.losses[0].value;
   };
 
+  int64_t iteration = 0, last_saved = -1;
+  if (auto resumed = restore_run_checkpoint(c, d, model, adam, opt.out)) {
+    iteration = last_saved = resumed->iteration;
+    consumed = resumed->consumed_train_samples;
+    consumed_valid = resumed->consumed_valid_samples;
+    sched_n = resumed->scheduler_num_steps;
+    total_nan = resumed->nan_iterations;
+  }
+  auto save = [&] {
+    if (!c.checkpoint.save || last_saved == iteration) return;
+    TrainStateRecord st;
+    st.consumed_train_samples = consumed;
+    st.consumed_valid_samples = consumed_valid;
+    st.scheduler_num_steps = sched_n;
+    st.nan_iterations = total_nan;
+    st.skipped_iterations = total_nan;
+    st.floating_point_operations_so_far =
+        num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
+    save_run_checkpoint(c, d, iteration, model, adam, st, opt.out);
+    last_saved = iteration;
+  };
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
   const auto train_start = Clock::now();
-  int64_t iteration = 0;
   while (iteration < train_iters) {
     ++iteration;
     model.zero_grads();
@@ -218,8 +239,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (c.validation.eval_interval && iteration % *c.validation.eval_interval == 0)
       summary.valid_loss.push_back(
           evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kDuringTraining));
+    if (c.checkpoint.save_interval && iteration % *c.checkpoint.save_interval == 0) save();
     // Megatron's early exits, checked after each iteration: a signal, a duration, an interval.
+    // Each saves a checkpoint first (when the run saves at all).
     if (c.train.exit_signal_handler && g_sigterm.load()) {
+      save();
       print_line("exiting program after receiving SIGTERM.");
       summary.exit_reason = "signal";
       break;
@@ -227,16 +251,19 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (c.train.exit_duration_in_mins &&
         std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0 >
             static_cast<double>(*c.train.exit_duration_in_mins)) {
+      save();
       print_line("exiting program after " + std::to_string(*c.train.exit_duration_in_mins) + " minutes");
       summary.exit_reason = "duration";
       break;
     }
     if (c.train.exit_interval && iteration % *c.train.exit_interval == 0) {
+      save();
       print_line("exiting program at iteration " + std::to_string(iteration));
       summary.exit_reason = "interval";
       break;
     }
   }
+  save();  // the end of training saves unless the last iteration was just saved
   // Megatron exits right after an early stop; the final evaluations run only after a full run.
   if (summary.exit_reason.empty()) {
     summary.valid_loss.push_back(

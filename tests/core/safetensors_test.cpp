@@ -308,10 +308,13 @@ TEST_F(Safetensors, ReaderAcceptsUnpaddedHeadersAndAnyEntryOrder) {
   // Other writers (MLX) do not pad; entries need not be in buffer order in the JSON.
   const float v[3] = {1, 2, 3};
   std::string buf(reinterpret_cast<const char*>(v), 12);
-  const std::string p = craft("unpadded", R"({"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+  const std::string p = craft("unpadded",
+                              R"({"y":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"__metadata__":null,)"
+                              R"("x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                               buf);
   SafetensorsFile f(p);
   ASSERT_EQ(f.tensors().size(), 2u);
+  EXPECT_TRUE(f.metadata().empty());
   EXPECT_EQ(f.tensors()[0].name, "x");
   EXPECT_EQ(f.read_f32(*f.find("y")), std::vector<float>{3.0f});
   EXPECT_EQ(f.read_f32(*f.find("x")), (std::vector<float>{1.0f, 2.0f}));

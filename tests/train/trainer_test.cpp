@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "config/convert_args.hpp"
 #include "core/error.hpp"
@@ -161,4 +162,87 @@ TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
   EXPECT_EQ(s.exit_reason, "interval");
   EXPECT_NE(log.find("exiting program at iteration 3"), std::string::npos);
   EXPECT_EQ(log.find("on test set"), std::string::npos);
+}
+
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("laoyao_trainer_" + name);
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& extra) {
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+}  // namespace
+
+// Stop at iteration 4 with a checkpoint, resume to 8: iterations 5..8 are bit-identical to an
+// uninterrupted run (weights, Adam state, schedule position, data position, dropout streams).
+TEST(Trainer, ResumeContinuesBitIdentically) {
+  const std::string dir = temp_dir("resume");
+  auto base = tiny_args(8, 1);
+  for (size_t k = 0; k + 1 < base.size(); ++k)  // dropout on: its streams must resume too
+    if (base[k] == "--hidden-dropout" || base[k] == "--attention-dropout") base[k + 1] = "0.1";
+  auto full = run(config::resolve_mlm(base, 1));
+  std::string log1, log2;
+  auto first = run(config::resolve_mlm(with(base, {"--save", dir, "--save-interval", "4", "--exit-interval", "4"}), 1),
+                   &log1);
+  EXPECT_NE(log1.find("successfully saved checkpoint from iteration       4"), std::string::npos) << log1;
+  auto second = run(config::resolve_mlm(with(base, {"--load", dir, "--save", dir, "--save-interval", "4"}), 1), &log2);
+  EXPECT_NE(log2.find("successfully loaded checkpoint from"), std::string::npos) << log2;
+  EXPECT_NE(log2.find("at iteration 4"), std::string::npos) << log2;
+  ASSERT_EQ(first.lm_loss.size(), 4u);
+  ASSERT_EQ(second.lm_loss.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(first.lm_loss[i], full.lm_loss[i]) << i;
+    EXPECT_EQ(second.lm_loss[i], full.lm_loss[i + 4]) << i + 4;
+    EXPECT_EQ(second.grad_norm[i], full.grad_norm[i + 4]) << i + 4;
+  }
+  EXPECT_EQ(second.valid_loss, full.valid_loss);
+  EXPECT_EQ(second.test_loss, full.test_loss);
+  std::filesystem::remove_all(dir);
+}
+
+// The "stale nemo_experiments" trap: loading a checkpoint of another model shape is refused, naming
+// the differing fields; an empty --load directory starts from scratch with Megatron's warning.
+TEST(Trainer, StaleCheckpointIsRefusedAndEmptyLoadStartsFresh) {
+  const std::string dir = temp_dir("stale");
+  run(config::resolve_mlm(with(tiny_args(2, 1), {"--save", dir, "--save-interval", "2"}), 1));
+  auto other = tiny_args(2, 1);
+  for (size_t k = 0; k + 1 < other.size(); ++k)
+    if (other[k] == "--hidden-size") other[k + 1] = "48";
+  try {
+    run(config::resolve_mlm(with(other, {"--load", dir}), 1));
+    FAIL() << "expected a refusal";
+  } catch (const laoyao::UsageError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("hidden_size"), std::string::npos) << m;
+    EXPECT_NE(m.find("32"), std::string::npos) << m;
+    EXPECT_NE(m.find("48"), std::string::npos) << m;
+  }
+  std::string log;
+  const std::string empty = temp_dir("empty_load");
+  std::filesystem::create_directories(empty);
+  run(config::resolve_mlm(with(tiny_args(2, 1), {"--load", empty}), 1), &log);
+  EXPECT_NE(log.find("will not load any checkpoints and will start from random"), std::string::npos) << log;
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(empty);
+}
+
+// --pretrained-checkpoint loads weights only and starts at iteration 0; --finetune likewise.
+TEST(Trainer, PretrainedWeightsStartAtIterationZero) {
+  const std::string dir = temp_dir("pretrained");
+  auto a = run(config::resolve_mlm(with(tiny_args(3, 1), {"--save", dir, "--save-interval", "3"}), 1));
+  std::string log;
+  auto b = run(config::resolve_mlm(with(tiny_args(3, 1), {"--pretrained-checkpoint", dir}), 1), &log);
+  EXPECT_NE(log.find("loaded pretrained weights from"), std::string::npos) << log;
+  EXPECT_NE(log.find("iteration        1/       3"), std::string::npos);
+  EXPECT_LT(b.lm_loss[0], a.lm_loss[0]) << "starts from the trained weights";
+  auto f = run(config::resolve_mlm(with(tiny_args(3, 1), {"--load", dir, "--finetune"}), 1));
+  EXPECT_EQ(f.lm_loss.size(), 3u) << "fine-tuning restarts the iteration count";
+  EXPECT_EQ(f.lm_loss[0], b.lm_loss[0]) << "same weights, fresh optimizer";
+  std::filesystem::remove_all(dir);
 }

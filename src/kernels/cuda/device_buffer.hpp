@@ -1,0 +1,72 @@
+// An owning device allocation: cudaMalloc in the constructor, cudaFree in the destructor, movable,
+// never copied. Allocation happens only where a DeviceBuffer is constructed (set-up code), never
+// inside an op: ops take raw pointers into buffers their caller owns.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace laoyao::kernels::cuda {
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  int device = -1;  // the device that was current at allocation
+
+  DeviceBuffer() = default;
+  // Allocates `bytes` on the current device (cudaMalloc memory is 256-byte aligned).
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    LAOYAO_CUDA_CHECK(cudaGetDevice(&device));
+    if (n > 0) LAOYAO_CUDA_CHECK(cudaMalloc(&ptr, n));
+  }
+  ~DeviceBuffer() { release(); }
+
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr(std::exchange(o.ptr, nullptr)), bytes(std::exchange(o.bytes, 0)), device(std::exchange(o.device, -1)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      ptr = std::exchange(o.ptr, nullptr);
+      bytes = std::exchange(o.bytes, 0);
+      device = std::exchange(o.device, -1);
+    }
+    return *this;
+  }
+
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+
+  // Synchronous copies of the whole buffer (set-up and checks only; the step uses async copies).
+  void upload(const void* host, size_t n) const {
+    if (n > bytes) throw Error("DeviceBuffer::upload: " + std::to_string(n) + " bytes into " + std::to_string(bytes));
+    LAOYAO_CUDA_CHECK(cudaMemcpy(ptr, host, n, cudaMemcpyHostToDevice));
+  }
+  void download(void* host, size_t n) const {
+    if (n > bytes) throw Error("DeviceBuffer::download: " + std::to_string(n) + " bytes from " + std::to_string(bytes));
+    LAOYAO_CUDA_CHECK(cudaMemcpy(host, ptr, n, cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  // A destructor cannot throw: a failing cudaFree (a context already torn down at exit) is
+  // dropped. cudaFree is made with the owning device current, then the caller's is restored.
+  void release() noexcept {
+    if (!ptr) return;
+    int current = -1;
+    const bool switch_device = cudaGetDevice(&current) == cudaSuccess && current != device;
+    if (switch_device) (void)cudaSetDevice(device);
+    (void)cudaFree(ptr);
+    if (switch_device) (void)cudaSetDevice(current);
+    (void)cudaGetLastError();
+    ptr = nullptr;
+    bytes = 0;
+  }
+};
+
+}  // namespace laoyao::kernels::cuda

@@ -1,0 +1,142 @@
+// cuBLASLt BF16 GEMM with a per-problem plan cache (host code only; see gemm_cublaslt.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
+
+namespace laoyao::kernels::cuda {
+namespace {
+
+// The largest power of two <= 256 that divides the address. cuBLASLt's heuristic assumes 256-byte
+// operands unless told otherwise, and an algorithm chosen under that assumption may fail on a
+// pointer into the middle of a buffer; so the alignment is part of the plan's key.
+uint32_t alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && v % a != 0) a >>= 1;
+  return a;
+}
+
+std::string describe(const GemmProblem& p) {
+  return "m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
+         " transA=" + std::to_string(p.trans_a) + " transB=" + std::to_string(p.trans_b) +
+         " lda=" + std::to_string(p.lda) + " ldb=" + std::to_string(p.ldb) + " ldd=" + std::to_string(p.ldd) +
+         (p.bias ? " +bias" : "");
+}
+
+}  // namespace
+
+CublasLtGemm::CublasLtGemm(size_t workspace_bytes) : workspace_(workspace_bytes) {
+  LAOYAO_CUDA_CHECK(cublasLtCreate(&handle_));
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  // Destructors cannot throw; a failing destroy at teardown leaves nothing to recover.
+  for (auto& [key, plan] : plans_) {
+    (void)key;
+    (void)cublasLtMatrixLayoutDestroy(plan.a);
+    (void)cublasLtMatrixLayoutDestroy(plan.b);
+    (void)cublasLtMatrixLayoutDestroy(plan.d);
+    (void)cublasLtMatmulDescDestroy(plan.op);
+  }
+  if (handle_) (void)cublasLtDestroy(handle_);
+}
+
+CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+
+  const GemmProblem& p = key.p;
+  Plan plan;
+  // Build into `plan`, and on any failure destroy what was made so far before rethrowing.
+  try {
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (p.bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const cudaDataType_t bias_type = CUDA_R_16BF;
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                       sizeof bias_type));
+      // The heuristic reads the bias pointer's alignment (cublasLt.h), so set it before asking.
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                       sizeof bias));
+    }
+    // Stored shapes (rows x cols, column-major): A [k, m] when transposed else [m, k]; likewise B.
+    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, p.trans_a ? p.k : p.m,
+                                                 p.trans_a ? p.m : p.k, p.lda));
+    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, p.trans_b ? p.n : p.k,
+                                                 p.trans_b ? p.k : p.n, p.ldb));
+    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_16BF, p.m, p.n, p.ldd));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    try {
+      const size_t ws = workspace_.bytes;
+      LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                             sizeof ws));
+      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment));
+      // C is D (beta accumulates in place), so the same layout serves both.
+      LAOYAO_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.a, plan.b, plan.d, plan.d, pref, 1,
+                                                       &result, &found));
+    } catch (...) {
+      (void)cublasLtMatmulPreferenceDestroy(pref);
+      throw;
+    }
+    LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0)
+      throw Error("cuBLASLt has no bf16 algorithm for " + describe(p) + " at " + std::to_string(key.alignment) +
+                  "-byte alignment");
+    plan.algo = result.algo;
+  } catch (...) {
+    if (plan.a) (void)cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b) (void)cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.d) (void)cublasLtMatrixLayoutDestroy(plan.d);
+    if (plan.op) (void)cublasLtMatmulDescDestroy(plan.op);
+    throw;
+  }
+  return plans_.emplace(key, plan).first->second;
+}
+
+void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B, bf16* D, const bf16* bias,
+                        float alpha, float beta, cudaStream_t stream) {
+  if (problem.bias != (bias != nullptr))
+    throw Error("CublasLtGemm::gemm: a bias pointer must be given exactly when the problem has a bias epilogue (" +
+                describe(problem) + ")");
+  if (problem.m <= 0 || problem.n <= 0 || problem.k <= 0)
+    throw Error("CublasLtGemm::gemm: empty problem (" + describe(problem) + ")");
+  uint32_t align = alignment_of(A);
+  for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias)})
+    if (p) align = std::min(align, alignment_of(p));
+  Plan& plan = plan_for(Key{problem, align}, bias);
+  if (bias)  // same problem, perhaps another bias vector: an attribute write, nothing is rebuilt
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d,
+                                   &plan.algo, workspace_.ptr, workspace_.bytes, stream));
+}
+
+void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t T, int64_t K,
+                                  int64_t N, cudaStream_t stream) {
+  GemmProblem p;
+  p.m = N;
+  p.n = T;
+  p.k = K;
+  p.trans_a = true;  // w is row-major [N, K] = column-major [K, N]; op(A) = w is [N, K]
+  p.trans_b = false; // x is row-major [T, K] = column-major [K, T] = op(B)
+  p.lda = K;
+  p.ldb = K;
+  p.ldd = N;
+  p.bias = bias != nullptr;
+  gemm(p, w, x, y, bias, 1.0f, 0.0f, stream);
+}
+
+}  // namespace laoyao::kernels::cuda

@@ -1,0 +1,641 @@
+#include "train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/sha256.hpp"
+#include "model/parameters.hpp"
+
+namespace laoyao::train {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+constexpr const char* kFormat = "laoyao-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kConfigFile = "run_config.yaml";
+constexpr const char* kStateFile = "train_state.json";
+constexpr size_t kMaxListed = 50;  // problems listed in one message before "... and N more"
+
+std::string join_path(const std::string& a, const std::string& b) { return (fs::path(a) / b).string(); }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string list_problems(const std::vector<std::string>& lines) {
+  std::string s;
+  for (size_t i = 0; i < lines.size() && i < kMaxListed; ++i) s += "\n  " + lines[i];
+  if (lines.size() > kMaxListed) s += "\n  ... and " + std::to_string(lines.size() - kMaxListed) + " more";
+  return s;
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open directory '" + dir + "' to flush it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  if (rc != 0 && e != EINVAL) throw Error("cannot flush directory '" + dir + "': " + std::strerror(e));
+}
+
+// iter_0000010.tmp.<pid> (a save in progress or interrupted) / iter_0000010.old.<pid> (the copy a
+// save without RENAME_EXCHANGE moves aside for an instant).
+bool is_scratch_name(const std::string& name, const char* kind) {
+  if (name.rfind("iter_", 0) != 0) return false;
+  const size_t dot = name.find('.');
+  return dot != std::string::npos && name.compare(dot, std::strlen(kind), kind) == 0;
+}
+
+std::vector<TensorWrite> to_writes(const std::vector<TensorRef>& refs, const char* what) {
+  std::vector<TensorWrite> out;
+  out.reserve(refs.size());
+  for (const auto& r : refs) {
+    if (r.name.empty()) throw Error(std::string("checkpoint: a ") + what + " tensor has no name");
+    out.push_back({r.name, Dtype::F32, r.shape, r.data});
+  }
+  return out;
+}
+
+json value_json(const StateValue& v, const std::string& key) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return *i;
+  if (const auto* d = std::get_if<double>(&v)) {
+    if (!std::isfinite(*d)) throw Error("checkpoint: train state value '" + key + "' is not finite");
+    return *d;
+  }
+  if (const auto* b = std::get_if<bool>(&v)) return *b;
+  return std::get<std::string>(v);
+}
+
+json map_json(const StateMap& m, const std::string& what) {
+  json j = json::object();
+  for (const auto& [k, v] : m) j[k] = value_json(v, what + "." + k);
+  return j;
+}
+
+// ---- reading train_state.json ----
+
+[[noreturn]] void bad_state(const std::string& file, const std::string& problem) {
+  throw UsageError("checkpoint file '" + file + "': " + problem);
+}
+
+int64_t get_int(const json& j, const std::string& file, const char* key) {
+  if (!j.contains(key)) bad_state(file, std::string("missing field '") + key + "'");
+  const json& v = j.at(key);
+  if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+    return v.get<int64_t>();
+  bad_state(file, std::string("field '") + key + "' must be an integer, found " + v.dump());
+}
+
+StateValue state_value(const json& v, const std::string& file, const std::string& key) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > uint64_t(INT64_MAX)) bad_state(file, "value of '" + key + "' is out of range: " + v.dump());
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) return v.get<double>();
+  if (v.is_string()) return v.get<std::string>();
+  bad_state(file, "value of '" + key + "' must be a number, boolean or string, found " + v.dump());
+}
+
+StateMap state_map(const json& j, const std::string& file, const char* key) {
+  StateMap m;
+  if (!j.contains(key)) return m;
+  const json& o = j.at(key);
+  if (!o.is_object()) bad_state(file, std::string("field '") + key + "' must be an object");
+  for (const auto& [k, v] : o.items()) m[k] = state_value(v, file, std::string(key) + "." + k);
+  return m;
+}
+
+struct FileSum {
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+struct StateFile {
+  TrainStateRecord state;
+  std::map<std::string, FileSum> files;
+};
+
+StateFile read_state_file(const std::string& dir) {
+  const std::string file = join_path(dir, kStateFile);
+  json j;
+  try {
+    j = json::parse(read_file(file));
+  } catch (const json::parse_error& e) {
+    bad_state(file, std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat) bad_state(file, "not a laoyao train_state.json");
+  const int64_t version = get_int(j, file, "version");
+  if (version != kVersion)
+    bad_state(file, "format version " + std::to_string(version) + "; this laoyao reads version " +
+                        std::to_string(kVersion));
+  StateFile s;
+  TrainStateRecord& r = s.state;
+  r.iteration = get_int(j, file, "iteration");
+  r.consumed_train_samples = get_int(j, file, "consumed_train_samples");
+  r.consumed_valid_samples = get_int(j, file, "consumed_valid_samples");
+  r.skipped_train_samples = get_int(j, file, "skipped_train_samples");
+  r.skipped_iterations = get_int(j, file, "skipped_iterations");
+  r.nan_iterations = get_int(j, file, "nan_iterations");
+  r.scheduler_num_steps = get_int(j, file, "scheduler_num_steps");
+  r.optimizer_steps = get_int(j, file, "optimizer_steps");
+  if (!j.contains("floating_point_operations_so_far") || !j.at("floating_point_operations_so_far").is_number())
+    bad_state(file, "missing or non-numeric field 'floating_point_operations_so_far'");
+  r.floating_point_operations_so_far = j.at("floating_point_operations_so_far").get<double>();
+  r.rng = state_map(j, file, "rng");
+  r.model_shape = state_map(j, file, "model_shape");
+  if (!j.contains("files") || !j.at("files").is_object()) bad_state(file, "missing field 'files'");
+  for (const auto& [name, f] : j.at("files").items()) {
+    if (!f.is_object() || !f.contains("sha256") || !f.at("sha256").is_string())
+      bad_state(file, "files." + name + " needs bytes and sha256");
+    s.files[name] = {static_cast<uint64_t>(get_int(f, file, "bytes")), f.at("sha256").get<std::string>()};
+  }
+  for (const char* required : {kModelFile, kConfigFile})
+    if (!s.files.count(required)) bad_state(file, std::string("files lists no ") + required);
+  return s;
+}
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& why) {
+  throw UsageError("checkpoint file '" + path + "' is corrupt: " + why +
+                   " (it does not match the checksum train_state.json recorded when it was saved)");
+}
+
+void verify_bytes(const std::string& path, const uint8_t* data, size_t n, const FileSum& want) {
+  if (n != want.bytes)
+    corrupt(path, "it is " + std::to_string(n) + " bytes, " + std::to_string(want.bytes) + " were written");
+  const std::string got = to_hex(sha256(data, n));
+  if (got != want.sha256) corrupt(path, "its SHA-256 is " + got + ", " + want.sha256 + " was written");
+}
+
+// Opens a listed safetensors file and checks it against its recorded size and SHA-256.
+SafetensorsFile open_verified(const std::string& dir, const std::string& name, const FileSum& want) {
+  const std::string path = join_path(dir, name);
+  if (!fs::exists(path)) throw UsageError("checkpoint file '" + path + "' is missing (train_state.json lists it)");
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (!ec && size != want.bytes)  // a truncated or appended file: say so before parsing it
+    corrupt(path, "it is " + std::to_string(size) + " bytes, " + std::to_string(want.bytes) + " were written");
+  std::optional<SafetensorsFile> f;
+  try {
+    f.emplace(path);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("checkpoint is corrupt: ") + e.what());
+  }
+  verify_bytes(path, f->bytes().data(), f->bytes().size(), want);
+  return std::move(*f);
+}
+
+bool has_megatron_files(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(join_path(dir, ".metadata"), ec) || fs::exists(join_path(dir, "common.pt"), ec)) return true;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".distcp" || e.path().extension() == ".pth") return true;
+  return false;
+}
+
+[[noreturn]] void megatron_format(const std::string& dir) {
+  throw UsageError("'" + dir + "' is a Megatron (torch_dist / torch) checkpoint; laoyao reads its own safetensors "
+                   "checkpoints and folders of Megatron-Core *.safetensors files");
+}
+
+// The iteration directory a load reads.
+std::string resolve_iteration_dir(const std::string& load_dir, std::optional<int64_t> step) {
+  if (!fs::is_directory(load_dir)) throw UsageError("checkpoint directory '" + load_dir + "' does not exist");
+  if (fs::exists(join_path(load_dir, kStateFile))) {  // an iteration directory itself
+    if (step) {
+      const int64_t it = read_state_file(load_dir).state.iteration;
+      if (it != *step)
+        throw UsageError("checkpoint '" + load_dir + "' is iteration " + std::to_string(it) + ", not the requested step " +
+                         std::to_string(*step));
+    }
+    return load_dir;
+  }
+  int64_t it = 0;
+  if (step) {
+    it = *step;
+  } else {
+    const auto latest = latest_iteration(load_dir);
+    if (!latest) {
+      if (has_megatron_files(load_dir)) megatron_format(load_dir);
+      throw UsageError("no checkpoint in '" + load_dir + "': it has no latest_checkpointed_iteration.txt");
+    }
+    it = *latest;
+  }
+  const std::string dir = join_path(load_dir, iteration_dir_name(it));
+  if (!fs::exists(join_path(dir, kStateFile))) {
+    std::string why = step ? "checkpoint step " + std::to_string(it) + ": '" + dir + "'"
+                           : "'" + tracker_path(load_dir) + "' names iteration " + std::to_string(it) + ", but '" + dir + "'";
+    why += fs::exists(dir) ? " has no train_state.json" : " does not exist";
+    if (fs::exists(dir) && has_megatron_files(dir)) megatron_format(dir);
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(load_dir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(iteration_dir_name(it) + ".old.", 0) == 0)
+        why += " ('" + e.path().string() + "' is its previous copy, which an interrupted save moved aside: rename it to " +
+               iteration_dir_name(it) + " to use it)";
+    }
+    throw UsageError(why);
+  }
+  return dir;
+}
+
+// Replaces `final_dir` (if any) by the complete `tmp` so that a complete directory of that name
+// exists at every instant: an atomic exchange, then the old copy (now at `tmp`) goes.
+void install_dir(const std::string& tmp, const std::string& final_dir) {
+  if (!fs::exists(final_dir)) {
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+      throw Error("cannot rename '" + tmp + "' to '" + final_dir + "': " + std::strerror(errno));
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp);
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+    throw Error("cannot replace '" + final_dir + "': " + std::strerror(errno));
+  // A file system without RENAME_EXCHANGE (NFS, ...): move the old copy aside for an instant; a
+  // crash in between leaves it as iter_N.old.<pid>, which a load names in its error.
+  const std::string old = final_dir + ".old." + std::to_string(::getpid());
+  fs::remove_all(old);
+  if (::rename(final_dir.c_str(), old.c_str()) != 0)
+    throw Error("cannot move '" + final_dir + "' aside: " + std::strerror(errno));
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    const int e = errno;
+    ::rename(old.c_str(), final_dir.c_str());
+    throw Error("cannot rename '" + tmp + "' to '" + final_dir + "': " + std::strerror(e));
+  }
+  fs::remove_all(old);
+}
+
+bool same_value(const StateValue& a, const StateValue& b) {
+  if (a == b) return true;
+  auto num = [](const StateValue& v) -> std::optional<double> {
+    if (const auto* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+    if (const auto* d = std::get_if<double>(&v)) return *d;
+    return std::nullopt;
+  };
+  const auto x = num(a), y = num(b);
+  return x && y && *x == *y;
+}
+
+// Problems of one safetensors file against the names and shapes it should hold.
+void compare_tensors(const SafetensorsFile& f, const std::vector<std::pair<std::string, const ParamShape*>>& want,
+                     std::vector<std::string>& problems) {
+  std::set<std::string> expected;
+  for (const auto& [name, p] : want) {
+    expected.insert(name);
+    const SafetensorsTensor* t = f.find(name);
+    if (!t) {
+      problems.push_back("missing: " + name + " " + shape_str(p->shape));
+    } else if (t->shape != p->shape) {
+      problems.push_back(name + ": checkpoint " + shape_str(t->shape) + ", model " + shape_str(p->shape));
+    } else if (t->dtype != Dtype::F32) {
+      problems.push_back(name + ": dtype " + std::string(dtype_name(t->dtype)) + " (checkpoints hold F32)");
+    }
+  }
+  for (const auto& t : f.tensors())
+    if (!expected.count(t.name)) problems.push_back("unexpected: " + t.name + " " + shape_str(t.shape));
+}
+
+void check_unique(const std::vector<ParamShape>& expected) {
+  std::set<std::string> seen;
+  for (const auto& p : expected)
+    if (!seen.insert(p.name).second) throw Error("checkpoint: parameter '" + p.name + "' expected twice");
+}
+
+void read_named(const SafetensorsFile& f, const std::string& name, float* out, size_t n) {
+  const SafetensorsTensor* t = f.find(name);
+  if (!t) throw UsageError("checkpoint file '" + f.path() + "' has no tensor '" + name + "'");
+  f.read_f32(*t, out, n);
+}
+
+}  // namespace
+
+std::string state_value_str(const StateValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) return json(*d).dump();
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  return json(std::get<std::string>(v)).dump();
+}
+
+std::vector<ParamShape> param_shapes(const model::ParameterTable& table) {
+  std::vector<ParamShape> out;
+  out.reserve(table.specs.size());
+  for (const auto& s : table.specs) out.push_back({s.name, s.shape});
+  return out;
+}
+
+std::string exp_avg_name(const std::string& param) { return "optimizer.state.exp_avg." + param; }
+std::string exp_avg_sq_name(const std::string& param) { return "optimizer.state.exp_avg_sq." + param; }
+
+std::string iteration_dir_name(int64_t iteration) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(iteration));
+  return buf;
+}
+
+std::string tracker_path(const std::string& dir) { return join_path(dir, "latest_checkpointed_iteration.txt"); }
+
+std::optional<int64_t> latest_iteration(const std::string& load_dir) {
+  const std::string path = tracker_path(load_dir);
+  if (!fs::exists(path)) return std::nullopt;
+  std::string s = read_file(path);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  s = s.substr(i);
+  int64_t it = 0;
+  bool ok = !s.empty() && s.size() <= 18;
+  for (char c : s) {
+    if (c < '0' || c > '9') ok = false;
+    else it = it * 10 + (c - '0');
+  }
+  if (!ok)
+    throw UsageError("checkpoint tracker '" + path + "' holds '" + s + "', expected an iteration number" +
+                     (s == "release" ? " (Megatron release checkpoints are not supported)" : ""));
+  return it;
+}
+
+bool checkpoint_exists(const std::string& load_dir) {
+  std::error_code ec;
+  return fs::exists(join_path(load_dir, kStateFile), ec) || fs::exists(tracker_path(load_dir), ec);
+}
+
+std::vector<std::string> remove_incomplete_checkpoints(const std::string& save_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(save_dir, ec)) return removed;
+  std::vector<fs::path> victims;
+  for (const auto& e : fs::directory_iterator(save_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_scratch_name(name, ".tmp.")) victims.push_back(e.path());
+    // A moved-aside old copy is garbage once its directory is back in place; otherwise it is the
+    // only copy of that iteration and stays for the user (a load's error names it).
+    if (is_scratch_name(name, ".old.") && fs::exists(e.path().parent_path() / name.substr(0, name.find('.'))))
+      victims.push_back(e.path());
+  }
+  for (const auto& v : victims) {
+    fs::remove_all(v, ec);
+    if (ec) throw Error("cannot remove the incomplete checkpoint '" + v.string() + "': " + ec.message());
+    removed.push_back(v.filename().string());
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
+std::string save_checkpoint(const std::string& save_dir, int64_t iteration, const CheckpointWrite& w) {
+  if (iteration < 0) throw Error("checkpoint: negative iteration " + std::to_string(iteration));
+  if (w.state.iteration != iteration)
+    throw Error("checkpoint: train state says iteration " + std::to_string(w.state.iteration) + ", saving " +
+                std::to_string(iteration));
+  if (w.model.empty()) throw Error("checkpoint: no model tensors to save");
+  make_dirs(save_dir);
+  remove_incomplete_checkpoints(save_dir);
+  const std::string final_dir = join_path(save_dir, iteration_dir_name(iteration));
+  const std::string tmp = final_dir + ".tmp." + std::to_string(::getpid());
+  try {
+    fs::remove_all(tmp);
+    fs::create_directory(tmp);
+    json files = json::object();
+    // The two big files are written concurrently: each is hashed as it streams out.
+    auto opt = std::async(std::launch::async, [&]() -> std::optional<SafetensorsWriteResult> {
+      if (w.optimizer.empty()) return std::nullopt;
+      return write_safetensors(join_path(tmp, kOptimizerFile), to_writes(w.optimizer, "optimizer"), {{"format", "pt"}});
+    });
+    SafetensorsWriteResult model;
+    try {
+      model = write_safetensors(join_path(tmp, kModelFile), to_writes(w.model, "model"), {{"format", "pt"}});
+    } catch (...) {
+      try {
+        opt.get();
+      } catch (...) {
+      }
+      throw;
+    }
+    const auto optimizer = opt.get();
+    files[kModelFile] = {{"bytes", model.file_bytes}, {"sha256", model.sha256}};
+    if (optimizer) files[kOptimizerFile] = {{"bytes", optimizer->file_bytes}, {"sha256", optimizer->sha256}};
+    write_file_atomic(join_path(tmp, kConfigFile), w.run_config_yaml);
+    files[kConfigFile] = {{"bytes", w.run_config_yaml.size()}, {"sha256", sha256_hex(w.run_config_yaml)}};
+
+    const TrainStateRecord& s = w.state;
+    if (!std::isfinite(s.floating_point_operations_so_far))
+      throw Error("checkpoint: floating_point_operations_so_far is not finite");
+    json j = json::object();
+    j["format"] = kFormat;
+    j["version"] = kVersion;
+    j["iteration"] = iteration;
+    j["consumed_train_samples"] = s.consumed_train_samples;
+    j["consumed_valid_samples"] = s.consumed_valid_samples;
+    j["skipped_train_samples"] = s.skipped_train_samples;
+    j["skipped_iterations"] = s.skipped_iterations;
+    j["nan_iterations"] = s.nan_iterations;
+    j["scheduler_num_steps"] = s.scheduler_num_steps;
+    j["optimizer_steps"] = s.optimizer_steps;
+    j["floating_point_operations_so_far"] = s.floating_point_operations_so_far;
+    j["rng"] = map_json(s.rng, "rng");
+    j["model_shape"] = map_json(s.model_shape, "model_shape");
+    j["files"] = files;
+    write_file_atomic(join_path(tmp, kStateFile), j.dump(2) + "\n");  // last: its presence marks completeness
+    fsync_dir(tmp);
+    install_dir(tmp, final_dir);
+    fsync_dir(save_dir);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  // Megatron writes the bare number, no newline.
+  write_file_atomic(tracker_path(save_dir), std::to_string(iteration));
+  return final_dir;
+}
+
+void LoadedCheckpoint::read_model(const std::string& name, float* out, size_t n) const {
+  read_named(model, name, out, n);
+}
+
+void LoadedCheckpoint::read_optimizer(const std::string& name, float* out, size_t n) const {
+  if (!optimizer) throw UsageError("checkpoint '" + dir + "' was saved without optimizer state");
+  read_named(*optimizer, name, out, n);
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step) {
+  const std::string dir = resolve_iteration_dir(load_dir, step);
+  StateFile sf = read_state_file(dir);
+  const std::string name = fs::path(dir).filename().string();
+  if (name.rfind("iter_", 0) == 0 && name != iteration_dir_name(sf.state.iteration))
+    throw UsageError("checkpoint '" + dir + "' holds iteration " + std::to_string(sf.state.iteration) +
+                     " (train_state.json), which does not match its name");
+  // The optimizer file (the larger) is opened and hashed alongside the model file.
+  auto opt = std::async(std::launch::async, [&]() -> std::optional<SafetensorsFile> {
+    auto it = sf.files.find(kOptimizerFile);
+    if (it == sf.files.end()) return std::nullopt;
+    return open_verified(dir, kOptimizerFile, it->second);
+  });
+  std::optional<SafetensorsFile> model;
+  try {
+    model.emplace(open_verified(dir, kModelFile, sf.files.at(kModelFile)));
+  } catch (...) {
+    try {
+      opt.get();
+    } catch (...) {
+    }
+    throw;
+  }
+  std::optional<SafetensorsFile> optimizer = opt.get();
+  const std::string config_path = join_path(dir, kConfigFile);
+  if (!fs::exists(config_path))
+    throw UsageError("checkpoint file '" + config_path + "' is missing (train_state.json lists it)");
+  std::string yaml = read_file(config_path);
+  verify_bytes(config_path, reinterpret_cast<const uint8_t*>(yaml.data()), yaml.size(), sf.files.at(kConfigFile));
+  for (const auto& [file, sum] : sf.files) {  // files a later version may add: present and intact
+    if (file == kModelFile || file == kOptimizerFile || file == kConfigFile) continue;
+    const std::string p = join_path(dir, file);
+    if (!fs::exists(p)) throw UsageError("checkpoint file '" + p + "' is missing (train_state.json lists it)");
+    const std::string bytes = read_file(p);
+    verify_bytes(p, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), sum);
+  }
+  return LoadedCheckpoint{dir, std::move(sf.state), std::move(yaml), std::move(*model), std::move(optimizer)};
+}
+
+void check_model_shape(const LoadedCheckpoint& ckpt, const StateMap& current) {
+  std::vector<std::string> diffs;
+  const StateMap& saved = ckpt.state.model_shape;
+  for (const auto& [k, v] : saved) {
+    auto it = current.find(k);
+    if (it == current.end())
+      diffs.push_back(k + ": checkpoint " + state_value_str(v) + ", current (not set)");
+    else if (!same_value(v, it->second))
+      diffs.push_back(k + ": checkpoint " + state_value_str(v) + ", current " + state_value_str(it->second));
+  }
+  for (const auto& [k, v] : current)
+    if (!saved.count(k)) diffs.push_back(k + ": checkpoint (not recorded), current " + state_value_str(v));
+  if (diffs.empty()) return;
+  throw UsageError("checkpoint '" + ckpt.dir + "' was saved from a different model than the one configured:" +
+                   list_problems(diffs) +
+                   "\nIt may be an earlier run's checkpoint in the load directory. To train from scratch, use a new "
+                   "save directory (checkpoint.save / --save) or do not load (checkpoint.load=null / no --load).");
+}
+
+void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape>& expected) {
+  check_unique(expected);
+  std::vector<std::string> problems;
+  std::vector<std::pair<std::string, const ParamShape*>> want;
+  for (const auto& p : expected) want.emplace_back(p.name, &p);
+  compare_tensors(ckpt.model, want, problems);
+  if (ckpt.optimizer) {
+    want.clear();
+    for (const auto& p : expected) {
+      want.emplace_back(exp_avg_name(p.name), &p);
+      want.emplace_back(exp_avg_sq_name(p.name), &p);
+    }
+    compare_tensors(*ckpt.optimizer, want, problems);
+  }
+  if (problems.empty()) return;
+  throw UsageError("checkpoint '" + ckpt.dir + "' does not match the model's parameters:" + list_problems(problems) +
+                   "\nIt may be an earlier run's checkpoint in the load directory. To train from scratch, use a new "
+                   "save directory (checkpoint.save / --save) or do not load (checkpoint.load=null / no --load).");
+}
+
+PretrainedWeights load_pretrained_weights(const std::string& path, const std::vector<ParamShape>& expected,
+                                          bool allow_unexpected) {
+  check_unique(expected);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UsageError("pretrained checkpoint '" + path + "' does not exist");
+  std::vector<SafetensorsFile> files;
+  if (fs::is_regular_file(path, ec)) {
+    if (fs::path(path).extension() != ".safetensors")
+      throw UsageError("pretrained checkpoint '" + path + "' is not a .safetensors file or a directory");
+    files.emplace_back(path);
+  } else if (fs::exists(tracker_path(path)) || fs::exists(join_path(path, kStateFile))) {
+    const std::string dir = resolve_iteration_dir(path, std::nullopt);
+    const StateFile sf = read_state_file(dir);
+    files.push_back(open_verified(dir, kModelFile, sf.files.at(kModelFile)));
+  } else {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+    if (names.empty()) {
+      if (has_megatron_files(path)) megatron_format(path);
+      throw UsageError("pretrained checkpoint '" + path +
+                       "' holds no *.safetensors files (expected a laoyao checkpoint directory with "
+                       "latest_checkpointed_iteration.txt, an iter_NNNNNNN directory, or a folder of .safetensors "
+                       "files with Megatron-Core parameter names)");
+    }
+    for (const auto& n : names) files.emplace_back(n);
+  }
+
+  std::map<std::string, std::pair<const SafetensorsFile*, const SafetensorsTensor*>> found;
+  for (const auto& f : files)
+    for (const auto& t : f.tensors()) {
+      auto [it, fresh] = found.emplace(t.name, std::make_pair(&f, &t));
+      if (!fresh)
+        throw UsageError("pretrained checkpoint '" + path + "': tensor '" + t.name + "' is in both '" +
+                         it->second.first->path() + "' and '" + f.path() + "'");
+    }
+
+  PretrainedWeights out;
+  for (const auto& f : files) out.files.push_back(f.path());
+  std::vector<std::string> problems;
+  std::set<std::string> expected_names;
+  for (const auto& p : expected) {
+    expected_names.insert(p.name);
+    auto it = found.find(p.name);
+    if (it == found.end()) {
+      problems.push_back("missing: " + p.name + " " + shape_str(p.shape));
+      continue;
+    }
+    const SafetensorsTensor& t = *it->second.second;
+    if (t.shape != p.shape)
+      problems.push_back(p.name + ": checkpoint " + shape_str(t.shape) + ", model " + shape_str(p.shape) + " (in '" +
+                         it->second.first->path() + "')");
+    else if (t.dtype != Dtype::F32 && t.dtype != Dtype::BF16 && t.dtype != Dtype::F16)
+      problems.push_back(p.name + ": dtype " + std::string(dtype_name(t.dtype)) + " (expected F32, BF16 or F16; in '" +
+                         it->second.first->path() + "')");
+  }
+  for (const auto& [name, where] : found) {
+    if (expected_names.count(name)) continue;
+    const std::string suffix = "._extra_state";
+    if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) continue;
+    if (allow_unexpected)
+      out.ignored.push_back(name);
+    else
+      problems.push_back("unexpected: " + name + " " + shape_str(where.second->shape) + " (in '" +
+                         where.first->path() + "')");
+  }
+  if (!problems.empty())
+    throw UsageError("pretrained checkpoint '" + path + "' does not match the model's parameters:" +
+                     list_problems(problems));
+  for (const auto& p : expected) {
+    const auto& [f, t] = found.at(p.name);
+    out.tensors.emplace(p.name, f->read_f32(*t));
+  }
+  return out;
+}
+
+}  // namespace laoyao::train

@@ -1,0 +1,132 @@
+#include "train/run_checkpoint.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "config/yaml_io.hpp"
+#include "core/error.hpp"
+
+namespace laoyao::train {
+
+StateMap model_shape_fields(const config::ConfigContainer& c, const config::Derived& d) {
+  const auto& m = c.model;
+  return {
+      {"num_layers", m.num_layers},
+      {"hidden_size", m.hidden_size},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_query_groups", m.num_query_groups.value_or(m.num_attention_heads)},
+      {"kv_channels", m.kv_channels.value_or(m.hidden_size / m.num_attention_heads)},
+      {"ffn_hidden_size", m.ffn_hidden_size.value_or(4 * m.hidden_size)},
+      {"padded_vocab_size", d.padded_vocab_size},
+      {"max_position_embeddings", m.max_position_embeddings.value_or(m.seq_length)},
+      {"normalization", m.normalization},
+      {"gated_linear_unit", m.gated_linear_unit},
+      {"add_bias_linear", m.add_bias_linear},
+      {"share_embeddings_and_output_weights", m.share_embeddings_and_output_weights},
+      {"position_embedding_type", m.position_embedding_type},
+  };
+}
+
+void save_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
+                         const model::GptModel& model, const optim::AdamW& adam, TrainStateRecord state,
+                         std::FILE* out) {
+  const std::string& save = *c.checkpoint.save;
+  std::fprintf(out, "saving checkpoint at iteration %7lld to %s in laoyao safetensors format\n",
+               static_cast<long long>(iteration), save.c_str());
+  CheckpointWrite w;
+  const float* weights = model.weights();
+  for (const auto& p : model.table().specs) w.model.push_back({p.name, p.shape, weights + p.offset});
+  if (c.checkpoint.save_optim) {
+    for (const auto& p : model.table().specs) {
+      w.optimizer.push_back({exp_avg_name(p.name), p.shape, adam.exp_avg().data() + p.offset});
+      w.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, adam.exp_avg_sq().data() + p.offset});
+    }
+  }
+  state.iteration = iteration;
+  state.optimizer_steps = adam.steps();
+  state.model_shape = model_shape_fields(c, d);
+  state.rng = {{"seed", c.rng.seed}, {"dropout_streams", std::string("keyed by (seed, iteration, micro-batch)")}};
+  config::ConfigContainer copy = c;
+  w.state = std::move(state);
+  w.run_config_yaml = config::to_yaml(copy);
+  save_checkpoint(save, iteration, w);
+  // Megatron keeps every checkpoint unless most_recent_k > 0.
+  if (c.checkpoint.most_recent_k > 0) {
+    namespace fs = std::filesystem;
+    std::vector<int64_t> iters;
+    for (const auto& e : fs::directory_iterator(save)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.size() == 12 && n.rfind("iter_", 0) == 0 &&
+          n.find_first_not_of("0123456789", 5) == std::string::npos)
+        iters.push_back(std::stoll(n.substr(5)));
+    }
+    std::sort(iters.begin(), iters.end());
+    for (size_t k = 0; k + static_cast<size_t>(c.checkpoint.most_recent_k) < iters.size(); ++k)
+      fs::remove_all(fs::path(save) / iteration_dir_name(iters[k]));
+  }
+  std::fprintf(out, "  successfully saved checkpoint from iteration %7lld to %s [ t 1/1, p 1/1 ]\n",
+               static_cast<long long>(iteration), save.c_str());
+  std::fflush(out);
+}
+
+namespace {
+
+void copy_weights(const LoadedCheckpoint& ckpt, model::GptModel& model) {
+  for (const auto& p : model.table().specs)
+    ckpt.read_model(p.name, model.weights() + p.offset, static_cast<size_t>(p.numel));
+}
+
+}  // namespace
+
+std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
+                                                       model::GptModel& model, optim::AdamW& adam, std::FILE* out) {
+  const auto& k = c.checkpoint;
+  const auto expected = param_shapes(model.table());
+  if (k.load) {
+    if (!checkpoint_exists(*k.load)) {
+      if (k.exit_on_missing_checkpoint)
+        throw UsageError("no checkpoint to load in '" + *k.load + "' (checkpoint.exit_on_missing_checkpoint is set)");
+      std::fprintf(out, "WARNING: could not find the metadata file %s\n    will not load any checkpoints and will "
+                   "start from random\n", tracker_path(*k.load).c_str());
+    } else {
+      LoadedCheckpoint ckpt = load_checkpoint(*k.load, k.ckpt_step);
+      // A checkpoint of another model shape is refused with the differing fields named: the
+      // "stale nemo_experiments" trap, made safe.
+      check_model_shape(ckpt, model_shape_fields(c, d));
+      check_parameters(ckpt, expected);
+      copy_weights(ckpt, model);
+      const bool resume = !k.finetune;
+      if (resume && k.load_optim) {
+        if (!ckpt.optimizer)
+          throw UsageError("checkpoint " + ckpt.dir + " has no optimizer state; set checkpoint.load_optim=false "
+                           "(--no-load-optim) to load the weights alone");
+        for (const auto& p : model.table().specs) {
+          ckpt.read_optimizer(exp_avg_name(p.name), adam.exp_avg().data() + p.offset, static_cast<size_t>(p.numel));
+          ckpt.read_optimizer(exp_avg_sq_name(p.name), adam.exp_avg_sq().data() + p.offset,
+                              static_cast<size_t>(p.numel));
+        }
+        adam.set_steps(ckpt.state.optimizer_steps);
+      }
+      std::fprintf(out, "  successfully loaded checkpoint from %s [ t 1/1, p 1/1 ] at iteration %lld%s\n",
+                   ckpt.dir.c_str(), static_cast<long long>(ckpt.state.iteration),
+                   resume ? "" : " (--finetune: weights only, starting at iteration 0)");
+      std::fflush(out);
+      if (resume) return ckpt.state;
+      return std::nullopt;
+    }
+  }
+  if (k.pretrained_checkpoint) {
+    PretrainedWeights w = load_pretrained_weights(*k.pretrained_checkpoint, expected);
+    for (const auto& p : model.table().specs) {
+      const auto& t = w.tensors.at(p.name);
+      std::memcpy(model.weights() + p.offset, t.data(), sizeof(float) * static_cast<size_t>(p.numel));
+    }
+    std::fprintf(out, "  loaded pretrained weights from %s (%zu file%s): weights only, starting at iteration 0\n",
+                 k.pretrained_checkpoint->c_str(), w.files.size(), w.files.size() == 1 ? "" : "s");
+    std::fflush(out);
+  }
+  return std::nullopt;
+}
+
+}  // namespace laoyao::train
