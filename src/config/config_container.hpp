@@ -227,7 +227,7 @@ struct SchedulerConfig {
   OptString no_weight_decay_cond_type;
   OptInt max_steps;
   // Derived by validate(), in samples (Bridge's _calculate_scheduler_steps); not settable.
-  OptInt lr_warmup_steps;
+  OptFloat lr_warmup_steps;  // a float, as in Bridge/MCore: lr_warmup_fraction * lr_decay_steps
   OptInt lr_decay_steps;
   OptInt wd_incr_steps;
   OptInt wsd_decay_steps;

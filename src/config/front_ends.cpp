@@ -106,7 +106,8 @@ void sync_seq_length(ConfigContainer& c, std::vector<std::string>* notes) {
 RecipeInvocation parse_run_recipe_args(const std::vector<std::string>& args) {
   RecipeInvocation inv;
   std::string model;
-  std::vector<std::string> known = {"--recipe", "--model", "--mode", "--config-file", "--dataset", "--dry-run", "--help"};
+  std::vector<std::string> known = {"--recipe",  "--model",         "--mode", "--config-file", "--dataset",
+                                    "--dry-run", "--deterministic", "--step-func", "--help"};
   for (const auto& c : convenience_flags())
     for (const char* n : c.names) known.emplace_back(n);
   for (size_t k = 0; k < args.size(); ++k) {
@@ -124,6 +125,17 @@ RecipeInvocation parse_run_recipe_args(const std::vector<std::string>& args) {
     if (name == "--config-file" || name == "--config_file") { inv.config_file = take(name); continue; }
     if (name == "--dataset") { inv.dataset = take(name); continue; }
     if (name == "--dry-run" || name == "--dry_run") { inv.dry_run = true; continue; }
+    if (name == "--deterministic") {  // run_recipe.py: deterministic mode, no fused cross entropy
+      inv.convenience.insert(inv.convenience.end(),
+                             {"model.deterministic_mode=true", "model.cross_entropy_loss_fusion=false"});
+      continue;
+    }
+    if (name == "--step-func" || name == "--step_func") {
+      std::string f = take(name);
+      if (f != "gpt_step" && f != "llm_step")
+        throw UsageError("argument --step-func: '" + f + "' is not available in laoyao (gpt_step/llm_step only)");
+      continue;
+    }
     bool matched = false;
     for (const auto& c : convenience_flags()) {
       for (const char* n : c.names) {

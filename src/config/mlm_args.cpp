@@ -231,6 +231,15 @@ const std::vector<FlagSpec>& flag_table() {
       {"--moe-permute-fusion", Kind::True, "model.moe_permute_fusion"},
       {"--moe-router-fusion", Kind::True, "model.moe_router_fusion"},
       {"--moe-input-jitter-eps", Kind::Refuse, nullptr, "router input jitter is not implemented"},
+      {"--openai-gelu", Kind::Refuse, nullptr, "only Megatron's default bias-GeLU and exact GeLU are implemented"},
+      {"--quick-geglu", Kind::Refuse, nullptr, "quick-GeGLU is not implemented"},
+      {"--rotary-interleaved", Kind::Refuse, nullptr, "interleaved rotary embeddings are not implemented"},
+      {"--init-method-xavier-uniform", Kind::Refuse, nullptr, "Xavier-uniform init is not implemented"},
+      {"--grad-reduce-in-bf16", Kind::Refuse, nullptr, "gradients are reduced in fp32"},
+      {"--log-memory-interval", Kind::Refuse, nullptr, "memory logging is not implemented"},
+      {"--save-retain-interval", Kind::Refuse, nullptr, "checkpoint retention intervals are not implemented"},
+      {"--ddp-num-buckets", Kind::Refuse, nullptr, "gradient buckets are not implemented"},
+      {"--check-for-large-grads", Kind::Refuse, nullptr, "large-gradient checks are not implemented"},
       {"--moe-per-layer-logging", Kind::Refuse, nullptr, "per-layer MoE logging is not implemented"},
       {"--moe-enable-deepep", Kind::Refuse, nullptr, "the DeepEP dispatcher is not implemented"},
       // ---- multi-latent attention, multi-token prediction
@@ -496,6 +505,8 @@ ConfigContainer mlm_default_config() {
   c.tokenizer.tokenizer_type = "GPT2BPETokenizer";  // pretrain_gpt.py's args_defaults
   c.tokenizer.null_vocab_includes_eod = true;       // NullTokenizer since 2026-04-22
   c.optimizer.min_lr = 0.0;
+  c.model.rope_scaling_factor = 8.0;  // --rope-scaling-factor's default
+  c.profiling.memory_snapshot_path = "snapshot.pickle";
   c.dataset.dataloader_type = "single";
   c.dataset.skip_getting_attention_mask_from_dataset = false;  // mask created in the dataloader
   c.ddp.check_for_nan_in_grad = true;  // --check-for-nan-in-loss-and-grad is on by default

@@ -314,6 +314,8 @@ void deepseek_v2_lite_model(ModelConfig& m) {
 ConfigContainer deepseek_v2_lite_pretrain() {
   ConfigContainer c = pretrain_common();
   deepseek_v2_lite_model(c.model);
+  c.model.cross_entropy_loss_fusion = true;  // the four named pretrain recipes use TE's fused CE
+  c.model.cross_entropy_fusion_impl = "te";
   seq(c, 4096);
   null_tokenizer_32000(c);
   c.model.expert_model_parallel_size = 8;
@@ -383,6 +385,7 @@ ConfigContainer qwen3_8b_sft() {
 }
 ConfigContainer qwen3_8b_peft() {
   ConfigContainer c = finetune(qwen3_8b_model, "Qwen/Qwen3-8B", true, kQwen3Peft);
+  c.optimizer.use_distributed_optimizer = true;  // unlike the other PEFT recipes (bridge §4.5)
   c.dataset.random_seed = 1234;
   c.dataset.pad_seq_to_mult = 4;
   c.model.cross_entropy_loss_fusion = true;  // Qwen3 PEFT keeps the (native) CE fusion on

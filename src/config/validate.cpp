@@ -38,6 +38,12 @@ std::vector<std::string> mixed_precision_presets() {
 
 namespace {
 
+// A sample count as Python prints it: 16000 for a whole number, 8.4 otherwise.
+std::string number(double v) {
+  if (v == std::floor(v) && std::abs(v) < 9e15) return std::to_string(static_cast<int64_t>(v));
+  return format_double(v);
+}
+
 struct Checker {
   ConfigContainer& c;
   const ValidateOptions& opt;
@@ -263,9 +269,8 @@ struct Checker {
       s.lr_decay_steps = *s.lr_decay_iters * gbs;
       s.wd_incr_steps = s.max_steps.value_or(*t.train_iters) * gbs;
       s.wsd_decay_steps = s.lr_wsd_decay_iters ? OptInt(*s.lr_wsd_decay_iters * gbs) : std::nullopt;
-      s.lr_warmup_steps = s.lr_warmup_fraction
-                              ? static_cast<int64_t>(*s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps))
-                              : s.lr_warmup_iters * gbs;
+      s.lr_warmup_steps = s.lr_warmup_fraction ? *s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps)
+                                               : static_cast<double>(s.lr_warmup_iters * gbs);
     } else {
       if (s.lr_decay_iters)
         fail("Use " + n("scheduler.lr_decay_samples") + " for sample-based training, not " +
@@ -273,25 +278,24 @@ struct Checker {
       s.lr_decay_steps = s.lr_decay_samples.value_or(*t.train_samples);
       s.wd_incr_steps = *t.train_samples;
       s.wsd_decay_steps = s.lr_wsd_decay_samples;
-      s.lr_warmup_steps = s.lr_warmup_fraction
-                              ? static_cast<int64_t>(*s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps))
-                              : s.lr_warmup_samples;
+      s.lr_warmup_steps = s.lr_warmup_fraction ? *s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps)
+                                               : static_cast<double>(s.lr_warmup_samples);
     }
     if (*s.lr_decay_steps <= 0)
       fail("lr_decay_steps must be > 0, got " + std::to_string(*s.lr_decay_steps) +
            ". Please increase train_iters/train_samples or lr_decay_iters/lr_decay_samples (set " +
            n("train.train_iters") + " or " + n("scheduler.lr_decay_iters") + ").");
-    if (*s.lr_warmup_steps >= *s.lr_decay_steps) {
+    if (*s.lr_warmup_steps >= static_cast<double>(*s.lr_decay_steps)) {
       if (mlm())  // Megatron-LM asserts lr_warmup_steps < lr_decay_steps before step 1.
-        fail("the warmup (" + std::to_string(*s.lr_warmup_steps) + " samples) must be shorter than the decay (" +
+        fail("the warmup (" + number(*s.lr_warmup_steps) + " samples) must be shorter than the decay (" +
              std::to_string(*s.lr_decay_steps) + " samples): lower " + n("scheduler.lr_warmup_iters") +
              " or raise " + n("scheduler.lr_decay_iters") + " / " + n("train.train_iters"));
-      out.warnings.push_back("lr_warmup_steps (" + std::to_string(*s.lr_warmup_steps) + ") >= lr_decay_steps (" +
+      out.warnings.push_back("lr_warmup_steps (" + number(*s.lr_warmup_steps) + ") >= lr_decay_steps (" +
                              std::to_string(*s.lr_decay_steps) + "); capping lr_warmup_steps to " +
                              std::to_string(*s.lr_decay_steps - 1) +
                              ". Reduce lr_warmup_iters (or lr_warmup_samples) for short training runs "
                              "(scheduler.lr_warmup_iters=N with N < scheduler.lr_decay_iters).");
-      s.lr_warmup_steps = *s.lr_decay_steps - 1;
+      s.lr_warmup_steps = static_cast<double>(*s.lr_decay_steps - 1);
     }
   }
 

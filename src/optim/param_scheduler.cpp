@@ -9,17 +9,17 @@ namespace laoyao::optim {
 
 double lr_at(const ParamSchedule& s, int64_t n) {
   const double pi = std::acos(-1.0);
-  if (s.warmup_steps > 0 && n <= s.warmup_steps)
-    return s.init_lr + (s.max_lr - s.init_lr) * static_cast<double>(n) / static_cast<double>(s.warmup_steps);
+  const double nd = static_cast<double>(n);
+  if (s.warmup_steps > 0 && nd <= s.warmup_steps) return s.init_lr + (s.max_lr - s.init_lr) * nd / s.warmup_steps;
   if (s.decay_style == "constant") return s.max_lr;
   if (n > s.decay_steps) return s.min_lr;
   if (s.decay_style == "inverse-square-root") {
-    double warm = static_cast<double>(std::max<int64_t>(s.warmup_steps, 1));
+    double warm = std::max(s.warmup_steps, 1.0);
     double num = static_cast<double>(std::max<int64_t>(n, 1));
     return std::max(s.min_lr, s.max_lr * std::sqrt(warm) / std::sqrt(num));
   }
-  double done = static_cast<double>(n - s.warmup_steps);
-  double span = static_cast<double>(s.decay_steps - s.warmup_steps);
+  double done = nd - s.warmup_steps;
+  double span = static_cast<double>(s.decay_steps) - s.warmup_steps;
   double ratio = done / span;
   double coeff;
   if (s.decay_style == "linear") {

@@ -10,7 +10,7 @@ namespace laoyao::optim {
 
 struct ParamSchedule {
   double max_lr = 0, min_lr = 0, init_lr = 0;  // init_lr: --lr-warmup-init
-  int64_t warmup_steps = 0;                    // samples
+  double warmup_steps = 0;                     // samples (fractional with --lr-warmup-fraction)
   int64_t decay_steps = 0;                     // samples
   std::string decay_style = "linear";          // constant | linear | cosine | inverse-square-root | WSD
   std::string wsd_decay_style = "exponential"; // exponential | linear | cosine | minus_sqrt

@@ -21,6 +21,18 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (m.gated_linear_unit && m.activation_func != "silu") out.push_back("gated linear units other than SwiGLU");
   if (m.calculate_per_token_loss) out.push_back("per-token loss normalisation (model.calculate_per_token_loss)");
   if (c.train.train_samples) out.push_back("sample-based training (train.train_samples)");
+  const auto& o = c.optimizer;
+  if (o.optimizer != "adam") out.push_back("the '" + o.optimizer + "' optimizer (only adam, i.e. AdamW, so far)");
+  if (!o.decoupled_weight_decay) out.push_back("Adam with L2-coupled weight decay (optimizer.decoupled_weight_decay=false)");
+  if (o.decoupled_lr || o.decoupled_min_lr)
+    out.push_back("a separate learning rate for embedding and output layers (--decoupled-lr / --decoupled-min-lr)");
+  const auto& v = c.validation;
+  if (v.skip_train) out.push_back("evaluation-only runs (--skip-train / validation.skip_train)");
+  if (v.full_validation) out.push_back("full validation (--full-validation)");
+  if (v.multiple_validation_sets) out.push_back("multiple validation sets (--multiple-validation-sets)");
+  if (!c.train.iterations_to_skip.empty()) out.push_back("skipping iterations (--iterations-to-skip)");
+  if (c.train.check_weight_hash_across_dp_replicas_interval)
+    out.push_back("weight-hash checks across data-parallel replicas");
   if (!c.train.rampup_batch_size.empty()) out.push_back("batch-size ramp-up (train.rampup_batch_size)");
   if (c.tokenizer.tokenizer_type && *c.tokenizer.tokenizer_type != "NullTokenizer")
     out.push_back("training with the " + *c.tokenizer.tokenizer_type + " (only the NullTokenizer so far)");

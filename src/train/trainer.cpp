@@ -111,9 +111,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   TrainSummary summary;
   int64_t consumed = 0, consumed_valid = 0, sched_n = 0, skipped = 0, nan_iters = 0, consecutive_nan = 0;
   int64_t iters_since_print = 0, total_nan = 0;
-  double interval_loss = 0;
+  double interval_loss = 0, interval_ms = 0;  // training time only: evaluation is not counted
   int64_t interval_iters = 0;
-  auto interval_start = Clock::now();
 
   auto evaluate = [&](const data::SampleDataset* ds, int64_t& consumed_eval, int64_t iteration,
                       EvalSet set) -> double {
@@ -165,8 +164,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   };
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
   const auto train_start = Clock::now();
+  const int64_t first_iteration = iteration + 1;  // of this process (after a resume, too)
   while (iteration < train_iters) {
     ++iteration;
+    const auto step_start = Clock::now();
     model.zero_grads();
     LossSum iter_loss;
     for (int64_t m = 0; m < M; ++m) {
@@ -178,13 +179,21 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
     const double norm = optim::grad_norm(model.grads(), model.num_parameters());
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
+    if (!finite && c.ddp.check_for_nan_in_grad)
+      throw Error("NaN or Inf in the loss or the gradients at iteration " + std::to_string(iteration) +
+                  " (loss " + std::to_string(lm_loss) + ", grad norm " + std::to_string(norm) +
+                  "); Megatron-LM stops here too. With --no-check-for-nan-in-loss-and-grad "
+                  "(ddp.check_for_nan_in_grad=false) such iterations are counted and skipped instead");
+    int64_t zeros = 0;
+    if (c.logger.log_num_zeros_in_grad)
+      for (int64_t i = 0; i < model.num_parameters(); ++i) zeros += model.grads()[i] == 0.0f;
     if (finite) {
       optim::clip_grads(model.grads(), model.num_parameters(), norm, c.optimizer.clip_grad);
       adam.step(model.weights(), model.grads(), optim::lr_at(schedule, sched_n), optim::wd_at(schedule, sched_n));
       sched_n += gbs;  // the scheduler steps only after a successful update
       consecutive_nan = 0;
     } else {
-      // Megatron counts the iteration as skipped and does not advance the schedule.
+      // Counted, skipped (weights and schedule untouched), and fatal when it keeps happening.
       ++skipped, ++nan_iters, ++consecutive_nan, ++total_nan;
       if (consecutive_nan >= 10)
         throw Error("training stopped: the loss or the gradients were NaN/Inf in 10 consecutive iterations (last: "
@@ -192,19 +201,18 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     }
     consumed += gbs;  // consumed samples advance even for a skipped iteration
     ++iters_since_print;
+    interval_ms += std::chrono::duration<double, std::milli>(Clock::now() - step_start).count();
     if (finite) interval_loss += lm_loss, ++interval_iters;
     summary.lm_loss.push_back(lm_loss);
     summary.grad_norm.push_back(norm);
 
-    // Megatron logs every log_interval iterations, and iteration 1 always (without resetting the
-    // interval's accumulators, so the next line still averages the whole interval).
+    // Megatron logs every log_interval iterations. Megatron-LM also logs the first iteration of a
+    // run without resetting anything (its next line averages from the first iteration on, and
+    // times it too); Megatron-Bridge has no first-iteration line.
     const bool at_interval = iteration % log_interval == 0;
-    if (at_interval || iteration == 1) {
-      auto now = Clock::now();
-      const double elapsed_ms = std::chrono::duration<double, std::milli>(now - interval_start).count() /
-                                static_cast<double>(iters_since_print);
-      interval_start = now;
-      iters_since_print = 0;
+    const bool first = iteration == first_iteration;
+    if (at_interval || (first && opt.flavor == LogFlavor::kMegatronLM)) {
+      const double elapsed_ms = interval_ms / static_cast<double>(iters_since_print);
       TrainingLogValues v;
       v.iteration = iteration;
       v.train_iters = train_iters;
@@ -215,9 +223,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
             tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0, d.world_size, opt.flavor);
       v.learning_rate = optim::lr_at(schedule, sched_n);  // the post-step value, as Megatron prints it
       v.global_batch_size = gbs;
-      const double shown = interval_iters > 0 ? interval_loss / static_cast<double>(interval_iters) : NAN;
-      v.losses.push_back({"lm loss", iteration == 1 && !at_interval ? lm_loss : shown});
-      v.grad_norm = norm;
+      v.losses.push_back({"lm loss", interval_iters > 0 ? interval_loss / static_cast<double>(interval_iters) : NAN});
+      // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.
+      v.grad_norm = c.optimizer.clip_grad > 0 ? norm : 0.0;
+      if (c.logger.log_num_zeros_in_grad) v.num_zeros = static_cast<double>(zeros);
+      if (c.logger.log_params_norm) v.params_norm = optim::grad_norm(model.weights(), model.num_parameters());
       v.skipped_iterations = skipped;
       v.nan_iterations = nan_iters;
       if (opt.flavor == LogFlavor::kBridge)
@@ -234,9 +244,13 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                      {"elapsed_ms_per_iteration", elapsed_ms},
                      {"skipped_iterations", skipped},
                      {"nan_iterations", nan_iters}});
-      if (at_interval) interval_loss = 0, interval_iters = 0, skipped = 0, nan_iters = 0;
+      if (!(first && opt.flavor == LogFlavor::kMegatronLM)) {
+        interval_loss = 0, interval_iters = 0, skipped = 0, nan_iters = 0;
+        interval_ms = 0, iters_since_print = 0;
+      }
     }
-    if (c.validation.eval_interval && iteration % *c.validation.eval_interval == 0)
+    if (c.validation.eval_interval && iteration % *c.validation.eval_interval == 0 &&
+        iteration >= c.validation.start_eval_at_iter.value_or(0))
       summary.valid_loss.push_back(
           evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kDuringTraining));
     if (c.checkpoint.save_interval && iteration % *c.checkpoint.save_interval == 0) save();

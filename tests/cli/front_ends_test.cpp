@@ -62,7 +62,7 @@ TEST(Cli, RecipesListAndShow) {
   r = run_laoyao({"recipes", "show", "llama32_1b_pretrain_config"}, ".", "WORLD_SIZE=1");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "  num_layers: 16\n")) << r.output;
-  EXPECT_TRUE(contains(r.output, "  lr_warmup_steps: 1024000\n")) << "resolved: warmup 2000 x GBS 512";
+  EXPECT_TRUE(contains(r.output, "  lr_warmup_steps: 1024000.0\n")) << "resolved: warmup 2000 x GBS 512";
   r = run_laoyao({"recipes", "show", "vanilla_gpt_pretrain_config"});
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "NOT resolved: model.num_layers must be a positive integer")) << r.output;

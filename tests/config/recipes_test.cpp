@@ -141,6 +141,7 @@ TEST(Recipes, DeepSeekV2LiteMoeFields) {
   EXPECT_EQ(d.model.kv_lora_rank, 512);
   EXPECT_EQ(d.model.expert_model_parallel_size, 8);
   EXPECT_EQ(*d.model.recompute_granularity, "full");
+  EXPECT_EQ(d.model.cross_entropy_fusion_impl, "te");
   // NullTokenizer 32001 padded to a multiple of 3200 = 35200, on 8 ranks (EP 8, DP 8).
   Resolved r = run("deepseek_v2_lite_pretrain_config", {}, 8);
   EXPECT_EQ(r.validated.derived.padded_vocab_size, 35200);
@@ -181,6 +182,7 @@ TEST(Recipes, FinetuneVariants) {
   EXPECT_EQ(qp.scheduler.lr_warmup_iters, 10);
   EXPECT_EQ(qp.model.seq_length, 2048);
   EXPECT_EQ(qp.dataset.pad_seq_to_mult, 4);
+  EXPECT_TRUE(qp.optimizer.use_distributed_optimizer) << "the Qwen3 PEFT recipe keeps it on (bridge §4.5)";
   ConfigContainer qs = find_recipe("qwen3_8b_sft_config").build();
   EXPECT_EQ(qs.model.tensor_model_parallel_size, 4);
   EXPECT_EQ(*qs.train.global_batch_size, 32);

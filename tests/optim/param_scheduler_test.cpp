@@ -36,6 +36,14 @@ TEST(ParamScheduler, WarmupStartsFromTheInitialLr) {
   EXPECT_DOUBLE_EQ(lr_at(s, 50), 0.75);
 }
 
+TEST(ParamScheduler, FractionalWarmupIsNotRounded) {
+  // --lr-warmup-fraction 0.07 over 30 iterations of 4 samples: a warmup of 8.4 samples.
+  ParamSchedule s;
+  s.max_lr = 3e-4, s.min_lr = 0, s.warmup_steps = 0.07 * 120, s.decay_steps = 120, s.decay_style = "linear";
+  EXPECT_NEAR(lr_at(s, 4), 3e-4 * 4 / 8.4, 1e-18);
+  EXPECT_NEAR(lr_at(s, 12), 3e-4 * (1 - (12 - 8.4) / (120 - 8.4)), 1e-18);
+}
+
 TEST(ParamScheduler, OtherStyles) {
   ParamSchedule s;
   s.max_lr = 2.0, s.min_lr = 0.5, s.warmup_steps = 4, s.decay_steps = 100;

@@ -1,0 +1,36 @@
+// What this build refuses: every setting that would otherwise be silently ignored is named.
+#include <gtest/gtest.h>
+
+#include "config/mlm_args.hpp"
+#include "train/capabilities.hpp"
+
+using namespace laoyao;
+
+static std::string missing(std::vector<std::string> extra) {
+  std::vector<std::string> a = {"--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+                                "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "2",
+                                "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  std::string all;
+  for (auto& m : train::missing_features(config::parse_mlm_args(a), 1)) all += m + "\n";
+  return all;
+}
+
+TEST(Capabilities, TheSeedFeaturesAreSupported) { EXPECT_EQ(missing({}), ""); }
+
+TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
+  EXPECT_NE(missing({"--optimizer", "sgd"}).find("'sgd' optimizer"), std::string::npos);
+  EXPECT_NE(missing({"--decoupled-lr", "1.0"}).find("--decoupled-lr"), std::string::npos);
+  EXPECT_NE(missing({"--skip-train"}).find("--skip-train"), std::string::npos);
+  EXPECT_NE(missing({"--iterations-to-skip", "3"}).find("--iterations-to-skip"), std::string::npos);
+  EXPECT_NE(missing({"--position-embedding-type", "rope"}).find("'rope'"), std::string::npos);
+  EXPECT_NE(missing({"--qk-layernorm"}).find("QK layernorm"), std::string::npos);
+  EXPECT_NE(missing({"--num-experts", "8"}).find("Mixture-of-Experts"), std::string::npos);
+  EXPECT_NE(missing({"--ckpt-format", "zarr"}).find("'zarr'"), std::string::npos);
+  EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
+}
+
+TEST(Capabilities, MoreThanOneRankIsNamed) {
+  std::vector<std::string> a = {"--num-layers", "1"};
+  EXPECT_NE(train::missing_features(config::parse_mlm_args(a), 2).front().find("world size 2"), std::string::npos);
+}
