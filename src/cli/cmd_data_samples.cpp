@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "train/data_pipeline.hpp"
+#include "train/run_setup.hpp"
 
 namespace laoyao::cli {
 namespace {
@@ -75,6 +76,7 @@ int cmd_data_samples(const Args& args) {
                               : config::resolve_mlm(rest, world);
   if (!r.cfg.train.train_iters)
     throw UsageError("data-samples needs --train-iters (train.train_iters); sample-based runs are not supported yet");
+  train::load_tokenizer_vocab(r.cfg, r.validated.derived, r.front_end);
   train::RunData data = train::build_run_data(r.cfg, r.validated.derived);
   const int64_t train_iters = *r.cfg.train.train_iters;
   if (iterations < 0) iterations = train_iters;

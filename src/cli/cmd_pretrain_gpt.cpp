@@ -4,6 +4,7 @@
 #include "cli/cli.hpp"
 #include "cli/run_common.hpp"
 #include "config/front_ends.hpp"
+#include "train/run_setup.hpp"
 
 namespace laoyao::cli {
 
@@ -19,6 +20,7 @@ int cmd_pretrain_gpt(const Args& args) {
     return 0;
   }
   config::Resolved r = config::resolve_mlm(args, config::world_size_from_env());
+  train::load_tokenizer_vocab(r.cfg, r.validated.derived, r.front_end);
   const auto& d = r.validated.derived;
   const auto& m = r.cfg.model;
   std::printf("using world size: %lld, data-parallel size: %lld, context-parallel size: %lld, "

@@ -6,6 +6,7 @@
 #include "core/device.hpp"
 #include "core/file_io.hpp"
 #include "train/capabilities.hpp"
+#include "train/run_setup.hpp"
 #include "train/trainer.hpp"
 
 namespace laoyao::cli {
@@ -30,6 +31,7 @@ std::string run_config_path(const config::ConfigContainer& c) {
 }  // namespace
 
 int start_training(config::Resolved& r) {
+  train::load_tokenizer_vocab(r.cfg, r.validated.derived, r.front_end);
   auto missing = train::missing_features(r.cfg, r.validated.derived.world_size);
   if (!missing.empty()) {
     std::fprintf(stderr, "laoyao: cannot train this configuration yet; it resolved and validated, but this build lacks:\n");

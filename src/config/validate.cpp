@@ -355,16 +355,7 @@ struct Checker {
                           " is read from its files when the run starts");
       return;
     }
-    int64_t tok = out.derived.tokenizer_vocab_size;
-    if (!m.vocab_size || k.use_tokenizer_vocab_size) {
-      m.vocab_size = tok;
-      m.should_pad_vocab = true;
-    } else if (*m.vocab_size < tok) {
-      fail(n("model.vocab_size") + " (" + std::to_string(*m.vocab_size) + ") is smaller than the tokenizer's vocabulary (" +
-           std::to_string(tok) + ")");
-    }
-    out.derived.padded_vocab_size =
-        m.should_pad_vocab ? padded_vocab_size(*m.vocab_size, m.make_vocab_size_divisible_by, tp) : *m.vocab_size;
+    apply_vocab_rule(c, out.derived, out.derived.tokenizer_vocab_size, out.derived.eod_id, opt.front_end);
   }
 
   void checkpoint() {
@@ -395,6 +386,25 @@ struct Checker {
 };
 
 }  // namespace
+
+void apply_vocab_rule(ConfigContainer& c, Derived& d, int64_t tokenizer_vocab, int64_t eod, FrontEnd fe) {
+  auto& m = c.model;
+  d.tokenizer_vocab_size = tokenizer_vocab;
+  d.eod_id = eod;
+  // Bridge's _validate_and_set_vocab_size (MLM always pads the tokenizer's vocabulary): the
+  // tokenizer's size, padded to a multiple of make_vocab_size_divisible_by x TP, unless the model
+  // names a vocabulary of its own (used as is; smaller than the tokenizer's is an error).
+  if (!m.vocab_size || c.tokenizer.use_tokenizer_vocab_size) {
+    m.vocab_size = tokenizer_vocab;
+    m.should_pad_vocab = true;
+  } else if (*m.vocab_size < tokenizer_vocab) {
+    throw UsageError(display_name("model.vocab_size", fe) + " (" + std::to_string(*m.vocab_size) +
+                     ") is smaller than the tokenizer's vocabulary (" + std::to_string(tokenizer_vocab) + ")");
+  }
+  d.padded_vocab_size = m.should_pad_vocab
+                            ? padded_vocab_size(*m.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+                            : *m.vocab_size;
+}
 
 Validated validate(ConfigContainer& c, const ValidateOptions& opt) {
   Validated out;

@@ -31,6 +31,10 @@ Validated validate(ConfigContainer& c, const ValidateOptions& opt);
 // recipes. Falls back to the path when no flag maps to it.
 std::string display_name(const std::string& path, FrontEnd fe);
 
+// Sets the model's vocabulary from the tokenizer's (size and EOD id) by Bridge's rule; validate()
+// calls it for the NullTokenizer, the run calls it once a file-based tokenizer is loaded.
+void apply_vocab_rule(ConfigContainer& c, Derived& d, int64_t tokenizer_vocab, int64_t eod, FrontEnd fe);
+
 // Megatron's padded vocabulary: ceil(v / (divisor * tp)) * divisor * tp.
 int64_t padded_vocab_size(int64_t vocab, int64_t divisor, int64_t tp);
 

@@ -1,8 +1,23 @@
 #include "train/run_setup.hpp"
 
 #include "core/error.hpp"
+#include "data/tokenizer/tokenizer_factory.hpp"
 
 namespace laoyao::train {
+
+void load_tokenizer_vocab(config::ConfigContainer& c, config::Derived& d, config::FrontEnd fe) {
+  const auto& k = c.tokenizer;
+  if (!k.tokenizer_type || *k.tokenizer_type == "NullTokenizer" || d.padded_vocab_size > 0) return;
+  tokenizer::TokenizerSpec spec;
+  spec.type = *k.tokenizer_type;
+  spec.model = k.tokenizer_model.value_or("");
+  spec.vocab_file = k.vocab_file.value_or("");
+  spec.merge_file = k.merge_file.value_or("");
+  spec.vocab_size = k.vocab_size;
+  spec.vocab_extra_ids = static_cast<int>(k.vocab_extra_ids);
+  auto tok = tokenizer::make_tokenizer(spec);
+  config::apply_vocab_rule(c, d, tok->vocab_size(), tok->eod(), fe);
+}
 
 model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d) {
   const auto& m = c.model;
