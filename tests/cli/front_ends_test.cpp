@@ -171,3 +171,24 @@ TEST(Cli, RunRecipeTrainsAndWritesConfigAndMetricsBesideItsOutputs) {
   EXPECT_EQ(train_lines, 4);
   EXPECT_EQ(eval_lines, 4) << "evaluations at 2 and 4, then the final validation and test";
 }
+
+// --exit-signal-handler: SIGTERM mid-run saves a checkpoint and exits cleanly (status 0).
+TEST(Cli, SigtermSavesACheckpointAndExitsCleanly) {
+  std::string dir = fresh_dir("sigterm");
+  std::string cmd = laoyao::test::shell_word(LAOYAO_BINARY) +
+                    " pretrain-gpt --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32"
+                    " --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4 --train-iters 100000"
+                    " --eval-iters 1 --eval-interval 100000 --mock-data --tokenizer-type NullTokenizer --vocab-size 64"
+                    " --lr 1e-3 --log-interval 1 --exit-signal-handler --save ckpt --save-interval 100000";
+  std::string script = "cd " + laoyao::test::shell_word(dir) + " && (" + cmd + " > log.txt 2>&1 & pid=$!; " +
+                       "for i in $(seq 600); do grep -q 'iteration        3/' log.txt && break; sleep 0.1; done; " +
+                       "kill -TERM $pid; wait $pid; echo $? > rc.txt)";
+  ASSERT_EQ(std::system(("bash -c " + laoyao::test::shell_word(script)).c_str()), 0);
+  std::ifstream rc(dir + "/rc.txt"), log(dir + "/log.txt");
+  std::string status, text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  rc >> status;
+  EXPECT_EQ(status, "0") << text;
+  EXPECT_TRUE(contains(text, "exiting program after receiving SIGTERM.")) << text;
+  EXPECT_TRUE(contains(text, "successfully saved checkpoint from iteration")) << text;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/latest_checkpointed_iteration.txt"));
+}
