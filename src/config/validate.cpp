@@ -317,7 +317,12 @@ struct Checker {
       out.notes.push_back("Let split = 1,1,1, an arbitrarily even split, as mock is True");
       d.split = "1,1,1";
     }
-    if (!*d.mock && !d.split && !d.data_path.empty()) d.split = "969, 30, 1";
+    const bool per_split = !d.train_data_path.empty() || !d.valid_data_path.empty() || !d.test_data_path.empty() ||
+                           !d.blend_per_split.is_null();
+    if (per_split && d.split && !*d.mock)
+      fail(n("dataset.split") + " cannot be combined with per-split data paths (" + n("dataset.train_data_path") +
+           ", ...): each split reads all of its own files");
+    if (!*d.mock && !d.split && (!d.data_path.empty() || !d.blend.is_null())) d.split = "969, 30, 1";
     if (d.num_workers < 0) fail(n("dataset.num_workers") + " must be >= 0");
   }
 

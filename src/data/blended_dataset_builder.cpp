@@ -1,5 +1,7 @@
 #include "data/blended_dataset_builder.hpp"
 
+#include <functional>
+
 #include "core/error.hpp"
 #include "data/mock_dataset.hpp"
 
@@ -23,10 +25,15 @@ std::array<std::shared_ptr<const GptDataset>, kNumSplits> build_splits(
 
 }  // namespace
 
-SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLevelDataset>>& corpora,
-                                 const std::vector<double>& weights, std::string_view split,
-                                 const SplitSizes& sizes, const GptDatasetConfig& config,
-                                 double mid_level_dataset_surplus) {
+namespace {
+
+// The document ranges each split takes from a corpus of `num_documents`.
+using RangesOf = std::function<std::array<std::optional<DocumentRange>, kNumSplits>(int64_t num_documents)>;
+
+SplitDatasets build_from_ranges(const std::vector<std::shared_ptr<const LowLevelDataset>>& corpora,
+                                const std::vector<double>& weights, const RangesOf& ranges_of,
+                                const SplitSizes& sizes, const GptDatasetConfig& config,
+                                double mid_level_dataset_surplus) {
   if (corpora.empty()) throw UsageError("no dataset given (--data-path or --mock-data)");
   for (const auto& c : corpora) {
     if (!c) throw Error("build_gpt_datasets: missing corpus");
@@ -36,7 +43,7 @@ SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLeve
   }
   if (!weights.empty()) {
     for (int s = 0; s < kNumSplits; ++s) {
-      if (!sizes[s]) {
+      if (!sizes[s] && ranges_of(corpora[0]->num_documents())[s]) {
         throw UsageError(std::string("a weighted blend needs a sample count for the ") +
                          split_name(static_cast<Split>(s)) + " split");
       }
@@ -46,7 +53,7 @@ SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLeve
 
   // A single prefix without a weight: the GptDatasets are the splits.
   if (corpora.size() == 1 && weights.empty()) {
-    const auto ranges = split_document_ranges(split, corpora[0]->num_documents());
+    const auto ranges = ranges_of(corpora[0]->num_documents());
     const auto built = build_splits(corpora[0], ranges, sizes, config);
     for (int s = 0; s < kNumSplits; ++s) result[s] = built[s];
     return result;
@@ -60,6 +67,7 @@ SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLeve
   if (!weights.empty()) {
     normalized = normalize_weights(weights);
     for (int s = 0; s < kNumSplits; ++s) {
+      if (!sizes[s]) continue;  // a split this blend does not build
       targets[s] = samples_per_dataset(normalized, *sizes[s], 0.0);
       const std::vector<int64_t> buffered =
           samples_per_dataset(normalized, *sizes[s], mid_level_dataset_surplus);
@@ -71,7 +79,7 @@ SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLeve
   std::vector<std::array<std::shared_ptr<const GptDataset>, kNumSplits>> per_corpus;
   std::array<bool, kNumSplits> present{};
   for (size_t d = 0; d < n; ++d) {
-    const auto ranges = split_document_ranges(split, corpora[d]->num_documents());
+    const auto ranges = ranges_of(corpora[d]->num_documents());
     for (int s = 0; s < kNumSplits; ++s) present[s] = ranges[s].has_value();
     per_corpus.push_back(build_splits(corpora[d], ranges, build_sizes[d], config));
   }
@@ -101,6 +109,37 @@ SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLeve
             BlendedDataset::exhaustive(std::move(parts), lengths));
       }
     }
+  }
+  return result;
+}
+
+}  // namespace
+
+SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLevelDataset>>& corpora,
+                                 const std::vector<double>& weights, std::string_view split,
+                                 const SplitSizes& sizes, const GptDatasetConfig& config,
+                                 double mid_level_dataset_surplus) {
+  const std::string split_str(split);
+  return build_from_ranges(
+      corpora, weights, [&](int64_t n) { return split_document_ranges(split_str, n); }, sizes, config,
+      mid_level_dataset_surplus);
+}
+
+SplitDatasets build_gpt_datasets_per_split(const std::array<SplitBlend, kNumSplits>& blends, const SplitSizes& sizes,
+                                           const GptDatasetConfig& config, double mid_level_dataset_surplus) {
+  SplitDatasets result;
+  for (int s = 0; s < kNumSplits; ++s) {
+    if (blends[s].corpora.empty()) continue;  // no paths for this split: no dataset
+    // Megatron spoofs the split matrix: split s takes every document of its own corpora.
+    auto only_s = [s](int64_t n) {
+      std::array<std::optional<DocumentRange>, kNumSplits> r;
+      r[s] = DocumentRange{0, n};
+      return r;
+    };
+    SplitSizes one;
+    one[s] = sizes[s];
+    result[s] = build_from_ranges(blends[s].corpora, blends[s].weights, only_s, one, config,
+                                  mid_level_dataset_surplus)[s];
   }
   return result;
 }

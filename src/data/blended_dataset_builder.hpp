@@ -35,6 +35,17 @@ SplitDatasets build_gpt_datasets(const std::vector<std::shared_ptr<const LowLeve
                                  const SplitSizes& sizes, const GptDatasetConfig& config,
                                  double mid_level_dataset_surplus = kMidLevelDatasetSurplus);
 
+// --train-data-path / --valid-data-path / --test-data-path (Megatron's blend_per_split): each
+// split blends its own corpora (weights optional, as for one --data-path), taking every document
+// of them; a split without paths gets no dataset.
+struct SplitBlend {
+  std::vector<std::shared_ptr<const LowLevelDataset>> corpora;
+  std::vector<double> weights;  // empty: no weights
+};
+SplitDatasets build_gpt_datasets_per_split(const std::array<SplitBlend, kNumSplits>& blends, const SplitSizes& sizes,
+                                           const GptDatasetConfig& config,
+                                           double mid_level_dataset_surplus = kMidLevelDatasetSurplus);
+
 // Mock data (--mock-data): one corpus, no weights, split forced to "1,1,1".
 SplitDatasets build_mock_gpt_datasets(std::shared_ptr<const LowLevelDataset> mock_corpus,
                                       const SplitSizes& sizes, const GptDatasetConfig& config);

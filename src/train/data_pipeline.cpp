@@ -10,6 +10,33 @@
 
 namespace laoyao::train {
 
+namespace {
+
+// Bridge's blend form: [[prefix, ...], [weight, ...]] or [[prefix, ...], null].
+data::Blend blend_from_value(const config::Value& v) {
+  auto bad = [] {
+    return UsageError("a dataset blend must be [[prefix, ...], [weight, ...]] or [[prefix, ...], null]");
+  };
+  if (v.kind != config::Value::Kind::List || v.list.size() != 2 || v.list[0].kind != config::Value::Kind::List)
+    throw bad();
+  data::Blend b;
+  for (const auto& p : v.list[0].list) {
+    if (p.kind != config::Value::Kind::String) throw bad();
+    b.prefixes.push_back(p.s);
+  }
+  if (!v.list[1].is_null()) {
+    if (v.list[1].kind != config::Value::Kind::List || v.list[1].list.size() != b.prefixes.size()) throw bad();
+    for (const auto& w : v.list[1].list) {
+      if (w.kind == config::Value::Kind::Int) b.weights.push_back(static_cast<double>(w.i));
+      else if (w.kind == config::Value::Kind::Float) b.weights.push_back(w.f);
+      else throw bad();
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
 RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d) {
   const auto& ds = c.dataset;
   RunData r;
@@ -40,16 +67,38 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
     r.datasets = data::build_mock_gpt_datasets(corpus, sizes, gc);
     return r;
   }
-  if (!ds.train_data_path.empty() || !ds.valid_data_path.empty() || !ds.test_data_path.empty() ||
-      !ds.blend.is_null() || !ds.blend_per_split.is_null())
-    throw UsageError("per-split data paths and dataset.blend are not supported yet; use --data-path / dataset.data_path");
-  data::Blend blend = data::parse_blend(ds.data_path);
-  std::vector<std::shared_ptr<const data::LowLevelDataset>> corpora;
-  for (const auto& prefix : blend.prefixes) {
+  auto open = [](const data::Blend& b) {
+    data::SplitBlend out;
     // Token ids are checked against the vocabulary as batches are embedded (no full scan here).
-    corpora.push_back(std::make_shared<data::IndexedDataset>(prefix));
+    for (const auto& prefix : b.prefixes) out.corpora.push_back(std::make_shared<data::IndexedDataset>(prefix));
+    out.weights = b.weights;
+    return out;
+  };
+  // Megatron's blend_per_split: --train/valid/test-data-path, or Bridge's dataset.blend_per_split.
+  std::array<std::optional<data::Blend>, 3> per_split;
+  const std::vector<std::string>* paths[3] = {&ds.train_data_path, &ds.valid_data_path, &ds.test_data_path};
+  for (int k = 0; k < 3; ++k)
+    if (!paths[k]->empty()) per_split[k] = data::parse_blend(*paths[k]);
+  if (!ds.blend_per_split.is_null()) {
+    if (ds.blend_per_split.kind != config::Value::Kind::List || ds.blend_per_split.list.size() != 3)
+      throw UsageError("dataset.blend_per_split must be a list of three blends (train, validation, test)");
+    for (int k = 0; k < 3; ++k)
+      if (!ds.blend_per_split.list[k].is_null()) per_split[k] = blend_from_value(ds.blend_per_split.list[k]);
   }
-  r.datasets = data::build_gpt_datasets(corpora, blend.weights, ds.split.value_or("969, 30, 1"), sizes, gc);
+  if (per_split[0] || per_split[1] || per_split[2]) {
+    if (!ds.data_path.empty() || !ds.blend.is_null())
+      throw UsageError("per-split data paths cannot be combined with --data-path / dataset.blend");
+    std::array<data::SplitBlend, 3> blends;
+    for (int k = 0; k < 3; ++k)
+      if (per_split[k]) blends[k] = open(*per_split[k]);
+    r.datasets = data::build_gpt_datasets_per_split(blends, sizes, gc);
+    return r;
+  }
+  data::Blend blend = ds.blend.is_null() ? data::parse_blend(ds.data_path) : blend_from_value(ds.blend);
+  if (!ds.blend.is_null() && !ds.data_path.empty())
+    throw UsageError("set either dataset.data_path (--data-path) or dataset.blend, not both");
+  data::SplitBlend one = open(blend);
+  r.datasets = data::build_gpt_datasets(one.corpora, one.weights, ds.split.value_or("969, 30, 1"), sizes, gc);
   return r;
 }
 

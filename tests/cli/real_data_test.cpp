@@ -66,4 +66,20 @@ TEST(RealData, PreprocessedFortunesTrainWithTheGpt2Tokenizer) {
   ASSERT_EQ(ds.status, 0) << ds.output.substr(0, 1000);
   auto first = nlohmann::json::parse(ds.output.substr(0, ds.output.find('\n')));
   for (auto& t : first["tokens"][0]) EXPECT_LT(t.get<int64_t>(), 50257);
+
+  // Per-split paths (Megatron's blend_per_split): train and validation files, no test file.
+  std::vector<std::string> per_split = {
+      "pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+      "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "2",
+      "--eval-iters", "1", "--eval-interval", "2", "--train-data-path", "fortunes_text_document",
+      "--valid-data-path", "1.0", "fortunes_text_document", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+      v + "/gpt2/vocab.json", "--merge-file", v + "/gpt2/merges.txt", "--lr", "1e-3", "--log-interval", "1"};
+  auto ps = run_laoyao(per_split, dir);
+  ASSERT_EQ(ps.status, 0) << ps.output;
+  EXPECT_NE(ps.output.find("validation loss at iteration 2 on validation set"), std::string::npos) << ps.output;
+  EXPECT_EQ(ps.output.find("on test set"), std::string::npos) << ps.output;
+  per_split.insert(per_split.end(), {"--split", "98,2,0"});
+  auto bad = run_laoyao(per_split, dir);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.output.find("--split cannot be combined with per-split data paths"), std::string::npos) << bad.output;
 }

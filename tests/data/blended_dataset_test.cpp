@@ -233,5 +233,23 @@ TEST(Blend, OversamplingIsReported) {
                UsageError);  // weights need sizes
 }
 
+// --train-data-path / --valid-data-path (blend_per_split): each split reads all of its own corpora.
+TEST(Blend, PerSplitPathsReadWholeCorporaPerSplit) {
+  std::array<SplitBlend, kNumSplits> blends;
+  blends[0].corpora = {corpus_a()};
+  blends[1].corpora = {corpus_a(), corpus_b()};
+  blends[1].weights = {0.25, 0.75};
+  const SplitDatasets splits = build_gpt_datasets_per_split(blends, {6, 8, 4}, small_config());
+  ASSERT_NE(splits[0], nullptr);
+  ASSERT_NE(splits[1], nullptr);
+  EXPECT_EQ(splits[2], nullptr) << "no test paths: no test dataset";
+  // The train split is the plain GptDataset over every document of corpus a.
+  GptDataset whole(corpus_a(), DocumentRange{0, corpus_a()->num_documents()}, Split::kTrain, 6, small_config());
+  ASSERT_EQ(splits[0]->size(), whole.size());
+  for (int64_t i = 0; i < whole.size(); ++i) EXPECT_EQ(splits[0]->get(i).tokens, whole.get(i).tokens) << i;
+  // The weighted validation blend has sum(ceil(8 * w)) = 2 + 6 samples.
+  EXPECT_EQ(splits[1]->size(), 8);
+}
+
 }  // namespace
 }  // namespace laoyao::data
