@@ -422,7 +422,10 @@ struct ConfigContainer {
   ProfilingConfig profiling;
   PeftConfig peft;
   ValidationConfig validation;
-  OptString mixed_precision;  // a preset name: bf16_mixed, fp16_mixed, ...
+  // Bridge's mixed_precision: a preset name (bf16_mixed, fp16_mixed, ...) or a mapping of
+  // MixedPrecisionConfig fields ({bf16: true, params_dtype: bf16, grad_reduce_in_fp32: false}),
+  // copied onto model/optimizer/ddp by validate().
+  Value mixed_precision;
   std::map<std::string, std::string> env_vars;
 
   template <class V> void visit(V& v);

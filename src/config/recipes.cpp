@@ -85,7 +85,7 @@ ConfigContainer pretrain_common() {
   c.checkpoint.fully_parallel_save = true;
   output_dirs(c, true);
   c.rng.seed = 1234;
-  c.mixed_precision = "bf16_mixed";
+  c.mixed_precision = Value::string("bf16_mixed");
   c.env_vars = kCommonRecipeEnvVars;
   return c;
 }
@@ -115,7 +115,7 @@ ConfigContainer finetune_common(bool peft) {
   c.checkpoint.save_interval = 100;
   output_dirs(c, true);
   c.rng.seed = 5678;
-  c.mixed_precision = "bf16_mixed";
+  c.mixed_precision = Value::string("bf16_mixed");
   c.env_vars = kCommonRecipeEnvVars;
   if (peft) c.peft.scheme = "lora";
   return c;
@@ -210,7 +210,7 @@ ConfigContainer vanilla_gpt_pretrain() {
   c.checkpoint.save_interval = 500;
   c.checkpoint.save = experiments_dir("checkpoints");  // load stays unset
   c.rng.seed = 1234;
-  c.mixed_precision = "bf16_mixed";
+  c.mixed_precision = Value::string("bf16_mixed");
   c.env_vars = kCommonRecipeEnvVars;
   return c;
 }
@@ -248,7 +248,12 @@ ConfigContainer qwen3_8b_pretrain() {
   c.checkpoint.save_interval = 50;
   c.checkpoint.load.reset();
   c.tokenizer.tokenizer_model = "Qwen/Qwen3-8B";
-  c.ddp.grad_reduce_in_fp32 = false;
+  // The cohort's precision: bf16_mixed with gradients reduced in bf16 (a MixedPrecisionConfig, not
+  // the preset, which would turn grad_reduce_in_fp32 back on).
+  c.mixed_precision = Value::make_map({{"bf16", Value::boolean(true)},
+                                       {"params_dtype", Value::string("bf16")},
+                                       {"pipeline_dtype", Value::string("bf16")},
+                                       {"grad_reduce_in_fp32", Value::boolean(false)}});
   c.optimizer.use_precision_aware_optimizer = true;
   c.ddp.data_parallel_sharding_strategy = "optim_grads_params";
   return c;

@@ -1,5 +1,6 @@
 #include "config/validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "config/mlm_args.hpp"
@@ -57,24 +58,54 @@ struct Checker {
   }
 
   void mixed_precision() {
-    if (!c.mixed_precision) return;
-    std::string p = *c.mixed_precision;
-    for (auto& ch : p)
-      if (ch == '-') ch = '_';
-    auto presets = mixed_precision_presets();
-    bool known = false;
-    for (auto& k : presets) known = known || k == p;
-    if (!known) {
-      std::string hint = p == "16_mixed" ? " ('16-mixed' is not a preset: use fp16_mixed)" : did_you_mean(p, presets);
-      fail("unknown mixed_precision preset '" + *c.mixed_precision + "'" + hint + "; presets: " + join(presets, ", "));
+    const Value& mp = c.mixed_precision;
+    if (mp.is_null()) return;
+    // MixedPrecisionConfig's defaults, then the preset's or the mapping's values.
+    bool bf16 = false, fp16 = false, grad_reduce_in_fp32 = true;
+    std::string params_dtype = "fp32";
+    if (mp.kind == Value::Kind::String) {
+      std::string p = mp.s;
+      for (auto& ch : p)
+        if (ch == '-') ch = '_';
+      auto presets = mixed_precision_presets();
+      if (std::find(presets.begin(), presets.end(), p) == presets.end()) {
+        std::string hint = p == "16_mixed" ? " ('16-mixed' is not a preset: use fp16_mixed)" : did_you_mean(p, presets);
+        fail("unknown mixed_precision preset '" + mp.s + "'" + hint + "; presets: " + join(presets, ", "));
+      }
+      bf16 = starts_with(p, "bf16");
+      fp16 = !bf16;
+      params_dtype = bf16 ? "bf16" : "fp16";
+      grad_reduce_in_fp32 = bf16;
+      c.mixed_precision = Value::string(p);
+    } else if (mp.kind == Value::Kind::Map) {
+      static const Choices keys = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "autocast_enabled",
+                                   "grad_reduce_in_fp32", "fp8", "fp8_recipe", "fp4"};
+      for (const auto& [k, v] : mp.map) {
+        if (std::find(keys.begin(), keys.end(), k) == keys.end())
+          fail("unknown mixed_precision field '" + k + "'" + did_you_mean(k, keys) + "; fields: " + join(keys, ", "));
+        auto flag = [&](bool& out) {
+          if (v.kind != Value::Kind::Bool) fail("mixed_precision." + k + " must be true or false");
+          out = v.b;
+        };
+        if (k == "bf16") flag(bf16);
+        if (k == "fp16") flag(fp16);
+        if (k == "grad_reduce_in_fp32") flag(grad_reduce_in_fp32);
+        if (k == "params_dtype") {
+          if (v.kind != Value::Kind::String || (v.s != "fp32" && v.s != "bf16" && v.s != "fp16"))
+            fail("mixed_precision.params_dtype must be fp32, bf16 or fp16");
+          params_dtype = v.s;
+        }
+      }
+      if (bf16 && fp16) fail("mixed_precision: bf16 and fp16 cannot both be true");
+    } else {
+      fail("mixed_precision must be a preset name (" + join(mixed_precision_presets(), ", ") +
+           ") or a mapping of its fields");
     }
-    bool bf16 = starts_with(p, "bf16");
-    // Bridge's setup copies the preset's fields onto model, optimizer and ddp.
+    // Bridge's setup copies the same-named fields onto model, optimizer and ddp.
     c.model.bf16 = c.optimizer.bf16 = bf16;
-    c.model.fp16 = c.optimizer.fp16 = !bf16;
-    c.model.params_dtype = c.optimizer.params_dtype = bf16 ? "bf16" : "fp16";
-    c.ddp.grad_reduce_in_fp32 = bf16;
-    c.mixed_precision = p;
+    c.model.fp16 = c.optimizer.fp16 = fp16;
+    c.model.params_dtype = c.optimizer.params_dtype = params_dtype;
+    c.ddp.grad_reduce_in_fp32 = grad_reduce_in_fp32;
   }
 
   void model_shape() {

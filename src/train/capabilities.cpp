@@ -46,11 +46,16 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
       out.push_back("PEFT requires a pretrained checkpoint path (checkpoint.pretrained_checkpoint)");
   }
   if (c.dataset.dataset_name) out.push_back("fine-tuning datasets (dataset.dataset_name=" + *c.dataset.dataset_name + ")");
-  if (c.mixed_precision && c.mixed_precision->find("fp8") != std::string::npos)
-    out.push_back("FP8 training (mixed_precision=" + *c.mixed_precision + ")");
-  if (c.mixed_precision && c.mixed_precision->find("fp4") != std::string::npos)
-    out.push_back("FP4 training (mixed_precision=" + *c.mixed_precision + ")");
-  if (c.mixed_precision && *c.mixed_precision == "fp16_mixed") out.push_back("fp16 training with loss scaling");
+  const config::Value& mp = c.mixed_precision;
+  const std::string preset = mp.kind == config::Value::Kind::String ? mp.s : "";
+  bool fp8 = preset.find("fp8") != std::string::npos, fp4 = preset.find("fp4") != std::string::npos;
+  for (const auto& [k, v] : mp.map) {
+    if (k == "fp8" && !v.is_null()) fp8 = true;
+    if (k == "fp4" && !v.is_null()) fp4 = true;
+  }
+  if (fp8) out.push_back("FP8 training (mixed_precision)");
+  if (fp4) out.push_back("FP4 training (mixed_precision)");
+  if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   return out;
 }
 

@@ -49,7 +49,7 @@ TEST(MlmArgs, SeedCommandResolvesWithMegatronLmDefaults) {
   EXPECT_TRUE(c.model.add_qkv_bias);
   EXPECT_TRUE(c.model.share_embeddings_and_output_weights);
   EXPECT_FALSE(c.model.attention_softmax_in_fp32);
-  EXPECT_EQ(c.mixed_precision, "bf16_mixed");
+  EXPECT_EQ(c.mixed_precision.s, "bf16_mixed");
   EXPECT_TRUE(c.model.bf16);
   EXPECT_TRUE(c.ddp.grad_reduce_in_fp32) << "--bf16 turns on fp32 gradient accumulation";
   EXPECT_TRUE(c.ddp.check_for_nan_in_grad);

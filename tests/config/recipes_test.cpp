@@ -61,7 +61,7 @@ TEST(Recipes, VanillaGptMatchesTheReference) {
   EXPECT_EQ(*c.checkpoint.save_interval, 500);
   EXPECT_TRUE(c.checkpoint.save.has_value());
   EXPECT_FALSE(c.checkpoint.load.has_value()) << "only vanilla leaves load unset";
-  EXPECT_EQ(*c.mixed_precision, "bf16_mixed");
+  EXPECT_EQ(c.mixed_precision.s, "bf16_mixed");
   EXPECT_EQ(c.env_vars.at("NCCL_NVLS_ENABLE"), "0");
 }
 
@@ -120,7 +120,9 @@ TEST(Recipes, DenseModelShapesMatchTheReference) {
   EXPECT_EQ(q.scheduler.lr_warmup_iters, 40);
   EXPECT_EQ(*q.scheduler.lr_decay_iters, 100);
   EXPECT_EQ(*q.tokenizer.tokenizer_type, "HuggingFaceTokenizer");
-  EXPECT_FALSE(q.ddp.grad_reduce_in_fp32);
+  validate(q, {FrontEnd::Bridge, 16});
+  EXPECT_FALSE(q.ddp.grad_reduce_in_fp32) << "the cohort's mixed precision keeps bf16 gradient reduction";
+  EXPECT_TRUE(q.model.bf16);
 }
 
 TEST(Recipes, DeepSeekV2LiteMoeFields) {
@@ -221,6 +223,35 @@ TEST(Recipes, BridgePostProcessingRules) {
   ConfigContainer c = find_recipe("llama32_1b_pretrain_config").build();
   c.model.seq_length = 4096;
   EXPECT_THROW(validate(c, {}), UsageError);
+}
+
+TEST(Recipes, MixedPrecisionIsAPresetOrAMappingOfItsFields) {
+  std::vector<std::string> shape = {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
+                                    "train.train_iters=100", "scheduler.lr_warmup_iters=1"};
+  auto with = [&](std::string o) {
+    auto v = shape;
+    v.push_back(std::move(o));
+    return v;
+  };
+  Resolved preset = run("vanilla_gpt_pretrain_config", with("mixed_precision=bf16-mixed"));
+  EXPECT_EQ(preset.cfg.mixed_precision.s, "bf16_mixed") << "'-' aliases normalise to '_'";
+  EXPECT_TRUE(preset.cfg.ddp.grad_reduce_in_fp32);
+  Resolved map = run("vanilla_gpt_pretrain_config", with("mixed_precision={bf16:true,params_dtype:bf16,grad_reduce_in_fp32:false}"));
+  EXPECT_TRUE(map.cfg.model.bf16);
+  EXPECT_EQ(map.cfg.optimizer.params_dtype, "bf16");
+  EXPECT_FALSE(map.cfg.ddp.grad_reduce_in_fp32);
+  try {
+    run("vanilla_gpt_pretrain_config", with("mixed_precision={bf16:true,grad_reduce_in_fp33:false}"));
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean grad_reduce_in_fp32?"), std::string::npos) << e.what();
+  }
+  try {
+    run("vanilla_gpt_pretrain_config", with("mixed_precision=16-mixed"));
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("use fp16_mixed"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Recipes, RunRecipeCommandLine) {
