@@ -2,12 +2,13 @@
 // ConfigContainer's model section to this; the model knows no config files).
 #pragma once
 #include <cstdint>
+#include <optional>
 
 namespace laoyao::model {
 
 enum class Norm { LayerNorm, RMSNorm };
 enum class Activation { GeluTanh, GeluErf, SwiGLU };
-enum class Positions { LearnedAbsolute, None };
+enum class Positions { LearnedAbsolute, Rope, None };
 
 struct GptConfig {
   int64_t num_layers = 0;
@@ -26,6 +27,13 @@ struct GptConfig {
   bool zero_centered_gamma = false;
   Activation activation = Activation::GeluTanh;
   Positions positions = Positions::LearnedAbsolute;
+  // Rotary embeddings (Positions::Rope), as Megatron-Core's RotaryEmbedding.
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  bool rope_scaling = false;  // Llama 3.x frequency scaling
+  double rope_scaling_factor = 8.0;
+  std::optional<double> seq_len_interpolation_factor;
+  bool qk_layernorm = false;  // RMSNorm over each head's q and k (Qwen3), before RoPE
   double init_std = 0.02;
   double embedding_init_std = 0.02;
   double hidden_dropout = 0.0;

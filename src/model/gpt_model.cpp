@@ -20,6 +20,16 @@ GptModel::GptModel(const GptConfig& cfg) : cfg_(cfg) {
   if (cfg.positions == Positions::LearnedAbsolute && cfg.max_positions <= 0)
     throw Error("GptModel: learned positions need max_positions > 0");
   build_parameter_table();
+  if (cfg.positions == Positions::Rope) {
+    if (cfg.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
+    k::RopeParams rp;
+    rp.rotary_base = cfg.rotary_base;
+    rp.rotary_percent = cfg.rotary_percent;
+    rp.rope_scaling = cfg.rope_scaling;
+    rp.rope_scaling_factor = cfg.rope_scaling_factor;
+    rp.seq_len_interpolation_factor = cfg.seq_len_interpolation_factor;
+    rope_ = k::rope_table(cfg.kv_channels, cfg.max_positions, rp);
+  }
   weights_.assign(static_cast<size_t>(table_.total), 0.0f);
   grads_.assign(static_cast<size_t>(table_.total), 0.0f);
 }
@@ -46,6 +56,9 @@ void GptModel::build_parameter_table() {
     L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
                   ? table_.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
                   : -1;
+    // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
+    L.q_norm = c.qk_layernorm ? table_.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    L.k_norm = c.qk_layernorm ? table_.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
     L.ln2_w = table_.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
     L.ln2_b = ln ? table_.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
     L.fc1_w = table_.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
@@ -80,6 +93,11 @@ void GptModel::allocate_activations(int64_t b, int64_t s) {
     a.ln1_mean = take(T);
     a.ln1_rstd = take(T);
     a.qkv = take(T * c.qkv_width());
+    // What attention reads: q/k normalised (QK layernorm) and rotated (RoPE). Without QK layernorm
+    // RoPE rotates qkv in place (nothing needs the unrotated values); with it, qkv keeps the
+    // pre-norm values its backward needs.
+    a.qkv_attn = c.qk_layernorm ? take(T * c.qkv_width()) : a.qkv;
+    a.qk_rstd = take(c.qk_layernorm ? T * (c.heads + c.query_groups) : 0);
     a.probs = take(b * c.heads * s * s);
     a.attn_mask = take(c.attention_dropout > 0 ? b * c.heads * s * s : 0);
     a.ctx = take(T * c.heads * c.kv_channels);
@@ -148,6 +166,9 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   tokens_.assign(mb.tokens, mb.tokens + T);
   labels_.assign(mb.labels, mb.labels + T);
   if (mb.positions) positions_.assign(mb.positions, mb.positions + T);
+  // Megatron-Core builds RoPE for positions 0..s-1 of every sequence (not from position_ids).
+  rope_positions_.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) rope_positions_[t] = t % mb.s;
   const bool drop = training_ && c.hidden_dropout > 0;
   const bool attn_drop = training_ && c.attention_dropout > 0;
   const std::string call = std::to_string(key.call);
@@ -173,13 +194,19 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     // Attention block: x_mid = x_in + dropout(proj(attn(norm(x_in))) + b_proj)
     norm_forward(c, x_in, P(L.ln1_w), opt(L.ln1_b), A(a.ln1), A(a.ln1_mean), A(a.ln1_rstd), T);
     k::linear_forward(A(a.ln1), P(L.qkv_w), opt(L.qkv_b), A(a.qkv), T, h, c.qkv_width());
+    if (c.qk_layernorm)
+      k::qk_rmsnorm_forward(A(a.qkv), P(L.q_norm), P(L.k_norm), A(a.qkv_attn), A(a.qk_rstd), T, c.heads,
+                            c.query_groups, D, c.norm_eps, c.zero_centered_gamma);
+    if (c.positions == Positions::Rope)
+      k::rope_forward_qkv(A(a.qkv_attn), rope_positions_.data(), rope_, T, c.heads, c.query_groups, D);
     const float* attn_mask = nullptr;
     if (attn_drop) {
       dropout_mask(A(a.attn_mask), mb.b * c.heads * mb.s * mb.s, c.attention_dropout, key.seed,
                    site + "probs." + call);
       attn_mask = A(a.attn_mask);
     }
-    k::attention_forward(A(a.qkv), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale, attn_mask);
+    k::attention_forward(A(a.qkv_attn), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale,
+                         attn_mask);
     float* o = A(a.x_mid);  // the branch output is built in place, then the residual added
     k::linear_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h);
     if (drop) {
@@ -246,9 +273,14 @@ void GptModel::backward(const float* dloss) {
     if (drop) multiply(dbranch, A(a.drop1), T * h);
     k::linear_backward(A(a.ctx), P(L.proj_w), dbranch, dctx, G(L.proj_w), gopt(L.proj_b), T,
                        c.heads * D, h);
-    k::attention_backward(A(a.qkv), A(a.probs), dctx, dwide, b_, s_, c.heads, c.query_groups, D,
+    k::attention_backward(A(a.qkv_attn), A(a.probs), dctx, dwide, b_, s_, c.heads, c.query_groups, D,
                           1.0f / std::sqrt(static_cast<float>(D)),
                           training_ && c.attention_dropout > 0 ? A(a.attn_mask) : nullptr);
+    if (c.positions == Positions::Rope)
+      k::rope_backward_qkv(dwide, rope_positions_.data(), rope_, T, c.heads, c.query_groups, D);
+    if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm)
+      k::qk_rmsnorm_backward(dwide, A(a.qkv), P(L.q_norm), P(L.k_norm), A(a.qk_rstd), dwide, G(L.q_norm),
+                             G(L.k_norm), T, c.heads, c.query_groups, D, c.zero_centered_gamma);
     k::linear_backward(A(a.ln1), P(L.qkv_w), dwide, dnorm, G(L.qkv_w), gopt(L.qkv_b), T, h,
                        c.qkv_width());
     norm_backward(c, dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), gopt(L.ln1_b), T);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/ops.hpp"
 #include "model/gpt_config.hpp"
 #include "model/parameters.hpp"
 
@@ -46,11 +47,11 @@ class GptModel {
 
  private:
   struct LayerParams {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    int64_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
   };
   struct LayerActs {  // offsets into acts_
-    int64_t x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, attn_mask, ctx, drop1, x_mid, ln2, ln2_mean, ln2_rstd, u,
-        g, drop2;
+    int64_t x_in, ln1, ln1_mean, ln1_rstd, qkv, qkv_attn, qk_rstd, probs, attn_mask, ctx, drop1, x_mid, ln2, ln2_mean,
+        ln2_rstd, u, g, drop2;
   };
   void build_parameter_table();
   void allocate_activations(int64_t b, int64_t s);
@@ -73,7 +74,8 @@ class GptModel {
   std::vector<LayerActs> layer_acts_;
   int64_t emb_drop_ = 0, x_final_in_ = 0, xf_ = 0, xf_mean_ = 0, xf_rstd_ = 0, logits_ = 0, lse_ = 0;
   std::vector<float> work_;  // backward scratch
-  std::vector<int64_t> tokens_, labels_, positions_;
+  std::vector<int64_t> tokens_, labels_, positions_, rope_positions_;
+  kernels::cpu::RopeTable rope_;
   bool training_ = false;
 };
 

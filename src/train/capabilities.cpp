@@ -11,9 +11,10 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
   if (m.num_moe_experts) out.push_back("Mixture-of-Experts layers (model.num_moe_experts)");
   if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
-  if (m.position_embedding_type != "learned_absolute")
-    out.push_back("position embeddings of type '" + m.position_embedding_type + "' (only learned_absolute so far)");
-  if (m.qk_layernorm) out.push_back("QK layernorm (model.qk_layernorm)");
+  if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&
+      m.position_embedding_type != "none")
+    out.push_back("position embeddings of type '" + m.position_embedding_type + "' (learned_absolute, rope, none)");
+  if (m.qk_layernorm && m.normalization != "RMSNorm") out.push_back("QK layernorm with LayerNorm (RMSNorm only)");
   if (m.mtp_num_layers) out.push_back("multi-token prediction (model.mtp_num_layers)");
   if (m.apply_query_key_layer_scaling) out.push_back("query-key layer scaling (model.apply_query_key_layer_scaling)");
   if (m.activation_func != "gelu" && !(m.activation_func == "silu" && m.gated_linear_unit))

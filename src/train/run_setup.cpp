@@ -46,7 +46,14 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
                                                                     : model::Activation::GeluErf;
   }
   g.positions = m.position_embedding_type == "learned_absolute" ? model::Positions::LearnedAbsolute
-                                                                : model::Positions::None;
+                 : m.position_embedding_type == "rope"           ? model::Positions::Rope
+                                                                  : model::Positions::None;
+  g.rotary_base = m.rotary_base;
+  g.rotary_percent = m.rotary_percent;
+  g.rope_scaling = m.rope_scaling;
+  g.rope_scaling_factor = m.rope_scaling_factor;
+  g.seq_len_interpolation_factor = m.seq_len_interpolation_factor;
+  g.qk_layernorm = m.qk_layernorm;
   g.init_std = m.init_method_std;
   g.embedding_init_std = m.embedding_init_method_std.value_or(m.init_method_std);
   g.hidden_dropout = m.hidden_dropout;

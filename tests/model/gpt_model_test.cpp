@@ -79,6 +79,13 @@ std::vector<Case> cases() {
   llama.add_qkv_bias = false, llama.tied_embeddings = false, llama.heads = 4, llama.query_groups = 2;
   llama.kv_channels = 3, llama.positions = Positions::None;
   out.push_back({"rmsnorm_swiglu_gqa_untied", llama, false});
+  GptConfig qwen = llama;  // Qwen3/Llama 3 style: RoPE (with Llama 3 scaling), QK layernorm, GQA
+  qwen.positions = Positions::Rope, qwen.qk_layernorm = true, qwen.kv_channels = 4, qwen.max_positions = 5;
+  qwen.rotary_base = 500000, qwen.rope_scaling = true, qwen.rope_scaling_factor = 32;
+  out.push_back({"rope_qk_layernorm_gqa", qwen, false});
+  GptConfig rope_half = base;
+  rope_half.positions = Positions::Rope, rope_half.rotary_percent = 0.5, rope_half.max_positions = 5;
+  out.push_back({"rope_half_with_dropout", rope_half, true});
   GptConfig erf = base;
   erf.activation = Activation::GeluErf, erf.zero_centered_gamma = true;
   out.push_back({"erf_gelu_layernorm_1p", erf, false});
@@ -137,6 +144,18 @@ TEST(GptModel, BackwardMatchesFiniteDifferencesOfTheWholeModel) {
       }
     }
   }
+}
+
+TEST(GptModel, QkLayernormParametersFollowLinearQkv) {
+  GptConfig c = cases()[2].cfg;
+  GptModel m(c);
+  const auto& s = m.table().specs;
+  size_t qkv = 0;
+  while (s[qkv].name != "decoder.layers.0.self_attention.linear_qkv.weight") ++qkv;
+  EXPECT_EQ(s[qkv + 1].name, "decoder.layers.0.self_attention.q_layernorm.weight");
+  EXPECT_EQ(s[qkv + 2].name, "decoder.layers.0.self_attention.k_layernorm.weight");
+  EXPECT_EQ(s[qkv + 1].shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(m.table().find("embedding.position_embeddings.weight"), nullptr) << "RoPE has no position table";
 }
 
 TEST(GptModel, GradientsAccumulateAcrossMicroBatches) {

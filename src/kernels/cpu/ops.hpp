@@ -8,6 +8,8 @@
 // into parameter gradients, and OVERWRITE input gradients unless stated otherwise.
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 namespace laoyao::kernels::cpu {
 
@@ -53,6 +55,84 @@ void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, in
 // dqkv[T, G*(H/G+2)*D] overwritten.
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
                         int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask = nullptr);
+
+// ---- rotary position embedding (Megatron-Core RotaryEmbedding + _apply_rotary_pos_emb_bshd,
+// non-interleaved "rotate_half" form), applied to the q heads and k of the fused QKV rows above.
+// Megatron's fields and defaults (RotaryEmbedding / GPTModel / Bridge GPTModelProvider):
+// rotary_base 10000, rotary_percent 1.0, rope_scaling False with rope_scaling_factor 8.0 (the
+// Bridge provider's field default is 1.0; recipes that turn scaling on set it, e.g. Llama 3.2: 32),
+// Llama 3.1 scaling constants low_freq_factor 1, high_freq_factor 4, original max positions 8192
+// (fixed in Megatron's _apply_scaling; fields here so a caller can state them), and
+// seq_len_interpolation_factor None.
+struct RopeParams {
+  double rotary_base = 10000.0;
+  double rotary_percent = 1.0;
+  bool rope_scaling = false;  // Llama 3.x frequency scaling (--use-rope-scaling)
+  double rope_scaling_factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+  std::optional<double> seq_len_interpolation_factor;  // linear interpolation: position / factor
+};
+
+// The fp32 tables Megatron builds, with every torch op's fp32 rounding reproduced (rope.cpp says
+// which). dim = int(kv_channels * rotary_percent) if rotary_percent < 1 else kv_channels;
+// inv_freq[i] = 1 / base^(2i / dim) for 2i < dim (then Llama 3 scaling); rot_dim = 2 * inv_freq
+// count (= dim when dim is even; Megatron's arange(0, dim, 2) gives dim + 1 for an odd dim).
+// The leading rot_dim values of each head rotate, values [rot_dim, D) pass through unchanged.
+// cos/sin [max_positions, rot_dim / 2] hold cos/sin(angle[p, i]) with angle = fp32(position'
+// * inv_freq[i]) (position' = p, or fl32(p * fl32(1 / interpolation factor))). Megatron's
+// emb = cat(freqs, freqs), so column i serves both dims i and i + rot_dim / 2 of a head.
+struct RopeTable {
+  int64_t kv_channels = 0, dim = 0, rot_dim = 0, max_positions = 0;
+  std::vector<float> inv_freq;  // [rot_dim / 2], as Megatron holds RotaryEmbedding.inv_freq
+  std::vector<float> cos, sin;  // [max_positions, rot_dim / 2]
+};
+// Positions 0 .. max_positions - 1. Bad parameters (kv_channels or max_positions < 1 or a
+// rotary_percent that leaves no dims, rot_dim > kv_channels, base <= 0, scaling factors that
+// are not positive or high == low, an interpolation factor <= 0) throw laoyao::Error.
+RopeTable rope_table(int64_t kv_channels, int64_t max_positions, const RopeParams& params);
+
+// In place on qkv[T, G*(H/G + 2)*D] (the fused layout of attention_forward): every q head and
+// every group's k of token t is rotated by the angles of position positions[t]; v untouched.
+// Per head x (D values), half = rot_dim / 2, i < half:
+//   out[i]        = x[i] * cos[p,i] - x[i + half] * sin[p,i]
+//   out[i + half] = x[i + half] * cos[p,i] + x[i] * sin[p,i]
+// i.e. x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), rotate_half(x) = cat(-x2, x1).
+// In Megatron pretraining the positions are 0 .. s-1 within each sequence (token t = batch*s +
+// position gives positions[t] = t % s); the model ignores position_ids for RoPE.
+// Throws laoyao::Error (before writing) for a position outside [0, table.max_positions),
+// table.rot_dim > D, or H not a positive multiple of G.
+void rope_forward_qkv(float* qkv, const int64_t* positions, const RopeTable& table, int64_t T, int64_t H, int64_t G,
+                      int64_t D);
+// In place on the gradient dqkv[T, row]: the transpose rotation of the q and k slots
+// (dx[i] = dy[i] cos + dy[i + half] sin, dx[i + half] = dy[i + half] cos - dy[i] sin); the
+// pass-through dims and the v slots are the identity, so they are left as they are.
+void rope_backward_qkv(float* dqkv, const int64_t* positions, const RopeTable& table, int64_t T, int64_t H, int64_t G,
+                       int64_t D);
+
+// ---- QK layernorm (Megatron --qk-layernorm with RMSNorm, as Qwen3): each q head and each k of
+// the fused rows is RMS-normalised over its own D (= kv_channels) values, eps = layernorm_epsilon,
+// with weights q_gamma[D] (self_attention.q_layernorm.weight) shared by all q heads and k_gamma[D]
+// (self_attention.k_layernorm.weight) shared by all groups' k. Megatron applies it right after the
+// QKV split, BEFORE RoPE. y = x * rstd * gamma (zero_centered_gamma: 1 + gamma), rstd in fp32
+// from a double sum of squares, as rmsnorm_forward.
+// Out of place, because backward needs the un-normalised values (recovering them from the output
+// would divide by gamma): out[T, row] receives the normalised q/k and a copy of v, a complete fused
+// row for rope_forward_qkv (in place) and attention. qkv must stay alive for backward; out == qkv
+// is allowed only when no backward follows. rstd[T, H + G] is saved: rstd[t*(H+G) + h] for q head
+// h, rstd[t*(H+G) + H + g] for group g's k.
+// Typical layer: linear -> qkv; qk_rmsnorm_forward(qkv -> out); rope_forward_qkv(out);
+// attention(out). Backward: attention -> dqkv; rope_backward_qkv(dqkv); qk_rmsnorm_backward(dqkv,
+// qkv, ..., dqkv) in place; linear backward.
+void qk_rmsnorm_forward(const float* qkv, const float* q_gamma, const float* k_gamma, float* out, float* rstd,
+                        int64_t T, int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma = false);
+// dqkv[T, row] overwritten (q/k slots: the RMSNorm gradient; v slots: dout's v, passed through);
+// dqkv may be the same buffer as dout (in place). dq_gamma[D], dk_gamma[D] accumulated (+=);
+// qkv is the forward's input, rstd its saved statistics. H must be a positive multiple of G.
+void qk_rmsnorm_backward(const float* dout, const float* qkv, const float* q_gamma, const float* k_gamma,
+                         const float* rstd, float* dqkv, float* dq_gamma, float* dk_gamma, int64_t T, int64_t H,
+                         int64_t G, int64_t D, bool zero_centered_gamma = false);
 
 // ---- cross entropy over all V (padded) logits, as Megatron's vocab-parallel CE at TP=1:
 // loss[t] = logsumexp(logits[t]) - logits[t][target[t]]. lse[T] saved for backward.
