@@ -36,12 +36,12 @@ TEST(Cli, UnknownCommandAndHelp) {
 TEST(Cli, UnsupportedFeatureIsRefusedAfterValidationWritingNothing) {
   std::string dir = fresh_dir("seed_mlm");
   auto args = seed_mlm();
-  args.insert(args.end(), {"--save", dir + "/ckpt", "--save-interval", "5", "--position-embedding-type", "rope"});
+  args.insert(args.end(), {"--save", dir + "/ckpt", "--save-interval", "5", "--num-experts", "4"});
   auto r = run_laoyao(args, dir);
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "setting number of microbatches to constant 8")) << r.output;
   EXPECT_TRUE(contains(r.output, " > padded vocab (size: 32000) with 0 dummy tokens (new size: 32000)")) << r.output;
-  EXPECT_TRUE(contains(r.output, "position embeddings of type 'rope'")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Mixture-of-Experts layers")) << r.output;
   EXPECT_EQ(count_entries(dir), 0u) << "nothing may be written";
 }
 
@@ -104,12 +104,12 @@ TEST(Cli, RunRecipeSeedCommandAndBadOverrides) {
                                 "validation.eval_interval=10", "validation.eval_iters=2", "optimizer.lr=3e-4",
                                 "optimizer.min_lr=3e-5", "scheduler.lr_warmup_iters=1",
                                 "scheduler.lr_decay_iters=10", "rng.seed=1234", "logger.log_interval=1",
-                                "model.position_embedding_type=rope"};
+                                "model.num_moe_experts=4"};
   auto r = run_laoyao(a, dir);
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "Final configuration:")) << r.output;
   EXPECT_TRUE(contains(r.output, "Automatically enabling distributed optimizer")) << r.output;
-  EXPECT_TRUE(contains(r.output, "position embeddings of type 'rope'")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Mixture-of-Experts layers")) << r.output;
   EXPECT_EQ(count_entries(dir), 0u) << "nothing may be written";
   a.push_back("model.num_layer=3");
   r = run_laoyao(a, dir);

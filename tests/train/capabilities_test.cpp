@@ -23,8 +23,9 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_NE(missing({"--decoupled-lr", "1.0"}).find("--decoupled-lr"), std::string::npos);
   EXPECT_NE(missing({"--skip-train"}).find("--skip-train"), std::string::npos);
   EXPECT_NE(missing({"--iterations-to-skip", "3"}).find("--iterations-to-skip"), std::string::npos);
-  EXPECT_NE(missing({"--position-embedding-type", "rope"}).find("'rope'"), std::string::npos);
-  EXPECT_NE(missing({"--qk-layernorm"}).find("QK layernorm"), std::string::npos);
+  EXPECT_EQ(missing({"--position-embedding-type", "rope", "--qk-layernorm", "--normalization", "RMSNorm"}), "");
+  EXPECT_NE(missing({"--position-embedding-type", "yarn"}).find("'yarn'"), std::string::npos);
+  EXPECT_NE(missing({"--qk-layernorm"}).find("QK layernorm with LayerNorm"), std::string::npos);
   EXPECT_NE(missing({"--num-experts", "8"}).find("Mixture-of-Experts"), std::string::npos);
   EXPECT_NE(missing({"--ckpt-format", "zarr"}).find("'zarr'"), std::string::npos);
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
