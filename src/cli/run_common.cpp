@@ -39,6 +39,10 @@ int start_training(config::Resolved& r) {
     std::fprintf(stderr, "Nothing was written.\n");
     return 2;
   }
+  if (r.cfg.model.recompute_granularity)
+    std::printf("laoyao: activation recomputation (%s) changes memory use, not the numbers; the CPU backend keeps "
+                "every activation, so it recomputes nothing\n",
+                r.cfg.model.recompute_granularity->c_str());
   if (cuda_device_count() > 0)
     std::printf("laoyao: a GPU is visible, but the CUDA training backend is not built yet: training on the CPU\n");
   std::string path = run_config_path(r.cfg);

@@ -561,6 +561,23 @@ void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape
                    "save directory (checkpoint.save / --save) or do not load (checkpoint.load=null / no --load).");
 }
 
+std::string local_spec_name(const std::string& name) {
+  // Transformer Engine's spec fuses the pre-attention and pre-MLP norms into linear_qkv and
+  // linear_fc1; the local spec (laoyao's names) keeps them as modules of the layer.
+  static const std::pair<const char*, const char*> renames[] = {
+      {"self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"},
+      {"self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"},
+      {"mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"},
+      {"mlp.linear_fc1.layer_norm_bias", "pre_mlp_layernorm.bias"},
+  };
+  for (const auto& [te, local] : renames) {
+    const std::string suffix = te;
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return name.substr(0, name.size() - suffix.size()) + local;
+  }
+  return name;
+}
+
 PretrainedWeights load_pretrained_weights(const std::string& path, const std::vector<ParamShape>& expected,
                                           bool allow_unexpected) {
   check_unique(expected);
@@ -593,10 +610,11 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
   std::map<std::string, std::pair<const SafetensorsFile*, const SafetensorsTensor*>> found;
   for (const auto& f : files)
     for (const auto& t : f.tensors()) {
-      auto [it, fresh] = found.emplace(t.name, std::make_pair(&f, &t));
+      auto [it, fresh] = found.emplace(local_spec_name(t.name), std::make_pair(&f, &t));
       if (!fresh)
         throw UsageError("pretrained checkpoint '" + path + "': tensor '" + t.name + "' is in both '" +
-                         it->second.first->path() + "' and '" + f.path() + "'");
+                         it->second.first->path() + "' and '" + f.path() + "' (Transformer Engine and local-spec "
+                         "names count as the same parameter)");
     }
 
   PretrainedWeights out;
@@ -604,8 +622,8 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
   std::vector<std::string> problems;
   std::set<std::string> expected_names;
   for (const auto& p : expected) {
-    expected_names.insert(p.name);
-    auto it = found.find(p.name);
+    expected_names.insert(local_spec_name(p.name));
+    auto it = found.find(local_spec_name(p.name));
     if (it == found.end()) {
       problems.push_back("missing: " + p.name + " " + shape_str(p.shape));
       continue;
@@ -632,7 +650,7 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
     throw UsageError("pretrained checkpoint '" + path + "' does not match the model's parameters:" +
                      list_problems(problems));
   for (const auto& p : expected) {
-    const auto& [f, t] = found.at(p.name);
+    const auto& [f, t] = found.at(local_spec_name(p.name));
     out.tensors.emplace(p.name, f->read_f32(*t));
   }
   return out;

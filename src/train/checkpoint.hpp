@@ -126,6 +126,10 @@ void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape
 // each tensor in exactly one). Every expected parameter must be there with its shape. Tensors not
 // expected are refused (naming them) unless allow_unexpected, and then listed in `ignored`;
 // Transformer Engine's "*._extra_state" entries are always skipped.
+// Megatron-Core names under the Transformer Engine spec (`...linear_qkv.layer_norm_weight`, ...)
+// are read as the local spec's (`...input_layernorm.weight`, ...); other names are unchanged.
+std::string local_spec_name(const std::string& name);
+
 struct PretrainedWeights {
   std::map<std::string, std::vector<float>> tensors;  // exactly the expected names
   std::vector<std::string> files;                      // what was read

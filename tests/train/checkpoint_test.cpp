@@ -455,6 +455,29 @@ TEST_F(Checkpoint, PretrainedFromTwoShardsInBf16AndF32) {
   expect_has(msg, hf + "/model-00002-of-00002.safetensors");
 }
 
+// A state dict saved with Transformer Engine's layer spec (Megatron's default) names the layer
+// norms after the linears they are fused into; they load as the local spec's norms.
+TEST_F(Checkpoint, PretrainedAcceptsTransformerEngineNormNames) {
+  EXPECT_EQ(local_spec_name("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"),
+            "decoder.layers.3.input_layernorm.weight");
+  EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.linear_fc1.layer_norm_bias"), "decoder.layers.0.pre_mlp_layernorm.bias");
+  EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.linear_fc1.weight"), "decoder.layers.0.mlp.linear_fc1.weight");
+  const std::string te = (dir_ / "te").string();
+  fs::create_directories(te);
+  const std::vector<float> gamma = {1.0f, 2.0f, 3.0f, 4.0f}, beta = {0.5f, 0.25f, 0.0f, -1.0f};
+  write_safetensors(te + "/model.safetensors",
+                    {{"decoder.layers.0.self_attention.linear_qkv.layer_norm_weight", Dtype::F32, {4}, gamma.data()},
+                     {"decoder.layers.0.mlp.linear_fc1.layer_norm_bias", Dtype::F32, {4}, beta.data()}});
+  std::vector<ParamShape> expected = {{"decoder.layers.0.input_layernorm.weight", {4}},
+                                      {"decoder.layers.0.pre_mlp_layernorm.bias", {4}}};
+  const PretrainedWeights p = load_pretrained_weights(te, expected);
+  EXPECT_EQ(p.tensors.at("decoder.layers.0.input_layernorm.weight"), gamma);
+  EXPECT_EQ(p.tensors.at("decoder.layers.0.pre_mlp_layernorm.bias"), beta);
+  // Both spellings of one parameter are a conflict, named.
+  write_safetensors(te + "/local.safetensors", {{"decoder.layers.0.input_layernorm.weight", Dtype::F32, {4}, gamma.data()}});
+  expect_has(usage_error([&] { load_pretrained_weights(te, expected); }), "is in both");
+}
+
 TEST_F(Checkpoint, PretrainedFromALaoyaoCheckpointRootOrIterationDirectory) {
   Model a(4);
   const std::string it_dir = save_checkpoint(save_, 10, a.write(10));
