@@ -22,6 +22,15 @@
 
 namespace laoyao {
 
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
 // Tensor bytes are little-endian in the file and copied as they are.
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
@@ -36,14 +45,6 @@ constexpr std::string_view kDtypeNames[] = {"BOOL", "U8",  "I8",   "F8_E5M2", "F
                                             "BF16", "I32", "U32", "F32",     "F64",     "I64", "U64"};
 constexpr size_t kDtypeSizes[] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 // Writing order: descending dtype (alignment) then name, as the reference's prepare() sorts.
 std::vector<size_t> write_order(const std::vector<TensorWrite>& tensors) {
@@ -59,9 +60,9 @@ std::vector<size_t> write_order(const std::vector<TensorWrite>& tensors) {
 size_t write_nbytes(const TensorWrite& t) {
   uint64_t n = dtype_size(t.dtype);
   for (int64_t d : t.shape) {
-    if (d < 0) throw Error("safetensors: tensor '" + t.name + "' has a negative dimension " + shape_str(t.shape));
+    if (d < 0) throw Error("safetensors: tensor '" + t.name + "' has a negative dimension " + shape_string(t.shape));
     if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
-      throw Error("safetensors: tensor '" + t.name + "' is too large " + shape_str(t.shape));
+      throw Error("safetensors: tensor '" + t.name + "' is too large " + shape_string(t.shape));
     n *= static_cast<uint64_t>(d);
   }
   return n;
@@ -371,7 +372,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         bad_file(path, "tensor '" + name + "': data_offsets " + off.dump() + " run past the end of the " +
                            std::to_string(buffer) + "-byte data buffer (truncated file?)");
       if (e - b != bytes)
-        bad_file(path, "tensor '" + name + "': " + std::string(dtype_name(t.dtype)) + " " + shape_str(t.shape) +
+        bad_file(path, "tensor '" + name + "': " + std::string(dtype_name(t.dtype)) + " " + shape_string(t.shape) +
                            " needs " + std::to_string(bytes) + " bytes but data_offsets " + off.dump() + " hold " +
                            std::to_string(e - b));
       t.data = data + b;
@@ -449,7 +450,7 @@ const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
 void SafetensorsFile::read_f32(const SafetensorsTensor& t, float* out, size_t n) const {
   const size_t count = static_cast<size_t>(t.numel());
   if (n != count)
-    bad_file(path_, "tensor '" + t.name + "' has " + std::to_string(count) + " elements " + shape_str(t.shape) +
+    bad_file(path_, "tensor '" + t.name + "' has " + std::to_string(count) + " elements " + shape_string(t.shape) +
                         ", expected " + std::to_string(n));
   switch (t.dtype) {
     case Dtype::F32:

@@ -31,6 +31,9 @@
 
 namespace laoyao {
 
+// "[8, 4]": a shape as the error messages print it.
+std::string shape_string(const std::vector<int64_t>& shape);
+
 // In the reference's order (increasing alignment): the writer sorts by it, descending.
 enum class Dtype { BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64 };
 

@@ -36,14 +36,6 @@ constexpr size_t kMaxListed = 50;  // problems listed in one message before "...
 
 std::string join_path(const std::string& a, const std::string& b) { return (fs::path(a) / b).string(); }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
 
 std::string list_problems(const std::vector<std::string>& lines) {
   std::string s;
@@ -310,15 +302,15 @@ void compare_tensors(const SafetensorsFile& f, const std::vector<std::pair<std::
     expected.insert(name);
     const SafetensorsTensor* t = f.find(name);
     if (!t) {
-      problems.push_back("missing: " + name + " " + shape_str(p->shape));
+      problems.push_back("missing: " + name + " " + shape_string(p->shape));
     } else if (t->shape != p->shape) {
-      problems.push_back(name + ": checkpoint " + shape_str(t->shape) + ", model " + shape_str(p->shape));
+      problems.push_back(name + ": checkpoint " + shape_string(t->shape) + ", model " + shape_string(p->shape));
     } else if (t->dtype != Dtype::F32) {
       problems.push_back(name + ": dtype " + std::string(dtype_name(t->dtype)) + " (checkpoints hold F32)");
     }
   }
   for (const auto& t : f.tensors())
-    if (!expected.count(t.name)) problems.push_back("unexpected: " + t.name + " " + shape_str(t.shape));
+    if (!expected.count(t.name)) problems.push_back("unexpected: " + t.name + " " + shape_string(t.shape));
 }
 
 void check_unique(const std::vector<ParamShape>& expected) {
@@ -625,12 +617,12 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
     expected_names.insert(local_spec_name(p.name));
     auto it = found.find(local_spec_name(p.name));
     if (it == found.end()) {
-      problems.push_back("missing: " + p.name + " " + shape_str(p.shape));
+      problems.push_back("missing: " + p.name + " " + shape_string(p.shape));
       continue;
     }
     const SafetensorsTensor& t = *it->second.second;
     if (t.shape != p.shape)
-      problems.push_back(p.name + ": checkpoint " + shape_str(t.shape) + ", model " + shape_str(p.shape) + " (in '" +
+      problems.push_back(p.name + ": checkpoint " + shape_string(t.shape) + ", model " + shape_string(p.shape) + " (in '" +
                          it->second.first->path() + "')");
     else if (t.dtype != Dtype::F32 && t.dtype != Dtype::BF16 && t.dtype != Dtype::F16)
       problems.push_back(p.name + ": dtype " + std::string(dtype_name(t.dtype)) + " (expected F32, BF16 or F16; in '" +
@@ -643,7 +635,7 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
     if (allow_unexpected)
       out.ignored.push_back(name);
     else
-      problems.push_back("unexpected: " + name + " " + shape_str(where.second->shape) + " (in '" +
+      problems.push_back("unexpected: " + name + " " + shape_string(where.second->shape) + " (in '" +
                          where.first->path() + "')");
   }
   if (!problems.empty())

@@ -18,31 +18,13 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/qkv_layout.hpp"
 
 namespace laoyao::kernels::cpu {
-namespace {
-
-// Column offsets inside one token's fused row [G x (q (H/G heads x D), k (D), v (D))].
-struct QkvLayout {
-  int64_t H, G, D, heads_per_group, row;
-  QkvLayout(int64_t H_, int64_t G_, int64_t D_) : H(H_), G(G_), D(D_) {
-    if (H <= 0 || G <= 0 || D <= 0 || H % G != 0)
-      throw Error("attention: num_attention_heads (" + std::to_string(H) + ") must be a positive multiple of "
-                  "num_query_groups (" + std::to_string(G) + "), head dim " + std::to_string(D) + " positive");
-    heads_per_group = H / G;
-    row = G * (heads_per_group + 2) * D;
-  }
-  int64_t group_of(int64_t h) const { return h / heads_per_group; }
-  int64_t q(int64_t h) const { return group_of(h) * (heads_per_group + 2) * D + (h % heads_per_group) * D; }
-  int64_t k(int64_t g) const { return (g * (heads_per_group + 2) + heads_per_group) * D; }
-  int64_t v(int64_t g) const { return (g * (heads_per_group + 2) + heads_per_group + 1) * D; }
-};
-
-}  // namespace
 
 void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
                        int64_t D, float scale, const float* dropout_mask) {
-  const QkvLayout L(H, G, D);
+  const QkvLayout L("attention", H, G, D);
   if (b == 0 || s == 0) return;
   const int64_t HD = H * D;
 #pragma omp parallel
@@ -85,7 +67,7 @@ void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, in
 
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
                         int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask) {
-  const QkvLayout L(H, G, D);
+  const QkvLayout L("attention", H, G, D);
   if (b == 0 || s == 0) return;
   const int64_t HD = H * D;
   // One work item per (batch, query group): the group's heads all add into the same dk/dv, so they
@@ -98,8 +80,8 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
       const int64_t bi = bg / G, g = bg % G;
       const float* base = qkv + bi * s * L.row;
       float* dbase = dqkv + bi * s * L.row;
-      for (int64_t i = 0; i < L.heads_per_group; ++i) {
-        const int64_t h = g * L.heads_per_group + i;
+      for (int64_t i = 0; i < L.Q; ++i) {
+        const int64_t h = g * L.Q + i;
         const float* P = probs + (bi * H + h) * s * s;
         const float* dC = dctx + bi * s * HD + h * D;
         // The group's first head overwrites dk/dv (beta 0), the others add.

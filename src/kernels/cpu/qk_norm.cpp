@@ -10,25 +10,13 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/qkv_layout.hpp"
 
 namespace laoyao::kernels::cpu {
 namespace {
 
-struct Layout {
-  int64_t H, G, D, Q, row;
-  Layout(const char* what, int64_t H_, int64_t G_, int64_t D_) : H(H_), G(G_), D(D_) {
-    if (H <= 0 || G <= 0 || D <= 0 || H % G != 0)
-      throw Error(std::string(what) + ": num_attention_heads (" + std::to_string(H) +
-                  ") must be a positive multiple of num_query_groups (" + std::to_string(G) + "), head dim " +
-                  std::to_string(D) + " positive");
-    Q = H / G;
-    row = G * (Q + 2) * D;
-  }
-  // Slot j of group g: q head g*Q + j for j < Q, the group's k for j == Q, its v for j == Q + 1.
-  int64_t col(int64_t g, int64_t j) const { return (g * (Q + 2) + j) * D; }
-  // Index of a q/k slot's statistic in rstd[t, H + G].
-  int64_t stat(int64_t g, int64_t j) const { return j < Q ? g * Q + j : H + g; }
-};
+// Index of a q/k slot's statistic in rstd[t, H + G]: q heads first, then each group's k.
+int64_t stat(const QkvLayout& L, int64_t g, int64_t j) { return j < L.Q ? g * L.Q + j : L.H + g; }
 
 inline float effective(const float* gamma, int64_t d, bool zero_centered) {
   return zero_centered ? 1.0f + gamma[d] : gamma[d];
@@ -38,7 +26,7 @@ inline float effective(const float* gamma, int64_t d, bool zero_centered) {
 
 void qk_rmsnorm_forward(const float* qkv, const float* q_gamma, const float* k_gamma, float* out, float* rstd,
                         int64_t T, int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma) {
-  const Layout L("qk_rmsnorm_forward", H, G, D);
+  const QkvLayout L("qk_rmsnorm_forward", H, G, D);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = qkv + t * L.row;
@@ -51,7 +39,7 @@ void qk_rmsnorm_forward(const float* qkv, const float* q_gamma, const float* k_g
         double sq = 0.0;
         for (int64_t d = 0; d < D; ++d) sq += static_cast<double>(x[d]) * x[d];
         const float rf = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(D) + static_cast<double>(eps)));
-        rstd[t * (H + G) + L.stat(g, j)] = rf;
+        rstd[t * (H + G) + stat(L, g, j)] = rf;
         for (int64_t d = 0; d < D; ++d) y[d] = x[d] * rf * effective(gamma, d, zero_centered_gamma);
       }
       if (out != qkv)  // v passes through
@@ -63,7 +51,7 @@ void qk_rmsnorm_forward(const float* qkv, const float* q_gamma, const float* k_g
 void qk_rmsnorm_backward(const float* dout, const float* qkv, const float* q_gamma, const float* k_gamma,
                          const float* rstd, float* dqkv, float* dq_gamma, float* dk_gamma, int64_t T, int64_t H,
                          int64_t G, int64_t D, bool zero_centered_gamma) {
-  const Layout L("qk_rmsnorm_backward", H, G, D);
+  const QkvLayout L("qk_rmsnorm_backward", H, G, D);
   // Weight gradients first, while dout is intact (dqkv may be dout): dgamma[d] += sum over tokens
   // and the heads sharing the weight of dy * xhat. Threads own whole columns d: no races, and the
   // sums do not depend on the thread count.
@@ -77,7 +65,7 @@ void qk_rmsnorm_backward(const float* dout, const float* qkv, const float* q_gam
       for (int64_t g = 0; g < G; ++g)
         for (int64_t j = 0; j <= L.Q; ++j) {
           const int64_t c = L.col(g, j) + d;
-          const double v = static_cast<double>(dy[c]) * (x[c] * r[L.stat(g, j)]);
+          const double v = static_cast<double>(dy[c]) * (x[c] * r[stat(L, g, j)]);
           (j < L.Q ? dq : dk) += v;
         }
     }
@@ -97,7 +85,7 @@ void qk_rmsnorm_backward(const float* dout, const float* qkv, const float* q_gam
         const float* dy = dyr + L.col(g, j);
         float* dx = dxr + L.col(g, j);
         const float* gamma = j < L.Q ? q_gamma : k_gamma;
-        const float r = rstd[t * (H + G) + L.stat(g, j)];
+        const float r = rstd[t * (H + G) + stat(L, g, j)];
         double s2 = 0.0;
         for (int64_t d = 0; d < D; ++d)
           s2 += static_cast<double>(dy[d] * effective(gamma, d, zero_centered_gamma)) * (x[d] * r);

@@ -36,6 +36,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/qkv_layout.hpp"
 
 namespace laoyao::kernels::cpu {
 namespace {
@@ -48,20 +49,6 @@ inline float sub(float a, float b) { return f32(static_cast<double>(a) - b); }
 inline float add(float a, float b) { return f32(static_cast<double>(a) + b); }
 inline float recip(float a) { return f32(1.0 / static_cast<double>(a)); }
 
-// Column offsets of the q heads and k slots inside one token's fused row.
-struct Slots {
-  int64_t H, G, D, Q, row;
-  Slots(const char* what, int64_t H_, int64_t G_, int64_t D_) : H(H_), G(G_), D(D_) {
-    if (H <= 0 || G <= 0 || D <= 0 || H % G != 0)
-      throw Error(std::string(what) + ": num_attention_heads (" + std::to_string(H) +
-                  ") must be a positive multiple of num_query_groups (" + std::to_string(G) + "), head dim " +
-                  std::to_string(D) + " positive");
-    Q = H / G;
-    row = G * (Q + 2) * D;
-  }
-  // Slot j of group g: j < Q is q head g*Q + j, j == Q is the group's k (v, at Q + 1, is skipped).
-  int64_t col(int64_t g, int64_t j) const { return (g * (Q + 2) + j) * D; }
-};
 
 void check_rope_args(const char* what, const int64_t* positions, const RopeTable& table, int64_t T, int64_t D) {
   if (table.rot_dim > D)
@@ -76,7 +63,7 @@ void check_rope_args(const char* what, const int64_t* positions, const RopeTable
 
 // Rotates every q/k slot of the T rows by its token's angles; sign = +1 forward (R), -1 backward
 // (R^T: the same formula with -sin).
-void rotate(float* qkv, const int64_t* positions, const RopeTable& table, const Slots& L, int64_t T, float sign) {
+void rotate(float* qkv, const int64_t* positions, const RopeTable& table, const QkvLayout& L, int64_t T, float sign) {
   const int64_t half = table.rot_dim / 2;
   if (half == 0) return;
 #pragma omp parallel for schedule(static)
@@ -178,14 +165,14 @@ RopeTable rope_table(int64_t kv_channels, int64_t max_positions, const RopeParam
 
 void rope_forward_qkv(float* qkv, const int64_t* positions, const RopeTable& table, int64_t T, int64_t H, int64_t G,
                       int64_t D) {
-  const Slots L("rope_forward_qkv", H, G, D);
+  const QkvLayout L("rope_forward_qkv", H, G, D);
   check_rope_args("rope_forward_qkv", positions, table, T, D);
   rotate(qkv, positions, table, L, T, 1.0f);
 }
 
 void rope_backward_qkv(float* dqkv, const int64_t* positions, const RopeTable& table, int64_t T, int64_t H, int64_t G,
                        int64_t D) {
-  const Slots L("rope_backward_qkv", H, G, D);
+  const QkvLayout L("rope_backward_qkv", H, G, D);
   check_rope_args("rope_backward_qkv", positions, table, T, D);
   rotate(dqkv, positions, table, L, T, -1.0f);
 }
