@@ -100,7 +100,7 @@ int cmd_data_samples(const Args& args) {
   for (int64_t k = 1; k <= iterations; ++k) {
     if (want("train"))
       for (int64_t m = 0; m < data.train_layout.num_microbatches; ++m)
-        emit(*data.datasets[0], train::train_sample_indices(data, k, m),
+        emit(*data.datasets[0], train::train_sample_indices(data, (k - 1) * *r.cfg.train.global_batch_size, m),
              {{"split", "train"}, {"iteration", k}, {"microbatch", m}});
     if (eval_interval && k % *eval_interval == 0) {
       if (want("valid")) eval_round(data.datasets[1].get(), consumed_valid, "valid", {{"after_iteration", k}});

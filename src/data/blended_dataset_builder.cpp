@@ -138,8 +138,10 @@ SplitDatasets build_gpt_datasets_per_split(const std::array<SplitBlend, kNumSpli
     };
     SplitSizes one;
     one[s] = sizes[s];
-    result[s] = build_from_ranges(blends[s].corpora, blends[s].weights, only_s, one, config,
-                                  mid_level_dataset_surplus)[s];
+    // One prefix is a plain GPTDataset of the split's size even with a weight (Megatron's
+    // blend_per_split branch); only several prefixes are blended.
+    const std::vector<double> weights = blends[s].corpora.size() == 1 ? std::vector<double>{} : blends[s].weights;
+    result[s] = build_from_ranges(blends[s].corpora, weights, only_s, one, config, mid_level_dataset_surplus)[s];
   }
   return result;
 }

@@ -120,15 +120,23 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
   return mb;
 }
 
-std::vector<int64_t> train_sample_indices(const RunData& d, int64_t iteration, int64_t microbatch) {
-  return data::microbatch_sample_indices(d.train_layout, iteration, microbatch, 0);
+namespace {
+
+std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, int64_t consumed, int64_t microbatch) {
+  const int64_t first = data::microbatch_first_sample(layout, consumed, microbatch, 0);
+  std::vector<int64_t> idx;
+  for (int64_t k = 0; k < layout.micro_batch_size; ++k) idx.push_back(first + k);
+  return idx;
+}
+
+}  // namespace
+
+std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch) {
+  return micro_batch_indices(d.train_layout, consumed, microbatch);
 }
 
 std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch) {
-  const int64_t first = data::microbatch_first_sample(d.eval_layout, consumed, microbatch, 0);
-  std::vector<int64_t> idx;
-  for (int64_t k = 0; k < d.eval_layout.micro_batch_size; ++k) idx.push_back(first + k);
-  return idx;
+  return micro_batch_indices(d.eval_layout, consumed, microbatch);
 }
 
 int64_t eval_round_samples(const RunData& d, int64_t eval_iters) {

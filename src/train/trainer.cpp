@@ -65,18 +65,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     std::fflush(opt.out);
   };
   std::FILE* metrics = nullptr;
-  if (!opt.metrics_path.empty()) {
-    std::string dir = opt.metrics_path.substr(0, opt.metrics_path.find_last_of('/'));
-    if (dir != opt.metrics_path) make_dirs(dir);
-    metrics = std::fopen(opt.metrics_path.c_str(), "w");
-    if (!metrics) throw Error("cannot write the metrics file " + opt.metrics_path);
-  }
   struct CloseMetrics {
     std::FILE* f;
     ~CloseMetrics() {
       if (f) std::fclose(f);
     }
-  } close_metrics{metrics};
+  } close_metrics{nullptr};
   auto write_metrics = [&](const nlohmann::ordered_json& j) {
     if (!metrics) return;
     std::fputs((j.dump() + "\n").c_str(), metrics);
@@ -141,13 +135,21 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     return v.losses[0].value;
   };
 
-  int64_t iteration = 0, last_saved = -1;
+  int64_t iteration = 0, last_saved = -1, resumed_from = -1;
   if (auto resumed = restore_run_checkpoint(c, d, model, adam, opt.out)) {
-    iteration = last_saved = resumed->iteration;
+    iteration = last_saved = resumed_from = resumed->iteration;
     consumed = resumed->consumed_train_samples;
     consumed_valid = resumed->consumed_valid_samples;
-    sched_n = resumed->scheduler_num_steps;
+    // Megatron restores the scheduler with the optimizer: --no-load-optim restarts both.
+    sched_n = c.checkpoint.load_optim ? resumed->scheduler_num_steps : 0;
     total_nan = resumed->nan_iterations;
+  }
+  if (!opt.metrics_path.empty()) {
+    std::string dir = opt.metrics_path.substr(0, opt.metrics_path.find_last_of('/'));
+    if (dir != opt.metrics_path) make_dirs(dir);
+    metrics = std::fopen(opt.metrics_path.c_str(), resumed_from >= 0 ? "a" : "w");  // a resume appends
+    if (!metrics) throw Error("cannot write the metrics file " + opt.metrics_path);
+    close_metrics.f = metrics;
   }
   auto save = [&] {
     if (!c.checkpoint.save || last_saved == iteration) return;
@@ -156,7 +158,6 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.consumed_valid_samples = consumed_valid;
     st.scheduler_num_steps = sched_n;
     st.nan_iterations = total_nan;
-    st.skipped_iterations = total_nan;
     st.floating_point_operations_so_far =
         num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
     save_run_checkpoint(c, d, iteration, model, adam, st, opt.out);
@@ -171,7 +172,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     model.zero_grads();
     LossSum iter_loss;
     for (int64_t m = 0; m < M; ++m) {
-      MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, iteration, m));
+      MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, consumed, m));
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
       LossSum s = run_micro_batch(model, mb, key, M, true, losses, dloss);
       iter_loss.sum += s.sum, iter_loss.count += s.count;
@@ -262,7 +263,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       summary.exit_reason = "signal";
       break;
     }
-    if (c.train.exit_duration_in_mins &&
+    if (c.train.exit_duration_in_mins && *c.train.exit_duration_in_mins > 0 &&
         std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0 >
             static_cast<double>(*c.train.exit_duration_in_mins)) {
       save();
@@ -270,7 +271,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       summary.exit_reason = "duration";
       break;
     }
-    if (c.train.exit_interval && iteration % *c.train.exit_interval == 0) {
+    if (c.train.exit_interval && *c.train.exit_interval > 0 && iteration % *c.train.exit_interval == 0) {
       save();
       print_line("exiting program at iteration " + std::to_string(iteration));
       summary.exit_reason = "interval";

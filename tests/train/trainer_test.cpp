@@ -287,3 +287,18 @@ TEST(Trainer, PretrainedWeightsStartAtIterationZero) {
   EXPECT_EQ(f.lm_loss[0], b.lm_loss[0]) << "same weights, fresh optimizer";
   std::filesystem::remove_all(dir);
 }
+
+// --no-load-optim restarts Megatron's optimizer *and* LR scheduler; a zero --exit-interval is off.
+TEST(Trainer, NoLoadOptimRestartsTheScheduleAndZeroExitIntervalIsOff) {
+  const std::string dir = temp_dir("no_load_optim");
+  auto base = tiny_args(4, 1);
+  run(config::resolve_mlm(with(base, {"--save", dir, "--save-interval", "2", "--exit-interval", "2"}), 1));
+  std::string log;
+  auto s = run(config::resolve_mlm(with(base, {"--load", dir, "--no-load-optim", "--exit-interval", "0"}), 1), &log);
+  EXPECT_EQ(s.lm_loss.size(), 2u) << "iterations 3 and 4 ran";
+  // lr(n = 1 * 4 samples) of the linear decay from 3e-3 to 3e-4 over 16 samples: 2.325e-3.
+  auto line3 = log.substr(log.find("iteration        3/"));
+  EXPECT_NE(line3.substr(0, line3.find('\n')).find("learning rate: 2.325000E-03"), std::string::npos)
+      << line3.substr(0, 400);
+  std::filesystem::remove_all(dir);
+}
