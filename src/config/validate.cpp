@@ -213,6 +213,10 @@ struct Checker {
     if (!t.train_iters && !t.train_samples)
       fail("one of " + n("train.train_iters") + " or " + n("train.train_samples") + " must be provided");
     if (t.train_iters) positive("train.train_iters", *t.train_iters);
+    // Megatron reads 0 as "off" for the early exits; a negative value is a mistake.
+    if (t.exit_interval && *t.exit_interval < 0) fail(n("train.exit_interval") + " must be >= 0 (0 = off)");
+    if (t.exit_duration_in_mins && *t.exit_duration_in_mins < 0)
+      fail(n("train.exit_duration_in_mins") + " must be >= 0 (0 = off)");
     if (t.train_samples) positive("train.train_samples", *t.train_samples);
   }
 

@@ -169,6 +169,8 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   EXPECT_NE(e.find("--min-lr"), std::string::npos) << e;
   e = usage_error(with(args, {"--max-position-embeddings", "256"}));
   EXPECT_NE(e.find("--max-position-embeddings (256) must be >= --seq-length (512)"), std::string::npos) << e;
+  e = usage_error(with(args, {"--exit-interval", "-1"}));
+  EXPECT_NE(e.find("--exit-interval must be >= 0"), std::string::npos) << e;
   e = usage_error(with(args, {"--save", "/tmp/x"}));
   EXPECT_NE(e.find("--save-interval"), std::string::npos) << e;
 }
