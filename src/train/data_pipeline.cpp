@@ -41,6 +41,7 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   const auto& ds = c.dataset;
   RunData r;
   r.seq_length = *ds.seq_length;
+  r.vocab = d.padded_vocab_size;
   data::SampleBudgetParams bp;
   bp.train_iters = *c.train.train_iters;
   bp.train_samples = c.train.train_samples.value_or(0);
@@ -102,7 +103,7 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   return r;
 }
 
-MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices) {
+MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices, int64_t vocab) {
   MicroBatchData mb;
   mb.b = static_cast<int64_t>(indices.size());
   mb.sample_indices = indices;
@@ -111,6 +112,14 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
       throw Error("sample " + std::to_string(idx) + " is past the end of a dataset of " + std::to_string(ds.size()) +
                   " samples");
     data::GptSample s = ds.get(idx);
+    if (vocab > 0)
+      for (const auto* ids : {&s.tokens, &s.labels})
+        for (int64_t id : *ids)
+          if (id < 0 || id >= vocab)
+            throw UsageError("sample " + std::to_string(idx) + " holds token id " + std::to_string(id) +
+                             ", outside the model's vocabulary [0, " + std::to_string(vocab) +
+                             "): the data was tokenized with another vocabulary than the run's tokenizer "
+                             "(check --tokenizer-type / --vocab-size against the --data-path files)");
     if (mb.s == 0) mb.s = static_cast<int64_t>(s.tokens.size());
     mb.tokens.insert(mb.tokens.end(), s.tokens.begin(), s.tokens.end());
     mb.labels.insert(mb.labels.end(), s.labels.begin(), s.labels.end());

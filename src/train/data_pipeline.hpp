@@ -16,6 +16,7 @@ struct RunData {
   data::SampleBudget budget;
   data::MicroBatchLayout train_layout, eval_layout;
   int64_t seq_length = 0;
+  int64_t vocab = 0;  // padded vocabulary: every token id the model reads must be below it
 };
 
 RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d);
@@ -28,7 +29,9 @@ struct MicroBatchData {
   std::vector<float> loss_mask;
 };
 
-MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices);
+// Token ids at or above `vocab` (> 0) are a UsageError naming the sample and the id: the data was
+// tokenized with another vocabulary than the run's tokenizer.
+MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices, int64_t vocab = 0);
 
 // Dataset indices of training micro-batch `microbatch` (0-based) of the iteration that starts after
 // `consumed` training samples, on data-parallel rank 0 (MegatronPretrainingSampler starts at the

@@ -115,7 +115,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     LossSum total;
     for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
       for (int64_t m = 0; m < L.num_microbatches; ++m) {
-        MicroBatchData mb = load_micro_batch(*ds, eval_sample_indices(data, consumed_eval, m));
+        MicroBatchData mb = load_micro_batch(*ds, eval_sample_indices(data, consumed_eval, m), data.vocab);
         LossSum s = run_micro_batch(model, mb, {seed, 0, false}, L.num_microbatches, false, losses, dloss);
         total.sum += s.sum, total.count += s.count;
       }
@@ -172,7 +172,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     model.zero_grads();
     LossSum iter_loss;
     for (int64_t m = 0; m < M; ++m) {
-      MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, consumed, m));
+      MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, consumed, m), data.vocab);
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
       LossSum s = run_micro_batch(model, mb, key, M, true, losses, dloss);
       iter_loss.sum += s.sum, iter_loss.count += s.count;

@@ -78,6 +78,14 @@ TEST(RealData, PreprocessedFortunesTrainWithTheGpt2Tokenizer) {
   ASSERT_EQ(ps.status, 0) << ps.output;
   EXPECT_NE(ps.output.find("validation loss at iteration 2 on validation set"), std::string::npos) << ps.output;
   EXPECT_EQ(ps.output.find("on test set"), std::string::npos) << ps.output;
+  // The GPT-2 ids do not fit a NullTokenizer of 1000 tokens: a clear error naming an id, exit 2.
+  auto mismatch = run_laoyao({"pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads",
+                              "2", "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "1",
+                              "--data-path", "fortunes_text_document", "--tokenizer-type", "NullTokenizer",
+                              "--vocab-size", "1000", "--lr", "1e-3", "--split", "98,2,0"},
+                             dir);
+  EXPECT_EQ(mismatch.status, 2) << mismatch.output;
+  EXPECT_NE(mismatch.output.find("outside the model's vocabulary [0, 1024)"), std::string::npos) << mismatch.output;
   per_split.insert(per_split.end(), {"--split", "98,2,0"});
   auto bad = run_laoyao(per_split, dir);
   EXPECT_EQ(bad.status, 2);
