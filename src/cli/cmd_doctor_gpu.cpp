@@ -1,6 +1,7 @@
 // `laoyao doctor` on the GPUs: executes a cuBLASLt GEMM, the attention forward and backward, the
-// fused bias+GeLU and (with two or more GPUs) an NCCL all-reduce, compares each with a CPU
-// reference on fresh random inputs, and prints one line per check. Built only with CUDA.
+// fused bias+GeLU, LayerNorm, cross entropy, the embedding and (with two or more GPUs) an NCCL
+// all-reduce, compares each with a CPU reference on fresh random inputs, and prints one line per
+// check. Built only with CUDA.
 #ifdef LAOYAO_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -23,9 +25,12 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/attention_reference.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
+#include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/library_versions.hpp"
 
 namespace laoyao::cli::doctor {
@@ -42,6 +47,17 @@ constexpr Tolerance kElementwiseTol{0x1p-7, 0x1p-12};
 // Attention's backward uses delta = rowsum(dO * O) with O rounded to bf16 (as FlashAttention does),
 // which moves dS by up to 2^-9 of |dO||O|: hence the larger floor.
 constexpr Tolerance kAttentionTol{0x1p-7, 0x1p-8};
+// fp32 outputs (LayerNorm mean/rstd, the CE loss and lse, fp32 gradient sums) are not rounded to
+// bf16: the GPU sums in fp32 in a tree order, the CPU reference in double. The fp32 sum of n terms
+// is off by at most ~log2(n) * 2^-24 of the sum of |terms| with tree sums (rows of <= 50304 here:
+// ~17 levels, ~1e-6 relative); 2^-14 relative (6e-5) leaves a wide margin over that and is still
+// ~1000x below what a wrong term (one missing column or token) would move. The floor is 2^-16 of
+// the largest value for sums that cancel (random-sign gradients, means near zero).
+constexpr Tolerance kFp32SumTol{0x1p-14, 0x1p-16};
+// Embedding gradients: the GPU adds each row's tokens in token order onto the row's old value,
+// the order the CPU reference uses, so the fp32 results should agree to the last bit; the
+// tolerance only allows for a compiler contracting or reordering the CPU loop.
+constexpr Tolerance kSameOrderTol{0x1p-20, 0x1p-22};
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
@@ -265,6 +281,191 @@ CheckResult check_bias_gelu(uint64_t seed) {
   });
 }
 
+// Fresh fp32 values (not rounded to bf16): accumulate-into gradient buffers start from these, so a
+// kernel that overwrites instead of adding fails.
+std::vector<float> random_f32(size_t n, uint64_t seed, const char* stream) {
+  Rng rng(seed, stream);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& v) {
+  DeviceBuffer d(v.size() * sizeof(float));
+  d.upload(v.data(), d.bytes);
+  return d;
+}
+
+std::vector<float> download_f32(const DeviceBuffer& d, size_t n) {
+  std::vector<float> v(n);
+  d.download(v.data(), n * sizeof(float));
+  return v;
+}
+
+DeviceBuffer upload_i64(const std::vector<int64_t>& v) {
+  DeviceBuffer d(v.size() * sizeof(int64_t));
+  d.upload(v.data(), d.bytes);
+  return d;
+}
+
+// ---- LayerNorm forward and backward (bf16 y/dx against kElementwiseTol: one bf16 rounding of an
+// fp32 result, y = xhat*gamma + beta and dx may cancel, hence the floor; fp32 statistics and
+// parameter gradients against kFp32SumTol). T is not a multiple of the 128-row chunks, C not a
+// multiple of the block width; x has a mean offset so the two-pass variance matters;
+// zero_centered_gamma on the second shape.
+CheckResult check_layernorm(uint64_t seed) {
+  return guarded("layernorm fwd+bwd bf16, fp32 stats and dgamma/dbeta (laoyao kernels)", [&](CheckResult& r) {
+    r.pass = true;
+    struct Shape {
+      int64_t T, C;
+      bool zc;
+    };
+    for (const Shape sh : {Shape{1000, 1024, false}, Shape{77, 1000, true}}) {
+      const int64_t T = sh.T, C = sh.C;
+      const float eps = 1e-5f;
+      const std::string tag = "doctor.layernorm." + std::to_string(C);
+      const HostBf16 x = random_bf16(T * C, seed, (tag + ".x").c_str(), 2.0, 3.0);
+      const HostBf16 gamma = random_bf16(C, seed, (tag + ".gamma").c_str(), 0.5, sh.zc ? 0.0 : 1.0);
+      const HostBf16 beta = random_bf16(C, seed, (tag + ".beta").c_str(), 0.5);
+      const HostBf16 dy = random_bf16(T * C, seed, (tag + ".dy").c_str());
+      const std::vector<float> dg0 = random_f32(C, seed, (tag + ".dgamma0").c_str());
+      const std::vector<float> db0 = random_f32(C, seed, (tag + ".dbeta0").c_str());
+      DeviceBuffer d_x = upload(x), d_g = upload(gamma), d_b = upload(beta), d_dy = upload(dy);
+      DeviceBuffer d_y(x.bytes()), d_dx(x.bytes()), d_mean(T * sizeof(float)), d_rstd(T * sizeof(float));
+      DeviceBuffer d_dg = upload_f32(dg0), d_db = upload_f32(db0);
+      DeviceBuffer d_scratch(kc::layernorm_backward_scratch_floats(T, C) * sizeof(float));
+      LAOYAO_CUDA_CHECK(cudaMemset(d_y.ptr, 0xff, d_y.bytes));  // NaN poison: every output must be written
+      LAOYAO_CUDA_CHECK(cudaMemset(d_dx.ptr, 0xff, d_dx.bytes));
+      LAOYAO_CUDA_CHECK(cudaMemset(d_mean.ptr, 0xff, d_mean.bytes));
+      LAOYAO_CUDA_CHECK(cudaMemset(d_rstd.ptr, 0xff, d_rstd.bytes));
+      LAOYAO_CUDA_CHECK(cudaMemset(d_scratch.ptr, 0xff, d_scratch.bytes));
+      kc::layernorm_forward(d_x.as<bf16>(), d_g.as<bf16>(), d_b.as<bf16>(), d_y.as<bf16>(), d_mean.as<float>(),
+                            d_rstd.as<float>(), T, C, eps, sh.zc, nullptr);
+      kc::layernorm_backward(d_dy.as<bf16>(), d_x.as<bf16>(), d_g.as<bf16>(), d_mean.as<float>(), d_rstd.as<float>(),
+                             d_dx.as<bf16>(), d_dg.as<float>(), d_db.as<float>(), d_scratch.as<float>(), T, C, sh.zc,
+                             nullptr);
+      LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> y = download_bf16(d_y, size_t(T * C)), dx = download_bf16(d_dx, size_t(T * C));
+      const std::vector<float> mean = download_f32(d_mean, T), rstd = download_f32(d_rstd, T);
+      const std::vector<float> dg = download_f32(d_dg, C), db = download_f32(d_db, C);
+
+      std::vector<float> y_ref(size_t(T * C)), dx_ref(y_ref.size()), mean_ref(T), rstd_ref(T);
+      std::vector<float> dg_ref = dg0, db_ref = db0;
+      kernels::cpu::layernorm_forward(x.values.data(), gamma.values.data(), beta.values.data(), y_ref.data(),
+                                      mean_ref.data(), rstd_ref.data(), T, C, eps, sh.zc);
+      kernels::cpu::layernorm_backward(dy.values.data(), x.values.data(), gamma.values.data(), mean_ref.data(),
+                                       rstd_ref.data(), dx_ref.data(), dg_ref.data(), db_ref.data(), T, C, sh.zc);
+      const Comparison cy = compare(y, to_double(y_ref), kElementwiseTol);
+      const Comparison cm = compare(mean, to_double(mean_ref), kFp32SumTol);
+      const Comparison cr = compare(rstd, to_double(rstd_ref), kFp32SumTol);
+      const Comparison cdx = compare(dx, to_double(dx_ref), kElementwiseTol);
+      const Comparison cdg = compare(dg, to_double(dg_ref), kFp32SumTol);
+      const Comparison cdb = compare(db, to_double(db_ref), kFp32SumTol);
+      r.pass = r.pass && cy.pass() && cm.pass() && cr.pass() && cdx.pass() && cdg.pass() && cdb.pass();
+      if (!r.figure.empty()) r.figure += "; ";
+      r.figure += fmt("%lldx%lld%s: y %s, mean/rstd %.2f/%.2f, dx %s, dgamma %.2f, dbeta %.2f of tolerance",
+                      (long long)T, (long long)C, sh.zc ? " (1p)" : "", describe(cy).c_str(), cm.worst_ratio,
+                      cr.worst_ratio, describe(cdx).c_str(), cdg.worst_ratio, cdb.worst_ratio);
+      if (!(cm.pass() && cr.pass() && cdg.pass() && cdb.pass()))
+        r.figure += fmt(" [mean %s; rstd %s; dgamma %s; dbeta %s]", describe(cm).c_str(), describe(cr).c_str(),
+                        describe(cdg).c_str(), describe(cdb).c_str());
+    }
+  });
+}
+
+// ---- cross entropy over GPT-2's padded vocabulary (50304): fp32 loss/lse against kFp32SumTol, the
+// bf16 gradient (one rounding of an fp32 value) against kElementwiseTol. Logits with stddev 3 give
+// a spread of probabilities; targets random (padded columns included); dloss random per token.
+CheckResult check_cross_entropy(uint64_t seed) {
+  const int64_t T = 37, V = 50304;
+  return guarded(fmt("cross entropy fwd+bwd bf16 logits, V=%lld (laoyao kernels)", (long long)V), [&](CheckResult& r) {
+    const HostBf16 logits = random_bf16(T * V, seed, "doctor.ce.logits", 3.0);
+    const std::vector<float> dloss = random_f32(T, seed, "doctor.ce.dloss");
+    Rng pick(seed, "doctor.ce.targets");
+    std::vector<int64_t> targets(T);
+    for (auto& t : targets) t = static_cast<int64_t>(pick.next_u64() % uint64_t(V));
+    DeviceBuffer d_logits = upload(logits), d_targets = upload_i64(targets), d_dloss = upload_f32(dloss);
+    DeviceBuffer d_loss(T * sizeof(float)), d_lse(T * sizeof(float));
+    LAOYAO_CUDA_CHECK(cudaMemset(d_loss.ptr, 0xff, d_loss.bytes));
+    LAOYAO_CUDA_CHECK(cudaMemset(d_lse.ptr, 0xff, d_lse.bytes));
+    kc::cross_entropy_forward(d_logits.as<bf16>(), d_targets.as<int64_t>(), d_loss.as<float>(), d_lse.as<float>(), T,
+                              V, nullptr);
+    kc::cross_entropy_backward(d_logits.as<bf16>(), d_targets.as<int64_t>(), d_lse.as<float>(), d_dloss.as<float>(),
+                               T, V, nullptr);
+    LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> loss = download_f32(d_loss, T), lse = download_f32(d_lse, T);
+    const std::vector<float> grad = download_bf16(d_logits, size_t(T * V));
+
+    std::vector<float> loss_ref(T), lse_ref(T), grad_ref = logits.values;
+    kernels::cpu::cross_entropy_forward(logits.values.data(), targets.data(), loss_ref.data(), lse_ref.data(), T, V);
+    kernels::cpu::cross_entropy_backward(grad_ref.data(), targets.data(), lse_ref.data(), dloss.data(), T, V);
+    const Comparison cl = compare(loss, to_double(loss_ref), kFp32SumTol);
+    const Comparison cs = compare(lse, to_double(lse_ref), kFp32SumTol);
+    const Comparison cg = compare(grad, to_double(grad_ref), kElementwiseTol);
+    r.pass = cl.pass() && cs.pass() && cg.pass();
+    r.figure = fmt("%lld tokens: loss %s; lse %s; dlogits %s", (long long)T, describe(cl).c_str(),
+                   describe(cs).c_str(), describe(cg).c_str());
+  });
+}
+
+// ---- embedding: word + position forward (bf16, one rounding of the fp32 sum: kElementwiseTol) and
+// backward into fp32 gradients that start non-zero (kSameOrderTol). Ids drawn from 300 of the 5000
+// rows so most rows repeat many times; positions t % s as Megatron's position_ids. The backward is
+// run a second time from the same start and must reproduce the first bit for bit.
+CheckResult check_embedding(uint64_t seed) {
+  const int64_t b = 2, s = 1000, T = b * s, C = 768, rows = 5000, pos_rows = 1024;
+  return guarded("embedding word+position fwd+bwd bf16, fp32 deterministic grads (laoyao kernels)",
+                 [&](CheckResult& r) {
+    const HostBf16 wte = random_bf16(rows * C, seed, "doctor.embedding.wte");
+    const HostBf16 wpe = random_bf16(pos_rows * C, seed, "doctor.embedding.wpe");
+    const HostBf16 dy = random_bf16(T * C, seed, "doctor.embedding.dy");
+    const std::vector<float> dwte0 = random_f32(rows * C, seed, "doctor.embedding.dwte0");
+    const std::vector<float> dwpe0 = random_f32(pos_rows * C, seed, "doctor.embedding.dwpe0");
+    Rng pick(seed, "doctor.embedding.ids");
+    std::vector<int64_t> ids(T), pos(T);
+    for (int64_t t = 0; t < T; ++t) {
+      ids[t] = static_cast<int64_t>((pick.next_u64() % 300) * 13 % uint64_t(rows));
+      pos[t] = t % s;
+    }
+    DeviceBuffer d_ids = upload_i64(ids), d_pos = upload_i64(pos), d_wte = upload(wte), d_wpe = upload(wpe);
+    DeviceBuffer d_dy = upload(dy), d_y(size_t(T * C) * sizeof(bf16));
+    DeviceBuffer d_dwte = upload_f32(dwte0), d_dwpe = upload_f32(dwpe0);
+    const size_t scratch_bytes =
+        std::max(kc::embedding_backward_scratch_bytes(T, rows), kc::embedding_backward_scratch_bytes(T, pos_rows));
+    DeviceBuffer d_scratch(scratch_bytes);
+    LAOYAO_CUDA_CHECK(cudaMemset(d_y.ptr, 0xff, d_y.bytes));
+    kc::embedding_forward(d_ids.as<int64_t>(), d_wte.as<bf16>(), d_pos.as<int64_t>(), d_wpe.as<bf16>(),
+                          d_y.as<bf16>(), T, C, rows, pos_rows, nullptr);
+    kc::embedding_backward(d_ids.as<int64_t>(), d_dy.as<bf16>(), d_dwte.as<float>(), T, C, rows, d_scratch.ptr,
+                           scratch_bytes, nullptr);
+    kc::embedding_backward(d_pos.as<int64_t>(), d_dy.as<bf16>(), d_dwpe.as<float>(), T, C, pos_rows, d_scratch.ptr,
+                           scratch_bytes, nullptr);
+    LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> y = download_bf16(d_y, size_t(T * C));
+    const std::vector<float> dwte = download_f32(d_dwte, size_t(rows * C)), dwpe = download_f32(d_dwpe, size_t(pos_rows * C));
+    // Determinism: the word-embedding backward again from the same starting gradient.
+    d_dwte.upload(dwte0.data(), d_dwte.bytes);
+    kc::embedding_backward(d_ids.as<int64_t>(), d_dy.as<bf16>(), d_dwte.as<float>(), T, C, rows, d_scratch.ptr,
+                           scratch_bytes, nullptr);
+    LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> dwte2 = download_f32(d_dwte, size_t(rows * C));
+    const bool same = std::memcmp(dwte.data(), dwte2.data(), dwte.size() * sizeof(float)) == 0;
+
+    std::vector<float> y_ref(size_t(T * C)), dwte_ref = dwte0, dwpe_ref = dwpe0;
+    kernels::cpu::embedding_forward(ids.data(), wte.values.data(), y_ref.data(), T, C, rows, false);
+    kernels::cpu::embedding_forward(pos.data(), wpe.values.data(), y_ref.data(), T, C, pos_rows, true);
+    kernels::cpu::embedding_backward(ids.data(), dy.values.data(), dwte_ref.data(), T, C);
+    kernels::cpu::embedding_backward(pos.data(), dy.values.data(), dwpe_ref.data(), T, C);
+    const Comparison cy = compare(y, to_double(y_ref), kElementwiseTol);
+    const Comparison cw = compare(dwte, to_double(dwte_ref), kSameOrderTol);
+    const Comparison cp = compare(dwpe, to_double(dwpe_ref), kSameOrderTol);
+    r.pass = cy.pass() && cw.pass() && cp.pass() && same;
+    r.figure = fmt("%lld tokens, C=%lld: y %s; dwte %s; dwpe %s; rerun %s", (long long)T, (long long)C,
+                   describe(cy).c_str(), describe(cw).c_str(), describe(cp).c_str(),
+                   same ? "bitwise identical" : "DIFFERS");
+  });
+}
+
 // ---- NCCL all-reduce over every visible GPU (one process, ncclCommInitAll), out of place, fp32
 // sum of non-zero small integers (exact in fp32), every element of every rank checked exactly.
 CheckResult check_allreduce(int ngpus, uint64_t seed) {
@@ -404,6 +605,9 @@ int run_gpu_checks(const Options& options) {
     report(check_attention({2, 384, 8, 2, 64}, seed));   // GQA: 4 heads per group
     report(check_attention({2, 256, 4, 4, 128}, seed));  // MHA
     report(check_bias_gelu(seed));
+    report(check_layernorm(seed));
+    report(check_cross_entropy(seed));
+    report(check_embedding(seed));
   }
   if (ngpus >= 2)
     report(check_allreduce(ngpus, seed));

@@ -1,0 +1,100 @@
+// Cross entropy forward/backward over BF16 logits (see cross_entropy.hpp). One thread block per
+// token row. The forward reads the row once: each thread keeps an online (max, sum of exp) pair over
+// its strided columns, and the pairs are merged in a fixed tree order, so the loss is reproducible.
+// expf (not __expf): the fast intrinsic's error grows with |argument| and V terms are summed.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/cross_entropy.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace laoyao::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 512;
+
+// Merge (m, s) with (om, os): both are sums of exp(z - m) over disjoint sets; an empty set is (-inf, 0).
+__device__ __forceinline__ void merge(float& m, float& s, float om, float os) {
+  const float nm = fmaxf(m, om);
+  if (nm == -INFINITY) return;  // both empty (avoid -inf - -inf = NaN)
+  s = s * expf(m - nm) + os * expf(om - nm);
+  m = nm;
+}
+
+__global__ void cross_entropy_forward_kernel(const bf16* __restrict__ logits, const int64_t* __restrict__ targets,
+                                             float* __restrict__ loss, float* __restrict__ lse, int64_t V) {
+  __shared__ float shm[32], shs[32];
+  const int64_t t = blockIdx.x;
+  const bf16* z = logits + t * V;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = __bfloat162float(z[j]);
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;  // exp(-inf) = 0 for the first element
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    shm[warp] = m;
+    shs[warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < int(blockDim.x >> 5) ? shm[lane] : -INFINITY;
+    s = lane < int(blockDim.x >> 5) ? shs[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+      merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) {
+      const int64_t target = targets[t];
+      const float log_sum = logf(s);
+      // The max-subtracted form Megatron computes: log(sum exp(z - max)) - (z[target] - max).
+      loss[t] = target >= 0 && target < V ? log_sum - (__bfloat162float(z[target]) - m) : NAN;
+      lse[t] = m + log_sum;
+    }
+  }
+}
+
+__global__ void cross_entropy_backward_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
+                                              const float* __restrict__ lse, const float* __restrict__ dloss,
+                                              int64_t V) {
+  const int64_t t = blockIdx.x;
+  bf16* z = logits + t * V;
+  const float l = lse[t], g = dloss[t];
+  const int64_t target = targets[t];
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float p = expf(__bfloat162float(z[j]) - l);
+    z[j] = __float2bfloat16((j == target ? p - 1.0f : p) * g);
+  }
+}
+
+void check_rows(int64_t T, const char* op) {
+  if (T > int64_t(0x7fffffff)) throw Error(std::string(op) + ": too many rows for one launch");
+}
+
+}  // namespace
+
+void cross_entropy_forward(const bf16* logits, const int64_t* targets, float* loss, float* lse, int64_t T, int64_t V,
+                           cudaStream_t stream) {
+  if (T <= 0) return;
+  if (V <= 0) throw Error("cross_entropy_forward: empty vocabulary");
+  check_rows(T, "cross_entropy_forward");
+  cross_entropy_forward_kernel<<<unsigned(T), kThreads, 0, stream>>>(logits, targets, loss, lse, V);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_backward(bf16* logits, const int64_t* targets, const float* lse, const float* dloss, int64_t T,
+                            int64_t V, cudaStream_t stream) {
+  if (T <= 0 || V <= 0) return;
+  check_rows(T, "cross_entropy_backward");
+  cross_entropy_backward_kernel<<<unsigned(T), kThreads, 0, stream>>>(logits, targets, lse, dloss, V);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace laoyao::kernels::cuda

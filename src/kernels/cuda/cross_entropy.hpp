@@ -1,0 +1,24 @@
+// Cross entropy over all V (padded) vocabulary logits for BF16 logits, as Megatron's
+// vocab_parallel_cross_entropy at TP = 1 (padded columns are not masked, like the CPU reference
+// kernels/cpu/ops.hpp cross_entropy_forward/backward). Arithmetic in fp32.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace laoyao::kernels::cuda {
+
+// loss[t] = log(sum_j exp(z_j - max)) - (z[target[t]] - max) and lse[t] = max + log(sum ...), fp32,
+// from logits[T, V] (bf16). A target outside [0, V) cannot throw from the device: its loss is NaN,
+// so the bad batch shows in the reported loss instead of reading out of bounds.
+void cross_entropy_forward(const __nv_bfloat16* logits, const int64_t* targets, float* loss, float* lse, int64_t T,
+                           int64_t V, cudaStream_t stream);
+
+// In place: logits[t][j] = bf16((exp(z_j - lse[t]) - [j == target[t]]) * dloss[t]), computed in fp32
+// and rounded once (Megatron writes the gradient into the logits' buffer too). An out-of-range
+// target gets no one-hot term.
+void cross_entropy_backward(__nv_bfloat16* logits, const int64_t* targets, const float* lse, const float* dloss,
+                            int64_t T, int64_t V, cudaStream_t stream);
+
+}  // namespace laoyao::kernels::cuda

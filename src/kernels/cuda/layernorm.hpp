@@ -1,0 +1,31 @@
+// LayerNorm over the last dimension for BF16 activations (Megatron --bf16 with
+// --normalization LayerNorm): bf16 x, gamma, beta and y; statistics and all arithmetic in fp32;
+// mean/rstd [T] saved in fp32 for backward, as torch/apex save them. Variance is the biased one
+// (divide by C). Same semantics as kernels/cpu/ops.hpp layernorm_forward/backward.
+// zero_centered_gamma (--apply-layernorm-1p): the stored gamma is used as (1 + gamma).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace laoyao::kernels::cuda {
+
+// y[T, C] = (x - mean) * rstd * gamma + beta; mean[T], rstd[T] written.
+void layernorm_forward(const __nv_bfloat16* x, const __nv_bfloat16* gamma, const __nv_bfloat16* beta,
+                       __nv_bfloat16* y, float* mean, float* rstd, int64_t T, int64_t C, float eps,
+                       bool zero_centered_gamma, cudaStream_t stream);
+
+// Floats of scratch layernorm_backward needs (per-chunk partial sums of dgamma and dbeta).
+size_t layernorm_backward_scratch_floats(int64_t T, int64_t C);
+
+// dx[T, C] overwritten (bf16); dgamma[C], dbeta[C] (fp32, as Megatron's main_grad) accumulated (+=).
+// The parameter gradients are reduced without atomics: fixed-size row chunks write partial sums to
+// `scratch` (layernorm_backward_scratch_floats(T, C) floats), then one pass adds the chunks in order,
+// so the result is bitwise reproducible run to run.
+void layernorm_backward(const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* gamma,
+                        const float* mean, const float* rstd, __nv_bfloat16* dx, float* dgamma, float* dbeta,
+                        float* scratch, int64_t T, int64_t C, bool zero_centered_gamma, cudaStream_t stream);
+
+}  // namespace laoyao::kernels::cuda
