@@ -1,6 +1,7 @@
 // Runs the built `laoyao` binary as a user would, in a given directory, capturing its output.
 #pragma once
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -37,9 +38,10 @@ inline RunResult run_laoyao(const std::vector<std::string>& args, const std::str
   return r;
 }
 
-// A fresh empty directory under the system temp folder.
+// A fresh empty directory under the system temp folder, private to this process (test runs of
+// two checkouts at once must not share one).
 inline std::string fresh_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("laoyao_test_" + name);
+  auto d = std::filesystem::temp_directory_path() / ("laoyao_test_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d.string();

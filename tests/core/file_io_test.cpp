@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -8,7 +9,7 @@
 using namespace laoyao;
 
 TEST(FileIo, AtomicWriteReplacesWholeFileAndLeavesNoTemporary) {
-  auto dir = std::filesystem::temp_directory_path() / "laoyao_file_io_test";
+  auto dir = std::filesystem::temp_directory_path() / ("laoyao_file_io_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::string path = (dir / "sub" / "f.txt").string();
   write_file_atomic(path, "first");

@@ -1,6 +1,7 @@
 // Megatron .bin/.idx reader and writer: byte-exact format, round trips for every dtype, and a
 // UsageError (naming the file) for every kind of corruption.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -27,7 +28,8 @@ struct TempDir {
   fs::path dir;
   TempDir() {
     dir = fs::temp_directory_path() /
-          ("laoyao_idx_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+          ("laoyao_idx_" + std::to_string(::getpid()) + "_" +
+           std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir);
     fs::create_directories(dir);
   }

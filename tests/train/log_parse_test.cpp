@@ -1,6 +1,7 @@
 // Parsing real Megatron-LM / Megatron-Bridge log text (lines quoted in /work/shared/reference)
 // and our own formatted lines back into numbers.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -282,7 +283,7 @@ TEST(LogParse, MissingFileIsAUsageErrorNamingIt) {
   } catch (const laoyao::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/run.log"), std::string::npos);
   }
-  auto dir = std::filesystem::temp_directory_path() / "laoyao_log_parse_test";
+  auto dir = std::filesystem::temp_directory_path() / ("laoyao_log_parse_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   EXPECT_THROW(parse_training_log_file(dir.string()), laoyao::UsageError);
   std::ofstream(dir / "x.log") << kMlmLine << "\n";

@@ -1,5 +1,6 @@
 // End-to-end training on the CPU reference backend: mock data, Megatron's loop.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -208,7 +209,7 @@ TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
 namespace {
 
 std::string temp_dir(const std::string& name) {
-  auto d = std::filesystem::temp_directory_path() / ("laoyao_trainer_" + name);
+  auto d = std::filesystem::temp_directory_path() / ("laoyao_trainer_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(d);
   return d.string();
 }
