@@ -1,5 +1,9 @@
 // laoyao run-recipe: Megatron-Bridge's scripts/training/run_recipe.py.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "cli/cli.hpp"
 #include "cli/run_common.hpp"
@@ -7,7 +11,28 @@
 #include "config/yaml_io.hpp"
 #include "core/file_io.hpp"
 
+extern char** environ;
+
 namespace laoyao::cli {
+namespace {
+
+// run_recipe.py --dump-env: the environment, sorted, with secrets redacted.
+void print_environment() {
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) vars.emplace_back(*e);
+  std::sort(vars.begin(), vars.end());
+  std::printf("Environment:\n");
+  for (const auto& v : vars) {
+    const auto eq = v.find('=');
+    std::string name = v.substr(0, eq), upper = name;
+    for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    const bool secret = upper.find("TOKEN") != std::string::npos || upper.find("KEY") != std::string::npos ||
+                        upper.find("SECRET") != std::string::npos || upper.find("PASSWORD") != std::string::npos;
+    std::printf("  %s=%s\n", name.c_str(), secret ? "<redacted>" : v.substr(eq + 1).c_str());
+  }
+}
+
+}  // namespace
 
 int cmd_run_recipe(const Args& args) {
   config::RecipeInvocation inv = config::parse_run_recipe_args(args);
@@ -15,6 +40,7 @@ int cmd_run_recipe(const Args& args) {
     std::printf("%s", config::run_recipe_usage().c_str());
     return 0;
   }
+  if (inv.dump_env) print_environment();
   config::Resolved r = config::resolve_recipe(inv, config::world_size_from_env());
   print_messages(r);
   std::string yaml = config::to_yaml(r.cfg);

@@ -49,6 +49,7 @@ std::string run_recipe_usage() {
          "  --lr X  --min_lr X  --warmup_iters N        --pretrained_checkpoint P  --save_dir D  --load_dir D\n"
          "  --save_interval N\n"
          "\n"
+         "--dump-env prints the environment (values of *TOKEN*/*KEY*/*SECRET*/*PASSWORD* names redacted).\n"
          "--dry-run resolves and validates, writes the YAML to logger.save_config_filepath (or\n"
          "ConfigContainer.yaml), prints it and exits without training.\n"
          "`laoyao recipes` lists the recipes.\n";
@@ -107,7 +108,7 @@ RecipeInvocation parse_run_recipe_args(const std::vector<std::string>& args) {
   RecipeInvocation inv;
   std::string model;
   std::vector<std::string> known = {"--recipe",  "--model",         "--mode", "--config-file", "--dataset",
-                                    "--dry-run", "--deterministic", "--step-func", "--help"};
+                                    "--dry-run", "--deterministic", "--step-func", "--dump-env", "--help"};
   for (const auto& c : convenience_flags())
     for (const char* n : c.names) known.emplace_back(n);
   for (size_t k = 0; k < args.size(); ++k) {
@@ -125,6 +126,7 @@ RecipeInvocation parse_run_recipe_args(const std::vector<std::string>& args) {
     if (name == "--config-file" || name == "--config_file") { inv.config_file = take(name); continue; }
     if (name == "--dataset") { inv.dataset = take(name); continue; }
     if (name == "--dry-run" || name == "--dry_run") { inv.dry_run = true; continue; }
+    if (name == "--dump-env" || name == "--dump_env") { inv.dump_env = true; continue; }
     if (name == "--deterministic") {  // run_recipe.py: deterministic mode, no fused cross entropy
       inv.convenience.insert(inv.convenience.end(),
                              {"model.deterministic_mode=true", "model.cross_entropy_loss_fusion=false"});

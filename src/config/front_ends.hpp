@@ -32,6 +32,7 @@ struct RecipeInvocation {
   std::vector<std::string> convenience;  // -ms 10 etc., already turned into KEY=VALUE
   std::vector<std::string> overrides;    // trailing KEY=VALUE
   bool dry_run = false;
+  bool dump_env = false;  // --dump-env: print the environment (secrets redacted) before running
   bool help = false;
 };
 

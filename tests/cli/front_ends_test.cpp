@@ -192,3 +192,15 @@ TEST(Cli, SigtermSavesACheckpointAndExitsCleanly) {
   EXPECT_TRUE(contains(text, "successfully saved checkpoint from iteration")) << text;
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/latest_checkpointed_iteration.txt"));
 }
+
+TEST(Cli, DumpEnvRedactsSecrets) {
+  std::string dir = fresh_dir("dump_env");
+  auto r = run_laoyao({"run-recipe", "--recipe", "vanilla_gpt_pretrain_config", "--dump-env", "--dry-run",
+                       "model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2",
+                       "logger.save_config_filepath=" + dir + "/c.yaml"},
+                      dir, "LAOYAO_TEST_API_KEY=hunter2 LAOYAO_TEST_PLAIN=visible");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "  LAOYAO_TEST_API_KEY=<redacted>\n")) << r.output;
+  EXPECT_FALSE(contains(r.output, "hunter2"));
+  EXPECT_TRUE(contains(r.output, "  LAOYAO_TEST_PLAIN=visible\n"));
+}
