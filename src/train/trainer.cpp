@@ -64,6 +64,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     std::fputc('\n', opt.out);
     std::fflush(opt.out);
   };
+  // Megatron's print_datetime: "[message] datetime: YYYY-MM-DD HH:MM:SS ".
+  auto print_datetime = [&](const std::string& message) {
+    std::string stamp = format_timestamp(now_timestamp(), LogFlavor::kBridge);  // "[YYYY-MM-DD HH:MM:SS]"
+    print_line("[" + message + "] datetime: " + stamp.substr(1, stamp.size() - 2) + " ");
+  };
   std::FILE* metrics = nullptr;
   struct CloseMetrics {
     std::FILE* f;
@@ -259,21 +264,21 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // Each saves a checkpoint first (when the run saves at all).
     if (c.train.exit_signal_handler && g_sigterm.load()) {
       save();
-      print_line("exiting program after receiving SIGTERM.");
+      print_datetime("exiting program after receiving SIGTERM.");
       summary.exit_reason = "signal";
       break;
     }
+    const double train_minutes = std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0;
     if (c.train.exit_duration_in_mins && *c.train.exit_duration_in_mins > 0 &&
-        std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0 >
-            static_cast<double>(*c.train.exit_duration_in_mins)) {
+        train_minutes > static_cast<double>(*c.train.exit_duration_in_mins)) {
       save();
-      print_line("exiting program after " + std::to_string(*c.train.exit_duration_in_mins) + " minutes");
+      print_datetime("exiting program after " + pyfmt::float_str(train_minutes) + " minutes");
       summary.exit_reason = "duration";
       break;
     }
     if (c.train.exit_interval && *c.train.exit_interval > 0 && iteration % *c.train.exit_interval == 0) {
       save();
-      print_line("exiting program at iteration " + std::to_string(iteration));
+      print_datetime("exiting program at iteration " + std::to_string(iteration));
       summary.exit_reason = "interval";
       break;
     }

@@ -202,7 +202,7 @@ TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
   auto s = run(r, &log);
   EXPECT_EQ(s.iterations, 3);
   EXPECT_EQ(s.exit_reason, "interval");
-  EXPECT_NE(log.find("exiting program at iteration 3"), std::string::npos);
+  EXPECT_NE(log.find("[exiting program at iteration 3] datetime: 20"), std::string::npos) << "print_datetime's form";
   EXPECT_EQ(log.find("on test set"), std::string::npos);
 }
 
