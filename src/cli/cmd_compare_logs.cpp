@@ -186,11 +186,6 @@ std::string signed_exp(double x, int precision) {
   std::snprintf(buf, sizeof buf, "%+.*e", precision, x);
   return buf;
 }
-std::string sci(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2e", x);
-  return buf;
-}
 
 struct Result {
   Options opt;
@@ -210,10 +205,10 @@ std::string verdict_text(const Result& r) {
     for (const auto& v : c.validation)
       if (v.loss_a && v.loss_b) ++validations;
     s += " and " + std::to_string(validations) + " validation results compared; largest " +
-         t.loss_key + " difference " + sci(c.max_loss_rel) + " relative (iteration " +
-         std::to_string(c.max_loss_rel_iteration) + ", tolerance " + sci(t.loss_rel) +
-         "), largest grad norm difference " + sci(c.max_grad_norm_rel) +
-         " relative, largest learning-rate difference " + sci(c.max_lr_rel) + " relative";
+         t.loss_key + " difference " + train::pyfmt::exp_lower(c.max_loss_rel, 2) + " relative (iteration " +
+         std::to_string(c.max_loss_rel_iteration) + ", tolerance " + train::pyfmt::exp_lower(t.loss_rel, 2) +
+         "), largest grad norm difference " + train::pyfmt::exp_lower(c.max_grad_norm_rel, 2) +
+         " relative, largest learning-rate difference " + train::pyfmt::exp_lower(c.max_lr_rel, 2) + " relative";
     return s;
   }
   const auto& d = *c.first_divergence;

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/error.hpp"
+#include "train/training_log.hpp"
 
 namespace laoyao::train {
 namespace {
@@ -22,11 +23,6 @@ std::string num(double x) {
   return buf;
 }
 
-std::string sci(double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.2e", x);
-  return buf;
-}
 
 // The records of one log by iteration; a resumed run that repeats iterations keeps the last
 // occurrence (what the run continued from).
@@ -126,9 +122,10 @@ void check_value(const std::string& quantity, const std::string& where, int orde
     double diff = std::fabs(*b - *a);
     bool ok = rel == 0.0 || diff <= rel_tol * std::fabs(*a) + abs_tol;
     if (ok) return;
-    message = quantity + " differs by " + sci(diff) + " (" + sci(rel) + " relative; A " + num(*a) +
-              ", B " + num(*b) + "), tolerance " + sci(rel_tol) + " relative" +
-              (abs_tol > 0 ? " + " + sci(abs_tol) + " absolute" : "");
+    message = quantity + " differs by " + pyfmt::exp_lower(diff, 2) + " (" + pyfmt::exp_lower(rel, 2) +
+              " relative; A " + num(*a) + ", B " + num(*b) + "), tolerance " + pyfmt::exp_lower(rel_tol, 2) +
+              " relative" +
+              (abs_tol > 0 ? " + " + pyfmt::exp_lower(abs_tol, 2) + " absolute" : "");
   }
   problems->push_back(message);
   failed->push_back(quantity);
