@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "config/mlm_args.hpp"
+#include "data/gpt_dataset_budget.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
 
@@ -245,11 +246,18 @@ struct Checker {
       fail(n("validation.eval_global_batch_size") + " (" + std::to_string(egbs) + ") must be a multiple of " +
            n("validation.eval_micro_batch_size") + " x data-parallel size (" + std::to_string(embs) + " x " +
            std::to_string(dp) + ")");
-    // Sample budgets (MLM training.py get_train_valid_test_num_samples).
-    int64_t iters = t.train_iters ? *t.train_iters : *t.train_samples / *t.global_batch_size;
-    out.derived.train_samples = t.train_samples ? *t.train_samples : iters * *t.global_batch_size;
-    out.derived.valid_samples = v.eval_interval ? (iters / *v.eval_interval + 1) * v.eval_iters * egbs : 0;
-    out.derived.test_samples = v.eval_iters * egbs;
+    // Sample budgets: MLM training.py get_train_valid_test_num_samples, as the datasets use them.
+    data::SampleBudgetParams bp;
+    bp.train_iters = t.train_iters ? *t.train_iters : *t.train_samples / *t.global_batch_size;
+    bp.train_samples = t.train_samples.value_or(0);
+    bp.global_batch_size = *t.global_batch_size;
+    bp.eval_iters = v.eval_iters;
+    bp.eval_interval = v.eval_interval.value_or(0);
+    bp.eval_global_batch_size = egbs;
+    const data::SampleBudget budget = data::train_valid_test_num_samples(bp);
+    out.derived.train_samples = budget.train;
+    out.derived.valid_samples = budget.valid;
+    out.derived.test_samples = budget.test;
   }
 
   void optimizer() {

@@ -42,14 +42,7 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   RunData r;
   r.seq_length = *ds.seq_length;
   r.vocab = d.padded_vocab_size;
-  data::SampleBudgetParams bp;
-  bp.train_iters = *c.train.train_iters;
-  bp.train_samples = c.train.train_samples.value_or(0);
-  bp.global_batch_size = *c.train.global_batch_size;
-  bp.eval_iters = c.validation.eval_iters;
-  bp.eval_interval = c.validation.eval_interval.value_or(0);
-  bp.eval_global_batch_size = c.validation.eval_global_batch_size.value_or(0);
-  r.budget = data::train_valid_test_num_samples(bp);
+  r.budget = {d.train_samples, d.valid_samples, d.test_samples};  // validate() computed them
   r.train_layout = {*c.train.micro_batch_size, d.data_parallel_size, d.num_microbatches};
   int64_t eval_mbs = c.validation.eval_micro_batch_size.value_or(*c.train.micro_batch_size);
   int64_t eval_gbs = c.validation.eval_global_batch_size.value_or(*c.train.global_batch_size);
