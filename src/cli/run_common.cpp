@@ -6,6 +6,7 @@
 #include "core/device.hpp"
 #include "core/file_io.hpp"
 #include "train/capabilities.hpp"
+#include "train/engine.hpp"
 #include "train/run_setup.hpp"
 #include "train/trainer.hpp"
 
@@ -43,14 +44,19 @@ int start_training(config::Resolved& r) {
     std::printf("laoyao: activation recomputation (%s) changes memory use, not the numbers; the CPU backend keeps "
                 "every activation, so it recomputes nothing\n",
                 r.cfg.model.recompute_granularity->c_str());
-  if (cuda_device_count() > 0)
-    std::printf("laoyao: a GPU is visible, but the CUDA training backend is not built yet: training on the CPU\n");
+  // The backend depends on the architecture only; a vocabulary read later from tokenizer files
+  // does not change it, so a placeholder stands in for one not known yet.
+  config::Derived shape = r.validated.derived;
+  if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
+  const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
+  if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
   std::string path = run_config_path(r.cfg);
   if (!path.empty()) {
     write_file_atomic(path, config::to_yaml(r.cfg));
     std::printf("resolved configuration written to %s\n", path.c_str());
   }
   train::TrainOptions opt;
+  opt.use_cuda = backend.cuda;
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   train::train(r.cfg, r.validated.derived, opt);

@@ -11,10 +11,12 @@ uint64_t fnv1a64(std::string_view s) {
   return h;
 }
 
-Rng::Rng(uint64_t seed, std::string_view stream) : state_(seed * 0x9E3779B97F4A7C15ull ^ fnv1a64(stream)) {}
+uint64_t rng_stream_key(uint64_t seed, std::string_view stream) { return seed * kSplitMixGamma ^ fnv1a64(stream); }
+
+Rng::Rng(uint64_t seed, std::string_view stream) : state_(rng_stream_key(seed, stream)) {}
 
 uint64_t Rng::next_u64() {
-  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  uint64_t z = (state_ += kSplitMixGamma);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);

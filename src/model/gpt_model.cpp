@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -14,11 +15,6 @@ namespace laoyao::model {
 namespace k = laoyao::kernels::cpu;
 
 GptModel::GptModel(const GptConfig& cfg) : cfg_(cfg) {
-  if (cfg.num_layers <= 0 || cfg.hidden <= 0 || cfg.heads <= 0 || cfg.kv_channels <= 0 || cfg.ffn <= 0 ||
-      cfg.vocab <= 0 || cfg.query_groups <= 0 || cfg.heads % cfg.query_groups != 0)
-    throw Error("GptModel: invalid shape");
-  if (cfg.positions == Positions::LearnedAbsolute && cfg.max_positions <= 0)
-    throw Error("GptModel: learned positions need max_positions > 0");
   build_parameter_table();
   if (cfg.positions == Positions::Rope) {
     if (cfg.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
@@ -35,41 +31,11 @@ GptModel::GptModel(const GptConfig& cfg) : cfg_(cfg) {
 }
 
 void GptModel::build_parameter_table() {
-  const auto& c = cfg_;
-  const int64_t h = c.hidden;
-  // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
-  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
-  word_emb_ = table_.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
-  if (c.positions == Positions::LearnedAbsolute)
-    pos_emb_ = table_.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
-  const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
-  const bool ln = c.norm == Norm::LayerNorm;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "decoder.layers." + std::to_string(l) + ".";
-    LayerParams L{};
-    L.ln1_w = table_.add(p + "input_layernorm.weight", {h}, gamma_init);
-    L.ln1_b = ln ? table_.add(p + "input_layernorm.bias", {h}, Init::Zeros) : -1;
-    // Megatron registers linear_proj (Attention.__init__) before linear_qkv (SelfAttention.__init__).
-    L.proj_w = table_.add(p + "self_attention.linear_proj.weight", {h, c.heads * c.kv_channels}, Init::Normal, out_std);
-    L.proj_b = c.add_bias_linear ? table_.add(p + "self_attention.linear_proj.bias", {h}, Init::Zeros) : -1;
-    L.qkv_w = table_.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
-    L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
-                  ? table_.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
-                  : -1;
-    // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
-    L.q_norm = c.qk_layernorm ? table_.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-    L.k_norm = c.qk_layernorm ? table_.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-    L.ln2_w = table_.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
-    L.ln2_b = ln ? table_.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
-    L.fc1_w = table_.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
-    L.fc1_b = c.add_bias_linear ? table_.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
-    L.fc2_w = table_.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
-    L.fc2_b = c.add_bias_linear ? table_.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
-    layers_.push_back(L);
-  }
-  final_w_ = table_.add("decoder.final_layernorm.weight", {h}, gamma_init);
-  final_b_ = ln ? table_.add("decoder.final_layernorm.bias", {h}, Init::Zeros) : -1;
-  output_w_ = c.tied_embeddings ? word_emb_ : table_.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
+  GptParameterLayout layout = build_gpt_parameters(cfg_);
+  table_ = std::move(layout.table);
+  word_emb_ = layout.word_emb, pos_emb_ = layout.pos_emb, final_w_ = layout.final_w, final_b_ = layout.final_b;
+  output_w_ = layout.output_w;
+  layers_ = std::move(layout.layers);
 }
 
 void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "model/gpt_config.hpp"
+#include "model/gpt_layout.hpp"
 #include "model/parameters.hpp"
 
 namespace laoyao::model {
@@ -46,9 +47,7 @@ class GptModel {
   void backward(const float* dloss);
 
  private:
-  struct LayerParams {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
-  };
+  using LayerParams = GptLayerOffsets;
   struct LayerActs {  // offsets into acts_
     int64_t x_in, ln1, ln1_mean, ln1_rstd, qkv, qkv_attn, qk_rstd, probs, attn_mask, ctx, drop1, x_mid, ln2, ln2_mean,
         ln2_rstd, u, g, drop2;

@@ -15,6 +15,7 @@
 #include "optim/adamw.hpp"
 #include "optim/param_scheduler.hpp"
 #include "train/data_pipeline.hpp"
+#include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
 
@@ -27,33 +28,17 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_sigterm{false};
 extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
-// Megatron's loss report of one micro-batch: masked sum and token count (loss_func).
-struct LossSum {
-  double sum = 0;
-  double count = 0;
-};
-
 // Forward (and, when training, backward) of one micro-batch. The gradient of each token's loss is
 // mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches.
-LossSum run_micro_batch(model::GptModel& m, const MicroBatchData& mb, const model::DropoutKey& key,
-                        int64_t num_microbatches, bool backward, std::vector<float>& losses,
-                        std::vector<float>& dloss) {
-  const int64_t T = mb.b * mb.s;
-  losses.resize(static_cast<size_t>(T));
-  model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data()};
-  m.forward(in, key, losses.data());
-  LossSum r;
-  for (int64_t t = 0; t < T; ++t) {
-    r.sum += static_cast<double>(losses[t]) * mb.loss_mask[t];
-    r.count += mb.loss_mask[t];
-  }
-  if (backward) {
-    dloss.resize(static_cast<size_t>(T));
-    const double scale = 1.0 / std::max(r.count, 1.0) / static_cast<double>(num_microbatches);
-    for (int64_t t = 0; t < T; ++t) dloss[t] = static_cast<float>(mb.loss_mask[t] * scale);
-    m.backward(dloss.data());
-  }
-  return r;
+void run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::DropoutKey& key, int64_t num_microbatches,
+                     bool backward, std::vector<float>& dloss) {
+  if (!backward) return engine.run_micro_batch(mb, key, nullptr);
+  double count = 0;
+  for (float m : mb.loss_mask) count += m;
+  const double scale = 1.0 / std::max(count, 1.0) / static_cast<double>(num_microbatches);
+  dloss.resize(mb.loss_mask.size());
+  for (size_t t = 0; t < dloss.size(); ++t) dloss[t] = static_cast<float>(mb.loss_mask[t] * scale);
+  engine.run_micro_batch(mb, key, dloss.data());
 }
 
 }  // namespace
@@ -96,6 +81,14 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
   optim::AdamW adam(model.num_parameters(), ranges,
                     {c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps});
+  std::unique_ptr<Engine> engine;
+  if (opt.use_cuda)
+    engine = make_cuda_engine(model, adam, {c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps},
+                              std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
+                              data.seq_length);
+  else
+    engine = make_cpu_engine(model, adam);
+  print_line("> laoyao backend: " + engine->name());
   const optim::ParamSchedule schedule = param_schedule(c);
   const FlopShape flops_shape = flop_shape(c, d);
 
@@ -105,7 +98,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const int64_t log_interval = c.logger.log_interval;
   const uint64_t seed = static_cast<uint64_t>(c.rng.seed);
   const bool dropout = c.model.hidden_dropout > 0 || c.model.attention_dropout > 0;
-  std::vector<float> losses, dloss;
+  std::vector<float> dloss;
 
   TrainSummary summary;
   int64_t consumed = 0, consumed_valid = 0, sched_n = 0, skipped = 0, nan_iters = 0, consecutive_nan = 0;
@@ -117,15 +110,14 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                       EvalSet set) -> double {
     if (!ds || c.validation.eval_iters <= 0) return NAN;
     const auto& L = data.eval_layout;
-    LossSum total;
     for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
       for (int64_t m = 0; m < L.num_microbatches; ++m) {
         MicroBatchData mb = load_micro_batch(*ds, eval_sample_indices(data, consumed_eval, m), data.vocab);
-        LossSum s = run_micro_batch(model, mb, {seed, 0, false}, L.num_microbatches, false, losses, dloss);
-        total.sum += s.sum, total.count += s.count;
+        run_micro_batch(*engine, mb, {seed, 0, false}, L.num_microbatches, false, dloss);
       }
       consumed_eval += eval_round_samples(data, 1);  // the validation stream continues across evaluations
     }
+    const LossSum total = engine->take_loss_sum();
     ValidationLogValues v;
     v.iteration = iteration;
     v.set = set;
@@ -141,7 +133,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   };
 
   int64_t iteration = 0, last_saved = -1, resumed_from = -1;
-  if (auto resumed = restore_run_checkpoint(c, d, model, adam, opt.out)) {
+  auto resumed = restore_run_checkpoint(c, d, model, adam, opt.out);
+  engine->push_state();  // initial, pretrained or resumed weights (and Adam state) to the device
+  if (resumed) {
     iteration = last_saved = resumed_from = resumed->iteration;
     consumed = resumed->consumed_train_samples;
     consumed_valid = resumed->consumed_valid_samples;
@@ -165,6 +159,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.nan_iterations = total_nan;
     st.floating_point_operations_so_far =
         num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
+    engine->pull_state();
     save_run_checkpoint(c, d, iteration, model, adam, st, opt.out);
     last_saved = iteration;
   };
@@ -174,16 +169,15 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   while (iteration < train_iters) {
     ++iteration;
     const auto step_start = Clock::now();
-    model.zero_grads();
-    LossSum iter_loss;
+    engine->zero_grads();
     for (int64_t m = 0; m < M; ++m) {
       MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, consumed, m), data.vocab);
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
-      LossSum s = run_micro_batch(model, mb, key, M, true, losses, dloss);
-      iter_loss.sum += s.sum, iter_loss.count += s.count;
+      run_micro_batch(*engine, mb, key, M, true, dloss);
     }
+    const LossSum iter_loss = engine->take_loss_sum();
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
-    const double norm = optim::grad_norm(model.grads(), model.num_parameters());
+    const double norm = engine->grad_norm();
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
     if (!finite && c.ddp.check_for_nan_in_grad)
       throw Error("NaN or Inf in the loss or the gradients at iteration " + std::to_string(iteration) +
@@ -191,11 +185,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                   "); Megatron-LM stops here too. With --no-check-for-nan-in-loss-and-grad "
                   "(ddp.check_for_nan_in_grad=false) such iterations are counted and skipped instead");
     int64_t zeros = 0;
-    if (c.logger.log_num_zeros_in_grad)
-      for (int64_t i = 0; i < model.num_parameters(); ++i) zeros += model.grads()[i] == 0.0f;
+    if (c.logger.log_num_zeros_in_grad) zeros = engine->count_zero_grads();
     if (finite) {
-      optim::clip_grads(model.grads(), model.num_parameters(), norm, c.optimizer.clip_grad);
-      adam.step(model.weights(), model.grads(), optim::lr_at(schedule, sched_n), optim::wd_at(schedule, sched_n));
+      engine->clip_and_step(norm, c.optimizer.clip_grad, optim::lr_at(schedule, sched_n),
+                            optim::wd_at(schedule, sched_n));
       sched_n += gbs;  // the scheduler steps only after a successful update
       consecutive_nan = 0;
     } else {
@@ -233,7 +226,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.
       v.grad_norm = c.optimizer.clip_grad > 0 ? norm : 0.0;
       if (c.logger.log_num_zeros_in_grad) v.num_zeros = static_cast<double>(zeros);
-      if (c.logger.log_params_norm) v.params_norm = optim::grad_norm(model.weights(), model.num_parameters());
+      if (c.logger.log_params_norm) v.params_norm = engine->params_norm();
       v.skipped_iterations = skipped;
       v.nan_iterations = nan_iters;
       if (opt.flavor == LogFlavor::kBridge)
@@ -291,6 +284,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     int64_t consumed_test = 0;
     summary.test_loss = evaluate(data.datasets[2].get(), consumed_test, iteration, EvalSet::kTestSet);
   }
+  if (const size_t bytes = engine->peak_device_bytes())
+    print_line("> laoyao device memory held: " + pyfmt::fixed(static_cast<double>(bytes) / 1e9, 2) + " GB");
   summary.iterations = iteration;
   summary.consumed_samples = consumed;
   summary.nan_iterations = total_nan;

@@ -19,6 +19,8 @@ struct TrainOptions {
   // A JSON-lines metrics file written beside the log ("" = none): one object per logged
   // iteration and per evaluation.
   std::string metrics_path;
+  // Train on the CUDA backend (the current device); the CLI decides (train/engine.hpp choose_backend).
+  bool use_cuda = false;
 };
 
 struct TrainSummary {

@@ -8,6 +8,8 @@
 #include "config/convert_args.hpp"
 #include "core/error.hpp"
 #include "config/front_ends.hpp"
+#include "core/device.hpp"
+#include "train/engine.hpp"
 #include "train/trainer.hpp"
 
 using namespace laoyao;
@@ -302,4 +304,26 @@ TEST(Trainer, NoLoadOptimRestartsTheScheduleAndZeroExitIntervalIsOff) {
   EXPECT_NE(line3.substr(0, line3.find('\n')).find("learning rate: 2.325000E-03"), std::string::npos)
       << line3.substr(0, 400);
   std::filesystem::remove_all(dir);
+}
+
+TEST(Backend, LaoyaoDeviceChoosesOrRefusesByName) {
+  laoyao::model::GptConfig m;
+  m.num_layers = 1, m.hidden = 8, m.heads = 2, m.query_groups = 2, m.kv_channels = 4, m.ffn = 16, m.vocab = 8;
+  m.max_positions = 8;
+  setenv("LAOYAO_DEVICE", "cpu", 1);
+  EXPECT_FALSE(laoyao::train::choose_backend(m).cuda);
+  setenv("LAOYAO_DEVICE", "tpu", 1);
+  try {
+    laoyao::train::choose_backend(m);
+    ADD_FAILURE() << "LAOYAO_DEVICE=tpu accepted";
+  } catch (const laoyao::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("accepted values are cpu and cuda"), std::string::npos) << e.what();
+  }
+  if (laoyao::cuda_device_count() == 0) {
+    setenv("LAOYAO_DEVICE", "cuda", 1);
+    EXPECT_THROW(laoyao::train::choose_backend(m), laoyao::UsageError);
+    unsetenv("LAOYAO_DEVICE");
+    EXPECT_FALSE(laoyao::train::choose_backend(m).cuda) << "no GPU: the CPU, silently";
+  }
+  unsetenv("LAOYAO_DEVICE");
 }

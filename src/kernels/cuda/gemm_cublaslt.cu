@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
@@ -23,7 +24,8 @@ std::string describe(const GemmProblem& p) {
   return "m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
          " transA=" + std::to_string(p.trans_a) + " transB=" + std::to_string(p.trans_b) +
          " lda=" + std::to_string(p.lda) + " ldb=" + std::to_string(p.ldb) + " ldd=" + std::to_string(p.ldd) +
-         (p.bias ? " +bias" : "");
+         (p.bias ? " +bias" : "") + (p.d_fp32 ? " D=fp32" : "") +
+         (p.batch > 1 ? " batch=" + std::to_string(p.batch) : "");
 }
 
 }  // namespace
@@ -72,7 +74,18 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
                                                  p.trans_a ? p.m : p.k, p.lda));
     LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, p.trans_b ? p.n : p.k,
                                                  p.trans_b ? p.k : p.n, p.ldb));
-    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.d, CUDA_R_16BF, p.m, p.n, p.ldd));
+    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.d, p.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldd));
+    if (p.batch > 1) {
+      const int32_t count = static_cast<int32_t>(p.batch);
+      const std::pair<cublasLtMatrixLayout_t, int64_t> strided[] = {{plan.a, p.stride_a}, {plan.b, p.stride_b},
+                                                                    {plan.d, p.stride_d}};
+      for (const auto& [layout, stride] : strided) {
+        LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                           sizeof count));
+        LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                           &stride, sizeof stride));
+      }
+    }
 
     cublasLtMatmulPreference_t pref = nullptr;
     LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -107,12 +120,14 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
   return plans_.emplace(key, plan).first->second;
 }
 
-void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B, bf16* D, const bf16* bias,
+void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias,
                         float alpha, float beta, cudaStream_t stream) {
   if (problem.bias != (bias != nullptr))
     throw Error("CublasLtGemm::gemm: a bias pointer must be given exactly when the problem has a bias epilogue (" +
                 describe(problem) + ")");
-  if (problem.m <= 0 || problem.n <= 0 || problem.k <= 0)
+  if (problem.bias && problem.d_fp32)
+    throw Error("CublasLtGemm::gemm: the bias epilogue is for bf16 outputs only (" + describe(problem) + ")");
+  if (problem.m <= 0 || problem.n <= 0 || problem.k <= 0 || problem.batch <= 0)
     throw Error("CublasLtGemm::gemm: empty problem (" + describe(problem) + ")");
   uint32_t align = alignment_of(A);
   for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias)})
@@ -137,6 +152,59 @@ void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias
   p.ldd = N;
   p.bias = bias != nullptr;
   gemm(p, w, x, y, bias, 1.0f, 0.0f, stream);
+}
+
+void CublasLtGemm::linear_backward_input(const bf16* dy, const bf16* w, bf16* dx, int64_t T, int64_t K, int64_t N,
+                                         cudaStream_t stream) {
+  // Column-major dx^T[K, T] = w^T[K, N] dy^T[N, T]: w row-major [N, K] is column-major [K, N] (no
+  // transpose), dy row-major [T, N] is column-major [N, T] (no transpose).
+  GemmProblem p;
+  p.m = K;
+  p.n = T;
+  p.k = N;
+  p.lda = K;
+  p.ldb = N;
+  p.ldd = K;
+  gemm(p, w, dy, dx, nullptr, 1.0f, 0.0f, stream);
+}
+
+void CublasLtGemm::linear_backward_weight(const bf16* dy, const bf16* x, float* dw, int64_t T, int64_t K, int64_t N,
+                                          cudaStream_t stream) {
+  // Column-major dw^T[K, N] += x^T[K, T] dy[T, N]: x row-major [T, K] is column-major [K, T] (no
+  // transpose); dy row-major [T, N] is column-major [N, T], transposed to [T, N].
+  GemmProblem p;
+  p.m = K;
+  p.n = N;
+  p.k = T;
+  p.trans_b = true;
+  p.lda = K;
+  p.ldb = N;
+  p.ldd = K;
+  p.d_fp32 = true;
+  gemm(p, x, dy, dw, nullptr, 1.0f, 1.0f, stream);
+}
+
+
+void CublasLtGemm::matmul_rm(const bf16* X, bool tx, const bf16* Y, bool ty, void* C, bool c_fp32, int64_t M,
+                             int64_t N, int64_t K, float alpha, float beta, int64_t batch, cudaStream_t stream) {
+  // Row-major C = op(X) op(Y) is column-major C^T[N, M] = op(Y)^T op(X)^T, and a row-major matrix
+  // read column-major is its transpose: Y stored [K, N] is already op(Y)^T (no transpose), stored
+  // [N, K] it needs one; likewise X.
+  GemmProblem p;
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.trans_a = ty;
+  p.lda = ty ? K : N;
+  p.trans_b = tx;
+  p.ldb = tx ? M : K;
+  p.ldd = N;
+  p.d_fp32 = c_fp32;
+  p.batch = batch;
+  p.stride_a = K * N;
+  p.stride_b = M * K;
+  p.stride_d = M * N;
+  gemm(p, Y, X, C, nullptr, alpha, beta, stream);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -21,11 +21,16 @@ using bf16 = __nv_bfloat16;
 // A column-major problem as cuBLASLt states it: D[m, n] = alpha * op(A) op(B) + beta * D
 // (+ bias[m] added to every column when `bias`). op(A) is [m, k]: A is stored [k, m] when trans_a,
 // else [m, k]; op(B) is [k, n]: B is stored [n, k] when trans_b, else [k, n].
+// A and B are bf16; D is bf16, or fp32 when d_fp32 (Megatron's fp32 main_grad accumulation:
+// beta = 1 adds the product into D). batch > 1 runs `batch` problems, the i-th at A + i*stride_a,
+// B + i*stride_b, D + i*stride_d (elements).
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   int64_t lda = 0, ldb = 0, ldd = 0;
   bool bias = false;
+  bool d_fp32 = false;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
 };
 
 struct CublasLtGemm {
@@ -37,7 +42,8 @@ struct CublasLtGemm {
 
   // Enqueues D = alpha * op(A) op(B) + beta * D (+ bias) on `stream`. bias must be non-null exactly
   // when problem.bias. Throws laoyao::Error when no cuBLASLt algorithm supports the problem.
-  void gemm(const GemmProblem& problem, const bf16* A, const bf16* B, bf16* D, const bf16* bias, float alpha,
+  // D points to bf16, or to fp32 when problem.d_fp32.
+  void gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias, float alpha,
             float beta, cudaStream_t stream);
 
   // laoyao's linear layer (kernels/cpu/ops.hpp conventions, row-major): y[T, N] = x[T, K] @ w[N, K]^T
@@ -45,6 +51,20 @@ struct CublasLtGemm {
   // gemm(m = N, n = T, k = K, trans_a) with the bias running along D's rows, as cuBLASLt wants.
   void linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t T, int64_t K, int64_t N,
                       cudaStream_t stream);
+
+  // The two gradients of that linear layer, given dy[T, N]:
+  //   dx[T, K] = dy @ w                        (bf16, overwritten)
+  //   dw[N, K] += dy^T @ x                     (fp32 main_grad, accumulated: beta = 1)
+  void linear_backward_input(const bf16* dy, const bf16* w, bf16* dx, int64_t T, int64_t K, int64_t N,
+                             cudaStream_t stream);
+  void linear_backward_weight(const bf16* dy, const bf16* x, float* dw, int64_t T, int64_t K, int64_t N,
+                              cudaStream_t stream);
+
+  // A batch of row-major products C[M, N] = alpha * op(X) op(Y) + beta * C, where X is stored
+  // [M, K] (or [K, M] when tx) and Y is stored [K, N] (or [N, K] when ty), each matrix contiguous,
+  // the i-th of `batch` at X + i*M*K, Y + i*K*N, C + i*M*N. C is bf16, or fp32 when c_fp32.
+  void matmul_rm(const bf16* X, bool tx, const bf16* Y, bool ty, void* C, bool c_fp32, int64_t M, int64_t N,
+                 int64_t K, float alpha, float beta, int64_t batch, cudaStream_t stream);
 
   // How many distinct problems have had a plan built (for checks that the cache is hit).
   size_t plans_built() const { return plans_.size(); }
@@ -54,9 +74,10 @@ struct CublasLtGemm {
     GemmProblem p;
     uint32_t alignment;  // the smallest alignment (bytes, <= 256) of the operands' pointers
     bool operator<(const Key& o) const {
-      return std::tie(p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, p.bias, alignment) <
-             std::tie(o.p.m, o.p.n, o.p.k, o.p.trans_a, o.p.trans_b, o.p.lda, o.p.ldb, o.p.ldd, o.p.bias,
-                      o.alignment);
+      return std::tie(p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, p.bias, p.d_fp32, p.batch,
+                      p.stride_a, p.stride_b, p.stride_d, alignment) <
+             std::tie(o.p.m, o.p.n, o.p.k, o.p.trans_a, o.p.trans_b, o.p.lda, o.p.ldb, o.p.ldd, o.p.bias, o.p.d_fp32,
+                      o.p.batch, o.p.stride_a, o.p.stride_b, o.p.stride_d, o.alignment);
     }
   };
   struct Plan {

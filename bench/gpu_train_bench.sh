@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# laoyao against the PyTorch peer (shared/peers/pytorch_gpt.py: bf16 autocast, fused AdamW, SDPA
+# flash attention, torch.compile) on the same GPU in the same call, on the same shapes and tokens per
+# optimizer step. Prints one table: tokens/s of each, the ratio, laoyao's Megatron-formula TFLOP/s
+# and MFU against 989 TFLOP/s, and memory (laoyao: device memory held; peer: torch's peak allocated).
+#   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
+# Cases: vanilla_seed gpt2_124m seed_command (default: all). Run on the GPU machine
+# (scripts/gpu_check.sh run bench does it with the staged binary).
+set -uo pipefail
+BIN="$1"; PEER="$2"; shift 2
+cases="${*:-vanilla_seed gpt2_124m seed_command}"
+LOGS="${OUT:-/tmp/out}"
+mkdir -p "$LOGS"
+
+common=(pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
+        --eval-iters 0 --log-interval 10 --log-throughput)
+shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no dropout like the peer
+  case "$1" in
+    vanilla_seed) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
+                    --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 4 \
+                    --vocab-size 32000 --hidden-dropout 0 --attention-dropout 0 --train-iters 60 ;;
+    gpt2_124m) echo --num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072 \
+                 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 16 --global-batch-size 16 \
+                 --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --train-iters 40 ;;
+    # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
+    seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
+                    --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
+                    --vocab-size 32000 --train-iters 40 ;;
+  esac
+}
+field() { sed -n "s|.*$1 *\([0-9.]*\).*|\1|p" | tail -1; }
+
+echo "| case | laoyao tokens/s | peer tokens/s (compiled) | ratio | laoyao ms/step | laoyao TFLOP/s | MFU | laoyao mem GB | peer mem GB |"
+rows=()
+for c in $cases; do
+  read -r -a shape <<< "$(shape_args "$c")"
+  rm -rf "$LOGS/tb_$c"
+  LAOYAO_DEVICE=cuda "$BIN" "${common[@]}" "${shape[@]}" --tensorboard-dir "$LOGS/tb_$c" > "$LOGS/bench_$c.log" 2>&1 ||
+    { echo "laoyao failed on $c:"; tail -5 "$LOGS/bench_$c.log"; continue; }
+  # The last logged interval's time per iteration, unrounded (metrics.jsonl beside the run config).
+  ms=$(python3 -c "import json;print(round([json.loads(l) for l in open('$LOGS/tb_$c/metrics.jsonl')][-1]['elapsed_ms_per_iteration'],3))")
+  tf=$(grep 'elapsed time per iteration' "$LOGS/bench_$c.log" | field 'throughput per GPU (TFLOP/s/GPU):')
+  mem=$(field 'device memory held:' < "$LOGS/bench_$c.log")
+  gbs=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --global-batch-size | tail -1)
+  seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
+  tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
+  peer_tok=n/a; peer_mem=n/a; ratio=n/a
+  if [ "$c" != seed_command ]; then
+    PYTHONUNBUFFERED=1 python3 "$PEER" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
+    peer_tok=$(sed -n 's/.*tokens\/s=\([0-9,]*\).*/\1/p' "$LOGS/peer_$c.log" | tr -d , | tail -1)
+    peer_mem=$(sed -n 's/.*mem_GB=\([0-9.]*\).*/\1/p' "$LOGS/peer_$c.log" | tail -1)
+    [ -n "$peer_tok" ] && ratio=$(python3 -c "print(f'{$tok/$peer_tok:.2f}x')")
+  fi
+  mfu=$(python3 -c "print(f'{100*$tf/989:.1f}%')")
+  rows+=("| $c | $tok | ${peer_tok:-n/a} | $ratio | $ms | $tf | $mfu | $mem | ${peer_mem:-n/a} |")
+done
+echo
+echo "| case | laoyao tokens/s | peer tokens/s (compiled) | ratio | laoyao ms/step | laoyao TFLOP/s | MFU | laoyao mem GB | peer mem GB |"
+echo "|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"

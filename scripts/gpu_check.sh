@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Everything #5 asks of the GPU machine, in one call: doctor, the GPU tests (every CUDA op against
+# the CPU op, the CUDA model against the CPU model), a CPU-vs-GPU training run of the same config
+# compared with `laoyao compare-logs`, and the benchmarks against the PyTorch peer.
+#   scripts/gpu_check.sh stage [BUILD_DIR]   here: build laoyao and the GPU tests, copy them, the
+#                                            shared libraries the GPU machine lacks (yaml-cpp 0.7)
+#                                            and the peers (../shared/peers) to build/gpu-carry
+#   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
+#                                            any of doctor tests parity bench (default: all). Full
+#                                            logs go to $OUT; a summary table is printed last.
+set -uo pipefail
+C=build/gpu-carry
+case "${1:-}" in
+  stage)
+    set -e
+    B="${2:-build/main}"
+    [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
+    cmake --build "$B" --target laoyao laoyao_tests_model_cuda -j2
+    rm -rf "$C" && mkdir -p "$C/lib" "$C/peers"
+    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$C/"
+    cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
+    cp ../shared/peers/*.py "$C/peers/"
+    du -sh "$C"
+    ;;
+  run)
+    SP=$(python3 -c 'import site;print(site.getsitepackages()[0])')
+    export LD_LIBRARY_PATH="$PWD/$C/lib:/usr/local/cuda/lib64:$SP/nvidia/cudnn/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+    export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared hosts (.library/device/KINDS.md)
+    OUT="${OUT:-/tmp/out}"
+    mkdir -p "$OUT"
+    parts="${*:2}"
+    [ -n "$parts" ] || parts="doctor tests parity bench"
+    summary=()
+    for part in $parts; do
+      case "$part" in
+        doctor)
+          "$C/laoyao" doctor > "$OUT/doctor.txt" 2>&1
+          summary+=("doctor: exit $? ($(grep -c PASS "$OUT/doctor.txt") PASS lines)")
+          ;;
+        tests)
+          "$C/laoyao_tests_model_cuda" > "$OUT/gpu_tests.txt" 2>&1
+          rc=$?
+          summary+=("gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')")
+          grep -E '^\[  FAILED  \]' "$OUT/gpu_tests.txt" | head -20
+          ;;
+        parity)
+          # The same small config (dropout on) trained on the CPU and on the GPU from the same
+          # initial weights; compare-logs judges the per-iteration losses against BF16 tolerance.
+          args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
+                --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
+                --train-iters 30 --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
+                --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1)
+          LAOYAO_DEVICE=cpu "$C/laoyao" "${args[@]}" > "$OUT/parity_cpu.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" > "$OUT/parity_gpu.log" 2>&1
+          "$C/laoyao" compare-logs "$OUT/parity_cpu.log" "$OUT/parity_gpu.log" > "$OUT/parity_compare.txt" 2>&1
+          rc=$?
+          summary+=("cpu-vs-gpu training (30 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_compare.txt" | head -1)")
+          ;;
+        bench)
+          bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" 2>&1 | tee "$OUT/bench.txt" | tail -20
+          ;;
+        *) echo "unknown part $part" >&2; exit 2 ;;
+      esac
+    done
+    echo "==== summary"
+    printf '%s\n' "${summary[@]}"
+    [ -f "$OUT/bench.txt" ] && sed -n '/^| case/,$p' "$OUT/bench.txt"
+    ;;
+  *)
+    echo "usage: $0 stage [BUILD_DIR] | run [doctor|tests|parity|bench ...]" >&2
+    exit 2
+    ;;
+esac

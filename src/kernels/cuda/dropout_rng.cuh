@@ -1,0 +1,25 @@
+// Dropout masks on the GPU, bit for bit the CPU's (core/rng.hpp): element i of stream `key` keeps
+// its value unless uniform(i) < p, and a kept value is scaled by 1/(1-p) (inverted dropout, as
+// torch.nn.functional.dropout). uniform(i) = (splitmix64(key + (i+1)*gamma) >> 11) * 2^-53.
+#pragma once
+#include <cstdint>
+
+namespace laoyao::kernels::cuda {
+
+// p == 0 means no dropout: kernels skip the mask entirely.
+struct DropoutSpec {
+  uint64_t key = 0;  // laoyao::rng_stream_key(seed, stream name)
+  double p = 0.0;  // compared in double, as the CPU compares
+  float keep_scale = 1.0f;  // float(1 / (1 - p)), computed on the host in double like the CPU's
+};
+
+__device__ __forceinline__ float dropout_factor(const DropoutSpec& d, uint64_t i) {
+  uint64_t z = d.key + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) * 0x1.0p-53;
+  return u < d.p ? 0.0f : d.keep_scale;
+}
+
+}  // namespace laoyao::kernels::cuda

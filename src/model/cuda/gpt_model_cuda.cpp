@@ -1,0 +1,312 @@
+#include "model/cuda/gpt_model_cuda.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "kernels/cuda/bias_gelu.hpp"
+#include "kernels/cuda/cross_entropy.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/optimizer.hpp"
+
+namespace laoyao::model {
+
+namespace kc = laoyao::kernels::cuda;
+
+std::string cuda_unsupported_features(const GptConfig& c) {
+  std::vector<std::string> missing;
+  if (c.norm != Norm::LayerNorm) missing.push_back("normalization RMSNorm");
+  if (c.activation == Activation::SwiGLU) missing.push_back("SwiGLU (--swiglu)");
+  if (c.activation == Activation::GeluErf) missing.push_back("erf GeLU (--no-bias-gelu-fusion with biases off)");
+  if (c.positions == Positions::Rope) missing.push_back("rotary position embeddings");
+  if (c.qk_layernorm) missing.push_back("QK layernorm");
+  std::string out;
+  for (const auto& m : missing) out += (out.empty() ? "" : ", ") + m;
+  return out;
+}
+
+namespace {
+
+// Carves one allocation into aligned pieces. Run once with base == nullptr to measure, then again
+// over the real allocation to hand out the pointers.
+struct Carver {
+  char* base = nullptr;
+  size_t used = 0;
+  template <class T>
+  T* take(int64_t count) {
+    const size_t off = used;
+    used += (static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T) + 255) / 256 * 256;
+    return base ? reinterpret_cast<T*>(base + off) : nullptr;
+  }
+};
+
+}  // namespace
+
+CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
+    : cfg_(cfg), layout_(build_gpt_parameters(cfg)), max_b_(max_b), s_(s) {
+  const std::string missing = cuda_unsupported_features(cfg);
+  if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
+                                         " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
+  if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
+  if (cfg.positions == Positions::LearnedAbsolute && s > cfg.max_positions)
+    throw Error("CudaGptModel: sequence length " + std::to_string(s) + " exceeds the " +
+                std::to_string(cfg.max_positions) + " learned positions");
+  LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const int64_t N = num_parameters();
+  main_ = kc::DeviceBuffer(sizeof(float) * N);
+  grads_ = kc::DeviceBuffer(sizeof(float) * N);
+  params_ = kc::DeviceBuffer(sizeof(bf16) * N);
+  loss_acc_ = kc::DeviceBuffer(2 * sizeof(double));
+  LAOYAO_CUDA_CHECK(cudaMemset(loss_acc_.ptr, 0, loss_acc_.bytes));
+  zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * cfg.ffn);
+  LAOYAO_CUDA_CHECK(cudaMemset(zero_bias_.ptr, 0, zero_bias_.bytes));  // bf16 zero is all-zero bits
+
+  const auto& c = cfg_;
+  const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels;
+  const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels, 0.0f};
+  const int64_t heads_elems = kc::attention_heads_elems(shape), probs_elems = kc::attention_probs_elems(shape);
+  const bool attn_drop = c.attention_dropout > 0;
+  const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
+  emb_scratch_bytes_ = std::max(kc::embedding_backward_scratch_bytes(T, c.vocab),
+                                kc::embedding_backward_scratch_bytes(T, std::max<int64_t>(c.max_positions, 1)));
+  const size_t reduce_floats = std::max({kc::bias_grad_scratch_floats(T, wide),
+                                         kc::layernorm_backward_scratch_floats(T, h), size_t(kc::kReduceBlocks) * 2});
+
+  auto carve = [&](Carver& a) {
+    layers_.assign(static_cast<size_t>(c.num_layers), LayerActs{});
+    emb_out_ = a.take<bf16>(T * h);
+    for (auto& L : layers_) {
+      L.x_in = a.take<bf16>(T * h);
+      L.ln1 = a.take<bf16>(T * h);
+      L.ln1_mean = a.take<float>(T);
+      L.ln1_rstd = a.take<float>(T);
+      L.qkv = a.take<bf16>(T * c.qkv_width());
+      L.attn.q = a.take<bf16>(heads_elems);
+      L.attn.k = a.take<bf16>(heads_elems);
+      L.attn.v = a.take<bf16>(heads_elems);
+      L.attn.probs = a.take<bf16>(probs_elems);
+      L.attn.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
+      L.ctx = a.take<bf16>(T * HD);
+      L.x_mid = a.take<bf16>(T * h);
+      L.ln2 = a.take<bf16>(T * h);
+      L.ln2_mean = a.take<float>(T);
+      L.ln2_rstd = a.take<float>(T);
+      L.u = a.take<bf16>(T * c.fc1_width());
+      L.g = a.take<bf16>(T * c.ffn);
+    }
+    x_final_ = a.take<bf16>(T * h);
+    xf_ = a.take<bf16>(T * h);
+    xf_mean_ = a.take<float>(T);
+    xf_rstd_ = a.take<float>(T);
+    logits_ = a.take<bf16>(T * c.vocab);
+    losses_ = a.take<float>(T);
+    lse_ = a.take<float>(T);
+    branch_ = a.take<bf16>(T * h);
+    attn_scratch_.scores = a.take<float>(probs_elems);
+    attn_scratch_.heads = a.take<bf16>(heads_elems);
+    attn_scratch_.dq = a.take<bf16>(heads_elems);
+    attn_scratch_.dk = a.take<bf16>(heads_elems);
+    attn_scratch_.dv = a.take<bf16>(heads_elems);
+    dx_ = a.take<bf16>(T * h);
+    dbranch_ = a.take<bf16>(T * h);
+    dnorm_ = a.take<bf16>(T * h);
+    dtmp_ = a.take<bf16>(T * h);
+    dwide_ = a.take<bf16>(T * wide);
+    dg_ = a.take<bf16>(T * c.ffn);
+    dctx_ = a.take<bf16>(T * HD);
+    reduce_scratch_ = a.take<float>(static_cast<int64_t>(reduce_floats));
+    emb_scratch_ = a.take<char>(static_cast<int64_t>(emb_scratch_bytes_));
+    tokens_ = a.take<int64_t>(T);
+    labels_ = a.take<int64_t>(T);
+    positions_ = a.take<int64_t>(T);
+    mask_ = a.take<float>(T);
+    dloss_ = a.take<float>(T);
+  };
+  Carver measure;
+  carve(measure);
+  acts_ = kc::DeviceBuffer(measure.used);
+  Carver real{static_cast<char*>(acts_.ptr), 0};
+  carve(real);
+  zero_grads();
+}
+
+CudaGptModel::~CudaGptModel() {
+  if (stream_) {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+}
+
+size_t CudaGptModel::device_bytes() const {
+  return main_.bytes + grads_.bytes + params_.bytes + acts_.bytes + loss_acc_.bytes + zero_bias_.bytes;
+}
+
+void CudaGptModel::upload_weights(const float* host) {
+  main_.upload(host, sizeof(float) * num_parameters());
+  kc::cast_to_bf16(main_params(), params(), num_parameters(), stream_);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaGptModel::download_weights(float* host) const {
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  main_.download(host, sizeof(float) * num_parameters());
+}
+
+void CudaGptModel::download_grads(float* host) const {
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  grads_.download(host, sizeof(float) * num_parameters());
+}
+
+void CudaGptModel::zero_grads() {
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(grads_.ptr, 0, grads_.bytes, stream_));
+}
+
+kc::DropoutSpec CudaGptModel::dropout(double p, uint64_t seed, const std::string& stream) const {
+  kc::DropoutSpec d;
+  if (!key_.training || p <= 0) return d;
+  d.key = rng_stream_key(seed, stream);
+  d.p = p;
+  d.keep_scale = static_cast<float>(1.0 / (1.0 - p));  // as the CPU model's mask value
+  return d;
+}
+
+void CudaGptModel::linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N) {
+  gemm_.linear_forward(x, P(w), P(b), y, b_ * s_, K, N, stream_);
+}
+
+void CudaGptModel::linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K,
+                                   int64_t N) {
+  const int64_t T = b_ * s_;
+  gemm_.linear_backward_input(dy, P(w), dx, T, K, N, stream_);
+  gemm_.linear_backward_weight(dy, x, G(w), T, K, N, stream_);
+  if (b >= 0) kc::bias_grad(dy, G(b), reduce_scratch_, T, N, stream_);
+}
+
+void CudaGptModel::layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
+                                      const float* rstd, bf16* dx) {
+  kc::layernorm_backward(dy, x, P(w), mean, rstd, dx, G(w), G(b), reduce_scratch_, b_ * s_, cfg_.hidden,
+                         cfg_.zero_centered_gamma, stream_);
+}
+
+void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key) {
+  const auto& c = cfg_;
+  if (mb.s != s_ || mb.b <= 0 || mb.b > max_b_)
+    throw Error("CudaGptModel: micro-batch of " + std::to_string(mb.b) + "x" + std::to_string(mb.s) +
+                " tokens, built for up to " + std::to_string(max_b_) + "x" + std::to_string(s_));
+  b_ = mb.b;
+  key_ = key;
+  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
+  const size_t ids = sizeof(int64_t) * T;
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(tokens_, mb.tokens, ids, cudaMemcpyHostToDevice, stream_));
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(labels_, mb.labels, ids, cudaMemcpyHostToDevice, stream_));
+  if (layout_.pos_emb >= 0) {
+    if (!mb.positions) throw Error("CudaGptModel: learned positions need position ids");
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(positions_, mb.positions, ids, cudaMemcpyHostToDevice, stream_));
+  }
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(mask_, loss_mask, sizeof(float) * T, cudaMemcpyHostToDevice, stream_));
+  const std::string call = std::to_string(key.call);
+
+  // Embedding (word + position), then embedding dropout, into layer 0's input.
+  bf16* x = layers_.empty() ? x_final_ : layers_[0].x_in;
+  kc::embedding_forward(tokens_, P(layout_.word_emb), layout_.pos_emb >= 0 ? positions_ : nullptr,
+                        P(layout_.pos_emb), emb_out_, T, h, c.vocab, c.max_positions, stream_);
+  kc::dropout_apply(emb_out_, x, T * h, dropout(c.hidden_dropout, key.seed, "dropout.embedding." + call), stream_);
+
+  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const GptLayerOffsets& W = layout_.layers[l];
+    LayerActs& a = layers_[l];
+    bf16* x_out = l + 1 < c.num_layers ? layers_[l + 1].x_in : x_final_;
+    const std::string site = "dropout.layer" + std::to_string(l) + ".";
+    kc::layernorm_forward(a.x_in, P(W.ln1_w), P(W.ln1_b), a.ln1, a.ln1_mean, a.ln1_rstd, T, h, c.norm_eps,
+                          c.zero_centered_gamma, stream_);
+    linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
+    kc::attention_unfused_forward(gemm_, a.qkv, a.ctx, a.attn, attn_scratch_, shape,
+                                  dropout(c.attention_dropout, key.seed, site + "probs." + call), stream_);
+    linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
+    kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h,
+                             dropout(c.hidden_dropout, key.seed, site + "attention." + call), stream_);
+    kc::layernorm_forward(a.x_mid, P(W.ln2_w), P(W.ln2_b), a.ln2, a.ln2_mean, a.ln2_rstd, T, h, c.norm_eps,
+                          c.zero_centered_gamma, stream_);
+    // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
+    linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
+    kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
+    linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
+    kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h,
+                             dropout(c.hidden_dropout, key.seed, site + "mlp." + call), stream_);
+  }
+  kc::layernorm_forward(x_final_, P(layout_.final_w), P(layout_.final_b), xf_, xf_mean_, xf_rstd_, T, h, c.norm_eps,
+                        c.zero_centered_gamma, stream_);
+  linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
+  kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
+  kc::masked_loss_sum(losses_, mask_, T, loss_acc_.as<double>(), stream_);
+  have_forward_ = true;
+}
+
+void CudaGptModel::backward(const float* dloss) {
+  const auto& c = cfg_;
+  if (!have_forward_) throw Error("CudaGptModel::backward without a forward");
+  have_forward_ = false;  // the logits buffer becomes the logits' gradient
+  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(dloss_, dloss, sizeof(float) * T, cudaMemcpyHostToDevice, stream_));
+  const std::string call = std::to_string(key_.call);
+
+  kc::cross_entropy_backward(logits_, labels_, lse_, dloss_, T, c.vocab, stream_);
+  linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
+  layernorm_backward(dnorm_, x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
+
+  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+    const GptLayerOffsets& W = layout_.layers[l];
+    LayerActs& a = layers_[l];
+    const std::string site = "dropout.layer" + std::to_string(l) + ".";
+    // MLP block: dx holds d(x_out), which the residual passes to x_mid unchanged.
+    const auto drop2 = dropout(c.hidden_dropout, key_.seed, site + "mlp." + call);
+    const bf16* dbranch = dx_;
+    if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop2, stream_), dbranch = dbranch_;
+    linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
+    kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn, stream_);
+    linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.ffn);
+    layernorm_backward(dnorm_, a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd, dtmp_);
+    kc::add_inplace(dx_, dtmp_, T * h, stream_);  // dx = d(x_mid)
+    // Attention block.
+    const auto drop1 = dropout(c.hidden_dropout, key_.seed, site + "attention." + call);
+    dbranch = dx_;
+    if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop1, stream_), dbranch = dbranch_;
+    linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
+    kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape,
+                                   dropout(c.attention_dropout, key_.seed, site + "probs." + call), stream_);
+    linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
+    layernorm_backward(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd, dtmp_);
+    kc::add_inplace(dx_, dtmp_, T * h, stream_);  // dx = d(x_in)
+  }
+  kc::dropout_apply(dx_, dx_, T * h, dropout(c.hidden_dropout, key_.seed, "dropout.embedding." + call), stream_);
+  kc::embedding_backward(tokens_, dx_, G(layout_.word_emb), T, h, c.vocab, emb_scratch_, emb_scratch_bytes_, stream_);
+  if (layout_.pos_emb >= 0)
+    kc::embedding_backward(positions_, dx_, G(layout_.pos_emb), T, h, c.max_positions, emb_scratch_,
+                           emb_scratch_bytes_, stream_);
+}
+
+std::pair<double, double> CudaGptModel::take_loss_sum() {
+  double host[2];
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host, loss_acc_.ptr, sizeof host, cudaMemcpyDeviceToHost, stream_));
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, sizeof host, stream_));
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return {host[0], host[1]};
+}
+
+std::vector<float> CudaGptModel::download_losses() const {
+  std::vector<float> out(static_cast<size_t>(b_ * s_));
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LAOYAO_CUDA_CHECK(cudaMemcpy(out.data(), losses_, sizeof(float) * out.size(), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace laoyao::model

@@ -1,0 +1,112 @@
+// Megatron-Core's GPTModel on the CUDA backend with Megatron's --bf16 numerics: bf16 weights and
+// activations, fp32 main parameters and fp32 gradient accumulation (main_grad), LayerNorm
+// statistics, softmax and cross entropy in fp32. The same parameters at the same offsets as the
+// CPU model (model/gpt_layout.hpp), the same dropout masks (drawn per element from the same
+// streams), the same math; one stream, no host synchronisation inside forward/backward.
+//
+// Everything is allocated once, in the constructor, for micro-batches of up to max_b sequences of
+// s tokens: the step itself allocates nothing.
+//
+// Supported so far: LayerNorm, tanh-GeLU (Megatron's fused bias-GeLU), learned absolute positions,
+// tied or untied output layer, biases on or off, MHA or GQA, hidden and attention dropout.
+// unsupported_features() names what is not (RMSNorm, SwiGLU, RoPE, QK-norm, erf-GeLU).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention_unfused.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
+#include "model/gpt_config.hpp"
+#include "model/gpt_layout.hpp"
+#include "model/gpt_model.hpp"
+
+namespace laoyao::model {
+
+// The features of `cfg` this backend cannot train yet ("" when it can all be trained).
+std::string cuda_unsupported_features(const GptConfig& cfg);
+
+class CudaGptModel {
+ public:
+  using bf16 = __nv_bfloat16;
+  // Uses the current device. Throws laoyao::Error (naming the feature) for an unsupported config.
+  CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s);
+  ~CudaGptModel();
+  CudaGptModel(const CudaGptModel&) = delete;
+  CudaGptModel& operator=(const CudaGptModel&) = delete;
+
+  const GptConfig& config() const { return cfg_; }
+  const ParameterTable& table() const { return layout_.table; }
+  int64_t num_parameters() const { return layout_.table.total; }
+  cudaStream_t stream() const { return stream_; }
+
+  // fp32 main parameters and gradients, bf16 model parameters (device pointers, table offsets).
+  float* main_params() { return main_.as<float>(); }
+  float* main_grads() { return grads_.as<float>(); }
+  bf16* params() { return params_.as<bf16>(); }
+
+  // Copies host fp32 weights in as the main parameters and makes the bf16 copy (synchronous).
+  void upload_weights(const float* host);
+  void download_weights(float* host) const;
+  void download_grads(float* host) const;
+  void zero_grads();
+
+  // Forward of one micro-batch (b <= max_b sequences of exactly s tokens): per-token losses stay on
+  // the device; sum(loss * loss_mask) and sum(loss_mask) are added to the running loss sum.
+  void forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key);
+  // Backward of the last forward with per-token loss gradients dloss[b*s] (host), accumulating
+  // into main_grads().
+  void backward(const float* dloss);
+  // The running (masked loss sum, mask sum) since the last call; synchronises the stream.
+  std::pair<double, double> take_loss_sum();
+  // Per-token losses of the last forward (synchronises; for tests).
+  std::vector<float> download_losses() const;
+
+  // Bytes of device memory this model holds.
+  size_t device_bytes() const;
+
+ private:
+  struct LayerActs {
+    bf16 *x_in, *ln1, *qkv, *ctx, *x_mid, *ln2, *u, *g;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    kernels::cuda::UnfusedAttentionBuffers attn;
+  };
+  bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
+  float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
+  kernels::cuda::DropoutSpec dropout(double p, uint64_t seed, const std::string& stream) const;
+  void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N);
+  void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
+  void layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean, const float* rstd,
+                          bf16* dx);
+
+  GptConfig cfg_;
+  GptParameterLayout layout_;
+  int64_t max_b_, s_, b_ = 0;  // b_: sequences in the last forward
+  cudaStream_t stream_ = nullptr;
+  kernels::cuda::CublasLtGemm gemm_;
+  kernels::cuda::DeviceBuffer main_, grads_, params_;
+  kernels::cuda::DeviceBuffer acts_;      // every activation, carved below
+  kernels::cuda::DeviceBuffer inputs_;    // tokens, labels, positions (int64), mask, dloss (fp32)
+  kernels::cuda::DeviceBuffer loss_acc_;  // 2 doubles
+  kernels::cuda::DeviceBuffer zero_bias_; // fp32 -> bf16 zeros for the bias-GeLU kernel without fc1 bias
+  std::vector<LayerActs> layers_;
+  bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
+  float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
+  kernels::cuda::UnfusedAttentionScratch attn_scratch_;
+  // Backward scratch.
+  bf16 *dx_ = nullptr, *dbranch_ = nullptr, *dnorm_ = nullptr, *dtmp_ = nullptr, *dwide_ = nullptr, *dg_ = nullptr,
+       *dctx_ = nullptr;
+  float* reduce_scratch_ = nullptr;  // bias and LayerNorm parameter-gradient partial sums
+  void* emb_scratch_ = nullptr;
+  size_t emb_scratch_bytes_ = 0;
+  int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
+  float *mask_ = nullptr, *dloss_ = nullptr;
+  DropoutKey key_{};
+  bool have_forward_ = false;
+};
+
+}  // namespace laoyao::model

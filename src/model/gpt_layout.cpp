@@ -1,0 +1,56 @@
+#include "model/gpt_layout.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace laoyao::model {
+
+GptParameterLayout build_gpt_parameters(const GptConfig& c) {
+  if (c.num_layers <= 0 || c.hidden <= 0 || c.heads <= 0 || c.kv_channels <= 0 || c.ffn <= 0 || c.vocab <= 0 ||
+      c.query_groups <= 0 || c.heads % c.query_groups != 0)
+    throw Error("GptModel: invalid shape");
+  if (c.positions == Positions::LearnedAbsolute && c.max_positions <= 0)
+    throw Error("GptModel: learned positions need max_positions > 0");
+  GptParameterLayout out;
+  ParameterTable& table = out.table;
+  const int64_t h = c.hidden;
+  // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
+  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  out.word_emb = table.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
+  if (c.positions == Positions::LearnedAbsolute)
+    out.pos_emb = table.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
+  const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
+  const bool ln = c.norm == Norm::LayerNorm;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    GptLayerOffsets L{};
+    L.ln1_w = table.add(p + "input_layernorm.weight", {h}, gamma_init);
+    L.ln1_b = ln ? table.add(p + "input_layernorm.bias", {h}, Init::Zeros) : -1;
+    // Megatron registers linear_proj (Attention.__init__) before linear_qkv (SelfAttention.__init__).
+    L.proj_w = table.add(p + "self_attention.linear_proj.weight", {h, c.heads * c.kv_channels}, Init::Normal, out_std);
+    L.proj_b = c.add_bias_linear ? table.add(p + "self_attention.linear_proj.bias", {h}, Init::Zeros) : -1;
+    L.qkv_w = table.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
+    L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
+                  ? table.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
+                  : -1;
+    // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
+    L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
+    L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
+    L.fc1_w = table.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
+    L.fc1_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
+    L.fc2_w = table.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
+    L.fc2_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
+    out.layers.push_back(L);
+  }
+  out.final_w = table.add("decoder.final_layernorm.weight", {h}, gamma_init);
+  out.final_b = ln ? table.add("decoder.final_layernorm.bias", {h}, Init::Zeros) : -1;
+  out.output_w = c.tied_embeddings ? out.word_emb
+                                   : table.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
+  return out;
+}
+
+}  // namespace laoyao::model

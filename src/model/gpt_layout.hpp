@@ -1,0 +1,29 @@
+// Where each parameter of a GPT model lives in the flat buffers: Megatron-Core's names and state-dict
+// order (the ParameterTable) plus each layer's offsets. Shared by every backend's GptModel, so the
+// CPU and CUDA models hold the same parameters at the same offsets and checkpoints map one to one.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/gpt_config.hpp"
+#include "model/parameters.hpp"
+
+namespace laoyao::model {
+
+// Offsets into the flat buffers; -1 for a parameter the model does not have (a bias, a LayerNorm
+// beta, QK-norm weights).
+struct GptLayerOffsets {
+  int64_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+};
+
+struct GptParameterLayout {
+  ParameterTable table;
+  int64_t word_emb = -1, pos_emb = -1, final_w = -1, final_b = -1;
+  int64_t output_w = -1;  // == word_emb when the embeddings are tied
+  std::vector<GptLayerOffsets> layers;
+};
+
+// Throws laoyao::Error for a shape no GPT model has.
+GptParameterLayout build_gpt_parameters(const GptConfig& c);
+
+}  // namespace laoyao::model

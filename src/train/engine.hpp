@@ -1,0 +1,63 @@
+// What the training loop asks of a backend: run micro-batches, report the loss, norm and update.
+// The CPU engine computes in place on the host GptModel and AdamW; the CUDA engine keeps its own
+// device copy of the parameters, gradients and Adam state, and moves them to and from the host
+// model/AdamW only around checkpoints (pull_state before a save, push_state after a restore).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "model/gpt_model.hpp"
+#include "optim/adamw.hpp"
+#include "train/data_pipeline.hpp"
+
+namespace laoyao::train {
+
+// Megatron's loss report over micro-batches: masked loss sum and token count.
+struct LossSum {
+  double sum = 0;
+  double count = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string name() const = 0;  // "cpu" or "cuda:0 (NVIDIA H200, ...)"
+  virtual void zero_grads() = 0;
+  // Forward of one micro-batch, and backward when `dloss` (per-token loss gradients) is given.
+  // The micro-batch's masked loss sum is added to a running sum that take_loss_sum() returns.
+  virtual void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) = 0;
+  virtual LossSum take_loss_sum() = 0;
+  virtual double grad_norm() = 0;
+  virtual int64_t count_zero_grads() = 0;
+  virtual double params_norm() = 0;
+  // Megatron's clip (coefficient max_norm / (norm + 1e-6) when below 1, none when max_norm <= 0)
+  // and one AdamW step.
+  virtual void clip_and_step(double norm, double max_norm, double lr, double wd) = 0;
+  virtual void pull_state() {}
+  virtual void push_state() {}
+  // Peak device memory in bytes (0 on the CPU).
+  virtual size_t peak_device_bytes() const { return 0; }
+};
+
+std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam);
+
+// The CUDA engine on the current device for micro-batches of up to max_b sequences of s tokens.
+// Throws UsageError when the CUDA backend is not built or the model has features it lacks.
+std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& adam, const optim::AdamWSettings& s,
+                                         int64_t max_b, int64_t seq);
+
+// Which backend a run of `model` uses: LAOYAO_DEVICE=cpu|cuda, or (unset) the GPU when one is
+// visible and the CUDA backend can train the model (else the CPU, with a note saying why).
+// Throws UsageError for another value, for cuda without a GPU or for a model it cannot train.
+struct BackendChoice {
+  bool cuda = false;
+  std::string note;  // "" or one line for the user (why a visible GPU is not used)
+};
+BackendChoice choose_backend(const model::GptConfig& model);
+
+// What the CUDA backend cannot train in `model` ("" when it can; "not built" without it).
+std::string cuda_backend_gaps(const model::GptConfig& model);
+
+}  // namespace laoyao::train

@@ -1,0 +1,77 @@
+// The CPU reference engine: the host GptModel and AdamW do the work.
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/error.hpp"
+#include "train/engine.hpp"
+
+namespace laoyao::train {
+namespace {
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(model::GptModel& m, optim::AdamW& a) : model_(m), adam_(a) {}
+  std::string name() const override { return "cpu"; }
+  void zero_grads() override { model_.zero_grads(); }
+
+  void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
+    const int64_t T = mb.b * mb.s;
+    losses_.resize(static_cast<size_t>(T));
+    model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data()};
+    model_.forward(in, key, losses_.data());
+    for (int64_t t = 0; t < T; ++t) {
+      acc_.sum += static_cast<double>(losses_[t]) * mb.loss_mask[t];
+      acc_.count += mb.loss_mask[t];
+    }
+    if (dloss) model_.backward(dloss);
+  }
+  LossSum take_loss_sum() override { return std::exchange(acc_, LossSum{}); }
+  double grad_norm() override { return optim::grad_norm(model_.grads(), model_.num_parameters()); }
+  int64_t count_zero_grads() override {
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < model_.num_parameters(); ++i) zeros += model_.grads()[i] == 0.0f;
+    return zeros;
+  }
+  double params_norm() override { return optim::grad_norm(model_.weights(), model_.num_parameters()); }
+  void clip_and_step(double norm, double max_norm, double lr, double wd) override {
+    optim::clip_grads(model_.grads(), model_.num_parameters(), norm, max_norm);
+    adam_.step(model_.weights(), model_.grads(), lr, wd);
+  }
+
+ private:
+  model::GptModel& model_;
+  optim::AdamW& adam_;
+  std::vector<float> losses_;
+  LossSum acc_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam) {
+  return std::make_unique<CpuEngine>(model, adam);
+}
+
+BackendChoice choose_backend(const model::GptConfig& model) {
+  const char* env = std::getenv("LAOYAO_DEVICE");
+  const std::string want = env ? env : "";
+  if (want == "cpu") return {false, ""};
+  if (!want.empty() && want != "cuda") throw UsageError("LAOYAO_DEVICE=" + want + ": accepted values are cpu and cuda");
+  if (!want.empty()) {
+    if (!cuda_backend_built()) throw UsageError("LAOYAO_DEVICE=cuda: this laoyao was built without the CUDA backend");
+    if (cuda_device_count() == 0) throw UsageError("LAOYAO_DEVICE=cuda: no CUDA device is visible");
+  } else if (cuda_device_count() == 0) {
+    return {false, ""};
+  }
+  const std::string gaps = cuda_backend_gaps(model);
+  if (gaps.empty()) return {true, ""};
+  if (!want.empty())
+    throw UsageError("LAOYAO_DEVICE=cuda: the CUDA backend cannot train this model yet: " + gaps +
+                     " (LAOYAO_DEVICE=cpu trains it on the CPU)");
+  return {false, "laoyao: a GPU is visible, but the CUDA backend cannot train this model yet (" + gaps +
+                     "): training on the CPU"};
+}
+
+}  // namespace laoyao::train
