@@ -132,6 +132,12 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
   uint32_t align = alignment_of(A);
   for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias)})
     if (p) align = std::min(align, alignment_of(p));
+  if (problem.batch > 1) {  // every batch's matrix must meet the alignment the plan assumes
+    const size_t d_bytes = problem.d_fp32 ? 4 : 2;
+    for (size_t stride_bytes : {size_t(problem.stride_a) * 2, size_t(problem.stride_b) * 2,
+                                size_t(problem.stride_d) * d_bytes})
+      align = std::min(align, alignment_of(reinterpret_cast<const void*>(stride_bytes)));
+  }
   Plan& plan = plan_for(Key{problem, align}, bias);
   if (bias)  // same problem, perhaps another bias vector: an attribute write, nothing is rebuilt
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));

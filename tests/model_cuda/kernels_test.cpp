@@ -1,0 +1,936 @@
+// Every CUDA op of src/kernels/cuda against the CPU reference ops (src/kernels/cpu, optim/adamw) or
+// a naive fp64 loop, on fresh random inputs (laoyao::Rng, never zeros) rounded to bf16 on the host,
+// so the CPU and the GPU read identical values.
+//
+// Tolerances. bf16 keeps 8 significant bits: one round-to-nearest has relative error at most
+// u = 2^-8 (~3.9e-3). fp32 has u = 2^-24 (~6e-8).
+//  - An op that computes in fp32 and rounds its bf16 output once is checked element by element
+//    against |got - want| <= 2^-7 |want| + (an fp32 term): 2^-7 is twice bf16's u, room for the
+//    rounding plus fp32 noise, and a tenth of what a wrong formula usually shows. The fp32 term is
+//    kFp32Sum (2e-5) times the sum of the absolute values of the terms of the reduction (a sum of k
+//    fp32-rounded terms errs by at most ~k u of that, ~1e-6 for our sizes; tensor cores truncate
+//    instead of rounding in their fp32 accumulation, so 2e-5 leaves a margin), or a small fraction
+//    of the tensor's largest entry where the op has no long reduction (cancellation can make an
+//    element tiny next to its inputs).
+//  - fp32 outputs (main_grad accumulation, statistics, losses) get the kFp32Sum term alone.
+//  - Where the GPU and the CPU execute the same fp32 operations in the same order (casts, adds,
+//    dropout masks, the embedding gradient), results must be bit-identical.
+//  - Attention keeps bf16 probabilities and bf16 intermediate gradients (dS, per-head dk/dv), a few
+//    2^-8 roundings deep: it is compared by relative norm ||gpu - cpu|| / ||cpu|| < 2e-2 plus a
+//    per-element bound of 2e-2 of the tensor's largest entry, which catches a wrong row or head that
+//    a norm over the whole tensor could dilute. A host emulation of the unfused path's roundings
+//    (bf16 P, dS, ctx, per-head dk/dv) on these shapes gave relative norms of 2-3e-3 and worst
+//    elements of 3-4e-3 of the largest: the tolerances leave a 5x margin.
+//
+// GPU only: these tests need device 0 (tests/*_cuda are labelled `gpu`).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/qkv_layout.hpp"
+#include "kernels/cuda/attention_reference.hpp"
+#include "kernels/cuda/attention_unfused.hpp"
+#include "kernels/cuda/bias_gelu.hpp"
+#include "kernels/cuda/cross_entropy.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/dropout_rng.cuh"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/optimizer.hpp"
+#include "optim/adamw.hpp"
+
+namespace laoyao::kernels::cuda_test {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::DeviceBuffer;
+
+constexpr double kBf16Rel = 1.0 / 128.0;  // 2^-7: twice bf16's unit roundoff
+constexpr double kFp32Sum = 2e-5;         // times the sum of |terms| of an fp32 reduction
+constexpr double kAttnNormTol = 2e-2;     // attention: relative norm of the error
+constexpr double kAttnElemTol = 2e-2;     // attention: per element, times the largest |want|
+
+// ---- host data
+
+// n draws of mean + stddev * N(0, 1) from stream (seed, name), as fp32.
+std::vector<float> randn(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0, double mean = 0.0) {
+  Rng rng(seed, name);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(mean + stddev * rng.normal());
+  return v;
+}
+
+// The same, rounded to bf16 (what a bf16 tensor on the device holds).
+std::vector<float> randn_bf16(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0,
+                              double mean = 0.0) {
+  auto v = randn(n, seed, name, stddev, mean);
+  for (auto& x : v) x = round_to_bf16(x);
+  return v;
+}
+
+// Integers in [0, bound), uniform.
+std::vector<int64_t> rand_ids(size_t n, uint64_t seed, std::string_view name, int64_t bound) {
+  Rng rng(seed, name);
+  std::vector<int64_t> v(n);
+  for (auto& x : v) x = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(bound));
+  return v;
+}
+
+// The CPU model's dropout mask (model/gpt_model.cpp): 0 with probability p, else float(1/(1-p)).
+std::vector<float> cpu_dropout_mask(size_t n, double p, uint64_t seed, std::string_view stream) {
+  Rng rng(seed, stream);
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+  std::vector<float> mask(n);
+  for (auto& m : mask) m = rng.uniform() < p ? 0.0f : keep;
+  return mask;
+}
+
+cuda::DropoutSpec dropout_spec(double p, uint64_t seed, std::string_view stream) {
+  cuda::DropoutSpec d;
+  d.key = rng_stream_key(seed, stream);
+  d.p = p;
+  d.keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  return d;
+}
+
+// Host conversions (the values are bf16 already, so to_bf16 is exact).
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+
+std::vector<float> to_float(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// ---- device data
+
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& v) {
+  DeviceBuffer d(v.size() * sizeof(T));
+  d.upload(v.data(), v.size() * sizeof(T));
+  return d;
+}
+
+DeviceBuffer to_device_bf16(const std::vector<float>& v) { return to_device(to_bf16(v)); }
+
+template <class T>
+std::vector<T> from_device(const DeviceBuffer& d, size_t n) {
+  std::vector<T> v(n);
+  d.download(v.data(), n * sizeof(T));
+  return v;
+}
+
+std::vector<float> from_device_bf16(const DeviceBuffer& d, size_t n) { return to_float(from_device<bf16>(d, n)); }
+
+// ---- checks
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// |got[i] - want[i]| <= tol[i] for every i; reports the count of failures and the worst element
+// (largest error / tolerance).
+void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(tol.size(), want.size()) << what;
+  size_t bad = 0, worst_i = 0;
+  double worst = -1.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // NaN fails
+    const double ratio = tol[i] > 0 ? err / tol[i] : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    if (ratio > 1.0) ++bad;
+    if (ratio > worst) worst = ratio, worst_i = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements out of tolerance; worst element "
+                     << worst_i << " got " << got[worst_i] << " want " << want[worst_i] << " tolerance "
+                     << tol[worst_i] << " (error / tolerance " << worst << ")";
+}
+
+// bf16 output rounded once from fp32 math: |got - want| <= 2^-7 |want| + abs_frac * max|want|.
+void expect_bf16_close(const std::vector<float>& got, const std::vector<double>& want, double abs_frac,
+                       const std::string& what) {
+  const double floor = abs_frac * max_abs(want);
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = kBf16Rel * std::abs(want[i]) + floor;
+  expect_within(got, want, tol, what);
+}
+
+// ||got - want|| / ||want|| < rel_tol, and every |got - want| <= elem_frac * max|want|.
+void expect_rel_norm(const std::vector<float>& got, const std::vector<double>& want, double rel_tol,
+                     double elem_frac, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double err2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    err2 += e * e;
+    ref2 += want[i] * want[i];
+  }
+  ASSERT_GT(ref2, 0.0) << what << ": the reference is all zeros";
+  const double rel = std::sqrt(err2 / ref2);
+  EXPECT_LT(rel, rel_tol) << what << ": relative norm of the error";  // NaN fails too
+  expect_within(got, want, std::vector<double>(want.size(), elem_frac * max_abs(want)), what + " (per element)");
+}
+
+// Bit-for-bit equal as values (+0 == -0; NaN fails).
+void expect_equal(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(got[i] == want[i]) && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements differ; first " << first << " got "
+                     << got[first] << " want " << want[first];
+}
+
+// Every test runs its ops on a created (blocking) stream of device 0. Uploads are cudaMemcpy on the
+// legacy default stream, which orders them before the stream's later work; sync() before reading.
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LAOYAO_CUDA_CHECK(cudaSetDevice(0));
+    LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_) LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  void sync() const { LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+// ---------------------------------------------------------------- cuBLASLt GEMMs
+
+TEST_F(CudaKernels, LinearForwardMatchesCpu) {
+  const int64_t T = 37, K = 301, N = 203;
+  const auto x = randn_bf16(T * K, 11, "linear.x");
+  const auto w = randn_bf16(N * K, 11, "linear.w", 0.05);
+  const auto bias = randn_bf16(N, 11, "linear.bias", 0.5);
+  // The sum of |terms| of each output (the fp32 accumulation's error scale).
+  std::vector<double> abssum(T * N, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) abssum[t * N + n] += std::abs(double(x[t * K + k]) * w[n * K + k]);
+
+  auto dx = to_device_bf16(x), dw = to_device_bf16(w), db = to_device_bf16(bias);
+  DeviceBuffer dy(T * N * sizeof(bf16));
+  cuda::CublasLtGemm gemm;
+  for (const bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "with bias" : "without bias");
+    std::vector<float> want(T * N);
+    cpu::linear_forward(x.data(), w.data(), with_bias ? bias.data() : nullptr, want.data(), T, K, N);
+    const bf16* b = with_bias ? db.as<bf16>() : nullptr;
+    gemm.linear_forward(dx.as<bf16>(), dw.as<bf16>(), b, dy.as<bf16>(), T, K, N, stream_);
+    sync();
+    std::vector<double> tol(T * N);
+    for (int64_t i = 0; i < T * N; ++i)
+      tol[i] = kBf16Rel * std::abs(want[i]) + kFp32Sum * (abssum[i] + (with_bias ? std::abs(bias[i % N]) : 0.0));
+    expect_within(from_device_bf16(dy, T * N), to_double(want), tol, "y");
+
+    // The same problem again reuses its plan.
+    const size_t plans = gemm.plans_built();
+    gemm.linear_forward(dx.as<bf16>(), dw.as<bf16>(), b, dy.as<bf16>(), T, K, N, stream_);
+    sync();
+    EXPECT_EQ(gemm.plans_built(), plans);
+  }
+  EXPECT_EQ(gemm.plans_built(), 2u);  // one plan with the bias epilogue, one without
+}
+
+TEST_F(CudaKernels, LinearBackwardInputMatchesNaive) {
+  const int64_t T = 37, K = 301, N = 203;
+  const auto dyv = randn_bf16(T * N, 12, "linear.dy");
+  const auto w = randn_bf16(N * K, 12, "linear.w", 0.05);
+  std::vector<double> want(T * K, 0.0), tol(T * K, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      double s = 0.0, a = 0.0;
+      for (int64_t n = 0; n < N; ++n) {
+        const double term = double(dyv[t * N + n]) * w[n * K + k];
+        s += term;
+        a += std::abs(term);
+      }
+      want[t * K + k] = s;
+      tol[t * K + k] = kBf16Rel * std::abs(s) + kFp32Sum * a;
+    }
+  auto ddy = to_device_bf16(dyv), dw = to_device_bf16(w);
+  auto ddx = to_device_bf16(randn_bf16(T * K, 12, "linear.stale_dx"));  // overwritten
+  cuda::CublasLtGemm gemm;
+  gemm.linear_backward_input(ddy.as<bf16>(), dw.as<bf16>(), ddx.as<bf16>(), T, K, N, stream_);
+  sync();
+  expect_within(from_device_bf16(ddx, T * K), want, tol, "dx = dy w");
+}
+
+TEST_F(CudaKernels, LinearBackwardWeightAccumulatesIntoFp32) {
+  const int64_t T = 37, K = 301, N = 203;
+  const auto dyv = randn_bf16(T * N, 13, "linear.dy");
+  const auto x = randn_bf16(T * K, 13, "linear.x");
+  const auto dw0 = randn(N * K, 13, "linear.main_grad");  // an earlier micro-batch's gradient
+  std::vector<double> want(N * K), tol(N * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double s = dw0[n * K + k], a = std::abs(s);
+      for (int64_t t = 0; t < T; ++t) {
+        const double term = double(dyv[t * N + n]) * x[t * K + k];
+        s += term;
+        a += std::abs(term);
+      }
+      want[n * K + k] = s;
+      tol[n * K + k] = kFp32Sum * a;
+    }
+  auto ddy = to_device_bf16(dyv), dx = to_device_bf16(x), ddw = to_device(dw0);
+  cuda::CublasLtGemm gemm;
+  gemm.linear_backward_weight(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>(), T, K, N, stream_);
+  sync();
+  expect_within(from_device<float>(ddw, N * K), want, tol, "dw0 + dy^T x");
+}
+
+TEST_F(CudaKernels, MatmulRowMajorAllTransposesBatched) {
+  const int64_t M = 37, N = 29, K = 45, batch = 3;
+  const float alpha = 0.75f;
+  cuda::CublasLtGemm gemm;
+  size_t expected_plans = 0;
+  for (const bool c_fp32 : {false, true})
+    for (const bool tx : {false, true})
+      for (const bool ty : {false, true}) {
+        const std::string what = std::string("tx=") + (tx ? "1" : "0") + " ty=" + (ty ? "1" : "0") +
+                                 (c_fp32 ? " C fp32, beta 1" : " C bf16, beta 0");
+        SCOPED_TRACE(what);
+        const uint64_t seed = 100 + (c_fp32 ? 4 : 0) + (tx ? 2 : 0) + (ty ? 1 : 0);
+        const auto X = randn_bf16(batch * M * K, seed, "matmul.X");  // [M, K], or [K, M] when tx
+        const auto Y = randn_bf16(batch * K * N, seed, "matmul.Y");  // [K, N], or [N, K] when ty
+        const float beta = c_fp32 ? 1.0f : 0.0f;  // fp32: accumulate into C; bf16: overwrite it
+        const auto C0 = c_fp32 ? randn(batch * M * N, seed, "matmul.C") : randn_bf16(batch * M * N, seed, "matmul.C");
+        std::vector<double> want(batch * M * N), tol(batch * M * N);
+        for (int64_t bi = 0; bi < batch; ++bi) {
+          const float* Xb = X.data() + bi * M * K;
+          const float* Yb = Y.data() + bi * K * N;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double s = 0.0, a = 0.0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double xv = tx ? Xb[k * M + m] : Xb[m * K + k];
+                const double yv = ty ? Yb[n * K + k] : Yb[k * N + n];
+                s += xv * yv;
+                a += std::abs(xv * yv);
+              }
+              const int64_t i = bi * M * N + m * N + n;
+              const double c0 = double(beta) * C0[i];
+              want[i] = alpha * s + c0;
+              tol[i] = (c_fp32 ? 0.0 : kBf16Rel * std::abs(want[i])) + kFp32Sum * (alpha * a + std::abs(c0));
+            }
+        }
+        auto dX = to_device_bf16(X), dY = to_device_bf16(Y);
+        DeviceBuffer dC = c_fp32 ? to_device(C0) : to_device_bf16(C0);
+        gemm.matmul_rm(dX.as<bf16>(), tx, dY.as<bf16>(), ty, dC.ptr, c_fp32, M, N, K, alpha, beta, batch, stream_);
+        sync();
+        ++expected_plans;
+        EXPECT_EQ(gemm.plans_built(), expected_plans);
+        const auto got = c_fp32 ? from_device<float>(dC, batch * M * N) : from_device_bf16(dC, batch * M * N);
+        expect_within(got, want, tol, "C = alpha op(X) op(Y) + beta C");
+
+        // An identical call builds no new plan.
+        gemm.matmul_rm(dX.as<bf16>(), tx, dY.as<bf16>(), ty, dC.ptr, c_fp32, M, N, K, alpha, beta, batch, stream_);
+        sync();
+        EXPECT_EQ(gemm.plans_built(), expected_plans);
+      }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+TEST_F(CudaKernels, ResidualDropoutAddMatchesCpuMask) {
+  const int64_t n = 10007;
+  const uint64_t seed = 1234;
+  const double p = 0.1;
+  // Branch values of magnitude >= 1 and a smaller residual: a kept element always changes the
+  // residual, so `out == residual` exactly marks the dropped ones.
+  auto branch = randn(n, seed, "rda.branch");
+  for (auto& v : branch) v = round_to_bf16(v < 0 ? v - 1.0f : v + 1.0f);
+  const auto residual = randn_bf16(n, seed, "rda.residual", 0.25);
+  const auto mask = cpu_dropout_mask(n, p, seed, "some.stream");
+
+  auto db = to_device_bf16(branch), dr = to_device_bf16(residual);
+  DeviceBuffer dout(n * sizeof(bf16));
+  cuda::residual_dropout_add(db.as<bf16>(), dr.as<bf16>(), dout.as<bf16>(), n, dropout_spec(p, seed, "some.stream"),
+                             stream_);
+  sync();
+  const auto out = from_device_bf16(dout, n);
+  size_t pattern_bad = 0, first_bad = 0, dropped = 0;
+  std::vector<double> want(n), tol(n);
+  for (int64_t i = 0; i < n; ++i) {
+    dropped += mask[i] == 0.0f;
+    if ((out[i] == residual[i]) != (mask[i] == 0.0f) && pattern_bad++ == 0) first_bad = i;
+    want[i] = double(residual[i]) + double(branch[i]) * mask[i];
+    tol[i] = kBf16Rel * std::abs(want[i]) + 1e-30;
+  }
+  EXPECT_EQ(pattern_bad, 0u) << "dropout pattern differs from the CPU mask, first at " << first_bad;
+  EXPECT_GT(dropped, size_t(n * 0.08));  // p = 0.1 of 10007: ~1000 dropped
+  EXPECT_LT(dropped, size_t(n * 0.12));
+  expect_within(out, want, tol, "residual + branch * mask");
+
+  // p = 0: out = bf16(residual + branch), the fp32 add the CPU does too, bit for bit. In place
+  // (out aliasing branch) as the model calls it.
+  cuda::residual_dropout_add(db.as<bf16>(), dr.as<bf16>(), db.as<bf16>(), n, cuda::DropoutSpec{}, stream_);
+  sync();
+  std::vector<float> exact(n);
+  for (int64_t i = 0; i < n; ++i) exact[i] = round_to_bf16(residual[i] + branch[i]);
+  expect_equal(from_device_bf16(db, n), exact, "p = 0: residual + branch");
+}
+
+TEST_F(CudaKernels, DropoutApplyMatchesCpuMaskExactly) {
+  const int64_t n = 10007;
+  const uint64_t seed = 4321;
+  const double p = 0.1;
+  const auto x = randn_bf16(n, seed, "dropout.x");
+  for (float v : x) ASSERT_NE(v, 0.0f);  // a zero output must mean a dropped element
+  const auto mask = cpu_dropout_mask(n, p, seed, "some.stream");
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = round_to_bf16(x[i] * mask[i]);  // one fp32 multiply, as the GPU
+
+  auto dx = to_device_bf16(x);
+  DeviceBuffer dy(n * sizeof(bf16));
+  cuda::dropout_apply(dx.as<bf16>(), dy.as<bf16>(), n, dropout_spec(p, seed, "some.stream"), stream_);
+  sync();
+  const auto y = from_device_bf16(dy, n);
+  size_t pattern_bad = 0;
+  for (int64_t i = 0; i < n; ++i) pattern_bad += (y[i] == 0.0f) != (mask[i] == 0.0f);
+  EXPECT_EQ(pattern_bad, 0u) << "zero pattern differs from the CPU mask";
+  expect_equal(y, want, "x * mask");
+
+  // In place gives the same.
+  cuda::dropout_apply(dx.as<bf16>(), dx.as<bf16>(), n, dropout_spec(p, seed, "some.stream"), stream_);
+  sync();
+  expect_equal(from_device_bf16(dx, n), want, "x * mask in place");
+
+  // p = 0: a copy.
+  auto dx2 = to_device_bf16(x);
+  cuda::dropout_apply(dx2.as<bf16>(), dy.as<bf16>(), n, cuda::DropoutSpec{}, stream_);
+  sync();
+  expect_equal(from_device_bf16(dy, n), x, "p = 0 copies");
+}
+
+TEST_F(CudaKernels, AddInplaceIsOneBf16Rounding) {
+  const int64_t n = 10007;
+  const auto acc = randn_bf16(n, 21, "add.acc"), x = randn_bf16(n, 21, "add.x", 0.1);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = round_to_bf16(acc[i] + x[i]);
+  auto dacc = to_device_bf16(acc), dx = to_device_bf16(x);
+  cuda::add_inplace(dacc.as<bf16>(), dx.as<bf16>(), n, stream_);
+  sync();
+  expect_equal(from_device_bf16(dacc, n), want, "acc + x");
+}
+
+TEST_F(CudaKernels, BiasGradAccumulatesColumnSums) {
+  const int64_t T = 600, N = 77;  // three row chunks of the kernel's 256
+  const auto dyv = randn_bf16(T * N, 22, "bias_grad.dy");
+  const auto db0 = randn(N, 22, "bias_grad.main_grad");
+  std::vector<double> want(N), tol(N);
+  for (int64_t c = 0; c < N; ++c) {
+    double s = db0[c], a = std::abs(s);
+    for (int64_t t = 0; t < T; ++t) s += dyv[t * N + c], a += std::abs(dyv[t * N + c]);
+    want[c] = s;
+    tol[c] = kFp32Sum * a;
+  }
+  auto ddy = to_device_bf16(dyv), ddb = to_device(db0);
+  DeviceBuffer scratch(cuda::bias_grad_scratch_floats(T, N) * sizeof(float));
+  cuda::bias_grad(ddy.as<bf16>(), ddb.as<float>(), scratch.as<float>(), T, N, stream_);
+  sync();
+  expect_within(from_device<float>(ddb, N), want, tol, "db0 + column sums");
+}
+
+TEST_F(CudaKernels, CastToBf16RoundsToNearestEven) {
+  auto x = randn(4099, 23, "cast.x", 3.0);
+  // Other scales, and exact ties between two bf16 values (round half to even).
+  for (size_t i = 0; i < 1000; ++i) x[i] *= i % 2 ? 1e-3f : 1e4f;
+  for (const float tie : {1.00390625f, 1.01171875f, -1.00390625f, 3.0078125f, 255.5f, -65.25f}) x.push_back(tie);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = round_to_bf16(x[i]);
+  auto dx = to_device(x);
+  DeviceBuffer dy(n * sizeof(bf16));
+  cuda::cast_to_bf16(dx.as<float>(), dy.as<bf16>(), n, stream_);
+  sync();
+  expect_equal(from_device_bf16(dy, n), want, "bf16(x)");
+}
+
+// ---------------------------------------------------------------- attention
+
+struct AttnCase {
+  int64_t b, s, H, G, D;
+  double p;  // attention dropout
+};
+
+cuda::AttentionShape shape_of(const AttnCase& c) {
+  cuda::AttentionShape a;
+  a.b = c.b, a.s = c.s, a.H = c.H, a.G = c.G, a.D = c.D;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)));
+  return a;
+}
+
+// The CPU's forward and backward on the same bf16-valued inputs.
+struct CpuAttention {
+  std::vector<float> ctx, probs, dqkv;
+};
+
+CpuAttention cpu_attention(const AttnCase& c, const std::vector<float>& qkv, const std::vector<float>& dctx,
+                           const float* mask) {
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const float scale = shape_of(c).scale;
+  CpuAttention r;
+  r.ctx.resize(c.b * c.s * c.H * c.D);
+  r.probs.resize(c.b * c.H * c.s * c.s);
+  r.dqkv.resize(c.b * c.s * L.row);
+  cpu::attention_forward(qkv.data(), r.ctx.data(), r.probs.data(), c.b, c.s, c.H, c.G, c.D, scale, mask);
+  cpu::attention_backward(qkv.data(), r.probs.data(), dctx.data(), r.dqkv.data(), c.b, c.s, c.H, c.G, c.D, scale,
+                          mask);
+  return r;
+}
+
+void check_attention_unfused(const AttnCase& c, cudaStream_t stream) {
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const uint64_t seed = 7000 + static_cast<uint64_t>(c.s * 100 + c.H * 10 + c.G);
+  const int64_t T = c.b * c.s;
+  const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
+  const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
+  const char* stream_name = "decoder.layers.0.self_attention.core_attention.dropout";
+  const auto shape = shape_of(c);
+  const int64_t n_probs = cuda::attention_probs_elems(shape), n_heads = cuda::attention_heads_elems(shape);
+  ASSERT_EQ(n_probs, c.b * c.H * c.s * c.s);
+  ASSERT_EQ(n_heads, c.b * c.H * c.s * c.D);
+  std::vector<float> mask;
+  if (c.p > 0) mask = cpu_dropout_mask(n_probs, c.p, seed, stream_name);
+  const auto want = cpu_attention(c, qkv, dctx, c.p > 0 ? mask.data() : nullptr);
+  const cuda::DropoutSpec drop = c.p > 0 ? dropout_spec(c.p, seed, stream_name) : cuda::DropoutSpec{};
+
+  auto dqkv_in = to_device_bf16(qkv), ddctx = to_device_bf16(dctx);
+  DeviceBuffer dctx_out(T * c.H * c.D * sizeof(bf16)), ddqkv(T * L.row * sizeof(bf16));
+  DeviceBuffer q(n_heads * sizeof(bf16)), k(n_heads * sizeof(bf16)), v(n_heads * sizeof(bf16));
+  DeviceBuffer probs(n_probs * sizeof(bf16)), probs_dropped;
+  if (c.p > 0) probs_dropped = DeviceBuffer(n_probs * sizeof(bf16));
+  DeviceBuffer scores(n_probs * sizeof(float)), heads(n_heads * sizeof(bf16)), dq(n_heads * sizeof(bf16)),
+      dk(n_heads * sizeof(bf16)), dv(n_heads * sizeof(bf16));
+  cuda::UnfusedAttentionBuffers saved;
+  saved.q = q.as<bf16>(), saved.k = k.as<bf16>(), saved.v = v.as<bf16>(), saved.probs = probs.as<bf16>();
+  saved.probs_dropped = probs_dropped.as<bf16>();  // nullptr without dropout
+  cuda::UnfusedAttentionScratch scratch;
+  scratch.scores = scores.as<float>(), scratch.heads = heads.as<bf16>();
+  scratch.dq = dq.as<bf16>(), scratch.dk = dk.as<bf16>(), scratch.dv = dv.as<bf16>();
+
+  cuda::CublasLtGemm gemm;
+  cuda::attention_unfused_forward(gemm, dqkv_in.as<bf16>(), dctx_out.as<bf16>(), saved, scratch, shape, drop, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(dctx_out, T * c.H * c.D), to_double(want.ctx), kAttnNormTol, kAttnElemTol, "ctx");
+  // Saved probabilities: fp32 softmax rounded once; exact zeros above the diagonal.
+  {
+    std::vector<double> tol(n_probs);
+    for (int64_t i = 0; i < n_probs; ++i) tol[i] = kBf16Rel * std::abs(want.probs[i]) + 1e-7;
+    expect_within(from_device_bf16(probs, n_probs), to_double(want.probs), tol, "probs");
+  }
+  if (c.p > 0) {
+    // probs * mask: zero exactly where the CPU's mask drops or the key is in the future.
+    const auto got = from_device_bf16(probs_dropped, n_probs);
+    std::vector<double> w(n_probs), tol(n_probs);
+    size_t pattern_bad = 0, first_bad = 0;
+    for (int64_t e = 0; e < n_probs; ++e) {
+      const int64_t i = (e / c.s) % c.s, j = e % c.s;
+      const bool zero = mask[e] == 0.0f || j > i;
+      if ((got[e] == 0.0f) != zero && pattern_bad++ == 0) first_bad = e;
+      w[e] = double(want.probs[e]) * mask[e];
+      tol[e] = kBf16Rel * std::abs(w[e]) + 1e-7;
+    }
+    EXPECT_EQ(pattern_bad, 0u) << "attention dropout pattern differs from the CPU mask, first at " << first_bad;
+    expect_within(got, w, tol, "probs * mask");
+  }
+
+  cuda::attention_unfused_backward(gemm, ddctx.as<bf16>(), ddqkv.as<bf16>(), saved, scratch, shape, drop, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(ddqkv, T * L.row), to_double(want.dqkv), kAttnNormTol, kAttnElemTol, "dqkv");
+}
+
+TEST_F(CudaKernels, AttentionUnfusedMhaMatchesCpu) { check_attention_unfused({2, 37, 4, 4, 64, 0.0}, stream_); }
+
+TEST_F(CudaKernels, AttentionUnfusedGqaMatchesCpu) { check_attention_unfused({1, 64, 8, 2, 128, 0.0}, stream_); }
+
+TEST_F(CudaKernels, AttentionUnfusedDropoutMatchesCpuMask) {
+  check_attention_unfused({2, 29, 4, 2, 64, 0.1}, stream_);
+}
+
+void check_attention_reference(const AttnCase& c, cudaStream_t stream) {
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const uint64_t seed = 8000 + static_cast<uint64_t>(c.s * 100 + c.H * 10 + c.G);
+  const int64_t T = c.b * c.s;
+  const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
+  const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
+  const auto want = cpu_attention(c, qkv, dctx, nullptr);
+  const auto shape = shape_of(c);
+
+  // lse[b, H, s] by a naive fp64 loop over the same inputs.
+  std::vector<double> want_lse(c.b * c.H * c.s), lse_tol(c.b * c.H * c.s);
+  for (int64_t bi = 0; bi < c.b; ++bi)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < c.s; ++i) {
+        std::vector<double> sc(i + 1);
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < c.D; ++d)
+            dot += double(qkv[(bi * c.s + i) * L.row + L.q(h) + d]) *
+                   qkv[(bi * c.s + j) * L.row + L.k(L.group_of(h)) + d];
+          sc[j] = double(shape.scale) * dot;
+        }
+        const double m = *std::max_element(sc.begin(), sc.end());
+        double sum = 0.0;
+        for (double x : sc) sum += std::exp(x - m);
+        const int64_t r = (bi * c.H + h) * c.s + i;
+        want_lse[r] = m + std::log(sum);
+        lse_tol[r] = 1e-5 * (1.0 + std::abs(want_lse[r]));
+      }
+
+  auto dqkv_in = to_device_bf16(qkv), ddctx = to_device_bf16(dctx);
+  DeviceBuffer dctx_out(T * c.H * c.D * sizeof(bf16)), ddqkv(T * L.row * sizeof(bf16));
+  DeviceBuffer lse(c.b * c.H * c.s * sizeof(float)), delta(c.b * c.H * c.s * sizeof(float));
+  cuda::attention_reference_forward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), lse.as<float>(), shape, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto ctx = from_device_bf16(dctx_out, T * c.H * c.D);
+  expect_rel_norm(ctx, to_double(want.ctx), kAttnNormTol, kAttnElemTol, "ctx");
+  expect_bf16_close(ctx, to_double(want.ctx), 1e-4, "ctx (fp32 softmax, rounded once)");
+  expect_within(from_device<float>(lse, c.b * c.H * c.s), want_lse, lse_tol, "lse");
+
+  cuda::attention_reference_backward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), ddctx.as<bf16>(), lse.as<float>(),
+                                     delta.as<float>(), ddqkv.as<bf16>(), shape, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(ddqkv, T * L.row), to_double(want.dqkv), kAttnNormTol, kAttnElemTol, "dqkv");
+}
+
+TEST_F(CudaKernels, AttentionReferenceMhaMatchesCpu) { check_attention_reference({2, 37, 4, 4, 64, 0.0}, stream_); }
+
+TEST_F(CudaKernels, AttentionReferenceGqaMatchesCpu) {
+  check_attention_reference({1, 64, 8, 2, 128, 0.0}, stream_);
+}
+
+// ---------------------------------------------------------------- optimizer
+
+TEST_F(CudaKernels, SumSquaresMatchesDoubleSum) {
+  DeviceBuffer scratch(cuda::kReduceBlocks * sizeof(double)), out(sizeof(double));
+  for (const int64_t n : {int64_t{777}, int64_t{100003}}) {  // fewer and more elements than blocks
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const auto x = randn(n, 31, "sumsq.x", 0.5);
+    double want = 0.0;
+    for (float v : x) want += double(v) * v;
+    auto dx = to_device(x);
+    cuda::sum_squares(dx.as<float>(), n, scratch.as<double>(), out.as<double>(), stream_);
+    sync();
+    const double got = from_device<double>(out, 1)[0];
+    EXPECT_NEAR(got, want, 1e-11 * want);  // double sums (any order) of exact double squares
+  }
+}
+
+TEST_F(CudaKernels, CountZerosIsExact) {
+  const int64_t n = 100003;
+  auto x = randn(n, 32, "zeros.x");
+  Rng pick(32, "zeros.where");
+  int64_t want = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (pick.uniform() < 0.01) x[i] = (i % 2) ? 0.0f : -0.0f;  // -0 == 0 too
+    want += x[i] == 0.0f;
+  }
+  ASSERT_GT(want, 500);
+  DeviceBuffer scratch(cuda::kReduceBlocks * sizeof(double)), out(sizeof(double));
+  auto dx = to_device(x);
+  cuda::count_zeros(dx.as<float>(), n, scratch.as<double>(), out.as<double>(), stream_);
+  sync();
+  EXPECT_EQ(from_device<double>(out, 1)[0], static_cast<double>(want));
+}
+
+TEST_F(CudaKernels, MaskedLossSumAccumulates) {
+  const int64_t T = 1500;  // more tokens than the kernel's 1024 threads
+  auto loss = randn(T, 33, "mls.loss", 2.0, 5.0);
+  std::vector<float> mask(T);
+  Rng rng(33, "mls.mask");
+  for (auto& m : mask) m = rng.uniform() < 0.7 ? 1.0f : 0.0f;
+  double s = 0.0, c = 0.0;
+  for (int64_t t = 0; t < T; ++t) s += double(loss[t]) * mask[t], c += mask[t];
+  const std::vector<double> acc0 = {3.25, 7.0};
+  auto dl = to_device(loss), dm = to_device(mask), dacc = to_device(acc0);
+  cuda::masked_loss_sum(dl.as<float>(), dm.as<float>(), T, dacc.as<double>(), stream_);
+  cuda::masked_loss_sum(dl.as<float>(), dm.as<float>(), T, dacc.as<double>(), stream_);
+  sync();
+  const auto acc = from_device<double>(dacc, 2);
+  EXPECT_NEAR(acc[0], acc0[0] + 2 * s, 1e-12 * (acc0[0] + 2 * s)) << "loss sum";
+  EXPECT_EQ(acc[1], acc0[1] + 2 * c) << "token count";
+}
+
+TEST_F(CudaKernels, AdamWStepMatchesCpuAdamW) {
+  const int64_t n = 5003;
+  const std::vector<optim::ParamRange> ranges = {{0, 3000, 1.0}, {3000, 500, 0.0}, {3500, 1503, 1.0}};
+  std::vector<uint8_t> decay(n);
+  for (const auto& r : ranges)
+    for (int64_t i = r.offset; i < r.offset + r.numel; ++i) decay[i] = r.wd_mult != 0.0 ? 1 : 0;
+  const optim::AdamWSettings settings;  // 0.9, 0.999, 1e-8
+  optim::AdamW cpu_opt(n, ranges, settings);
+  // A random starting state (as if steps had been taken), the same on both sides.
+  auto params = randn(n, 41, "adamw.params");
+  cpu_opt.exp_avg() = randn(n, 41, "adamw.exp_avg", 0.01);
+  cpu_opt.exp_avg_sq() = randn(n, 41, "adamw.exp_avg_sq", 0.01);
+  for (auto& v : cpu_opt.exp_avg_sq()) v *= v;
+
+  auto dp = to_device(params), dm = to_device(cpu_opt.exp_avg()), dv = to_device(cpu_opt.exp_avg_sq());
+  auto ddecay = to_device(decay);
+  DeviceBuffer dg(n * sizeof(float)), dpb(n * sizeof(bf16));
+  const double lr = 1e-2, wd = 0.1;
+  for (int step = 1; step <= 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const auto grads = randn(n, 41, "adamw.grads." + std::to_string(step), 0.1);
+    dg.upload(grads.data(), n * sizeof(float));
+    auto cpu_grads = grads;
+    float grad_scale = 1.0f;
+    if (step == 4) {  // clipping: Megatron's coefficient, folded into the GPU step
+      const double norm = optim::grad_norm(cpu_grads.data(), n);
+      const double coeff = optim::clip_grads(cpu_grads.data(), n, norm, 0.5 * norm);
+      ASSERT_LT(coeff, 1.0);
+      grad_scale = static_cast<float>(coeff);
+    }
+    cuda::AdamWStep s;
+    s.beta1 = static_cast<float>(settings.beta1);
+    s.beta2 = static_cast<float>(settings.beta2);
+    s.eps = settings.eps;
+    s.lr = lr;
+    s.wd = wd;
+    s.step_size = lr / (1.0 - std::pow(settings.beta1, static_cast<double>(step)));
+    s.bc2_sqrt = std::sqrt(1.0 - std::pow(settings.beta2, static_cast<double>(step)));
+    s.grad_scale = grad_scale;
+    const std::vector<float> m_prev = cpu_opt.exp_avg();
+    cuda::adamw_step(dp.as<float>(), dg.as<float>(), dm.as<float>(), dv.as<float>(), dpb.as<bf16>(),
+                     ddecay.as<uint8_t>(), n, s, stream_);
+    cpu_opt.step(params.data(), cpu_grads.data(), lr, wd);
+    sync();
+
+    // The same fp32/fp64 formulas on both sides, but nvcc may fuse a multiply-add (one rounding
+    // less), so agreement is to a few fp32 ulps of the terms: exp_avg to 1e-6 of |b1 m| + |(1-b1) g|
+    // (the terms can cancel), exp_avg_sq (positive terms) to 1e-6 relative, params to 1e-6
+    // relative plus 1e-5 * lr for parameters near zero. A wrong decay flag errs by lr*wd*|p|.
+    const auto p_gpu = from_device<float>(dp, n);
+    std::vector<double> tol(n);
+    for (int64_t i = 0; i < n; ++i) tol[i] = 1e-6 * std::abs(params[i]) + 1e-5 * lr;
+    expect_within(p_gpu, to_double(params), tol, "param");
+    const auto m_want = to_double(cpu_opt.exp_avg()), v_want = to_double(cpu_opt.exp_avg_sq());
+    for (int64_t i = 0; i < n; ++i)
+      tol[i] = 1e-6 * (settings.beta1 * std::abs(m_prev[i]) + (1.0 - settings.beta1) * std::abs(cpu_grads[i]));
+    expect_within(from_device<float>(dm, n), m_want, tol, "exp_avg");
+    for (int64_t i = 0; i < n; ++i) tol[i] = 1e-6 * std::abs(v_want[i]) + 1e-30;
+    expect_within(from_device<float>(dv, n), v_want, tol, "exp_avg_sq");
+    // The bf16 copy is exactly bf16(param); the gradient is left unscaled.
+    std::vector<float> pb_want(n);
+    for (int64_t i = 0; i < n; ++i) pb_want[i] = round_to_bf16(p_gpu[i]);
+    expect_equal(from_device_bf16(dpb, n), pb_want, "param_bf16");
+    expect_equal(from_device<float>(dg, n), grads, "grad untouched");
+  }
+}
+
+// ---------------------------------------------------------------- layernorm
+
+TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
+  const int64_t T = 300, C = 1003;  // three row chunks of the dgamma reduction's 128
+  const float eps = 1e-5f;
+  for (const bool zc : {false, true}) {
+    SCOPED_TRACE(zc ? "zero-centered gamma" : "plain gamma");
+    const uint64_t seed = zc ? 52 : 51;
+    const auto x = randn_bf16(T * C, seed, "ln.x", 2.0, 0.5);
+    const auto gamma = randn_bf16(C, seed, "ln.gamma", 0.1, zc ? 0.0 : 1.0);
+    const auto beta = randn_bf16(C, seed, "ln.beta", 0.1);
+    const auto dyv = randn_bf16(T * C, seed, "ln.dy");
+    const auto dgamma0 = randn(C, seed, "ln.dgamma0"), dbeta0 = randn(C, seed, "ln.dbeta0");
+
+    std::vector<float> y(T * C), mean(T), rstd(T);
+    cpu::layernorm_forward(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), T, C, eps, zc);
+
+    auto dx_in = to_device_bf16(x), dgam = to_device_bf16(gamma), dbet = to_device_bf16(beta);
+    auto ddy = to_device_bf16(dyv), ddg = to_device(dgamma0), ddb = to_device(dbeta0);
+    DeviceBuffer dy_out(T * C * sizeof(bf16)), dmean(T * sizeof(float)), drstd(T * sizeof(float));
+    DeviceBuffer ddx(T * C * sizeof(bf16)), scratch(cuda::layernorm_backward_scratch_floats(T, C) * sizeof(float));
+    cuda::layernorm_forward(dx_in.as<bf16>(), dgam.as<bf16>(), dbet.as<bf16>(), dy_out.as<bf16>(), dmean.as<float>(),
+                            drstd.as<float>(), T, C, eps, zc, stream_);
+    sync();
+    const auto mean_gpu = from_device<float>(dmean, T), rstd_gpu = from_device<float>(drstd, T);
+    std::vector<double> tol(T);
+    for (int64_t t = 0; t < T; ++t) {
+      double a = 0.0;
+      for (int64_t c = 0; c < C; ++c) a += std::abs(x[t * C + c]);
+      tol[t] = kFp32Sum * a / C;
+    }
+    expect_within(mean_gpu, to_double(mean), tol, "mean");
+    for (int64_t t = 0; t < T; ++t) tol[t] = kFp32Sum * rstd[t];
+    expect_within(rstd_gpu, to_double(rstd), tol, "rstd");
+    expect_bf16_close(from_device_bf16(dy_out, T * C), to_double(y), 1e-4, "y");
+
+    // Backward from the GPU's saved statistics on both sides (they agree to fp32 rounding anyway).
+    std::vector<float> dx(T * C), dgamma = dgamma0, dbeta = dbeta0;
+    cpu::layernorm_backward(dyv.data(), x.data(), gamma.data(), mean_gpu.data(), rstd_gpu.data(), dx.data(),
+                            dgamma.data(), dbeta.data(), T, C, zc);
+    cuda::layernorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), dmean.as<float>(), drstd.as<float>(),
+                             ddx.as<bf16>(), ddg.as<float>(), ddb.as<float>(), scratch.as<float>(), T, C, zc,
+                             stream_);
+    sync();
+    expect_bf16_close(from_device_bf16(ddx, T * C), to_double(dx), 1e-4, "dx");
+    std::vector<double> tg(C), tb(C);
+    for (int64_t c = 0; c < C; ++c) {
+      double ag = std::abs(dgamma0[c]), ab = std::abs(dbeta0[c]);
+      for (int64_t t = 0; t < T; ++t) {
+        const double xhat = (double(x[t * C + c]) - mean_gpu[t]) * rstd_gpu[t];
+        ag += std::abs(dyv[t * C + c] * xhat);
+        ab += std::abs(dyv[t * C + c]);
+      }
+      tg[c] = kFp32Sum * ag;
+      tb[c] = kFp32Sum * ab;
+    }
+    expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
+    expect_within(from_device<float>(ddb, C), to_double(dbeta), tb, "dbeta0 + dbeta");
+  }
+}
+
+// ---------------------------------------------------------------- bias + GeLU
+
+TEST_F(CudaKernels, BiasGeluMatchesCpuTanhGelu) {
+  const int64_t T = 37;
+  for (const int64_t F : {int64_t{1003}, int64_t{1024}}) {  // scalar path, 16-byte vector path
+    SCOPED_TRACE("F = " + std::to_string(F));
+    const uint64_t seed = 60 + F;
+    const auto x = randn_bf16(T * F, seed, "gelu.x", 1.5);
+    const auto bias = randn_bf16(F, seed, "gelu.bias", 0.5);
+    const auto dyv = randn_bf16(T * F, seed, "gelu.dy");
+    std::vector<float> u(T * F), y(T * F), dx(T * F);
+    for (int64_t i = 0; i < T * F; ++i) u[i] = x[i] + bias[i % F];  // fp32 add, as the kernel
+    cpu::gelu_forward(u.data(), y.data(), T * F, cpu::Gelu::Tanh);
+    cpu::gelu_backward(u.data(), dyv.data(), dx.data(), T * F, cpu::Gelu::Tanh);
+
+    auto dx_in = to_device_bf16(x), db = to_device_bf16(bias), ddy = to_device_bf16(dyv);
+    DeviceBuffer dy_out(T * F * sizeof(bf16)), ddx(T * F * sizeof(bf16));
+    cuda::bias_gelu_forward(dx_in.as<bf16>(), db.as<bf16>(), dy_out.as<bf16>(), T, F, stream_);
+    cuda::bias_gelu_backward(ddy.as<bf16>(), dx_in.as<bf16>(), db.as<bf16>(), ddx.as<bf16>(), T, F, stream_);
+    sync();
+    // fp32 math (tanhf vs std::tanh: a few ulps) rounded once.
+    expect_bf16_close(from_device_bf16(dy_out, T * F), to_double(y), 1e-5, "gelu(x + bias)");
+    expect_bf16_close(from_device_bf16(ddx, T * F), to_double(dx), 1e-5, "dy * gelu'(x + bias)");
+  }
+}
+
+// ---------------------------------------------------------------- cross entropy
+
+TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
+  const int64_t T = 37, V = 5003;
+  const auto logits = randn_bf16(T * V, 70, "ce.logits", 2.0);
+  const auto targets = rand_ids(T, 70, "ce.targets", V);
+  std::vector<float> dloss(T);
+  for (auto& g : dloss) g = 1.0f / T;
+  {
+    const auto r = randn(T, 70, "ce.dloss", 0.5, 1.0);
+    for (int64_t t = 0; t < T; ++t) dloss[t] *= r[t];
+  }
+  std::vector<float> loss(T), lse(T), grad = logits;
+  cpu::cross_entropy_forward(logits.data(), targets.data(), loss.data(), lse.data(), T, V);
+  cpu::cross_entropy_backward(grad.data(), targets.data(), lse.data(), dloss.data(), T, V);
+
+  auto dz = to_device_bf16(logits), dt = to_device(targets), ddl = to_device(dloss);
+  DeviceBuffer dloss_out(T * sizeof(float)), dlse(T * sizeof(float));
+  cuda::cross_entropy_forward(dz.as<bf16>(), dt.as<int64_t>(), dloss_out.as<float>(), dlse.as<float>(), T, V, stream_);
+  sync();
+  // fp32 log-sum-exp over V terms: ~1e-6 absolute; 1e-5 (1 + |x|).
+  std::vector<double> tol(T);
+  for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(loss[t]));
+  expect_within(from_device<float>(dloss_out, T), to_double(loss), tol, "loss");
+  for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(lse[t]));
+  expect_within(from_device<float>(dlse, T), to_double(lse), tol, "lse");
+
+  cuda::cross_entropy_backward(dz.as<bf16>(), dt.as<int64_t>(), dlse.as<float>(), ddl.as<float>(), T, V, stream_);
+  sync();
+  expect_bf16_close(from_device_bf16(dz, T * V), to_double(grad), 1e-5, "(softmax - onehot) * dloss");
+}
+
+TEST_F(CudaKernels, CrossEntropyOutOfRangeTargetGivesNan) {
+  const int64_t T = 3, V = 101;
+  const auto logits = randn_bf16(T * V, 71, "ce.logits");
+  const std::vector<int64_t> targets = {5, V, -1};
+  auto dz = to_device_bf16(logits), dt = to_device(targets);
+  DeviceBuffer dloss(T * sizeof(float)), dlse(T * sizeof(float));
+  cuda::cross_entropy_forward(dz.as<bf16>(), dt.as<int64_t>(), dloss.as<float>(), dlse.as<float>(), T, V, stream_);
+  sync();
+  const auto loss = from_device<float>(dloss, T);
+  EXPECT_TRUE(std::isfinite(loss[0]));
+  EXPECT_TRUE(std::isnan(loss[1]));
+  EXPECT_TRUE(std::isnan(loss[2]));
+}
+
+// ---------------------------------------------------------------- embedding
+
+TEST_F(CudaKernels, EmbeddingForwardMatchesCpu) {
+  const int64_t b = 3, s = 17, T = b * s, C = 77, rows = 31, pos_rows = 64;
+  const auto ids = rand_ids(T, 80, "emb.ids", rows);
+  std::vector<int64_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = t % s;
+  const auto wte = randn_bf16(rows * C, 80, "emb.wte"), wpe = randn_bf16(pos_rows * C, 80, "emb.wpe", 0.1);
+  std::vector<float> y(T * C), y_word(T * C);
+  cpu::embedding_forward(ids.data(), wte.data(), y_word.data(), T, C, rows, false);
+  y = y_word;
+  cpu::embedding_forward(pos.data(), wpe.data(), y.data(), T, C, pos_rows, true);
+  for (auto& v : y) v = round_to_bf16(v);  // the fp32 sum, rounded once
+
+  auto dids = to_device(ids), dpos = to_device(pos), dwte = to_device_bf16(wte), dwpe = to_device_bf16(wpe);
+  DeviceBuffer dy(T * C * sizeof(bf16));
+  cuda::embedding_forward(dids.as<int64_t>(), dwte.as<bf16>(), dpos.as<int64_t>(), dwpe.as<bf16>(), dy.as<bf16>(), T,
+                          C, rows, pos_rows, stream_);
+  sync();
+  expect_equal(from_device_bf16(dy, T * C), y, "wte[ids] + wpe[pos]");
+
+  cuda::embedding_forward(dids.as<int64_t>(), dwte.as<bf16>(), nullptr, nullptr, dy.as<bf16>(), T, C, rows, 0,
+                          stream_);
+  sync();
+  expect_equal(from_device_bf16(dy, T * C), y_word, "wte[ids] (no positions)");
+}
+
+TEST_F(CudaKernels, EmbeddingBackwardMatchesCpuBitForBit) {
+  const int64_t b = 3, s = 17, T = b * s, C = 77, rows = 31, pos_rows = 64;
+  const auto ids = rand_ids(T, 81, "emb.ids", 11);  // ids < 11 of 31 rows: many repeats, untouched rows
+  std::vector<int64_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = t % s;  // each position repeated b times
+  const auto dyv = randn_bf16(T * C, 81, "emb.dy");
+  const auto dwte0 = randn(rows * C, 81, "emb.dwte0"), dwpe0 = randn(pos_rows * C, 81, "emb.dwpe0");
+  // The CPU adds the tokens of a row in token order onto its current value; so does the GPU.
+  auto dwte = dwte0, dwpe = dwpe0;
+  cpu::embedding_backward(ids.data(), dyv.data(), dwte.data(), T, C);
+  cpu::embedding_backward(pos.data(), dyv.data(), dwpe.data(), T, C);
+
+  auto dids = to_device(ids), dpos = to_device(pos), ddy = to_device_bf16(dyv);
+  auto ddwte = to_device(dwte0), ddwpe = to_device(dwpe0);
+  const size_t bytes = std::max(cuda::embedding_backward_scratch_bytes(T, rows),
+                                cuda::embedding_backward_scratch_bytes(T, pos_rows));
+  DeviceBuffer scratch(bytes);
+  cuda::embedding_backward(dids.as<int64_t>(), ddy.as<bf16>(), ddwte.as<float>(), T, C, rows, scratch.ptr, bytes,
+                           stream_);
+  cuda::embedding_backward(dpos.as<int64_t>(), ddy.as<bf16>(), ddwpe.as<float>(), T, C, pos_rows, scratch.ptr, bytes,
+                           stream_);
+  sync();
+  expect_equal(from_device<float>(ddwte, rows * C), dwte, "dwte0 + scatter(dy)");
+  expect_equal(from_device<float>(ddwpe, pos_rows * C), dwpe, "dwpe0 + scatter(dy)");
+}
+
+}  // namespace
+}  // namespace laoyao::kernels::cuda_test
