@@ -6,7 +6,8 @@
 #                                            shared libraries the GPU machine lacks (yaml-cpp 0.7)
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
-#                                            any of doctor tests parity bench (default: all). Full
+#                                            any of doctor tests parity attention bench (default:
+#                                            all). Full
 #                                            logs go to $OUT; a summary table is printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -15,9 +16,9 @@ case "${1:-}" in
     set -e
     B="${2:-build/main}"
     [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
-    cmake --build "$B" --target laoyao laoyao_tests_model_cuda -j2
+    cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention -j2
     rm -rf "$C" && mkdir -p "$C/lib" "$C/peers"
-    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$C/"
+    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     cp ../shared/peers/*.py "$C/peers/"
     du -sh "$C"
@@ -29,7 +30,7 @@ case "${1:-}" in
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"
     parts="${*:2}"
-    [ -n "$parts" ] || parts="doctor tests parity bench"
+    [ -n "$parts" ] || parts="doctor tests parity attention bench"
     summary=()
     for part in $parts; do
       case "$part" in
@@ -55,6 +56,22 @@ case "${1:-}" in
           "$C/laoyao" compare-logs "$OUT/parity_cpu.log" "$OUT/parity_gpu.log" > "$OUT/parity_compare.txt" 2>&1
           rc=$?
           summary+=("cpu-vs-gpu training (30 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_compare.txt" | head -1)")
+          ;;
+        attention)
+          # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).
+          { "$C/laoyao_bench_attention"; python3 bench/attention_sdpa.py; } > "$OUT/attention.txt" 2>&1
+          summary+=("attention fwd+bwd TFLOP/s (laoyao vs sdpa):")
+          while read -r line; do summary+=("  $line"); done < <(python3 - "$OUT/attention.txt" <<'PY'
+import re, sys
+rows = {}
+for l in open(sys.argv[1]):
+    m = re.match(r"ATTN (\w+) (b=\d+ H=\d+ s=\d+ D=\d+) fwd_TFLOPs=([\d.]+) fwdbwd_TFLOPs=([\d.]+)", l)
+    if m: rows.setdefault(m.group(2), {})[m.group(1)] = (float(m.group(3)), float(m.group(4)))
+for shape, r in rows.items():
+    lo, sd = r.get("laoyao", (0, 0)), r.get("sdpa", (0, 0))
+    print(f"{shape}: fwd {lo[0]:.0f} vs {sd[0]:.0f}, fwd+bwd {lo[1]:.0f} vs {sd[1]:.0f} ({lo[1] / max(sd[1], 1e-9):.2f}x)")
+PY
+)
           ;;
         bench)
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" 2>&1 | tee "$OUT/bench.txt" | tail -20

@@ -9,6 +9,10 @@ namespace laoyao::model {
 enum class Norm { LayerNorm, RMSNorm };
 enum class Activation { GeluTanh, GeluErf, SwiGLU };
 enum class Positions { LearnedAbsolute, Rope, None };
+// Megatron's --attention-backend: auto, flash, fused, unfused, local. On the CUDA backend flash and
+// fused select our flash kernel, unfused and local the unfused (s x s) path, auto the flash kernel
+// where it supports the head dim. The CPU backend has one attention.
+enum class AttentionBackend { Auto, Flash, Unfused };
 
 struct GptConfig {
   int64_t num_layers = 0;
@@ -38,6 +42,7 @@ struct GptConfig {
   double embedding_init_std = 0.02;
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
+  AttentionBackend attention_backend = AttentionBackend::Auto;
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
   int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }

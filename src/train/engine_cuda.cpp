@@ -37,7 +37,8 @@ class CudaEngine final : public Engine {
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
     int dev = 0;
     LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
-    name_ = "cuda:" + std::to_string(dev) + " (" + cuda_device_summary(dev) + ")";
+    name_ = "cuda:" + std::to_string(dev) + " (" + cuda_device_summary(dev) + "), " + gpu_.attention_path() +
+            " attention";
     push_state();
   }
 

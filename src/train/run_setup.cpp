@@ -58,6 +58,9 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.embedding_init_std = m.embedding_init_method_std.value_or(m.init_method_std);
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
+  g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused
+                        : m.attention_backend == "auto"                                   ? model::AttentionBackend::Auto
+                                                                                          : model::AttentionBackend::Flash;
   return g;
 }
 

@@ -104,10 +104,36 @@ void compare(GptConfig c, bool training) {
 
 }  // namespace
 
+GptConfig with_attention(GptConfig c, AttentionBackend a) {
+  c.attention_backend = a;
+  return c;
+}
+
+// Head dim 32 (128 / 4) is the unfused path's; the flash kernels take 64 (128 / 2 heads).
 TEST(CudaGptModel, MatchesCpuModelWithoutDropout) { compare(small_config(4, 4), false); }
 TEST(CudaGptModel, MatchesCpuModelWithDropout) { compare(small_config(4, 4), true); }
+TEST(CudaGptModel, FlashMatchesCpuModelWithoutDropout) {
+  compare(with_attention(small_config(2, 2), AttentionBackend::Flash), false);
+}
+TEST(CudaGptModel, FlashMatchesCpuModelWithDropout) {
+  compare(with_attention(small_config(2, 2), AttentionBackend::Flash), true);
+}
+TEST(CudaGptModel, UnfusedWithHeadDim64MatchesCpuModel) {
+  compare(with_attention(small_config(2, 2), AttentionBackend::Unfused), true);
+}
+TEST(CudaGptModel, FlashRefusesHeadDim32ByName) {
+  EXPECT_THROW(CudaGptModel(with_attention(small_config(4, 4), AttentionBackend::Flash), 1, 16), UsageError);
+}
 TEST(CudaGptModel, MatchesCpuModelWithGqaAndUntiedOutput) {
   GptConfig c = small_config(8, 2);
+  c.tied_embeddings = false;
+  c.add_bias_linear = false;
+  c.add_qkv_bias = false;
+  compare(c, true);
+}
+
+TEST(CudaGptModel, FlashMatchesCpuModelWithGqaAndUntiedOutput) {
+  GptConfig c = with_attention(small_config(2, 1), AttentionBackend::Flash);
   c.tied_embeddings = false;
   c.add_bias_linear = false;
   c.add_qkv_bias = false;

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -71,8 +72,15 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
   const auto& c = cfg_;
   const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels;
   const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels, 0.0f};
-  const int64_t heads_elems = kc::attention_heads_elems(shape), probs_elems = kc::attention_probs_elems(shape);
-  const bool attn_drop = c.attention_dropout > 0;
+  flash_ = c.attention_backend != AttentionBackend::Unfused && kc::attention_flash_supports(shape);
+  if (c.attention_backend == AttentionBackend::Flash && !flash_)
+    throw UsageError("--attention-backend flash: the flash kernels support head dims 64 and 128, not " +
+                     std::to_string(c.kv_channels) + " (--attention-backend unfused works for any)");
+  // The unfused path keeps s x s probabilities per layer; the flash path keeps only the lse.
+  const int64_t heads_elems = flash_ ? 0 : kc::attention_heads_elems(shape);
+  const int64_t probs_elems = flash_ ? 0 : kc::attention_probs_elems(shape);
+  const int64_t lse_elems = max_b * c.heads * s;
+  const bool attn_drop = c.attention_dropout > 0 && !flash_;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
   emb_scratch_bytes_ = std::max(kc::embedding_backward_scratch_bytes(T, c.vocab),
                                 kc::embedding_backward_scratch_bytes(T, std::max<int64_t>(c.max_positions, 1)));
@@ -93,6 +101,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
       L.attn.v = a.take<bf16>(heads_elems);
       L.attn.probs = a.take<bf16>(probs_elems);
       L.attn.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
+      L.lse = flash_ ? a.take<float>(lse_elems) : nullptr;
       L.ctx = a.take<bf16>(T * HD);
       L.x_mid = a.take<bf16>(T * h);
       L.ln2 = a.take<bf16>(T * h);
@@ -114,6 +123,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
     attn_scratch_.dq = a.take<bf16>(heads_elems);
     attn_scratch_.dk = a.take<bf16>(heads_elems);
     attn_scratch_.dv = a.take<bf16>(heads_elems);
+    delta_ = flash_ ? a.take<float>(lse_elems) : nullptr;
     dx_ = a.take<bf16>(T * h);
     dbranch_ = a.take<bf16>(T * h);
     dnorm_ = a.take<bf16>(T * h);
@@ -228,8 +238,11 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
     kc::layernorm_forward(a.x_in, P(W.ln1_w), P(W.ln1_b), a.ln1, a.ln1_mean, a.ln1_rstd, T, h, c.norm_eps,
                           c.zero_centered_gamma, stream_);
     linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
-    kc::attention_unfused_forward(gemm_, a.qkv, a.ctx, a.attn, attn_scratch_, shape,
-                                  dropout(c.attention_dropout, key.seed, site + "probs." + call), stream_);
+    const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
+    if (flash_)
+      kc::attention_flash_forward(a.qkv, a.ctx, a.lse, shape, attn_drop, stream_);
+    else
+      kc::attention_unfused_forward(gemm_, a.qkv, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
     linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
     kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h,
                              dropout(c.hidden_dropout, key.seed, site + "attention." + call), stream_);
@@ -281,8 +294,11 @@ void CudaGptModel::backward(const float* dloss) {
     dbranch = dx_;
     if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop1, stream_), dbranch = dbranch_;
     linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
-    kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape,
-                                   dropout(c.attention_dropout, key_.seed, site + "probs." + call), stream_);
+    const auto attn_drop = dropout(c.attention_dropout, key_.seed, site + "probs." + call);
+    if (flash_)
+      kc::attention_flash_backward(a.qkv, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
+    else
+      kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     layernorm_backward(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd, dtmp_);
     kc::add_inplace(dx_, dtmp_, T * h, stream_);  // dx = d(x_in)

@@ -8,7 +8,8 @@
 // s tokens: the step itself allocates nothing.
 //
 // Supported so far: LayerNorm, tanh-GeLU (Megatron's fused bias-GeLU), learned absolute positions,
-// tied or untied output layer, biases on or off, MHA or GQA, hidden and attention dropout.
+// tied or untied output layer, biases on or off, MHA or GQA, hidden and attention dropout; flash
+// attention (head dims 64, 128) or the unfused path, by --attention-backend.
 // unsupported_features() names what is not (RMSNorm, SwiGLU, RoPE, QK-norm, erf-GeLU).
 #pragma once
 #include <cuda_bf16.h>
@@ -66,6 +67,8 @@ class CudaGptModel {
   // Per-token losses of the last forward (synchronises; for tests).
   std::vector<float> download_losses() const;
 
+  // "flash" or "unfused": the attention path in use.
+  const char* attention_path() const { return flash_ ? "flash" : "unfused"; }
   // Bytes of device memory this model holds.
   size_t device_bytes() const;
 
@@ -73,7 +76,8 @@ class CudaGptModel {
   struct LayerActs {
     bf16 *x_in, *ln1, *qkv, *ctx, *x_mid, *ln2, *u, *g;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-    kernels::cuda::UnfusedAttentionBuffers attn;
+    kernels::cuda::UnfusedAttentionBuffers attn;  // unfused path only
+    float* lse;                                   // [b, H, s], flash path only
   };
   bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
   float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
@@ -97,6 +101,8 @@ class CudaGptModel {
   bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
   kernels::cuda::UnfusedAttentionScratch attn_scratch_;
+  bool flash_ = false;              // attention through the flash kernels (else unfused)
+  float* delta_ = nullptr;          // flash backward scratch [b, H, s]
   // Backward scratch.
   bf16 *dx_ = nullptr, *dbranch_ = nullptr, *dnorm_ = nullptr, *dtmp_ = nullptr, *dwide_ = nullptr, *dg_ = nullptr,
        *dctx_ = nullptr;

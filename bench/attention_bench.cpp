@@ -1,0 +1,81 @@
+// Causal attention forward+backward TFLOP/s of laoyao's flash kernels on the shapes of
+// shared/device.md, timed with CUDA events (median of 20 after warm-up). bench/attention_sdpa.py
+// times PyTorch's scaled_dot_product_attention on the same shapes; bench/gpu_train_bench.sh prints
+// both. FLOPs as FlashAttention counts them: forward 4*b*H*s*s*D/2 (causal), backward 2.5x that.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "kernels/cuda/attention_flash.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+
+using namespace laoyao;
+using namespace laoyao::kernels::cuda;
+
+namespace {
+
+DeviceBuffer random_bf16(int64_t n, const char* name) {
+  std::vector<__nv_bfloat16> h(static_cast<size_t>(n));
+  Rng rng(1, name);
+  for (auto& x : h) x = __float2bfloat16(static_cast<float>(rng.normal()));
+  DeviceBuffer d(sizeof(__nv_bfloat16) * n);
+  d.upload(h.data(), d.bytes);
+  return d;
+}
+
+template <class F>
+float median_ms(F&& f, cudaStream_t stream) {
+  cudaEvent_t a, b;
+  LAOYAO_CUDA_CHECK(cudaEventCreate(&a));
+  LAOYAO_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> ms;
+  for (int i = 0; i < 20; ++i) {
+    LAOYAO_CUDA_CHECK(cudaEventRecord(a, stream));
+    f();
+    LAOYAO_CUDA_CHECK(cudaEventRecord(b, stream));
+    LAOYAO_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    LAOYAO_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  LAOYAO_CUDA_CHECK(cudaEventDestroy(a));
+  LAOYAO_CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  struct Case { int64_t b, H, s, D; };
+  const Case cases[] = {{16, 16, 1024, 128}, {2, 16, 8192, 128}, {16, 32, 1024, 64}, {2, 32, 8192, 64}};
+  cudaStream_t stream;
+  LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
+  for (const Case& c : cases) {
+    AttentionShape a{c.b, c.s, c.H, c.H, c.D, 1.0f / std::sqrt(static_cast<float>(c.D))};
+    const int64_t T = c.b * c.s, row = 3 * c.H * c.D;
+    DeviceBuffer qkv = random_bf16(T * row, "qkv"), dctx = random_bf16(T * c.H * c.D, "dctx");
+    DeviceBuffer ctx(sizeof(__nv_bfloat16) * T * c.H * c.D), dqkv(sizeof(__nv_bfloat16) * T * row);
+    DeviceBuffer lse(sizeof(float) * c.b * c.H * c.s), delta(sizeof(float) * c.b * c.H * c.s);
+    auto fwd = [&] {
+      attention_flash_forward(qkv.as<__nv_bfloat16>(), ctx.as<__nv_bfloat16>(), lse.as<float>(), a, {}, stream);
+    };
+    auto bwd = [&] {
+      attention_flash_backward(qkv.as<__nv_bfloat16>(), ctx.as<__nv_bfloat16>(), dctx.as<__nv_bfloat16>(),
+                               lse.as<float>(), delta.as<float>(), dqkv.as<__nv_bfloat16>(), a, {}, stream);
+    };
+    const double fwd_flops = 4.0 * c.b * c.H * double(c.s) * c.s * c.D / 2;
+    const float f_ms = median_ms(fwd, stream);
+    const float fb_ms = median_ms([&] { fwd(); bwd(); }, stream);
+    std::printf("ATTN laoyao b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f\n", (long long)c.b,
+                (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / f_ms / 1e9, 3.5 * fwd_flops / fb_ms / 1e9);
+  }
+  return 0;
+}
