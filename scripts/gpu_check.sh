@@ -16,9 +16,9 @@ case "${1:-}" in
     set -e
     B="${2:-build/main}"
     [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
-    cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention -j2
+    cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown -j2
     rm -rf "$C" && mkdir -p "$C/lib" "$C/peers"
-    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$C/"
+    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     cp ../shared/peers/*.py "$C/peers/"
     du -sh "$C"
@@ -72,6 +72,12 @@ for shape, r in rows.items():
     print(f"{shape}: fwd {lo[0]:.0f} vs {sd[0]:.0f}, fwd+bwd {lo[1]:.0f} vs {sd[1]:.0f} ({lo[1] / max(sd[1], 1e-9):.2f}x)")
 PY
 )
+          ;;
+        profile)
+          # Where a GPT-2 124M step's GPU time goes, op by op (bench/step_breakdown.cpp).
+          "$C/laoyao_bench_step_breakdown" > "$OUT/step_breakdown.txt" 2>&1
+          summary+=("profile (exit $?):")
+          while read -r line; do summary+=("  $line"); done < <(head -40 "$OUT/step_breakdown.txt")
           ;;
         bench)
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" 2>&1 | tee "$OUT/bench.txt" | tail -20

@@ -46,8 +46,8 @@ class CudaEngine final : public Engine {
   void zero_grads() override { gpu_.zero_grads(); }
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data()};
-    gpu_.forward(in, mb.loss_mask.data(), key);
-    if (dloss) gpu_.backward(dloss);
+    gpu_.forward(in, mb.loss_mask.data(), key, dloss);
+    if (dloss) gpu_.backward();
   }
   LossSum take_loss_sum() override {
     auto [sum, count] = gpu_.take_loss_sum();

@@ -80,8 +80,8 @@ void compare(GptConfig c, bool training) {
   cpu.forward(mb, key, cpu_loss.data());
   cpu.backward(x.dloss.data());
   gpu.zero_grads();
-  gpu.forward(mb, x.mask.data(), key);
-  gpu.backward(x.dloss.data());
+  gpu.forward(mb, x.mask.data(), key, x.dloss.data());
+  gpu.backward();
   const std::vector<float> gpu_loss = gpu.download_losses();
 
   // Losses ~6 (ln 384): bf16 activations through two layers leave ~1e-2 absolute.

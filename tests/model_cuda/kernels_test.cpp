@@ -810,10 +810,12 @@ TEST_F(CudaKernels, AdamWStepMatchesCpuAdamW) {
 // ---------------------------------------------------------------- layernorm
 
 TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
-  const int64_t T = 300, C = 1003;  // three row chunks of the dgamma reduction's 128
+  const int64_t T = 300;  // three row chunks of the dgamma reduction's 128
   const float eps = 1e-5f;
+  // C = 1003: the block-per-row kernels; C = 768: the warp-per-row, 16-byte-vector kernels.
+  for (const int64_t C : {int64_t{1003}, int64_t{768}})
   for (const bool zc : {false, true}) {
-    SCOPED_TRACE(zc ? "zero-centered gamma" : "plain gamma");
+    SCOPED_TRACE((zc ? "zero-centered gamma, C = " : "plain gamma, C = ") + std::to_string(C));
     const uint64_t seed = zc ? 52 : 51;
     const auto x = randn_bf16(T * C, seed, "ln.x", 2.0, 0.5);
     const auto gamma = randn_bf16(C, seed, "ln.gamma", 0.1, zc ? 0.0 : 1.0);
@@ -865,6 +867,17 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
     }
     expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
     expect_within(from_device<float>(ddb, C), to_double(dbeta), tb, "dbeta0 + dbeta");
+    if (C % 8 == 0) {  // accumulate_dx: dx = residual gradient + the norm's, rounded once
+      const auto r = randn_bf16(T * C, seed, "ln.residual_grad");
+      auto dacc = to_device_bf16(r);
+      cuda::layernorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), dmean.as<float>(),
+                               drstd.as<float>(), dacc.as<bf16>(), ddg.as<float>(), ddb.as<float>(),
+                               scratch.as<float>(), T, C, zc, stream_, true);
+      sync();
+      std::vector<double> want_acc(T * C);
+      for (int64_t i = 0; i < T * C; ++i) want_acc[i] = double(r[i]) + dx[i];
+      expect_bf16_close(from_device_bf16(dacc, T * C), want_acc, 1e-4, "residual grad + dx");
+    }
   }
 }
 
@@ -924,6 +937,32 @@ TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
   cuda::cross_entropy_backward(dz.as<bf16>(), dt.as<int64_t>(), dlse.as<float>(), ddl.as<float>(), T, V, stream_);
   sync();
   expect_bf16_close(from_device_bf16(dz, T * V), to_double(grad), 1e-5, "(softmax - onehot) * dloss");
+}
+
+// The fused training kernel: the same loss, lse and gradient as the two-kernel form, on the
+// 16-byte vector path (V % 8 == 0) and the scalar one.
+TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
+  for (const int64_t V : {int64_t(5008), int64_t(5003)}) {
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const int64_t T = 29;
+    const auto logits = randn_bf16(T * V, 72, "ce.logits", 2.0);
+    const auto targets = rand_ids(T, 72, "ce.targets", V);
+    const auto dloss = randn(T, 72, "ce.dloss", 0.01, 0.03);
+    std::vector<float> loss(T), lse(T), grad = logits;
+    cpu::cross_entropy_forward(logits.data(), targets.data(), loss.data(), lse.data(), T, V);
+    cpu::cross_entropy_backward(grad.data(), targets.data(), lse.data(), dloss.data(), T, V);
+    auto dz = to_device_bf16(logits), dt = to_device(targets), ddl = to_device(dloss);
+    DeviceBuffer dloss_out(T * sizeof(float)), dlse(T * sizeof(float));
+    cuda::cross_entropy_forward_backward(dz.as<bf16>(), dt.as<int64_t>(), ddl.as<float>(), dloss_out.as<float>(),
+                                         dlse.as<float>(), T, V, stream_);
+    sync();
+    std::vector<double> tol(T);
+    for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(loss[t]));
+    expect_within(from_device<float>(dloss_out, T), to_double(loss), tol, "loss");
+    for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(lse[t]));
+    expect_within(from_device<float>(dlse, T), to_double(lse), tol, "lse");
+    expect_bf16_close(from_device_bf16(dz, T * V), to_double(grad), 1e-5, "(softmax - onehot) * dloss");
+  }
 }
 
 TEST_F(CudaKernels, CrossEntropyOutOfRangeTargetGivesNan) {

@@ -22,7 +22,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kTile = 64;      // queries (forward, dQ) or keys (dK/dV) per block
-constexpr int kQTile = 32;     // queries per step of the dK/dV kernel
+// Queries per step of the dK/dV kernel: 64 where the registers allow (head dim 64), else 32.
+template <int D>
+__host__ __device__ constexpr int q_tile() {
+  return D == 64 ? 64 : 32;
+}
 
 struct FlashDims {
   int s, H, Q;        // sequence length, heads, heads per group
@@ -64,16 +68,28 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// sm[r][0..D) = src[(row0 + r) * stride + 0..D) for rows < s, zeros beyond. Smem rows are D + 8
-// elements (16 bytes of padding keep ldmatrix free of bank conflicts).
+// 16-byte asynchronous copies global -> shared (cp.async); an invalid source is zero-filled.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Starts copying sm[r][0..D) = src[(row0 + r) * stride + 0..D) for rows < s (zeros beyond); the
+// caller commits and waits. Smem rows are D + 8 elements (16 bytes of padding keep ldmatrix free
+// of bank conflicts).
 template <int D, int ROWS>
 __device__ __forceinline__ void load_tile(bf16* sm, const bf16* src, int64_t stride, int row0, int s) {
   constexpr int kChunks = D / 8;
+#pragma unroll
   for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
     const int r = c / kChunks, k = (c % kChunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < s) v = *reinterpret_cast<const uint4*>(src + int64_t(row0 + r) * stride + k);
-    *reinterpret_cast<uint4*>(sm + r * (D + 8) + k) = v;
+    const bool valid = row0 + r < s;
+    cp_async16(sm + r * (D + 8) + k, src + (valid ? int64_t(row0 + r) * stride + k : 0), valid);
   }
 }
 
@@ -95,6 +111,22 @@ __device__ __forceinline__ void gemm_nt(float acc[NT][4], const bf16* sA, const 
       mma(acc[2 * n2 + 1], a, b[2], b[3]);
     }
   }
+}
+
+// The same with A already in registers (fragments of k-steps 0 .. D/16).
+template <int D, int NT>
+__device__ __forceinline__ void gemm_nt_reg(float acc[NT][4], const uint32_t a[D / 16][4], const bf16* sB) {
+  constexpr int LD = D + 8;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+    for (int n2 = 0; n2 < NT / 2; ++n2) {
+      uint32_t b[4];
+      ldsm_x4(b, sB + (n2 * 16 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+      mma(acc[2 * n2], a[kk], b[0], b[1]);
+      mma(acc[2 * n2 + 1], a[kk], b[2], b[3]);
+    }
 }
 
 // acc[16 x D] += A (register fragments, KS k-steps of 16) * sB (KS*16 rows x D, row-major).
@@ -125,8 +157,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int LD = D + 8;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + kTile * LD;
-  bf16* sV = sK + kTile * LD;
+  bf16* sKV = sQ + kTile * LD;  // [2 stages][K tile, V tile]
   const int qb = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int h = blockIdx.y, bi = blockIdx.z, grp = h / p.Q;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -134,17 +165,31 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
   const int q0 = qb * kTile;
   const int row_lo = q0 + warp * 16 + gq, row_hi = row_lo + 8;
   const uint64_t base = uint64_t(bi * p.H + h) * p.s;
+  auto load_kv = [&](int kb, int stage) {
+    bf16* sK = sKV + stage * 2 * kTile * LD;
+    load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
+    load_tile<D, kTile>(sK + kTile * LD, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
+  };
   load_tile<D, kTile>(sQ, seq + q_col(p, h, D), p.row, q0, p.s);
+  load_kv(0, 0);
+  cp_async_commit();
 
+  uint32_t qf[D / 16][4];
   float o[D / 8][4] = {};
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
   for (int kb = 0; kb <= qb; ++kb) {
+    if (kb < qb) load_kv(kb + 1, (kb + 1) & 1);  // the next tile streams in while this one is used
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
-    load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
-    load_tile<D, kTile>(sV, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
-    __syncthreads();
+    if (kb == 0)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldsm_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+    const bf16* sK = sKV + (kb & 1) * 2 * kTile * LD;
+    const bf16* sV = sK + kTile * LD;
     float sc[8][4] = {};
-    gemm_nt<D, 8>(sc, sQ + warp * 16 * LD, sK);
+    gemm_nt_reg<D, 8>(sc, qf, sK);
     float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
@@ -183,6 +228,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
       to_a(pf, j, p0, p1, p2, p3);
     }
     gemm_rn<D, 4>(o, pf, sV);
+    __syncthreads();  // every warp is done with this stage before it is refilled
   }
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
@@ -232,8 +278,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
   constexpr int LD = D + 8;
   bf16* sQ = reinterpret_cast<bf16*>(smem);
   bf16* sdO = sQ + kTile * LD;
-  bf16* sK = sdO + kTile * LD;
-  bf16* sV = sK + kTile * LD;
+  bf16* sKV = sdO + kTile * LD;  // [2 stages][K tile, V tile]
   const int qb = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y, bi = blockIdx.z, grp = h / p.Q;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -241,8 +286,15 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
   const int q0 = qb * kTile;
   const int row_lo = q0 + warp * 16 + gq, row_hi = row_lo + 8;
   const uint64_t base = uint64_t(bi * p.H + h) * p.s;
+  auto load_kv = [&](int kb, int stage) {
+    bf16* sK = sKV + stage * 2 * kTile * LD;
+    load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
+    load_tile<D, kTile>(sK + kTile * LD, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
+  };
   load_tile<D, kTile>(sQ, seq + q_col(p, h, D), p.row, q0, p.s);
   load_tile<D, kTile>(sdO, dctx + int64_t(bi) * p.s * p.hd + int64_t(h) * D, p.hd, q0, p.s);
+  load_kv(0, 0);
+  cp_async_commit();
   const float lse_lo = row_lo < p.s ? lse[base + row_lo] * kLog2e : 0.0f;
   const float lse_hi = row_hi < p.s ? lse[base + row_hi] * kLog2e : 0.0f;
   const float del_lo = row_lo < p.s ? delta[base + row_lo] : 0.0f;
@@ -250,10 +302,12 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
 
   float dq[D / 8][4] = {};
   for (int kb = 0; kb <= qb; ++kb) {
+    if (kb < qb) load_kv(kb + 1, (kb + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
-    load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
-    load_tile<D, kTile>(sV, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
-    __syncthreads();
+    const bf16* sK = sKV + (kb & 1) * 2 * kTile * LD;
+    const bf16* sV = sK + kTile * LD;
     float sc[8][4] = {}, dp[8][4] = {};
     gemm_nt<D, 8>(sc, sQ + warp * 16 * LD, sK);
     gemm_nt<D, 8>(dp, sdO + warp * 16 * LD, sV);
@@ -273,6 +327,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
       to_a(dsf, j, ds[0], ds[1], ds[2], ds[3]);
     }
     gemm_rn<D, 4>(dq, dsf, sK);
+    __syncthreads();
   }
   bf16* out = dqkv + int64_t(bi) * p.s * p.row + q_col(p, h, D);
 #pragma unroll
@@ -295,40 +350,53 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(const bf16* __rest
                                                               const float* __restrict__ delta,
                                                               bf16* __restrict__ dqkv, FlashDims p, DropoutSpec drop) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int LD = D + 8;
+  constexpr int LD = D + 8, kQTile = q_tile<D>(), NT = kQTile / 8, KS = kQTile / 16;
   bf16* sK = reinterpret_cast<bf16*>(smem);
   bf16* sV = sK + kTile * LD;
-  bf16* sQ = sV + kTile * LD;
-  bf16* sdO = sQ + kQTile * LD;
-  float* sL = reinterpret_cast<float*>(sdO + kQTile * LD);
-  float* sD = sL + kQTile;
+  bf16* sQdO = sV + kTile * LD;                                        // [2 stages][Q tile, dO tile]
+  float* sLD = reinterpret_cast<float*>(sQdO + 4 * kQTile * LD);      // [2 stages][lse, delta]
   const int kb = blockIdx.x, grp = blockIdx.y, bi = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const bf16* seq = qkv + int64_t(bi) * p.s * p.row;
   const int key_lo = kb * kTile + warp * 16 + gq, key_hi = key_lo + 8;
   load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
   load_tile<D, kTile>(sV, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
+  // The (head, query tile) steps of this block, in order: each group head, queries from the keys on.
+  const int q_first = kb * kTile, q_tiles = (p.s - q_first + kQTile - 1) / kQTile, steps = p.Q * q_tiles;
+  auto load_q = [&](int step, int stage) {
+    const int h = grp * p.Q + step / q_tiles, q0 = q_first + (step % q_tiles) * kQTile;
+    bf16* sQ = sQdO + stage * 2 * kQTile * LD;
+    load_tile<D, kQTile>(sQ, seq + q_col(p, h, D), p.row, q0, p.s);
+    load_tile<D, kQTile>(sQ + kQTile * LD, dctx + int64_t(bi) * p.s * p.hd + int64_t(h) * D, p.hd, q0, p.s);
+    if (threadIdx.x < kQTile) {
+      const int q = q0 + threadIdx.x;
+      const uint64_t base = uint64_t(bi * p.H + h) * p.s;
+      sLD[stage * 2 * kQTile + threadIdx.x] = q < p.s ? lse[base + q] * kLog2e : 0.0f;
+      sLD[stage * 2 * kQTile + kQTile + threadIdx.x] = q < p.s ? delta[base + q] : 0.0f;
+    }
+  };
+  load_q(0, 0);
+  cp_async_commit();
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
-  for (int hh = 0; hh < p.Q; ++hh) {
-    const int h = grp * p.Q + hh;
+  for (int step = 0; step < steps; ++step) {
+    const int h = grp * p.Q + step / q_tiles, q0 = q_first + (step % q_tiles) * kQTile, stage = step & 1;
     const uint64_t base = uint64_t(bi * p.H + h) * p.s;
-    for (int q0 = kb * kTile; q0 < p.s; q0 += kQTile) {
-      __syncthreads();
-      load_tile<D, kQTile>(sQ, seq + q_col(p, h, D), p.row, q0, p.s);
-      load_tile<D, kQTile>(sdO, dctx + int64_t(bi) * p.s * p.hd + int64_t(h) * D, p.hd, q0, p.s);
-      if (threadIdx.x < kQTile) {
-        const int q = q0 + threadIdx.x;
-        sL[threadIdx.x] = q < p.s ? lse[base + q] * kLog2e : 0.0f;
-        sD[threadIdx.x] = q < p.s ? delta[base + q] : 0.0f;
-      }
-      __syncthreads();
-      float st[4][4] = {}, dpt[4][4] = {};
-      gemm_nt<D, 4>(st, sK + warp * 16 * LD, sQ);
-      gemm_nt<D, 4>(dpt, sV + warp * 16 * LD, sdO);
-      uint32_t pf[2][4], dsf[2][4];
+    if (step + 1 < steps) load_q(step + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* sQ = sQdO + stage * 2 * kQTile * LD;
+    const bf16* sdO = sQ + kQTile * LD;
+    const float* sL = sLD + stage * 2 * kQTile;
+    const float* sD = sL + kQTile;
+    {
+      float st[NT][4] = {}, dpt[NT][4] = {};
+      gemm_nt<D, NT>(st, sK + warp * 16 * LD, sQ);
+      gemm_nt<D, NT>(dpt, sV + warp * 16 * LD, sdO);
+      uint32_t pf[KS][4], dsf[KS][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < NT; ++j) {
         float pd[4], ds[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -343,9 +411,10 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(const bf16* __rest
         to_a(pf, j, pd[0], pd[1], pd[2], pd[3]);
         to_a(dsf, j, ds[0], ds[1], ds[2], ds[3]);
       }
-      gemm_rn<D, 2>(dv, pf, sdO);
-      gemm_rn<D, 2>(dk, dsf, sQ);
+      gemm_rn<D, KS>(dv, pf, sdO);
+      gemm_rn<D, KS>(dk, dsf, sQ);
     }
+    __syncthreads();
   }
   bf16* out_k = dqkv + int64_t(bi) * p.s * p.row + k_col(p, grp, D);
   bf16* out_v = dqkv + int64_t(bi) * p.s * p.row + v_col(p, grp, D);
@@ -388,7 +457,7 @@ template <int D>
 void forward(const bf16* qkv, bf16* ctx, float* lse, const AttentionShape& a, const DropoutSpec& drop,
              cudaStream_t stream) {
   const FlashDims p = dims_of(a);
-  const size_t smem = size_t(3) * kTile * (D + 8) * sizeof(bf16);
+  const size_t smem = size_t(5) * kTile * (D + 8) * sizeof(bf16);  // Q + 2 stages of K, V
   static bool ready = false;  // the attribute is per kernel and process
   if (!ready) allow_smem(flash_forward_kernel<D>, smem), ready = true;
   const dim3 grid(unsigned((a.s + kTile - 1) / kTile), unsigned(a.H), unsigned(a.b));
@@ -404,8 +473,10 @@ void backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* l
   flash_delta_kernel<<<unsigned((rows * a.H * 32 + 255) / 256), 256, 0, stream>>>(ctx, dctx, delta, rows, p.s, p.H,
                                                                                   int(a.D));
   LAOYAO_CUDA_CHECK(cudaGetLastError());
-  const size_t smem_dq = size_t(4) * kTile * (D + 8) * sizeof(bf16);
-  const size_t smem_kv = size_t(2) * (kTile + kQTile) * (D + 8) * sizeof(bf16) + 2 * kQTile * sizeof(float);
+  const size_t smem_dq = size_t(6) * kTile * (D + 8) * sizeof(bf16);  // Q, dO + 2 stages of K, V
+  // K, V + 2 stages of (Q, dO, lse, delta)
+  constexpr int kQTile = q_tile<D>();
+  const size_t smem_kv = size_t(2 * kTile + 4 * kQTile) * (D + 8) * sizeof(bf16) + 4 * kQTile * sizeof(float);
   static bool ready = false;
   if (!ready) allow_smem(flash_dq_kernel<D>, smem_dq), allow_smem(flash_dkdv_kernel<D>, smem_kv), ready = true;
   const unsigned blocks = unsigned((a.s + kTile - 1) / kTile);

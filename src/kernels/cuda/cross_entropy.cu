@@ -74,6 +74,62 @@ __global__ void cross_entropy_backward_kernel(bf16* __restrict__ logits, const i
   }
 }
 
+// The fused training kernel: kWidth logits per load (8: 16-byte vectors), exp2 of log2e-scaled
+// differences, the row's (max, sum) merged in the same fixed tree order as the forward kernel.
+template <int kWidth>
+__global__ void cross_entropy_fused_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
+                                           const float* __restrict__ dloss, float* __restrict__ loss,
+                                           float* __restrict__ lse_out, int64_t V) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  struct alignas(kWidth * sizeof(bf16)) Pack {
+    bf16 v[kWidth];
+  };
+  __shared__ float shm[32], shs[32], sh_lse;
+  const int64_t t = blockIdx.x;
+  bf16* z = logits + t * V;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t j = int64_t(threadIdx.x) * kWidth; j < V; j += int64_t(blockDim.x) * kWidth) {
+    const Pack pk = *reinterpret_cast<const Pack*>(z + j);
+    float v[kWidth], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) v[i] = __bfloat162float(pk.v[i]), mx = fmaxf(mx, v[i]);
+    if (mx > m) {
+      s *= exp2f((m - mx) * kLog2e);  // 0 while the sum is still empty
+      m = mx;
+    }
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) s += exp2f((v[i] - m) * kLog2e);
+  }
+  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) shm[warp] = m, shs[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < int(blockDim.x >> 5) ? shm[lane] : -INFINITY;
+    s = lane < int(blockDim.x >> 5) ? shs[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+      merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) {
+      const int64_t target = targets[t];
+      const float log_sum = logf(s);
+      loss[t] = target >= 0 && target < V ? log_sum - (__bfloat162float(z[target]) - m) : NAN;
+      lse_out[t] = sh_lse = m + log_sum;
+    }
+  }
+  __syncthreads();  // every thread has read its logits before any is overwritten
+  const float l = sh_lse, g = dloss[t];
+  const int64_t target = targets[t];
+  for (int64_t j = int64_t(threadIdx.x) * kWidth; j < V; j += int64_t(blockDim.x) * kWidth) {
+    Pack pk = *reinterpret_cast<const Pack*>(z + j);
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) {
+      const float p = exp2f((__bfloat162float(pk.v[i]) - l) * kLog2e);
+      pk.v[i] = __float2bfloat16((j + i == target ? p - 1.0f : p) * g);
+    }
+    *reinterpret_cast<Pack*>(z + j) = pk;
+  }
+}
+
 void check_rows(int64_t T, const char* op) {
   if (T > int64_t(0x7fffffff)) throw Error(std::string(op) + ": too many rows for one launch");
 }
@@ -86,6 +142,18 @@ void cross_entropy_forward(const bf16* logits, const int64_t* targets, float* lo
   if (V <= 0) throw Error("cross_entropy_forward: empty vocabulary");
   check_rows(T, "cross_entropy_forward");
   cross_entropy_forward_kernel<<<unsigned(T), kThreads, 0, stream>>>(logits, targets, loss, lse, V);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_forward_backward(bf16* logits, const int64_t* targets, const float* dloss, float* loss, float* lse,
+                                    int64_t T, int64_t V, cudaStream_t stream) {
+  if (T <= 0) return;
+  if (V <= 0) throw Error("cross_entropy_forward_backward: empty vocabulary");
+  check_rows(T, "cross_entropy_forward_backward");
+  if (V % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
+    cross_entropy_fused_kernel<8><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
+  else
+    cross_entropy_fused_kernel<1><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

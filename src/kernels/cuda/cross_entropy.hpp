@@ -15,6 +15,14 @@ namespace laoyao::kernels::cuda {
 void cross_entropy_forward(const __nv_bfloat16* logits, const int64_t* targets, float* loss, float* lse, int64_t T,
                            int64_t V, cudaStream_t stream);
 
+// The training form: the loss and, in the same kernel, its gradient written over the logits
+// (what cross_entropy_forward then cross_entropy_backward compute, in two reads of the logits
+// instead of three). The per-token loss gradients dloss are known before the forward (the loss
+// mask over the token count), so nothing waits for the loss. Rows of V % 8 == 0 elements are read
+// 16 bytes at a time.
+void cross_entropy_forward_backward(__nv_bfloat16* logits, const int64_t* targets, const float* dloss, float* loss,
+                                    float* lse, int64_t T, int64_t V, cudaStream_t stream);
+
 // In place: logits[t][j] = bf16((exp(z_j - lse[t]) - [j == target[t]]) * dloss[t]), computed in fp32
 // and rounded once (Megatron writes the gradient into the logits' buffer too). An out-of-range
 // target gets no one-hot term.

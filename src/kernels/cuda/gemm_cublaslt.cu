@@ -121,7 +121,8 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
 }
 
 void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias,
-                        float alpha, float beta, cudaStream_t stream) {
+                        float alpha, float beta, cudaStream_t stream, const void* C) {
+  if (!C) C = D;
   if (problem.bias != (bias != nullptr))
     throw Error("CublasLtGemm::gemm: a bias pointer must be given exactly when the problem has a bias epilogue (" +
                 describe(problem) + ")");
@@ -130,7 +131,7 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
   if (problem.m <= 0 || problem.n <= 0 || problem.k <= 0 || problem.batch <= 0)
     throw Error("CublasLtGemm::gemm: empty problem (" + describe(problem) + ")");
   uint32_t align = alignment_of(A);
-  for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias)})
+  for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias), C})
     if (p) align = std::min(align, alignment_of(p));
   if (problem.batch > 1) {  // every batch's matrix must meet the alignment the plan assumes
     const size_t d_bytes = problem.d_fp32 ? 4 : 2;
@@ -141,12 +142,12 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
   Plan& plan = plan_for(Key{problem, align}, bias);
   if (bias)  // same problem, perhaps another bias vector: an attribute write, nothing is rebuilt
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, A, plan.a, B, plan.b, &beta, D, plan.d, D, plan.d,
+  LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, A, plan.a, B, plan.b, &beta, C, plan.d, D, plan.d,
                                    &plan.algo, workspace_.ptr, workspace_.bytes, stream));
 }
 
 void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t T, int64_t K,
-                                  int64_t N, cudaStream_t stream) {
+                                  int64_t N, cudaStream_t stream, const bf16* residual) {
   GemmProblem p;
   p.m = N;
   p.n = T;
@@ -157,7 +158,7 @@ void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias
   p.ldb = K;
   p.ldd = N;
   p.bias = bias != nullptr;
-  gemm(p, w, x, y, bias, 1.0f, 0.0f, stream);
+  gemm(p, w, x, y, bias, 1.0f, residual ? 1.0f : 0.0f, stream, residual);
 }
 
 void CublasLtGemm::linear_backward_input(const bf16* dy, const bf16* w, bf16* dx, int64_t T, int64_t K, int64_t N,

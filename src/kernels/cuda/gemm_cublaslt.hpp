@@ -42,15 +42,18 @@ struct CublasLtGemm {
 
   // Enqueues D = alpha * op(A) op(B) + beta * D (+ bias) on `stream`. bias must be non-null exactly
   // when problem.bias. Throws laoyao::Error when no cuBLASLt algorithm supports the problem.
-  // D points to bf16, or to fp32 when problem.d_fp32.
+  // D points to bf16, or to fp32 when problem.d_fp32. C (same layout and type as D) is what beta
+  // scales: D itself when C is null.
   void gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias, float alpha,
-            float beta, cudaStream_t stream);
+            float beta, cudaStream_t stream, const void* C = nullptr);
 
   // laoyao's linear layer (kernels/cpu/ops.hpp conventions, row-major): y[T, N] = x[T, K] @ w[N, K]^T
   // (+ bias[N] when bias is non-null). Row-major y is column-major y^T[N, T] = w x^T, so this is
   // gemm(m = N, n = T, k = K, trans_a) with the bias running along D's rows, as cuBLASLt wants.
+  // With `residual` ([T, N]), y = residual + x @ w^T (+ bias) in one GEMM (beta = 1, C = residual),
+  // rounded once: the residual connection without dropout.
   void linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t T, int64_t K, int64_t N,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const bf16* residual = nullptr);
 
   // The two gradients of that linear layer, given dy[T, N]:
   //   dx[T, K] = dy @ w                        (bf16, overwritten)

@@ -135,6 +135,153 @@ __global__ void layernorm_param_reduce_kernel(const float* __restrict__ partial,
   dbeta[c] += b;
 }
 
+// The row-wise kernels again with one warp per row and the row held in registers as 16-byte packs
+// of 8 bf16 (C % 8 == 0, C <= 8 * 32 * kPacks): one read of x (and dy), reductions by warp
+// shuffles, no block barriers. Same arithmetic as the block kernels above.
+struct alignas(16) Pack8 {
+  bf16 v[8];
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int kPacks>
+__global__ void layernorm_forward_warp_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gamma,
+                                              const bf16* __restrict__ beta, bf16* __restrict__ y,
+                                              float* __restrict__ mean, float* __restrict__ rstd, int64_t T, int C,
+                                              float eps, bool zero_centered) {
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, packs = C / 8;
+  if (t >= T) return;
+  Pack8 xv[kPacks];
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = lane + 32 * i;
+    if (p < packs) {
+      xv[i] = reinterpret_cast<const Pack8*>(x + t * C)[p];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s += __bfloat162float(xv[i].v[e]);
+    }
+  }
+  const float m = warp_sum(s) / float(C);
+  float sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i)
+    if (lane + 32 * i < packs)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float d = __bfloat162float(xv[i].v[e]) - m;
+        sq += d * d;
+      }
+  const float r = 1.0f / sqrtf(warp_sum(sq) / float(C) + eps);
+  if (lane == 0) mean[t] = m, rstd[t] = r;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = lane + 32 * i;
+    if (p >= packs) continue;
+    const Pack8 g = reinterpret_cast<const Pack8*>(gamma)[p], b = reinterpret_cast<const Pack8*>(beta)[p];
+    Pack8 out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float ge = zero_centered ? 1.0f + __bfloat162float(g.v[e]) : __bfloat162float(g.v[e]);
+      out.v[e] = __float2bfloat16((__bfloat162float(xv[i].v[e]) - m) * r * ge + __bfloat162float(b.v[e]));
+    }
+    reinterpret_cast<Pack8*>(y + t * C)[p] = out;
+  }
+}
+
+template <int kPacks>
+__global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                         const bf16* __restrict__ gamma, const float* __restrict__ mean,
+                                         const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t T, int C,
+                                         bool zero_centered, bool accumulate) {
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31, packs = C / 8;
+  if (t >= T) return;
+  const float m = mean[t], r = rstd[t];
+  Pack8 xv[kPacks], dv[kPacks];
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = lane + 32 * i;
+    if (p < packs) {
+      xv[i] = reinterpret_cast<const Pack8*>(x + t * C)[p];
+      dv[i] = reinterpret_cast<const Pack8*>(dy + t * C)[p];
+      const Pack8 g = reinterpret_cast<const Pack8*>(gamma)[p];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float ge = zero_centered ? 1.0f + __bfloat162float(g.v[e]) : __bfloat162float(g.v[e]);
+        const float xhat = (__bfloat162float(xv[i].v[e]) - m) * r;
+        const float dxhat = __bfloat162float(dv[i].v[e]) * ge;
+        s1 += dxhat;
+        s2 += dxhat * xhat;
+      }
+    }
+  }
+  const float a = warp_sum(s1) / float(C), b = warp_sum(s2) / float(C);
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = lane + 32 * i;
+    if (p >= packs) continue;
+    const Pack8 g = reinterpret_cast<const Pack8*>(gamma)[p];
+    Pack8 out = accumulate ? reinterpret_cast<const Pack8*>(dx + t * C)[p] : Pack8{};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float ge = zero_centered ? 1.0f + __bfloat162float(g.v[e]) : __bfloat162float(g.v[e]);
+      const float xhat = (__bfloat162float(xv[i].v[e]) - m) * r;
+      const float dxhat = __bfloat162float(dv[i].v[e]) * ge;
+      const float v = r * (dxhat - a - xhat * b);
+      out.v[e] = __float2bfloat16(accumulate ? __bfloat162float(out.v[e]) + v : v);
+    }
+    reinterpret_cast<Pack8*>(dx + t * C)[p] = out;
+  }
+}
+
+// Packs per lane for the warp kernels (0: use the block kernels).
+int warp_packs(int64_t C, const void* a, const void* b, const void* c, const void* d) {
+  for (const void* p : {a, b, c, d})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  if (C % 8 != 0) return 0;
+  const int64_t per_lane = (C / 8 + 31) / 32;
+  for (int k : {1, 2, 4, 8, 16})
+    if (per_lane <= k) return k;
+  return 0;
+}
+
+template <template <int> class Launch, class... Args>
+void dispatch_packs(int packs, Args... args) {
+  switch (packs) {
+    case 1: return Launch<1>::run(args...);
+    case 2: return Launch<2>::run(args...);
+    case 4: return Launch<4>::run(args...);
+    case 8: return Launch<8>::run(args...);
+    default: return Launch<16>::run(args...);
+  }
+}
+
+constexpr int kWarpRows = 4;  // rows (warps) per block of the warp kernels
+
+template <int P>
+struct LaunchForward {
+  static void run(const bf16* x, const bf16* gamma, const bf16* beta, bf16* y, float* mean, float* rstd, int64_t T,
+                  int C, float eps, bool zc, cudaStream_t stream) {
+    layernorm_forward_warp_kernel<P><<<unsigned((T + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, stream>>>(
+        x, gamma, beta, y, mean, rstd, T, C, eps, zc);
+  }
+};
+
+template <int P>
+struct LaunchDx {
+  static void run(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd, bf16* dx,
+                  int64_t T, int C, bool zc, bool accumulate, cudaStream_t stream) {
+    layernorm_dx_warp_kernel<P><<<unsigned((T + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, stream>>>(
+        dy, x, gamma, mean, rstd, dx, T, C, zc, accumulate);
+  }
+};
+
 int64_t chunks_for(int64_t T) { return (T + kRowsPerChunk - 1) / kRowsPerChunk; }
 
 void check_rows(int64_t T, const char* op) {
@@ -148,8 +295,11 @@ void layernorm_forward(const bf16* x, const bf16* gamma, const bf16* beta, bf16*
                        int64_t T, int64_t C, float eps, bool zero_centered_gamma, cudaStream_t stream) {
   if (T <= 0 || C <= 0) return;
   check_rows(T, "layernorm_forward");
-  layernorm_forward_kernel<<<unsigned(T), kRowThreads, 0, stream>>>(x, gamma, beta, y, mean, rstd, C, eps,
-                                                                    zero_centered_gamma);
+  if (const int packs = warp_packs(C, x, gamma, beta, y))
+    dispatch_packs<LaunchForward>(packs, x, gamma, beta, y, mean, rstd, T, int(C), eps, zero_centered_gamma, stream);
+  else
+    layernorm_forward_kernel<<<unsigned(T), kRowThreads, 0, stream>>>(x, gamma, beta, y, mean, rstd, C, eps,
+                                                                      zero_centered_gamma);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -159,12 +309,19 @@ size_t layernorm_backward_scratch_floats(int64_t T, int64_t C) {
 
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd,
                         bf16* dx, float* dgamma, float* dbeta, float* scratch, int64_t T, int64_t C,
-                        bool zero_centered_gamma, cudaStream_t stream) {
+                        bool zero_centered_gamma, cudaStream_t stream, bool accumulate_dx) {
   if (T <= 0 || C <= 0) return;
   check_rows(T, "layernorm_backward");
   const int64_t chunks = chunks_for(T);
   if (chunks > 65535) throw Error("layernorm_backward: too many row chunks for grid.y");
-  layernorm_dx_kernel<<<unsigned(T), kRowThreads, 0, stream>>>(dy, x, gamma, mean, rstd, dx, C, zero_centered_gamma);
+  if (const int packs = warp_packs(C, dy, x, gamma, dx)) {
+    dispatch_packs<LaunchDx>(packs, dy, x, gamma, mean, rstd, dx, T, int(C), zero_centered_gamma, accumulate_dx,
+                             stream);
+  } else if (!accumulate_dx) {
+    layernorm_dx_kernel<<<unsigned(T), kRowThreads, 0, stream>>>(dy, x, gamma, mean, rstd, dx, C, zero_centered_gamma);
+  } else {
+    throw Error("layernorm_backward: accumulate_dx needs C % 8 == 0, 16-byte aligned rows and C <= 4096");
+  }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   const dim3 grid(unsigned((C + kColTile - 1) / kColTile), unsigned(chunks));
   layernorm_param_partial_kernel<<<grid, dim3(kColTile, kColRows), 0, stream>>>(dy, x, mean, rstd, scratch, T, C);

@@ -187,8 +187,9 @@ kc::DropoutSpec CudaGptModel::dropout(double p, uint64_t seed, const std::string
   return d;
 }
 
-void CudaGptModel::linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N) {
-  gemm_.linear_forward(x, P(w), P(b), y, b_ * s_, K, N, stream_);
+void CudaGptModel::linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
+                                  const bf16* residual) {
+  gemm_.linear_forward(x, P(w), P(b), y, b_ * s_, K, N, stream_, residual);
 }
 
 void CudaGptModel::linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K,
@@ -205,7 +206,19 @@ void CudaGptModel::layernorm_backward(const bf16* dy, const bf16* x, int64_t w, 
                          cfg_.zero_centered_gamma, stream_);
 }
 
-void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key) {
+void CudaGptModel::layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b,
+                                                    const float* mean, const float* rstd) {
+  const int64_t h = cfg_.hidden;
+  if (h % 8 == 0 && h <= 4096) {  // the fused form (layernorm.hpp's accumulate_dx conditions)
+    kc::layernorm_backward(dy, x, P(w), mean, rstd, dx_, G(w), G(b), reduce_scratch_, b_ * s_, h,
+                           cfg_.zero_centered_gamma, stream_, true);
+  } else {
+    layernorm_backward(dy, x, w, b, mean, rstd, dtmp_);
+    kc::add_inplace(dx_, dtmp_, b_ * s_ * h, stream_);
+  }
+}
+
+void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key, const float* dloss) {
   const auto& c = cfg_;
   if (mb.s != s_ || mb.b <= 0 || mb.b > max_b_)
     throw Error("CudaGptModel: micro-batch of " + std::to_string(mb.b) + "x" + std::to_string(mb.s) +
@@ -243,35 +256,48 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
       kc::attention_flash_forward(a.qkv, a.ctx, a.lse, shape, attn_drop, stream_);
     else
       kc::attention_unfused_forward(gemm_, a.qkv, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
-    linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
-    kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h,
-                             dropout(c.hidden_dropout, key.seed, site + "attention." + call), stream_);
+    // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
+    const auto drop1 = dropout(c.hidden_dropout, key.seed, site + "attention." + call);
+    if (drop1.p > 0) {
+      linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
+      kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h, drop1, stream_);
+    } else {
+      linear_forward(a.ctx, W.proj_w, W.proj_b, a.x_mid, c.heads * D, h, a.x_in);
+    }
     kc::layernorm_forward(a.x_mid, P(W.ln2_w), P(W.ln2_b), a.ln2, a.ln2_mean, a.ln2_rstd, T, h, c.norm_eps,
                           c.zero_centered_gamma, stream_);
     // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
     linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
     kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
-    linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
-    kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h,
-                             dropout(c.hidden_dropout, key.seed, site + "mlp." + call), stream_);
+    const auto drop2 = dropout(c.hidden_dropout, key.seed, site + "mlp." + call);
+    if (drop2.p > 0) {
+      linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
+      kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop2, stream_);
+    } else {
+      linear_forward(a.g, W.fc2_w, W.fc2_b, x_out, c.ffn, h, a.x_mid);
+    }
   }
   kc::layernorm_forward(x_final_, P(layout_.final_w), P(layout_.final_b), xf_, xf_mean_, xf_rstd_, T, h, c.norm_eps,
                         c.zero_centered_gamma, stream_);
   linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
-  kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
+  if (dloss) {
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(dloss_, dloss, sizeof(float) * T, cudaMemcpyHostToDevice, stream_));
+    kc::cross_entropy_forward_backward(logits_, labels_, dloss_, losses_, lse_, T, c.vocab, stream_);
+  } else {
+    kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
+  }
   kc::masked_loss_sum(losses_, mask_, T, loss_acc_.as<double>(), stream_);
-  have_forward_ = true;
+  have_grad_logits_ = dloss != nullptr;
 }
 
-void CudaGptModel::backward(const float* dloss) {
+void CudaGptModel::backward() {
   const auto& c = cfg_;
-  if (!have_forward_) throw Error("CudaGptModel::backward without a forward");
-  have_forward_ = false;  // the logits buffer becomes the logits' gradient
+  if (!have_grad_logits_) throw Error("CudaGptModel::backward without a forward given the loss gradients");
+  have_grad_logits_ = false;
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
-  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(dloss_, dloss, sizeof(float) * T, cudaMemcpyHostToDevice, stream_));
   const std::string call = std::to_string(key_.call);
 
-  kc::cross_entropy_backward(logits_, labels_, lse_, dloss_, T, c.vocab, stream_);
+  // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
   layernorm_backward(dnorm_, x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
 
@@ -287,8 +313,7 @@ void CudaGptModel::backward(const float* dloss) {
     linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
     kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn, stream_);
     linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.ffn);
-    layernorm_backward(dnorm_, a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd, dtmp_);
-    kc::add_inplace(dx_, dtmp_, T * h, stream_);  // dx = d(x_mid)
+    layernorm_backward_into_residual(dnorm_, a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);  // dx = d(x_mid)
     // Attention block.
     const auto drop1 = dropout(c.hidden_dropout, key_.seed, site + "attention." + call);
     dbranch = dx_;
@@ -300,8 +325,7 @@ void CudaGptModel::backward(const float* dloss) {
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
-    layernorm_backward(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd, dtmp_);
-    kc::add_inplace(dx_, dtmp_, T * h, stream_);  // dx = d(x_in)
+    layernorm_backward_into_residual(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);  // dx = d(x_in)
   }
   kc::dropout_apply(dx_, dx_, T * h, dropout(c.hidden_dropout, key_.seed, "dropout.embedding." + call), stream_);
   kc::embedding_backward(tokens_, dx_, G(layout_.word_emb), T, h, c.vocab, emb_scratch_, emb_scratch_bytes_, stream_);

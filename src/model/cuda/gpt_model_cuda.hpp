@@ -57,11 +57,12 @@ class CudaGptModel {
   void zero_grads();
 
   // Forward of one micro-batch (b <= max_b sequences of exactly s tokens): per-token losses stay on
-  // the device; sum(loss * loss_mask) and sum(loss_mask) are added to the running loss sum.
-  void forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key);
-  // Backward of the last forward with per-token loss gradients dloss[b*s] (host), accumulating
-  // into main_grads().
-  void backward(const float* dloss);
+  // the device; sum(loss * loss_mask) and sum(loss_mask) are added to the running loss sum. With
+  // the per-token loss gradients dloss[b*s] (host; known before the forward: Megatron's mask over
+  // the token count), the cross entropy also writes the logits' gradient, ready for backward().
+  void forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key, const float* dloss = nullptr);
+  // Backward of the last forward (which was given dloss), accumulating into main_grads().
+  void backward();
   // The running (masked loss sum, mask sum) since the last call; synchronises the stream.
   std::pair<double, double> take_loss_sum();
   // Per-token losses of the last forward (synchronises; for tests).
@@ -82,10 +83,14 @@ class CudaGptModel {
   bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
   float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
   kernels::cuda::DropoutSpec dropout(double p, uint64_t seed, const std::string& stream) const;
-  void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N);
+  void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
+                      const bf16* residual = nullptr);
   void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
   void layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean, const float* rstd,
                           bf16* dx);
+  // dx_ += the norm's input gradient (the residual stream's two paths summed).
+  void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
+                                        const float* rstd);
 
   GptConfig cfg_;
   GptParameterLayout layout_;
@@ -112,7 +117,7 @@ class CudaGptModel {
   int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
   float *mask_ = nullptr, *dloss_ = nullptr;
   DropoutKey key_{};
-  bool have_forward_ = false;
+  bool have_grad_logits_ = false;
 };
 
 }  // namespace laoyao::model
