@@ -74,10 +74,13 @@ PY
 )
           ;;
         profile)
-          # Where a GPT-2 124M step's GPU time goes, op by op (bench/step_breakdown.cpp).
+          # Where a GPT-2 124M step's GPU time goes, op by op (bench/step_breakdown.cpp) ...
           "$C/laoyao_bench_step_breakdown" > "$OUT/step_breakdown.txt" 2>&1
           summary+=("profile (exit $?):")
           while read -r line; do summary+=("  $line"); done < <(head -40 "$OUT/step_breakdown.txt")
+          # ... and of the seed model's (2 layers, hidden 256, vocab 32000, 4 x 512 tokens).
+          "$C/laoyao_bench_step_breakdown" 2 256 4 1024 32000 512 4 > "$OUT/step_breakdown_seed.txt" 2>&1
+          while read -r line; do summary+=("  $line"); done < <(head -40 "$OUT/step_breakdown_seed.txt")
           ;;
         bench)
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" 2>&1 | tee "$OUT/bench.txt" | tail -20

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
@@ -30,6 +31,11 @@ class Engine {
   virtual void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) = 0;
   virtual LossSum take_loss_sum() = 0;
   virtual double grad_norm() = 0;
+  // Both, with one wait for the device (the training step's only one before the update).
+  virtual std::pair<LossSum, double> take_loss_sum_and_grad_norm() {
+    const LossSum loss = take_loss_sum();
+    return {loss, grad_norm()};
+  }
   virtual int64_t count_zero_grads() = 0;
   virtual double params_norm() = 0;
   // Megatron's clip (coefficient max_norm / (norm + 1e-6) when below 1, none when max_norm <= 0)

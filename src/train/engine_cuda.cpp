@@ -53,6 +53,12 @@ class CudaEngine final : public Engine {
     auto [sum, count] = gpu_.take_loss_sum();
     return {sum, count};
   }
+  std::pair<LossSum, double> take_loss_sum_and_grad_norm() override {
+    kc::sum_squares(gpu_.main_grads(), gpu_.num_parameters(), scratch(), result(), gpu_.stream());
+    double sum_sq = 0;
+    const auto [sum, count] = gpu_.take_loss_sum(result(), &sum_sq);
+    return {{sum, count}, std::sqrt(sum_sq)};
+  }
   double grad_norm() override {
     kc::sum_squares(gpu_.main_grads(), gpu_.num_parameters(), scratch(), result(), gpu_.stream());
     return std::sqrt(read_result());

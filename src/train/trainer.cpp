@@ -5,7 +5,9 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <memory>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +42,39 @@ void run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::Drop
   for (size_t t = 0; t < dloss.size(); ++t) dloss[t] = static_cast<float>(mb.loss_mask[t] * scale);
   engine.run_micro_batch(mb, key, dloss.data());
 }
+
+// Training micro-batches, with one read ahead: the next micro-batch is read from the dataset while
+// the device works on the current one. A read error is raised where the micro-batch is used, so a
+// run fails at the same iteration as without the read-ahead.
+class TrainBatchReader {
+ public:
+  explicit TrainBatchReader(const RunData& data) : data_(data) {}
+  MicroBatchData take(int64_t consumed, int64_t m) {
+    if (consumed_ == consumed && m_ == m) {
+      consumed_ = -1;
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      return std::move(mb_);
+    }
+    return read(consumed, m);
+  }
+  void prefetch(int64_t consumed, int64_t m) {
+    consumed_ = consumed, m_ = m, error_ = nullptr;
+    try {
+      mb_ = read(consumed, m);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+
+ private:
+  MicroBatchData read(int64_t consumed, int64_t m) const {
+    return load_micro_batch(*data_.datasets[0], train_sample_indices(data_, consumed, m), data_.vocab);
+  }
+  const RunData& data_;
+  int64_t consumed_ = -1, m_ = -1;
+  MicroBatchData mb_;
+  std::exception_ptr error_;
+};
 
 }  // namespace
 
@@ -164,6 +199,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     last_saved = iteration;
   };
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
+  TrainBatchReader next_batch(data);
   const auto train_start = Clock::now();
   const int64_t first_iteration = iteration + 1;  // of this process (after a resume, too)
   while (iteration < train_iters) {
@@ -171,13 +207,17 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     const auto step_start = Clock::now();
     engine->zero_grads();
     for (int64_t m = 0; m < M; ++m) {
-      MicroBatchData mb = load_micro_batch(*data.datasets[0], train_sample_indices(data, consumed, m), data.vocab);
+      MicroBatchData mb = next_batch.take(consumed, m);
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
       run_micro_batch(*engine, mb, key, M, true, dloss);
+      // Read the next micro-batch while the device works on this one.
+      if (m + 1 < M)
+        next_batch.prefetch(consumed, m + 1);
+      else if (iteration < train_iters)
+        next_batch.prefetch(consumed + gbs, 0);
     }
-    const LossSum iter_loss = engine->take_loss_sum();
+    const auto [iter_loss, norm] = engine->take_loss_sum_and_grad_norm();
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
-    const double norm = engine->grad_norm();
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
     if (!finite && c.ddp.check_for_nan_in_grad)
       throw Error("NaN or Inf in the loss or the gradients at iteration " + std::to_string(iteration) +

@@ -149,3 +149,39 @@ TEST(CudaGptModel, RefusesWhatItCannotTrainByName) {
   EXPECT_THROW(CudaGptModel(c, 1, 16), UsageError);
   EXPECT_EQ(cuda_unsupported_features(small_config(4, 4)), "");
 }
+
+// Without dropout the second call of a shape captures a CUDA graph and later calls replay it: the
+// losses and gradients of the eager, captured and replayed steps are the same bits.
+TEST(CudaGptModel, GraphReplayGivesTheEagerStepsBits) {
+  GptConfig c = with_attention(small_config(2, 2), AttentionBackend::Flash);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  CudaGptModel gpu(c, 2, 48);
+  gpu.upload_weights(cpu.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  std::vector<std::vector<float>> losses, grads;
+  for (int call = 0; call < 3; ++call) {
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), {1234, 7, true}, x.dloss.data());
+    gpu.backward();
+    losses.push_back(gpu.download_losses());
+    grads.emplace_back(static_cast<size_t>(gpu.num_parameters()));
+    gpu.download_grads(grads.back().data());
+    (void)gpu.take_loss_sum();
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_EQ(grads[0], grads[2]);
+  // Evaluation (no backward) is its own graph: the same bits every call, and the training
+  // forward's losses up to the two cross-entropy kernels' exp rounding.
+  std::vector<float> first_eval;
+  for (int call = 0; call < 3; ++call) {
+    gpu.forward(mb, x.mask.data(), {1234, 7, false});
+    const auto eval = gpu.download_losses();
+    if (call == 0) first_eval = eval;
+    EXPECT_EQ(eval, first_eval) << "evaluation call " << call;
+    for (size_t t = 0; t < eval.size(); ++t) ASSERT_NEAR(eval[t], losses[0][t], 1e-5) << "token " << t;
+  }
+}

@@ -69,4 +69,34 @@ struct DeviceBuffer {
   }
 };
 
+// Page-locked host memory (cudaMallocHost), so that a cudaMemcpyAsync from it is a real
+// asynchronous DMA in stream order (from pageable memory the driver stages and may block).
+struct PinnedHostBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+
+  PinnedHostBuffer() = default;
+  explicit PinnedHostBuffer(size_t n) : bytes(n) {
+    if (n > 0) LAOYAO_CUDA_CHECK(cudaMallocHost(&ptr, n));
+  }
+  ~PinnedHostBuffer() {
+    if (ptr) (void)cudaFreeHost(ptr);
+  }
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept : ptr(std::exchange(o.ptr, nullptr)), bytes(std::exchange(o.bytes, 0)) {}
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ptr) (void)cudaFreeHost(ptr);
+      ptr = std::exchange(o.ptr, nullptr);
+      bytes = std::exchange(o.bytes, 0);
+    }
+    return *this;
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
 }  // namespace laoyao::kernels::cuda

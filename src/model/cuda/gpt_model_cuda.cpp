@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -144,6 +146,13 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
   acts_ = kc::DeviceBuffer(measure.used);
   Carver real{static_cast<char*>(acts_.ptr), 0};
   carve(real);
+  inputs_bytes_ = static_cast<size_t>(reinterpret_cast<char*>(dloss_ + T) - reinterpret_cast<char*>(tokens_));
+  for (int i = 0; i < 2; ++i) {
+    staging_[i] = kc::PinnedHostBuffer(inputs_bytes_);
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
+  }
+  const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0");
   zero_grads();
 }
 
@@ -152,6 +161,10 @@ CudaGptModel::~CudaGptModel() {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : staged_)
+    if (e) (void)cudaEventDestroy(e);
+  for (auto& [k, exec] : graphs_)
+    if (exec) (void)cudaGraphExecDestroy(exec);
 }
 
 size_t CudaGptModel::device_bytes() const {
@@ -225,22 +238,83 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
                 " tokens, built for up to " + std::to_string(max_b_) + "x" + std::to_string(s_));
   b_ = mb.b;
   key_ = key;
-  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
+  const int64_t T = b_ * s_;
+  // Stage every input of the micro-batch in a pinned slot laid out as the device span, then one copy.
+  const int slot = next_slot_;
+  next_slot_ ^= 1;
+  LAOYAO_CUDA_CHECK(cudaEventSynchronize(staged_[slot]));  // the copy from this slot (two calls ago) is done
+  char* host = staging_[slot].as<char>();
+  auto stage = [&](const void* dev, const void* src, size_t bytes) {
+    std::memcpy(host + (static_cast<const char*>(dev) - reinterpret_cast<const char*>(tokens_)), src, bytes);
+  };
   const size_t ids = sizeof(int64_t) * T;
-  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(tokens_, mb.tokens, ids, cudaMemcpyHostToDevice, stream_));
-  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(labels_, mb.labels, ids, cudaMemcpyHostToDevice, stream_));
+  stage(tokens_, mb.tokens, ids);
+  stage(labels_, mb.labels, ids);
   if (layout_.pos_emb >= 0) {
     if (!mb.positions) throw Error("CudaGptModel: learned positions need position ids");
-    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(positions_, mb.positions, ids, cudaMemcpyHostToDevice, stream_));
+    stage(positions_, mb.positions, ids);
   }
-  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(mask_, loss_mask, sizeof(float) * T, cudaMemcpyHostToDevice, stream_));
+  stage(mask_, loss_mask, sizeof(float) * T);
+  if (dloss) stage(dloss_, dloss, sizeof(float) * T);
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(tokens_, host, inputs_bytes_, cudaMemcpyHostToDevice, stream_));
+  LAOYAO_CUDA_CHECK(cudaEventRecord(staged_[slot], stream_));
+  have_grad_logits_ = dloss != nullptr;
+  backward_done_ = false;
+
+  // A step without dropout is the same kernels with the same arguments every time: from the second
+  // call of a shape on, it is one CUDA graph launch (forward, and backward when training) instead of
+  // a hundred-odd kernel launches. The first call runs eagerly (cuBLASLt plans, kernel attributes).
+  const bool dropout_now = key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0);
+  if (graphs_enabled_ && !dropout_now) {
+    const auto graph_key = std::make_pair(b_, dloss != nullptr);
+    auto it = graphs_.find(graph_key);
+    if (it == graphs_.end()) {
+      enqueue_forward(dloss != nullptr);
+      if (dloss) enqueue_backward();
+      graphs_.emplace(graph_key, nullptr);  // warmed up: the next call captures
+    } else {
+      if (!it->second) it->second = capture([&] {
+        enqueue_forward(dloss != nullptr);
+        if (dloss) enqueue_backward();
+      });
+      LAOYAO_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    }
+    backward_done_ = dloss != nullptr;
+    return;
+  }
+  enqueue_forward(dloss != nullptr);
+}
+
+cudaGraphExec_t CudaGptModel::capture(const std::function<void()>& enqueue) {
+  cudaGraph_t graph = nullptr;
+  LAOYAO_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream_, &graph);
+    if (graph) (void)cudaGraphDestroy(graph);
+    throw;
+  }
+  LAOYAO_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  LAOYAO_CUDA_CHECK(st);
+  return exec;
+}
+
+void CudaGptModel::enqueue_forward(bool with_loss_grad) {
+  const auto& c = cfg_;
+  const DropoutKey& key = key_;
+  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const std::string call = std::to_string(key.call);
 
   // Embedding (word + position), then embedding dropout, into layer 0's input.
   bf16* x = layers_.empty() ? x_final_ : layers_[0].x_in;
+  const auto emb_drop = dropout(c.hidden_dropout, key.seed, "dropout.embedding." + call);
   kc::embedding_forward(tokens_, P(layout_.word_emb), layout_.pos_emb >= 0 ? positions_ : nullptr,
-                        P(layout_.pos_emb), emb_out_, T, h, c.vocab, c.max_positions, stream_);
-  kc::dropout_apply(emb_out_, x, T * h, dropout(c.hidden_dropout, key.seed, "dropout.embedding." + call), stream_);
+                        P(layout_.pos_emb), emb_drop.p > 0 ? emb_out_ : x, T, h, c.vocab, c.max_positions, stream_);
+  if (emb_drop.p > 0) kc::dropout_apply(emb_out_, x, T * h, emb_drop, stream_);
 
   const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -280,20 +354,22 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   kc::layernorm_forward(x_final_, P(layout_.final_w), P(layout_.final_b), xf_, xf_mean_, xf_rstd_, T, h, c.norm_eps,
                         c.zero_centered_gamma, stream_);
   linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
-  if (dloss) {
-    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(dloss_, dloss, sizeof(float) * T, cudaMemcpyHostToDevice, stream_));
+  if (with_loss_grad) {
     kc::cross_entropy_forward_backward(logits_, labels_, dloss_, losses_, lse_, T, c.vocab, stream_);
   } else {
     kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
   }
   kc::masked_loss_sum(losses_, mask_, T, loss_acc_.as<double>(), stream_);
-  have_grad_logits_ = dloss != nullptr;
 }
 
 void CudaGptModel::backward() {
-  const auto& c = cfg_;
   if (!have_grad_logits_) throw Error("CudaGptModel::backward without a forward given the loss gradients");
   have_grad_logits_ = false;
+  if (!backward_done_) enqueue_backward();  // else the step's graph already ran it
+}
+
+void CudaGptModel::enqueue_backward() {
+  const auto& c = cfg_;
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const std::string call = std::to_string(key_.call);
 
@@ -334,10 +410,11 @@ void CudaGptModel::backward() {
                            emb_scratch_bytes_, stream_);
 }
 
-std::pair<double, double> CudaGptModel::take_loss_sum() {
+std::pair<double, double> CudaGptModel::take_loss_sum(const double* extra, double* extra_out) {
   double host[2];
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host, loss_acc_.ptr, sizeof host, cudaMemcpyDeviceToHost, stream_));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, sizeof host, stream_));
+  if (extra) LAOYAO_CUDA_CHECK(cudaMemcpyAsync(extra_out, extra, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return {host[0], host[1]};
 }

@@ -5,7 +5,7 @@
 // streams), the same math; one stream, no host synchronisation inside forward/backward.
 //
 // Everything is allocated once, in the constructor, for micro-batches of up to max_b sequences of
-// s tokens: the step itself allocates nothing.
+// s tokens: the step itself allocates nothing. Steps without dropout replay a CUDA graph.
 //
 // Supported so far: LayerNorm, tanh-GeLU (Megatron's fused bias-GeLU), learned absolute positions,
 // tied or untied output layer, biases on or off, MHA or GQA, hidden and attention dropout; flash
@@ -16,7 +16,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/attention_unfused.hpp"
@@ -63,8 +66,9 @@ class CudaGptModel {
   void forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key, const float* dloss = nullptr);
   // Backward of the last forward (which was given dloss), accumulating into main_grads().
   void backward();
-  // The running (masked loss sum, mask sum) since the last call; synchronises the stream.
-  std::pair<double, double> take_loss_sum();
+  // The running (masked loss sum, mask sum) since the last call; synchronises the stream. With
+  // `extra` (a device double), *extra_out gets its value in the same wait.
+  std::pair<double, double> take_loss_sum(const double* extra = nullptr, double* extra_out = nullptr);
   // Per-token losses of the last forward (synchronises; for tests).
   std::vector<float> download_losses() const;
 
@@ -83,6 +87,10 @@ class CudaGptModel {
   bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
   float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
   kernels::cuda::DropoutSpec dropout(double p, uint64_t seed, const std::string& stream) const;
+  // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
+  void enqueue_forward(bool with_loss_grad);
+  void enqueue_backward();
+  cudaGraphExec_t capture(const std::function<void()>& enqueue);
   void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
                       const bf16* residual = nullptr);
   void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
@@ -99,7 +107,6 @@ class CudaGptModel {
   kernels::cuda::CublasLtGemm gemm_;
   kernels::cuda::DeviceBuffer main_, grads_, params_;
   kernels::cuda::DeviceBuffer acts_;      // every activation, carved below
-  kernels::cuda::DeviceBuffer inputs_;    // tokens, labels, positions (int64), mask, dloss (fp32)
   kernels::cuda::DeviceBuffer loss_acc_;  // 2 doubles
   kernels::cuda::DeviceBuffer zero_bias_; // fp32 -> bf16 zeros for the bias-GeLU kernel without fc1 bias
   std::vector<LayerActs> layers_;
@@ -114,10 +121,22 @@ class CudaGptModel {
   float* reduce_scratch_ = nullptr;  // bias and LayerNorm parameter-gradient partial sums
   void* emb_scratch_ = nullptr;
   size_t emb_scratch_bytes_ = 0;
+  // The micro-batch inputs, one contiguous device span (tokens, labels, positions, mask, dloss)
+  // filled by one copy from one of two pinned host slots; a slot is rewritten only once the copy
+  // from it (two micro-batches back) has run, so the host never waits on the current step.
   int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
   float *mask_ = nullptr, *dloss_ = nullptr;
+  size_t inputs_bytes_ = 0;
+  kernels::cuda::PinnedHostBuffer staging_[2];
+  cudaEvent_t staged_[2] = {nullptr, nullptr};
+  int next_slot_ = 0;
   DropoutKey key_{};
   bool have_grad_logits_ = false;
+  bool backward_done_ = false;  // the forward's graph ran the backward too
+  // CUDA graphs of dropout-free steps, by (sequences, with backward); null: warmed up, not captured.
+  // LAOYAO_CUDA_GRAPHS=0 turns them off.
+  bool graphs_enabled_ = true;
+  std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs_;
 };
 
 }  // namespace laoyao::model
