@@ -23,6 +23,7 @@
 #include "core/device.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/attention_reference.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
@@ -207,12 +208,14 @@ CheckResult check_gemm_bias(kc::CublasLtGemm& gemm, uint64_t seed) {
 // ---- attention forward and backward against the CPU op (kernels/cpu/attention.cpp).
 struct AttentionCase {
   int64_t b, s, H, G, D;
+  bool flash;  // the flash kernels (what training runs) or the simple reference kernel
 };
 
 CheckResult check_attention(const AttentionCase& a, uint64_t seed) {
   const std::string name =
-      fmt("attention causal bf16 fwd+bwd D=%lld (b=%lld s=%lld heads=%lld groups=%lld; laoyao reference kernel)",
-          (long long)a.D, (long long)a.b, (long long)a.s, (long long)a.H, (long long)a.G);
+      fmt("attention causal bf16 fwd+bwd D=%lld (b=%lld s=%lld heads=%lld groups=%lld; %s)", (long long)a.D,
+          (long long)a.b, (long long)a.s, (long long)a.H, (long long)a.G,
+          a.flash ? "laoyao flash kernels, the training path" : "laoyao reference kernel");
   return guarded(name, [&](CheckResult& r) {
     kc::AttentionShape shape{a.b, a.s, a.H, a.G, a.D, static_cast<float>(1.0 / std::sqrt(double(a.D)))};
     const int64_t T = a.b * a.s, row = a.G * (a.H / a.G + 2) * a.D, HD = a.H * a.D;
@@ -225,9 +228,15 @@ CheckResult check_attention(const AttentionCase& a, uint64_t seed) {
     // Poison the outputs so that an element the kernels never write cannot pass by accident.
     LAOYAO_CUDA_CHECK(cudaMemset(d_ctx.ptr, 0xff, d_ctx.bytes));
     LAOYAO_CUDA_CHECK(cudaMemset(d_dqkv.ptr, 0xff, d_dqkv.bytes));
-    kc::attention_reference_forward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_lse.as<float>(), shape, nullptr);
-    kc::attention_reference_backward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_dctx.as<bf16>(), d_lse.as<float>(),
-                                     d_delta.as<float>(), d_dqkv.as<bf16>(), shape, nullptr);
+    if (a.flash) {
+      kc::attention_flash_forward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_lse.as<float>(), shape, {}, nullptr);
+      kc::attention_flash_backward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_dctx.as<bf16>(), d_lse.as<float>(),
+                                   d_delta.as<float>(), d_dqkv.as<bf16>(), shape, {}, nullptr);
+    } else {
+      kc::attention_reference_forward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_lse.as<float>(), shape, nullptr);
+      kc::attention_reference_backward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_dctx.as<bf16>(), d_lse.as<float>(),
+                                       d_delta.as<float>(), d_dqkv.as<bf16>(), shape, nullptr);
+    }
     LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> ctx = download_bf16(d_ctx, size_t(T * HD));
     const std::vector<float> dqkv = download_bf16(d_dqkv, size_t(T * row));
@@ -602,8 +611,9 @@ int run_gpu_checks(const Options& options) {
     } catch (const std::exception& e) {  // the handle or its workspace could not be made
       report({"cuBLASLt set-up", false, e.what()});
     }
-    report(check_attention({2, 384, 8, 2, 64}, seed));   // GQA: 4 heads per group
-    report(check_attention({2, 256, 4, 4, 128}, seed));  // MHA
+    report(check_attention({2, 384, 8, 2, 64, true}, seed));   // GQA: 4 heads per group
+    report(check_attention({2, 256, 4, 4, 128, true}, seed));  // MHA
+    report(check_attention({2, 200, 4, 2, 128, false}, seed)); // the reference kernel, a partial tile
     report(check_bias_gelu(seed));
     report(check_layernorm(seed));
     report(check_cross_entropy(seed));
