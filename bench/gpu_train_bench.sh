@@ -4,7 +4,7 @@
 # optimizer step. Prints one table: tokens/s of each, the ratio, laoyao's Megatron-formula TFLOP/s
 # and MFU against 989 TFLOP/s, and memory (laoyao: device memory held; peer: torch's peak allocated).
 #   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
-# Cases: vanilla_seed gpt2_124m seed_command (default: all). Run on the GPU machine
+# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k (default: the first three). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -22,6 +22,13 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
     gpt2_124m) echo --num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072 \
                  --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 16 --global-batch-size 16 \
                  --vocab-size 50304 --hidden-dropout 0 --attention-dropout 0 --train-iters 40 ;;
+    # Llama 3.2 1B's shape at seq 8192 (the peer's llama32_1b_s8k: RoPE base 500000, untied).
+    llama32_1b_s8k) echo --num-layers 16 --hidden-size 2048 --num-attention-heads 32 --group-query-attention \
+                      --num-query-groups 8 --ffn-hidden-size 8192 --normalization RMSNorm --swiglu \
+                      --position-embedding-type rope --rotary-base 500000 --disable-bias-linear \
+                      --untie-embeddings-and-output-weights --seq-length 8192 --max-position-embeddings 8192 \
+                      --micro-batch-size 1 --global-batch-size 1 --vocab-size 128256 --hidden-dropout 0 \
+                      --attention-dropout 0 --train-iters 20 ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \

@@ -6,8 +6,8 @@
 #                                            shared libraries the GPU machine lacks (yaml-cpp 0.7)
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
-#                                            any of doctor tests parity attention bench (default:
-#                                            all). Full
+#                                            any of doctor tests parity parity_llama attention
+#                                            profile bench [bench cases] (default: all). Full
 #                                            logs go to $OUT; a summary table is printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -30,18 +30,19 @@ case "${1:-}" in
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"
     parts="${*:2}"
-    [ -n "$parts" ] || parts="doctor tests parity attention bench"
+    [ -n "$parts" ] || parts="doctor tests parity parity_llama attention profile bench"
     summary=()
+    note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
     for part in $parts; do
       case "$part" in
         doctor)
           "$C/laoyao" doctor > "$OUT/doctor.txt" 2>&1
-          summary+=("doctor: exit $? ($(grep -c PASS "$OUT/doctor.txt") PASS lines)")
+          note "doctor: exit $? ($(grep -c PASS "$OUT/doctor.txt") PASS lines)"
           ;;
         tests)
           "$C/laoyao_tests_model_cuda" > "$OUT/gpu_tests.txt" 2>&1
           rc=$?
-          summary+=("gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')")
+          note "gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
           grep -E '^\[  FAILED  \]' "$OUT/gpu_tests.txt" | head -20
           ;;
         parity)
@@ -55,13 +56,29 @@ case "${1:-}" in
           LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" > "$OUT/parity_gpu.log" 2>&1
           "$C/laoyao" compare-logs "$OUT/parity_cpu.log" "$OUT/parity_gpu.log" > "$OUT/parity_compare.txt" 2>&1
           rc=$?
-          summary+=("cpu-vs-gpu training (30 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_compare.txt" | head -1)")
+          note "cpu-vs-gpu training (30 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_compare.txt" | head -1)"
+          ;;
+        parity_llama)
+          # The same with Llama's pieces: RMSNorm, SwiGLU, RoPE (Llama 3 scaling), GQA, no biases, untied.
+          args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
+                --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
+                --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --disable-bias-linear
+                --untie-embeddings-and-output-weights --seq-length 128 --max-position-embeddings 128
+                --micro-batch-size 4 --global-batch-size 16 --train-iters 20 --eval-iters 2 --eval-interval 10
+                --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3 --min-lr 1e-4
+                --lr-warmup-iters 5 --seed 1234 --log-interval 1)
+          LAOYAO_DEVICE=cpu "$C/laoyao" "${args[@]}" > "$OUT/parity_llama_cpu.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" > "$OUT/parity_llama_gpu.log" 2>&1
+          "$C/laoyao" compare-logs "$OUT/parity_llama_cpu.log" "$OUT/parity_llama_gpu.log" > "$OUT/parity_llama.txt" 2>&1
+          rc=$?
+          note "cpu-vs-gpu Llama-style training (20 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_llama.txt" | head -1)"
+          grep -h "backend" "$OUT/parity_llama_gpu.log" | head -2
           ;;
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).
           { "$C/laoyao_bench_attention"; python3 bench/attention_sdpa.py; } > "$OUT/attention.txt" 2>&1
-          summary+=("attention fwd+bwd TFLOP/s (laoyao vs sdpa):")
-          while read -r line; do summary+=("  $line"); done < <(python3 - "$OUT/attention.txt" <<'PY'
+          note "attention fwd+bwd TFLOP/s (laoyao vs sdpa):"
+          while read -r line; do note "  $line"; done < <(python3 - "$OUT/attention.txt" <<'PY'
 import re, sys
 rows = {}
 for l in open(sys.argv[1]):
@@ -76,14 +93,15 @@ PY
         profile)
           # Where a GPT-2 124M step's GPU time goes, op by op (bench/step_breakdown.cpp) ...
           "$C/laoyao_bench_step_breakdown" > "$OUT/step_breakdown.txt" 2>&1
-          summary+=("profile (exit $?):")
-          while read -r line; do summary+=("  $line"); done < <(head -40 "$OUT/step_breakdown.txt")
+          note "profile (exit $?):"
+          while read -r line; do note "  $line"; done < <(head -40 "$OUT/step_breakdown.txt")
           # ... and of the seed model's (2 layers, hidden 256, vocab 32000, 4 x 512 tokens).
           "$C/laoyao_bench_step_breakdown" 2 256 4 1024 32000 512 4 > "$OUT/step_breakdown_seed.txt" 2>&1
-          while read -r line; do summary+=("  $line"); done < <(head -40 "$OUT/step_breakdown_seed.txt")
+          while read -r line; do note "  $line"; done < <(head -40 "$OUT/step_breakdown_seed.txt")
           ;;
         bench)
-          bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" 2>&1 | tee "$OUT/bench.txt" | tail -20
+          bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" ${BENCH_CASES:-} 2>&1 |
+            tee "$OUT/bench.txt" | tail -20
           ;;
         *) echo "unknown part $part" >&2; exit 2 ;;
       esac

@@ -18,7 +18,7 @@ int64_t ParameterTable::add(std::string name, std::vector<int64_t> shape, Init i
   p.init = init;
   p.std = std;
   // Megatron's default no_weight_decay_cond: 1-D parameters and biases get wd_mult 0.
-  p.weight_decay = !(p.shape.size() == 1 || p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0);
+  p.weight_decay = !(p.shape.size() == 1 || (p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0));
   total += p.numel;
   specs.push_back(std::move(p));
   return specs.back().offset;
@@ -31,7 +31,12 @@ const ParamSpec* ParameterTable::find(const std::string& name) const {
 }
 
 void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16) {
-  for (const auto& p : table.specs) {
+  // Each parameter draws from its own stream, so the parameters can be filled in any order (here in
+  // parallel, largest first in practice) and the values stay the same.
+  const int64_t n = static_cast<int64_t>(table.specs.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t k = 0; k < n; ++k) {
+    const ParamSpec& p = table.specs[static_cast<size_t>(k)];
     float* w = weights + p.offset;
     switch (p.init) {
       case Init::Zeros:

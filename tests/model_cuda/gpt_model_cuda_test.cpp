@@ -142,12 +142,37 @@ TEST(CudaGptModel, FlashMatchesCpuModelWithGqaAndUntiedOutput) {
 
 TEST(CudaGptModel, RefusesWhatItCannotTrainByName) {
   GptConfig c = small_config(4, 4);
-  c.activation = Activation::SwiGLU;
-  c.norm = Norm::RMSNorm;
-  EXPECT_NE(cuda_unsupported_features(c).find("SwiGLU"), std::string::npos);
-  EXPECT_NE(cuda_unsupported_features(c).find("RMSNorm"), std::string::npos);
+  c.qk_layernorm = true;
+  c.activation = Activation::GeluErf;
+  EXPECT_NE(cuda_unsupported_features(c).find("QK layernorm"), std::string::npos);
+  EXPECT_NE(cuda_unsupported_features(c).find("erf GeLU"), std::string::npos);
   EXPECT_THROW(CudaGptModel(c, 1, 16), UsageError);
   EXPECT_EQ(cuda_unsupported_features(small_config(4, 4)), "");
+}
+
+// Llama's pieces: RMSNorm, SwiGLU, RoPE with Llama 3 scaling, GQA, no biases, untied output.
+GptConfig llama_config() {
+  GptConfig c = small_config(2, 1);  // head dim 64: the flash kernels
+  c.norm = Norm::RMSNorm;
+  c.activation = Activation::SwiGLU;
+  c.ffn = 192;
+  c.positions = Positions::Rope;
+  c.rotary_base = 500000;
+  c.rope_scaling = true;
+  c.rope_scaling_factor = 32;
+  c.tied_embeddings = false;
+  c.add_bias_linear = false;
+  c.add_qkv_bias = false;
+  return c;
+}
+
+TEST(CudaGptModel, LlamaMatchesCpuModel) {
+  EXPECT_EQ(cuda_unsupported_features(llama_config()), "");
+  compare(llama_config(), false);
+}
+TEST(CudaGptModel, LlamaWithDropoutMatchesCpuModel) { compare(llama_config(), true); }
+TEST(CudaGptModel, LlamaUnfusedAttentionMatchesCpuModel) {
+  compare(with_attention(llama_config(), AttentionBackend::Unfused), true);
 }
 
 // Without dropout the second call of a shape captures a CUDA graph and later calls replay it: the

@@ -51,6 +51,8 @@
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/optimizer.hpp"
+#include "kernels/cuda/rope.hpp"
+#include "kernels/cuda/swiglu.hpp"
 #include "optim/adamw.hpp"
 
 namespace laoyao::kernels::cuda_test {
@@ -878,6 +880,107 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
       for (int64_t i = 0; i < T * C; ++i) want_acc[i] = double(r[i]) + dx[i];
       expect_bf16_close(from_device_bf16(dacc, T * C), want_acc, 1e-4, "residual grad + dx");
     }
+  }
+}
+
+// ---------------------------------------------------------------- Llama's pieces
+
+TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
+  const int64_t T = 300, C = 768;
+  const float eps = 1e-5f;
+  const auto x = randn_bf16(T * C, 80, "rms.x", 2.0, 0.5);
+  const auto gamma = randn_bf16(C, 80, "rms.gamma", 0.1, 1.0);
+  const auto dyv = randn_bf16(T * C, 80, "rms.dy");
+  const auto dgamma0 = randn(C, 80, "rms.dgamma0");
+  std::vector<float> y(T * C), rstd(T);
+  cpu::rmsnorm_forward(x.data(), gamma.data(), y.data(), rstd.data(), T, C, eps, false);
+  auto dx_in = to_device_bf16(x), dgam = to_device_bf16(gamma), ddy = to_device_bf16(dyv), ddg = to_device(dgamma0);
+  DeviceBuffer dy_out(T * C * sizeof(bf16)), drstd(T * sizeof(float)), ddx(T * C * sizeof(bf16));
+  DeviceBuffer scratch(cuda::layernorm_backward_scratch_floats(T, C) * sizeof(float));
+  cuda::rmsnorm_forward(dx_in.as<bf16>(), dgam.as<bf16>(), dy_out.as<bf16>(), drstd.as<float>(), T, C, eps, false,
+                        stream_);
+  sync();
+  const auto rstd_gpu = from_device<float>(drstd, T);
+  std::vector<double> tol(T);
+  for (int64_t t = 0; t < T; ++t) tol[t] = kFp32Sum * rstd[t];
+  expect_within(rstd_gpu, to_double(rstd), tol, "rstd");
+  expect_bf16_close(from_device_bf16(dy_out, T * C), to_double(y), 1e-4, "y");
+
+  std::vector<float> dx(T * C), dgamma = dgamma0;
+  cpu::rmsnorm_backward(dyv.data(), x.data(), gamma.data(), rstd_gpu.data(), dx.data(), dgamma.data(), T, C, false);
+  cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), ddx.as<bf16>(),
+                         ddg.as<float>(), scratch.as<float>(), T, C, false, stream_);
+  sync();
+  expect_bf16_close(from_device_bf16(ddx, T * C), to_double(dx), 1e-4, "dx");
+  std::vector<double> tg(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double a = std::abs(dgamma0[c]);
+    for (int64_t t = 0; t < T; ++t) a += std::abs(dyv[t * C + c] * x[t * C + c] * rstd_gpu[t]);
+    tg[c] = kFp32Sum * a;
+  }
+  expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
+  // accumulate_dx: the residual stream's gradient plus the norm's.
+  const auto r = randn_bf16(T * C, 80, "rms.residual_grad");
+  auto dacc = to_device_bf16(r);
+  cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), dacc.as<bf16>(),
+                         ddg.as<float>(), scratch.as<float>(), T, C, false, stream_, true);
+  sync();
+  std::vector<double> want(T * C);
+  for (int64_t i = 0; i < T * C; ++i) want[i] = double(r[i]) + dx[i];
+  expect_bf16_close(from_device_bf16(dacc, T * C), want, 1e-4, "residual grad + dx");
+  // A width the warp kernels cannot take is refused, not computed wrongly.
+  EXPECT_THROW(cuda::rmsnorm_forward(dx_in.as<bf16>(), dgam.as<bf16>(), dy_out.as<bf16>(), drstd.as<float>(), T, 1001,
+                                     eps, false, stream_),
+               laoyao::Error);
+}
+
+TEST_F(CudaKernels, SwigluMatchesCpu) {
+  const int64_t T = 37, F = 1003;
+  const auto x = randn_bf16(T * 2 * F, 81, "swiglu.x", 1.5);
+  const auto dyv = randn_bf16(T * F, 81, "swiglu.dy");
+  std::vector<float> y(T * F), dx(T * 2 * F);
+  cpu::swiglu_forward(x.data(), y.data(), T, F);
+  cpu::swiglu_backward(x.data(), dyv.data(), dx.data(), T, F);
+  auto dxin = to_device_bf16(x), ddy = to_device_bf16(dyv);
+  DeviceBuffer dyout(T * F * sizeof(bf16)), ddx(T * 2 * F * sizeof(bf16));
+  cuda::swiglu_forward(dxin.as<bf16>(), dyout.as<bf16>(), T, F, stream_);
+  cuda::swiglu_backward(dxin.as<bf16>(), ddy.as<bf16>(), ddx.as<bf16>(), T, F, stream_);
+  sync();
+  expect_bf16_close(from_device_bf16(dyout, T * F), to_double(y), 1e-5, "y");
+  expect_bf16_close(from_device_bf16(ddx, T * 2 * F), to_double(dx), 1e-5, "dx");
+}
+
+TEST_F(CudaKernels, RopeMatchesCpuWithLlama3Scaling) {
+  for (const double percent : {1.0, 0.5}) {
+    SCOPED_TRACE("rotary_percent " + std::to_string(percent));
+    const int64_t b = 2, s = 50, H = 8, G = 2, D = 64;
+    const cpu::QkvLayout L("test", H, G, D);
+    cpu::RopeParams rp;
+    rp.rotary_base = 500000;
+    rp.rotary_percent = percent;
+    rp.rope_scaling = true;
+    rp.rope_scaling_factor = 32;
+    const cpu::RopeTable table = cpu::rope_table(D, 64, rp);
+    const auto qkv = randn_bf16(b * s * L.row, 82, "rope.qkv");
+    std::vector<int64_t> pos(b * s);
+    for (int64_t t = 0; t < b * s; ++t) pos[t] = t % s;
+    std::vector<float> fwd = qkv, bwd = qkv;
+    cpu::rope_forward_qkv(fwd.data(), pos.data(), table, b * s, H, G, D);
+    cpu::rope_backward_qkv(bwd.data(), pos.data(), table, b * s, H, G, D);
+    auto dcos = to_device(table.cos), dsin = to_device(table.sin);
+    const cuda::RopeDeviceTable tb{dcos.as<float>(), dsin.as<float>(), table.rot_dim, table.max_positions};
+    auto d1 = to_device_bf16(qkv), d2 = to_device_bf16(qkv);
+    cuda::rope_forward_qkv(d1.as<bf16>(), tb, b, s, H, G, D, stream_);
+    cuda::rope_backward_qkv(d2.as<bf16>(), tb, b, s, H, G, D, stream_);
+    sync();
+    expect_bf16_close(from_device_bf16(d1, b * s * L.row), to_double(fwd), 1e-5, "rotated");
+    expect_bf16_close(from_device_bf16(d2, b * s * L.row), to_double(bwd), 1e-5, "gradient rotation");
+    // v slots (and the pass-through dims) are untouched, bit for bit.
+    const auto got = from_device_bf16(d1, b * s * L.row);
+    for (int64_t t = 0; t < b * s; ++t)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d) ASSERT_EQ(got[t * L.row + L.v(g) + d], qkv[t * L.row + L.v(g) + d]);
+    EXPECT_THROW(cuda::rope_forward_qkv(d1.as<bf16>(), tb, 1, 65, H, G, D, stream_), laoyao::Error);
   }
 }
 

@@ -104,7 +104,7 @@ __global__ void layernorm_param_partial_kernel(const bf16* __restrict__ dy, cons
   if (c < C) {
     for (int64_t t = chunk * kRowsPerChunk + threadIdx.y; t < t1; t += kColRows) {
       const float d = __bfloat162float(dy[t * C + c]);
-      g += d * ((__bfloat162float(x[t * C + c]) - mean[t]) * rstd[t]);
+      g += d * ((__bfloat162float(x[t * C + c]) - (mean ? mean[t] : 0.0f)) * rstd[t]);
       b += d;
     }
   }
@@ -132,7 +132,7 @@ __global__ void layernorm_param_reduce_kernel(const float* __restrict__ partial,
     b += partial[(k * 2 + 1) * C + c];
   }
   dgamma[c] += g;
-  dbeta[c] += b;
+  if (dbeta) dbeta[c] += b;
 }
 
 // The row-wise kernels again with one warp per row and the row held in registers as 16-byte packs
@@ -166,7 +166,8 @@ __global__ void layernorm_forward_warp_kernel(const bf16* __restrict__ x, const 
       for (int e = 0; e < 8; ++e) s += __bfloat162float(xv[i].v[e]);
     }
   }
-  const float m = warp_sum(s) / float(C);
+  const bool rms = beta == nullptr;  // RMSNorm: no centring, no bias
+  const float m = rms ? 0.0f : warp_sum(s) / float(C);
   float sq = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPacks; ++i)
@@ -177,12 +178,16 @@ __global__ void layernorm_forward_warp_kernel(const bf16* __restrict__ x, const 
         sq += d * d;
       }
   const float r = 1.0f / sqrtf(warp_sum(sq) / float(C) + eps);
-  if (lane == 0) mean[t] = m, rstd[t] = r;
+  if (lane == 0) {
+    if (mean) mean[t] = m;
+    rstd[t] = r;
+  }
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
     const int p = lane + 32 * i;
     if (p >= packs) continue;
-    const Pack8 g = reinterpret_cast<const Pack8*>(gamma)[p], b = reinterpret_cast<const Pack8*>(beta)[p];
+    const Pack8 g = reinterpret_cast<const Pack8*>(gamma)[p];
+    const Pack8 b = rms ? Pack8{} : reinterpret_cast<const Pack8*>(beta)[p];
     Pack8 out;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -201,7 +206,8 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31, packs = C / 8;
   if (t >= T) return;
-  const float m = mean[t], r = rstd[t];
+  const bool rms = mean == nullptr;  // RMSNorm: xhat = x * rstd and no mean(dxhat) term
+  const float m = rms ? 0.0f : mean[t], r = rstd[t];
   Pack8 xv[kPacks], dv[kPacks];
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
@@ -221,7 +227,7 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
       }
     }
   }
-  const float a = warp_sum(s1) / float(C), b = warp_sum(s2) / float(C);
+  const float a = rms ? 0.0f : warp_sum(s1) / float(C), b = warp_sum(s2) / float(C);
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
     const int p = lane + 32 * i;
@@ -317,10 +323,11 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   if (const int packs = warp_packs(C, dy, x, gamma, dx)) {
     dispatch_packs<LaunchDx>(packs, dy, x, gamma, mean, rstd, dx, T, int(C), zero_centered_gamma, accumulate_dx,
                              stream);
-  } else if (!accumulate_dx) {
+  } else if (!accumulate_dx && mean) {
     layernorm_dx_kernel<<<unsigned(T), kRowThreads, 0, stream>>>(dy, x, gamma, mean, rstd, dx, C, zero_centered_gamma);
   } else {
-    throw Error("layernorm_backward: accumulate_dx needs C % 8 == 0, 16-byte aligned rows and C <= 4096");
+    throw Error(std::string(mean ? "layernorm_backward: accumulate_dx" : "rmsnorm_backward") +
+                " needs C % 8 == 0, 16-byte aligned rows and C <= 4096");
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   const dim3 grid(unsigned((C + kColTile - 1) / kColTile), unsigned(chunks));
@@ -328,6 +335,25 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   layernorm_param_reduce_kernel<<<unsigned((C + 255) / 256), 256, 0, stream>>>(scratch, dgamma, dbeta, chunks, C);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_forward(const bf16* x, const bf16* gamma, bf16* y, float* rstd, int64_t T, int64_t C, float eps,
+                     bool zero_centered_gamma, cudaStream_t stream) {
+  if (T <= 0 || C <= 0) return;
+  const int packs = warp_packs(C, x, gamma, y, x);
+  if (!packs) throw Error("rmsnorm_forward: needs C % 8 == 0, 16-byte aligned rows and C <= 4096 (C = " +
+                          std::to_string(C) + ")");
+  dispatch_packs<LaunchForward>(packs, x, gamma, static_cast<const bf16*>(nullptr), y, static_cast<float*>(nullptr),
+                                rstd, T, int(C), eps, zero_centered_gamma, stream);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const float* rstd, bf16* dx, float* dgamma,
+                      float* scratch, int64_t T, int64_t C, bool zero_centered_gamma, cudaStream_t stream,
+                      bool accumulate_dx) {
+  if (T <= 0 || C <= 0) return;
+  layernorm_backward(dy, x, gamma, nullptr, rstd, dx, dgamma, nullptr, scratch, T, C, zero_centered_gamma, stream,
+                     accumulate_dx);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -30,4 +30,13 @@ void layernorm_backward(const __nv_bfloat16* dy, const __nv_bfloat16* x, const _
                         float* scratch, int64_t T, int64_t C, bool zero_centered_gamma, cudaStream_t stream,
                         bool accumulate_dx = false);
 
+// RMSNorm (--normalization RMSNorm): y = x * rstd * gamma, rstd = 1/sqrt(mean(x^2) + eps), as
+// kernels/cpu/ops.hpp rmsnorm_forward/backward; dgamma accumulated (+=) without atomics. The
+// warp-per-row kernels only: C % 8 == 0, 16-byte aligned rows, C <= 4096 (else laoyao::Error).
+void rmsnorm_forward(const __nv_bfloat16* x, const __nv_bfloat16* gamma, __nv_bfloat16* y, float* rstd, int64_t T,
+                     int64_t C, float eps, bool zero_centered_gamma, cudaStream_t stream);
+void rmsnorm_backward(const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* gamma, const float* rstd,
+                      __nv_bfloat16* dx, float* dgamma, float* scratch, int64_t T, int64_t C, bool zero_centered_gamma,
+                      cudaStream_t stream, bool accumulate_dx = false);
+
 }  // namespace laoyao::kernels::cuda

@@ -18,6 +18,9 @@
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/optimizer.hpp"
+#include "kernels/cuda/rope.hpp"
+#include "kernels/cuda/swiglu.hpp"
+#include "kernels/cpu/ops.hpp"
 
 namespace laoyao::model {
 
@@ -25,11 +28,19 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
-  if (c.norm != Norm::LayerNorm) missing.push_back("normalization RMSNorm");
-  if (c.activation == Activation::SwiGLU) missing.push_back("SwiGLU (--swiglu)");
   if (c.activation == Activation::GeluErf) missing.push_back("erf GeLU (--no-bias-gelu-fusion with biases off)");
-  if (c.positions == Positions::Rope) missing.push_back("rotary position embeddings");
-  if (c.qk_layernorm) missing.push_back("QK layernorm");
+  if (c.qk_layernorm) missing.push_back("QK layernorm (--qk-layernorm)");
+  if (c.norm == Norm::RMSNorm) {
+    // The RMSNorm kernels read 16-byte rows: the width and every norm weight's offset must allow it.
+    bool aligned = c.hidden % 8 == 0 && c.hidden <= 4096;
+    if (aligned && c.num_layers > 0 && c.heads > 0 && c.query_groups > 0 && c.heads % c.query_groups == 0) {
+      const GptParameterLayout layout = build_gpt_parameters(c);
+      aligned = layout.final_w % 8 == 0;
+      for (const auto& L : layout.layers) aligned = aligned && L.ln1_w % 8 == 0 && L.ln2_w % 8 == 0;
+    }
+    if (!aligned) missing.push_back("RMSNorm with a hidden size that is not a multiple of 8 up to 4096 (or parameter "
+                                    "sizes that leave a norm weight off 16-byte alignment)");
+  }
   std::string out;
   for (const auto& m : missing) out += (out.empty() ? "" : ", ") + m;
   return out;
@@ -58,10 +69,25 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
   if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
                                          " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
   if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
-  if (cfg.positions == Positions::LearnedAbsolute && s > cfg.max_positions)
+  if (cfg.positions != Positions::None && s > cfg.max_positions)
     throw Error("CudaGptModel: sequence length " + std::to_string(s) + " exceeds the " +
-                std::to_string(cfg.max_positions) + " learned positions");
+                std::to_string(cfg.max_positions) + " positions of the position table");
   LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (cfg.positions == Positions::Rope) {  // the CPU's table (Llama 3 scaling and all), uploaded once
+    kernels::cpu::RopeParams rp;
+    rp.rotary_base = cfg.rotary_base;
+    rp.rotary_percent = cfg.rotary_percent;
+    rp.rope_scaling = cfg.rope_scaling;
+    rp.rope_scaling_factor = cfg.rope_scaling_factor;
+    rp.seq_len_interpolation_factor = cfg.seq_len_interpolation_factor;
+    const kernels::cpu::RopeTable table = kernels::cpu::rope_table(cfg.kv_channels, cfg.max_positions, rp);
+    rope_table_ = kc::DeviceBuffer(sizeof(float) * (table.cos.size() + table.sin.size()));
+    LAOYAO_CUDA_CHECK(cudaMemcpy(rope_table_.ptr, table.cos.data(), sizeof(float) * table.cos.size(),
+                                 cudaMemcpyHostToDevice));
+    LAOYAO_CUDA_CHECK(cudaMemcpy(rope_table_.as<float>() + table.cos.size(), table.sin.data(),
+                                 sizeof(float) * table.sin.size(), cudaMemcpyHostToDevice));
+    rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + table.cos.size(), table.rot_dim, table.max_positions};
+  }
   const int64_t N = num_parameters();
   main_ = kc::DeviceBuffer(sizeof(float) * N);
   grads_ = kc::DeviceBuffer(sizeof(float) * N);
@@ -213,18 +239,33 @@ void CudaGptModel::linear_backward(const bf16* x, int64_t w, int64_t b, const bf
   if (b >= 0) kc::bias_grad(dy, G(b), reduce_scratch_, T, N, stream_);
 }
 
+void CudaGptModel::norm_forward(const bf16* x, int64_t w, int64_t b, bf16* y, float* mean, float* rstd) {
+  const auto& c = cfg_;
+  if (c.norm == Norm::RMSNorm)
+    kc::rmsnorm_forward(x, P(w), y, rstd, b_ * s_, c.hidden, c.norm_eps, c.zero_centered_gamma, stream_);
+  else
+    kc::layernorm_forward(x, P(w), P(b), y, mean, rstd, b_ * s_, c.hidden, c.norm_eps, c.zero_centered_gamma, stream_);
+}
+
 void CudaGptModel::layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
-                                      const float* rstd, bf16* dx) {
-  kc::layernorm_backward(dy, x, P(w), mean, rstd, dx, G(w), G(b), reduce_scratch_, b_ * s_, cfg_.hidden,
-                         cfg_.zero_centered_gamma, stream_);
+                                      const float* rstd, bf16* dx, bool accumulate) {
+  const auto& c = cfg_;
+  if (c.norm == Norm::RMSNorm)
+    kc::rmsnorm_backward(dy, x, P(w), rstd, dx, G(w), reduce_scratch_, b_ * s_, c.hidden, c.zero_centered_gamma,
+                         stream_, accumulate);
+  else
+    kc::layernorm_backward(dy, x, P(w), mean, rstd, dx, G(w), G(b), reduce_scratch_, b_ * s_, c.hidden,
+                           c.zero_centered_gamma, stream_, accumulate);
 }
 
 void CudaGptModel::layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b,
                                                     const float* mean, const float* rstd) {
   const int64_t h = cfg_.hidden;
-  if (h % 8 == 0 && h <= 4096) {  // the fused form (layernorm.hpp's accumulate_dx conditions)
-    kc::layernorm_backward(dy, x, P(w), mean, rstd, dx_, G(w), G(b), reduce_scratch_, b_ * s_, h,
-                           cfg_.zero_centered_gamma, stream_, true);
+  auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // The fused form needs layernorm.hpp's accumulate_dx conditions (the activations are 256-byte
+  // aligned with rows of h elements; the norm weights sit at their table offsets).
+  if (h % 8 == 0 && h <= 4096 && aligned16(P(w)) && (b < 0 || aligned16(P(b)))) {
+    layernorm_backward(dy, x, w, b, mean, rstd, dx_, true);
   } else {
     layernorm_backward(dy, x, w, b, mean, rstd, dtmp_);
     kc::add_inplace(dx_, dtmp_, b_ * s_ * h, stream_);
@@ -322,9 +363,11 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     LayerActs& a = layers_[l];
     bf16* x_out = l + 1 < c.num_layers ? layers_[l + 1].x_in : x_final_;
     const std::string site = "dropout.layer" + std::to_string(l) + ".";
-    kc::layernorm_forward(a.x_in, P(W.ln1_w), P(W.ln1_b), a.ln1, a.ln1_mean, a.ln1_rstd, T, h, c.norm_eps,
-                          c.zero_centered_gamma, stream_);
+    norm_forward(a.x_in, W.ln1_w, W.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
     linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
+    // RoPE rotates q and k in place: nothing later needs them unrotated (the QKV GEMM's backward
+    // reads ln1, attention's backward the rotated values).
+    if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
     if (flash_)
       kc::attention_flash_forward(a.qkv, a.ctx, a.lse, shape, attn_drop, stream_);
@@ -338,11 +381,15 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     } else {
       linear_forward(a.ctx, W.proj_w, W.proj_b, a.x_mid, c.heads * D, h, a.x_in);
     }
-    kc::layernorm_forward(a.x_mid, P(W.ln2_w), P(W.ln2_b), a.ln2, a.ln2_mean, a.ln2_rstd, T, h, c.norm_eps,
-                          c.zero_centered_gamma, stream_);
-    // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
-    linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
-    kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
+    norm_forward(a.x_mid, W.ln2_w, W.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
+    if (c.activation == Activation::SwiGLU) {
+      linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
+      kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
+    } else {
+      // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
+      linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
+      kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
+    }
     const auto drop2 = dropout(c.hidden_dropout, key.seed, site + "mlp." + call);
     if (drop2.p > 0) {
       linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
@@ -351,8 +398,7 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
       linear_forward(a.g, W.fc2_w, W.fc2_b, x_out, c.ffn, h, a.x_mid);
     }
   }
-  kc::layernorm_forward(x_final_, P(layout_.final_w), P(layout_.final_b), xf_, xf_mean_, xf_rstd_, T, h, c.norm_eps,
-                        c.zero_centered_gamma, stream_);
+  norm_forward(x_final_, layout_.final_w, layout_.final_b, xf_, xf_mean_, xf_rstd_);
   linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
   if (with_loss_grad) {
     kc::cross_entropy_forward_backward(logits_, labels_, dloss_, losses_, lse_, T, c.vocab, stream_);
@@ -387,8 +433,11 @@ void CudaGptModel::enqueue_backward() {
     const bf16* dbranch = dx_;
     if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop2, stream_), dbranch = dbranch_;
     linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
-    kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn, stream_);
-    linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.ffn);
+    if (c.activation == Activation::SwiGLU)
+      kc::swiglu_backward(a.u, dg_, dwide_, T, c.ffn, stream_);
+    else
+      kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn, stream_);
+    linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
     layernorm_backward_into_residual(dnorm_, a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);  // dx = d(x_mid)
     // Attention block.
     const auto drop1 = dropout(c.hidden_dropout, key_.seed, site + "attention." + call);
@@ -400,6 +449,7 @@ void CudaGptModel::enqueue_backward() {
       kc::attention_flash_backward(a.qkv, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
+    if (rope_.rot_dim > 0) kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     layernorm_backward_into_residual(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);  // dx = d(x_in)
   }

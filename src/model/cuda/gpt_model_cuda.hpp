@@ -7,10 +7,11 @@
 // Everything is allocated once, in the constructor, for micro-batches of up to max_b sequences of
 // s tokens: the step itself allocates nothing. Steps without dropout replay a CUDA graph.
 //
-// Supported so far: LayerNorm, tanh-GeLU (Megatron's fused bias-GeLU), learned absolute positions,
-// tied or untied output layer, biases on or off, MHA or GQA, hidden and attention dropout; flash
-// attention (head dims 64, 128) or the unfused path, by --attention-backend.
-// unsupported_features() names what is not (RMSNorm, SwiGLU, RoPE, QK-norm, erf-GeLU).
+// Supported so far: LayerNorm or RMSNorm, tanh-GeLU (Megatron's fused bias-GeLU) or SwiGLU, learned
+// absolute or rotary positions (Llama 3 scaling included), tied or untied output layer, biases on
+// or off, MHA or GQA, hidden and attention dropout; flash attention (head dims 64, 128) or the
+// unfused path, by --attention-backend. cuda_unsupported_features() names what is not (QK-norm,
+// erf-GeLU).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +26,7 @@
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/rope.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
@@ -94,8 +96,10 @@ class CudaGptModel {
   void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
                       const bf16* residual = nullptr);
   void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
+  // The configured norm (LayerNorm, or RMSNorm without bias and mean) forward and backward.
+  void norm_forward(const bf16* x, int64_t w, int64_t b, bf16* y, float* mean, float* rstd);
   void layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean, const float* rstd,
-                          bf16* dx);
+                          bf16* dx, bool accumulate = false);
   // dx_ += the norm's input gradient (the residual stream's two paths summed).
   void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
                                         const float* rstd);
@@ -109,6 +113,8 @@ class CudaGptModel {
   kernels::cuda::DeviceBuffer acts_;      // every activation, carved below
   kernels::cuda::DeviceBuffer loss_acc_;  // 2 doubles
   kernels::cuda::DeviceBuffer zero_bias_; // fp32 -> bf16 zeros for the bias-GeLU kernel without fc1 bias
+  kernels::cuda::DeviceBuffer rope_table_;  // cos then sin, [max_positions, rot_dim / 2] each
+  kernels::cuda::RopeDeviceTable rope_;     // rot_dim 0: no rotary embeddings
   std::vector<LayerActs> layers_;
   bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
