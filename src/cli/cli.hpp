@@ -19,5 +19,6 @@ int cmd_compare_logs(const Args& args);
 int cmd_data_samples(const Args& args);
 int cmd_preprocess_data(const Args& args);
 int cmd_doctor(const Args& args);
+int cmd_launch(const Args& args);
 
 }  // namespace laoyao::cli
