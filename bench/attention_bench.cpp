@@ -12,6 +12,7 @@
 
 #include "core/rng.hpp"
 #include "kernels/cuda/attention_flash.hpp"
+#include "bench/cuda_timing.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 
@@ -29,27 +30,6 @@ DeviceBuffer random_bf16(int64_t n, const char* name) {
   return d;
 }
 
-template <class F>
-float median_ms(F&& f, cudaStream_t stream) {
-  cudaEvent_t a, b;
-  LAOYAO_CUDA_CHECK(cudaEventCreate(&a));
-  LAOYAO_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    LAOYAO_CUDA_CHECK(cudaEventRecord(a, stream));
-    f();
-    LAOYAO_CUDA_CHECK(cudaEventRecord(b, stream));
-    LAOYAO_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    LAOYAO_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  LAOYAO_CUDA_CHECK(cudaEventDestroy(a));
-  LAOYAO_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 }  // namespace
 
@@ -72,8 +52,8 @@ int main() {
                                lse.as<float>(), delta.as<float>(), dqkv.as<__nv_bfloat16>(), a, {}, stream);
     };
     const double fwd_flops = 4.0 * c.b * c.H * double(c.s) * c.s * c.D / 2;
-    const float f_ms = median_ms(fwd, stream);
-    const float fb_ms = median_ms([&] { fwd(); bwd(); }, stream);
+    const float f_ms = laoyao::bench::median_ms(fwd, stream, 20);
+    const float fb_ms = laoyao::bench::median_ms([&] { fwd(); bwd(); }, stream, 20);
     std::printf("ATTN laoyao b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f\n", (long long)c.b,
                 (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / f_ms / 1e9, 3.5 * fwd_flops / fb_ms / 1e9);
   }

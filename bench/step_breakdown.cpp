@@ -18,6 +18,7 @@
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
+#include "bench/cuda_timing.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/elementwise.hpp"
@@ -43,26 +44,6 @@ DeviceBuffer random_bf16(int64_t n, double stddev = 1.0) {
   return d;
 }
 
-float median_ms(const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  LAOYAO_CUDA_CHECK(cudaEventCreate(&a));
-  LAOYAO_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> ms;
-  for (int i = 0; i < 10; ++i) {
-    LAOYAO_CUDA_CHECK(cudaEventRecord(a, g_stream));
-    f();
-    LAOYAO_CUDA_CHECK(cudaEventRecord(b, g_stream));
-    LAOYAO_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    LAOYAO_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  LAOYAO_CUDA_CHECK(cudaEventDestroy(a));
-  LAOYAO_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 struct Row {
   std::string op;
@@ -73,7 +54,7 @@ struct Row {
 std::vector<Row> g_rows;
 
 void add(const std::string& op, int64_t per_step, double flops, const std::function<void()>& f) {
-  g_rows.push_back({op, median_ms(f), per_step, flops});
+  g_rows.push_back({op, laoyao::bench::median_ms(f, g_stream, 10), per_step, flops});
 }
 
 }  // namespace
