@@ -1,7 +1,8 @@
 // What the training loop asks of a backend: run micro-batches, report the loss, norm and update.
 // The CPU engine computes in place on the host GptModel and AdamW; the CUDA engine keeps its own
 // device copy of the parameters, gradients and Adam state, and moves them to and from the host
-// model/AdamW only around checkpoints (pull_state before a save, push_state after a restore).
+// model/AdamW only around checkpoints: push_state before the first step (after init or a restore),
+// pull_state before a save.
 #pragma once
 #include <cstdint>
 #include <cstdio>

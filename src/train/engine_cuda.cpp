@@ -39,7 +39,6 @@ class CudaEngine final : public Engine {
     LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
     name_ = "cuda:" + std::to_string(dev) + " (" + cuda_device_summary(dev) + "), " + gpu_.attention_path() +
             " attention";
-    push_state();
   }
 
   std::string name() const override { return name_; }
