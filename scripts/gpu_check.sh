@@ -20,12 +20,15 @@ case "${1:-}" in
     rm -rf "$C" && mkdir -p "$C/lib" "$C/peers"
     cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
+    # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
+    for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
     cp ../shared/peers/*.py "$C/peers/"
     du -sh "$C"
     ;;
   run)
     SP=$(python3 -c 'import site;print(site.getsitepackages()[0])')
-    export LD_LIBRARY_PATH="$PWD/$C/lib:/usr/local/cuda/lib64:$SP/nvidia/cudnn/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}"
+    # The carried libraries last: where the machine has its own (libibverbs, say), its own win.
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$SP/nvidia/cudnn/lib:$SP/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}:$PWD/$C/lib"
     export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared hosts (.library/device/KINDS.md)
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"

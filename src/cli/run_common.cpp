@@ -1,10 +1,14 @@
 #include "cli/run_common.hpp"
 
 #include <cstdio>
+#include <memory>
 
 #include "config/yaml_io.hpp"
 #include "core/device.hpp"
+#include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "dist/process_group.hpp"
+#include "dist/rank_env.hpp"
 #include "train/capabilities.hpp"
 #include "train/engine.hpp"
 #include "train/run_setup.hpp"
@@ -50,13 +54,25 @@ int start_training(config::Resolved& r) {
   if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
+  // Several ranks: data parallelism over CPU ranks (Gloo). GPU ranks need NCCL groups: not yet.
+  std::unique_ptr<dist::ProcessGroup> group;
+  int64_t rank = 0;
+  if (r.validated.derived.world_size > 1) {
+    if (backend.cuda)
+      throw UsageError("several GPU ranks need NCCL process groups, which are not built yet; LAOYAO_DEVICE=cpu "
+                       "trains the ranks data-parallel on the CPU");
+    const dist::RankEnv env = dist::rank_env_from_environment();
+    rank = env.rank;
+    group = dist::make_cpu_process_group(env, static_cast<double>(r.cfg.dist.distributed_timeout_minutes));
+  }
   std::string path = run_config_path(r.cfg);
-  if (!path.empty()) {
+  if (!path.empty() && rank == 0) {
     write_file_atomic(path, config::to_yaml(r.cfg));
     std::printf("resolved configuration written to %s\n", path.c_str());
   }
   train::TrainOptions opt;
   opt.use_cuda = backend.cuda;
+  opt.group = group.get();
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   train::train(r.cfg, r.validated.derived, opt);

@@ -12,7 +12,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "core/error.hpp"
@@ -86,6 +88,26 @@ pid_t start_rank(const LaunchOptions& o, Rank& r, int write_fd) {
 
 int launch(const LaunchOptions& o) {
   if (o.command.empty()) throw UsageError("launch: no command to run");
+  // CPU ranks meet through a file store: a fresh directory per job on one node (several nodes need
+  // one they share, given as LAOYAO_RENDEZVOUS_DIR), removed when the job ends.
+  std::string rendezvous;
+  const char* given = std::getenv("LAOYAO_RENDEZVOUS_DIR");
+  if ((!given || !*given) && o.nnodes == 1) {
+    char tmpl[] = "/tmp/laoyao_rendezvous_XXXXXX";
+    if (!mkdtemp(tmpl)) throw Error(std::string("laoyao launch: cannot create a rendezvous directory: ") +
+                                    std::strerror(errno));
+    rendezvous = tmpl;
+    setenv("LAOYAO_RENDEZVOUS_DIR", tmpl, 1);
+  }
+  struct RemoveDir {
+    const std::string& dir;
+    ~RemoveDir() {
+      if (dir.empty()) return;
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      unsetenv("LAOYAO_RENDEZVOUS_DIR");
+    }
+  } remove_dir{rendezvous};
   std::vector<Rank> ranks(static_cast<size_t>(o.nproc_per_node));
   struct sigaction sa {};
   sa.sa_handler = on_launcher_signal;

@@ -1,11 +1,18 @@
 #include "train/capabilities.hpp"
 
+#include "dist/process_group.hpp"
+
 namespace laoyao::train {
 
 std::vector<std::string> missing_features(const config::ConfigContainer& c, int64_t world_size) {
   std::vector<std::string> out;
   const auto& m = c.model;
-  if (world_size > 1) out.push_back("more than one rank (world size " + std::to_string(world_size) + ")");
+  // Several ranks: data parallelism of CPU ranks (Gloo); the rest of Megatron's parallelism is not built.
+  if (world_size > 1 && !dist::gloo_built())
+    out.push_back("more than one rank (world size " + std::to_string(world_size) +
+                  "): this build has no Gloo for CPU ranks");
+  if (world_size > 1 && c.ddp.use_distributed_optimizer)
+    out.push_back("the distributed optimizer over several ranks (--use-distributed-optimizer)");
   if (m.tensor_model_parallel_size > 1) out.push_back("tensor parallelism (model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");

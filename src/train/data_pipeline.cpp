@@ -124,8 +124,9 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
 
 namespace {
 
-std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, int64_t consumed, int64_t microbatch) {
-  const int64_t first = data::microbatch_first_sample(layout, consumed, microbatch, 0);
+std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, int64_t consumed, int64_t microbatch,
+                                         int64_t dp_rank) {
+  const int64_t first = data::microbatch_first_sample(layout, consumed, microbatch, dp_rank);
   std::vector<int64_t> idx;
   for (int64_t k = 0; k < layout.micro_batch_size; ++k) idx.push_back(first + k);
   return idx;
@@ -133,12 +134,12 @@ std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, i
 
 }  // namespace
 
-std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch) {
-  return micro_batch_indices(d.train_layout, consumed, microbatch);
+std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank) {
+  return micro_batch_indices(d.train_layout, consumed, microbatch, dp_rank);
 }
 
-std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch) {
-  return micro_batch_indices(d.eval_layout, consumed, microbatch);
+std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank) {
+  return micro_batch_indices(d.eval_layout, consumed, microbatch, dp_rank);
 }
 
 int64_t eval_round_samples(const RunData& d, int64_t eval_iters) {

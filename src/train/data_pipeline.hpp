@@ -34,11 +34,12 @@ struct MicroBatchData {
 MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices, int64_t vocab = 0);
 
 // Dataset indices of training micro-batch `microbatch` (0-based) of the iteration that starts after
-// `consumed` training samples, on data-parallel rank 0 (MegatronPretrainingSampler starts at the
-// consumed-sample count, so a resumed run with another batch size reads on from where it was).
-std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch);
+// `consumed` training samples, (MegatronPretrainingSampler starts at the
+// consumed-sample count, so a resumed run with another batch size reads on from where it was), or
+// on data-parallel rank `dp_rank`.
+std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank = 0);
 // Dataset indices of an evaluation micro-batch once `consumed` samples of that split were read.
-std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch);
+std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank = 0);
 // Samples one evaluation round (eval_iters iterations of eval micro-batches) reads.
 int64_t eval_round_samples(const RunData& d, int64_t eval_iters);
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "dist/process_group.hpp"
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
 #include "train/data_pipeline.hpp"
@@ -42,6 +43,9 @@ class Engine {
   // Megatron's clip (coefficient max_norm / (norm + 1e-6) when below 1, none when max_norm <= 0)
   // and one AdamW step.
   virtual void clip_and_step(double norm, double max_norm, double lr, double wd) = 0;
+  // Data parallelism: gradients summed over the group's ranks, then scaled (1 / data-parallel
+  // size: Megatron's gradient averaging).
+  virtual void all_reduce_grads(dist::ProcessGroup& group, double scale) = 0;
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

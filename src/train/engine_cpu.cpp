@@ -36,6 +36,14 @@ class CpuEngine final : public Engine {
     return zeros;
   }
   double params_norm() override { return optim::grad_norm(model_.weights(), model_.num_parameters()); }
+  void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
+    float* g = model_.grads();
+    const int64_t n = model_.num_parameters();
+    group.all_reduce_sum(g, static_cast<size_t>(n));
+    const float s = static_cast<float>(scale);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] *= s;
+  }
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
     optim::clip_grads(model_.grads(), model_.num_parameters(), norm, max_norm);
     adam_.step(model_.weights(), model_.grads(), lr, wd);

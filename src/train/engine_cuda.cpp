@@ -87,6 +87,9 @@ class CudaEngine final : public Engine {
     kc::adamw_step(gpu_.main_params(), gpu_.main_grads(), m_.as<float>(), v_.as<float>(), gpu_.params(),
                    decay_.as<uint8_t>(), gpu_.num_parameters(), s, gpu_.stream());
   }
+  void all_reduce_grads(dist::ProcessGroup&, double) override {
+    throw UsageError("data parallelism on GPUs needs NCCL process groups, which are not built yet");
+  }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
     m_.download(adam_.exp_avg().data(), m_.bytes);

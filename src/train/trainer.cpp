@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -48,7 +49,7 @@ void run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::Drop
 // run fails at the same iteration as without the read-ahead.
 class TrainBatchReader {
  public:
-  explicit TrainBatchReader(const RunData& data) : data_(data) {}
+  TrainBatchReader(const RunData& data, int64_t dp_rank) : data_(data), dp_rank_(dp_rank) {}
   MicroBatchData take(int64_t consumed, int64_t m) {
     if (consumed_ == consumed && m_ == m) {
       consumed_ = -1;
@@ -68,9 +69,10 @@ class TrainBatchReader {
 
  private:
   MicroBatchData read(int64_t consumed, int64_t m) const {
-    return load_micro_batch(*data_.datasets[0], train_sample_indices(data_, consumed, m), data_.vocab);
+    return load_micro_batch(*data_.datasets[0], train_sample_indices(data_, consumed, m, dp_rank_), data_.vocab);
   }
   const RunData& data_;
+  int64_t dp_rank_;
   int64_t consumed_ = -1, m_ = -1;
   MicroBatchData mb_;
   std::exception_ptr error_;
@@ -79,7 +81,25 @@ class TrainBatchReader {
 }  // namespace
 
 TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, const TrainOptions& opt) {
+  // Data parallelism: this rank's index, and who prints (Megatron's print_rank_last).
+  dist::ProcessGroup* const group = opt.group;
+  const int64_t dp_rank = group ? group->rank() : 0;
+  const bool log_rank = !group || group->rank() == group->size() - 1;
+  auto reduce_loss = [&](LossSum s) {
+    if (!group) return s;
+    double v[2] = {s.sum, s.count};
+    group->all_reduce_sum(v, 2);
+    return LossSum{v[0], v[1]};
+  };
+  // A decision every rank must take together (an early exit): true when it holds on any rank.
+  auto on_any_rank = [&](bool v) {
+    if (!group) return v;
+    double x = v ? 1.0 : 0.0;
+    group->all_reduce_sum(&x, 1);
+    return x > 0;
+  };
   auto print_line = [&](const std::string& s) {
+    if (!log_rank) return;
     std::fputs(s.c_str(), opt.out);
     std::fputc('\n', opt.out);
     std::fflush(opt.out);
@@ -147,18 +167,20 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     const auto& L = data.eval_layout;
     for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
       for (int64_t m = 0; m < L.num_microbatches; ++m) {
-        MicroBatchData mb = load_micro_batch(*ds, eval_sample_indices(data, consumed_eval, m), data.vocab);
+        MicroBatchData mb = load_micro_batch(*ds, eval_sample_indices(data, consumed_eval, m, dp_rank), data.vocab);
         run_micro_batch(*engine, mb, {seed, 0, false}, L.num_microbatches, false, dloss);
       }
       consumed_eval += eval_round_samples(data, 1);  // the validation stream continues across evaluations
     }
-    const LossSum total = engine->take_loss_sum();
+    const LossSum total = reduce_loss(engine->take_loss_sum());
     ValidationLogValues v;
     v.iteration = iteration;
     v.set = set;
     v.losses.push_back({"lm loss", total.sum / std::max(total.count, 1.0)});
-    std::fputs(format_validation_block(v).c_str(), opt.out);
-    std::fflush(opt.out);
+    if (log_rank) {
+      std::fputs(format_validation_block(v).c_str(), opt.out);
+      std::fflush(opt.out);
+    }
     write_metrics({{"iteration", iteration},
                    {"split", set == EvalSet::kTestSet ? "test" : "valid"},
                    {"final", set != EvalSet::kDuringTraining},
@@ -178,7 +200,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     sched_n = c.checkpoint.load_optim ? resumed->scheduler_num_steps : 0;
     total_nan = resumed->nan_iterations;
   }
-  if (!opt.metrics_path.empty()) {
+  if (!opt.metrics_path.empty() && log_rank) {
     std::string dir = opt.metrics_path.substr(0, opt.metrics_path.find_last_of('/'));
     if (dir != opt.metrics_path) make_dirs(dir);
     metrics = std::fopen(opt.metrics_path.c_str(), resumed_from >= 0 ? "a" : "w");  // a resume appends
@@ -187,6 +209,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   }
   auto save = [&] {
     if (!c.checkpoint.save || last_saved == iteration) return;
+    if (dp_rank != 0) {  // every rank holds the same state: rank 0 writes it
+      last_saved = iteration;
+      return;
+    }
     TrainStateRecord st;
     st.consumed_train_samples = consumed;
     st.consumed_valid_samples = consumed_valid;
@@ -199,7 +225,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     last_saved = iteration;
   };
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
-  TrainBatchReader next_batch(data);
+  TrainBatchReader next_batch(data, dp_rank);
   const auto train_start = Clock::now();
   const int64_t first_iteration = iteration + 1;  // of this process (after a resume, too)
   while (iteration < train_iters) {
@@ -208,7 +234,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     engine->zero_grads();
     for (int64_t m = 0; m < M; ++m) {
       MicroBatchData mb = next_batch.take(consumed, m);
-      model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(m), dropout};
+      // Keyed by the micro-batch's index in the global batch (its samples' place), so data-parallel
+      // ranks draw the masks a single rank would for the same samples.
+      const int64_t global_m = m * (group ? group->size() : 1) + dp_rank;
+      model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(global_m),
+                            dropout};
       run_micro_batch(*engine, mb, key, M, true, dloss);
       // Read the next micro-batch while the device works on this one.
       if (m + 1 < M)
@@ -216,7 +246,15 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       else if (iteration < train_iters)
         next_batch.prefetch(consumed + gbs, 0);
     }
-    const auto [iter_loss, norm] = engine->take_loss_sum_and_grad_norm();
+    LossSum iter_loss;
+    double norm = 0;
+    if (group) {  // gradients averaged over the data-parallel ranks, then the norm of the average
+      iter_loss = reduce_loss(engine->take_loss_sum());
+      engine->all_reduce_grads(*group, 1.0 / static_cast<double>(group->size()));
+      norm = engine->grad_norm();
+    } else {
+      std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();
+    }
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
     if (!finite && c.ddp.check_for_nan_in_grad)
@@ -295,7 +333,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (c.checkpoint.save_interval && iteration % *c.checkpoint.save_interval == 0) save();
     // Megatron's early exits, checked after each iteration: a signal, a duration, an interval.
     // Each saves a checkpoint first (when the run saves at all).
-    if (c.train.exit_signal_handler && g_sigterm.load()) {
+    if (c.train.exit_signal_handler && on_any_rank(g_sigterm.load())) {
       save();
       print_datetime("exiting program after receiving SIGTERM.");
       summary.exit_reason = "signal";
@@ -303,7 +341,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     }
     const double train_minutes = std::chrono::duration<double>(Clock::now() - train_start).count() / 60.0;
     if (c.train.exit_duration_in_mins && *c.train.exit_duration_in_mins > 0 &&
-        train_minutes > static_cast<double>(*c.train.exit_duration_in_mins)) {
+        on_any_rank(train_minutes > static_cast<double>(*c.train.exit_duration_in_mins))) {
       save();
       print_datetime("exiting program after " + pyfmt::float_str(train_minutes) + " minutes");
       summary.exit_reason = "duration";

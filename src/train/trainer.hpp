@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config_container.hpp"
+#include "dist/process_group.hpp"
 #include "train/training_log.hpp"
 
 namespace laoyao::train {
@@ -21,6 +22,10 @@ struct TrainOptions {
   std::string metrics_path;
   // Train on the CUDA backend (the current device); the CLI decides (train/engine.hpp choose_backend).
   bool use_cuda = false;
+  // Data-parallel ranks (null: one rank). Each rank reads its slice of every global batch; the
+  // gradients and the reported losses are reduced over the group; the last rank prints the log
+  // (Megatron's print_rank_last) and writes the metrics, rank 0 saves checkpoints.
+  dist::ProcessGroup* group = nullptr;
 };
 
 struct TrainSummary {

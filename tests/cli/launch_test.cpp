@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "run_binary.hpp"
 
@@ -64,4 +66,67 @@ TEST(Launch, BadOptionsExitTwoWithAMessage) {
   r = run_laoyao({"launch", "--nproc-per-node", "1", "--", "/nonexistent/program"});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("cannot run '/nonexistent/program'"), std::string::npos) << r.output;
+}
+
+namespace {
+
+// Every "lm loss: X" (training) and "lm loss value: X" (validation) in a log, in order.
+std::vector<double> losses_in(const std::string& log) {
+  std::vector<double> out;
+  size_t at = 0;
+  while ((at = log.find("lm loss", at)) != std::string::npos) {
+    at += 7;
+    for (const std::string key : {": ", " value: "})
+      if (log.compare(at, key.size(), key) == 0) out.push_back(std::stod(log.substr(at + key.size())));
+  }
+  return out;
+}
+
+std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {"pretrain-gpt", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
+                                "2", "--ffn-hidden-size", "128", "--seq-length", "32", "--max-position-embeddings",
+                                "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--eval-iters", "2",
+                                "--eval-interval", "2", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                "--vocab-size", "256", "--lr", "1e-3", "--log-interval", "1", "--seed", "7"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+}  // namespace
+
+// Data parallelism over CPU ranks (Gloo): 2 and 4 ranks print the single rank's losses (dropout on:
+// the masks follow the samples), and a checkpoint saved by 2 ranks resumes on 1.
+TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_dp");
+  std::vector<std::string> one = tiny_run({"--train-iters", "4"});
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto want = losses_in(single.output);
+  ASSERT_EQ(want.size(), 8u) << single.output;  // 4 iterations, 2 evaluations, validation, test
+  for (const char* n : {"2", "4"}) {
+    std::vector<std::string> dp = {"launch", "--nproc-per-node", n, "--", "laoyao"};
+    dp.insert(dp.end(), one.begin(), one.end());
+    const auto r = run_laoyao(dp, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = losses_in(r.output);
+    ASSERT_EQ(got.size(), want.size()) << "only the last rank prints the log\n" << r.output;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << n << " ranks, value " << i;
+  }
+  // Saved at DP=2 after 2 iterations, resumed on one rank for iterations 3 and 4.
+  std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+  const auto first =
+      tiny_run({"--train-iters", "4", "--exit-interval", "2", "--save", dir + "/ckpt", "--save-interval", "2"});
+  save.insert(save.end(), first.begin(), first.end());
+  const auto saved = run_laoyao(save, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(saved.status, 0) << saved.output;
+  const auto resumed = run_laoyao(tiny_run({"--train-iters", "4", "--load", dir + "/ckpt"}), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const auto tail = losses_in(resumed.output);
+  ASSERT_GE(tail.size(), 2u) << resumed.output;
+  // want: iterations 1, 2, the evaluation at 2, iterations 3, 4, ...
+  EXPECT_NEAR(tail[0], want[3], 1e-5 * want[3]) << "iteration 3 after the resume\n" << resumed.output;
+  // Megatron-LM's first logged iteration of a process does not reset the interval, so the next
+  // line (iteration 4) prints the mean of iterations 3 and 4.
+  EXPECT_NEAR(tail[1], (want[3] + want[4]) / 2, 1e-5 * want[4]) << "iteration 4 after the resume";
 }

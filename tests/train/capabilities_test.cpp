@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "config/mlm_args.hpp"
+#include "dist/process_group.hpp"
 #include "train/capabilities.hpp"
 
 using namespace laoyao;
@@ -31,7 +32,17 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
 }
 
-TEST(Capabilities, MoreThanOneRankIsNamed) {
+TEST(Capabilities, SeveralRanksAreDataParallelCpuRanksOnly) {
   std::vector<std::string> a = {"--num-layers", "1"};
-  EXPECT_NE(train::missing_features(config::parse_mlm_args(a), 2).front().find("world size 2"), std::string::npos);
+  const auto plain = train::missing_features(config::parse_mlm_args(a), 2);
+  if (dist::gloo_built())
+    EXPECT_TRUE(plain.empty()) << plain.front();
+  else
+    EXPECT_NE(plain.front().find("world size 2"), std::string::npos);
+  a.push_back("--use-distributed-optimizer");
+  bool named = false;
+  for (const auto& m : train::missing_features(config::parse_mlm_args(a), 2))
+    named = named || m.find("--use-distributed-optimizer") != std::string::npos;
+  EXPECT_TRUE(named);
+  EXPECT_TRUE(train::missing_features(config::parse_mlm_args(a), 1).empty()) << "one rank: nothing to shard";
 }

@@ -1,0 +1,99 @@
+// The Gloo process group (see process_group.hpp).
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.hpp"
+#include "dist/process_group.hpp"
+
+#if LAOYAO_HAVE_GLOO
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+namespace laoyao::dist {
+
+#if LAOYAO_HAVE_GLOO
+namespace {
+
+class GlooGroup final : public ProcessGroup {
+ public:
+  GlooGroup(const RankEnv& env, const std::string& dir, std::chrono::milliseconds timeout) : timeout_(timeout) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";  // CPU ranks of one machine (the file store is local too)
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(dir);
+    gloo::rendezvous::PrefixStore prefix("laoyao", store);
+    context_ = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(env.rank), static_cast<int>(env.world_size));
+    context_->setTimeout(timeout);
+    context_->connectFullMesh(prefix, device_);
+  }
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+  void all_reduce_sum(float* data, size_t n) override { reduce(data, n); }
+  void all_reduce_sum(double* data, size_t n) override { reduce(data, n); }
+  void barrier() override {
+    gloo::BarrierOptions opts(context_);
+    opts.setTimeout(timeout_);
+    run([&] { gloo::barrier(opts); }, "barrier");
+  }
+
+ private:
+  template <class T>
+  void reduce(T* data, size_t n) {
+    if (n == 0) return;
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, n);
+    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+    opts.setTimeout(timeout_);
+    run([&] { gloo::allreduce(opts); }, "all-reduce");
+  }
+  template <class F>
+  void run(F&& f, const char* what) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      throw Error(std::string("rank ") + std::to_string(context_->rank) + ": " + what + " among " +
+                  std::to_string(context_->size) + " ranks failed (a rank died, or none answered within " +
+                  std::to_string(timeout_.count() / 60000.0) + " minutes: --distributed-timeout-minutes): " +
+                  e.what());
+    }
+  }
+
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+};
+
+}  // namespace
+
+bool gloo_built() { return true; }
+
+std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv& env, double timeout_minutes) {
+  const char* dir = std::getenv("LAOYAO_RENDEZVOUS_DIR");
+  if (!dir || !*dir)
+    throw UsageError("CPU ranks meet through a directory they share: set LAOYAO_RENDEZVOUS_DIR (laoyao launch "
+                     "sets it for the ranks it starts)");
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_minutes * 60000.0));
+  try {
+    return std::make_unique<GlooGroup>(env, dir, timeout);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(env.rank) + ": could not connect the " + std::to_string(env.world_size) +
+                " ranks through " + dir + ": " + e.what());
+  }
+}
+#else
+bool gloo_built() { return false; }
+
+std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv&, double) {
+  throw UsageError("this laoyao was built without Gloo (Debian libgloo-dev), so CPU ranks cannot communicate");
+}
+#endif
+
+}  // namespace laoyao::dist
