@@ -130,3 +130,22 @@ TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
   // line (iteration 4) prints the mean of iterations 3 and 4.
   EXPECT_NEAR(tail[1], (want[3] + want[4]) / 2, 1e-5 * want[4]) << "iteration 4 after the resume";
 }
+
+// SIGTERM to the launcher (a scheduler's stop, Ctrl-C's sibling) stops every rank promptly.
+TEST(Launch, ASignalToTheLauncherStopsTheRanks) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string cmd = "timeout --preserve-status -s TERM 2 " + laoyao::test::shell_word(LAOYAO_BINARY) +
+                          " launch --nproc-per-node 2 -- sh -c 'echo started; sleep 60' 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
+  EXPECT_LT(seconds, 15.0) << out;
+  EXPECT_NE(out.find("the launcher received"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank1]: started"), std::string::npos) << out;
+}
