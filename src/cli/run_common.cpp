@@ -45,8 +45,8 @@ int start_training(config::Resolved& r) {
     return 2;
   }
   if (r.cfg.model.recompute_granularity)
-    std::printf("laoyao: activation recomputation (%s) changes memory use, not the numbers; the CPU backend keeps "
-                "every activation, so it recomputes nothing\n",
+    std::printf("laoyao: activation recomputation (%s) changes memory use, not the numbers; laoyao keeps every "
+                "activation on both backends (no recomputation yet), so it recomputes nothing\n",
                 r.cfg.model.recompute_granularity->c_str());
   // The backend depends on the architecture only; a vocabulary read later from tokenizer files
   // does not change it, so a placeholder stands in for one not known yet.
