@@ -1,7 +1,8 @@
 // Cross entropy forward/backward over BF16 logits (see cross_entropy.hpp). One thread block per
 // token row. The forward reads the row once: each thread keeps an online (max, sum of exp) pair over
-// its strided columns, and the pairs are merged in a fixed tree order, so the loss is reproducible.
-// expf (not __expf): the fast intrinsic's error grows with |argument| and V terms are summed.
+// its strided columns, and the pairs are merged in a fixed tree order, so the loss is reproducible;
+// the training form then writes the gradient in a second pass. Accurate expf/exp2f (not __expf):
+// the fast intrinsic's error grows with |argument| and V terms are summed.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -24,43 +25,6 @@ __device__ __forceinline__ void merge(float& m, float& s, float om, float os) {
   m = nm;
 }
 
-__global__ void cross_entropy_forward_kernel(const bf16* __restrict__ logits, const int64_t* __restrict__ targets,
-                                             float* __restrict__ loss, float* __restrict__ lse, int64_t V) {
-  __shared__ float shm[32], shs[32];
-  const int64_t t = blockIdx.x;
-  const bf16* z = logits + t * V;
-  float m = -INFINITY, s = 0.0f;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float v = __bfloat162float(z[j]);
-    if (v > m) {
-      s = s * expf(m - v) + 1.0f;  // exp(-inf) = 0 for the first element
-      m = v;
-    } else {
-      s += expf(v - m);
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    shm[warp] = m;
-    shs[warp] = s;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < int(blockDim.x >> 5) ? shm[lane] : -INFINITY;
-    s = lane < int(blockDim.x >> 5) ? shs[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1)
-      merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-    if (lane == 0) {
-      const int64_t target = targets[t];
-      const float log_sum = logf(s);
-      // The max-subtracted form Megatron computes: log(sum exp(z - max)) - (z[target] - max).
-      loss[t] = target >= 0 && target < V ? log_sum - (__bfloat162float(z[target]) - m) : NAN;
-      lse[t] = m + log_sum;
-    }
-  }
-}
-
 __global__ void cross_entropy_backward_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
                                               const float* __restrict__ lse, const float* __restrict__ dloss,
                                               int64_t V) {
@@ -74,10 +38,11 @@ __global__ void cross_entropy_backward_kernel(bf16* __restrict__ logits, const i
   }
 }
 
-// The fused training kernel: kWidth logits per load (8: 16-byte vectors), exp2 of log2e-scaled
-// differences, the row's (max, sum) merged in the same fixed tree order as the forward kernel.
-template <int kWidth>
-__global__ void cross_entropy_fused_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
+// The forward, and with kGrad the gradient written over the logits in a second pass over the row:
+// kWidth logits per load (8: 16-byte vectors), exp2 of log2e-scaled differences, each thread's
+// online (max, sum) merged in a fixed tree order, so the loss is reproducible.
+template <int kWidth, bool kGrad>
+__global__ void cross_entropy_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
                                            const float* __restrict__ dloss, float* __restrict__ loss,
                                            float* __restrict__ lse_out, int64_t V) {
   constexpr float kLog2e = 1.4426950408889634f;
@@ -116,6 +81,7 @@ __global__ void cross_entropy_fused_kernel(bf16* __restrict__ logits, const int6
       lse_out[t] = sh_lse = m + log_sum;
     }
   }
+  if (!kGrad) return;
   __syncthreads();  // every thread has read its logits before any is overwritten
   const float l = sh_lse, g = dloss[t];
   const int64_t target = targets[t];
@@ -134,27 +100,31 @@ void check_rows(int64_t T, const char* op) {
   if (T > int64_t(0x7fffffff)) throw Error(std::string(op) + ": too many rows for one launch");
 }
 
+// One launch of the row kernel: the 16-byte vector path when the rows allow it.
+template <bool kGrad>
+void launch_rows(bf16* logits, const int64_t* targets, const float* dloss, float* loss, float* lse, int64_t T,
+                 int64_t V, cudaStream_t stream, const char* op) {
+  if (T <= 0) return;
+  if (V <= 0) throw Error(std::string(op) + ": empty vocabulary");
+  check_rows(T, op);
+  if (V % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
+    cross_entropy_kernel<8, kGrad><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
+  else
+    cross_entropy_kernel<1, kGrad><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void cross_entropy_forward(const bf16* logits, const int64_t* targets, float* loss, float* lse, int64_t T, int64_t V,
                            cudaStream_t stream) {
-  if (T <= 0) return;
-  if (V <= 0) throw Error("cross_entropy_forward: empty vocabulary");
-  check_rows(T, "cross_entropy_forward");
-  cross_entropy_forward_kernel<<<unsigned(T), kThreads, 0, stream>>>(logits, targets, loss, lse, V);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  // The kernel only reads the logits without kGrad.
+  launch_rows<false>(const_cast<bf16*>(logits), targets, nullptr, loss, lse, T, V, stream, "cross_entropy_forward");
 }
 
 void cross_entropy_forward_backward(bf16* logits, const int64_t* targets, const float* dloss, float* loss, float* lse,
                                     int64_t T, int64_t V, cudaStream_t stream) {
-  if (T <= 0) return;
-  if (V <= 0) throw Error("cross_entropy_forward_backward: empty vocabulary");
-  check_rows(T, "cross_entropy_forward_backward");
-  if (V % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
-    cross_entropy_fused_kernel<8><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
-  else
-    cross_entropy_fused_kernel<1><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  launch_rows<true>(logits, targets, dloss, loss, lse, T, V, stream, "cross_entropy_forward_backward");
 }
 
 void cross_entropy_backward(bf16* logits, const int64_t* targets, const float* lse, const float* dloss, int64_t T,

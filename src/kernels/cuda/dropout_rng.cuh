@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/rng.hpp"
+
 namespace laoyao::kernels::cuda {
 
 // p == 0 means no dropout: kernels skip the mask entirely.
@@ -14,7 +16,7 @@ struct DropoutSpec {
 };
 
 __device__ __forceinline__ float dropout_factor(const DropoutSpec& d, uint64_t i) {
-  uint64_t z = d.key + (i + 1) * 0x9E3779B97F4A7C15ull;
+  uint64_t z = d.key + (i + 1) * kSplitMixGamma;  // core/rng.cpp's SplitMix64, step i
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
