@@ -12,7 +12,7 @@
 
 #include "core/rng.hpp"
 #include "kernels/cuda/attention_flash.hpp"
-#include "bench/cuda_timing.hpp"
+#include "bench/cuda_bench_util.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 
@@ -21,14 +21,6 @@ using namespace laoyao::kernels::cuda;
 
 namespace {
 
-DeviceBuffer random_bf16(int64_t n, const char* name) {
-  std::vector<__nv_bfloat16> h(static_cast<size_t>(n));
-  Rng rng(1, name);
-  for (auto& x : h) x = __float2bfloat16(static_cast<float>(rng.normal()));
-  DeviceBuffer d(sizeof(__nv_bfloat16) * n);
-  d.upload(h.data(), d.bytes);
-  return d;
-}
 
 
 }  // namespace
@@ -41,7 +33,8 @@ int main() {
   for (const Case& c : cases) {
     AttentionShape a{c.b, c.s, c.H, c.H, c.D, 1.0f / std::sqrt(static_cast<float>(c.D))};
     const int64_t T = c.b * c.s, row = 3 * c.H * c.D;
-    DeviceBuffer qkv = random_bf16(T * row, "qkv"), dctx = random_bf16(T * c.H * c.D, "dctx");
+    DeviceBuffer qkv = laoyao::bench::random_bf16(T * row, "qkv");
+    DeviceBuffer dctx = laoyao::bench::random_bf16(T * c.H * c.D, "dctx");
     DeviceBuffer ctx(sizeof(__nv_bfloat16) * T * c.H * c.D), dqkv(sizeof(__nv_bfloat16) * T * row);
     DeviceBuffer lse(sizeof(float) * c.b * c.H * c.s), delta(sizeof(float) * c.b * c.H * c.s);
     auto fwd = [&] {

@@ -1,15 +1,29 @@
-// Timing for the GPU microbenchmarks: CUDA events around `f` on `stream`, 3 warm-up calls, the
-// median of `reps` timed calls, in milliseconds.
+// What the GPU microbenchmarks share: random bf16 inputs, and timing with CUDA events around `f`
+// on `stream` (3 warm-up calls, the median of `reps` timed calls, in milliseconds).
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "core/rng.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
 
 namespace laoyao::bench {
+
+// n values of N(0, stddev) from laoyao's stream `name`, rounded to bf16, on the device.
+inline kernels::cuda::DeviceBuffer random_bf16(int64_t n, const char* name, double stddev = 1.0) {
+  std::vector<__nv_bfloat16> h(static_cast<size_t>(n));
+  Rng rng(1, name);
+  for (auto& x : h) x = __float2bfloat16(static_cast<float>(stddev * rng.normal()));
+  kernels::cuda::DeviceBuffer d(sizeof(__nv_bfloat16) * h.size());
+  d.upload(h.data(), d.bytes);
+  return d;
+}
 
 inline float median_ms(const std::function<void()>& f, cudaStream_t stream, int reps) {
   cudaEvent_t a, b;

@@ -18,7 +18,7 @@
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
-#include "bench/cuda_timing.hpp"
+#include "bench/cuda_bench_util.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/elementwise.hpp"
@@ -30,19 +30,12 @@
 using namespace laoyao;
 using namespace laoyao::kernels::cuda;
 using bf16 = __nv_bfloat16;
+using laoyao::bench::random_bf16;
 
 namespace {
 
 cudaStream_t g_stream;
 
-DeviceBuffer random_bf16(int64_t n, double stddev = 1.0) {
-  std::vector<bf16> h(static_cast<size_t>(n));
-  Rng rng(1, "breakdown");
-  for (auto& x : h) x = __float2bfloat16(static_cast<float>(stddev * rng.normal()));
-  DeviceBuffer d(sizeof(bf16) * n);
-  d.upload(h.data(), d.bytes);
-  return d;
-}
 
 
 struct Row {
@@ -67,10 +60,11 @@ int main(int argc, char** argv) {
   const int64_t T = b * s, D = h / H;
   LAOYAO_CUDA_CHECK(cudaStreamCreate(&g_stream));
   CublasLtGemm gemm;
-  DeviceBuffer x = random_bf16(T * std::max({h, F, 3 * h})), y = random_bf16(T * std::max({h, F, 3 * h}));
-  DeviceBuffer w = random_bf16(std::max(V, F) * std::max(h, F), 0.02), bias = random_bf16(std::max({F, V, 3 * h}), 0.1);
+  DeviceBuffer x = random_bf16(T * std::max({h, F, 3 * h}), "x"), y = random_bf16(T * std::max({h, F, 3 * h}), "y");
+  DeviceBuffer w = random_bf16(std::max(V, F) * std::max(h, F), "w", 0.02),
+               bias = random_bf16(std::max({F, V, 3 * h}), "bias", 0.1);
   DeviceBuffer dw(sizeof(float) * std::max(V, F) * std::max(h, F));
-  DeviceBuffer logits = random_bf16(T * V);
+  DeviceBuffer logits = random_bf16(T * V, "logits");
   DeviceBuffer scratch(sizeof(float) * std::max(bias_grad_scratch_floats(T, std::max(F, 3 * h)),
                                                 layernorm_backward_scratch_floats(T, h)));
   DeviceBuffer stats(sizeof(float) * 4 * T), ids(sizeof(int64_t) * T);
@@ -101,7 +95,8 @@ int main(int argc, char** argv) {
   }
   const AttentionShape a{b, s, H, H, D, 1.0f / std::sqrt(float(D))};
   const double attn_fwd = 4.0 * b * H * double(s) * s * D / 2;
-  DeviceBuffer qkv = random_bf16(T * 3 * h), ctx = random_bf16(T * h), dctx = random_bf16(T * h);
+  DeviceBuffer qkv = random_bf16(T * 3 * h, "qkv"), ctx = random_bf16(T * h, "ctx");
+  DeviceBuffer dctx = random_bf16(T * h, "dctx");
   DeviceBuffer lse(sizeof(float) * b * H * s), delta(sizeof(float) * b * H * s);
   add("attention fwd (flash)", L, attn_fwd,
       [&] { attention_flash_forward(qkv.as<bf16>(), ctx.as<bf16>(), lse.as<float>(), a, {}, g_stream); });

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything #5 asks of the GPU machine, in one call: doctor, the GPU tests (every CUDA op against
+# Everything #5 asks of the GPU machine, in one call: doctor (on every visible GPU, with an NCCL
+# all-reduce on the two-GPU kind), the GPU tests (every CUDA op against
 # the CPU op, the CUDA model against the CPU model), a CPU-vs-GPU training run of the same config
 # compared with `laoyao compare-logs`, and the benchmarks against the PyTorch peer.
 #   scripts/gpu_check.sh stage [BUILD_DIR]   here: build laoyao and the GPU tests, copy them, the
@@ -17,7 +18,7 @@ case "${1:-}" in
     B="${2:-build/main}"
     [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
     cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown -j2
-    rm -rf "$C" && mkdir -p "$C/lib" "$C/peers"
+    mkdir -p "$C/lib" "$C/peers"  # not emptied: tests/gpu/crosscheck.sh keeps its vocabularies there too
     cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
@@ -36,10 +37,22 @@ case "${1:-}" in
     [ -n "$parts" ] || parts="doctor tests parity parity_llama attention profile bench"
     summary=()
     note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
+    # parity_run NAME LABEL MODEL-FLAGS...: the config on the CPU and on the GPU, then compare-logs.
+    parity_run() {
+      local name=$1 label=$2
+      local args=(pretrain-gpt "${@:3}" --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4
+                  --global-batch-size 16 --eval-iters 2 --eval-interval 10 --mock-data --bf16
+                  --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5
+                  --seed 1234 --log-interval 1)
+      LAOYAO_DEVICE=cpu "$C/laoyao" "${args[@]}" > "$OUT/${name}_cpu.log" 2>&1
+      LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" > "$OUT/${name}_gpu.log" 2>&1
+      "$C/laoyao" compare-logs "$OUT/${name}_cpu.log" "$OUT/${name}_gpu.log" > "$OUT/${name}_compare.txt" 2>&1
+      note "cpu-vs-gpu $label training: compare-logs exit $?: $(grep -i verdict "$OUT/${name}_compare.txt" | head -1)"
+    }
     for part in $parts; do
       case "$part" in
         doctor)
-          "$C/laoyao" doctor > "$OUT/doctor.txt" 2>&1
+          "$C/laoyao" doctor ${DOCTOR_ARGS:-} > "$OUT/doctor.txt" 2>&1  # e.g. DOCTOR_ARGS="--seed 7"
           note "doctor: exit $? ($(grep -c PASS "$OUT/doctor.txt") PASS lines)"
           ;;
         tests)
@@ -49,33 +62,17 @@ case "${1:-}" in
           grep -E '^\[  FAILED  \]' "$OUT/gpu_tests.txt" | head -20
           ;;
         parity)
-          # The same small config (dropout on) trained on the CPU and on the GPU from the same
-          # initial weights; compare-logs judges the per-iteration losses against BF16 tolerance.
-          args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
-                --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
-                --train-iters 30 --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
-                --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1)
-          LAOYAO_DEVICE=cpu "$C/laoyao" "${args[@]}" > "$OUT/parity_cpu.log" 2>&1
-          LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" > "$OUT/parity_gpu.log" 2>&1
-          "$C/laoyao" compare-logs "$OUT/parity_cpu.log" "$OUT/parity_gpu.log" > "$OUT/parity_compare.txt" 2>&1
-          rc=$?
-          note "cpu-vs-gpu training (30 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_compare.txt" | head -1)"
+          # A small GPT (dropout on) trained on the CPU and on the GPU from the same initial
+          # weights; compare-logs judges the per-iteration losses against BF16 tolerance.
+          parity_run parity "GPT" --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512 \
+            --train-iters 30
           ;;
         parity_llama)
           # The same with Llama's pieces: RMSNorm, SwiGLU, RoPE (Llama 3 scaling), GQA, no biases, untied.
-          args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
-                --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
-                --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --disable-bias-linear
-                --untie-embeddings-and-output-weights --seq-length 128 --max-position-embeddings 128
-                --micro-batch-size 4 --global-batch-size 16 --train-iters 20 --eval-iters 2 --eval-interval 10
-                --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3 --min-lr 1e-4
-                --lr-warmup-iters 5 --seed 1234 --log-interval 1)
-          LAOYAO_DEVICE=cpu "$C/laoyao" "${args[@]}" > "$OUT/parity_llama_cpu.log" 2>&1
-          LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" > "$OUT/parity_llama_gpu.log" 2>&1
-          "$C/laoyao" compare-logs "$OUT/parity_llama_cpu.log" "$OUT/parity_llama_gpu.log" > "$OUT/parity_llama.txt" 2>&1
-          rc=$?
-          note "cpu-vs-gpu Llama-style training (20 iterations): compare-logs exit $rc: $(grep -i verdict "$OUT/parity_llama.txt" | head -1)"
-          grep -h "backend" "$OUT/parity_llama_gpu.log" | head -2
+          parity_run parity_llama "Llama-style" --num-layers 2 --hidden-size 128 --num-attention-heads 2 \
+            --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu \
+            --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --disable-bias-linear \
+            --untie-embeddings-and-output-weights --train-iters 20
           ;;
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).

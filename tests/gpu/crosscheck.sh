@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), from the repository root, with build/gpu-carry carried:
-# the laoyao binary built on the development machine, the shared libraries that differ there
-# (yaml-cpp 0.7), test vocabularies and a JSON-lines text. Checks that the binary starts and sees
+# the laoyao binary and the shared libraries that differ there (`scripts/gpu_check.sh stage`),
+# plus, copied in by hand, the test vocabularies (build/test-vocabs) and a JSON-lines text. Checks that the binary starts and sees
 # the GPU, then cross-checks the tokenizers against the Python packages installed there.
 set -uo pipefail
 C=build/gpu-carry
-export LD_LIBRARY_PATH="$PWD/$C/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/$C/lib"  # carried libraries last
 out="${OUT:-/tmp/out}"
 mkdir -p "$out" /tmp/tok
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
