@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/rng.hpp"
+#include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "bench/cuda_bench_util.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -18,12 +19,6 @@
 
 using namespace laoyao;
 using namespace laoyao::kernels::cuda;
-
-namespace {
-
-
-
-}  // namespace
 
 int main() {
   struct Case { int64_t b, H, s, D; };
@@ -49,6 +44,18 @@ int main() {
     const float fb_ms = laoyao::bench::median_ms([&] { fwd(); bwd(); }, stream, 20);
     std::printf("ATTN laoyao b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f\n", (long long)c.b,
                 (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / f_ms / 1e9, 3.5 * fwd_flops / fb_ms / 1e9);
+    // The same through cuDNN's fused attention (our graphs), the `--attention-backend fused` path.
+    CudnnAttention cudnn(a, stream);
+    auto cfwd = [&] { cudnn.forward(qkv.as<__nv_bfloat16>(), ctx.as<__nv_bfloat16>(), lse.as<float>(), c.b); };
+    auto cbwd = [&] {
+      cudnn.backward(qkv.as<__nv_bfloat16>(), ctx.as<__nv_bfloat16>(), dctx.as<__nv_bfloat16>(), lse.as<float>(),
+                     dqkv.as<__nv_bfloat16>(), c.b);
+    };
+    const float cf_ms = laoyao::bench::median_ms(cfwd, stream, 20);
+    const float cfb_ms = laoyao::bench::median_ms([&] { cfwd(); cbwd(); }, stream, 20);
+    std::printf("ATTN cudnn b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f (%s)\n", (long long)c.b,
+                (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / cf_ms / 1e9, 3.5 * fwd_flops / cfb_ms / 1e9,
+                cudnn.engines().c_str());
   }
   return 0;
 }

@@ -77,7 +77,7 @@ case "${1:-}" in
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).
           { "$C/laoyao_bench_attention"; python3 bench/attention_sdpa.py; } > "$OUT/attention.txt" 2>&1
-          note "attention fwd+bwd TFLOP/s (laoyao vs sdpa):"
+          note "attention TFLOP/s, fwd and fwd+bwd: laoyao flash / laoyao via cuDNN / PyTorch sdpa:"
           while read -r line; do note "  $line"; done < <(python3 - "$OUT/attention.txt" <<'PY'
 import re, sys
 rows = {}
@@ -85,8 +85,9 @@ for l in open(sys.argv[1]):
     m = re.match(r"ATTN (\w+) (b=\d+ H=\d+ s=\d+ D=\d+) fwd_TFLOPs=([\d.]+) fwdbwd_TFLOPs=([\d.]+)", l)
     if m: rows.setdefault(m.group(2), {})[m.group(1)] = (float(m.group(3)), float(m.group(4)))
 for shape, r in rows.items():
-    lo, sd = r.get("laoyao", (0, 0)), r.get("sdpa", (0, 0))
-    print(f"{shape}: fwd {lo[0]:.0f} vs {sd[0]:.0f}, fwd+bwd {lo[1]:.0f} vs {sd[1]:.0f} ({lo[1] / max(sd[1], 1e-9):.2f}x)")
+    lo, cu, sd = r.get("laoyao", (0, 0)), r.get("cudnn", (0, 0)), r.get("sdpa", (0, 0))
+    print(f"{shape}: fwd {lo[0]:.0f} / {cu[0]:.0f} / {sd[0]:.0f}, fwd+bwd {lo[1]:.0f} / {cu[1]:.0f} / {sd[1]:.0f}"
+          f" (cudnn/sdpa {cu[1] / max(sd[1], 1e-9):.2f}x)")
 PY
 )
           ;;

@@ -39,6 +39,7 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/qkv_layout.hpp"
 #include "kernels/cuda/attention_reference.hpp"
+#include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
@@ -687,6 +688,59 @@ TEST_F(CudaKernels, AttentionFlashRefusesOtherHeadDims) {
   EXPECT_FALSE(cuda::attention_flash_supports(shape_of({1, 16, 2, 2, 96, 0.0})));
   EXPECT_THROW(cuda::attention_flash_forward(nullptr, nullptr, nullptr, shape_of({1, 16, 2, 2, 96, 0.0}), {}, stream_),
                laoyao::Error);
+}
+
+// cuDNN's fused attention (our graphs of its SDPA pattern) against the CPU attention: MHA read in
+// place, GQA through the gathered query heads, head dims 64, 96 and 128, partial tiles, and a
+// smaller batch than the one the plans were built for.
+void check_attention_cudnn(const AttnCase& c, cudaStream_t stream, int64_t run_b = 0) {
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const uint64_t seed = 9100 + static_cast<uint64_t>(c.s * 100 + c.H * 10 + c.G);
+  AttnCase r = c;
+  r.b = run_b > 0 ? run_b : c.b;
+  const int64_t T = r.b * c.s;
+  const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
+  const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
+  const auto want = cpu_attention(r, qkv, dctx, nullptr);
+  ASSERT_TRUE(cuda::CudnnAttention::supports(shape_of(c)));
+  cuda::CudnnAttention attn(shape_of(c), stream);
+
+  auto dqkv_in = to_device_bf16(qkv), ddctx = to_device_bf16(dctx);
+  DeviceBuffer dctx_out(T * c.H * c.D * sizeof(bf16)), ddqkv(T * L.row * sizeof(bf16));
+  DeviceBuffer lse(r.b * c.H * c.s * sizeof(float));
+  attn.forward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), lse.as<float>(), r.b);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(dctx_out, T * c.H * c.D), to_double(want.ctx), kAttnNormTol, kAttnElemTol, "ctx");
+  const auto got_lse = from_device<float>(lse, r.b * c.H * c.s);
+  const float scale = shape_of(c).scale;
+  for (int64_t bi = 0; bi < r.b; ++bi)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < c.s; i += 7) {
+        double dot = 0;
+        for (int64_t d = 0; d < c.D; ++d)
+          dot += double(qkv[(bi * c.s + i) * L.row + L.q(h) + d]) * qkv[(bi * c.s + i) * L.row + L.k(L.group_of(h)) + d];
+        const double want_lse = scale * dot - std::log(double(want.probs[((bi * c.H + h) * c.s + i) * c.s + i]));
+        EXPECT_NEAR(got_lse[(bi * c.H + h) * c.s + i], want_lse, 2e-3 * (1 + std::abs(want_lse)))
+            << "lse b=" << bi << " h=" << h << " i=" << i;
+      }
+  // Every element of dqkv is written: fill it with garbage first.
+  LAOYAO_CUDA_CHECK(cudaMemset(ddqkv.ptr, 0x7f, ddqkv.bytes));
+  attn.backward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), ddctx.as<bf16>(), lse.as<float>(), ddqkv.as<bf16>(), r.b);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(ddqkv, T * L.row), to_double(want.dqkv), kAttnNormTol, kAttnElemTol, "dqkv");
+  EXPECT_NE(attn.engines().find("engine"), std::string::npos) << attn.engines();
+}
+
+TEST_F(CudaKernels, AttentionCudnnMhaHeadDim64MatchesCpu) { check_attention_cudnn({2, 100, 4, 4, 64, 0.0}, stream_); }
+TEST_F(CudaKernels, AttentionCudnnGqaHeadDim128MatchesCpu) { check_attention_cudnn({1, 130, 8, 2, 128, 0.0}, stream_); }
+TEST_F(CudaKernels, AttentionCudnnMultiQueryLongSequence) { check_attention_cudnn({2, 512, 4, 1, 128, 0.0}, stream_); }
+TEST_F(CudaKernels, AttentionCudnnHeadDim96MatchesCpu) { check_attention_cudnn({1, 64, 2, 2, 96, 0.0}, stream_); }
+TEST_F(CudaKernels, AttentionCudnnSmallerBatchThanPlanned) {
+  check_attention_cudnn({3, 96, 4, 2, 64, 0.0}, stream_, 2);
+}
+TEST_F(CudaKernels, AttentionCudnnRefusesHeadDimNotMultipleOf8) {
+  EXPECT_FALSE(cuda::CudnnAttention::supports(shape_of({1, 16, 2, 2, 36, 0.0})));
+  EXPECT_THROW(cuda::CudnnAttention(shape_of({1, 16, 2, 2, 36, 0.0}), stream_), laoyao::Error);
 }
 
 // ---------------------------------------------------------------- optimizer

@@ -1,0 +1,289 @@
+// Causal attention through cuDNN's fused flash attention (see attention_cudnn.hpp).
+//
+// cuDNN recognises scaled dot-product attention as a pattern of its graph API and runs it as one
+// fused kernel: the graphs below spell the pattern out op by op (matmul, scale, causal mask,
+// softmax with its statistics, matmul), the way cuDNN's frontend library expands its SDPA node.
+// Tensors are 4-D [batch, heads, sequence, head dim] views with strides into our buffers.
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention_cudnn.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace laoyao::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using Dims = CudnnGraph::Dims;
+
+// Variant-pack ids of the tensors bound to memory.
+enum : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kOne, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum };
+
+// Where q, k, v, ctx and their gradients sit: element strides [batch, head, position, dim].
+struct Views {
+  Dims q, kv, o;
+  int64_t k_off, v_off;  // element offsets of k and v within a fused qkv row
+};
+
+Views views_of(const AttentionShape& a, bool gathered_q) {
+  const int64_t Q = a.H / a.G, row = a.G * (Q + 2) * a.D, hd = a.H * a.D;
+  Views v;
+  v.q = gathered_q ? Dims{a.s * hd, a.D, hd, 1} : Dims{a.s * row, (Q + 2) * a.D, row, 1};
+  v.kv = {a.s * row, (Q + 2) * a.D, row, 1};
+  v.o = {a.s * hd, a.D, hd, 1};
+  v.k_off = Q * a.D;
+  v.v_off = (Q + 1) * a.D;
+  return v;
+}
+
+// The masked scores' value (the frontend's for cuDNN 9.10 on): exp of it is exactly 0.
+const float kNegInfValue = -std::numeric_limits<float>::infinity();
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+Dims transposed(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }
+
+// -inf where the key is later than the query (row index < column index), x elsewhere.
+int causal_mask(CudnnGraph& g, int x, int neg_inf, const Dims& s_dims) {
+  const int row = g.gen_index(x, g.virtual_tensor(s_dims, CUDNN_DATA_INT32), 2);
+  const int col = g.gen_index(x, g.virtual_tensor(s_dims, CUDNN_DATA_INT32), 3);
+  const int keep = g.compare_ge(row, col, g.virtual_tensor(s_dims, CUDNN_DATA_BOOLEAN));
+  return g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, g.virtual_tensor(s_dims), neg_inf, keep);
+}
+
+// The bound tensors both graphs share.
+struct Inputs {
+  int q, kt, v, o, stats, scale, neg_inf;
+};
+
+Inputs bind_inputs(CudnnGraph& g, const AttentionShape& a, const Views& v, bool v_transposed) {
+  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, row_dims{a.b, a.H, a.s, 1};
+  Inputs in;
+  in.q = g.tensor(kQ, qd, v.q, CUDNN_DATA_BFLOAT16);
+  in.kt = g.tensor(kK, transposed(kd), transposed(v.kv), CUDNN_DATA_BFLOAT16);
+  in.v = v_transposed ? g.tensor(kV, transposed(kd), transposed(v.kv), CUDNN_DATA_BFLOAT16)
+                      : g.tensor(kV, kd, v.kv, CUDNN_DATA_BFLOAT16);
+  in.o = g.tensor(kO, qd, v.o, CUDNN_DATA_BFLOAT16);
+  in.stats = g.tensor(kStats, row_dims, CudnnGraph::packed(row_dims), CUDNN_DATA_FLOAT);
+  in.scale = g.scalar(kScale, CUDNN_DATA_FLOAT);
+  in.neg_inf = g.scalar(kNegInf, CUDNN_DATA_FLOAT);
+  return in;
+}
+
+CudnnPlan build_forward(cudnnHandle_t handle, const AttentionShape& a, bool gathered_q) {
+  const Views v = views_of(a, gathered_q);
+  CudnnGraph g;
+  const Inputs in = bind_inputs(g, a, v, false);
+  const Dims row_dims{a.b, a.H, a.s, 1}, s_dims{a.b, a.H, a.s, a.s};
+
+  const int s = g.matmul(in.q, in.kt, g.virtual_tensor(s_dims));
+  const int scaled = g.pointwise(CUDNN_POINTWISE_MUL, s, g.virtual_tensor(s_dims), in.scale);
+  const int masked = causal_mask(g, scaled, in.neg_inf, s_dims);
+  // Softmax and its statistics, lse = max + log(sum(exp(x - max))), which the backward reads.
+  const int mx = g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, g.virtual_tensor(row_dims));
+  const int shifted = g.pointwise(CUDNN_POINTWISE_SUB, masked, g.virtual_tensor(s_dims), mx);
+  const int e = g.pointwise(CUDNN_POINTWISE_EXP, shifted, g.virtual_tensor(s_dims));
+  const int sum = g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, g.virtual_tensor(row_dims));
+  const int log_sum = g.pointwise(CUDNN_POINTWISE_LOG, sum, g.virtual_tensor(row_dims));
+  g.pointwise(CUDNN_POINTWISE_ADD, mx, in.stats, log_sum);
+  // The probabilities in the input type: the second matmul takes bf16 operands.
+  const int p = g.pointwise(CUDNN_POINTWISE_DIV, e, g.virtual_tensor(s_dims, CUDNN_DATA_BFLOAT16), sum);
+  g.matmul(p, in.v, in.o);
+  return g.plan(handle, "sdpa forward");
+}
+
+// d = a @ b summed over the heads of each query group: straight into `out` for MHA, else through a
+// per-query-head product and a reduction over the group's heads.
+void group_matmul(CudnnGraph& g, const AttentionShape& a, int lhs, int rhs, int out) {
+  if (a.H == a.G) {
+    g.matmul(lhs, rhs, out);
+    return;
+  }
+  const int full = g.matmul(lhs, rhs, g.virtual_tensor({a.b, a.H, a.s, a.D}, CUDNN_DATA_BFLOAT16));
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+}
+
+CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, bool gathered_q) {
+  const Views v = views_of(a, gathered_q);
+  CudnnGraph g;
+  const Inputs in = bind_inputs(g, a, v, true);
+  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D};
+  const Dims row_dims{a.b, a.H, a.s, 1}, s_dims{a.b, a.H, a.s, a.s};
+  const Dims s_t_strides{a.H * a.s * a.s, a.s * a.s, 1, a.s};  // [b, H, key, query] over the same memory
+  const int d_o = g.tensor(kDO, qd, v.o, CUDNN_DATA_BFLOAT16);
+  const int dq = g.tensor(kDQ, qd, v.q, CUDNN_DATA_BFLOAT16);
+  const int dk = g.tensor(kDK, kd, v.kv, CUDNN_DATA_BFLOAT16);
+  const int dv = g.tensor(kDV, kd, v.kv, CUDNN_DATA_BFLOAT16);
+  const int one = g.scalar(kOne, CUDNN_DATA_FLOAT);
+  // Workspace-resident intermediates (in our part of the workspace, bound at execution).
+  const int softmax_sum = g.tensor(kSoftmaxSum, row_dims, CudnnGraph::packed(row_dims), CUDNN_DATA_FLOAT);
+  const int dq_accum = g.tensor(kDQAccum, qd, CudnnGraph::packed(qd), CUDNN_DATA_FLOAT);
+
+  // softmax_sum = rowsum(dO * O): the softmax backward's subtrahend.
+  const int d_o_o = g.pointwise(CUDNN_POINTWISE_MUL, d_o, g.virtual_tensor(qd), in.o);
+  const int rowsum = g.reduction(CUDNN_REDUCE_TENSOR_ADD, d_o_o, g.virtual_tensor(row_dims));
+  g.pointwise(CUDNN_POINTWISE_MUL, rowsum, softmax_sum, one);
+  // P again from the saved statistics.
+  const int s = g.matmul(in.q, in.kt, g.virtual_tensor(s_dims));
+  const int scaled = g.pointwise(CUDNN_POINTWISE_MUL, s, g.virtual_tensor(s_dims), in.scale);
+  const int shifted = g.pointwise(CUDNN_POINTWISE_SUB, scaled, g.virtual_tensor(s_dims), in.stats);
+  const int masked = causal_mask(g, shifted, in.neg_inf, s_dims);
+  const int p = g.pointwise(CUDNN_POINTWISE_EXP, masked, g.virtual_tensor(s_dims));
+  // dV = P^T dO.
+  const int p_t = g.reshape(p, g.virtual_tensor(transposed(s_dims), s_t_strides, CUDNN_DATA_BFLOAT16));
+  group_matmul(g, a, p_t, d_o, dv);
+  // dS = scale * P * (dO V^T - softmax_sum).
+  const int dp = g.matmul(d_o, in.v, g.virtual_tensor(s_dims));
+  const int centered = g.pointwise(CUDNN_POINTWISE_SUB, dp, g.virtual_tensor(s_dims), softmax_sum);
+  const int dp_p = g.pointwise(CUDNN_POINTWISE_MUL, centered, g.virtual_tensor(s_dims), p);
+  const int ds = g.pointwise(CUDNN_POINTWISE_MUL, dp_p, g.virtual_tensor(s_dims), in.scale);
+  // dK = dS^T Q.
+  const int ds_t = g.reshape(ds, g.virtual_tensor(transposed(s_dims), s_t_strides, CUDNN_DATA_BFLOAT16));
+  group_matmul(g, a, ds_t, in.q, dk);
+  // dQ = dS K, accumulated in fp32, then rounded to bf16.
+  const int k = g.reshape(in.kt, g.virtual_tensor(kd, v.kv, CUDNN_DATA_FLOAT));
+  g.matmul(ds, k, dq_accum);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
+  return g.plan(handle, "sdpa backward");
+}
+
+constexpr int kCopyThreads = 256;
+
+// Gathers the query heads of each token from the fused qkv row into [b*s, H*D] (GQA: a group's
+// query heads sit between the group's k and v of the previous group), or scatters their gradient
+// back. 16-byte vectors: D is a multiple of 8.
+template <bool kGather>
+__global__ void copy_query_heads(bf16* __restrict__ fused, bf16* __restrict__ packed, int64_t tokens, int H, int Q,
+                                 int D) {
+  const int vecs = D / 8;
+  const int64_t n = tokens * H * vecs;
+  const int64_t row = int64_t(H / Q) * (Q + 2) * D;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int vi = static_cast<int>(i % vecs);
+    const int h = static_cast<int>((i / vecs) % H);
+    const int64_t t = i / (int64_t(vecs) * H);
+    uint4* f = reinterpret_cast<uint4*>(fused + t * row + (int64_t(h / Q) * (Q + 2) + h % Q) * D) + vi;
+    uint4* p = reinterpret_cast<uint4*>(packed + (t * H + h) * D) + vi;
+    if (kGather)
+      *p = *f;
+    else
+      *f = *p;
+  }
+}
+
+template <bool kGather>
+void launch_copy(bf16* fused, bf16* packed, const AttentionShape& a, cudaStream_t stream) {
+  const int64_t n = a.b * a.s * a.H * (a.D / 8);
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kCopyThreads - 1) / kCopyThreads, 65535));
+  copy_query_heads<kGather><<<blocks, kCopyThreads, 0, stream>>>(fused, packed, a.b * a.s, static_cast<int>(a.H),
+                                                                  static_cast<int>(a.H / a.G), static_cast<int>(a.D));
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool CudnnAttention::supports(const AttentionShape& a) {
+  return a.D % 8 == 0 && a.D >= 8 && a.D <= 128 && a.G > 0 && a.H % a.G == 0 && a.s > 0;
+}
+
+CudnnAttention::CudnnAttention(const AttentionShape& shape, cudaStream_t stream) : shape_(shape), stream_(stream) {
+  if (!supports(shape))
+    throw Error("cuDNN attention: head dim " + std::to_string(shape.D) + " is not a multiple of 8 up to 128");
+  scale_ = shape.scale;
+  LAOYAO_CUDA_CHECK(cudnnCreate(&handle_));
+  try {
+    LAOYAO_CUDA_CHECK(cudnnSetStream(handle_, stream_));
+    if (gathers_q()) {
+      q_ = DeviceBuffer(sizeof(bf16) * shape.b * shape.s * shape.H * shape.D);
+      dq_ = DeviceBuffer(sizeof(bf16) * shape.b * shape.s * shape.H * shape.D);
+    }
+    plans_for(shape.b);
+  } catch (...) {
+    cudnnDestroy(handle_);
+    throw;
+  }
+}
+
+CudnnAttention::~CudnnAttention() {
+  if (handle_) cudnnDestroy(handle_);
+}
+
+CudnnAttention::Plans& CudnnAttention::plans_for(int64_t b) {
+  if (b <= 0 || b > shape_.b)
+    throw Error("cuDNN attention: batch " + std::to_string(b) + " outside 1.." + std::to_string(shape_.b));
+  for (Plans& p : plans_)
+    if (p.b == b) return p;
+  // The full batch keeps slot 0; any other batch size replaces slot 1.
+  Plans& p = plans_[plans_[0].b == 0 ? 0 : 1];
+  AttentionShape a = shape_;
+  a.b = b;
+  p.fwd = build_forward(handle_, a, gathers_q());
+  p.bwd = build_backward(handle_, a, gathers_q());
+  p.b = b;
+  const size_t need =
+      backward_scratch_bytes() + static_cast<size_t>(std::max(p.fwd.workspace_bytes(), p.bwd.workspace_bytes()));
+  if (need > workspace_.bytes) workspace_ = DeviceBuffer(need);
+  return p;
+}
+
+void CudnnAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
+  Plans& p = plans_for(b);
+  AttentionShape a = shape_;
+  a.b = b;
+  const Views v = views_of(a, gathers_q());
+  const bf16* q = qkv;
+  if (gathers_q()) {
+    launch_copy<true>(const_cast<bf16*>(qkv), q_.as<bf16>(), a, stream_);
+    q = q_.as<bf16>();
+  }
+  p.fwd.execute(handle_,
+                {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kStats, lse}, {kScale, &scale_},
+                 {kNegInf, &kNegInfValue}},
+                workspace_.ptr);
+}
+
+void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse, bf16* dqkv,
+                              int64_t b) {
+  Plans& p = plans_for(b);
+  AttentionShape a = shape_;
+  a.b = b;
+  const Views v = views_of(a, gathers_q());
+  // The scratch holds the last forward's layer: gather this layer's query heads again.
+  const bf16* q = qkv;
+  if (gathers_q()) {
+    launch_copy<true>(const_cast<bf16*>(qkv), q_.as<bf16>(), a, stream_);
+    q = q_.as<bf16>();
+  }
+  bf16* dq = gathers_q() ? dq_.as<bf16>() : dqkv;
+  // Our part of the workspace first: the fp32 dQ accumulator (zeroed: cuDNN adds into it) and the
+  // softmax row sums; cuDNN's own part after them.
+  char* ws = static_cast<char*>(workspace_.ptr);
+  float* dq_accum = reinterpret_cast<float*>(ws);
+  float* softmax_sum = reinterpret_cast<float*>(ws + aligned(dq_accum_bytes()));
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, sizeof(float) * b * shape_.H * shape_.s * shape_.D, stream_));
+  const float one = 1.0f;
+  p.bwd.execute(handle_,
+                {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kDO, dctx}, {kStats, lse},
+                 {kScale, &scale_}, {kNegInf, &kNegInfValue}, {kOne, &one}, {kDQ, dq}, {kDK, dqkv + v.k_off},
+                 {kDV, dqkv + v.v_off}, {kSoftmaxSum, softmax_sum}, {kDQAccum, dq_accum}},
+                ws + backward_scratch_bytes());
+  if (gathers_q()) launch_copy<false>(dqkv, dq_.as<bf16>(), a, stream_);
+}
+
+size_t CudnnAttention::dq_accum_bytes() const { return sizeof(float) * shape_.b * shape_.H * shape_.s * shape_.D; }
+
+size_t CudnnAttention::backward_scratch_bytes() const {
+  return aligned(dq_accum_bytes()) + aligned(sizeof(float) * shape_.b * shape_.H * shape_.s);
+}
+
+std::string CudnnAttention::engines() const {
+  return plans_[0].fwd.engine() + ", " + plans_[0].bwd.engine();
+}
+
+int64_t CudnnAttention::device_bytes() const {
+  return static_cast<int64_t>(workspace_.bytes + q_.bytes + dq_.bytes);
+}
+
+}  // namespace laoyao::kernels::cuda

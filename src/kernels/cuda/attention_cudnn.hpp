@@ -1,0 +1,66 @@
+// Causal attention through cuDNN's fused flash attention (its graph API, cudnn_graph.hpp): the path
+// Megatron's `--attention-backend fused` names, and the fastest on Hopper and Blackwell. The same
+// layouts as attention_flash.hpp: q, k, v read from Megatron-Core's fused QKV rows (k and v in
+// place; the query heads of a GQA group are gathered into a scratch buffer first, since their
+// columns are not an affine function of the head), ctx written in [b*s, H*D], lse [b, H, s] (the
+// natural-log softmax denominator of the scaled scores, as cuDNN's "stats"), dqkv in the fused layout.
+//
+// No attention dropout: cuDNN draws its own random numbers, which could not match the CPU's mask,
+// so a model with attention dropout keeps our flash kernels. The plans for one shape are built at
+// construction (once, outside the step); construction throws laoyao::Error with cuDNN's reason
+// when it has no engine for the shape.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <string>
+
+#include "kernels/cuda/attention_reference.hpp"
+#include "kernels/cuda/cudnn_graph.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+
+namespace laoyao::kernels::cuda {
+
+class CudnnAttention {
+ public:
+  // The shape's b is the largest batch the object serves; forward/backward take the actual one
+  // (plans are rebuilt, once per distinct batch size, when it differs).
+  CudnnAttention(const AttentionShape& shape, cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Head dims cuDNN's fused kernels take (multiples of 8 up to 128 here).
+  static bool supports(const AttentionShape& shape);
+
+  // ctx [b*s, H*D] and lse [b, H, s] overwritten.
+  void forward(const __nv_bfloat16* qkv, __nv_bfloat16* ctx, float* lse, int64_t b);
+  // dqkv overwritten (every element).
+  void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* ctx, const __nv_bfloat16* dctx, const float* lse,
+                __nv_bfloat16* dqkv, int64_t b);
+
+  // The engines in use, for `laoyao doctor` and logs: "sdpa forward engine N, sdpa backward engine M".
+  std::string engines() const;
+  int64_t device_bytes() const;  // workspace and scratch held
+
+ private:
+  struct Plans {
+    int64_t b = 0;
+    CudnnPlan fwd, bwd;
+  };
+  Plans& plans_for(int64_t b);
+  bool gathers_q() const { return shape_.H != shape_.G; }
+  size_t dq_accum_bytes() const;          // the fp32 dQ accumulator, full batch
+  size_t backward_scratch_bytes() const;  // our part of the workspace: dQ accumulator, row sums
+
+  AttentionShape shape_;
+  cudaStream_t stream_;
+  cudnnHandle_t handle_ = nullptr;
+  Plans plans_[2];  // the full batch and, if it ever comes, one other (the last micro-batch of eval)
+  DeviceBuffer workspace_;
+  DeviceBuffer q_, dq_;  // GQA: the gathered query heads [b*s, H*D] and their gradient
+  float scale_ = 0.0f;   // by-value scalar: cuDNN reads it from host memory at execution
+};
+
+}  // namespace laoyao::kernels::cuda
