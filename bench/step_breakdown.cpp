@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/rng.hpp"
-#include "kernels/cuda/attention_flash.hpp"
+#include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
 #include "bench/cuda_bench_util.hpp"
@@ -97,12 +97,13 @@ int main(int argc, char** argv) {
   const double attn_fwd = 4.0 * b * H * double(s) * s * D / 2;
   DeviceBuffer qkv = random_bf16(T * 3 * h, "qkv"), ctx = random_bf16(T * h, "ctx");
   DeviceBuffer dctx = random_bf16(T * h, "dctx");
-  DeviceBuffer lse(sizeof(float) * b * H * s), delta(sizeof(float) * b * H * s);
-  add("attention fwd (flash)", L, attn_fwd,
-      [&] { attention_flash_forward(qkv.as<bf16>(), ctx.as<bf16>(), lse.as<float>(), a, {}, g_stream); });
-  add("attention bwd (flash)", L, 2.5 * attn_fwd, [&] {
-    attention_flash_backward(qkv.as<bf16>(), ctx.as<bf16>(), dctx.as<bf16>(), lse.as<float>(), delta.as<float>(),
-                             x.as<bf16>(), a, {}, g_stream);
+  DeviceBuffer lse(sizeof(float) * b * H * s);
+  // cuDNN's fused attention: the training path without attention dropout, as in this benchmark.
+  CudnnAttention cudnn(a, g_stream);
+  add("attention fwd (cudnn)", L, attn_fwd,
+      [&] { cudnn.forward(qkv.as<bf16>(), ctx.as<bf16>(), lse.as<float>(), b); });
+  add("attention bwd (cudnn)", L, 2.5 * attn_fwd, [&] {
+    cudnn.backward(qkv.as<bf16>(), ctx.as<bf16>(), dctx.as<bf16>(), lse.as<float>(), x.as<bf16>(), b);
   });
   add("layernorm fwd", 2 * L + 1, 0,
       [&] { layernorm_forward(X, W, B, Y, ST, ST + T, T, h, 1e-5f, false, g_stream); });

@@ -7,8 +7,9 @@
 #                                            shared libraries the GPU machine lacks (yaml-cpp 0.7)
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
-#                                            any of doctor tests parity parity_llama attention
-#                                            profile bench [bench cases] (default: all). Full
+#                                            any of doctor tests parity parity_llama parity_fused
+#                                            attention profile bench (default: all; BENCH_CASES
+#                                            picks the bench cases). Full
 #                                            logs go to $OUT; a summary table is printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -34,7 +35,7 @@ case "${1:-}" in
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"
     parts="${*:2}"
-    [ -n "$parts" ] || parts="doctor tests parity parity_llama attention profile bench"
+    [ -n "$parts" ] || parts="doctor tests parity parity_llama parity_fused attention profile bench"
     summary=()
     note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
     # parity_run NAME LABEL MODEL-FLAGS...: the config on the CPU and on the GPU, then compare-logs.
@@ -73,6 +74,14 @@ case "${1:-}" in
             --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu \
             --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --disable-bias-linear \
             --untie-embeddings-and-output-weights --train-iters 20
+          ;;
+        parity_fused)
+          # The Llama-style config without attention dropout: auto picks cuDNN's fused attention
+          # (query heads gathered: 2 heads share one group), hidden dropout still on.
+          parity_run parity_fused "Llama-style, cuDNN attention" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
+            --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
+            --untie-embeddings-and-output-weights --attention-dropout 0 --train-iters 20
           ;;
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).

@@ -23,6 +23,7 @@
 #include "core/device.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/attention_reference.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
@@ -206,16 +207,20 @@ CheckResult check_gemm_bias(kc::CublasLtGemm& gemm, uint64_t seed) {
 }
 
 // ---- attention forward and backward against the CPU op (kernels/cpu/attention.cpp).
+// The paths: cuDNN's fused attention (training without attention dropout), our flash kernels
+// (training with it), our simple reference kernel.
+enum class AttentionKernel { Cudnn, Flash, Reference };
 struct AttentionCase {
   int64_t b, s, H, G, D;
-  bool flash;  // the flash kernels (what training runs) or the simple reference kernel
+  AttentionKernel kernel;
 };
 
 CheckResult check_attention(const AttentionCase& a, uint64_t seed) {
-  const std::string name =
-      fmt("attention causal bf16 fwd+bwd D=%lld (b=%lld s=%lld heads=%lld groups=%lld; %s)", (long long)a.D,
-          (long long)a.b, (long long)a.s, (long long)a.H, (long long)a.G,
-          a.flash ? "laoyao flash kernels, the training path" : "laoyao reference kernel");
+  const char* path = a.kernel == AttentionKernel::Cudnn   ? "cuDNN fused attention, the training path"
+                     : a.kernel == AttentionKernel::Flash ? "laoyao flash kernels, the path with attention dropout"
+                                                          : "laoyao reference kernel";
+  const std::string name = fmt("attention causal bf16 fwd+bwd D=%lld (b=%lld s=%lld heads=%lld groups=%lld; %s)",
+                               (long long)a.D, (long long)a.b, (long long)a.s, (long long)a.H, (long long)a.G, path);
   return guarded(name, [&](CheckResult& r) {
     kc::AttentionShape shape{a.b, a.s, a.H, a.G, a.D, static_cast<float>(1.0 / std::sqrt(double(a.D)))};
     const int64_t T = a.b * a.s, row = a.G * (a.H / a.G + 2) * a.D, HD = a.H * a.D;
@@ -228,7 +233,14 @@ CheckResult check_attention(const AttentionCase& a, uint64_t seed) {
     // Poison the outputs so that an element the kernels never write cannot pass by accident.
     LAOYAO_CUDA_CHECK(cudaMemset(d_ctx.ptr, 0xff, d_ctx.bytes));
     LAOYAO_CUDA_CHECK(cudaMemset(d_dqkv.ptr, 0xff, d_dqkv.bytes));
-    if (a.flash) {
+    std::string engines;
+    if (a.kernel == AttentionKernel::Cudnn) {
+      kc::CudnnAttention attn(shape, nullptr);
+      attn.forward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_lse.as<float>(), a.b);
+      attn.backward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_dctx.as<bf16>(), d_lse.as<float>(), d_dqkv.as<bf16>(), a.b);
+      LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+      engines = " (" + attn.engines() + ")";
+    } else if (a.kernel == AttentionKernel::Flash) {
       kc::attention_flash_forward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_lse.as<float>(), shape, {}, nullptr);
       kc::attention_flash_backward(d_qkv.as<bf16>(), d_ctx.as<bf16>(), d_dctx.as<bf16>(), d_lse.as<float>(),
                                    d_delta.as<float>(), d_dqkv.as<bf16>(), shape, {}, nullptr);
@@ -249,7 +261,7 @@ CheckResult check_attention(const AttentionCase& a, uint64_t seed) {
     const Comparison cf = compare(ctx, to_double(ctx_ref), kAttentionTol);
     const Comparison cb = compare(dqkv, to_double(dqkv_ref), kAttentionTol);
     r.pass = cf.pass() && cb.pass();
-    r.figure = "vs CPU: ctx " + describe(cf) + "; dqkv " + describe(cb);
+    r.figure = "vs CPU: ctx " + describe(cf) + "; dqkv " + describe(cb) + engines;
   });
 }
 
@@ -611,9 +623,11 @@ int run_gpu_checks(const Options& options) {
     } catch (const std::exception& e) {  // the handle or its workspace could not be made
       report({"cuBLASLt set-up", false, e.what()});
     }
-    report(check_attention({2, 384, 8, 2, 64, true}, seed));   // GQA: 4 heads per group
-    report(check_attention({2, 256, 4, 4, 128, true}, seed));  // MHA
-    report(check_attention({2, 200, 4, 2, 128, false}, seed)); // the reference kernel, a partial tile
+    report(check_attention({2, 384, 8, 2, 64, AttentionKernel::Cudnn}, seed));  // GQA: 4 heads per group
+    report(check_attention({2, 256, 4, 4, 128, AttentionKernel::Cudnn}, seed)); // MHA
+    report(check_attention({2, 384, 8, 2, 64, AttentionKernel::Flash}, seed));
+    report(check_attention({2, 256, 4, 4, 128, AttentionKernel::Flash}, seed));
+    report(check_attention({2, 200, 4, 2, 128, AttentionKernel::Reference}, seed)); // a partial tile
     report(check_bias_gelu(seed));
     report(check_layernorm(seed));
     report(check_cross_entropy(seed));

@@ -9,10 +9,13 @@ namespace laoyao::model {
 enum class Norm { LayerNorm, RMSNorm };
 enum class Activation { GeluTanh, GeluErf, SwiGLU };
 enum class Positions { LearnedAbsolute, Rope, None };
-// Megatron's --attention-backend: auto, flash, fused, unfused, local. On the CUDA backend flash and
-// fused select our flash kernel, unfused and local the unfused (s x s) path, auto the flash kernel
-// where it supports the head dim. The CPU backend has one attention.
-enum class AttentionBackend { Auto, Flash, Unfused };
+// Megatron's --attention-backend: auto, flash, fused, unfused, local. On the CUDA backend fused
+// selects cuDNN's fused attention (Megatron's "fused" is Transformer Engine's, which is cuDNN's),
+// flash our FlashAttention-2-style kernels, unfused and local the unfused (s x s) path, and auto
+// cuDNN where the model has no attention dropout (cuDNN draws its own masks, ours match the CPU's),
+// else our flash kernels where they take the head dim, else unfused. The CPU backend has one
+// attention.
+enum class AttentionBackend { Auto, Fused, Flash, Unfused };
 
 struct GptConfig {
   int64_t num_layers = 0;

@@ -60,6 +60,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.attention_dropout = m.attention_dropout;
   g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused
                         : m.attention_backend == "auto"                                   ? model::AttentionBackend::Auto
+                        : m.attention_backend == "fused"                                  ? model::AttentionBackend::Fused
                                                                                           : model::AttentionBackend::Flash;
   return g;
 }

@@ -65,8 +65,9 @@ double rel_err(const float* a, const float* ref, int64_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-void compare(GptConfig c, bool training) {
-  if (training) c.hidden_dropout = 0.1, c.attention_dropout = 0.1;
+// training: dropout on (hidden, and attention unless attention_dropout is false), as a training step.
+void compare(GptConfig c, bool training, bool attention_dropout = true) {
+  if (training) c.hidden_dropout = 0.1, c.attention_dropout = attention_dropout ? 0.1 : 0.0;
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   CudaGptModel gpu(c, 2, 48);
@@ -109,8 +110,40 @@ GptConfig with_attention(GptConfig c, AttentionBackend a) {
   return c;
 }
 
-// Head dim 32 (128 / 4) is the unfused path's; the flash kernels take 64 (128 / 2 heads).
+// Head dim 32 (128 / 4): cuDNN and the unfused path; the flash kernels take 64 (128 / 2 heads).
+// Without attention dropout auto picks cuDNN's fused attention.
 TEST(CudaGptModel, MatchesCpuModelWithoutDropout) { compare(small_config(4, 4), false); }
+TEST(CudaGptModel, UnfusedMatchesCpuModelWithoutDropout) {
+  compare(with_attention(small_config(4, 4), AttentionBackend::Unfused), false);
+}
+TEST(CudaGptModel, FusedMatchesCpuModelWithoutDropout) {
+  compare(with_attention(small_config(2, 2), AttentionBackend::Fused), false);
+}
+TEST(CudaGptModel, FusedMatchesCpuModelWithGqaAndHiddenDropout) {
+  GptConfig c = with_attention(small_config(8, 2), AttentionBackend::Fused);
+  c.tied_embeddings = false;
+  compare(c, true, false);  // hidden dropout on, attention dropout off: what cuDNN's path takes
+}
+TEST(CudaGptModel, FusedRefusesAttentionDropoutByName) {
+  GptConfig c = with_attention(small_config(2, 2), AttentionBackend::Fused);
+  c.attention_dropout = 0.1;
+  try {
+    CudaGptModel m(c, 1, 16);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention-dropout"), std::string::npos) << e.what();
+  }
+}
+TEST(CudaGptModel, AutoPicksCudnnWithoutAttentionDropoutElseFlash) {
+  GptConfig c = small_config(2, 2);
+  EXPECT_STREQ(CudaGptModel(c, 1, 16).attention_path(), "cudnn");
+  c.attention_dropout = 0.1;
+  EXPECT_STREQ(CudaGptModel(c, 1, 16).attention_path(), "flash");
+  EXPECT_STREQ(CudaGptModel(small_config(4, 4), 1, 16).attention_path(), "cudnn");
+  c = small_config(4, 4);
+  c.attention_dropout = 0.1;
+  EXPECT_STREQ(CudaGptModel(c, 1, 16).attention_path(), "unfused");
+}
 TEST(CudaGptModel, MatchesCpuModelWithDropout) { compare(small_config(4, 4), true); }
 TEST(CudaGptModel, FlashMatchesCpuModelWithoutDropout) {
   compare(with_attention(small_config(2, 2), AttentionBackend::Flash), false);
@@ -208,5 +241,31 @@ TEST(CudaGptModel, GraphReplayGivesTheEagerStepsBits) {
     if (call == 0) first_eval = eval;
     EXPECT_EQ(eval, first_eval) << "evaluation call " << call;
     for (size_t t = 0; t < eval.size(); ++t) ASSERT_NEAR(eval[t], losses[0][t], 1e-5) << "token " << t;
+  }
+}
+
+// cuDNN's attention inside the captured graph: replay gives the eager step's losses, and gradients
+// equal up to the order of cuDNN's dQ accumulation (it adds with atomics).
+TEST(CudaGptModel, FusedAttentionGraphReplayMatchesEagerStep) {
+  GptConfig c = with_attention(small_config(2, 2), AttentionBackend::Fused);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  CudaGptModel gpu(c, 2, 48);
+  gpu.upload_weights(cpu.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  std::vector<std::vector<float>> losses, grads;
+  for (int call = 0; call < 3; ++call) {
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), {1234, 7, true}, x.dloss.data());
+    gpu.backward();
+    losses.push_back(gpu.download_losses());
+    grads.emplace_back(static_cast<size_t>(gpu.num_parameters()));
+    gpu.download_grads(grads.back().data());
+    (void)gpu.take_loss_sum();
+  }
+  for (int call = 1; call < 3; ++call) {
+    EXPECT_EQ(losses[call], losses[0]) << "call " << call;
+    EXPECT_LT(rel_err(grads[call].data(), grads[0].data(), gpu.num_parameters()), 1e-3) << "call " << call;
   }
 }

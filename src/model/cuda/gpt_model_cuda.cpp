@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -99,16 +100,15 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
 
   const auto& c = cfg_;
   const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels;
-  const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels, 0.0f};
-  flash_ = c.attention_backend != AttentionBackend::Unfused && kc::attention_flash_supports(shape);
-  if (c.attention_backend == AttentionBackend::Flash && !flash_)
-    throw UsageError("--attention-backend flash: the flash kernels support head dims 64 and 128, not " +
-                     std::to_string(c.kv_channels) + " (--attention-backend unfused works for any)");
-  // The unfused path keeps s x s probabilities per layer; the flash path keeps only the lse.
-  const int64_t heads_elems = flash_ ? 0 : kc::attention_heads_elems(shape);
-  const int64_t probs_elems = flash_ ? 0 : kc::attention_probs_elems(shape);
+  const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels,
+                                 1.0f / std::sqrt(static_cast<float>(c.kv_channels))};
+  init_attention(shape);
+  const bool flash = attention_ == AttentionPath::Flash, fused = attention_ != AttentionPath::Unfused;
+  // The unfused path keeps s x s probabilities per layer; the fused paths keep only the lse.
+  const int64_t heads_elems = fused ? 0 : kc::attention_heads_elems(shape);
+  const int64_t probs_elems = fused ? 0 : kc::attention_probs_elems(shape);
   const int64_t lse_elems = max_b * c.heads * s;
-  const bool attn_drop = c.attention_dropout > 0 && !flash_;
+  const bool attn_drop = c.attention_dropout > 0 && !fused;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
   emb_scratch_bytes_ = std::max(kc::embedding_backward_scratch_bytes(T, c.vocab),
                                 kc::embedding_backward_scratch_bytes(T, std::max<int64_t>(c.max_positions, 1)));
@@ -129,7 +129,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
       L.attn.v = a.take<bf16>(heads_elems);
       L.attn.probs = a.take<bf16>(probs_elems);
       L.attn.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
-      L.lse = flash_ ? a.take<float>(lse_elems) : nullptr;
+      L.lse = fused ? a.take<float>(lse_elems) : nullptr;
       L.ctx = a.take<bf16>(T * HD);
       L.x_mid = a.take<bf16>(T * h);
       L.ln2 = a.take<bf16>(T * h);
@@ -151,7 +151,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
     attn_scratch_.dq = a.take<bf16>(heads_elems);
     attn_scratch_.dk = a.take<bf16>(heads_elems);
     attn_scratch_.dv = a.take<bf16>(heads_elems);
-    delta_ = flash_ ? a.take<float>(lse_elems) : nullptr;
+    delta_ = flash ? a.take<float>(lse_elems) : nullptr;
     dx_ = a.take<bf16>(T * h);
     dbranch_ = a.take<bf16>(T * h);
     dnorm_ = a.take<bf16>(T * h);
@@ -194,7 +194,57 @@ CudaGptModel::~CudaGptModel() {
 }
 
 size_t CudaGptModel::device_bytes() const {
-  return main_.bytes + grads_.bytes + params_.bytes + acts_.bytes + loss_acc_.bytes + zero_bias_.bytes;
+  return main_.bytes + grads_.bytes + params_.bytes + acts_.bytes + loss_acc_.bytes + zero_bias_.bytes +
+         (cudnn_attention_ ? static_cast<size_t>(cudnn_attention_->device_bytes()) : 0);
+}
+
+void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
+  const GptConfig& c = cfg_;
+  const std::string D = std::to_string(c.kv_channels);
+  switch (c.attention_backend) {
+    case AttentionBackend::Unfused:
+      attention_ = AttentionPath::Unfused;
+      return;
+    case AttentionBackend::Flash:
+      if (!kc::attention_flash_supports(shape))
+        throw UsageError("--attention-backend flash: the flash kernels support head dims 64 and 128, not " + D +
+                         " (--attention-backend fused or unfused)");
+      attention_ = AttentionPath::Flash;
+      return;
+    case AttentionBackend::Fused:
+      if (c.attention_dropout > 0)
+        throw UsageError("--attention-backend fused: cuDNN's fused attention draws its own dropout masks, which "
+                         "cannot match the CPU backend's; with --attention-dropout " + std::to_string(c.attention_dropout) +
+                         " use --attention-backend flash, unfused or auto");
+      if (!kc::CudnnAttention::supports(shape))
+        throw UsageError("--attention-backend fused: cuDNN's fused attention takes head dims that are multiples of 8 "
+                         "up to 128, not " + D + " (--attention-backend unfused works for any)");
+      cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_);
+      attention_ = AttentionPath::Cudnn;
+      return;
+    case AttentionBackend::Auto:
+      if (c.attention_dropout == 0 && kc::CudnnAttention::supports(shape)) {
+        try {
+          cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_);
+          attention_ = AttentionPath::Cudnn;
+          return;
+        } catch (const Error& e) {  // an older cuDNN, say: our own kernels serve instead
+          std::fprintf(stderr, "note: cuDNN's fused attention is not available (%s); using laoyao's kernels\n",
+                       e.what());
+        }
+      }
+      attention_ = kc::attention_flash_supports(shape) ? AttentionPath::Flash : AttentionPath::Unfused;
+      return;
+  }
+}
+
+const char* CudaGptModel::attention_path() const {
+  switch (attention_) {
+    case AttentionPath::Cudnn: return "cudnn";
+    case AttentionPath::Flash: return "flash";
+    case AttentionPath::Unfused: break;
+  }
+  return "unfused";
 }
 
 void CudaGptModel::upload_weights(const float* host) {
@@ -369,7 +419,9 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     // reads ln1, attention's backward the rotated values).
     if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
-    if (flash_)
+    if (attention_ == AttentionPath::Cudnn)
+      cudnn_attention_->forward(a.qkv, a.ctx, a.lse, b_);
+    else if (attention_ == AttentionPath::Flash)
       kc::attention_flash_forward(a.qkv, a.ctx, a.lse, shape, attn_drop, stream_);
     else
       kc::attention_unfused_forward(gemm_, a.qkv, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
@@ -445,7 +497,9 @@ void CudaGptModel::enqueue_backward() {
     if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop1, stream_), dbranch = dbranch_;
     linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
     const auto attn_drop = dropout(c.attention_dropout, key_.seed, site + "probs." + call);
-    if (flash_)
+    if (attention_ == AttentionPath::Cudnn)
+      cudnn_attention_->backward(a.qkv, a.ctx, dctx_, a.lse, dwide_, b_);
+    else if (attention_ == AttentionPath::Flash)
       kc::attention_flash_backward(a.qkv, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);

@@ -9,8 +9,8 @@
 //
 // Supported so far: LayerNorm or RMSNorm, tanh-GeLU (Megatron's fused bias-GeLU) or SwiGLU, learned
 // absolute or rotary positions (Llama 3 scaling included), tied or untied output layer, biases on
-// or off, MHA or GQA, hidden and attention dropout; flash attention (head dims 64, 128) or the
-// unfused path, by --attention-backend. cuda_unsupported_features() names what is not (QK-norm,
+// or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels
+// (head dims 64, 128) or the unfused path, by --attention-backend (gpt_config.hpp). cuda_unsupported_features() names what is not (QK-norm,
 // erf-GeLU).
 #pragma once
 #include <cuda_bf16.h>
@@ -19,10 +19,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
@@ -74,8 +76,8 @@ class CudaGptModel {
   // Per-token losses of the last forward (synchronises; for tests).
   std::vector<float> download_losses() const;
 
-  // "flash" or "unfused": the attention path in use.
-  const char* attention_path() const { return flash_ ? "flash" : "unfused"; }
+  // "cudnn", "flash" or "unfused": the attention path in use.
+  const char* attention_path() const;
   // Bytes of device memory this model holds.
   size_t device_bytes() const;
 
@@ -84,11 +86,14 @@ class CudaGptModel {
     bf16 *x_in, *ln1, *qkv, *ctx, *x_mid, *ln2, *u, *g;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
     kernels::cuda::UnfusedAttentionBuffers attn;  // unfused path only
-    float* lse;                                   // [b, H, s], flash path only
+    float* lse;                                   // [b, H, s], cuDNN and flash paths
   };
   bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
   float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
   kernels::cuda::DropoutSpec dropout(double p, uint64_t seed, const std::string& stream) const;
+  // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
+  // throws UsageError where the backend asked for cannot serve the model.
+  void init_attention(const kernels::cuda::AttentionShape& shape);
   // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
   void enqueue_forward(bool with_loss_grad);
   void enqueue_backward();
@@ -119,7 +124,8 @@ class CudaGptModel {
   bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
   kernels::cuda::UnfusedAttentionScratch attn_scratch_;
-  bool flash_ = false;              // attention through the flash kernels (else unfused)
+  enum class AttentionPath { Cudnn, Flash, Unfused } attention_ = AttentionPath::Unfused;
+  std::unique_ptr<kernels::cuda::CudnnAttention> cudnn_attention_;  // its plans and workspace
   float* delta_ = nullptr;          // flash backward scratch [b, H, s]
   // Backward scratch.
   bf16 *dx_ = nullptr, *dbranch_ = nullptr, *dnorm_ = nullptr, *dtmp_ = nullptr, *dwide_ = nullptr, *dg_ = nullptr,
