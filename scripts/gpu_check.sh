@@ -8,8 +8,8 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention profile bench (default: all; BENCH_CASES
-#                                            picks the bench cases). Full
+#                                            attention profile bench dp2 (default: all but dp2, which
+#                                            needs nvidia-h200-x2; BENCH_CASES picks the bench cases). Full
 #                                            logs go to $OUT; a summary table is printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -82,6 +82,30 @@ case "${1:-}" in
             --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
             --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
             --untie-embeddings-and-output-weights --attention-dropout 0 --train-iters 20
+          ;;
+        dp2)
+          # Data parallelism over two GPUs (nvidia-h200-x2; NCCL gradients, Gloo host values): the GPT
+          # parity config (dropout on) at DP=2 through `laoyao launch` against DP=1, same global batch.
+          dp_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
+                   --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
+                   --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
+                   --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1
+                   --train-iters 30)
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${dp_args[@]}" > "$OUT/dp1.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${dp_args[@]}" > "$OUT/dp2.log" 2>&1
+          note "DP=2 launch exit $?"
+          "$C/laoyao" compare-logs "$OUT/dp1.log" "$OUT/dp2.log" > "$OUT/dp_compare.txt" 2>&1
+          note "DP=2 vs DP=1 on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/dp_compare.txt" | head -1)"
+          # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence per GPU a step, 1 GPU vs 2.
+          read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
+          tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
+                --eval-iters 0 --log-interval 5 --log-throughput "${llama[@]}")
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" --global-batch-size 1 > "$OUT/dp1_llama.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
+            --global-batch-size 2 > "$OUT/dp2_llama.log" 2>&1
+          ms1=$(grep 'elapsed time per iteration' "$OUT/dp1_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
+          ms2=$(grep 'elapsed time per iteration' "$OUT/dp2_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
+          note "Llama-3.2-1B s8k: DP=1 ${ms1:-?} ms/step (1 x 8192 tokens), DP=2 ${ms2:-?} ms/step (2 x 8192): $(python3 -c "print(f'{2*$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           ;;
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).

@@ -54,16 +54,25 @@ int start_training(config::Resolved& r) {
   if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
-  // Several ranks: data parallelism over CPU ranks (Gloo). GPU ranks need NCCL groups: not yet.
+  // Several ranks: data parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each, LOCAL_RANK's,
+  // as torch.cuda.set_device(local_rank) in Megatron; gradients over NCCL).
   std::unique_ptr<dist::ProcessGroup> group;
   int64_t rank = 0;
   if (r.validated.derived.world_size > 1) {
-    if (backend.cuda)
-      throw UsageError("several GPU ranks need NCCL process groups, which are not built yet; LAOYAO_DEVICE=cpu "
-                       "trains the ranks data-parallel on the CPU");
     const dist::RankEnv env = dist::rank_env_from_environment();
     rank = env.rank;
-    group = dist::make_cpu_process_group(env, static_cast<double>(r.cfg.dist.distributed_timeout_minutes));
+    const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
+    if (backend.cuda) {
+      const int gpus = cuda_device_count();
+      if (env.local_rank >= gpus)
+        throw UsageError("local rank " + std::to_string(env.local_rank) + " has no GPU of its own: " +
+                         std::to_string(gpus) + " visible on this node (one GPU per rank; --nproc-per-node at most " +
+                         std::to_string(gpus) + ")");
+      cuda_set_device(static_cast<int>(env.local_rank));
+      group = dist::make_gpu_process_group(env, timeout);
+    } else {
+      group = dist::make_cpu_process_group(env, timeout);
+    }
   }
   std::string path = run_config_path(r.cfg);
   if (!path.empty() && rank == 0) {

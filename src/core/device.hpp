@@ -10,5 +10,8 @@ bool cuda_backend_built();
 int cuda_device_count();
 // One line naming device `i` ("NVIDIA H200, cc 9.0, 132 SMs, 139.8 GiB"), or "" if unavailable.
 std::string cuda_device_summary(int i);
+// Makes device `i` this process's current device (a GPU rank's own, LOCAL_RANK); throws
+// laoyao::Error when it cannot.
+void cuda_set_device(int i);
 
 }  // namespace laoyao

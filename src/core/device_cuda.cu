@@ -2,8 +2,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <string>
 
 #include "core/device.hpp"
+#include "core/error.hpp"
 
 namespace laoyao {
 
@@ -29,6 +31,14 @@ std::string cuda_device_summary(int i) {
   std::snprintf(buf, sizeof buf, "%s, cc %d.%d, %d SMs, %.1f GiB", p.name, p.major, p.minor,
                 p.multiProcessorCount, static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024 * 1024));
   return buf;
+}
+
+void cuda_set_device(int i) {
+  const cudaError_t st = cudaSetDevice(i);
+  if (st != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("cudaSetDevice(" + std::to_string(i) + ") failed: " + cudaGetErrorString(st));
+  }
 }
 
 }  // namespace laoyao

@@ -1,7 +1,8 @@
-// Collectives among the ranks of a job. On CPU ranks they go through Gloo (Debian libgloo-dev;
-// optional at build time: without it a multi-rank CPU run is refused by name), the ranks meeting
-// through a file store in a directory they share (LAOYAO_RENDEZVOUS_DIR, which `laoyao launch`
-// creates fresh for each job). NCCL for GPU ranks is not built yet.
+// Collectives among the ranks of a job. Host values go through Gloo (Debian libgloo-dev; optional
+// at build time: without it a multi-rank run is refused by name), the ranks meeting through a file
+// store in a directory they share (LAOYAO_RENDEZVOUS_DIR, which `laoyao launch` creates fresh for
+// each job). GPU ranks also hold an NCCL communicator for device memory (the gradients), its
+// unique id passed over the Gloo group.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -20,6 +21,9 @@ class ProcessGroup {
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   virtual void all_reduce_sum(double* data, size_t n) = 0;
   virtual void barrier() = 0;
+  // Device memory of a GPU rank: in place, data = sum over ranks of (scale * data), enqueued on
+  // `stream` (a cudaStream_t) without waiting. Only groups from make_gpu_process_group have it.
+  virtual void all_reduce_sum_device(float* data, size_t n, void* stream, double scale);
 };
 
 bool gloo_built();
@@ -27,5 +31,10 @@ bool gloo_built();
 // Connects the ranks of `env` (a UsageError when Gloo is not built or LAOYAO_RENDEZVOUS_DIR is not
 // set). A collective that waits longer than `timeout_minutes` fails with an Error that says so.
 std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv& env, double timeout_minutes);
+
+// The same Gloo group for host values plus an NCCL communicator over the ranks' current devices
+// (each rank selects its GPU first: cuda_set_device(LOCAL_RANK)). A UsageError without the CUDA
+// backend or Gloo.
+std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes);
 
 }  // namespace laoyao::dist

@@ -87,8 +87,10 @@ class CudaEngine final : public Engine {
     kc::adamw_step(gpu_.main_params(), gpu_.main_grads(), m_.as<float>(), v_.as<float>(), gpu_.params(),
                    decay_.as<uint8_t>(), gpu_.num_parameters(), s, gpu_.stream());
   }
-  void all_reduce_grads(dist::ProcessGroup&, double) override {
-    throw UsageError("data parallelism on GPUs needs NCCL process groups, which are not built yet");
+  // The fp32 main gradients averaged over the data-parallel ranks by NCCL, on the model's stream
+  // (the next read of the gradients, the norm, waits for it there).
+  void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
+    group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
   }
   void pull_state() override {
     gpu_.download_weights(host_.weights());

@@ -1,0 +1,91 @@
+// GPU ranks' process group (see process_group.hpp): Gloo for host values, NCCL for device memory.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/error.hpp"
+#include "dist/process_group.hpp"
+
+#if LAOYAO_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+namespace laoyao::dist {
+
+void ProcessGroup::all_reduce_sum_device(float*, size_t, void*, double) {
+  throw Error("this process group has no device collectives (CPU ranks): make_gpu_process_group makes one");
+}
+
+#if LAOYAO_HAVE_CUDA
+namespace {
+
+void check_nccl(ncclResult_t st, const char* call, int rank) {
+  if (st == ncclSuccess) return;
+  const char* detail = ncclGetLastError(nullptr);
+  throw Error("rank " + std::to_string(rank) + ": " + call + " failed: " + ncclGetErrorString(st) +
+              (detail && *detail ? std::string(": ") + detail : std::string()));
+}
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(std::unique_ptr<ProcessGroup> host) : host_(std::move(host)) {
+    // Rank 0's unique id reaches the others through the host group: an all-reduce of its 128
+    // bytes as doubles (every other rank adds zeros; byte values are exact in double).
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
+    double bytes[sizeof id.internal];
+    for (size_t i = 0; i < sizeof id.internal; ++i) bytes[i] = static_cast<unsigned char>(id.internal[i]);
+    host_->all_reduce_sum(bytes, sizeof id.internal);
+    for (size_t i = 0; i < sizeof id.internal; ++i) id.internal[i] = static_cast<char>(static_cast<int>(bytes[i]));
+    check_nccl(ncclCommInitRank(&comm_, size(), id, rank()), "ncclCommInitRank", rank());
+  }
+  ~NcclGroup() override {
+    for (auto& [scale, op] : ops_) (void)ncclRedOpDestroy(op, comm_);
+    if (comm_) (void)ncclCommDestroy(comm_);
+  }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  void all_reduce_sum(float* data, size_t n) override { host_->all_reduce_sum(data, n); }
+  void all_reduce_sum(double* data, size_t n) override { host_->all_reduce_sum(data, n); }
+  void barrier() override { host_->barrier(); }
+  void all_reduce_sum_device(float* data, size_t n, void* stream, double scale) override {
+    if (n == 0) return;
+    check_nccl(ncclAllReduce(data, data, n, ncclFloat32, op_for(scale), comm_, static_cast<cudaStream_t>(stream)),
+               "ncclAllReduce (gradients)", rank());
+  }
+
+ private:
+  // NCCL's pre-multiplied sum, sum_r(scale * x_r): the average of the data-parallel gradients in one
+  // pass. One operator per scale, kept for the communicator's life.
+  ncclRedOp_t op_for(double scale) {
+    if (scale == 1.0) return ncclSum;
+    auto it = ops_.find(scale);
+    if (it != ops_.end()) return it->second;
+    float s = static_cast<float>(scale);
+    ncclRedOp_t op;
+    check_nccl(ncclRedOpCreatePreMulSum(&op, &s, ncclFloat32, ncclScalarHostImmediate, comm_),
+               "ncclRedOpCreatePreMulSum", rank());
+    ops_.emplace(scale, op);
+    return op;
+  }
+
+  std::unique_ptr<ProcessGroup> host_;
+  ncclComm_t comm_ = nullptr;
+  std::map<double, ncclRedOp_t> ops_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes) {
+  return std::make_unique<NcclGroup>(make_cpu_process_group(env, timeout_minutes));
+}
+#else
+std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv&, double) {
+  throw UsageError("this laoyao was built without the CUDA backend, so GPU ranks cannot communicate");
+}
+#endif
+
+}  // namespace laoyao::dist
