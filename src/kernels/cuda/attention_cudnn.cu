@@ -199,6 +199,7 @@ CudnnAttention::CudnnAttention(const AttentionShape& shape, cudaStream_t stream)
       q_ = DeviceBuffer(sizeof(bf16) * shape.b * shape.s * shape.H * shape.D);
       dq_ = DeviceBuffer(sizeof(bf16) * shape.b * shape.s * shape.H * shape.D);
     }
+    scratch_ = DeviceBuffer(backward_scratch_bytes());
     plans_for(shape.b);
   } catch (...) {
     cudnnDestroy(handle_);
@@ -213,19 +214,16 @@ CudnnAttention::~CudnnAttention() {
 CudnnAttention::Plans& CudnnAttention::plans_for(int64_t b) {
   if (b <= 0 || b > shape_.b)
     throw Error("cuDNN attention: batch " + std::to_string(b) + " outside 1.." + std::to_string(shape_.b));
-  for (Plans& p : plans_)
-    if (p.b == b) return p;
-  // The full batch keeps slot 0; any other batch size replaces slot 1.
-  Plans& p = plans_[plans_[0].b == 0 ? 0 : 1];
+  auto it = plans_.find(b);
+  if (it != plans_.end()) return *it->second;
   AttentionShape a = shape_;
   a.b = b;
-  p.fwd = build_forward(handle_, a, gathers_q());
-  p.bwd = build_backward(handle_, a, gathers_q());
-  p.b = b;
-  const size_t need =
-      backward_scratch_bytes() + static_cast<size_t>(std::max(p.fwd.workspace_bytes(), p.bwd.workspace_bytes()));
-  if (need > workspace_.bytes) workspace_ = DeviceBuffer(need);
-  return p;
+  auto p = std::make_unique<Plans>();
+  p->fwd = build_forward(handle_, a, gathers_q());
+  p->bwd = build_backward(handle_, a, gathers_q());
+  p->workspace = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(
+      {p->fwd.workspace_bytes(), p->bwd.workspace_bytes(), 256})));
+  return *plans_.emplace(b, std::move(p)).first->second;
 }
 
 void CudnnAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
@@ -241,7 +239,7 @@ void CudnnAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) 
   p.fwd.execute(handle_,
                 {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kStats, lse}, {kScale, &scale_},
                  {kNegInf, &kNegInfValue}},
-                workspace_.ptr);
+                p.workspace.ptr);
 }
 
 void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse, bf16* dqkv,
@@ -257,9 +255,9 @@ void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx
     q = q_.as<bf16>();
   }
   bf16* dq = gathers_q() ? dq_.as<bf16>() : dqkv;
-  // Our part of the workspace first: the fp32 dQ accumulator (zeroed: cuDNN adds into it) and the
-  // softmax row sums; cuDNN's own part after them.
-  char* ws = static_cast<char*>(workspace_.ptr);
+  // Our part of the workspace: the fp32 dQ accumulator (zeroed: cuDNN adds into it) and the
+  // softmax row sums.
+  char* ws = static_cast<char*>(scratch_.ptr);
   float* dq_accum = reinterpret_cast<float*>(ws);
   float* softmax_sum = reinterpret_cast<float*>(ws + aligned(dq_accum_bytes()));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, sizeof(float) * b * shape_.H * shape_.s * shape_.D, stream_));
@@ -268,7 +266,7 @@ void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx
                 {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kDO, dctx}, {kStats, lse},
                  {kScale, &scale_}, {kNegInf, &kNegInfValue}, {kOne, &one}, {kDQ, dq}, {kDK, dqkv + v.k_off},
                  {kDV, dqkv + v.v_off}, {kSoftmaxSum, softmax_sum}, {kDQAccum, dq_accum}},
-                ws + backward_scratch_bytes());
+                p.workspace.ptr);
   if (gathers_q()) launch_copy<false>(dqkv, dq_.as<bf16>(), a, stream_);
 }
 
@@ -279,11 +277,14 @@ size_t CudnnAttention::backward_scratch_bytes() const {
 }
 
 std::string CudnnAttention::engines() const {
-  return plans_[0].fwd.engine() + ", " + plans_[0].bwd.engine();
+  const Plans& p = *plans_.at(shape_.b);
+  return p.fwd.engine() + ", " + p.bwd.engine();
 }
 
 int64_t CudnnAttention::device_bytes() const {
-  return static_cast<int64_t>(workspace_.bytes + q_.bytes + dq_.bytes);
+  size_t bytes = scratch_.bytes + q_.bytes + dq_.bytes;
+  for (const auto& [b, p] : plans_) bytes += p->workspace.bytes;
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <map>
+#include <memory>
 #include <string>
 
 #include "kernels/cuda/attention_reference.hpp"
@@ -25,7 +27,8 @@ namespace laoyao::kernels::cuda {
 class CudnnAttention {
  public:
   // The shape's b is the largest batch the object serves; forward/backward take the actual one
-  // (plans are rebuilt, once per distinct batch size, when it differs).
+  // (plans are built once per distinct batch size, and kept with their workspace: a captured CUDA
+  // graph may still name them).
   CudnnAttention(const AttentionShape& shape, cudaStream_t stream);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
@@ -46,8 +49,8 @@ class CudnnAttention {
 
  private:
   struct Plans {
-    int64_t b = 0;
     CudnnPlan fwd, bwd;
+    DeviceBuffer workspace;  // cuDNN's own, for both plans
   };
   Plans& plans_for(int64_t b);
   bool gathers_q() const { return shape_.H != shape_.G; }
@@ -57,8 +60,8 @@ class CudnnAttention {
   AttentionShape shape_;
   cudaStream_t stream_;
   cudnnHandle_t handle_ = nullptr;
-  Plans plans_[2];  // the full batch and, if it ever comes, one other (the last micro-batch of eval)
-  DeviceBuffer workspace_;
+  std::map<int64_t, std::unique_ptr<Plans>> plans_;  // by batch size
+  DeviceBuffer scratch_;  // our part of the backward's workspace (dQ accumulator, row sums), full batch
   DeviceBuffer q_, dq_;  // GQA: the gathered query heads [b*s, H*D] and their gradient
   float scale_ = 0.0f;   // by-value scalar: cuDNN reads it from host memory at execution
 };
