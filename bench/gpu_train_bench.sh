@@ -4,7 +4,9 @@
 # optimizer step. Prints one table: tokens/s of each, the ratio, laoyao's Megatron-formula TFLOP/s
 # and MFU against 989 TFLOP/s, and memory (laoyao: device memory held; peer: torch's peak allocated).
 #   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
-# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k (default: the first three). Run on the GPU machine
+#   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
+# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k (default: the first
+# three). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -29,6 +31,22 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
                       --untie-embeddings-and-output-weights --seq-length 8192 --max-position-embeddings 8192 \
                       --micro-batch-size 1 --global-batch-size 1 --vocab-size 128256 --hidden-dropout 0 \
                       --attention-dropout 0 --train-iters 20 ;;
+    # Llama 3 8B's layer shape, 4 layers, at seq 8192 (the peer's llama3_8b_4l_s8k).
+    llama3_8b_4l_s8k) echo --num-layers 4 --hidden-size 4096 --num-attention-heads 32 --group-query-attention \
+                        --num-query-groups 8 --ffn-hidden-size 14336 --normalization RMSNorm --swiglu \
+                        --position-embedding-type rope --rotary-base 500000 --disable-bias-linear \
+                        --untie-embeddings-and-output-weights --seq-length 8192 --max-position-embeddings 8192 \
+                        --micro-batch-size 1 --global-batch-size 1 --vocab-size 128256 --hidden-dropout 0 \
+                        --attention-dropout 0 --train-iters 20 ;;
+    # Qwen3 8B's layer shape, 4 layers, at seq 4096 (the peer's qwen3_8b_4l_s4k): Llama's pieces plus QK
+    # layernorm. RoPE base 500000 and norm eps 1e-5 as the peer has them for every arch (Qwen3 itself
+    # uses 1000000 and 1e-6; neither changes the work).
+    qwen3_8b_4l_s4k) echo --num-layers 4 --hidden-size 4096 --num-attention-heads 32 --group-query-attention \
+                       --num-query-groups 8 --ffn-hidden-size 12288 --normalization RMSNorm --swiglu --qk-layernorm \
+                       --position-embedding-type rope --rotary-base 500000 --disable-bias-linear \
+                       --untie-embeddings-and-output-weights --seq-length 4096 --max-position-embeddings 4096 \
+                       --micro-batch-size 1 --global-batch-size 1 --vocab-size 151936 --hidden-dropout 0 \
+                       --attention-dropout 0 --train-iters 20 ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
@@ -36,6 +54,8 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
   esac
 }
 field() { sed -n "s|.*$1 *\([0-9.]*\).*|\1|p" | tail -1; }
+# `--shape-args CASE`: print a case's flags and stop (scripts/gpu_check.sh's dp2 part uses them).
+[ "$BIN" = --shape-args ] && { shape_args "$PEER"; exit 0; }
 
 echo "| case | laoyao tokens/s | peer tokens/s (compiled) | ratio | laoyao ms/step | laoyao TFLOP/s | MFU | laoyao mem GB | peer mem GB |"
 rows=()

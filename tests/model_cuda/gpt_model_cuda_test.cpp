@@ -175,12 +175,18 @@ TEST(CudaGptModel, FlashMatchesCpuModelWithGqaAndUntiedOutput) {
 
 TEST(CudaGptModel, RefusesWhatItCannotTrainByName) {
   GptConfig c = small_config(4, 4);
-  c.qk_layernorm = true;
+  c.qk_layernorm = true;  // trains on the GPU (head dim 32)
   c.activation = Activation::GeluErf;
-  EXPECT_NE(cuda_unsupported_features(c).find("QK layernorm"), std::string::npos);
+  EXPECT_EQ(cuda_unsupported_features(c).find("QK layernorm"), std::string::npos);
   EXPECT_NE(cuda_unsupported_features(c).find("erf GeLU"), std::string::npos);
   EXPECT_THROW(CudaGptModel(c, 1, 16), UsageError);
   EXPECT_EQ(cuda_unsupported_features(small_config(4, 4)), "");
+  // QK layernorm's kernels take head dims that are multiples of 8 up to 256.
+  GptConfig odd = small_config(4, 4);
+  odd.qk_layernorm = true;
+  odd.kv_channels = 36;
+  EXPECT_NE(cuda_unsupported_features(odd).find("QK layernorm with a head dim (kv_channels 36)"), std::string::npos)
+      << cuda_unsupported_features(odd);
 }
 
 // Llama's pieces: RMSNorm, SwiGLU, RoPE with Llama 3 scaling, GQA, no biases, untied output.
@@ -206,6 +212,32 @@ TEST(CudaGptModel, LlamaMatchesCpuModel) {
 TEST(CudaGptModel, LlamaWithDropoutMatchesCpuModel) { compare(llama_config(), true); }
 TEST(CudaGptModel, LlamaUnfusedAttentionMatchesCpuModel) {
   compare(with_attention(llama_config(), AttentionBackend::Unfused), true);
+}
+
+// Qwen3's addition to Llama: QK layernorm (RMSNorm over each q head and k, before RoPE).
+GptConfig qwen3_config() {
+  GptConfig c = llama_config();
+  c.qk_layernorm = true;
+  c.rotary_base = 1000000;
+  c.rope_scaling = false;
+  return c;
+}
+
+TEST(CudaGptModel, Qwen3QkLayernormMatchesCpuModel) {
+  EXPECT_EQ(cuda_unsupported_features(qwen3_config()), "");
+  compare(qwen3_config(), false);  // auto: cuDNN's fused attention
+}
+TEST(CudaGptModel, Qwen3QkLayernormWithDropoutMatchesCpuModel) { compare(qwen3_config(), true); }  // flash
+TEST(CudaGptModel, Qwen3QkLayernormUnfusedWithGqaAndZeroCenteredGammaMatchesCpuModel) {
+  GptConfig c = with_attention(qwen3_config(), AttentionBackend::Unfused);
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 32;  // GQA with two groups, head dim 32
+  c.zero_centered_gamma = true;
+  compare(c, true);
+}
+TEST(CudaGptModel, Qwen3QkLayernormFlashWithGqaMatchesCpuModel) {
+  GptConfig c = with_attention(qwen3_config(), AttentionBackend::Flash);
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;  // hidden 128, q heads 4 x 64 (Qwen3: heads x D != hidden)
+  compare(c, false);
 }
 
 // Without dropout the second call of a shape captures a CUDA graph and later calls replay it: the

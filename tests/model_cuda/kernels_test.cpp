@@ -33,6 +33,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/rng.hpp"
@@ -52,6 +53,7 @@
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/optimizer.hpp"
+#include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "optim/adamw.hpp"
@@ -1035,6 +1037,136 @@ TEST_F(CudaKernels, RopeMatchesCpuWithLlama3Scaling) {
       for (int64_t g = 0; g < G; ++g)
         for (int64_t d = 0; d < D; ++d) ASSERT_EQ(got[t * L.row + L.v(g) + d], qkv[t * L.row + L.v(g) + d]);
     EXPECT_THROW(cuda::rope_forward_qkv(d1.as<bf16>(), tb, 1, 65, H, G, D, stream_), laoyao::Error);
+  }
+}
+
+// ---------------------------------------------------------------- QK layernorm (Qwen3)
+
+struct QkCase {
+  int64_t T, H, G, D;
+  bool zero_centered;
+};
+
+// Forward and backward against the CPU ops: q/k normalised (one bf16 rounding of fp32 math), v
+// copied bit for bit, rstd to fp32 rounding; backward out of place and then in place (dqkv ==
+// dout), both accumulating into the same fp32 weight gradients (so they hold dgamma0 + 2 dgamma),
+// and the weight gradients bitwise reproducible.
+void check_qk_rmsnorm(const QkCase& c, cudaStream_t stream) {
+  SCOPED_TRACE("T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " G=" + std::to_string(c.G) +
+               " D=" + std::to_string(c.D) + (c.zero_centered ? " zero-centred gamma" : ""));
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const int64_t T = c.T, D = c.D, n = T * L.row, S = T * (c.H + c.G);
+  const float eps = 1e-6f;
+  const uint64_t seed = 7000 + static_cast<uint64_t>(c.T * 1000 + c.H * 100 + c.G * 10 + c.D) * 2 + c.zero_centered;
+  const auto qkv = randn_bf16(n, seed, "qk.qkv", 2.0, 0.3);
+  const auto qg = randn_bf16(D, seed, "qk.q_gamma", 0.2, c.zero_centered ? 0.0 : 1.0);
+  const auto kg = randn_bf16(D, seed, "qk.k_gamma", 0.2, c.zero_centered ? 0.0 : 1.0);
+  const auto dout = randn_bf16(n, seed, "qk.dout");
+  const auto dq0 = randn(D, seed, "qk.dq_gamma0"), dk0 = randn(D, seed, "qk.dk_gamma0");
+
+  std::vector<float> y(n), rstd(S);
+  cpu::qk_rmsnorm_forward(qkv.data(), qg.data(), kg.data(), y.data(), rstd.data(), T, c.H, c.G, D, eps,
+                          c.zero_centered);
+  auto dx_in = to_device_bf16(qkv), dqg = to_device_bf16(qg), dkg = to_device_bf16(kg);
+  DeviceBuffer dy_out(n * sizeof(bf16)), drstd(S * sizeof(float));
+  cuda::qk_rmsnorm_forward(dx_in.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), dy_out.as<bf16>(), drstd.as<float>(), T,
+                           c.H, c.G, D, eps, c.zero_centered, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto rstd_gpu = from_device<float>(drstd, S);
+  std::vector<double> tol(S);
+  for (int64_t i = 0; i < S; ++i) tol[i] = kFp32Sum * rstd[i];
+  expect_within(rstd_gpu, to_double(rstd), tol, "rstd");
+  const auto y_gpu = from_device_bf16(dy_out, n);
+  expect_bf16_close(y_gpu, to_double(y), 1e-4, "normalised q, k");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < c.G; ++g)
+      for (int64_t d = 0; d < D; ++d)
+        ASSERT_EQ(y_gpu[t * L.row + L.v(g) + d], qkv[t * L.row + L.v(g) + d]) << "v copied, token " << t;
+
+  // Backward from the GPU's statistics on both sides; the CPU accumulates twice as the GPU does.
+  std::vector<float> dx(n), dq = dq0, dk = dk0;
+  for (int rep = 0; rep < 2; ++rep)
+    cpu::qk_rmsnorm_backward(dout.data(), qkv.data(), qg.data(), kg.data(), rstd_gpu.data(), dx.data(), dq.data(),
+                             dk.data(), T, c.H, c.G, D, c.zero_centered);
+  auto ddout = to_device_bf16(dout), dinplace = to_device_bf16(dout), ddq = to_device(dq0), ddk = to_device(dk0);
+  DeviceBuffer ddx(n * sizeof(bf16));
+  DeviceBuffer scratch(cuda::qk_rmsnorm_backward_scratch_floats(T, c.H, c.G, D) * sizeof(float));
+  cuda::qk_rmsnorm_backward(ddout.as<bf16>(), dx_in.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), drstd.as<float>(),
+                            ddx.as<bf16>(), ddq.as<float>(), ddk.as<float>(), scratch.as<float>(), T, c.H, c.G, D,
+                            c.zero_centered, stream);
+  cuda::qk_rmsnorm_backward(dinplace.as<bf16>(), dx_in.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), drstd.as<float>(),
+                            dinplace.as<bf16>(), ddq.as<float>(), ddk.as<float>(), scratch.as<float>(), T, c.H, c.G,
+                            D, c.zero_centered, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto dx_gpu = from_device_bf16(ddx, n);
+  expect_bf16_close(dx_gpu, to_double(dx), 1e-4, "dqkv");
+  expect_equal(from_device_bf16(dinplace, n), dx_gpu, "in-place dqkv");
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < c.G; ++g)
+      for (int64_t d = 0; d < D; ++d)
+        ASSERT_EQ(dx_gpu[t * L.row + L.v(g) + d], dout[t * L.row + L.v(g) + d]) << "v's gradient, token " << t;
+  std::vector<double> tq(D), tk(D);
+  for (int64_t d = 0; d < D; ++d) {
+    double aq = 0.0, ak = 0.0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < c.G; ++g) {
+        for (int64_t j = 0; j <= L.Q; ++j) {
+          const int64_t col = t * L.row + L.col(g, j) + d;
+          const int64_t st = t * (c.H + c.G) + (j < L.Q ? g * L.Q + j : c.H + g);
+          (j < L.Q ? aq : ak) += std::abs(double(dout[col]) * qkv[col] * rstd_gpu[st]);
+        }
+      }
+    tq[d] = kFp32Sum * (std::abs(dq0[d]) + 2 * aq);
+    tk[d] = kFp32Sum * (std::abs(dk0[d]) + 2 * ak);
+  }
+  expect_within(from_device<float>(ddq, D), to_double(dq), tq, "dq_gamma0 + 2 dq_gamma");
+  expect_within(from_device<float>(ddk, D), to_double(dk), tk, "dk_gamma0 + 2 dk_gamma");
+
+  // No atomics: the weight gradients are the same bits on every call.
+  std::vector<std::vector<float>> bits;
+  for (int rep = 0; rep < 2; ++rep) {
+    auto zq = to_device(std::vector<float>(D, 0.0f)), zk = to_device(std::vector<float>(D, 0.0f));
+    cuda::qk_rmsnorm_backward(ddout.as<bf16>(), dx_in.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), drstd.as<float>(),
+                              ddx.as<bf16>(), zq.as<float>(), zk.as<float>(), scratch.as<float>(), T, c.H, c.G, D,
+                              c.zero_centered, stream);
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    auto q = from_device<float>(zq, D), k = from_device<float>(zk, D);
+    q.insert(q.end(), k.begin(), k.end());
+    bits.push_back(std::move(q));
+  }
+  expect_equal(bits[1], bits[0], "weight gradients, second call");
+}
+
+TEST_F(CudaKernels, QkRmsNormMhaMatchesCpu) {
+  check_qk_rmsnorm({37, 4, 4, 64, false}, stream_);
+  check_qk_rmsnorm({37, 4, 4, 128, true}, stream_);
+}
+TEST_F(CudaKernels, QkRmsNormGqaMatchesCpu) {
+  check_qk_rmsnorm({37, 8, 2, 128, false}, stream_);
+  check_qk_rmsnorm({37, 8, 2, 64, true}, stream_);
+  check_qk_rmsnorm({300, 8, 1, 128, false}, stream_);  // many token chunks in the weight-gradient reduction
+}
+// Head dims whose rows do not fill a power-of-two lane group (96: 12 of 16 lanes), a whole warp
+// (256) and one lane (8).
+TEST_F(CudaKernels, QkRmsNormOtherHeadDimsMatchCpu) {
+  check_qk_rmsnorm({37, 4, 2, 96, false}, stream_);
+  check_qk_rmsnorm({19, 2, 1, 256, true}, stream_);
+  check_qk_rmsnorm({21, 4, 4, 8, false}, stream_);
+}
+TEST_F(CudaKernels, QkRmsNormRefusesHeadDimsItCannotTake) {
+  DeviceBuffer buf(4096), stats(4096), scratch(4096);
+  for (const int64_t D : {int64_t{100}, int64_t{264}}) {
+    try {
+      cuda::qk_rmsnorm_forward(buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), stats.as<float>(), 1, 2,
+                               1, D, 1e-6f, false, stream_);
+      ADD_FAILURE() << "no error for D = " << D;
+    } catch (const laoyao::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("D = " + std::to_string(D)), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(cuda::qk_rmsnorm_backward(buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(),
+                                           stats.as<float>(), buf.as<bf16>(), stats.as<float>(), stats.as<float>(),
+                                           scratch.as<float>(), 1, 2, 1, D, false, stream_),
+                 laoyao::Error);
   }
 }
 

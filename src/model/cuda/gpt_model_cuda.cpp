@@ -19,6 +19,7 @@
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/optimizer.hpp"
+#include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -30,7 +31,10 @@ namespace kc = laoyao::kernels::cuda;
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (c.activation == Activation::GeluErf) missing.push_back("erf GeLU (--no-bias-gelu-fusion with biases off)");
-  if (c.qk_layernorm) missing.push_back("QK layernorm (--qk-layernorm)");
+  // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
+  if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
+    missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
+                      ") that is not a multiple of 8 up to 256");
   if (c.norm == Norm::RMSNorm) {
     // The RMSNorm kernels read 16-byte rows: the width and every norm weight's offset must allow it.
     bool aligned = c.hidden % 8 == 0 && c.hidden <= 4096;
@@ -112,8 +116,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
   emb_scratch_bytes_ = std::max(kc::embedding_backward_scratch_bytes(T, c.vocab),
                                 kc::embedding_backward_scratch_bytes(T, std::max<int64_t>(c.max_positions, 1)));
-  const size_t reduce_floats = std::max({kc::bias_grad_scratch_floats(T, wide),
-                                         kc::layernorm_backward_scratch_floats(T, h), size_t(kc::kReduceBlocks) * 2});
+  const size_t reduce_floats = std::max(
+      {kc::bias_grad_scratch_floats(T, wide), kc::layernorm_backward_scratch_floats(T, h),
+       size_t(kc::kReduceBlocks) * 2,
+       c.qk_layernorm ? kc::qk_rmsnorm_backward_scratch_floats(T, c.heads, c.query_groups, c.kv_channels) : 0});
 
   auto carve = [&](Carver& a) {
     layers_.assign(static_cast<size_t>(c.num_layers), LayerActs{});
@@ -124,6 +130,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
       L.ln1_mean = a.take<float>(T);
       L.ln1_rstd = a.take<float>(T);
       L.qkv = a.take<bf16>(T * c.qkv_width());
+      // QK layernorm writes its output beside qkv (its backward reads the un-normalised values);
+      // without it RoPE and attention work on qkv itself.
+      L.qkv_attn = c.qk_layernorm ? a.take<bf16>(T * c.qkv_width()) : L.qkv;
+      L.qk_rstd = c.qk_layernorm ? a.take<float>(T * (c.heads + c.query_groups)) : nullptr;
       L.attn.q = a.take<bf16>(heads_elems);
       L.attn.k = a.take<bf16>(heads_elems);
       L.attn.v = a.take<bf16>(heads_elems);
@@ -415,16 +425,21 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     const std::string site = "dropout.layer" + std::to_string(l) + ".";
     norm_forward(a.x_in, W.ln1_w, W.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
     linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
-    // RoPE rotates q and k in place: nothing later needs them unrotated (the QKV GEMM's backward
-    // reads ln1, attention's backward the rotated values).
-    if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
+    // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE.
+    if (c.qk_layernorm)
+      kc::qk_rmsnorm_forward(a.qkv, P(W.q_norm), P(W.k_norm), a.qkv_attn, a.qk_rstd, T, c.heads, c.query_groups, D,
+                             c.norm_eps, c.zero_centered_gamma, stream_);
+    // RoPE rotates q and k of qkv_attn in place: nothing later needs them unrotated (the QKV GEMM's
+    // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
+    // rotated values).
+    if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
     if (attention_ == AttentionPath::Cudnn)
-      cudnn_attention_->forward(a.qkv, a.ctx, a.lse, b_);
+      cudnn_attention_->forward(a.qkv_attn, a.ctx, a.lse, b_);
     else if (attention_ == AttentionPath::Flash)
-      kc::attention_flash_forward(a.qkv, a.ctx, a.lse, shape, attn_drop, stream_);
+      kc::attention_flash_forward(a.qkv_attn, a.ctx, a.lse, shape, attn_drop, stream_);
     else
-      kc::attention_unfused_forward(gemm_, a.qkv, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
+      kc::attention_unfused_forward(gemm_, a.qkv_attn, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
     // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
     const auto drop1 = dropout(c.hidden_dropout, key.seed, site + "attention." + call);
     if (drop1.p > 0) {
@@ -498,12 +513,15 @@ void CudaGptModel::enqueue_backward() {
     linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
     const auto attn_drop = dropout(c.attention_dropout, key_.seed, site + "probs." + call);
     if (attention_ == AttentionPath::Cudnn)
-      cudnn_attention_->backward(a.qkv, a.ctx, dctx_, a.lse, dwide_, b_);
+      cudnn_attention_->backward(a.qkv_attn, a.ctx, dctx_, a.lse, dwide_, b_);
     else if (attention_ == AttentionPath::Flash)
-      kc::attention_flash_backward(a.qkv, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
+      kc::attention_flash_backward(a.qkv_attn, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
     if (rope_.rot_dim > 0) kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
+    if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm)
+      kc::qk_rmsnorm_backward(dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_, G(W.q_norm), G(W.k_norm),
+                              reduce_scratch_, T, c.heads, c.query_groups, D, c.zero_centered_gamma, stream_);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     layernorm_backward_into_residual(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);  // dx = d(x_in)
   }

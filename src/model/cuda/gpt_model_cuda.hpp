@@ -8,10 +8,11 @@
 // s tokens: the step itself allocates nothing. Steps without dropout replay a CUDA graph.
 //
 // Supported so far: LayerNorm or RMSNorm, tanh-GeLU (Megatron's fused bias-GeLU) or SwiGLU, learned
-// absolute or rotary positions (Llama 3 scaling included), tied or untied output layer, biases on
-// or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels
-// (head dims 64, 128) or the unfused path, by --attention-backend (gpt_config.hpp). cuda_unsupported_features() names what is not (QK-norm,
-// erf-GeLU).
+// absolute or rotary positions (Llama 3 scaling included), QK layernorm with RMSNorm (Qwen3; head
+// dims that are multiples of 8 up to 256), tied or untied output layer, biases on or off, MHA or
+// GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
+// or the unfused path, by --attention-backend (gpt_config.hpp). cuda_unsupported_features() names
+// what is not (erf-GeLU).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -84,7 +85,9 @@ class CudaGptModel {
  private:
   struct LayerActs {
     bf16 *x_in, *ln1, *qkv, *ctx, *x_mid, *ln2, *u, *g;
+    bf16* qkv_attn;  // what RoPE and attention read: the QK-normed copy of qkv, or qkv itself
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    float* qk_rstd;  // [T, H + G], QK layernorm only
     kernels::cuda::UnfusedAttentionBuffers attn;  // unfused path only
     float* lse;                                   // [b, H, s], cuDNN and flash paths
   };

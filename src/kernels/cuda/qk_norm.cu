@@ -1,0 +1,275 @@
+// QK layernorm (RMSNorm per q head and per k over head_dim) on the fused QKV rows, for BF16 (see
+// qk_norm.hpp). Why its own kernels: the rows to normalise are short (D = 64 or 128) and strided
+// inside the fused row, with v slots in between, so neither the hidden-width RMSNorm kernels nor a
+// reshape serve; one pass over the fused buffer does the norm of q and k and the copy of v.
+//
+// The fused buffer is viewed as T * (H + 2G) rows of D contiguous values in memory order (per
+// token: group 0's q heads, its k, its v, group 1's ...), so consecutive rows are consecutive
+// memory. Each row is handled by kLanes lanes of a warp (D/8 rounded up to a power of two: 8 lanes
+// for D = 64, 16 for D = 128, a whole warp for D = 256), each lane holding one 16-byte pack of 8 bf16
+// in registers: one read of x (and dy), sums by shuffles inside the lane group, no block barrier
+// in the row work. The weights (1 + gamma for zero-centred ones) are staged in shared memory as
+// fp32, so their parameter offsets need no alignment.
+//
+// Weight gradients without atomics: every block of the backward owns a fixed chunk of tokens; each
+// thread adds dy * xhat for its 8 columns over the rows it handles (q and k apart), the block sums
+// its threads in a fixed order into one partial per chunk in `scratch`, and a second kernel adds
+// the chunks in chunk order into the fp32 main grads. The same bits every run.
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/qk_norm.hpp"
+
+namespace laoyao::kernels::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;             // threads per block (a multiple of 32)
+constexpr int kMaxD = 256;                // 32 lanes x 8 values
+constexpr int64_t kTokensPerChunk = 16;   // tokens per block of the backward: one weight-gradient partial each
+
+struct alignas(16) Pack8 {
+  bf16 v[8];
+};
+
+// Sum over the kLanes lanes of one row's group (groups are aligned to kLanes inside the warp, so
+// xor offsets below kLanes stay inside the group). Every lane of the warp must call it.
+template <int kLanes>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The effective weights in fp32: sg[0] q, sg[1] k. Ends with a barrier.
+__device__ __forceinline__ void stage_gammas(float (*sg)[kMaxD], const bf16* __restrict__ q_gamma,
+                                             const bf16* __restrict__ k_gamma, int D, bool zero_centered) {
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float q = __bfloat162float(q_gamma[i]), k = __bfloat162float(k_gamma[i]);
+    sg[0][i] = zero_centered ? 1.0f + q : q;
+    sg[1][i] = zero_centered ? 1.0f + k : k;
+  }
+  __syncthreads();
+}
+
+// What fused row `row` (of T * slots) is: kind 0 a q head, 1 a k, 2 a v; stat its index in rstd.
+struct RowKind {
+  int kind;
+  int64_t stat;
+};
+
+__device__ __forceinline__ RowKind row_kind(int64_t row, int H, int G) {
+  const int Q = H / G, slots = G * (Q + 2);
+  const int64_t t = row / slots;
+  const int s = int(row - t * slots), g = s / (Q + 2), j = s - g * (Q + 2);
+  if (j < Q) return {0, t * (H + G) + g * Q + j};
+  return {j == Q ? 1 : 2, t * (H + G) + H + g};
+}
+
+// y = x * rstd * gamma for q and k rows; v rows copied (unless out == qkv). qkv and out may alias.
+template <int kLanes>
+__global__ void __launch_bounds__(kThreads)
+    qk_rmsnorm_forward_kernel(const bf16* qkv, const bf16* __restrict__ q_gamma, const bf16* __restrict__ k_gamma,
+                              bf16* out, float* __restrict__ rstd, int64_t rows, int H, int G, int D, float eps,
+                              bool zero_centered) {
+  __shared__ float sg[2][kMaxD];
+  stage_gammas(sg, q_gamma, k_gamma, D, zero_centered);
+  const int lane = threadIdx.x % kLanes, packs = D / 8;
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / kLanes) + threadIdx.x / kLanes;
+  const bool live = row < rows && lane < packs;
+  Pack8 xv{};
+  float sq = 0.0f;
+  if (live) {
+    xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float x = __bfloat162float(xv.v[e]);
+      sq += x * x;
+    }
+  }
+  const float r = 1.0f / sqrtf(group_sum<kLanes>(sq) / float(D) + eps);  // every lane: the shuffle needs them all
+  if (row >= rows) return;
+  const RowKind k = row_kind(row, H, G);
+  if (k.kind == 2) {  // v passes through
+    if (live && out != qkv) reinterpret_cast<Pack8*>(out + row * D)[lane] = xv;
+    return;
+  }
+  if (lane == 0) rstd[k.stat] = r;
+  if (!live) return;
+  const float* g = sg[k.kind] + lane * 8;
+  Pack8 y;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) y.v[e] = __float2bfloat16(__bfloat162float(xv.v[e]) * r * g[e]);
+  reinterpret_cast<Pack8*>(out + row * D)[lane] = y;
+}
+
+// dx = rstd * (g*dy - xhat * mean(g*dy*xhat)) for q and k rows, v rows passed through (unless in
+// place); per-chunk partials of sum dy*xhat per column into partial[chunk][2][D] (q then k).
+// dout and dqkv may alias: each row is read whole before it is written, and rows are disjoint.
+template <int kLanes>
+__global__ void __launch_bounds__(kThreads)
+    qk_rmsnorm_backward_kernel(const bf16* dout, const bf16* __restrict__ qkv, const bf16* __restrict__ q_gamma,
+                               const bf16* __restrict__ k_gamma, const float* __restrict__ rstd, bf16* dqkv,
+                               float* __restrict__ partial, int64_t T, int H, int G, int D, bool zero_centered) {
+  constexpr int kGroups = kThreads / kLanes;  // rows in flight per block
+  __shared__ float sg[2][kMaxD];
+  __shared__ float red[2][kGroups][kLanes * 8];
+  stage_gammas(sg, q_gamma, k_gamma, D, zero_centered);
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, packs = D / 8;
+  const int slots = H + 2 * G;
+  const int64_t chunk = blockIdx.x, t0 = chunk * kTokensPerChunk;
+  const int64_t t1 = t0 + kTokensPerChunk < T ? t0 + kTokensPerChunk : T;
+  const int64_t row0 = t0 * slots, nrows = (t1 - t0) * slots;
+  float accq[8], acck[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) accq[e] = acck[e] = 0.0f;
+  // Every thread runs the same number of iterations (the shuffle needs the whole warp).
+  for (int64_t base = 0; base < nrows; base += kGroups) {
+    const bool live_row = base + grp < nrows;
+    const int64_t row = row0 + base + grp;
+    const RowKind k = live_row ? row_kind(row, H, G) : RowKind{2, 0};
+    const bool live = live_row && lane < packs, norm = live && k.kind < 2;
+    Pack8 xv{}, dv{};
+    float r = 0.0f, s2 = 0.0f;
+    if (live) dv = reinterpret_cast<const Pack8*>(dout + row * D)[lane];
+    if (norm) {
+      xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
+      r = rstd[k.stat];
+      const float* g = sg[k.kind] + lane * 8;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float dy = __bfloat162float(dv.v[e]), xhat = __bfloat162float(xv.v[e]) * r;
+        s2 += dy * g[e] * xhat;
+        if (k.kind == 0)
+          accq[e] += dy * xhat;
+        else
+          acck[e] += dy * xhat;
+      }
+    }
+    const float b = group_sum<kLanes>(s2) / float(D);
+    if (norm) {
+      const float* g = sg[k.kind] + lane * 8;
+      Pack8 dx;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float xhat = __bfloat162float(xv.v[e]) * r;
+        dx.v[e] = __float2bfloat16(r * (__bfloat162float(dv.v[e]) * g[e] - xhat * b));
+      }
+      reinterpret_cast<Pack8*>(dqkv + row * D)[lane] = dx;
+    } else if (live && dqkv != dout) {  // v's gradient passes through
+      reinterpret_cast<Pack8*>(dqkv + row * D)[lane] = dv;
+    }
+  }
+  // The block's partial: threads (row groups) summed in group order, per column.
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    red[0][grp][lane * 8 + e] = accq[e];
+    red[1][grp][lane * 8 + e] = acck[e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 2 * D; i += kThreads) {
+    const int which = i / D, c = i - which * D;
+    float s = 0.0f;
+    for (int gi = 0; gi < kGroups; ++gi) s += red[which][gi][c];
+    partial[chunk * 2 * D + i] = s;
+  }
+}
+
+// dq_gamma[c] += sum over chunks (in chunk order) of the q partials; dk_gamma likewise.
+__global__ void qk_gamma_reduce_kernel(const float* __restrict__ partial, float* __restrict__ dq_gamma,
+                                       float* __restrict__ dk_gamma, int64_t chunks, int D) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 2 * D) return;
+  float s = 0.0f;
+  for (int64_t k = 0; k < chunks; ++k) s += partial[k * 2 * D + i];
+  float* dst = i < D ? dq_gamma : dk_gamma;
+  if (dst) dst[i < D ? i : i - D] += s;
+}
+
+int64_t chunks_for(int64_t T) { return (T + kTokensPerChunk - 1) / kTokensPerChunk; }
+
+// Lanes per row for head dim D, after checking the shapes and pointers; throws laoyao::Error.
+int lanes_for(const char* op, int64_t H, int64_t G, int64_t D, std::initializer_list<const void*> rows) {
+  if (D <= 0 || D % 8 != 0 || D > kMaxD)
+    throw Error(std::string(op) + ": head dim D = " + std::to_string(D) +
+                " is not supported (a multiple of 8 up to " + std::to_string(kMaxD) + ")");
+  if (H <= 0 || G <= 0 || H % G != 0 || H + 2 * G > int64_t(1) << 30)
+    throw Error(std::string(op) + ": num_attention_heads (" + std::to_string(H) +
+                ") must be a positive multiple of num_query_groups (" + std::to_string(G) + ")");
+  for (const void* p : rows)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw Error(std::string(op) + ": the fused QKV rows must be 16-byte aligned");
+  int lanes = 1;
+  while (lanes < D / 8) lanes *= 2;
+  return lanes;
+}
+
+template <int kLanes>
+void launch_forward(const bf16* qkv, const bf16* qg, const bf16* kg, bf16* out, float* rstd, int64_t rows, int H,
+                    int G, int D, float eps, bool zc, cudaStream_t stream) {
+  constexpr int per_block = kThreads / kLanes;
+  const int64_t blocks = (rows + per_block - 1) / per_block;
+  if (blocks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_forward: too many rows for one launch");
+  qk_rmsnorm_forward_kernel<kLanes><<<unsigned(blocks), kThreads, 0, stream>>>(qkv, qg, kg, out, rstd, rows, H, G, D,
+                                                                                eps, zc);
+}
+
+template <int kLanes>
+void launch_backward(const bf16* dout, const bf16* qkv, const bf16* qg, const bf16* kg, const float* rstd,
+                     bf16* dqkv, float* partial, int64_t T, int H, int G, int D, bool zc, cudaStream_t stream) {
+  qk_rmsnorm_backward_kernel<kLanes><<<unsigned(chunks_for(T)), kThreads, 0, stream>>>(dout, qkv, qg, kg, rstd, dqkv,
+                                                                                        partial, T, H, G, D, zc);
+}
+
+}  // namespace
+
+void qk_rmsnorm_forward(const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma, bf16* out, float* rstd, int64_t T,
+                        int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma, cudaStream_t stream) {
+  const int lanes = lanes_for("qk_rmsnorm_forward", H, G, D, {qkv, out});
+  if (T <= 0) return;
+  const int64_t rows = T * (H + 2 * G);
+  const int h = int(H), g = int(G), d = int(D);
+  switch (lanes) {
+    case 1: launch_forward<1>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+    case 2: launch_forward<2>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+    case 4: launch_forward<4>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+    case 8: launch_forward<8>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+    case 16: launch_forward<16>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+    default: launch_forward<32>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+  }
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t qk_rmsnorm_backward_scratch_floats(int64_t T, int64_t H, int64_t G, int64_t D) {
+  (void)H, (void)G;  // one partial per chunk of tokens, whatever the head counts
+  return T <= 0 || D <= 0 ? 0 : size_t(chunks_for(T)) * 2 * size_t(D);
+}
+
+void qk_rmsnorm_backward(const bf16* dout, const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma,
+                         const float* rstd, bf16* dqkv, float* dq_gamma, float* dk_gamma, float* scratch, int64_t T,
+                         int64_t H, int64_t G, int64_t D, bool zero_centered_gamma, cudaStream_t stream) {
+  const int lanes = lanes_for("qk_rmsnorm_backward", H, G, D, {dout, qkv, dqkv});
+  if (T <= 0) return;
+  const int64_t chunks = chunks_for(T);
+  if (chunks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_backward: too many tokens for one launch");
+  const int h = int(H), g = int(G), d = int(D);
+  const bool zc = zero_centered_gamma;
+  switch (lanes) {
+    case 1: launch_backward<1>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+    case 2: launch_backward<2>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+    case 4: launch_backward<4>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+    case 8: launch_backward<8>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+    case 16: launch_backward<16>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+    default: launch_backward<32>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+  }
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  if (!dq_gamma && !dk_gamma) return;
+  qk_gamma_reduce_kernel<<<unsigned((2 * D + 255) / 256), 256, 0, stream>>>(scratch, dq_gamma, dk_gamma, chunks, d);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace laoyao::kernels::cuda
