@@ -8,7 +8,7 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention profile bench dp2 (default: all but dp2, which
+#                                            attention gemm profile bench dp2 (default: all but dp2, which
 #                                            needs nvidia-h200-x2; BENCH_CASES picks the bench cases). Full
 #                                            logs go to $OUT; a summary table is printed last.
 set -uo pipefail
@@ -18,9 +18,11 @@ case "${1:-}" in
     set -e
     B="${2:-build/main}"
     [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
-    cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown -j2
+    cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown \
+      laoyao_bench_gemm -j2
     mkdir -p "$C/lib" "$C/peers"  # not emptied: tests/gpu/crosscheck.sh keeps its vocabularies there too
-    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" "$C/"
+    cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" \
+      "$B/laoyao_bench_gemm" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
     for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
@@ -35,7 +37,7 @@ case "${1:-}" in
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"
     parts="${*:2}"
-    [ -n "$parts" ] || parts="doctor tests parity parity_llama parity_fused attention profile bench"
+    [ -n "$parts" ] || parts="doctor tests parity parity_llama parity_fused attention gemm profile bench"
     summary=()
     note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
     # parity_run NAME LABEL MODEL-FLAGS...: the config on the CPU and on the GPU, then compare-logs.
@@ -124,8 +126,14 @@ for shape, r in rows.items():
 PY
 )
           ;;
+        gemm)
+          # The 8192-class layers' GEMMs: the kept algorithm against cuBLASLt's best candidate.
+          "$C/laoyao_bench_gemm" > "$OUT/gemm.txt" 2>&1
+          note "gemm (exit $?):"
+          while read -r line; do note "  $line"; done < "$OUT/gemm.txt"
+          ;;
         profile)
-          # Where a GPT-2 124M step's GPU time goes, op by op (bench/step_breakdown.cpp) ...
+          # Where a GPT-2 124M step's GPU time goes, op by op (bench/step_breakdown_bench.cpp) ...
           "$C/laoyao_bench_step_breakdown" > "$OUT/step_breakdown.txt" 2>&1
           note "profile (exit $?):"
           while read -r line; do note "  $line"; done < <(head -40 "$OUT/step_breakdown.txt")

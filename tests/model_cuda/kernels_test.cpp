@@ -311,7 +311,31 @@ TEST_F(CudaKernels, LinearBackwardWeightAccumulatesIntoFp32) {
   cuda::CublasLtGemm gemm;
   gemm.linear_backward_weight(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>(), T, K, N, stream_);
   sync();
+  // The first call timed its candidates into a scratch output: dw holds one product, not several.
   expect_within(from_device<float>(ddw, N * K), want, tol, "dw0 + dy^T x");
+  const auto tunings = gemm.tunings();
+  ASSERT_EQ(tunings.size(), 1u);
+  EXPECT_GE(tunings[0].candidates, 1);
+  if (tunings[0].candidates > 1) {
+    EXPECT_GT(tunings[0].best_ms, 0.0f);
+    EXPECT_LE(tunings[0].best_ms, tunings[0].first_ms);
+  }
+}
+
+TEST_F(CudaKernels, GemmAutotuneOffKeepsTheHeuristicsFirstChoice) {
+  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
+  cuda::CublasLtGemm gemm;
+  unsetenv("LAOYAO_GEMM_AUTOTUNE");
+  const int64_t T = 64, K = 128, N = 96;
+  auto dx = to_device_bf16(randn_bf16(T * K, 14, "linear.x"));
+  auto dw = to_device_bf16(randn_bf16(N * K, 14, "linear.w", 0.05));
+  DeviceBuffer dy(T * N * sizeof(bf16));
+  gemm.linear_forward(dx.as<bf16>(), dw.as<bf16>(), nullptr, dy.as<bf16>(), T, K, N, stream_);
+  sync();
+  const auto tunings = gemm.tunings();
+  ASSERT_EQ(tunings.size(), 1u);
+  EXPECT_EQ(tunings[0].chosen, 0);
+  EXPECT_EQ(tunings[0].best_ms, 0.0f);
 }
 
 TEST_F(CudaKernels, MatmulRowMajorAllTransposesBatched) {

@@ -1,6 +1,7 @@
 // cuBLASLt BF16 GEMM with a per-problem plan cache (host code only; see gemm_cublaslt.hpp).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -32,6 +33,73 @@ std::string describe(const GemmProblem& p) {
 
 CublasLtGemm::CublasLtGemm(size_t workspace_bytes) : workspace_(workspace_bytes) {
   LAOYAO_CUDA_CHECK(cublasLtCreate(&handle_));
+  const char* env = std::getenv("LAOYAO_GEMM_AUTOTUNE");
+  autotune_ = !(env && std::string(env) == "0");
+}
+
+std::vector<CublasLtGemm::Tuning> CublasLtGemm::tunings() const {
+  std::vector<Tuning> out;
+  for (const auto& [key, plan] : plans_) out.push_back(plan.tuning);
+  return out;
+}
+
+void CublasLtGemm::choose_fastest(Plan& plan, const Key& key, const cublasLtMatmulHeuristicResult_t* results,
+                                  int found, const Operands& ops) {
+  plan.algo = results[0].algo;
+  plan.tuning.candidates = found;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LAOYAO_CUDA_CHECK(cudaStreamIsCapturing(ops.stream, &capture));
+  if (!autotune_ || found < 2 || capture != cudaStreamCaptureStatusNone) return;
+  // A call that accumulates into D (C is D, beta != 0) must not see the timing runs' sums: those
+  // write a scratch D instead. Any other call overwrites D anyway.
+  const GemmProblem& p = key.p;
+  DeviceBuffer scratch;
+  void* d = ops.D;
+  const void* c = ops.C;
+  if (ops.C == ops.D && ops.beta != 0.0f) {
+    const size_t elems = static_cast<size_t>(p.stride_d * (p.batch - 1) + p.ldd * p.n);
+    try {
+      scratch = DeviceBuffer(elems * (p.d_fp32 ? 4 : 2));
+    } catch (const Error&) {
+      return;  // no room for a scratch output: keep the heuristic's choice
+    }
+    d = scratch.ptr;
+    c = scratch.ptr;
+  }
+  cudaEvent_t start, stop;
+  LAOYAO_CUDA_CHECK(cudaEventCreate(&start));
+  LAOYAO_CUDA_CHECK(cudaEventCreate(&stop));
+  float best = -1;
+  try {
+    for (int i = 0; i < found; ++i) {
+      auto run = [&] {
+        return cublasLtMatmul(handle_, plan.op, &ops.alpha, ops.A, plan.a, ops.B, plan.b, &ops.beta, c, plan.d, d,
+                              plan.d, &results[i].algo, workspace_.ptr, workspace_.bytes, ops.stream);
+      };
+      if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that will not run is no candidate
+      constexpr int kReps = 5;
+      LAOYAO_CUDA_CHECK(cudaEventRecord(start, ops.stream));
+      for (int r = 0; r < kReps; ++r) LAOYAO_CUDA_CHECK(run());
+      LAOYAO_CUDA_CHECK(cudaEventRecord(stop, ops.stream));
+      LAOYAO_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      LAOYAO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      ms /= kReps;
+      if (i == 0) plan.tuning.first_ms = ms;
+      if (best < 0 || ms < best) {
+        best = ms;
+        plan.algo = results[i].algo;
+        plan.tuning.chosen = i;
+      }
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    throw;
+  }
+  LAOYAO_CUDA_CHECK(cudaEventDestroy(start));
+  LAOYAO_CUDA_CHECK(cudaEventDestroy(stop));
+  plan.tuning.best_ms = best > 0 ? best : 0;
 }
 
 CublasLtGemm::~CublasLtGemm() {
@@ -46,7 +114,7 @@ CublasLtGemm::~CublasLtGemm() {
   if (handle_) (void)cublasLtDestroy(handle_);
 }
 
-CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
+CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, const Operands& ops) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
 
@@ -89,7 +157,7 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
 
     cublasLtMatmulPreference_t pref = nullptr;
     LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
     try {
       const size_t ws = workspace_.bytes;
@@ -99,8 +167,8 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
         LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment));
       // C is D (beta accumulates in place), so the same layout serves both.
-      LAOYAO_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.a, plan.b, plan.d, plan.d, pref, 1,
-                                                       &result, &found));
+      LAOYAO_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.a, plan.b, plan.d, plan.d, pref,
+                                                       kCandidates, results, &found));
     } catch (...) {
       (void)cublasLtMatmulPreferenceDestroy(pref);
       throw;
@@ -109,7 +177,8 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias) {
     if (found == 0)
       throw Error("cuBLASLt has no bf16 algorithm for " + describe(p) + " at " + std::to_string(key.alignment) +
                   "-byte alignment");
-    plan.algo = result.algo;
+    plan.tuning.problem = describe(p) + " align=" + std::to_string(key.alignment);
+    choose_fastest(plan, key, results, found, ops);
   } catch (...) {
     if (plan.a) (void)cublasLtMatrixLayoutDestroy(plan.a);
     if (plan.b) (void)cublasLtMatrixLayoutDestroy(plan.b);
@@ -139,7 +208,7 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
                                 size_t(problem.stride_d) * d_bytes})
       align = std::min(align, alignment_of(reinterpret_cast<const void*>(stride_bytes)));
   }
-  Plan& plan = plan_for(Key{problem, align}, bias);
+  Plan& plan = plan_for(Key{problem, align}, bias, Operands{A, B, D, C, alpha, beta, stream});
   if (bias)  // same problem, perhaps another bias vector: an attribute write, nothing is rebuilt
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, A, plan.a, B, plan.b, &beta, C, plan.d, D, plan.d,

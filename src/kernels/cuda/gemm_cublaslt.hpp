@@ -1,7 +1,13 @@
 // BF16 GEMMs through cuBLASLt: bf16 A, B and D, fp32 accumulation and scaling, optional bias
 // epilogue. Each distinct problem (shape, transposes, leading dimensions, epilogue, pointer
-// alignment) gets its matmul descriptor, matrix layouts and heuristic algorithm built once, on its
-// first call; every later call with that problem reuses them (the training step never builds one).
+// alignment) gets its matmul descriptor, matrix layouts and algorithm built once, on its first
+// call; every later call with that problem reuses them (the training step never builds one).
+//
+// The algorithm: cuBLASLt's heuristic offers up to kCandidates; on the first call each is timed on
+// the call's own operands (a scratch output where the call accumulates into D) and the fastest is
+// kept, since the heuristic's first choice is not always the fastest on the GPU at hand.
+// LAOYAO_GEMM_AUTOTUNE=0 keeps the heuristic's first choice. A first call made while the stream is
+// being captured into a CUDA graph cannot time anything and keeps the first choice too.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -10,7 +16,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/device_buffer.hpp"
 
@@ -72,6 +80,16 @@ struct CublasLtGemm {
   // How many distinct problems have had a plan built (for checks that the cache is hit).
   size_t plans_built() const { return plans_.size(); }
 
+  // What the first call of each problem found: the heuristic's first choice against the fastest
+  // candidate, each timed on the same operands (ms; 0 when not timed).
+  struct Tuning {
+    std::string problem;
+    int candidates = 0, chosen = 0;  // chosen: the candidate's rank in the heuristic's list
+    float first_ms = 0, best_ms = 0;
+  };
+  std::vector<Tuning> tunings() const;
+  static constexpr int kCandidates = 8;
+
  private:
   struct Key {
     GemmProblem p;
@@ -87,12 +105,25 @@ struct CublasLtGemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    Tuning tuning;
+  };
+  // One call's operands: what the first call of a problem times its candidates on.
+  struct Operands {
+    const bf16 *A, *B;
+    void* D;
+    const void* C;
+    float alpha, beta;
+    cudaStream_t stream;
   };
 
-  Plan& plan_for(const Key& key, const bf16* bias);
+  Plan& plan_for(const Key& key, const bf16* bias, const Operands& ops);
+  // Times the heuristic's candidates on `ops` and stores the fastest in plan.algo.
+  void choose_fastest(Plan& plan, const Key& key, const cublasLtMatmulHeuristicResult_t* results, int found,
+                      const Operands& ops);
 
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
+  bool autotune_ = true;
   std::map<Key, Plan> plans_;
 };
 

@@ -1,0 +1,63 @@
+// The GEMMs of 8192-class layers (#5: "within 10% of cuBLASLt's own best for the shape"): each
+// linear layer's forward, input-gradient and weight-gradient GEMM as the model issues them
+// (CublasLtGemm: plans cached, the fastest of cuBLASLt's heuristic candidates chosen on the first
+// call), timed with CUDA events (median of 20). Beside each: the heuristic's first choice and the
+// best candidate as the first call timed them, so the table shows what the choice is worth and that
+// the kept algorithm is cuBLASLt's best on this GPU.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "bench/cuda_bench_util.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
+
+using namespace laoyao::kernels::cuda;
+using laoyao::bench::median_ms;
+using laoyao::bench::random_bf16;
+
+int main() {
+  struct Layer { const char* model; const char* name; int64_t T, K, N; };
+  // Llama-3-8B at seq 8192 (SwiGLU fc1 is 2 x 14336 wide), and GPT-2 124M's 16 x 1024 tokens.
+  const Layer layers[] = {{"llama3_8b", "qkv", 8192, 4096, 6144},    {"llama3_8b", "proj", 8192, 4096, 4096},
+                          {"llama3_8b", "fc1", 8192, 4096, 28672},   {"llama3_8b", "fc2", 8192, 14336, 4096},
+                          {"llama3_8b", "logits", 8192, 4096, 128256}, {"gpt2", "qkv", 16384, 768, 2304},
+                          {"gpt2", "fc1", 16384, 768, 3072},         {"gpt2", "fc2", 16384, 3072, 768}};
+  cudaStream_t stream;
+  LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
+  std::printf("| layer | gemm | TFLOP/s (kept) | heuristic first choice ms | best candidate ms | kept / best |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const Layer& l : layers) {
+    DeviceBuffer x = random_bf16(l.T * l.K, "x"), w = random_bf16(l.N * l.K, "w", 0.02);
+    DeviceBuffer dy = random_bf16(l.T * l.N, "dy"), y(sizeof(__nv_bfloat16) * l.T * l.N);
+    DeviceBuffer dx(sizeof(__nv_bfloat16) * l.T * l.K), dw(sizeof(float) * l.N * l.K);
+    LAOYAO_CUDA_CHECK(cudaMemset(dw.ptr, 0, dw.bytes));
+    const double flops = 2.0 * l.T * l.K * l.N;
+    struct Kind { const char* name; std::function<void(CublasLtGemm&)> call; };
+    const Kind kinds[] = {
+        {"fwd", [&](CublasLtGemm& g) {
+           g.linear_forward(x.as<__nv_bfloat16>(), w.as<__nv_bfloat16>(), nullptr, y.as<__nv_bfloat16>(), l.T, l.K,
+                            l.N, stream);
+         }},
+        {"dgrad", [&](CublasLtGemm& g) {
+           g.linear_backward_input(dy.as<__nv_bfloat16>(), w.as<__nv_bfloat16>(), dx.as<__nv_bfloat16>(), l.T, l.K,
+                                   l.N, stream);
+         }},
+        {"wgrad", [&](CublasLtGemm& g) {
+           g.linear_backward_weight(dy.as<__nv_bfloat16>(), x.as<__nv_bfloat16>(), dw.as<float>(), l.T, l.K, l.N,
+                                    stream);
+         }}};
+    for (const Kind& k : kinds) {
+      CublasLtGemm gemm;  // a fresh cache: the first call below chooses
+      const float ms = median_ms([&] { k.call(gemm); }, stream, 20);
+      const auto t = gemm.tunings().at(0);
+      std::printf("| %s %s (T=%lld K=%lld N=%lld) | %s | %.0f | %.3f | %.3f | %.2f |\n", l.model, l.name,
+                  (long long)l.T, (long long)l.K, (long long)l.N, k.name, flops / ms / 1e9, t.first_ms, t.best_ms,
+                  t.best_ms > 0 ? ms / t.best_ms : 0.0);
+    }
+  }
+  return 0;
+}
