@@ -62,7 +62,8 @@ case "${1:-}" in
           "$C/laoyao_tests_model_cuda" > "$OUT/gpu_tests.txt" 2>&1
           rc=$?
           note "gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
-          grep -E '^\[  FAILED  \]' "$OUT/gpu_tests.txt" | head -20
+          # What failed, in the failing tests' own words (the log itself may not come back).
+          grep -E -A6 '(Failure|error:|^\[  FAILED  \])' "$OUT/gpu_tests.txt" | head -60
           ;;
         parity)
           # A small GPT (dropout on) trained on the CPU and on the GPU from the same initial
@@ -149,7 +150,7 @@ PY
       esac
     done
     echo "==== summary"
-    printf '%s\n' "${summary[@]}"
+    printf '%s\n' "${summary[@]}" | tee "$OUT/00_summary.txt"
     [ -f "$OUT/bench.txt" ] && sed -n '/^| case/,$p' "$OUT/bench.txt"
     ;;
   *)

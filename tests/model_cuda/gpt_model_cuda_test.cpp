@@ -116,6 +116,13 @@ TEST(CudaGptModel, MatchesCpuModelWithoutDropout) { compare(small_config(4, 4), 
 TEST(CudaGptModel, UnfusedMatchesCpuModelWithoutDropout) {
   compare(with_attention(small_config(4, 4), AttentionBackend::Unfused), false);
 }
+// GeLU MLPs run fc1's GELU_AUX epilogue and fc2's DGELU epilogue by default; the fused bias-GeLU
+// kernels with LAOYAO_GELU_EPILOGUE=0.
+TEST(CudaGptModel, BiasGeluKernelPathMatchesCpuModel) {
+  setenv("LAOYAO_GELU_EPILOGUE", "0", 1);
+  compare(small_config(2, 2), true);
+  unsetenv("LAOYAO_GELU_EPILOGUE");
+}
 TEST(CudaGptModel, FusedMatchesCpuModelWithoutDropout) {
   compare(with_attention(small_config(2, 2), AttentionBackend::Fused), false);
 }

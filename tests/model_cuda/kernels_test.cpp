@@ -338,6 +338,62 @@ TEST_F(CudaKernels, GemmAutotuneOffKeepsTheHeuristicsFirstChoice) {
   EXPECT_EQ(tunings[0].best_ms, 0.0f);
 }
 
+// fc1 with cuBLASLt's GELU_AUX_BIAS epilogue against the CPU's linear and tanh GeLU, and fc2's
+// input gradient with the DGELU epilogue against (dy @ w) * gelu'(u) on the GPU's own u.
+TEST_F(CudaKernels, LinearGeluEpiloguesMatchCpuTanhGelu) {
+  const int64_t T = 37, K = 96, N = 200;
+  const auto x = randn_bf16(T * K, 15, "gelu_gemm.x");
+  const auto w = randn_bf16(N * K, 15, "gelu_gemm.w", 0.15);
+  const auto bias = randn_bf16(N, 15, "gelu_gemm.bias", 0.5);
+  std::vector<double> u_want(T * N), abssum(T * N);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = bias[n], a = std::abs(s);
+      for (int64_t k = 0; k < K; ++k) s += double(x[t * K + k]) * w[n * K + k], a += std::abs(double(x[t * K + k]) * w[n * K + k]);
+      u_want[t * N + n] = s;
+      abssum[t * N + n] = a;
+    }
+  std::vector<float> u_f(u_want.begin(), u_want.end()), y_f(T * N);
+  cpu::gelu_forward(u_f.data(), y_f.data(), T * N, cpu::Gelu::Tanh);
+  std::vector<double> u_tol(T * N), y_tol(T * N);
+  for (int64_t i = 0; i < T * N; ++i) {
+    u_tol[i] = kBf16Rel * std::abs(u_want[i]) + kFp32Sum * abssum[i];
+    // |gelu'| <= 1.13; 1e-4 absolute: a GeLU other than the tanh form (erf differs by up to 5e-4) fails.
+    y_tol[i] = kBf16Rel * std::abs(y_f[i]) + 1.13 * kFp32Sum * abssum[i] + 1e-4;
+  }
+  auto dx = to_device_bf16(x), dw = to_device_bf16(w), db = to_device_bf16(bias);
+  DeviceBuffer dy_out(T * N * sizeof(bf16)), du(T * N * sizeof(bf16));
+  cuda::CublasLtGemm gemm;
+  gemm.linear_forward_gelu(dx.as<bf16>(), dw.as<bf16>(), db.as<bf16>(), dy_out.as<bf16>(), du.as<bf16>(), T, K, N,
+                           stream_);
+  sync();
+  const auto u_got = from_device_bf16(du, T * N);
+  expect_within(u_got, u_want, u_tol, "u = x w^T + bias");
+  expect_within(from_device_bf16(dy_out, T * N), to_double(y_f), y_tol, "gelu_tanh(u)");
+
+  // Backward through fc2 [M=64, N] and the GeLU: du2[T, N] = (g @ w2) * gelu'(u).
+  const int64_t M = 64;
+  const auto g = randn_bf16(T * M, 16, "gelu_gemm.g");
+  const auto w2 = randn_bf16(M * N, 16, "gelu_gemm.w2", 0.15);
+  std::vector<float> gw(T * N), dwant(T * N);
+  std::vector<double> gabs(T * N);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, a = 0;
+      for (int64_t m = 0; m < M; ++m) s += double(g[t * M + m]) * w2[m * N + n], a += std::abs(double(g[t * M + m]) * w2[m * N + n]);
+      gw[t * N + n] = static_cast<float>(s);
+      gabs[t * N + n] = a;
+    }
+  cpu::gelu_backward(u_got.data(), gw.data(), dwant.data(), T * N, cpu::Gelu::Tanh);
+  std::vector<double> dtol(T * N);
+  for (int64_t i = 0; i < T * N; ++i) dtol[i] = kBf16Rel * std::abs(dwant[i]) + 1.13 * kFp32Sum * gabs[i] + 1e-4;
+  auto dg = to_device_bf16(g), dw2 = to_device_bf16(w2);
+  DeviceBuffer ddu(T * N * sizeof(bf16));
+  gemm.linear_backward_input_dgelu(dg.as<bf16>(), dw2.as<bf16>(), du.as<bf16>(), ddu.as<bf16>(), T, N, M, stream_);
+  sync();
+  expect_within(from_device_bf16(ddu, T * N), to_double(dwant), dtol, "(g w2) * gelu_tanh'(u)");
+}
+
 TEST_F(CudaKernels, MatmulRowMajorAllTransposesBatched) {
   const int64_t M = 37, N = 29, K = 45, batch = 3;
   const float alpha = 0.75f;

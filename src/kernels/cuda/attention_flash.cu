@@ -8,6 +8,7 @@
 //   C (16x8):  c0,c1 (g, 2t..2t+1)  c2,c3 (g+8, 2t..2t+1)
 // so the accumulators of two adjacent 8-key n-tiles are exactly the A fragment of the next GEMM's
 // 16-key k-step (FlashAttention-2's register reuse).
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -453,13 +454,23 @@ void allow_smem(Kernel kernel, size_t bytes) {
   LAOYAO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// The shared-memory attribute belongs to a kernel on one device: true the first time the calling
+// site runs on the current device (`laoyao doctor` runs the kernels on every GPU in one process).
+bool first_on_this_device(std::array<bool, 64>& seen) {
+  int dev = 0;
+  LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= int(seen.size()) || seen[size_t(dev)]) return dev >= int(seen.size());
+  seen[size_t(dev)] = true;
+  return true;
+}
+
 template <int D>
 void forward(const bf16* qkv, bf16* ctx, float* lse, const AttentionShape& a, const DropoutSpec& drop,
              cudaStream_t stream) {
   const FlashDims p = dims_of(a);
   const size_t smem = size_t(5) * kTile * (D + 8) * sizeof(bf16);  // Q + 2 stages of K, V
-  static bool ready = false;  // the attribute is per kernel and process
-  if (!ready) allow_smem(flash_forward_kernel<D>, smem), ready = true;
+  static std::array<bool, 64> seen{};
+  if (first_on_this_device(seen)) allow_smem(flash_forward_kernel<D>, smem);
   const dim3 grid(unsigned((a.s + kTile - 1) / kTile), unsigned(a.H), unsigned(a.b));
   flash_forward_kernel<D><<<grid, kThreads, smem, stream>>>(qkv, ctx, lse, p, drop);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
@@ -477,8 +488,8 @@ void backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* l
   // K, V + 2 stages of (Q, dO, lse, delta)
   constexpr int kQTile = q_tile<D>();
   const size_t smem_kv = size_t(2 * kTile + 4 * kQTile) * (D + 8) * sizeof(bf16) + 4 * kQTile * sizeof(float);
-  static bool ready = false;
-  if (!ready) allow_smem(flash_dq_kernel<D>, smem_dq), allow_smem(flash_dkdv_kernel<D>, smem_kv), ready = true;
+  static std::array<bool, 64> seen{};
+  if (first_on_this_device(seen)) allow_smem(flash_dq_kernel<D>, smem_dq), allow_smem(flash_dkdv_kernel<D>, smem_kv);
   const unsigned blocks = unsigned((a.s + kTile - 1) / kTile);
   flash_dq_kernel<D><<<dim3(blocks, unsigned(a.H), unsigned(a.b)), kThreads, smem_dq, stream>>>(qkv, dctx, lse, delta,
                                                                                                dqkv, p, drop);

@@ -26,6 +26,7 @@ std::string describe(const GemmProblem& p) {
          " transA=" + std::to_string(p.trans_a) + " transB=" + std::to_string(p.trans_b) +
          " lda=" + std::to_string(p.lda) + " ldb=" + std::to_string(p.ldb) + " ldd=" + std::to_string(p.ldd) +
          (p.bias ? " +bias" : "") + (p.d_fp32 ? " D=fp32" : "") +
+         (p.gelu == GemmGelu::GeluAux ? " +gelu(aux)" : p.gelu == GemmGelu::DGelu ? " *dgelu(aux)" : "") +
          (p.batch > 1 ? " batch=" + std::to_string(p.batch) : "");
 }
 
@@ -114,7 +115,7 @@ CublasLtGemm::~CublasLtGemm() {
   if (handle_) (void)cublasLtDestroy(handle_);
 }
 
-CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, const Operands& ops) {
+CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, const bf16* aux, const Operands& ops) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
 
@@ -127,10 +128,24 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, con
     const cublasOperation_t tb = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    const cublasLtEpilogue_t epi = p.gelu == GemmGelu::DGelu     ? CUBLASLT_EPILOGUE_DGELU
+                                   : p.gelu == GemmGelu::GeluAux ? (p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                           : CUBLASLT_EPILOGUE_GELU_AUX)
+                                   : p.bias                      ? CUBLASLT_EPILOGUE_BIAS
+                                                                 : CUBLASLT_EPILOGUE_DEFAULT;
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (p.gelu != GemmGelu::None) {
+      // The heuristic reads the aux pointer's alignment too (cublasLt.h).
+      const cudaDataType_t aux_type = CUDA_R_16BF;
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                                       sizeof aux_type));
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p.ld_aux,
+                                                       sizeof p.ld_aux));
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                       sizeof aux));
+    }
     if (p.bias) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
       const cudaDataType_t bias_type = CUDA_R_16BF;
-      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
       LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                        sizeof bias_type));
       // The heuristic reads the bias pointer's alignment (cublasLt.h), so set it before asking.
@@ -163,6 +178,11 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, con
       const size_t ws = workspace_.bytes;
       LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                              sizeof ws));
+      // Split-K partial sums only in fp32 (the compute type): schemes that add them in the output
+      // type would round a bf16 output more than once.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                             &schemes, sizeof schemes));
       for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
         LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &key.alignment, sizeof key.alignment));
@@ -190,8 +210,15 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, con
 }
 
 void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias,
-                        float alpha, float beta, cudaStream_t stream, const void* C) {
+                        float alpha, float beta, cudaStream_t stream, const void* C, bf16* aux) {
   if (!C) C = D;
+  if ((problem.gelu != GemmGelu::None) != (aux != nullptr))
+    throw Error("CublasLtGemm::gemm: an aux buffer must be given exactly when the problem has a GeLU epilogue (" +
+                describe(problem) + ")");
+  if (problem.gelu != GemmGelu::None && (problem.d_fp32 || problem.ld_aux % 8 != 0 || problem.ld_aux < problem.m ||
+                                         (problem.gelu == GemmGelu::DGelu && problem.bias)))
+    throw Error("CublasLtGemm::gemm: a GeLU epilogue needs a bf16 output, an aux leading dimension that is a "
+                "multiple of 8 and at least m, and no bias with DGELU (" + describe(problem) + ")");
   if (problem.bias != (bias != nullptr))
     throw Error("CublasLtGemm::gemm: a bias pointer must be given exactly when the problem has a bias epilogue (" +
                 describe(problem) + ")");
@@ -200,7 +227,8 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
   if (problem.m <= 0 || problem.n <= 0 || problem.k <= 0 || problem.batch <= 0)
     throw Error("CublasLtGemm::gemm: empty problem (" + describe(problem) + ")");
   uint32_t align = alignment_of(A);
-  for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias), C})
+  for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias), C,
+                        static_cast<const void*>(aux)})
     if (p) align = std::min(align, alignment_of(p));
   if (problem.batch > 1) {  // every batch's matrix must meet the alignment the plan assumes
     const size_t d_bytes = problem.d_fp32 ? 4 : 2;
@@ -208,9 +236,13 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
                                 size_t(problem.stride_d) * d_bytes})
       align = std::min(align, alignment_of(reinterpret_cast<const void*>(stride_bytes)));
   }
-  Plan& plan = plan_for(Key{problem, align}, bias, Operands{A, B, D, C, alpha, beta, stream});
-  if (bias)  // same problem, perhaps another bias vector: an attribute write, nothing is rebuilt
+  Plan& plan = plan_for(Key{problem, align}, bias, aux, Operands{A, B, D, C, alpha, beta, stream});
+  // Same problem, perhaps other bias and aux buffers: attribute writes, nothing is rebuilt.
+  if (bias)
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  if (aux)
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                     sizeof aux));
   LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, A, plan.a, B, plan.b, &beta, C, plan.d, D, plan.d,
                                    &plan.algo, workspace_.ptr, workspace_.bytes, stream));
 }
@@ -228,6 +260,36 @@ void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias
   p.ldd = N;
   p.bias = bias != nullptr;
   gemm(p, w, x, y, bias, 1.0f, residual ? 1.0f : 0.0f, stream, residual);
+}
+
+void CublasLtGemm::linear_forward_gelu(const bf16* x, const bf16* w, const bf16* bias, bf16* y, bf16* u, int64_t T,
+                                       int64_t K, int64_t N, cudaStream_t stream) {
+  GemmProblem p;  // as linear_forward, with the GeLU epilogue; u has y's layout
+  p.m = N;
+  p.n = T;
+  p.k = K;
+  p.trans_a = true;
+  p.lda = K;
+  p.ldb = K;
+  p.ldd = N;
+  p.bias = bias != nullptr;
+  p.gelu = GemmGelu::GeluAux;
+  p.ld_aux = N;
+  gemm(p, w, x, y, bias, 1.0f, 0.0f, stream, nullptr, u);
+}
+
+void CublasLtGemm::linear_backward_input_dgelu(const bf16* dy, const bf16* w, const bf16* u, bf16* du, int64_t T,
+                                               int64_t K, int64_t N, cudaStream_t stream) {
+  GemmProblem p;  // as linear_backward_input, with the GeLU gradient epilogue; u has du's layout
+  p.m = K;
+  p.n = T;
+  p.k = N;
+  p.lda = K;
+  p.ldb = N;
+  p.ldd = K;
+  p.gelu = GemmGelu::DGelu;
+  p.ld_aux = K;
+  gemm(p, w, dy, du, nullptr, 1.0f, 0.0f, stream, nullptr, const_cast<bf16*>(u));  // DGELU only reads aux
 }
 
 void CublasLtGemm::linear_backward_input(const bf16* dy, const bf16* w, bf16* dx, int64_t T, int64_t K, int64_t N,

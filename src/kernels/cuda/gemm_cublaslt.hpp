@@ -32,12 +32,19 @@ using bf16 = __nv_bfloat16;
 // A and B are bf16; D is bf16, or fp32 when d_fp32 (Megatron's fp32 main_grad accumulation:
 // beta = 1 adds the product into D). batch > 1 runs `batch` problems, the i-th at A + i*stride_a,
 // B + i*stride_b, D + i*stride_d (elements).
+// gelu: GeluAux makes D = gelu(product [+ bias]) and stores the GeLU's input, bf16 [m, n] with
+// leading dimension ld_aux, in the aux buffer (cuBLASLt's GELU_AUX[_BIAS] epilogue); DGelu makes
+// D = product * gelu'(aux) (DGELU), reading that buffer: the MLP's activation and its backward
+// without a kernel of their own.
+enum class GemmGelu : uint8_t { None, GeluAux, DGelu };
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   int64_t lda = 0, ldb = 0, ldd = 0;
   bool bias = false;
   bool d_fp32 = false;
+  GemmGelu gelu = GemmGelu::None;
+  int64_t ld_aux = 0;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
 };
 
@@ -53,7 +60,7 @@ struct CublasLtGemm {
   // D points to bf16, or to fp32 when problem.d_fp32. C (same layout and type as D) is what beta
   // scales: D itself when C is null.
   void gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias, float alpha,
-            float beta, cudaStream_t stream, const void* C = nullptr);
+            float beta, cudaStream_t stream, const void* C = nullptr, bf16* aux = nullptr);
 
   // laoyao's linear layer (kernels/cpu/ops.hpp conventions, row-major): y[T, N] = x[T, K] @ w[N, K]^T
   // (+ bias[N] when bias is non-null). Row-major y is column-major y^T[N, T] = w x^T, so this is
@@ -68,6 +75,16 @@ struct CublasLtGemm {
   //   dw[N, K] += dy^T @ x                     (fp32 main_grad, accumulated: beta = 1)
   void linear_backward_input(const bf16* dy, const bf16* w, bf16* dx, int64_t T, int64_t K, int64_t N,
                              cudaStream_t stream);
+
+  // The MLP's first linear layer with its GeLU (cuBLASLt's GELU epilogue, the tanh form as
+  // Megatron's bias_gelu): y[T, N] = gelu(x @ w^T (+ bias)), and u[T, N] = x @ w^T (+ bias), the
+  // GeLU's input that the backward needs.
+  void linear_forward_gelu(const bf16* x, const bf16* w, const bf16* bias, bf16* y, bf16* u, int64_t T, int64_t K,
+                           int64_t N, cudaStream_t stream);
+  // The input gradient through the second linear layer and that GeLU at once:
+  //   du[T, K] = (dy @ w) * gelu'(u)       (w [N, K], u [T, K] from linear_forward_gelu)
+  void linear_backward_input_dgelu(const bf16* dy, const bf16* w, const bf16* u, bf16* du, int64_t T, int64_t K,
+                                   int64_t N, cudaStream_t stream);
   void linear_backward_weight(const bf16* dy, const bf16* x, float* dw, int64_t T, int64_t K, int64_t N,
                               cudaStream_t stream);
 
@@ -95,10 +112,10 @@ struct CublasLtGemm {
     GemmProblem p;
     uint32_t alignment;  // the smallest alignment (bytes, <= 256) of the operands' pointers
     bool operator<(const Key& o) const {
-      return std::tie(p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, p.bias, p.d_fp32, p.batch,
-                      p.stride_a, p.stride_b, p.stride_d, alignment) <
+      return std::tie(p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, p.bias, p.d_fp32, p.gelu, p.ld_aux,
+                      p.batch, p.stride_a, p.stride_b, p.stride_d, alignment) <
              std::tie(o.p.m, o.p.n, o.p.k, o.p.trans_a, o.p.trans_b, o.p.lda, o.p.ldb, o.p.ldd, o.p.bias, o.p.d_fp32,
-                      o.p.batch, o.p.stride_a, o.p.stride_b, o.p.stride_d, o.alignment);
+                      o.p.gelu, o.p.ld_aux, o.p.batch, o.p.stride_a, o.p.stride_b, o.p.stride_d, o.alignment);
     }
   };
   struct Plan {
@@ -116,7 +133,7 @@ struct CublasLtGemm {
     cudaStream_t stream;
   };
 
-  Plan& plan_for(const Key& key, const bf16* bias, const Operands& ops);
+  Plan& plan_for(const Key& key, const bf16* bias, const bf16* aux, const Operands& ops);
   // Times the heuristic's candidates on `ops` and stores the fastest in plan.algo.
   void choose_fastest(Plan& plan, const Key& key, const cublasLtMatmulHeuristicResult_t* results, int found,
                       const Operands& ops);

@@ -189,6 +189,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
   }
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+  const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
+  gelu_epilogue_ = cfg_.activation == Activation::GeluTanh && cfg_.ffn % 8 == 0 &&
+                   !(gelu_epilogue && std::string(gelu_epilogue) == "0");
   zero_grads();
 }
 
@@ -452,6 +455,8 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     if (c.activation == Activation::SwiGLU) {
       linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
       kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
+    } else if (gelu_epilogue_) {  // u = fc1's output with its bias, g = gelu(u), in one GEMM
+      gemm_.linear_forward_gelu(a.ln2, P(W.fc1_w), P(W.fc1_b), a.g, a.u, T, h, c.ffn, stream_);
     } else {
       // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
       linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
@@ -499,11 +504,18 @@ void CudaGptModel::enqueue_backward() {
     const auto drop2 = dropout(c.hidden_dropout, key_.seed, site + "mlp." + call);
     const bf16* dbranch = dx_;
     if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop2, stream_), dbranch = dbranch_;
-    linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
-    if (c.activation == Activation::SwiGLU)
-      kc::swiglu_backward(a.u, dg_, dwide_, T, c.ffn, stream_);
-    else
-      kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn, stream_);
+    if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
+      gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
+      gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_);
+      if (W.fc2_b >= 0) kc::bias_grad(dbranch, G(W.fc2_b), reduce_scratch_, T, h, stream_);
+    } else {
+      linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
+      if (c.activation == Activation::SwiGLU)
+        kc::swiglu_backward(a.u, dg_, dwide_, T, c.ffn, stream_);
+      else
+        kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn,
+                               stream_);
+    }
     linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
     layernorm_backward_into_residual(dnorm_, a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);  // dx = d(x_mid)
     // Attention block.

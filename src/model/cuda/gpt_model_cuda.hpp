@@ -151,6 +151,10 @@ class CudaGptModel {
   // CUDA graphs of dropout-free steps, by (sequences, with backward); null: warmed up, not captured.
   // LAOYAO_CUDA_GRAPHS=0 turns them off.
   bool graphs_enabled_ = true;
+  // GeLU MLPs: fc1's GEMM applies the GeLU and keeps its input (cuBLASLt's GELU_AUX epilogue), fc2's
+  // input-gradient GEMM applies its derivative (DGELU); LAOYAO_GELU_EPILOGUE=0 runs our fused
+  // bias-GeLU kernels instead.
+  bool gelu_epilogue_ = false;
   std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs_;
 };
 
