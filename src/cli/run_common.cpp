@@ -44,16 +44,19 @@ int start_training(config::Resolved& r) {
     std::fprintf(stderr, "Nothing was written.\n");
     return 2;
   }
-  if (r.cfg.model.recompute_granularity)
-    std::printf("laoyao: activation recomputation (%s) changes memory use, not the numbers; laoyao keeps every "
-                "activation on both backends (no recomputation yet), so it recomputes nothing\n",
-                r.cfg.model.recompute_granularity->c_str());
   // The backend depends on the architecture only; a vocabulary read later from tokenizer files
   // does not change it, so a placeholder stands in for one not known yet.
   config::Derived shape = r.validated.derived;
   if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
+  // Recomputation changes memory, never the numbers: say what this run does with the flags.
+  if (r.cfg.model.recompute_granularity == "selective")
+    std::printf("laoyao: --recompute-granularity selective recomputes core attention in Megatron; laoyao's fused "
+                "attention (cuDNN, flash) keeps no s x s scores, so there is nothing to recompute\n");
+  else if (r.cfg.model.recompute_granularity == "full" && !backend.cuda)
+    std::printf("laoyao: the CPU backend keeps every activation (full recomputation is done on the CUDA backend; "
+                "it changes memory, not the numbers)\n");
   // Several ranks: data parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each, LOCAL_RANK's,
   // as torch.cuda.set_device(local_rank) in Megatron; gradients over NCCL).
   std::unique_ptr<dist::ProcessGroup> group;

@@ -16,6 +16,12 @@ enum class Positions { LearnedAbsolute, Rope, None };
 // else our flash kernels where they take the head dim, else unfused. The CPU backend has one
 // attention.
 enum class AttentionBackend { Auto, Fused, Flash, Unfused };
+// Megatron's full activation recomputation (--recompute-granularity full): Uniform keeps only the
+// input of each chunk of recompute_num_layers consecutive layers and re-runs the chunk's forward
+// in the backward; Block does so for each of the first recompute_num_layers layers alone and keeps
+// every activation of the others. The numbers do not change, only memory (CUDA backend; the CPU
+// backend keeps every activation).
+enum class Recompute { None, Uniform, Block };
 
 struct GptConfig {
   int64_t num_layers = 0;
@@ -46,6 +52,8 @@ struct GptConfig {
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  Recompute recompute = Recompute::None;
+  int64_t recompute_num_layers = 0;
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
   int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }

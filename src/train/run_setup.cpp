@@ -62,6 +62,20 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
                         : m.attention_backend == "auto"                                   ? model::AttentionBackend::Auto
                         : m.attention_backend == "fused"                                  ? model::AttentionBackend::Fused
                                                                                           : model::AttentionBackend::Flash;
+  // Selective recomputation (core attention) saves nothing where attention keeps no s x s scores
+  // (cuDNN's and our flash kernels): only full recomputation changes what is kept.
+  if (m.recompute_granularity == "full") {
+    if (!m.recompute_method)
+      throw UsageError("model.recompute_granularity full (--recompute-granularity full) needs model.recompute_method "
+                       "(--recompute-method) uniform or block, as Megatron-Core requires");
+    g.recompute = *m.recompute_method == "block" ? model::Recompute::Block : model::Recompute::Uniform;
+    g.recompute_num_layers = m.recompute_num_layers.value_or(1);  // Megatron-LM's --recompute-num-layers default
+    const int64_t lo = g.recompute == model::Recompute::Block ? 0 : 1;
+    if (g.recompute_num_layers < lo || g.recompute_num_layers > g.num_layers)
+      throw UsageError("model.recompute_num_layers (--recompute-num-layers) " + std::to_string(g.recompute_num_layers) +
+                       " is outside " + std::to_string(lo) + ".." + std::to_string(g.num_layers) +
+                       " (the layers of the model) for recompute_method " + *m.recompute_method);
+  }
   return g;
 }
 

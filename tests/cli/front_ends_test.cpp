@@ -204,3 +204,30 @@ TEST(Cli, DumpEnvRedactsSecrets) {
   EXPECT_FALSE(contains(r.output, "hunter2"));
   EXPECT_TRUE(contains(r.output, "  LAOYAO_TEST_PLAIN=visible\n"));
 }
+
+// Full recomputation: Megatron-Core's rules on the flags (exit 2, one message naming them); a valid
+// setting trains, and on the CPU backend the run says that it keeps every activation.
+TEST(Cli, RecomputeFlagsFollowMegatronsRules) {
+  const std::vector<std::string> args = {"pretrain-gpt", "--num-layers", "2", "--hidden-size", "64",
+                                         "--num-attention-heads", "2", "--seq-length", "32", "--micro-batch-size", "2",
+                                         "--global-batch-size", "2", "--train-iters", "1", "--eval-iters", "0",
+                                         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+                                         "--lr", "1e-3"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run_laoyao(a, ".", "LAOYAO_DEVICE=cpu");
+  };
+  auto r = with({"--recompute-granularity", "full"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--recompute-method")) << r.output;
+  r = with({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "3"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--recompute-num-layers) 3 is outside 1..2")) << r.output;
+  r = with({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "the CPU backend keeps every activation")) << r.output;
+  r = with({"--recompute-activations"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "nothing to recompute")) << r.output;
+}

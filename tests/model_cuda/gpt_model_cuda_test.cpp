@@ -308,3 +308,55 @@ TEST(CudaGptModel, FusedAttentionGraphReplayMatchesEagerStep) {
     EXPECT_LT(rel_err(grads[call].data(), grads[0].data(), gpu.num_parameters()), 1e-3) << "call " << call;
   }
 }
+
+// Full recomputation changes memory, not the numbers: uniform chunks of one and two layers and
+// block recomputation of the first one or two layers give the bits of the run that keeps every
+// activation, with dropout (eager steps) and without (the second call replays a captured graph).
+// Block recomputation of one layer saves nothing: that layer's pool set plus its kept input
+// replace its own activations.
+TEST(CudaGptModel, FullRecomputationGivesTheSameBitsInLessMemory) {
+  for (const bool dropout : {true, false}) {
+    SCOPED_TRACE(dropout ? "dropout" : "no dropout (graph replay)");
+    GptConfig base = with_attention(small_config(2, 2), AttentionBackend::Flash);
+    base.num_layers = 3;
+    if (dropout) base.hidden_dropout = 0.1, base.attention_dropout = 0.1;
+    GptModel cpu(base);
+    random_weights(cpu, cpu.weights());
+    const Batch x = random_batch(2, 48, base.vocab);
+    const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+    struct Run {
+      std::vector<float> losses, grads;
+      size_t bytes;
+    };
+    auto run = [&](Recompute r, int64_t n) {
+      GptConfig c = base;
+      c.recompute = r;
+      c.recompute_num_layers = n;
+      CudaGptModel gpu(c, 2, 48);
+      gpu.upload_weights(cpu.weights());
+      Run out;
+      for (int call = 0; call < 2; ++call) {
+        gpu.zero_grads();
+        gpu.forward(mb, x.mask.data(), {1234, 9, true}, x.dloss.data());
+        gpu.backward();
+        (void)gpu.take_loss_sum();
+      }
+      out.losses = gpu.download_losses();
+      out.grads.resize(static_cast<size_t>(gpu.num_parameters()));
+      gpu.download_grads(out.grads.data());
+      out.bytes = gpu.device_bytes();
+      return out;
+    };
+    const Run keep = run(Recompute::None, 0);
+    for (const auto& [mode, n] : {std::pair{Recompute::Uniform, int64_t{1}}, std::pair{Recompute::Uniform, int64_t{2}},
+                                  std::pair{Recompute::Block, int64_t{1}}, std::pair{Recompute::Block, int64_t{2}}}) {
+      SCOPED_TRACE(std::string(mode == Recompute::Block ? "block " : "uniform ") + std::to_string(n));
+      const Run r = run(mode, n);
+      EXPECT_EQ(r.losses, keep.losses);
+      EXPECT_EQ(r.grads, keep.grads);
+      if (!(mode == Recompute::Block && n == 1)) {
+        EXPECT_LT(r.bytes, keep.bytes);
+      }
+    }
+  }
+}

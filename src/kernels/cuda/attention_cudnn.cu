@@ -226,16 +226,18 @@ CudnnAttention::Plans& CudnnAttention::plans_for(int64_t b) {
   return *plans_.emplace(b, std::move(p)).first->second;
 }
 
+const bf16* CudnnAttention::query_heads(const bf16* qkv, const AttentionShape& a) {
+  if (!gathers_q()) return qkv;  // MHA: read in place
+  launch_copy<true>(const_cast<bf16*>(qkv), q_.as<bf16>(), a, stream_);
+  return q_.as<bf16>();
+}
+
 void CudnnAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
   Plans& p = plans_for(b);
   AttentionShape a = shape_;
   a.b = b;
   const Views v = views_of(a, gathers_q());
-  const bf16* q = qkv;
-  if (gathers_q()) {
-    launch_copy<true>(const_cast<bf16*>(qkv), q_.as<bf16>(), a, stream_);
-    q = q_.as<bf16>();
-  }
+  const bf16* q = query_heads(qkv, a);
   p.fwd.execute(handle_,
                 {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kStats, lse}, {kScale, &scale_},
                  {kNegInf, &kNegInfValue}},
@@ -249,11 +251,7 @@ void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx
   a.b = b;
   const Views v = views_of(a, gathers_q());
   // The scratch holds the last forward's layer: gather this layer's query heads again.
-  const bf16* q = qkv;
-  if (gathers_q()) {
-    launch_copy<true>(const_cast<bf16*>(qkv), q_.as<bf16>(), a, stream_);
-    q = q_.as<bf16>();
-  }
+  const bf16* q = query_heads(qkv, a);
   bf16* dq = gathers_q() ? dq_.as<bf16>() : dqkv;
   // Our part of the workspace: the fp32 dQ accumulator (zeroed: cuDNN adds into it) and the
   // softmax row sums.

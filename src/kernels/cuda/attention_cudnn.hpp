@@ -54,6 +54,8 @@ class CudnnAttention {
   };
   Plans& plans_for(int64_t b);
   bool gathers_q() const { return shape_.H != shape_.G; }
+  // Where cuDNN reads the query heads: qkv itself (MHA), or q_ after gathering them (GQA).
+  const __nv_bfloat16* query_heads(const __nv_bfloat16* qkv, const AttentionShape& a);
   size_t dq_accum_bytes() const;          // the fp32 dQ accumulator, full batch
   size_t backward_scratch_bytes() const;  // our part of the workspace: dQ accumulator, row sums
 

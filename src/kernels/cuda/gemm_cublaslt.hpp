@@ -4,8 +4,10 @@
 // call; every later call with that problem reuses them (the training step never builds one).
 //
 // The algorithm: cuBLASLt's heuristic offers up to kCandidates; on the first call each is timed on
-// the call's own operands (a scratch output where the call accumulates into D) and the fastest is
-// kept, since the heuristic's first choice is not always the fastest on the GPU at hand.
+// the call's own operands (a scratch output where the call accumulates into D; three interleaved
+// rounds, each candidate's fastest kept) and another candidate replaces the heuristic's first
+// choice only when it is at least 3% faster: the first choice is not always the fastest on the GPU
+// at hand, but a measured tie is noise.
 // LAOYAO_GEMM_AUTOTUNE=0 keeps the heuristic's first choice. A first call made while the stream is
 // being captured into a CUDA graph cannot time anything and keeps the first choice too.
 #pragma once

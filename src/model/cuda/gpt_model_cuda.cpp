@@ -121,32 +121,59 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
        size_t(kc::kReduceBlocks) * 2,
        c.qk_layernorm ? kc::qk_rmsnorm_backward_scratch_floats(T, c.heads, c.query_groups, c.kv_channels) : 0});
 
+  // Full activation recomputation: the layers it covers share a pool of one chunk's activations,
+  // and each chunk keeps only its input (chunk_start_/chunk_end_ say which layers, -1 for none).
+  chunk_start_.assign(static_cast<size_t>(c.num_layers), -1);
+  chunk_end_.assign(static_cast<size_t>(c.num_layers), -1);
+  int64_t pool_layers = 0;
+  if (c.recompute != Recompute::None && c.recompute_num_layers > 0) {
+    const bool block = c.recompute == Recompute::Block;
+    const int64_t n = c.recompute_num_layers, covered = block ? std::min(n, c.num_layers) : c.num_layers;
+    const int64_t chunk = block ? 1 : n;
+    for (int64_t l = 0; l < covered; ++l) {
+      chunk_start_[l] = l / chunk * chunk;
+      chunk_end_[l] = std::min(chunk_start_[l] + chunk, covered) - 1;
+    }
+    pool_layers = covered > 0 ? std::min(chunk, covered) : 0;
+  }
+  auto carve_layer = [&](Carver& a, LayerActs& L) {
+    L.x_in = a.take<bf16>(T * h);
+    L.ln1 = a.take<bf16>(T * h);
+    L.ln1_mean = a.take<float>(T);
+    L.ln1_rstd = a.take<float>(T);
+    L.qkv = a.take<bf16>(T * c.qkv_width());
+    // QK layernorm writes its output beside qkv (its backward reads the un-normalised values);
+    // without it RoPE and attention work on qkv itself.
+    L.qkv_attn = c.qk_layernorm ? a.take<bf16>(T * c.qkv_width()) : L.qkv;
+    L.qk_rstd = c.qk_layernorm ? a.take<float>(T * (c.heads + c.query_groups)) : nullptr;
+    L.attn.q = a.take<bf16>(heads_elems);
+    L.attn.k = a.take<bf16>(heads_elems);
+    L.attn.v = a.take<bf16>(heads_elems);
+    L.attn.probs = a.take<bf16>(probs_elems);
+    L.attn.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
+    L.lse = fused ? a.take<float>(lse_elems) : nullptr;
+    L.ctx = a.take<bf16>(T * HD);
+    L.x_mid = a.take<bf16>(T * h);
+    L.ln2 = a.take<bf16>(T * h);
+    L.ln2_mean = a.take<float>(T);
+    L.ln2_rstd = a.take<float>(T);
+    L.u = a.take<bf16>(T * c.fc1_width());
+    L.g = a.take<bf16>(T * c.ffn);
+  };
+
   auto carve = [&](Carver& a) {
     layers_.assign(static_cast<size_t>(c.num_layers), LayerActs{});
     emb_out_ = a.take<bf16>(T * h);
-    for (auto& L : layers_) {
-      L.x_in = a.take<bf16>(T * h);
-      L.ln1 = a.take<bf16>(T * h);
-      L.ln1_mean = a.take<float>(T);
-      L.ln1_rstd = a.take<float>(T);
-      L.qkv = a.take<bf16>(T * c.qkv_width());
-      // QK layernorm writes its output beside qkv (its backward reads the un-normalised values);
-      // without it RoPE and attention work on qkv itself.
-      L.qkv_attn = c.qk_layernorm ? a.take<bf16>(T * c.qkv_width()) : L.qkv;
-      L.qk_rstd = c.qk_layernorm ? a.take<float>(T * (c.heads + c.query_groups)) : nullptr;
-      L.attn.q = a.take<bf16>(heads_elems);
-      L.attn.k = a.take<bf16>(heads_elems);
-      L.attn.v = a.take<bf16>(heads_elems);
-      L.attn.probs = a.take<bf16>(probs_elems);
-      L.attn.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
-      L.lse = fused ? a.take<float>(lse_elems) : nullptr;
-      L.ctx = a.take<bf16>(T * HD);
-      L.x_mid = a.take<bf16>(T * h);
-      L.ln2 = a.take<bf16>(T * h);
-      L.ln2_mean = a.take<float>(T);
-      L.ln2_rstd = a.take<float>(T);
-      L.u = a.take<bf16>(T * c.fc1_width());
-      L.g = a.take<bf16>(T * c.ffn);
+    std::vector<LayerActs> pool(static_cast<size_t>(pool_layers));
+    for (auto& P : pool) carve_layer(a, P);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      LayerActs& L = layers_[l];
+      if (chunk_start_[l] < 0) {
+        carve_layer(a, L);
+      } else {
+        L = pool[static_cast<size_t>(l - chunk_start_[l])];
+        if (l == chunk_start_[l]) L.x_in = a.take<bf16>(T * h);  // the chunk's input, kept
+      }
     }
     x_final_ = a.take<bf16>(T * h);
     xf_ = a.take<bf16>(T * h);
@@ -410,7 +437,7 @@ cudaGraphExec_t CudaGptModel::capture(const std::function<void()>& enqueue) {
 void CudaGptModel::enqueue_forward(bool with_loss_grad) {
   const auto& c = cfg_;
   const DropoutKey& key = key_;
-  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
+  const int64_t T = b_ * s_, h = c.hidden;
   const std::string call = std::to_string(key.call);
 
   // Embedding (word + position), then embedding dropout, into layer 0's input.
@@ -420,56 +447,7 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
                         P(layout_.pos_emb), emb_drop.p > 0 ? emb_out_ : x, T, h, c.vocab, c.max_positions, stream_);
   if (emb_drop.p > 0) kc::dropout_apply(emb_out_, x, T * h, emb_drop, stream_);
 
-  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const GptLayerOffsets& W = layout_.layers[l];
-    LayerActs& a = layers_[l];
-    bf16* x_out = l + 1 < c.num_layers ? layers_[l + 1].x_in : x_final_;
-    const std::string site = "dropout.layer" + std::to_string(l) + ".";
-    norm_forward(a.x_in, W.ln1_w, W.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
-    linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
-    // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE.
-    if (c.qk_layernorm)
-      kc::qk_rmsnorm_forward(a.qkv, P(W.q_norm), P(W.k_norm), a.qkv_attn, a.qk_rstd, T, c.heads, c.query_groups, D,
-                             c.norm_eps, c.zero_centered_gamma, stream_);
-    // RoPE rotates q and k of qkv_attn in place: nothing later needs them unrotated (the QKV GEMM's
-    // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
-    // rotated values).
-    if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
-    const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
-    if (attention_ == AttentionPath::Cudnn)
-      cudnn_attention_->forward(a.qkv_attn, a.ctx, a.lse, b_);
-    else if (attention_ == AttentionPath::Flash)
-      kc::attention_flash_forward(a.qkv_attn, a.ctx, a.lse, shape, attn_drop, stream_);
-    else
-      kc::attention_unfused_forward(gemm_, a.qkv_attn, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
-    // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
-    const auto drop1 = dropout(c.hidden_dropout, key.seed, site + "attention." + call);
-    if (drop1.p > 0) {
-      linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
-      kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h, drop1, stream_);
-    } else {
-      linear_forward(a.ctx, W.proj_w, W.proj_b, a.x_mid, c.heads * D, h, a.x_in);
-    }
-    norm_forward(a.x_mid, W.ln2_w, W.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
-    if (c.activation == Activation::SwiGLU) {
-      linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
-      kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
-    } else if (gelu_epilogue_) {  // u = fc1's output with its bias, g = gelu(u), in one GEMM
-      gemm_.linear_forward_gelu(a.ln2, P(W.fc1_w), P(W.fc1_b), a.g, a.u, T, h, c.ffn, stream_);
-    } else {
-      // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
-      linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
-      kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
-    }
-    const auto drop2 = dropout(c.hidden_dropout, key.seed, site + "mlp." + call);
-    if (drop2.p > 0) {
-      linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
-      kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop2, stream_);
-    } else {
-      linear_forward(a.g, W.fc2_w, W.fc2_b, x_out, c.ffn, h, a.x_mid);
-    }
-  }
+  for (int64_t l = 0; l < c.num_layers; ++l) enqueue_layer_forward(l);
   norm_forward(x_final_, layout_.final_w, layout_.final_b, xf_, xf_mean_, xf_rstd_);
   linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
   if (with_loss_grad) {
@@ -478,6 +456,63 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
   }
   kc::masked_loss_sum(losses_, mask_, T, loss_acc_.as<double>(), stream_);
+}
+
+// One transformer layer's forward from layers_[l].x_in; the forward pass, and the backward when it
+// recomputes a chunk of layers (full recomputation: same kernels, same dropout keys, same bits).
+void CudaGptModel::enqueue_layer_forward(int64_t l) {
+  const auto& c = cfg_;
+  const DropoutKey& key = key_;
+  const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
+  const std::string call = std::to_string(key.call);
+  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  const GptLayerOffsets& W = layout_.layers[l];
+  LayerActs& a = layers_[l];
+  bf16* x_out = l + 1 < c.num_layers ? layers_[l + 1].x_in : x_final_;
+  const std::string site = "dropout.layer" + std::to_string(l) + ".";
+  norm_forward(a.x_in, W.ln1_w, W.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
+  linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
+  // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE.
+  if (c.qk_layernorm)
+    kc::qk_rmsnorm_forward(a.qkv, P(W.q_norm), P(W.k_norm), a.qkv_attn, a.qk_rstd, T, c.heads, c.query_groups, D,
+                           c.norm_eps, c.zero_centered_gamma, stream_);
+  // RoPE rotates q and k of qkv_attn in place: nothing later needs them unrotated (the QKV GEMM's
+  // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
+  // rotated values).
+  if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
+  const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
+  if (attention_ == AttentionPath::Cudnn)
+    cudnn_attention_->forward(a.qkv_attn, a.ctx, a.lse, b_);
+  else if (attention_ == AttentionPath::Flash)
+    kc::attention_flash_forward(a.qkv_attn, a.ctx, a.lse, shape, attn_drop, stream_);
+  else
+    kc::attention_unfused_forward(gemm_, a.qkv_attn, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
+  // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
+  const auto drop1 = dropout(c.hidden_dropout, key.seed, site + "attention." + call);
+  if (drop1.p > 0) {
+    linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
+    kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h, drop1, stream_);
+  } else {
+    linear_forward(a.ctx, W.proj_w, W.proj_b, a.x_mid, c.heads * D, h, a.x_in);
+  }
+  norm_forward(a.x_mid, W.ln2_w, W.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
+  if (c.activation == Activation::SwiGLU) {
+    linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
+    kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
+  } else if (gelu_epilogue_) {  // u = fc1's output with its bias, g = gelu(u), in one GEMM
+    gemm_.linear_forward_gelu(a.ln2, P(W.fc1_w), P(W.fc1_b), a.g, a.u, T, h, c.ffn, stream_);
+  } else {
+    // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
+    linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
+    kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
+  }
+  const auto drop2 = dropout(c.hidden_dropout, key.seed, site + "mlp." + call);
+  if (drop2.p > 0) {
+    linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
+    kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop2, stream_);
+  } else {
+    linear_forward(a.g, W.fc2_w, W.fc2_b, x_out, c.ffn, h, a.x_mid);
+  }
 }
 
 void CudaGptModel::backward() {
@@ -497,6 +532,9 @@ void CudaGptModel::enqueue_backward() {
 
   const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+    // Full recomputation: entering a chunk from its end, rebuild its layers' activations first.
+    if (chunk_end_[l] == l)
+      for (int64_t j = chunk_start_[l]; j <= l; ++j) enqueue_layer_forward(j);
     const GptLayerOffsets& W = layout_.layers[l];
     LayerActs& a = layers_[l];
     const std::string site = "dropout.layer" + std::to_string(l) + ".";

@@ -99,6 +99,7 @@ class CudaGptModel {
   void init_attention(const kernels::cuda::AttentionShape& shape);
   // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
   void enqueue_forward(bool with_loss_grad);
+  void enqueue_layer_forward(int64_t l);
   void enqueue_backward();
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
   void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
@@ -124,6 +125,9 @@ class CudaGptModel {
   kernels::cuda::DeviceBuffer rope_table_;  // cos then sin, [max_positions, rot_dim / 2] each
   kernels::cuda::RopeDeviceTable rope_;     // rot_dim 0: no rotary embeddings
   std::vector<LayerActs> layers_;
+  // Full recomputation: the first and last layer of layer l's chunk, or -1 where l keeps its own
+  // activations (then layers_[l] aliases the shared pool, all but the chunk's input).
+  std::vector<int64_t> chunk_start_, chunk_end_;
   bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
   kernels::cuda::UnfusedAttentionScratch attn_scratch_;
