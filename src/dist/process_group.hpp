@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/rank_env.hpp"
 
@@ -20,6 +21,8 @@ class ProcessGroup {
   // In place, every rank ends with the element-wise sum over ranks.
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // In place, the element-wise maximum over ranks (vocab-parallel cross entropy's logit maximum).
+  virtual void all_reduce_max(float* data, size_t n) = 0;
   virtual void barrier() = 0;
   // Device memory of a GPU rank: in place, data = sum over ranks of (scale * data), enqueued on
   // `stream` (a cudaStream_t) without waiting. Only groups from make_gpu_process_group have it.
@@ -31,6 +34,12 @@ bool gloo_built();
 // Connects the ranks of `env` (a UsageError when Gloo is not built or LAOYAO_RENDEZVOUS_DIR is not
 // set). A collective that waits longer than `timeout_minutes` fails with an Error that says so.
 std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv& env, double timeout_minutes);
+
+// A group of some of the world's ranks (a tensor- or data-parallel group of ParallelLayout), named
+// so that groups meet apart in the store: every member calls it with the same members (world
+// ranks, this rank among them) and name; its rank() is this rank's place in `members`.
+std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv& env, double timeout_minutes,
+                                                     const std::vector<int64_t>& members, const std::string& name);
 
 // The same Gloo group for host values plus an NCCL communicator over the ranks' current devices
 // (each rank selects its GPU first: cuda_set_device(LOCAL_RANK)). A UsageError without the CUDA

@@ -50,6 +50,7 @@ class NcclGroup final : public ProcessGroup {
   int size() const override { return host_->size(); }
   void all_reduce_sum(float* data, size_t n) override { host_->all_reduce_sum(data, n); }
   void all_reduce_sum(double* data, size_t n) override { host_->all_reduce_sum(data, n); }
+  void all_reduce_max(float* data, size_t n) override { host_->all_reduce_max(data, n); }
   void barrier() override { host_->barrier(); }
   void all_reduce_sum_device(float* data, size_t n, void* stream, double scale) override {
     if (n == 0) return;

@@ -1,0 +1,54 @@
+// Megatron's rank layout (see parallel_layout.hpp).
+#include "dist/parallel_layout.hpp"
+
+#include <string>
+
+#include "core/error.hpp"
+
+namespace laoyao::dist {
+
+ParallelLayout::ParallelLayout(int64_t world_size, ParallelSizes sizes) : world_(world_size), sizes_(sizes) {
+  if (world_size <= 0 || sizes.tp <= 0 || sizes.cp <= 0 || sizes.pp <= 0)
+    throw UsageError("the world size and the tensor-, context- and pipeline-parallel sizes must be positive");
+  const int64_t mp = sizes.tp * sizes.cp * sizes.pp;
+  if (world_size % mp != 0)
+    throw UsageError("world size (" + std::to_string(world_size) + ") is not divisible by tensor x context x "
+                     "pipeline parallel size (" + std::to_string(sizes.tp) + " x " + std::to_string(sizes.cp) +
+                     " x " + std::to_string(sizes.pp) + ")");
+  dp_ = world_size / mp;
+}
+
+RankCoords ParallelLayout::coords(int64_t rank) const {
+  if (rank < 0 || rank >= world_)
+    throw Error("rank " + std::to_string(rank) + " outside the world of " + std::to_string(world_));
+  RankCoords c;
+  int64_t r = rank;
+  c.tp = r % sizes_.tp, r /= sizes_.tp;
+  c.cp = r % sizes_.cp, r /= sizes_.cp;
+  c.dp = r % dp_, r /= dp_;
+  c.pp = r;
+  return c;
+}
+
+int64_t ParallelLayout::rank_of(const RankCoords& c) const {
+  return ((c.pp * dp_ + c.dp) * sizes_.cp + c.cp) * sizes_.tp + c.tp;
+}
+
+std::vector<int64_t> ParallelLayout::group_along(int64_t rank, Axis axis) const {
+  const RankCoords base = coords(rank);
+  const int64_t n = axis == Axis::Tp ? sizes_.tp : axis == Axis::Cp ? sizes_.cp : axis == Axis::Dp ? dp_ : sizes_.pp;
+  std::vector<int64_t> members;
+  for (int64_t i = 0; i < n; ++i) {
+    RankCoords c = base;
+    (axis == Axis::Tp ? c.tp : axis == Axis::Cp ? c.cp : axis == Axis::Dp ? c.dp : c.pp) = i;
+    members.push_back(rank_of(c));
+  }
+  return members;
+}
+
+std::vector<int64_t> ParallelLayout::tp_group(int64_t rank) const { return group_along(rank, Axis::Tp); }
+std::vector<int64_t> ParallelLayout::cp_group(int64_t rank) const { return group_along(rank, Axis::Cp); }
+std::vector<int64_t> ParallelLayout::dp_group(int64_t rank) const { return group_along(rank, Axis::Dp); }
+std::vector<int64_t> ParallelLayout::pp_group(int64_t rank) const { return group_along(rank, Axis::Pp); }
+
+}  // namespace laoyao::dist

@@ -1,0 +1,48 @@
+// Megatron's rank layout (megatron.core.parallel_state, order "tp-cp-ep-dp-pp"): tensor-parallel
+// ranks innermost (consecutive ranks: one node's NVLink domain), then context-parallel, then
+// data-parallel, pipeline outermost. A rank's coordinates and the members of each of its groups
+// follow from the world size and the three model-parallel sizes alone, identically on every rank.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace laoyao::dist {
+
+struct ParallelSizes {
+  int64_t tp = 1, cp = 1, pp = 1;
+};
+
+struct RankCoords {
+  int64_t tp = 0, cp = 0, dp = 0, pp = 0;
+};
+
+class ParallelLayout {
+ public:
+  // A UsageError when the world size is not a multiple of tp * cp * pp (Megatron's rule) or a size
+  // is not positive.
+  ParallelLayout(int64_t world_size, ParallelSizes sizes);
+
+  int64_t world_size() const { return world_; }
+  const ParallelSizes& sizes() const { return sizes_; }
+  int64_t dp() const { return dp_; }
+
+  RankCoords coords(int64_t rank) const;
+  int64_t rank_of(const RankCoords& c) const;
+
+  // The ranks of `rank`'s group along one axis (every other coordinate equal), in order of that
+  // axis's coordinate: tensor-parallel (consecutive ranks), context-, data- and pipeline-parallel.
+  std::vector<int64_t> tp_group(int64_t rank) const;
+  std::vector<int64_t> cp_group(int64_t rank) const;
+  std::vector<int64_t> dp_group(int64_t rank) const;
+  std::vector<int64_t> pp_group(int64_t rank) const;
+
+ private:
+  enum class Axis { Tp, Cp, Dp, Pp };
+  std::vector<int64_t> group_along(int64_t rank, Axis axis) const;
+
+  int64_t world_;
+  ParallelSizes sizes_;
+  int64_t dp_;
+};
+
+}  // namespace laoyao::dist
