@@ -1,0 +1,143 @@
+// Megatron-Core's tensor-parallel layers on CPU ranks against the unsharded layers: threads play
+// the ranks of a tensor-parallel group (Gloo), each holding its shards; the outputs and gradients
+// they produce, put together, are the single-rank layer's (fp32, up to the order of the sums).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "dist/process_group.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "model/tensor_parallel.hpp"
+
+using namespace laoyao;
+using namespace laoyao::model;
+
+namespace {
+
+std::vector<float> randn(int64_t n, const char* stream, double scale = 1.0) {
+  Rng rng(42, stream);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<float>(scale * rng.normal());
+  return v;
+}
+
+void expect_close(const float* got, const float* want, int64_t n, const std::string& what) {
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << what << " [" << i << "]";
+}
+
+// Runs fn(rank, group) on `ranks` threads, each with its own Gloo group over all of them.
+void run_ranks(int ranks, const std::function<void(int, dist::ProcessGroup*)>& fn) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("laoyao_tp_test_" + std::to_string(::getpid()) + "_" + std::to_string(ranks));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  setenv("LAOYAO_RENDEZVOUS_DIR", dir.c_str(), 1);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        dist::RankEnv env;
+        env.rank = r, env.world_size = ranks;
+        auto group = dist::make_cpu_process_group(env, 1.0);
+        fn(r, group.get());
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  unsetenv("LAOYAO_RENDEZVOUS_DIR");
+  std::filesystem::remove_all(dir);
+  for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+}  // namespace
+
+TEST(TensorParallel, ShardsSplitEvenlyAndRefuseTheRest) {
+  EXPECT_EQ(tp::shard_of(12, 2, 3).start, 8);
+  EXPECT_EQ(tp::shard_of(12, 2, 3).size, 4);
+  EXPECT_THROW(tp::shard_of(10, 0, 4), Error);
+  const std::vector<float> m = {0, 1, 2, 3, 4, 5, 6, 7};  // [2, 4]
+  EXPECT_EQ(tp::shard_rows(m.data(), 2, 4, {1, 1}), (std::vector<float>{4, 5, 6, 7}));
+  EXPECT_EQ(tp::shard_cols(m.data(), 2, 4, {2, 2}), (std::vector<float>{2, 3, 6, 7}));
+}
+
+// An MLP as Megatron splits it: fc1 column-parallel, fc2 row-parallel; forward and backward.
+TEST(TensorParallel, ColumnThenRowParallelLinearsMatchTheUnshardedMlp) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  const int64_t T = 5, K = 6, F = 8, N = 7;
+  const auto x = randn(T * K, "tp.x"), w1 = randn(F * K, "tp.w1", 0.3), b1 = randn(F, "tp.b1", 0.3);
+  const auto w2 = randn(N * F, "tp.w2", 0.3), b2 = randn(N, "tp.b2", 0.3), dout = randn(T * N, "tp.dout");
+  std::vector<float> h(T * F), out(T * N), dh(T * F), dx(T * K), dw1(F * K, 0.f), db1(F, 0.f), dw2(N * F, 0.f),
+      db2(N, 0.f);
+  kernels::cpu::linear_forward(x.data(), w1.data(), b1.data(), h.data(), T, K, F);
+  kernels::cpu::linear_forward(h.data(), w2.data(), b2.data(), out.data(), T, F, N);
+  kernels::cpu::linear_backward(h.data(), w2.data(), dout.data(), dh.data(), dw2.data(), db2.data(), T, F, N);
+  kernels::cpu::linear_backward(x.data(), w1.data(), dh.data(), dx.data(), dw1.data(), db1.data(), T, K, F);
+
+  for (const int t : {2, 4}) {
+    SCOPED_TRACE("TP=" + std::to_string(t));
+    run_ranks(t, [&](int r, dist::ProcessGroup* g) {
+      const tp::Shard s = tp::shard_of(F, r, t);
+      const auto w1_l = tp::shard_rows(w1.data(), F, K, s), b1_l = tp::shard_rows(b1.data(), F, 1, s);
+      const auto w2_l = tp::shard_cols(w2.data(), N, F, s);
+      std::vector<float> h_l(T * s.size), o(T * N), dh_l(T * s.size), dx_r(T * K), dw1_l(s.size * K, 0.f),
+          db1_l(s.size, 0.f), dw2_l(N * s.size, 0.f), db2_r(N, 0.f);
+      tp::column_parallel_forward(x.data(), w1_l.data(), b1_l.data(), h_l.data(), T, K, s.size);
+      tp::row_parallel_forward(h_l.data(), w2_l.data(), b2.data(), o.data(), T, s.size, N, g);
+      tp::row_parallel_backward(h_l.data(), w2_l.data(), dout.data(), dh_l.data(), dw2_l.data(), db2_r.data(), T,
+                                s.size, N);
+      tp::column_parallel_backward(x.data(), w1_l.data(), dh_l.data(), dx_r.data(), dw1_l.data(), db1_l.data(), T, K,
+                                   s.size, g);
+      expect_close(o.data(), out.data(), T * N, "output (every rank)");
+      expect_close(dx_r.data(), dx.data(), T * K, "d input (every rank)");
+      expect_close(db2_r.data(), db2.data(), N, "fc2 bias grad (replicated)");
+      expect_close(h_l.data(), tp::shard_cols(h.data(), T, F, s).data(), T * s.size, "fc1 output shard");
+      expect_close(dw1_l.data(), tp::shard_rows(dw1.data(), F, K, s).data(), s.size * K, "fc1 weight grad shard");
+      expect_close(db1_l.data(), tp::shard_rows(db1.data(), F, 1, s).data(), s.size, "fc1 bias grad shard");
+      expect_close(dw2_l.data(), tp::shard_cols(dw2.data(), N, F, s).data(), N * s.size, "fc2 weight grad shard");
+    });
+  }
+}
+
+// The word embedding and the loss over a vocabulary split over the group, targets in every shard.
+TEST(TensorParallel, VocabParallelEmbeddingAndCrossEntropyMatchTheUnshardedOnes) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  const int64_t T = 9, C = 4, V = 12;
+  const auto table = randn(V * C, "tp.table"), logits = randn(T * V, "tp.logits", 3.0), dy = randn(T * C, "tp.dy");
+  const auto dloss = randn(T, "tp.dloss");
+  std::vector<int64_t> ids(T), targets(T);
+  for (int64_t t = 0; t < T; ++t) ids[t] = (t * 5) % V, targets[t] = (t * 7 + 3) % V;
+  std::vector<float> emb(T * C), dtable(V * C, 0.f), loss(T), lse(T), dlogits = logits;
+  kernels::cpu::embedding_forward(ids.data(), table.data(), emb.data(), T, C, V, /*accumulate=*/false);
+  kernels::cpu::embedding_backward(ids.data(), dy.data(), dtable.data(), T, C);
+  kernels::cpu::cross_entropy_forward(logits.data(), targets.data(), loss.data(), lse.data(), T, V);
+  kernels::cpu::cross_entropy_backward(dlogits.data(), targets.data(), lse.data(), dloss.data(), T, V);
+
+  for (const int t : {2, 3}) {
+    SCOPED_TRACE("TP=" + std::to_string(t));
+    run_ranks(t, [&](int r, dist::ProcessGroup* g) {
+      const tp::Shard s = tp::shard_of(V, r, t);
+      const auto table_l = tp::shard_rows(table.data(), V, C, s);
+      std::vector<float> e(T * C), dtable_l(s.size * C, 0.f), l(T), stats(2 * T);
+      tp::vocab_parallel_embedding_forward(ids.data(), table_l.data(), e.data(), T, C, s, g);
+      tp::vocab_parallel_embedding_backward(ids.data(), dy.data(), dtable_l.data(), T, C, s);
+      expect_close(e.data(), emb.data(), T * C, "embedding (every rank)");
+      expect_close(dtable_l.data(), tp::shard_rows(dtable.data(), V, C, s).data(), s.size * C, "table grad shard");
+      auto z = tp::shard_cols(logits.data(), T, V, s);
+      tp::vocab_parallel_cross_entropy_forward(z.data(), targets.data(), l.data(), stats.data(), T, s, g);
+      tp::vocab_parallel_cross_entropy_backward(z.data(), targets.data(), stats.data(), dloss.data(), T, s);
+      expect_close(l.data(), loss.data(), T, "loss (every rank)");
+      expect_close(z.data(), tp::shard_cols(dlogits.data(), T, V, s).data(), T * s.size, "logit grad shard");
+    });
+  }
+}
