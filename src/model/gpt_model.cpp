@@ -9,12 +9,16 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/gpt_tp.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace laoyao::model {
 
 namespace k = laoyao::kernels::cpu;
 
-GptModel::GptModel(const GptConfig& cfg) : cfg_(cfg) {
+GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp) : cfg_(cfg), tp_(tp) {
+  if (tp_ && tp_->size() > 1) tp_size_ = tp_->size(), tp_rank_ = tp_->rank();
+  lc_ = tp_local_config(cfg, tp_size_);
   build_parameter_table();
   if (cfg.positions == Positions::Rope) {
     if (cfg.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
@@ -31,7 +35,7 @@ GptModel::GptModel(const GptConfig& cfg) : cfg_(cfg) {
 }
 
 void GptModel::build_parameter_table() {
-  GptParameterLayout layout = build_gpt_parameters(cfg_);
+  GptParameterLayout layout = build_gpt_parameters(lc_);  // this rank's shapes, Megatron-Core's names
   table_ = std::move(layout.table);
   word_emb_ = layout.word_emb, pos_emb_ = layout.pos_emb, final_w_ = layout.final_w, final_b_ = layout.final_b;
   output_w_ = layout.output_w;
@@ -42,7 +46,7 @@ void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 void GptModel::allocate_activations(int64_t b, int64_t s) {
   if (b == b_ && s == s_) return;
-  const auto& c = cfg_;
+  const auto& c = lc_;
   const int64_t T = b * s, h = c.hidden;
   int64_t n = 0;
   auto take = [&](int64_t count) {
@@ -82,7 +86,7 @@ void GptModel::allocate_activations(int64_t b, int64_t s) {
   xf_mean_ = take(T);
   xf_rstd_ = take(T);
   logits_ = take(T * c.vocab);
-  lse_ = take(T);
+  lse_ = take(2 * T);  // the log-sum-exp, or with tensor parallelism the maximum and the sum of exponentials
   acts_.assign(static_cast<size_t>(n), 0.0f);
   // Backward scratch: dqkv/du (widest), d(residual), d(norm out), d(norm in), d(act), d(ctx).
   int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * c.kv_channels, h});
@@ -125,7 +129,7 @@ void norm_backward(const GptConfig& c, const float* dy, const float* x, const fl
 }  // namespace
 
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   allocate_activations(mb.b, mb.s);
   const int64_t T = mb.b * mb.s, h = c.hidden, D = c.kv_channels;
   training_ = key.training;
@@ -141,7 +145,16 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
 
   // Embedding: word + position, then embedding dropout.
   float* x = A(layer_acts_.empty() ? x_final_in_ : layer_acts_[0].x_in);
-  k::embedding_forward(mb.tokens, P(word_emb_), x, T, h, c.vocab, false);
+  const tp::Shard vocab{tp_rank_ * c.vocab, c.vocab};  // this rank's vocabulary rows
+  if (tensor_parallel()) {
+    for (int64_t t = 0; t < T; ++t)
+      if (mb.tokens[t] < 0 || mb.tokens[t] >= cfg_.vocab)
+        throw Error("GptModel: token id " + std::to_string(mb.tokens[t]) + " outside the vocabulary of " +
+                    std::to_string(cfg_.vocab));
+    tp::vocab_parallel_embedding_forward(mb.tokens, P(word_emb_), x, T, h, vocab, tp_);
+  } else {
+    k::embedding_forward(mb.tokens, P(word_emb_), x, T, h, c.vocab, false);
+  }
   if (pos_emb_ >= 0) {
     if (!mb.positions) throw Error("GptModel: learned positions need position ids");
     k::embedding_forward(mb.positions, P(pos_emb_), x, T, h, c.max_positions, true);
@@ -167,14 +180,27 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
       k::rope_forward_qkv(A(a.qkv_attn), rope_positions_.data(), rope_, T, c.heads, c.query_groups, D);
     const float* attn_mask = nullptr;
     if (attn_drop) {
-      dropout_mask(A(a.attn_mask), mb.b * c.heads * mb.s * mb.s, c.attention_dropout, key.seed,
-                   site + "probs." + call);
+      if (tensor_parallel()) {  // the whole model's mask, this rank's heads of it
+        const int64_t per_head = mb.s * mb.s, H = cfg_.heads;
+        full_mask_.resize(static_cast<size_t>(mb.b * H * per_head));
+        dropout_mask(full_mask_.data(), mb.b * H * per_head, c.attention_dropout, key.seed, site + "probs." + call);
+        for (int64_t bi = 0; bi < mb.b; ++bi)
+          std::copy(full_mask_.begin() + (bi * H + tp_rank_ * c.heads) * per_head,
+                    full_mask_.begin() + (bi * H + (tp_rank_ + 1) * c.heads) * per_head,
+                    A(a.attn_mask) + bi * c.heads * per_head);
+      } else {
+        dropout_mask(A(a.attn_mask), mb.b * c.heads * mb.s * mb.s, c.attention_dropout, key.seed,
+                     site + "probs." + call);
+      }
       attn_mask = A(a.attn_mask);
     }
     k::attention_forward(A(a.qkv_attn), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale,
                          attn_mask);
     float* o = A(a.x_mid);  // the branch output is built in place, then the residual added
-    k::linear_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h);
+    if (tensor_parallel())  // RowParallelLinear: this rank's heads' share, summed, then the bias
+      tp::row_parallel_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h, tp_);
+    else
+      k::linear_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h);
     if (drop) {
       dropout_mask(A(a.drop1), T * h, c.hidden_dropout, key.seed, site + "attention." + call);
       multiply(o, A(a.drop1), T * h);
@@ -187,7 +213,10 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
       k::swiglu_forward(A(a.u), A(a.g), T, c.ffn);
     else
       k::gelu_forward(A(a.u), A(a.g), T * c.ffn, gelu_kind(c.activation));
-    k::linear_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h);
+    if (tensor_parallel())
+      tp::row_parallel_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h, tp_);
+    else
+      k::linear_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h);
     if (drop) {
       dropout_mask(A(a.drop2), T * h, c.hidden_dropout, key.seed, site + "mlp." + call);
       multiply(x_out, A(a.drop2), T * h);
@@ -196,11 +225,14 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   }
   norm_forward(c, A(x_final_in_), P(final_w_), opt(final_b_), A(xf_), A(xf_mean_), A(xf_rstd_), T);
   k::linear_forward(A(xf_), P(output_w_), nullptr, A(logits_), T, h, c.vocab);
-  k::cross_entropy_forward(A(logits_), mb.labels, losses, A(lse_), T, c.vocab);
+  if (tensor_parallel())
+    tp::vocab_parallel_cross_entropy_forward(A(logits_), mb.labels, losses, A(lse_), T, vocab, tp_);
+  else
+    k::cross_entropy_forward(A(logits_), mb.labels, losses, A(lse_), T, c.vocab);
 }
 
 void GptModel::backward(const float* dloss) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   if (b_ == 0) throw Error("GptModel::backward without a forward");
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * D, h});
@@ -213,8 +245,14 @@ void GptModel::backward(const float* dloss) {
   const bool drop = training_ && c.hidden_dropout > 0;
 
   // Loss and output layer (tied: the gradient lands in the word embedding).
-  k::cross_entropy_backward(A(logits_), labels_.data(), A(lse_), dloss, T, c.vocab);
+  const tp::Shard vocab{tp_rank_ * c.vocab, c.vocab};
+  if (tensor_parallel())
+    tp::vocab_parallel_cross_entropy_backward(A(logits_), labels_.data(), A(lse_), dloss, T, vocab);
+  else
+    k::cross_entropy_backward(A(logits_), labels_.data(), A(lse_), dloss, T, c.vocab);
+  // Column-parallel layers (output layer, fc1, qkv): each rank's input gradient is its share, summed.
   k::linear_backward(A(xf_), P(output_w_), A(logits_), dnorm, G(output_w_), nullptr, T, h, c.vocab);
+  sum_over_tp(dnorm, T * h);
   norm_backward(c, dnorm, A(x_final_in_), P(final_w_), A(xf_mean_), A(xf_rstd_), dx, G(final_w_),
                 gopt(final_b_), T);
 
@@ -232,6 +270,7 @@ void GptModel::backward(const float* dloss) {
       k::gelu_backward(A(a.u), dg, dwide, T * c.ffn, gelu_kind(c.activation));
     k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), gopt(L.fc1_b), T, h,
                        c.fc1_width());
+    sum_over_tp(dnorm, T * h);
     norm_backward(c, dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), gopt(L.ln2_b), T);
     k::add_inplace(dx, dtmp, T * h);  // dx = d(x_mid)
     // Attention block.
@@ -244,16 +283,30 @@ void GptModel::backward(const float* dloss) {
                           training_ && c.attention_dropout > 0 ? A(a.attn_mask) : nullptr);
     if (c.positions == Positions::Rope)
       k::rope_backward_qkv(dwide, rope_positions_.data(), rope_, T, c.heads, c.query_groups, D);
-    if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm)
+    if (c.qk_layernorm && tensor_parallel()) {
+      // The replicated q/k norm weights serve every head: their gradient is this rank's heads'
+      // share, summed over the group (this micro-batch's alone: G() holds earlier ones too).
+      std::vector<float> dqk(static_cast<size_t>(2 * D), 0.0f);
+      k::qk_rmsnorm_backward(dwide, A(a.qkv), P(L.q_norm), P(L.k_norm), A(a.qk_rstd), dwide, dqk.data(),
+                             dqk.data() + D, T, c.heads, c.query_groups, D, c.zero_centered_gamma);
+      sum_over_tp(dqk.data(), 2 * D);
+      k::add_inplace(G(L.q_norm), dqk.data(), D);
+      k::add_inplace(G(L.k_norm), dqk.data() + D, D);
+    } else if (c.qk_layernorm) {  // in place: dwide becomes d(qkv before the norm)
       k::qk_rmsnorm_backward(dwide, A(a.qkv), P(L.q_norm), P(L.k_norm), A(a.qk_rstd), dwide, G(L.q_norm),
                              G(L.k_norm), T, c.heads, c.query_groups, D, c.zero_centered_gamma);
+    }
     k::linear_backward(A(a.ln1), P(L.qkv_w), dwide, dnorm, G(L.qkv_w), gopt(L.qkv_b), T, h,
                        c.qkv_width());
+    sum_over_tp(dnorm, T * h);
     norm_backward(c, dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), gopt(L.ln1_b), T);
     k::add_inplace(dx, dtmp, T * h);  // dx = d(x_in)
   }
   if (drop) multiply(dx, A(emb_drop_), T * h);
-  k::embedding_backward(tokens_.data(), dx, G(word_emb_), T, h);
+  if (tensor_parallel())
+    tp::vocab_parallel_embedding_backward(tokens_.data(), dx, G(word_emb_), T, h, vocab);
+  else
+    k::embedding_backward(tokens_.data(), dx, G(word_emb_), T, h);
   if (pos_emb_ >= 0) k::embedding_backward(positions_.data(), dx, G(pos_emb_), T, h);
 }
 

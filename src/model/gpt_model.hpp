@@ -2,10 +2,16 @@
 // pre-norm TransformerLayers (fused-QKV causal attention, MLP), final norm, output layer (tied to
 // the word embedding by default), per-token cross entropy over the padded vocabulary. Forward
 // keeps what backward needs; backward is hand-written and accumulates into the gradient buffer.
+//
+// Tensor parallelism (a group of several ranks): each rank holds Megatron-Core's shards of the
+// parameters (model/gpt_tp.hpp) and runs its heads, ffn columns and vocabulary rows, summing over
+// the group where Megatron-Core's layers do (model/tensor_parallel.hpp): every rank then sees
+// every token's loss, and the shards' gradients are the single rank's, split.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "dist/process_group.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
@@ -31,9 +37,14 @@ struct DropoutKey {
 
 class GptModel {
  public:
-  explicit GptModel(const GptConfig& cfg);
+  // tp: the tensor-parallel group (nullptr or one rank: the whole model here).
+  explicit GptModel(const GptConfig& cfg, dist::ProcessGroup* tp = nullptr);
 
   const GptConfig& config() const { return cfg_; }
+  // This rank's shapes: heads, query groups, ffn and vocabulary divided by the TP size.
+  const GptConfig& local_config() const { return lc_; }
+  int64_t tp_size() const { return tp_size_; }
+  int64_t tp_rank() const { return tp_rank_; }
   const ParameterTable& table() const { return table_; }
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
@@ -61,7 +72,14 @@ class GptModel {
   float* opt(int64_t off) { return off >= 0 ? P(off) : nullptr; }
   float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
-  GptConfig cfg_;
+  bool tensor_parallel() const { return tp_size_ > 1; }
+  void sum_over_tp(float* data, int64_t n) {
+    if (tensor_parallel()) tp_->all_reduce_sum(data, static_cast<size_t>(n));
+  }
+
+  GptConfig cfg_, lc_;  // the model, and this rank's part of it
+  dist::ProcessGroup* tp_ = nullptr;
+  int64_t tp_size_ = 1, tp_rank_ = 0;
   ParameterTable table_;
   std::vector<float> weights_, grads_;
   int64_t word_emb_ = -1, pos_emb_ = -1, final_w_ = -1, final_b_ = -1, output_w_ = -1;
@@ -74,6 +92,7 @@ class GptModel {
   int64_t emb_drop_ = 0, x_final_in_ = 0, xf_ = 0, xf_mean_ = 0, xf_rstd_ = 0, logits_ = 0, lse_ = 0;
   std::vector<float> work_;  // backward scratch
   std::vector<int64_t> tokens_, labels_, positions_, rope_positions_;
+  std::vector<float> full_mask_;  // tensor parallel: all heads' attention dropout mask, sliced per rank
   kernels::cpu::RopeTable rope_;
   bool training_ = false;
 };

@@ -15,6 +15,8 @@
 #include "core/rng.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/gpt_model.hpp"
+#include "model/gpt_tp.hpp"
 #include "model/tensor_parallel.hpp"
 
 using namespace laoyao;
@@ -139,5 +141,93 @@ TEST(TensorParallel, VocabParallelEmbeddingAndCrossEntropyMatchTheUnshardedOnes)
       expect_close(l.data(), loss.data(), T, "loss (every rank)");
       expect_close(z.data(), tp::shard_cols(dlogits.data(), T, V, s).data(), T * s.size, "logit grad shard");
     });
+  }
+}
+
+// ---- the whole GptModel at TP=2 and 4 against TP=1 (the same full weights, split as Megatron-Core
+// splits them): every rank's per-token losses, and the ranks' gradients put back together.
+namespace {
+
+void random_full_weights(const ParameterTable& t, float* w) {
+  Rng rng(11, "tp.weights");
+  for (const auto& p : t.specs)
+    for (int64_t i = 0; i < p.numel; ++i)  // biases and norm weights too: a zero would hide a bug
+      w[p.offset + i] = static_cast<float>((p.init == Init::Ones ? 1.0 : 0.0) + 0.1 * rng.normal());
+}
+
+void check_tensor_parallel_model(const GptConfig& c, const std::vector<int>& sizes) {
+  const int64_t b = 2, s = 12, T = b * s;
+  std::vector<int64_t> tokens(T), labels(T), positions(T);
+  Rng rng(3, "tp.batch");
+  for (int64_t t = 0; t < T; ++t) {
+    tokens[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
+    labels[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
+    positions[t] = t % s;
+  }
+  const auto dloss = randn(T, "tp.model.dloss", 0.1);
+  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  const DropoutKey key{1234, 77, true};
+  GptModel ref(c);
+  random_full_weights(ref.table(), ref.weights());
+  std::vector<float> want_loss(T);
+  ref.zero_grads();
+  ref.forward(mb, key, want_loss.data());
+  ref.backward(dloss.data());
+
+  for (const int tp : sizes) {
+    SCOPED_TRACE("TP=" + std::to_string(tp));
+    std::vector<std::vector<float>> grads(static_cast<size_t>(tp)), losses(static_cast<size_t>(tp));
+    ParameterTable local_table;
+    run_ranks(tp, [&](int r, dist::ProcessGroup* g) {
+      GptModel m(c, g);
+      tp_shard(c, ref.table(), ref.weights(), m.table(), m.weights(), r, tp);
+      losses[r].resize(T);
+      m.zero_grads();
+      m.forward(mb, key, losses[r].data());
+      m.backward(dloss.data());
+      grads[r].assign(m.grads(), m.grads() + m.num_parameters());
+      if (r == 0) local_table = m.table();
+    });
+    for (int r = 0; r < tp; ++r) expect_close(losses[r].data(), want_loss.data(), T, "loss, rank " + std::to_string(r));
+    std::vector<float> got(static_cast<size_t>(ref.num_parameters()));
+    std::vector<const float*> locals;
+    for (const auto& gr : grads) locals.push_back(gr.data());
+    tp_unshard(c, ref.table(), got.data(), local_table, locals);
+    for (const auto& p : ref.table().specs)
+      expect_close(got.data() + p.offset, ref.grads() + p.offset, p.numel, "grad of " + p.name);
+  }
+}
+
+GptConfig tiny_gpt() {
+  GptConfig c;
+  c.num_layers = 2, c.hidden = 32, c.heads = 4, c.query_groups = 4, c.kv_channels = 8, c.ffn = 64, c.vocab = 64;
+  c.max_positions = 16, c.hidden_dropout = 0.1, c.attention_dropout = 0.1;
+  return c;
+}
+
+}  // namespace
+
+TEST(TensorParallel, GptWithDropoutMatchesOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  check_tensor_parallel_model(tiny_gpt(), {2, 4});
+}
+
+TEST(TensorParallel, LlamaStyleWithQkNormMatchesOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_gpt();
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
+  c.query_groups = 2, c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
+  c.qk_layernorm = true;
+  check_tensor_parallel_model(c, {2});
+}
+
+TEST(TensorParallel, ShapesThatDoNotSplitAreRefusedByName) {
+  GptConfig c = tiny_gpt();
+  c.query_groups = 2;
+  try {
+    tp_local_config(c, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("query groups (2)"), std::string::npos) << e.what();
   }
 }

@@ -1,0 +1,108 @@
+// A GPT model's parameters over tensor-parallel ranks (see gpt_tp.hpp).
+#include "model/gpt_tp.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace laoyao::model {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Visits each element block a rank holds: copy(full_offset, local_offset, count) for every
+// contiguous run, in local order.
+template <class F>
+void for_each_run(TpSplit split, const ParamSpec& full, const ParamSpec& local, int64_t rank, int64_t tp, F&& copy) {
+  const int64_t rows = full.shape[0], cols = full.shape.size() > 1 ? full.shape[1] : 1;
+  switch (split) {
+    case TpSplit::Replicated:
+      copy(full.offset, local.offset, full.numel);
+      return;
+    case TpSplit::Rows: {
+      const int64_t n = rows / tp;
+      copy(full.offset + rank * n * cols, local.offset, n * cols);
+      return;
+    }
+    case TpSplit::SwigluRows: {  // [gate; up], each half split on its own
+      const int64_t half = rows / 2, n = half / tp;
+      copy(full.offset + rank * n * cols, local.offset, n * cols);
+      copy(full.offset + (half + rank * n) * cols, local.offset + n * cols, n * cols);
+      return;
+    }
+    case TpSplit::Cols: {
+      const int64_t n = cols / tp;
+      for (int64_t r = 0; r < rows; ++r) copy(full.offset + r * cols + rank * n, local.offset + r * n, n);
+      return;
+    }
+  }
+}
+
+void check_same_names(const ParameterTable& full, const ParameterTable& local) {
+  if (full.specs.size() != local.specs.size())
+    throw Error("tensor-parallel parameters: the full and local tables differ");
+  for (size_t i = 0; i < full.specs.size(); ++i)
+    if (full.specs[i].name != local.specs[i].name)
+      throw Error("tensor-parallel parameters: " + full.specs[i].name + " against " + local.specs[i].name);
+}
+
+}  // namespace
+
+TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
+  if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return TpSplit::Rows;
+  if (ends_with(name, "self_attention.linear_qkv.weight") || ends_with(name, "self_attention.linear_qkv.bias"))
+    return TpSplit::Rows;
+  if (ends_with(name, "mlp.linear_fc1.weight") || ends_with(name, "mlp.linear_fc1.bias"))
+    return full.activation == Activation::SwiGLU ? TpSplit::SwigluRows : TpSplit::Rows;
+  if (ends_with(name, "self_attention.linear_proj.weight") || ends_with(name, "mlp.linear_fc2.weight"))
+    return TpSplit::Cols;
+  return TpSplit::Replicated;
+}
+
+GptConfig tp_local_config(const GptConfig& full, int64_t tp) {
+  if (tp < 1) throw UsageError("the tensor-parallel size must be positive");
+  auto check = [&](int64_t n, const char* what) {
+    if (n % tp != 0)
+      throw UsageError(std::string(what) + " (" + std::to_string(n) + ") is not divisible by the tensor-parallel size (" +
+                       std::to_string(tp) + ")");
+  };
+  check(full.heads, "the number of attention heads");
+  check(full.query_groups, "the number of query groups");
+  check(full.ffn, "the ffn hidden size");
+  check(full.vocab, "the padded vocabulary size");
+  GptConfig local = full;
+  local.heads /= tp;
+  local.query_groups /= tp;
+  local.ffn /= tp;
+  local.vocab /= tp;
+  return local;
+}
+
+void tp_shard(const GptConfig& full, const ParameterTable& full_table, const float* full_w,
+              const ParameterTable& local_table, float* local_w, int64_t rank, int64_t tp) {
+  check_same_names(full_table, local_table);
+  for (size_t i = 0; i < full_table.specs.size(); ++i) {
+    const ParamSpec &f = full_table.specs[i], &l = local_table.specs[i];
+    for_each_run(tp_split_of(f.name, full), f, l, rank, tp, [&](int64_t from, int64_t to, int64_t n) {
+      std::copy(full_w + from, full_w + from + n, local_w + to);
+    });
+  }
+}
+
+void tp_unshard(const GptConfig& full, const ParameterTable& full_table, float* full_w,
+                const ParameterTable& local_table, const std::vector<const float*>& locals) {
+  check_same_names(full_table, local_table);
+  const int64_t tp = static_cast<int64_t>(locals.size());
+  for (size_t i = 0; i < full_table.specs.size(); ++i) {
+    const ParamSpec &f = full_table.specs[i], &l = local_table.specs[i];
+    const TpSplit split = tp_split_of(f.name, full);
+    for (int64_t r = 0; r < (split == TpSplit::Replicated ? 1 : tp); ++r)
+      for_each_run(split, f, l, r, tp, [&](int64_t to, int64_t from, int64_t n) {
+        std::copy(locals[static_cast<size_t>(r)] + from, locals[static_cast<size_t>(r)] + from + n, full_w + to);
+      });
+  }
+}
+
+}  // namespace laoyao::model

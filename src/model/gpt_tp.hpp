@@ -1,0 +1,34 @@
+// A GPT model's parameters split over tensor-parallel ranks as Megatron-Core splits them
+// (megatron-lm.md §8.1): the word embedding and output layer by vocabulary rows, linear_qkv and
+// linear_fc1 by output rows (query groups are contiguous rows; SwiGLU's gate and up halves are
+// split each, a rank holding [its gate rows; its up rows]), linear_proj and linear_fc2 by input
+// columns, everything else replicated. A rank's parameter table is the model's own at the local
+// shape (tp_local_config); shard/unshard map full tensors to a rank's and back, so that weights
+// initialised at full size split identically at any TP size and checkpoints hold full tensors.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt_config.hpp"
+#include "model/parameters.hpp"
+
+namespace laoyao::model {
+
+enum class TpSplit { Replicated, Rows, Cols, SwigluRows };
+
+// How Megatron-Core splits the parameter called `name` (a GPT model's Megatron-Core name).
+TpSplit tp_split_of(const std::string& name, const GptConfig& full);
+
+// The per-rank shape of `full`: heads, query groups, ffn and vocabulary divided by tp. A UsageError
+// naming the setting when one does not divide (Megatron refuses those too).
+GptConfig tp_local_config(const GptConfig& full, int64_t tp);
+
+// local_w (local table) = rank's shard of full_w (full table); the two tables list the same names.
+void tp_shard(const GptConfig& full, const ParameterTable& full_table, const float* full_w,
+              const ParameterTable& local_table, float* local_w, int64_t rank, int64_t tp);
+// full_w = the tensors put back together from every rank's local buffer (replicated ones: rank 0's).
+void tp_unshard(const GptConfig& full, const ParameterTable& full_table, float* full_w,
+                const ParameterTable& local_table, const std::vector<const float*>& locals);
+
+}  // namespace laoyao::model
