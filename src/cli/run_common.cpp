@@ -7,6 +7,7 @@
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "dist/parallel_layout.hpp"
 #include "dist/process_group.hpp"
 #include "dist/rank_env.hpp"
 #include "train/capabilities.hpp"
@@ -59,12 +60,16 @@ int start_training(config::Resolved& r) {
                 "it changes memory, not the numbers)\n");
   // Several ranks: data parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each, LOCAL_RANK's,
   // as torch.cuda.set_device(local_rank) in Megatron; gradients over NCCL).
-  std::unique_ptr<dist::ProcessGroup> group;
+  std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group;
   int64_t rank = 0;
   if (r.validated.derived.world_size > 1) {
     const dist::RankEnv env = dist::rank_env_from_environment();
     rank = env.rank;
     const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
+    const dist::ParallelLayout layout(env.world_size, {r.cfg.model.tensor_model_parallel_size, 1, 1});
+    if (backend.cuda && layout.sizes().tp > 1)
+      throw UsageError("tensor parallelism on GPUs needs NCCL tensor-parallel groups, which are not built yet; "
+                       "LAOYAO_DEVICE=cpu trains it over CPU ranks");
     if (backend.cuda) {
       const int gpus = cuda_device_count();
       if (env.local_rank >= gpus)
@@ -76,6 +81,10 @@ int start_training(config::Resolved& r) {
     } else {
       group = dist::make_cpu_process_group(env, timeout);
     }
+    if (layout.sizes().tp > 1) {  // Megatron's layout: TP ranks consecutive, DP across them
+      tp_group = dist::make_cpu_process_group(env, timeout, layout.tp_group(env.rank), "tp");
+      dp_group = dist::make_cpu_process_group(env, timeout, layout.dp_group(env.rank), "dp");
+    }
   }
   std::string path = run_config_path(r.cfg);
   if (!path.empty() && rank == 0) {
@@ -85,6 +94,8 @@ int start_training(config::Resolved& r) {
   train::TrainOptions opt;
   opt.use_cuda = backend.cuda;
   opt.group = group.get();
+  opt.tp_group = tp_group.get();
+  opt.dp_group = dp_group.get();
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   train::train(r.cfg, r.validated.derived, opt);

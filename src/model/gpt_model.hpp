@@ -45,6 +45,11 @@ class GptModel {
   const GptConfig& local_config() const { return lc_; }
   int64_t tp_size() const { return tp_size_; }
   int64_t tp_rank() const { return tp_rank_; }
+  dist::ProcessGroup* tp_group() const { return tp_; }
+  // The gradient norm over the whole model: the split parameters' squares summed over the
+  // tensor-parallel group, the replicated ones (the same on every rank) counted once, as
+  // Megatron's get_grad_norm_fp32. Every rank of the group gets the same value.
+  double grad_norm() const;
   const ParameterTable& table() const { return table_; }
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }

@@ -29,7 +29,10 @@ class CpuEngine final : public Engine {
     if (dloss) model_.backward(dloss);
   }
   LossSum take_loss_sum() override { return std::exchange(acc_, LossSum{}); }
-  double grad_norm() override { return optim::grad_norm(model_.grads(), model_.num_parameters()); }
+  double grad_norm() override {
+    if (model_.tp_size() > 1) return model_.grad_norm();  // shards summed over the group
+    return optim::grad_norm(model_.grads(), model_.num_parameters());
+  }
   int64_t count_zero_grads() override {
     int64_t zeros = 0;
     for (int64_t i = 0; i < model_.num_parameters(); ++i) zeros += model_.grads()[i] == 0.0f;

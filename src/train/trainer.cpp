@@ -14,7 +14,9 @@
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
+#include "model/gpt_tp.hpp"
 #include "optim/adamw.hpp"
 #include "optim/param_scheduler.hpp"
 #include "train/data_pipeline.hpp"
@@ -81,14 +83,18 @@ class TrainBatchReader {
 }  // namespace
 
 TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, const TrainOptions& opt) {
-  // Data parallelism: this rank's index, and who prints (Megatron's print_rank_last).
+  // The world (decisions every rank takes together; the last rank prints, as Megatron's
+  // print_rank_last), and the data-parallel group: this rank's data slice, the loss and gradient
+  // reductions. Tensor-parallel ranks of one data-parallel rank read the same samples and compute
+  // the same losses.
   dist::ProcessGroup* const group = opt.group;
-  const int64_t dp_rank = group ? group->rank() : 0;
+  dist::ProcessGroup* const dp = opt.dp_group ? opt.dp_group : group;
+  const int64_t dp_rank = dp ? dp->rank() : 0, dp_size = dp ? dp->size() : 1;
   const bool log_rank = !group || group->rank() == group->size() - 1;
   auto reduce_loss = [&](LossSum s) {
-    if (!group) return s;
+    if (!dp || dp_size == 1) return s;
     double v[2] = {s.sum, s.count};
-    group->all_reduce_sum(v, 2);
+    dp->all_reduce_sum(v, 2);
     return LossSum{v[0], v[1]};
   };
   // A decision every rank must take together (an early exit): true when it holds on any rank.
@@ -125,12 +131,22 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   RunData data = build_run_data(c, d);
   print_line("> finished creating GPT datasets ...");
 
-  model::GptModel model(model_config(c, d));
+  const model::GptConfig model_cfg = model_config(c, d);
+  model::GptModel model(model_cfg, opt.tp_group);
   // bf16 runs start from bf16-rounded weights (Megatron initialises the bf16 params; the fp32
-  // main copy is made from them).
-  model::init_parameters(model.table(), model.weights(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
-  print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (0, 0, 0): " +
-             std::to_string(model.num_parameters()));
+  // main copy is made from them). With tensor parallelism every rank initialises the whole model
+  // from the same seed and keeps its shards (Megatron's --use-cpu-initialization): the weights do
+  // not depend on the TP size.
+  if (model.tp_size() > 1) {
+    const model::GptParameterLayout full = model::build_gpt_parameters(model_cfg);
+    std::vector<float> w(static_cast<size_t>(full.table.total));
+    model::init_parameters(full.table, w.data(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
+    model::tp_shard(model_cfg, full.table, w.data(), model.table(), model.weights(), model.tp_rank(), model.tp_size());
+  } else {
+    model::init_parameters(model.table(), model.weights(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
+  }
+  print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
+             std::to_string(model.tp_rank()) + ", 0, 0): " + std::to_string(model.num_parameters()));
 
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
@@ -236,7 +252,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       MicroBatchData mb = next_batch.take(consumed, m);
       // Keyed by the micro-batch's index in the global batch (its samples' place), so data-parallel
       // ranks draw the masks a single rank would for the same samples.
-      const int64_t global_m = m * (group ? group->size() : 1) + dp_rank;
+      const int64_t global_m = m * dp_size + dp_rank;
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(global_m),
                             dropout};
       run_micro_batch(*engine, mb, key, M, true, dloss);
@@ -250,7 +266,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     double norm = 0;
     if (group) {  // gradients averaged over the data-parallel ranks, then the norm of the average
       iter_loss = reduce_loss(engine->take_loss_sum());
-      engine->all_reduce_grads(*group, 1.0 / static_cast<double>(group->size()));
+      if (dp_size > 1) engine->all_reduce_grads(*dp, 1.0 / static_cast<double>(dp_size));
       norm = engine->grad_norm();
     } else {
       std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();

@@ -26,6 +26,11 @@ struct TrainOptions {
   // gradients and the reported losses are reduced over the group; the last rank prints the log
   // (Megatron's print_rank_last) and writes the metrics, rank 0 saves checkpoints.
   dist::ProcessGroup* group = nullptr;
+  // With tensor parallelism (Megatron's layout: TP ranks innermost): the rank's data-parallel group
+  // (its data slice, the loss and gradient reductions) and tensor-parallel group (the model's).
+  // Null: the data-parallel group is `group`, and there is no tensor parallelism.
+  dist::ProcessGroup* dp_group = nullptr;
+  dist::ProcessGroup* tp_group = nullptr;
 };
 
 struct TrainSummary {
