@@ -91,18 +91,24 @@ void tp_shard(const GptConfig& full, const ParameterTable& full_table, const flo
   }
 }
 
-void tp_unshard(const GptConfig& full, const ParameterTable& full_table, float* full_w,
-                const ParameterTable& local_table, const std::vector<const float*>& locals) {
+void tp_place(const GptConfig& full, const ParameterTable& full_table, float* full_w,
+              const ParameterTable& local_table, const float* local_w, int64_t rank, int64_t tp, bool replicated) {
   check_same_names(full_table, local_table);
-  const int64_t tp = static_cast<int64_t>(locals.size());
   for (size_t i = 0; i < full_table.specs.size(); ++i) {
     const ParamSpec &f = full_table.specs[i], &l = local_table.specs[i];
     const TpSplit split = tp_split_of(f.name, full);
-    for (int64_t r = 0; r < (split == TpSplit::Replicated ? 1 : tp); ++r)
-      for_each_run(split, f, l, r, tp, [&](int64_t to, int64_t from, int64_t n) {
-        std::copy(locals[static_cast<size_t>(r)] + from, locals[static_cast<size_t>(r)] + from + n, full_w + to);
-      });
+    if (split == TpSplit::Replicated && !replicated) continue;
+    for_each_run(split, f, l, rank, tp, [&](int64_t to, int64_t from, int64_t n) {
+      std::copy(local_w + from, local_w + from + n, full_w + to);
+    });
   }
+}
+
+void tp_unshard(const GptConfig& full, const ParameterTable& full_table, float* full_w,
+                const ParameterTable& local_table, const std::vector<const float*>& locals) {
+  const int64_t tp = static_cast<int64_t>(locals.size());
+  for (int64_t r = 0; r < tp; ++r)
+    tp_place(full, full_table, full_w, local_table, locals[static_cast<size_t>(r)], r, tp, r == 0);
 }
 
 }  // namespace laoyao::model

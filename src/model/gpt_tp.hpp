@@ -30,5 +30,10 @@ void tp_shard(const GptConfig& full, const ParameterTable& full_table, const flo
 // full_w = the tensors put back together from every rank's local buffer (replicated ones: rank 0's).
 void tp_unshard(const GptConfig& full, const ParameterTable& full_table, float* full_w,
                 const ParameterTable& local_table, const std::vector<const float*>& locals);
+// Writes one rank's local buffer into its places of full_w (replicated tensors only when
+// `replicated`), leaving the rest: summing every rank's full_w, each zero elsewhere and the
+// replicated ones from one rank only, is the all-reduce way to gather the whole model.
+void tp_place(const GptConfig& full, const ParameterTable& full_table, float* full_w,
+              const ParameterTable& local_table, const float* local_w, int64_t rank, int64_t tp, bool replicated);
 
 }  // namespace laoyao::model

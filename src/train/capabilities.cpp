@@ -13,12 +13,9 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                   "): this build has no Gloo for CPU ranks");
   if (world_size > 1 && c.ddp.use_distributed_optimizer)
     out.push_back("the distributed optimizer over several ranks (--use-distributed-optimizer)");
-  // Tensor parallelism: CPU ranks (Gloo) without sequence parallelism and without checkpoints so far.
+  // Tensor parallelism: CPU ranks (Gloo), without sequence parallelism so far.
   if (m.tensor_model_parallel_size > 1 && m.sequence_parallel)
     out.push_back("sequence parallelism (--sequence-parallel, model.sequence_parallel)");
-  if (m.tensor_model_parallel_size > 1 && (c.checkpoint.save || c.checkpoint.load || c.checkpoint.pretrained_checkpoint))
-    out.push_back("checkpoints with tensor parallelism (--save/--load/--pretrained-checkpoint at "
-                  "model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
   if (m.num_moe_experts) out.push_back("Mixture-of-Experts layers (model.num_moe_experts)");

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -23,6 +24,7 @@
 #include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
+#include "train/tp_state.hpp"
 
 namespace laoyao::train {
 namespace {
@@ -150,11 +152,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
 
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
-  optim::AdamW adam(model.num_parameters(), ranges,
-                    {c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps});
+  const optim::AdamWSettings adam_settings{c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps};
+  optim::AdamW adam(model.num_parameters(), ranges, adam_settings);
   std::unique_ptr<Engine> engine;
   if (opt.use_cuda)
-    engine = make_cuda_engine(model, adam, {c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps},
+    engine = make_cuda_engine(model, adam, adam_settings,
                               std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
                               data.seq_length);
   else
@@ -206,7 +208,16 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   };
 
   int64_t iteration = 0, last_saved = -1, resumed_from = -1;
-  auto resumed = restore_run_checkpoint(c, d, model, adam, opt.out);
+  std::optional<TrainStateRecord> resumed;
+  if (model.tp_size() > 1 && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
+    // Checkpoints hold whole tensors: restore the whole model (from this run's initial weights, for
+    // what the checkpoint does not hold), keep this rank's shards.
+    WholeState whole = gather_whole_state(model, adam, adam_settings);
+    resumed = restore_run_checkpoint(c, d, *whole.model, *whole.adam, opt.out);
+    keep_shards(whole, model, adam);
+  } else {
+    resumed = restore_run_checkpoint(c, d, model, adam, opt.out);
+  }
   engine->push_state();  // initial, pretrained or resumed weights (and Adam state) to the device
   if (resumed) {
     iteration = last_saved = resumed_from = resumed->iteration;
@@ -237,7 +248,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.floating_point_operations_so_far =
         num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
     engine->pull_state();
-    save_run_checkpoint(c, d, iteration, model, adam, st, opt.out);
+    if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
+      const WholeState whole = gather_whole_state(model, adam, adam_settings);
+      if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);
+    } else {
+      save_run_checkpoint(c, d, iteration, model, adam, st, opt.out);
+    }
     last_saved = iteration;
   };
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
