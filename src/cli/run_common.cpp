@@ -67,6 +67,10 @@ int start_training(config::Resolved& r) {
     rank = env.rank;
     const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
     const dist::ParallelLayout layout(env.world_size, {r.cfg.model.tensor_model_parallel_size, 1, 1});
+    if (backend.cuda && r.cfg.ddp.use_distributed_optimizer)
+      throw UsageError("the distributed optimizer over GPU ranks needs NCCL reduce-scatter and all-gather, which "
+                       "are not built yet; without --use-distributed-optimizer (ddp.use_distributed_optimizer) the "
+                       "GPU ranks train data-parallel, and LAOYAO_DEVICE=cpu shards the optimizer over CPU ranks");
     if (backend.cuda && layout.sizes().tp > 1)
       throw UsageError("tensor parallelism on GPUs needs NCCL tensor-parallel groups, which are not built yet; "
                        "LAOYAO_DEVICE=cpu trains it over CPU ranks");

@@ -11,8 +11,9 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (world_size > 1 && !dist::gloo_built())
     out.push_back("more than one rank (world size " + std::to_string(world_size) +
                   "): this build has no Gloo for CPU ranks");
-  if (world_size > 1 && c.ddp.use_distributed_optimizer)
-    out.push_back("the distributed optimizer over several ranks (--use-distributed-optimizer)");
+  if (world_size > 1 && c.ddp.use_distributed_optimizer && m.tensor_model_parallel_size > 1)
+    out.push_back("the distributed optimizer with tensor parallelism (--use-distributed-optimizer with "
+                  "model.tensor_model_parallel_size > 1)");
   // Tensor parallelism: CPU ranks (Gloo), without sequence parallelism so far.
   if (m.tensor_model_parallel_size > 1 && m.sequence_parallel)
     out.push_back("sequence parallelism (--sequence-parallel, model.sequence_parallel)");

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "dist/process_group.hpp"
+#include "train/dist_optimizer.hpp"
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
 #include "train/data_pipeline.hpp"
@@ -52,7 +53,10 @@ class Engine {
   virtual size_t peak_device_bytes() const { return 0; }
 };
 
-std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam);
+// shard/shard_group: the distributed optimizer's share of this rank and its data-parallel group
+// (train/dist_optimizer.hpp); the defaults step the whole model.
+std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam, OptimizerShard shard = {},
+                                        dist::ProcessGroup* shard_group = nullptr);
 
 // The CUDA engine on the current device for micro-batches of up to max_b sequences of s tokens.
 // Throws UsageError when the CUDA backend is not built or the model has features it lacks.

@@ -13,7 +13,8 @@ namespace {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(model::GptModel& m, optim::AdamW& a) : model_(m), adam_(a) {}
+  CpuEngine(model::GptModel& m, optim::AdamW& a, OptimizerShard shard, dist::ProcessGroup* shard_group)
+      : model_(m), adam_(a), shard_(shard), shard_group_(shard_group) {}
   std::string name() const override { return "cpu"; }
   void zero_grads() override { model_.zero_grads(); }
 
@@ -47,22 +48,28 @@ class CpuEngine final : public Engine {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= s;
   }
+  // With the distributed optimizer this rank steps its share, then the shares are gathered.
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
-    optim::clip_grads(model_.grads(), model_.num_parameters(), norm, max_norm);
-    adam_.step(model_.weights(), model_.grads(), lr, wd);
+    optim::clip_grads(model_.grads() + shard_.begin, shard_.size, norm, max_norm);
+    adam_.step(model_.weights() + shard_.begin, model_.grads() + shard_.begin, lr, wd);
+    if (shard_group_) gather_shares(model_.weights(), model_.num_parameters(), shard_, *shard_group_);
   }
 
  private:
   model::GptModel& model_;
   optim::AdamW& adam_;
+  OptimizerShard shard_;
+  dist::ProcessGroup* shard_group_;
   std::vector<float> losses_;
   LossSum acc_;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam) {
-  return std::make_unique<CpuEngine>(model, adam);
+std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam, OptimizerShard shard,
+                                        dist::ProcessGroup* shard_group) {
+  if (shard.size == 0 && shard.begin == 0) shard.size = model.num_parameters();  // the whole model
+  return std::make_unique<CpuEngine>(model, adam, shard, shard_group);
 }
 
 BackendChoice choose_backend(const model::GptConfig& model) {

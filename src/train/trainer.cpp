@@ -153,14 +153,21 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
   const optim::AdamWSettings adam_settings{c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps};
-  optim::AdamW adam(model.num_parameters(), ranges, adam_settings);
+  // The distributed optimizer: this data-parallel rank keeps Adam's moments for its share only.
+  const bool dist_opt = c.ddp.use_distributed_optimizer && dp_size > 1;
+  const OptimizerShard shard = dist_opt ? optimizer_shard(model.num_parameters(), dp_rank, dp_size)
+                                        : OptimizerShard{0, model.num_parameters()};
+  std::unique_ptr<optim::AdamW> adam_owner =
+      dist_opt ? make_shard_adam(model.table(), shard, adam_settings)
+               : std::make_unique<optim::AdamW>(model.num_parameters(), ranges, adam_settings);
+  optim::AdamW& adam = *adam_owner;
   std::unique_ptr<Engine> engine;
   if (opt.use_cuda)
     engine = make_cuda_engine(model, adam, adam_settings,
                               std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
                               data.seq_length);
   else
-    engine = make_cpu_engine(model, adam);
+    engine = make_cpu_engine(model, adam, shard, dist_opt ? dp : nullptr);
   print_line("> laoyao backend: " + engine->name());
   const optim::ParamSchedule schedule = param_schedule(c);
   const FlopShape flops_shape = flop_shape(c, d);
@@ -215,6 +222,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     WholeState whole = gather_whole_state(model, adam, adam_settings);
     resumed = restore_run_checkpoint(c, d, *whole.model, *whole.adam, opt.out);
     keep_shards(whole, model, adam);
+  } else if (dist_opt && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
+    // Checkpoints hold the whole moments: restore them whole, keep this rank's share.
+    auto whole = gather_moments(model.table(), adam, shard, adam_settings, *dp);
+    resumed = restore_run_checkpoint(c, d, model, *whole, opt.out);
+    keep_moment_share(*whole, shard, adam);
   } else {
     resumed = restore_run_checkpoint(c, d, model, adam, opt.out);
   }
@@ -236,6 +248,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   }
   auto save = [&] {
     if (!c.checkpoint.save || last_saved == iteration) return;
+    // The distributed optimizer's moments are spread over the data-parallel ranks: all of them
+    // gather the whole, rank 0 writes it.
+    std::unique_ptr<optim::AdamW> whole_moments;
+    if (dist_opt) whole_moments = gather_moments(model.table(), adam, shard, adam_settings, *dp);
     if (dp_rank != 0) {  // every rank holds the same state: rank 0 writes it
       last_saved = iteration;
       return;
@@ -252,7 +268,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       const WholeState whole = gather_whole_state(model, adam, adam_settings);
       if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);
     } else {
-      save_run_checkpoint(c, d, iteration, model, adam, st, opt.out);
+      save_run_checkpoint(c, d, iteration, model, whole_moments ? *whole_moments : adam, st, opt.out);
     }
     last_saved = iteration;
   };

@@ -32,17 +32,21 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
 }
 
-TEST(Capabilities, SeveralRanksAreDataParallelCpuRanksOnly) {
+TEST(Capabilities, SeveralRanksTrainDataAndTensorParallel) {
   std::vector<std::string> a = {"--num-layers", "1"};
   const auto plain = train::missing_features(config::parse_mlm_args(a), 2);
   if (dist::gloo_built())
     EXPECT_TRUE(plain.empty()) << plain.front();
   else
     EXPECT_NE(plain.front().find("world size 2"), std::string::npos);
-  a.push_back("--use-distributed-optimizer");
-  bool named = false;
-  for (const auto& m : train::missing_features(config::parse_mlm_args(a), 2))
-    named = named || m.find("--use-distributed-optimizer") != std::string::npos;
-  EXPECT_TRUE(named);
+  a.push_back("--use-distributed-optimizer");  // data parallel: sharded over the ranks
+  const auto dist_opt = train::missing_features(config::parse_mlm_args(a), 2);
+  if (dist::gloo_built()) EXPECT_TRUE(dist_opt.empty()) << dist_opt.front();
   EXPECT_TRUE(train::missing_features(config::parse_mlm_args(a), 1).empty()) << "one rank: nothing to shard";
+  // With tensor parallelism the distributed optimizer, and sequence parallelism, are named.
+  a.insert(a.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  std::string all;
+  for (const auto& m : train::missing_features(config::parse_mlm_args(a), 2)) all += m + "\n";
+  EXPECT_NE(all.find("--use-distributed-optimizer"), std::string::npos) << all;
+  EXPECT_NE(all.find("--sequence-parallel"), std::string::npos) << all;
 }
