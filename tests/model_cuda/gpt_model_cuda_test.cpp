@@ -105,6 +105,21 @@ void compare(GptConfig c, bool training, bool attention_dropout = true) {
 
 }  // namespace
 
+// n training calls of the same micro-batch and dropout key: each call's losses and gradients.
+void training_calls(CudaGptModel& gpu, const Batch& x, int n, std::vector<std::vector<float>>& losses,
+                    std::vector<std::vector<float>>& grads) {
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  for (int call = 0; call < n; ++call) {
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), {1234, 7, true}, x.dloss.data());
+    gpu.backward();
+    losses.push_back(gpu.download_losses());
+    grads.emplace_back(static_cast<size_t>(gpu.num_parameters()));
+    gpu.download_grads(grads.back().data());
+    (void)gpu.take_loss_sum();
+  }
+}
+
 GptConfig with_attention(GptConfig c, AttentionBackend a) {
   c.attention_backend = a;
   return c;
@@ -258,15 +273,7 @@ TEST(CudaGptModel, GraphReplayGivesTheEagerStepsBits) {
   const Batch x = random_batch(2, 48, c.vocab);
   const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
   std::vector<std::vector<float>> losses, grads;
-  for (int call = 0; call < 3; ++call) {
-    gpu.zero_grads();
-    gpu.forward(mb, x.mask.data(), {1234, 7, true}, x.dloss.data());
-    gpu.backward();
-    losses.push_back(gpu.download_losses());
-    grads.emplace_back(static_cast<size_t>(gpu.num_parameters()));
-    gpu.download_grads(grads.back().data());
-    (void)gpu.take_loss_sum();
-  }
+  training_calls(gpu, x, 3, losses, grads);
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(losses[0], losses[2]);
   EXPECT_EQ(grads[0], grads[1]);
@@ -292,17 +299,8 @@ TEST(CudaGptModel, FusedAttentionGraphReplayMatchesEagerStep) {
   CudaGptModel gpu(c, 2, 48);
   gpu.upload_weights(cpu.weights());
   const Batch x = random_batch(2, 48, c.vocab);
-  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
   std::vector<std::vector<float>> losses, grads;
-  for (int call = 0; call < 3; ++call) {
-    gpu.zero_grads();
-    gpu.forward(mb, x.mask.data(), {1234, 7, true}, x.dloss.data());
-    gpu.backward();
-    losses.push_back(gpu.download_losses());
-    grads.emplace_back(static_cast<size_t>(gpu.num_parameters()));
-    gpu.download_grads(grads.back().data());
-    (void)gpu.take_loss_sum();
-  }
+  training_calls(gpu, x, 3, losses, grads);
   for (int call = 1; call < 3; ++call) {
     EXPECT_EQ(losses[call], losses[0]) << "call " << call;
     EXPECT_LT(rel_err(grads[call].data(), grads[0].data(), gpu.num_parameters()), 1e-3) << "call " << call;
