@@ -172,6 +172,10 @@ struct Checker {
       out.warnings.push_back("sequence parallelism needs tensor parallelism > 1; " + n("model.sequence_parallel") +
                              " turned off");
     }
+    if (m.sequence_parallel && m.seq_length % m.tensor_model_parallel_size != 0)
+      fail(n("model.seq_length") + " (" + std::to_string(m.seq_length) + ") must be divisible by " +
+           n("model.tensor_model_parallel_size") + " (" + std::to_string(m.tensor_model_parallel_size) +
+           ") with sequence parallelism: each rank holds its share of every sequence");
     if (m.num_query_groups && *m.num_query_groups % m.tensor_model_parallel_size != 0)
       fail(n("model.num_query_groups") + " (" + std::to_string(*m.num_query_groups) + ") must be divisible by " +
            n("model.tensor_model_parallel_size") + " (" + std::to_string(m.tensor_model_parallel_size) + ")");

@@ -52,6 +52,9 @@ struct GptConfig {
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  // With tensor parallelism: Megatron's sequence parallelism (norms, dropout and residuals on each
+  // rank's share of the sequence; all-gather / reduce-scatter around the parallel layers).
+  bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
   int64_t recompute_num_layers = 0;
 

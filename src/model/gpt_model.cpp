@@ -99,6 +99,14 @@ void GptModel::allocate_activations(int64_t b, int64_t s) {
   logits_ = take(T * c.vocab);
   lse_ = take(2 * T);  // the log-sum-exp, or with tensor parallelism the maximum and the sum of exponentials
   acts_.assign(static_cast<size_t>(n), 0.0f);
+  if (sequence_parallel()) {
+    if (s % tp_size_ != 0)
+      throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
+                       "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
+                       std::to_string(tp_size_) + ")");
+    sp_full_.assign(static_cast<size_t>(T * h), 0.0f);
+    sp_local_.assign(static_cast<size_t>(T / tp_size_ * h), 0.0f);
+  }
   // Backward scratch: dqkv/du (widest), d(residual), d(norm out), d(norm in), d(act), d(ctx).
   int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * c.kv_channels, h});
   work_.assign(static_cast<size_t>(T * (wide + 3 * h + c.ffn + c.heads * c.kv_channels)), 0.0f);
@@ -112,6 +120,11 @@ void dropout_mask(float* mask, int64_t n, double p, uint64_t seed, const std::st
   Rng rng(seed, stream);
   const float keep = static_cast<float>(1.0 / (1.0 - p));
   for (int64_t i = 0; i < n; ++i) mask[i] = rng.uniform() < p ? 0.0f : keep;
+}
+
+void add_bias(float* y, const float* b, int64_t T, int64_t C) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) y[t * C + c] += b[c];
 }
 
 void multiply(float* y, const float* mask, int64_t n) {
@@ -139,6 +152,36 @@ void norm_backward(const GptConfig& c, const float* dy, const float* x, const fl
 
 }  // namespace
 
+void GptModel::gather_sequence(float* buf) {
+  const int64_t Tl = b_ * s_ / tp_size_, h = lc_.hidden;
+  std::copy(buf, buf + Tl * h, sp_local_.begin());
+  tp::sequence_gather(sp_local_.data(), buf, b_, s_, h, tp_);
+}
+
+void GptModel::reduce_scatter_sequence(float* buf) {
+  const int64_t Tl = b_ * s_ / tp_size_, h = lc_.hidden;
+  tp::sequence_reduce_scatter(buf, sp_local_.data(), b_, s_, h, tp_);
+  std::copy(sp_local_.begin(), sp_local_.begin() + Tl * h, buf);
+}
+
+void GptModel::hidden_dropout_mask(float* mask, double p, uint64_t seed, const std::string& stream) {
+  const int64_t T = b_ * s_, h = lc_.hidden;
+  if (!sequence_parallel()) return dropout_mask(mask, T * h, p, seed, stream);
+  dropout_mask(sp_full_.data(), T * h, p, seed, stream);  // the whole model's mask: this rank's rows
+  tp::sequence_slice(sp_full_.data(), mask, b_, s_, h, tp_rank_, tp_size_);
+}
+
+void GptModel::finalize_grads() {
+  if (!sequence_parallel()) return;
+  // Each rank's norm weights and biases saw only its share of the sequence.
+  std::vector<int64_t> offs = {final_w_, final_b_};
+  for (const auto& L : layers_) offs.insert(offs.end(), {L.ln1_w, L.ln1_b, L.ln2_w, L.ln2_b});
+  for (int64_t off : offs) {
+    if (off < 0) continue;
+    tp_->all_reduce_sum(G(off), static_cast<size_t>(lc_.hidden));
+  }
+}
+
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses) {
   const auto& c = lc_;
   allocate_activations(mb.b, mb.s);
@@ -154,8 +197,12 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   const bool attn_drop = training_ && c.attention_dropout > 0;
   const std::string call = std::to_string(key.call);
 
-  // Embedding: word + position, then embedding dropout.
-  float* x = A(layer_acts_.empty() ? x_final_in_ : layer_acts_[0].x_in);
+  // Embedding: word + position, then embedding dropout. With sequence parallelism it is built
+  // whole and each rank keeps its share of the sequence (Megatron's scatter to the SP region).
+  const bool sp = sequence_parallel();
+  const int64_t Tl = sp ? T / tp_size_ : T;  // the tokens this rank holds outside the TP regions
+  float* x_kept = A(layer_acts_.empty() ? x_final_in_ : layer_acts_[0].x_in);
+  float* x = sp ? sp_full_.data() : x_kept;
   const tp::Shard vocab{tp_rank_ * c.vocab, c.vocab};  // this rank's vocabulary rows
   if (tensor_parallel()) {
     for (int64_t t = 0; t < T; ++t)
@@ -174,6 +221,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     dropout_mask(A(emb_drop_), T * h, c.hidden_dropout, key.seed, "dropout.embedding." + call);
     multiply(x, A(emb_drop_), T * h);
   }
+  if (sp) tp::sequence_slice(x, x_kept, mb.b, mb.s, h, tp_rank_, tp_size_);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerParams& L = layers_[l];
@@ -182,7 +230,9 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     float* x_out = A(l + 1 < c.num_layers ? layer_acts_[l + 1].x_in : x_final_in_);
     const std::string site = "dropout.layer" + std::to_string(l) + ".";
     // Attention block: x_mid = x_in + dropout(proj(attn(norm(x_in))) + b_proj)
-    norm_forward(c, x_in, P(L.ln1_w), opt(L.ln1_b), A(a.ln1), A(a.ln1_mean), A(a.ln1_rstd), T);
+    // ln1 holds the whole sequence's norm output (sequence parallel: this rank's, all-gathered).
+    norm_forward(c, x_in, P(L.ln1_w), opt(L.ln1_b), A(a.ln1), A(a.ln1_mean), A(a.ln1_rstd), Tl);
+    if (sp) gather_sequence(A(a.ln1));
     k::linear_forward(A(a.ln1), P(L.qkv_w), opt(L.qkv_b), A(a.qkv), T, h, c.qkv_width());
     if (c.qk_layernorm)
       k::qk_rmsnorm_forward(A(a.qkv), P(L.q_norm), P(L.k_norm), A(a.qkv_attn), A(a.qk_rstd), T, c.heads,
@@ -208,33 +258,45 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     k::attention_forward(A(a.qkv_attn), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale,
                          attn_mask);
     float* o = A(a.x_mid);  // the branch output is built in place, then the residual added
-    if (tensor_parallel())  // RowParallelLinear: this rank's heads' share, summed, then the bias
+    if (sp) {  // RowParallelLinear, reduce-scattered along the sequence, then the bias
+      k::linear_forward(A(a.ctx), P(L.proj_w), nullptr, o, T, c.heads * D, h);
+      reduce_scatter_sequence(o);
+      if (L.proj_b >= 0) add_bias(o, P(L.proj_b), Tl, h);
+    } else if (tensor_parallel()) {  // RowParallelLinear: this rank's heads' share, summed, then the bias
       tp::row_parallel_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h, tp_);
-    else
+    } else {
       k::linear_forward(A(a.ctx), P(L.proj_w), opt(L.proj_b), o, T, c.heads * D, h);
-    if (drop) {
-      dropout_mask(A(a.drop1), T * h, c.hidden_dropout, key.seed, site + "attention." + call);
-      multiply(o, A(a.drop1), T * h);
     }
-    k::add_inplace(o, x_in, T * h);
+    if (drop) {
+      hidden_dropout_mask(A(a.drop1), c.hidden_dropout, key.seed, site + "attention." + call);
+      multiply(o, A(a.drop1), Tl * h);
+    }
+    k::add_inplace(o, x_in, Tl * h);
     // MLP block: x_out = x_mid + dropout(fc2(act(fc1(norm(x_mid)))) + b_fc2)
-    norm_forward(c, o, P(L.ln2_w), opt(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), T);
+    norm_forward(c, o, P(L.ln2_w), opt(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), Tl);
+    if (sp) gather_sequence(A(a.ln2));
     k::linear_forward(A(a.ln2), P(L.fc1_w), opt(L.fc1_b), A(a.u), T, h, c.fc1_width());
     if (c.activation == Activation::SwiGLU)
       k::swiglu_forward(A(a.u), A(a.g), T, c.ffn);
     else
       k::gelu_forward(A(a.u), A(a.g), T * c.ffn, gelu_kind(c.activation));
-    if (tensor_parallel())
+    if (sp) {
+      k::linear_forward(A(a.g), P(L.fc2_w), nullptr, x_out, T, c.ffn, h);
+      reduce_scatter_sequence(x_out);
+      if (L.fc2_b >= 0) add_bias(x_out, P(L.fc2_b), Tl, h);
+    } else if (tensor_parallel()) {
       tp::row_parallel_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h, tp_);
-    else
+    } else {
       k::linear_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h);
-    if (drop) {
-      dropout_mask(A(a.drop2), T * h, c.hidden_dropout, key.seed, site + "mlp." + call);
-      multiply(x_out, A(a.drop2), T * h);
     }
-    k::add_inplace(x_out, o, T * h);
+    if (drop) {
+      hidden_dropout_mask(A(a.drop2), c.hidden_dropout, key.seed, site + "mlp." + call);
+      multiply(x_out, A(a.drop2), Tl * h);
+    }
+    k::add_inplace(x_out, o, Tl * h);
   }
-  norm_forward(c, A(x_final_in_), P(final_w_), opt(final_b_), A(xf_), A(xf_mean_), A(xf_rstd_), T);
+  norm_forward(c, A(x_final_in_), P(final_w_), opt(final_b_), A(xf_), A(xf_mean_), A(xf_rstd_), Tl);
+  if (sp) gather_sequence(A(xf_));
   k::linear_forward(A(xf_), P(output_w_), nullptr, A(logits_), T, h, c.vocab);
   if (tensor_parallel())
     tp::vocab_parallel_cross_entropy_forward(A(logits_), mb.labels, losses, A(lse_), T, vocab, tp_);
@@ -254,6 +316,17 @@ void GptModel::backward(const float* dloss) {
   float* dg = dtmp + T * h;             // [T, ffn]
   float* dctx = dg + T * c.ffn;         // [T, heads * D]
   const bool drop = training_ && c.hidden_dropout > 0;
+  // Sequence parallelism: the residual stream's gradient is this rank's Tl tokens; a
+  // column-parallel layer's input gradient is reduce-scattered, a row-parallel layer's output
+  // gradient all-gathered.
+  const bool sp = sequence_parallel();
+  const int64_t Tl = sp ? T / tp_size_ : T;
+  auto sum_input_grad = [&](float* d) {  // a column-parallel layer's input gradient over the group
+    if (sp)
+      reduce_scatter_sequence(d);
+    else
+      sum_over_tp(d, T * h);
+  };
 
   // Loss and output layer (tied: the gradient lands in the word embedding).
   const tp::Shard vocab{tp_rank_ * c.vocab, c.vocab};
@@ -263,17 +336,18 @@ void GptModel::backward(const float* dloss) {
     k::cross_entropy_backward(A(logits_), labels_.data(), A(lse_), dloss, T, c.vocab);
   // Column-parallel layers (output layer, fc1, qkv): each rank's input gradient is its share, summed.
   k::linear_backward(A(xf_), P(output_w_), A(logits_), dnorm, G(output_w_), nullptr, T, h, c.vocab);
-  sum_over_tp(dnorm, T * h);
+  sum_input_grad(dnorm);
   norm_backward(c, dnorm, A(x_final_in_), P(final_w_), A(xf_mean_), A(xf_rstd_), dx, G(final_w_),
-                gopt(final_b_), T);
+                gopt(final_b_), Tl);
 
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     const LayerParams& L = layers_[l];
     const LayerActs& a = layer_acts_[l];
     // MLP block. dx holds d(x_out); the residual passes it to x_mid unchanged.
     float* dbranch = dtmp;
-    std::memcpy(dbranch, dx, sizeof(float) * T * h);
-    if (drop) multiply(dbranch, A(a.drop2), T * h);
+    std::memcpy(dbranch, dx, sizeof(float) * Tl * h);
+    if (drop) multiply(dbranch, A(a.drop2), Tl * h);
+    if (sp) gather_sequence(dbranch);  // the whole sequence's: the bias gradient is whole too
     k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), gopt(L.fc2_b), T, c.ffn, h);
     if (c.activation == Activation::SwiGLU)
       k::swiglu_backward(A(a.u), dg, dwide, T, c.ffn);
@@ -281,12 +355,13 @@ void GptModel::backward(const float* dloss) {
       k::gelu_backward(A(a.u), dg, dwide, T * c.ffn, gelu_kind(c.activation));
     k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), gopt(L.fc1_b), T, h,
                        c.fc1_width());
-    sum_over_tp(dnorm, T * h);
-    norm_backward(c, dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), gopt(L.ln2_b), T);
-    k::add_inplace(dx, dtmp, T * h);  // dx = d(x_mid)
+    sum_input_grad(dnorm);
+    norm_backward(c, dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), gopt(L.ln2_b), Tl);
+    k::add_inplace(dx, dtmp, Tl * h);  // dx = d(x_mid)
     // Attention block.
-    std::memcpy(dbranch, dx, sizeof(float) * T * h);
-    if (drop) multiply(dbranch, A(a.drop1), T * h);
+    std::memcpy(dbranch, dx, sizeof(float) * Tl * h);
+    if (drop) multiply(dbranch, A(a.drop1), Tl * h);
+    if (sp) gather_sequence(dbranch);
     k::linear_backward(A(a.ctx), P(L.proj_w), dbranch, dctx, G(L.proj_w), gopt(L.proj_b), T,
                        c.heads * D, h);
     k::attention_backward(A(a.qkv_attn), A(a.probs), dctx, dwide, b_, s_, c.heads, c.query_groups, D,
@@ -309,10 +384,11 @@ void GptModel::backward(const float* dloss) {
     }
     k::linear_backward(A(a.ln1), P(L.qkv_w), dwide, dnorm, G(L.qkv_w), gopt(L.qkv_b), T, h,
                        c.qkv_width());
-    sum_over_tp(dnorm, T * h);
-    norm_backward(c, dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), gopt(L.ln1_b), T);
-    k::add_inplace(dx, dtmp, T * h);  // dx = d(x_in)
+    sum_input_grad(dnorm);
+    norm_backward(c, dnorm, A(a.x_in), P(L.ln1_w), A(a.ln1_mean), A(a.ln1_rstd), dtmp, G(L.ln1_w), gopt(L.ln1_b), Tl);
+    k::add_inplace(dx, dtmp, Tl * h);  // dx = d(x_in)
   }
+  if (sp) gather_sequence(dx);  // the embedding was scattered: its gradient is gathered
   if (drop) multiply(dx, A(emb_drop_), T * h);
   if (tensor_parallel())
     tp::vocab_parallel_embedding_backward(tokens_.data(), dx, G(word_emb_), T, h, vocab);

@@ -50,6 +50,10 @@ class GptModel {
   // tensor-parallel group, the replicated ones (the same on every rank) counted once, as
   // Megatron's get_grad_norm_fp32. Every rank of the group gets the same value.
   double grad_norm() const;
+  // After a step's micro-batches: sums over the tensor-parallel group the gradients that each rank
+  // computed from its share of the sequence (sequence parallelism: the norms' weights and biases,
+  // Megatron's finalize_model_grads). Collective; nothing to do without sequence parallelism.
+  void finalize_grads();
   const ParameterTable& table() const { return table_; }
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
@@ -78,6 +82,14 @@ class GptModel {
   float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
   bool tensor_parallel() const { return tp_size_ > 1; }
+  bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
+  // Sequence parallelism, in place on a [T, h] buffer: its first T/tp rows (this rank's tokens)
+  // become the whole sequence's (all-gather), or the whole buffer's partial sums become this
+  // rank's rows of their sum (reduce-scatter).
+  void gather_sequence(float* buf);
+  void reduce_scatter_sequence(float* buf);
+  // The hidden dropout mask of this rank's tokens (the whole model's mask, sliced) into mask.
+  void hidden_dropout_mask(float* mask, double p, uint64_t seed, const std::string& stream);
   void sum_over_tp(float* data, int64_t n) {
     if (tensor_parallel()) tp_->all_reduce_sum(data, static_cast<size_t>(n));
   }
@@ -98,6 +110,7 @@ class GptModel {
   std::vector<float> work_;  // backward scratch
   std::vector<int64_t> tokens_, labels_, positions_, rope_positions_;
   std::vector<float> full_mask_;  // tensor parallel: all heads' attention dropout mask, sliced per rank
+  std::vector<float> sp_full_, sp_local_;  // sequence parallel: [T, h] and [T/tp, h] scratch
   kernels::cpu::RopeTable rope_;
   bool training_ = false;
 };

@@ -117,4 +117,25 @@ void vocab_parallel_cross_entropy_backward(float* logits_local, const int64_t* t
   }
 }
 
+void sequence_slice(const float* full, float* local, int64_t b, int64_t s, int64_t C, int64_t rank, int64_t ranks) {
+  const int64_t n = s / ranks;
+  for (int64_t bi = 0; bi < b; ++bi)
+    std::copy(full + (bi * s + rank * n) * C, full + (bi * s + (rank + 1) * n) * C, local + bi * n * C);
+}
+
+// Gloo on CPU ranks has no all-gather or reduce-scatter here: both are an all-reduce of full-size
+// buffers (each rank's rows, zeros elsewhere), the volume of the tensor-parallel all-reduce.
+void sequence_gather(const float* local, float* full, int64_t b, int64_t s, int64_t C, dist::ProcessGroup* group) {
+  const int64_t ranks = group ? group->size() : 1, rank = group ? group->rank() : 0, n = s / ranks;
+  std::fill(full, full + b * s * C, 0.0f);
+  for (int64_t bi = 0; bi < b; ++bi)
+    std::copy(local + bi * n * C, local + (bi + 1) * n * C, full + (bi * s + rank * n) * C);
+  sum_over(group, full, static_cast<size_t>(b * s * C));
+}
+
+void sequence_reduce_scatter(float* full, float* local, int64_t b, int64_t s, int64_t C, dist::ProcessGroup* group) {
+  sum_over(group, full, static_cast<size_t>(b * s * C));
+  sequence_slice(full, local, b, s, C, group ? group->rank() : 0, group ? group->size() : 1);
+}
+
 }  // namespace laoyao::model::tp

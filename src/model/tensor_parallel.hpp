@@ -60,4 +60,14 @@ void vocab_parallel_cross_entropy_forward(const float* logits_local, const int64
 void vocab_parallel_cross_entropy_backward(float* logits_local, const int64_t* targets, const float* stats,
                                            const float* dloss, int64_t T, Shard vocab);
 
+// ---- Sequence parallelism (--sequence-parallel): outside the tensor-parallel regions each rank
+// holds positions [r*s/t, (r+1)*s/t) of every sequence; tokens are batch-major (token b*s + pos),
+// so a rank's tokens are b runs of s/t rows. local is [b*s/t, C], full [b*s, C].
+void sequence_slice(const float* full, float* local, int64_t b, int64_t s, int64_t C, int64_t rank, int64_t ranks);
+// full = every rank's local rows in place (all-gather along the sequence).
+void sequence_gather(const float* local, float* full, int64_t b, int64_t s, int64_t C, dist::ProcessGroup* group);
+// local = this rank's rows of the sum over the group of each rank's full (reduce-scatter along
+// the sequence); full is clobbered.
+void sequence_reduce_scatter(float* full, float* local, int64_t b, int64_t s, int64_t C, dist::ProcessGroup* group);
+
 }  // namespace laoyao::model::tp

@@ -14,9 +14,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (world_size > 1 && c.ddp.use_distributed_optimizer && m.tensor_model_parallel_size > 1)
     out.push_back("the distributed optimizer with tensor parallelism (--use-distributed-optimizer with "
                   "model.tensor_model_parallel_size > 1)");
-  // Tensor parallelism: CPU ranks (Gloo), without sequence parallelism so far.
-  if (m.tensor_model_parallel_size > 1 && m.sequence_parallel)
-    out.push_back("sequence parallelism (--sequence-parallel, model.sequence_parallel)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
   if (m.num_moe_experts) out.push_back("Mixture-of-Experts layers (model.num_moe_experts)");

@@ -44,6 +44,9 @@ class Engine {
   // Megatron's clip (coefficient max_norm / (norm + 1e-6) when below 1, none when max_norm <= 0)
   // and one AdamW step.
   virtual void clip_and_step(double norm, double max_norm, double lr, double wd) = 0;
+  // After a step's micro-batches, before any gradient is read: sums over the tensor-parallel
+  // group what each rank computed from its share of the sequence (sequence parallelism).
+  virtual void finalize_grads() {}
   // Data parallelism: gradients summed over the group's ranks, then scaled (1 / data-parallel
   // size: Megatron's gradient averaging).
   virtual void all_reduce_grads(dist::ProcessGroup& group, double scale) = 0;

@@ -17,6 +17,7 @@ class CpuEngine final : public Engine {
       : model_(m), adam_(a), shard_(shard), shard_group_(shard_group) {}
   std::string name() const override { return "cpu"; }
   void zero_grads() override { model_.zero_grads(); }
+  void finalize_grads() override { model_.finalize_grads(); }
 
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     const int64_t T = mb.b * mb.s;

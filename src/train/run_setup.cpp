@@ -58,6 +58,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.embedding_init_std = m.embedding_init_method_std.value_or(m.init_method_std);
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
+  g.sequence_parallel = m.sequence_parallel;
   g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused
                         : m.attention_backend == "auto"                                   ? model::AttentionBackend::Auto
                         : m.attention_backend == "fused"                                  ? model::AttentionBackend::Fused

@@ -294,6 +294,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       else if (iteration < train_iters)
         next_batch.prefetch(consumed + gbs, 0);
     }
+    engine->finalize_grads();
     LossSum iter_loss;
     double norm = 0;
     if (group) {  // gradients averaged over the data-parallel ranks, then the norm of the average

@@ -155,9 +155,10 @@ TEST(Launch, ASignalToTheLauncherStopsTheRanks) {
   EXPECT_NE(out.find("[rank1]: started"), std::string::npos) << out;
 }
 
-// Tensor parallelism over CPU ranks (Megatron's layout: TP ranks consecutive): TP=2, and TP=2 x
-// DP=2 on 4 ranks, print the single rank's losses up to fp32 summation order; a Llama-style model
-// (GQA, RoPE, SwiGLU, RMSNorm, untied) too. Dropout on: the masks are the whole model's.
+// Tensor parallelism over CPU ranks (Megatron's layout: TP ranks consecutive): TP=2, TP=2 x DP=2
+// on 4 ranks and TP=2 with sequence parallelism print the single rank's losses up to fp32
+// summation order; a Llama-style model (GQA, RoPE, SwiGLU, RMSNorm, untied) too. Dropout on: the
+// masks are the whole model's.
 TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp");
   const std::vector<std::vector<std::string>> models = {
@@ -172,16 +173,19 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     ASSERT_EQ(single.status, 0) << single.output;
     const auto want = losses_in(single.output);
     ASSERT_GE(want.size(), 4u) << single.output;
-    for (const char* n : {"2", "4"}) {
+    // TP=2, TP=2 x DP=2, and TP=2 with sequence parallelism.
+    for (const auto& [n, sp] : {std::pair{"2", false}, std::pair{"4", false}, std::pair{"2", true}}) {
       std::vector<std::string> tp = {"launch", "--nproc-per-node", n, "--", "laoyao"};
       tp.insert(tp.end(), one.begin(), one.end());
       tp.insert(tp.end(), {"--tensor-model-parallel-size", "2"});
+      if (sp) tp.push_back("--sequence-parallel");
       const auto r = run_laoyao(tp, dir, "LAOYAO_DEVICE=cpu");
       ASSERT_EQ(r.status, 0) << r.output;
       const auto got = losses_in(r.output);
       ASSERT_EQ(got.size(), want.size()) << r.output;
       for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << n << " ranks at TP=2, value " << i;
+        EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i]))
+            << n << " ranks at TP=2" << (sp ? " with sequence parallelism" : "") << ", value " << i;
     }
   }
   // Checkpoints hold whole tensors: saved at TP=2 after 2 iterations, resumed at TP=1 on one rank
@@ -205,11 +209,4 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     ASSERT_GE(tail.size(), 1u) << resumed.output;
     EXPECT_NEAR(tail[0], want[3], 1e-4 * want[3]) << "iteration 3 resumed on " << n << " rank(s)\n" << resumed.output;
   }
-  // Not yet: sequence parallelism at TP=2, refused by name before anything runs.
-  std::vector<std::string> bad = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
-  const auto args = tiny_run({"--train-iters", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"});
-  bad.insert(bad.end(), args.begin(), args.end());
-  const auto r = run_laoyao(bad, dir, "LAOYAO_DEVICE=cpu");
-  EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("sequence parallelism"), std::string::npos) << r.output;
 }

@@ -185,6 +185,7 @@ void check_tensor_parallel_model(const GptConfig& c, const std::vector<int>& siz
       m.zero_grads();
       m.forward(mb, key, losses[r].data());
       m.backward(dloss.data());
+      m.finalize_grads();  // sequence parallel: the norms' gradients summed over the group
       grads[r].assign(m.grads(), m.grads() + m.num_parameters());
       if (r == 0) local_table = m.table();
     });
@@ -215,6 +216,18 @@ TEST(TensorParallel, GptWithDropoutMatchesOneRank) {
 TEST(TensorParallel, LlamaStyleWithQkNormMatchesOneRank) {
   if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
   GptConfig c = tiny_gpt();
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
+  c.query_groups = 2, c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
+  c.qk_layernorm = true;
+  check_tensor_parallel_model(c, {2});
+}
+
+// Sequence parallelism: norms, dropout and residuals on each rank's share of every sequence.
+TEST(TensorParallel, SequenceParallelGptAndLlamaMatchOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_gpt();
+  c.sequence_parallel = true;
+  check_tensor_parallel_model(c, {2, 4});
   c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
   c.query_groups = 2, c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
   c.qk_layernorm = true;
