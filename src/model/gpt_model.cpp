@@ -44,11 +44,11 @@ void GptModel::build_parameter_table() {
 
 void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
-double GptModel::grad_norm() const {
+double GptModel::model_norm(const float* buf) const {
   double sq[2] = {0.0, 0.0};  // split parameters, replicated ones
   for (const auto& p : table_.specs) {
     double s = 0.0;
-    for (int64_t i = 0; i < p.numel; ++i) s += double(grads_[p.offset + i]) * grads_[p.offset + i];
+    for (int64_t i = 0; i < p.numel; ++i) s += double(buf[p.offset + i]) * buf[p.offset + i];
     sq[tp_split_of(p.name, cfg_) == TpSplit::Replicated ? 1 : 0] += s;
   }
   if (tensor_parallel()) tp_->all_reduce_sum(sq, 1);

@@ -49,7 +49,8 @@ class GptModel {
   // The gradient norm over the whole model: the split parameters' squares summed over the
   // tensor-parallel group, the replicated ones (the same on every rank) counted once, as
   // Megatron's get_grad_norm_fp32. Every rank of the group gets the same value.
-  double grad_norm() const;
+  double grad_norm() const { return model_norm(grads_.data()); }
+  double params_norm() const { return model_norm(weights_.data()); }
   // After a step's micro-batches: sums over the tensor-parallel group the gradients that each rank
   // computed from its share of the sequence (sequence parallelism: the norms' weights and biases,
   // Megatron's finalize_model_grads). Collective; nothing to do without sequence parallelism.
@@ -82,6 +83,7 @@ class GptModel {
   float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
   bool tensor_parallel() const { return tp_size_ > 1; }
+  double model_norm(const float* buf) const;  // over the whole model: see grad_norm
   bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
   // Sequence parallelism, in place on a [T, h] buffer: its first T/tp rows (this rank's tokens)
   // become the whole sequence's (all-gather), or the whole buffer's partial sums become this

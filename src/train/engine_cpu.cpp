@@ -40,7 +40,10 @@ class CpuEngine final : public Engine {
     for (int64_t i = 0; i < model_.num_parameters(); ++i) zeros += model_.grads()[i] == 0.0f;
     return zeros;
   }
-  double params_norm() override { return optim::grad_norm(model_.weights(), model_.num_parameters()); }
+  double params_norm() override {
+    if (model_.tp_size() > 1) return model_.params_norm();  // shards summed over the group
+    return optim::grad_norm(model_.weights(), model_.num_parameters());
+  }
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
     float* g = model_.grads();
     const int64_t n = model_.num_parameters();

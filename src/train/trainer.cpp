@@ -162,6 +162,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                : std::make_unique<optim::AdamW>(model.num_parameters(), ranges, adam_settings);
   optim::AdamW& adam = *adam_owner;
   std::unique_ptr<Engine> engine;
+  if (opt.use_cuda && (dist_opt || model.tp_size() > 1))  // the CLI refuses these first
+    throw UsageError("the CUDA engine trains neither tensor-parallel nor with the distributed optimizer yet");
   if (opt.use_cuda)
     engine = make_cuda_engine(model, adam, adam_settings,
                               std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
