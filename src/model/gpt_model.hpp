@@ -6,9 +6,12 @@
 // Tensor parallelism (a group of several ranks): each rank holds Megatron-Core's shards of the
 // parameters (model/gpt_tp.hpp) and runs its heads, ffn columns and vocabulary rows, summing over
 // the group where Megatron-Core's layers do (model/tensor_parallel.hpp): every rank then sees
-// every token's loss, and the shards' gradients are the single rank's, split.
+// every token's loss, and the shards' gradients are the single rank's, split. With sequence
+// parallelism (config.sequence_parallel) the norms, dropout and residuals run on each rank's share
+// of every sequence, between an all-gather and a reduce-scatter around the parallel layers.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dist/process_group.hpp"
