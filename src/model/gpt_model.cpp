@@ -44,6 +44,17 @@ void GptModel::build_parameter_table() {
 
 void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+int64_t GptModel::count_zero_grads() const {
+  double zeros[2] = {0.0, 0.0};  // split parameters, replicated ones
+  for (const auto& p : table_.specs) {
+    int64_t z = 0;
+    for (int64_t i = 0; i < p.numel; ++i) z += grads_[p.offset + i] == 0.0f;
+    zeros[tp_split_of(p.name, cfg_) == TpSplit::Replicated ? 1 : 0] += static_cast<double>(z);
+  }
+  if (tensor_parallel()) tp_->all_reduce_sum(zeros, 1);
+  return static_cast<int64_t>(zeros[0] + zeros[1]);
+}
+
 double GptModel::model_norm(const float* buf) const {
   double sq[2] = {0.0, 0.0};  // split parameters, replicated ones
   for (const auto& p : table_.specs) {

@@ -54,6 +54,8 @@ class GptModel {
   // Megatron's get_grad_norm_fp32. Every rank of the group gets the same value.
   double grad_norm() const { return model_norm(grads_.data()); }
   double params_norm() const { return model_norm(weights_.data()); }
+  // Zero gradients over the whole model, counted as grad_norm sums (Megatron's num_zeros_in_grad).
+  int64_t count_zero_grads() const;
   // After a step's micro-batches: sums over the tensor-parallel group the gradients that each rank
   // computed from its share of the sequence (sequence parallelism: the norms' weights and biases,
   // Megatron's finalize_model_grads). Collective; nothing to do without sequence parallelism.

@@ -35,11 +35,7 @@ class CpuEngine final : public Engine {
     if (model_.tp_size() > 1) return model_.grad_norm();  // shards summed over the group
     return optim::grad_norm(model_.grads(), model_.num_parameters());
   }
-  int64_t count_zero_grads() override {
-    int64_t zeros = 0;
-    for (int64_t i = 0; i < model_.num_parameters(); ++i) zeros += model_.grads()[i] == 0.0f;
-    return zeros;
-  }
+  int64_t count_zero_grads() override { return model_.count_zero_grads(); }
   double params_norm() override {
     if (model_.tp_size() > 1) return model_.params_norm();  // shards summed over the group
     return optim::grad_norm(model_.weights(), model_.num_parameters());

@@ -187,6 +187,10 @@ void check_tensor_parallel_model(const GptConfig& c, const std::vector<int>& siz
       m.backward(dloss.data());
       m.finalize_grads();  // sequence parallel: the norms' gradients summed over the group
       grads[r].assign(m.grads(), m.grads() + m.num_parameters());
+      // The whole model's norms and zero count, on every rank (replicated tensors counted once).
+      EXPECT_NEAR(m.grad_norm(), ref.grad_norm(), 1e-4 * ref.grad_norm()) << "rank " << r;
+      EXPECT_NEAR(m.params_norm(), ref.params_norm(), 1e-5 * ref.params_norm()) << "rank " << r;
+      EXPECT_EQ(m.count_zero_grads(), ref.count_zero_grads()) << "rank " << r;
       if (r == 0) local_table = m.table();
     });
     for (int r = 0; r < tp; ++r) expect_close(losses[r].data(), want_loss.data(), T, "loss, rank " + std::to_string(r));
