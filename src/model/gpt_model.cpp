@@ -19,6 +19,7 @@ namespace k = laoyao::kernels::cpu;
 GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp) : cfg_(cfg), tp_(tp) {
   if (tp_ && tp_->size() > 1) tp_size_ = tp_->size(), tp_rank_ = tp_->rank();
   lc_ = tp_local_config(cfg, tp_size_);
+  if (cfg.qk_layernorm) dqk_scratch_.assign(static_cast<size_t>(2 * cfg.kv_channels), 0.0f);
   build_parameter_table();
   if (cfg.positions == Positions::Rope) {
     if (cfg.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
@@ -383,7 +384,8 @@ void GptModel::backward(const float* dloss) {
     if (c.qk_layernorm && tensor_parallel()) {
       // The replicated q/k norm weights serve every head: their gradient is this rank's heads'
       // share, summed over the group (this micro-batch's alone: G() holds earlier ones too).
-      std::vector<float> dqk(static_cast<size_t>(2 * D), 0.0f);
+      std::vector<float>& dqk = dqk_scratch_;
+      std::fill(dqk.begin(), dqk.end(), 0.0f);
       k::qk_rmsnorm_backward(dwide, A(a.qkv), P(L.q_norm), P(L.k_norm), A(a.qk_rstd), dwide, dqk.data(),
                              dqk.data() + D, T, c.heads, c.query_groups, D, c.zero_centered_gamma);
       sum_over_tp(dqk.data(), 2 * D);

@@ -118,6 +118,7 @@ class GptModel {
   std::vector<int64_t> tokens_, labels_, positions_, rope_positions_;
   std::vector<float> full_mask_;  // tensor parallel: all heads' attention dropout mask, sliced per rank
   std::vector<float> sp_full_, sp_local_;  // sequence parallel: [T, h] and [T/tp, h] scratch
+  std::vector<float> dqk_scratch_;         // tensor parallel: one micro-batch's q/k norm gradients
   kernels::cpu::RopeTable rope_;
   bool training_ = false;
 };

@@ -91,18 +91,18 @@ void vocab_parallel_cross_entropy_forward(const float* logits_local, const int64
   float* sumexp = stats + T;
   for (int64_t t = 0; t < T; ++t) zmax[t] = *std::max_element(logits_local + t * V, logits_local + (t + 1) * V);
   if (group && group->size() > 1) group->all_reduce_max(zmax, static_cast<size_t>(T));
-  std::vector<float> pred(static_cast<size_t>(T), 0.0f);
+  float* pred = loss;  // the target's shifted logit first, then the loss in its place
   for (int64_t t = 0; t < T; ++t) {
     const float* z = logits_local + t * V;
     double s = 0.0;
     for (int64_t j = 0; j < V; ++j) s += std::exp(double(z[j]) - zmax[t]);
     sumexp[t] = static_cast<float>(s);
     const int64_t j = targets[t] - vocab.start;
-    if (j >= 0 && j < V) pred[static_cast<size_t>(t)] = z[j] - zmax[t];  // the target's shard only
+    pred[t] = j >= 0 && j < V ? z[j] - zmax[t] : 0.0f;  // the target's shard only
   }
-  sum_over(group, pred.data(), pred.size());
+  sum_over(group, pred, static_cast<size_t>(T));
   sum_over(group, sumexp, static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) loss[t] = std::log(sumexp[t]) - pred[static_cast<size_t>(t)];
+  for (int64_t t = 0; t < T; ++t) loss[t] = std::log(sumexp[t]) - pred[t];
 }
 
 void vocab_parallel_cross_entropy_backward(float* logits_local, const int64_t* targets, const float* stats,

@@ -22,8 +22,9 @@ std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table
   return std::make_unique<optim::AdamW>(shard.size, ranges, s);
 }
 
-void gather_shares(float* weights, int64_t n, OptimizerShard shard, dist::ProcessGroup& group) {
-  std::vector<float> all(static_cast<size_t>(n), 0.0f);
+void gather_shares(float* weights, int64_t n, OptimizerShard shard, dist::ProcessGroup& group,
+                   std::vector<float>& all) {
+  all.assign(static_cast<size_t>(n), 0.0f);  // sized once: later steps only refill it
   std::copy(weights + shard.begin, weights + shard.begin + shard.size, all.begin() + shard.begin);
   group.all_reduce_sum(all.data(), all.size());
   std::copy(all.begin(), all.end(), weights);

@@ -29,8 +29,9 @@ std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table
                                               const optim::AdamWSettings& s);
 
 // weights: every rank's own share updated; after the call the whole buffer holds every share's
-// update (collective over the group).
-void gather_shares(float* weights, int64_t n, OptimizerShard shard, dist::ProcessGroup& group);
+// update (collective over the group). scratch: n floats, the caller's (no allocation per step).
+void gather_shares(float* weights, int64_t n, OptimizerShard shard, dist::ProcessGroup& group,
+                   std::vector<float>& scratch);
 
 // A whole-size AdamW holding every rank's moments (collective), for a checkpoint.
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,

@@ -52,7 +52,7 @@ class CpuEngine final : public Engine {
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
     optim::clip_grads(model_.grads() + shard_.begin, shard_.size, norm, max_norm);
     adam_.step(model_.weights() + shard_.begin, model_.grads() + shard_.begin, lr, wd);
-    if (shard_group_) gather_shares(model_.weights(), model_.num_parameters(), shard_, *shard_group_);
+    if (shard_group_) gather_shares(model_.weights(), model_.num_parameters(), shard_, *shard_group_, gather_);
   }
 
  private:
@@ -60,6 +60,7 @@ class CpuEngine final : public Engine {
   optim::AdamW& adam_;
   OptimizerShard shard_;
   dist::ProcessGroup* shard_group_;
+  std::vector<float> gather_;  // the distributed optimizer's all-gather buffer
   std::vector<float> losses_;
   LossSum acc_;
 };

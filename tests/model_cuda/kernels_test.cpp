@@ -716,6 +716,24 @@ TEST_F(CudaKernels, AttentionReferenceGqaMatchesCpu) {
   check_attention_reference({1, 64, 8, 2, 128, 0.0}, stream_);
 }
 
+// A kernel's lse [b, H, s] against the CPU's probabilities (every 7th query): p_ii = exp(s_ii -
+// lse_i), so lse_i = s_ii - log(p_ii).
+void expect_lse_matches_cpu_probs(const std::vector<float>& got_lse, const std::vector<float>& qkv,
+                                  const std::vector<float>& probs, const AttnCase& c, int64_t b) {
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const float scale = shape_of(c).scale;
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t i = 0; i < c.s; i += 7) {
+        double dot = 0;
+        for (int64_t d = 0; d < c.D; ++d)
+          dot += double(qkv[(bi * c.s + i) * L.row + L.q(h) + d]) * qkv[(bi * c.s + i) * L.row + L.k(L.group_of(h)) + d];
+        const double want_lse = scale * dot - std::log(double(probs[((bi * c.H + h) * c.s + i) * c.s + i]));
+        EXPECT_NEAR(got_lse[(bi * c.H + h) * c.s + i], want_lse, 2e-3 * (1 + std::abs(want_lse)))
+            << "lse b=" << bi << " h=" << h << " i=" << i;
+      }
+}
+
 // The flash kernels against the CPU attention on the same inputs and dropout mask; partial tiles
 // (s not a multiple of 64), GQA, both head dims, and a sequence long enough for many tiles.
 void check_attention_flash(const AttnCase& c, cudaStream_t stream) {
@@ -738,18 +756,7 @@ void check_attention_flash(const AttnCase& c, cudaStream_t stream) {
   cuda::attention_flash_forward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), lse.as<float>(), shape, drop, stream);
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
   expect_rel_norm(from_device_bf16(dctx_out, T * c.H * c.D), to_double(want.ctx), kAttnNormTol, kAttnElemTol, "ctx");
-  // lse from the CPU's probabilities: p_ii = exp(s_ii - lse_i), so lse_i = s_ii - log(p_ii).
-  const auto got_lse = from_device<float>(lse, c.b * c.H * c.s);
-  for (int64_t bi = 0; bi < c.b; ++bi)
-    for (int64_t h = 0; h < c.H; ++h)
-      for (int64_t i = 0; i < c.s; i += 7) {
-        double dot = 0;
-        for (int64_t d = 0; d < c.D; ++d)
-          dot += double(qkv[(bi * c.s + i) * L.row + L.q(h) + d]) * qkv[(bi * c.s + i) * L.row + L.k(L.group_of(h)) + d];
-        const double want_lse = shape.scale * dot - std::log(double(want.probs[((bi * c.H + h) * c.s + i) * c.s + i]));
-        EXPECT_NEAR(got_lse[(bi * c.H + h) * c.s + i], want_lse, 2e-3 * (1 + std::abs(want_lse)))
-            << "lse b=" << bi << " h=" << h << " i=" << i;
-      }
+  expect_lse_matches_cpu_probs(from_device<float>(lse, c.b * c.H * c.s), qkv, want.probs, c, c.b);
   cuda::attention_flash_backward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), ddctx.as<bf16>(), lse.as<float>(),
                                  delta.as<float>(), ddqkv.as<bf16>(), shape, drop, stream);
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -793,18 +800,7 @@ void check_attention_cudnn(const AttnCase& c, cudaStream_t stream, int64_t run_b
   attn.forward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), lse.as<float>(), r.b);
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
   expect_rel_norm(from_device_bf16(dctx_out, T * c.H * c.D), to_double(want.ctx), kAttnNormTol, kAttnElemTol, "ctx");
-  const auto got_lse = from_device<float>(lse, r.b * c.H * c.s);
-  const float scale = shape_of(c).scale;
-  for (int64_t bi = 0; bi < r.b; ++bi)
-    for (int64_t h = 0; h < c.H; ++h)
-      for (int64_t i = 0; i < c.s; i += 7) {
-        double dot = 0;
-        for (int64_t d = 0; d < c.D; ++d)
-          dot += double(qkv[(bi * c.s + i) * L.row + L.q(h) + d]) * qkv[(bi * c.s + i) * L.row + L.k(L.group_of(h)) + d];
-        const double want_lse = scale * dot - std::log(double(want.probs[((bi * c.H + h) * c.s + i) * c.s + i]));
-        EXPECT_NEAR(got_lse[(bi * c.H + h) * c.s + i], want_lse, 2e-3 * (1 + std::abs(want_lse)))
-            << "lse b=" << bi << " h=" << h << " i=" << i;
-      }
+  expect_lse_matches_cpu_probs(from_device<float>(lse, r.b * c.H * c.s), qkv, want.probs, c, r.b);
   // Every element of dqkv is written: fill it with garbage first.
   LAOYAO_CUDA_CHECK(cudaMemset(ddqkv.ptr, 0x7f, ddqkv.bytes));
   attn.backward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), ddctx.as<bf16>(), lse.as<float>(), ddqkv.as<bf16>(), r.b);
