@@ -8,8 +8,8 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench dp2 (default: all but dp2, which
-#                                            needs nvidia-h200-x2; BENCH_CASES picks the bench cases). Full
+#                                            attention gemm profile bench dp2 tp2 (default: all but dp2 and
+#                                            tp2, which need nvidia-h200-x2; BENCH_CASES picks the bench cases). Full
 #                                            logs go to $OUT; a summary table is printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -63,7 +63,7 @@ case "${1:-}" in
           rc=$?
           note "gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
           # What failed, in the failing tests' own words (the log itself may not come back).
-          grep -E -A6 '(Failure|error:|^\[  FAILED  \])' "$OUT/gpu_tests.txt" | head -60
+          while read -r line; do note "  $line"; done < <(grep -E -A6 '(Failure|error:)' "$OUT/gpu_tests.txt" | head -40)
           ;;
         parity)
           # A small GPT (dropout on) trained on the CPU and on the GPU from the same initial
@@ -92,13 +92,25 @@ case "${1:-}" in
           dp_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
                    --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
                    --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
-                   --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1
-                   --train-iters 30)
+                   --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-iters 40 --seed 1234
+                   --log-interval 1 --train-iters 30)
           LAOYAO_DEVICE=cuda "$C/laoyao" "${dp_args[@]}" > "$OUT/dp1.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${dp_args[@]}" > "$OUT/dp2.log" 2>&1
           note "DP=2 launch exit $?"
-          "$C/laoyao" compare-logs "$OUT/dp1.log" "$OUT/dp2.log" > "$OUT/dp_compare.txt" 2>&1
-          note "DP=2 vs DP=1 on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/dp_compare.txt" | head -1)"
+          # The distributed optimizer (reduce-scattered gradients, sharded Adam, all-gathered bf16
+          # parameters); its checkpoint (whole tensors) resumes on one GPU for two more iterations.
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${dp_args[@]}" \
+            --use-distributed-optimizer --save /tmp/dp2_distopt_ckpt --save-interval 30 > "$OUT/dp2_distopt.log" 2>&1
+          note "DP=2 distributed optimizer launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${dp_args[@]}" --train-iters 32 > "$OUT/dp1_32.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${dp_args[@]}" --train-iters 32 --load /tmp/dp2_distopt_ckpt \
+            > "$OUT/dp2_distopt_resumed.log" 2>&1
+          note "DP=2 distributed-optimizer checkpoint resumed on one GPU: exit $?"
+          for pair in "dp1 dp2" "dp1 dp2_distopt" "dp1_32 dp2_distopt_resumed"; do
+            read -r a b <<< "$pair"
+            "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
+            note "$a vs $b on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
+          done
           # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence per GPU a step, 1 GPU vs 2.
           read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
@@ -109,6 +121,62 @@ case "${1:-}" in
           ms1=$(grep 'elapsed time per iteration' "$OUT/dp1_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
           ms2=$(grep 'elapsed time per iteration' "$OUT/dp2_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
           note "Llama-3.2-1B s8k: DP=1 ${ms1:-?} ms/step (1 x 8192 tokens), DP=2 ${ms2:-?} ms/step (2 x 8192): $(python3 -c "print(f'{2*$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
+          ;;
+        tp2)
+          # Tensor parallelism over two GPUs (nvidia-h200-x2): the seed's two-GPU pair, MLM flags and
+          # their Bridge twin (tests/config/test_util.hpp: TP=2 with sequence parallelism, dropout on),
+          # each against the same config at TP=1 on one GPU, then MLM against Bridge.
+          seed=(--num-layers 4 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 --seq-length 1024
+                --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 32 --train-iters 10
+                --eval-iters 2 --eval-interval 10 --mock-data --bf16 --use-mcore-models --tokenizer-type NullTokenizer
+                --vocab-size 1024 --lr 1e-4 --min-lr 1e-5 --seed 1234 --log-interval 1)
+          twin=(model.num_layers=4 model.hidden_size=256 model.num_attention_heads=4 model.ffn_hidden_size=1024
+                model.seq_length=1024 dataset.seq_length=1024 train.train_iters=10 train.global_batch_size=32
+                train.micro_batch_size=4 validation.eval_interval=10 validation.eval_iters=2 optimizer.lr=1e-4
+                optimizer.min_lr=1e-5 scheduler.lr_warmup_iters=1 scheduler.lr_decay_iters=10 rng.seed=1234
+                logger.log_interval=1 tokenizer.vocab_size=1024)
+          L2=("$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao")
+          # (The MLM run saves, for its run_config.yaml; Bridge pads the vocabulary (1025 with its
+          # NullTokenizer) to a multiple of 128 x TP, so its TP=1 runs ask for 256 to be the same model.)
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${seed[@]}" > "$OUT/tp1_mlm.log" 2>&1
+          LAOYAO_DEVICE=cuda "${L2[@]}" pretrain-gpt --tensor-model-parallel-size 2 --sequence-parallel "${seed[@]}" \
+            --save /tmp/tp2_mlm_ckpt --save-interval 10 > "$OUT/tp2_mlm.log" 2>&1
+          note "MLM TP=2 SP launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" run-recipe --recipe vanilla_gpt_pretrain_config "${twin[@]}" \
+            model.make_vocab_size_divisible_by=256 checkpoint.save=/tmp/tp1_bridge_ckpt > "$OUT/tp1_bridge.log" 2>&1
+          LAOYAO_DEVICE=cuda "${L2[@]}" run-recipe --recipe vanilla_gpt_pretrain_config "${twin[@]}" \
+            model.tensor_model_parallel_size=2 model.sequence_parallel=true checkpoint.save=/tmp/tp2_bridge_ckpt \
+            > "$OUT/tp2_bridge.log" 2>&1
+          note "Bridge TP=2 SP launch exit $?"
+          # The checkpoint the TP=2 Bridge run saved (whole tensors) resumes at TP=1 on one GPU: its
+          # iterations 11-12 against a TP=1 run of 12 iterations straight through.
+          LAOYAO_DEVICE=cuda "$C/laoyao" run-recipe --recipe vanilla_gpt_pretrain_config "${twin[@]}" \
+            train.train_iters=12 model.make_vocab_size_divisible_by=256 checkpoint.save=/tmp/tp1_12_ckpt \
+            > "$OUT/tp1_bridge_12.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" run-recipe --recipe vanilla_gpt_pretrain_config "${twin[@]}" \
+            train.train_iters=12 model.make_vocab_size_divisible_by=256 checkpoint.load=/tmp/tp2_bridge_ckpt \
+            checkpoint.save=/tmp/tp_resumed_ckpt > "$OUT/tp2_resumed_at_tp1.log" 2>&1
+          note "TP=2 checkpoint resumed at TP=1: exit $? ($(grep -c ' iteration ' "$OUT/tp2_resumed_at_tp1.log") iterations logged)"
+          for pair in "tp1_mlm tp2_mlm" "tp1_bridge tp2_bridge" "tp1_bridge_12 tp2_resumed_at_tp1"; do
+            read -r a b <<< "$pair"
+            "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
+            note "$a vs $b: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
+          done
+          # MLM against its Bridge twin: not the same run (Bridge's recipe keeps its own schedule,
+          # optimizer and tokenizer settings); compare-logs names the config fields that differ.
+          "$C/laoyao" compare-logs "$OUT/tp2_mlm.log" "$OUT/tp2_bridge.log" --config-a /tmp/tp2_mlm_ckpt/run_config.yaml \
+            --config-b /tmp/tp2_bridge_ckpt/run_config.yaml > "$OUT/compare_tp2_mlm_tp2_bridge.txt" 2>&1
+          note "tp2_mlm vs tp2_bridge: compare-logs exit $?; $(sed -n '/^config/,/^verdict/p' "$OUT/compare_tp2_mlm_tp2_bridge.txt" | head -30 | tr '\n' ';')"
+          # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence a step, TP=1 vs TP=2 (+SP).
+          read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
+          tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
+                --eval-iters 0 --log-interval 5 --log-throughput --global-batch-size 1 "${llama[@]}")
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" > "$OUT/tp1_llama.log" 2>&1
+          LAOYAO_DEVICE=cuda "${L2[@]}" pretrain-gpt "${tput[@]}" --tensor-model-parallel-size 2 \
+            --sequence-parallel > "$OUT/tp2_llama.log" 2>&1
+          ms1=$(grep 'elapsed time per iteration' "$OUT/tp1_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
+          ms2=$(grep 'elapsed time per iteration' "$OUT/tp2_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
+          note "Llama-3.2-1B s8k, 1 x 8192 tokens a step: TP=1 ${ms1:-?} ms/step, TP=2+SP ${ms2:-?} ms/step: $(python3 -c "print(f'{$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           ;;
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).

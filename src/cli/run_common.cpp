@@ -58,8 +58,8 @@ int start_training(config::Resolved& r) {
   else if (r.cfg.model.recompute_granularity == "full" && !backend.cuda)
     std::printf("laoyao: the CPU backend keeps every activation (full recomputation is done on the CUDA backend; "
                 "it changes memory, not the numbers)\n");
-  // Several ranks: data parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each, LOCAL_RANK's,
-  // as torch.cuda.set_device(local_rank) in Megatron; gradients over NCCL).
+  // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
+  // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
   std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group;
   int64_t rank = 0;
   if (r.validated.derived.world_size > 1) {
@@ -67,13 +67,6 @@ int start_training(config::Resolved& r) {
     rank = env.rank;
     const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
     const dist::ParallelLayout layout(env.world_size, {r.cfg.model.tensor_model_parallel_size, 1, 1});
-    if (backend.cuda && r.cfg.ddp.use_distributed_optimizer)
-      throw UsageError("the distributed optimizer over GPU ranks needs NCCL reduce-scatter and all-gather, which "
-                       "are not built yet; without --use-distributed-optimizer (ddp.use_distributed_optimizer) the "
-                       "GPU ranks train data-parallel, and LAOYAO_DEVICE=cpu shards the optimizer over CPU ranks");
-    if (backend.cuda && layout.sizes().tp > 1)
-      throw UsageError("tensor parallelism on GPUs needs NCCL tensor-parallel groups, which are not built yet; "
-                       "LAOYAO_DEVICE=cpu trains it over CPU ranks");
     if (backend.cuda) {
       const int gpus = cuda_device_count();
       if (env.local_rank >= gpus)
@@ -86,8 +79,12 @@ int start_training(config::Resolved& r) {
       group = dist::make_cpu_process_group(env, timeout);
     }
     if (layout.sizes().tp > 1) {  // Megatron's layout: TP ranks consecutive, DP across them
-      tp_group = dist::make_cpu_process_group(env, timeout, layout.tp_group(env.rank), "tp");
-      dp_group = dist::make_cpu_process_group(env, timeout, layout.dp_group(env.rank), "dp");
+      auto make_group = [&](const std::vector<int64_t>& members, const std::string& name) {
+        return backend.cuda ? dist::make_gpu_process_group(env, timeout, members, name)
+                            : dist::make_cpu_process_group(env, timeout, members, name);
+      };
+      tp_group = make_group(layout.tp_group(env.rank), "tp");
+      dp_group = make_group(layout.dp_group(env.rank), "dp");
     }
   }
   std::string path = run_config_path(r.cfg);

@@ -13,6 +13,9 @@
 
 namespace laoyao::dist {
 
+// Element types of device collectives.
+enum class DeviceType { F32, BF16, F64 };
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -27,6 +30,14 @@ class ProcessGroup {
   // Device memory of a GPU rank: in place, data = sum over ranks of (scale * data), enqueued on
   // `stream` (a cudaStream_t) without waiting. Only groups from make_gpu_process_group have it.
   virtual void all_reduce_sum_device(float* data, size_t n, void* stream, double scale);
+  // More device collectives of GPU ranks (tensor and sequence parallelism, the distributed
+  // optimizer), enqueued the same way: in place sum; all-gather of n elements per rank into recv
+  // [ranks][n] (send may be recv's own slot); reduce-scatter of send [ranks][n] into this rank's n
+  // elements of the sum of scale * send (recv may be send's own slot; a scale other than 1: F32 only).
+  virtual void all_reduce_device(void* data, size_t n, DeviceType type, void* stream);
+  virtual void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream);
+  virtual void reduce_scatter_device(const void* send, void* recv, size_t n, DeviceType type, void* stream,
+                                     double scale = 1.0);
 };
 
 bool gloo_built();
@@ -45,5 +56,8 @@ std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv& env, double 
 // (each rank selects its GPU first: cuda_set_device(LOCAL_RANK)). A UsageError without the CUDA
 // backend or Gloo.
 std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes);
+// The same over some of the world's ranks (as make_cpu_process_group's subgroups).
+std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes,
+                                                     const std::vector<int64_t>& members, const std::string& name);
 
 }  // namespace laoyao::dist

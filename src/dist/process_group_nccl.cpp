@@ -1,6 +1,7 @@
 // GPU ranks' process group (see process_group.hpp): Gloo for host values, NCCL for device memory.
 #include <cstring>
 #include <map>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -14,8 +15,17 @@
 
 namespace laoyao::dist {
 
-void ProcessGroup::all_reduce_sum_device(float*, size_t, void*, double) {
+namespace {
+[[noreturn]] void no_device_collectives() {
   throw Error("this process group has no device collectives (CPU ranks): make_gpu_process_group makes one");
+}
+}  // namespace
+
+void ProcessGroup::all_reduce_sum_device(float*, size_t, void*, double) { no_device_collectives(); }
+void ProcessGroup::all_reduce_device(void*, size_t, DeviceType, void*) { no_device_collectives(); }
+void ProcessGroup::all_gather_device(const void*, void*, size_t, DeviceType, void*) { no_device_collectives(); }
+void ProcessGroup::reduce_scatter_device(const void*, void*, size_t, DeviceType, void*, double) {
+  no_device_collectives();
 }
 
 #if LAOYAO_HAVE_CUDA
@@ -26,6 +36,15 @@ void check_nccl(ncclResult_t st, const char* call, int rank) {
   const char* detail = ncclGetLastError(nullptr);
   throw Error("rank " + std::to_string(rank) + ": " + call + " failed: " + ncclGetErrorString(st) +
               (detail && *detail ? std::string(": ") + detail : std::string()));
+}
+
+ncclDataType_t nccl_type(DeviceType t) {
+  switch (t) {
+    case DeviceType::F32: return ncclFloat32;
+    case DeviceType::BF16: return ncclBfloat16;
+    case DeviceType::F64: return ncclFloat64;
+  }
+  return ncclFloat32;
 }
 
 class NcclGroup final : public ProcessGroup {
@@ -57,6 +76,24 @@ class NcclGroup final : public ProcessGroup {
     check_nccl(ncclAllReduce(data, data, n, ncclFloat32, op_for(scale), comm_, static_cast<cudaStream_t>(stream)),
                "ncclAllReduce (gradients)", rank());
   }
+  void all_reduce_device(void* data, size_t n, DeviceType type, void* stream) override {
+    if (n == 0) return;
+    check_nccl(ncclAllReduce(data, data, n, nccl_type(type), ncclSum, comm_, static_cast<cudaStream_t>(stream)),
+               "ncclAllReduce", rank());
+  }
+  void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream) override {
+    if (n == 0) return;
+    check_nccl(ncclAllGather(send, recv, n, nccl_type(type), comm_, static_cast<cudaStream_t>(stream)),
+               "ncclAllGather", rank());
+  }
+  void reduce_scatter_device(const void* send, void* recv, size_t n, DeviceType type, void* stream,
+                             double scale) override {
+    if (n == 0) return;
+    if (scale != 1.0 && type != DeviceType::F32) throw Error("reduce_scatter_device: a scale needs F32 elements");
+    check_nccl(
+        ncclReduceScatter(send, recv, n, nccl_type(type), op_for(scale), comm_, static_cast<cudaStream_t>(stream)),
+        "ncclReduceScatter", rank());
+  }
 
  private:
   // NCCL's pre-multiplied sum, sum_r(scale * x_r): the average of the data-parallel gradients in one
@@ -83,9 +120,19 @@ class NcclGroup final : public ProcessGroup {
 std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes) {
   return std::make_unique<NcclGroup>(make_cpu_process_group(env, timeout_minutes));
 }
+
+std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes,
+                                                     const std::vector<int64_t>& members, const std::string& name) {
+  return std::make_unique<NcclGroup>(make_cpu_process_group(env, timeout_minutes, members, name));
+}
 #else
 std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv&, double) {
   throw UsageError("this laoyao was built without the CUDA backend, so GPU ranks cannot communicate");
+}
+
+std::unique_ptr<ProcessGroup> make_gpu_process_group(const RankEnv& env, double timeout_minutes,
+                                                     const std::vector<int64_t>&, const std::string&) {
+  return make_gpu_process_group(env, timeout_minutes);
 }
 #endif
 

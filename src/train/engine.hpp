@@ -62,9 +62,12 @@ std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& ad
                                         dist::ProcessGroup* shard_group = nullptr);
 
 // The CUDA engine on the current device for micro-batches of up to max_b sequences of s tokens.
-// Throws UsageError when the CUDA backend is not built or the model has features it lacks.
+// Throws UsageError when the CUDA backend is not built or the model has features it lacks. With a
+// shard group of several ranks, the distributed optimizer (shard: optimizer_shard's of this rank;
+// adam: make_shard_adam's).
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& adam, const optim::AdamWSettings& s,
-                                         int64_t max_b, int64_t seq);
+                                         int64_t max_b, int64_t seq, OptimizerShard shard = {},
+                                         dist::ProcessGroup* shard_group = nullptr);
 
 // Which backend a run of `model` uses: LAOYAO_DEVICE=cpu|cuda, or (unset) the GPU when one is
 // visible and the CUDA backend can train the model (else the CPU, with a note saying why).

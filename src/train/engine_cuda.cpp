@@ -1,5 +1,12 @@
 // The CUDA engine: a CudaGptModel plus the Adam state on the device (fp32 exp_avg/exp_avg_sq and a
 // weight-decay flag per parameter). Built only with the CUDA backend.
+//
+// With the distributed optimizer (a shard group of several data-parallel ranks) the flat buffers
+// are padded to equal shares of `chunk` elements, rank r owning [r * chunk, (r + 1) * chunk): the
+// gradients are reduce-scattered (averaged) into the shares, each rank keeps Adam's moments and
+// steps the fp32 main parameters of its share only, and the updated bf16 parameters are
+// all-gathered (Megatron's scheme, megatron-lm.md §8.3). The main parameters outside the share are
+// stale on the device; a checkpoint gathers them over the group.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,16 +31,25 @@ namespace kc = laoyao::kernels::cuda;
 
 class CudaEngine final : public Engine {
  public:
-  CudaEngine(model::GptModel& host, optim::AdamW& adam, const optim::AdamWSettings& s, int64_t max_b, int64_t seq)
-      : host_(host), adam_(adam), settings_(s), gpu_(host.config(), max_b, seq) {
-    const int64_t n = gpu_.num_parameters();
+  CudaEngine(model::GptModel& host, optim::AdamW& adam, const optim::AdamWSettings& s, int64_t max_b, int64_t seq,
+             OptimizerShard shard, dist::ProcessGroup* shard_group)
+      : host_(host),
+        adam_(adam),
+        settings_(s),
+        shard_group_(shard_group && shard_group->size() > 1 ? shard_group : nullptr),
+        chunk_(shard_group_ ? ceil_div(host.num_parameters(), shard_group_->size()) : host.num_parameters()),
+        shard_(shard_group_ ? shard : OptimizerShard{0, host.num_parameters()}),
+        gpu_(host.config(), max_b, seq, host.tp_group(), shard_group_ ? chunk_ * shard_group_->size() : 0) {
+    if (shard_group_ && shard_.begin != shard_group_->rank() * chunk_)
+      throw Error("CudaEngine: the optimizer shard does not start at the rank's equal share");
+    const int64_t n = shard_.size;  // the moments and decay flags of the share
     m_ = kc::DeviceBuffer(sizeof(float) * n);
     v_ = kc::DeviceBuffer(sizeof(float) * n);
     decay_ = kc::DeviceBuffer(static_cast<size_t>(n));
-    std::vector<uint8_t> flags(static_cast<size_t>(n), 0);
+    std::vector<uint8_t> flags(static_cast<size_t>(gpu_.num_parameters()), 0);
     for (const auto& p : gpu_.table().specs)
       std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, p.weight_decay ? 1 : 0);
-    decay_.upload(flags.data(), flags.size());
+    decay_.upload(flags.data() + shard_.begin, static_cast<size_t>(n));
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
     int dev = 0;
     LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
@@ -53,23 +69,24 @@ class CudaEngine final : public Engine {
     return {sum, count};
   }
   std::pair<LossSum, double> take_loss_sum_and_grad_norm() override {
-    kc::sum_squares(gpu_.main_grads(), gpu_.num_parameters(), scratch(), result(), gpu_.stream());
+    model_sum(kc::sum_squares, gpu_.main_grads());
     double sum_sq = 0;
     const auto [sum, count] = gpu_.take_loss_sum(result(), &sum_sq);
     return {{sum, count}, std::sqrt(sum_sq)};
   }
   double grad_norm() override {
-    kc::sum_squares(gpu_.main_grads(), gpu_.num_parameters(), scratch(), result(), gpu_.stream());
+    model_sum(kc::sum_squares, gpu_.main_grads());
     return std::sqrt(read_result());
   }
   int64_t count_zero_grads() override {
-    kc::count_zeros(gpu_.main_grads(), gpu_.num_parameters(), scratch(), result(), gpu_.stream());
+    model_sum(kc::count_zeros, gpu_.main_grads());
     return static_cast<int64_t>(read_result());
   }
   double params_norm() override {
-    kc::sum_squares(gpu_.main_params(), gpu_.num_parameters(), scratch(), result(), gpu_.stream());
+    model_sum(kc::sum_squares, gpu_.main_params());
     return std::sqrt(read_result());
   }
+  void finalize_grads() override { gpu_.finalize_grads(); }
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
     ++steps_;
     kc::AdamWStep s;
@@ -84,16 +101,27 @@ class CudaEngine final : public Engine {
       const double coeff = max_norm / (norm + 1e-6);
       if (coeff < 1.0) s.grad_scale = static_cast<float>(coeff);
     }
-    kc::adamw_step(gpu_.main_params(), gpu_.main_grads(), m_.as<float>(), v_.as<float>(), gpu_.params(),
-                   decay_.as<uint8_t>(), gpu_.num_parameters(), s, gpu_.stream());
+    const int64_t b = shard_.begin;
+    kc::adamw_step(gpu_.main_params() + b, gpu_.main_grads() + b, m_.as<float>(), v_.as<float>(), gpu_.params() + b,
+                   decay_.as<uint8_t>(), shard_.size, s, gpu_.stream());
+    if (shard_group_)  // every rank's updated share of the bf16 parameters, in place
+      shard_group_->all_gather_device(gpu_.params() + b, gpu_.params(), static_cast<size_t>(chunk_),
+                                      dist::DeviceType::BF16, gpu_.stream());
   }
   // The fp32 main gradients averaged over the data-parallel ranks by NCCL, on the model's stream
-  // (the next read of the gradients, the norm, waits for it there).
+  // (the next read of the gradients, the norm, waits for it there); with the distributed optimizer
+  // only this rank's share of the average, reduce-scattered in place.
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
-    group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
+    if (shard_group_)
+      group.reduce_scatter_device(gpu_.main_grads(), gpu_.main_grads() + shard_.begin, static_cast<size_t>(chunk_),
+                                  dist::DeviceType::F32, gpu_.stream(), scale);
+    else
+      group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
   }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
+    if (shard_group_)  // the device holds this rank's share of the main parameters up to date
+      gather_shares(host_.weights(), host_.num_parameters(), shard_, *shard_group_, gather_);
     m_.download(adam_.exp_avg().data(), m_.bytes);
     v_.download(adam_.exp_avg_sq().data(), v_.bytes);
     adam_.set_steps(steps_);
@@ -113,6 +141,18 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
+  // result() = a reduction over the whole model (sum_squares or count_zeros): with tensor
+  // parallelism every rank's split tensors and one rank's replicated ones, summed over the group;
+  // with the distributed optimizer each rank's share, summed over the data-parallel group.
+  template <class Reduction>
+  void model_sum(Reduction reduce, const float* x) {
+    const uint8_t* counted = gpu_.counted_flags();
+    cudaStream_t stream = gpu_.stream();
+    reduce(x + shard_.begin, shard_.size, scratch(), result(), stream, counted ? counted + shard_.begin : nullptr);
+    if (dist::ProcessGroup* tp = gpu_.tp_group()) tp->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
+    if (shard_group_) shard_group_->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
+  }
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
   double* result() { return scratch_.as<double>() + kc::kReduceBlocks; }
   double read_result() {
     double v = 0;
@@ -124,6 +164,10 @@ class CudaEngine final : public Engine {
   model::GptModel& host_;
   optim::AdamW& adam_;
   optim::AdamWSettings settings_;
+  dist::ProcessGroup* shard_group_;  // the distributed optimizer's data-parallel group, or null
+  int64_t chunk_;                    // elements of each rank's share (the padded buffers hold dp of them)
+  OptimizerShard shard_;             // this rank's share (the whole model without the distributed optimizer)
+  std::vector<float> gather_;        // host scratch for a checkpoint's gather of the main parameters
   model::CudaGptModel gpu_;
   kc::DeviceBuffer m_, v_, decay_, scratch_;
   int64_t steps_ = 0;
@@ -133,8 +177,9 @@ class CudaEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& adam, const optim::AdamWSettings& s,
-                                         int64_t max_b, int64_t seq) {
-  return std::make_unique<CudaEngine>(model, adam, s, max_b, seq);
+                                         int64_t max_b, int64_t seq, OptimizerShard shard,
+                                         dist::ProcessGroup* shard_group) {
+  return std::make_unique<CudaEngine>(model, adam, s, max_b, seq, shard, shard_group);
 }
 
 std::string cuda_backend_gaps(const model::GptConfig& model) { return model::cuda_unsupported_features(model); }
@@ -142,7 +187,7 @@ std::string cuda_backend_gaps(const model::GptConfig& model) { return model::cud
 std::string cuda_backend_gaps(const model::GptConfig&) { return "the CUDA backend is not built"; }
 
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel&, optim::AdamW&, const optim::AdamWSettings&, int64_t,
-                                         int64_t) {
+                                         int64_t, OptimizerShard, dist::ProcessGroup*) {
   throw UsageError("this laoyao was built without the CUDA backend");
 }
 #endif

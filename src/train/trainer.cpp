@@ -162,12 +162,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                : std::make_unique<optim::AdamW>(model.num_parameters(), ranges, adam_settings);
   optim::AdamW& adam = *adam_owner;
   std::unique_ptr<Engine> engine;
-  if (opt.use_cuda && (dist_opt || model.tp_size() > 1))  // the CLI refuses these first
-    throw UsageError("the CUDA engine trains neither tensor-parallel nor with the distributed optimizer yet");
   if (opt.use_cuda)
     engine = make_cuda_engine(model, adam, adam_settings,
                               std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
-                              data.seq_length);
+                              data.seq_length, shard, dist_opt ? dp : nullptr);
   else
     engine = make_cpu_engine(model, adam, shard, dist_opt ? dp : nullptr);
   print_line("> laoyao backend: " + engine->name());
@@ -250,6 +248,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   }
   auto save = [&] {
     if (!c.checkpoint.save || last_saved == iteration) return;
+    // The device's state to the host model and AdamW, on every rank: with the distributed
+    // optimizer on GPUs this gathers the main parameters over the data-parallel group.
+    engine->pull_state();
     // The distributed optimizer's moments are spread over the data-parallel ranks: all of them
     // gather the whole, rank 0 writes it.
     std::unique_ptr<optim::AdamW> whole_moments;
@@ -265,7 +266,6 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.nan_iterations = total_nan;
     st.floating_point_operations_so_far =
         num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
-    engine->pull_state();
     if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
       const WholeState whole = gather_whole_state(model, adam, adam_settings);
       if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);

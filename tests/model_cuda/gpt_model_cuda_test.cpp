@@ -11,59 +11,13 @@
 #include "core/rng.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
 #include "model/gpt_model.hpp"
+#include "model_cuda_test_util.hpp"
 
 using namespace laoyao;
 using namespace laoyao::model;
+using namespace laoyao::model::test;
 
 namespace {
-
-GptConfig small_config(int64_t heads, int64_t groups) {
-  GptConfig c;
-  c.num_layers = 2, c.hidden = 128, c.heads = heads, c.query_groups = groups, c.kv_channels = 128 / heads;
-  c.ffn = 384, c.vocab = 384, c.max_positions = 64;
-  return c;
-}
-
-// Random weights everywhere (biases and norm parameters too: a zero bias would hide a bug),
-// rounded to bf16 so both models start from the same values.
-void random_weights(const GptModel& m, float* w) {
-  Rng rng(7, "weights");
-  for (const auto& p : m.table().specs) {
-    const bool vector = p.shape.size() == 1;
-    for (int64_t i = 0; i < p.numel; ++i) {
-      const double x = rng.normal();
-      w[p.offset + i] = round_to_bf16(static_cast<float>(vector ? (p.init == Init::Ones ? 1.0 + 0.1 * x : 0.05 * x)
-                                                                : 0.05 * x));
-    }
-  }
-}
-
-struct Batch {
-  int64_t b, s;
-  std::vector<int64_t> tokens, labels, positions;
-  std::vector<float> mask, dloss;
-};
-
-Batch random_batch(int64_t b, int64_t s, int64_t vocab) {
-  Batch x{b, s, {}, {}, {}, {}, {}};
-  Rng rng(11, "batch");
-  for (int64_t t = 0; t < b * s; ++t) {
-    x.tokens.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
-    x.labels.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
-    x.positions.push_back(t % s);
-    x.mask.push_back(rng.uniform() < 0.9 ? 1.0f : 0.0f);
-  }
-  double count = 0;
-  for (float m : x.mask) count += m;
-  for (float m : x.mask) x.dloss.push_back(static_cast<float>(m / count));
-  return x;
-}
-
-double rel_err(const float* a, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) num += std::pow(double(a[i]) - ref[i], 2), den += std::pow(double(ref[i]), 2);
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 // training: dropout on (hidden, and attention unless attention_dropout is false), as a training step.
 void compare(GptConfig c, bool training, bool attention_dropout = true) {
@@ -198,9 +152,10 @@ TEST(CudaGptModel, FlashMatchesCpuModelWithGqaAndUntiedOutput) {
 TEST(CudaGptModel, RefusesWhatItCannotTrainByName) {
   GptConfig c = small_config(4, 4);
   c.qk_layernorm = true;  // trains on the GPU (head dim 32)
-  c.activation = Activation::GeluErf;
+  c.norm = Norm::RMSNorm;
+  c.hidden = 100, c.kv_channels = 32;  // RMSNorm rows of 100 elements: not 16-byte packs
   EXPECT_EQ(cuda_unsupported_features(c).find("QK layernorm"), std::string::npos);
-  EXPECT_NE(cuda_unsupported_features(c).find("erf GeLU"), std::string::npos);
+  EXPECT_NE(cuda_unsupported_features(c).find("RMSNorm with a hidden size"), std::string::npos);
   EXPECT_THROW(CudaGptModel(c, 1, 16), UsageError);
   EXPECT_EQ(cuda_unsupported_features(small_config(4, 4)), "");
   // QK layernorm's kernels take head dims that are multiples of 8 up to 256.
@@ -211,20 +166,12 @@ TEST(CudaGptModel, RefusesWhatItCannotTrainByName) {
       << cuda_unsupported_features(odd);
 }
 
-// Llama's pieces: RMSNorm, SwiGLU, RoPE with Llama 3 scaling, GQA, no biases, untied output.
-GptConfig llama_config() {
-  GptConfig c = small_config(2, 1);  // head dim 64: the flash kernels
-  c.norm = Norm::RMSNorm;
-  c.activation = Activation::SwiGLU;
-  c.ffn = 192;
-  c.positions = Positions::Rope;
-  c.rotary_base = 500000;
-  c.rope_scaling = true;
-  c.rope_scaling_factor = 32;
-  c.tied_embeddings = false;
-  c.add_bias_linear = false;
-  c.add_qkv_bias = false;
-  return c;
+// Bridge's vanilla GPT (no bias-GeLU fusion): F.gelu, the exact erf form, after fc1 with its bias.
+TEST(CudaGptModel, ErfGeluMatchesCpuModel) {
+  GptConfig c = small_config(4, 4);
+  c.activation = Activation::GeluErf;
+  EXPECT_EQ(cuda_unsupported_features(c), "");
+  compare(c, true);
 }
 
 TEST(CudaGptModel, LlamaMatchesCpuModel) {
@@ -234,15 +181,6 @@ TEST(CudaGptModel, LlamaMatchesCpuModel) {
 TEST(CudaGptModel, LlamaWithDropoutMatchesCpuModel) { compare(llama_config(), true); }
 TEST(CudaGptModel, LlamaUnfusedAttentionMatchesCpuModel) {
   compare(with_attention(llama_config(), AttentionBackend::Unfused), true);
-}
-
-// Qwen3's addition to Llama: QK layernorm (RMSNorm over each q head and k, before RoPE).
-GptConfig qwen3_config() {
-  GptConfig c = llama_config();
-  c.qk_layernorm = true;
-  c.rotary_base = 1000000;
-  c.rope_scaling = false;
-  return c;
 }
 
 TEST(CudaGptModel, Qwen3QkLayernormMatchesCpuModel) {

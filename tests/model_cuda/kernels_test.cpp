@@ -1248,28 +1248,31 @@ TEST_F(CudaKernels, QkRmsNormRefusesHeadDimsItCannotTake) {
 
 // ---------------------------------------------------------------- bias + GeLU
 
-TEST_F(CudaKernels, BiasGeluMatchesCpuTanhGelu) {
+// Both forms: Megatron's fused tanh bias-GeLU and F.gelu's exact erf.
+TEST_F(CudaKernels, BiasGeluMatchesCpuTanhAndErfGelu) {
   const int64_t T = 37;
-  for (const int64_t F : {int64_t{1003}, int64_t{1024}}) {  // scalar path, 16-byte vector path
-    SCOPED_TRACE("F = " + std::to_string(F));
-    const uint64_t seed = 60 + F;
-    const auto x = randn_bf16(T * F, seed, "gelu.x", 1.5);
-    const auto bias = randn_bf16(F, seed, "gelu.bias", 0.5);
-    const auto dyv = randn_bf16(T * F, seed, "gelu.dy");
-    std::vector<float> u(T * F), y(T * F), dx(T * F);
-    for (int64_t i = 0; i < T * F; ++i) u[i] = x[i] + bias[i % F];  // fp32 add, as the kernel
-    cpu::gelu_forward(u.data(), y.data(), T * F, cpu::Gelu::Tanh);
-    cpu::gelu_backward(u.data(), dyv.data(), dx.data(), T * F, cpu::Gelu::Tanh);
+  for (const bool erf : {false, true})
+    for (const int64_t F : {int64_t{1003}, int64_t{1024}}) {  // scalar path, 16-byte vector path
+      SCOPED_TRACE(std::string(erf ? "erf" : "tanh") + ", F = " + std::to_string(F));
+      const cpu::Gelu kind = erf ? cpu::Gelu::Erf : cpu::Gelu::Tanh;
+      const uint64_t seed = 60 + F + (erf ? 1 : 0);
+      const auto x = randn_bf16(T * F, seed, "gelu.x", 1.5);
+      const auto bias = randn_bf16(F, seed, "gelu.bias", 0.5);
+      const auto dyv = randn_bf16(T * F, seed, "gelu.dy");
+      std::vector<float> u(T * F), y(T * F), dx(T * F);
+      for (int64_t i = 0; i < T * F; ++i) u[i] = x[i] + bias[i % F];  // fp32 add, as the kernel
+      cpu::gelu_forward(u.data(), y.data(), T * F, kind);
+      cpu::gelu_backward(u.data(), dyv.data(), dx.data(), T * F, kind);
 
-    auto dx_in = to_device_bf16(x), db = to_device_bf16(bias), ddy = to_device_bf16(dyv);
-    DeviceBuffer dy_out(T * F * sizeof(bf16)), ddx(T * F * sizeof(bf16));
-    cuda::bias_gelu_forward(dx_in.as<bf16>(), db.as<bf16>(), dy_out.as<bf16>(), T, F, stream_);
-    cuda::bias_gelu_backward(ddy.as<bf16>(), dx_in.as<bf16>(), db.as<bf16>(), ddx.as<bf16>(), T, F, stream_);
-    sync();
-    // fp32 math (tanhf vs std::tanh: a few ulps) rounded once.
-    expect_bf16_close(from_device_bf16(dy_out, T * F), to_double(y), 1e-5, "gelu(x + bias)");
-    expect_bf16_close(from_device_bf16(ddx, T * F), to_double(dx), 1e-5, "dy * gelu'(x + bias)");
-  }
+      auto dx_in = to_device_bf16(x), db = to_device_bf16(bias), ddy = to_device_bf16(dyv);
+      DeviceBuffer dy_out(T * F * sizeof(bf16)), ddx(T * F * sizeof(bf16));
+      cuda::bias_gelu_forward(dx_in.as<bf16>(), db.as<bf16>(), dy_out.as<bf16>(), T, F, stream_, erf);
+      cuda::bias_gelu_backward(ddy.as<bf16>(), dx_in.as<bf16>(), db.as<bf16>(), ddx.as<bf16>(), T, F, stream_, erf);
+      sync();
+      // fp32 math (tanhf/erff vs the C library's: a few ulps) rounded once.
+      expect_bf16_close(from_device_bf16(dy_out, T * F), to_double(y), 1e-5, "gelu(x + bias)");
+      expect_bf16_close(from_device_bf16(ddx, T * F), to_double(dx), 1e-5, "dy * gelu'(x + bias)");
+    }
 }
 
 // ---------------------------------------------------------------- cross entropy
@@ -1395,6 +1398,118 @@ TEST_F(CudaKernels, EmbeddingBackwardMatchesCpuBitForBit) {
   sync();
   expect_equal(from_device<float>(ddwte, rows * C), dwte, "dwte0 + scatter(dy)");
   expect_equal(from_device<float>(ddwpe, pos_rows * C), dwpe, "dwpe0 + scatter(dy)");
+}
+
+
+// ---------------------------------------------------------------- tensor-parallel pieces
+
+// A rank's slice of a mask (its heads, or its positions of every sequence) is the whole mask's
+// elements at their places: dropout over the slice equals the slice of dropout over the whole.
+TEST_F(CudaKernels, SlicedDropoutIsTheWholeMasksSlice) {
+  const int64_t runs = 3, whole_run = 4 * 50, parts = 4, n_whole = runs * whole_run, n_local = n_whole / parts;
+  const auto x = randn_bf16(n_whole, 90, "sliced.x");
+  for (float v : x) ASSERT_NE(v, 0.0f);
+  const auto spec = dropout_spec(0.3, 90, "sliced.stream");
+  auto dx = to_device_bf16(x);
+  DeviceBuffer dy(n_whole * sizeof(bf16));
+  cuda::dropout_apply(dx.as<bf16>(), dy.as<bf16>(), n_whole, spec, stream_);
+  sync();
+  const auto whole = from_device_bf16(dy, n_whole);
+  for (int64_t part = 0; part < parts; ++part) {
+    std::vector<float> xl, want;  // the part's pieces of every run
+    for (int64_t r = 0; r < runs; ++r)
+      for (int64_t i = 0; i < whole_run / parts; ++i) {
+        const int64_t g = r * whole_run + part * (whole_run / parts) + i;
+        xl.push_back(x[g]);
+        want.push_back(whole[g]);
+      }
+    auto dxl = to_device_bf16(xl);
+    cuda::dropout_apply(dxl.as<bf16>(), dxl.as<bf16>(), n_local, cuda::sliced(spec, whole_run, part, parts), stream_);
+    sync();
+    expect_equal(from_device_bf16(dxl, n_local), want, "part " + std::to_string(part));
+  }
+}
+
+// Vocabulary-parallel cross entropy: the shards' statistics, combined, give the whole vocabulary's
+// loss and lse, and each shard's gradient is its columns of the whole gradient.
+TEST_F(CudaKernels, VocabParallelCrossEntropyMatchesCpu) {
+  const int64_t T = 23, V = 3 * 1024, ranks = 3, Vl = V / ranks;
+  const auto logits = randn_bf16(T * V, 91, "vpce.logits", 2.0);
+  auto targets = rand_ids(T, 91, "vpce.targets", V);
+  targets[0] = V - 1, targets[1] = 0, targets[2] = Vl;  // shard edges
+  const auto dloss = randn(T, 91, "vpce.dloss", 0.01, 0.03);
+  std::vector<float> loss(T), lse(T), grad = logits;
+  cpu::cross_entropy_forward(logits.data(), targets.data(), loss.data(), lse.data(), T, V);
+  cpu::cross_entropy_backward(grad.data(), targets.data(), lse.data(), dloss.data(), T, V);
+
+  auto dt = to_device(targets), ddl = to_device(dloss);
+  DeviceBuffer gathered(ranks * 2 * T * sizeof(float)), dloss_out(T * sizeof(float)), dlse(T * sizeof(float));
+  std::vector<DeviceBuffer> shards;
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::vector<float> shard(T * Vl);
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(logits.begin() + t * V + r * Vl, logits.begin() + t * V + (r + 1) * Vl, shard.begin() + t * Vl);
+    shards.push_back(to_device_bf16(shard));
+    cuda::cross_entropy_shard_stats(shards.back().as<bf16>(), dt.as<int64_t>(), gathered.as<float>() + r * 2 * T, T,
+                                    Vl, r * Vl, stream_);
+  }
+  cuda::cross_entropy_combine_shards(gathered.as<float>(), dt.as<int64_t>(), dloss_out.as<float>(), dlse.as<float>(),
+                                     T, V, static_cast<int>(ranks), stream_);
+  sync();
+  std::vector<double> tol(T);
+  for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(loss[t]));
+  expect_within(from_device<float>(dloss_out, T), to_double(loss), tol, "loss");
+  for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(lse[t]));
+  expect_within(from_device<float>(dlse, T), to_double(lse), tol, "lse");
+  for (int64_t r = 0; r < ranks; ++r) {
+    cuda::cross_entropy_backward(shards[r].as<bf16>(), dt.as<int64_t>(), dlse.as<float>(), ddl.as<float>(), T, Vl,
+                                 stream_, r * Vl);
+    sync();
+    std::vector<double> want(T * Vl);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < Vl; ++j) want[t * Vl + j] = grad[t * V + r * Vl + j];
+    expect_bf16_close(from_device_bf16(shards[r], T * Vl), want, 1e-5, "shard " + std::to_string(r) + " gradient");
+  }
+}
+
+// A vocabulary shard's embedding: zeros for the other shards' ids, so the shards' outputs sum to the
+// whole lookup; its backward scatters only its own ids, at their rows of the shard.
+TEST_F(CudaKernels, VocabShardEmbeddingMatchesTheWholeTable) {
+  const int64_t T = 41, C = 24, rows = 30, ranks = 2, rl = rows / ranks;
+  const auto ids = rand_ids(T, 92, "vemb.ids", rows);
+  const auto wte = randn_bf16(rows * C, 92, "vemb.wte");
+  std::vector<float> whole(T * C);
+  cpu::embedding_forward(ids.data(), wte.data(), whole.data(), T, C, rows, false);
+  const auto dyv = randn_bf16(T * C, 92, "vemb.dy");
+  std::vector<float> dwhole(rows * C, 0.0f);
+  cpu::embedding_backward(ids.data(), dyv.data(), dwhole.data(), T, C);
+
+  auto dids = to_device(ids), ddy = to_device_bf16(dyv);
+  std::vector<float> sum(T * C, 0.0f);
+  DeviceBuffer scratch(cuda::embedding_backward_scratch_bytes(T, rl));
+  for (int64_t r = 0; r < ranks; ++r) {
+    auto shard = to_device_bf16(std::vector<float>(wte.begin() + r * rl * C, wte.begin() + (r + 1) * rl * C));
+    DeviceBuffer dy(T * C * sizeof(bf16));
+    cuda::embedding_forward(dids.as<int64_t>(), shard.as<bf16>(), nullptr, nullptr, dy.as<bf16>(), T, C, rl, 0, stream_,
+                            r * rl);
+    DeviceBuffer dw(rl * C * sizeof(float));
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, dw.bytes, stream_));
+    cuda::embedding_backward(dids.as<int64_t>(), ddy.as<bf16>(), dw.as<float>(), T, C, rl, scratch.ptr, scratch.bytes,
+                             stream_, r * rl);
+    sync();
+    const auto y = from_device_bf16(dy, T * C);
+    for (int64_t t = 0; t < T; ++t) {
+      const bool mine = ids[t] >= r * rl && ids[t] < (r + 1) * rl;
+      for (int64_t c = 0; c < C; ++c) {
+        EXPECT_EQ(y[t * C + c], mine ? whole[t * C + c] : 0.0f) << "rank " << r << " token " << t;
+        sum[t * C + c] += y[t * C + c];
+      }
+    }
+    expect_equal(from_device<float>(dw, rl * C),
+                 std::vector<float>(dwhole.begin() + r * rl * C, dwhole.begin() + (r + 1) * rl * C),
+                 "rank " + std::to_string(r) + " scatter(dy)");
+  }
+  expect_equal(sum, whole, "the shards' sum");
 }
 
 }  // namespace

@@ -41,12 +41,19 @@ TEST(Capabilities, SeveralRanksTrainDataAndTensorParallel) {
     EXPECT_NE(plain.front().find("world size 2"), std::string::npos);
   a.push_back("--use-distributed-optimizer");  // data parallel: sharded over the ranks
   const auto dist_opt = train::missing_features(config::parse_mlm_args(a), 2);
-  if (dist::gloo_built()) EXPECT_TRUE(dist_opt.empty()) << dist_opt.front();
+  if (dist::gloo_built()) {
+    EXPECT_TRUE(dist_opt.empty()) << dist_opt.front();
+  }
   EXPECT_TRUE(train::missing_features(config::parse_mlm_args(a), 1).empty()) << "one rank: nothing to shard";
-  // With tensor parallelism (and sequence parallelism) the distributed optimizer is named.
+  // With tensor parallelism (and sequence parallelism) the distributed optimizer is named where it
+  // would shard (TP=2 x DP=2), not where there is one data-parallel rank (TP=2 on two ranks).
   a.insert(a.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
   std::string all;
-  for (const auto& m : train::missing_features(config::parse_mlm_args(a), 2)) all += m + "\n";
+  for (const auto& m : train::missing_features(config::parse_mlm_args(a), 4)) all += m + "\n";
   EXPECT_NE(all.find("--use-distributed-optimizer"), std::string::npos) << all;
   EXPECT_EQ(all.find("--sequence-parallel"), std::string::npos) << all;
+  if (dist::gloo_built()) {
+    const auto tp_only = train::missing_features(config::parse_mlm_args(a), 2);
+    EXPECT_TRUE(tp_only.empty()) << tp_only.front();
+  }
 }

@@ -1,4 +1,4 @@
-// Fused bias + tanh-GeLU forward and backward (see bias_gelu.hpp). Memory-bound: each thread moves
+// Fused bias + GeLU (tanh or erf) forward and backward (see bias_gelu.hpp). Memory-bound: each thread moves
 // 16 bytes (8 bf16) per tensor per step when the rows allow it (F % 8 == 0, 16-byte aligned
 // pointers), else one element; the math is identical in both paths.
 #include <algorithm>
@@ -18,15 +18,24 @@ constexpr float kA = 0.79788456f;
 constexpr float kB = 0.044715f;
 constexpr float kDB = 0.1070322243f;
 
-__device__ __forceinline__ float gelu(float u) { return u * 0.5f * (1.0f + tanhf(kA * u * (1.0f + kB * u * u))); }
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
+template <bool kErf>
+__device__ __forceinline__ float gelu(float u) {
+  if (kErf) return u * 0.5f * (1.0f + erff(u * kInvSqrt2));  // F.gelu, approximate='none'
+  return u * 0.5f * (1.0f + tanhf(kA * u * (1.0f + kB * u * u)));
+}
+
+template <bool kErf>
 __device__ __forceinline__ float gelu_grad(float u) {
+  if (kErf) return 0.5f * (1.0f + erff(u * kInvSqrt2)) + u * kInvSqrt2Pi * expf(-0.5f * u * u);
   const float t = tanhf(kA * u * (1.0f + kB * u * u));
   return 0.5f * u * ((1.0f - t * t) * (kA + kDB * u * u)) + 0.5f * (1.0f + t);
 }
 
 // out = gelu(x + bias) (forward) or dy * gelu'(x + bias) (backward), kWidth elements per step.
-template <bool kBackward, int kWidth>
+template <bool kBackward, bool kErf, int kWidth>
 __global__ void bias_gelu_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                  const bf16* __restrict__ bias, bf16* __restrict__ out, int64_t steps, int64_t F) {
   // 16-byte vectors when kWidth == 8, single elements otherwise.
@@ -45,7 +54,7 @@ __global__ void bias_gelu_kernel(const bf16* __restrict__ dy, const bf16* __rest
 #pragma unroll
     for (int t = 0; t < kWidth; ++t) {
       const float u = __bfloat162float(xv.v[t]) + __bfloat162float(bv.v[t]);
-      ov.v[t] = __float2bfloat16(kBackward ? gelu_grad(u) * __bfloat162float(gv.v[t]) : gelu(u));
+      ov.v[t] = __float2bfloat16(kBackward ? gelu_grad<kErf>(u) * __bfloat162float(gv.v[t]) : gelu<kErf>(u));
     }
     *reinterpret_cast<Pack*>(out + e) = ov;
   }
@@ -53,7 +62,7 @@ __global__ void bias_gelu_kernel(const bf16* __restrict__ dy, const bf16* __rest
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <bool kBackward>
+template <bool kBackward, bool kErf>
 void launch(const bf16* dy, const bf16* x, const bf16* bias, bf16* out, int64_t T, int64_t F, cudaStream_t stream) {
   const int64_t n = T * F;
   if (n <= 0) return;
@@ -63,21 +72,28 @@ void launch(const bf16* dy, const bf16* x, const bf16* bias, bf16* out, int64_t 
   const int64_t steps = vec ? n / 8 : n;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((steps + kThreads - 1) / kThreads, kMaxBlocks));
   if (vec)
-    bias_gelu_kernel<kBackward, 8><<<blocks, kThreads, 0, stream>>>(dy, x, bias, out, steps, F);
+    bias_gelu_kernel<kBackward, kErf, 8><<<blocks, kThreads, 0, stream>>>(dy, x, bias, out, steps, F);
   else
-    bias_gelu_kernel<kBackward, 1><<<blocks, kThreads, 0, stream>>>(dy, x, bias, out, steps, F);
+    bias_gelu_kernel<kBackward, kErf, 1><<<blocks, kThreads, 0, stream>>>(dy, x, bias, out, steps, F);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void bias_gelu_forward(const bf16* x, const bf16* bias, bf16* y, int64_t T, int64_t F, cudaStream_t stream) {
-  launch<false>(nullptr, x, bias, y, T, F, stream);
+void bias_gelu_forward(const bf16* x, const bf16* bias, bf16* y, int64_t T, int64_t F, cudaStream_t stream,
+                       bool erf) {
+  if (erf)
+    launch<false, true>(nullptr, x, bias, y, T, F, stream);
+  else
+    launch<false, false>(nullptr, x, bias, y, T, F, stream);
 }
 
 void bias_gelu_backward(const bf16* dy, const bf16* x, const bf16* bias, bf16* dx, int64_t T, int64_t F,
-                        cudaStream_t stream) {
-  launch<true>(dy, x, bias, dx, T, F, stream);
+                        cudaStream_t stream, bool erf) {
+  if (erf)
+    launch<true, true>(dy, x, bias, dx, T, F, stream);
+  else
+    launch<true, false>(dy, x, bias, dx, T, F, stream);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -27,11 +27,11 @@ __device__ __forceinline__ void merge(float& m, float& s, float om, float os) {
 
 __global__ void cross_entropy_backward_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
                                               const float* __restrict__ lse, const float* __restrict__ dloss,
-                                              int64_t V) {
+                                              int64_t V, int64_t v0) {
   const int64_t t = blockIdx.x;
   bf16* z = logits + t * V;
   const float l = lse[t], g = dloss[t];
-  const int64_t target = targets[t];
+  const int64_t target = targets[t] - v0;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
     const float p = expf(__bfloat162float(z[j]) - l);
     z[j] = __float2bfloat16((j == target ? p - 1.0f : p) * g);
@@ -40,11 +40,14 @@ __global__ void cross_entropy_backward_kernel(bf16* __restrict__ logits, const i
 
 // The forward, and with kGrad the gradient written over the logits in a second pass over the row:
 // kWidth logits per load (8: 16-byte vectors), exp2 of log2e-scaled differences, each thread's
-// online (max, sum) merged in a fixed tree order, so the loss is reproducible.
+// online (max, sum) merged in a fixed tree order, so the loss is reproducible. A vocabulary shard
+// (target_logit given) writes its own lse and its target logit (0 when the target is another
+// shard's) instead of the loss.
 template <int kWidth, bool kGrad>
 __global__ void cross_entropy_kernel(bf16* __restrict__ logits, const int64_t* __restrict__ targets,
                                            const float* __restrict__ dloss, float* __restrict__ loss,
-                                           float* __restrict__ lse_out, int64_t V) {
+                                           float* __restrict__ lse_out, int64_t V, int64_t v0,
+                                           float* __restrict__ target_logit) {
   constexpr float kLog2e = 1.4426950408889634f;
   struct alignas(kWidth * sizeof(bf16)) Pack {
     bf16 v[kWidth];
@@ -75,9 +78,12 @@ __global__ void cross_entropy_kernel(bf16* __restrict__ logits, const int64_t* _
     for (int o = 16; o > 0; o >>= 1)
       merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
     if (lane == 0) {
-      const int64_t target = targets[t];
+      const int64_t target = targets[t] - v0;
       const float log_sum = logf(s);
-      loss[t] = target >= 0 && target < V ? log_sum - (__bfloat162float(z[target]) - m) : NAN;
+      if (target_logit)
+        target_logit[t] = target >= 0 && target < V ? __bfloat162float(z[target]) : 0.0f;
+      else
+        loss[t] = target >= 0 && target < V ? log_sum - (__bfloat162float(z[target]) - m) : NAN;
       lse_out[t] = sh_lse = m + log_sum;
     }
   }
@@ -96,6 +102,25 @@ __global__ void cross_entropy_kernel(bf16* __restrict__ logits, const int64_t* _
   }
 }
 
+// Each token's loss over the whole vocabulary from every shard's (lse, target logit): gathered is
+// [ranks][2][T], a shard's T lse values then its T target logits.
+__global__ void cross_entropy_combine_kernel(const float* __restrict__ gathered, const int64_t* __restrict__ targets,
+                                             float* __restrict__ loss, float* __restrict__ lse, int64_t T,
+                                             int64_t V, int ranks) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  float m = -INFINITY, target = 0.0f;
+  for (int r = 0; r < ranks; ++r) m = fmaxf(m, gathered[(2 * int64_t(r)) * T + t]);
+  float s = 0.0f;
+  for (int r = 0; r < ranks; ++r) {
+    s += expf(gathered[(2 * int64_t(r)) * T + t] - m);
+    target += gathered[(2 * int64_t(r) + 1) * T + t];
+  }
+  const float l = m + logf(s);
+  lse[t] = l;
+  loss[t] = targets[t] >= 0 && targets[t] < V ? l - target : NAN;
+}
+
 void check_rows(int64_t T, const char* op) {
   if (T > int64_t(0x7fffffff)) throw Error(std::string(op) + ": too many rows for one launch");
 }
@@ -103,14 +128,16 @@ void check_rows(int64_t T, const char* op) {
 // One launch of the row kernel: the 16-byte vector path when the rows allow it.
 template <bool kGrad>
 void launch_rows(bf16* logits, const int64_t* targets, const float* dloss, float* loss, float* lse, int64_t T,
-                 int64_t V, cudaStream_t stream, const char* op) {
+                 int64_t V, cudaStream_t stream, const char* op, int64_t v0 = 0, float* target_logit = nullptr) {
   if (T <= 0) return;
   if (V <= 0) throw Error(std::string(op) + ": empty vocabulary");
   check_rows(T, op);
   if (V % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
-    cross_entropy_kernel<8, kGrad><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
+    cross_entropy_kernel<8, kGrad>
+        <<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V, v0, target_logit);
   else
-    cross_entropy_kernel<1, kGrad><<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V);
+    cross_entropy_kernel<1, kGrad>
+        <<<unsigned(T), kThreads, 0, stream>>>(logits, targets, dloss, loss, lse, V, v0, target_logit);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -128,10 +155,24 @@ void cross_entropy_forward_backward(bf16* logits, const int64_t* targets, const 
 }
 
 void cross_entropy_backward(bf16* logits, const int64_t* targets, const float* lse, const float* dloss, int64_t T,
-                            int64_t V, cudaStream_t stream) {
+                            int64_t V, cudaStream_t stream, int64_t v0) {
   if (T <= 0 || V <= 0) return;
   check_rows(T, "cross_entropy_backward");
-  cross_entropy_backward_kernel<<<unsigned(T), kThreads, 0, stream>>>(logits, targets, lse, dloss, V);
+  cross_entropy_backward_kernel<<<unsigned(T), kThreads, 0, stream>>>(logits, targets, lse, dloss, V, v0);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void cross_entropy_shard_stats(const bf16* logits, const int64_t* targets, float* stats, int64_t T, int64_t V,
+                               int64_t v0, cudaStream_t stream) {
+  launch_rows<false>(const_cast<bf16*>(logits), targets, nullptr, nullptr, stats, T, V, stream,
+                     "cross_entropy_shard_stats", v0, stats + T);
+}
+
+void cross_entropy_combine_shards(const float* gathered, const int64_t* targets, float* loss, float* lse, int64_t T,
+                                  int64_t V, int ranks, cudaStream_t stream) {
+  if (T <= 0) return;
+  cross_entropy_combine_kernel<<<unsigned((T + 255) / 256), 256, 0, stream>>>(gathered, targets, loss, lse, T, V,
+                                                                             ranks);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

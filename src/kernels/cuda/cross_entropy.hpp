@@ -25,8 +25,20 @@ void cross_entropy_forward_backward(__nv_bfloat16* logits, const int64_t* target
 
 // In place: logits[t][j] = bf16((exp(z_j - lse[t]) - [j == target[t]]) * dloss[t]), computed in fp32
 // and rounded once (Megatron writes the gradient into the logits' buffer too). An out-of-range
-// target gets no one-hot term.
+// target gets no one-hot term. A vocabulary shard's logits hold columns [v0, v0 + V) (lse: the
+// whole vocabulary's).
 void cross_entropy_backward(__nv_bfloat16* logits, const int64_t* targets, const float* lse, const float* dloss,
-                            int64_t T, int64_t V, cudaStream_t stream);
+                            int64_t T, int64_t V, cudaStream_t stream, int64_t v0 = 0);
+
+// Vocabulary-parallel cross entropy (Megatron's vocab_parallel_cross_entropy, TP > 1), each rank
+// holding columns [v0, v0 + V) of the logits: the shard's statistics stats[2T] (its own lse, then
+// the target logit where the target is in the shard, else 0) ...
+void cross_entropy_shard_stats(const __nv_bfloat16* logits, const int64_t* targets, float* stats, int64_t T,
+                               int64_t V, int64_t v0, cudaStream_t stream);
+// ... gathered from every rank ([ranks][2T], all-gather order) give every token's loss and the
+// whole vocabulary's lse (for cross_entropy_backward). V_total: the whole padded vocabulary (a
+// target outside it: NaN loss).
+void cross_entropy_combine_shards(const float* gathered, const int64_t* targets, float* loss, float* lse, int64_t T,
+                                  int64_t V_total, int ranks, cudaStream_t stream);
 
 }  // namespace laoyao::kernels::cuda

@@ -18,12 +18,15 @@ using bf16 = __nv_bfloat16;
 
 __global__ void embedding_forward_kernel(const int64_t* __restrict__ ids, const bf16* __restrict__ wte,
                                          const int64_t* __restrict__ pos_ids, const bf16* __restrict__ wpe,
-                                         bf16* __restrict__ y, int64_t T, int64_t C, int64_t rows, int64_t pos_rows) {
+                                         bf16* __restrict__ y, int64_t T, int64_t C, int64_t rows, int64_t pos_rows,
+                                         int64_t id_offset) {
   const int64_t n = T * C, stride = int64_t(gridDim.x) * blockDim.x;
+  // A vocabulary shard (id_offset >= 0) looks up zeros for the ids of other shards.
+  const float outside = id_offset >= 0 ? 0.0f : NAN;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     const int64_t t = e / C, c = e - t * C;
-    const int64_t id = ids[t];
-    float v = id >= 0 && id < rows ? __bfloat162float(wte[id * C + c]) : NAN;
+    const int64_t id = ids[t] - (id_offset > 0 ? id_offset : 0);
+    float v = id >= 0 && id < rows ? __bfloat162float(wte[id * C + c]) : outside;
     if (pos_ids) {
       const int64_t p = pos_ids[t];
       v += p >= 0 && p < pos_rows ? __bfloat162float(wpe[p * C + c]) : NAN;
@@ -35,10 +38,10 @@ __global__ void embedding_forward_kernel(const int64_t* __restrict__ ids, const 
 // Sort keys: the id as uint32, an invalid one mapped to `rows` (sorted last, then skipped); values:
 // the token index.
 __global__ void embedding_keys_kernel(const int64_t* __restrict__ ids, uint32_t* __restrict__ keys,
-                                      uint32_t* __restrict__ tokens, int64_t T, int64_t rows) {
+                                      uint32_t* __restrict__ tokens, int64_t T, int64_t rows, int64_t id_offset) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
-  const int64_t id = ids[t];
+  const int64_t id = ids[t] - id_offset;
   keys[t] = uint32_t(id >= 0 && id < rows ? id : rows);
   tokens[t] = uint32_t(t);
 }
@@ -84,12 +87,12 @@ void check_sizes(int64_t T, int64_t rows, const char* op) {
 }  // namespace
 
 void embedding_forward(const int64_t* ids, const bf16* wte, const int64_t* pos_ids, const bf16* wpe, bf16* y,
-                       int64_t T, int64_t C, int64_t rows, int64_t pos_rows, cudaStream_t stream) {
+                       int64_t T, int64_t C, int64_t rows, int64_t pos_rows, cudaStream_t stream, int64_t id_offset) {
   if (T <= 0 || C <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (T * C + kThreads - 1) / kThreads;
   embedding_forward_kernel<<<unsigned(blocks < 16384 ? blocks : 16384), kThreads, 0, stream>>>(
-      ids, wte, pos_ids, wpe, y, T, C, rows, pos_rows);
+      ids, wte, pos_ids, wpe, y, T, C, rows, pos_rows, id_offset);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -101,7 +104,7 @@ size_t embedding_backward_scratch_bytes(int64_t T, int64_t rows) {
 }
 
 void embedding_backward(const int64_t* ids, const bf16* dy, float* dtable, int64_t T, int64_t C, int64_t rows,
-                        void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                        void* scratch, size_t scratch_bytes, cudaStream_t stream, int64_t id_offset) {
   if (T <= 0 || C <= 0) return;
   check_sizes(T, rows, "embedding_backward");
   const size_t need = embedding_backward_scratch_bytes(T, rows);
@@ -117,7 +120,7 @@ void embedding_backward(const int64_t* ids, const bf16* dy, float* dtable, int64
   void* temp = base + 4 * slot;
   size_t temp_bytes = need - 4 * slot;
 
-  embedding_keys_kernel<<<unsigned((T + 255) / 256), 256, 0, stream>>>(ids, keys_in, tok_in, T, rows);
+  embedding_keys_kernel<<<unsigned((T + 255) / 256), 256, 0, stream>>>(ids, keys_in, tok_in, T, rows, id_offset);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   LAOYAO_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, tok_in, tok_out, int(T), 0,
                                                     key_bits(rows), stream));

@@ -23,12 +23,13 @@ __device__ double block_sum_double(double v, double* sh) {
 // Each block reduces a fixed, contiguous slice (the slices depend only on n), so the sum's order
 // is the same every run.
 template <bool kZeros>
-__global__ void partial_kernel(const float* x, int64_t n, double* partial) {
+__global__ void partial_kernel(const float* x, const uint8_t* counted, int64_t n, double* partial) {
   __shared__ double sh[32];
   const int64_t per = (n + gridDim.x - 1) / gridDim.x;
   const int64_t lo = per * blockIdx.x, hi = lo + per < n ? lo + per : n;
   double acc = 0;
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    if (counted && !counted[i]) continue;
     const float v = x[i];
     acc += kZeros ? (v == 0.0f ? 1.0 : 0.0) : static_cast<double>(v) * v;
   }
@@ -73,8 +74,8 @@ __global__ void masked_loss_kernel(const float* loss, const float* mask, int64_t
 }
 
 template <bool kZeros>
-void reduce(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream) {
-  partial_kernel<kZeros><<<kReduceBlocks, kThreads, 0, stream>>>(x, n, scratch);
+void reduce(const float* x, const uint8_t* counted, int64_t n, double* scratch, double* out, cudaStream_t stream) {
+  partial_kernel<kZeros><<<kReduceBlocks, kThreads, 0, stream>>>(x, counted, n, scratch);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   finish_kernel<<<1, kThreads, 0, stream>>>(scratch, kReduceBlocks, out);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
@@ -82,12 +83,14 @@ void reduce(const float* x, int64_t n, double* scratch, double* out, cudaStream_
 
 }  // namespace
 
-void sum_squares(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream) {
-  reduce<false>(x, n, scratch, out, stream);
+void sum_squares(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream,
+                 const uint8_t* counted) {
+  reduce<false>(x, counted, n, scratch, out, stream);
 }
 
-void count_zeros(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream) {
-  reduce<true>(x, n, scratch, out, stream);
+void count_zeros(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream,
+                 const uint8_t* counted) {
+  reduce<true>(x, counted, n, scratch, out, stream);
 }
 
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, __nv_bfloat16* param_bf16,

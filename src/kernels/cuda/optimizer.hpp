@@ -15,10 +15,13 @@ namespace laoyao::kernels::cuda {
 constexpr int kReduceBlocks = 1024;
 
 // out[0] = sum of x[i]^2 in double (fixed order: kReduceBlocks partials, then one pass). scratch
-// holds kReduceBlocks doubles. out is device memory.
-void sum_squares(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream);
-// out[0] = number of x[i] == 0 (as a double). scratch: kReduceBlocks doubles.
-void count_zeros(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream);
+// holds kReduceBlocks doubles. out is device memory. With `counted` (n flags), only the elements
+// flagged 1 (tensor parallelism: a replicated parameter is counted on one rank of the group).
+void sum_squares(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream,
+                 const uint8_t* counted = nullptr);
+// out[0] = number of x[i] == 0 (as a double). scratch: kReduceBlocks doubles. `counted` as above.
+void count_zeros(const float* x, int64_t n, double* scratch, double* out, cudaStream_t stream,
+                 const uint8_t* counted = nullptr);
 
 struct AdamWStep {
   float beta1 = 0.9f, beta2 = 0.999f;

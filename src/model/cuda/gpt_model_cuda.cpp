@@ -23,6 +23,7 @@
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/gpt_tp.hpp"
 
 namespace laoyao::model {
 
@@ -30,7 +31,6 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
-  if (c.activation == Activation::GeluErf) missing.push_back("erf GeLU (--no-bias-gelu-fusion with biases off)");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -66,14 +66,29 @@ struct Carver {
   }
 };
 
+int64_t group_size(const dist::ProcessGroup* g) { return g && g->size() > 1 ? g->size() : 1; }
+
 }  // namespace
 
-CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
-    : cfg_(cfg), layout_(build_gpt_parameters(cfg)), max_b_(max_b), s_(s) {
-  const std::string missing = cuda_unsupported_features(cfg);
+CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
+                           int64_t buffer_elems)
+    : cfg_(cfg),
+      lc_(tp_local_config(cfg, group_size(tp))),
+      tp_(tp),
+      tp_size_(group_size(tp)),
+      tp_rank_(group_size(tp) > 1 ? tp->rank() : 0),
+      sp_(group_size(tp) > 1 && cfg.sequence_parallel),
+      layout_(build_gpt_parameters(lc_)),
+      max_b_(max_b),
+      s_(s) {
+  const std::string missing = cuda_unsupported_features(lc_);
   if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
                                          " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
   if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
+  if (sp_ && s % tp_size_ != 0)
+    throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
+                     "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
+                     std::to_string(tp_size_) + ")");
   if (cfg.positions != Positions::None && s > cfg.max_positions)
     throw Error("CudaGptModel: sequence length " + std::to_string(s) + " exceeds the " +
                 std::to_string(cfg.max_positions) + " positions of the position table");
@@ -93,17 +108,27 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
                                  sizeof(float) * table.sin.size(), cudaMemcpyHostToDevice));
     rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + table.cos.size(), table.rot_dim, table.max_positions};
   }
-  const int64_t N = num_parameters();
-  main_ = kc::DeviceBuffer(sizeof(float) * N);
-  grads_ = kc::DeviceBuffer(sizeof(float) * N);
-  params_ = kc::DeviceBuffer(sizeof(bf16) * N);
+  const int64_t N = num_parameters(), buffer = std::max(N, buffer_elems);
+  main_ = kc::DeviceBuffer(sizeof(float) * buffer);
+  grads_ = kc::DeviceBuffer(sizeof(float) * buffer);
+  params_ = kc::DeviceBuffer(sizeof(bf16) * buffer);
   loss_acc_ = kc::DeviceBuffer(2 * sizeof(double));
   LAOYAO_CUDA_CHECK(cudaMemset(loss_acc_.ptr, 0, loss_acc_.bytes));
-  zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * cfg.ffn);
+  zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);
   LAOYAO_CUDA_CHECK(cudaMemset(zero_bias_.ptr, 0, zero_bias_.bytes));  // bf16 zero is all-zero bits
 
-  const auto& c = cfg_;
-  const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels;
+  if (tensor_parallel()) {  // the norms count a replicated tensor once over the group: on rank 0
+    std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
+    for (const auto& p : layout_.table.specs)
+      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel,
+                tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated ? 1 : 0);
+    counted_ = kc::DeviceBuffer(flags.size());
+    counted_.upload(flags.data(), flags.size());
+  }
+
+  const auto& c = lc_;
+  // Tr: rows of the residual stream (the rank's share of each sequence under SP), T: all tokens.
+  const int64_t T = max_b * s, Tr = sp_ ? T / tp_size_ : T, h = c.hidden, HD = c.heads * c.kv_channels;
   const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels,
                                  1.0f / std::sqrt(static_cast<float>(c.kv_channels))};
   init_attention(shape);
@@ -137,10 +162,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
     pool_layers = covered > 0 ? std::min(chunk, covered) : 0;
   }
   auto carve_layer = [&](Carver& a, LayerActs& L) {
-    L.x_in = a.take<bf16>(T * h);
+    L.x_in = a.take<bf16>(Tr * h);
     L.ln1 = a.take<bf16>(T * h);
-    L.ln1_mean = a.take<float>(T);
-    L.ln1_rstd = a.take<float>(T);
+    L.ln1_mean = a.take<float>(Tr);
+    L.ln1_rstd = a.take<float>(Tr);
     L.qkv = a.take<bf16>(T * c.qkv_width());
     // QK layernorm writes its output beside qkv (its backward reads the un-normalised values);
     // without it RoPE and attention work on qkv itself.
@@ -153,10 +178,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
     L.attn.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
     L.lse = fused ? a.take<float>(lse_elems) : nullptr;
     L.ctx = a.take<bf16>(T * HD);
-    L.x_mid = a.take<bf16>(T * h);
+    L.x_mid = a.take<bf16>(Tr * h);
     L.ln2 = a.take<bf16>(T * h);
-    L.ln2_mean = a.take<float>(T);
-    L.ln2_rstd = a.take<float>(T);
+    L.ln2_mean = a.take<float>(Tr);
+    L.ln2_rstd = a.take<float>(Tr);
     L.u = a.take<bf16>(T * c.fc1_width());
     L.g = a.take<bf16>(T * c.ffn);
   };
@@ -172,13 +197,13 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
         carve_layer(a, L);
       } else {
         L = pool[static_cast<size_t>(l - chunk_start_[l])];
-        if (l == chunk_start_[l]) L.x_in = a.take<bf16>(T * h);  // the chunk's input, kept
+        if (l == chunk_start_[l]) L.x_in = a.take<bf16>(Tr * h);  // the chunk's input, kept
       }
     }
-    x_final_ = a.take<bf16>(T * h);
+    x_final_ = a.take<bf16>(Tr * h);
     xf_ = a.take<bf16>(T * h);
-    xf_mean_ = a.take<float>(T);
-    xf_rstd_ = a.take<float>(T);
+    xf_mean_ = a.take<float>(Tr);
+    xf_rstd_ = a.take<float>(Tr);
     logits_ = a.take<bf16>(T * c.vocab);
     losses_ = a.take<float>(T);
     lse_ = a.take<float>(T);
@@ -197,6 +222,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
     dg_ = a.take<bf16>(T * c.ffn);
     dctx_ = a.take<bf16>(T * HD);
     reduce_scratch_ = a.take<float>(static_cast<int64_t>(reduce_floats));
+    sp_local_ = a.take<bf16>(sp_ ? Tr * h : 0);
+    sp_staging_ = a.take<bf16>(sp_ && max_b > 1 ? T * h : 0);
+    ce_stats_ = a.take<float>(tensor_parallel() ? 2 * T : 0);
+    ce_gathered_ = a.take<float>(tensor_parallel() ? 2 * T * tp_size_ : 0);
     emb_scratch_ = a.take<char>(static_cast<int64_t>(emb_scratch_bytes_));
     tokens_ = a.take<int64_t>(T);
     labels_ = a.take<int64_t>(T);
@@ -215,9 +244,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s)
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
   }
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
-  graphs_enabled_ = !(graphs && std::string(graphs) == "0");
+  // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way.
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel();
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
-  gelu_epilogue_ = cfg_.activation == Activation::GeluTanh && cfg_.ffn % 8 == 0 &&
+  gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
   zero_grads();
 }
@@ -235,11 +265,11 @@ CudaGptModel::~CudaGptModel() {
 
 size_t CudaGptModel::device_bytes() const {
   return main_.bytes + grads_.bytes + params_.bytes + acts_.bytes + loss_acc_.bytes + zero_bias_.bytes +
-         (cudnn_attention_ ? static_cast<size_t>(cudnn_attention_->device_bytes()) : 0);
+         counted_.bytes + (cudnn_attention_ ? static_cast<size_t>(cudnn_attention_->device_bytes()) : 0);
 }
 
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
-  const GptConfig& c = cfg_;
+  const GptConfig& c = lc_;
   const std::string D = std::to_string(c.kv_channels);
   switch (c.attention_backend) {
     case AttentionBackend::Unfused:
@@ -316,6 +346,91 @@ kc::DropoutSpec CudaGptModel::dropout(double p, uint64_t seed, const std::string
   return d;
 }
 
+kc::DropoutSpec CudaGptModel::hidden_dropout(const std::string& stream) const {
+  const kc::DropoutSpec d = dropout(lc_.hidden_dropout, key_.seed, stream);
+  // Sequence parallelism: this rank's positions of each sequence of the whole [b, s, h] mask.
+  return sp_ ? kc::sliced(d, static_cast<uint64_t>(s_ * lc_.hidden), tp_rank_, tp_size_) : d;
+}
+
+kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const {
+  const kc::DropoutSpec d = dropout(lc_.attention_dropout, key_.seed, stream);
+  // Tensor parallelism: this rank's heads of each sequence of the whole [b, heads, s, s] mask.
+  return kc::sliced(d, static_cast<uint64_t>(cfg_.heads * s_ * s_), tp_rank_, tp_size_);
+}
+
+void CudaGptModel::tp_all_reduce(bf16* x, int64_t n) {
+  tp_->all_reduce_device(x, static_cast<size_t>(n), dist::DeviceType::BF16, stream_);
+}
+
+// Under sequence parallelism a rank's rows are b runs of s/tp (tokens are batch-major), while the
+// collectives put the ranks' blocks one after another: with b > 1 the rows go through sp_staging_,
+// rearranged by strided copies.
+void CudaGptModel::sp_gather(const bf16* local, bf16* full) {
+  const int64_t h = lc_.hidden, run = s_ / tp_size_ * h, n = b_ * run;
+  if (b_ == 1) return tp_->all_gather_device(local, full, static_cast<size_t>(n), dist::DeviceType::BF16, stream_);
+  tp_->all_gather_device(local, sp_staging_, static_cast<size_t>(n), dist::DeviceType::BF16, stream_);
+  for (int64_t r = 0; r < tp_size_; ++r)
+    LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(full + r * run, sizeof(bf16) * s_ * h, sp_staging_ + r * n, sizeof(bf16) * run,
+                                        sizeof(bf16) * run, b_, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaGptModel::sp_reduce_scatter(const bf16* full, bf16* local) {
+  const int64_t h = lc_.hidden, run = s_ / tp_size_ * h, n = b_ * run;
+  if (b_ == 1)
+    return tp_->reduce_scatter_device(full, local, static_cast<size_t>(n), dist::DeviceType::BF16, stream_);
+  for (int64_t r = 0; r < tp_size_; ++r)
+    LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(sp_staging_ + r * n, sizeof(bf16) * run, full + r * run, sizeof(bf16) * s_ * h,
+                                        sizeof(bf16) * run, b_, cudaMemcpyDeviceToDevice, stream_));
+  tp_->reduce_scatter_device(sp_staging_, local, static_cast<size_t>(n), dist::DeviceType::BF16, stream_);
+}
+
+void CudaGptModel::sp_slice(const bf16* full, bf16* local) {
+  const int64_t h = lc_.hidden, run = s_ / tp_size_ * h;
+  LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(local, sizeof(bf16) * run, full + tp_rank_ * run, sizeof(bf16) * s_ * h,
+                                      sizeof(bf16) * run, b_, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaGptModel::row_parallel_residual(const bf16* x, int64_t w, int64_t b, int64_t K, const bf16* residual,
+                                         bf16* out, const kc::DropoutSpec& drop) {
+  const int64_t h = lc_.hidden;
+  // Each rank's partial product over its input columns, rank 0's with the (replicated) bias, so the
+  // group's sum holds it once.
+  linear_forward(x, w, tp_rank_ == 0 ? b : -1, branch_, K, h);
+  const bf16* sum = branch_;
+  if (sp_) {
+    sp_reduce_scatter(branch_, sp_local_);
+    sum = sp_local_;
+  } else {
+    tp_all_reduce(branch_, b_ * s_ * h);
+  }
+  kc::residual_dropout_add(sum, residual, out, rows_ * h, drop, stream_);
+}
+
+CudaGptModel::bf16* CudaGptModel::sum_input_grad() {
+  if (!tensor_parallel()) return dnorm_;
+  if (sp_) {
+    sp_reduce_scatter(dnorm_, sp_local_);
+    return sp_local_;
+  }
+  tp_all_reduce(dnorm_, b_ * s_ * lc_.hidden);
+  return dnorm_;
+}
+
+void CudaGptModel::finalize_grads() {
+  if (!tensor_parallel()) return;
+  // The QK norms serve every head, each rank's heads gave a part; under SP each rank's rows gave a
+  // part of every norm's gradient.
+  std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, size)
+  const int64_t h = lc_.hidden, D = lc_.kv_channels;
+  for (const auto& L : layout_.layers) {
+    parts.insert(parts.end(), {{L.q_norm, D}, {L.k_norm, D}});
+    if (sp_) parts.insert(parts.end(), {{L.ln1_w, h}, {L.ln1_b, h}, {L.ln2_w, h}, {L.ln2_b, h}});
+  }
+  if (sp_) parts.insert(parts.end(), {{layout_.final_w, h}, {layout_.final_b, h}});
+  for (const auto& [off, n] : parts)
+    if (off >= 0) tp_->all_reduce_device(G(off), static_cast<size_t>(n), dist::DeviceType::F32, stream_);
+}
+
 void CudaGptModel::linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
                                   const bf16* residual) {
   gemm_.linear_forward(x, P(w), P(b), y, b_ * s_, K, N, stream_, residual);
@@ -330,27 +445,27 @@ void CudaGptModel::linear_backward(const bf16* x, int64_t w, int64_t b, const bf
 }
 
 void CudaGptModel::norm_forward(const bf16* x, int64_t w, int64_t b, bf16* y, float* mean, float* rstd) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   if (c.norm == Norm::RMSNorm)
-    kc::rmsnorm_forward(x, P(w), y, rstd, b_ * s_, c.hidden, c.norm_eps, c.zero_centered_gamma, stream_);
+    kc::rmsnorm_forward(x, P(w), y, rstd, rows_, c.hidden, c.norm_eps, c.zero_centered_gamma, stream_);
   else
-    kc::layernorm_forward(x, P(w), P(b), y, mean, rstd, b_ * s_, c.hidden, c.norm_eps, c.zero_centered_gamma, stream_);
+    kc::layernorm_forward(x, P(w), P(b), y, mean, rstd, rows_, c.hidden, c.norm_eps, c.zero_centered_gamma, stream_);
 }
 
 void CudaGptModel::layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
                                       const float* rstd, bf16* dx, bool accumulate) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   if (c.norm == Norm::RMSNorm)
-    kc::rmsnorm_backward(dy, x, P(w), rstd, dx, G(w), reduce_scratch_, b_ * s_, c.hidden, c.zero_centered_gamma,
+    kc::rmsnorm_backward(dy, x, P(w), rstd, dx, G(w), reduce_scratch_, rows_, c.hidden, c.zero_centered_gamma,
                          stream_, accumulate);
   else
-    kc::layernorm_backward(dy, x, P(w), mean, rstd, dx, G(w), G(b), reduce_scratch_, b_ * s_, c.hidden,
+    kc::layernorm_backward(dy, x, P(w), mean, rstd, dx, G(w), G(b), reduce_scratch_, rows_, c.hidden,
                            c.zero_centered_gamma, stream_, accumulate);
 }
 
 void CudaGptModel::layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b,
                                                     const float* mean, const float* rstd) {
-  const int64_t h = cfg_.hidden;
+  const int64_t h = lc_.hidden;
   auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // The fused form needs layernorm.hpp's accumulate_dx conditions (the activations are 256-byte
   // aligned with rows of h elements; the norm weights sit at their table offsets).
@@ -358,18 +473,26 @@ void CudaGptModel::layernorm_backward_into_residual(const bf16* dy, const bf16* 
     layernorm_backward(dy, x, w, b, mean, rstd, dx_, true);
   } else {
     layernorm_backward(dy, x, w, b, mean, rstd, dtmp_);
-    kc::add_inplace(dx_, dtmp_, b_ * s_ * h, stream_);
+    kc::add_inplace(dx_, dtmp_, rows_ * h, stream_);
   }
 }
 
 void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key, const float* dloss) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   if (mb.s != s_ || mb.b <= 0 || mb.b > max_b_)
     throw Error("CudaGptModel: micro-batch of " + std::to_string(mb.b) + "x" + std::to_string(mb.s) +
                 " tokens, built for up to " + std::to_string(max_b_) + "x" + std::to_string(s_));
   b_ = mb.b;
+  rows_ = sp_ ? b_ * s_ / tp_size_ : b_ * s_;
   key_ = key;
   const int64_t T = b_ * s_;
+  // A vocabulary shard looks up zeros for another shard's ids: one outside every shard would pass
+  // unseen, so it is caught here.
+  if (tensor_parallel())
+    for (int64_t t = 0; t < T; ++t)
+      if (mb.tokens[t] < 0 || mb.tokens[t] >= cfg_.vocab)
+        throw Error("CudaGptModel: token id " + std::to_string(mb.tokens[t]) + " outside the vocabulary of " +
+                    std::to_string(cfg_.vocab));
   // Stage every input of the micro-batch in a pinned slot laid out as the device span, then one copy.
   const int slot = next_slot_;
   next_slot_ ^= 1;
@@ -435,7 +558,7 @@ cudaGraphExec_t CudaGptModel::capture(const std::function<void()>& enqueue) {
 }
 
 void CudaGptModel::enqueue_forward(bool with_loss_grad) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   const DropoutKey& key = key_;
   const int64_t T = b_ * s_, h = c.hidden;
   const std::string call = std::to_string(key.call);
@@ -443,14 +566,37 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
   // Embedding (word + position), then embedding dropout, into layer 0's input.
   bf16* x = layers_.empty() ? x_final_ : layers_[0].x_in;
   const auto emb_drop = dropout(c.hidden_dropout, key.seed, "dropout.embedding." + call);
-  kc::embedding_forward(tokens_, P(layout_.word_emb), layout_.pos_emb >= 0 ? positions_ : nullptr,
-                        P(layout_.pos_emb), emb_drop.p > 0 ? emb_out_ : x, T, h, c.vocab, c.max_positions, stream_);
-  if (emb_drop.p > 0) kc::dropout_apply(emb_out_, x, T * h, emb_drop, stream_);
+  const int64_t* pos_ids = layout_.pos_emb >= 0 ? positions_ : nullptr;
+  if (!tensor_parallel()) {
+    kc::embedding_forward(tokens_, P(layout_.word_emb), pos_ids, P(layout_.pos_emb), emb_drop.p > 0 ? emb_out_ : x, T,
+                          h, c.vocab, c.max_positions, stream_);
+    if (emb_drop.p > 0) kc::dropout_apply(emb_out_, x, T * h, emb_drop, stream_);
+  } else {
+    // Vocabulary-parallel: each rank looks up its rows (zeros for the others' ids), rank 0 adds the
+    // positions, and the group's sum is the embedding; then the whole model's dropout mask, and
+    // under sequence parallelism this rank's share of each sequence.
+    bf16* e = emb_drop.p > 0 || sp_ ? emb_out_ : x;
+    kc::embedding_forward(tokens_, P(layout_.word_emb), tp_rank_ == 0 ? pos_ids : nullptr, P(layout_.pos_emb), e, T, h,
+                          c.vocab, c.max_positions, stream_, tp_rank_ * c.vocab);
+    tp_all_reduce(e, T * h);
+    if (emb_drop.p > 0) kc::dropout_apply(e, sp_ ? e : x, T * h, emb_drop, stream_);
+    if (sp_) sp_slice(e, x);
+  }
 
   for (int64_t l = 0; l < c.num_layers; ++l) enqueue_layer_forward(l);
-  norm_forward(x_final_, layout_.final_w, layout_.final_b, xf_, xf_mean_, xf_rstd_);
+  norm_forward(x_final_, layout_.final_w, layout_.final_b, sp_ ? sp_local_ : xf_, xf_mean_, xf_rstd_);
+  if (sp_) sp_gather(sp_local_, xf_);
   linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
-  if (with_loss_grad) {
+  if (tensor_parallel()) {
+    // Vocabulary-parallel cross entropy: every rank gets every token's loss from the shards' lse
+    // and target logits; the gradient over this rank's columns goes in place of its logits.
+    const int64_t v0 = tp_rank_ * c.vocab;
+    kc::cross_entropy_shard_stats(logits_, labels_, ce_stats_, T, c.vocab, v0, stream_);
+    tp_->all_gather_device(ce_stats_, ce_gathered_, static_cast<size_t>(2 * T), dist::DeviceType::F32, stream_);
+    kc::cross_entropy_combine_shards(ce_gathered_, labels_, losses_, lse_, T, cfg_.vocab, static_cast<int>(tp_size_),
+                                     stream_);
+    if (with_loss_grad) kc::cross_entropy_backward(logits_, labels_, lse_, dloss_, T, c.vocab, stream_, v0);
+  } else if (with_loss_grad) {
     kc::cross_entropy_forward_backward(logits_, labels_, dloss_, losses_, lse_, T, c.vocab, stream_);
   } else {
     kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
@@ -461,7 +607,7 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
 // One transformer layer's forward from layers_[l].x_in; the forward pass, and the backward when it
 // recomputes a chunk of layers (full recomputation: same kernels, same dropout keys, same bits).
 void CudaGptModel::enqueue_layer_forward(int64_t l) {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   const DropoutKey& key = key_;
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const std::string call = std::to_string(key.call);
@@ -470,7 +616,9 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   LayerActs& a = layers_[l];
   bf16* x_out = l + 1 < c.num_layers ? layers_[l + 1].x_in : x_final_;
   const std::string site = "dropout.layer" + std::to_string(l) + ".";
-  norm_forward(a.x_in, W.ln1_w, W.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
+  // Under sequence parallelism a norm runs on this rank's rows, and its output is all-gathered.
+  norm_forward(a.x_in, W.ln1_w, W.ln1_b, sp_ ? sp_local_ : a.ln1, a.ln1_mean, a.ln1_rstd);
+  if (sp_) sp_gather(sp_local_, a.ln1);
   linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
   // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE.
   if (c.qk_layernorm)
@@ -480,7 +628,7 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
   // rotated values).
   if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
-  const auto attn_drop = dropout(c.attention_dropout, key.seed, site + "probs." + call);
+  const auto attn_drop = attention_dropout(site + "probs." + call);
   if (attention_ == AttentionPath::Cudnn)
     cudnn_attention_->forward(a.qkv_attn, a.ctx, a.lse, b_);
   else if (attention_ == AttentionPath::Flash)
@@ -488,26 +636,34 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   else
     kc::attention_unfused_forward(gemm_, a.qkv_attn, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
   // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
-  const auto drop1 = dropout(c.hidden_dropout, key.seed, site + "attention." + call);
-  if (drop1.p > 0) {
+  const auto drop1 = hidden_dropout(site + "attention." + call);
+  if (tensor_parallel()) {
+    row_parallel_residual(a.ctx, W.proj_w, W.proj_b, c.heads * D, a.x_in, a.x_mid, drop1);
+  } else if (drop1.p > 0) {
     linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
     kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h, drop1, stream_);
   } else {
     linear_forward(a.ctx, W.proj_w, W.proj_b, a.x_mid, c.heads * D, h, a.x_in);
   }
-  norm_forward(a.x_mid, W.ln2_w, W.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
+  norm_forward(a.x_mid, W.ln2_w, W.ln2_b, sp_ ? sp_local_ : a.ln2, a.ln2_mean, a.ln2_rstd);
+  if (sp_) sp_gather(sp_local_, a.ln2);
   if (c.activation == Activation::SwiGLU) {
     linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
     kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
   } else if (gelu_epilogue_) {  // u = fc1's output with its bias, g = gelu(u), in one GEMM
     gemm_.linear_forward_gelu(a.ln2, P(W.fc1_w), P(W.fc1_b), a.g, a.u, T, h, c.ffn, stream_);
+  } else if (c.activation == Activation::GeluErf) {  // F.gelu(fc1(x)): the linear adds its bias
+    linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, c.ffn);
+    kc::bias_gelu_forward(a.u, zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_, true);
   } else {
     // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
     linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
     kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
   }
-  const auto drop2 = dropout(c.hidden_dropout, key.seed, site + "mlp." + call);
-  if (drop2.p > 0) {
+  const auto drop2 = hidden_dropout(site + "mlp." + call);
+  if (tensor_parallel()) {
+    row_parallel_residual(a.g, W.fc2_w, W.fc2_b, c.ffn, a.x_mid, x_out, drop2);
+  } else if (drop2.p > 0) {
     linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
     kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop2, stream_);
   } else {
@@ -522,13 +678,21 @@ void CudaGptModel::backward() {
 }
 
 void CudaGptModel::enqueue_backward() {
-  const auto& c = cfg_;
+  const auto& c = lc_;
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const std::string call = std::to_string(key_.call);
+  // dx_ is the residual stream's gradient (rows_ rows); a row-parallel layer's output gradient is the
+  // whole sequence's (all-gathered under SP), a column-parallel layer's input gradient is summed
+  // over the group (sum_input_grad).
+  auto whole_rows = [&](bf16* d) -> bf16* {
+    if (!sp_) return d;
+    sp_gather(d, dtmp_);
+    return dtmp_;
+  };
 
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
-  layernorm_backward(dnorm_, x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
+  layernorm_backward(sum_input_grad(), x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
 
   const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
@@ -539,9 +703,10 @@ void CudaGptModel::enqueue_backward() {
     LayerActs& a = layers_[l];
     const std::string site = "dropout.layer" + std::to_string(l) + ".";
     // MLP block: dx holds d(x_out), which the residual passes to x_mid unchanged.
-    const auto drop2 = dropout(c.hidden_dropout, key_.seed, site + "mlp." + call);
-    const bf16* dbranch = dx_;
-    if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop2, stream_), dbranch = dbranch_;
+    const auto drop2 = hidden_dropout(site + "mlp." + call);
+    bf16* dbranch = dx_;
+    if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, rows_ * h, drop2, stream_), dbranch = dbranch_;
+    dbranch = whole_rows(dbranch);
     if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
       gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_);
@@ -550,18 +715,22 @@ void CudaGptModel::enqueue_backward() {
       linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
       if (c.activation == Activation::SwiGLU)
         kc::swiglu_backward(a.u, dg_, dwide_, T, c.ffn, stream_);
+      else if (c.activation == Activation::GeluErf)  // u holds fc1's bias already
+        kc::bias_gelu_backward(dg_, a.u, zero_bias_.as<bf16>(), dwide_, T, c.ffn, stream_, true);
       else
         kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn,
                                stream_);
     }
     linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
-    layernorm_backward_into_residual(dnorm_, a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);  // dx = d(x_mid)
+    // dx = d(x_mid)
+    layernorm_backward_into_residual(sum_input_grad(), a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);
     // Attention block.
-    const auto drop1 = dropout(c.hidden_dropout, key_.seed, site + "attention." + call);
+    const auto drop1 = hidden_dropout(site + "attention." + call);
     dbranch = dx_;
-    if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, T * h, drop1, stream_), dbranch = dbranch_;
+    if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, rows_ * h, drop1, stream_), dbranch = dbranch_;
+    dbranch = whole_rows(dbranch);
     linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
-    const auto attn_drop = dropout(c.attention_dropout, key_.seed, site + "probs." + call);
+    const auto attn_drop = attention_dropout(site + "probs." + call);
     if (attention_ == AttentionPath::Cudnn)
       cudnn_attention_->backward(a.qkv_attn, a.ctx, dctx_, a.lse, dwide_, b_);
     else if (attention_ == AttentionPath::Flash)
@@ -569,16 +738,20 @@ void CudaGptModel::enqueue_backward() {
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
     if (rope_.rot_dim > 0) kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
-    if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm)
+    if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm); TP: finalize_grads sums the norms' part
       kc::qk_rmsnorm_backward(dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_, G(W.q_norm), G(W.k_norm),
                               reduce_scratch_, T, c.heads, c.query_groups, D, c.zero_centered_gamma, stream_);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
-    layernorm_backward_into_residual(dnorm_, a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);  // dx = d(x_in)
+    // dx = d(x_in)
+    layernorm_backward_into_residual(sum_input_grad(), a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);
   }
-  kc::dropout_apply(dx_, dx_, T * h, dropout(c.hidden_dropout, key_.seed, "dropout.embedding." + call), stream_);
-  kc::embedding_backward(tokens_, dx_, G(layout_.word_emb), T, h, c.vocab, emb_scratch_, emb_scratch_bytes_, stream_);
+  // The embedding's gradient: the whole sequence's (the embedding was sliced under SP).
+  bf16* demb = whole_rows(dx_);
+  kc::dropout_apply(demb, demb, T * h, dropout(c.hidden_dropout, key_.seed, "dropout.embedding." + call), stream_);
+  kc::embedding_backward(tokens_, demb, G(layout_.word_emb), T, h, c.vocab, emb_scratch_, emb_scratch_bytes_, stream_,
+                         tp_rank_ * c.vocab);
   if (layout_.pos_emb >= 0)
-    kc::embedding_backward(positions_, dx_, G(layout_.pos_emb), T, h, c.max_positions, emb_scratch_,
+    kc::embedding_backward(positions_, demb, G(layout_.pos_emb), T, h, c.max_positions, emb_scratch_,
                            emb_scratch_bytes_, stream_);
 }
 

@@ -7,12 +7,21 @@
 // Everything is allocated once, in the constructor, for micro-batches of up to max_b sequences of
 // s tokens: the step itself allocates nothing. Steps without dropout replay a CUDA graph.
 //
-// Supported so far: LayerNorm or RMSNorm, tanh-GeLU (Megatron's fused bias-GeLU) or SwiGLU, learned
-// absolute or rotary positions (Llama 3 scaling included), QK layernorm with RMSNorm (Qwen3; head
-// dims that are multiples of 8 up to 256), tied or untied output layer, biases on or off, MHA or
-// GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
+// Supported so far: LayerNorm or RMSNorm, tanh-GeLU (Megatron's fused bias-GeLU), erf-GeLU (F.gelu)
+// or SwiGLU, learned absolute or rotary positions (Llama 3 scaling included), QK layernorm with
+// RMSNorm (Qwen3; head dims that are multiples of 8 up to 256), tied or untied output layer, biases
+// on or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
 // or the unfused path, by --attention-backend (gpt_config.hpp). cuda_unsupported_features() names
-// what is not (erf-GeLU).
+// what is not (QK-norm head dims and RMSNorm widths its kernels cannot pack).
+//
+// Tensor parallelism (a group of several GPU ranks, NCCL): each rank holds Megatron-Core's shards
+// (model/gpt_tp.hpp: its heads, ffn columns and vocabulary rows), as the CPU model does, and sums
+// over the group where Megatron-Core's layers do: the row-parallel outputs and the column-parallel
+// input gradients (bf16 all-reduce), the embedding (vocabulary-parallel), the cross entropy
+// (each shard's lse and target logit, all-gathered). With sequence parallelism the norms, dropout
+// and residual adds run on the rank's share of every sequence, between an all-gather and a
+// reduce-scatter. Dropout masks are the whole model's, sliced, so any TP size draws the masks of
+// one rank. Steps under TP run eagerly (no CUDA graphs yet).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist/process_group.hpp"
 #include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
@@ -43,12 +53,27 @@ class CudaGptModel {
  public:
   using bf16 = __nv_bfloat16;
   // Uses the current device. Throws laoyao::Error (naming the feature) for an unsupported config.
-  CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s);
+  // tp: the tensor-parallel group (GPU ranks: make_gpu_process_group; nullptr or one rank: the
+  // whole model here). The flat parameter, gradient and main-parameter buffers hold at least
+  // buffer_elems elements (the distributed optimizer pads them to equal shares; the padding's
+  // gradients stay zero).
+  CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
+               int64_t buffer_elems = 0);
   ~CudaGptModel();
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
 
   const GptConfig& config() const { return cfg_; }
+  // This rank's shapes (heads, query groups, ffn and vocabulary divided by the TP size).
+  const GptConfig& local_config() const { return lc_; }
+  dist::ProcessGroup* tp_group() const { return tp_size_ > 1 ? tp_ : nullptr; }
+  // Tensor parallelism: one flag per parameter, 1 where this rank counts it in the model's norms
+  // and zero counts (split tensors everywhere, replicated ones on rank 0 only); nullptr without TP.
+  const uint8_t* counted_flags() const { return tp_size_ > 1 ? counted_.as<uint8_t>() : nullptr; }
+  // After a step's micro-batches: sums over the tensor-parallel group the gradients each rank
+  // holds only a part of (the QK-norm weights, which serve every head; with sequence parallelism
+  // the norms' weights and biases). Enqueued on stream(); nothing to do without TP.
+  void finalize_grads();
   const ParameterTable& table() const { return layout_.table; }
   int64_t num_parameters() const { return layout_.table.total; }
   cudaStream_t stream() const { return stream_; }
@@ -92,8 +117,27 @@ class CudaGptModel {
     float* lse;                                   // [b, H, s], cuDNN and flash paths
   };
   bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
+  bool tensor_parallel() const { return tp_size_ > 1; }
+  // Tensor parallelism on [T, h] activations (bf16, on stream_): the sum over the group in place;
+  // sequence parallelism: this rank's rows (b runs of s/tp) of `full` made whole from every rank's
+  // `local`, the group's sum of every rank's `full` reduced into this rank's rows of `local`, and
+  // this rank's rows of a whole `full` copied out.
+  void tp_all_reduce(bf16* x, int64_t n);
+  void sp_gather(const bf16* local, bf16* full);
+  void sp_reduce_scatter(const bf16* full, bf16* local);
+  void sp_slice(const bf16* full, bf16* local);
+  // A row-parallel layer (linear_proj, linear_fc2) and the residual after it: out = residual +
+  // dropout(sum over the group of x @ w^T, + b), on this rank's rows.
+  void row_parallel_residual(const bf16* x, int64_t w, int64_t b, int64_t K, const bf16* residual, bf16* out,
+                             const kernels::cuda::DropoutSpec& drop);
+  // A column-parallel layer's input gradient dnorm_ (this rank's part, all T rows) summed over the
+  // group; returns where the sum is (this rank's rows under sequence parallelism).
+  bf16* sum_input_grad();
   float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
   kernels::cuda::DropoutSpec dropout(double p, uint64_t seed, const std::string& stream) const;
+  // The hidden and attention dropout of this rank's slice of the whole model's masks.
+  kernels::cuda::DropoutSpec hidden_dropout(const std::string& stream) const;
+  kernels::cuda::DropoutSpec attention_dropout(const std::string& stream) const;
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
@@ -113,9 +157,13 @@ class CudaGptModel {
   void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
                                         const float* rstd);
 
-  GptConfig cfg_;
+  GptConfig cfg_, lc_;  // the model, and this rank's part of it
+  dist::ProcessGroup* tp_ = nullptr;
+  int64_t tp_size_ = 1, tp_rank_ = 0;
+  bool sp_ = false;  // sequence parallelism
   GptParameterLayout layout_;
   int64_t max_b_, s_, b_ = 0;  // b_: sequences in the last forward
+  int64_t rows_ = 0;           // rows of the residual stream on this rank: b_ * s_, or its share under SP
   cudaStream_t stream_ = nullptr;
   kernels::cuda::CublasLtGemm gemm_;
   kernels::cuda::DeviceBuffer main_, grads_, params_;
@@ -138,6 +186,11 @@ class CudaGptModel {
   bf16 *dx_ = nullptr, *dbranch_ = nullptr, *dnorm_ = nullptr, *dtmp_ = nullptr, *dwide_ = nullptr, *dg_ = nullptr,
        *dctx_ = nullptr;
   float* reduce_scratch_ = nullptr;  // bias and LayerNorm parameter-gradient partial sums
+  // Tensor parallelism: sequence-parallel rows and the rank-major all-gather/reduce-scatter staging
+  // ([T, h] each), the cross entropy's shard statistics [2T] and every rank's [tp, 2T].
+  bf16 *sp_local_ = nullptr, *sp_staging_ = nullptr;
+  float *ce_stats_ = nullptr, *ce_gathered_ = nullptr;
+  kernels::cuda::DeviceBuffer counted_;
   void* emb_scratch_ = nullptr;
   size_t emb_scratch_bytes_ = 0;
   // The micro-batch inputs, one contiguous device span (tokens, labels, positions, mask, dloss)

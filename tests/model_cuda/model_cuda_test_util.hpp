@@ -1,0 +1,88 @@
+// What the CUDA model tests share: small configs (GPT, Llama, Qwen3), random bf16-exact weights, a
+// random micro-batch with its loss mask and loss gradients, and a relative error.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "model/gpt_config.hpp"
+#include "model/gpt_model.hpp"
+
+namespace laoyao::model::test {
+
+inline GptConfig small_config(int64_t heads, int64_t groups) {
+  GptConfig c;
+  c.num_layers = 2, c.hidden = 128, c.heads = heads, c.query_groups = groups, c.kv_channels = 128 / heads;
+  c.ffn = 384, c.vocab = 384, c.max_positions = 64;
+  return c;
+}
+
+// Random weights everywhere (biases and norm parameters too: a zero bias would hide a bug),
+// rounded to bf16 so both models start from the same values.
+inline void random_weights(const GptModel& m, float* w) {
+  Rng rng(7, "weights");
+  for (const auto& p : m.table().specs) {
+    const bool vector = p.shape.size() == 1;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const double x = rng.normal();
+      w[p.offset + i] = round_to_bf16(static_cast<float>(vector ? (p.init == Init::Ones ? 1.0 + 0.1 * x : 0.05 * x)
+                                                                : 0.05 * x));
+    }
+  }
+}
+
+struct Batch {
+  int64_t b, s;
+  std::vector<int64_t> tokens, labels, positions;
+  std::vector<float> mask, dloss;
+};
+
+inline Batch random_batch(int64_t b, int64_t s, int64_t vocab) {
+  Batch x{b, s, {}, {}, {}, {}, {}};
+  Rng rng(11, "batch");
+  for (int64_t t = 0; t < b * s; ++t) {
+    x.tokens.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
+    x.labels.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
+    x.positions.push_back(t % s);
+    x.mask.push_back(rng.uniform() < 0.9 ? 1.0f : 0.0f);
+  }
+  double count = 0;
+  for (float m : x.mask) count += m;
+  for (float m : x.mask) x.dloss.push_back(static_cast<float>(m / count));
+  return x;
+}
+
+inline double rel_err(const float* a, const float* ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) num += std::pow(double(a[i]) - ref[i], 2), den += std::pow(double(ref[i]), 2);
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Llama's pieces: RMSNorm, SwiGLU, RoPE with Llama 3 scaling, GQA, no biases, untied output.
+inline GptConfig llama_config() {
+  GptConfig c = small_config(2, 1);  // head dim 64: the flash kernels
+  c.norm = Norm::RMSNorm;
+  c.activation = Activation::SwiGLU;
+  c.ffn = 192;
+  c.positions = Positions::Rope;
+  c.rotary_base = 500000;
+  c.rope_scaling = true;
+  c.rope_scaling_factor = 32;
+  c.tied_embeddings = false;
+  c.add_bias_linear = false;
+  c.add_qkv_bias = false;
+  return c;
+}
+
+// Qwen3's addition to Llama: QK layernorm (RMSNorm over each q head and k, before RoPE).
+inline GptConfig qwen3_config() {
+  GptConfig c = llama_config();
+  c.qk_layernorm = true;
+  c.rotary_base = 1000000;
+  c.rope_scaling = false;
+  return c;
+}
+
+}  // namespace laoyao::model::test
