@@ -277,7 +277,6 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
   TrainBatchReader next_batch(data, dp_rank);
   const auto train_start = Clock::now();
-  const int64_t first_iteration = iteration + 1;  // of this process (after a resume, too)
   while (iteration < train_iters) {
     ++iteration;
     const auto step_start = Clock::now();
@@ -334,11 +333,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     summary.lm_loss.push_back(lm_loss);
     summary.grad_norm.push_back(norm);
 
-    // Megatron logs every log_interval iterations. Megatron-LM also logs the first iteration of a
-    // run without resetting anything (its next line averages from the first iteration on, and
-    // times it too); Megatron-Bridge has no first-iteration line.
+    // Megatron logs every log_interval iterations. Megatron-LM also logs iteration 1 (`iteration
+    // == 1`: a resumed run has no such line) without resetting anything (its next line averages
+    // from iteration 1 on, and times it too); Megatron-Bridge has no first-iteration line.
     const bool at_interval = iteration % log_interval == 0;
-    const bool first = iteration == first_iteration;
+    const bool first = iteration == 1;
     if (at_interval || (first && opt.flavor == LogFlavor::kMegatronLM)) {
       const double elapsed_ms = interval_ms / static_cast<double>(iters_since_print);
       TrainingLogValues v;
