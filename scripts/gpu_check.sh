@@ -97,6 +97,9 @@ case "${1:-}" in
           LAOYAO_DEVICE=cuda "$C/laoyao" "${dp_args[@]}" > "$OUT/dp1.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${dp_args[@]}" > "$OUT/dp2.log" 2>&1
           note "DP=2 launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${dp_args[@]}" --overlap-grad-reduce \
+            > "$OUT/dp2_overlap.log" 2>&1
+          note "DP=2 --overlap-grad-reduce launch exit $?"
           # The distributed optimizer (reduce-scattered gradients, sharded Adam, all-gathered bf16
           # parameters); its checkpoint (whole tensors) resumes on one GPU for two more iterations.
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${dp_args[@]}" \
@@ -106,7 +109,7 @@ case "${1:-}" in
           LAOYAO_DEVICE=cuda "$C/laoyao" "${dp_args[@]}" --train-iters 32 --load /tmp/dp2_distopt_ckpt \
             > "$OUT/dp2_distopt_resumed.log" 2>&1
           note "DP=2 distributed-optimizer checkpoint resumed on one GPU: exit $?"
-          for pair in "dp1 dp2" "dp1 dp2_distopt" "dp1_32 dp2_distopt_resumed"; do
+          for pair in "dp1 dp2" "dp1 dp2_overlap" "dp1 dp2_distopt" "dp1_32 dp2_distopt_resumed"; do
             read -r a b <<< "$pair"
             "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
             note "$a vs $b on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
@@ -118,9 +121,12 @@ case "${1:-}" in
           LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" --global-batch-size 1 > "$OUT/dp1_llama.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
             --global-batch-size 2 > "$OUT/dp2_llama.log" 2>&1
-          ms1=$(grep 'elapsed time per iteration' "$OUT/dp1_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
-          ms2=$(grep 'elapsed time per iteration' "$OUT/dp2_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
+            --global-batch-size 2 --overlap-grad-reduce > "$OUT/dp2_overlap_llama.log" 2>&1
+          ms() { grep 'elapsed time per iteration' "$1" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p'; }
+          ms1=$(ms "$OUT/dp1_llama.log"); ms2=$(ms "$OUT/dp2_llama.log"); ms3=$(ms "$OUT/dp2_overlap_llama.log")
           note "Llama-3.2-1B s8k: DP=1 ${ms1:-?} ms/step (1 x 8192 tokens), DP=2 ${ms2:-?} ms/step (2 x 8192): $(python3 -c "print(f'{2*$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
+          note "  DP=2 --overlap-grad-reduce ${ms3:-?} ms/step: $(python3 -c "print(f'{2*$ms1/$ms3:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           ;;
         tp2)
           # Tensor parallelism over two GPUs (nvidia-h200-x2): the seed's two-GPU pair, MLM flags and

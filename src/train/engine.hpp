@@ -50,6 +50,10 @@ class Engine {
   // Data parallelism: gradients summed over the group's ranks, then scaled (1 / data-parallel
   // size: Megatron's gradient averaging).
   virtual void all_reduce_grads(dist::ProcessGroup& group, double scale) = 0;
+  // --overlap-grad-reduce: called before the step's last micro-batch, so that its backward starts
+  // reducing each part of the gradients as soon as it is final; all_reduce_grads(group, scale)
+  // then reduces the rest and waits. An engine that cannot overlap ignores it.
+  virtual void start_grad_sync(dist::ProcessGroup& /*group*/, double /*scale*/) {}
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

@@ -7,6 +7,7 @@
 // steps the fp32 main parameters of its share only, and the updated bf16 parameters are
 // all-gathered (Megatron's scheme, megatron-lm.md §8.3). The main parameters outside the share are
 // stale on the device; a checkpoint gathers them over the group.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -51,11 +52,38 @@ class CudaEngine final : public Engine {
       std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, p.weight_decay ? 1 : 0);
     decay_.upload(flags.data() + shard_.begin, static_cast<size_t>(n));
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
+    // --overlap-grad-reduce: the gradient ranges the backward reports go through this stream
+    // (highest priority, so its NCCL kernels are scheduled beside the backward's), and what is
+    // left after the backward: every parameter outside the reported ranges (the embeddings).
+    int lo = 0, hi = 0;
+    LAOYAO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    LAOYAO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, hi));
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&synced_, cudaEventDisableTiming));
+    std::vector<model::CudaGptModel::Range> reported = gpu_.grad_sync_ranges();
+    std::sort(reported.begin(), reported.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    int64_t at = 0;
+    for (const auto& r : reported) {
+      if (r.offset > at) rest_.push_back({at, r.offset - at});
+      at = std::max(at, r.offset + r.count);
+    }
+    if (at < gpu_.num_parameters()) rest_.push_back({at, gpu_.num_parameters() - at});
     int dev = 0;
     LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
     name_ = "cuda:" + std::to_string(dev) + " (" + cuda_device_summary(dev) + "), " + gpu_.attention_path() +
             " attention";
   }
+
+  ~CudaEngine() override {
+    if (comm_) {
+      (void)cudaStreamSynchronize(comm_);
+      (void)cudaStreamDestroy(comm_);
+    }
+    for (cudaEvent_t e : {ready_, synced_})
+      if (e) (void)cudaEventDestroy(e);
+  }
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
 
   std::string name() const override { return name_; }
   void zero_grads() override { gpu_.zero_grads(); }
@@ -112,11 +140,27 @@ class CudaEngine final : public Engine {
   // (the next read of the gradients, the norm, waits for it there); with the distributed optimizer
   // only this rank's share of the average, reduce-scattered in place.
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
+    if (sync_group_) {  // the backward reduced the reported ranges already: the rest, then wait
+      gpu_.set_grads_ready_hook(nullptr);
+      for (const auto& r : rest_) reduce_range(r.offset, r.count);
+      LAOYAO_CUDA_CHECK(cudaEventRecord(synced_, comm_));
+      LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(gpu_.stream(), synced_, 0));
+      sync_group_ = nullptr;
+      return;
+    }
     if (shard_group_)
       group.reduce_scatter_device(gpu_.main_grads(), gpu_.main_grads() + shard_.begin, static_cast<size_t>(chunk_),
                                   dist::DeviceType::F32, gpu_.stream(), scale);
     else
       group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
+  }
+  // Overlap needs whole ranges all-reduced as they finish: not with the distributed optimizer
+  // (its shares cut across them) nor tensor parallelism (finalize_grads still adds to them).
+  void start_grad_sync(dist::ProcessGroup& group, double scale) override {
+    if (shard_group_ || gpu_.tp_group()) return;
+    sync_group_ = &group;
+    sync_scale_ = scale;
+    gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
   }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
@@ -141,6 +185,13 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
+  // One range of the gradients averaged over sync_group_ on comm_, once the model's stream has
+  // written it.
+  void reduce_range(int64_t offset, int64_t count) {
+    LAOYAO_CUDA_CHECK(cudaEventRecord(ready_, gpu_.stream()));
+    LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
+    sync_group_->all_reduce_sum_device(gpu_.main_grads() + offset, static_cast<size_t>(count), comm_, sync_scale_);
+  }
   // result() = a reduction over the whole model (sum_squares or count_zeros): with tensor
   // parallelism every rank's split tensors and one rank's replicated ones, summed over the group;
   // with the distributed optimizer each rank's share, summed over the data-parallel group.
@@ -170,6 +221,11 @@ class CudaEngine final : public Engine {
   std::vector<float> gather_;        // host scratch for a checkpoint's gather of the main parameters
   model::CudaGptModel gpu_;
   kc::DeviceBuffer m_, v_, decay_, scratch_;
+  cudaStream_t comm_ = nullptr;
+  cudaEvent_t ready_ = nullptr, synced_ = nullptr;
+  dist::ProcessGroup* sync_group_ = nullptr;  // set between start_grad_sync and all_reduce_grads
+  double sync_scale_ = 1.0;
+  std::vector<model::CudaGptModel::Range> rest_;
   int64_t steps_ = 0;
   std::string name_;
 };

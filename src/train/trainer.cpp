@@ -288,6 +288,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       const int64_t global_m = m * dp_size + dp_rank;
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(global_m),
                             dropout};
+      // --overlap-grad-reduce: the last micro-batch's backward starts the gradient reduction.
+      if (m + 1 == M && c.ddp.overlap_grad_reduce && dp_size > 1)
+        engine->start_grad_sync(*dp, 1.0 / static_cast<double>(dp_size));
       run_micro_batch(*engine, mb, key, M, true, dloss);
       // Read the next micro-batch while the device works on this one.
       if (m + 1 < M)

@@ -3,12 +3,15 @@
 // tolerance, with and without dropout (the masks are the same elements on both), for MHA and GQA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
 #include "model/gpt_model.hpp"
 #include "model_cuda_test_util.hpp"
@@ -295,4 +298,85 @@ TEST(CudaGptModel, FullRecomputationGivesTheSameBitsInLessMemory) {
       }
     }
   }
+}
+
+// --overlap-grad-reduce's hook: each reported range is final when it is reported (a copy taken
+// then, on the model's stream, equals the gradient once the backward is done), the ranges come
+// head first (final norm, untied output layer) and then layer by layer from the last, and with
+// the embeddings they cover every parameter once; the gradients are those of a run without it.
+TEST(CudaGptModel, GradsReadyHookReportsFinalRangesInBackwardOrder) {
+  const GptConfig c = llama_config();  // untied: the output layer is part of the head
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  auto run = [&](bool hook, std::vector<float>& snapshot, std::vector<CudaGptModel::Range>& seen) {
+    CudaGptModel gpu(c, 2, 48);
+    gpu.upload_weights(cpu.weights());
+    const int64_t n = gpu.num_parameters();
+    kernels::cuda::DeviceBuffer snap(sizeof(float) * static_cast<size_t>(n));
+    if (hook)
+      gpu.set_grads_ready_hook([&](int64_t offset, int64_t count) {
+        seen.push_back({offset, count});
+        LAOYAO_CUDA_CHECK(cudaMemcpyAsync(snap.as<float>() + offset, gpu.main_grads() + offset, sizeof(float) * count,
+                                          cudaMemcpyDeviceToDevice, gpu.stream()));
+      });
+    gpu.zero_grads();
+    for (int micro = 0; micro < 2; ++micro) {  // the second accumulates onto the first
+      gpu.forward(mb, x.mask.data(), {1234, 9, false}, x.dloss.data());
+      gpu.backward();
+    }
+    std::vector<float> grads(static_cast<size_t>(n));
+    gpu.download_grads(grads.data());
+    snapshot.resize(static_cast<size_t>(n));
+    snap.download(snapshot.data(), sizeof(float) * static_cast<size_t>(n));
+    return std::make_pair(grads, gpu.grad_sync_ranges());
+  };
+  std::vector<float> snapshot, unused;
+  std::vector<CudaGptModel::Range> seen, none;
+  const auto [grads, ranges] = run(true, snapshot, seen);
+  const auto [plain, plain_ranges] = run(false, unused, none);
+  EXPECT_EQ(grads, plain) << "the hook changes nothing";
+  ASSERT_EQ(seen.size(), 2 * ranges.size()) << "every range, once per micro-batch";
+  for (const auto& r : ranges)
+    for (int64_t i = r.offset; i < r.offset + r.count; ++i)
+      ASSERT_EQ(snapshot[i], grads[i]) << "element " << i << " changed after its range was reported";
+  // Order and coverage, by the names of the parameters in each range.
+  const ParameterTable& table = cpu.table();
+  auto names_in = [&](const CudaGptModel::Range& r) {
+    std::vector<std::string> out;
+    for (const auto& p : table.specs)
+      if (p.offset >= r.offset && p.offset + p.numel <= r.offset + r.count) out.push_back(p.name);
+    return out;
+  };
+  std::vector<std::string> order;
+  for (size_t i = 0; i < ranges.size(); ++i)
+    for (const auto& name : names_in(seen[i])) order.push_back(name);
+  ASSERT_FALSE(order.empty());
+  EXPECT_EQ(order.front().rfind("decoder.final_layernorm.", 0), 0u) << order.front();
+  EXPECT_EQ(order.back().rfind("decoder.layers.0.", 0), 0u) << order.back();
+  // Each range is one group's: no range holds two layers, and the layers come last to first.
+  int64_t last_layer = c.num_layers;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    int64_t layer = -1;
+    for (const auto& name : names_in(seen[i])) {
+      if (name.rfind("decoder.layers.", 0) != 0) continue;
+      const int64_t l = std::stoll(name.substr(15));
+      if (layer < 0) layer = l;
+      EXPECT_EQ(l, layer) << "range " << i << " holds two layers";
+    }
+    if (layer < 0) continue;
+    EXPECT_LE(layer, last_layer) << "range " << i;
+    last_layer = layer;
+  }
+  EXPECT_EQ(last_layer, 0);
+  int64_t covered = 0;
+  for (const auto& r : ranges) covered += r.count;
+  int64_t embeddings = 0;
+  for (const auto& p : table.specs) {
+    const bool reported = std::find(order.begin(), order.end(), p.name) != order.end();
+    EXPECT_NE(reported, p.name.rfind("embedding.", 0) == 0) << p.name;
+    if (!reported) embeddings += p.numel;
+  }
+  EXPECT_EQ(covered + embeddings, table.total);
 }

@@ -68,6 +68,19 @@ struct Carver {
 
 int64_t group_size(const dist::ProcessGroup* g) { return g && g->size() > 1 ? g->size() : 1; }
 
+// The parameters whose names start with `prefix`, as contiguous ranges of the table appended to
+// `out` (neighbours merged, never into a range already there: that is another group's).
+void append_ranges(const ParameterTable& table, const std::string& prefix, std::vector<CudaGptModel::Range>& out) {
+  const size_t begin = out.size();
+  for (const auto& p : table.specs) {
+    if (p.name.rfind(prefix, 0) != 0) continue;
+    if (out.size() > begin && out.back().offset + out.back().count == p.offset)
+      out.back().count += p.numel;
+    else
+      out.push_back({p.offset, p.numel});
+  }
+}
+
 }  // namespace
 
 CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
@@ -243,6 +256,19 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     staging_[i] = kc::PinnedHostBuffer(inputs_bytes_);
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
   }
+  // The ranges --overlap-grad-reduce reduces during the backward: the head (the final norm, and the
+  // output layer unless it is the word embedding, which the backward writes last), then the layers.
+  auto group = [&](const std::string& prefix) {
+    const size_t begin = sync_ranges_.size();
+    append_ranges(layout_.table, prefix, sync_ranges_);
+    return std::make_pair(begin, sync_ranges_.size());
+  };
+  const size_t head_begin = sync_ranges_.size();
+  group("decoder.final_layernorm.");
+  if (layout_.output_w != layout_.word_emb) group("output_layer.");
+  head_ranges_.push_back({head_begin, sync_ranges_.size()});
+  for (int64_t l = 0; l < lc_.num_layers; ++l) layer_ranges_.push_back(group("decoder.layers." + std::to_string(l) + "."));
+
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way.
   graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel();
@@ -519,7 +545,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   // call of a shape on, it is one CUDA graph launch (forward, and backward when training) instead of
   // a hundred-odd kernel launches. The first call runs eagerly (cuBLASLt plans, kernel attributes).
   const bool dropout_now = key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0);
-  if (graphs_enabled_ && !dropout_now) {
+  if (graphs_enabled_ && !dropout_now && !grads_ready_) {
     const auto graph_key = std::make_pair(b_, dloss != nullptr);
     auto it = graphs_.find(graph_key);
     if (it == graphs_.end()) {
@@ -693,6 +719,7 @@ void CudaGptModel::enqueue_backward() {
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
   layernorm_backward(sum_input_grad(), x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
+  for (const auto& r : head_ranges_) report_grads_ready(r);
 
   const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
@@ -744,6 +771,7 @@ void CudaGptModel::enqueue_backward() {
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     // dx = d(x_in)
     layernorm_backward_into_residual(sum_input_grad(), a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);
+    report_grads_ready(layer_ranges_[static_cast<size_t>(l)]);
   }
   // The embedding's gradient: the whole sequence's (the embedding was sliced under SP).
   bf16* demb = whole_rows(dx_);
@@ -753,6 +781,11 @@ void CudaGptModel::enqueue_backward() {
   if (layout_.pos_emb >= 0)
     kc::embedding_backward(positions_, demb, G(layout_.pos_emb), T, h, c.max_positions, emb_scratch_,
                            emb_scratch_bytes_, stream_);
+}
+
+void CudaGptModel::report_grads_ready(std::pair<size_t, size_t> ranges) const {
+  if (!grads_ready_) return;
+  for (size_t i = ranges.first; i < ranges.second; ++i) grads_ready_(sync_ranges_[i].offset, sync_ranges_[i].count);
 }
 
 std::pair<double, double> CudaGptModel::take_loss_sum(const double* extra, double* extra_out) {

@@ -74,6 +74,18 @@ class CudaGptModel {
   // holds only a part of (the QK-norm weights, which serve every head; with sequence parallelism
   // the norms' weights and biases). Enqueued on stream(); nothing to do without TP.
   void finalize_grads();
+  // Gradients reduced while the backward runs (--overlap-grad-reduce): with a hook set, backward()
+  // reports each range [offset, offset + count) of main_grads() once this micro-batch's backward has
+  // finished writing it, on stream() in order (the final norm and an untied output layer first,
+  // then each transformer layer, last to first); the hook enqueues what it likes after them. The
+  // ranges are grad_sync_ranges(); the rest (the embeddings) is final when backward() returns.
+  // Steps with a hook run eagerly (no CUDA graph).
+  using GradsReady = std::function<void(int64_t offset, int64_t count)>;
+  void set_grads_ready_hook(GradsReady hook) { grads_ready_ = std::move(hook); }
+  struct Range {
+    int64_t offset, count;
+  };
+  const std::vector<Range>& grad_sync_ranges() const { return sync_ranges_; }
   const ParameterTable& table() const { return layout_.table; }
   int64_t num_parameters() const { return layout_.table.total; }
   cudaStream_t stream() const { return stream_; }
@@ -213,6 +225,13 @@ class CudaGptModel {
   // bias-GeLU kernels instead.
   bool gelu_epilogue_ = false;
   std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs_;
+  // --overlap-grad-reduce: the hook, and the parameter ranges it is given: the head's (final norm,
+  // untied output layer) then each layer's, as index ranges into sync_ranges_.
+  GradsReady grads_ready_;
+  std::vector<Range> sync_ranges_;
+  std::vector<std::pair<size_t, size_t>> head_ranges_;   // [begin, end) into sync_ranges_
+  std::vector<std::pair<size_t, size_t>> layer_ranges_;  // per layer
+  void report_grads_ready(std::pair<size_t, size_t> ranges) const;
 };
 
 }  // namespace laoyao::model
