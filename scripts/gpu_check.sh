@@ -59,11 +59,18 @@ case "${1:-}" in
           note "doctor: exit $? ($(grep -c PASS "$OUT/doctor.txt") PASS lines)"
           ;;
         tests)
-          "$C/laoyao_tests_model_cuda" > "$OUT/gpu_tests.txt" 2>&1
+          # Each under a time limit (a hang must cost minutes, not the session's device time); the
+          # NCCL timeout test, which exercises a hang on purpose, alone and shorter.
+          timeout 900 "$C/laoyao_tests_model_cuda" --gtest_filter='-NcclTimeout.*' > "$OUT/gpu_tests.txt" 2>&1
           rc=$?
           note "gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
+          timeout 120 "$C/laoyao_tests_model_cuda" --gtest_filter='NcclTimeout.*' > "$OUT/gpu_tests_nccl_timeout.txt" 2>&1
+          rc=$?
+          note "nccl timeout test: exit $rc (124: it hung), $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
+            "$OUT/gpu_tests_nccl_timeout.txt" | tr '\n' ' ')"
           # What failed, in the failing tests' own words (the log itself may not come back).
-          while read -r line; do note "  $line"; done < <(grep -E -A6 '(Failure|error:)' "$OUT/gpu_tests.txt" | head -40)
+          while read -r line; do note "  $line"; done < <(grep -h -E -A6 '(Failure|error:)' "$OUT/gpu_tests.txt" \
+            "$OUT/gpu_tests_nccl_timeout.txt" | head -40)
           ;;
         parity)
           # A small GPT (dropout on) trained on the CPU and on the GPU from the same initial

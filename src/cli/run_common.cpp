@@ -1,7 +1,10 @@
 #include "cli/run_common.hpp"
 
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "config/yaml_io.hpp"
 #include "core/device.hpp"
@@ -14,6 +17,10 @@
 #include "train/engine.hpp"
 #include "train/run_setup.hpp"
 #include "train/trainer.hpp"
+
+#ifdef LAOYAO_HAVE_CUDA
+#include "kernels/cuda/stream_wait.hpp"
+#endif
 
 namespace laoyao::cli {
 
@@ -33,6 +40,31 @@ std::string run_config_path(const config::ConfigContainer& c) {
   if (c.logger.tensorboard_dir) return *c.logger.tensorboard_dir + "/run_config.yaml";
   return "";
 }
+
+// GPU ranks: the deadline of the host's waits on the device (kernels/cuda/stream_wait.hpp), set
+// while the groups it aborts live and cleared with them.
+class GpuWaitDeadline {
+ public:
+  GpuWaitDeadline() = default;
+  GpuWaitDeadline(const GpuWaitDeadline&) = delete;
+  GpuWaitDeadline& operator=(const GpuWaitDeadline&) = delete;
+  ~GpuWaitDeadline() {
+#ifdef LAOYAO_HAVE_CUDA
+    if (set_) kernels::cuda::set_wait_deadline({});
+#endif
+  }
+  void set(double seconds, std::function<void()> on_timeout) {
+#ifdef LAOYAO_HAVE_CUDA
+    kernels::cuda::set_wait_deadline({seconds, std::move(on_timeout), "--distributed-timeout-minutes"});
+    set_ = true;
+#else
+    (void)seconds, (void)on_timeout;
+#endif
+  }
+
+ private:
+  bool set_ = false;
+};
 
 }  // namespace
 
@@ -61,6 +93,7 @@ int start_training(config::Resolved& r) {
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
   std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group;
+  GpuWaitDeadline deadline;  // after the groups: cleared before they go
   int64_t rank = 0;
   if (r.validated.derived.world_size > 1) {
     const dist::RankEnv env = dist::rank_env_from_environment();
@@ -85,6 +118,15 @@ int start_training(config::Resolved& r) {
       };
       tp_group = make_group(layout.tp_group(env.rank), "tp");
       dp_group = make_group(layout.dp_group(env.rank), "dp");
+    }
+    // A GPU rank that waits on a collective another rank never joins fails after the timeout,
+    // as a Gloo collective does, aborting its NCCL communicators so that it can exit.
+    if (backend.cuda) {
+      std::vector<dist::ProcessGroup*> groups = {group.get(), tp_group.get(), dp_group.get()};
+      deadline.set(timeout * 60.0, [groups] {
+        for (dist::ProcessGroup* g : groups)
+          if (g) g->abort();
+      });
     }
   }
   std::string path = run_config_path(r.cfg);

@@ -38,6 +38,9 @@ class ProcessGroup {
   virtual void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream);
   virtual void reduce_scatter_device(const void* send, void* recv, size_t n, DeviceType type, void* stream,
                                      double scale = 1.0);
+  // Stops this rank's part in every pending device collective (NCCL: ncclCommAbort, whose kernels
+  // then return), when a wait has given up on another rank; the group takes no further collectives.
+  virtual void abort() {}
 };
 
 bool gloo_built();

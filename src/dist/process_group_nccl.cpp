@@ -62,8 +62,14 @@ class NcclGroup final : public ProcessGroup {
     check_nccl(ncclCommInitRank(&comm_, size(), id, rank()), "ncclCommInitRank", rank());
   }
   ~NcclGroup() override {
+    if (!comm_) return;  // aborted
     for (auto& [scale, op] : ops_) (void)ncclRedOpDestroy(op, comm_);
-    if (comm_) (void)ncclCommDestroy(comm_);
+    (void)ncclCommDestroy(comm_);
+  }
+  void abort() override {
+    if (!comm_) return;
+    (void)ncclCommAbort(comm_);  // frees the operators too
+    comm_ = nullptr;
   }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
@@ -73,22 +79,26 @@ class NcclGroup final : public ProcessGroup {
   void barrier() override { host_->barrier(); }
   void all_reduce_sum_device(float* data, size_t n, void* stream, double scale) override {
     if (n == 0) return;
+    check_alive();
     check_nccl(ncclAllReduce(data, data, n, ncclFloat32, op_for(scale), comm_, static_cast<cudaStream_t>(stream)),
                "ncclAllReduce (gradients)", rank());
   }
   void all_reduce_device(void* data, size_t n, DeviceType type, void* stream) override {
     if (n == 0) return;
+    check_alive();
     check_nccl(ncclAllReduce(data, data, n, nccl_type(type), ncclSum, comm_, static_cast<cudaStream_t>(stream)),
                "ncclAllReduce", rank());
   }
   void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream) override {
     if (n == 0) return;
+    check_alive();
     check_nccl(ncclAllGather(send, recv, n, nccl_type(type), comm_, static_cast<cudaStream_t>(stream)),
                "ncclAllGather", rank());
   }
   void reduce_scatter_device(const void* send, void* recv, size_t n, DeviceType type, void* stream,
                              double scale) override {
     if (n == 0) return;
+    check_alive();
     if (scale != 1.0 && type != DeviceType::F32) throw Error("reduce_scatter_device: a scale needs F32 elements");
     check_nccl(
         ncclReduceScatter(send, recv, n, nccl_type(type), op_for(scale), comm_, static_cast<cudaStream_t>(stream)),
@@ -96,6 +106,10 @@ class NcclGroup final : public ProcessGroup {
   }
 
  private:
+  void check_alive() const {
+    if (!comm_) throw Error("rank " + std::to_string(rank()) + ": a device collective after the NCCL communicator was "
+                            "aborted");
+  }
   // NCCL's pre-multiplied sum, sum_r(scale * x_r): the average of the data-parallel gradients in one
   // pass. One operator per scale, kept for the communicator's life.
   ncclRedOp_t op_for(double scale) {

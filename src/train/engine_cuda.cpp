@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/optimizer.hpp"
+#include "kernels/cuda/stream_wait.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
 #endif
 
@@ -208,7 +209,7 @@ class CudaEngine final : public Engine {
   double read_result() {
     double v = 0;
     LAOYAO_CUDA_CHECK(cudaMemcpyAsync(&v, result(), sizeof v, cudaMemcpyDeviceToHost, gpu_.stream()));
-    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    kc::stream_wait(gpu_.stream(), "the step (a norm or count over the model)");
     return v;
   }
 

@@ -21,6 +21,7 @@
 #include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
+#include "kernels/cuda/stream_wait.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/gpt_tp.hpp"
@@ -350,12 +351,12 @@ void CudaGptModel::upload_weights(const float* host) {
 }
 
 void CudaGptModel::download_weights(float* host) const {
-  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kc::stream_wait(stream_, "the step before the weights are read");
   main_.download(host, sizeof(float) * num_parameters());
 }
 
 void CudaGptModel::download_grads(float* host) const {
-  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kc::stream_wait(stream_, "the step before the gradients are read");
   grads_.download(host, sizeof(float) * num_parameters());
 }
 
@@ -522,7 +523,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   // Stage every input of the micro-batch in a pinned slot laid out as the device span, then one copy.
   const int slot = next_slot_;
   next_slot_ ^= 1;
-  LAOYAO_CUDA_CHECK(cudaEventSynchronize(staged_[slot]));  // the copy from this slot (two calls ago) is done
+  kc::event_wait(staged_[slot], "the input copy of two micro-batches back");  // before this slot is rewritten
   char* host = staging_[slot].as<char>();
   auto stage = [&](const void* dev, const void* src, size_t bytes) {
     std::memcpy(host + (static_cast<const char*>(dev) - reinterpret_cast<const char*>(tokens_)), src, bytes);
@@ -793,7 +794,7 @@ std::pair<double, double> CudaGptModel::take_loss_sum(const double* extra, doubl
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host, loss_acc_.ptr, sizeof host, cudaMemcpyDeviceToHost, stream_));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, sizeof host, stream_));
   if (extra) LAOYAO_CUDA_CHECK(cudaMemcpyAsync(extra_out, extra, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kc::stream_wait(stream_, "the step (its loss)");
   return {host[0], host[1]};
 }
 
