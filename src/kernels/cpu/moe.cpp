@@ -1,0 +1,597 @@
+// Megatron-Core MoE layer, CPU reference (moe.hpp says what each op means in Megatron).
+// Row-wise ops (routing, scores, losses' gradients, permute/unpermute) run one token per OpenMP
+// iteration; the sums over tokens (the loss values) and over a token's k choices run in a fixed
+// order, so results do not depend on the thread count. Expert GEMMs go through linear_forward /
+// linear_backward (OpenBLAS), called outside OpenMP regions.
+#include "kernels/cpu/moe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.hpp"
+
+namespace laoyao::kernels::cpu {
+namespace {
+
+// Megatron's epsilon in the sigmoid normalisations (probs over the k, and the aux-loss scores).
+constexpr float kSigmoidNormEps = 1e-20f;
+
+inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+// Megatron scales with `if scaling_factor: probs = probs * scaling_factor`: None and 0 leave probs as they are.
+float topk_scale(const MoeRouterParams& p) {
+  return p.topk_scaling_factor && *p.topk_scaling_factor != 0.0f ? *p.topk_scaling_factor : 1.0f;
+}
+
+void check_sizes(const char* what, int64_t T, int64_t E, int64_t k) {
+  if (T < 0 || E < 1 || k < 1 || k > E)
+    throw Error(std::string(what) + ": need T >= 0, E >= 1 and 1 <= k <= E (got T = " + std::to_string(T) +
+                ", E = " + std::to_string(E) + ", k = " + std::to_string(k) + ")");
+}
+
+// idx[0..k) = the k largest of v[0..E), descending; equal values keep the lower index first (an
+// entry displaces a kept one only when strictly greater, and indices arrive in ascending order).
+void topk_row(const float* v, int64_t E, int64_t k, int64_t* idx) {
+  int64_t n = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const float val = v[e];
+    if (n == k && !(val > v[idx[k - 1]])) continue;
+    int64_t pos = n < k ? n++ : k - 1;
+    while (pos > 0 && val > v[idx[pos - 1]]) {
+      idx[pos] = idx[pos - 1];
+      --pos;
+    }
+    idx[pos] = e;
+  }
+}
+
+// s[0..n) = softmax(z[0..n)): max subtracted, the sum in double, as the rest of this reference.
+void softmax_row(const float* z, float* s, int64_t n) {
+  const float m = *std::max_element(z, z + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(z[i] - m));
+  const double inv = 1.0 / sum;
+  for (int64_t i = 0; i < n; ++i) s[i] = static_cast<float>(std::exp(static_cast<double>(z[i] - m)) * inv);
+}
+
+// Sigmoid probs over a token's k experts: p = s / (sum s + 1e-20) for k > 1, else s. Returns the
+// denominator (1 for k = 1).
+float sigmoid_probs(const float* logits_row, const int64_t* idx, int64_t k, float* p) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < k; ++j) {
+    p[j] = sigmoid(logits_row[idx[j]]);
+    sum += p[j];
+  }
+  if (k == 1) return 1.0f;
+  const float denom = static_cast<float>(sum) + kSigmoidNormEps;
+  for (int64_t j = 0; j < k; ++j) p[j] /= denom;
+  return denom;
+}
+
+// The k logits of a token's experts and their softmax (pre_softmax = false).
+void topk_softmax_probs(const float* logits_row, const int64_t* idx, int64_t k, float* vals, float* p) {
+  for (int64_t j = 0; j < k; ++j) vals[j] = logits_row[idx[j]];
+  softmax_row(vals, p, k);
+}
+
+// rows[0..k) = a token's permuted rows in ascending order (the order of unpermute's scatter_add_).
+void sorted_rows(const int64_t* permuted_row_t, int64_t k, int64_t* rows) {
+  std::copy(permuted_row_t, permuted_row_t + k, rows);
+  std::sort(rows, rows + k);
+}
+
+// dlogits_row += d/dlogits of sum_e g[e] * scores[e] through the aux-loss score function.
+// Softmax: s * (g - <g, s>). Sigmoid: q = sig / D, D = sum sig + 1e-20:
+//   d/dsig_m = (g_m - <g, q>) / D, times sig_m (1 - sig_m).
+void aux_scores_backward_row(const float* logits_row, const float* scores_row, const double* g, int64_t E,
+                             MoeScoreFunction fn, float* dlogits_row) {
+  double dot = 0.0;
+  for (int64_t e = 0; e < E; ++e) dot += g[e] * scores_row[e];
+  if (fn == MoeScoreFunction::Softmax) {
+    for (int64_t e = 0; e < E; ++e) dlogits_row[e] += static_cast<float>(scores_row[e] * (g[e] - dot));
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += sigmoid(logits_row[e]);
+  const double denom = static_cast<double>(static_cast<float>(sum) + kSigmoidNormEps);
+  for (int64_t e = 0; e < E; ++e) {
+    const double sg = sigmoid(logits_row[e]);
+    dlogits_row[e] += static_cast<float>((g[e] - dot) / denom * sg * (1.0 - sg));
+  }
+}
+
+// counts[j*E + i] = tokens of sequence j (s tokens each) whose aux top-k holds expert i.
+std::vector<int64_t> sequence_counts(const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E, int64_t k) {
+  std::vector<int64_t> counts(b * E, 0);
+  for (int64_t t = 0; t < b * s; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = aux_topk_idx[t * k + j];
+      if (e < 0 || e >= E) throw Error("moe aux loss: expert id " + std::to_string(e) + " outside [0, E)");
+      ++counts[(t / s) * E + e];
+    }
+  return counts;
+}
+
+void check_seq(const char* what, int64_t b, int64_t s, int64_t E, int64_t k) {
+  check_sizes(what, b * s, E, k);
+  if (b < 1 || s < 1)
+    throw Error(std::string(what) + ": need b >= 1 sequences of s >= 1 tokens (got b = " + std::to_string(b) +
+                ", s = " + std::to_string(s) + ")");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// router
+
+void moe_router_topk_forward(const float* logits, const float* expert_bias, int64_t* topk_idx, float* topk_probs,
+                             int64_t T, int64_t E, int64_t k, const MoeRouterParams& params) {
+  check_sizes("moe router", T, E, k);
+  if (expert_bias && params.score_function != MoeScoreFunction::Sigmoid)
+    throw Error("moe router: an expert bias (aux-loss-free balancing) needs the sigmoid score function");
+  const float scale = topk_scale(params);
+#pragma omp parallel
+  {
+    std::vector<float> row(E), vals(k);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* z = logits + t * E;
+      int64_t* idx = topk_idx + t * k;
+      float* p = topk_probs + t * k;
+      if (params.score_function == MoeScoreFunction::Softmax) {
+        if (params.pre_softmax) {
+          softmax_row(z, row.data(), E);
+          topk_row(row.data(), E, k, idx);
+          for (int64_t j = 0; j < k; ++j) p[j] = row[idx[j]];
+        } else {
+          topk_row(z, E, k, idx);
+          topk_softmax_probs(z, idx, k, vals.data(), p);
+        }
+      } else {
+        // The choice ranks sigmoid(logits) (+ bias) in fp32, as Megatron ranks its fp32 scores.
+        for (int64_t e = 0; e < E; ++e) row[e] = sigmoid(z[e]) + (expert_bias ? expert_bias[e] : 0.0f);
+        topk_row(row.data(), E, k, idx);
+        sigmoid_probs(z, idx, k, p);
+      }
+      if (scale != 1.0f)
+        for (int64_t j = 0; j < k; ++j) p[j] *= scale;
+    }
+  }
+}
+
+void moe_router_topk_backward(const float* logits, const int64_t* topk_idx, const float* dprobs, float* dlogits,
+                              int64_t T, int64_t E, int64_t k, const MoeRouterParams& params) {
+  check_sizes("moe router backward", T, E, k);
+  const double scale = topk_scale(params);
+#pragma omp parallel
+  {
+    std::vector<float> vals(k), p(k);
+    std::vector<double> s_sel(k);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* z = logits + t * E;
+      const int64_t* idx = topk_idx + t * k;
+      float* dz = dlogits + t * E;
+      // g = d/d(unscaled probs)
+      auto g = [&](int64_t j) { return static_cast<double>(dprobs[t * k + j]) * scale; };
+      if (params.score_function == MoeScoreFunction::Softmax && params.pre_softmax) {
+        // probs = s[idx], s = softmax(z): dz = s * (G - <G, s>), G = g scattered over the k experts.
+        softmax_row(z, dz, E);  // s, held in dz until it is turned into the gradient
+        double dot = 0.0;
+        for (int64_t j = 0; j < k; ++j) dot += g(j) * dz[idx[j]];
+        for (int64_t j = 0; j < k; ++j) s_sel[j] = dz[idx[j]];
+        for (int64_t e = 0; e < E; ++e) dz[e] = static_cast<float>(-dz[e] * dot);
+        for (int64_t j = 0; j < k; ++j) dz[idx[j]] = static_cast<float>(s_sel[j] * (g(j) - dot));
+        continue;
+      }
+      std::fill(dz, dz + E, 0.0f);
+      if (params.score_function == MoeScoreFunction::Softmax) {
+        // probs = softmax(z[idx]) over the k: dz[idx] = p * (g - <g, p>).
+        topk_softmax_probs(z, idx, k, vals.data(), p.data());
+        double dot = 0.0;
+        for (int64_t j = 0; j < k; ++j) dot += g(j) * p[j];
+        for (int64_t j = 0; j < k; ++j) dz[idx[j]] = static_cast<float>(p[j] * (g(j) - dot));
+      } else {
+        // q = sig / D (k > 1): d/dsig_j = (g_j - <g, q>) / D; then sig' = sig (1 - sig).
+        const double denom = sigmoid_probs(z, idx, k, p.data());
+        double dot = 0.0;
+        if (k > 1)
+          for (int64_t j = 0; j < k; ++j) dot += g(j) * p[j];
+        for (int64_t j = 0; j < k; ++j) {
+          const double sg = sigmoid(z[idx[j]]);
+          dz[idx[j]] = static_cast<float>((g(j) - dot) / denom * sg * (1.0 - sg));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// load-balancing losses
+
+void moe_aux_loss_scores(const float* logits, float* scores, int64_t* aux_topk_idx, int64_t T, int64_t E, int64_t k,
+                         MoeScoreFunction score_function) {
+  check_sizes("moe aux loss scores", T, E, k);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = logits + t * E;
+    float* s = scores + t * E;
+    if (score_function == MoeScoreFunction::Softmax) {
+      softmax_row(z, s, E);
+    } else {
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) {
+        s[e] = sigmoid(z[e]);
+        sum += s[e];
+      }
+      const float denom = static_cast<float>(sum) + kSigmoidNormEps;
+      for (int64_t e = 0; e < E; ++e) s[e] /= denom;
+    }
+    topk_row(s, E, k, aux_topk_idx + t * k);
+  }
+}
+
+float moe_seq_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E,
+                               int64_t k, float coeff) {
+  check_seq("moe seq aux loss", b, s, E, k);
+  const auto counts = sequence_counts(aux_topk_idx, b, s, E, k);
+  double total = 0.0;
+  for (int64_t j = 0; j < b; ++j) {
+    for (int64_t i = 0; i < E; ++i) {
+      if (counts[j * E + i] == 0) continue;
+      double P = 0.0;  // sum over the sequence's tokens of scores[t, i]
+      for (int64_t t = j * s; t < (j + 1) * s; ++t) P += scores[t * E + i];
+      total += P * static_cast<double>(counts[j * E + i]);
+    }
+  }
+  const double sd = static_cast<double>(s);
+  return static_cast<float>(total * E * static_cast<double>(coeff) / (static_cast<double>(k) * sd * sd) / b);
+}
+
+void moe_seq_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t b,
+                               int64_t s, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+                               float dloss, float* dlogits) {
+  check_seq("moe seq aux loss backward", b, s, E, k);
+  const auto counts = sequence_counts(aux_topk_idx, b, s, E, k);
+  // d(loss)/d(scores[t, i]) = dloss * E * coeff / (k s^2 b) * c[seq(t), i]
+  const double sd = static_cast<double>(s);
+  const double unit =
+      static_cast<double>(dloss) * E * static_cast<double>(coeff) / (static_cast<double>(k) * sd * sd) / b;
+#pragma omp parallel
+  {
+    std::vector<double> g(E);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < b * s; ++t) {
+      for (int64_t i = 0; i < E; ++i) g[i] = unit * static_cast<double>(counts[(t / s) * E + i]);
+      aux_scores_backward_row(logits + t * E, scores + t * E, g.data(), E, score_function, dlogits + t * E);
+    }
+  }
+}
+
+float moe_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t T, int64_t E, int64_t k,
+                           float coeff) {
+  if (T == 0) return 0.0f;
+  return moe_seq_aux_loss_forward(scores, aux_topk_idx, 1, T, E, k, coeff);
+}
+
+void moe_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t T,
+                           int64_t E, int64_t k, MoeScoreFunction score_function, float coeff, float dloss,
+                           float* dlogits) {
+  if (T == 0) return;
+  moe_seq_aux_loss_backward(logits, scores, aux_topk_idx, 1, T, E, k, score_function, coeff, dloss, dlogits);
+}
+
+namespace {
+double logsumexp_row(const float* z, int64_t E) {
+  const float m = *std::max_element(z, z + E);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(static_cast<double>(z[e] - m));
+  return static_cast<double>(m) + std::log(sum);
+}
+}  // namespace
+
+float moe_z_loss_forward(const float* logits, int64_t T, int64_t E, float coeff) {
+  check_sizes("moe z loss", T, E, 1);
+  if (T == 0) return 0.0f;
+  std::vector<double> sq(T);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const double lse = logsumexp_row(logits + t * E, E);
+    sq[t] = lse * lse;
+  }
+  double sum = 0.0;
+  for (int64_t t = 0; t < T; ++t) sum += sq[t];  // fixed order: independent of the thread count
+  return static_cast<float>(sum / static_cast<double>(T) * static_cast<double>(coeff));
+}
+
+void moe_z_loss_backward(const float* logits, int64_t T, int64_t E, float coeff, float dloss, float* dlogits) {
+  check_sizes("moe z loss backward", T, E, 1);
+  const double c = 2.0 * static_cast<double>(coeff) * static_cast<double>(dloss) / static_cast<double>(T);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = logits + t * E;
+    const double lse = logsumexp_row(z, E);
+    for (int64_t e = 0; e < E; ++e)
+      dlogits[t * E + e] += static_cast<float>(c * lse * std::exp(static_cast<double>(z[e]) - lse));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dispatch / combine
+
+void moe_permutation(const int64_t* topk_idx, int64_t T, int64_t E, int64_t k, int64_t* tokens_per_expert,
+                     int64_t* sorted_indices, int64_t* permuted_row) {
+  check_sizes("moe permutation", T, E, k);
+  std::fill(tokens_per_expert, tokens_per_expert + E, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = topk_idx[t * k + j];
+      if (e < 0 || e >= E)
+        throw Error("moe permutation: token " + std::to_string(t) + " is routed to expert " + std::to_string(e) +
+                    ", outside [0, " + std::to_string(E) + ")");
+      for (int64_t i = 0; i < j; ++i)
+        if (topk_idx[t * k + i] == e)
+          throw Error("moe permutation: token " + std::to_string(t) + " is routed twice to expert " +
+                      std::to_string(e));
+      ++tokens_per_expert[e];
+    }
+  // Rows of expert e start at the sum of the earlier experts' counts; tokens fill them in order.
+  std::vector<int64_t> cursor(E, 0);
+  for (int64_t e = 1; e < E; ++e) cursor[e] = cursor[e - 1] + tokens_per_expert[e - 1];
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = cursor[topk_idx[t * k + j]]++;
+      sorted_indices[r] = t;
+      permuted_row[t * k + j] = r;
+    }
+}
+
+void moe_permute_forward(const float* x, const int64_t* sorted_indices, float* permuted, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* src = x + sorted_indices[r] * H;
+    std::copy(src, src + H, permuted + r * H);
+  }
+}
+
+void moe_permute_backward(const float* dpermuted, const int64_t* permuted_row, float* dx, int64_t T, int64_t k,
+                          int64_t H) {
+#pragma omp parallel
+  {
+    std::vector<int64_t> rows(k);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      sorted_rows(permuted_row + t * k, k, rows.data());
+      float* d = dx + t * H;
+      std::copy(dpermuted + rows[0] * H, dpermuted + (rows[0] + 1) * H, d);
+      for (int64_t j = 1; j < k; ++j)
+        for (int64_t h = 0; h < H; ++h) d[h] += dpermuted[rows[j] * H + h];
+    }
+  }
+}
+
+void moe_unpermute_forward(const float* expert_out, const int64_t* permuted_row, const float* probs, float* y,
+                           int64_t T, int64_t k, int64_t H) {
+#pragma omp parallel
+  {
+    std::vector<int64_t> rows(k);
+    std::vector<float> p(k);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      sorted_rows(permuted_row + t * k, k, rows.data());
+      for (int64_t j = 0; j < k; ++j)  // the prob of each sorted row
+        for (int64_t i = 0; i < k; ++i)
+          if (permuted_row[t * k + i] == rows[j]) p[j] = probs[t * k + i];
+      float* out = y + t * H;
+      std::fill(out, out + H, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float* o = expert_out + rows[j] * H;
+        for (int64_t h = 0; h < H; ++h) out[h] += o[h] * p[j];
+      }
+    }
+  }
+}
+
+void moe_unpermute_backward(const float* expert_out, const int64_t* permuted_row, const float* probs, const float* dy,
+                            float* dexpert_out, float* dprobs, int64_t T, int64_t k, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = dy + t * H;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = permuted_row[t * k + j];
+      const float p = probs[t * k + j];
+      float* d = dexpert_out + r * H;
+      for (int64_t h = 0; h < H; ++h) d[h] = g[h] * p;
+      if (dprobs) {
+        double dot = 0.0;
+        for (int64_t h = 0; h < H; ++h) dot += static_cast<double>(g[h]) * expert_out[r * H + h];
+        dprobs[t * k + j] = static_cast<float>(dot);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// experts
+
+void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
+                         const float* fc2_weight, float* fc1_out, float* act_out, float* y, int64_t E, int64_t H,
+                         int64_t F, MoeActivation act) {
+  const int64_t F1 = moe_fc1_rows(act, F);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = tokens_per_expert[e];
+    if (n < 0) throw Error("moe experts: negative token count for expert " + std::to_string(e));
+    if (n == 0) continue;
+    const float* xe = permuted_x + row * H;
+    float* h1 = fc1_out + row * F1;
+    float* a = act_out + row * F;
+    linear_forward(xe, fc1_weight + e * F1 * H, nullptr, h1, n, H, F1);
+    switch (act) {
+      case MoeActivation::SwiGlu: swiglu_forward(h1, a, n, F); break;
+      case MoeActivation::GeluTanh: gelu_forward(h1, a, n * F, Gelu::Tanh); break;
+      case MoeActivation::GeluErf: gelu_forward(h1, a, n * F, Gelu::Erf); break;
+    }
+    linear_forward(a, fc2_weight + e * H * F, nullptr, y + row * H, n, F, H);
+    row += n;
+  }
+}
+
+void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
+                          const float* fc2_weight, const float* fc1_out, const float* act_out, const float* dy,
+                          float* dact, float* dfc1_out, float* dx, float* dfc1_weight, float* dfc2_weight, int64_t E,
+                          int64_t H, int64_t F, MoeActivation act) {
+  const int64_t F1 = moe_fc1_rows(act, F);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = tokens_per_expert[e];
+    if (n < 0) throw Error("moe experts backward: negative token count for expert " + std::to_string(e));
+    if (n == 0) continue;
+    float* da = dact + row * F;
+    float* dh1 = dfc1_out + row * F1;
+    const float* h1 = fc1_out + row * F1;
+    linear_backward(act_out + row * F, fc2_weight + e * H * F, dy + row * H, da,
+                    dfc2_weight ? dfc2_weight + e * H * F : nullptr, nullptr, n, F, H);
+    switch (act) {
+      case MoeActivation::SwiGlu: swiglu_backward(h1, da, dh1, n, F); break;
+      case MoeActivation::GeluTanh: gelu_backward(h1, da, dh1, n * F, Gelu::Tanh); break;
+      case MoeActivation::GeluErf: gelu_backward(h1, da, dh1, n * F, Gelu::Erf); break;
+    }
+    linear_backward(permuted_x + row * H, fc1_weight + e * F1 * H, dh1, dx ? dx + row * H : nullptr,
+                    dfc1_weight ? dfc1_weight + e * F1 * H : nullptr, nullptr, n, H, F1);
+    row += n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the whole layer
+
+namespace {
+
+void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T) {
+  check_sizes("moe layer", T, c.num_experts, c.topk);
+  if (c.hidden_size < 1 || c.ffn_hidden_size < 1 || c.shared_expert_intermediate_size < 0)
+    throw Error("moe layer: hidden_size and ffn_hidden_size must be >= 1, the shared expert size >= 0");
+  if (!w.router_weight || !w.fc1_weight || !w.fc2_weight)
+    throw Error("moe layer: the router and expert weights are required");
+  if (c.shared_expert_intermediate_size > 0 && (!w.shared_fc1_weight || !w.shared_fc2_weight))
+    throw Error("moe layer: a shared expert needs its linear_fc1 and linear_fc2 weights");
+  if (c.seq_aux_loss_coeff > 0.0f && (c.seq_length < 1 || T % c.seq_length != 0))
+    throw Error("moe layer: seq_aux_loss needs a seq_length that divides the token count (T = " + std::to_string(T) +
+                ", seq_length = " + std::to_string(c.seq_length) + ")");
+}
+
+template <class V>
+void ensure(std::vector<V>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) != n) v.resize(n);
+}
+
+}  // namespace
+
+void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
+                       MoeLayerState& st) {
+  check_layer(c, w, T);
+  const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
+  const int64_t F1 = moe_fc1_rows(c.activation, F);
+  ensure(st.logits, T * E);
+  ensure(st.topk_idx, T * k);
+  ensure(st.topk_probs, T * k);
+  ensure(st.tokens_per_expert, E);
+  ensure(st.sorted_indices, N);
+  ensure(st.permuted_row, T * k);
+  ensure(st.permuted_x, N * H);
+  ensure(st.fc1_out, N * F1);
+  ensure(st.act_out, N * F);
+  ensure(st.expert_out, N * H);
+
+  linear_forward(x, w.router_weight, w.router_bias, st.logits.data(), T, H, E);
+  const float* logits = st.logits.data();
+  st.z_loss = c.z_loss_coeff > 0.0f ? moe_z_loss_forward(logits, T, E, c.z_loss_coeff) : 0.0f;
+  moe_router_topk_forward(logits, w.expert_bias, st.topk_idx.data(), st.topk_probs.data(), T, E, k, c.router);
+  st.aux_loss = st.seq_aux_loss = 0.0f;
+  if (c.aux_loss_coeff > 0.0f || c.seq_aux_loss_coeff > 0.0f) {
+    ensure(st.scores_for_aux_loss, T * E);
+    ensure(st.aux_topk_idx, T * k);
+    moe_aux_loss_scores(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
+                        c.router.score_function);
+    if (c.aux_loss_coeff > 0.0f)
+      st.aux_loss = moe_aux_loss_forward(st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
+                                         c.aux_loss_coeff);
+    if (c.seq_aux_loss_coeff > 0.0f)
+      st.seq_aux_loss = moe_seq_aux_loss_forward(st.scores_for_aux_loss.data(), st.aux_topk_idx.data(),
+                                                 T / c.seq_length, c.seq_length, E, k, c.seq_aux_loss_coeff);
+  }
+
+  moe_permutation(st.topk_idx.data(), T, E, k, st.tokens_per_expert.data(), st.sorted_indices.data(),
+                  st.permuted_row.data());
+  moe_permute_forward(x, st.sorted_indices.data(), st.permuted_x.data(), N, H);
+  moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
+                      st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation);
+  moe_unpermute_forward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), y, T, k, H);
+
+  if (c.shared_expert_intermediate_size > 0) {
+    // Megatron adds the shared expert's output to the routed output (MoELayer.forward).
+    const int64_t Fs = c.shared_expert_intermediate_size, F1s = moe_fc1_rows(c.activation, Fs);
+    ensure(st.shared_fc1_out, T * F1s);
+    ensure(st.shared_act_out, T * Fs);
+    ensure(st.shared_out, T * H);
+    const int64_t all = T;
+    moe_experts_forward(x, &all, w.shared_fc1_weight, w.shared_fc2_weight, st.shared_fc1_out.data(),
+                        st.shared_act_out.data(), st.shared_out.data(), 1, H, Fs, c.activation);
+    add_inplace(y, st.shared_out.data(), T * H);
+  }
+}
+
+void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, const float* dy,
+                        float* dx, const MoeLayerGrads& g, int64_t T, MoeLayerState& st, float aux_loss_scale) {
+  check_layer(c, w, T);
+  const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
+  const int64_t F1 = moe_fc1_rows(c.activation, F);
+  if (static_cast<int64_t>(st.expert_out.size()) != N * H || static_cast<int64_t>(st.logits.size()) != T * E)
+    throw Error("moe layer backward: the state does not hold this layer's forward of " + std::to_string(T) +
+                " tokens");
+  ensure(st.dlogits, T * E);
+  ensure(st.dprobs, T * k);
+  ensure(st.dexpert_out, N * H);
+  ensure(st.dpermuted_x, N * H);
+  // The activation scratch serves the routed experts (N rows) and the shared expert (T rows).
+  const int64_t Fs = c.shared_expert_intermediate_size, F1s = moe_fc1_rows(c.activation, Fs);
+  ensure(st.dact, std::max(N * F, T * Fs));
+  ensure(st.dfc1_out, std::max(N * F1, T * F1s));
+  ensure(st.dx_part, T * H);
+
+  // combine -> experts -> dispatch: dx = permute's backward.
+  moe_unpermute_backward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), dy,
+                         st.dexpert_out.data(), st.dprobs.data(), T, k, H);
+  moe_experts_backward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
+                       st.fc1_out.data(), st.act_out.data(), st.dexpert_out.data(), st.dact.data(),
+                       st.dfc1_out.data(), st.dpermuted_x.data(), g.fc1_weight, g.fc2_weight, E, H, F, c.activation);
+  moe_permute_backward(st.dpermuted_x.data(), st.permuted_row.data(), dx, T, k, H);
+
+  if (Fs > 0) {
+    const int64_t all = T;
+    moe_experts_backward(x, &all, w.shared_fc1_weight, w.shared_fc2_weight, st.shared_fc1_out.data(),
+                         st.shared_act_out.data(), dy, st.dact.data(), st.dfc1_out.data(), st.dx_part.data(),
+                         g.shared_fc1_weight, g.shared_fc2_weight, 1, H, Fs, c.activation);
+    add_inplace(dx, st.dx_part.data(), T * H);
+  }
+
+  // router: probs' gradient, then the aux and z losses' (each with gradient aux_loss_scale).
+  const float* logits = st.logits.data();
+  float* dlogits = st.dlogits.data();
+  moe_router_topk_backward(logits, st.topk_idx.data(), st.dprobs.data(), dlogits, T, E, k, c.router);
+  if (c.aux_loss_coeff > 0.0f)
+    moe_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
+                          c.router.score_function, c.aux_loss_coeff, aux_loss_scale, dlogits);
+  if (c.seq_aux_loss_coeff > 0.0f)
+    moe_seq_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T / c.seq_length,
+                              c.seq_length, E, k, c.router.score_function, c.seq_aux_loss_coeff, aux_loss_scale,
+                              dlogits);
+  if (c.z_loss_coeff > 0.0f) moe_z_loss_backward(logits, T, E, c.z_loss_coeff, aux_loss_scale, dlogits);
+  linear_backward(x, w.router_weight, dlogits, st.dx_part.data(), g.router_weight,
+                  w.router_bias ? g.router_bias : nullptr, T, H, E);
+  add_inplace(dx, st.dx_part.data(), T * H);
+}
+
+}  // namespace laoyao::kernels::cpu

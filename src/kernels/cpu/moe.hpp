@@ -1,0 +1,218 @@
+// CPU reference ops of Megatron-Core's Mixture-of-Experts layer (MoELayer at EP = ETP = TP = 1,
+// dropless): the TopKRouter (megatron/core/transformer/moe/router.py, moe_utils.py), its
+// load-balancing and z losses, the token dispatcher's permute / unpermute, the routed experts
+// (SequentialMLP / TEGroupedMLP: one MLP per expert over its slice of permuted tokens, no biases)
+// and the shared expert. fp32, the conventions of ops.hpp: row-major [T, C] with T = b*s tokens,
+// token t = batch*s + position; weights [out, in]; backward ACCUMULATES (+=) into parameter
+// gradients and OVERWRITES input gradients, unless a function says otherwise (the aux/z-loss
+// backwards ADD into a d(logits) buffer, since several losses meet there).
+//
+// Indices (expert ids, token ids, permuted rows) are int64_t. A token's routing is held as
+// topk_idx[T, k] (its k experts, in descending score order) and topk_probs[T, k]; Megatron's dense
+// routing_map[T, E] / routing_probs[T, E] are the same information scattered over E columns.
+// Top-k ties: equal scores are ranked by the LOWER expert index first (torch.topk on CPU does so;
+// on GPU its tie order is unspecified), so the choice is deterministic.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace laoyao::kernels::cpu {
+
+// ---- router: top-k routing with a score function (topk_routing_with_score_function / the older
+// topk_softmax_with_capacity, dropless, no group-limited routing).
+enum class MoeScoreFunction { Softmax, Sigmoid };  // --moe-router-score-function
+
+struct MoeRouterParams {
+  MoeScoreFunction score_function = MoeScoreFunction::Softmax;
+  bool pre_softmax = false;                 // --moe-router-pre-softmax (softmax only)
+  std::optional<float> topk_scaling_factor;  // --moe-router-topk-scaling-factor (None or 0: no scaling)
+};
+
+// logits[T, E] = x[T, H] @ router.weight[E, H]^T are computed by the caller with linear_forward
+// (Megatron's router_gating_linear; the router runs in fp32 here, as --moe-router-dtype fp32).
+// From logits, per token (k = --moe-router-topk, 1 <= k <= E):
+//   Softmax, pre_softmax = false: (vals, idx) = topk(logits, k); probs = softmax(vals) over the k.
+//   Softmax, pre_softmax = true:  s = softmax(logits) over E; (probs, idx) = topk(s, k) (not renormalised).
+//   Sigmoid: s = sigmoid(logits); idx = topk(s + expert_bias, k); p = s[idx];
+//            probs = p / (sum(p) + 1e-20) if k > 1 else p.
+//   then probs *= topk_scaling_factor if it is set.
+// expert_bias[E] (router.expert_bias, aux-loss-free balancing; nullable) only chooses the experts,
+// it never enters probs; it is allowed only with Sigmoid (Megatron's config check), else
+// laoyao::Error. Softmaxes subtract the row max and sum in double. topk_idx[T, k] and
+// topk_probs[T, k] are written; backward needs only logits and topk_idx (it recomputes the rest).
+void moe_router_topk_forward(const float* logits, const float* expert_bias, int64_t* topk_idx, float* topk_probs,
+                             int64_t T, int64_t E, int64_t k, const MoeRouterParams& params);
+// dlogits[T, E] overwritten with d(sum dprobs * probs)/dlogits. The expert choice is piecewise
+// constant (no gradient through idx; none through expert_bias): non-selected experts get 0, except
+// with pre_softmax, where the full softmax spreads the gradient over all E. With Softmax and
+// pre_softmax = false and k = 1 the prob is identically 1, so dlogits = 0 (as in Megatron: such a
+// router learns only from the aux losses). Then d(x), d(router.weight) come from linear_backward.
+void moe_router_topk_backward(const float* logits, const int64_t* topk_idx, const float* dprobs, float* dlogits,
+                              int64_t T, int64_t E, int64_t k, const MoeRouterParams& params);
+
+// ---- load-balancing losses (compute_routing_scores_for_aux_loss, switch_load_balancing_loss_func,
+// sequence_load_balancing_loss_func) and the router z-loss (z_loss_func). Megatron attaches them
+// to the graph with MoEAuxLossAutoScaler: the value is not part of `lm loss`, and backward gives
+// each loss the gradient main_loss_backward_scale (the `dloss` arguments below).
+//
+// scores_for_aux_loss[T, E] (fp32), independent of pre_softmax, expert_bias and the scaling factor:
+//   Softmax: softmax(logits) over all E;  Sigmoid: sigmoid(logits) / (sum_e sigmoid(logits) + 1e-20).
+// aux_topk_idx[T, k] = topk(scores_for_aux_loss, k): the aux losses' own routing map. It equals the
+// routing's top-k set for Softmax (either pre_softmax) and for Sigmoid without expert_bias (the
+// score functions are monotonic); with an expert_bias it is the UNBIASED top-k, as in Megatron.
+void moe_aux_loss_scores(const float* logits, float* scores, int64_t* aux_topk_idx, int64_t T, int64_t E, int64_t k,
+                         MoeScoreFunction score_function);
+
+// aux_loss (--moe-router-load-balancing-type aux_loss, "switch"), over all T tokens:
+//   tokens_per_expert[i] = #{t : i in aux_topk_idx[t]}   (a constant: no gradient)
+//   aux = E * coeff / (k * T^2) * sum_i (sum_t scores[t, i]) * tokens_per_expert[i]
+// A perfectly balanced map (tokens_per_expert = T*k/E for all i) gives aux = coeff, whatever the
+// scores (their rows sum to 1). Returned as fp32 (accumulated in double).
+float moe_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t T, int64_t E, int64_t k,
+                           float coeff);
+// dlogits[T, E] += dloss * d(aux)/dlogits, through the score function (Softmax uses the saved
+// scores; Sigmoid recomputes sigmoid(logits), so both are passed).
+void moe_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t T,
+                           int64_t E, int64_t k, MoeScoreFunction score_function, float coeff, float dloss,
+                           float* dlogits);
+
+// seq_aux_loss: the same loss per sequence, averaged over the b sequences of s tokens each
+// (T = b*s, sequence j = tokens [j*s, (j+1)*s) in this batch-major order; Megatron's [s, b] order
+// holds the same tokens):
+//   c[j, i] = #{t in sequence j : i in aux_topk_idx[t]},  P[j, i] = sum_{t in sequence j} scores[t, i]
+//   seq_aux = 1/b * sum_j E * coeff / (k * s^2) * sum_i P[j, i] * c[j, i]
+// (Megatron: cost_coeff = c / (s*k/E); (cost_coeff * P / s).sum(experts).mean(batch) * coeff.)
+// b = 1, s = T is aux_loss.
+float moe_seq_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E,
+                               int64_t k, float coeff);
+void moe_seq_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t b,
+                               int64_t s, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+                               float dloss, float* dlogits);  // dlogits += dloss * d(seq_aux)/dlogits
+
+// z-loss (--moe-z-loss-coeff; Megatron divides the coefficient by the TP x CP size, 1 here):
+//   z = coeff * mean_t (logsumexp_e logits[t, e])^2, on the router logits (before any score function).
+float moe_z_loss_forward(const float* logits, int64_t T, int64_t E, float coeff);
+// dlogits[t, e] += dloss * coeff * 2 * lse[t] / T * softmax(logits[t])[e].
+void moe_z_loss_backward(const float* logits, int64_t T, int64_t E, float coeff, float dloss, float* dlogits);
+
+// ---- dispatch / combine (moe_utils.permute / unpermute, dropless, at EP = 1).
+// moe_permutation: Megatron's permute() index maps for the N = T*k (token, choice) pairs.
+//   tokens_per_expert[E]: tokens routed to each expert (routing_map.sum(0)).
+//   sorted_indices[N]: the token of each permuted row; rows are grouped by expert in ascending
+//     expert order and, within an expert, in ascending token order (stable; masked_select over the
+//     transposed routing map).
+//   permuted_row[T, k]: the permuted row of (t, choice j), the inverse map.
+// Expert ids must be in [0, E) and distinct within a token (laoyao::Error otherwise).
+void moe_permutation(const int64_t* topk_idx, int64_t T, int64_t E, int64_t k, int64_t* tokens_per_expert,
+                     int64_t* sorted_indices, int64_t* permuted_row);
+// Dispatch: permuted[r, :] = x[sorted_indices[r], :], r < N.
+void moe_permute_forward(const float* x, const int64_t* sorted_indices, float* permuted, int64_t N, int64_t H);
+// dx[t, :] = sum_j dpermuted[permuted_row[t, j], :] (overwritten; summed in ascending row order).
+void moe_permute_backward(const float* dpermuted, const int64_t* permuted_row, float* dx, int64_t T, int64_t k,
+                          int64_t H);
+// Combine: y[t, :] = sum_j probs[t, j] * expert_out[permuted_row[t, j], :] (overwritten; products
+// rounded to fp32 and added in ascending row order, as unpermute's multiply and scatter_add_).
+// Recent Megatron applies the probs inside the experts instead (activation_func_with_probs:
+// act(fc1) * prob before fc2); without an fc2 bias that is the same function.
+void moe_unpermute_forward(const float* expert_out, const int64_t* permuted_row, const float* probs, float* y,
+                           int64_t T, int64_t k, int64_t H);
+// dexpert_out[N, H] = probs * dy[token] (overwritten; every row is some (t, j)), dprobs[T, k] =
+// <dy[t], expert_out[row]> (overwritten; nullptr to skip).
+void moe_unpermute_backward(const float* expert_out, const int64_t* permuted_row, const float* probs, const float* dy,
+                            float* dexpert_out, float* dprobs, int64_t T, int64_t k, int64_t H);
+
+// ---- routed experts: E MLPs, expert e on its tokens_per_expert[e] consecutive permuted rows.
+// SwiGlu: Megatron-Core's gated linear_fc1 [2F, H] = [gate ; up], act = silu(gate) * up (swiglu_forward);
+// GeluTanh / GeluErf: linear_fc1 [F, H], act = gelu (the bias_gelu tanh form or the exact erf form).
+// linear_fc2 [H, F]. No biases (Megatron MoE experts with --disable-bias-linear).
+enum class MoeActivation { SwiGlu, GeluTanh, GeluErf };
+inline int64_t moe_fc1_rows(MoeActivation act, int64_t F) { return act == MoeActivation::SwiGlu ? 2 * F : F; }
+
+// fc1_weight[E, F1, H] and fc2_weight[E, H, F] hold the experts' weights one after another
+// (local_experts.{e}.linear_fc1.weight, TEGroupedMLP's weight{e}), F1 = moe_fc1_rows(act, F).
+// With N = sum_e tokens_per_expert[e]: permuted_x[N, H]; fc1_out[N, F1] and act_out[N, F] are
+// saved for backward; y[N, H] overwritten. One MLP of T tokens (the shared expert, a dense MLP)
+// is the case E = 1, tokens_per_expert = {T}.
+void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
+                         const float* fc2_weight, float* fc1_out, float* act_out, float* y, int64_t E, int64_t H,
+                         int64_t F, MoeActivation act);
+// dx[N, H] overwritten (nullptr to skip); dfc1_weight[E, F1, H], dfc2_weight[E, H, F] accumulated.
+// dact[N, F] and dfc1_out[N, F1] are scratch the caller provides (any contents).
+void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
+                          const float* fc2_weight, const float* fc1_out, const float* act_out, const float* dy,
+                          float* dact, float* dfc1_out, float* dx, float* dfc1_weight, float* dfc2_weight, int64_t E,
+                          int64_t H, int64_t F, MoeActivation act);
+
+// ---- the whole MoE layer (MoELayer.forward: router -> permute -> experts -> unpermute, + shared
+// expert): y[T, H] = sum_j probs[t, j] * expert_{idx[t, j]}(x[t]) + shared_expert(x[t]).
+// The residual add and the pre-MLP norm stay outside, as in Megatron's TransformerLayer.
+struct MoeLayerConfig {
+  int64_t hidden_size = 0;                      // H
+  int64_t num_experts = 0;                      // E, --num-experts
+  int64_t topk = 2;                             // k, --moe-router-topk
+  int64_t ffn_hidden_size = 0;                  // F, --moe-ffn-hidden-size
+  int64_t shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size; 0: none
+  MoeActivation activation = MoeActivation::SwiGlu;  // routed and shared experts alike
+  MoeRouterParams router;
+  // Load balancing: each loss is on when its coefficient is > 0 (Megatron accepts a list of
+  // --moe-router-load-balancing-type with one --moe-aux-loss-coeff each).
+  float aux_loss_coeff = 0.0f;      // aux_loss
+  float seq_aux_loss_coeff = 0.0f;  // seq_aux_loss (needs seq_length)
+  float z_loss_coeff = 0.0f;        // --moe-z-loss-coeff (None: 0)
+  int64_t seq_length = 0;           // s, for seq_aux_loss: T must be a multiple
+};
+
+struct MoeLayerWeights {
+  const float* router_weight = nullptr;      // [E, H] router.weight
+  const float* router_bias = nullptr;        // [E] nullable (Megatron's router has none by default)
+  const float* expert_bias = nullptr;        // [E] router.expert_bias buffer, nullable (Sigmoid only)
+  const float* fc1_weight = nullptr;         // [E, F1, H] experts' linear_fc1
+  const float* fc2_weight = nullptr;         // [E, H, F] experts' linear_fc2
+  const float* shared_fc1_weight = nullptr;  // [F1s, H] shared_experts.linear_fc1 (if a shared expert)
+  const float* shared_fc2_weight = nullptr;  // [H, Fs] shared_experts.linear_fc2
+};
+
+struct MoeLayerGrads {  // accumulated (+=); nullptr skips that gradient
+  float* router_weight = nullptr;
+  float* router_bias = nullptr;
+  float* fc1_weight = nullptr;
+  float* fc2_weight = nullptr;
+  float* shared_fc1_weight = nullptr;
+  float* shared_fc2_weight = nullptr;
+};
+
+// Everything forward saves for backward, and backward's scratch: owned by the caller, one per
+// layer, reused step after step (vectors are resized only when T changes).
+struct MoeLayerState {
+  std::vector<float> logits;               // [T, E]
+  std::vector<int64_t> topk_idx;           // [T, k]
+  std::vector<float> topk_probs;           // [T, k]
+  std::vector<float> scores_for_aux_loss;  // [T, E] (when an aux loss is on)
+  std::vector<int64_t> aux_topk_idx;       // [T, k]
+  std::vector<int64_t> tokens_per_expert;  // [E] (the routing's, for logging / expert-bias updates)
+  std::vector<int64_t> sorted_indices;     // [T*k]
+  std::vector<int64_t> permuted_row;       // [T, k]
+  std::vector<float> permuted_x, fc1_out, act_out, expert_out;  // [T*k, H | F1 | F | H]
+  std::vector<float> shared_fc1_out, shared_act_out, shared_out;  // [T, F1s | Fs | H]
+  // backward scratch
+  std::vector<float> dlogits, dprobs, dexpert_out, dpermuted_x, dact, dfc1_out, dx_part;
+  // The last forward's loss values, coefficients included (0 when off). Megatron logs aux/coeff.
+  float aux_loss = 0.0f, seq_aux_loss = 0.0f, z_loss = 0.0f;
+};
+
+// Checks the config (laoyao::Error: sizes < 1, k > E, expert_bias without Sigmoid, seq_aux_loss
+// without a seq_length dividing T, a shared expert without weights) and runs the layer; y[T, H] overwritten.
+void moe_layer_forward(const MoeLayerConfig& cfg, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
+                       MoeLayerState& state);
+// dx[T, H] overwritten (the router's, the experts' and the shared expert's contributions); grads
+// accumulated. aux_loss_scale is the gradient each aux / z loss receives (Megatron's
+// MoEAuxLossAutoScaler.main_loss_backward_scale, e.g. 1/num_microbatches); it must be the same
+// forward's state.
+void moe_layer_backward(const MoeLayerConfig& cfg, const MoeLayerWeights& w, const float* x, const float* dy,
+                        float* dx, const MoeLayerGrads& grads, int64_t T, MoeLayerState& state,
+                        float aux_loss_scale = 1.0f);
+
+}  // namespace laoyao::kernels::cpu
