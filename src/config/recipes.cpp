@@ -277,6 +277,39 @@ ConfigContainer qwen3_8b_pretrain_4gpu() {
   return c;
 }
 
+// laoyao's flagship (not a Bridge recipe; #9): a Qwen3-MoE-style model of about 2.2B parameters,
+// about 0.6B active: Qwen3's attention (GQA 16/4, head dim 64, QK-norm, RoPE 1e6), every layer MoE
+// with 64 SwiGLU experts of 384, top-8, softmax router, aux loss 1e-3; Qwen3's vocabulary size
+// (151936) through the NullTokenizer on mock data. The Bridge pretrain recipes' optimizer and
+// schedule, at seq 4096.
+void moe_2b_model(ModelConfig& m) {
+  llama_common(m);
+  m.layernorm_epsilon = 1e-6;
+  m.num_layers = 24, m.hidden_size = 1024, m.ffn_hidden_size = 3072;
+  m.num_attention_heads = 16, m.num_query_groups = 4, m.kv_channels = 64;
+  m.qk_layernorm = true;
+  m.rotary_base = 1000000;
+  m.share_embeddings_and_output_weights = false;
+  m.num_moe_experts = 64, m.moe_router_topk = 8, m.moe_ffn_hidden_size = 384;
+  m.moe_layer_freq = Value::integer(1);
+  m.moe_router_score_function = "softmax";
+  m.moe_router_load_balancing_type = "aux_loss";
+  m.moe_aux_loss_coeff = 1e-3;
+  m.moe_router_dtype = "fp32";
+  m.moe_grouped_gemm = true;
+  m.moe_token_dispatcher_type = "alltoall";
+}
+
+ConfigContainer moe_2b_pretrain() {
+  ConfigContainer c = pretrain_common();
+  moe_2b_model(c.model);
+  llama_fusions(c, "te");
+  dense_pretrain_schedule(c);
+  seq(c, 4096);
+  c.tokenizer.vocab_size = 151936;
+  return c;
+}
+
 void deepseek_v2_lite_model(ModelConfig& m) {
   m.num_layers = 27, m.hidden_size = 2048, m.ffn_hidden_size = 10944;
   m.num_attention_heads = 16, m.num_query_groups = 16;
@@ -416,6 +449,9 @@ const std::vector<Recipe>& all_recipes() {
        "Qwen3 8B, seq 4096, TP 4, GBS 32 (Bridge v0.5.1's default)", qwen3_8b_pretrain_4gpu},
       {"deepseek_v2_lite_pretrain_config", {"deepseek_v2_lite_pretrain_8gpu_h100_bf16_config"}, "pretrain",
        "DeepSeek-V2-Lite: MLA + 64-expert MoE, seq 4096, EP 8", deepseek_v2_lite_pretrain},
+      {"moe_2b_pretrain_config", {}, "pretrain",
+       "laoyao's flagship MoE: Qwen3-MoE style, 24 layers, 64 experts top-8, ~2.2B total / ~0.6B active, seq 4096",
+       moe_2b_pretrain},
       {"llama32_1b_sft_config", {"llama32_1b_sft_1gpu_h100_bf16_config"}, "sft",
        "Llama 3.2 1B full fine-tune on packed SQuAD", llama32_1b_sft},
       {"llama32_1b_peft_config", {"llama32_1b_peft_1gpu_h100_bf16_config"}, "peft",

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace laoyao::model {
 
@@ -22,6 +23,24 @@ enum class AttentionBackend { Auto, Fused, Flash, Unfused };
 // every activation of the others. The numbers do not change, only memory (CUDA backend; the CPU
 // backend keeps every activation).
 enum class Recompute { None, Uniform, Block };
+
+// Mixture of Experts (megatron-lm.md §9): Megatron-Core's MoELayer in place of the MLP of the layers
+// `layers` marks: dropless top-k routing over num_experts experts of width ffn (the activation of
+// the dense MLP: SwiGLU or GeLU, no biases), an optional shared expert, the load-balancing and z
+// losses (each on when its coefficient is > 0).
+struct MoeConfig {
+  int64_t num_experts = 0;   // 0: a dense model
+  std::vector<bool> layers;  // [num_layers]: layer l is an MoE layer (--moe-layer-freq)
+  int64_t ffn = 0;           // --moe-ffn-hidden-size
+  int64_t topk = 2;
+  bool sigmoid = false;      // --moe-router-score-function sigmoid (else softmax)
+  bool pre_softmax = false;
+  std::optional<double> topk_scaling_factor;
+  double aux_loss_coeff = 0;      // --moe-router-load-balancing-type aux_loss
+  double seq_aux_loss_coeff = 0;  // ... seq_aux_loss
+  double z_loss_coeff = 0;
+  int64_t shared_ffn = 0;  // --moe-shared-expert-intermediate-size (0: none)
+};
 
 struct GptConfig {
   int64_t num_layers = 0;
@@ -58,8 +77,15 @@ struct GptConfig {
   Recompute recompute = Recompute::None;
   int64_t recompute_num_layers = 0;
 
+  MoeConfig moe;
+
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
   int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }
+  // The rows of an MLP's linear_fc1 of width f (SwiGLU: the gate and up halves).
+  int64_t fc1_rows(int64_t f) const { return activation == Activation::SwiGLU ? 2 * f : f; }
+  bool is_moe_layer(int64_t l) const {
+    return moe.num_experts > 0 && l >= 0 && l < static_cast<int64_t>(moe.layers.size()) && moe.layers[l];
+  }
 };
 
 }  // namespace laoyao::model

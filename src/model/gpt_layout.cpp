@@ -40,10 +40,36 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
     L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
     L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
     L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
-    L.fc1_w = table.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
-    L.fc1_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
-    L.fc2_w = table.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
-    L.fc2_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
+    if (c.is_moe_layer(l)) {
+      // Megatron-Core's MoELayer: router, experts, shared experts (its registration order). The
+      // experts' linear_fc1 are kept together, then their linear_fc2 (TEGroupedMLP's grouping),
+      // under SequentialMLP's names.
+      const auto& m = c.moe;
+      if (m.ffn <= 0 || m.topk < 1 || m.topk > m.num_experts) throw Error("GptModel: invalid MoE shape");
+      if (c.add_bias_linear) throw Error("GptModel: MoE experts with biases are not supported");
+      L.fc1_w = L.fc1_b = L.fc2_w = L.fc2_b = -1;
+      L.router_w = table.add(p + "mlp.router.weight", {m.num_experts, h}, Init::Normal, c.init_std);
+      const std::string e = p + "mlp.experts.local_experts.";
+      for (int64_t x = 0; x < m.num_experts; ++x) {
+        const int64_t off = table.add(e + std::to_string(x) + ".linear_fc1.weight", {c.fc1_rows(m.ffn), h},
+                                      Init::Normal, c.init_std);
+        if (x == 0) L.experts_fc1 = off;
+      }
+      for (int64_t x = 0; x < m.num_experts; ++x) {
+        const int64_t off = table.add(e + std::to_string(x) + ".linear_fc2.weight", {h, m.ffn}, Init::Normal, out_std);
+        if (x == 0) L.experts_fc2 = off;
+      }
+      if (m.shared_ffn > 0) {
+        L.shared_fc1 = table.add(p + "mlp.shared_experts.linear_fc1.weight", {c.fc1_rows(m.shared_ffn), h},
+                                 Init::Normal, c.init_std);
+        L.shared_fc2 = table.add(p + "mlp.shared_experts.linear_fc2.weight", {h, m.shared_ffn}, Init::Normal, out_std);
+      }
+    } else {
+      L.fc1_w = table.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
+      L.fc1_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
+      L.fc2_w = table.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
+      L.fc2_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
+    }
     out.layers.push_back(L);
   }
   out.final_w = table.add("decoder.final_layernorm.weight", {h}, gamma_init);

@@ -14,6 +14,9 @@ namespace laoyao::model {
 // beta, QK-norm weights).
 struct GptLayerOffsets {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  // An MoE layer (fc1/fc2 -1): the router, the experts' linear_fc1 then their linear_fc2 (each
+  // kind consecutive, expert after expert), the shared expert's (-1: none); -1 in a dense layer.
+  int64_t router_w = -1, experts_fc1 = -1, experts_fc2 = -1, shared_fc1 = -1, shared_fc2 = -1;
 };
 
 struct GptParameterLayout {

@@ -18,6 +18,8 @@ namespace k = laoyao::kernels::cpu;
 
 GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp) : cfg_(cfg), tp_(tp) {
   if (tp_ && tp_->size() > 1) tp_size_ = tp_->size(), tp_rank_ = tp_->rank();
+  if (cfg.moe.num_experts > 0 && tp_size_ > 1)
+    throw UsageError("Mixture-of-Experts layers with tensor parallelism are not supported yet");
   lc_ = tp_local_config(cfg, tp_size_);
   if (cfg.qk_layernorm) dqk_scratch_.assign(static_cast<size_t>(2 * cfg.kv_channels), 0.0f);
   build_parameter_table();
@@ -33,6 +35,64 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp) : cfg_(cfg), tp
   }
   weights_.assign(static_cast<size_t>(table_.total), 0.0f);
   grads_.assign(static_cast<size_t>(table_.total), 0.0f);
+  if (cfg.moe.num_experts > 0) {
+    namespace k = kernels::cpu;
+    const MoeConfig& m = cfg.moe;
+    moe_cfg_.hidden_size = cfg.hidden;
+    moe_cfg_.num_experts = m.num_experts;
+    moe_cfg_.topk = m.topk;
+    moe_cfg_.ffn_hidden_size = m.ffn;
+    moe_cfg_.shared_expert_intermediate_size = m.shared_ffn;
+    moe_cfg_.activation = cfg.activation == Activation::SwiGLU   ? k::MoeActivation::SwiGlu
+                          : cfg.activation == Activation::GeluErf ? k::MoeActivation::GeluErf
+                                                                  : k::MoeActivation::GeluTanh;
+    moe_cfg_.router.score_function = m.sigmoid ? k::MoeScoreFunction::Sigmoid : k::MoeScoreFunction::Softmax;
+    moe_cfg_.router.pre_softmax = m.pre_softmax;
+    if (m.topk_scaling_factor) moe_cfg_.router.topk_scaling_factor = static_cast<float>(*m.topk_scaling_factor);
+    moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
+    moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
+    moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
+    moe_states_.resize(static_cast<size_t>(cfg.num_layers));
+  }
+}
+
+GptModel::MoeLosses GptModel::last_moe_losses() const {
+  MoeLosses out;
+  const auto& m = cfg_.moe;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    if (!cfg_.is_moe_layer(l)) continue;
+    const auto& st = moe_states_[static_cast<size_t>(l)];
+    if (m.aux_loss_coeff > 0) out.aux += st.aux_loss / m.aux_loss_coeff;
+    if (m.seq_aux_loss_coeff > 0) out.seq_aux += st.seq_aux_loss / m.seq_aux_loss_coeff;
+    if (m.z_loss_coeff > 0) out.z += st.z_loss / m.z_loss_coeff;
+  }
+  return out;
+}
+
+int64_t GptModel::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) n += cfg_.is_moe_layer(l);
+  return n;
+}
+
+kernels::cpu::MoeLayerWeights GptModel::moe_weights(const LayerParams& L) {
+  kernels::cpu::MoeLayerWeights w;
+  w.router_weight = P(L.router_w);
+  w.fc1_weight = P(L.experts_fc1);
+  w.fc2_weight = P(L.experts_fc2);
+  w.shared_fc1_weight = L.shared_fc1 >= 0 ? P(L.shared_fc1) : nullptr;
+  w.shared_fc2_weight = L.shared_fc2 >= 0 ? P(L.shared_fc2) : nullptr;
+  return w;
+}
+
+kernels::cpu::MoeLayerGrads GptModel::moe_grads(const LayerParams& L) {
+  kernels::cpu::MoeLayerGrads g;
+  g.router_weight = G(L.router_w);
+  g.fc1_weight = G(L.experts_fc1);
+  g.fc2_weight = G(L.experts_fc2);
+  g.shared_fc1_weight = L.shared_fc1 >= 0 ? G(L.shared_fc1) : nullptr;
+  g.shared_fc2_weight = L.shared_fc2 >= 0 ? G(L.shared_fc2) : nullptr;
+  return g;
 }
 
 void GptModel::build_parameter_table() {
@@ -287,19 +347,24 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     // MLP block: x_out = x_mid + dropout(fc2(act(fc1(norm(x_mid)))) + b_fc2)
     norm_forward(c, o, P(L.ln2_w), opt(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), Tl);
     if (sp) gather_sequence(A(a.ln2));
-    k::linear_forward(A(a.ln2), P(L.fc1_w), opt(L.fc1_b), A(a.u), T, h, c.fc1_width());
-    if (c.activation == Activation::SwiGLU)
-      k::swiglu_forward(A(a.u), A(a.g), T, c.ffn);
-    else
-      k::gelu_forward(A(a.u), A(a.g), T * c.ffn, gelu_kind(c.activation));
-    if (sp) {
-      k::linear_forward(A(a.g), P(L.fc2_w), nullptr, x_out, T, c.ffn, h);
-      reduce_scatter_sequence(x_out);
-      if (L.fc2_b >= 0) add_bias(x_out, P(L.fc2_b), Tl, h);
-    } else if (tensor_parallel()) {
-      tp::row_parallel_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h, tp_);
+    if (cfg_.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
+      moe_cfg_.seq_length = mb.s;
+      k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)]);
     } else {
-      k::linear_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h);
+      k::linear_forward(A(a.ln2), P(L.fc1_w), opt(L.fc1_b), A(a.u), T, h, c.fc1_width());
+      if (c.activation == Activation::SwiGLU)
+        k::swiglu_forward(A(a.u), A(a.g), T, c.ffn);
+      else
+        k::gelu_forward(A(a.u), A(a.g), T * c.ffn, gelu_kind(c.activation));
+      if (sp) {
+        k::linear_forward(A(a.g), P(L.fc2_w), nullptr, x_out, T, c.ffn, h);
+        reduce_scatter_sequence(x_out);
+        if (L.fc2_b >= 0) add_bias(x_out, P(L.fc2_b), Tl, h);
+      } else if (tensor_parallel()) {
+        tp::row_parallel_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h, tp_);
+      } else {
+        k::linear_forward(A(a.g), P(L.fc2_w), opt(L.fc2_b), x_out, T, c.ffn, h);
+      }
     }
     if (drop) {
       hidden_dropout_mask(A(a.drop2), c.hidden_dropout, key.seed, site + "mlp." + call);
@@ -319,6 +384,10 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
 void GptModel::backward(const float* dloss) {
   const auto& c = lc_;
   if (b_ == 0) throw Error("GptModel::backward without a forward");
+  if (cfg_.moe.num_experts > 0) {  // a training step's forward: its MoE losses are logged
+    const MoeLosses last = last_moe_losses();
+    moe_losses_.aux += last.aux, moe_losses_.seq_aux += last.seq_aux, moe_losses_.z += last.z;
+  }
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * D, h});
   float* dwide = work_.data();          // [T, wide]: dqkv, du, dctx
@@ -360,13 +429,17 @@ void GptModel::backward(const float* dloss) {
     std::memcpy(dbranch, dx, sizeof(float) * Tl * h);
     if (drop) multiply(dbranch, A(a.drop2), Tl * h);
     if (sp) gather_sequence(dbranch);  // the whole sequence's: the bias gradient is whole too
-    k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), gopt(L.fc2_b), T, c.ffn, h);
-    if (c.activation == Activation::SwiGLU)
-      k::swiglu_backward(A(a.u), dg, dwide, T, c.ffn);
-    else
-      k::gelu_backward(A(a.u), dg, dwide, T * c.ffn, gelu_kind(c.activation));
-    k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), gopt(L.fc1_b), T, h,
-                       c.fc1_width());
+    if (cfg_.is_moe_layer(l)) {
+      k::moe_layer_backward(moe_cfg_, moe_weights(L), A(a.ln2), dbranch, dnorm, moe_grads(L), T,
+                            moe_states_[static_cast<size_t>(l)], moe_aux_loss_scale_);
+    } else {
+      k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), gopt(L.fc2_b), T, c.ffn, h);
+      if (c.activation == Activation::SwiGLU)
+        k::swiglu_backward(A(a.u), dg, dwide, T, c.ffn);
+      else
+        k::gelu_backward(A(a.u), dg, dwide, T * c.ffn, gelu_kind(c.activation));
+      k::linear_backward(A(a.ln2), P(L.fc1_w), dwide, dnorm, G(L.fc1_w), gopt(L.fc1_b), T, h, c.fc1_width());
+    }
     sum_input_grad(dnorm);
     norm_backward(c, dnorm, A(a.x_mid), P(L.ln2_w), A(a.ln2_mean), A(a.ln2_rstd), dtmp, G(L.ln2_w), gopt(L.ln2_b), Tl);
     k::add_inplace(dx, dtmp, Tl * h);  // dx = d(x_mid)

@@ -12,9 +12,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/process_group.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
@@ -70,7 +72,19 @@ class GptModel {
   // Per-token losses [b*s] (fp32, unmasked: the caller applies the loss mask).
   void forward(const MicroBatch& mb, const DropoutKey& key, float* losses);
   // d(sum_t dloss[t] * loss[t]) accumulated into grads(); call right after forward() of the same batch.
+  // MoE layers add their load-balancing and z losses' gradients, each scaled by the MoE aux-loss
+  // scale (Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches in training).
   void backward(const float* dloss);
+  void set_moe_aux_loss_scale(float scale) { moe_aux_loss_scale_ = scale; }
+  // Mixture of Experts: the load-balancing, sequence load-balancing and z losses, each divided by
+  // its coefficient (as Megatron logs them) and summed over the MoE layers: of the last forward,
+  // and of every forward that a backward followed (training) since the last take, which resets.
+  struct MoeLosses {
+    double aux = 0, seq_aux = 0, z = 0;
+  };
+  MoeLosses last_moe_losses() const;
+  MoeLosses take_moe_losses() { return std::exchange(moe_losses_, MoeLosses{}); }
+  int64_t num_moe_layers() const;
 
  private:
   using LayerParams = GptLayerOffsets;
@@ -121,6 +135,14 @@ class GptModel {
   std::vector<float> dqk_scratch_;         // tensor parallel: one micro-batch's q/k norm gradients
   kernels::cpu::RopeTable rope_;
   bool training_ = false;
+  // Mixture of Experts: the layer's shape and math, its weights and gradients in the table, and
+  // each MoE layer's saved state.
+  kernels::cpu::MoeLayerConfig moe_cfg_;
+  std::vector<kernels::cpu::MoeLayerState> moe_states_;  // per layer (empty for dense layers)
+  kernels::cpu::MoeLayerWeights moe_weights(const LayerParams& L);
+  kernels::cpu::MoeLayerGrads moe_grads(const LayerParams& L);
+  float moe_aux_loss_scale_ = 1.0f;
+  MoeLosses moe_losses_;
 };
 
 }  // namespace laoyao::model

@@ -54,6 +54,11 @@ class Engine {
   // reducing each part of the gradients as soon as it is final; all_reduce_grads(group, scale)
   // then reduces the rest and waits. An engine that cannot overlap ignores it.
   virtual void start_grad_sync(dist::ProcessGroup& /*group*/, double /*scale*/) {}
+  // Mixture of Experts: the gradient scale of the load-balancing and z losses (Megatron's
+  // MoEAuxLossAutoScaler: 1 / num_microbatches), and those losses over the training micro-batches
+  // since the last call (model::GptModel::take_moe_losses). Dense models: nothing.
+  virtual void set_moe_aux_loss_scale(double /*scale*/) {}
+  virtual model::GptModel::MoeLosses take_moe_losses() { return {}; }
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

@@ -18,6 +18,8 @@ class CpuEngine final : public Engine {
   std::string name() const override { return "cpu"; }
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }
+  void set_moe_aux_loss_scale(double scale) override { model_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
+  model::GptModel::MoeLosses take_moe_losses() override { return model_.take_moe_losses(); }
 
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     const int64_t T = mb.b * mb.s;

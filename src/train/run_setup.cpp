@@ -77,7 +77,68 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
                        " is outside " + std::to_string(lo) + ".." + std::to_string(g.num_layers) +
                        " (the layers of the model) for recompute_method " + *m.recompute_method);
   }
+  if (m.num_moe_experts && *m.num_moe_experts > 0) g.moe = moe_config(c, g);
   return g;
+}
+
+model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g) {
+  const auto& m = c.model;
+  model::MoeConfig moe;
+  moe.num_experts = *m.num_moe_experts;
+  // --moe-layer-freq: an int N (layer l is MoE iff l % N == 0) or one 0/1 per layer.
+  const config::Value& freq = m.moe_layer_freq;
+  moe.layers.assign(static_cast<size_t>(g.num_layers), false);
+  if (freq.kind == config::Value::Kind::Int) {
+    if (freq.i < 1) throw UsageError("model.moe_layer_freq (--moe-layer-freq) " + std::to_string(freq.i) +
+                                     " must be a positive integer or a list of 0/1 per layer");
+    for (int64_t l = 0; l < g.num_layers; ++l) moe.layers[l] = l % freq.i == 0;
+  } else if (freq.kind == config::Value::Kind::List) {
+    if (static_cast<int64_t>(freq.list.size()) != g.num_layers)
+      throw UsageError("model.moe_layer_freq (--moe-layer-freq) lists " + std::to_string(freq.list.size()) +
+                       " layers, the model has " + std::to_string(g.num_layers));
+    for (int64_t l = 0; l < g.num_layers; ++l) {
+      const config::Value& v = freq.list[static_cast<size_t>(l)];
+      if (v.kind != config::Value::Kind::Int || (v.i != 0 && v.i != 1))
+        throw UsageError("model.moe_layer_freq (--moe-layer-freq): every entry must be 0 or 1");
+      moe.layers[l] = v.i == 1;
+    }
+  } else {
+    throw UsageError("model.moe_layer_freq (--moe-layer-freq) must be an integer or a list of 0/1 per layer");
+  }
+  moe.ffn = m.moe_ffn_hidden_size.value_or(g.ffn);
+  moe.topk = m.moe_router_topk;
+  if (moe.topk < 1 || moe.topk > moe.num_experts)
+    throw UsageError("model.moe_router_topk (--moe-router-topk) " + std::to_string(moe.topk) + " must be 1.." +
+                     std::to_string(moe.num_experts) + " (the number of experts)");
+  if (m.moe_router_score_function != "softmax" && m.moe_router_score_function != "sigmoid")
+    throw UsageError("model.moe_router_score_function (--moe-router-score-function) '" + m.moe_router_score_function +
+                     "' is not supported yet (softmax, sigmoid)");
+  moe.sigmoid = m.moe_router_score_function == "sigmoid";
+  moe.pre_softmax = m.moe_router_pre_softmax;
+  if (m.moe_router_topk_scaling_factor && *m.moe_router_topk_scaling_factor != 0)
+    moe.topk_scaling_factor = *m.moe_router_topk_scaling_factor;
+  const std::string& balance = m.moe_router_load_balancing_type;
+  if (balance == "aux_loss")
+    moe.aux_loss_coeff = m.moe_aux_loss_coeff;
+  else if (balance == "seq_aux_loss")
+    moe.seq_aux_loss_coeff = m.moe_aux_loss_coeff;
+  else if (balance != "none")
+    throw UsageError("model.moe_router_load_balancing_type (--moe-router-load-balancing-type) '" + balance +
+                     "' is not supported yet (aux_loss, seq_aux_loss, none)");
+  moe.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
+  moe.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
+  if (g.add_bias_linear)
+    throw UsageError("Mixture-of-Experts layers with biases (add_bias_linear; --disable-bias-linear turns them off) "
+                     "are not supported yet");
+  if (m.moe_router_enable_expert_bias)
+    throw UsageError("model.moe_router_enable_expert_bias (--moe-router-enable-expert-bias, aux-loss-free balancing) is "
+                     "not supported yet");
+  if (m.moe_router_num_groups || m.moe_router_group_topk)
+    throw UsageError("group-limited routing (--moe-router-num-groups / --moe-router-group-topk) is not supported yet");
+  if (m.moe_expert_capacity_factor)
+    throw UsageError("model.moe_expert_capacity_factor (--moe-expert-capacity-factor, token dropping) is not supported "
+                     "yet: laoyao's MoE layers are dropless");
+  return moe;
 }
 
 optim::ParamSchedule param_schedule(const config::ConfigContainer& c) {
@@ -111,6 +172,17 @@ FlopShape flop_shape(const config::ConfigContainer& c, const config::Derived& d)
   f.kv_channels = m.kv_channels.value_or(0);
   f.gated_linear_unit = m.gated_linear_unit;
   f.padded_vocab_size = d.padded_vocab_size;
+  if (m.num_moe_experts && *m.num_moe_experts > 0) {
+    f.num_experts = *m.num_moe_experts;
+    f.moe_router_topk = m.moe_router_topk;
+    f.moe_ffn_hidden_size = m.moe_ffn_hidden_size.value_or(0);
+    f.moe_shared_expert_ffn_hidden_size = m.moe_shared_expert_intermediate_size.value_or(0);
+    if (m.moe_layer_freq.kind == config::Value::Kind::Int) {
+      f.moe_layer_freq = m.moe_layer_freq.i;
+    } else {
+      for (const auto& v : m.moe_layer_freq.list) f.moe_layer_pattern.push_back(static_cast<int>(v.i));
+    }
+  }
   return f;
 }
 

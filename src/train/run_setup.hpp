@@ -15,6 +15,9 @@ namespace laoyao::train {
 void load_tokenizer_vocab(config::ConfigContainer& c, config::Derived& d, config::FrontEnd fe);
 
 model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d);
+// The MoE part of model_config (model.num_moe_experts > 0; g: the dense part): UsageError naming
+// a setting laoyao's MoE layers do not support yet.
+model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g);
 optim::ParamSchedule param_schedule(const config::ConfigContainer& c);
 FlopShape flop_shape(const config::ConfigContainer& c, const config::Derived& d);
 

@@ -175,6 +175,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const int64_t train_iters = *c.train.train_iters;
   const int64_t gbs = *c.train.global_batch_size;
   const int64_t M = data.train_layout.num_microbatches;
+  engine->set_moe_aux_loss_scale(1.0 / static_cast<double>(M));
   const int64_t log_interval = c.logger.log_interval;
   const uint64_t seed = static_cast<uint64_t>(c.rng.seed);
   const bool dropout = c.model.hidden_dropout > 0 || c.model.attention_dropout > 0;
@@ -185,6 +186,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   int64_t iters_since_print = 0, total_nan = 0;
   double interval_loss = 0, interval_ms = 0;  // training time only: evaluation is not counted
   int64_t interval_iters = 0;
+  // Mixture of Experts: the load-balancing / z losses Megatron logs after the lm loss, summed over
+  // the interval's iterations (each iteration's: per layer and micro-batch loss / coeff, averaged
+  // over micro-batches, layers and data-parallel ranks).
+  model::GptModel::MoeLosses interval_moe;
+  const int64_t moe_layers = model.num_moe_layers();
 
   auto evaluate = [&](const data::SampleDataset* ds, int64_t& consumed_eval, int64_t iteration,
                       EvalSet set) -> double {
@@ -309,6 +315,13 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();
     }
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
+    if (moe_layers > 0) {
+      model::GptModel::MoeLosses moe = engine->take_moe_losses();
+      double v[3] = {moe.aux, moe.seq_aux, moe.z};
+      if (dp && dp_size > 1) dp->all_reduce_sum(v, 3);
+      const double per = 1.0 / (static_cast<double>(M) * static_cast<double>(moe_layers) * static_cast<double>(dp_size));
+      interval_moe.aux += v[0] * per, interval_moe.seq_aux += v[1] * per, interval_moe.z += v[2] * per;
+    }
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
     if (!finite && c.ddp.check_for_nan_in_grad)
       throw Error("NaN or Inf in the loss or the gradients at iteration " + std::to_string(iteration) +
@@ -354,6 +367,13 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       v.learning_rate = optim::lr_at(schedule, sched_n);  // the post-step value, as Megatron prints it
       v.global_batch_size = gbs;
       v.losses.push_back({"lm loss", interval_iters > 0 ? interval_loss / static_cast<double>(interval_iters) : NAN});
+      if (moe_layers > 0) {  // Megatron's MoE tracker keys, averaged over the interval like the loss
+        const double n = static_cast<double>(std::max<int64_t>(iters_since_print, 1));
+        const auto& m = model_cfg.moe;
+        if (m.aux_loss_coeff > 0) v.losses.push_back({"load_balancing_loss", interval_moe.aux / n});
+        if (m.seq_aux_loss_coeff > 0) v.losses.push_back({"seq_load_balancing_loss", interval_moe.seq_aux / n});
+        if (m.z_loss_coeff > 0) v.losses.push_back({"z_loss", interval_moe.z / n});
+      }
       // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.
       v.grad_norm = c.optimizer.clip_grad > 0 ? norm : 0.0;
       if (c.logger.log_num_zeros_in_grad) v.num_zeros = static_cast<double>(zeros);
@@ -376,6 +396,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                      {"nan_iterations", nan_iters}});
       if (!(first && opt.flavor == LogFlavor::kMegatronLM)) {
         interval_loss = 0, interval_iters = 0, skipped = 0, nan_iters = 0;
+        interval_moe = {};
         interval_ms = 0, iters_since_print = 0;
       }
     }

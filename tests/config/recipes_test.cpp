@@ -21,7 +21,7 @@ TEST(Recipes, AllAreRegisteredWithAliases) {
       "vanilla_gpt_pretrain_config", "llama32_1b_pretrain_config", "llama3_8b_pretrain_config",
       "qwen3_8b_pretrain_config",    "deepseek_v2_lite_pretrain_config", "llama32_1b_sft_config",
       "llama32_1b_peft_config",      "llama3_8b_sft_config",       "llama3_8b_peft_config",
-      "qwen3_8b_sft_config",         "qwen3_8b_peft_config"};
+      "qwen3_8b_sft_config",         "qwen3_8b_peft_config",       "moe_2b_pretrain_config"};
   for (auto& n : expected) EXPECT_EQ(find_recipe(n).name, n);
   EXPECT_EQ(find_recipe("llama32_1b_pretrain_1gpu_h100_bf16_config").name, "llama32_1b_pretrain_config");
   EXPECT_EQ(find_recipe("vanilla_gpt_pretrain_1gpu_h100_bf16_config").name, "vanilla_gpt_pretrain_config");
@@ -290,4 +290,28 @@ TEST(Recipes, EveryRecipeResolvesOnItsGpuCountOnceTheShapeIsGiven) {
     inv.overrides = o;
     EXPECT_NO_THROW(resolve_recipe(inv, world)) << r.name;
   }
+}
+
+// #9's flagship: a Qwen3-MoE-style model of about 2.2B parameters, about 0.6B of them active.
+TEST(Recipes, MoeFlagshipShape) {
+  Resolved r = run("moe_2b_pretrain_config", {});
+  const auto& m = r.cfg.model;
+  EXPECT_EQ(m.num_layers, 24);
+  EXPECT_EQ(m.hidden_size, 1024);
+  EXPECT_EQ(m.num_attention_heads, 16);
+  EXPECT_EQ(*m.num_query_groups, 4);
+  EXPECT_EQ(*m.kv_channels, 64);
+  EXPECT_TRUE(m.qk_layernorm);
+  EXPECT_EQ(m.normalization, "RMSNorm");
+  EXPECT_EQ(m.position_embedding_type, "rope");
+  EXPECT_FALSE(m.add_bias_linear);
+  EXPECT_FALSE(m.share_embeddings_and_output_weights);
+  EXPECT_EQ(*m.num_moe_experts, 64);
+  EXPECT_EQ(m.moe_router_topk, 8);
+  EXPECT_EQ(*m.moe_ffn_hidden_size, 384);
+  EXPECT_EQ(m.moe_router_score_function, "softmax");
+  EXPECT_EQ(m.moe_router_load_balancing_type, "aux_loss");
+  EXPECT_DOUBLE_EQ(m.moe_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(m.seq_length, 4096);
+  EXPECT_EQ(r.validated.derived.padded_vocab_size, 152064) << "Bridge's NullTokenizer: 151936 + 1, padded to 128";
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "finite_differences.hpp"
 #include "model/gpt_model.hpp"
 
 using namespace laoyao::model;
@@ -128,21 +129,7 @@ TEST(GptModel, BackwardMatchesFiniteDifferencesOfTheWholeModel) {
     m.zero_grads();
     m.backward(r.data());
     std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
-    for (const auto& p : m.table().specs) {
-      std::uniform_int_distribution<int64_t> pick(0, p.numel - 1);
-      for (int k = 0; k < 3; ++k) {
-        const int64_t i = p.offset + pick(rng);
-        const float keep = m.weights()[i];
-        const float eps = 1e-2f;
-        m.weights()[i] = keep + eps;
-        const double up = loss();
-        m.weights()[i] = keep - eps;
-        const double down = loss();
-        m.weights()[i] = keep;
-        const double fd = (up - down) / (2.0 * eps);
-        EXPECT_NEAR(analytic[i], fd, 3e-3 + 2e-2 * std::abs(fd)) << p.name << "[" << i - p.offset << "]";
-      }
-    }
+    test::expect_gradients_match_finite_differences(m, analytic, loss, rng);
   }
 }
 

@@ -27,7 +27,10 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_EQ(missing({"--position-embedding-type", "rope", "--qk-layernorm", "--normalization", "RMSNorm"}), "");
   EXPECT_NE(missing({"--position-embedding-type", "yarn"}).find("'yarn'"), std::string::npos);
   EXPECT_NE(missing({"--qk-layernorm"}).find("QK layernorm with LayerNorm"), std::string::npos);
-  EXPECT_NE(missing({"--num-experts", "8"}).find("Mixture-of-Experts"), std::string::npos);
+  // Mixture of Experts trains on one rank; expert parallelism is named.
+  EXPECT_EQ(missing({"--num-experts", "8"}), "");
+  EXPECT_NE(missing({"--num-experts", "8", "--expert-model-parallel-size", "2"}).find("expert parallelism"),
+            std::string::npos);
   EXPECT_NE(missing({"--ckpt-format", "zarr"}).find("'zarr'"), std::string::npos);
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
 }

@@ -1,10 +1,13 @@
-// The dense recipes, shrunk to two small layers, train on the CPU with their exact architecture
-// (RMSNorm, SwiGLU, GQA, RoPE with Llama 3 scaling, QK layernorm, tied or untied embeddings).
+// The dense recipes and the MoE flagship, shrunk to two small layers, train on the CPU with their
+// exact architecture (RMSNorm, SwiGLU, GQA, RoPE with Llama 3 scaling, QK layernorm, tied or untied
+// embeddings; the flagship's MoE layers with their router and aux loss).
 #include <gtest/gtest.h>
 
 #include <cstdio>
 
 #include "config/front_ends.hpp"
+#include "model/gpt_layout.hpp"
+#include "train/run_setup.hpp"
 #include "train/trainer.hpp"
 
 using namespace laoyao;
@@ -45,4 +48,29 @@ TEST(RecipeTraining, Llama3_8bShape) { expect_learns(train_recipe("llama3_8b_pre
 TEST(RecipeTraining, Qwen3_8bShape) {
   expect_learns(train_recipe("qwen3_8b_pretrain_config",
                              {"tokenizer.tokenizer_type=NullTokenizer", "tokenizer.tokenizer_model=null"}));
+}
+// The flagship's architecture (every layer MoE, softmax top-k router, aux loss 1e-3) with 8 experts
+// of 32, top-2.
+TEST(RecipeTraining, Moe2bShape) {
+  expect_learns(train_recipe("moe_2b_pretrain_config", {"model.num_moe_experts=8", "model.moe_router_topk=2",
+                                                        "model.moe_ffn_hidden_size=32"}));
+}
+
+// The flagship at its real size: about 2.2B parameters, about 0.6B active (each token's top-8 of
+// the 64 experts), counted from the model's own parameter table.
+TEST(RecipeTraining, Moe2bParameterCounts) {
+  config::RecipeInvocation inv;
+  inv.recipe = "moe_2b_pretrain_config";
+  inv.mode = "pretrain";
+  config::Resolved r = config::resolve_recipe(inv, 1);
+  const model::GptConfig g = train::model_config(r.cfg, r.validated.derived);
+  const model::GptParameterLayout layout = model::build_gpt_parameters(g);
+  int64_t experts = 0;  // every routed expert's parameters
+  for (const auto& p : layout.table.specs)
+    if (p.name.find(".mlp.experts.") != std::string::npos) experts += p.numel;
+  const int64_t total = layout.table.total;
+  const int64_t active = total - experts + experts / g.moe.num_experts * g.moe.topk;
+  EXPECT_NEAR(static_cast<double>(total), 2.2e9, 0.05e9) << total;
+  EXPECT_NEAR(static_cast<double>(active), 0.6e9, 0.05e9) << active;
+  EXPECT_EQ(experts, 24 * 64 * 3 * 384 * 1024);
 }

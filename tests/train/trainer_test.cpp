@@ -196,6 +196,53 @@ TEST(Trainer, FirstIterationLineDoesNotResetMegatronLmsInterval) {
   EXPECT_NE(blog.find("iteration        2/"), std::string::npos);
 }
 
+// A Mixture-of-Experts model (every layer MoE: 4 experts, top-2, aux loss) trains on the CPU: the
+// loss falls and each log line carries Megatron's load_balancing_loss after the lm loss (the aux
+// loss / its coefficient, about 1 for a balanced router).
+TEST(Trainer, MoeModelTrainsAndLogsTheLoadBalancingLoss) {
+  auto a = tiny_args(8, 1);
+  a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+                     "--moe-z-loss-coeff", "0.001", "--disable-bias-linear"});
+  std::string log;
+  auto s = run(config::resolve_mlm(a, 1), &log);
+  ASSERT_EQ(s.lm_loss.size(), 8u);
+  EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
+  const std::string line = log.substr(log.find("iteration        3/"));
+  const std::string first = line.substr(0, line.find('\n'));
+  const auto at = first.find("| load_balancing_loss: ");
+  ASSERT_NE(at, std::string::npos) << first;
+  EXPECT_LT(first.find("lm loss:"), at);
+  const double lb = std::stod(first.substr(at + 23));
+  EXPECT_GT(lb, 0.5);
+  EXPECT_LT(lb, 4.0);
+  EXPECT_NE(first.find("| z_loss: "), std::string::npos) << first;
+}
+
+// MoE settings laoyao's layers do not support yet are refused by name.
+TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--moe-expert-capacity-factor", "1.0"}, "moe_expert_capacity_factor"},
+      {{"--moe-router-load-balancing-type", "sinkhorn"}, "'sinkhorn'"},
+      {{"--moe-router-score-function", "sqrtsoftplus"}, "'sqrtsoftplus'"},
+      {{"--moe-router-topk", "5"}, "moe_router_topk"},
+      {{"--moe-layer-freq", "[1,0,1]"}, "lists 3 layers"},
+  };
+  for (const auto& [extra, want] : refused) {
+    auto a = tiny_args(2, 1);
+    a.insert(a.end(), {"--num-experts", "4", "--disable-bias-linear"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    try {
+      run(config::resolve_mlm(a, 1));
+      ADD_FAILURE() << "accepted: " << extra[0];
+    } catch (const laoyao::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  auto biased = tiny_args(2, 1);
+  biased.insert(biased.end(), {"--num-experts", "4"});
+  EXPECT_THROW(run(config::resolve_mlm(biased, 1)), laoyao::UsageError) << "MoE experts with biases";
+}
+
 TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
   auto args = tiny_args(10, 1);
   args.insert(args.end(), {"--exit-interval", "3"});

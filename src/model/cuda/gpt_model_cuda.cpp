@@ -32,6 +32,7 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
+  if (c.moe.num_experts > 0) missing.push_back("Mixture-of-Experts layers");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +

@@ -1,0 +1,124 @@
+// Mixture-of-Experts layers in the GPT model (Megatron-Core's MoELayer in place of the MLP): the
+// parameters under Megatron-Core's names, and the backward against finite differences of the lm
+// loss plus the MoE losses (load-balancing, sequence load-balancing, z) they add.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "finite_differences.hpp"
+#include "model/gpt_model.hpp"
+
+using namespace laoyao::model;
+
+namespace {
+
+// A small Llama-style model whose first layer is an MoE layer with a shared expert.
+GptConfig moe_config() {
+  GptConfig c;
+  c.num_layers = 2, c.hidden = 8, c.heads = 2, c.query_groups = 2, c.kv_channels = 4, c.ffn = 12;
+  c.vocab = 11, c.max_positions = 6, c.init_std = 0.4, c.embedding_init_std = 0.4;
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.add_bias_linear = false, c.add_qkv_bias = false;
+  c.tied_embeddings = false, c.positions = Positions::Rope;
+  c.moe.num_experts = 4, c.moe.layers = {true, false}, c.moe.ffn = 6, c.moe.topk = 2, c.moe.shared_ffn = 5;
+  c.moe.aux_loss_coeff = 0.1, c.moe.z_loss_coeff = 0.01;
+  return c;
+}
+
+}  // namespace
+
+TEST(GptMoe, ParametersFollowMegatronCoresNames) {
+  GptModel m(moe_config());
+  const ParameterTable& t = m.table();
+  const ParamSpec* router = t.find("decoder.layers.0.mlp.router.weight");
+  ASSERT_NE(router, nullptr);
+  EXPECT_EQ(router->shape, (std::vector<int64_t>{4, 8}));
+  for (int e = 0; e < 4; ++e) {
+    const std::string p = "decoder.layers.0.mlp.experts.local_experts." + std::to_string(e) + ".";
+    ASSERT_NE(t.find(p + "linear_fc1.weight"), nullptr) << p;
+    EXPECT_EQ(t.find(p + "linear_fc1.weight")->shape, (std::vector<int64_t>{12, 8})) << "SwiGLU: gate and up";
+    EXPECT_EQ(t.find(p + "linear_fc2.weight")->shape, (std::vector<int64_t>{8, 6}));
+    EXPECT_DOUBLE_EQ(t.find(p + "linear_fc2.weight")->std, 0.4 / 2.0) << "an output layer: std / sqrt(2L)";
+  }
+  EXPECT_EQ(t.find("decoder.layers.0.mlp.shared_experts.linear_fc1.weight")->shape, (std::vector<int64_t>{10, 8}));
+  EXPECT_EQ(t.find("decoder.layers.0.mlp.shared_experts.linear_fc2.weight")->shape, (std::vector<int64_t>{8, 5}));
+  EXPECT_EQ(t.find("decoder.layers.0.mlp.linear_fc1.weight"), nullptr) << "no dense MLP in an MoE layer";
+  EXPECT_NE(t.find("decoder.layers.1.mlp.linear_fc1.weight"), nullptr) << "layer 1 is dense";
+  EXPECT_EQ(t.find("decoder.layers.1.mlp.router.weight"), nullptr);
+  EXPECT_EQ(m.num_moe_layers(), 1);
+  // The experts' linear_fc1 lie together, then their linear_fc2 (the layer op's grouped layout).
+  EXPECT_EQ(t.find("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight")->offset,
+            t.find("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight")->offset + 12 * 8);
+  // A dense model of the same shape has none of these and the same non-MLP parameters.
+  GptConfig dense = moe_config();
+  dense.moe = {};
+  EXPECT_EQ(GptModel(dense).table().find("decoder.layers.0.mlp.router.weight"), nullptr);
+}
+
+// d(sum_t r_t * loss_t + sum of coeff * MoE loss)/d(param) by central differences of the fp32
+// forward, against backward() with the MoE aux-loss scale 1, for every parameter tensor.
+TEST(GptMoe, BackwardMatchesFiniteDifferencesOfLossAndMoeLosses) {
+  for (const bool seq_aux : {false, true}) {
+    SCOPED_TRACE(seq_aux ? "seq_aux_loss" : "aux_loss");
+    GptConfig c = moe_config();
+    if (seq_aux) c.moe.seq_aux_loss_coeff = c.moe.aux_loss_coeff, c.moe.aux_loss_coeff = 0, c.moe.sigmoid = true;
+    GptModel m(c);
+    init_parameters(m.table(), m.weights(), 7, false);
+    std::mt19937 rng(13);
+    std::normal_distribution<float> N(0.0f, 0.3f);
+    for (const auto& p : m.table().specs)
+      if (p.init != Init::Normal)
+        for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] += N(rng);
+    const int64_t b = 2, s = 5, T = b * s;
+    std::vector<int64_t> tokens(T), labels(T), positions(T);
+    std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
+    for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
+    std::vector<float> r(T), losses(T);
+    for (auto& x : r) x = std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
+    const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+    const DropoutKey key{99, 5, false};
+    auto objective = [&] {
+      m.forward(mb, key, losses.data());
+      double L = 0;
+      for (int64_t t = 0; t < T; ++t) L += static_cast<double>(r[t]) * losses[t];
+      const GptModel::MoeLosses moe = m.last_moe_losses();  // each / its coefficient
+      return L + c.moe.aux_loss_coeff * moe.aux + c.moe.seq_aux_loss_coeff * moe.seq_aux + c.moe.z_loss_coeff * moe.z;
+    };
+    const double at = objective();
+    EXPECT_GT(at, 0.0);
+    m.zero_grads();
+    m.backward(r.data());
+    std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
+    test::expect_gradients_match_finite_differences(m, analytic, objective, rng);
+  }
+}
+
+// The MoE losses are logged for training steps only (a forward a backward follows), each divided
+// by its coefficient: with four experts chosen two at a time a balanced router gives about 1
+// (Megatron's aux / coeff).
+TEST(GptMoe, MoeLossesAreReportedForTrainingStepsOnly) {
+  GptConfig c = moe_config();
+  GptModel m(c);
+  init_parameters(m.table(), m.weights(), 3, false);
+  const int64_t b = 1, s = 6;
+  std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 6}, labels = {2, 3, 4, 5, 6, 7}, positions = {0, 1, 2, 3, 4, 5};
+  std::vector<float> losses(b * s), dloss(b * s, 1.0f / 6);
+  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  m.forward(mb, {1, 1, false}, losses.data());
+  const GptModel::MoeLosses eval = m.last_moe_losses();
+  EXPECT_GT(eval.aux, 0.5);
+  EXPECT_LT(eval.aux, 4.0);
+  EXPECT_GT(eval.z, 0.0);
+  EXPECT_EQ(eval.seq_aux, 0.0);
+  EXPECT_EQ(m.take_moe_losses().aux, 0.0) << "an evaluation forward is not counted";
+  for (int step = 0; step < 2; ++step) {
+    m.forward(mb, {1, 1, false}, losses.data());
+    m.backward(dloss.data());
+  }
+  const GptModel::MoeLosses two = m.take_moe_losses();
+  EXPECT_NEAR(two.aux, 2 * eval.aux, 1e-9 * two.aux) << "the same micro-batch twice";
+  EXPECT_NEAR(two.z, 2 * eval.z, 1e-9 * two.z);
+  EXPECT_EQ(m.take_moe_losses().aux, 0.0) << "take resets";
+}
