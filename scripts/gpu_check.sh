@@ -40,6 +40,8 @@ case "${1:-}" in
     [ -n "$parts" ] || parts="doctor tests parity parity_llama parity_fused attention gemm profile bench"
     summary=()
     note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
+    # The last "elapsed time per iteration (ms)" of a training log.
+    ms() { grep 'elapsed time per iteration' "$1" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p'; }
     # parity_run NAME LABEL MODEL-FLAGS...: the config on the CPU and on the GPU, then compare-logs.
     parity_run() {
       local name=$1 label=$2
@@ -130,7 +132,6 @@ case "${1:-}" in
             --global-batch-size 2 > "$OUT/dp2_llama.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
             --global-batch-size 2 --overlap-grad-reduce > "$OUT/dp2_overlap_llama.log" 2>&1
-          ms() { grep 'elapsed time per iteration' "$1" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p'; }
           ms1=$(ms "$OUT/dp1_llama.log"); ms2=$(ms "$OUT/dp2_llama.log"); ms3=$(ms "$OUT/dp2_overlap_llama.log")
           note "Llama-3.2-1B s8k: DP=1 ${ms1:-?} ms/step (1 x 8192 tokens), DP=2 ${ms2:-?} ms/step (2 x 8192): $(python3 -c "print(f'{2*$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           note "  DP=2 --overlap-grad-reduce ${ms3:-?} ms/step: $(python3 -c "print(f'{2*$ms1/$ms3:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
@@ -187,8 +188,7 @@ case "${1:-}" in
           LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" > "$OUT/tp1_llama.log" 2>&1
           LAOYAO_DEVICE=cuda "${L2[@]}" pretrain-gpt "${tput[@]}" --tensor-model-parallel-size 2 \
             --sequence-parallel > "$OUT/tp2_llama.log" 2>&1
-          ms1=$(grep 'elapsed time per iteration' "$OUT/tp1_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
-          ms2=$(grep 'elapsed time per iteration' "$OUT/tp2_llama.log" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p')
+          ms1=$(ms "$OUT/tp1_llama.log"); ms2=$(ms "$OUT/tp2_llama.log")
           note "Llama-3.2-1B s8k, 1 x 8192 tokens a step: TP=1 ${ms1:-?} ms/step, TP=2+SP ${ms2:-?} ms/step: $(python3 -c "print(f'{$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           ;;
         attention)

@@ -18,15 +18,13 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                   "model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
-  // Mixture of Experts trains on one rank's CPU backend (dense-parallel layouts and expert
-  // parallelism are not built for it yet; model_config names unsupported MoE settings).
+  // Mixture of Experts trains on the CPU backend, data-parallel (expert and tensor parallelism are
+  // not built for it yet; model_config names unsupported MoE settings).
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
     if (m.expert_model_parallel_size > 1)
       out.push_back("expert parallelism (model.expert_model_parallel_size > 1)");
     if (m.tensor_model_parallel_size > 1)
       out.push_back("Mixture-of-Experts layers with tensor parallelism (model.tensor_model_parallel_size > 1)");
-    if (world_size > 1 && m.tensor_model_parallel_size == 1)
-      out.push_back("Mixture-of-Experts layers over several ranks (world size " + std::to_string(world_size) + ")");
   }
   if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
   if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&

@@ -567,6 +567,16 @@ std::string local_spec_name(const std::string& name) {
     if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
       return name.substr(0, name.size() - suffix.size()) + local;
   }
+  // TEGroupedMLP (--moe-grouped-gemm) keeps expert E's weights as `experts.linear_fc1.weightE`;
+  // SequentialMLP (the local spec, laoyao's names) as `experts.local_experts.E.linear_fc1.weight`.
+  for (const char* fc : {"linear_fc1", "linear_fc2"}) {
+    const std::string grouped = std::string("mlp.experts.") + fc + ".weight";
+    const size_t at = name.rfind(grouped);
+    if (at == std::string::npos || at + grouped.size() == name.size()) continue;
+    const std::string expert = name.substr(at + grouped.size());
+    if (expert.find_first_not_of("0123456789") != std::string::npos) continue;
+    return name.substr(0, at) + "mlp.experts.local_experts." + expert + "." + fc + ".weight";
+  }
   return name;
 }
 

@@ -127,7 +127,9 @@ void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape
 // expected are refused (naming them) unless allow_unexpected, and then listed in `ignored`;
 // Transformer Engine's "*._extra_state" entries are always skipped.
 // Megatron-Core names under the Transformer Engine spec (`...linear_qkv.layer_norm_weight`, ...)
-// are read as the local spec's (`...input_layernorm.weight`, ...); other names are unchanged.
+// are read as the local spec's (`...input_layernorm.weight`, ...), and grouped MoE experts'
+// (`...mlp.experts.linear_fc1.weight3`) as SequentialMLP's (`...mlp.experts.local_experts.3.
+// linear_fc1.weight`); other names are unchanged.
 std::string local_spec_name(const std::string& name);
 
 struct PretrainedWeights {

@@ -136,6 +136,34 @@ TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
   EXPECT_NEAR(tail[1], want[4], 1e-5 * want[4]) << "iteration 4 after the resume";
 }
 
+// An MoE model over two data-parallel CPU ranks prints the single rank's losses, load-balancing
+// loss included (averaged over the ranks as Megatron does).
+TEST(Launch, DataParallelCpuRanksTrainAnMoeModelAsOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_moe");
+  const std::vector<std::string> one = tiny_run({"--train-iters", "3", "--num-experts", "4", "--moe-router-topk", "2",
+                                                 "--moe-aux-loss-coeff", "0.01", "--disable-bias-linear"});
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  std::vector<std::string> dp = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+  dp.insert(dp.end(), one.begin(), one.end());
+  const auto two = run_laoyao(dp, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(two.status, 0) << two.output;
+  const auto want = losses_in(single.output), got = losses_in(two.output);
+  ASSERT_EQ(got.size(), want.size()) << two.output;
+  ASSERT_FALSE(want.empty());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << "value " << i;
+  auto balance = [](const std::string& log) {
+    std::vector<double> out;
+    for (size_t at = 0; (at = log.find("load_balancing_loss: ", at)) != std::string::npos; at += 21)
+      out.push_back(std::stod(log.substr(at + 21)));
+    return out;
+  };
+  const auto lb1 = balance(single.output), lb2 = balance(two.output);
+  ASSERT_EQ(lb1.size(), 3u) << single.output;
+  ASSERT_EQ(lb2.size(), lb1.size()) << two.output;
+  for (size_t i = 0; i < lb1.size(); ++i) EXPECT_NEAR(lb2[i], lb1[i], 1e-5 * lb1[i]) << "iteration " << i + 1;
+}
+
 // SIGTERM to the launcher (a scheduler's stop, Ctrl-C's sibling) stops every rank promptly.
 TEST(Launch, ASignalToTheLauncherStopsTheRanks) {
   const auto start = std::chrono::steady_clock::now();

@@ -24,8 +24,17 @@ inline std::string shell_word(const std::string& s) {
 
 inline RunResult run_laoyao(const std::vector<std::string>& args, const std::string& cwd = ".",
                             const std::string& env = "") {
-  std::string cmd = "cd " + shell_word(cwd) + " && " + env + " " + shell_word(LAOYAO_BINARY);
-  for (const auto& a : args) cmd += " " + shell_word(a);
+  // Appended piece by piece: GCC 12 misreads `"literal" + std::string&&` as an overlapping copy.
+  std::string cmd = "cd ";
+  cmd += shell_word(cwd);
+  cmd += " && ";
+  cmd += env;
+  cmd += " ";
+  cmd += shell_word(LAOYAO_BINARY);
+  for (const auto& a : args) {
+    cmd += " ";
+    cmd += shell_word(a);
+  }
   cmd += " 2>&1";
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");

@@ -462,6 +462,15 @@ TEST_F(Checkpoint, PretrainedAcceptsTransformerEngineNormNames) {
             "decoder.layers.3.input_layernorm.weight");
   EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.linear_fc1.layer_norm_bias"), "decoder.layers.0.pre_mlp_layernorm.bias");
   EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.linear_fc1.weight"), "decoder.layers.0.mlp.linear_fc1.weight");
+  // Grouped MoE experts (TEGroupedMLP) load as SequentialMLP's.
+  EXPECT_EQ(local_spec_name("decoder.layers.5.mlp.experts.linear_fc1.weight12"),
+            "decoder.layers.5.mlp.experts.local_experts.12.linear_fc1.weight");
+  EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.experts.linear_fc2.weight0"),
+            "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.weight");
+  EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"),
+            "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight");
+  EXPECT_EQ(local_spec_name("decoder.layers.0.mlp.experts.linear_fc1.weightx"),
+            "decoder.layers.0.mlp.experts.linear_fc1.weightx") << "not an expert index: left as it is";
   const std::string te = (dir_ / "te").string();
   fs::create_directories(te);
   const std::vector<float> gamma = {1.0f, 2.0f, 3.0f, 4.0f}, beta = {0.5f, 0.25f, 0.0f, -1.0f};
