@@ -69,6 +69,14 @@ GptModel::MoeLosses GptModel::last_moe_losses() const {
   return out;
 }
 
+int64_t GptModel::num_active_parameters() const {
+  if (cfg_.moe.num_experts <= 0) return num_parameters();
+  int64_t routed = 0;
+  for (const auto& p : table_.specs)
+    if (p.name.find(".mlp.experts.") != std::string::npos) routed += p.numel;
+  return num_parameters() - routed + routed / cfg_.moe.num_experts * cfg_.moe.topk;
+}
+
 int64_t GptModel::num_moe_layers() const {
   int64_t n = 0;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) n += cfg_.is_moe_layer(l);

@@ -85,6 +85,9 @@ class GptModel {
   MoeLosses last_moe_losses() const;
   MoeLosses take_moe_losses() { return std::exchange(moe_losses_, MoeLosses{}); }
   int64_t num_moe_layers() const;
+  // The parameters one token uses: all but the routed experts', and topk / num_experts of those
+  // (the shared experts and the routers whole); num_parameters() for a dense model.
+  int64_t num_active_parameters() const;
 
  private:
   using LayerParams = GptLayerOffsets;

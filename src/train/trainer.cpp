@@ -149,6 +149,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   }
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
              std::to_string(model.tp_rank()) + ", 0, 0): " + std::to_string(model.num_parameters()));
+  if (model.num_moe_layers() > 0)
+    print_line("laoyao: Mixture of Experts: " + std::to_string(model.num_parameters()) + " parameters, " +
+               std::to_string(model.num_active_parameters()) + " active per token (top-" +
+               std::to_string(model_cfg.moe.topk) + " of " + std::to_string(model_cfg.moe.num_experts) +
+               " routed experts; routers, shared experts and the rest whole)");
 
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});

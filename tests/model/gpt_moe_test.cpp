@@ -48,6 +48,8 @@ TEST(GptMoe, ParametersFollowMegatronCoresNames) {
   EXPECT_NE(t.find("decoder.layers.1.mlp.linear_fc1.weight"), nullptr) << "layer 1 is dense";
   EXPECT_EQ(t.find("decoder.layers.1.mlp.router.weight"), nullptr);
   EXPECT_EQ(m.num_moe_layers(), 1);
+  // Active per token: all but the 4 routed experts (12 x 8 + 8 x 6 each), and 2 of those.
+  EXPECT_EQ(m.num_active_parameters(), m.num_parameters() - 4 * (12 * 8 + 8 * 6) + 2 * (12 * 8 + 8 * 6));
   // The experts' linear_fc1 lie together, then their linear_fc2 (the layer op's grouped layout).
   EXPECT_EQ(t.find("decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight")->offset,
             t.find("decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight")->offset + 12 * 8);

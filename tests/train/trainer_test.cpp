@@ -216,6 +216,8 @@ TEST(Trainer, MoeModelTrainsAndLogsTheLoadBalancingLoss) {
   EXPECT_GT(lb, 0.5);
   EXPECT_LT(lb, 4.0);
   EXPECT_NE(first.find("| z_loss: "), std::string::npos) << first;
+  EXPECT_NE(log.find("laoyao: Mixture of Experts: "), std::string::npos) << "the active-parameter count";
+  EXPECT_NE(log.find(" active per token (top-2 of 4 routed experts"), std::string::npos);
 }
 
 // MoE settings laoyao's layers do not support yet are refused by name.
