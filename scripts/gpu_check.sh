@@ -66,13 +66,18 @@ case "${1:-}" in
           timeout 900 "$C/laoyao_tests_model_cuda" --gtest_filter='-NcclTimeout.*' > "$OUT/gpu_tests.txt" 2>&1
           rc=$?
           note "gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
+          # The two-GPU tensor-parallel tests three more times (one failed once, its message lost): skipped on one GPU.
+          timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaGptModelTp.*' --gtest_repeat=3 \
+            > "$OUT/gpu_tests_tp_repeat.txt" 2>&1
+          note "tensor-parallel GPU tests x3: exit $?, $(grep -c '^\[       OK \]' "$OUT/gpu_tests_tp_repeat.txt") OK, \
+$(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILED lines"
           timeout 120 "$C/laoyao_tests_model_cuda" --gtest_filter='NcclTimeout.*' > "$OUT/gpu_tests_nccl_timeout.txt" 2>&1
           rc=$?
           note "nccl timeout test: exit $rc (124: it hung), $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' \
             "$OUT/gpu_tests_nccl_timeout.txt" | tr '\n' ' ')"
           # What failed, in the failing tests' own words (the log itself may not come back).
           while read -r line; do note "  $line"; done < <(grep -h -E -A6 '(Failure|error:)' "$OUT/gpu_tests.txt" \
-            "$OUT/gpu_tests_nccl_timeout.txt" | head -40)
+            "$OUT/gpu_tests_tp_repeat.txt" "$OUT/gpu_tests_nccl_timeout.txt" | head -40)
           ;;
         parity)
           # A small GPT (dropout on) trained on the CPU and on the GPU from the same initial
