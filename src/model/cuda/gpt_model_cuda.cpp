@@ -271,6 +271,20 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   head_ranges_.push_back({head_begin, sync_ranges_.size()});
   for (int64_t l = 0; l < lc_.num_layers; ++l) layer_ranges_.push_back(group("decoder.layers." + std::to_string(l) + "."));
 
+  // What finalize_grads sums over the tensor-parallel group: the QK norms serve every head, each
+  // rank's heads gave a part; under SP each rank's rows gave a part of every norm's gradient.
+  if (tensor_parallel()) {
+    auto sum = [&](int64_t off, int64_t n) {
+      if (off >= 0) tp_summed_.push_back({off, n});
+    };
+    const int64_t D = lc_.kv_channels;
+    for (const auto& L : layout_.layers) {
+      sum(L.q_norm, D), sum(L.k_norm, D);
+      if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
+    }
+    if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
+  }
+
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way.
   graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel();
@@ -445,18 +459,8 @@ CudaGptModel::bf16* CudaGptModel::sum_input_grad() {
 }
 
 void CudaGptModel::finalize_grads() {
-  if (!tensor_parallel()) return;
-  // The QK norms serve every head, each rank's heads gave a part; under SP each rank's rows gave a
-  // part of every norm's gradient.
-  std::vector<std::pair<int64_t, int64_t>> parts;  // (offset, size)
-  const int64_t h = lc_.hidden, D = lc_.kv_channels;
-  for (const auto& L : layout_.layers) {
-    parts.insert(parts.end(), {{L.q_norm, D}, {L.k_norm, D}});
-    if (sp_) parts.insert(parts.end(), {{L.ln1_w, h}, {L.ln1_b, h}, {L.ln2_w, h}, {L.ln2_b, h}});
-  }
-  if (sp_) parts.insert(parts.end(), {{layout_.final_w, h}, {layout_.final_b, h}});
-  for (const auto& [off, n] : parts)
-    if (off >= 0) tp_->all_reduce_device(G(off), static_cast<size_t>(n), dist::DeviceType::F32, stream_);
+  for (const auto& r : tp_summed_)
+    tp_->all_reduce_device(G(r.offset), static_cast<size_t>(r.count), dist::DeviceType::F32, stream_);
 }
 
 void CudaGptModel::linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,

@@ -203,6 +203,7 @@ class CudaGptModel {
   bf16 *sp_local_ = nullptr, *sp_staging_ = nullptr;
   float *ce_stats_ = nullptr, *ce_gathered_ = nullptr;
   kernels::cuda::DeviceBuffer counted_;
+  std::vector<Range> tp_summed_;  // the gradients finalize_grads sums over the TP group
   void* emb_scratch_ = nullptr;
   size_t emb_scratch_bytes_ = 0;
   // The micro-batch inputs, one contiguous device span (tokens, labels, positions, mask, dloss)
