@@ -285,10 +285,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   float* x = sp ? sp_full_.data() : x_kept;
   const tp::Shard vocab{tp_rank_ * c.vocab, c.vocab};  // this rank's vocabulary rows
   if (tensor_parallel()) {
-    for (int64_t t = 0; t < T; ++t)
-      if (mb.tokens[t] < 0 || mb.tokens[t] >= cfg_.vocab)
-        throw Error("GptModel: token id " + std::to_string(mb.tokens[t]) + " outside the vocabulary of " +
-                    std::to_string(cfg_.vocab));
+    check_token_ids(mb.tokens, T, cfg_.vocab, "GptModel");
     tp::vocab_parallel_embedding_forward(mb.tokens, P(word_emb_), x, T, h, vocab, tp_);
   } else {
     k::embedding_forward(mb.tokens, P(word_emb_), x, T, h, c.vocab, false);

@@ -61,6 +61,13 @@ TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
   return TpSplit::Replicated;
 }
 
+void check_token_ids(const int64_t* tokens, int64_t T, int64_t vocab, const char* who) {
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[t] < 0 || tokens[t] >= vocab)
+      throw Error(std::string(who) + ": token id " + std::to_string(tokens[t]) + " outside the vocabulary of " +
+                  std::to_string(vocab));
+}
+
 GptConfig tp_local_config(const GptConfig& full, int64_t tp) {
   if (tp < 1) throw UsageError("the tensor-parallel size must be positive");
   auto check = [&](int64_t n, const char* what) {

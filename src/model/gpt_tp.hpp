@@ -20,6 +20,10 @@ enum class TpSplit { Replicated, Rows, Cols, SwigluRows };
 // How Megatron-Core splits the parameter called `name` (a GPT model's Megatron-Core name).
 TpSplit tp_split_of(const std::string& name, const GptConfig& full);
 
+// A vocabulary shard looks up zeros for another shard's ids, so an id outside every shard would
+// pass unseen: an Error naming it (`who`: the model) for any of tokens[0, T) outside [0, vocab).
+void check_token_ids(const int64_t* tokens, int64_t T, int64_t vocab, const char* who);
+
 // The per-rank shape of `full`: heads, query groups, ffn and vocabulary divided by tp. A UsageError
 // naming the setting when one does not divide (Megatron refuses those too).
 GptConfig tp_local_config(const GptConfig& full, int64_t tp);

@@ -518,13 +518,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   rows_ = sp_ ? b_ * s_ / tp_size_ : b_ * s_;
   key_ = key;
   const int64_t T = b_ * s_;
-  // A vocabulary shard looks up zeros for another shard's ids: one outside every shard would pass
-  // unseen, so it is caught here.
-  if (tensor_parallel())
-    for (int64_t t = 0; t < T; ++t)
-      if (mb.tokens[t] < 0 || mb.tokens[t] >= cfg_.vocab)
-        throw Error("CudaGptModel: token id " + std::to_string(mb.tokens[t]) + " outside the vocabulary of " +
-                    std::to_string(cfg_.vocab));
+  if (tensor_parallel()) check_token_ids(mb.tokens, T, cfg_.vocab, "CudaGptModel");
   // Stage every input of the micro-batch in a pinned slot laid out as the device span, then one copy.
   const int slot = next_slot_;
   next_slot_ ^= 1;
