@@ -47,6 +47,11 @@ struct DeviceBuffer {
   void upload(const void* host, size_t n) const {
     if (n > bytes) throw Error("DeviceBuffer::upload: " + std::to_string(n) + " bytes into " + std::to_string(bytes));
     LAOYAO_CUDA_CHECK(cudaMemcpy(ptr, host, n, cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy returns once the bytes are staged, before the DMA into the
+    // buffer ends; the legacy stream it ran on does not order our non-blocking streams, so a
+    // kernel launched next could read the old contents (it did: parts of a weight upload, now and
+    // then, in a two-GPU test). Wait for the copy itself.
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
   void download(void* host, size_t n) const {
     if (n > bytes) throw Error("DeviceBuffer::download: " + std::to_string(n) + " bytes from " + std::to_string(bytes));

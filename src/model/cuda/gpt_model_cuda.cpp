@@ -116,11 +116,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     rp.rope_scaling_factor = cfg.rope_scaling_factor;
     rp.seq_len_interpolation_factor = cfg.seq_len_interpolation_factor;
     const kernels::cpu::RopeTable table = kernels::cpu::rope_table(cfg.kv_channels, cfg.max_positions, rp);
-    rope_table_ = kc::DeviceBuffer(sizeof(float) * (table.cos.size() + table.sin.size()));
-    LAOYAO_CUDA_CHECK(cudaMemcpy(rope_table_.ptr, table.cos.data(), sizeof(float) * table.cos.size(),
-                                 cudaMemcpyHostToDevice));
-    LAOYAO_CUDA_CHECK(cudaMemcpy(rope_table_.as<float>() + table.cos.size(), table.sin.data(),
-                                 sizeof(float) * table.sin.size(), cudaMemcpyHostToDevice));
+    std::vector<float> cos_sin = table.cos;
+    cos_sin.insert(cos_sin.end(), table.sin.begin(), table.sin.end());
+    rope_table_ = kc::DeviceBuffer(sizeof(float) * cos_sin.size());
+    rope_table_.upload(cos_sin.data(), rope_table_.bytes);
     rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + table.cos.size(), table.rot_dim, table.max_positions};
   }
   const int64_t N = num_parameters(), buffer = std::max(N, buffer_elems);
@@ -128,9 +127,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   grads_ = kc::DeviceBuffer(sizeof(float) * buffer);
   params_ = kc::DeviceBuffer(sizeof(bf16) * buffer);
   loss_acc_ = kc::DeviceBuffer(2 * sizeof(double));
-  LAOYAO_CUDA_CHECK(cudaMemset(loss_acc_.ptr, 0, loss_acc_.bytes));
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, loss_acc_.bytes, stream_));
   zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);
-  LAOYAO_CUDA_CHECK(cudaMemset(zero_bias_.ptr, 0, zero_bias_.bytes));  // bf16 zero is all-zero bits
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
   if (tensor_parallel()) {  // the norms count a replicated tensor once over the group: on rank 0
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
