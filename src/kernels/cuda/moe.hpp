@@ -1,0 +1,99 @@
+// GPU ops of Megatron-Core's Mixture-of-Experts layer (dropless, EP = 1), each the CPU reference's
+// (kernels/cpu/moe.hpp) on bf16 activations, with the router's math in fp32. Nothing here
+// synchronises with the host: the per-expert token counts and the permutation stay on the device,
+// and the grouped expert GEMMs (grouped_gemm.hpp) read the offsets from there. Dropless routing
+// gives exactly N = T*k permuted rows, so every buffer size is known on the host.
+//
+// Indices are int32 on the device (T*k < 2^31 is checked by the callers' sizes).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace laoyao::kernels::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// The router kernels hold a token's E scores in one warp's registers.
+constexpr int64_t kMoeMaxExperts = 512;
+
+struct MoeRouterSpec {
+  int64_t num_experts = 0;  // E
+  int64_t topk = 0;         // k, 1 <= k <= E
+  bool sigmoid = false;     // --moe-router-score-function sigmoid (else softmax)
+  bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
+  float topk_scaling_factor = 0.0f;  // --moe-router-topk-scaling-factor; 0: none
+};
+
+// The load-balancing and z losses that are on (coefficient > 0), as kernels/cpu/moe.hpp defines
+// them; the aux losses use the routing's own top-k (no expert bias on the GPU).
+struct MoeAuxLossSpec {
+  float aux_coeff = 0.0f;      // aux_loss
+  float seq_aux_coeff = 0.0f;  // seq_aux_loss
+  float z_coeff = 0.0f;        // --moe-z-loss-coeff
+  int64_t seq_length = 0;      // s for seq_aux_loss: T = b * s tokens, batch-major
+};
+
+// From the router's fp32 logits[T, E], per token (one warp each): topk_idx[T, k] (descending score,
+// equal scores by the lower expert index, as the CPU reference), topk_probs[T, k] (the score
+// function, the renormalisation and the scaling factor of moe_router_topk_forward),
+// scores[T, E] = scores_for_aux_loss (nullable: only when an aux loss is on), lse[T] = logsumexp of
+// the logits (nullable: only for the z-loss), and tokens_per_expert[E] (required; overwritten:
+// zeroed, then counted). laoyao::Error unless 1 <= E <= kMoeMaxExperts, 1 <= k <= E and T * k < 2^31.
+void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& router, int32_t* topk_idx,
+                        float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream);
+
+// Floats of the statistics moe_aux_losses_forward keeps for moe_router_backward (0 without an aux
+// loss): per token row (a sequence for seq_aux_loss, else all T) the losses' d/d(scores) per unit
+// of dloss [rows][E], then the forward's per-chunk partial sums and counts. It depends on T, so
+// the forward and the backward of one step must be given the same T (a buffer sized for a larger
+// T is big enough). laoyao::Error when seq_aux_loss is on and seq_length does not divide T.
+size_t moe_aux_stats_floats(int64_t T, int64_t E, const MoeAuxLossSpec& losses);
+// The enabled losses' values (coefficients included, fp32) ADDED to losses[0..3) = {aux, seq_aux,
+// z} on the device, so that a step's layers and micro-batches sum there until the host reads them
+// for the log; `stats` gets what the backward needs (per-expert and per-sequence counts). Reads
+// scores (aux losses), lse (z-loss), topk_idx and tokens_per_expert of moe_router_forward.
+void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t* topk_idx,
+                            const int32_t* tokens_per_expert, int64_t T, const MoeRouterSpec& router,
+                            const MoeAuxLossSpec& losses, float* stats, float* loss_sums, cudaStream_t stream);
+
+// dlogits[T, E] (bf16, overwritten, ready for the router's two GEMMs): the gradient of
+// sum(dprobs * topk_probs) through the routing (moe_router_topk_backward), plus aux_scale times the
+// gradients of the enabled losses (moe_aux/seq_aux/z_loss_backward with dloss = aux_scale).
+// Recomputes the scores from the logits; reads the forward's topk_idx, lse and stats.
+void moe_router_backward(const float* logits, const int32_t* topk_idx, const float* dprobs, const float* lse,
+                         const float* stats, int64_t T, const MoeRouterSpec& router, const MoeAuxLossSpec& losses,
+                         float aux_scale, bf16* dlogits, cudaStream_t stream);
+
+// Megatron's permute() maps (moe_permutation): offsets[E + 1] (offsets[e] = first permuted row of
+// expert e, offsets[E] = N = T*k), sorted_token[N] (the token of each permuted row: experts in
+// ascending order, tokens ascending within an expert) and permuted_row[T, k] (the row of token t's
+// j-th choice). `scratch` holds moe_permutation_scratch_bytes(T, E) bytes. tokens_per_expert must
+// be topk_idx's counts (the router's); expert ids distinct within a token, in [0, E), as the router
+// writes them; E <= kMoeMaxExperts.
+size_t moe_permutation_scratch_bytes(int64_t T, int64_t E);
+void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, int64_t T, int64_t E, int64_t k,
+                     int32_t* offsets, int32_t* sorted_token, int32_t* permuted_row, void* scratch,
+                     cudaStream_t stream);
+
+// The four row ops move 16-byte vectors: H must be a multiple of 8 and the bf16 buffers 16-byte
+// aligned (laoyao::Error otherwise).
+// Dispatch: permuted[r, :] = x[sorted_token[r], :] for r < N.
+void moe_permute_forward(const bf16* x, const int32_t* sorted_token, bf16* permuted, int64_t N, int64_t H,
+                         cudaStream_t stream);
+// dx[t, :] = sum_j dpermuted[permuted_row[t, j], :] summed in fp32, rounded once; with `accumulate`
+// dx's bf16 contents are added in that fp32 sum (the router's and the shared expert's parts).
+void moe_permute_backward(const bf16* dpermuted, const int32_t* permuted_row, bf16* dx, int64_t T, int64_t k,
+                          int64_t H, bool accumulate, cudaStream_t stream);
+// Combine: y[t, :] = sum_j probs[t, j] * expert_out[permuted_row[t, j], :] (+ addend[t, :] when
+// non-null: the shared expert's output), fp32, rounded once.
+void moe_unpermute_forward(const bf16* expert_out, const int32_t* permuted_row, const float* probs,
+                           const bf16* addend, bf16* y, int64_t T, int64_t k, int64_t H, cudaStream_t stream);
+// dexpert_out[permuted_row[t, j], :] = probs[t, j] * dy[t, :] (bf16, every row written) and
+// dprobs[t, j] = <dy[t, :], expert_out[permuted_row[t, j], :]> (fp32; nullptr to skip).
+void moe_unpermute_backward(const bf16* expert_out, const int32_t* permuted_row, const float* probs, const bf16* dy,
+                            bf16* dexpert_out, float* dprobs, int64_t T, int64_t k, int64_t H, cudaStream_t stream);
+
+}  // namespace laoyao::kernels::cuda

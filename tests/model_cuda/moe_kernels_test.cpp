@@ -1,0 +1,761 @@
+// The MoE ops of src/kernels/cuda/moe.hpp against the CPU reference (kernels/cpu/moe.hpp), on fresh
+// random inputs (laoyao::Rng, never zeros); bf16 tensors are rounded on the host first, so the CPU
+// and the GPU read identical values. Tolerances (kernels_test.cpp's header explains the bf16 ones):
+//  - the routing's choices, the tokens per expert and the permutation maps: identical (the GPU
+//    ranks the same fp32 values as the CPU, ties by the lower expert);
+//  - fp32 router outputs (probs, scores, lse): 2e-6 relative (the same formulas, the double sums
+//    in another order, expf as a rounded double exp);
+//  - loss values (fp32, sums of fp32 partials in double): kFp32Sum relative;
+//  - bf16 outputs rounded once from fp32 math (dlogits, permute / unpermute): 2^-7 relative plus
+//    kFp32Sum times the sum of |terms|, or a small fraction of the largest entry where terms of
+//    several losses may cancel (dlogits).
+// GPU only: these tests need device 0 (tests/*_cuda are labelled `gpu`).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/moe.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/moe.hpp"
+
+namespace laoyao::kernels::cuda_test {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::DeviceBuffer;
+
+constexpr double kBf16Rel = 1.0 / 128.0;  // 2^-7: twice bf16's unit roundoff
+constexpr double kFp32Sum = 2e-5;         // times the sum of |terms| of an fp32 reduction
+constexpr double kRouterRel = 2e-6;       // fp32 router outputs against the CPU's
+constexpr double kDlogitsFloor = 1e-4;    // dlogits: times the largest |want| (cancelling terms)
+
+// ---- host data
+
+std::vector<float> randn(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0) {
+  Rng rng(seed, name);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(stddev * rng.normal());
+  return v;
+}
+
+std::vector<float> randn_bf16(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0) {
+  auto v = randn(n, seed, name, stddev);
+  for (auto& x : v) x = round_to_bf16(x);
+  return v;
+}
+
+// k distinct experts per token, drawn from `pool` (a partial Fisher-Yates shuffle per token).
+std::vector<int64_t> random_routing(int64_t T, int64_t k, const std::vector<int64_t>& pool, uint64_t seed,
+                                    std::string_view name) {
+  Rng rng(seed, name);
+  std::vector<int64_t> idx(static_cast<size_t>(T * k)), p = pool;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const auto r = static_cast<int64_t>(j + rng.next_u64() % static_cast<uint64_t>(p.size() - j));
+      std::swap(p[j], p[r]);
+      idx[t * k + j] = p[j];
+    }
+  return idx;
+}
+
+std::vector<int64_t> all_experts(int64_t E) {
+  std::vector<int64_t> v(static_cast<size_t>(E));
+  std::iota(v.begin(), v.end(), int64_t{0});
+  return v;
+}
+
+std::vector<bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+
+std::vector<int32_t> to_int32(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// ---- device data
+
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& v) {
+  DeviceBuffer d(std::max<size_t>(v.size() * sizeof(T), 1));
+  d.upload(v.data(), v.size() * sizeof(T));
+  return d;
+}
+
+DeviceBuffer to_device_bf16(const std::vector<float>& v) { return to_device(to_bf16(v)); }
+
+// A buffer of n elements filled with 0xff bytes (int -1, float NaN, bf16 NaN), so that an element
+// an op fails to write shows.
+template <class T>
+DeviceBuffer poisoned(size_t n) {
+  DeviceBuffer d(std::max<size_t>(n * sizeof(T), 1));
+  LAOYAO_CUDA_CHECK(cudaMemset(d.ptr, 0xff, d.bytes));
+  LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+  return d;
+}
+
+template <class T>
+std::vector<T> from_device(const DeviceBuffer& d, size_t n) {
+  std::vector<T> v(n);
+  d.download(v.data(), n * sizeof(T));
+  return v;
+}
+
+std::vector<float> from_device_bf16(const DeviceBuffer& d, size_t n) {
+  const auto b = from_device<bf16>(d, n);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(b[i]);
+  return out;
+}
+
+// ---- checks
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// |got[i] - want[i]| <= tol[i] for every i; reports the count of failures and the worst element.
+void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_EQ(tol.size(), want.size()) << what;
+  size_t bad = 0, worst_i = 0;
+  double worst = -1.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // NaN fails
+    const double ratio = tol[i] > 0 ? err / tol[i] : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    if (ratio > 1.0) ++bad;
+    if (ratio > worst) worst = ratio, worst_i = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements out of tolerance; worst element "
+                     << worst_i << " got " << got[worst_i] << " want " << want[worst_i] << " tolerance "
+                     << tol[worst_i] << " (error / tolerance " << worst << ")";
+}
+
+// |got - want| <= rel |want| + floor.
+void expect_rel(const std::vector<float>& got, const std::vector<double>& want, double rel, double floor,
+                const std::string& what) {
+  std::vector<double> tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = rel * std::abs(want[i]) + floor;
+  expect_within(got, want, tol, what);
+}
+
+// bf16 output rounded once from fp32 math: |got - want| <= 2^-7 |want| + abs_frac * max|want|.
+void expect_bf16_close(const std::vector<float>& got, const std::vector<double>& want, double abs_frac,
+                       const std::string& what) {
+  expect_rel(got, want, kBf16Rel, abs_frac * max_abs(want), what);
+}
+
+// Bit-for-bit equal as values (+0 == -0; NaN fails).
+void expect_equal(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!(got[i] == want[i]) && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements differ; first " << first << " got "
+                     << got[first] << " want " << want[first];
+}
+
+void expect_same_ints(const std::vector<int32_t>& got, const std::vector<int64_t>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " differ; first " << first << " got "
+                     << got[first] << " want " << want[first];
+}
+
+// ---- routers
+
+struct RouterCase {
+  const char* name;
+  int64_t E, k;
+  bool sigmoid = false, pre_softmax = false;
+  float scale = 0.0f;  // topk scaling factor, 0: none
+};
+
+cpu::MoeRouterParams cpu_params(const RouterCase& c) {
+  cpu::MoeRouterParams p;
+  p.score_function = c.sigmoid ? cpu::MoeScoreFunction::Sigmoid : cpu::MoeScoreFunction::Softmax;
+  p.pre_softmax = c.pre_softmax;
+  if (c.scale != 0.0f) p.topk_scaling_factor = c.scale;
+  return p;
+}
+
+cuda::MoeRouterSpec gpu_spec(const RouterCase& c) {
+  cuda::MoeRouterSpec s;
+  s.num_experts = c.E, s.topk = c.k, s.sigmoid = c.sigmoid, s.pre_softmax = c.pre_softmax;
+  s.topk_scaling_factor = c.scale;
+  return s;
+}
+
+// What the CPU reference's router computes on logits[T, E].
+struct CpuRouting {
+  std::vector<int64_t> idx, aux_idx, counts;
+  std::vector<float> probs, scores;
+  std::vector<double> lse;
+};
+
+CpuRouting cpu_routing(const std::vector<float>& logits, int64_t T, const RouterCase& c) {
+  CpuRouting r;
+  r.idx.resize(T * c.k), r.aux_idx.resize(T * c.k), r.probs.resize(T * c.k), r.scores.resize(T * c.E);
+  cpu::moe_router_topk_forward(logits.data(), nullptr, r.idx.data(), r.probs.data(), T, c.E, c.k, cpu_params(c));
+  cpu::moe_aux_loss_scores(logits.data(), r.scores.data(), r.aux_idx.data(), T, c.E, c.k,
+                           cpu_params(c).score_function);
+  r.counts.assign(c.E, 0);
+  for (int64_t e : r.idx) ++r.counts[e];
+  for (int64_t t = 0; t < T; ++t) {
+    const float* z = logits.data() + t * c.E;
+    const double m = *std::max_element(z, z + c.E);
+    double s = 0.0;
+    for (int64_t e = 0; e < c.E; ++e) s += std::exp(z[e] - m);
+    r.lse.push_back(m + std::log(s));
+  }
+  return r;
+}
+
+// The GPU router's outputs on device.
+struct GpuRouting {
+  DeviceBuffer idx, probs, scores, lse, counts;
+  GpuRouting(int64_t T, int64_t E, int64_t k)
+      : idx(poisoned<int32_t>(T * k)),
+        probs(poisoned<float>(T * k)),
+        scores(poisoned<float>(T * E)),
+        lse(poisoned<float>(T)),
+        counts(poisoned<int32_t>(E)) {}
+};
+
+class CudaMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LAOYAO_CUDA_CHECK(cudaSetDevice(0));
+    LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_) LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  void sync() const { LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void route(const DeviceBuffer& logits, int64_t T, const RouterCase& c, GpuRouting& g) const {
+    cuda::moe_router_forward(logits.as<float>(), T, gpu_spec(c), g.idx.as<int32_t>(), g.probs.as<float>(),
+                             g.scores.as<float>(), g.lse.as<float>(), g.counts.as<int32_t>(), stream_);
+  }
+
+  // The router's outputs against the CPU's: choices and counts identical, fp32 values close.
+  void check_routing(const GpuRouting& g, const CpuRouting& want, int64_t T, const RouterCase& c) const {
+    sync();
+    expect_same_ints(from_device<int32_t>(g.idx, T * c.k), want.idx, "topk_idx");
+    expect_same_ints(from_device<int32_t>(g.counts, c.E), want.counts, "tokens_per_expert");
+    expect_rel(from_device<float>(g.probs, T * c.k), to_double(want.probs), kRouterRel, 1e-9, "topk_probs");
+    expect_rel(from_device<float>(g.scores, T * c.E), to_double(want.scores), kRouterRel, 1e-9, "scores");
+    expect_rel(from_device<float>(g.lse, T), want.lse, kRouterRel, 1e-6, "lse");
+  }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+// ---------------------------------------------------------------- router forward
+
+TEST_F(CudaMoe, RouterForwardMatchesCpu) {
+  const int64_t T = 301;  // not a multiple of the warps per block
+  const RouterCase cases[] = {
+      {"softmax E64 k8", 64, 8},
+      {"softmax pre_softmax E64 k8", 64, 8, false, true},
+      {"sigmoid E64 k8", 64, 8, true},
+      {"softmax scaled E64 k8", 64, 8, false, false, 2.5f},
+      {"softmax E8 k2", 8, 2},
+      {"sigmoid scaled E8 k2", 8, 2, true, false, 1.5f},
+      {"softmax E40 k3", 40, 3},
+      {"softmax pre_softmax scaled E40 k3", 40, 3, false, true, 0.75f},
+      {"sigmoid E40 k3", 40, 3, true},
+      {"sigmoid E200 k1", 200, 1, true},       // k = 1: no renormalisation
+      {"softmax E33 k33", 33, 33},              // k = E across two register slots
+      {"sigmoid E96 k40", 96, 40, true},        // k > 32: two choices per lane
+      {"softmax pre_softmax E512 k6", 512, 6, false, true},  // the largest E
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto logits = randn(T * c.E, 3, std::string("router.logits.") + c.name, 1.5);
+    const auto want = cpu_routing(logits, T, c);
+    auto dl = to_device(logits);
+    GpuRouting g(T, c.E, c.k);
+    route(dl, T, c, g);
+    check_routing(g, want, T, c);
+  }
+}
+
+// Equal scores go to the lower expert: rows of few distinct values, one row all equal.
+TEST_F(CudaMoe, RouterTiesGoToTheLowerExpert) {
+  const int64_t T = 97;
+  const RouterCase cases[] = {
+      {"softmax E40 k3", 40, 3},
+      {"softmax pre_softmax E40 k3", 40, 3, false, true},
+      {"sigmoid E40 k3", 40, 3, true},
+      {"softmax E64 k8", 64, 8},
+      {"sigmoid E64 k8", 64, 8, true},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto logits = randn(T * c.E, 5, std::string("router.ties.") + c.name);
+    for (auto& x : logits) x = 0.25f * std::round(2.0f * x) + 0.125f;  // steps of 1/4, never 0
+    for (int64_t e = 0; e < c.E; ++e) logits[e] = 0.375f;              // token 0: all equal
+    const auto want = cpu_routing(logits, T, c);
+    for (int64_t j = 0; j < c.k; ++j) ASSERT_EQ(want.idx[j], j) << "the CPU reference's tie rule";
+    auto dl = to_device(logits);
+    GpuRouting g(T, c.E, c.k);
+    route(dl, T, c, g);
+    check_routing(g, want, T, c);
+  }
+}
+
+// ---------------------------------------------------------------- losses forward
+
+TEST_F(CudaMoe, AuxLossesForwardMatchesCpu) {
+  const int64_t b = 2, s = 300, T = b * s;  // a sequence is one full and one partial chunk
+  const RouterCase cases[] = {
+      {"softmax E64 k8", 64, 8},
+      {"sigmoid E40 k3", 40, 3, true},
+      {"softmax pre_softmax E8 k2", 8, 2, false, true},
+  };
+  struct Losses {
+    const char* name;
+    float aux, seq, z;
+  };
+  const Losses settings[] = {{"all three", 1e-2f, 3e-3f, 1e-3f}, {"aux_loss", 2e-2f, 0, 0},
+                             {"seq_aux_loss", 0, 5e-3f, 0},       {"z-loss", 0, 0, 4e-3f}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto logits = randn(T * c.E, 7, std::string("losses.logits.") + c.name, 1.5);
+    const auto want = cpu_routing(logits, T, c);
+    ASSERT_EQ(want.aux_idx, want.idx) << "the aux losses' top-k is the routing's";
+    auto dl = to_device(logits);
+    GpuRouting g(T, c.E, c.k);
+    route(dl, T, c, g);
+    for (const auto& l : settings) {
+      SCOPED_TRACE(l.name);
+      cuda::MoeAuxLossSpec spec;
+      spec.aux_coeff = l.aux, spec.seq_aux_coeff = l.seq, spec.z_coeff = l.z, spec.seq_length = s;
+      const size_t nstats = cuda::moe_aux_stats_floats(T, c.E, spec);
+      EXPECT_EQ(nstats == 0, l.aux == 0 && l.seq == 0);
+      auto stats = poisoned<float>(nstats);
+      const std::vector<float> before = {0.5f, 0.25f, 0.125f};  // the losses are ADDED
+      auto sums = to_device(before);
+      cuda::moe_aux_losses_forward(g.scores.as<float>(), g.lse.as<float>(), g.idx.as<int32_t>(),
+                                   g.counts.as<int32_t>(), T, gpu_spec(c), spec, nstats ? stats.as<float>() : nullptr,
+                                   sums.as<float>(), stream_);
+      sync();
+      const auto got = from_device<float>(sums, 3);
+      const double want_loss[3] = {
+          l.aux > 0 ? cpu::moe_aux_loss_forward(want.scores.data(), want.aux_idx.data(), T, c.E, c.k, l.aux) : 0.0,
+          l.seq > 0 ? cpu::moe_seq_aux_loss_forward(want.scores.data(), want.aux_idx.data(), b, s, c.E, c.k, l.seq)
+                    : 0.0,
+          l.z > 0 ? cpu::moe_z_loss_forward(logits.data(), T, c.E, l.z) : 0.0};
+      const char* names[3] = {"aux_loss", "seq_aux_loss", "z_loss"};
+      for (int i = 0; i < 3; ++i) {
+        if (want_loss[i] == 0.0) {
+          EXPECT_EQ(got[i], before[i]) << names[i] << " is off: nothing added";
+          continue;
+        }
+        EXPECT_GT(want_loss[i], 0.0) << names[i];
+        // The sum with `before` rounds once more in fp32.
+        EXPECT_NEAR(got[i] - before[i], want_loss[i], kFp32Sum * want_loss[i] + 1e-7) << names[i];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- router backward
+
+struct LossCoeffs {
+  float aux = 0, seq = 0, z = 0;
+};
+
+// dlogits of the CPU reference: the routing's gradient plus each enabled loss's with dloss = aux_scale.
+std::vector<double> cpu_router_grad(const std::vector<float>& logits, const CpuRouting& r,
+                                    const std::vector<float>& dprobs, int64_t T, int64_t s, const RouterCase& c,
+                                    const LossCoeffs& l, float aux_scale) {
+  std::vector<float> dz(T * c.E);
+  const auto p = cpu_params(c);
+  cpu::moe_router_topk_backward(logits.data(), r.idx.data(), dprobs.data(), dz.data(), T, c.E, c.k, p);
+  if (l.aux > 0)
+    cpu::moe_aux_loss_backward(logits.data(), r.scores.data(), r.aux_idx.data(), T, c.E, c.k, p.score_function, l.aux,
+                               aux_scale, dz.data());
+  if (l.seq > 0)
+    cpu::moe_seq_aux_loss_backward(logits.data(), r.scores.data(), r.aux_idx.data(), T / s, s, c.E, c.k,
+                                   p.score_function, l.seq, aux_scale, dz.data());
+  if (l.z > 0) cpu::moe_z_loss_backward(logits.data(), T, c.E, l.z, aux_scale, dz.data());
+  return to_double(dz);
+}
+
+TEST_F(CudaMoe, RouterBackwardMatchesCpu) {
+  const int64_t b = 2, s = 150, T = b * s;
+  const float aux_scale = 0.37f;
+  const RouterCase routers[] = {
+      {"softmax E64 k8", 64, 8},
+      {"softmax pre_softmax E64 k8", 64, 8, false, true},
+      {"sigmoid E64 k8", 64, 8, true},
+      {"softmax scaled E8 k2", 8, 2, false, false, 2.5f},
+      {"sigmoid scaled E8 k2", 8, 2, true, false, 1.5f},
+      {"softmax pre_softmax E40 k3", 40, 3, false, true},
+      {"sigmoid E40 k3", 40, 3, true},
+      {"softmax E40 k1", 40, 1},  // the prob is identically 1: only the losses' gradient
+      {"sigmoid E200 k1", 200, 1, true},
+      {"softmax pre_softmax E96 k40", 96, 40, false, true},
+  };
+  // The routing's gradient alone; each loss alone, without dprobs (zero on purpose: each loss's
+  // gradient is then checked at its own scale); everything together. The coefficients are
+  // large enough for the losses' gradients to show next to the routing's.
+  struct Setting {
+    const char* name;
+    LossCoeffs l;
+    bool dprobs;
+  };
+  const Setting settings[] = {{"routing", {}, true},
+                              {"aux_loss alone", {50.0f, 0, 0}, false},
+                              {"seq_aux_loss alone", {0, 30.0f, 0}, false},
+                              {"z-loss alone", {0, 0, 20.0f}, false},
+                              {"all", {50.0f, 30.0f, 20.0f}, true}};
+  for (const auto& c : routers) {
+    SCOPED_TRACE(c.name);
+    const auto logits = randn(T * c.E, 9, std::string("backward.logits.") + c.name, 1.5);
+    const auto r = cpu_routing(logits, T, c);
+    ASSERT_EQ(r.aux_idx, r.idx) << "the aux losses' top-k is the routing's";
+    auto dl = to_device(logits);
+    GpuRouting g(T, c.E, c.k);
+    route(dl, T, c, g);
+    sync();
+    ASSERT_NO_FATAL_FAILURE(expect_same_ints(from_device<int32_t>(g.idx, T * c.k), r.idx, "topk_idx"));
+    for (const auto& st : settings) {
+      SCOPED_TRACE(st.name);
+      const auto dprobs = st.dprobs ? randn(T * c.k, 9, std::string("backward.dprobs.") + c.name)
+                                    : std::vector<float>(T * c.k, 0.0f);
+      auto ddp = to_device(dprobs);
+      cuda::MoeAuxLossSpec spec;
+      spec.aux_coeff = st.l.aux, spec.seq_aux_coeff = st.l.seq, spec.z_coeff = st.l.z, spec.seq_length = s;
+      const size_t nstats = cuda::moe_aux_stats_floats(T, c.E, spec);
+      auto stats = poisoned<float>(nstats);
+      auto sums = poisoned<float>(3);
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(sums.ptr, 0, sums.bytes, stream_));
+      float* stats_ptr = nstats ? stats.as<float>() : nullptr;
+      if (st.l.aux > 0 || st.l.seq > 0 || st.l.z > 0)
+        cuda::moe_aux_losses_forward(g.scores.as<float>(), g.lse.as<float>(), g.idx.as<int32_t>(),
+                                     g.counts.as<int32_t>(), T, gpu_spec(c), spec, stats_ptr, sums.as<float>(),
+                                     stream_);
+      auto dz = poisoned<bf16>(T * c.E);
+      cuda::moe_router_backward(dl.as<float>(), g.idx.as<int32_t>(), ddp.as<float>(), g.lse.as<float>(), stats_ptr, T,
+                                gpu_spec(c), spec, aux_scale, dz.as<bf16>(), stream_);
+      sync();
+      const auto got = from_device_bf16(dz, T * c.E);
+      const auto want = cpu_router_grad(logits, r, dprobs, T, s, c, st.l, aux_scale);
+      if (!(c.k == 1 && !c.sigmoid && !c.pre_softmax && st.name == std::string("routing"))) {
+        ASSERT_GT(max_abs(want), 0.0) << "a zero reference checks nothing";
+      }
+      expect_bf16_close(got, want, kDlogitsFloor, "dlogits");
+
+      // Deterministic: the same call gives the same bits.
+      cuda::moe_router_backward(dl.as<float>(), g.idx.as<int32_t>(), ddp.as<float>(), g.lse.as<float>(), stats_ptr, T,
+                                gpu_spec(c), spec, aux_scale, dz.as<bf16>(), stream_);
+      sync();
+      expect_equal(from_device_bf16(dz, T * c.E), got, "dlogits again");
+    }
+  }
+}
+
+// ---------------------------------------------------------------- permutation
+
+TEST_F(CudaMoe, PermutationMatchesCpu) {
+  struct Case {
+    const char* name;
+    int64_t T, E, k;
+    int64_t stride;  // experts drawn from the multiples of stride (the others get no tokens)
+  };
+  const Case cases[] = {{"E64 k8, 4 chunks", 1000, 64, 8, 1},  {"E8 k2", 777, 8, 2, 1},
+                        {"E40 k3", 300, 40, 3, 1},             {"E512 k4, few tokens", 5, 512, 4, 1},
+                        {"E64 k8, empty experts", 600, 64, 8, 3}, {"E16 k16 = E", 513, 16, 16, 1}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<int64_t> pool;
+    for (int64_t e = 0; e < c.E; e += c.stride) pool.push_back(e);
+    const auto idx = random_routing(c.T, c.k, pool, 13, std::string("perm.") + c.name);
+    const int64_t N = c.T * c.k;
+    std::vector<int64_t> counts(c.E), sorted(N), rows(N);
+    cpu::moe_permutation(idx.data(), c.T, c.E, c.k, counts.data(), sorted.data(), rows.data());
+    std::vector<int64_t> offsets(c.E + 1, 0);
+    for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+
+    auto didx = to_device(to_int32(idx)), dcounts = to_device(to_int32(counts));
+    auto doff = poisoned<int32_t>(c.E + 1), dsorted = poisoned<int32_t>(N), drows = poisoned<int32_t>(N);
+    DeviceBuffer scratch(std::max<size_t>(cuda::moe_permutation_scratch_bytes(c.T, c.E), 1));
+    cuda::moe_permutation(didx.as<int32_t>(), dcounts.as<int32_t>(), c.T, c.E, c.k, doff.as<int32_t>(),
+                          dsorted.as<int32_t>(), drows.as<int32_t>(), scratch.ptr, stream_);
+    sync();
+    expect_same_ints(from_device<int32_t>(doff, c.E + 1), offsets, "offsets");
+    expect_same_ints(from_device<int32_t>(dsorted, N), sorted, "sorted_token");
+    expect_same_ints(from_device<int32_t>(drows, N), rows, "permuted_row");
+  }
+}
+
+// The GPU router's choices and counts feed the permutation as in the layer.
+TEST_F(CudaMoe, PermutationOfTheRoutersChoices) {
+  const int64_t T = 1000;
+  const RouterCase c{"softmax E64 k8", 64, 8};
+  const auto logits = randn(T * c.E, 15, "perm.router.logits", 1.5);
+  const auto r = cpu_routing(logits, T, c);
+  std::vector<int64_t> counts(c.E), sorted(T * c.k), rows(T * c.k);
+  cpu::moe_permutation(r.idx.data(), T, c.E, c.k, counts.data(), sorted.data(), rows.data());
+  auto dl = to_device(logits);
+  GpuRouting g(T, c.E, c.k);
+  route(dl, T, c, g);
+  auto doff = poisoned<int32_t>(c.E + 1), dsorted = poisoned<int32_t>(T * c.k), drows = poisoned<int32_t>(T * c.k);
+  DeviceBuffer scratch(cuda::moe_permutation_scratch_bytes(T, c.E));
+  cuda::moe_permutation(g.idx.as<int32_t>(), g.counts.as<int32_t>(), T, c.E, c.k, doff.as<int32_t>(),
+                        dsorted.as<int32_t>(), drows.as<int32_t>(), scratch.ptr, stream_);
+  sync();
+  expect_same_ints(from_device<int32_t>(dsorted, T * c.k), sorted, "sorted_token");
+  expect_same_ints(from_device<int32_t>(drows, T * c.k), rows, "permuted_row");
+  std::vector<int64_t> offsets(c.E + 1, 0);
+  for (int64_t e = 0; e < c.E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  expect_same_ints(from_device<int32_t>(doff, c.E + 1), offsets, "offsets");
+}
+
+// Enough tokens for the router grids to stride (more than kRouterMaxBlocks * 4 tokens), the loss
+// statistics to have hundreds of chunks and the permutation's scan to carry over tiles (more than
+// 256 chunks of 256 tokens).
+TEST_F(CudaMoe, LargeBatchMatchesCpu) {
+  const int64_t T = 70001, s = T;
+  const RouterCase c{"softmax E64 k8", 64, 8};
+  const auto logits = randn(T * c.E, 29, "large.logits", 1.5);
+  const auto r = cpu_routing(logits, T, c);
+  auto dl = to_device(logits);
+  GpuRouting g(T, c.E, c.k);
+  route(dl, T, c, g);
+  check_routing(g, r, T, c);
+
+  // aux_loss and the z-loss: values, then the router's gradient.
+  const LossCoeffs l{50.0f, 0.0f, 20.0f};
+  cuda::MoeAuxLossSpec spec;
+  spec.aux_coeff = l.aux, spec.z_coeff = l.z;
+  auto stats = poisoned<float>(cuda::moe_aux_stats_floats(T, c.E, spec));
+  auto sums = to_device(std::vector<float>{0.0f, 0.0f, 0.0f});
+  cuda::moe_aux_losses_forward(g.scores.as<float>(), g.lse.as<float>(), g.idx.as<int32_t>(), g.counts.as<int32_t>(), T,
+                               gpu_spec(c), spec, stats.as<float>(), sums.as<float>(), stream_);
+  const auto dprobs = randn(T * c.k, 29, "large.dprobs");
+  auto ddp = to_device(dprobs);
+  auto dz = poisoned<bf16>(T * c.E);
+  cuda::moe_router_backward(dl.as<float>(), g.idx.as<int32_t>(), ddp.as<float>(), g.lse.as<float>(),
+                            stats.as<float>(), T, gpu_spec(c), spec, 0.37f, dz.as<bf16>(), stream_);
+  sync();
+  const auto got = from_device<float>(sums, 3);
+  const double aux = cpu::moe_aux_loss_forward(r.scores.data(), r.aux_idx.data(), T, c.E, c.k, l.aux);
+  const double z = cpu::moe_z_loss_forward(logits.data(), T, c.E, l.z);
+  EXPECT_NEAR(got[0], aux, kFp32Sum * aux) << "aux_loss";
+  EXPECT_NEAR(got[2], z, kFp32Sum * z) << "z_loss";
+  expect_bf16_close(from_device_bf16(dz, T * c.E), cpu_router_grad(logits, r, dprobs, T, s, c, l, 0.37f),
+                    kDlogitsFloor, "dlogits");
+
+  std::vector<int64_t> counts(c.E), sorted(T * c.k), rows(T * c.k);
+  cpu::moe_permutation(r.idx.data(), T, c.E, c.k, counts.data(), sorted.data(), rows.data());
+  auto doff = poisoned<int32_t>(c.E + 1), dsorted = poisoned<int32_t>(T * c.k), drows = poisoned<int32_t>(T * c.k);
+  DeviceBuffer scratch(cuda::moe_permutation_scratch_bytes(T, c.E));
+  cuda::moe_permutation(g.idx.as<int32_t>(), g.counts.as<int32_t>(), T, c.E, c.k, doff.as<int32_t>(),
+                        dsorted.as<int32_t>(), drows.as<int32_t>(), scratch.ptr, stream_);
+  sync();
+  expect_same_ints(from_device<int32_t>(dsorted, T * c.k), sorted, "sorted_token");
+  expect_same_ints(from_device<int32_t>(drows, T * c.k), rows, "permuted_row");
+}
+
+// ---------------------------------------------------------------- permute / unpermute
+
+// A routing and its permutation maps, on the host (int64) and the device (int32).
+struct Maps {
+  int64_t T, E, k, N;
+  std::vector<int64_t> sorted, rows;
+  DeviceBuffer dsorted, drows;
+};
+
+Maps make_maps(int64_t T, int64_t E, int64_t k, std::string_view name) {
+  Maps m{T, E, k, T * k, {}, {}, {}, {}};
+  const auto idx = random_routing(T, k, all_experts(E), 17, name);
+  std::vector<int64_t> counts(E);
+  m.sorted.resize(m.N), m.rows.resize(m.N);
+  cpu::moe_permutation(idx.data(), T, E, k, counts.data(), m.sorted.data(), m.rows.data());
+  m.dsorted = to_device(to_int32(m.sorted));
+  m.drows = to_device(to_int32(m.rows));
+  return m;
+}
+
+TEST_F(CudaMoe, PermuteForwardBackwardMatchCpu) {
+  const int64_t H = 136;  // a multiple of 8, not of 32 vectors
+  const Maps m = make_maps(300, 16, 4, "permute.maps");
+  const int64_t T = m.T, k = m.k, N = m.N;
+
+  const auto x = randn_bf16(T * H, 19, "permute.x");
+  std::vector<float> want(N * H);
+  cpu::moe_permute_forward(x.data(), m.sorted.data(), want.data(), N, H);
+  auto dx = to_device_bf16(x);
+  auto dperm = poisoned<bf16>(N * H);
+  cuda::moe_permute_forward(dx.as<bf16>(), m.dsorted.as<int32_t>(), dperm.as<bf16>(), N, H, stream_);
+  sync();
+  expect_equal(from_device_bf16(dperm, N * H), want, "permuted (a copy)");
+
+  const auto dp = randn_bf16(N * H, 19, "permute.dpermuted");
+  std::vector<float> sum(T * H);
+  cpu::moe_permute_backward(dp.data(), m.rows.data(), sum.data(), T, k, H);
+  std::vector<double> abssum(T * H, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t h = 0; h < H; ++h) abssum[t * H + h] += std::abs(dp[m.rows[t * k + j] * H + h]);
+  auto ddp = to_device_bf16(dp);
+  for (const bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    const auto dx0 = randn_bf16(T * H, 19, "permute.dx0");
+    auto ddx = accumulate ? to_device_bf16(dx0) : poisoned<bf16>(T * H);
+    cuda::moe_permute_backward(ddp.as<bf16>(), m.drows.as<int32_t>(), ddx.as<bf16>(), T, k, H, accumulate, stream_);
+    sync();
+    std::vector<double> w(T * H), tol(T * H);
+    for (int64_t i = 0; i < T * H; ++i) {
+      w[i] = static_cast<double>(sum[i]) + (accumulate ? dx0[i] : 0.0);
+      tol[i] = kBf16Rel * std::abs(w[i]) + kFp32Sum * (abssum[i] + (accumulate ? std::abs(dx0[i]) : 0.0));
+    }
+    expect_within(from_device_bf16(ddx, T * H), w, tol, "dx");
+  }
+}
+
+TEST_F(CudaMoe, UnpermuteForwardBackwardMatchCpu) {
+  const int64_t H = 264;
+  const Maps m = make_maps(257, 40, 3, "unpermute.maps");
+  const int64_t T = m.T, k = m.k, N = m.N;
+  const auto out = randn_bf16(N * H, 23, "unpermute.expert_out");
+  std::vector<float> probs(T * k);
+  {
+    Rng rng(23, "unpermute.probs");
+    for (auto& p : probs) p = static_cast<float>(0.05 + 0.95 * rng.uniform());
+  }
+  auto dout = to_device_bf16(out), dprobs_in = to_device(probs);
+
+  std::vector<float> y(T * H);
+  cpu::moe_unpermute_forward(out.data(), m.rows.data(), probs.data(), y.data(), T, k, H);
+  std::vector<double> abssum(T * H, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t h = 0; h < H; ++h) abssum[t * H + h] += std::abs(probs[t * k + j] * out[m.rows[t * k + j] * H + h]);
+  const auto addend = randn_bf16(T * H, 23, "unpermute.addend");
+  auto dadd = to_device_bf16(addend);
+  for (const bool with_addend : {false, true}) {
+    SCOPED_TRACE(with_addend ? "with the shared expert's addend" : "no addend");
+    auto dy = poisoned<bf16>(T * H);
+    cuda::moe_unpermute_forward(dout.as<bf16>(), m.drows.as<int32_t>(), dprobs_in.as<float>(),
+                                with_addend ? dadd.as<bf16>() : nullptr, dy.as<bf16>(), T, k, H, stream_);
+    sync();
+    std::vector<double> w(T * H), tol(T * H);
+    for (int64_t i = 0; i < T * H; ++i) {
+      w[i] = static_cast<double>(y[i]) + (with_addend ? addend[i] : 0.0);
+      tol[i] = kBf16Rel * std::abs(w[i]) + kFp32Sum * (abssum[i] + (with_addend ? std::abs(addend[i]) : 0.0));
+    }
+    expect_within(from_device_bf16(dy, T * H), w, tol, "y");
+  }
+
+  // Backward: dexpert_out is one fp32 product rounded to bf16, the CPU's product rounded the same.
+  const auto gy = randn_bf16(T * H, 23, "unpermute.dy");
+  std::vector<float> dexp(N * H), dprobs(T * k);
+  cpu::moe_unpermute_backward(out.data(), m.rows.data(), probs.data(), gy.data(), dexp.data(), dprobs.data(), T, k, H);
+  for (auto& v : dexp) v = round_to_bf16(v);
+  std::vector<double> dot_abs(T * k, 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t h = 0; h < H; ++h) dot_abs[t * k + j] += std::abs(gy[t * H + h] * out[m.rows[t * k + j] * H + h]);
+  auto dgy = to_device_bf16(gy);
+  auto ddexp = poisoned<bf16>(N * H);
+  auto ddprobs = poisoned<float>(T * k);
+  cuda::moe_unpermute_backward(dout.as<bf16>(), m.drows.as<int32_t>(), dprobs_in.as<float>(), dgy.as<bf16>(),
+                               ddexp.as<bf16>(), ddprobs.as<float>(), T, k, H, stream_);
+  sync();
+  expect_equal(from_device_bf16(ddexp, N * H), dexp, "dexpert_out");
+  std::vector<double> tol(T * k);
+  for (int64_t i = 0; i < T * k; ++i) tol[i] = kFp32Sum * dot_abs[i];
+  expect_within(from_device<float>(ddprobs, T * k), to_double(dprobs), tol, "dprobs");
+}
+
+// ---------------------------------------------------------------- argument checks
+
+TEST_F(CudaMoe, BadArgumentsThrow) {
+  // Every check runs on the host before anything is enqueued, so null buffers are fine here.
+  auto spec = [](int64_t E, int64_t k) {
+    cuda::MoeRouterSpec s;
+    s.num_experts = E, s.topk = k;
+    return s;
+  };
+  const cuda::MoeAuxLossSpec none;
+  for (const auto& s : {spec(513, 2), spec(0, 1), spec(8, 0), spec(8, 9)}) {
+    SCOPED_TRACE("E = " + std::to_string(s.num_experts) + ", k = " + std::to_string(s.topk));
+    EXPECT_THROW(cuda::moe_router_forward(nullptr, 4, s, nullptr, nullptr, nullptr, nullptr, nullptr, stream_),
+                 laoyao::Error);
+    EXPECT_THROW(cuda::moe_router_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, s, none, 1.0f, nullptr,
+                                           stream_),
+                 laoyao::Error);
+    EXPECT_THROW(cuda::moe_aux_losses_forward(nullptr, nullptr, nullptr, nullptr, 4, s, none, nullptr, nullptr,
+                                              stream_),
+                 laoyao::Error);
+    EXPECT_THROW(cuda::moe_permutation(nullptr, nullptr, 4, s.num_experts, s.topk, nullptr, nullptr, nullptr, nullptr,
+                                       stream_),
+                 laoyao::Error);
+  }
+
+  // seq_aux_loss needs a seq_length that divides T.
+  const auto r = spec(8, 2);
+  for (const int64_t seq_length : {int64_t{7}, int64_t{0}}) {
+    SCOPED_TRACE("seq_length = " + std::to_string(seq_length));
+    cuda::MoeAuxLossSpec l;
+    l.seq_aux_coeff = 1e-3f, l.seq_length = seq_length;
+    EXPECT_THROW(cuda::moe_aux_stats_floats(600, 8, l), laoyao::Error);
+    EXPECT_THROW(cuda::moe_aux_losses_forward(nullptr, nullptr, nullptr, nullptr, 600, r, l, nullptr, nullptr, stream_),
+                 laoyao::Error);
+    EXPECT_THROW(cuda::moe_router_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 600, r, l, 1.0f, nullptr,
+                                           stream_),
+                 laoyao::Error);
+  }
+  // A loss without its inputs.
+  cuda::MoeAuxLossSpec aux;
+  aux.aux_coeff = 1e-2f;
+  EXPECT_THROW(cuda::moe_aux_losses_forward(nullptr, nullptr, nullptr, nullptr, 16, r, aux, nullptr, nullptr, stream_),
+               laoyao::Error);
+  cuda::MoeAuxLossSpec z;
+  z.z_coeff = 1e-3f;
+  EXPECT_THROW(cuda::moe_aux_losses_forward(nullptr, nullptr, nullptr, nullptr, 16, r, z, nullptr, nullptr, stream_),
+               laoyao::Error);
+  EXPECT_THROW(cuda::moe_router_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 16, r, z, 1.0f, nullptr, stream_),
+               laoyao::Error);
+
+  // Rows of 16-byte vectors: H a multiple of 8, 16-byte aligned buffers.
+  DeviceBuffer buf(4096);
+  bf16* p = buf.as<bf16>();
+  for (const int64_t H : {int64_t{12}, int64_t{0}}) {
+    SCOPED_TRACE("H = " + std::to_string(H));
+    EXPECT_THROW(cuda::moe_permute_forward(p, nullptr, p, 4, H, stream_), laoyao::Error);
+    EXPECT_THROW(cuda::moe_permute_backward(p, nullptr, p, 4, 2, H, false, stream_), laoyao::Error);
+    EXPECT_THROW(cuda::moe_unpermute_forward(p, nullptr, nullptr, nullptr, p, 4, 2, H, stream_), laoyao::Error);
+    EXPECT_THROW(cuda::moe_unpermute_backward(p, nullptr, nullptr, p, p, nullptr, 4, 2, H, stream_), laoyao::Error);
+  }
+  EXPECT_THROW(cuda::moe_permute_forward(p + 1, nullptr, p, 4, 16, stream_), laoyao::Error);
+  EXPECT_THROW(cuda::moe_unpermute_forward(p, nullptr, nullptr, p + 4, p, 4, 2, 16, stream_), laoyao::Error);
+  sync();
+  LAOYAO_CUDA_CHECK(cudaGetLastError());  // nothing was launched
+}
+
+}  // namespace
+}  // namespace laoyao::kernels::cuda_test
