@@ -1,0 +1,351 @@
+// The grouped expert GEMMs (kernels/cuda/grouped_gemm.hpp) against naive fp64 loops per group, on
+// fresh random inputs (laoyao::Rng, never zeros) rounded to bf16 on the host.
+//
+// Tolerances (kernels_test.cpp's header explains them): a bf16 output (nt, nn) is checked element
+// by element against |got - want| <= 2^-7 |want| + 2e-5 * sum |terms|, the fp32 main_grad of wgrad
+// against 2e-5 * (|dW before| + sum |terms|) alone. Every output sits between guard regions: the
+// bf16 outputs and their guards are poisoned with NaN bits before the call (an element the kernel
+// does not write fails as NaN; a guard it overwrites fails bit for bit); wgrad accumulates onto a
+// random non-zero dW, leaves its guards and the matrices of empty groups bit-identical, and gives
+// bit-identical results when run twice (each element is summed by one block, in a fixed order).
+//
+// Group sizes cover empty groups (first, middle and last), single rows, counts just above and
+// below the 128-row tile and odd counts; N and K cover multiples of 8 that are not multiples of the
+// 128 x 128 x 32 tile (72, 136, 200, 264) and the flagship MoE's shapes (hidden 1024, expert FFN
+// 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]).
+//
+// GPU only: these tests need device 0 (tests/*_cuda are labelled `gpu`).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
+
+namespace laoyao::kernels::cuda_test {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::DeviceBuffer;
+
+constexpr double kBf16Rel = 1.0 / 128.0;  // 2^-7: twice bf16's unit roundoff
+constexpr double kFp32Sum = 2e-5;         // times the sum of |terms| of an fp32 reduction
+constexpr int64_t kGuard = 64;            // elements of guard before and after every output
+constexpr uint16_t kPoison = 0xFFFF;      // bf16 NaN bits
+
+// n values mean + stddev * N(0, 1) from stream (seed, name), rounded to bf16.
+std::vector<float> randn_bf16(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0) {
+  Rng rng(seed, name);
+  std::vector<float> v(n);
+  for (auto& x : v) x = round_to_bf16(static_cast<float>(stddev * rng.normal()));
+  return v;
+}
+
+// A device copy of v (at least 16 bytes, so that an empty tensor still has an address).
+DeviceBuffer to_device_bf16(const std::vector<float>& v) {
+  std::vector<bf16> h(std::max<size_t>(v.size(), 8));
+  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]);
+  DeviceBuffer d(h.size() * sizeof(bf16));
+  d.upload(h.data(), d.bytes);
+  return d;
+}
+
+struct Groups {
+  std::vector<int32_t> offsets;  // G + 1
+  int64_t G = 0, rows = 0;
+  DeviceBuffer device;
+};
+
+Groups groups_of(const std::vector<int>& counts) {
+  Groups g;
+  g.G = static_cast<int64_t>(counts.size());
+  g.offsets.assign(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) g.offsets[i + 1] = g.offsets[i] + counts[i];
+  g.rows = g.offsets.back();
+  g.device = DeviceBuffer(g.offsets.size() * sizeof(int32_t));
+  g.device.upload(g.offsets.data(), g.device.bytes);
+  return g;
+}
+
+std::string describe(const std::vector<int>& counts, int64_t N, int64_t K) {
+  std::string s = "counts {";
+  for (size_t i = 0; i < counts.size(); ++i) s += (i ? ", " : "") + std::to_string(counts[i]);
+  return s + "} N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
+
+// |got[i] - want[i]| <= tol[i] for every i; reports the count of failures and the worst element.
+void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, worst_i = 0;
+  double worst = -1.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // NaN (an unwritten element) fails
+    const double ratio = tol[i] > 0 ? err / tol[i] : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    if (ratio > 1.0) ++bad;
+    if (ratio > worst) worst = ratio, worst_i = i;
+  }
+  if (want.empty()) return;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements out of tolerance; worst element "
+                     << worst_i << " got " << got[worst_i] << " want " << want[worst_i] << " tolerance "
+                     << tol[worst_i] << " (error / tolerance " << worst << ")";
+}
+
+// A bf16 output of n elements between two guards, all NaN bits.
+struct PoisonedBf16 {
+  DeviceBuffer buf;
+  int64_t n;
+  explicit PoisonedBf16(int64_t n_) : buf((n_ + 2 * kGuard) * sizeof(bf16)), n(n_) {
+    LAOYAO_CUDA_CHECK(cudaMemset(buf.ptr, 0xFF, buf.bytes));
+  }
+  bf16* out() const { return buf.as<bf16>() + kGuard; }
+  // The output as floats; fails the test if a guard element changed.
+  std::vector<float> read(const std::string& what) const {
+    std::vector<uint16_t> h(static_cast<size_t>(n + 2 * kGuard));
+    buf.download(h.data(), buf.bytes);
+    size_t touched = 0;
+    for (int64_t i = 0; i < kGuard; ++i) touched += (h[size_t(i)] != kPoison) + (h[size_t(kGuard + n + i)] != kPoison);
+    EXPECT_EQ(touched, 0u) << what << ": elements of the guards around the output were written";
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = uint32_t(h[size_t(kGuard + i)]) << 16;
+      std::memcpy(&v[size_t(i)], &bits, sizeof(float));
+    }
+    return v;
+  }
+};
+
+class CudaGroupedGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LAOYAO_CUDA_CHECK(cudaSetDevice(0));
+    LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_) LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream_));
+  }
+  void sync() const { LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // Y[r] = X[r] @ W_g^T.
+  void check_nt(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
+    SCOPED_TRACE("grouped_gemm_nt " + describe(counts, N, K));
+    const Groups g = groups_of(counts);
+    const auto x = randn_bf16(size_t(g.rows * K), seed, "grouped.nt.x");
+    const auto w = randn_bf16(size_t(g.G * N * K), seed, "grouped.nt.w", 0.05);
+    std::vector<double> want(size_t(g.rows * N)), tol(want.size());
+    for (int64_t e = 0; e < g.G; ++e)
+      for (int64_t r = g.offsets[size_t(e)]; r < g.offsets[size_t(e) + 1]; ++r)
+        for (int64_t n = 0; n < N; ++n) {
+          const float* xr = &x[size_t(r * K)];
+          const float* wr = &w[size_t((e * N + n) * K)];
+          double s = 0.0, a = 0.0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double t = double(xr[k]) * wr[k];
+            s += t;
+            a += std::abs(t);
+          }
+          want[size_t(r * N + n)] = s;
+          tol[size_t(r * N + n)] = kBf16Rel * std::abs(s) + kFp32Sum * a;
+        }
+    const DeviceBuffer dx = to_device_bf16(x), dw = to_device_bf16(w);
+    const PoisonedBf16 y(g.rows * N);
+    cuda::grouped_gemm_nt(dx.as<bf16>(), dw.as<bf16>(), y.out(), g.device.as<int32_t>(), g.G, g.rows, N, K, stream_);
+    sync();
+    expect_within(y.read("Y"), want, tol, "Y");
+  }
+
+  // dX[r] = dY[r] @ W_g.
+  void check_nn(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
+    SCOPED_TRACE("grouped_gemm_nn " + describe(counts, N, K));
+    const Groups g = groups_of(counts);
+    const auto dy = randn_bf16(size_t(g.rows * N), seed, "grouped.nn.dy");
+    const auto w = randn_bf16(size_t(g.G * N * K), seed, "grouped.nn.w", 0.05);
+    std::vector<double> want(size_t(g.rows * K)), tol(want.size());
+    std::vector<double> s(static_cast<size_t>(K)), a(static_cast<size_t>(K));
+    for (int64_t e = 0; e < g.G; ++e)
+      for (int64_t r = g.offsets[size_t(e)]; r < g.offsets[size_t(e) + 1]; ++r) {
+        std::fill(s.begin(), s.end(), 0.0);
+        std::fill(a.begin(), a.end(), 0.0);
+        for (int64_t n = 0; n < N; ++n) {
+          const double d = dy[size_t(r * N + n)];
+          const float* wr = &w[size_t((e * N + n) * K)];
+          for (int64_t k = 0; k < K; ++k) {
+            const double t = d * wr[k];
+            s[size_t(k)] += t;
+            a[size_t(k)] += std::abs(t);
+          }
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          want[size_t(r * K + k)] = s[size_t(k)];
+          tol[size_t(r * K + k)] = kBf16Rel * std::abs(s[size_t(k)]) + kFp32Sum * a[size_t(k)];
+        }
+      }
+    const DeviceBuffer ddy = to_device_bf16(dy), dw = to_device_bf16(w);
+    const PoisonedBf16 dx(g.rows * K);
+    cuda::grouped_gemm_nn(ddy.as<bf16>(), dw.as<bf16>(), dx.out(), g.device.as<int32_t>(), g.G, g.rows, N, K,
+                          stream_);
+    sync();
+    expect_within(dx.read("dX"), want, tol, "dX");
+  }
+
+  // dW_g += dY_g^T @ X_g onto a random non-zero dW.
+  void check_wgrad(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
+    SCOPED_TRACE("grouped_gemm_wgrad " + describe(counts, N, K));
+    const Groups g = groups_of(counts);
+    const auto dy = randn_bf16(size_t(g.rows * N), seed, "grouped.wgrad.dy");
+    const auto x = randn_bf16(size_t(g.rows * K), seed, "grouped.wgrad.x");
+    const int64_t nw = g.G * N * K;
+    // dW with its guards: random fp32 values (not bf16-rounded: main_grad holds any fp32).
+    std::vector<float> dw0(size_t(nw + 2 * kGuard));
+    {
+      Rng rng(seed, "grouped.wgrad.dw0");
+      for (auto& v : dw0) v = static_cast<float>(rng.normal());
+    }
+    std::vector<double> want(static_cast<size_t>(nw)), abssum(static_cast<size_t>(nw));
+    for (int64_t i = 0; i < nw; ++i) {
+      want[size_t(i)] = dw0[size_t(kGuard + i)];
+      abssum[size_t(i)] = std::abs(want[size_t(i)]);
+    }
+    for (int64_t e = 0; e < g.G; ++e)
+      for (int64_t r = g.offsets[size_t(e)]; r < g.offsets[size_t(e) + 1]; ++r)
+        for (int64_t n = 0; n < N; ++n) {
+          const double d = dy[size_t(r * N + n)];
+          const float* xr = &x[size_t(r * K)];
+          double* wr = &want[size_t((e * N + n) * K)];
+          double* ar = &abssum[size_t((e * N + n) * K)];
+          for (int64_t k = 0; k < K; ++k) {
+            const double t = d * xr[k];
+            wr[k] += t;
+            ar[k] += std::abs(t);
+          }
+        }
+    std::vector<double> tol(static_cast<size_t>(nw));
+    for (int64_t i = 0; i < nw; ++i) tol[size_t(i)] = kFp32Sum * abssum[size_t(i)];
+
+    const DeviceBuffer ddy = to_device_bf16(dy), dx = to_device_bf16(x);
+    DeviceBuffer ddw(dw0.size() * sizeof(float));
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {  // twice from the same dW: bit-identical
+      ddw.upload(dw0.data(), ddw.bytes);
+      cuda::grouped_gemm_wgrad(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>() + kGuard, g.device.as<int32_t>(), g.G,
+                               g.rows, N, K, stream_);
+      sync();
+      std::vector<float> h(dw0.size());
+      ddw.download(h.data(), ddw.bytes);
+      runs.push_back(std::move(h));
+    }
+    const std::vector<float>& got = runs[0];
+    EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+        << "two runs from the same dW differ";
+    EXPECT_EQ(std::memcmp(got.data(), dw0.data(), kGuard * sizeof(float)), 0) << "the guard before dW was written";
+    EXPECT_EQ(std::memcmp(got.data() + kGuard + nw, dw0.data() + kGuard + nw, kGuard * sizeof(float)), 0)
+        << "the guard after dW was written";
+    for (int64_t e = 0; e < g.G; ++e) {
+      if (counts[size_t(e)] != 0) continue;
+      const size_t at = size_t(kGuard + e * N * K);
+      EXPECT_EQ(std::memcmp(got.data() + at, dw0.data() + at, size_t(N * K) * sizeof(float)), 0)
+          << "the dW of empty group " << e << " changed";
+    }
+    expect_within(std::vector<float>(got.begin() + kGuard, got.begin() + kGuard + nw), want, tol, "dW");
+  }
+
+  void check_all(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
+    check_nt(counts, N, K, seed);
+    check_nn(counts, N, K, seed);
+    check_wgrad(counts, N, K, seed);
+  }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(CudaGroupedGemm, MixedGroupSizes) {
+  const std::vector<int> counts = {0, 1, 37, 128, 130, 0, 255, 64};
+  check_all(counts, 72, 200, 1);
+  check_all(counts, 200, 72, 2);
+}
+
+TEST_F(CudaGroupedGemm, RandomGroupSizes) {
+  Rng rng(3, "grouped.counts");
+  std::vector<int> counts(16);
+  for (auto& c : counts) c = rng.uniform() < 0.25 ? 0 : static_cast<int>(rng.next_u64() % 300);
+  counts.back() = 0;  // an empty last group
+  check_all(counts, 136, 264, 3);
+}
+
+TEST_F(CudaGroupedGemm, SingleGroup) {
+  check_all({333}, 128, 96, 4);
+  check_all({5}, 8, 8, 5);
+  check_all({129}, 256, 40, 6);
+}
+
+// The flagship MoE's expert GEMMs on three experts (one empty): fc1 (N=768, K=1024: the forward,
+// its dgrad and wgrad) and fc2 (N=1024, K=384).
+TEST_F(CudaGroupedGemm, FlagshipShapes) {
+  const std::vector<int> counts = {512, 0, 389};
+  check_all(counts, 768, 1024, 7);
+  check_all(counts, 1024, 384, 8);
+}
+
+// No rows at all (every group empty) is a no-op; a zero-length reduction writes zeros.
+TEST_F(CudaGroupedGemm, EmptyProblems) {
+  check_all({0, 0, 0, 0}, 72, 40, 9);
+  check_all({0}, 16, 16, 10);
+  check_nt({3, 0, 17}, 24, 0, 11);   // Y = 0
+  check_nn({3, 0, 17}, 0, 24, 12);   // dX = 0
+  check_wgrad({3, 0, 17}, 24, 0, 13);  // nothing to add
+}
+
+TEST_F(CudaGroupedGemm, RejectsBadArguments) {
+  DeviceBuffer buf(1 << 16);
+  const Groups g = groups_of({4, 4});
+  const bf16* a = buf.as<bf16>();
+  bf16* y = buf.as<bf16>();
+  float* dw = buf.as<float>();
+  const int32_t* off = g.device.as<int32_t>();
+  struct Case {
+    int64_t G, rows, N, K;
+    const bf16* a;
+    std::string_view expect;
+  };
+  const Case cases[] = {{2, 8, 12, 16, a, "multiples of 8"}, {2, 8, 16, 20, a, "multiples of 8"},
+                        {2, 8, -8, 16, a, "N=-8"},           {2, 8, 16, -8, a, "K=-8"},
+                        {0, 8, 16, 16, a, "at least 1"},     {-1, 8, 16, 16, a, "at least 1"},
+                        {2, -1, 16, 16, a, "rows"},          {2, 8, 16, 16, a + 1, "aligned"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("G=" + std::to_string(c.G) + " rows=" + std::to_string(c.rows) + " N=" + std::to_string(c.N) +
+                 " K=" + std::to_string(c.K) + " expecting \"" + std::string(c.expect) + "\"");
+    const auto expect_error = [&](auto&& call, const char* fn) {
+      try {
+        call();
+        ADD_FAILURE() << fn << " did not throw";
+      } catch (const laoyao::Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(fn), std::string::npos) << what;
+        EXPECT_NE(what.find(c.expect), std::string::npos) << what;
+      }
+    };
+    expect_error([&] { cuda::grouped_gemm_nt(c.a, a, y, off, c.G, c.rows, c.N, c.K, stream_); }, "grouped_gemm_nt");
+    expect_error([&] { cuda::grouped_gemm_nn(c.a, a, y, off, c.G, c.rows, c.N, c.K, stream_); }, "grouped_gemm_nn");
+    expect_error([&] { cuda::grouped_gemm_wgrad(c.a, a, dw, off, c.G, c.rows, c.N, c.K, stream_); },
+                 "grouped_gemm_wgrad");
+  }
+  EXPECT_THROW(cuda::grouped_gemm_nt(a, a, y, nullptr, 2, 8, 16, 16, stream_), laoyao::Error);
+  sync();  // nothing was enqueued
+}
+
+}  // namespace
+}  // namespace laoyao::kernels::cuda_test
