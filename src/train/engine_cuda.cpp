@@ -93,6 +93,8 @@ class CudaEngine final : public Engine {
     gpu_.forward(in, mb.loss_mask.data(), key, dloss);
     if (dloss) gpu_.backward();
   }
+  void set_moe_aux_loss_scale(double scale) override { gpu_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
+  model::GptModel::MoeLosses take_moe_losses() override { return gpu_.take_moe_losses(); }
   LossSum take_loss_sum() override {
     auto [sum, count] = gpu_.take_loss_sum();
     return {sum, count};

@@ -22,6 +22,7 @@
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/stream_wait.hpp"
+#include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/gpt_tp.hpp"
@@ -32,7 +33,8 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
-  if (c.moe.num_experts > 0) missing.push_back("Mixture-of-Experts layers");
+  if (c.moe.num_experts > 0 && c.moe.num_experts > kc::kMoeMaxExperts)
+    missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -175,7 +177,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     }
     pool_layers = covered > 0 ? std::min(chunk, covered) : 0;
   }
-  auto carve_layer = [&](Carver& a, LayerActs& L) {
+  // An MoE layer keeps its MLP's activations in moe_ instead of u and g.
+  bool any_dense = false;
+  for (int64_t l = 0; l < c.num_layers; ++l) any_dense = any_dense || !c.is_moe_layer(l);
+  auto carve_layer = [&](Carver& a, LayerActs& L, bool dense_mlp) {
     L.x_in = a.take<bf16>(Tr * h);
     L.ln1 = a.take<bf16>(T * h);
     L.ln1_mean = a.take<float>(Tr);
@@ -196,19 +201,19 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     L.ln2 = a.take<bf16>(T * h);
     L.ln2_mean = a.take<float>(Tr);
     L.ln2_rstd = a.take<float>(Tr);
-    L.u = a.take<bf16>(T * c.fc1_width());
-    L.g = a.take<bf16>(T * c.ffn);
+    L.u = a.take<bf16>(dense_mlp ? T * c.fc1_width() : 0);
+    L.g = a.take<bf16>(dense_mlp ? T * c.ffn : 0);
   };
 
   auto carve = [&](Carver& a) {
     layers_.assign(static_cast<size_t>(c.num_layers), LayerActs{});
     emb_out_ = a.take<bf16>(T * h);
     std::vector<LayerActs> pool(static_cast<size_t>(pool_layers));
-    for (auto& P : pool) carve_layer(a, P);
+    for (auto& P : pool) carve_layer(a, P, any_dense);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       LayerActs& L = layers_[l];
       if (chunk_start_[l] < 0) {
-        carve_layer(a, L);
+        carve_layer(a, L, !c.is_moe_layer(l));
       } else {
         L = pool[static_cast<size_t>(l - chunk_start_[l])];
         if (l == chunk_start_[l]) L.x_in = a.take<bf16>(Tr * h);  // the chunk's input, kept
@@ -247,6 +252,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     mask_ = a.take<float>(T);
     dloss_ = a.take<float>(T);
   };
+  if (c.moe.num_experts > 0) {
+    if (tensor_parallel()) throw UsageError("the CUDA backend runs Mixture-of-Experts layers without tensor parallelism");
+    moe_ = std::make_unique<CudaMoeLayers>(c, T, s);
+  }
   Carver measure;
   carve(measure);
   acts_ = kc::DeviceBuffer(measure.used);
@@ -300,13 +309,19 @@ CudaGptModel::~CudaGptModel() {
   }
   for (cudaEvent_t e : staged_)
     if (e) (void)cudaEventDestroy(e);
+  drop_graphs();
+}
+
+void CudaGptModel::drop_graphs() {
   for (auto& [k, exec] : graphs_)
     if (exec) (void)cudaGraphExecDestroy(exec);
+  graphs_.clear();
 }
 
 size_t CudaGptModel::device_bytes() const {
   return main_.bytes + grads_.bytes + params_.bytes + acts_.bytes + loss_acc_.bytes + zero_bias_.bytes +
-         counted_.bytes + (cudnn_attention_ ? static_cast<size_t>(cudnn_attention_->device_bytes()) : 0);
+         counted_.bytes + (cudnn_attention_ ? static_cast<size_t>(cudnn_attention_->device_bytes()) : 0) +
+         (moe_ ? moe_->device_bytes() : 0);
 }
 
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
@@ -398,6 +413,18 @@ kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const
   // Tensor parallelism: this rank's heads of each sequence of the whole [b, heads, s, s] mask.
   return kc::sliced(d, static_cast<uint64_t>(cfg_.heads * s_ * s_), tp_rank_, tp_size_);
 }
+
+CudaMoeLayers::Context CudaGptModel::moe_context(const GptLayerOffsets& W) {
+  return {W, params(), main_grads(), gemm_, stream_};
+}
+
+void CudaGptModel::set_moe_aux_loss_scale(float scale) {
+  if (scale == moe_aux_loss_scale_) return;
+  moe_aux_loss_scale_ = scale;
+  drop_graphs();  // their router backwards hold the old scale
+}
+
+GptModel::MoeLosses CudaGptModel::take_moe_losses() { return moe_ ? moe_->take_losses(stream_) : GptModel::MoeLosses{}; }
 
 void CudaGptModel::tp_all_reduce(bf16* x, int64_t n) {
   tp_->all_reduce_device(x, static_cast<size_t>(n), dist::DeviceType::BF16, stream_);
@@ -585,6 +612,7 @@ cudaGraphExec_t CudaGptModel::capture(const std::function<void()>& enqueue) {
 void CudaGptModel::enqueue_forward(bool with_loss_grad) {
   const auto& c = lc_;
   const DropoutKey& key = key_;
+  training_forward_ = with_loss_grad;
   const int64_t T = b_ * s_, h = c.hidden;
   const std::string call = std::to_string(key.call);
 
@@ -672,6 +700,11 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   }
   norm_forward(a.x_mid, W.ln2_w, W.ln2_b, sp_ ? sp_local_ : a.ln2, a.ln2_mean, a.ln2_rstd);
   if (sp_) sp_gather(sp_local_, a.ln2);
+  if (c.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
+    moe_->forward(l, moe_context(W), a.ln2, branch_, T, training_forward_ && !recomputing_);
+    kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, hidden_dropout(site + "mlp." + call), stream_);
+    return;
+  }
   if (c.activation == Activation::SwiGLU) {
     linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
     kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
@@ -723,8 +756,11 @@ void CudaGptModel::enqueue_backward() {
   const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     // Full recomputation: entering a chunk from its end, rebuild its layers' activations first.
-    if (chunk_end_[l] == l)
+    if (chunk_end_[l] == l) {
+      recomputing_ = true;  // the MoE losses were counted by the forward
       for (int64_t j = chunk_start_[l]; j <= l; ++j) enqueue_layer_forward(j);
+      recomputing_ = false;
+    }
     const GptLayerOffsets& W = layout_.layers[l];
     LayerActs& a = layers_[l];
     const std::string site = "dropout.layer" + std::to_string(l) + ".";
@@ -733,7 +769,9 @@ void CudaGptModel::enqueue_backward() {
     bf16* dbranch = dx_;
     if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, rows_ * h, drop2, stream_), dbranch = dbranch_;
     dbranch = whole_rows(dbranch);
-    if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
+    if (c.is_moe_layer(l)) {
+      moe_->backward(l, moe_context(W), a.ln2, dbranch, dnorm_, T, moe_aux_loss_scale_);
+    } else if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
       gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_);
       if (W.fc2_b >= 0) kc::bias_grad(dbranch, G(W.fc2_b), reduce_scratch_, T, h, stream_);
@@ -747,7 +785,7 @@ void CudaGptModel::enqueue_backward() {
         kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn,
                                stream_);
     }
-    linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
+    if (!c.is_moe_layer(l)) linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
     // dx = d(x_mid)
     layernorm_backward_into_residual(sum_input_grad(), a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);
     // Attention block.

@@ -11,7 +11,8 @@
 // or SwiGLU, learned absolute or rotary positions (Llama 3 scaling included), QK layernorm with
 // RMSNorm (Qwen3; head dims that are multiples of 8 up to 256), tied or untied output layer, biases
 // on or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
-// or the unfused path, by --attention-backend (gpt_config.hpp). cuda_unsupported_features() names
+// or the unfused path, by --attention-backend (gpt_config.hpp); Mixture-of-Experts layers
+// (model/cuda/moe_layers_cuda.hpp; not with tensor parallelism). cuda_unsupported_features() names
 // what is not (QK-norm head dims and RMSNorm widths its kernels cannot pack).
 //
 // Tensor parallelism (a group of several GPU ranks, NCCL): each rank holds Megatron-Core's shards
@@ -43,6 +44,7 @@
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
+#include "model/cuda/moe_layers_cuda.hpp"
 
 namespace laoyao::model {
 
@@ -114,6 +116,12 @@ class CudaGptModel {
   // Per-token losses of the last forward (synchronises; for tests).
   std::vector<float> download_losses() const;
 
+  // Mixture of Experts: the gradient each load-balancing / z loss gets (Megatron's
+  // MoEAuxLossAutoScaler, 1 / num_microbatches), and the training forwards' losses since the last
+  // take (as GptModel::take_moe_losses; synchronises the stream).
+  void set_moe_aux_loss_scale(float scale);
+  GptModel::MoeLosses take_moe_losses();
+
   // "cudnn", "flash" or "unfused": the attention path in use.
   const char* attention_path() const;
   // Bytes of device memory this model holds.
@@ -158,6 +166,8 @@ class CudaGptModel {
   void enqueue_layer_forward(int64_t l);
   void enqueue_backward();
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
+  void drop_graphs();
+  CudaMoeLayers::Context moe_context(const GptLayerOffsets& W);
   void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
                       const bf16* residual = nullptr);
   void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
@@ -226,6 +236,12 @@ class CudaGptModel {
   // bias-GeLU kernels instead.
   bool gelu_epilogue_ = false;
   std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs_;
+  // Mixture of Experts: the MoE layers' kernels and buffers (null for a dense model); whether the
+  // forward being enqueued is a training one, and whether the backward is recomputing layers (the
+  // MoE losses count once, in a training forward).
+  std::unique_ptr<CudaMoeLayers> moe_;
+  bool training_forward_ = false, recomputing_ = false;
+  float moe_aux_loss_scale_ = 1.0f;
   // --overlap-grad-reduce: the hook, and the parameter ranges it is given: the head's (final norm,
   // untied output layer) then each layer's, as index ranges into sync_ranges_.
   GradsReady grads_ready_;

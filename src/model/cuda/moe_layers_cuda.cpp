@@ -1,0 +1,208 @@
+#include "model/cuda/moe_layers_cuda.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.hpp"
+#include "kernels/cuda/bias_gelu.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
+#include "kernels/cuda/stream_wait.hpp"
+#include "kernels/cuda/swiglu.hpp"
+
+namespace laoyao::model {
+
+namespace kc = laoyao::kernels::cuda;
+
+namespace {
+
+// Carves one allocation into 256-byte aligned pieces: once with base == nullptr to measure, then
+// over the real allocation.
+struct Carver {
+  char* base = nullptr;
+  size_t used = 0;
+  template <class T>
+  T* take(int64_t count) {
+    const size_t off = used;
+    used += (static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T) + 255) / 256 * 256;
+    return base && count > 0 ? reinterpret_cast<T*>(base + off) : nullptr;
+  }
+};
+
+}  // namespace
+
+CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length) : cfg_(cfg) {
+  const MoeConfig& m = cfg.moe;
+  E_ = m.num_experts, k_ = m.topk, H_ = cfg.hidden, F_ = m.ffn, Fs_ = m.shared_ffn;
+  const bool swiglu = cfg.activation == Activation::SwiGLU;
+  F1_ = swiglu ? 2 * F_ : F_;
+  Fs1_ = swiglu ? 2 * Fs_ : Fs_;
+  if (E_ > kc::kMoeMaxExperts)
+    throw UsageError("the CUDA backend routes to at most " + std::to_string(kc::kMoeMaxExperts) +
+                     " experts (--num-experts " + std::to_string(E_) + ")");
+  if (H_ % 8 != 0 || F_ % 8 != 0 || Fs_ % 8 != 0)
+    throw UsageError("the CUDA backend's MoE kernels need --hidden-size, --moe-ffn-hidden-size and "
+                     "--moe-shared-expert-intermediate-size to be multiples of 8");
+  router_.num_experts = E_;
+  router_.topk = k_;
+  router_.sigmoid = m.sigmoid;
+  router_.pre_softmax = m.pre_softmax;
+  router_.topk_scaling_factor = m.topk_scaling_factor ? static_cast<float>(*m.topk_scaling_factor) : 0.0f;
+  losses_.aux_coeff = static_cast<float>(m.aux_loss_coeff);
+  losses_.seq_aux_coeff = static_cast<float>(m.seq_aux_loss_coeff);
+  losses_.z_coeff = static_cast<float>(m.z_loss_coeff);
+  losses_.seq_length = seq_length;
+
+  const int64_t T = max_tokens, N = T * k_;
+  const bool aux = losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0;
+  slot_.assign(static_cast<size_t>(cfg.num_layers), -1);
+  int64_t layers = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (cfg.is_moe_layer(l)) slot_[static_cast<size_t>(l)] = layers++;
+
+  auto carve_saved = [&](Carver& a) {
+    saved_layers_.assign(static_cast<size_t>(layers), Saved{});
+    for (auto& S : saved_layers_) {
+      S.logits = a.take<float>(T * E_);
+      S.probs = a.take<float>(N);
+      S.scores = a.take<float>(aux ? T * E_ : 0);
+      S.lse = a.take<float>(losses_.z_coeff > 0 ? T : 0);
+      S.stats = a.take<float>(static_cast<int64_t>(kc::moe_aux_stats_floats(T, E_, losses_)));
+      S.topk_idx = a.take<int32_t>(N);
+      S.counts = a.take<int32_t>(E_);
+      S.offsets = a.take<int32_t>(E_ + 1);
+      S.sorted_token = a.take<int32_t>(N);
+      S.permuted_row = a.take<int32_t>(N);
+      S.fc1_out = a.take<bf16>(N * F1_);
+      S.act_out = a.take<bf16>(N * F_);
+      S.expert_out = a.take<bf16>(N * H_);
+      S.shared_u = a.take<bf16>(T * Fs1_);
+      S.shared_g = a.take<bf16>(T * Fs_);
+    }
+  };
+  auto carve_scratch = [&](Carver& a) {
+    permuted_x_ = a.take<bf16>(N * H_);
+    shared_out_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
+    dexpert_ = a.take<bf16>(N * H_);
+    dact_ = a.take<bf16>(N * F_);
+    dfc1_ = a.take<bf16>(N * F1_);
+    dpermuted_ = a.take<bf16>(N * H_);
+    dlogits_ = a.take<bf16>(T * E_);
+    dshared_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
+    dshared_g_ = a.take<bf16>(T * Fs_);
+    dshared_u_ = a.take<bf16>(T * Fs1_);
+    dprobs_ = a.take<float>(N);
+    perm_scratch_ = a.take<char>(static_cast<int64_t>(kc::moe_permutation_scratch_bytes(T, E_)));
+  };
+  Carver measure;
+  carve_saved(measure);
+  saved_ = kc::DeviceBuffer(std::max<size_t>(measure.used, 1));
+  Carver real{static_cast<char*>(saved_.ptr), 0};
+  carve_saved(real);
+  Carver measure_scratch;
+  carve_scratch(measure_scratch);
+  scratch_ = kc::DeviceBuffer(measure_scratch.used);
+  Carver real_scratch{static_cast<char*>(scratch_.ptr), 0};
+  carve_scratch(real_scratch);
+
+  sums_ = kc::DeviceBuffer(6 * sizeof(float));
+  train_sums_ = sums_.as<float>();
+  discard_sums_ = train_sums_ + 3;
+  LAOYAO_CUDA_CHECK(cudaMemset(sums_.ptr, 0, sums_.bytes));
+  LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());  // the memset ran on the legacy stream; ours do not wait for it
+  if (!swiglu) {
+    zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * std::max(F_, Fs_));
+    LAOYAO_CUDA_CHECK(cudaMemset(zero_bias_.ptr, 0, zero_bias_.bytes));  // bf16 zero is all-zero bits
+    LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
+void CudaMoeLayers::activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const {
+  if (cfg_.activation == Activation::SwiGLU)
+    kc::swiglu_forward(u, g, rows, F, stream);
+  else
+    kc::bias_gelu_forward(u, zero_bias_.as<bf16>(), g, rows, F, stream, cfg_.activation == Activation::GeluErf);
+}
+
+void CudaMoeLayers::activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F,
+                                        cudaStream_t stream) const {
+  if (cfg_.activation == Activation::SwiGLU)
+    kc::swiglu_backward(u, dg, du, rows, F, stream);
+  else
+    kc::bias_gelu_backward(dg, u, zero_bias_.as<bf16>(), du, rows, F, stream, cfg_.activation == Activation::GeluErf);
+}
+
+void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses) {
+  const Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
+  const GptLayerOffsets& W = ctx.W;
+  const bf16* P = ctx.params;
+  cudaStream_t st = ctx.stream;
+  const int64_t N = T * k_;
+  // Router: fp32 logits (as --moe-router-dtype fp32), the fused top-k and the per-expert counts.
+  ctx.gemm.matmul_rm(x, false, P + W.router_w, true, S.logits, true, T, E_, H_, 1.0f, 0.0f, 1, st);
+  kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st);
+  if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0)
+    kc::moe_aux_losses_forward(S.scores, S.lse, S.topk_idx, S.counts, T, router_, losses_, S.stats,
+                               count_losses ? train_sums_ : discard_sums_, st);
+  // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
+  kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
+  kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
+  kc::grouped_gemm_nt(permuted_x_, P + W.experts_fc1, S.fc1_out, S.offsets, E_, N, F1_, H_, st);
+  activation_forward(S.fc1_out, S.act_out, N, F_, st);
+  kc::grouped_gemm_nt(S.act_out, P + W.experts_fc2, S.expert_out, S.offsets, E_, N, H_, F_, st);
+  if (Fs_ > 0) {
+    ctx.gemm.linear_forward(x, P + W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, st);
+    activation_forward(S.shared_u, S.shared_g, T, Fs_, st);
+    ctx.gemm.linear_forward(S.shared_g, P + W.shared_fc2, nullptr, shared_out_, T, Fs_, H_, st);
+  }
+  kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st);
+}
+
+void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T,
+                             float aux_scale) {
+  const Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
+  const GptLayerOffsets& W = ctx.W;
+  const bf16* P = ctx.params;
+  float* G = ctx.grads;
+  cudaStream_t st = ctx.stream;
+  const int64_t N = T * k_;
+  // Combine: the experts' output gradients and the probabilities'.
+  kc::moe_unpermute_backward(S.expert_out, S.permuted_row, S.probs, dy, dexpert_, dprobs_, T, k_, H_, st);
+  // Experts, fc2 then fc1; their input is permuted again rather than kept.
+  kc::grouped_gemm_nn(dexpert_, P + W.experts_fc2, dact_, S.offsets, E_, N, H_, F_, st);
+  kc::grouped_gemm_wgrad(dexpert_, S.act_out, G + W.experts_fc2, S.offsets, E_, N, H_, F_, st);
+  activation_backward(S.fc1_out, dact_, dfc1_, N, F_, st);
+  kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
+  kc::grouped_gemm_nn(dfc1_, P + W.experts_fc1, dpermuted_, S.offsets, E_, N, F1_, H_, st);
+  kc::grouped_gemm_wgrad(dfc1_, permuted_x_, G + W.experts_fc1, S.offsets, E_, N, F1_, H_, st);
+  // Router: the probabilities' gradient plus the scaled losses', then its two GEMMs; dx starts
+  // as the router's part.
+  kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
+  ctx.gemm.linear_backward_input(dlogits_, P + W.router_w, dx, T, H_, E_, st);
+  ctx.gemm.linear_backward_weight(dlogits_, x, G + W.router_w, T, H_, E_, st);
+  if (Fs_ > 0) {  // the shared expert, a dense MLP on every token
+    ctx.gemm.linear_backward_input(dy, P + W.shared_fc2, dshared_g_, T, Fs_, H_, st);
+    ctx.gemm.linear_backward_weight(dy, S.shared_g, G + W.shared_fc2, T, Fs_, H_, st);
+    activation_backward(S.shared_u, dshared_g_, dshared_u_, T, Fs_, st);
+    ctx.gemm.linear_backward_input(dshared_u_, P + W.shared_fc1, dshared_, T, H_, Fs1_, st);
+    ctx.gemm.linear_backward_weight(dshared_u_, x, G + W.shared_fc1, T, H_, Fs1_, st);
+    kc::add_inplace(dx, dshared_, T * H_, st);
+  }
+  // The routed experts' part: each token's k rows summed into dx.
+  kc::moe_permute_backward(dpermuted_, S.permuted_row, dx, T, k_, H_, true, st);
+}
+
+GptModel::MoeLosses CudaMoeLayers::take_losses(cudaStream_t stream) {
+  float host[3];
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host, train_sums_, sizeof host, cudaMemcpyDeviceToHost, stream));
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(train_sums_, 0, sizeof host, stream));
+  kc::stream_wait(stream, "the step (its MoE losses)");
+  GptModel::MoeLosses out;
+  if (losses_.aux_coeff > 0) out.aux = host[0] / losses_.aux_coeff;
+  if (losses_.seq_aux_coeff > 0) out.seq_aux = host[1] / losses_.seq_aux_coeff;
+  if (losses_.z_coeff > 0) out.z = host[2] / losses_.z_coeff;
+  return out;
+}
+
+}  // namespace laoyao::model

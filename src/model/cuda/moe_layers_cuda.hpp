@@ -1,0 +1,85 @@
+// Megatron-Core's MoELayer on the GPU (dropless, EP = 1), for CudaGptModel's MoE layers: the
+// router's GEMM and fused top-k, the load-balancing and z losses, the permutation, the routed
+// experts as grouped GEMMs, the combine with the shared expert's output added. The same function as
+// the CPU reference (kernels/cpu/moe.hpp's moe_layer_forward/backward) with bf16 activations and
+// fp32 router math, and no host synchronisation: the per-expert counts stay on the device.
+//
+// One object serves all MoE layers of a model. It owns what each layer keeps for its backward
+// (router logits and choices, the permutation, the experts' activations and outputs) and the
+// scratch the layers share (the permuted input, which the backward permutes again rather than keep,
+// and the backward's gradients). Sized once for up to max_tokens tokens a micro-batch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/moe.hpp"
+#include "model/gpt_config.hpp"
+#include "model/gpt_layout.hpp"
+#include "model/gpt_model.hpp"
+
+namespace laoyao::model {
+
+class CudaMoeLayers {
+ public:
+  using bf16 = __nv_bfloat16;
+  // Throws UsageError naming what the GPU path cannot do (more than kMoeMaxExperts experts, widths
+  // that are not multiples of 8).
+  CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length);
+  CudaMoeLayers(const CudaMoeLayers&) = delete;
+  CudaMoeLayers& operator=(const CudaMoeLayers&) = delete;
+
+  // The operands of one layer's call: its parameter offsets, the bf16 parameters and fp32 main
+  // gradients, the GEMM object and stream of the model.
+  struct Context {
+    const GptLayerOffsets& W;
+    const bf16* params;
+    float* grads;
+    kernels::cuda::CublasLtGemm& gemm;
+    cudaStream_t stream;
+  };
+  // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output). count_losses: add this
+  // forward's load-balancing and z losses to the training sums (a training forward; false for an
+  // evaluation, or a recomputation running the layer again).
+  void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses);
+  // dx[T, H] (overwritten) and the layer's gradients (accumulated) from dy[T, H], after forward(l)
+  // of the same x. aux_scale: the gradient of each load-balancing / z loss (MoEAuxLossAutoScaler).
+  void backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T, float aux_scale);
+
+  // The training forwards' losses since the last call, each divided by its coefficient (Megatron's
+  // log values), summed over layers and micro-batches; resets the sums. Synchronises the stream.
+  GptModel::MoeLosses take_losses(cudaStream_t stream);
+  size_t device_bytes() const { return saved_.bytes + scratch_.bytes + sums_.bytes; }
+
+ private:
+  struct Saved {  // what layer l keeps from its forward for its backward
+    float *logits, *probs, *scores, *lse, *stats;
+    int32_t *topk_idx, *counts, *offsets, *sorted_token, *permuted_row;
+    bf16 *fc1_out, *act_out, *expert_out, *shared_u, *shared_g;
+  };
+  // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
+  void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const;
+  void activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F, cudaStream_t stream) const;
+
+  GptConfig cfg_;
+  kernels::cuda::MoeRouterSpec router_;
+  kernels::cuda::MoeAuxLossSpec losses_;
+  int64_t E_, k_, H_, F_, F1_, Fs_, Fs1_;  // experts, top-k, hidden, expert ffn (fc1 rows), shared (fc1 rows)
+  std::vector<int64_t> slot_;              // layer -> index into saved (-1: dense layer)
+  std::vector<Saved> saved_layers_;
+  kernels::cuda::DeviceBuffer saved_, scratch_, sums_, zero_bias_;
+  // Shared scratch.
+  bf16 *permuted_x_ = nullptr, *shared_out_ = nullptr, *dexpert_ = nullptr, *dact_ = nullptr, *dfc1_ = nullptr,
+       *dpermuted_ = nullptr, *dlogits_ = nullptr, *dshared_ = nullptr, *dshared_g_ = nullptr,
+       *dshared_u_ = nullptr;
+  float* dprobs_ = nullptr;
+  void* perm_scratch_ = nullptr;
+  float* train_sums_ = nullptr;    // [3] aux, seq_aux, z (coefficients in) since the last take_losses
+  float* discard_sums_ = nullptr;  // [3] where the losses of forwards that do not count go
+};
+
+}  // namespace laoyao::model
