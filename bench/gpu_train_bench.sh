@@ -5,8 +5,8 @@
 # and MFU against 989 TFLOP/s, and memory (laoyao: device memory held; peer: torch's peak allocated).
 #   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
-# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k (default: the first
-# three). Run on the GPU machine
+# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b (default: the
+# first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -47,6 +47,15 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
                        --untie-embeddings-and-output-weights --seq-length 4096 --max-position-embeddings 4096 \
                        --micro-batch-size 1 --global-batch-size 1 --vocab-size 151936 --hidden-dropout 0 \
                        --attention-dropout 0 --train-iters 20 ;;
+    # The flagship MoE (moe_2b_pretrain_config's model, the peer pytorch_moe.py's moe_2b): 24 layers, 64
+    # experts of ffn 384, top-8, 2 sequences of 4096 a step. The peer has no aux loss; ours keeps the recipe's.
+    moe_2b) echo --num-layers 24 --hidden-size 1024 --num-attention-heads 16 --group-query-attention \
+              --num-query-groups 4 --kv-channels 64 --ffn-hidden-size 3072 --normalization RMSNorm --norm-epsilon 1e-6 \
+              --swiglu --qk-layernorm --position-embedding-type rope --rotary-base 1000000 --disable-bias-linear \
+              --untie-embeddings-and-output-weights --seq-length 4096 --max-position-embeddings 4096 \
+              --micro-batch-size 2 --global-batch-size 2 --vocab-size 151936 --num-experts 64 --moe-router-topk 8 \
+              --moe-ffn-hidden-size 384 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3 \
+              --moe-router-dtype fp32 --moe-grouped-gemm --hidden-dropout 0 --attention-dropout 0 --train-iters 20 ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
@@ -73,7 +82,9 @@ for c in $cases; do
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
   if [ "$c" != seed_command ]; then
-    PYTHONUNBUFFERED=1 python3 "$PEER" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
+    peer="$PEER"
+    [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
+    PYTHONUNBUFFERED=1 python3 "$peer" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
     peer_tok=$(sed -n 's/.*tokens\/s=\([0-9,]*\).*/\1/p' "$LOGS/peer_$c.log" | tr -d , | tail -1)
     peer_mem=$(sed -n 's/.*mem_GB=\([0-9.]*\).*/\1/p' "$LOGS/peer_$c.log" | tail -1)
     [ -n "$peer_tok" ] && ratio=$(python3 -c "print(f'{$tok/$peer_tok:.2f}x')")

@@ -8,9 +8,10 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench dp2 tp2 (default: all but dp2 and
-#                                            tp2, which need nvidia-h200-x2; BENCH_CASES picks the bench cases). Full
-#                                            logs go to $OUT; a summary table is printed last.
+#                                            attention gemm profile bench moe dp2 tp2 (default: all but moe,
+#                                            dp2 and tp2; dp2 and tp2 need nvidia-h200-x2; BENCH_CASES picks
+#                                            the bench cases). Full logs go to $OUT; a summary table is
+#                                            printed last.
 set -uo pipefail
 C=build/gpu-carry
 case "${1:-}" in
@@ -19,10 +20,10 @@ case "${1:-}" in
     B="${2:-build/main}"
     [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
     cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown \
-      laoyao_bench_gemm -j2
+      laoyao_bench_gemm laoyao_bench_grouped_gemm -j2
     mkdir -p "$C/lib" "$C/peers"  # not emptied: tests/gpu/crosscheck.sh keeps its vocabularies there too
     cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" \
-      "$B/laoyao_bench_gemm" "$C/"
+      "$B/laoyao_bench_gemm" "$B/laoyao_bench_grouped_gemm" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
     for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
@@ -99,6 +100,25 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
             --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
             --untie-embeddings-and-output-weights --attention-dropout 0 --train-iters 20
+          ;;
+        moe)
+          # Mixture of Experts: its GPU tests (kernels, grouped GEMMs, layer and model against the CPU),
+          # a small MoE model trained on the CPU and on the GPU (compare-logs, load_balancing_loss
+          # included), the grouped GEMMs against cuBLASLt, and the 2B flagship against the PyTorch MoE peer.
+          timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_moe.txt" 2>&1
+          note "MoE GPU tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_moe.txt" | tr '\n' ' ')"
+          while read -r line; do note "  $line"; done < <(grep -h -E -A6 '(Failure|error:)' "$OUT/gpu_tests_moe.txt" | head -30)
+          parity_run parity_moe "MoE (8 experts, top-2, aux + z loss)" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
+            --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
+            --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 --num-experts 8 \
+            --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 \
+            --train-iters 20
+          timeout 120 "$C/laoyao_bench_grouped_gemm" > "$OUT/grouped_gemm.txt" 2>&1
+          note "grouped GEMM bench (exit $?):"
+          while read -r line; do note "  $line"; done < <(tail -14 "$OUT/grouped_gemm.txt")
+          bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b 2>&1 | tee "$OUT/bench.txt" | tail -3
+          note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
           ;;
         dp2)
           # Data parallelism over two GPUs (nvidia-h200-x2; NCCL gradients, Gloo host values): the GPT
