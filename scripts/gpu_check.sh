@@ -120,9 +120,11 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b 2>&1 | tee "$OUT/bench.txt" | tail -3
           note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
           ;;
-        dp2)
+        dp2|dp2_speed)
           # Data parallelism over two GPUs (nvidia-h200-x2; NCCL gradients, Gloo host values): the GPT
-          # parity config (dropout on) at DP=2 through `laoyao launch` against DP=1, same global batch.
+          # parity config (dropout on) at DP=2 through `laoyao launch` against DP=1, same global batch
+          # (dp2_speed: only the throughput runs below).
+          [ "$part" = dp2 ] && {
           dp_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
                    --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
                    --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
@@ -148,7 +150,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
             note "$a vs $b on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
           done
-          # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence per GPU a step, 1 GPU vs 2.
+          }
+          # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence per GPU a step, 1 GPU vs 2,
+          # with each step's GPU phases (LAOYAO_STEP_PHASES) to see where DP=2's extra time goes.
+          export LAOYAO_STEP_PHASES=1
           read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
                 --eval-iters 0 --log-interval 5 --log-throughput "${llama[@]}")
@@ -160,6 +165,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           ms1=$(ms "$OUT/dp1_llama.log"); ms2=$(ms "$OUT/dp2_llama.log"); ms3=$(ms "$OUT/dp2_overlap_llama.log")
           note "Llama-3.2-1B s8k: DP=1 ${ms1:-?} ms/step (1 x 8192 tokens), DP=2 ${ms2:-?} ms/step (2 x 8192): $(python3 -c "print(f'{2*$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           note "  DP=2 --overlap-grad-reduce ${ms3:-?} ms/step: $(python3 -c "print(f'{2*$ms1/$ms3:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
+          for run in dp1_llama dp2_llama dp2_overlap_llama; do
+            note "  $run: $(grep 'step phases' "$OUT/$run.log" | tail -1 | sed 's/.*step phases/step phases/')"
+          done
+          unset LAOYAO_STEP_PHASES
           ;;
         tp2)
           # Tensor parallelism over two GPUs (nvidia-h200-x2): the seed's two-GPU pair, MLM flags and

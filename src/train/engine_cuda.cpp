@@ -8,7 +8,10 @@
 // all-gathered (Megatron's scheme, megatron-lm.md §8.3). The main parameters outside the share are
 // stale on the device; a checkpoint gathers them over the group.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,55 @@ namespace laoyao::train {
 namespace {
 
 namespace kc = laoyao::kernels::cuda;
+
+// LAOYAO_STEP_PHASES=1: where each step's GPU time goes, printed on stderr at the start of the
+// next step (the events have completed by then: the step ends with a wait on the device):
+// forward+backward, the wait for the host between the backward and the gradient reduction, the
+// reduction (what is left of it after the backward with --overlap-grad-reduce), and the norm and
+// optimizer step. For finding data-parallel overheads; off by default (no events recorded).
+class StepPhases {
+ public:
+  enum Mark { kBegin, kBackwardDone, kReduceEnqueued, kReduced, kStepped, kMarks };
+  StepPhases() {
+    const char* env = std::getenv("LAOYAO_STEP_PHASES");
+    if (!env || std::string(env) != "1") return;
+    for (auto& e : events_) LAOYAO_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~StepPhases() {
+    for (cudaEvent_t e : events_)
+      if (e) (void)cudaEventDestroy(e);
+  }
+  StepPhases(const StepPhases&) = delete;
+  StepPhases& operator=(const StepPhases&) = delete;
+  void mark(Mark m, cudaStream_t stream) {
+    if (!events_[m]) return;
+    LAOYAO_CUDA_CHECK(cudaEventRecord(events_[m], stream));
+    marked_[m] = true;
+  }
+  void report_and_begin(cudaStream_t stream) {
+    if (!events_[kBegin]) return;
+    if (marked_[kBegin] && marked_[kStepped]) {
+      auto ms = [&](Mark a, Mark b) {
+        float t = 0;
+        if (!marked_[a] || !marked_[b]) return -1.0f;
+        LAOYAO_CUDA_CHECK(cudaEventSynchronize(events_[b]));
+        LAOYAO_CUDA_CHECK(cudaEventElapsedTime(&t, events_[a], events_[b]));
+        return t;
+      };
+      std::fprintf(stderr,
+                   "laoyao: step phases (ms): forward+backward %.2f | host gap %.2f | gradient reduction %.2f | "
+                   "norm+optimizer %.2f | step %.2f\n",
+                   ms(kBegin, kBackwardDone), ms(kBackwardDone, kReduceEnqueued), ms(kReduceEnqueued, kReduced),
+                   ms(marked_[kReduced] ? kReduced : kBackwardDone, kStepped), ms(kBegin, kStepped));
+    }
+    marked_.fill(false);
+    mark(kBegin, stream);
+  }
+
+ private:
+  std::array<cudaEvent_t, kMarks> events_{};
+  std::array<bool, kMarks> marked_{};
+};
 
 class CudaEngine final : public Engine {
  public:
@@ -87,7 +139,10 @@ class CudaEngine final : public Engine {
   CudaEngine& operator=(const CudaEngine&) = delete;
 
   std::string name() const override { return name_; }
-  void zero_grads() override { gpu_.zero_grads(); }
+  void zero_grads() override {
+    phases_.report_and_begin(gpu_.stream());
+    gpu_.zero_grads();
+  }
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data()};
     gpu_.forward(in, mb.loss_mask.data(), key, dloss);
@@ -117,7 +172,10 @@ class CudaEngine final : public Engine {
     model_sum(kc::sum_squares, gpu_.main_params());
     return std::sqrt(read_result());
   }
-  void finalize_grads() override { gpu_.finalize_grads(); }
+  void finalize_grads() override {
+    phases_.mark(StepPhases::kBackwardDone, gpu_.stream());
+    gpu_.finalize_grads();
+  }
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
     ++steps_;
     kc::AdamWStep s;
@@ -138,24 +196,26 @@ class CudaEngine final : public Engine {
     if (shard_group_)  // every rank's updated share of the bf16 parameters, in place
       shard_group_->all_gather_device(gpu_.params() + b, gpu_.params(), static_cast<size_t>(chunk_),
                                       dist::DeviceType::BF16, gpu_.stream());
+    phases_.mark(StepPhases::kStepped, gpu_.stream());
   }
   // The fp32 main gradients averaged over the data-parallel ranks by NCCL, on the model's stream
   // (the next read of the gradients, the norm, waits for it there); with the distributed optimizer
   // only this rank's share of the average, reduce-scattered in place.
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
+    phases_.mark(StepPhases::kReduceEnqueued, gpu_.stream());
     if (sync_group_) {  // the backward reduced the reported ranges already: the rest, then wait
       gpu_.set_grads_ready_hook(nullptr);
       for (const auto& r : rest_) reduce_range(r.offset, r.count);
       LAOYAO_CUDA_CHECK(cudaEventRecord(synced_, comm_));
       LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(gpu_.stream(), synced_, 0));
       sync_group_ = nullptr;
-      return;
-    }
-    if (shard_group_)
+    } else if (shard_group_) {
       group.reduce_scatter_device(gpu_.main_grads(), gpu_.main_grads() + shard_.begin, static_cast<size_t>(chunk_),
                                   dist::DeviceType::F32, gpu_.stream(), scale);
-    else
+    } else {
       group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
+    }
+    phases_.mark(StepPhases::kReduced, gpu_.stream());
   }
   // Overlap needs whole ranges all-reduced as they finish: not with the distributed optimizer
   // (its shares cut across them) nor tensor parallelism (finalize_grads still adds to them).
@@ -231,6 +291,7 @@ class CudaEngine final : public Engine {
   std::vector<model::CudaGptModel::Range> rest_;
   int64_t steps_ = 0;
   std::string name_;
+  StepPhases phases_;
 };
 
 }  // namespace
