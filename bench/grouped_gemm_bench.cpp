@@ -1,15 +1,17 @@
 // The routed experts' grouped GEMMs (kernels/cuda/grouped_gemm.hpp) on the flagship MoE's shapes
 // (hidden 1024, 64 experts, expert FFN 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]; 4096
-// tokens x top-8 = 32768 permuted rows): the forward of fc1 and fc2 (nt), both input gradients
-// (nn) and both weight gradients (wgrad, accumulated into fp32), each with 64 groups of 512 rows
-// and with 64 random imbalanced groups summing to 32768 rows. Beside our grouped kernel (one
+// tokens x top-8 = 32768 permuted rows; 65536 in real training, ~1024 rows an expert): the forward
+// of fc1 and fc2 (nt), both input gradients (nn) and both weight gradients (wgrad, accumulated
+// into fp32), each with 64 groups of 512 and of 1024 rows and with 64 random imbalanced groups of
+// the same total. Beside our grouped kernel (one
 // launch, the counts on the device), the same work through cuBLASLt (CublasLtGemm: plans cached,
-// the fastest heuristic candidate kept): as one dense GEMM of all 32768 rows with one weight (what
+// the fastest heuristic candidate kept): as one dense GEMM of all the rows with one weight (what
 // a perfect grouped GEMM could reach; its wgrad writes one [N, K] dW instead of 64), and as a loop
 // of 64 per-expert GEMMs with the counts known on the host (what a grouped GEMM replaces). Timed
 // with CUDA events (3 warm-up calls, median of 20). The last column compares our output with the
 // per-expert loop's (max |ours - loop| / max |loop|; wgrad from a zeroed dW): a large-scale sanity
-// check, the tests (tests/model_cuda/grouped_gemm_test.cpp) being the real one.
+// check, the tests (tests/model_cuda/grouped_gemm_test.cpp) being the real one. With --ours-only,
+// only our kernels are timed (to compare variants quickly).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,23 +36,23 @@ using laoyao::bench::random_bf16;
 
 namespace {
 
-constexpr int64_t kExperts = 64, kRows = 32768, kMaxWidth = 1024, kMaxWeight = 768 * 1024;
+constexpr int64_t kExperts = 64, kMaxRows = 65536, kMaxWidth = 1024, kMaxWeight = 768 * 1024;
 constexpr int kReps = 20;
 
 enum class Kind { Nt, Nn, Wgrad };
 
-// 64 counts summing to kRows: equal, or lognormal weights (sigma 0.7) rounded down, the remainder
+// 64 counts summing to rows: equal, or lognormal weights (sigma 0.7) rounded down, the remainder
 // to the largest group.
-std::vector<int> group_counts(bool balanced) {
-  std::vector<int> c(kExperts, int(kRows / kExperts));
+std::vector<int> group_counts(int64_t rows, bool balanced) {
+  std::vector<int> c(kExperts, int(rows / kExperts));
   if (balanced) return c;
   laoyao::Rng rng(7, "bench.grouped_gemm.counts");
   std::vector<double> w(kExperts);
   double sum = 0;
   for (auto& x : w) sum += (x = std::exp(0.7 * rng.normal()));
   int64_t total = 0;
-  for (int64_t g = 0; g < kExperts; ++g) total += (c[size_t(g)] = int(std::floor(double(kRows) * w[size_t(g)] / sum)));
-  *std::max_element(c.begin(), c.end()) += int(kRows - total);
+  for (int64_t g = 0; g < kExperts; ++g) total += (c[size_t(g)] = int(std::floor(double(rows) * w[size_t(g)] / sum)));
+  *std::max_element(c.begin(), c.end()) += int(rows - total);
   return c;
 }
 
@@ -77,7 +79,8 @@ double rel_diff(const DeviceBuffer& a, const DeviceBuffer& b, int64_t n) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool ours_only = argc > 1 && std::string(argv[1]) == "--ours-only";
   struct Shape { const char* name; Kind kind; int64_t N, K; };
   const Shape shapes[] = {{"fc1 fwd (nt)", Kind::Nt, 768, 1024},       {"fc2 fwd (nt)", Kind::Nt, 1024, 384},
                           {"fc2 dgrad (nn)", Kind::Nn, 1024, 384},     {"fc1 dgrad (nn)", Kind::Nn, 768, 1024},
@@ -89,20 +92,20 @@ int main() {
 
   // The activation operands (X or dY, and X of wgrad), the 64 weights, and the outputs (ours and
   // cuBLASLt's), sized for the largest shape.
-  DeviceBuffer act = random_bf16(kRows * kMaxWidth, "act"), act2 = random_bf16(kRows * kMaxWidth, "act2");
+  DeviceBuffer act = random_bf16(kMaxRows * kMaxWidth, "act"), act2 = random_bf16(kMaxRows * kMaxWidth, "act2");
   DeviceBuffer w = random_bf16(kExperts * kMaxWeight, "w", 0.02);
-  DeviceBuffer y(sizeof(bf16) * kRows * kMaxWidth), y_ref(sizeof(bf16) * kRows * kMaxWidth);
+  DeviceBuffer y(sizeof(bf16) * kMaxRows * kMaxWidth), y_ref(sizeof(bf16) * kMaxRows * kMaxWidth);
   DeviceBuffer dw(sizeof(float) * kExperts * kMaxWeight), dw_ref(sizeof(float) * kExperts * kMaxWeight);
   DeviceBuffer offsets(sizeof(int32_t) * (kExperts + 1));
   CublasLtGemm lt;
 
-  std::printf("%s, %lld rows, %lld experts; TFLOP/s = 2 rows N K / time\n\n", prop.name, (long long)kRows,
-              (long long)kExperts);
-  std::printf("| gemm | N | K | groups | ours TFLOP/s | cuBLASLt dense TFLOP/s | cuBLASLt 64-GEMM loop TFLOP/s | "
+  std::printf("%s, %lld experts; TFLOP/s = 2 rows N K / time\n\n", prop.name, (long long)kExperts);
+  std::printf("| gemm | N | K | rows | groups | ours TFLOP/s | cuBLASLt dense TFLOP/s | cuBLASLt 64-GEMM loop TFLOP/s | "
               "ours / dense | ours / loop | max diff vs loop |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const int64_t rows : {int64_t(32768), kMaxRows})  // 512 and 1024 rows an expert
   for (const bool balanced : {true, false}) {
-    const std::vector<int> counts = group_counts(balanced);
+    const std::vector<int> counts = group_counts(rows, balanced);
     std::vector<int32_t> off(size_t(kExperts + 1), 0);
     for (int64_t g = 0; g < kExperts; ++g) off[size_t(g + 1)] = off[size_t(g)] + counts[size_t(g)];
     offsets.upload(off.data(), offsets.bytes);
@@ -116,14 +119,14 @@ int main() {
       const bf16* W = w.as<bf16>();
       const int32_t* o = offsets.as<int32_t>();
       const std::function<void()> ours = [&] {
-        if (s.kind == Kind::Nt) grouped_gemm_nt(a, W, y.as<bf16>(), o, kExperts, kRows, N, K, stream);
-        if (s.kind == Kind::Nn) grouped_gemm_nn(a, W, y.as<bf16>(), o, kExperts, kRows, N, K, stream);
-        if (s.kind == Kind::Wgrad) grouped_gemm_wgrad(a, b, dw.as<float>(), o, kExperts, kRows, N, K, stream);
+        if (s.kind == Kind::Nt) grouped_gemm_nt(a, W, y.as<bf16>(), o, kExperts, rows, N, K, stream);
+        if (s.kind == Kind::Nn) grouped_gemm_nn(a, W, y.as<bf16>(), o, kExperts, rows, N, K, stream);
+        if (s.kind == Kind::Wgrad) grouped_gemm_wgrad(a, b, dw.as<float>(), o, kExperts, rows, N, K, stream);
       };
       const std::function<void()> dense = [&] {
-        if (s.kind == Kind::Nt) lt.linear_forward(a, W, nullptr, y_ref.as<bf16>(), kRows, K, N, stream);
-        if (s.kind == Kind::Nn) lt.linear_backward_input(a, W, y_ref.as<bf16>(), kRows, K, N, stream);
-        if (s.kind == Kind::Wgrad) lt.linear_backward_weight(a, b, dw_ref.as<float>(), kRows, K, N, stream);
+        if (s.kind == Kind::Nt) lt.linear_forward(a, W, nullptr, y_ref.as<bf16>(), rows, K, N, stream);
+        if (s.kind == Kind::Nn) lt.linear_backward_input(a, W, y_ref.as<bf16>(), rows, K, N, stream);
+        if (s.kind == Kind::Wgrad) lt.linear_backward_weight(a, b, dw_ref.as<float>(), rows, K, N, stream);
       };
       const std::function<void()> loop = [&] {
         for (int64_t g = 0; g < kExperts; ++g) {
@@ -137,6 +140,14 @@ int main() {
             lt.linear_backward_weight(a + r0 * N, b + r0 * K, dw_ref.as<float>() + g * N * K, n, K, N, stream);
         }
       };
+      const double flops = 2.0 * double(rows) * double(N) * double(K);
+      if (ours_only) {
+        const float ours_ms = median_ms(ours, stream, kReps);
+        std::printf("| %s | %lld | %lld | %lld | %s | %.0f | - | - | - | - | - |\n", s.name, (long long)N, (long long)K,
+                    (long long)rows, groups, flops / ours_ms / 1e9);
+        std::fflush(stdout);
+        continue;
+      }
       // Sanity: ours against the per-expert loop (which also builds and tunes the loop's plans).
       if (s.kind == Kind::Wgrad) {
         LAOYAO_CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, dw.bytes, stream));
@@ -146,14 +157,13 @@ int main() {
       loop();
       LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
       const double diff = s.kind == Kind::Wgrad ? rel_diff<float>(dw, dw_ref, kExperts * N * K)
-                                                : rel_diff<bf16>(y, y_ref, kRows * (s.kind == Kind::Nt ? N : K));
+                                                : rel_diff<bf16>(y, y_ref, rows * (s.kind == Kind::Nt ? N : K));
 
-      const double flops = 2.0 * double(kRows) * double(N) * double(K);
       const float ours_ms = median_ms(ours, stream, kReps);
       const float dense_ms = median_ms(dense, stream, kReps);
       const float loop_ms = median_ms(loop, stream, kReps);
-      std::printf("| %s | %lld | %lld | %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.1e |\n", s.name, (long long)N,
-                  (long long)K, groups, flops / ours_ms / 1e9, flops / dense_ms / 1e9, flops / loop_ms / 1e9,
+      std::printf("| %s | %lld | %lld | %lld | %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.1e |\n", s.name,
+                  (long long)N, (long long)K, (long long)rows, groups, flops / ours_ms / 1e9, flops / dense_ms / 1e9, flops / loop_ms / 1e9,
                   dense_ms / ours_ms, loop_ms / ours_ms, diff);
       std::fflush(stdout);
     }

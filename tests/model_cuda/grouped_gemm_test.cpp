@@ -300,6 +300,14 @@ TEST_F(CudaGroupedGemm, FlagshipShapes) {
   check_all(counts, 1024, 384, 8);
 }
 
+// Counts around the 64-row reduction step of wgrad (63, 65, 192) and widths that end in a partial
+// 64-column block of a partial 128 or 256-wide tile (136, 520), in both roles.
+TEST_F(CudaGroupedGemm, TileEdges) {
+  const std::vector<int> counts = {63, 65, 0, 192, 1, 300};
+  check_all(counts, 136, 520, 14);
+  check_all(counts, 520, 136, 15);
+}
+
 // No rows at all (every group empty) is a no-op; a zero-length reduction writes zeros.
 TEST_F(CudaGroupedGemm, EmptyProblems) {
   check_all({0, 0, 0, 0}, 72, 40, 9);
