@@ -941,6 +941,44 @@ TEST_F(CudaKernels, AdamWStepMatchesCpuAdamW) {
   }
 }
 
+// A distributed-optimizer shard can start at any element: the step then runs its first elements
+// one at a time up to 16-byte alignment, the middle four at a time, the tail one at a time. Every
+// element must get the same bits as in a step over the whole (aligned) buffers; the elements before
+// the shard stay untouched.
+TEST_F(CudaKernels, AdamWStepOnAShardStartingAnywhereMatchesTheWholeStep) {
+  const int64_t n = 1031;
+  std::vector<uint8_t> decay(n);
+  for (int64_t i = 0; i < n; ++i) decay[i] = i % 7 != 0;
+  const auto p0 = randn(n, 43, "adamw.shard.params"), g = randn(n, 43, "adamw.shard.grads", 0.1);
+  const auto m0 = randn(n, 43, "adamw.shard.m", 0.01);
+  auto v0 = randn(n, 43, "adamw.shard.v", 0.01);
+  for (auto& x : v0) x *= x;
+  cuda::AdamWStep s;
+  s.lr = 1e-2, s.wd = 0.1, s.step_size = 1e-2 / (1 - 0.9), s.bc2_sqrt = std::sqrt(1 - 0.999), s.grad_scale = 0.75f;
+  auto run = [&](int64_t begin) {
+    auto dp = to_device(p0), dm = to_device(m0), dv = to_device(v0), dg = to_device(g), dd = to_device(decay);
+    DeviceBuffer dpb(n * sizeof(bf16));
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(dpb.ptr, 0, dpb.bytes, stream_));
+    cuda::adamw_step(dp.as<float>() + begin, dg.as<float>() + begin, dm.as<float>() + begin, dv.as<float>() + begin,
+                     dpb.as<bf16>() + begin, dd.as<uint8_t>() + begin, n - begin, s, stream_);
+    sync();
+    return std::vector<std::vector<float>>{from_device<float>(dp, n), from_device<float>(dm, n),
+                                           from_device<float>(dv, n), from_device_bf16(dpb, n)};
+  };
+  const auto whole = run(0);
+  for (const int64_t begin : {int64_t{1}, int64_t{3}, int64_t{6}}) {
+    SCOPED_TRACE("shard from " + std::to_string(begin));
+    const auto shard = run(begin);
+    for (int64_t i = 0; i < n; ++i) {
+      const bool in = i >= begin;
+      ASSERT_EQ(shard[0][i], in ? whole[0][i] : p0[i]) << "param " << i;
+      ASSERT_EQ(shard[1][i], in ? whole[1][i] : m0[i]) << "exp_avg " << i;
+      ASSERT_EQ(shard[2][i], in ? whole[2][i] : v0[i]) << "exp_avg_sq " << i;
+      ASSERT_EQ(shard[3][i], in ? whole[3][i] : 0.0f) << "param_bf16 " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- layernorm
 
 TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
