@@ -11,7 +11,7 @@
 //
 // Group sizes cover empty groups (first, middle and last), single rows, counts just above and
 // below the 128-row tile and odd counts; N and K cover multiples of 8 that are not multiples of the
-// 128 x 128 x 32 tile (72, 136, 200, 264) and the flagship MoE's shapes (hidden 1024, expert FFN
+// 128 x 128 x 64 tile (72, 136, 200, 264, 520) and the flagship MoE's shapes (hidden 1024, expert FFN
 // 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]).
 //
 // GPU only: these tests need device 0 (tests/*_cuda are labelled `gpu`).
@@ -301,7 +301,7 @@ TEST_F(CudaGroupedGemm, FlagshipShapes) {
 }
 
 // Counts around the 64-row reduction step of wgrad (63, 65, 192) and widths that end in a partial
-// 64-column block of a partial 128 or 256-wide tile (136, 520), in both roles.
+// 64-column swizzle block of a partial 128-wide tile (136, 520), in both roles.
 TEST_F(CudaGroupedGemm, TileEdges) {
   const std::vector<int> counts = {63, 65, 0, 192, 1, 300};
   check_all(counts, 136, 520, 14);
