@@ -34,34 +34,13 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
+#include "cuda_test_util.hpp"
 
 namespace laoyao::kernels::cuda_test {
 namespace {
 
-using bf16 = __nv_bfloat16;
-using cuda::DeviceBuffer;
-
-constexpr double kBf16Rel = 1.0 / 128.0;  // 2^-7: twice bf16's unit roundoff
-constexpr double kFp32Sum = 2e-5;         // times the sum of |terms| of an fp32 reduction
 constexpr int64_t kGuard = 64;            // elements of guard before and after every output
 constexpr uint16_t kPoison = 0xFFFF;      // bf16 NaN bits
-
-// n values mean + stddev * N(0, 1) from stream (seed, name), rounded to bf16.
-std::vector<float> randn_bf16(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0) {
-  Rng rng(seed, name);
-  std::vector<float> v(n);
-  for (auto& x : v) x = round_to_bf16(static_cast<float>(stddev * rng.normal()));
-  return v;
-}
-
-// A device copy of v (at least 16 bytes, so that an empty tensor still has an address).
-DeviceBuffer to_device_bf16(const std::vector<float>& v) {
-  std::vector<bf16> h(std::max<size_t>(v.size(), 8));
-  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]);
-  DeviceBuffer d(h.size() * sizeof(bf16));
-  d.upload(h.data(), d.bytes);
-  return d;
-}
 
 struct Groups {
   std::vector<int32_t> offsets;  // G + 1
@@ -84,25 +63,6 @@ std::string describe(const std::vector<int>& counts, int64_t N, int64_t K) {
   std::string s = "counts {";
   for (size_t i = 0; i < counts.size(); ++i) s += (i ? ", " : "") + std::to_string(counts[i]);
   return s + "} N=" + std::to_string(N) + " K=" + std::to_string(K);
-}
-
-// |got[i] - want[i]| <= tol[i] for every i; reports the count of failures and the worst element.
-void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
-                   const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0, worst_i = 0;
-  double worst = -1.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // NaN (an unwritten element) fails
-    const double ratio = tol[i] > 0 ? err / tol[i] : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-    if (ratio > 1.0) ++bad;
-    if (ratio > worst) worst = ratio, worst_i = i;
-  }
-  if (want.empty()) return;
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements out of tolerance; worst element "
-                     << worst_i << " got " << got[worst_i] << " want " << want[worst_i] << " tolerance "
-                     << tol[worst_i] << " (error / tolerance " << worst << ")";
 }
 
 // A bf16 output of n elements between two guards, all NaN bits.
@@ -129,17 +89,8 @@ struct PoisonedBf16 {
   }
 };
 
-class CudaGroupedGemm : public ::testing::Test {
+class CudaGroupedGemm : public CudaStreamTest {
  protected:
-  void SetUp() override {
-    LAOYAO_CUDA_CHECK(cudaSetDevice(0));
-    LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_) LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream_));
-  }
-  void sync() const { LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
   // Y[r] = X[r] @ W_g^T.
   void check_nt(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
     SCOPED_TRACE("grouped_gemm_nt " + describe(counts, N, K));
@@ -269,7 +220,6 @@ class CudaGroupedGemm : public ::testing::Test {
     check_wgrad(counts, N, K, seed);
   }
 
-  cudaStream_t stream_ = nullptr;
 };
 
 TEST_F(CudaGroupedGemm, MixedGroupSizes) {

@@ -29,32 +29,15 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/moe.hpp"
+#include "cuda_test_util.hpp"
 
 namespace laoyao::kernels::cuda_test {
 namespace {
 
-using bf16 = __nv_bfloat16;
-using cuda::DeviceBuffer;
-
-constexpr double kBf16Rel = 1.0 / 128.0;  // 2^-7: twice bf16's unit roundoff
-constexpr double kFp32Sum = 2e-5;         // times the sum of |terms| of an fp32 reduction
 constexpr double kRouterRel = 2e-6;       // fp32 router outputs against the CPU's
 constexpr double kDlogitsFloor = 1e-4;    // dlogits: times the largest |want| (cancelling terms)
 
 // ---- host data
-
-std::vector<float> randn(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0) {
-  Rng rng(seed, name);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(stddev * rng.normal());
-  return v;
-}
-
-std::vector<float> randn_bf16(size_t n, uint64_t seed, std::string_view name, double stddev = 1.0) {
-  auto v = randn(n, seed, name, stddev);
-  for (auto& x : v) x = round_to_bf16(x);
-  return v;
-}
 
 // k distinct experts per token, drawn from `pool` (a partial Fisher-Yates shuffle per token).
 std::vector<int64_t> random_routing(int64_t T, int64_t k, const std::vector<int64_t>& pool, uint64_t seed,
@@ -76,25 +59,9 @@ std::vector<int64_t> all_experts(int64_t E) {
   return v;
 }
 
-std::vector<bf16> to_bf16(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
-}
-
 std::vector<int32_t> to_int32(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // ---- device data
-
-template <class T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer d(std::max<size_t>(v.size() * sizeof(T), 1));
-  d.upload(v.data(), v.size() * sizeof(T));
-  return d;
-}
-
-DeviceBuffer to_device_bf16(const std::vector<float>& v) { return to_device(to_bf16(v)); }
 
 // A buffer of n elements filled with 0xff bytes (int -1, float NaN, bf16 NaN), so that an element
 // an op fails to write shows.
@@ -106,69 +73,12 @@ DeviceBuffer poisoned(size_t n) {
   return d;
 }
 
-template <class T>
-std::vector<T> from_device(const DeviceBuffer& d, size_t n) {
-  std::vector<T> v(n);
-  d.download(v.data(), n * sizeof(T));
-  return v;
-}
-
-std::vector<float> from_device_bf16(const DeviceBuffer& d, size_t n) {
-  const auto b = from_device<bf16>(d, n);
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(b[i]);
-  return out;
-}
-
-// ---- checks
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
-// |got[i] - want[i]| <= tol[i] for every i; reports the count of failures and the worst element.
-void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
-                   const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  ASSERT_EQ(tol.size(), want.size()) << what;
-  size_t bad = 0, worst_i = 0;
-  double worst = -1.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    double err = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (std::isnan(err)) err = std::numeric_limits<double>::infinity();  // NaN fails
-    const double ratio = tol[i] > 0 ? err / tol[i] : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-    if (ratio > 1.0) ++bad;
-    if (ratio > worst) worst = ratio, worst_i = i;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements out of tolerance; worst element "
-                     << worst_i << " got " << got[worst_i] << " want " << want[worst_i] << " tolerance "
-                     << tol[worst_i] << " (error / tolerance " << worst << ")";
-}
-
 // |got - want| <= rel |want| + floor.
 void expect_rel(const std::vector<float>& got, const std::vector<double>& want, double rel, double floor,
                 const std::string& what) {
   std::vector<double> tol(want.size());
   for (size_t i = 0; i < want.size(); ++i) tol[i] = rel * std::abs(want[i]) + floor;
   expect_within(got, want, tol, what);
-}
-
-// bf16 output rounded once from fp32 math: |got - want| <= 2^-7 |want| + abs_frac * max|want|.
-void expect_bf16_close(const std::vector<float>& got, const std::vector<double>& want, double abs_frac,
-                       const std::string& what) {
-  expect_rel(got, want, kBf16Rel, abs_frac * max_abs(want), what);
-}
-
-// Bit-for-bit equal as values (+0 == -0; NaN fails).
-void expect_equal(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (!(got[i] == want[i]) && bad++ == 0) first = i;
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << want.size() << " elements differ; first " << first << " got "
-                     << got[first] << " want " << want[first];
 }
 
 void expect_same_ints(const std::vector<int32_t>& got, const std::vector<int64_t>& want, const std::string& what) {
@@ -240,17 +150,8 @@ struct GpuRouting {
         counts(poisoned<int32_t>(E)) {}
 };
 
-class CudaMoe : public ::testing::Test {
+class CudaMoe : public CudaStreamTest {
  protected:
-  void SetUp() override {
-    LAOYAO_CUDA_CHECK(cudaSetDevice(0));
-    LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_) LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream_));
-  }
-  void sync() const { LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-
   void route(const DeviceBuffer& logits, int64_t T, const RouterCase& c, GpuRouting& g) const {
     cuda::moe_router_forward(logits.as<float>(), T, gpu_spec(c), g.idx.as<int32_t>(), g.probs.as<float>(),
                              g.scores.as<float>(), g.lse.as<float>(), g.counts.as<int32_t>(), stream_);
@@ -265,8 +166,6 @@ class CudaMoe : public ::testing::Test {
     expect_rel(from_device<float>(g.scores, T * c.E), to_double(want.scores), kRouterRel, 1e-9, "scores");
     expect_rel(from_device<float>(g.lse, T), want.lse, kRouterRel, 1e-6, "lse");
   }
-
-  cudaStream_t stream_ = nullptr;
 };
 
 // ---------------------------------------------------------------- router forward

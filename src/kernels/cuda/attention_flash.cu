@@ -13,7 +13,9 @@
 #include <string>
 
 #include "kernels/cuda/attention_flash.hpp"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/smem_attribute.hpp"
 
 namespace laoyao::kernels::cuda {
 namespace {
@@ -63,21 +65,6 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower address, lower column) = lo
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 16-byte asynchronous copies global -> shared (cp.async); an invalid source is zero-filled.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Starts copying sm[r][0..D) = src[(row0 + r) * stride + 0..D) for rows < s (zeros beyond); the
@@ -447,21 +434,6 @@ FlashDims dims_of(const AttentionShape& a) {
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
   return p;
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  LAOYAO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
-// The shared-memory attribute belongs to a kernel on one device: true the first time the calling
-// site runs on the current device (`laoyao doctor` runs the kernels on every GPU in one process).
-bool first_on_this_device(std::array<bool, 64>& seen) {
-  int dev = 0;
-  LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= int(seen.size()) || seen[size_t(dev)]) return dev >= int(seen.size());
-  seen[size_t(dev)] = true;
-  return true;
 }
 
 template <int D>

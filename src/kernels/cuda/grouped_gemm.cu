@@ -41,7 +41,9 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/smem_attribute.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
 
 namespace laoyao::kernels::cuda {
@@ -62,21 +64,6 @@ constexpr size_t smem_bytes() {
   return (pipe > out ? pipe : out) + 1024;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lower address, lower column) = lo
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 16-byte asynchronous copy global -> shared; an invalid source is not read and zero-fills.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -403,21 +390,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
   }
-}
-
-// The shared-memory attribute belongs to a kernel on one device: true the first time the calling
-// site runs on the current device (`laoyao doctor` runs the kernels on every GPU in one process).
-bool first_on_this_device(std::array<bool, 64>& seen) {
-  int dev = 0;
-  LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= int(seen.size()) || seen[size_t(dev)]) return dev >= int(seen.size());
-  seen[size_t(dev)] = true;
-  return true;
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  LAOYAO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }

@@ -10,27 +10,11 @@
 #include "kernels/cuda/grouped_gemm.hpp"
 #include "kernels/cuda/stream_wait.hpp"
 #include "kernels/cuda/swiglu.hpp"
+#include "model/cuda/carver.hpp"
 
 namespace laoyao::model {
 
 namespace kc = laoyao::kernels::cuda;
-
-namespace {
-
-// Carves one allocation into 256-byte aligned pieces: once with base == nullptr to measure, then
-// over the real allocation.
-struct Carver {
-  char* base = nullptr;
-  size_t used = 0;
-  template <class T>
-  T* take(int64_t count) {
-    const size_t off = used;
-    used += (static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T) + 255) / 256 * 256;
-    return base && count > 0 ? reinterpret_cast<T*>(base + off) : nullptr;
-  }
-};
-
-}  // namespace
 
 CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length) : cfg_(cfg) {
   const MoeConfig& m = cfg.moe;
@@ -66,8 +50,9 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     for (auto& S : saved_layers_) {
       S.logits = a.take<float>(T * E_);
       S.probs = a.take<float>(N);
-      S.scores = a.take<float>(aux ? T * E_ : 0);
-      S.lse = a.take<float>(losses_.z_coeff > 0 ? T : 0);
+      // The router kernels take null for what no enabled loss needs.
+      S.scores = aux ? a.take<float>(T * E_) : nullptr;
+      S.lse = losses_.z_coeff > 0 ? a.take<float>(T) : nullptr;
       S.stats = a.take<float>(static_cast<int64_t>(kc::moe_aux_stats_floats(T, E_, losses_)));
       S.topk_idx = a.take<int32_t>(N);
       S.counts = a.take<int32_t>(E_);
