@@ -92,7 +92,7 @@ int start_training(config::Resolved& r) {
                 "it changes memory, not the numbers)\n");
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
-  std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group;
+  std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group, ep_group, expert_dp_group;
   GpuWaitDeadline deadline;  // after the groups: cleared before they go
   int64_t rank = 0;
   if (r.validated.derived.world_size > 1) {
@@ -111,18 +111,25 @@ int start_training(config::Resolved& r) {
     } else {
       group = dist::make_cpu_process_group(env, timeout);
     }
+    auto make_group = [&](const std::vector<int64_t>& members, const std::string& name) {
+      return backend.cuda ? dist::make_gpu_process_group(env, timeout, members, name)
+                          : dist::make_cpu_process_group(env, timeout, members, name);
+    };
     if (layout.sizes().tp > 1) {  // Megatron's layout: TP ranks consecutive, DP across them
-      auto make_group = [&](const std::vector<int64_t>& members, const std::string& name) {
-        return backend.cuda ? dist::make_gpu_process_group(env, timeout, members, name)
-                            : dist::make_cpu_process_group(env, timeout, members, name);
-      };
       tp_group = make_group(layout.tp_group(env.rank), "tp");
       dp_group = make_group(layout.dp_group(env.rank), "dp");
+    }
+    // Expert parallelism: consecutive data-parallel ranks share out the experts; the ranks
+    // holding the same experts average their gradients.
+    if (const int64_t ep = r.cfg.model.expert_model_parallel_size; ep > 1) {
+      ep_group = make_group(layout.ep_group(env.rank, ep), "ep");
+      if (layout.dp() > ep) expert_dp_group = make_group(layout.expert_dp_group(env.rank, ep), "edp");
     }
     // A GPU rank that waits on a collective another rank never joins fails after the timeout,
     // as a Gloo collective does, aborting its NCCL communicators so that it can exit.
     if (backend.cuda) {
-      std::vector<dist::ProcessGroup*> groups = {group.get(), tp_group.get(), dp_group.get()};
+      std::vector<dist::ProcessGroup*> groups = {group.get(), tp_group.get(), dp_group.get(), ep_group.get(),
+                                                 expert_dp_group.get()};
       deadline.set(timeout * 60.0, [groups] {
         for (dist::ProcessGroup* g : groups)
           if (g) g->abort();
@@ -139,6 +146,8 @@ int start_training(config::Resolved& r) {
   opt.group = group.get();
   opt.tp_group = tp_group.get();
   opt.dp_group = dp_group.get();
+  opt.ep_group = ep_group.get();
+  opt.expert_dp_group = expert_dp_group.get();
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   train::train(r.cfg, r.validated.derived, opt);

@@ -51,4 +51,34 @@ std::vector<int64_t> ParallelLayout::cp_group(int64_t rank) const { return group
 std::vector<int64_t> ParallelLayout::dp_group(int64_t rank) const { return group_along(rank, Axis::Dp); }
 std::vector<int64_t> ParallelLayout::pp_group(int64_t rank) const { return group_along(rank, Axis::Pp); }
 
+namespace {
+
+void check_ep(const ParallelSizes& s, int64_t dp, int64_t ep) {
+  if (ep < 1 || dp % ep != 0)
+    throw UsageError("expert-model-parallel size (" + std::to_string(ep) + ") must divide the data-parallel size (" +
+                     std::to_string(dp) + ")");
+  if (s.tp != 1 || s.cp != 1)
+    throw UsageError("expert parallelism with tensor or context parallelism is not supported yet");
+}
+
+}  // namespace
+
+std::vector<int64_t> ParallelLayout::ep_group(int64_t rank, int64_t ep) const {
+  check_ep(sizes_, dp_, ep);
+  RankCoords c = coords(rank);
+  const int64_t first = c.dp / ep * ep;
+  std::vector<int64_t> members;
+  for (int64_t i = 0; i < ep; ++i) c.dp = first + i, members.push_back(rank_of(c));
+  return members;
+}
+
+std::vector<int64_t> ParallelLayout::expert_dp_group(int64_t rank, int64_t ep) const {
+  check_ep(sizes_, dp_, ep);
+  RankCoords c = coords(rank);
+  const int64_t slot = c.dp % ep;
+  std::vector<int64_t> members;
+  for (int64_t j = 0; j < dp_ / ep; ++j) c.dp = slot + j * ep, members.push_back(rank_of(c));
+  return members;
+}
+
 }  // namespace laoyao::dist

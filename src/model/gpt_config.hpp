@@ -40,6 +40,10 @@ struct MoeConfig {
   double seq_aux_loss_coeff = 0;  // ... seq_aux_loss
   double z_loss_coeff = 0;
   int64_t shared_ffn = 0;  // --moe-shared-expert-intermediate-size (0: none)
+  // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /
+  // expert_parallel of every MoE layer's routed experts (model/gpt_ep.hpp); 1: all of them.
+  int64_t expert_parallel = 1;
+  int64_t local_experts() const { return expert_parallel > 1 ? num_experts / expert_parallel : num_experts; }
 };
 
 struct GptConfig {

@@ -45,17 +45,20 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
       // experts' linear_fc1 are kept together, then their linear_fc2 (TEGroupedMLP's grouping),
       // under SequentialMLP's names.
       const auto& m = c.moe;
-      if (m.ffn <= 0 || m.topk < 1 || m.topk > m.num_experts) throw Error("GptModel: invalid MoE shape");
+      if (m.ffn <= 0 || m.topk < 1 || m.topk > m.num_experts || m.expert_parallel < 1 ||
+          m.num_experts % m.expert_parallel != 0)
+        throw Error("GptModel: invalid MoE shape");
       if (c.add_bias_linear) throw Error("GptModel: MoE experts with biases are not supported");
       L.fc1_w = L.fc1_b = L.fc2_w = L.fc2_b = -1;
       L.router_w = table.add(p + "mlp.router.weight", {m.num_experts, h}, Init::Normal, c.init_std);
+      // Under expert parallelism this rank's experts only, as local_experts.0 .. (model/gpt_ep.hpp).
       const std::string e = p + "mlp.experts.local_experts.";
-      for (int64_t x = 0; x < m.num_experts; ++x) {
+      for (int64_t x = 0; x < m.local_experts(); ++x) {
         const int64_t off = table.add(e + std::to_string(x) + ".linear_fc1.weight", {c.fc1_rows(m.ffn), h},
                                       Init::Normal, c.init_std);
         if (x == 0) L.experts_fc1 = off;
       }
-      for (int64_t x = 0; x < m.num_experts; ++x) {
+      for (int64_t x = 0; x < m.local_experts(); ++x) {
         const int64_t off = table.add(e + std::to_string(x) + ".linear_fc2.weight", {h, m.ffn}, Init::Normal, out_std);
         if (x == 0) L.experts_fc2 = off;
       }

@@ -9,17 +9,27 @@
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/gpt_ep.hpp"
 #include "model/gpt_tp.hpp"
+#include "model/moe_expert_parallel.hpp"
 #include "model/tensor_parallel.hpp"
 
 namespace laoyao::model {
 
 namespace k = laoyao::kernels::cpu;
 
-GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp) : cfg_(cfg), tp_(tp) {
+GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGroup* ep,
+                   dist::ProcessGroup* expert_dp)
+    : cfg_(cfg), tp_(tp), ep_(ep), expert_dp_(expert_dp && expert_dp->size() > 1 ? expert_dp : nullptr) {
   if (tp_ && tp_->size() > 1) tp_size_ = tp_->size(), tp_rank_ = tp_->rank();
   if (cfg.moe.num_experts > 0 && tp_size_ > 1)
     throw UsageError("Mixture-of-Experts layers with tensor parallelism are not supported yet");
+  if (cfg.moe.num_experts > 0 && cfg.moe.expert_parallel > 1) {
+    if (!ep_ || ep_->size() != cfg.moe.expert_parallel)
+      throw Error("GptModel: expert parallelism over " + std::to_string(cfg.moe.expert_parallel) +
+                  " ranks needs an expert-parallel group of that size");
+    ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
+  }
   lc_ = tp_local_config(cfg, tp_size_);
   if (cfg.qk_layernorm) dqk_scratch_.assign(static_cast<size_t>(2 * cfg.kv_channels), 0.0f);
   build_parameter_table();
@@ -53,7 +63,35 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp) : cfg_(cfg), tp
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
     moe_states_.resize(static_cast<size_t>(cfg.num_layers));
+    ep_stages_.resize(static_cast<size_t>(cfg.num_layers));
+    for (int64_t l = 0; l < cfg.num_layers && ep_size_ > 1; ++l) {
+      if (!cfg.is_moe_layer(l)) continue;
+      const LayerParams& L = layers_[l];
+      auto stage = std::make_unique<MoeExpertParallelStage>(*ep_, m.num_experts, cfg.hidden, m.ffn,
+                                                            moe_cfg_.activation);
+      stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
+      ep_stages_[static_cast<size_t>(l)] = std::move(stage);
+    }
   }
+}
+
+GptModel::~GptModel() = default;
+
+bool GptModel::is_split(const std::string& name) const {
+  if (ep_size_ > 1) return is_routed_expert(name);
+  return tp_split_of(name, cfg_) != TpSplit::Replicated;
+}
+
+std::vector<std::pair<int64_t, int64_t>> GptModel::routed_expert_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& p : table_.specs) {
+    if (!is_routed_expert(p.name)) continue;
+    if (!out.empty() && out.back().first + out.back().second == p.offset)
+      out.back().second += p.numel;  // neighbours merged (a layer's experts are consecutive)
+    else
+      out.emplace_back(p.offset, p.numel);
+  }
+  return out;
 }
 
 GptModel::MoeLosses GptModel::last_moe_losses() const {
@@ -71,10 +109,17 @@ GptModel::MoeLosses GptModel::last_moe_losses() const {
 
 int64_t GptModel::num_active_parameters() const {
   if (cfg_.moe.num_experts <= 0) return num_parameters();
+  int64_t routed = 0;  // this rank's routed experts': every rank holds as many
+  for (const auto& p : table_.specs)
+    if (is_routed_expert(p.name)) routed += p.numel;
+  return num_parameters() - routed + routed * ep_size_ / cfg_.moe.num_experts * cfg_.moe.topk;
+}
+
+int64_t GptModel::num_whole_parameters() const {
   int64_t routed = 0;
   for (const auto& p : table_.specs)
-    if (p.name.find(".mlp.experts.") != std::string::npos) routed += p.numel;
-  return num_parameters() - routed + routed / cfg_.moe.num_experts * cfg_.moe.topk;
+    if (is_routed_expert(p.name)) routed += p.numel;
+  return num_parameters() + routed * (ep_size_ - 1);
 }
 
 int64_t GptModel::num_moe_layers() const {
@@ -118,9 +163,10 @@ int64_t GptModel::count_zero_grads() const {
   for (const auto& p : table_.specs) {
     int64_t z = 0;
     for (int64_t i = 0; i < p.numel; ++i) z += grads_[p.offset + i] == 0.0f;
-    zeros[tp_split_of(p.name, cfg_) == TpSplit::Replicated ? 1 : 0] += static_cast<double>(z);
+    zeros[is_split(p.name) ? 0 : 1] += static_cast<double>(z);
   }
   if (tensor_parallel()) tp_->all_reduce_sum(zeros, 1);
+  if (ep_size_ > 1) ep_->all_reduce_sum(zeros, 1);
   return static_cast<int64_t>(zeros[0] + zeros[1]);
 }
 
@@ -129,9 +175,10 @@ double GptModel::model_norm(const float* buf) const {
   for (const auto& p : table_.specs) {
     double s = 0.0;
     for (int64_t i = 0; i < p.numel; ++i) s += double(buf[p.offset + i]) * buf[p.offset + i];
-    sq[tp_split_of(p.name, cfg_) == TpSplit::Replicated ? 1 : 0] += s;
+    sq[is_split(p.name) ? 0 : 1] += s;
   }
   if (tensor_parallel()) tp_->all_reduce_sum(sq, 1);
+  if (ep_size_ > 1) ep_->all_reduce_sum(sq, 1);
   return std::sqrt(sq[0] + sq[1]);
 }
 
@@ -354,7 +401,8 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     if (sp) gather_sequence(A(a.ln2));
     if (cfg_.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
       moe_cfg_.seq_length = mb.s;
-      k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)]);
+      k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)],
+                           ep_stages_[static_cast<size_t>(l)].get());
     } else {
       k::linear_forward(A(a.ln2), P(L.fc1_w), opt(L.fc1_b), A(a.u), T, h, c.fc1_width());
       if (c.activation == Activation::SwiGLU)
@@ -436,7 +484,8 @@ void GptModel::backward(const float* dloss) {
     if (sp) gather_sequence(dbranch);  // the whole sequence's: the bias gradient is whole too
     if (cfg_.is_moe_layer(l)) {
       k::moe_layer_backward(moe_cfg_, moe_weights(L), A(a.ln2), dbranch, dnorm, moe_grads(L), T,
-                            moe_states_[static_cast<size_t>(l)], moe_aux_loss_scale_);
+                            moe_states_[static_cast<size_t>(l)], moe_aux_loss_scale_,
+                            ep_stages_[static_cast<size_t>(l)].get());
     } else {
       k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), gopt(L.fc2_b), T, c.ffn, h);
       if (c.activation == Activation::SwiGLU)

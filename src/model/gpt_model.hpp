@@ -9,8 +9,13 @@
 // every token's loss, and the shards' gradients are the single rank's, split. With sequence
 // parallelism (config.sequence_parallel) the norms, dropout and residuals run on each rank's share
 // of every sequence, between an all-gather and a reduce-scatter around the parallel layers.
+//
+// Expert parallelism (model/gpt_ep.hpp, an expert-parallel group of config.moe.expert_parallel
+// ranks): each rank holds its share of every MoE layer's routed experts, and the routed tokens go
+// to their experts' ranks and back (model/moe_expert_parallel.hpp).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,8 +47,13 @@ struct DropoutKey {
 
 class GptModel {
  public:
-  // tp: the tensor-parallel group (nullptr or one rank: the whole model here).
-  explicit GptModel(const GptConfig& cfg, dist::ProcessGroup* tp = nullptr);
+  // tp: the tensor-parallel group (nullptr or one rank: the whole model here). ep: the
+  // expert-parallel group, of cfg.moe.expert_parallel ranks when that is > 1 (else unused);
+  // expert_dp: the ranks that hold the same experts (Megatron's expert data-parallel group,
+  // nullptr for one), over which the trainer averages the experts' gradients.
+  explicit GptModel(const GptConfig& cfg, dist::ProcessGroup* tp = nullptr, dist::ProcessGroup* ep = nullptr,
+                    dist::ProcessGroup* expert_dp = nullptr);
+  ~GptModel();
 
   const GptConfig& config() const { return cfg_; }
   // This rank's shapes: heads, query groups, ffn and vocabulary divided by the TP size.
@@ -51,9 +61,17 @@ class GptModel {
   int64_t tp_size() const { return tp_size_; }
   int64_t tp_rank() const { return tp_rank_; }
   dist::ProcessGroup* tp_group() const { return tp_; }
+  // Expert parallelism: the group (nullptr without), this rank in it, the expert data-parallel
+  // group, and where the routed experts' parameters lie in the table (offset, count).
+  dist::ProcessGroup* ep_group() const { return ep_size_ > 1 ? ep_ : nullptr; }
+  int64_t ep_size() const { return ep_size_; }
+  int64_t ep_rank() const { return ep_rank_; }
+  dist::ProcessGroup* expert_dp_group() const { return expert_dp_; }
+  std::vector<std::pair<int64_t, int64_t>> routed_expert_ranges() const;
   // The gradient norm over the whole model: the split parameters' squares summed over the
-  // tensor-parallel group, the replicated ones (the same on every rank) counted once, as
-  // Megatron's get_grad_norm_fp32. Every rank of the group gets the same value.
+  // tensor-parallel group (the routed experts' over the expert-parallel group), the replicated
+  // ones (the same on every rank) counted once, as Megatron's get_grad_norm_fp32. Every rank of
+  // the group gets the same value.
   double grad_norm() const { return model_norm(grads_.data()); }
   double params_norm() const { return model_norm(weights_.data()); }
   // Zero gradients over the whole model, counted as grad_norm sums (Megatron's num_zeros_in_grad).
@@ -88,6 +106,8 @@ class GptModel {
   // The parameters one token uses: all but the routed experts', and topk / num_experts of those
   // (the shared experts and the routers whole); num_parameters() for a dense model.
   int64_t num_active_parameters() const;
+  // The whole model's parameters (num_parameters() but for expert parallelism: every rank's experts).
+  int64_t num_whole_parameters() const;
 
  private:
   using LayerParams = GptLayerOffsets;
@@ -105,6 +125,8 @@ class GptModel {
   float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
   bool tensor_parallel() const { return tp_size_ > 1; }
+  // Whether `name` is split over the model-parallel group (TP's split tensors, EP's experts).
+  bool is_split(const std::string& name) const;
   double model_norm(const float* buf) const;  // over the whole model: see grad_norm
   bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
   // Sequence parallelism, in place on a [T, h] buffer: its first T/tp rows (this rank's tokens)
@@ -121,6 +143,8 @@ class GptModel {
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
   int64_t tp_size_ = 1, tp_rank_ = 0;
+  dist::ProcessGroup *ep_ = nullptr, *expert_dp_ = nullptr;
+  int64_t ep_size_ = 1, ep_rank_ = 0;
   ParameterTable table_;
   std::vector<float> weights_, grads_;
   int64_t word_emb_ = -1, pos_emb_ = -1, final_w_ = -1, final_b_ = -1, output_w_ = -1;
@@ -142,6 +166,8 @@ class GptModel {
   // each MoE layer's saved state.
   kernels::cpu::MoeLayerConfig moe_cfg_;
   std::vector<kernels::cpu::MoeLayerState> moe_states_;  // per layer (empty for dense layers)
+  // Expert parallelism: each MoE layer's routed-experts stage (null for dense layers, or no EP).
+  std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> ep_stages_;
   kernels::cpu::MoeLayerWeights moe_weights(const LayerParams& L);
   kernels::cpu::MoeLayerGrads moe_grads(const LayerParams& L);
   float moe_aux_loss_scale_ = 1.0f;

@@ -1,5 +1,7 @@
 #include "train/capabilities.hpp"
 
+#include <algorithm>
+
 #include "dist/process_group.hpp"
 
 namespace laoyao::train {
@@ -18,13 +20,21 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                   "model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
-  // Mixture of Experts trains on the CPU backend, data-parallel (expert and tensor parallelism are
-  // not built for it yet; model_config names unsupported MoE settings).
+  // Mixture of Experts trains data-parallel, and expert-parallel on CPU ranks (the CUDA backend
+  // names that gap itself); tensor parallelism is not built for it yet (model_config names the
+  // unsupported MoE settings).
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
-    if (m.expert_model_parallel_size > 1)
-      out.push_back("expert parallelism (model.expert_model_parallel_size > 1)");
+    const int64_t ep = m.expert_model_parallel_size, dp = world_size / std::max<int64_t>(m.tensor_model_parallel_size, 1);
+    if (ep > 1 && dp % ep != 0)
+      out.push_back("expert parallelism over " + std::to_string(ep) + " ranks with " + std::to_string(dp) +
+                    " data-parallel ranks (model.expert_model_parallel_size must divide the data-parallel size)");
+    if (ep > 1 && c.ddp.use_distributed_optimizer)
+      out.push_back("the distributed optimizer with expert parallelism (--use-distributed-optimizer with "
+                    "model.expert_model_parallel_size > 1)");
     if (m.tensor_model_parallel_size > 1)
       out.push_back("Mixture-of-Experts layers with tensor parallelism (model.tensor_model_parallel_size > 1)");
+    else if (m.expert_tensor_parallel_size && *m.expert_tensor_parallel_size > 1)
+      out.push_back("expert tensor parallelism (model.expert_tensor_parallel_size > 1)");
   }
   if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
   if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&

@@ -34,18 +34,32 @@ class CpuEngine final : public Engine {
   }
   LossSum take_loss_sum() override { return std::exchange(acc_, LossSum{}); }
   double grad_norm() override {
-    if (model_.tp_size() > 1) return model_.grad_norm();  // shards summed over the group
+    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.grad_norm();  // shards summed over the group
     return optim::grad_norm(model_.grads(), model_.num_parameters());
   }
   int64_t count_zero_grads() override { return model_.count_zero_grads(); }
   double params_norm() override {
-    if (model_.tp_size() > 1) return model_.params_norm();  // shards summed over the group
+    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.params_norm();  // shards summed over the group
     return optim::grad_norm(model_.weights(), model_.num_parameters());
   }
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
     float* g = model_.grads();
     const int64_t n = model_.num_parameters();
-    group.all_reduce_sum(g, static_cast<size_t>(n));
+    if (model_.ep_size() > 1) {
+      // Expert parallelism: a rank's experts hold every rank's tokens already; they are summed
+      // only over the ranks that hold the same experts (if any), the rest over all the
+      // data-parallel ranks; both then take the data-parallel average's scale (Megatron's
+      // expert data-parallel reduction).
+      int64_t at = 0;
+      for (const auto& [offset, count] : model_.routed_expert_ranges()) {
+        if (offset > at) group.all_reduce_sum(g + at, static_cast<size_t>(offset - at));
+        if (dist::ProcessGroup* edp = model_.expert_dp_group()) edp->all_reduce_sum(g + offset, static_cast<size_t>(count));
+        at = offset + count;
+      }
+      if (n > at) group.all_reduce_sum(g + at, static_cast<size_t>(n - at));
+    } else {
+      group.all_reduce_sum(g, static_cast<size_t>(n));
+    }
     const float s = static_cast<float>(scale);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= s;

@@ -3,6 +3,8 @@
 // Adam's moments into a whole model (an all-reduce over the TP group, each rank contributing its
 // places and zeros elsewhere), and a load restores the whole model and keeps this rank's shards.
 // A checkpoint saved at TP=2 so resumes at TP=1 or any other TP size, and the other way round.
+// Expert parallelism the same way over its group: each rank contributes its experts
+// (model/gpt_ep.hpp), and keeps them from a whole model.
 #pragma once
 #include <memory>
 
@@ -23,5 +25,10 @@ WholeState gather_whole_state(const model::GptModel& local, const optim::AdamW& 
                               const optim::AdamWSettings& settings);
 // This rank's shards of a whole state into local/adam.
 void keep_shards(const WholeState& whole, model::GptModel& local, optim::AdamW& adam);
+// This rank's part (TP shards or EP experts) of whole-model weights laid out by whole_table.
+void keep_part(const model::ParameterTable& whole_table, const float* whole_w, const model::GptModel& local,
+               float* local_w);
+// Whether the model is split over a model-parallel group (tensor or expert parallelism).
+inline bool split_model(const model::GptModel& m) { return m.tp_size() > 1 || m.ep_size() > 1; }
 
 }  // namespace laoyao::train

@@ -24,6 +24,7 @@
 #include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
+#include "model/gpt_ep.hpp"
 #include "train/tp_state.hpp"
 
 namespace laoyao::train {
@@ -134,23 +135,23 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   print_line("> finished creating GPT datasets ...");
 
   const model::GptConfig model_cfg = model_config(c, d);
-  model::GptModel model(model_cfg, opt.tp_group);
+  model::GptModel model(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group);
   // bf16 runs start from bf16-rounded weights (Megatron initialises the bf16 params; the fp32
-  // main copy is made from them). With tensor parallelism every rank initialises the whole model
-  // from the same seed and keeps its shards (Megatron's --use-cpu-initialization): the weights do
-  // not depend on the TP size.
-  if (model.tp_size() > 1) {
-    const model::GptParameterLayout full = model::build_gpt_parameters(model_cfg);
+  // main copy is made from them). With tensor or expert parallelism every rank initialises the
+  // whole model from the same seed and keeps its part (Megatron's --use-cpu-initialization): the
+  // weights do not depend on the TP or EP size.
+  if (split_model(model)) {
+    const model::GptParameterLayout full = model::build_gpt_parameters(model::ep_whole_config(model_cfg));
     std::vector<float> w(static_cast<size_t>(full.table.total));
     model::init_parameters(full.table, w.data(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
-    model::tp_shard(model_cfg, full.table, w.data(), model.table(), model.weights(), model.tp_rank(), model.tp_size());
+    keep_part(full.table, w.data(), model, model.weights());
   } else {
     model::init_parameters(model.table(), model.weights(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
   }
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
              std::to_string(model.tp_rank()) + ", 0, 0): " + std::to_string(model.num_parameters()));
   if (model.num_moe_layers() > 0)
-    print_line("laoyao: Mixture of Experts: " + std::to_string(model.num_parameters()) + " parameters, " +
+    print_line("laoyao: Mixture of Experts: " + std::to_string(model.num_whole_parameters()) + " parameters, " +
                std::to_string(model.num_active_parameters()) + " active per token (top-" +
                std::to_string(model_cfg.moe.topk) + " of " + std::to_string(model_cfg.moe.num_experts) +
                " routed experts; routers, shared experts and the rest whole)");
@@ -227,7 +228,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
 
   int64_t iteration = 0, last_saved = -1, resumed_from = -1;
   std::optional<TrainStateRecord> resumed;
-  if (model.tp_size() > 1 && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
+  if (split_model(model) && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
     // Checkpoints hold whole tensors: restore the whole model (from this run's initial weights, for
     // what the checkpoint does not hold), keep this rank's shards.
     WholeState whole = gather_whole_state(model, adam, adam_settings);
@@ -266,6 +267,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // gather the whole, rank 0 writes it.
     std::unique_ptr<optim::AdamW> whole_moments;
     if (dist_opt) whole_moments = gather_moments(model.table(), adam, shard, adam_settings, *dp);
+    // Expert parallelism spreads the experts over data-parallel ranks: each group gathers them.
+    std::optional<WholeState> ep_whole;
+    if (model.ep_size() > 1) ep_whole = gather_whole_state(model, adam, adam_settings);
     if (dp_rank != 0) {  // every rank holds the same state: rank 0 writes it
       last_saved = iteration;
       return;
@@ -277,7 +281,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.nan_iterations = total_nan;
     st.floating_point_operations_so_far =
         num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
-    if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
+    if (ep_whole) {
+      save_run_checkpoint(c, d, iteration, *ep_whole->model, *ep_whole->adam, st, opt.out);
+    } else if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
       const WholeState whole = gather_whole_state(model, adam, adam_settings);
       if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);
     } else {

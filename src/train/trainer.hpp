@@ -31,6 +31,10 @@ struct TrainOptions {
   // Null: the data-parallel group is `group`, and there is no tensor parallelism.
   dist::ProcessGroup* dp_group = nullptr;
   dist::ProcessGroup* tp_group = nullptr;
+  // Expert parallelism (--expert-model-parallel-size > 1): the expert-parallel group and the
+  // expert data-parallel group (the ranks holding the same experts; nullptr when just one).
+  dist::ProcessGroup* ep_group = nullptr;
+  dist::ProcessGroup* expert_dp_group = nullptr;
 };
 
 struct TrainSummary {

@@ -164,6 +164,58 @@ TEST(Launch, DataParallelCpuRanksTrainAnMoeModelAsOneRank) {
   for (size_t i = 0; i < lb1.size(); ++i) EXPECT_NEAR(lb2[i], lb1[i], 1e-5 * lb1[i]) << "iteration " << i + 1;
 }
 
+// Expert parallelism over CPU ranks: EP=2 on 2 ranks and EP=2 x expert-DP 2 on 4 ranks print the
+// single rank's losses and load-balancing losses (the experts' weights do not depend on the EP
+// size: each rank keeps its part of the whole model's initialisation); a checkpoint saved at EP=2
+// holds every expert under its global number and resumes on one rank and at EP=2.
+TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_ep");
+  const std::vector<std::string> one =
+      tiny_run({"--train-iters", "3", "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+                "--moe-z-loss-coeff", "0.001", "--disable-bias-linear", "--swiglu"});
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto want = losses_in(single.output);
+  ASSERT_GE(want.size(), 4u) << single.output;
+  for (const char* n : {"2", "4"}) {
+    std::vector<std::string> ep = {"launch", "--nproc-per-node", n, "--", "laoyao"};
+    ep.insert(ep.end(), one.begin(), one.end());
+    ep.insert(ep.end(), {"--expert-model-parallel-size", "2"});
+    const auto r = run_laoyao(ep, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = losses_in(r.output);
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << n << " ranks at EP=2, value " << i;
+    EXPECT_NE(r.output.find("load_balancing_loss"), std::string::npos) << r.output;
+  }
+  // Saved at EP=2 after iteration 2, resumed for iteration 3 on one rank and again at EP=2.
+  std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+  save.insert(save.end(), one.begin(), one.end());
+  save.insert(save.end(), {"--expert-model-parallel-size", "2", "--exit-interval", "2", "--save", dir + "/ep_ckpt",
+                           "--save-interval", "2"});
+  const auto saved = run_laoyao(save, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(saved.status, 0) << saved.output;
+  for (const char* n : {"1", "2"}) {
+    std::vector<std::string> load = {"launch", "--nproc-per-node", n, "--", "laoyao"};
+    load.insert(load.end(), one.begin(), one.end());
+    load.insert(load.end(), {"--load", dir + "/ep_ckpt"});
+    if (std::string(n) == "2") load.insert(load.end(), {"--expert-model-parallel-size", "2"});
+    const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    const auto tail = losses_in(resumed.output);
+    ASSERT_GE(tail.size(), 1u) << resumed.output;
+    EXPECT_NEAR(tail[0], want[3], 1e-5 * want[3]) << "iteration 3 resumed on " << n << " rank(s)\n" << resumed.output;
+  }
+  // The distributed optimizer with expert parallelism is refused by name, nothing written.
+  std::vector<std::string> refused = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+  refused.insert(refused.end(), one.begin(), one.end());
+  refused.insert(refused.end(), {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"});
+  const auto r = run_laoyao(refused, dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("the distributed optimizer with expert parallelism"), std::string::npos) << r.output;
+}
+
 // SIGTERM to the launcher (a scheduler's stop, Ctrl-C's sibling) stops every rank promptly.
 TEST(Launch, ASignalToTheLauncherStopsTheRanks) {
   const auto start = std::chrono::steady_clock::now();

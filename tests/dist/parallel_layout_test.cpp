@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.hpp"
 #include "dist/parallel_layout.hpp"
@@ -48,4 +49,22 @@ TEST(ParallelLayout, WorldNotDivisibleIsAUsageError) {
   EXPECT_THROW(ParallelLayout(6, {4, 1, 1}), laoyao::UsageError);
   EXPECT_THROW(ParallelLayout(4, {0, 1, 1}), laoyao::UsageError);
   EXPECT_THROW(ParallelLayout(4, {2, 1, 1}).coords(4), laoyao::Error);
+}
+
+// Expert parallelism (expert TP 1): EP groups are consecutive data-parallel ranks, the expert
+// data-parallel groups stride over them; a size that does not divide DP is refused by name.
+TEST(ParallelLayout, ExpertParallelGroupsAreConsecutiveDataParallelRanks) {
+  const ParallelLayout l(8, {1, 1, 1});
+  EXPECT_EQ(l.ep_group(5, 2), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(l.ep_group(5, 4), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(l.expert_dp_group(5, 2), (std::vector<int64_t>{1, 3, 5, 7}));
+  EXPECT_EQ(l.expert_dp_group(5, 4), (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(l.expert_dp_group(3, 8), (std::vector<int64_t>{3}));
+  try {
+    (void)l.ep_group(0, 3);
+    FAIL() << "EP 3 over 8 data-parallel ranks";
+  } catch (const laoyao::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("expert-model-parallel size (3)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)ParallelLayout(8, {2, 1, 1}).ep_group(0, 2), laoyao::UsageError);  // with TP: not yet
 }

@@ -490,7 +490,7 @@ void ensure(std::vector<V>& v, int64_t n) {
 }  // namespace
 
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
-                       MoeLayerState& st) {
+                       MoeLayerState& st, MoeExpertsStage* experts) {
   check_layer(c, w, T);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
   const int64_t F1 = moe_fc1_rows(c.activation, F);
@@ -501,8 +501,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   ensure(st.sorted_indices, N);
   ensure(st.permuted_row, T * k);
   ensure(st.permuted_x, N * H);
-  ensure(st.fc1_out, N * F1);
-  ensure(st.act_out, N * F);
+  ensure(st.fc1_out, experts ? 0 : N * F1);  // a stage keeps its own
+  ensure(st.act_out, experts ? 0 : N * F);
   ensure(st.expert_out, N * H);
 
   linear_forward(x, w.router_weight, w.router_bias, st.logits.data(), T, H, E);
@@ -526,8 +526,11 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   moe_permutation(st.topk_idx.data(), T, E, k, st.tokens_per_expert.data(), st.sorted_indices.data(),
                   st.permuted_row.data());
   moe_permute_forward(x, st.sorted_indices.data(), st.permuted_x.data(), N, H);
-  moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
-                      st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation);
+  if (experts)
+    experts->forward(st.permuted_x.data(), st.tokens_per_expert.data(), N, st.expert_out.data());
+  else
+    moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
+                        st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation);
   moe_unpermute_forward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), y, T, k, H);
 
   if (c.shared_expert_intermediate_size > 0) {
@@ -544,7 +547,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
 }
 
 void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, const float* dy,
-                        float* dx, const MoeLayerGrads& g, int64_t T, MoeLayerState& st, float aux_loss_scale) {
+                        float* dx, const MoeLayerGrads& g, int64_t T, MoeLayerState& st, float aux_loss_scale,
+                        MoeExpertsStage* experts) {
   check_layer(c, w, T);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
   const int64_t F1 = moe_fc1_rows(c.activation, F);
@@ -564,9 +568,13 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
   // combine -> experts -> dispatch: dx = permute's backward.
   moe_unpermute_backward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), dy,
                          st.dexpert_out.data(), st.dprobs.data(), T, k, H);
-  moe_experts_backward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
-                       st.fc1_out.data(), st.act_out.data(), st.dexpert_out.data(), st.dact.data(),
-                       st.dfc1_out.data(), st.dpermuted_x.data(), g.fc1_weight, g.fc2_weight, E, H, F, c.activation);
+  if (experts)
+    experts->backward(st.dexpert_out.data(), N, st.dpermuted_x.data());
+  else
+    moe_experts_backward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
+                         st.fc1_out.data(), st.act_out.data(), st.dexpert_out.data(), st.dact.data(),
+                         st.dfc1_out.data(), st.dpermuted_x.data(), g.fc1_weight, g.fc2_weight, E, H, F,
+                         c.activation);
   moe_permute_backward(st.dpermuted_x.data(), st.permuted_row.data(), dx, T, k, H);
 
   if (Fs > 0) {

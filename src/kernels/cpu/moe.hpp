@@ -203,16 +203,30 @@ struct MoeLayerState {
   float aux_loss = 0.0f, seq_aux_loss = 0.0f, z_loss = 0.0f;
 };
 
+// The routed experts' stage of the layer: by default moe_experts_forward/backward over all E
+// experts here. Expert parallelism replaces it (model/moe_expert_parallel.hpp): the rows go to the
+// ranks that hold their experts and their outputs come back. forward: expert_out[N, H] from
+// permuted_x[N, H], whose rows are grouped by expert as tokens_per_expert[E] says; backward:
+// dpermuted_x[N, H] (overwritten) from dexpert_out[N, H] of the same forward, accumulating the
+// experts' weight gradients wherever the stage keeps them.
+class MoeExpertsStage {
+ public:
+  virtual ~MoeExpertsStage() = default;
+  virtual void forward(const float* permuted_x, const int64_t* tokens_per_expert, int64_t N, float* expert_out) = 0;
+  virtual void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) = 0;
+};
+
 // Checks the config (laoyao::Error: sizes < 1, k > E, expert_bias without Sigmoid, seq_aux_loss
 // without a seq_length dividing T, a shared expert without weights) and runs the layer; y[T, H] overwritten.
+// With `experts` the routed experts run there (w.fc1_weight / fc2_weight are then unused).
 void moe_layer_forward(const MoeLayerConfig& cfg, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
-                       MoeLayerState& state);
+                       MoeLayerState& state, MoeExpertsStage* experts = nullptr);
 // dx[T, H] overwritten (the router's, the experts' and the shared expert's contributions); grads
 // accumulated. aux_loss_scale is the gradient each aux / z loss receives (Megatron's
 // MoEAuxLossAutoScaler.main_loss_backward_scale, e.g. 1/num_microbatches); it must be the same
 // forward's state.
 void moe_layer_backward(const MoeLayerConfig& cfg, const MoeLayerWeights& w, const float* x, const float* dy,
                         float* dx, const MoeLayerGrads& grads, int64_t T, MoeLayerState& state,
-                        float aux_loss_scale = 1.0f);
+                        float aux_loss_scale = 1.0f, MoeExpertsStage* experts = nullptr);
 
 }  // namespace laoyao::kernels::cpu

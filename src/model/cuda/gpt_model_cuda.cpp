@@ -18,13 +18,14 @@
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/stream_wait.hpp"
-#include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/cuda/carver.hpp"
 #include "model/gpt_tp.hpp"
 
 namespace laoyao::model {
@@ -33,7 +34,10 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
-  if (c.moe.num_experts > 0 && c.moe.num_experts > kc::kMoeMaxExperts)
+  if (c.moe.num_experts > 0 && c.moe.expert_parallel > 1)
+    missing.push_back("expert parallelism (--expert-model-parallel-size " + std::to_string(c.moe.expert_parallel) +
+                      ")");
+  if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
@@ -56,19 +60,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
 }
 
 namespace {
-
-// Carves one allocation into aligned pieces. Run once with base == nullptr to measure, then again
-// over the real allocation to hand out the pointers.
-struct Carver {
-  char* base = nullptr;
-  size_t used = 0;
-  template <class T>
-  T* take(int64_t count) {
-    const size_t off = used;
-    used += (static_cast<size_t>(std::max<int64_t>(count, 0)) * sizeof(T) + 255) / 256 * 256;
-    return base ? reinterpret_cast<T*>(base + off) : nullptr;
-  }
-};
 
 int64_t group_size(const dist::ProcessGroup* g) { return g && g->size() > 1 ? g->size() : 1; }
 
