@@ -107,20 +107,20 @@ GptModel::MoeLosses GptModel::last_moe_losses() const {
   return out;
 }
 
-int64_t GptModel::num_active_parameters() const {
-  if (cfg_.moe.num_experts <= 0) return num_parameters();
-  int64_t routed = 0;  // this rank's routed experts': every rank holds as many
+int64_t GptModel::local_routed_parameters() const {
+  int64_t routed = 0;  // every rank of an expert-parallel group holds as many
   for (const auto& p : table_.specs)
     if (is_routed_expert(p.name)) routed += p.numel;
+  return routed;
+}
+
+int64_t GptModel::num_active_parameters() const {
+  if (cfg_.moe.num_experts <= 0) return num_parameters();
+  const int64_t routed = local_routed_parameters();
   return num_parameters() - routed + routed * ep_size_ / cfg_.moe.num_experts * cfg_.moe.topk;
 }
 
-int64_t GptModel::num_whole_parameters() const {
-  int64_t routed = 0;
-  for (const auto& p : table_.specs)
-    if (is_routed_expert(p.name)) routed += p.numel;
-  return num_parameters() + routed * (ep_size_ - 1);
-}
+int64_t GptModel::num_whole_parameters() const { return num_parameters() + local_routed_parameters() * (ep_size_ - 1); }
 
 int64_t GptModel::num_moe_layers() const {
   int64_t n = 0;

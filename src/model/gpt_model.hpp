@@ -125,6 +125,7 @@ class GptModel {
   float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
   bool tensor_parallel() const { return tp_size_ > 1; }
+  int64_t local_routed_parameters() const;  // this rank's routed experts' parameters
   // Whether `name` is split over the model-parallel group (TP's split tensors, EP's experts).
   bool is_split(const std::string& name) const;
   double model_norm(const float* buf) const;  // over the whole model: see grad_norm

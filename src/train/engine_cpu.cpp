@@ -34,12 +34,12 @@ class CpuEngine final : public Engine {
   }
   LossSum take_loss_sum() override { return std::exchange(acc_, LossSum{}); }
   double grad_norm() override {
-    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.grad_norm();  // shards summed over the group
+    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.grad_norm();  // parts summed over the group
     return optim::grad_norm(model_.grads(), model_.num_parameters());
   }
   int64_t count_zero_grads() override { return model_.count_zero_grads(); }
   double params_norm() override {
-    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.params_norm();  // shards summed over the group
+    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.params_norm();  // parts summed over the group
     return optim::grad_norm(model_.weights(), model_.num_parameters());
   }
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
@@ -53,7 +53,8 @@ class CpuEngine final : public Engine {
       int64_t at = 0;
       for (const auto& [offset, count] : model_.routed_expert_ranges()) {
         if (offset > at) group.all_reduce_sum(g + at, static_cast<size_t>(offset - at));
-        if (dist::ProcessGroup* edp = model_.expert_dp_group()) edp->all_reduce_sum(g + offset, static_cast<size_t>(count));
+        if (dist::ProcessGroup* edp = model_.expert_dp_group())
+          edp->all_reduce_sum(g + offset, static_cast<size_t>(count));
         at = offset + count;
       }
       if (n > at) group.all_reduce_sum(g + at, static_cast<size_t>(n - at));

@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "model/gpt_ep.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
@@ -24,7 +25,6 @@
 #include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
-#include "model/gpt_ep.hpp"
 #include "train/tp_state.hpp"
 
 namespace laoyao::train {
