@@ -8,8 +8,9 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench moe dp2 tp2 (default: all but moe,
-#                                            dp2 and tp2; dp2 and tp2 need nvidia-h200-x2; BENCH_CASES picks
+#                                            attention gemm profile bench moe moe_dp2 dp2 dp2_speed tp2
+#                                            (default: the first nine; moe_dp2, dp2* and tp2 need
+#                                            nvidia-h200-x2; BENCH_CASES picks
 #                                            the bench cases). Full logs go to $OUT; a summary table is
 #                                            printed last.
 set -uo pipefail
@@ -119,6 +120,22 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           while read -r line; do note "  $line"; done < <(tail -14 "$OUT/grouped_gemm.txt")
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b 2>&1 | tee "$OUT/bench.txt" | tail -3
           note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
+          ;;
+        moe_dp2)
+          # The small MoE model of the moe part (dropout off) on two data-parallel GPUs against one GPU.
+          moe_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
+                    --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
+                    --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
+                    --attention-dropout 0 --hidden-dropout 0 --num-experts 8 --moe-router-topk 2
+                    --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --seq-length 128
+                    --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16 --eval-iters 2
+                    --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3
+                    --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1 --train-iters 20)
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp1.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp2.log" 2>&1
+          note "MoE DP=2 launch exit $?"
+          "$C/laoyao" compare-logs "$OUT/moe_dp1.log" "$OUT/moe_dp2.log" > "$OUT/compare_moe_dp1_dp2.txt" 2>&1
+          note "MoE dp1 vs dp2 on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_moe_dp1_dp2.txt" | head -1)"
           ;;
         dp2|dp2_speed)
           # Data parallelism over two GPUs (nvidia-h200-x2; NCCL gradients, Gloo host values): the GPT
