@@ -8,7 +8,7 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench moe moe_dp2 dp2 dp2_speed tp2
+#                                            attention gemm profile bench moe recipes moe_dp2 dp2 dp2_speed tp2
 #                                            (default: the first nine; moe_dp2, dp2* and tp2 need
 #                                            nvidia-h200-x2; BENCH_CASES picks
 #                                            the bench cases). Full logs go to $OUT; a summary table is
@@ -120,6 +120,21 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           while read -r line; do note "  $line"; done < <(tail -14 "$OUT/grouped_gemm.txt")
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b 2>&1 | tee "$OUT/bench.txt" | tail -3
           note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
+          ;;
+        recipes)
+          # #6's and #9's recipes at their real size on one H200 (mock data, 200 iterations): the loss
+          # falls; time per iteration and device memory from the log.
+          for recipe in llama32_1b_pretrain_config moe_2b_pretrain_config; do
+            mbs=1
+            [ "$recipe" = moe_2b_pretrain_config ] && mbs=2
+            LAOYAO_DEVICE=cuda "$C/laoyao" run-recipe --recipe "$recipe" train.train_iters=200 train.global_batch_size=2 \
+              train.micro_batch_size=$mbs validation.eval_interval=200 validation.eval_iters=1 logger.log_interval=50 \
+              checkpoint.save=null checkpoint.load=null scheduler.lr_warmup_iters=20 model.context_parallel_size=1 \
+              > "$OUT/recipe_$recipe.log" 2>&1
+            rc=$?
+            losses=$(grep -o 'lm loss: [0-9.E+-]*' "$OUT/recipe_$recipe.log" | head -5 | sed 's/lm loss: //' | tr '\n' ' ')
+            note "$recipe (200 its, 2 x seq a step): exit $rc; lm loss every 50 its: $losses; $(ms "$OUT/recipe_$recipe.log") ms/it; $(grep -o 'device memory held: *[0-9.]* GB' "$OUT/recipe_$recipe.log" | tail -1)"
+          done
           ;;
         moe_dp2)
           # The small MoE model of the moe part (dropout off) on two data-parallel GPUs against one GPU.
