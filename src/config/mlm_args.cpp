@@ -1,5 +1,6 @@
 #include "config/mlm_args.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 
@@ -44,7 +45,14 @@ struct State {
       throw UsageError(msg);
     }
   }
-  void set_text(const std::string& path, const std::string& text) { set(path, parse_scalar(text), text); }
+  void set_text(const std::string& path, const std::string& text) {
+    // argparse hands a flag its text: a choice spelled like YAML's null ("none", as
+    // --moe-router-load-balancing-type none) is that string.
+    const Field* f = find_field(fields, path);
+    if (f && std::find(f->choices.begin(), f->choices.end(), text) != f->choices.end())
+      return set(path, Value::string(text), text);
+    set(path, parse_scalar(text), text);
+  }
 };
 
 using Apply = void (*)(State&, const std::vector<std::string>&);

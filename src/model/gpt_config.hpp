@@ -40,6 +40,10 @@ struct MoeConfig {
   double seq_aux_loss_coeff = 0;  // ... seq_aux_loss
   double z_loss_coeff = 0;
   int64_t shared_ffn = 0;  // --moe-shared-expert-intermediate-size (0: none)
+  // --moe-router-enable-expert-bias (aux-loss-free balancing, sigmoid router): a per-expert bias
+  // that only chooses the experts, moved by --moe-router-bias-update-rate after every step.
+  bool expert_bias = false;
+  double bias_update_rate = 1e-3;
   // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /
   // expert_parallel of every MoE layer's routed experts (model/gpt_ep.hpp); 1: all of them.
   int64_t expert_parallel = 1;

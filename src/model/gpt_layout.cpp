@@ -51,6 +51,10 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
       if (c.add_bias_linear) throw Error("GptModel: MoE experts with biases are not supported");
       L.fc1_w = L.fc1_b = L.fc2_w = L.fc2_b = -1;
       L.router_w = table.add(p + "mlp.router.weight", {m.num_experts, h}, Init::Normal, c.init_std);
+      if (m.expert_bias) {  // TopKRouter's buffer, after its weight in the state dict
+        L.expert_bias = table.add(p + "mlp.router.expert_bias", {m.num_experts}, Init::Zeros);
+        table.specs.back().buffer = true;
+      }
       // Under expert parallelism this rank's experts only, as local_experts.0 .. (model/gpt_ep.hpp).
       const std::string e = p + "mlp.experts.local_experts.";
       for (int64_t x = 0; x < m.local_experts(); ++x) {

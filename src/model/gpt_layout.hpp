@@ -17,6 +17,7 @@ struct GptLayerOffsets {
   // An MoE layer (fc1/fc2 -1): the router, the experts' linear_fc1 then their linear_fc2 (each
   // kind consecutive, expert after expert), the shared expert's (-1: none); -1 in a dense layer.
   int64_t router_w = -1, experts_fc1 = -1, experts_fc2 = -1, shared_fc1 = -1, shared_fc2 = -1;
+  int64_t expert_bias = -1;  // the router's expert_bias buffer (aux-loss-free balancing)
 };
 
 struct GptParameterLayout {

@@ -63,6 +63,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
     moe_states_.resize(static_cast<size_t>(cfg.num_layers));
+    expert_load_.assign(static_cast<size_t>(cfg.num_layers), std::vector<double>(static_cast<size_t>(m.num_experts), 0.0));
     ep_stages_.resize(static_cast<size_t>(cfg.num_layers));
     for (int64_t l = 0; l < cfg.num_layers && ep_size_ > 1; ++l) {
       if (!cfg.is_moe_layer(l)) continue;
@@ -117,10 +118,44 @@ int64_t GptModel::local_routed_parameters() const {
 int64_t GptModel::num_active_parameters() const {
   if (cfg_.moe.num_experts <= 0) return num_parameters();
   const int64_t routed = local_routed_parameters();
-  return num_parameters() - routed + routed * ep_size_ / cfg_.moe.num_experts * cfg_.moe.topk;
+  return num_parameters() - num_buffer_elements() - routed + routed * ep_size_ / cfg_.moe.num_experts * cfg_.moe.topk;
 }
 
-int64_t GptModel::num_whole_parameters() const { return num_parameters() + local_routed_parameters() * (ep_size_ - 1); }
+int64_t GptModel::num_whole_parameters() const {
+  return num_parameters() + local_routed_parameters() * (ep_size_ - 1) - num_buffer_elements();
+}
+
+int64_t GptModel::num_buffer_elements() const {
+  int64_t n = 0;
+  for (const auto& p : table_.specs)
+    if (p.buffer) n += p.numel;
+  return n;
+}
+
+void GptModel::update_expert_bias(dist::ProcessGroup* dp) {
+  if (!cfg_.moe.expert_bias) return;
+  const float rate = static_cast<float>(cfg_.moe.bias_update_rate);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    if (!cfg_.is_moe_layer(l)) continue;
+    auto& load = expert_load_[static_cast<size_t>(l)];
+    load.resize(static_cast<size_t>(cfg_.moe.num_experts), 0.0);
+    if (dp && dp->size() > 1) dp->all_reduce_sum(load.data(), load.size());
+    double mean = 0.0;
+    for (double x : load) mean += x / static_cast<double>(load.size());
+    // Megatron's get_updated_expert_bias: bias += sign(mean load - load) * rate (in fp32).
+    float* bias = P(layers_[l].expert_bias);
+    for (size_t e = 0; e < load.size(); ++e) {
+      const double offset = mean - load[e];
+      bias[e] += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
+    }
+    std::fill(load.begin(), load.end(), 0.0);
+  }
+}
+
+std::vector<double> GptModel::expert_load(int64_t layer) const {
+  return cfg_.is_moe_layer(layer) && cfg_.moe.expert_bias ? expert_load_.at(static_cast<size_t>(layer))
+                                                          : std::vector<double>{};
+}
 
 int64_t GptModel::num_moe_layers() const {
   int64_t n = 0;
@@ -135,6 +170,7 @@ kernels::cpu::MoeLayerWeights GptModel::moe_weights(const LayerParams& L) {
   w.fc2_weight = P(L.experts_fc2);
   w.shared_fc1_weight = L.shared_fc1 >= 0 ? P(L.shared_fc1) : nullptr;
   w.shared_fc2_weight = L.shared_fc2 >= 0 ? P(L.shared_fc2) : nullptr;
+  w.expert_bias = L.expert_bias >= 0 ? P(L.expert_bias) : nullptr;
   return w;
 }
 
@@ -173,6 +209,7 @@ int64_t GptModel::count_zero_grads() const {
 double GptModel::model_norm(const float* buf) const {
   double sq[2] = {0.0, 0.0};  // split parameters, replicated ones
   for (const auto& p : table_.specs) {
+    if (p.buffer) continue;  // not a parameter (and never given a gradient)
     double s = 0.0;
     for (int64_t i = 0; i < p.numel; ++i) s += double(buf[p.offset + i]) * buf[p.offset + i];
     sq[is_split(p.name) ? 0 : 1] += s;
@@ -440,6 +477,16 @@ void GptModel::backward(const float* dloss) {
   if (cfg_.moe.num_experts > 0) {  // a training step's forward: its MoE losses are logged
     const MoeLosses last = last_moe_losses();
     moe_losses_.aux += last.aux, moe_losses_.seq_aux += last.seq_aux, moe_losses_.z += last.z;
+    // Aux-loss-free balancing counts the training tokens each expert got (Megatron's
+    // local_tokens_per_expert), until update_expert_bias.
+    if (cfg_.moe.expert_bias)
+      for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+        if (!cfg_.is_moe_layer(l)) continue;
+        const auto& tpe = moe_states_[static_cast<size_t>(l)].tokens_per_expert;
+        auto& load = expert_load_[static_cast<size_t>(l)];
+        load.resize(tpe.size(), 0.0);
+        for (size_t e = 0; e < tpe.size(); ++e) load[e] += static_cast<double>(tpe[e]);
+      }
   }
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), c.heads * D, h});

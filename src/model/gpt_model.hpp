@@ -106,8 +106,17 @@ class GptModel {
   // The parameters one token uses: all but the routed experts', and topk / num_experts of those
   // (the shared experts and the routers whole); num_parameters() for a dense model.
   int64_t num_active_parameters() const;
-  // The whole model's parameters (num_parameters() but for expert parallelism: every rank's experts).
+  // The whole model's parameters (every rank's experts under expert parallelism, no buffers).
   int64_t num_whole_parameters() const;
+  // Elements of the table that are buffers, not parameters (ParamSpec::buffer).
+  int64_t num_buffer_elements() const;
+  // Aux-loss-free balancing (config.moe.expert_bias): every MoE layer's expert_bias moves by
+  // bias_update_rate toward balance, from the tokens each expert got in the training forwards
+  // since the last call, summed over the data-parallel group dp (Megatron's
+  // _update_router_expert_bias, after each step's backward); the counts restart. Collective over dp.
+  void update_expert_bias(dist::ProcessGroup* dp);
+  // Those counts for layer l (empty without an expert bias).
+  std::vector<double> expert_load(int64_t layer) const;
 
  private:
   using LayerParams = GptLayerOffsets;
@@ -169,6 +178,7 @@ class GptModel {
   std::vector<kernels::cpu::MoeLayerState> moe_states_;  // per layer (empty for dense layers)
   // Expert parallelism: each MoE layer's routed-experts stage (null for dense layers, or no EP).
   std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> ep_stages_;
+  std::vector<std::vector<double>> expert_load_;  // per layer [E]: tokens since update_expert_bias
   kernels::cpu::MoeLayerWeights moe_weights(const LayerParams& L);
   kernels::cpu::MoeLayerGrads moe_grads(const LayerParams& L);
   float moe_aux_loss_scale_ = 1.0f;

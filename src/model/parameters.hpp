@@ -17,6 +17,10 @@ struct ParamSpec {
   Init init = Init::Zeros;
   double std = 0;               // for Init::Normal
   bool weight_decay = true;     // false for biases and 1-D parameters (Megatron's wd_mult 0)
+  // A buffer, not a parameter (Megatron's register_buffer: the router's expert_bias): saved in
+  // checkpoints, never given a gradient (so the optimizer leaves it), not counted or normed as a
+  // parameter.
+  bool buffer = false;
 };
 
 struct ParameterTable {

@@ -59,6 +59,9 @@ class Engine {
   // since the last call (model::GptModel::take_moe_losses). Dense models: nothing.
   virtual void set_moe_aux_loss_scale(double /*scale*/) {}
   virtual model::GptModel::MoeLosses take_moe_losses() { return {}; }
+  // Aux-loss-free balancing: the experts' biases moved after a step (model::GptModel::
+  // update_expert_bias; dp: the data-parallel group whose tokens count). Without one: nothing.
+  virtual void update_moe_expert_bias(dist::ProcessGroup* /*dp*/) {}
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

@@ -20,6 +20,7 @@ class CpuEngine final : public Engine {
   void finalize_grads() override { model_.finalize_grads(); }
   void set_moe_aux_loss_scale(double scale) override { model_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
   model::GptModel::MoeLosses take_moe_losses() override { return model_.take_moe_losses(); }
+  void update_moe_expert_bias(dist::ProcessGroup* dp) override { model_.update_expert_bias(dp); }
 
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     const int64_t T = mb.b * mb.s;
@@ -38,10 +39,8 @@ class CpuEngine final : public Engine {
     return optim::grad_norm(model_.grads(), model_.num_parameters());
   }
   int64_t count_zero_grads() override { return model_.count_zero_grads(); }
-  double params_norm() override {
-    if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.params_norm();  // parts summed over the group
-    return optim::grad_norm(model_.weights(), model_.num_parameters());
-  }
+  // Over the parameters (buffers left out), split parts summed over their group.
+  double params_norm() override { return model_.params_norm(); }
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
     float* g = model_.grads();
     const int64_t n = model_.num_parameters();

@@ -131,9 +131,13 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
   if (g.add_bias_linear)
     throw UsageError("Mixture-of-Experts layers with biases (add_bias_linear; --disable-bias-linear turns them off) "
                      "are not supported yet");
-  if (m.moe_router_enable_expert_bias)
-    throw UsageError("model.moe_router_enable_expert_bias (--moe-router-enable-expert-bias, aux-loss-free balancing) is "
-                     "not supported yet");
+  // Megatron's check: the expert bias serves the sigmoid router only.
+  if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid")
+    throw UsageError("model.moe_router_enable_expert_bias (--moe-router-enable-expert-bias) needs "
+                     "--moe-router-score-function sigmoid (model.moe_router_score_function), not '" +
+                     m.moe_router_score_function + "'");
+  moe.expert_bias = m.moe_router_enable_expert_bias;
+  moe.bias_update_rate = m.moe_router_bias_update_rate;
   if (m.moe_router_num_groups || m.moe_router_group_topk)
     throw UsageError("group-limited routing (--moe-router-num-groups / --moe-router-group-topk) is not supported yet");
   if (m.moe_expert_capacity_factor)

@@ -149,7 +149,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     model::init_parameters(model.table(), model.weights(), static_cast<uint64_t>(c.rng.seed), c.model.bf16);
   }
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
-             std::to_string(model.tp_rank()) + ", 0, 0): " + std::to_string(model.num_parameters()));
+             std::to_string(model.tp_rank()) + ", 0, 0): " +
+             std::to_string(model.num_parameters() - model.num_buffer_elements()));
   if (model.num_moe_layers() > 0)
     print_line("laoyao: Mixture of Experts: " + std::to_string(model.num_whole_parameters()) + " parameters, " +
                std::to_string(model.num_active_parameters()) + " active per token (top-" +
@@ -316,6 +317,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         next_batch.prefetch(consumed + gbs, 0);
     }
     engine->finalize_grads();
+    engine->update_moe_expert_bias(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
     if (group) {  // gradients averaged over the data-parallel ranks, then the norm of the average

@@ -137,31 +137,54 @@ TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
 }
 
 // An MoE model over two data-parallel CPU ranks prints the single rank's losses, load-balancing
-// loss included (averaged over the ranks as Megatron does).
+// loss included (averaged over the ranks as Megatron does); with aux-loss-free balancing (a sigmoid
+// router's expert bias, moved after each step by the tokens counted over both ranks) too, and its
+// checkpoint (the biases saved as the router's buffers) resumes on one rank.
 TEST(Launch, DataParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_moe");
-  const std::vector<std::string> one = tiny_run({"--train-iters", "3", "--num-experts", "4", "--moe-router-topk", "2",
-                                                 "--moe-aux-loss-coeff", "0.01", "--disable-bias-linear"});
-  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
-  ASSERT_EQ(single.status, 0) << single.output;
-  std::vector<std::string> dp = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
-  dp.insert(dp.end(), one.begin(), one.end());
-  const auto two = run_laoyao(dp, dir, "LAOYAO_DEVICE=cpu");
-  ASSERT_EQ(two.status, 0) << two.output;
-  const auto want = losses_in(single.output), got = losses_in(two.output);
-  ASSERT_EQ(got.size(), want.size()) << two.output;
-  ASSERT_FALSE(want.empty());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << "value " << i;
   auto balance = [](const std::string& log) {
     std::vector<double> out;
     for (size_t at = 0; (at = log.find("load_balancing_loss: ", at)) != std::string::npos; at += 21)
       out.push_back(std::stod(log.substr(at + 21)));
     return out;
   };
-  const auto lb1 = balance(single.output), lb2 = balance(two.output);
-  ASSERT_EQ(lb1.size(), 3u) << single.output;
-  ASSERT_EQ(lb2.size(), lb1.size()) << two.output;
-  for (size_t i = 0; i < lb1.size(); ++i) EXPECT_NEAR(lb2[i], lb1[i], 1e-5 * lb1[i]) << "iteration " << i + 1;
+  const std::vector<std::vector<std::string>> routers = {
+      {"--moe-aux-loss-coeff", "0.01"},
+      {"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+       "0.05", "--moe-router-load-balancing-type", "none"}};
+  for (const auto& router : routers) {
+    const bool bias = router.size() > 2;
+    SCOPED_TRACE(bias ? "expert bias" : "aux loss");
+    std::vector<std::string> one = tiny_run({"--train-iters", "3", "--num-experts", "4", "--moe-router-topk", "2",
+                                             "--disable-bias-linear"});
+    one.insert(one.end(), router.begin(), router.end());
+    const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(single.status, 0) << single.output;
+    std::vector<std::string> dp = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+    dp.insert(dp.end(), one.begin(), one.end());
+    const auto two = run_laoyao(dp, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(two.status, 0) << two.output;
+    const auto want = losses_in(single.output), got = losses_in(two.output);
+    ASSERT_EQ(got.size(), want.size()) << two.output;
+    ASSERT_FALSE(want.empty());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << "value " << i;
+    const auto lb1 = balance(single.output), lb2 = balance(two.output);
+    ASSERT_EQ(lb1.size(), bias ? 0u : 3u) << single.output;
+    ASSERT_EQ(lb2.size(), lb1.size()) << two.output;
+    for (size_t i = 0; i < lb1.size(); ++i) EXPECT_NEAR(lb2[i], lb1[i], 1e-5 * lb1[i]) << "iteration " << i + 1;
+    if (!bias) continue;
+    // Saved by the two ranks after iteration 2, resumed on one: iteration 3 as uninterrupted.
+    std::vector<std::string> save = dp;
+    save.insert(save.end(), {"--exit-interval", "2", "--save", dir + "/bias_ckpt", "--save-interval", "2"});
+    ASSERT_EQ(run_laoyao(save, dir, "LAOYAO_DEVICE=cpu").status, 0);
+    std::vector<std::string> load = one;
+    load.insert(load.end(), {"--load", dir + "/bias_ckpt"});
+    const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    const auto tail = losses_in(resumed.output);
+    ASSERT_GE(tail.size(), 1u) << resumed.output;
+    EXPECT_NEAR(tail[0], want[3], 1e-5 * want[3]) << "iteration 3 after the resume\n" << resumed.output;
+  }
 }
 
 // Expert parallelism over CPU ranks: EP=2 on 2 ranks and EP=2 x expert-DP 2 on 4 ranks print the

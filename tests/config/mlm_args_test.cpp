@@ -96,6 +96,9 @@ TEST(MlmArgs, ArgparseForms) {
   EXPECT_EQ(*c.dataset.split, "98,2,0");
   ConfigContainer neg = parse_mlm_args({"--lr-warmup-init", "-0.5", "--ckpt-step", "-1"});
   EXPECT_DOUBLE_EQ(neg.scheduler.lr_warmup_init, -0.5) << "a negative number is a value, not a flag";
+  // argparse keeps a flag's text: the choice "none" is the string none, not YAML's null.
+  ConfigContainer none = parse_mlm_args({"--moe-router-load-balancing-type", "none"});
+  EXPECT_EQ(none.model.moe_router_load_balancing_type, "none");
 }
 
 TEST(MlmArgs, SwitchesAndQuirks) {

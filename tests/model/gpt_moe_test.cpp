@@ -124,3 +124,48 @@ TEST(GptMoe, MoeLossesAreReportedForTrainingStepsOnly) {
   EXPECT_NEAR(two.z, 2 * eval.z, 1e-9 * two.z);
   EXPECT_EQ(m.take_moe_losses().aux, 0.0) << "take resets";
 }
+
+// Aux-loss-free balancing (Megatron's --moe-router-enable-expert-bias): the router's expert_bias
+// is a buffer (saved, no gradient, not counted as a parameter); the training forwards count each
+// expert's tokens, and update_expert_bias moves every bias by the update rate toward balance
+// (sign(mean - load)), then restarts the counts. The bias then changes the next routing.
+TEST(GptMoe, ExpertBiasMovesTowardBalanceAfterEachStep) {
+  GptConfig c = moe_config();
+  c.moe.sigmoid = true, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.25;
+  GptModel m(c);
+  const ParamSpec* bias = m.table().find("decoder.layers.0.mlp.router.expert_bias");
+  ASSERT_NE(bias, nullptr);
+  EXPECT_TRUE(bias->buffer);
+  EXPECT_FALSE(bias->weight_decay);
+  EXPECT_EQ(bias->offset, m.table().find("decoder.layers.0.mlp.router.weight")->offset + 4 * 8) << "after the weight";
+  EXPECT_EQ(m.num_buffer_elements(), 4);
+  GptConfig plain = c;
+  plain.moe.expert_bias = false;
+  EXPECT_EQ(m.num_whole_parameters(), GptModel(plain).num_parameters()) << "the buffer is not a parameter";
+  init_parameters(m.table(), m.weights(), 3, false);
+  std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 6}, labels = {2, 3, 4, 5, 6, 7}, positions = {0, 1, 2, 3, 4, 5};
+  std::vector<float> losses(6), dloss(6, 1.0f / 6);
+  const MicroBatch mb{1, 6, tokens.data(), labels.data(), positions.data()};
+  m.forward(mb, {1, 1, false}, losses.data());
+  EXPECT_EQ(m.expert_load(0), std::vector<double>(4, 0.0)) << "an evaluation forward is not counted";
+  m.zero_grads();
+  for (int step = 0; step < 2; ++step) {
+    m.forward(mb, {1, 1, false}, losses.data());
+    m.backward(dloss.data());
+  }
+  const std::vector<double> load = m.expert_load(0);
+  double total = 0;
+  for (double x : load) total += x;
+  EXPECT_EQ(total, 2.0 * 6 * 2) << "two micro-batches of 6 tokens, top-2";
+  for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(m.grads()[bias->offset + e], 0.0f) << "no gradient for the bias";
+  m.update_expert_bias(nullptr);
+  bool moved = false;
+  for (int64_t e = 0; e < 4; ++e) {
+    const double mean = total / 4, want = mean > load[e] ? 0.25 : mean < load[e] ? -0.25 : 0.0;
+    EXPECT_FLOAT_EQ(m.weights()[bias->offset + e], static_cast<float>(want)) << "expert " << e;
+    moved = moved || want != 0.0;
+  }
+  EXPECT_TRUE(moved) << "an unbalanced load: the test needs one";
+  EXPECT_EQ(m.expert_load(0), std::vector<double>(4, 0.0)) << "the counts restart";
+  EXPECT_TRUE(m.expert_load(1).empty()) << "a dense layer has none";
+}
