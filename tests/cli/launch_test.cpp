@@ -92,6 +92,15 @@ std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
   return a;
 }
 
+// `laoyao launch --nproc-per-node n -- laoyao` + the training command `one` + `extra` flags.
+std::vector<std::string> on_ranks(const char* n, const std::vector<std::string>& one,
+                                  const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {"launch", "--nproc-per-node", n, "--", "laoyao"};
+  a.insert(a.end(), one.begin(), one.end());
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
 }  // namespace
 
 // Data parallelism over CPU ranks (Gloo): 2 and 4 ranks print the single rank's losses (dropout on:
@@ -201,10 +210,7 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
   const auto want = losses_in(single.output);
   ASSERT_GE(want.size(), 4u) << single.output;
   for (const char* n : {"2", "4"}) {
-    std::vector<std::string> ep = {"launch", "--nproc-per-node", n, "--", "laoyao"};
-    ep.insert(ep.end(), one.begin(), one.end());
-    ep.insert(ep.end(), {"--expert-model-parallel-size", "2"});
-    const auto r = run_laoyao(ep, dir, "LAOYAO_DEVICE=cpu");
+    const auto r = run_laoyao(on_ranks(n, one, {"--expert-model-parallel-size", "2"}), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(r.status, 0) << r.output;
     const auto got = losses_in(r.output);
     ASSERT_EQ(got.size(), want.size()) << r.output;
@@ -213,16 +219,12 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
     EXPECT_NE(r.output.find("load_balancing_loss"), std::string::npos) << r.output;
   }
   // Saved at EP=2 after iteration 2, resumed for iteration 3 on one rank and again at EP=2.
-  std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
-  save.insert(save.end(), one.begin(), one.end());
-  save.insert(save.end(), {"--expert-model-parallel-size", "2", "--exit-interval", "2", "--save", dir + "/ep_ckpt",
-                           "--save-interval", "2"});
-  const auto saved = run_laoyao(save, dir, "LAOYAO_DEVICE=cpu");
+  const auto saved = run_laoyao(on_ranks("2", one, {"--expert-model-parallel-size", "2", "--exit-interval", "2",
+                                                    "--save", dir + "/ep_ckpt", "--save-interval", "2"}),
+                                dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(saved.status, 0) << saved.output;
   for (const char* n : {"1", "2"}) {
-    std::vector<std::string> load = {"launch", "--nproc-per-node", n, "--", "laoyao"};
-    load.insert(load.end(), one.begin(), one.end());
-    load.insert(load.end(), {"--load", dir + "/ep_ckpt"});
+    std::vector<std::string> load = on_ranks(n, one, {"--load", dir + "/ep_ckpt"});
     if (std::string(n) == "2") load.insert(load.end(), {"--expert-model-parallel-size", "2"});
     const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
@@ -231,10 +233,8 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
     EXPECT_NEAR(tail[0], want[3], 1e-5 * want[3]) << "iteration 3 resumed on " << n << " rank(s)\n" << resumed.output;
   }
   // The distributed optimizer with expert parallelism is refused by name, nothing written.
-  std::vector<std::string> refused = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
-  refused.insert(refused.end(), one.begin(), one.end());
-  refused.insert(refused.end(), {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"});
-  const auto r = run_laoyao(refused, dir, "LAOYAO_DEVICE=cpu");
+  const auto r = run_laoyao(on_ranks("2", one, {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}),
+                            dir, "LAOYAO_DEVICE=cpu");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("the distributed optimizer with expert parallelism"), std::string::npos) << r.output;
 }
@@ -296,17 +296,12 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
   std::vector<std::string> one = tiny_run({"--train-iters", "3", "--num-attention-heads", "4"});
   const auto want = losses_in(run_laoyao(one, dir, "LAOYAO_DEVICE=cpu").output);
   ASSERT_GE(want.size(), 4u);
-  std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
-  save.insert(save.end(), one.begin(), one.end());
-  save.insert(save.end(), {"--tensor-model-parallel-size", "2", "--exit-interval", "2", "--save", dir + "/tp_ckpt",
-                           "--save-interval", "2"});
-  const auto saved = run_laoyao(save, dir, "LAOYAO_DEVICE=cpu");
+  const auto saved = run_laoyao(on_ranks("2", one, {"--tensor-model-parallel-size", "2", "--exit-interval", "2",
+                                                    "--save", dir + "/tp_ckpt", "--save-interval", "2"}),
+                                dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(saved.status, 0) << saved.output;
   for (const char* n : {"1", "2"}) {
-    std::vector<std::string> load = {"launch", "--nproc-per-node", n, "--", "laoyao"};
-    load.insert(load.end(), one.begin(), one.end());
-    load.insert(load.end(), {"--load", dir + "/tp_ckpt"});
-    const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
+    const auto resumed = run_laoyao(on_ranks(n, one, {"--load", dir + "/tp_ckpt"}), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
     const auto tail = losses_in(resumed.output);
     ASSERT_GE(tail.size(), 1u) << resumed.output;
