@@ -44,6 +44,8 @@ struct MoeConfig {
   // that only chooses the experts, moved by --moe-router-bias-update-rate after every step.
   bool expert_bias = false;
   double bias_update_rate = 1e-3;
+  // --moe-router-num-groups / --moe-router-group-topk: group-limited routing (0: off).
+  int64_t num_groups = 0, group_topk = 0;
   // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /
   // expert_parallel of every MoE layer's routed experts (model/gpt_ep.hpp); 1: all of them.
   int64_t expert_parallel = 1;

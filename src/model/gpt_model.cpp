@@ -59,6 +59,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.router.score_function = m.sigmoid ? k::MoeScoreFunction::Sigmoid : k::MoeScoreFunction::Softmax;
     moe_cfg_.router.pre_softmax = m.pre_softmax;
     if (m.topk_scaling_factor) moe_cfg_.router.topk_scaling_factor = static_cast<float>(*m.topk_scaling_factor);
+    moe_cfg_.router.num_groups = m.num_groups, moe_cfg_.router.group_topk = m.group_topk;
     moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);

@@ -138,8 +138,20 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
                      m.moe_router_score_function + "'");
   moe.expert_bias = m.moe_router_enable_expert_bias;
   moe.bias_update_rate = m.moe_router_bias_update_rate;
-  if (m.moe_router_num_groups || m.moe_router_group_topk)
-    throw UsageError("group-limited routing (--moe-router-num-groups / --moe-router-group-topk) is not supported yet");
+  // Group-limited routing: both or neither, and shapes the router can split (Megatron's checks).
+  if (m.moe_router_num_groups.has_value() != m.moe_router_group_topk.has_value())
+    throw UsageError("group-limited routing needs both --moe-router-num-groups and --moe-router-group-topk "
+                     "(model.moe_router_num_groups, model.moe_router_group_topk)");
+  if (m.moe_router_num_groups) {
+    moe.num_groups = *m.moe_router_num_groups, moe.group_topk = *m.moe_router_group_topk;
+    if (moe.num_groups < 1 || moe.num_experts % moe.num_groups != 0 || moe.group_topk < 1 ||
+        moe.group_topk > moe.num_groups || moe.topk < moe.group_topk ||
+        moe.topk > moe.group_topk * (moe.num_experts / moe.num_groups))
+      throw UsageError("model.moe_router_num_groups (" + std::to_string(moe.num_groups) +
+                       ") must divide the experts (" + std::to_string(moe.num_experts) +
+                       "), and model.moe_router_group_topk (" + std::to_string(moe.group_topk) +
+                       ") lie in 1..num_groups with group_topk <= topk <= group_topk x experts per group");
+  }
   if (m.moe_expert_capacity_factor)
     throw UsageError("model.moe_expert_capacity_factor (--moe-expert-capacity-factor, token dropping) is not supported "
                      "yet: laoyao's MoE layers are dropless");

@@ -55,6 +55,20 @@ struct Routed {
   std::vector<double> probs;  // [T, k]
 };
 
+// The top-k of a token's routing scores, group-limited when p.num_groups > 0 (Megatron's
+// group_limited_topk): groups scored by the sum of their k/g largest, the g best kept.
+std::vector<int64_t> choose_twin(const double* v, int64_t E, int64_t k, const MoeRouterParams& p) {
+  if (p.num_groups == 0) return topk_twin(v, E, k);
+  const int64_t G = p.num_groups, per = E / G, pick = k / p.group_topk;
+  std::vector<double> group(G, 0.0);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t e : topk_twin(v + g * per, per, pick)) group[g] += v[g * per + e];
+  std::vector<double> masked(E, -INFINITY);
+  for (int64_t g : topk_twin(group.data(), G, p.group_topk))
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) masked[e] = v[e];
+  return topk_twin(masked.data(), E, k);
+}
+
 // Megatron's topk_routing_with_score_function, written out per token.
 Routed router_twin(const std::vector<double>& logits, const std::vector<double>* expert_bias, int64_t T, int64_t E,
                    int64_t k, const MoeRouterParams& p) {
@@ -64,13 +78,13 @@ Routed router_twin(const std::vector<double>& logits, const std::vector<double>*
     std::vector<int64_t> idx;
     std::vector<double> probs(k);
     if (p.score_function == MoeScoreFunction::Softmax && !p.pre_softmax) {
-      idx = topk_twin(z, E, k);
+      idx = choose_twin(z, E, k, p);
       std::vector<double> vals(k);
       for (int64_t j = 0; j < k; ++j) vals[j] = z[idx[j]];
       probs = softmax_twin(vals.data(), k);
     } else if (p.score_function == MoeScoreFunction::Softmax) {
       const auto s = softmax_twin(z, E);
-      idx = topk_twin(s.data(), E, k);
+      idx = choose_twin(s.data(), E, k, p);
       for (int64_t j = 0; j < k; ++j) probs[j] = s[idx[j]];
     } else {
       std::vector<double> s(E), key(E);
@@ -78,7 +92,7 @@ Routed router_twin(const std::vector<double>& logits, const std::vector<double>*
         s[e] = sigmoid_d(z[e]);
         key[e] = s[e] + (expert_bias ? (*expert_bias)[e] : 0.0);
       }
-      idx = topk_twin(key.data(), E, k);
+      idx = choose_twin(key.data(), E, k, p);
       double sum = 0.0;
       for (int64_t j = 0; j < k; ++j) sum += s[idx[j]];
       for (int64_t j = 0; j < k; ++j) probs[j] = k > 1 ? s[idx[j]] / (sum + 1e-20) : s[idx[j]];
@@ -293,6 +307,41 @@ TEST_P(MoeRouterTest, ForwardMatchesFp64Twin) {
     // Probabilities: an exp and a normalisation over <= E terms, each fp32-rounded once.
     expect_close(probs, want.probs, kForwardTol, scaling ? "probs (scaled)" : "probs");
   }
+}
+
+// Group-limited routing (DeepSeek's: 64 experts in 8 groups, the best 4 groups, top-8; and a small
+// case) against the twin, for every score function; it must change some tokens' choices, or the
+// test would not show the groups matter.
+TEST(MoeRouter, GroupLimitedRoutingMatchesFp64Twin) {
+  struct Case {
+    int64_t E, k, G, g;
+  };
+  for (const Case c : {Case{64, 8, 8, 4}, Case{16, 4, 4, 2}})
+    for (const Mode mode : {Mode::SoftmaxPost, Mode::SoftmaxPre, Mode::Sigmoid, Mode::SigmoidBias}) {
+      SCOPED_TRACE(std::string(mode_name(mode)) + " E" + std::to_string(c.E));
+      std::mt19937 rng(1301 + static_cast<int>(c.E));
+      const int64_t T = 40;
+      const auto logits = randn(T * c.E, rng, 1.5f);
+      const auto bias = expert_bias_for(mode, c.E, rng);
+      MoeRouterParams params = params_of(mode, std::nullopt);
+      params.num_groups = c.G, params.group_topk = c.g;
+      std::vector<int64_t> idx(T * c.k, -1), plain(T * c.k, -1);
+      auto probs = nans(T * c.k), plain_probs = nans(T * c.k);
+      const float* b = bias.empty() ? nullptr : bias.data();
+      moe_router_topk_forward(logits.data(), b, idx.data(), probs.data(), T, c.E, c.k, params);
+      const auto bias_d = to_double(bias);
+      const auto want = router_twin(to_double(logits), bias.empty() ? nullptr : &bias_d, T, c.E, c.k, params);
+      EXPECT_EQ(idx, want.idx);
+      expect_close(probs, want.probs, kForwardTol, "probs");
+      moe_router_topk_forward(logits.data(), b, plain.data(), plain_probs.data(), T, c.E, c.k,
+                              params_of(mode, std::nullopt));
+      EXPECT_NE(idx, plain) << "the groups changed no token's experts";
+    }
+  MoeRouterParams bad;
+  bad.num_groups = 3, bad.group_topk = 2;  // 3 does not divide 16
+  std::vector<float> z(16, 0.0f), p(4);
+  std::vector<int64_t> i(4);
+  EXPECT_THROW(moe_router_topk_forward(z.data(), nullptr, i.data(), p.data(), 1, 16, 4, bad), Error);
 }
 
 TEST_P(MoeRouterTest, BackwardMatchesFiniteDifferences) {

@@ -220,6 +220,19 @@ TEST(Trainer, MoeModelTrainsAndLogsTheLoadBalancingLoss) {
   EXPECT_NE(log.find(" active per token (top-2 of 4 routed experts"), std::string::npos);
 }
 
+// DeepSeek-style routing on the CPU backend: a sigmoid router with group-limited top-k (2 groups
+// of 2 experts, the best group's 2) and aux-loss-free balancing trains, its loss falling.
+TEST(Trainer, GroupLimitedSigmoidRoutingWithExpertBiasTrains) {
+  auto a = tiny_args(8, 1);
+  a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-router-num-groups", "2",
+                     "--moe-router-group-topk", "1", "--moe-router-score-function", "sigmoid",
+                     "--moe-router-enable-expert-bias", "--moe-router-load-balancing-type", "none",
+                     "--disable-bias-linear"});
+  auto s = run(config::resolve_mlm(a, 1));
+  ASSERT_EQ(s.lm_loss.size(), 8u);
+  EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
+}
+
 // MoE settings laoyao's layers do not support yet are refused by name.
 TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
@@ -228,6 +241,9 @@ TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
       {{"--moe-router-score-function", "sqrtsoftplus"}, "'sqrtsoftplus'"},
       {{"--moe-router-topk", "5"}, "moe_router_topk"},
       {{"--moe-layer-freq", "[1,0,1]"}, "lists 3 layers"},
+      {{"--moe-router-num-groups", "2"}, "needs both --moe-router-num-groups and --moe-router-group-topk"},
+      {{"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.moe_router_num_groups (3) must divide"},
+      {{"--moe-router-enable-expert-bias"}, "needs --moe-router-score-function sigmoid"},
   };
   for (const auto& [extra, want] : refused) {
     auto a = tiny_args(2, 1);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/error.hpp"
@@ -125,15 +126,58 @@ void check_seq(const char* what, int64_t b, int64_t s, int64_t E, int64_t k) {
 // ---------------------------------------------------------------------------------------------
 // router
 
+namespace {
+
+// Megatron's group_limited_topk over one token's scores v[0..E): groups ranked by the sum (fp32,
+// descending order) of their k/g largest scores, the experts of the g best kept, the rest -inf in
+// `masked`, then the top-k of that.
+void group_limited_topk_row(const float* v, int64_t E, int64_t k, int64_t G, int64_t g, float* masked,
+                            int64_t* idx) {
+  const int64_t per = E / G, pick = k / g;
+  std::vector<float> group_score(static_cast<size_t>(G));
+  std::vector<int64_t> top(static_cast<size_t>(std::max(pick, g)));
+  for (int64_t grp = 0; grp < G; ++grp) {
+    topk_row(v + grp * per, per, pick, top.data());
+    float sum = 0.0f;
+    for (int64_t j = 0; j < pick; ++j) sum += v[grp * per + top[j]];
+    group_score[grp] = sum;
+  }
+  topk_row(group_score.data(), G, g, top.data());
+  std::fill(masked, masked + E, -std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < g; ++j) std::copy(v + top[j] * per, v + (top[j] + 1) * per, masked + top[j] * per);
+  topk_row(masked, E, k, idx);
+}
+
+void check_groups(const MoeRouterParams& p, int64_t E, int64_t k) {
+  if (p.num_groups == 0 && p.group_topk == 0) return;
+  const int64_t G = p.num_groups, g = p.group_topk;
+  if (G < 1 || E % G != 0 || g < 1 || g > G || k < g || k > g * (E / G))
+    throw Error("moe router: group-limited routing needs num_groups dividing the " + std::to_string(E) +
+                " experts, 1 <= group_topk <= num_groups and group_topk <= topk <= group_topk * experts per group "
+                "(got num_groups = " + std::to_string(G) + ", group_topk = " + std::to_string(g) + ", topk = " +
+                std::to_string(k) + ")");
+}
+
+}  // namespace
+
 void moe_router_topk_forward(const float* logits, const float* expert_bias, int64_t* topk_idx, float* topk_probs,
                              int64_t T, int64_t E, int64_t k, const MoeRouterParams& params) {
   check_sizes("moe router", T, E, k);
+  check_groups(params, E, k);
+  const bool groups = params.num_groups > 0;
   if (expert_bias && params.score_function != MoeScoreFunction::Sigmoid)
     throw Error("moe router: an expert bias (aux-loss-free balancing) needs the sigmoid score function");
   const float scale = topk_scale(params);
 #pragma omp parallel
   {
-    std::vector<float> row(E), vals(k);
+    std::vector<float> row(E), vals(k), masked(E);
+    // The experts of one token's routing scores: all of them, or those of its best groups.
+    auto choose = [&](const float* scores, int64_t* idx) {
+      if (groups)
+        group_limited_topk_row(scores, E, k, params.num_groups, params.group_topk, masked.data(), idx);
+      else
+        topk_row(scores, E, k, idx);
+    };
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const float* z = logits + t * E;
@@ -142,16 +186,16 @@ void moe_router_topk_forward(const float* logits, const float* expert_bias, int6
       if (params.score_function == MoeScoreFunction::Softmax) {
         if (params.pre_softmax) {
           softmax_row(z, row.data(), E);
-          topk_row(row.data(), E, k, idx);
+          choose(row.data(), idx);
           for (int64_t j = 0; j < k; ++j) p[j] = row[idx[j]];
         } else {
-          topk_row(z, E, k, idx);
+          choose(z, idx);
           topk_softmax_probs(z, idx, k, vals.data(), p);
         }
       } else {
         // The choice ranks sigmoid(logits) (+ bias) in fp32, as Megatron ranks its fp32 scores.
         for (int64_t e = 0; e < E; ++e) row[e] = sigmoid(z[e]) + (expert_bias ? expert_bias[e] : 0.0f);
-        topk_row(row.data(), E, k, idx);
+        choose(row.data(), idx);
         sigmoid_probs(z, idx, k, p);
       }
       if (scale != 1.0f)

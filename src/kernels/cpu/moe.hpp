@@ -29,6 +29,12 @@ struct MoeRouterParams {
   MoeScoreFunction score_function = MoeScoreFunction::Softmax;
   bool pre_softmax = false;                 // --moe-router-pre-softmax (softmax only)
   std::optional<float> topk_scaling_factor;  // --moe-router-topk-scaling-factor (None or 0: no scaling)
+  // Group-limited routing (--moe-router-num-groups G, --moe-router-group-topk g; 0: off, DeepSeek's
+  // device-limited routing): the E experts form G consecutive groups; each group scores the sum of
+  // its k/g largest routing scores, the g best groups are kept (ties: the lower group), and the
+  // top-k runs over their experts only. The scores are what the top-k ranks: the logits (softmax
+  // without pre_softmax), softmax(logits) (pre_softmax), sigmoid(logits) + expert_bias (sigmoid).
+  int64_t num_groups = 0, group_topk = 0;
 };
 
 // logits[T, E] = x[T, H] @ router.weight[E, H]^T are computed by the caller with linear_forward
