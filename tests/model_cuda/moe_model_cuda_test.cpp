@@ -236,3 +236,22 @@ TEST(CudaMoeModel, DenseFirstLayerSharedExpertAndFullRecomputation) {
 TEST(CudaMoeModel, LlamaTop2Of8MatchesCpuModelButForFlippedTies) {
   compare_model(moe_config(llama_config(), 8, 2, 64, 0));
 }
+
+// What the CUDA backend cannot route yet is named (the CPU backend trains it), and the engine then
+// refuses or falls back to the CPU with that name.
+TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
+  GptConfig c = moe_config(llama_config(), 8, 2, 64, 0);
+  EXPECT_EQ(cuda_unsupported_features(c), "");
+  GptConfig ep = c;
+  ep.moe.expert_parallel = 2;
+  EXPECT_NE(cuda_unsupported_features(ep).find("expert parallelism"), std::string::npos);
+  GptConfig bias = c;
+  bias.moe.sigmoid = true, bias.moe.expert_bias = true;
+  EXPECT_NE(cuda_unsupported_features(bias).find("expert bias"), std::string::npos);
+  GptConfig groups = c;
+  groups.moe.num_groups = 2, groups.moe.group_topk = 1;
+  EXPECT_NE(cuda_unsupported_features(groups).find("group-limited routing"), std::string::npos);
+  GptConfig many = c;
+  many.moe.num_experts = 1024, many.moe.layers.assign(2, true);
+  EXPECT_NE(cuda_unsupported_features(many).find("more than 512 experts"), std::string::npos);
+}
