@@ -64,8 +64,10 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
     moe_states_.resize(static_cast<size_t>(cfg.num_layers));
-    expert_load_.assign(static_cast<size_t>(cfg.num_layers), std::vector<double>(static_cast<size_t>(m.num_experts), 0.0));
+    expert_load_.assign(static_cast<size_t>(cfg.num_layers),
+                        std::vector<double>(static_cast<size_t>(m.num_experts), 0.0));
     ep_stages_.resize(static_cast<size_t>(cfg.num_layers));
+    build_routed_ranges();
     for (int64_t l = 0; l < cfg.num_layers && ep_size_ > 1; ++l) {
       if (!cfg.is_moe_layer(l)) continue;
       const LayerParams& L = layers_[l];
@@ -84,8 +86,9 @@ bool GptModel::is_split(const std::string& name) const {
   return tp_split_of(name, cfg_) != TpSplit::Replicated;
 }
 
-std::vector<std::pair<int64_t, int64_t>> GptModel::routed_expert_ranges() const {
-  std::vector<std::pair<int64_t, int64_t>> out;
+void GptModel::build_routed_ranges() {
+  auto& out = routed_ranges_;
+  out.clear();
   for (const auto& p : table_.specs) {
     if (!is_routed_expert(p.name)) continue;
     if (!out.empty() && out.back().first + out.back().second == p.offset)
@@ -93,7 +96,6 @@ std::vector<std::pair<int64_t, int64_t>> GptModel::routed_expert_ranges() const 
     else
       out.emplace_back(p.offset, p.numel);
   }
-  return out;
 }
 
 GptModel::MoeLosses GptModel::last_moe_losses() const {

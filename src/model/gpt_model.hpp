@@ -67,7 +67,7 @@ class GptModel {
   int64_t ep_size() const { return ep_size_; }
   int64_t ep_rank() const { return ep_rank_; }
   dist::ProcessGroup* expert_dp_group() const { return expert_dp_; }
-  std::vector<std::pair<int64_t, int64_t>> routed_expert_ranges() const;
+  const std::vector<std::pair<int64_t, int64_t>>& routed_expert_ranges() const { return routed_ranges_; }
   // The gradient norm over the whole model: the split parameters' squares summed over the
   // tensor-parallel group (the routed experts' over the expert-parallel group), the replicated
   // ones (the same on every rank) counted once, as Megatron's get_grad_norm_fp32. Every rank of
@@ -135,6 +135,7 @@ class GptModel {
 
   bool tensor_parallel() const { return tp_size_ > 1; }
   int64_t local_routed_parameters() const;  // this rank's routed experts' parameters
+  void build_routed_ranges();
   // Whether `name` is split over the model-parallel group (TP's split tensors, EP's experts).
   bool is_split(const std::string& name) const;
   double model_norm(const float* buf) const;  // over the whole model: see grad_norm
@@ -178,6 +179,7 @@ class GptModel {
   std::vector<kernels::cpu::MoeLayerState> moe_states_;  // per layer (empty for dense layers)
   // Expert parallelism: each MoE layer's routed-experts stage (null for dense layers, or no EP).
   std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> ep_stages_;
+  std::vector<std::pair<int64_t, int64_t>> routed_ranges_;  // see routed_expert_ranges (built once)
   std::vector<std::vector<double>> expert_load_;  // per layer [E]: tokens since update_expert_bias
   kernels::cpu::MoeLayerWeights moe_weights(const LayerParams& L);
   kernels::cpu::MoeLayerGrads moe_grads(const LayerParams& L);

@@ -130,19 +130,17 @@ namespace {
 
 // Megatron's group_limited_topk over one token's scores v[0..E): groups ranked by the sum (fp32,
 // descending order) of their k/g largest scores, the experts of the g best kept, the rest -inf in
-// `masked`, then the top-k of that.
+// `masked`, then the top-k of that. group_score [G] and top [max(k/g, g)] are the caller's scratch.
 void group_limited_topk_row(const float* v, int64_t E, int64_t k, int64_t G, int64_t g, float* masked,
-                            int64_t* idx) {
+                            float* group_score, int64_t* top, int64_t* idx) {
   const int64_t per = E / G, pick = k / g;
-  std::vector<float> group_score(static_cast<size_t>(G));
-  std::vector<int64_t> top(static_cast<size_t>(std::max(pick, g)));
   for (int64_t grp = 0; grp < G; ++grp) {
-    topk_row(v + grp * per, per, pick, top.data());
+    topk_row(v + grp * per, per, pick, top);
     float sum = 0.0f;
     for (int64_t j = 0; j < pick; ++j) sum += v[grp * per + top[j]];
     group_score[grp] = sum;
   }
-  topk_row(group_score.data(), G, g, top.data());
+  topk_row(group_score, G, g, top);
   std::fill(masked, masked + E, -std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < g; ++j) std::copy(v + top[j] * per, v + (top[j] + 1) * per, masked + top[j] * per);
   topk_row(masked, E, k, idx);
@@ -170,11 +168,14 @@ void moe_router_topk_forward(const float* logits, const float* expert_bias, int6
   const float scale = topk_scale(params);
 #pragma omp parallel
   {
-    std::vector<float> row(E), vals(k), masked(E);
+    std::vector<float> row(E), vals(k), masked(E), group_score(static_cast<size_t>(params.num_groups));
+    const int64_t top_n = groups ? std::max(k / params.group_topk, params.group_topk) : 0;
+    std::vector<int64_t> group_top(static_cast<size_t>(top_n));
     // The experts of one token's routing scores: all of them, or those of its best groups.
     auto choose = [&](const float* scores, int64_t* idx) {
       if (groups)
-        group_limited_topk_row(scores, E, k, params.num_groups, params.group_topk, masked.data(), idx);
+        group_limited_topk_row(scores, E, k, params.num_groups, params.group_topk, masked.data(), group_score.data(),
+                               group_top.data(), idx);
       else
         topk_row(scores, E, k, idx);
     };
