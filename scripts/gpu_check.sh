@@ -145,12 +145,42 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
                     --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --seq-length 128
                     --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16 --eval-iters 2
                     --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3
-                    --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1 --train-iters 20)
+                    --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-iters 40 --seed 1234 --log-interval 1 --train-iters 20)
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp1.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp2.log" 2>&1
           note "MoE DP=2 launch exit $?"
           "$C/laoyao" compare-logs "$OUT/moe_dp1.log" "$OUT/moe_dp2.log" > "$OUT/compare_moe_dp1_dp2.txt" 2>&1
           note "MoE dp1 vs dp2 on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_moe_dp1_dp2.txt" | head -1)"
+          # Expert parallelism over the two GPUs (NCCL all-to-all, 4 experts each), against one GPU;
+          # its checkpoint (every expert under its global number) resumes on one GPU.
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
+            --expert-model-parallel-size 2 --save /tmp/moe_ep2_ckpt --save-interval 20 > "$OUT/moe_ep2.log" 2>&1
+          note "MoE EP=2 launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --train-iters 22 > "$OUT/moe_dp1_22.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --train-iters 22 --load /tmp/moe_ep2_ckpt \
+            > "$OUT/moe_ep2_resumed.log" 2>&1
+          note "MoE EP=2 checkpoint resumed on one GPU: exit $?"
+          for pair in "moe_dp1 moe_ep2" "moe_dp1_22 moe_ep2_resumed"; do
+            read -r a b <<< "$pair"
+            "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
+            note "$a vs $b on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
+          done
+          # Throughput: the flagship's model at one global batch of 4 sequences of 4096: one GPU (two
+          # micro-batches), two GPUs data-parallel, two GPUs expert-parallel (EP=2, DP=2).
+          read -r -a flagship <<< "$(bash bench/gpu_train_bench.sh --shape-args moe_2b)"
+          tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
+                --eval-iters 0 --log-interval 5 --log-throughput "${flagship[@]}" --global-batch-size 4)
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" > "$OUT/moe2b_1gpu.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
+            > "$OUT/moe2b_dp2.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
+            --expert-model-parallel-size 2 > "$OUT/moe2b_ep2.log" 2>&1
+          note "moe_2b EP=2 launch exit $?"
+          ms1=$(ms "$OUT/moe2b_1gpu.log"); msd=$(ms "$OUT/moe2b_dp2.log"); mse=$(ms "$OUT/moe2b_ep2.log")
+          note "moe_2b, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step; 2 GPUs DP=2 ${msd:-?} ms/step ($(python3 -c "print(f'{$ms1/$msd:.2f}x')" 2>/dev/null || echo n/a)); EP=2 ${mse:-?} ms/step ($(python3 -c "print(f'{$ms1/$mse:.2f}x')" 2>/dev/null || echo n/a))"
+          for run in moe2b_1gpu moe2b_dp2 moe2b_ep2; do
+            note "  $run: $(grep -o 'device memory held: *[0-9.]* GB' "$OUT/$run.log" | tail -1); $(grep -o 'lm loss: [0-9.E+-]*' "$OUT/$run.log" | tail -1)"
+          done
           ;;
         dp2|dp2_speed)
           # Data parallelism over two GPUs (nvidia-h200-x2; NCCL gradients, Gloo host values): the GPT

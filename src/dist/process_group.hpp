@@ -14,7 +14,7 @@
 namespace laoyao::dist {
 
 // Element types of device collectives.
-enum class DeviceType { F32, BF16, F64 };
+enum class DeviceType { F32, BF16, F64, I32 };
 
 class ProcessGroup {
  public:
@@ -38,6 +38,12 @@ class ProcessGroup {
   virtual void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream);
   virtual void reduce_scatter_device(const void* send, void* recv, size_t n, DeviceType type, void* stream,
                                      double scale = 1.0);
+  // All-to-all with per-rank counts (expert parallelism's token exchange): send holds this rank's
+  // send_counts[0] elements for rank 0, then send_counts[1] for rank 1, ...; recv gets recv_counts[r]
+  // elements from each rank r, in rank order. Both count arrays (host, size() entries) must agree
+  // with the peers' (rank r's send_counts[me] == this rank's recv_counts[r]).
+  virtual void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                                 DeviceType type, void* stream);
   // Stops this rank's part in every pending device collective (NCCL: ncclCommAbort, whose kernels
   // then return), when a wait has given up on another rank; the group takes no further collectives.
   virtual void abort() {}

@@ -27,6 +27,9 @@ void ProcessGroup::all_gather_device(const void*, void*, size_t, DeviceType, voi
 void ProcessGroup::reduce_scatter_device(const void*, void*, size_t, DeviceType, void*, double) {
   no_device_collectives();
 }
+void ProcessGroup::all_to_all_device(const void*, const size_t*, void*, const size_t*, DeviceType, void*) {
+  no_device_collectives();
+}
 
 #if LAOYAO_HAVE_CUDA
 namespace {
@@ -43,8 +46,19 @@ ncclDataType_t nccl_type(DeviceType t) {
     case DeviceType::F32: return ncclFloat32;
     case DeviceType::BF16: return ncclBfloat16;
     case DeviceType::F64: return ncclFloat64;
+    case DeviceType::I32: return ncclInt32;
   }
   return ncclFloat32;
+}
+
+size_t type_bytes(DeviceType t) {
+  switch (t) {
+    case DeviceType::BF16: return 2;
+    case DeviceType::F64: return 8;
+    case DeviceType::F32:
+    case DeviceType::I32: return 4;
+  }
+  return 4;
 }
 
 class NcclGroup final : public ProcessGroup {
@@ -103,6 +117,26 @@ class NcclGroup final : public ProcessGroup {
     check_nccl(
         ncclReduceScatter(send, recv, n, nccl_type(type), op_for(scale), comm_, static_cast<cudaStream_t>(stream)),
         "ncclReduceScatter", rank());
+  }
+  // One NCCL group of a send and a receive per peer (empty ones left out), so that no pair waits
+  // on another: NCCL runs them together.
+  void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                         DeviceType type, void* stream) override {
+    check_alive();
+    const size_t bytes = type_bytes(type);
+    const auto* from = static_cast<const char*>(send);
+    auto* to = static_cast<char*>(recv);
+    auto st = static_cast<cudaStream_t>(stream);
+    check_nccl(ncclGroupStart(), "ncclGroupStart", rank());
+    for (int r = 0; r < size(); ++r) {
+      if (send_counts[r] > 0)
+        check_nccl(ncclSend(from, send_counts[r], nccl_type(type), r, comm_, st), "ncclSend", rank());
+      if (recv_counts[r] > 0)
+        check_nccl(ncclRecv(to, recv_counts[r], nccl_type(type), r, comm_, st), "ncclRecv", rank());
+      from += send_counts[r] * bytes;
+      to += recv_counts[r] * bytes;
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd (all-to-all)", rank());
   }
 
  private:

@@ -20,9 +20,8 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                   "model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
-  // Mixture of Experts trains data-parallel, and expert-parallel on CPU ranks (the CUDA backend
-  // names that gap itself); tensor parallelism is not built for it yet (model_config names the
-  // unsupported MoE settings).
+  // Mixture of Experts trains data-parallel and expert-parallel (CPU or GPU ranks); tensor
+  // parallelism is not built for it yet (model_config names the unsupported MoE settings).
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
     const int64_t ep = m.expert_model_parallel_size, dp = world_size / std::max<int64_t>(m.tensor_model_parallel_size, 1);
     if (ep > 1 && dp % ep != 0)

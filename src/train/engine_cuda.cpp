@@ -22,6 +22,7 @@
 #if LAOYAO_HAVE_CUDA
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/stream_wait.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
@@ -93,7 +94,8 @@ class CudaEngine final : public Engine {
         shard_group_(shard_group && shard_group->size() > 1 ? shard_group : nullptr),
         chunk_(shard_group_ ? ceil_div(host.num_parameters(), shard_group_->size()) : host.num_parameters()),
         shard_(shard_group_ ? shard : OptimizerShard{0, host.num_parameters()}),
-        gpu_(host.config(), max_b, seq, host.tp_group(), shard_group_ ? chunk_ * shard_group_->size() : 0) {
+        gpu_(host.config(), max_b, seq, host.tp_group(), shard_group_ ? chunk_ * shard_group_->size() : 0,
+             host.ep_group()) {
     if (shard_group_ && shard_.begin != shard_group_->rank() * chunk_)
       throw Error("CudaEngine: the optimizer shard does not start at the rank's equal share");
     const int64_t n = shard_.size;  // the moments and decay flags of the share
@@ -209,6 +211,8 @@ class CudaEngine final : public Engine {
       LAOYAO_CUDA_CHECK(cudaEventRecord(synced_, comm_));
       LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(gpu_.stream(), synced_, 0));
       sync_group_ = nullptr;
+    } else if (host_.ep_size() > 1) {
+      reduce_with_experts_apart(group, scale);
     } else if (shard_group_) {
       group.reduce_scatter_device(gpu_.main_grads(), gpu_.main_grads() + shard_.begin, static_cast<size_t>(chunk_),
                                   dist::DeviceType::F32, gpu_.stream(), scale);
@@ -218,9 +222,10 @@ class CudaEngine final : public Engine {
     phases_.mark(StepPhases::kReduced, gpu_.stream());
   }
   // Overlap needs whole ranges all-reduced as they finish: not with the distributed optimizer
-  // (its shares cut across them) nor tensor parallelism (finalize_grads still adds to them).
+  // (its shares cut across them), tensor parallelism (finalize_grads still adds to them) or expert
+  // parallelism (the experts' ranges go over another group).
   void start_grad_sync(dist::ProcessGroup& group, double scale) override {
-    if (shard_group_ || gpu_.tp_group()) return;
+    if (shard_group_ || gpu_.split_group()) return;
     sync_group_ = &group;
     sync_scale_ = scale;
     gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
@@ -248,6 +253,24 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
+  // Expert parallelism (engine_cpu's rule, Megatron's expert data-parallel reduction): a rank's
+  // experts hold every EP rank's tokens already, so they are summed only over the ranks holding the
+  // same experts (if any); the rest over all data-parallel ranks; both take the average's scale.
+  void reduce_with_experts_apart(dist::ProcessGroup& group, double scale) {
+    float* g = gpu_.main_grads();
+    cudaStream_t st = gpu_.stream();
+    int64_t at = 0;
+    for (const auto& [offset, count] : host_.routed_expert_ranges()) {
+      if (offset > at) group.all_reduce_sum_device(g + at, static_cast<size_t>(offset - at), st, scale);
+      if (dist::ProcessGroup* edp = host_.expert_dp_group())
+        edp->all_reduce_sum_device(g + offset, static_cast<size_t>(count), st, scale);
+      else
+        kc::scale_inplace(g + offset, static_cast<float>(scale), count, st);
+      at = offset + count;
+    }
+    const int64_t n = gpu_.num_parameters();
+    if (n > at) group.all_reduce_sum_device(g + at, static_cast<size_t>(n - at), st, scale);
+  }
   // One range of the gradients averaged over sync_group_ on comm_, once the model's stream has
   // written it.
   void reduce_range(int64_t offset, int64_t count) {
@@ -255,15 +278,16 @@ class CudaEngine final : public Engine {
     LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
     sync_group_->all_reduce_sum_device(gpu_.main_grads() + offset, static_cast<size_t>(count), comm_, sync_scale_);
   }
-  // result() = a reduction over the whole model (sum_squares or count_zeros): with tensor
-  // parallelism every rank's split tensors and one rank's replicated ones, summed over the group;
+  // result() = a reduction over the whole model (sum_squares or count_zeros): with tensor or expert
+  // parallelism every rank's split tensors (experts) and one rank's replicated ones, summed over the group;
   // with the distributed optimizer each rank's share, summed over the data-parallel group.
   template <class Reduction>
   void model_sum(Reduction reduce, const float* x) {
     const uint8_t* counted = gpu_.counted_flags();
     cudaStream_t stream = gpu_.stream();
     reduce(x + shard_.begin, shard_.size, scratch(), result(), stream, counted ? counted + shard_.begin : nullptr);
-    if (dist::ProcessGroup* tp = gpu_.tp_group()) tp->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
+    if (dist::ProcessGroup* split = gpu_.split_group())
+      split->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
     if (shard_group_) shard_group_->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
   }
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -416,6 +416,18 @@ TEST_F(CudaKernels, AddInplaceIsOneBf16Rounding) {
   expect_equal(from_device_bf16(dacc, n), want, "acc + x");
 }
 
+TEST_F(CudaKernels, ScaleInplaceMultipliesEveryElement) {
+  const int64_t n = 10007;
+  const auto x = randn(n, 23, "scale.x");
+  const float s = 0.37f;
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = x[i] * s;
+  auto dx = to_device(x);
+  cuda::scale_inplace(dx.as<float>(), s, n, stream_);
+  sync();
+  expect_equal(from_device<float>(dx, n), want, "x * s");
+}
+
 TEST_F(CudaKernels, BiasGradAccumulatesColumnSums) {
   const int64_t T = 600, N = 77;  // three row chunks of the kernel's 256
   const auto dyv = randn_bf16(T * N, 22, "bias_grad.dy");

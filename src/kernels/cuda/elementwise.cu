@@ -29,6 +29,11 @@ __global__ void dropout_kernel(const bf16* x, bf16* y, int64_t n, DropoutSpec dr
     y[i] = __float2bfloat16(__bfloat162float(x[i]) * dropout_factor(drop, static_cast<uint64_t>(i)));
 }
 
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
 __global__ void add_kernel(bf16* acc, const bf16* x, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     acc[i] = __float2bfloat16(__bfloat162float(acc[i]) + __bfloat162float(x[i]));
@@ -82,6 +87,12 @@ void dropout_apply(const bf16* x, bf16* y, int64_t n, const DropoutSpec& drop, c
 void add_inplace(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(acc, x, n);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale_inplace(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, s, n);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -22,6 +22,10 @@ void dropout_apply(const __nv_bfloat16* x, __nv_bfloat16* y, int64_t n, const Dr
 // acc[i] = bf16(acc[i] + x[i]).
 void add_inplace(__nv_bfloat16* acc, const __nv_bfloat16* x, int64_t n, cudaStream_t stream);
 
+// x[i] *= s (fp32): gradients that no collective averages (an expert's, with no other rank
+// holding it) take the data-parallel scale here.
+void scale_inplace(float* x, float s, int64_t n, cudaStream_t stream);
+
 // db[N] += column sums of dy[T, N] (fp32). Fixed summation order (row chunks, then chunks in order),
 // so the result is the same every run. scratch: bias_grad_scratch_floats(T, N) floats.
 size_t bias_grad_scratch_floats(int64_t T, int64_t N);

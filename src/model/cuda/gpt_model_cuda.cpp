@@ -26,6 +26,7 @@
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/cuda/carver.hpp"
+#include "model/gpt_ep.hpp"
 #include "model/gpt_tp.hpp"
 
 namespace laoyao::model {
@@ -38,9 +39,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     missing.push_back("group-limited routing (--moe-router-num-groups)");
   if (c.moe.num_experts > 0 && c.moe.expert_bias)
     missing.push_back("the MoE router's expert bias (--moe-router-enable-expert-bias)");
-  if (c.moe.num_experts > 0 && c.moe.expert_parallel > 1)
-    missing.push_back("expert parallelism (--expert-model-parallel-size " + std::to_string(c.moe.expert_parallel) +
-                      ")");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
@@ -83,12 +81,13 @@ void append_ranges(const ParameterTable& table, const std::string& prefix, std::
 }  // namespace
 
 CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
-                           int64_t buffer_elems)
+                           int64_t buffer_elems, dist::ProcessGroup* ep)
     : cfg_(cfg),
       lc_(tp_local_config(cfg, group_size(tp))),
       tp_(tp),
       tp_size_(group_size(tp)),
       tp_rank_(group_size(tp) > 1 ? tp->rank() : 0),
+      ep_(group_size(ep) > 1 ? ep : nullptr),
       sp_(group_size(tp) > 1 && cfg.sequence_parallel),
       layout_(build_gpt_parameters(lc_)),
       max_b_(max_b),
@@ -128,11 +127,17 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
-  if (tensor_parallel()) {  // the norms count a replicated tensor once over the group: on rank 0
+  if (cfg.moe.expert_parallel != group_size(ep))
+    throw Error("CudaGptModel: the config's expert-parallel size " + std::to_string(cfg.moe.expert_parallel) +
+                " is not the group's " + std::to_string(group_size(ep)));
+  if (ep_ && tensor_parallel()) throw UsageError("the CUDA backend does not combine expert and tensor parallelism");
+  if (split_group()) {  // the norms count a replicated tensor once over the group: on rank 0
+    const int64_t rank = split_group()->rank();
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
-    for (const auto& p : layout_.table.specs)
-      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel,
-                tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated ? 1 : 0);
+    for (const auto& p : layout_.table.specs) {
+      const bool split = ep_ ? is_routed_expert(p.name) : tp_split_of(p.name, cfg_) != TpSplit::Replicated;
+      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, rank == 0 || split ? 1 : 0);
+    }
     counted_ = kc::DeviceBuffer(flags.size());
     counted_.upload(flags.data(), flags.size());
   }
@@ -249,7 +254,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   };
   if (c.moe.num_experts > 0) {
     if (tensor_parallel()) throw UsageError("the CUDA backend runs Mixture-of-Experts layers without tensor parallelism");
-    moe_ = std::make_unique<CudaMoeLayers>(c, T, s);
+    moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_);
   }
   Carver measure;
   carve(measure);
@@ -289,8 +294,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   }
 
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
-  // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way.
-  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel();
+  // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
+  // expert-parallel step reads the token counts on the host inside the step.
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() && !ep_;
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");

@@ -12,7 +12,7 @@
 // RMSNorm (Qwen3; head dims that are multiples of 8 up to 256), tied or untied output layer, biases
 // on or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
 // or the unfused path, by --attention-backend (gpt_config.hpp); Mixture-of-Experts layers
-// (model/cuda/moe_layers_cuda.hpp; not with tensor parallelism). cuda_unsupported_features() names
+// (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, not with tensor parallelism). cuda_unsupported_features() names
 // what is not (QK-norm head dims and RMSNorm widths its kernels cannot pack).
 //
 // Tensor parallelism (a group of several GPU ranks, NCCL): each rank holds Megatron-Core's shards
@@ -59,8 +59,10 @@ class CudaGptModel {
   // whole model here). The flat parameter, gradient and main-parameter buffers hold at least
   // buffer_elems elements (the distributed optimizer pads them to equal shares; the padding's
   // gradients stay zero).
+  // ep: the expert-parallel group of an MoE model (cfg.moe.expert_parallel ranks; the table then
+  // holds this rank's experts only, model/gpt_ep.hpp). Tensor and expert parallelism do not mix.
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
-               int64_t buffer_elems = 0);
+               int64_t buffer_elems = 0, dist::ProcessGroup* ep = nullptr);
   ~CudaGptModel();
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
@@ -69,9 +71,12 @@ class CudaGptModel {
   // This rank's shapes (heads, query groups, ffn and vocabulary divided by the TP size).
   const GptConfig& local_config() const { return lc_; }
   dist::ProcessGroup* tp_group() const { return tp_size_ > 1 ? tp_ : nullptr; }
-  // Tensor parallelism: one flag per parameter, 1 where this rank counts it in the model's norms
-  // and zero counts (split tensors everywhere, replicated ones on rank 0 only); nullptr without TP.
-  const uint8_t* counted_flags() const { return tp_size_ > 1 ? counted_.as<uint8_t>() : nullptr; }
+  // The group the model is split over (tensor or expert parallelism), or null: the model's norms
+  // and zero counts are sums over it of each rank's counted_flags() parameters.
+  dist::ProcessGroup* split_group() const { return tp_size_ > 1 ? tp_ : ep_; }
+  // One flag per parameter, 1 where this rank counts it in the model's norms and zero counts (split
+  // tensors, a rank's experts, everywhere; replicated ones on rank 0 only); nullptr when whole.
+  const uint8_t* counted_flags() const { return split_group() ? counted_.as<uint8_t>() : nullptr; }
   // After a step's micro-batches: sums over the tensor-parallel group the gradients each rank
   // holds only a part of (the QK-norm weights, which serve every head; with sequence parallelism
   // the norms' weights and biases). Enqueued on stream(); nothing to do without TP.
@@ -182,6 +187,7 @@ class CudaGptModel {
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
   int64_t tp_size_ = 1, tp_rank_ = 0;
+  dist::ProcessGroup* ep_ = nullptr;  // expert parallelism over several ranks, or null
   bool sp_ = false;  // sequence parallelism
   GptParameterLayout layout_;
   int64_t max_b_, s_, b_ = 0;  // b_: sequences in the last forward

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
+#include "kernels/cuda/moe_ep.hpp"
 #include "kernels/cuda/stream_wait.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "model/cuda/carver.hpp"
@@ -16,9 +17,18 @@ namespace laoyao::model {
 
 namespace kc = laoyao::kernels::cuda;
 
-CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length) : cfg_(cfg) {
+CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep)
+    : cfg_(cfg) {
   const MoeConfig& m = cfg.moe;
   E_ = m.num_experts, k_ = m.topk, H_ = cfg.hidden, F_ = m.ffn, Fs_ = m.shared_ffn;
+  if (ep && ep->size() > 1) ep_ = ep, P_ = ep->size(), me_ = ep->rank();
+  if (m.expert_parallel != P_)
+    throw Error("CudaMoeLayers: the config's expert-parallel size " + std::to_string(m.expert_parallel) +
+                " is not the group's " + std::to_string(P_));
+  if (E_ % P_ != 0)
+    throw UsageError(std::to_string(E_) + " experts do not split over " + std::to_string(P_) +
+                     " expert-parallel ranks (--num-experts must be a multiple of --expert-model-parallel-size)");
+  El_ = E_ / P_;
   const bool swiglu = cfg.activation == Activation::SwiGLU;
   F1_ = swiglu ? 2 * F_ : F_;
   Fs1_ = swiglu ? 2 * Fs_ : Fs_;
@@ -38,7 +48,9 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   losses_.z_coeff = static_cast<float>(m.z_loss_coeff);
   losses_.seq_length = seq_length;
 
-  const int64_t T = max_tokens, N = T * k_;
+  // Nl: rows this rank's experts may get, every rank's every token under expert parallelism
+  // (dropless routing bounds nothing tighter).
+  const int64_t T = max_tokens, N = T * k_, Nl = P_ * N;
   const bool aux = losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0;
   slot_.assign(static_cast<size_t>(cfg.num_layers), -1);
   int64_t layers = 0;
@@ -59,19 +71,22 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.offsets = a.take<int32_t>(E_ + 1);
       S.sorted_token = a.take<int32_t>(N);
       S.permuted_row = a.take<int32_t>(N);
-      S.fc1_out = a.take<bf16>(N * F1_);
-      S.act_out = a.take<bf16>(N * F_);
+      S.fc1_out = a.take<bf16>(Nl * F1_);
+      S.act_out = a.take<bf16>(Nl * F_);
       S.expert_out = a.take<bf16>(N * H_);
       S.shared_u = a.take<bf16>(T * Fs1_);
       S.shared_g = a.take<bf16>(T * Fs_);
+      S.ep_counts = a.take<int32_t>(ep_ ? P_ * E_ : 0);
+      S.local_offsets = a.take<int32_t>(ep_ ? El_ + 1 : 0);
+      S.local_x = a.take<bf16>(ep_ ? Nl * H_ : 0);
     }
   };
   auto carve_scratch = [&](Carver& a) {
     permuted_x_ = a.take<bf16>(N * H_);
     shared_out_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
     dexpert_ = a.take<bf16>(N * H_);
-    dact_ = a.take<bf16>(N * F_);
-    dfc1_ = a.take<bf16>(N * F1_);
+    dact_ = a.take<bf16>(Nl * F_);
+    dfc1_ = a.take<bf16>(Nl * F1_);
     dpermuted_ = a.take<bf16>(N * H_);
     dlogits_ = a.take<bf16>(T * E_);
     dshared_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
@@ -79,6 +94,9 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     dshared_u_ = a.take<bf16>(T * Fs1_);
     dprobs_ = a.take<float>(N);
     perm_scratch_ = a.take<char>(static_cast<int64_t>(kc::moe_permutation_scratch_bytes(T, E_)));
+    staging_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
+    local_y_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
+    local_dx_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
   };
   Carver measure;
   carve_saved(measure);
@@ -91,6 +109,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   Carver real_scratch{static_cast<char*>(scratch_.ptr), 0};
   carve_scratch(real_scratch);
 
+  if (ep_) host_counts_ = kc::PinnedHostBuffer(sizeof(int32_t) * static_cast<size_t>(P_ * E_));
   sums_ = kc::DeviceBuffer(6 * sizeof(float));
   train_sums_ = sums_.as<float>();
   discard_sums_ = train_sums_ + 3;
@@ -118,8 +137,55 @@ void CudaMoeLayers::activation_backward(const bf16* u, const bf16* dg, bf16* du,
     kc::bias_gelu_backward(dg, u, zero_bias_.as<bf16>(), du, rows, F, stream, cfg_.activation == Activation::GeluErf);
 }
 
+void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf16* in, const int32_t* offsets,
+                                    int64_t groups, int64_t rows, bf16* out) const {
+  const bf16* P = ctx.params;
+  kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, offsets, groups, rows, F1_, H_, ctx.stream);
+  activation_forward(S.fc1_out, S.act_out, rows, F_, ctx.stream);
+  kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, offsets, groups, rows, H_, F_, ctx.stream);
+}
+
+void CudaMoeLayers::experts_backward(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
+                                     const int32_t* offsets, int64_t groups, int64_t rows, bf16* dx) const {
+  const bf16* P = ctx.params;
+  float* G = ctx.grads;
+  cudaStream_t st = ctx.stream;
+  kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, offsets, groups, rows, H_, F_, st);
+  kc::grouped_gemm_wgrad(dy, S.act_out, G + ctx.W.experts_fc2, offsets, groups, rows, H_, F_, st);
+  activation_backward(S.fc1_out, dact_, dfc1_, rows, F_, st);
+  kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, offsets, groups, rows, F1_, H_, st);
+  kc::grouped_gemm_wgrad(dfc1_, in, G + ctx.W.experts_fc1, offsets, groups, rows, F1_, H_, st);
+}
+
+void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
+  ep_->all_gather_device(S.counts, S.ep_counts, static_cast<size_t>(E_), dist::DeviceType::I32, stream);
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host_counts_.ptr, S.ep_counts, host_counts_.bytes, cudaMemcpyDeviceToHost, stream));
+  kc::stream_wait(stream, "the MoE layer's token counts (expert parallelism)");
+  const int32_t* c = host_counts_.as<int32_t>();
+  S.send_elems.assign(static_cast<size_t>(P_), 0);
+  S.recv_elems.assign(static_cast<size_t>(P_), 0);
+  S.local_rows = 0;
+  for (int64_t r = 0; r < P_; ++r)
+    for (int64_t e = r * El_; e < (r + 1) * El_; ++e) {
+      S.send_elems[static_cast<size_t>(r)] += static_cast<size_t>(c[me_ * E_ + e] * H_);  // my rows for r's experts
+      const int64_t in = c[r * E_ + me_ * El_ + (e - r * El_)];                         // r's rows for mine
+      S.recv_elems[static_cast<size_t>(r)] += static_cast<size_t>(in * H_);
+      S.local_rows += in;
+    }
+}
+
+void CudaMoeLayers::dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) {
+  ep_->all_to_all_device(rows, S.send_elems.data(), staging_, S.recv_elems.data(), dist::DeviceType::BF16, stream);
+  kc::moe_ep_sort_chunks(staging_, local, S.ep_counts, P_, E_, me_, S.local_rows, H_, true, stream);
+}
+
+void CudaMoeLayers::combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) {
+  kc::moe_ep_sort_chunks(local, staging_, S.ep_counts, P_, E_, me_, S.local_rows, H_, false, stream);
+  ep_->all_to_all_device(staging_, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, stream);
+}
+
 void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses) {
-  const Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
+  Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
   const GptLayerOffsets& W = ctx.W;
   const bf16* P = ctx.params;
   cudaStream_t st = ctx.stream;
@@ -133,9 +199,15 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
   kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-  kc::grouped_gemm_nt(permuted_x_, P + W.experts_fc1, S.fc1_out, S.offsets, E_, N, F1_, H_, st);
-  activation_forward(S.fc1_out, S.act_out, N, F_, st);
-  kc::grouped_gemm_nt(S.act_out, P + W.experts_fc2, S.expert_out, S.offsets, E_, N, H_, F_, st);
+  if (ep_) {  // the rows travel to their experts' ranks and back
+    exchange_counts(S, st);
+    dispatch(S, permuted_x_, S.local_x, st);
+    kc::moe_ep_local_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
+    experts_forward(S, ctx, S.local_x, S.local_offsets, El_, S.local_rows, local_y_);
+    combine(S, local_y_, S.expert_out, st);
+  } else {
+    experts_forward(S, ctx, permuted_x_, S.offsets, E_, N, S.expert_out);
+  }
   if (Fs_ > 0) {
     ctx.gemm.linear_forward(x, P + W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, st);
     activation_forward(S.shared_u, S.shared_g, T, Fs_, st);
@@ -154,13 +226,16 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   const int64_t N = T * k_;
   // Combine: the experts' output gradients and the probabilities'.
   kc::moe_unpermute_backward(S.expert_out, S.permuted_row, S.probs, dy, dexpert_, dprobs_, T, k_, H_, st);
-  // Experts, fc2 then fc1; their input is permuted again rather than kept.
-  kc::grouped_gemm_nn(dexpert_, P + W.experts_fc2, dact_, S.offsets, E_, N, H_, F_, st);
-  kc::grouped_gemm_wgrad(dexpert_, S.act_out, G + W.experts_fc2, S.offsets, E_, N, H_, F_, st);
-  activation_backward(S.fc1_out, dact_, dfc1_, N, F_, st);
-  kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-  kc::grouped_gemm_nn(dfc1_, P + W.experts_fc1, dpermuted_, S.offsets, E_, N, F1_, H_, st);
-  kc::grouped_gemm_wgrad(dfc1_, permuted_x_, G + W.experts_fc1, S.offsets, E_, N, F1_, H_, st);
+  // Experts, fc2 then fc1. Under expert parallelism the output gradients go to the experts' ranks
+  // and the input gradients come back; otherwise the input is permuted again rather than kept.
+  if (ep_) {
+    dispatch(S, dexpert_, local_y_, st);
+    experts_backward(S, ctx, S.local_x, local_y_, S.local_offsets, El_, S.local_rows, local_dx_);
+    combine(S, local_dx_, dpermuted_, st);
+  } else {
+    kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
+    experts_backward(S, ctx, permuted_x_, dexpert_, S.offsets, E_, N, dpermuted_);
+  }
   // Router: the probabilities' gradient plus the scaled losses', then its two GEMMs; dx starts
   // as the router's part.
   kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);

@@ -1,8 +1,17 @@
-// Megatron-Core's MoELayer on the GPU (dropless, EP = 1), for CudaGptModel's MoE layers: the
-// router's GEMM and fused top-k, the load-balancing and z losses, the permutation, the routed
-// experts as grouped GEMMs, the combine with the shared expert's output added. The same function as
-// the CPU reference (kernels/cpu/moe.hpp's moe_layer_forward/backward) with bf16 activations and
-// fp32 router math, and no host synchronisation: the per-expert counts stay on the device.
+// Megatron-Core's MoELayer on the GPU (dropless), for CudaGptModel's MoE layers: the router's GEMM
+// and fused top-k, the load-balancing and z losses, the permutation, the routed experts as grouped
+// GEMMs, the combine with the shared expert's output added. The same function as the CPU reference
+// (kernels/cpu/moe.hpp's moe_layer_forward/backward) with bf16 activations and fp32 router math.
+// Without expert parallelism there is no host synchronisation: the per-expert counts stay on the
+// device.
+//
+// Expert parallelism (an EP group of P GPU ranks, model/gpt_ep.hpp): Megatron-Core's all-to-all
+// token dispatcher. Each rank routes its tokens over all E experts; the counts are all-gathered
+// and read on the host (the all-to-all's sizes: one synchronisation per layer and direction, as
+// Megatron's dispatcher has), the rows for each rank's experts go there over NCCL (moe_ep.hpp
+// reorders them expert-major), its El = E / P experts run on them, and the outputs come back. The
+// backward sends the output gradients the same way and the input gradients back. The CPU stage
+// (model/moe_expert_parallel.hpp) is the reference for the order of the rows.
 //
 // One object serves all MoE layers of a model. It owns what each layer keeps for its backward
 // (router logits and choices, the permutation, the experts' activations and outputs) and the
@@ -15,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dist/process_group.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/moe.hpp"
@@ -29,7 +39,9 @@ class CudaMoeLayers {
   using bf16 = __nv_bfloat16;
   // Throws UsageError naming what the GPU path cannot do (more than kMoeMaxExperts experts, widths
   // that are not multiples of 8).
-  CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length);
+  // ep: the expert-parallel group (null or one rank: every expert here); cfg is this rank's config
+  // (moe.expert_parallel = the group's size, its parameter table holding its experts only).
+  CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep = nullptr);
   CudaMoeLayers(const CudaMoeLayers&) = delete;
   CudaMoeLayers& operator=(const CudaMoeLayers&) = delete;
 
@@ -60,7 +72,27 @@ class CudaMoeLayers {
     float *logits, *probs, *scores, *lse, *stats;
     int32_t *topk_idx, *counts, *offsets, *sorted_token, *permuted_row;
     bf16 *fc1_out, *act_out, *expert_out, *shared_u, *shared_g;
+    // Expert parallelism: every rank's counts [P][E], the offsets of this rank's experts' rows
+    // [El + 1] and those rows (expert-major), and the exchange's sizes in elements per peer.
+    int32_t *ep_counts, *local_offsets;
+    bf16* local_x;
+    std::vector<size_t> send_elems, recv_elems;
+    int64_t local_rows;
   };
+  // The routed experts on `rows` rows grouped by `offsets` into `groups` experts (this rank's):
+  // out = fc2(act(fc1(in))), keeping fc1's output and the activation in S; the backward from dy,
+  // accumulating the weight gradients, writes dx.
+  void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const int32_t* offsets, int64_t groups,
+                       int64_t rows, bf16* out) const;
+  void experts_backward(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy, const int32_t* offsets,
+                        int64_t groups, int64_t rows, bf16* dx) const;
+  // Expert parallelism: every rank's counts of layer S's routing, all-gathered and read on the
+  // host (waits for the stream), then the exchange's sizes.
+  void exchange_counts(Saved& S, cudaStream_t stream);
+  // rows [N, H] grouped by global expert -> this rank's experts' rows, expert-major, into local;
+  // and back (local -> rows), through staging_.
+  void dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream);
+  void combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream);
   // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
   void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const;
   void activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F, cudaStream_t stream) const;
@@ -69,6 +101,8 @@ class CudaMoeLayers {
   kernels::cuda::MoeRouterSpec router_;
   kernels::cuda::MoeAuxLossSpec losses_;
   int64_t E_, k_, H_, F_, F1_, Fs_, Fs1_;  // experts, top-k, hidden, expert ffn (fc1 rows), shared (fc1 rows)
+  dist::ProcessGroup* ep_ = nullptr;       // the expert-parallel group (null: EP = 1)
+  int64_t P_ = 1, me_ = 0, El_ = 0;        // its size, this rank's place, experts per rank
   std::vector<int64_t> slot_;              // layer -> index into saved (-1: dense layer)
   std::vector<Saved> saved_layers_;
   kernels::cuda::DeviceBuffer saved_, scratch_, sums_, zero_bias_;
@@ -78,6 +112,10 @@ class CudaMoeLayers {
        *dshared_u_ = nullptr;
   float* dprobs_ = nullptr;
   void* perm_scratch_ = nullptr;
+  // Expert parallelism: the all-to-all's rank-major rows, this rank's experts' output or output
+  // gradient and input gradient (expert-major), and the host copy of the counts.
+  bf16 *staging_ = nullptr, *local_y_ = nullptr, *local_dx_ = nullptr;
+  kernels::cuda::PinnedHostBuffer host_counts_;
   float* train_sums_ = nullptr;    // [3] aux, seq_aux, z (coefficients in) since the last take_losses
   float* discard_sums_ = nullptr;  // [3] where the losses of forwards that do not count go
 };
