@@ -160,7 +160,17 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --train-iters 22 --load /tmp/moe_ep2_ckpt \
             > "$OUT/moe_ep2_resumed.log" 2>&1
           note "MoE EP=2 checkpoint resumed on one GPU: exit $?"
-          for pair in "moe_dp1 moe_ep2" "moe_dp1_22 moe_ep2_resumed"; do
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
+            --expert-model-parallel-size 2 --overlap-grad-reduce > "$OUT/moe_ep2_overlap.log" 2>&1
+          note "MoE EP=2 --overlap-grad-reduce launch exit $?"
+          # Random router logits (--moe-router-force-load-balancing): the CPU, one GPU and EP=2 draw the same.
+          LAOYAO_DEVICE=cpu "$C/laoyao" "${moe_args[@]}" --moe-router-force-load-balancing > "$OUT/moe_fb_cpu.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --moe-router-force-load-balancing > "$OUT/moe_fb_dp1.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
+            --moe-router-force-load-balancing --expert-model-parallel-size 2 > "$OUT/moe_fb_ep2.log" 2>&1
+          note "MoE force-balanced runs exit $?"
+          for pair in "moe_dp1 moe_ep2" "moe_dp1 moe_ep2_overlap" "moe_dp1_22 moe_ep2_resumed" "moe_fb_cpu moe_fb_dp1" \
+                      "moe_fb_dp1 moe_fb_ep2"; do
             read -r a b <<< "$pair"
             "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
             note "$a vs $b on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
@@ -170,16 +180,36 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           read -r -a flagship <<< "$(bash bench/gpu_train_bench.sh --shape-args moe_2b)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
                 --eval-iters 0 --log-interval 5 --log-throughput "${flagship[@]}" --global-batch-size 4)
-          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" > "$OUT/moe2b_1gpu.log" 2>&1
-          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
-            > "$OUT/moe2b_dp2.log" 2>&1
-          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
-            --expert-model-parallel-size 2 > "$OUT/moe2b_ep2.log" 2>&1
-          note "moe_2b EP=2 launch exit $?"
-          ms1=$(ms "$OUT/moe2b_1gpu.log"); msd=$(ms "$OUT/moe2b_dp2.log"); mse=$(ms "$OUT/moe2b_ep2.log")
-          note "moe_2b, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step; 2 GPUs DP=2 ${msd:-?} ms/step ($(python3 -c "print(f'{$ms1/$msd:.2f}x')" 2>/dev/null || echo n/a)); EP=2 ${mse:-?} ms/step ($(python3 -c "print(f'{$ms1/$mse:.2f}x')" 2>/dev/null || echo n/a))"
-          for run in moe2b_1gpu moe2b_dp2 moe2b_ep2; do
-            note "  $run: $(grep -o 'device memory held: *[0-9.]* GB' "$OUT/$run.log" | tail -1); $(grep -o 'lm loss: [0-9.E+-]*' "$OUT/$run.log" | tail -1)"
+          # The same with --moe-router-force-load-balancing (random router logits, as Megatron's
+          # benchmarks): an untrained router sends most tokens of a layer to a few experts, which
+          # under EP leaves one rank waiting for the other.
+          export LAOYAO_STEP_PHASES=1 LAOYAO_MOE_PHASES=1
+          fb=--moe-router-force-load-balancing
+          for run in "1gpu" "dp2_overlap --overlap-grad-reduce" "ep2_overlap --expert-model-parallel-size 2 --overlap-grad-reduce" \
+                     "1gpu_fb $fb" "dp2_overlap_fb --overlap-grad-reduce $fb" \
+                     "ep2_overlap_fb --expert-model-parallel-size 2 --overlap-grad-reduce $fb"; do
+            read -r name flags <<< "$run"
+            launch=(launch --nproc-per-node 2 -- "$C/laoyao")
+            [[ $name == 1gpu* ]] && launch=()
+            # shellcheck disable=SC2086  # flags: several words
+            LAOYAO_DEVICE=cuda "$C/laoyao" "${launch[@]}" pretrain-gpt "${tput[@]}" $flags > "$OUT/moe2b_$name.log" 2>&1
+            note "moe_2b $name exit $?"
+          done
+          unset LAOYAO_STEP_PHASES LAOYAO_MOE_PHASES
+          for set in "" _fb; do
+            ms1=$(ms "$OUT/moe2b_1gpu$set.log")
+            line="moe_2b${set:+ force-balanced}, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step"
+            for name in dp2_overlap ep2_overlap; do
+              m=$(ms "$OUT/moe2b_$name$set.log")
+              line+="; $name ${m:-?} ms ($(python3 -c "print(f'{$ms1/$m:.2f}x')" 2>/dev/null || echo n/a))"
+            done
+            note "$line"
+          done
+          for run in 1gpu dp2_overlap ep2_overlap 1gpu_fb dp2_overlap_fb ep2_overlap_fb; do
+            f="$OUT/moe2b_$run.log"
+            note "  $run: $(grep -o 'device memory held: *[0-9.]* GB' "$f" | tail -1); $(grep -o 'lm loss: [0-9.E+-]*' "$f" | tail -1); $(grep -o 'load_balancing_loss: [0-9.E+-]*' "$f" | tail -1)"
+            note "    $(grep 'step phases' "$f" | tail -1 | sed 's/.*step phases/step phases/')"
+            note "    $(grep 'MoE phases' "$f" | tail -1 | sed 's/.*MoE phases/MoE phases/')"
           done
           ;;
         dp2|dp2_speed)

@@ -104,6 +104,7 @@ struct ModelConfig {
   OptFloat moe_router_topk_scaling_factor;
   OptString moe_router_dtype;
   bool moe_router_enable_expert_bias = false;
+  bool moe_router_force_load_balancing = false;  // benchmarks: random router logits (Megatron's flag)
   double moe_router_bias_update_rate = 1e-3;
   OptInt moe_router_num_groups;
   OptInt moe_router_group_topk;

@@ -77,6 +77,7 @@ template <class V> void ModelConfig::visit(V& v) {
   v.field("moe_router_topk_scaling_factor", moe_router_topk_scaling_factor);
   v.field("moe_router_dtype", moe_router_dtype, Choices{"fp32", "fp64"});
   v.field("moe_router_enable_expert_bias", moe_router_enable_expert_bias);
+  v.field("moe_router_force_load_balancing", moe_router_force_load_balancing);
   v.field("moe_router_bias_update_rate", moe_router_bias_update_rate);
   v.field("moe_router_num_groups", moe_router_num_groups);
   v.field("moe_router_group_topk", moe_router_group_topk);

@@ -226,6 +226,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"--moe-router-topk-scaling-factor", Kind::Value, "model.moe_router_topk_scaling_factor"},
       {"--moe-router-dtype", Kind::Value, "model.moe_router_dtype"},
       {"--moe-router-enable-expert-bias", Kind::True, "model.moe_router_enable_expert_bias"},
+      {"--moe-router-force-load-balancing", Kind::True, "model.moe_router_force_load_balancing"},
       {"--moe-router-bias-update-rate", Kind::Value, "model.moe_router_bias_update_rate"},
       {"--moe-router-num-groups", Kind::Value, "model.moe_router_num_groups"},
       {"--moe-router-group-topk", Kind::Value, "model.moe_router_group_topk"},

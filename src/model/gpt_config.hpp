@@ -44,6 +44,11 @@ struct MoeConfig {
   // that only chooses the experts, moved by --moe-router-bias-update-rate after every step.
   bool expert_bias = false;
   double bias_update_rate = 1e-3;
+  // --moe-router-force-load-balancing (for benchmarks, as Megatron's): the router's logits are
+  // replaced by standard normal values (core/counter_normal.hpp, stream
+  // "decoder.layers.L.mlp.router.random_logits.<call>"), so the routing is balanced in expectation;
+  // the gradient passes to the real logits unchanged (Megatron's straight-through RandomSTE).
+  bool force_load_balancing = false;
   // --moe-router-num-groups / --moe-router-group-topk: group-limited routing (0: off).
   int64_t num_groups = 0, group_topk = 0;
   // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /

@@ -60,6 +60,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.router.pre_softmax = m.pre_softmax;
     if (m.topk_scaling_factor) moe_cfg_.router.topk_scaling_factor = static_cast<float>(*m.topk_scaling_factor);
     moe_cfg_.router.num_groups = m.num_groups, moe_cfg_.router.group_topk = m.group_topk;
+    moe_cfg_.force_load_balancing = m.force_load_balancing;
     moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
@@ -441,6 +442,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     if (sp) gather_sequence(A(a.ln2));
     if (cfg_.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
       moe_cfg_.seq_length = mb.s;
+      moe_cfg_.random_logits_key = random_logits_key(key, l);
       k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)],
                            ep_stages_[static_cast<size_t>(l)].get());
     } else {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/rng.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -44,6 +45,12 @@ struct DropoutKey {
   uint64_t call = 0;  // e.g. iteration * 1e6 + micro-batch index
   bool training = false;
 };
+
+// The stream of layer l's random router logits in a micro-batch (--moe-router-force-load-balancing),
+// the same on both backends.
+inline uint64_t random_logits_key(const DropoutKey& key, int64_t layer) {
+  return rng_stream_key(key.seed, "router.layer" + std::to_string(layer) + ".random_logits." + std::to_string(key.call));
+}
 
 class GptModel {
  public:

@@ -115,7 +115,10 @@ class CudaEngine final : public Engine {
     LAOYAO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, hi));
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&synced_, cudaEventDisableTiming));
+    // Under expert parallelism the experts are neither reported nor in the rest: they have their own group.
     std::vector<model::CudaGptModel::Range> reported = gpu_.grad_sync_ranges();
+    if (host_.ep_size() > 1)
+      for (const auto& [offset, count] : host_.routed_expert_ranges()) reported.push_back({offset, count});
     std::sort(reported.begin(), reported.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     int64_t at = 0;
     for (const auto& r : reported) {
@@ -208,6 +211,7 @@ class CudaEngine final : public Engine {
     if (sync_group_) {  // the backward reduced the reported ranges already: the rest, then wait
       gpu_.set_grads_ready_hook(nullptr);
       for (const auto& r : rest_) reduce_range(r.offset, r.count);
+      if (host_.ep_size() > 1) reduce_experts(comm_, scale);
       LAOYAO_CUDA_CHECK(cudaEventRecord(synced_, comm_));
       LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(gpu_.stream(), synced_, 0));
       sync_group_ = nullptr;
@@ -222,10 +226,10 @@ class CudaEngine final : public Engine {
     phases_.mark(StepPhases::kReduced, gpu_.stream());
   }
   // Overlap needs whole ranges all-reduced as they finish: not with the distributed optimizer
-  // (its shares cut across them), tensor parallelism (finalize_grads still adds to them) or expert
-  // parallelism (the experts' ranges go over another group).
+  // (its shares cut across them) nor tensor parallelism (finalize_grads still adds to them). Under
+  // expert parallelism the ranges leave the experts out; all_reduce_grads does them.
   void start_grad_sync(dist::ProcessGroup& group, double scale) override {
-    if (shard_group_ || gpu_.split_group()) return;
+    if (shard_group_ || gpu_.tp_group()) return;
     sync_group_ = &group;
     sync_scale_ = scale;
     gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
@@ -262,14 +266,25 @@ class CudaEngine final : public Engine {
     int64_t at = 0;
     for (const auto& [offset, count] : host_.routed_expert_ranges()) {
       if (offset > at) group.all_reduce_sum_device(g + at, static_cast<size_t>(offset - at), st, scale);
-      if (dist::ProcessGroup* edp = host_.expert_dp_group())
-        edp->all_reduce_sum_device(g + offset, static_cast<size_t>(count), st, scale);
-      else
-        kc::scale_inplace(g + offset, static_cast<float>(scale), count, st);
       at = offset + count;
     }
     const int64_t n = gpu_.num_parameters();
     if (n > at) group.all_reduce_sum_device(g + at, static_cast<size_t>(n - at), st, scale);
+    reduce_experts(st, scale);
+  }
+  // The routed experts' part of the above, on `stream` once the model's stream has written them.
+  void reduce_experts(cudaStream_t stream, double scale) {
+    if (stream != gpu_.stream()) {
+      LAOYAO_CUDA_CHECK(cudaEventRecord(ready_, gpu_.stream()));
+      LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(stream, ready_, 0));
+    }
+    float* g = gpu_.main_grads();
+    for (const auto& [offset, count] : host_.routed_expert_ranges()) {
+      if (dist::ProcessGroup* edp = host_.expert_dp_group())
+        edp->all_reduce_sum_device(g + offset, static_cast<size_t>(count), stream, scale);
+      else
+        kc::scale_inplace(g + offset, static_cast<float>(scale), count, stream);
+    }
   }
   // One range of the gradients averaged over sync_group_ on comm_, once the model's stream has
   // written it.

@@ -137,6 +137,7 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
                      "--moe-router-score-function sigmoid (model.moe_router_score_function), not '" +
                      m.moe_router_score_function + "'");
   moe.expert_bias = m.moe_router_enable_expert_bias;
+  moe.force_load_balancing = m.moe_router_force_load_balancing;
   moe.bias_update_rate = m.moe_router_bias_update_rate;
   // Group-limited routing: both or neither, and shapes the router can split (Megatron's checks).
   if (m.moe_router_num_groups.has_value() != m.moe_router_group_topk.has_value())

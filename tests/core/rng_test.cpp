@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/counter_normal.hpp"
 #include "core/rng.hpp"
 
 using namespace laoyao;
@@ -30,6 +31,25 @@ TEST(Rng, NormalHasUnitMoments) {
   double m = 0;
   for (int i = 0; i < n; ++i) m += u.uniform();
   EXPECT_NEAR(m / n, 0.5, 0.005);
+}
+
+// The counter-based draws (GPU kernels draw element i on its own): uniform j is the stream's j-th
+// Rng::uniform, and the normals have unit moments.
+TEST(CounterNormal, UniformsAreTheStreamsAndNormalsHaveUnitMoments) {
+  const uint64_t key = rng_stream_key(7, "router.layer3.random_logits.42");
+  Rng r(7, "router.layer3.random_logits.42");
+  for (uint64_t j = 0; j < 1000; ++j) ASSERT_EQ(counter_uniform(key, j), r.uniform()) << j;
+  const int n = 200000;
+  double s = 0, s2 = 0, s4 = 0;
+  for (int i = 0; i < n; ++i) {
+    const double v = counter_normal(key, static_cast<uint64_t>(i));
+    s += v, s2 += v * v, s4 += v * v * v * v;
+  }
+  EXPECT_NEAR(s / n, 0.0, 0.01);
+  EXPECT_NEAR(s2 / n, 1.0, 0.01);
+  EXPECT_NEAR(s4 / n, 3.0, 0.05);
+  EXPECT_NE(counter_normal(key, 5), counter_normal(key + 1, 5));
+  EXPECT_EQ(counter_normal(key, 5), counter_normal(key, 5));
 }
 
 TEST(Rng, Bf16RoundsToNearestEven) {

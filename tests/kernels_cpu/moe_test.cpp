@@ -14,7 +14,9 @@
 #include <optional>
 #include <string>
 
+#include "core/counter_normal.hpp"
 #include "core/error.hpp"
+#include "core/rng.hpp"
 #include "kernels/cpu/moe.hpp"
 #include "test_util.hpp"
 
@@ -935,6 +937,31 @@ TEST_P(MoeLayerTest, BackwardOverwritesDxAndAccumulatesGrads) {
   EXPECT_EQ(dx, dx1);
   for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw1[i], 2 * dw1_1[i]);
   for (size_t i = 0; i < dwr.size(); ++i) EXPECT_FLOAT_EQ(dwr[i], 2 * dwr1[i]);
+}
+
+// --moe-router-force-load-balancing: the router's logits are the counter stream's normals, whatever
+// the weights, so the routing of many tokens is close to uniform over the experts.
+TEST(MoeLayer, ForceLoadBalancingRoutesOnRandomLogits) {
+  std::mt19937 rng(2005);
+  const LayerCase c{"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 0, false, 0.3f, 0.0f, 0.0f};
+  auto d = make_layer(c, rng);
+  d.T = 2048;
+  d.x = randn(d.T * d.cfg.hidden_size, rng);
+  d.cfg.force_load_balancing = true;
+  d.cfg.random_logits_key = rng_stream_key(1234, "router.layer0.random_logits.0");
+  const int64_t T = d.T, H = d.cfg.hidden_size, E = d.cfg.num_experts, k = d.cfg.topk;
+  MoeLayerState st;
+  std::vector<float> y(T * H);
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, st);
+  for (int64_t i = 0; i < T * E; ++i)
+    ASSERT_EQ(st.logits[i], counter_normal(d.cfg.random_logits_key, static_cast<uint64_t>(i))) << i;
+  const double expected = static_cast<double>(T * k) / static_cast<double>(E);  // 512; sd about 21
+  for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(st.tokens_per_expert[e], expected, 0.12 * expected) << "expert " << e;
+  // Another micro-batch's stream routes differently.
+  const std::vector<int64_t> first = st.topk_idx;
+  d.cfg.random_logits_key = rng_stream_key(1234, "router.layer0.random_logits.1");
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, st);
+  EXPECT_NE(st.topk_idx, first);
 }
 
 TEST(MoeLayer, BitwiseIndependentOfThreadCount) {

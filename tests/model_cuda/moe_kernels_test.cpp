@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/counter_normal.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/moe.hpp"
@@ -496,6 +497,20 @@ Maps make_maps(int64_t T, int64_t E, int64_t k, std::string_view name) {
   m.dsorted = to_device(to_int32(m.sorted));
   m.drows = to_device(to_int32(m.rows));
   return m;
+}
+
+// --moe-router-force-load-balancing's logits: the CPU's counter normals (double log/sqrt/cos on both
+// sides, rounded to float: equal but for a last-bit difference of the device's libm).
+TEST_F(CudaMoe, RandomLogitsMatchTheCpusNormals) {
+  const int64_t n = 100003;
+  const uint64_t key = rng_stream_key(1234, "router.layer5.random_logits.7");
+  auto d = poisoned<float>(n);
+  cuda::moe_random_logits(d.as<float>(), n, key, stream_);
+  sync();
+  const std::vector<float> got = from_device<float>(d, n);
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = counter_normal(key, static_cast<uint64_t>(i));
+  expect_rel(got, want, 1e-6, 1e-7, "random logits");
 }
 
 TEST_F(CudaMoe, PermuteForwardBackwardMatchCpu) {

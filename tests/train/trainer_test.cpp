@@ -233,6 +233,23 @@ TEST(Trainer, GroupLimitedSigmoidRoutingWithExpertBiasTrains) {
   EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
 }
 
+// Megatron's --moe-router-force-load-balancing (benchmarks): random router logits, so the aux loss
+// over its coefficient sits near a balanced router's 1; the model still trains.
+TEST(Trainer, ForceLoadBalancingTrainsBalanced) {
+  auto a = tiny_args(8, 1);
+  a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+                     "--moe-router-force-load-balancing", "--disable-bias-linear"});
+  std::string log;
+  auto s = run(config::resolve_mlm(a, 1), &log);
+  ASSERT_EQ(s.lm_loss.size(), 8u);
+  EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
+  const auto at = log.rfind("| load_balancing_loss: ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const double lb = std::stod(log.substr(at + 23));
+  EXPECT_GT(lb, 0.9);
+  EXPECT_LT(lb, 1.25);
+}
+
 // MoE settings laoyao's layers do not support yet are refused by name.
 TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {

@@ -169,6 +169,10 @@ struct MoeLayerConfig {
   float seq_aux_loss_coeff = 0.0f;  // seq_aux_loss (needs seq_length)
   float z_loss_coeff = 0.0f;        // --moe-z-loss-coeff (None: 0)
   int64_t seq_length = 0;           // s, for seq_aux_loss: T must be a multiple
+  // --moe-router-force-load-balancing: logits[i] = counter_normal(random_logits_key, i) in place of
+  // the router's (the backward treats them as the logits: a straight-through gradient).
+  bool force_load_balancing = false;
+  uint64_t random_logits_key = 0;
 };
 
 struct MoeLayerWeights {

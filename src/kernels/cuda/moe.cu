@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/counter_normal.hpp"
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/moe.hpp"
@@ -535,6 +536,11 @@ __global__ void __launch_bounds__(kPermWarps * 32)
   }
 }
 
+__global__ void moe_random_logits_kernel(float* __restrict__ logits, int64_t n, uint64_t key) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    logits[i] = counter_normal(key, static_cast<uint64_t>(i));
+}
+
 // ---- permute / unpermute (Hv = H / 8 vectors of 8 bf16 per row)
 
 __global__ void moe_permute_forward_kernel(const uint4* __restrict__ x, const int32_t* __restrict__ sorted_token,
@@ -693,6 +699,12 @@ void check_rows16(const char* op, int64_t H, std::initializer_list<const void*> 
 }
 
 }  // namespace
+
+void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stream) {
+  if (n <= 0) return;
+  moe_random_logits_kernel<<<blocks_for(n), kThreads, 0, stream>>>(logits, n, key);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
 
 void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& router, int32_t* topk_idx,
                         float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream) {

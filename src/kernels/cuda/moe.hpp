@@ -36,6 +36,10 @@ struct MoeAuxLossSpec {
   int64_t seq_length = 0;      // s for seq_aux_loss: T = b * s tokens, batch-major
 };
 
+// --moe-router-force-load-balancing: logits[i] = counter_normal(key, i) for i < n (core/counter_normal.hpp,
+// the CPU's values), in place of the router's.
+void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stream);
+
 // From the router's fp32 logits[T, E], per token (one warp each): topk_idx[T, k] (descending score,
 // equal scores by the lower expert index, as the CPU reference), topk_probs[T, k] (the score
 // function, the renormalisation and the scaling factor of moe_router_topk_forward),

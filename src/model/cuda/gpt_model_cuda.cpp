@@ -66,11 +66,13 @@ namespace {
 int64_t group_size(const dist::ProcessGroup* g) { return g && g->size() > 1 ? g->size() : 1; }
 
 // The parameters whose names start with `prefix`, as contiguous ranges of the table appended to
-// `out` (neighbours merged, never into a range already there: that is another group's).
-void append_ranges(const ParameterTable& table, const std::string& prefix, std::vector<CudaGptModel::Range>& out) {
+// `out` (neighbours merged, never into a range already there: that is another group's); without
+// the routed experts when `skip_experts` (expert parallelism reduces them over another group).
+void append_ranges(const ParameterTable& table, const std::string& prefix, bool skip_experts,
+                   std::vector<CudaGptModel::Range>& out) {
   const size_t begin = out.size();
   for (const auto& p : table.specs) {
-    if (p.name.rfind(prefix, 0) != 0) continue;
+    if (p.name.rfind(prefix, 0) != 0 || (skip_experts && is_routed_expert(p.name))) continue;
     if (out.size() > begin && out.back().offset + out.back().count == p.offset)
       out.back().count += p.numel;
     else
@@ -270,7 +272,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   // output layer unless it is the word embedding, which the backward writes last), then the layers.
   auto group = [&](const std::string& prefix) {
     const size_t begin = sync_ranges_.size();
-    append_ranges(layout_.table, prefix, sync_ranges_);
+    append_ranges(layout_.table, prefix, ep_ != nullptr, sync_ranges_);
     return std::make_pair(begin, sync_ranges_.size());
   };
   const size_t head_begin = sync_ranges_.size();
@@ -295,8 +297,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
 
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
-  // expert-parallel step reads the token counts on the host inside the step.
-  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() && !ep_;
+  // expert-parallel step reads the token counts on the host inside the step; random router logits
+  // take a new stream every micro-batch.
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() && !ep_ &&
+                    !cfg.moe.force_load_balancing;
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
@@ -702,7 +706,8 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   norm_forward(a.x_mid, W.ln2_w, W.ln2_b, sp_ ? sp_local_ : a.ln2, a.ln2_mean, a.ln2_rstd);
   if (sp_) sp_gather(sp_local_, a.ln2);
   if (c.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
-    moe_->forward(l, moe_context(W), a.ln2, branch_, T, training_forward_ && !recomputing_);
+    moe_->forward(l, moe_context(W), a.ln2, branch_, T, training_forward_ && !recomputing_,
+                  random_logits_key(key_, l));
     kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, hidden_dropout(site + "mlp." + call), stream_);
     return;
   }

@@ -86,6 +86,7 @@ class CudaGptModel {
   // finished writing it, on stream() in order (the final norm and an untied output layer first,
   // then each transformer layer, last to first); the hook enqueues what it likes after them. The
   // ranges are grad_sync_ranges(); the rest (the embeddings) is final when backward() returns.
+  // Under expert parallelism the routed experts are left out of the ranges (another group's).
   // Steps with a hook run eagerly (no CUDA graph).
   using GradsReady = std::function<void(int64_t offset, int64_t count)>;
   void set_grads_ready_hook(GradsReady hook) { grads_ready_ = std::move(hook); }

@@ -1,6 +1,7 @@
 #include "model/cuda/moe_layers_cuda.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "core/error.hpp"
@@ -109,7 +110,14 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   Carver real_scratch{static_cast<char*>(scratch_.ptr), 0};
   carve_scratch(real_scratch);
 
-  if (ep_) host_counts_ = kc::PinnedHostBuffer(sizeof(int32_t) * static_cast<size_t>(P_ * E_));
+  if (ep_) {
+    host_counts_ = kc::PinnedHostBuffer(sizeof(int32_t) * static_cast<size_t>(P_ * E_));
+    int lo = 0, hi = 0;
+    LAOYAO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    LAOYAO_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, hi));
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_start_, cudaEventDisableTiming));
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+  }
   sums_ = kc::DeviceBuffer(6 * sizeof(float));
   train_sums_ = sums_.as<float>();
   discard_sums_ = train_sums_ + 3;
@@ -120,6 +128,15 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     LAOYAO_CUDA_CHECK(cudaMemset(zero_bias_.ptr, 0, zero_bias_.bytes));  // bf16 zero is all-zero bits
     LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
   }
+}
+
+CudaMoeLayers::~CudaMoeLayers() {
+  if (comm_) {
+    (void)cudaStreamSynchronize(comm_);
+    (void)cudaStreamDestroy(comm_);
+  }
+  for (cudaEvent_t e : {comm_start_, comm_done_})
+    if (e) (void)cudaEventDestroy(e);
 }
 
 void CudaMoeLayers::activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const {
@@ -145,16 +162,19 @@ void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf
   kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, offsets, groups, rows, H_, F_, ctx.stream);
 }
 
-void CudaMoeLayers::experts_backward(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
-                                     const int32_t* offsets, int64_t groups, int64_t rows, bf16* dx) const {
+void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy, const int32_t* offsets,
+                                           int64_t groups, int64_t rows, bf16* dx) const {
   const bf16* P = ctx.params;
+  kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, offsets, groups, rows, H_, F_, ctx.stream);
+  activation_backward(S.fc1_out, dact_, dfc1_, rows, F_, ctx.stream);
+  kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, offsets, groups, rows, F1_, H_, ctx.stream);
+}
+
+void CudaMoeLayers::experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
+                                             const int32_t* offsets, int64_t groups, int64_t rows) const {
   float* G = ctx.grads;
-  cudaStream_t st = ctx.stream;
-  kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, offsets, groups, rows, H_, F_, st);
-  kc::grouped_gemm_wgrad(dy, S.act_out, G + ctx.W.experts_fc2, offsets, groups, rows, H_, F_, st);
-  activation_backward(S.fc1_out, dact_, dfc1_, rows, F_, st);
-  kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, offsets, groups, rows, F1_, H_, st);
-  kc::grouped_gemm_wgrad(dfc1_, in, G + ctx.W.experts_fc1, offsets, groups, rows, F1_, H_, st);
+  kc::grouped_gemm_wgrad(dy, S.act_out, G + ctx.W.experts_fc2, offsets, groups, rows, H_, F_, ctx.stream);
+  kc::grouped_gemm_wgrad(dfc1_, in, G + ctx.W.experts_fc1, offsets, groups, rows, F1_, H_, ctx.stream);
 }
 
 void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
@@ -172,26 +192,62 @@ void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
       S.recv_elems[static_cast<size_t>(r)] += static_cast<size_t>(in * H_);
       S.local_rows += in;
     }
+  min_rows_ = min_rows_ < 0 ? S.local_rows : std::min(min_rows_, S.local_rows);
+  max_rows_ = std::max(max_rows_, S.local_rows);
+  phases_.mark(kCounts, stream);
 }
 
-void CudaMoeLayers::dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) {
-  ep_->all_to_all_device(rows, S.send_elems.data(), staging_, S.recv_elems.data(), dist::DeviceType::BF16, stream);
+void CudaMoeLayers::start_dispatch(const Saved& S, const bf16* rows, cudaStream_t stream) {
+  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
+  LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
+  ep_->all_to_all_device(rows, S.send_elems.data(), staging_, S.recv_elems.data(), dist::DeviceType::BF16, comm_);
+  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
+}
+
+void CudaMoeLayers::start_combine(const Saved& S, bf16* rows, cudaStream_t stream) {
+  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
+  LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
+  ep_->all_to_all_device(staging_, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, comm_);
+  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
+}
+
+void CudaMoeLayers::wait_exchange(cudaStream_t stream) {
+  LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
+  phases_.mark(kExchange, stream);
+}
+
+void CudaMoeLayers::to_expert_major(const Saved& S, bf16* local, cudaStream_t stream) {
   kc::moe_ep_sort_chunks(staging_, local, S.ep_counts, P_, E_, me_, S.local_rows, H_, true, stream);
+  phases_.mark(kReorder, stream);
 }
 
-void CudaMoeLayers::combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) {
+void CudaMoeLayers::to_source_major(const Saved& S, const bf16* local, cudaStream_t stream) {
   kc::moe_ep_sort_chunks(local, staging_, S.ep_counts, P_, E_, me_, S.local_rows, H_, false, stream);
-  ep_->all_to_all_device(staging_, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, stream);
+  phases_.mark(kReorder, stream);
 }
 
-void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses) {
+void CudaMoeLayers::report_phases() {
+  const std::vector<double> ms = phases_.take();
+  if (!phases_.enabled()) return;
+  std::fprintf(stderr,
+               "laoyao: MoE phases (ms): routing+permutation %.2f | count exchange %.2f | all-to-all %.2f | "
+               "reorders %.2f | experts %.2f | shared experts %.2f | expert rows here per layer %lld..%lld\n",
+               ms[kRouting], ms[kCounts], ms[kExchange], ms[kReorder], ms[kExperts], ms[kShared],
+               static_cast<long long>(min_rows_), static_cast<long long>(max_rows_));
+  min_rows_ = max_rows_ = -1;
+}
+
+void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses,
+                            uint64_t random_logits_key) {
   Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
   const GptLayerOffsets& W = ctx.W;
   const bf16* P = ctx.params;
   cudaStream_t st = ctx.stream;
   const int64_t N = T * k_;
+  phases_.begin(st);
   // Router: fp32 logits (as --moe-router-dtype fp32), the fused top-k and the per-expert counts.
   ctx.gemm.matmul_rm(x, false, P + W.router_w, true, S.logits, true, T, E_, H_, 1.0f, 0.0f, 1, st);
+  if (cfg_.moe.force_load_balancing) kc::moe_random_logits(S.logits, T * E_, random_logits_key, st);
   kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st);
   if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0)
     kc::moe_aux_losses_forward(S.scores, S.lse, S.topk_idx, S.counts, T, router_, losses_, S.stats,
@@ -199,21 +255,32 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
   kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-  if (ep_) {  // the rows travel to their experts' ranks and back
+  phases_.mark(kRouting, st);
+  if (ep_) {  // the rows travel to their experts' ranks and back; the shared expert runs meanwhile
     exchange_counts(S, st);
-    dispatch(S, permuted_x_, S.local_x, st);
-    kc::moe_ep_local_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
-    experts_forward(S, ctx, S.local_x, S.local_offsets, El_, S.local_rows, local_y_);
-    combine(S, local_y_, S.expert_out, st);
+    start_dispatch(S, permuted_x_, st);
   } else {
     experts_forward(S, ctx, permuted_x_, S.offsets, E_, N, S.expert_out);
+    phases_.mark(kExperts, st);
   }
   if (Fs_ > 0) {
     ctx.gemm.linear_forward(x, P + W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, st);
     activation_forward(S.shared_u, S.shared_g, T, Fs_, st);
     ctx.gemm.linear_forward(S.shared_g, P + W.shared_fc2, nullptr, shared_out_, T, Fs_, H_, st);
+    phases_.mark(kShared, st);
+  }
+  if (ep_) {
+    wait_exchange(st);
+    to_expert_major(S, S.local_x, st);
+    kc::moe_ep_local_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
+    experts_forward(S, ctx, S.local_x, S.local_offsets, El_, S.local_rows, local_y_);
+    phases_.mark(kExperts, st);
+    to_source_major(S, local_y_, st);
+    start_combine(S, S.expert_out, st);
+    wait_exchange(st);
   }
   kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st);
+  phases_.mark(kRouting, st);
 }
 
 void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T,
@@ -224,23 +291,19 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   float* G = ctx.grads;
   cudaStream_t st = ctx.stream;
   const int64_t N = T * k_;
+  phases_.begin(st);
   // Combine: the experts' output gradients and the probabilities'.
   kc::moe_unpermute_backward(S.expert_out, S.permuted_row, S.probs, dy, dexpert_, dprobs_, T, k_, H_, st);
-  // Experts, fc2 then fc1. Under expert parallelism the output gradients go to the experts' ranks
-  // and the input gradients come back; otherwise the input is permuted again rather than kept.
-  if (ep_) {
-    dispatch(S, dexpert_, local_y_, st);
-    experts_backward(S, ctx, S.local_x, local_y_, S.local_offsets, El_, S.local_rows, local_dx_);
-    combine(S, local_dx_, dpermuted_, st);
-  } else {
-    kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-    experts_backward(S, ctx, permuted_x_, dexpert_, S.offsets, E_, N, dpermuted_);
-  }
+  phases_.mark(kRouting, st);
+  // Under expert parallelism the output gradients travel to the experts' ranks while the router's
+  // and the shared expert's backward run.
+  if (ep_) start_dispatch(S, dexpert_, st);
   // Router: the probabilities' gradient plus the scaled losses', then its two GEMMs; dx starts
   // as the router's part.
   kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
   ctx.gemm.linear_backward_input(dlogits_, P + W.router_w, dx, T, H_, E_, st);
   ctx.gemm.linear_backward_weight(dlogits_, x, G + W.router_w, T, H_, E_, st);
+  phases_.mark(kRouting, st);
   if (Fs_ > 0) {  // the shared expert, a dense MLP on every token
     ctx.gemm.linear_backward_input(dy, P + W.shared_fc2, dshared_g_, T, Fs_, H_, st);
     ctx.gemm.linear_backward_weight(dy, S.shared_g, G + W.shared_fc2, T, Fs_, H_, st);
@@ -248,12 +311,33 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     ctx.gemm.linear_backward_input(dshared_u_, P + W.shared_fc1, dshared_, T, H_, Fs1_, st);
     ctx.gemm.linear_backward_weight(dshared_u_, x, G + W.shared_fc1, T, H_, Fs1_, st);
     kc::add_inplace(dx, dshared_, T * H_, st);
+    phases_.mark(kShared, st);
+  }
+  // Experts, fc2 then fc1. Under expert parallelism the input gradients go back while the weight
+  // gradients are computed; otherwise the input is permuted again rather than kept.
+  if (ep_) {
+    wait_exchange(st);
+    to_expert_major(S, local_y_, st);
+    experts_backward_input(S, ctx, local_y_, S.local_offsets, El_, S.local_rows, local_dx_);
+    phases_.mark(kExperts, st);
+    to_source_major(S, local_dx_, st);
+    start_combine(S, dpermuted_, st);
+    experts_backward_weights(S, ctx, S.local_x, local_y_, S.local_offsets, El_, S.local_rows);
+    phases_.mark(kExperts, st);
+    wait_exchange(st);
+  } else {
+    kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
+    experts_backward_input(S, ctx, dexpert_, S.offsets, E_, N, dpermuted_);
+    experts_backward_weights(S, ctx, permuted_x_, dexpert_, S.offsets, E_, N);
+    phases_.mark(kExperts, st);
   }
   // The routed experts' part: each token's k rows summed into dx.
   kc::moe_permute_backward(dpermuted_, S.permuted_row, dx, T, k_, H_, true, st);
+  phases_.mark(kRouting, st);
 }
 
 GptModel::MoeLosses CudaMoeLayers::take_losses(cudaStream_t stream) {
+  report_phases();
   float host[3];
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host, train_sums_, sizeof host, cudaMemcpyDeviceToHost, stream));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(train_sums_, 0, sizeof host, stream));

@@ -31,6 +31,7 @@
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
+#include "model/cuda/stream_timeline.hpp"
 
 namespace laoyao::model {
 
@@ -56,8 +57,10 @@ class CudaMoeLayers {
   };
   // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output). count_losses: add this
   // forward's load-balancing and z losses to the training sums (a training forward; false for an
-  // evaluation, or a recomputation running the layer again).
-  void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses);
+  // evaluation, or a recomputation running the layer again). random_logits_key: the stream of the
+  // random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
+  void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses,
+               uint64_t random_logits_key = 0);
   // dx[T, H] (overwritten) and the layer's gradients (accumulated) from dy[T, H], after forward(l)
   // of the same x. aux_scale: the gradient of each load-balancing / z loss (MoEAuxLossAutoScaler).
   void backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T, float aux_scale);
@@ -65,6 +68,7 @@ class CudaMoeLayers {
   // The training forwards' losses since the last call, each divided by its coefficient (Megatron's
   // log values), summed over layers and micro-batches; resets the sums. Synchronises the stream.
   GptModel::MoeLosses take_losses(cudaStream_t stream);
+  ~CudaMoeLayers();
   size_t device_bytes() const { return saved_.bytes + scratch_.bytes + sums_.bytes; }
 
  private:
@@ -80,19 +84,30 @@ class CudaMoeLayers {
     int64_t local_rows;
   };
   // The routed experts on `rows` rows grouped by `offsets` into `groups` experts (this rank's):
-  // out = fc2(act(fc1(in))), keeping fc1's output and the activation in S; the backward from dy,
-  // accumulating the weight gradients, writes dx.
+  // out = fc2(act(fc1(in))), keeping fc1's output and the activation in S. Their backward from dy
+  // in two parts, so that an exchange of dx can run beside the second: the input gradient dx, then
+  // the weight gradients (accumulated; reads what the first part left in dfc1_).
   void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const int32_t* offsets, int64_t groups,
                        int64_t rows, bf16* out) const;
-  void experts_backward(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy, const int32_t* offsets,
-                        int64_t groups, int64_t rows, bf16* dx) const;
+  void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy, const int32_t* offsets,
+                              int64_t groups, int64_t rows, bf16* dx) const;
+  void experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
+                                const int32_t* offsets, int64_t groups, int64_t rows) const;
   // Expert parallelism: every rank's counts of layer S's routing, all-gathered and read on the
   // host (waits for the stream), then the exchange's sizes.
   void exchange_counts(Saved& S, cudaStream_t stream);
-  // rows [N, H] grouped by global expert -> this rank's experts' rows, expert-major, into local;
-  // and back (local -> rows), through staging_.
-  void dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream);
-  void combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream);
+  // The all-to-alls, on comm_ once `stream` has reached this point; `stream` waits for them at
+  // wait_exchange(): dispatch sends rows [N, H] (grouped by global expert) to the experts' ranks,
+  // into staging_ (source-major); combine sends staging_ back into rows.
+  void start_dispatch(const Saved& S, const bf16* rows, cudaStream_t stream);
+  void start_combine(const Saved& S, bf16* rows, cudaStream_t stream);
+  void wait_exchange(cudaStream_t stream);
+  // The reorders between staging_ (source-major) and this rank's expert-major rows.
+  void to_expert_major(const Saved& S, bf16* local, cudaStream_t stream);
+  void to_source_major(const Saved& S, const bf16* local, cudaStream_t stream);
+  // LAOYAO_MOE_PHASES=1: this step's MoE time by phase and rows per rank, on stderr.
+  enum Phase { kRouting, kCounts, kExchange, kReorder, kExperts, kShared, kPhases };
+  void report_phases();
   // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
   void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const;
   void activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F, cudaStream_t stream) const;
@@ -116,6 +131,12 @@ class CudaMoeLayers {
   // gradient and input gradient (expert-major), and the host copy of the counts.
   bf16 *staging_ = nullptr, *local_y_ = nullptr, *local_dx_ = nullptr;
   kernels::cuda::PinnedHostBuffer host_counts_;
+  // The all-to-alls' stream (high priority: the backward's run beside the router's, the shared
+  // expert's and the weight-gradient GEMMs) and its events.
+  cudaStream_t comm_ = nullptr;
+  cudaEvent_t comm_start_ = nullptr, comm_done_ = nullptr;
+  StreamTimeline phases_{"LAOYAO_MOE_PHASES", kPhases};
+  int64_t min_rows_ = -1, max_rows_ = -1;  // this step's fewest and most rows of a layer's experts here
   float* train_sums_ = nullptr;    // [3] aux, seq_aux, z (coefficients in) since the last take_losses
   float* discard_sums_ = nullptr;  // [3] where the losses of forwards that do not count go
 };
