@@ -49,6 +49,10 @@ struct MoeConfig {
   // "decoder.layers.L.mlp.router.random_logits.<call>"), so the routing is balanced in expectation;
   // the gradient passes to the real logits unchanged (Megatron's straight-through RandomSTE).
   bool force_load_balancing = false;
+  // --moe-expert-capacity-factor (none: dropless) and --moe-token-drop-policy (kernels/cpu/moe.hpp's
+  // moe_capacity_mask); --moe-pad-expert-input-to-capacity changes no value, so it is not kept.
+  std::optional<double> capacity_factor;
+  bool drop_by_position = false;
   // --moe-router-num-groups / --moe-router-group-topk: group-limited routing (0: off).
   int64_t num_groups = 0, group_topk = 0;
   // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /

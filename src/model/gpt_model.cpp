@@ -61,6 +61,8 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     if (m.topk_scaling_factor) moe_cfg_.router.topk_scaling_factor = static_cast<float>(*m.topk_scaling_factor);
     moe_cfg_.router.num_groups = m.num_groups, moe_cfg_.router.group_topk = m.group_topk;
     moe_cfg_.force_load_balancing = m.force_load_balancing;
+    moe_cfg_.capacity_factor = m.capacity_factor;
+    moe_cfg_.drop_by_position = m.drop_by_position;
     moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);

@@ -153,9 +153,15 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
                        "), and model.moe_router_group_topk (" + std::to_string(moe.group_topk) +
                        ") lie in 1..num_groups with group_topk <= topk <= group_topk x experts per group");
   }
-  if (m.moe_expert_capacity_factor)
-    throw UsageError("model.moe_expert_capacity_factor (--moe-expert-capacity-factor, token dropping) is not supported "
-                     "yet: laoyao's MoE layers are dropless");
+  // Token dropping (Megatron's checks: a negative factor means dropless; padding needs a factor;
+  // the balancing types accepted above are the ones it allows).
+  if (m.moe_expert_capacity_factor && *m.moe_expert_capacity_factor >= 0) {
+    moe.capacity_factor = *m.moe_expert_capacity_factor;
+    moe.drop_by_position = m.moe_token_drop_policy == "position";
+  } else if (m.moe_pad_expert_input_to_capacity) {
+    throw UsageError("model.moe_pad_expert_input_to_capacity (--moe-pad-expert-input-to-capacity) needs "
+                     "model.moe_expert_capacity_factor (--moe-expert-capacity-factor)");
+  }
   return moe;
 }
 

@@ -748,6 +748,8 @@ struct LayerCase {
   int64_t shared;  // shared expert intermediate size (0: none)
   bool router_bias;
   float aux, seq_aux, z;
+  std::optional<double> capacity = {};  // --moe-expert-capacity-factor (none: dropless)
+  bool by_position = false;             // --moe-token-drop-policy position
 };
 
 struct LayerData {
@@ -777,6 +779,8 @@ LayerData make_layer(const LayerCase& c, std::mt19937& rng) {
   cfg.shared_expert_intermediate_size = c.shared;
   cfg.activation = c.act;
   cfg.router = params_of(c.mode, c.scaling);
+  cfg.capacity_factor = c.capacity;
+  cfg.drop_by_position = c.by_position;
   cfg.aux_loss_coeff = c.aux;
   cfg.seq_aux_loss_coeff = c.seq_aux;
   cfg.z_loss_coeff = c.z;
@@ -794,6 +798,25 @@ LayerData make_layer(const LayerCase& c, std::mt19937& rng) {
     d.sw2 = randn(H * Fs, rng, 0.5f);
   }
   return d;
+}
+
+// Megatron's capacity map written out: per expert, its (token, choice) pairs in token order, and
+// `capacity` of them picked one at a time: the largest prob (the earliest on ties), or the earliest.
+std::vector<uint8_t> capacity_twin(const std::vector<int64_t>& idx, const std::vector<double>& probs, int64_t E,
+                                   int64_t capacity, bool by_position) {
+  std::vector<uint8_t> kept(idx.size(), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t taken = 0; taken < capacity; ++taken) {
+      int64_t best = -1;
+      for (size_t i = 0; i < idx.size(); ++i) {
+        if (idx[i] != e || kept[i]) continue;
+        if (best < 0 || (!by_position && probs[i] > probs[best])) best = static_cast<int64_t>(i);
+      }
+      if (best < 0) break;
+      kept[best] = 1;
+    }
+  }
+  return kept;
 }
 
 struct LayerTwinOut {
@@ -817,7 +840,13 @@ LayerTwinOut layer_twin(const MoeLayerConfig& cfg, int64_t T, const std::vector<
       logits[t * E + e] = s;
     }
   LayerTwinOut out;
-  const auto routed = router_twin(logits, eb.empty() ? nullptr : &eb, T, E, k, cfg.router);
+  auto routed = router_twin(logits, eb.empty() ? nullptr : &eb, T, E, k, cfg.router);
+  if (cfg.capacity_factor) {  // dropped pairs weigh nothing
+    const auto kept = capacity_twin(routed.idx, routed.probs, E, moe_expert_capacity(T, E, k, *cfg.capacity_factor),
+                                    cfg.drop_by_position);
+    for (size_t i = 0; i < kept.size(); ++i)
+      if (!kept[i]) routed.probs[i] = 0.0;
+  }
   out.idx = routed.idx;
   const auto fn = cfg.router.score_function;
   if (cfg.aux_loss_coeff > 0) out.aux = aux_twin(logits, T, E, k, fn, cfg.aux_loss_coeff, &out.aux_idx);
@@ -852,7 +881,12 @@ INSTANTIATE_TEST_SUITE_P(
                   0.0f},
         LayerCase{"SwiGluSoftmaxTop1Shared", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 1, 3, false, 0.3f, 0.2f,
                   0.05f},
-        LayerCase{"SwiGluSigmoidTop8", MoeActivation::SwiGlu, Mode::Sigmoid, {}, 8, 0, false, 0.3f, 0.0f, 0.0f}),
+        LayerCase{"SwiGluSigmoidTop8", MoeActivation::SwiGlu, Mode::Sigmoid, {}, 8, 0, false, 0.3f, 0.0f, 0.0f},
+        // Token dropping: 16 pairs over 8 experts, one each (factor 0.5) or three (1.5).
+        LayerCase{"SwiGluSoftmaxCapacityProbs", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 3, false, 0.3f,
+                  0.0f, 0.05f, 0.5},
+        LayerCase{"GeluTanhSigmoidCapacityPosition", MoeActivation::GeluTanh, Mode::Sigmoid, {}, 2, 0, false, 0.3f,
+                  0.2f, 0.0f, 1.5, true}),
     [](const auto& info) { return info.param.name; });
 
 TEST_P(MoeLayerTest, ForwardMatchesFp64Twin) {
@@ -962,6 +996,31 @@ TEST(MoeLayer, ForceLoadBalancingRoutesOnRandomLogits) {
   d.cfg.random_logits_key = rng_stream_key(1234, "router.layer0.random_logits.1");
   moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, st);
   EXPECT_NE(st.topk_idx, first);
+}
+
+// The capacity mask against its twin, on probs with many exact ties (quarters), for both policies
+// and capacities from 0 to more than any expert gets.
+TEST(MoeCapacity, MaskMatchesTheTwin) {
+  std::mt19937 rng(2006);
+  const int64_t T = 40, E = 6, k = 2;
+  std::vector<int64_t> idx(T * k);
+  std::vector<float> probs(T * k);
+  std::vector<double> probs_d(T * k);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t a = static_cast<int64_t>(rng() % E), b = (a + 1 + static_cast<int64_t>(rng() % (E - 1))) % E;
+    idx[t * k] = a, idx[t * k + 1] = b;
+    for (int64_t j = 0; j < k; ++j) probs_d[t * k + j] = probs[t * k + j] = 0.25f * static_cast<float>(rng() % 4);
+  }
+  for (bool by_position : {false, true})
+    for (int64_t cap : {0, 1, 3, 7, 100}) {
+      std::vector<uint8_t> kept(T * k, 7);
+      moe_capacity_mask(idx.data(), probs.data(), T, E, k, cap, by_position, kept.data());
+      EXPECT_EQ(kept, capacity_twin(idx, probs_d, E, cap, by_position)) << "capacity " << cap << ", by position "
+                                                                        << by_position;
+    }
+  EXPECT_EQ(moe_expert_capacity(8, 8, 2, 0.5), 1);  // ceil(16 / 8 * 0.5)
+  EXPECT_EQ(moe_expert_capacity(10, 4, 3, 1.1), 9);  // ceil(7.5 * 1.1) = ceil(8.25)
+  EXPECT_THROW(moe_expert_capacity(8, 8, 2, -1.0), Error);
 }
 
 TEST(MoeLayer, BitwiseIndependentOfThreadCount) {

@@ -250,10 +250,23 @@ TEST(Trainer, ForceLoadBalancingTrainsBalanced) {
   EXPECT_LT(lb, 1.25);
 }
 
+// Token dropping (--moe-expert-capacity-factor, both drop policies, padding accepted): trains.
+TEST(Trainer, CapacityFactorDropsTokensAndTrains) {
+  for (const char* policy : {"probs", "position"}) {
+    auto a = tiny_args(6, 1);
+    a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+                       "--moe-expert-capacity-factor", "0.5", "--moe-token-drop-policy", policy,
+                       "--moe-pad-expert-input-to-capacity", "--disable-bias-linear"});
+    auto s = run(config::resolve_mlm(a, 1));
+    ASSERT_EQ(s.lm_loss.size(), 6u) << policy;
+    EXPECT_LT(s.lm_loss.back(), s.lm_loss.front()) << policy;
+  }
+}
+
 // MoE settings laoyao's layers do not support yet are refused by name.
 TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
-      {{"--moe-expert-capacity-factor", "1.0"}, "moe_expert_capacity_factor"},
+      {{"--moe-pad-expert-input-to-capacity"}, "needs model.moe_expert_capacity_factor"},
       {{"--moe-router-load-balancing-type", "sinkhorn"}, "'sinkhorn'"},
       {{"--moe-router-score-function", "sqrtsoftplus"}, "'sqrtsoftplus'"},
       {{"--moe-router-topk", "5"}, "moe_router_topk"},

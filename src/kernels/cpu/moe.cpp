@@ -535,6 +535,29 @@ void ensure(std::vector<V>& v, int64_t n) {
 
 }  // namespace
 
+int64_t moe_expert_capacity(int64_t T, int64_t E, int64_t k, double capacity_factor) {
+  if (!(capacity_factor >= 0.0) || E < 1)
+    throw Error("moe capacity: the capacity factor must be >= 0 (got " + std::to_string(capacity_factor) + ")");
+  return static_cast<int64_t>(std::ceil(static_cast<double>(T * k) / static_cast<double>(E) * capacity_factor));
+}
+
+void moe_capacity_mask(const int64_t* topk_idx, const float* topk_probs, int64_t T, int64_t E, int64_t k,
+                       int64_t capacity, bool by_position, uint8_t* kept) {
+  // Each expert's pairs in token order, then the first `capacity` of them by the policy's order
+  // (stable: equal probs keep the earlier token).
+  std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));
+  for (int64_t i = 0; i < T * k; ++i) {
+    if (topk_idx[i] < 0 || topk_idx[i] >= E) throw Error("moe capacity: an expert index outside [0, E)");
+    pairs[static_cast<size_t>(topk_idx[i])].push_back(i);
+  }
+  std::fill(kept, kept + T * k, uint8_t{0});
+  for (auto& p : pairs) {
+    if (!by_position)
+      std::stable_sort(p.begin(), p.end(), [&](int64_t a, int64_t b) { return topk_probs[a] > topk_probs[b]; });
+    for (size_t j = 0; j < p.size() && static_cast<int64_t>(j) < capacity; ++j) kept[p[j]] = 1;
+  }
+}
+
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
                        MoeLayerState& st, MoeExpertsStage* experts) {
   check_layer(c, w, T);
@@ -557,6 +580,13 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   const float* logits = st.logits.data();
   st.z_loss = c.z_loss_coeff > 0.0f ? moe_z_loss_forward(logits, T, E, c.z_loss_coeff) : 0.0f;
   moe_router_topk_forward(logits, w.expert_bias, st.topk_idx.data(), st.topk_probs.data(), T, E, k, c.router);
+  if (c.capacity_factor) {  // dropped pairs keep their rows but weigh nothing (Megatron's masked probs)
+    ensure(st.kept, T * k);
+    moe_capacity_mask(st.topk_idx.data(), st.topk_probs.data(), T, E, k,
+                      moe_expert_capacity(T, E, k, *c.capacity_factor), c.drop_by_position, st.kept.data());
+    for (int64_t i = 0; i < T * k; ++i)
+      if (!st.kept[i]) st.topk_probs[i] = 0.0f;
+  }
   st.aux_loss = st.seq_aux_loss = 0.0f;
   if (c.aux_loss_coeff > 0.0f || c.seq_aux_loss_coeff > 0.0f) {
     ensure(st.scores_for_aux_loss, T * E);
@@ -616,6 +646,9 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
   // combine -> experts -> dispatch: dx = permute's backward.
   moe_unpermute_backward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), dy,
                          st.dexpert_out.data(), st.dprobs.data(), T, k, H);
+  if (c.capacity_factor)
+    for (int64_t i = 0; i < T * k; ++i)
+      if (!st.kept[i]) st.dprobs[i] = 0.0f;
   if (experts)
     experts->backward(st.dexpert_out.data(), N, st.dpermuted_x.data());
   else

@@ -105,6 +105,17 @@ float moe_z_loss_forward(const float* logits, int64_t T, int64_t E, float coeff)
 void moe_z_loss_backward(const float* logits, int64_t T, int64_t E, float coeff, float dloss, float* dlogits);
 
 // ---- dispatch / combine (moe_utils.permute / unpermute, dropless, at EP = 1).
+// Capacity (--moe-expert-capacity-factor f; Megatron's topk_softmax_with_capacity): each expert
+// takes at most capacity = ceil(T*k / E * f) of the (token, choice) pairs routed to it; kept[T, k]
+// (1 kept, 0 dropped) keeps, per expert, the pairs with the largest topk_probs (ties: the earlier
+// token) under drop policy "probs", the earliest tokens under "position". A dropped pair adds
+// nothing to the layer's output and its prob gets no gradient (Megatron masks the probs with the
+// capacity map); --moe-pad-expert-input-to-capacity only pads the experts' inputs with zero-prob
+// rows, which changes no value.
+int64_t moe_expert_capacity(int64_t T, int64_t E, int64_t k, double capacity_factor);
+void moe_capacity_mask(const int64_t* topk_idx, const float* topk_probs, int64_t T, int64_t E, int64_t k,
+                       int64_t capacity, bool by_position, uint8_t* kept);
+
 // moe_permutation: Megatron's permute() index maps for the N = T*k (token, choice) pairs.
 //   tokens_per_expert[E]: tokens routed to each expert (routing_map.sum(0)).
 //   sorted_indices[N]: the token of each permuted row; rows are grouped by expert in ascending
@@ -173,6 +184,9 @@ struct MoeLayerConfig {
   // the router's (the backward treats them as the logits: a straight-through gradient).
   bool force_load_balancing = false;
   uint64_t random_logits_key = 0;
+  // --moe-expert-capacity-factor (none: dropless) and --moe-token-drop-policy position (else probs).
+  std::optional<double> capacity_factor;
+  bool drop_by_position = false;
 };
 
 struct MoeLayerWeights {
@@ -198,6 +212,7 @@ struct MoeLayerGrads {  // accumulated (+=); nullptr skips that gradient
 // layer, reused step after step (vectors are resized only when T changes).
 struct MoeLayerState {
   std::vector<float> logits;               // [T, E]
+  std::vector<uint8_t> kept;               // [T, k] with a capacity factor (moe_capacity_mask)
   std::vector<int64_t> topk_idx;           // [T, k]
   std::vector<float> topk_probs;           // [T, k]
   std::vector<float> scores_for_aux_loss;  // [T, E] (when an aux loss is on)
