@@ -8,7 +8,7 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench moe recipes moe_dp2 dp2 dp2_speed tp2
+#                                            attention gemm profile bench moe moe_quick recipes moe_dp2 dp2 dp2_speed tp2
 #                                            (default: the first nine; moe_dp2, dp2* and tp2 need
 #                                            nvidia-h200-x2; BENCH_CASES picks
 #                                            the bench cases). Full logs go to $OUT; a summary table is
@@ -102,10 +102,11 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
             --untie-embeddings-and-output-weights --attention-dropout 0 --train-iters 20
           ;;
-        moe)
+        moe|moe_quick)
           # Mixture of Experts: its GPU tests (kernels, grouped GEMMs, layer and model against the CPU),
           # a small MoE model trained on the CPU and on the GPU (compare-logs, load_balancing_loss
-          # included), the grouped GEMMs against cuBLASLt, and the 2B flagship against the PyTorch MoE peer.
+          # included; also with token dropping and random router logits), then (not in moe_quick) the
+          # grouped GEMMs against cuBLASLt and the 2B flagship against the PyTorch MoE peer.
           timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_moe.txt" 2>&1
           note "MoE GPU tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_moe.txt" | tr '\n' ' ')"
           while read -r line; do note "  $line"; done < <(grep -h -E -A6 '(Failure|error:)' "$OUT/gpu_tests_moe.txt" | head -30)
@@ -115,6 +116,17 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 --num-experts 8 \
             --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 \
             --train-iters 20
+          small_moe=(--num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
+                     --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
+                     --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
+                     --attention-dropout 0 --hidden-dropout 0 --num-experts 8 --moe-router-topk 2
+                     --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --train-iters 20)
+          parity_run parity_moe_capacity "MoE token dropping (capacity 0.5, probs, padded)" "${small_moe[@]}" \
+            --moe-expert-capacity-factor 0.5 --moe-pad-expert-input-to-capacity
+          parity_run parity_moe_capacity_position "MoE token dropping (capacity 1.0, position) + random logits" \
+            "${small_moe[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position \
+            --moe-router-force-load-balancing
+          [ "$part" = moe_quick ] && continue
           timeout 120 "$C/laoyao_bench_grouped_gemm" > "$OUT/grouped_gemm.txt" 2>&1
           note "grouped GEMM bench (exit $?):"
           while read -r line; do note "  $line"; done < <(tail -14 "$OUT/grouped_gemm.txt")

@@ -499,6 +499,43 @@ Maps make_maps(int64_t T, int64_t E, int64_t k, std::string_view name) {
   return m;
 }
 
+// Token dropping against the CPU's capacity mask: random routing over 16 experts, probs with many
+// exact ties (eighths), both policies, capacities from none kept to all kept.
+TEST_F(CudaMoe, CapacityDropMatchesCpu) {
+  const int64_t T = 500, E = 16, k = 4, N = T * k;
+  const auto idx = random_routing(T, k, all_experts(E), 23, "capacity.idx");
+  Rng rng(23, "capacity.probs");
+  std::vector<float> probs(N);
+  for (auto& p : probs) p = 0.125f * static_cast<float>(rng.next_u64() % 8);
+  std::vector<int64_t> counts(E), sorted(N), rows(N);
+  cpu::moe_permutation(idx.data(), T, E, k, counts.data(), sorted.data(), rows.data());
+  std::vector<int32_t> offsets(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + static_cast<int32_t>(counts[e]);
+  auto didx = to_device(to_int32(idx)), drows = to_device(to_int32(rows)), doff = to_device(offsets);
+  auto scratch = poisoned<float>(N);
+  for (const bool by_position : {false, true})
+    for (const int64_t cap : {int64_t{0}, int64_t{40}, int64_t{125}, int64_t{N}}) {
+      SCOPED_TRACE("capacity " + std::to_string(cap) + (by_position ? ", by position" : ", by probs"));
+      std::vector<uint8_t> want_kept(N);
+      cpu::moe_capacity_mask(idx.data(), probs.data(), T, E, k, cap, by_position, want_kept.data());
+      auto dprobs = to_device(probs);
+      auto dkept = poisoned<uint8_t>(N);
+      cuda::moe_capacity_drop(didx.as<int32_t>(), doff.as<int32_t>(), drows.as<int32_t>(), dprobs.as<float>(), T, k,
+                              cap, by_position, dkept.as<uint8_t>(), scratch.as<float>(), stream_);
+      auto ddp = to_device(probs);  // any nonzero gradient: the dropped pairs' must become 0
+      cuda::moe_mask_dropped(ddp.as<float>(), dkept.as<uint8_t>(), N, stream_);
+      sync();
+      const auto kept = from_device<uint8_t>(dkept, N);
+      const auto got = from_device<float>(dprobs, N), masked = from_device<float>(ddp, N);
+      size_t bad = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        const float want = want_kept[i] ? probs[i] : 0.0f;
+        bad += kept[i] != want_kept[i] || got[i] != want || masked[i] != want;
+      }
+      EXPECT_EQ(bad, 0u);
+    }
+}
+
 // --moe-router-force-load-balancing's logits: the CPU's counter normals (double log/sqrt/cos on both
 // sides, rounded to float: equal but for a last-bit difference of the device's libm).
 TEST_F(CudaMoe, RandomLogitsMatchTheCpusNormals) {

@@ -541,6 +541,41 @@ __global__ void moe_random_logits_kernel(float* __restrict__ logits, int64_t n, 
     logits[i] = counter_normal(key, static_cast<uint64_t>(i));
 }
 
+// ---- token dropping
+
+__global__ void moe_scatter_probs_kernel(const float* __restrict__ probs, const int32_t* __restrict__ permuted_row,
+                                         float* __restrict__ permuted_probs, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    permuted_probs[permuted_row[i]] = probs[i];
+}
+
+// One thread per (token, choice) pair: its rank among its expert's pairs (rows in token order).
+__global__ void moe_capacity_kernel(const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ offsets,
+                                    const int32_t* __restrict__ permuted_row, const float* __restrict__ permuted_probs,
+                                    float* __restrict__ probs, int64_t n, int64_t capacity, bool by_position,
+                                    uint8_t* __restrict__ kept) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int e = topk_idx[i], r = permuted_row[i], begin = offsets[e];
+    int64_t rank = r - begin;
+    if (!by_position) {
+      const float p = permuted_probs[r];
+      rank = 0;
+      for (int q = begin, end = offsets[e + 1]; q < end && rank < capacity; ++q) {
+        const float o = permuted_probs[q];
+        rank += o > p || (o == p && q < r);
+      }
+    }
+    const bool keep = rank < capacity;
+    kept[i] = keep ? 1 : 0;
+    if (!keep) probs[i] = 0.0f;
+  }
+}
+
+__global__ void moe_mask_dropped_kernel(float* __restrict__ dprobs, const uint8_t* __restrict__ kept, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (!kept[i]) dprobs[i] = 0.0f;
+}
+
 // ---- permute / unpermute (Hv = H / 8 vectors of 8 bf16 per row)
 
 __global__ void moe_permute_forward_kernel(const uint4* __restrict__ x, const int32_t* __restrict__ sorted_token,
@@ -801,6 +836,25 @@ void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, 
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   moe_perm_assign_kernel<<<unsigned((chunks + kPermWarps - 1) / kPermWarps), kPermWarps * 32, 0, stream>>>(
       topk_idx, T, int(k), int(E), chunks, counts, sorted_token, permuted_row);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_capacity_drop(const int32_t* topk_idx, const int32_t* offsets, const int32_t* permuted_row,
+                       float* topk_probs, int64_t T, int64_t k, int64_t capacity, bool by_position, uint8_t* kept,
+                       float* scratch, cudaStream_t stream) {
+  const int64_t n = T * k;
+  if (capacity < 0 || n >= (int64_t{1} << 31)) throw Error("moe_capacity_drop: a negative capacity or too many pairs");
+  if (n <= 0) return;
+  moe_scatter_probs_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_probs, permuted_row, scratch, n);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  moe_capacity_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_idx, offsets, permuted_row, scratch, topk_probs, n,
+                                                               capacity, by_position, kept);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_mask_dropped(float* dprobs, const uint8_t* kept, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  moe_mask_dropped_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dprobs, kept, n);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -37,8 +37,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (c.moe.num_experts > 0 && c.moe.num_groups > 0)
     missing.push_back("group-limited routing (--moe-router-num-groups)");
-  if (c.moe.num_experts > 0 && c.moe.capacity_factor)
-    missing.push_back("token dropping (--moe-expert-capacity-factor)");
   if (c.moe.num_experts > 0 && c.moe.expert_bias)
     missing.push_back("the MoE router's expert bias (--moe-router-enable-expert-bias)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cuda/moe_ep.hpp"
 #include "kernels/cuda/stream_wait.hpp"
 #include "kernels/cuda/swiglu.hpp"
@@ -80,6 +81,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.ep_counts = a.take<int32_t>(ep_ ? P_ * E_ : 0);
       S.local_offsets = a.take<int32_t>(ep_ ? El_ + 1 : 0);
       S.local_x = a.take<bf16>(ep_ ? Nl * H_ : 0);
+      S.kept = a.take<uint8_t>(m.capacity_factor ? N : 0);
     }
   };
   auto carve_scratch = [&](Carver& a) {
@@ -94,6 +96,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     dshared_g_ = a.take<bf16>(T * Fs_);
     dshared_u_ = a.take<bf16>(T * Fs1_);
     dprobs_ = a.take<float>(N);
+    permuted_probs_ = a.take<float>(m.capacity_factor ? N : 0);
     perm_scratch_ = a.take<char>(static_cast<int64_t>(kc::moe_permutation_scratch_bytes(T, E_)));
     staging_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
     local_y_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
@@ -254,6 +257,10 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
                                count_losses ? train_sums_ : discard_sums_, st);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
+  if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
+    kc::moe_capacity_drop(S.topk_idx, S.offsets, S.permuted_row, S.probs, T, k_,
+                          kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
+                          permuted_probs_, st);
   kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
   phases_.mark(kRouting, st);
   if (ep_) {  // the rows travel to their experts' ranks and back; the shared expert runs meanwhile
@@ -294,6 +301,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   phases_.begin(st);
   // Combine: the experts' output gradients and the probabilities'.
   kc::moe_unpermute_backward(S.expert_out, S.permuted_row, S.probs, dy, dexpert_, dprobs_, T, k_, H_, st);
+  if (cfg_.moe.capacity_factor) kc::moe_mask_dropped(dprobs_, S.kept, N, st);
   phases_.mark(kRouting, st);
   // Under expert parallelism the output gradients travel to the experts' ranks while the router's
   // and the shared expert's backward run.

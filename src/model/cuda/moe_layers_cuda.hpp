@@ -79,6 +79,7 @@ class CudaMoeLayers {
     // Expert parallelism: every rank's counts [P][E], the offsets of this rank's experts' rows
     // [El + 1] and those rows (expert-major), and the exchange's sizes in elements per peer.
     int32_t *ep_counts, *local_offsets;
+    uint8_t* kept;  // [T, k] with a capacity factor: the pairs the experts keep
     bf16* local_x;
     std::vector<size_t> send_elems, recv_elems;
     int64_t local_rows;
@@ -126,6 +127,7 @@ class CudaMoeLayers {
        *dpermuted_ = nullptr, *dlogits_ = nullptr, *dshared_ = nullptr, *dshared_g_ = nullptr,
        *dshared_u_ = nullptr;
   float* dprobs_ = nullptr;
+  float* permuted_probs_ = nullptr;  // token dropping's scratch [N]
   void* perm_scratch_ = nullptr;
   // Expert parallelism: the all-to-all's rank-major rows, this rank's experts' output or output
   // gradient and input gradient (expert-major), and the host copy of the counts.
