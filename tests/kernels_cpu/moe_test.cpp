@@ -889,6 +889,14 @@ INSTANTIATE_TEST_SUITE_P(
                   0.2f, 0.0f, 1.5, true}),
     [](const auto& info) { return info.param.name; });
 
+// make_layer's layer on T tokens of fresh input.
+LayerData layer_of_tokens(const LayerCase& c, int64_t T, std::mt19937& rng) {
+  LayerData d = make_layer(c, rng);
+  d.T = T;
+  d.x = randn(T * d.cfg.hidden_size, rng);
+  return d;
+}
+
 TEST_P(MoeLayerTest, ForwardMatchesFp64Twin) {
   std::mt19937 rng(2001);
   const auto d = make_layer(GetParam(), rng);
@@ -977,10 +985,7 @@ TEST_P(MoeLayerTest, BackwardOverwritesDxAndAccumulatesGrads) {
 // the weights, so the routing of many tokens is close to uniform over the experts.
 TEST(MoeLayer, ForceLoadBalancingRoutesOnRandomLogits) {
   std::mt19937 rng(2005);
-  const LayerCase c{"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 0, false, 0.3f, 0.0f, 0.0f};
-  auto d = make_layer(c, rng);
-  d.T = 2048;
-  d.x = randn(d.T * d.cfg.hidden_size, rng);
+  auto d = layer_of_tokens({"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 0, false, 0.3f, 0.0f, 0.0f}, 2048, rng);
   d.cfg.force_load_balancing = true;
   d.cfg.random_logits_key = rng_stream_key(1234, "router.layer0.random_logits.0");
   const int64_t T = d.T, H = d.cfg.hidden_size, E = d.cfg.num_experts, k = d.cfg.topk;
@@ -1025,11 +1030,8 @@ TEST(MoeCapacity, MaskMatchesTheTwin) {
 
 TEST(MoeLayer, BitwiseIndependentOfThreadCount) {
   std::mt19937 rng(2004);
-  const LayerCase c{"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 7, true, 0.3f, 0.2f, 0.05f};
-  auto d = make_layer(c, rng);
   // More tokens than threads, so that the row loops really split.
-  d.T = 64;
-  d.x = randn(d.T * d.cfg.hidden_size, rng);
+  auto d = layer_of_tokens({"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 7, true, 0.3f, 0.2f, 0.05f}, 64, rng);
   const auto dy = randn(d.T * d.cfg.hidden_size, rng);
   auto run = [&] {
     MoeLayerState st;
