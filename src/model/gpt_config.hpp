@@ -38,6 +38,7 @@ struct MoeConfig {
   std::optional<double> topk_scaling_factor;
   double aux_loss_coeff = 0;      // --moe-router-load-balancing-type aux_loss
   double seq_aux_loss_coeff = 0;  // ... seq_aux_loss
+  double global_aux_loss_coeff = 0;  // ... global_aux_loss (CPU backend; counts over the data-parallel ranks)
   double z_loss_coeff = 0;
   int64_t shared_ffn = 0;  // --moe-shared-expert-intermediate-size (0: none)
   // --moe-router-enable-expert-bias (aux-loss-free balancing, sigmoid router): a per-expert bias

@@ -65,6 +65,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.drop_by_position = m.drop_by_position;
     moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
+    moe_cfg_.global_aux_loss_coeff = static_cast<float>(m.global_aux_loss_coeff);
     moe_cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
     moe_states_.resize(static_cast<size_t>(cfg.num_layers));
     expert_load_.assign(static_cast<size_t>(cfg.num_layers),
@@ -110,6 +111,7 @@ GptModel::MoeLosses GptModel::last_moe_losses() const {
     if (m.aux_loss_coeff > 0) out.aux += st.aux_loss / m.aux_loss_coeff;
     if (m.seq_aux_loss_coeff > 0) out.seq_aux += st.seq_aux_loss / m.seq_aux_loss_coeff;
     if (m.z_loss_coeff > 0) out.z += st.z_loss / m.z_loss_coeff;
+    if (m.global_aux_loss_coeff > 0) out.global_aux += st.global_aux_loss / m.global_aux_loss_coeff;
   }
   return out;
 }
@@ -156,6 +158,21 @@ void GptModel::update_expert_bias(dist::ProcessGroup* dp) {
     }
     std::fill(load.begin(), load.end(), 0.0);
   }
+}
+
+void GptModel::finish_moe_step(dist::ProcessGroup* dp) {
+  update_expert_bias(dp);
+  for (auto& st : moe_states_) k::moe_global_aux_reset(st);
+}
+
+void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
+  if (!dp || dp->size() <= 1) {
+    moe_cfg_.data_parallel_size = 1;
+    moe_cfg_.sum_over_data_parallel = nullptr;
+    return;
+  }
+  moe_cfg_.data_parallel_size = dp->size();
+  moe_cfg_.sum_over_data_parallel = [dp](double* counts, int64_t n) { dp->all_reduce_sum(counts, static_cast<size_t>(n)); };
 }
 
 std::vector<double> GptModel::expert_load(int64_t layer) const {
@@ -352,7 +369,7 @@ void GptModel::finalize_grads() {
   }
 }
 
-void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses) {
+void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses, bool train_step) {
   const auto& c = lc_;
   allocate_activations(mb.b, mb.s);
   const int64_t T = mb.b * mb.s, h = c.hidden, D = c.kv_channels;
@@ -445,6 +462,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     if (cfg_.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
       moe_cfg_.seq_length = mb.s;
       moe_cfg_.random_logits_key = random_logits_key(key, l);
+      moe_cfg_.global_aux_training = train_step;
       k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)],
                            ep_stages_[static_cast<size_t>(l)].get());
     } else {
@@ -484,6 +502,7 @@ void GptModel::backward(const float* dloss) {
   if (cfg_.moe.num_experts > 0) {  // a training step's forward: its MoE losses are logged
     const MoeLosses last = last_moe_losses();
     moe_losses_.aux += last.aux, moe_losses_.seq_aux += last.seq_aux, moe_losses_.z += last.z;
+    moe_losses_.global_aux += last.global_aux;
     // Aux-loss-free balancing counts the training tokens each expert got (Megatron's
     // local_tokens_per_expert), until update_expert_bias.
     if (cfg_.moe.expert_bias)

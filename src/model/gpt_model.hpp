@@ -94,8 +94,9 @@ class GptModel {
   int64_t num_parameters() const { return table_.total; }
   void zero_grads();
 
-  // Per-token losses [b*s] (fp32, unmasked: the caller applies the loss mask).
-  void forward(const MicroBatch& mb, const DropoutKey& key, float* losses);
+  // Per-token losses [b*s] (fp32, unmasked: the caller applies the loss mask). train_step: a
+  // training micro-batch, whose backward follows (MoE's global_aux_loss counts only those tokens).
+  void forward(const MicroBatch& mb, const DropoutKey& key, float* losses, bool train_step = false);
   // d(sum_t dloss[t] * loss[t]) accumulated into grads(); call right after forward() of the same batch.
   // MoE layers add their load-balancing and z losses' gradients, each scaled by the MoE aux-loss
   // scale (Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches in training).
@@ -105,7 +106,7 @@ class GptModel {
   // its coefficient (as Megatron logs them) and summed over the MoE layers: of the last forward,
   // and of every forward that a backward followed (training) since the last take, which resets.
   struct MoeLosses {
-    double aux = 0, seq_aux = 0, z = 0;
+    double aux = 0, seq_aux = 0, z = 0, global_aux = 0;
   };
   MoeLosses last_moe_losses() const;
   MoeLosses take_moe_losses() { return std::exchange(moe_losses_, MoeLosses{}); }
@@ -122,6 +123,10 @@ class GptModel {
   // since the last call, summed over the data-parallel group dp (Megatron's
   // _update_router_expert_bias, after each step's backward); the counts restart. Collective over dp.
   void update_expert_bias(dist::ProcessGroup* dp);
+  // After each step: update_expert_bias(dp), and global_aux_loss's running counts start over.
+  void finish_moe_step(dist::ProcessGroup* dp);
+  // The data-parallel group global_aux_loss sums its tokens per expert over (null: one rank).
+  void set_data_parallel_group(dist::ProcessGroup* dp);
   // Those counts for layer l (empty without an expert bias).
   std::vector<double> expert_load(int64_t layer) const;
 

@@ -59,9 +59,10 @@ class Engine {
   // since the last call (model::GptModel::take_moe_losses). Dense models: nothing.
   virtual void set_moe_aux_loss_scale(double /*scale*/) {}
   virtual model::GptModel::MoeLosses take_moe_losses() { return {}; }
-  // Aux-loss-free balancing: the experts' biases moved after a step (model::GptModel::
-  // update_expert_bias; dp: the data-parallel group whose tokens count). Without one: nothing.
-  virtual void update_moe_expert_bias(dist::ProcessGroup* /*dp*/) {}
+  // After a step's micro-batches (model::GptModel::finish_moe_step): aux-loss-free balancing moves
+  // the experts' biases (dp: the data-parallel group whose tokens count), global_aux_loss's running
+  // counts start over. Without them: nothing.
+  virtual void finish_moe_step(dist::ProcessGroup* /*dp*/) {}
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

@@ -122,9 +122,11 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
     moe.aux_loss_coeff = m.moe_aux_loss_coeff;
   else if (balance == "seq_aux_loss")
     moe.seq_aux_loss_coeff = m.moe_aux_loss_coeff;
+  else if (balance == "global_aux_loss")
+    moe.global_aux_loss_coeff = m.moe_aux_loss_coeff;
   else if (balance != "none")
     throw UsageError("model.moe_router_load_balancing_type (--moe-router-load-balancing-type) '" + balance +
-                     "' is not supported yet (aux_loss, seq_aux_loss, none)");
+                     "' is not supported yet (aux_loss, seq_aux_loss, global_aux_loss, none)");
   moe.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
   moe.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
   moe.expert_parallel = m.expert_model_parallel_size;

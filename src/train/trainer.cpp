@@ -136,6 +136,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
 
   const model::GptConfig model_cfg = model_config(c, d);
   model::GptModel model(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group);
+  model.set_data_parallel_group(dp);
   // bf16 runs start from bf16-rounded weights (Megatron initialises the bf16 params; the fp32
   // main copy is made from them). With tensor or expert parallelism every rank initialises the
   // whole model from the same seed and keeps its part (Megatron's --use-cpu-initialization): the
@@ -317,7 +318,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         next_batch.prefetch(consumed + gbs, 0);
     }
     engine->finalize_grads();
-    engine->update_moe_expert_bias(dp_size > 1 ? dp : nullptr);
+    engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
     if (group) {  // gradients averaged over the data-parallel ranks, then the norm of the average
@@ -330,10 +331,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
     if (moe_layers > 0) {
       model::GptModel::MoeLosses moe = engine->take_moe_losses();
-      double v[3] = {moe.aux, moe.seq_aux, moe.z};
-      if (dp && dp_size > 1) dp->all_reduce_sum(v, 3);
+      double v[4] = {moe.aux, moe.seq_aux, moe.z, moe.global_aux};
+      if (dp && dp_size > 1) dp->all_reduce_sum(v, 4);
       const double per = 1.0 / (static_cast<double>(M) * static_cast<double>(moe_layers) * static_cast<double>(dp_size));
       interval_moe.aux += v[0] * per, interval_moe.seq_aux += v[1] * per, interval_moe.z += v[2] * per;
+      // Each rank's global aux loss already counts every data-parallel rank's tokens: summed, not averaged.
+      interval_moe.global_aux += v[3] * per * static_cast<double>(dp_size);
     }
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
     if (!finite && c.ddp.check_for_nan_in_grad)
@@ -385,6 +388,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         const auto& m = model_cfg.moe;
         if (m.aux_loss_coeff > 0) v.losses.push_back({"load_balancing_loss", interval_moe.aux / n});
         if (m.seq_aux_loss_coeff > 0) v.losses.push_back({"seq_load_balancing_loss", interval_moe.seq_aux / n});
+        if (m.global_aux_loss_coeff > 0)
+          v.losses.push_back({"global_load_balancing_loss", interval_moe.global_aux / n});
         if (m.z_loss_coeff > 0) v.losses.push_back({"z_loss", interval_moe.z / n});
       }
       // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.

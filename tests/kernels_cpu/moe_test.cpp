@@ -174,6 +174,20 @@ double aux_twin(const std::vector<double>& logits, int64_t T, int64_t E, int64_t
   return sum * (E * coeff / (static_cast<double>(k) * T * T));
 }
 
+// global_aux_loss with given counts and token total: E * coeff / (k * total^2) * sum_i P_i * counts_i.
+double global_aux_twin(const std::vector<double>& logits, const std::vector<double>& counts, int64_t T, double total,
+                       int64_t E, int64_t k, MoeScoreFunction fn, double coeff) {
+  std::vector<int64_t> aux_idx;
+  const auto scores = aux_scores_twin(logits, T, E, fn, k, &aux_idx);
+  double sum = 0.0;
+  for (int64_t i = 0; i < E; ++i) {
+    double probs = 0.0;
+    for (int64_t t = 0; t < T; ++t) probs += scores[t * E + i];
+    sum += probs * counts[i];
+  }
+  return sum * (E * coeff / (static_cast<double>(k) * total * total));
+}
+
 double z_twin(const std::vector<double>& logits, int64_t T, int64_t E, double coeff) {
   double sum = 0.0;
   for (int64_t t = 0; t < T; ++t) {
@@ -513,6 +527,41 @@ TEST_P(MoeAuxLossTest, BackwardMatchesFiniteDifferences) {
     backward(accumulated);
     for (int64_t i = 0; i < T * E; ++i) EXPECT_EQ(accumulated[i], base[i] + dlogits[i]) << i;
   }
+}
+
+// global_aux_loss with other ranks' counts folded in (fixed counts, so no choice can flip): the
+// fp64 twin and finite differences; with this rank's own counts and total T it is aux_loss.
+TEST_P(MoeAuxLossTest, GlobalAuxLossMatchesItsTwinAndFiniteDifferences) {
+  const auto [fn, E, k] = GetParam();
+  std::mt19937 rng(1601 + static_cast<int>(E * 10 + k));
+  const int64_t T = 12;
+  const float coeff = 0.3f, dloss = 0.7f;
+  const double total = 2.0 * T;  // two data-parallel ranks
+  const auto logits = randn(T * E, rng, 1.5f);
+  std::vector<float> scores(T * E);
+  std::vector<int64_t> aux_idx(T * k);
+  moe_aux_loss_scores(logits.data(), scores.data(), aux_idx.data(), T, E, k, fn);
+  std::vector<double> counts(E);
+  std::uniform_real_distribution<double> u(0.0, 2.0 * T * k / E);
+  for (auto& c : counts) c = u(rng);
+  const auto zd = to_double(logits);
+  const double want = global_aux_twin(zd, counts, T, total, E, k, fn, coeff);
+  EXPECT_NEAR(moe_global_aux_loss_forward(scores.data(), counts.data(), T, total, E, k, coeff), want, 1e-6 * want);
+  std::vector<float> dlogits(T * E, 0.0f);
+  moe_global_aux_loss_backward(logits.data(), scores.data(), counts.data(), T, total, E, k, fn, coeff, dloss,
+                               dlogits.data());
+  auto zp = zd;
+  const auto grad = numeric_grad([&] { return dloss * global_aux_twin(zp, counts, T, total, E, k, fn, coeff); }, zp);
+  expect_close(dlogits, grad, kGradTol, "dlogits (global_aux_loss)");
+  // This rank alone: the aux loss, forward and backward.
+  std::vector<double> own(E, 0.0);
+  for (int64_t i : aux_idx) own[i] += 1.0;
+  const float aux = moe_aux_loss_forward(scores.data(), aux_idx.data(), T, E, k, coeff);
+  EXPECT_NEAR(moe_global_aux_loss_forward(scores.data(), own.data(), T, T, E, k, coeff), aux, 1e-6 * aux);
+  std::vector<float> d_global(T * E, 0.0f), d_aux(T * E, 0.0f);
+  moe_global_aux_loss_backward(logits.data(), scores.data(), own.data(), T, T, E, k, fn, coeff, dloss, d_global.data());
+  moe_aux_loss_backward(logits.data(), scores.data(), aux_idx.data(), T, E, k, fn, coeff, dloss, d_aux.data());
+  for (int64_t i = 0; i < T * E; ++i) EXPECT_NEAR(d_global[i], d_aux[i], 1e-6 * std::abs(d_aux[i]) + 1e-9) << i;
 }
 
 // Each expert gets exactly T*k/E tokens (and s*k/E per sequence): aux = seq_aux = coeff, whatever
@@ -1026,6 +1075,49 @@ TEST(MoeCapacity, MaskMatchesTheTwin) {
   EXPECT_EQ(moe_expert_capacity(8, 8, 2, 0.5), 1);  // ceil(16 / 8 * 0.5)
   EXPECT_EQ(moe_expert_capacity(10, 4, 3, 1.1), 9);  // ceil(7.5 * 1.1) = ceil(8.25)
   EXPECT_THROW(moe_expert_capacity(8, 8, 2, -1.0), Error);
+}
+
+// The layer keeps global_aux_loss's running counts: two training forwards use the mean of their
+// counts summed over the data-parallel ranks (here a stand-in that doubles them: two identical
+// ranks), an evaluation forward neither adds nor uses them, and moe_global_aux_reset starts over.
+TEST(MoeLayer, GlobalAuxLossKeepsTheStepsRunningMeanOfTheRanksCounts) {
+  std::mt19937 rng(2007);
+  auto d = layer_of_tokens({"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 0, false, 0.0f, 0.0f, 0.0f}, 16, rng);
+  d.cfg.global_aux_loss_coeff = 0.1f;
+  d.cfg.data_parallel_size = 2;
+  d.cfg.sum_over_data_parallel = [](double* c, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) c[i] *= 2.0;
+  };
+  const int64_t T = d.T, H = d.cfg.hidden_size, E = d.cfg.num_experts, k = d.cfg.topk;
+  auto counts_of = [&](const MoeLayerState& st) {
+    std::vector<double> c(E, 0.0);
+    for (int64_t i : st.aux_topk_idx) c[i] += 2.0;  // this rank's and its identical twin's
+    return c;
+  };
+  MoeLayerState st;
+  std::vector<float> y(T * H);
+  d.cfg.global_aux_training = true;
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, st);
+  const auto c1 = counts_of(st);
+  EXPECT_EQ(st.global_counts, c1);
+  const auto x1 = d.x;
+  d.x = randn(T * H, rng);
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, st);
+  const auto c2 = counts_of(st);
+  for (int64_t i = 0; i < E; ++i) EXPECT_DOUBLE_EQ(st.global_counts[i], (c1[i] + c2[i]) / 2) << i;
+  const float want = moe_global_aux_loss_forward(st.scores_for_aux_loss.data(), st.global_counts.data(), T,
+                                                 2.0 * T, E, k, 0.1f);
+  EXPECT_EQ(st.global_aux_loss, want);
+  EXPECT_GT(want, 0.0f);
+  d.cfg.global_aux_training = false;  // an evaluation
+  moe_layer_forward(d.cfg, d.weights(), x1.data(), y.data(), T, st);
+  EXPECT_TRUE(st.global_counts.empty());
+  EXPECT_EQ(st.global_aux_loss, 0.0f);
+  EXPECT_EQ(st.global_steps, 2);
+  moe_global_aux_reset(st);
+  d.cfg.global_aux_training = true;
+  moe_layer_forward(d.cfg, d.weights(), x1.data(), y.data(), T, st);
+  EXPECT_EQ(st.global_counts, c1);
 }
 
 TEST(MoeLayer, BitwiseIndependentOfThreadCount) {

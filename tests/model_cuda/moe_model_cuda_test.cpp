@@ -251,6 +251,9 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig capacity = c;
   capacity.moe.capacity_factor = 1.0;  // token dropping runs on the GPU too
   EXPECT_EQ(cuda_unsupported_features(capacity), "");
+  GptConfig global = c;
+  global.moe.global_aux_loss_coeff = 1e-3;
+  EXPECT_NE(cuda_unsupported_features(global).find("global_aux_loss"), std::string::npos);
   GptConfig groups = c;
   groups.moe.num_groups = 2, groups.moe.group_topk = 1;
   EXPECT_NE(cuda_unsupported_features(groups).find("group-limited routing"), std::string::npos);

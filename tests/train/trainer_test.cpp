@@ -233,6 +233,26 @@ TEST(Trainer, GroupLimitedSigmoidRoutingWithExpertBiasTrains) {
   EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
 }
 
+// global_aux_loss (the tokens per expert over the step's micro-batches and data-parallel ranks):
+// trains and logs global_load_balancing_loss, about 1 for a near-balanced router.
+TEST(Trainer, GlobalAuxLossTrainsAndIsLogged) {
+  auto a = tiny_args(8, 1);
+  a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-router-load-balancing-type",
+                     "global_aux_loss", "--moe-aux-loss-coeff", "0.01", "--disable-bias-linear"});
+  std::string log;
+  auto s = run(config::resolve_mlm(a, 1), &log);
+  ASSERT_EQ(s.lm_loss.size(), 8u);
+  EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
+  const std::string line = log.substr(log.find("iteration        8/"));
+  const std::string last = line.substr(0, line.find('\n'));
+  const auto at = last.find("| global_load_balancing_loss: ");
+  ASSERT_NE(at, std::string::npos) << last;
+  const double lb = std::stod(last.substr(at + 30));
+  EXPECT_GT(lb, 0.5) << last;
+  EXPECT_LT(lb, 4.0) << last;
+  EXPECT_EQ(last.find("| load_balancing_loss: "), std::string::npos) << last;
+}
+
 // Megatron's --moe-router-force-load-balancing (benchmarks): random router logits, so the aux loss
 // over its coefficient sits near a balanced router's 1; the model still trains.
 TEST(Trainer, ForceLoadBalancingTrainsBalanced) {

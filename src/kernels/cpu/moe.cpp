@@ -315,6 +315,33 @@ void moe_seq_aux_loss_backward(const float* logits, const float* scores, const i
   }
 }
 
+float moe_global_aux_loss_forward(const float* scores, const double* counts, int64_t T, double total, int64_t E,
+                                  int64_t k, float coeff) {
+  check_sizes("moe global aux loss", T, E, k);
+  if (T == 0 || !(total > 0.0)) return 0.0f;
+  double sum = 0.0;
+  for (int64_t i = 0; i < E; ++i) {
+    double P = 0.0;  // sum over this rank's tokens of scores[t, i]
+    for (int64_t t = 0; t < T; ++t) P += scores[t * E + i];
+    sum += P * counts[i];
+  }
+  return static_cast<float>(sum * E * static_cast<double>(coeff) / (static_cast<double>(k) * total * total));
+}
+
+void moe_global_aux_loss_backward(const float* logits, const float* scores, const double* counts, int64_t T,
+                                  double total, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+                                  float dloss, float* dlogits) {
+  check_sizes("moe global aux loss backward", T, E, k);
+  if (T == 0 || !(total > 0.0)) return;
+  // d(loss)/d(scores[t, i]) = dloss * E * coeff / (k total^2) * counts[i], the same for every token.
+  const double unit = static_cast<double>(dloss) * E * static_cast<double>(coeff) / (static_cast<double>(k) * total * total);
+  std::vector<double> g(static_cast<size_t>(E));
+  for (int64_t i = 0; i < E; ++i) g[i] = unit * counts[i];
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    aux_scores_backward_row(logits + t * E, scores + t * E, g.data(), E, score_function, dlogits + t * E);
+}
+
 float moe_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t T, int64_t E, int64_t k,
                            float coeff) {
   if (T == 0) return 0.0f;
@@ -587,8 +614,10 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     for (int64_t i = 0; i < T * k; ++i)
       if (!st.kept[i]) st.topk_probs[i] = 0.0f;
   }
-  st.aux_loss = st.seq_aux_loss = 0.0f;
-  if (c.aux_loss_coeff > 0.0f || c.seq_aux_loss_coeff > 0.0f) {
+  st.aux_loss = st.seq_aux_loss = st.global_aux_loss = 0.0f;
+  st.global_counts.clear();
+  const bool global = c.global_aux_loss_coeff > 0.0f && c.global_aux_training;
+  if (c.aux_loss_coeff > 0.0f || c.seq_aux_loss_coeff > 0.0f || global) {
     ensure(st.scores_for_aux_loss, T * E);
     ensure(st.aux_topk_idx, T * k);
     moe_aux_loss_scores(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
@@ -599,6 +628,21 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     if (c.seq_aux_loss_coeff > 0.0f)
       st.seq_aux_loss = moe_seq_aux_loss_forward(st.scores_for_aux_loss.data(), st.aux_topk_idx.data(),
                                                  T / c.seq_length, c.seq_length, E, k, c.seq_aux_loss_coeff);
+    if (global) {  // this forward's counts over the data-parallel ranks join the step's running mean
+      std::vector<double> counts(static_cast<size_t>(E), 0.0);
+      for (int64_t i = 0; i < T * k; ++i) counts[static_cast<size_t>(st.aux_topk_idx[i])] += 1.0;
+      if (c.sum_over_data_parallel) c.sum_over_data_parallel(counts.data(), E);
+      st.global_tokens_per_expert.resize(static_cast<size_t>(E), 0.0);
+      st.global_steps += 1;
+      st.global_counts.resize(static_cast<size_t>(E));
+      for (int64_t i = 0; i < E; ++i) {
+        st.global_tokens_per_expert[i] += counts[i];
+        st.global_counts[i] = st.global_tokens_per_expert[i] / static_cast<double>(st.global_steps);
+      }
+      st.global_aux_loss = moe_global_aux_loss_forward(st.scores_for_aux_loss.data(), st.global_counts.data(), T,
+                                                       static_cast<double>(T * c.data_parallel_size), E, k,
+                                                       c.global_aux_loss_coeff);
+    }
   }
 
   moe_permutation(st.topk_idx.data(), T, E, k, st.tokens_per_expert.data(), st.sorted_indices.data(),
@@ -622,6 +666,11 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
                         st.shared_act_out.data(), st.shared_out.data(), 1, H, Fs, c.activation);
     add_inplace(y, st.shared_out.data(), T * H);
   }
+}
+
+void moe_global_aux_reset(MoeLayerState& st) {
+  std::fill(st.global_tokens_per_expert.begin(), st.global_tokens_per_expert.end(), 0.0);
+  st.global_steps = 0;
 }
 
 void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, const float* dy,
@@ -677,6 +726,10 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
     moe_seq_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T / c.seq_length,
                               c.seq_length, E, k, c.router.score_function, c.seq_aux_loss_coeff, aux_loss_scale,
                               dlogits);
+  if (!st.global_counts.empty())
+    moe_global_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.global_counts.data(), T,
+                                 static_cast<double>(T * c.data_parallel_size), E, k, c.router.score_function,
+                                 c.global_aux_loss_coeff, aux_loss_scale, dlogits);
   if (c.z_loss_coeff > 0.0f) moe_z_loss_backward(logits, T, E, c.z_loss_coeff, aux_loss_scale, dlogits);
   linear_backward(x, w.router_weight, dlogits, st.dx_part.data(), g.router_weight,
                   w.router_bias ? g.router_bias : nullptr, T, H, E);

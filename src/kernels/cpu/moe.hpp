@@ -14,6 +14,7 @@
 // on GPU its tie order is unspecified), so the choice is deterministic.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -98,6 +99,17 @@ void moe_seq_aux_loss_backward(const float* logits, const float* scores, const i
                                int64_t s, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
                                float dloss, float* dlogits);  // dlogits += dloss * d(seq_aux)/dlogits
 
+// global_aux_loss: the aux loss with the per-expert counts and the token total given (Megatron's
+// _apply_global_aux_loss: counts = the running mean over the step's micro-batches of the tokens per
+// expert summed over the data-parallel ranks, total = T times the data-parallel size); the scores
+// are this rank's T tokens':
+//   global_aux = E * coeff / (k * total^2) * sum_i (sum_t scores[t, i]) * counts[i]
+float moe_global_aux_loss_forward(const float* scores, const double* counts, int64_t T, double total, int64_t E,
+                                  int64_t k, float coeff);
+void moe_global_aux_loss_backward(const float* logits, const float* scores, const double* counts, int64_t T,
+                                  double total, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+                                  float dloss, float* dlogits);  // dlogits += dloss * d(global_aux)/dlogits
+
 // z-loss (--moe-z-loss-coeff; Megatron divides the coefficient by the TP x CP size, 1 here):
 //   z = coeff * mean_t (logsumexp_e logits[t, e])^2, on the router logits (before any score function).
 float moe_z_loss_forward(const float* logits, int64_t T, int64_t E, float coeff);
@@ -179,6 +191,14 @@ struct MoeLayerConfig {
   float aux_loss_coeff = 0.0f;      // aux_loss
   float seq_aux_loss_coeff = 0.0f;  // seq_aux_loss (needs seq_length)
   float z_loss_coeff = 0.0f;        // --moe-z-loss-coeff (None: 0)
+  // global_aux_loss: on in training forwards (global_aux_training) when > 0. Each such forward adds
+  // its aux tokens per expert, summed over the data-parallel ranks by sum_over_data_parallel (null:
+  // one rank), to the state's running counts; the loss uses their mean over the forwards since
+  // moe_global_aux_reset and a token total of T * data_parallel_size.
+  float global_aux_loss_coeff = 0.0f;
+  bool global_aux_training = false;
+  int64_t data_parallel_size = 1;
+  std::function<void(double* counts, int64_t n)> sum_over_data_parallel;
   int64_t seq_length = 0;           // s, for seq_aux_loss: T must be a multiple
   // --moe-router-force-load-balancing: logits[i] = counter_normal(random_logits_key, i) in place of
   // the router's (the backward treats them as the logits: a straight-through gradient).
@@ -212,6 +232,10 @@ struct MoeLayerGrads {  // accumulated (+=); nullptr skips that gradient
 // layer, reused step after step (vectors are resized only when T changes).
 struct MoeLayerState {
   std::vector<float> logits;               // [T, E]
+  std::vector<double> global_tokens_per_expert;  // [E] global_aux_loss: summed since the last reset
+  int64_t global_steps = 0;                       // training forwards since the last reset
+  std::vector<double> global_counts;              // [E] the mean counts the last forward used (empty: none)
+  float global_aux_loss = 0.0f;
   std::vector<uint8_t> kept;               // [T, k] with a capacity factor (moe_capacity_mask)
   std::vector<int64_t> topk_idx;           // [T, k]
   std::vector<float> topk_probs;           // [T, k]
@@ -250,6 +274,10 @@ void moe_layer_forward(const MoeLayerConfig& cfg, const MoeLayerWeights& w, cons
 // accumulated. aux_loss_scale is the gradient each aux / z loss receives (Megatron's
 // MoEAuxLossAutoScaler.main_loss_backward_scale, e.g. 1/num_microbatches); it must be the same
 // forward's state.
+// Starts global_aux_loss's running counts over (Megatron's reset_global_aux_loss_tracker, after
+// each step).
+void moe_global_aux_reset(MoeLayerState& st);
+
 void moe_layer_backward(const MoeLayerConfig& cfg, const MoeLayerWeights& w, const float* x, const float* dy,
                         float* dx, const MoeLayerGrads& grads, int64_t T, MoeLayerState& state,
                         float aux_loss_scale = 1.0f, MoeExpertsStage* experts = nullptr);

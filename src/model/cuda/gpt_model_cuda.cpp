@@ -37,6 +37,8 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (c.moe.num_experts > 0 && c.moe.num_groups > 0)
     missing.push_back("group-limited routing (--moe-router-num-groups)");
+  if (c.moe.num_experts > 0 && c.moe.global_aux_loss_coeff > 0)
+    missing.push_back("the global_aux_loss load balancing (--moe-router-load-balancing-type global_aux_loss)");
   if (c.moe.num_experts > 0 && c.moe.expert_bias)
     missing.push_back("the MoE router's expert bias (--moe-router-enable-expert-bias)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
