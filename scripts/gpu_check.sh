@@ -8,8 +8,9 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench moe moe_quick recipes moe_dp2 dp2 dp2_speed tp2
-#                                            (default: the first nine; moe_dp2, dp2* and tp2 need
+#                                            attention gemm profile bench moe moe_quick recipes moe_dp2
+#                                            moe_ep_speed dp2 dp2_speed tp2
+#                                            (default: the first nine; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2; BENCH_CASES picks
 #                                            the bench cases). Full logs go to $OUT; a summary table is
 #                                            printed last.
@@ -148,8 +149,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             note "$recipe (200 its, 2 x seq a step): exit $rc; lm loss every 50 its: $losses; $(ms "$OUT/recipe_$recipe.log") ms/it; $(grep -o 'device memory held: *[0-9.]* GB' "$OUT/recipe_$recipe.log" | tail -1)"
           done
           ;;
-        moe_dp2)
-          # The small MoE model of the moe part (dropout off) on two data-parallel GPUs against one GPU.
+        moe_dp2|moe_ep_speed)
+          # The small MoE model of the moe part (dropout off) on two data-parallel GPUs against one GPU
+          # (moe_ep_speed: only the flagship's throughput runs below).
+          [ "$part" = moe_dp2 ] && {
           moe_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
                     --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
                     --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
@@ -187,6 +190,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
             note "$a vs $b on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
           done
+          }
           # Throughput: the flagship's model at one global batch of 4 sequences of 4096: one GPU (two
           # micro-batches), two GPUs data-parallel, two GPUs expert-parallel (EP=2, DP=2).
           read -r -a flagship <<< "$(bash bench/gpu_train_bench.sh --shape-args moe_2b)"
