@@ -218,6 +218,21 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
       EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << n << " ranks at EP=2, value " << i;
     EXPECT_NE(r.output.find("load_balancing_loss"), std::string::npos) << r.output;
   }
+  // With token dropping and random router logits too (each rank drops within its own micro-batch, as
+  // one rank does within each of its micro-batches).
+  std::vector<std::string> dropping = one;
+  dropping.insert(dropping.end(), {"--moe-expert-capacity-factor", "0.5", "--moe-router-force-load-balancing"});
+  const auto single_drop = run_laoyao(dropping, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single_drop.status, 0) << single_drop.output;
+  const auto want_drop = losses_in(single_drop.output);
+  const auto ep_drop = run_laoyao(on_ranks("2", dropping, {"--expert-model-parallel-size", "2"}), dir,
+                                  "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(ep_drop.status, 0) << ep_drop.output;
+  const auto got_drop = losses_in(ep_drop.output);
+  ASSERT_EQ(got_drop.size(), want_drop.size()) << ep_drop.output;
+  for (size_t i = 0; i < want_drop.size(); ++i)
+    EXPECT_NEAR(got_drop[i], want_drop[i], 1e-5 * std::abs(want_drop[i])) << "dropping at EP=2, value " << i;
+  EXPECT_NE(want_drop[0], want[0]) << "dropping and random logits changed nothing";
   // Saved at EP=2 after iteration 2, resumed for iteration 3 on one rank and again at EP=2.
   const auto saved = run_laoyao(on_ranks("2", one, {"--expert-model-parallel-size", "2", "--exit-interval", "2",
                                                     "--save", dir + "/ep_ckpt", "--save-interval", "2"}),
