@@ -172,7 +172,9 @@ void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
     return;
   }
   moe_cfg_.data_parallel_size = dp->size();
-  moe_cfg_.sum_over_data_parallel = [dp](double* counts, int64_t n) { dp->all_reduce_sum(counts, static_cast<size_t>(n)); };
+  moe_cfg_.sum_over_data_parallel = [dp](double* counts, int64_t n) {
+    dp->all_reduce_sum(counts, static_cast<size_t>(n));
+  };
 }
 
 std::vector<double> GptModel::expert_load(int64_t layer) const {

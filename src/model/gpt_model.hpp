@@ -49,7 +49,8 @@ struct DropoutKey {
 // The stream of layer l's random router logits in a micro-batch (--moe-router-force-load-balancing),
 // the same on both backends.
 inline uint64_t random_logits_key(const DropoutKey& key, int64_t layer) {
-  return rng_stream_key(key.seed, "router.layer" + std::to_string(layer) + ".random_logits." + std::to_string(key.call));
+  const std::string stream = "router.layer" + std::to_string(layer) + ".random_logits." + std::to_string(key.call);
+  return rng_stream_key(key.seed, stream);
 }
 
 class GptModel {

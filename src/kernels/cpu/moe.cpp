@@ -334,7 +334,8 @@ void moe_global_aux_loss_backward(const float* logits, const float* scores, cons
   check_sizes("moe global aux loss backward", T, E, k);
   if (T == 0 || !(total > 0.0)) return;
   // d(loss)/d(scores[t, i]) = dloss * E * coeff / (k total^2) * counts[i], the same for every token.
-  const double unit = static_cast<double>(dloss) * E * static_cast<double>(coeff) / (static_cast<double>(k) * total * total);
+  const double unit =
+      static_cast<double>(dloss) * E * static_cast<double>(coeff) / (static_cast<double>(k) * total * total);
   std::vector<double> g(static_cast<size_t>(E));
   for (int64_t i = 0; i < E; ++i) g[i] = unit * counts[i];
 #pragma omp parallel for schedule(static)
@@ -572,12 +573,13 @@ void moe_capacity_mask(const int64_t* topk_idx, const float* topk_probs, int64_t
                        int64_t capacity, bool by_position, uint8_t* kept) {
   // Each expert's pairs in token order, then the first `capacity` of them by the policy's order
   // (stable: equal probs keep the earlier token).
+  check_sizes("moe capacity", T, E, k);
   std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(E));
   for (int64_t i = 0; i < T * k; ++i) {
     if (topk_idx[i] < 0 || topk_idx[i] >= E) throw Error("moe capacity: an expert index outside [0, E)");
     pairs[static_cast<size_t>(topk_idx[i])].push_back(i);
+    kept[i] = 0;
   }
-  std::fill(kept, kept + T * k, uint8_t{0});
   for (auto& p : pairs) {
     if (!by_position)
       std::stable_sort(p.begin(), p.end(), [&](int64_t a, int64_t b) { return topk_probs[a] > topk_probs[b]; });

@@ -124,6 +124,23 @@ struct RouterArgs {
 
 // ---- router forward
 
+// A token's softmax statistics over its E logits (slot i of each lane holds expert i * 32 + lane):
+// m = the row max (float, as the CPU's), and the sum of exp(z - m) in double over the warp.
+template <int kPer>
+__device__ __forceinline__ double softmax_stats(const float (&z)[kPer], int E, int lane, float& m) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (i * 32 + lane < E) mx = fmaxf(mx, z[i]);
+  m = warp_max(mx);
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (i * 32 + lane < E) sum += exp(static_cast<double>(z[i] - m));
+  return warp_sum(sum);
+}
+
+
 template <int kPer>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     moe_router_forward_kernel(const float* __restrict__ logits, int64_t T, RouterArgs a, int32_t* __restrict__ topk_idx,
@@ -149,16 +166,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     float m = 0.0f;
     double inv = 0.0;
     if (full_softmax) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (i * 32 + lane < E) mx = fmaxf(mx, z[i]);
-      m = warp_max(mx);
-      double sum = 0.0;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (i * 32 + lane < E) sum += exp(static_cast<double>(z[i] - m));
-      sum = warp_sum(sum);
+      const double sum = softmax_stats<kPer>(z, E, lane, m);
       inv = 1.0 / sum;
       if (lse && lane == 0) lse[t] = static_cast<float>(static_cast<double>(m) + log(sum));
     }
@@ -260,18 +268,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 
     float m = 0.0f;
     double inv = 0.0;
-    if (full_softmax) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (i * 32 + lane < E) mx = fmaxf(mx, z[i]);
-      m = warp_max(mx);
-      double sum = 0.0;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (i * 32 + lane < E) sum += exp(static_cast<double>(z[i] - m));
-      inv = 1.0 / warp_sum(sum);
-    }
+    if (full_softmax) inv = 1.0 / softmax_stats<kPer>(z, E, lane, m);
 
     // The routing gradient (moe_router_topk_backward). The lanes take the choices j = lane,
     // lane + 32, ... (expert e_j, re-read from the token's rows; g_j = dprobs * scale) and first

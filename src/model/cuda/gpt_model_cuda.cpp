@@ -131,10 +131,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
-  if (cfg.moe.expert_parallel != group_size(ep))
-    throw Error("CudaGptModel: the config's expert-parallel size " + std::to_string(cfg.moe.expert_parallel) +
-                " is not the group's " + std::to_string(group_size(ep)));
-  if (ep_ && tensor_parallel()) throw UsageError("the CUDA backend does not combine expert and tensor parallelism");
+  // (A config and group of different EP sizes, or EP with TP, are refused by the MoE layers below.)
   if (split_group()) {  // the norms count a replicated tensor once over the group: on rank 0
     const int64_t rank = split_group()->rank();
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);

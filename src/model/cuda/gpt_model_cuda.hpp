@@ -12,8 +12,9 @@
 // RMSNorm (Qwen3; head dims that are multiples of 8 up to 256), tied or untied output layer, biases
 // on or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
 // or the unfused path, by --attention-backend (gpt_config.hpp); Mixture-of-Experts layers
-// (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, not with tensor parallelism). cuda_unsupported_features() names
-// what is not (QK-norm head dims and RMSNorm widths its kernels cannot pack).
+// (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, not with tensor parallelism).
+// cuda_unsupported_features() names what is not (QK-norm head dims and RMSNorm widths its kernels
+// cannot pack).
 //
 // Tensor parallelism (a group of several GPU ranks, NCCL): each rank holds Megatron-Core's shards
 // (model/gpt_tp.hpp: its heads, ffn columns and vocabulary rows), as the CPU model does, and sums
