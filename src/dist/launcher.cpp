@@ -131,7 +131,7 @@ int launch(const LaunchOptions& o) {
 
   const Rank* failed = nullptr;
   std::string stop_reason;
-  bool stopping = false, killed = false;
+  bool stopping = false, killed = false, signalled = false;
   Clock::time_point kill_at{};
   auto stop_all = [&](const std::string& why) {
     if (stopping) return;
@@ -190,8 +190,10 @@ int launch(const LaunchOptions& o) {
         }
       }
     }
-    if (const int sig = g_signal.exchange(0); sig != 0)
+    if (const int sig = g_signal.exchange(0); sig != 0) {
+      signalled = true;
       stop_all(std::string("the launcher received ") + strsignal(sig));
+    }
     if (stopping && !killed && alive > 0 && Clock::now() > kill_at) {
       for (const Rank& r : ranks)
         if (!r.exited) kill(-r.pid, SIGKILL);
@@ -200,8 +202,12 @@ int launch(const LaunchOptions& o) {
   }
   for (Rank& r : ranks)
     if (r.fd >= 0) flush_lines(o.out, r, true), close(r.fd), r.fd = -1;
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  // After a stop signal the handlers stay: the same signal may come again (GNU timeout sends it to
+  // the launcher and then to its process group), and the launcher must still report and exit 1.
+  if (!signalled) {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
 
   if (!stopping) return 0;
   std::fprintf(o.out, "laoyao launch: %s; the other ranks were stopped%s\n", stop_reason.c_str(),
