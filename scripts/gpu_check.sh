@@ -12,7 +12,9 @@
 #                                            moe_ep_speed dp2 dp2_speed tp2
 #                                            (default: the first nine; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2; BENCH_CASES picks
-#                                            the bench cases). Full logs go to $OUT; a summary table is
+#                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
+#                                            moe_2b throughput runs' routing, DP2_SPEED=0 drops dp2's
+#                                            throughput runs). Full logs go to $OUT; a summary table is
 #                                            printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -167,14 +169,20 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           "$C/laoyao" compare-logs "$OUT/moe_dp1.log" "$OUT/moe_dp2.log" > "$OUT/compare_moe_dp1_dp2.txt" 2>&1
           note "MoE dp1 vs dp2 on GPUs: compare-logs exit $?: $(grep -i verdict "$OUT/compare_moe_dp1_dp2.txt" | head -1)"
           # Expert parallelism over the two GPUs (NCCL all-to-all, 4 experts each), against one GPU;
-          # its checkpoint (every expert under its global number) resumes on one GPU.
+          # with the distributed optimizer too (the dense parameters sharded over both GPUs, each
+          # GPU's experts whole), whose checkpoint (every expert under its global number, the whole
+          # moments) resumes on one GPU.
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
-            --expert-model-parallel-size 2 --save /tmp/moe_ep2_ckpt --save-interval 20 > "$OUT/moe_ep2.log" 2>&1
+            --expert-model-parallel-size 2 > "$OUT/moe_ep2.log" 2>&1
           note "MoE EP=2 launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
+            --expert-model-parallel-size 2 --use-distributed-optimizer --save /tmp/moe_ep2_ckpt --save-interval 20 \
+            > "$OUT/moe_ep2_distopt.log" 2>&1
+          note "MoE EP=2 distributed optimizer launch exit $?"
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --train-iters 22 > "$OUT/moe_dp1_22.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --train-iters 22 --load /tmp/moe_ep2_ckpt \
             > "$OUT/moe_ep2_resumed.log" 2>&1
-          note "MoE EP=2 checkpoint resumed on one GPU: exit $?"
+          note "MoE EP=2 distributed-optimizer checkpoint resumed on one GPU: exit $?"
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
             --expert-model-parallel-size 2 --overlap-grad-reduce > "$OUT/moe_ep2_overlap.log" 2>&1
           note "MoE EP=2 --overlap-grad-reduce launch exit $?"
@@ -184,7 +192,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
             --moe-router-force-load-balancing --expert-model-parallel-size 2 > "$OUT/moe_fb_ep2.log" 2>&1
           note "MoE force-balanced runs exit $?"
-          for pair in "moe_dp1 moe_ep2" "moe_dp1 moe_ep2_overlap" "moe_dp1_22 moe_ep2_resumed" "moe_fb_cpu moe_fb_dp1" \
+          for pair in "moe_dp1 moe_ep2" "moe_dp1 moe_ep2_distopt" "moe_dp1 moe_ep2_overlap" "moe_dp1_22 moe_ep2_resumed" \
+                      "moe_fb_cpu moe_fb_dp1" \
                       "moe_fb_dp1 moe_fb_ep2"; do
             read -r a b <<< "$pair"
             "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
@@ -198,12 +207,23 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
                 --eval-iters 0 --log-interval 5 --log-throughput "${flagship[@]}" --global-batch-size 4)
           # The same with --moe-router-force-load-balancing (random router logits, as Megatron's
           # benchmarks): an untrained router sends most tokens of a layer to a few experts, which
-          # under EP leaves one rank waiting for the other.
+          # under EP leaves one rank waiting for the other. Each with --overlap-grad-reduce or
+          # --use-distributed-optimizer (the two do not combine here yet).
+          # MOE_SPEED_ROUTING=natural|forced|both (default both) picks the sets.
           export LAOYAO_STEP_PHASES=1 LAOYAO_MOE_PHASES=1
           fb=--moe-router-force-load-balancing
-          for run in "1gpu" "dp2_overlap --overlap-grad-reduce" "ep2_overlap --expert-model-parallel-size 2 --overlap-grad-reduce" \
-                     "1gpu_fb $fb" "dp2_overlap_fb --overlap-grad-reduce $fb" \
-                     "ep2_overlap_fb --expert-model-parallel-size 2 --overlap-grad-reduce $fb"; do
+          sets=("" _fb)
+          [ "${MOE_SPEED_ROUTING:-both}" = natural ] && sets=("")
+          [ "${MOE_SPEED_ROUTING:-both}" = forced ] && sets=(_fb)
+          speed_runs=()
+          for set in "${sets[@]}"; do
+            f=""
+            [ -n "$set" ] && f=$fb
+            speed_runs+=("1gpu$set $f" "dp2_overlap$set --overlap-grad-reduce $f" "dp2_distopt$set --use-distributed-optimizer $f"
+                         "ep2_overlap$set --expert-model-parallel-size 2 --overlap-grad-reduce $f"
+                         "ep2_distopt$set --expert-model-parallel-size 2 --use-distributed-optimizer $f")
+          done
+          for run in "${speed_runs[@]}"; do
             read -r name flags <<< "$run"
             launch=(launch --nproc-per-node 2 -- "$C/laoyao")
             [[ $name == 1gpu* ]] && launch=()
@@ -212,16 +232,17 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             note "moe_2b $name exit $?"
           done
           unset LAOYAO_STEP_PHASES LAOYAO_MOE_PHASES
-          for set in "" _fb; do
+          for set in "${sets[@]}"; do
             ms1=$(ms "$OUT/moe2b_1gpu$set.log")
             line="moe_2b${set:+ force-balanced}, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step"
-            for name in dp2_overlap ep2_overlap; do
+            for name in dp2_overlap dp2_distopt ep2_overlap ep2_distopt; do
               m=$(ms "$OUT/moe2b_$name$set.log")
               line+="; $name ${m:-?} ms ($(python3 -c "print(f'{$ms1/$m:.2f}x')" 2>/dev/null || echo n/a))"
             done
             note "$line"
           done
-          for run in 1gpu dp2_overlap ep2_overlap 1gpu_fb dp2_overlap_fb ep2_overlap_fb; do
+          for run in "${speed_runs[@]}"; do
+            run=${run%% *}
             f="$OUT/moe2b_$run.log"
             note "  $run: $(grep -o 'device memory held: *[0-9.]* GB' "$f" | tail -1); $(grep -o 'lm loss: [0-9.E+-]*' "$f" | tail -1); $(grep -o 'load_balancing_loss: [0-9.E+-]*' "$f" | tail -1)"
             note "    $(grep 'step phases' "$f" | tail -1 | sed 's/.*step phases/step phases/')"
@@ -261,6 +282,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           }
           # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence per GPU a step, 1 GPU vs 2,
           # with each step's GPU phases (LAOYAO_STEP_PHASES) to see where DP=2's extra time goes.
+          # DP2_SPEED=0 leaves it out of dp2.
+          [ "$part" = dp2 ] && [ "${DP2_SPEED:-1}" = 0 ] && continue
           export LAOYAO_STEP_PHASES=1
           read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234

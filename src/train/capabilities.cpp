@@ -27,10 +27,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (ep > 1 && dp % ep != 0)
       out.push_back("expert parallelism over " + std::to_string(ep) + " ranks with " + std::to_string(dp) +
                     " data-parallel ranks (model.expert_model_parallel_size must divide the data-parallel size)");
-    if (ep > 1 && c.ddp.use_distributed_optimizer)
-      out.push_back("the distributed optimizer with expert parallelism (--use-distributed-optimizer with "
-                    "model.expert_model_parallel_size > 1); the pretrain recipes turn it on: train without it with "
-                    "ddp.use_distributed_optimizer=false optimizer.use_distributed_optimizer=false");
     if (m.tensor_model_parallel_size > 1)
       out.push_back("Mixture-of-Experts layers with tensor parallelism (model.tensor_model_parallel_size > 1)");
     else if (m.expert_tensor_parallel_size && *m.expert_tensor_parallel_size > 1)

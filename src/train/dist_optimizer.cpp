@@ -1,55 +1,138 @@
-// The distributed optimizer over data-parallel CPU ranks (see dist_optimizer.hpp).
+// The distributed optimizer's shares and their host-side collectives (see dist_optimizer.hpp).
 #include "train/dist_optimizer.hpp"
 
 #include <algorithm>
 
+#include "core/error.hpp"
+
 namespace laoyao::train {
 
-OptimizerShard optimizer_shard(int64_t n, int64_t rank, int64_t dp) {
-  const int64_t chunk = (n + dp - 1) / dp;
-  const int64_t begin = std::min(n, rank * chunk);
-  return {begin, std::min(n, begin + chunk) - begin};
+ShardGroup shard_group(dist::ProcessGroup* g) {
+  if (!g || g->size() <= 1) return {};
+  return {g, g->rank(), g->size()};
 }
 
-std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, OptimizerShard shard,
+OptimizerShards plan_optimizer_shards(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& expert_ranges,
+                                      ShardGroup dense, ShardGroup experts) {
+  if (experts.size > 1 && dense.size <= 1)
+    throw Error("plan_optimizer_shards: the experts' group is part of the data-parallel group");
+  OptimizerShards out;
+  auto own = [&](int64_t offset, int64_t count, bool counted) {
+    if (count <= 0) return;
+    if (!out.owned.empty()) {  // neighbours of one kind merge (a last rank's piece and its tail)
+      OwnedSegment& last = out.owned.back();
+      if (last.offset + last.count == offset && last.counted == counted) {
+        last.count += count;
+        out.owned_total += count;
+        return;
+      }
+    }
+    // Moments start at the segment's offset modulo 4: the GPU's vectorised step needs the
+    // parameters and moments equally aligned. The few elements skipped are never read.
+    out.owned_total += ((offset - out.owned_total) % 4 + 4) % 4;
+    out.owned.push_back({offset, count, out.owned_total, counted});
+    out.owned_total += count;
+  };
+  auto add_run = [&](int64_t offset, int64_t count, ShardGroup over) {
+    if (count <= 0) return;
+    const ShardRun run{offset, count, over};
+    out.runs.push_back(run);
+    own(run.own_offset(), run.piece(), true);
+    own(run.tail_offset(), run.tail(), over.rank == over.size - 1);
+  };
+  int64_t at = 0;
+  for (const auto& [offset, count] : expert_ranges) {
+    if (offset < at || offset + count > n) throw Error("plan_optimizer_shards: expert ranges out of order");
+    add_run(at, offset - at, dense);
+    add_run(offset, count, experts);
+    at = offset + count;
+  }
+  add_run(at, n - at, dense);
+  out.sum_group = dense.size > 1 ? dense.group : nullptr;
+  return out;
+}
+
+std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, const OptimizerShards& shards,
                                               const optim::AdamWSettings& s) {
   std::vector<optim::ParamRange> ranges;
-  const int64_t end = shard.begin + shard.size;
-  for (const auto& p : table.specs) {  // each parameter's overlap with the share, weight decay kept
-    const int64_t lo = std::max(p.offset, shard.begin), hi = std::min(p.offset + p.numel, end);
-    if (lo < hi) ranges.push_back({lo - shard.begin, hi - lo, p.weight_decay ? 1.0 : 0.0});
+  size_t first = 0;  // specs and segments are both in buffer order
+  int64_t covered = 0;
+  auto cover = [&](int64_t offset, int64_t numel, double wd_mult) {
+    if (offset > covered) ranges.push_back({covered, offset - covered, 0.0});  // alignment's gap
+    ranges.push_back({offset, numel, wd_mult});
+    covered = offset + numel;
+  };
+  for (const OwnedSegment& seg : shards.owned) {
+    const int64_t end = seg.offset + seg.count;
+    while (first < table.specs.size() && table.specs[first].offset + table.specs[first].numel <= seg.offset) ++first;
+    for (size_t i = first; i < table.specs.size() && table.specs[i].offset < end; ++i) {
+      const model::ParamSpec& p = table.specs[i];
+      const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, end);
+      if (lo < hi) cover(seg.moment + lo - seg.offset, hi - lo, p.weight_decay ? 1.0 : 0.0);
+    }
   }
-  return std::make_unique<optim::AdamW>(shard.size, ranges, s);
+  if (shards.owned_total > covered) ranges.push_back({covered, shards.owned_total - covered, 0.0});
+  return std::make_unique<optim::AdamW>(shards.owned_total, ranges, s);
 }
 
-void gather_shares(float* weights, int64_t n, OptimizerShard shard, dist::ProcessGroup& group,
-                   std::vector<float>& all) {
-  all.assign(static_cast<size_t>(n), 0.0f);  // sized once: later steps only refill it
-  std::copy(weights + shard.begin, weights + shard.begin + shard.size, all.begin() + shard.begin);
-  group.all_reduce_sum(all.data(), all.size());
-  std::copy(all.begin(), all.end(), weights);
+void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weights, float* grads, double norm,
+                double max_norm, double lr, double wd, std::vector<float>& scratch) {
+  if (shards.owned.size() == 1 && shards.owned[0].moment == 0) {  // the moments match the segment: in place
+    const OwnedSegment& seg = shards.owned[0];
+    optim::clip_grads(grads + seg.offset, seg.count, norm, max_norm);
+    adam.step(weights + seg.offset, grads + seg.offset, lr, wd);
+    return;
+  }
+  if (scratch.size() != 2 * static_cast<size_t>(shards.owned_total))  // the gaps stay zero
+    scratch.assign(2 * static_cast<size_t>(shards.owned_total), 0.0f);
+  float* w = scratch.data();
+  float* g = w + shards.owned_total;
+  for (const OwnedSegment& seg : shards.owned) {
+    std::copy(weights + seg.offset, weights + seg.offset + seg.count, w + seg.moment);
+    std::copy(grads + seg.offset, grads + seg.offset + seg.count, g + seg.moment);
+  }
+  optim::clip_grads(g, shards.owned_total, norm, max_norm);
+  adam.step(w, g, lr, wd);
+  for (const OwnedSegment& seg : shards.owned) std::copy(w + seg.moment, w + seg.moment + seg.count, weights + seg.offset);
+}
+
+void gather_shares(float* weights, const OptimizerShards& shards, std::vector<float>& scratch) {
+  for (const ShardRun& run : shards.runs) {
+    if (run.over.size <= 1 || run.piece() == 0) continue;  // a tail is every rank's already
+    const int64_t even = run.piece() * run.over.size;
+    scratch.assign(static_cast<size_t>(even), 0.0f);
+    std::copy(weights + run.own_offset(), weights + run.own_offset() + run.piece(),
+              scratch.begin() + (run.own_offset() - run.offset));
+    run.over.group->all_reduce_sum(scratch.data(), scratch.size());
+    std::copy(scratch.begin(), scratch.end(), weights + run.offset);
+  }
 }
 
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
-                                             OptimizerShard shard, const optim::AdamWSettings& s,
-                                             dist::ProcessGroup& group) {
+                                             const OptimizerShards& shards, const optim::AdamWSettings& s) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : table.specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
   auto whole = std::make_unique<optim::AdamW>(table.total, ranges, s);
-  std::copy(shard_adam.exp_avg().begin(), shard_adam.exp_avg().end(), whole->exp_avg().begin() + shard.begin);
-  std::copy(shard_adam.exp_avg_sq().begin(), shard_adam.exp_avg_sq().end(),
-            whole->exp_avg_sq().begin() + shard.begin);
-  group.all_reduce_sum(whole->exp_avg().data(), whole->exp_avg().size());
-  group.all_reduce_sum(whole->exp_avg_sq().data(), whole->exp_avg_sq().size());
+  for (const OwnedSegment& seg : shards.owned) {
+    if (!seg.counted) continue;  // a tail another rank of the group contributes
+    for (auto [from, to] : {std::pair{&shard_adam.exp_avg(), &whole->exp_avg()},
+                            std::pair{&shard_adam.exp_avg_sq(), &whole->exp_avg_sq()}})
+      std::copy(from->begin() + seg.moment, from->begin() + seg.moment + seg.count, to->begin() + seg.offset);
+  }
+  for (const ShardRun& run : shards.runs) {
+    if (run.over.size <= 1) continue;
+    run.over.group->all_reduce_sum(whole->exp_avg().data() + run.offset, static_cast<size_t>(run.count));
+    run.over.group->all_reduce_sum(whole->exp_avg_sq().data() + run.offset, static_cast<size_t>(run.count));
+  }
   whole->set_steps(shard_adam.steps());
   return whole;
 }
 
-void keep_moment_share(const optim::AdamW& whole, OptimizerShard shard, optim::AdamW& shard_adam) {
-  std::copy(whole.exp_avg().begin() + shard.begin, whole.exp_avg().begin() + shard.begin + shard.size,
-            shard_adam.exp_avg().begin());
-  std::copy(whole.exp_avg_sq().begin() + shard.begin, whole.exp_avg_sq().begin() + shard.begin + shard.size,
-            shard_adam.exp_avg_sq().begin());
+void keep_moment_share(const optim::AdamW& whole, const OptimizerShards& shards, optim::AdamW& shard_adam) {
+  for (const OwnedSegment& seg : shards.owned)
+    for (auto [from, to] : {std::pair{&whole.exp_avg(), &shard_adam.exp_avg()},
+                            std::pair{&whole.exp_avg_sq(), &shard_adam.exp_avg_sq()}})
+      std::copy(from->begin() + seg.offset, from->begin() + seg.offset + seg.count, to->begin() + seg.moment);
   shard_adam.set_steps(whole.steps());
 }
 

@@ -1,15 +1,23 @@
-// Megatron's distributed optimizer (--use-distributed-optimizer, megatron-lm.md §8.3) over
-// data-parallel CPU ranks: each rank owns a contiguous 1/dp share of the flat parameter buffer and
-// keeps Adam's moments for that share only; after the averaged gradients it updates its share and
-// the updated shares are gathered on every rank. Mathematically the plain optimizer's step. Here the
-// reduce-scatter is the plain all-reduce (every rank then reads its share) and the all-gather an
-// all-reduce of each rank's share over zeros: the communication volume of the plain optimizer, the
-// memory of the sharded one.
+// Megatron's distributed optimizer (--use-distributed-optimizer, megatron-lm.md §8.3): each
+// data-parallel rank keeps Adam's moments (and steps the fp32 main parameters) of its share of the
+// parameters only; the averaged gradients are reduce-scattered into the shares and the updated
+// shares all-gathered. Mathematically the plain optimizer's step.
 //
-// Checkpoints hold the whole moments: a save gathers them over the group, a load keeps the share.
+// The flat parameter buffer is cut into runs, each sharded over one group: without expert
+// parallelism one run, the whole model, over the data-parallel group; with it the routed experts'
+// runs over the expert data-parallel group (the ranks holding the same experts; none when EP
+// covers the data-parallel ranks: this rank then owns its experts whole) and the runs between them
+// over the data-parallel group (Megatron's two optimizer instances). Rank k of a run's group of g
+// owns the k-th of g equal pieces of the run's first g * floor(count / g) elements; the last
+// count % g elements, the tail, are reduced whole and stepped alike by every rank (no padding, and
+// no collective that cuts across a run). The moments of a rank's owned segments are stored
+// one after the other.
+//
+// Checkpoints hold the whole moments: a save gathers them over the groups, a load keeps the share.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "dist/process_group.hpp"
@@ -18,26 +26,65 @@
 
 namespace laoyao::train {
 
-// Rank r's contiguous share [begin, begin + size) of n parameters over dp ranks (the last may be short).
-struct OptimizerShard {
-  int64_t begin = 0, size = 0;
+// A group a run is sharded over: the group (null when one rank) and this rank's place in it.
+struct ShardGroup {
+  dist::ProcessGroup* group = nullptr;
+  int64_t rank = 0, size = 1;
 };
-OptimizerShard optimizer_shard(int64_t n, int64_t rank, int64_t dp);
+ShardGroup shard_group(dist::ProcessGroup* g);  // {} for null or a group of one
 
-// AdamW over the parameters of `table` that fall in `shard` (offsets relative to shard.begin).
-std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, OptimizerShard shard,
+struct ShardRun {
+  int64_t offset = 0, count = 0;  // in the flat buffer
+  ShardGroup over;
+  int64_t piece() const { return count / over.size; }  // what each rank owns of the even part
+  int64_t own_offset() const { return offset + over.rank * piece(); }
+  int64_t tail_offset() const { return offset + piece() * over.size; }
+  int64_t tail() const { return offset + count - tail_offset(); }
+};
+
+struct OwnedSegment {
+  int64_t offset = 0, count = 0;  // in the flat buffer
+  int64_t moment = 0;             // where its moments start in the rank's moment buffers
+  // Counted in the model's norms and zero counts (a tail is, on its group's last rank only: the
+  // rank whose piece it continues), and contributed to a gather of the moments.
+  bool counted = true;
+};
+
+struct OptimizerShards {
+  std::vector<ShardRun> runs;
+  std::vector<OwnedSegment> owned;  // in buffer order
+  int64_t owned_total = 0;          // the moment buffers' size
+  // The group a model-wide sum (the gradient norm) is taken over: every rank's counted segments
+  // together count each parameter once. Null when nothing is sharded.
+  dist::ProcessGroup* sum_group = nullptr;
+  bool sharded() const { return sum_group != nullptr; }
+};
+
+// n parameters with the routed experts at expert_ranges (sorted, as
+// GptModel::routed_expert_ranges; empty without expert parallelism), the rest over `dense`, the
+// experts over `experts`.
+OptimizerShards plan_optimizer_shards(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& expert_ranges,
+                                      ShardGroup dense, ShardGroup experts);
+// Not sharded: one segment, the whole model.
+inline OptimizerShards whole_model_shards(int64_t n) { return plan_optimizer_shards(n, {}, {}, {}); }
+
+// AdamW over the owned segments of `table`'s parameters (weight decay kept).
+std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, const OptimizerShards& shards,
                                               const optim::AdamWSettings& s);
 
-// weights: every rank's own share updated; after the call the whole buffer holds every share's
-// update (collective over the group). scratch: n floats, the caller's (no allocation per step).
-void gather_shares(float* weights, int64_t n, OptimizerShard shard, dist::ProcessGroup& group,
-                   std::vector<float>& scratch);
+// One AdamW step (Megatron's clip first) of the owned segments of weights/grads on the host.
+// scratch: the caller's, reused across steps.
+void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weights, float* grads, double norm,
+                double max_norm, double lr, double wd, std::vector<float>& scratch);
+
+// weights: every rank's owned pieces up to date; after the call the whole buffer is (collective
+// over the runs' groups: an all-reduce of each rank's pieces over zeros). scratch: the caller's.
+void gather_shares(float* weights, const OptimizerShards& shards, std::vector<float>& scratch);
 
 // A whole-size AdamW holding every rank's moments (collective), for a checkpoint.
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
-                                             OptimizerShard shard, const optim::AdamWSettings& s,
-                                             dist::ProcessGroup& group);
-// The share of whole-size moments (a checkpoint's) into the shard's AdamW.
-void keep_moment_share(const optim::AdamW& whole, OptimizerShard shard, optim::AdamW& shard_adam);
+                                             const OptimizerShards& shards, const optim::AdamWSettings& s);
+// The owned share of whole-size moments (a checkpoint's) into the shard's AdamW.
+void keep_moment_share(const optim::AdamW& whole, const OptimizerShards& shards, optim::AdamW& shard_adam);
 
 }  // namespace laoyao::train

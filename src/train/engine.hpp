@@ -69,18 +69,16 @@ class Engine {
   virtual size_t peak_device_bytes() const { return 0; }
 };
 
-// shard/shard_group: the distributed optimizer's share of this rank and its data-parallel group
-// (train/dist_optimizer.hpp); the defaults step the whole model.
-std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam, OptimizerShard shard = {},
-                                        dist::ProcessGroup* shard_group = nullptr);
+// shards: the distributed optimizer's shares of this rank (train/dist_optimizer.hpp; adam then is
+// make_shard_adam's); null steps the whole model.
+std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam,
+                                        const OptimizerShards* shards = nullptr);
 
 // The CUDA engine on the current device for micro-batches of up to max_b sequences of s tokens.
-// Throws UsageError when the CUDA backend is not built or the model has features it lacks. With a
-// shard group of several ranks, the distributed optimizer (shard: optimizer_shard's of this rank;
-// adam: make_shard_adam's).
+// Throws UsageError when the CUDA backend is not built or the model has features it lacks.
+// shards: as make_cpu_engine's.
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& adam, const optim::AdamWSettings& s,
-                                         int64_t max_b, int64_t seq, OptimizerShard shard = {},
-                                         dist::ProcessGroup* shard_group = nullptr);
+                                         int64_t max_b, int64_t seq, const OptimizerShards* shards = nullptr);
 
 // Which backend a run of `model` uses: LAOYAO_DEVICE=cpu|cuda, or (unset) the GPU when one is
 // visible and the CUDA backend can train the model (else the CPU, with a note saying why).

@@ -13,8 +13,8 @@ namespace {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(model::GptModel& m, optim::AdamW& a, OptimizerShard shard, dist::ProcessGroup* shard_group)
-      : model_(m), adam_(a), shard_(shard), shard_group_(shard_group) {}
+  CpuEngine(model::GptModel& m, optim::AdamW& a, OptimizerShards shards)
+      : model_(m), adam_(a), shards_(std::move(shards)) {}
   std::string name() const override { return "cpu"; }
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }
@@ -64,29 +64,26 @@ class CpuEngine final : public Engine {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= s;
   }
-  // With the distributed optimizer this rank steps its share, then the shares are gathered.
+  // With the distributed optimizer this rank steps its share (every rank holds the whole averaged
+  // gradients here: the all-reduce above), then the shares are gathered.
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
-    optim::clip_grads(model_.grads() + shard_.begin, shard_.size, norm, max_norm);
-    adam_.step(model_.weights() + shard_.begin, model_.grads() + shard_.begin, lr, wd);
-    if (shard_group_) gather_shares(model_.weights(), model_.num_parameters(), shard_, *shard_group_, gather_);
+    step_owned(adam_, shards_, model_.weights(), model_.grads(), norm, max_norm, lr, wd, step_scratch_);
+    if (shards_.sharded()) gather_shares(model_.weights(), shards_, gather_);
   }
 
  private:
   model::GptModel& model_;
   optim::AdamW& adam_;
-  OptimizerShard shard_;
-  dist::ProcessGroup* shard_group_;
-  std::vector<float> gather_;  // the distributed optimizer's all-gather buffer
+  OptimizerShards shards_;
+  std::vector<float> gather_, step_scratch_;  // the distributed optimizer's all-gather and step buffers
   std::vector<float> losses_;
   LossSum acc_;
 };
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam, OptimizerShard shard,
-                                        dist::ProcessGroup* shard_group) {
-  if (shard.size == 0 && shard.begin == 0) shard.size = model.num_parameters();  // the whole model
-  return std::make_unique<CpuEngine>(model, adam, shard, shard_group);
+std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam, const OptimizerShards* shards) {
+  return std::make_unique<CpuEngine>(model, adam, shards ? *shards : whole_model_shards(model.num_parameters()));
 }
 
 BackendChoice choose_backend(const model::GptConfig& model) {

@@ -1,12 +1,11 @@
 // The CUDA engine: a CudaGptModel plus the Adam state on the device (fp32 exp_avg/exp_avg_sq and a
 // weight-decay flag per parameter). Built only with the CUDA backend.
 //
-// With the distributed optimizer (a shard group of several data-parallel ranks) the flat buffers
-// are padded to equal shares of `chunk` elements, rank r owning [r * chunk, (r + 1) * chunk): the
-// gradients are reduce-scattered (averaged) into the shares, each rank keeps Adam's moments and
-// steps the fp32 main parameters of its share only, and the updated bf16 parameters are
-// all-gathered (Megatron's scheme, megatron-lm.md §8.3). The main parameters outside the share are
-// stale on the device; a checkpoint gathers them over the group.
+// With the distributed optimizer (train/dist_optimizer.hpp) the gradients of each run are
+// reduce-scattered (averaged) into the ranks' pieces in place, each rank keeps Adam's moments and
+// steps the fp32 main parameters of its owned segments only, and the updated bf16 pieces are
+// all-gathered in place (Megatron's scheme, megatron-lm.md §8.3). The main parameters outside the
+// share are stale on the device; a checkpoint gathers them over the groups.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -87,25 +86,25 @@ class StepPhases {
 class CudaEngine final : public Engine {
  public:
   CudaEngine(model::GptModel& host, optim::AdamW& adam, const optim::AdamWSettings& s, int64_t max_b, int64_t seq,
-             OptimizerShard shard, dist::ProcessGroup* shard_group)
+             OptimizerShards shards)
       : host_(host),
         adam_(adam),
         settings_(s),
-        shard_group_(shard_group && shard_group->size() > 1 ? shard_group : nullptr),
-        chunk_(shard_group_ ? ceil_div(host.num_parameters(), shard_group_->size()) : host.num_parameters()),
-        shard_(shard_group_ ? shard : OptimizerShard{0, host.num_parameters()}),
-        gpu_(host.config(), max_b, seq, host.tp_group(), shard_group_ ? chunk_ * shard_group_->size() : 0,
-             host.ep_group()) {
-    if (shard_group_ && shard_.begin != shard_group_->rank() * chunk_)
-      throw Error("CudaEngine: the optimizer shard does not start at the rank's equal share");
-    const int64_t n = shard_.size;  // the moments and decay flags of the share
+        shards_(std::move(shards)),
+        gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group()) {
+    const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
     m_ = kc::DeviceBuffer(sizeof(float) * n);
     v_ = kc::DeviceBuffer(sizeof(float) * n);
     decay_ = kc::DeviceBuffer(static_cast<size_t>(n));
-    std::vector<uint8_t> flags(static_cast<size_t>(gpu_.num_parameters()), 0);
+    std::vector<uint8_t> decay(static_cast<size_t>(n), 0);
     for (const auto& p : gpu_.table().specs)
-      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, p.weight_decay ? 1 : 0);
-    decay_.upload(flags.data() + shard_.begin, static_cast<size_t>(n));
+      for (const OwnedSegment& seg : shards_.owned) {
+        const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, seg.offset + seg.count);
+        if (lo < hi) std::fill(decay.begin() + (seg.moment + lo - seg.offset), decay.begin() + (seg.moment + hi - seg.offset),
+                               p.weight_decay ? 1 : 0);
+      }
+    decay_.upload(decay.data(), decay.size());
+    if (shards_.sharded()) count_owned();
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
     // --overlap-grad-reduce: the gradient ranges the backward reports go through this stream
     // (highest priority, so its NCCL kernels are scheduled beside the backward's), and what is
@@ -182,6 +181,7 @@ class CudaEngine final : public Engine {
     gpu_.finalize_grads();
   }
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {
+    cudaStream_t stream = gpu_.stream();
     ++steps_;
     kc::AdamWStep s;
     s.beta1 = static_cast<float>(settings_.beta1);
@@ -195,17 +195,19 @@ class CudaEngine final : public Engine {
       const double coeff = max_norm / (norm + 1e-6);
       if (coeff < 1.0) s.grad_scale = static_cast<float>(coeff);
     }
-    const int64_t b = shard_.begin;
-    kc::adamw_step(gpu_.main_params() + b, gpu_.main_grads() + b, m_.as<float>(), v_.as<float>(), gpu_.params() + b,
-                   decay_.as<uint8_t>(), shard_.size, s, gpu_.stream());
-    if (shard_group_)  // every rank's updated share of the bf16 parameters, in place
-      shard_group_->all_gather_device(gpu_.params() + b, gpu_.params(), static_cast<size_t>(chunk_),
-                                      dist::DeviceType::BF16, gpu_.stream());
-    phases_.mark(StepPhases::kStepped, gpu_.stream());
+    for (const OwnedSegment& seg : shards_.owned)
+      kc::adamw_step(gpu_.main_params() + seg.offset, gpu_.main_grads() + seg.offset, m_.as<float>() + seg.moment,
+                     v_.as<float>() + seg.moment, gpu_.params() + seg.offset, decay_.as<uint8_t>() + seg.moment,
+                     seg.count, s, stream);
+    for (const ShardRun& run : shards_.runs)  // every rank's updated pieces of the bf16 parameters, in place
+      if (run.over.size > 1 && run.piece() > 0)
+        run.over.group->all_gather_device(gpu_.params() + run.own_offset(), gpu_.params() + run.offset,
+                                          static_cast<size_t>(run.piece()), dist::DeviceType::BF16, stream);
+    phases_.mark(StepPhases::kStepped, stream);
   }
   // The fp32 main gradients averaged over the data-parallel ranks by NCCL, on the model's stream
   // (the next read of the gradients, the norm, waits for it there); with the distributed optimizer
-  // only this rank's share of the average, reduce-scattered in place.
+  // only this rank's pieces of the average (and the tails), reduce-scattered in place.
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
     phases_.mark(StepPhases::kReduceEnqueued, gpu_.stream());
     if (sync_group_) {  // the backward reduced the reported ranges already: the rest, then wait
@@ -215,11 +217,10 @@ class CudaEngine final : public Engine {
       LAOYAO_CUDA_CHECK(cudaEventRecord(synced_, comm_));
       LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(gpu_.stream(), synced_, 0));
       sync_group_ = nullptr;
+    } else if (shards_.sharded()) {
+      reduce_scatter_shares(scale);
     } else if (host_.ep_size() > 1) {
       reduce_with_experts_apart(group, scale);
-    } else if (shard_group_) {
-      group.reduce_scatter_device(gpu_.main_grads(), gpu_.main_grads() + shard_.begin, static_cast<size_t>(chunk_),
-                                  dist::DeviceType::F32, gpu_.stream(), scale);
     } else {
       group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
     }
@@ -229,15 +230,15 @@ class CudaEngine final : public Engine {
   // (its shares cut across them) nor tensor parallelism (finalize_grads still adds to them). Under
   // expert parallelism the ranges leave the experts out; all_reduce_grads does them.
   void start_grad_sync(dist::ProcessGroup& group, double scale) override {
-    if (shard_group_ || gpu_.tp_group()) return;
+    if (shards_.sharded() || gpu_.tp_group()) return;
     sync_group_ = &group;
     sync_scale_ = scale;
     gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
   }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
-    if (shard_group_)  // the device holds this rank's share of the main parameters up to date
-      gather_shares(host_.weights(), host_.num_parameters(), shard_, *shard_group_, gather_);
+    if (shards_.sharded())  // the device holds this rank's share of the main parameters up to date
+      gather_shares(host_.weights(), shards_, gather_);
     m_.download(adam_.exp_avg().data(), m_.bytes);
     v_.download(adam_.exp_avg_sq().data(), v_.bytes);
     adam_.set_steps(steps_);
@@ -252,11 +253,44 @@ class CudaEngine final : public Engine {
   size_t peak_device_bytes() const override {
     // Every device allocation is made up front, so the peak is what is held (cuBLASLt's workspace
     // and the CUDA context aside).
-    return gpu_.device_bytes() + m_.bytes + v_.bytes + decay_.bytes + scratch_.bytes;
+    return gpu_.device_bytes() + m_.bytes + v_.bytes + decay_.bytes + scratch_.bytes + counted_.bytes;
   }
 
  private:
   double* scratch() { return scratch_.as<double>(); }
+  // The distributed optimizer's model-wide sums: over the span of this rank's counted segments,
+  // with a flag per element when they are several (expert parallelism), summed over the group.
+  void count_owned() {
+    std::vector<const OwnedSegment*> counted;
+    for (const OwnedSegment& seg : shards_.owned)
+      if (seg.counted) counted.push_back(&seg);
+    if (counted.empty()) return;
+    counted_begin_ = counted.front()->offset;
+    counted_end_ = counted.back()->offset + counted.back()->count;
+    if (counted.size() == 1) return;
+    std::vector<uint8_t> flags(static_cast<size_t>(counted_end_ - counted_begin_), 0);
+    for (const OwnedSegment* seg : counted)
+      std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);
+    counted_ = kc::DeviceBuffer(flags.size());
+    counted_.upload(flags.data(), flags.size());
+  }
+  // The distributed optimizer's reduction: each run's gradients averaged over its group into the
+  // ranks' pieces (and the tail whole); a run of one rank (its experts) only takes the scale.
+  void reduce_scatter_shares(double scale) {
+    float* g = gpu_.main_grads();
+    cudaStream_t stream = gpu_.stream();
+    for (const ShardRun& run : shards_.runs) {
+      if (run.over.size <= 1) {
+        kc::scale_inplace(g + run.offset, static_cast<float>(scale), run.count, stream);
+        continue;
+      }
+      if (run.piece() > 0)
+        run.over.group->reduce_scatter_device(g + run.offset, g + run.own_offset(), static_cast<size_t>(run.piece()),
+                                              dist::DeviceType::F32, stream, scale);
+      if (run.tail() > 0)
+        run.over.group->all_reduce_sum_device(g + run.tail_offset(), static_cast<size_t>(run.tail()), stream, scale);
+    }
+  }
   // Expert parallelism (engine_cpu's rule, Megatron's expert data-parallel reduction): a rank's
   // experts hold every EP rank's tokens already, so they are summed only over the ranks holding the
   // same experts (if any); the rest over all data-parallel ranks; both take the average's scale.
@@ -295,17 +329,20 @@ class CudaEngine final : public Engine {
   }
   // result() = a reduction over the whole model (sum_squares or count_zeros): with tensor or expert
   // parallelism every rank's split tensors (experts) and one rank's replicated ones, summed over the group;
-  // with the distributed optimizer each rank's share, summed over the data-parallel group.
+  // with the distributed optimizer each rank's counted segments, summed over the data-parallel group.
   template <class Reduction>
   void model_sum(Reduction reduce, const float* x) {
-    const uint8_t* counted = gpu_.counted_flags();
     cudaStream_t stream = gpu_.stream();
-    reduce(x + shard_.begin, shard_.size, scratch(), result(), stream, counted ? counted + shard_.begin : nullptr);
+    if (shards_.sharded()) {
+      reduce(x + counted_begin_, counted_end_ - counted_begin_, scratch(), result(), stream,
+             counted_.bytes ? counted_.as<uint8_t>() : nullptr);
+      shards_.sum_group->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
+      return;
+    }
+    reduce(x, gpu_.num_parameters(), scratch(), result(), stream, gpu_.counted_flags());
     if (dist::ProcessGroup* split = gpu_.split_group())
       split->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
-    if (shard_group_) shard_group_->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
   }
-  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
   double* result() { return scratch_.as<double>() + kc::kReduceBlocks; }
   double read_result() {
     double v = 0;
@@ -317,12 +354,12 @@ class CudaEngine final : public Engine {
   model::GptModel& host_;
   optim::AdamW& adam_;
   optim::AdamWSettings settings_;
-  dist::ProcessGroup* shard_group_;  // the distributed optimizer's data-parallel group, or null
-  int64_t chunk_;                    // elements of each rank's share (the padded buffers hold dp of them)
-  OptimizerShard shard_;             // this rank's share (the whole model without the distributed optimizer)
-  std::vector<float> gather_;        // host scratch for a checkpoint's gather of the main parameters
+  OptimizerShards shards_;      // this rank's share (the whole model without the distributed optimizer)
+  std::vector<float> gather_;   // host scratch for a checkpoint's gather of the main parameters
   model::CudaGptModel gpu_;
   kc::DeviceBuffer m_, v_, decay_, scratch_;
+  int64_t counted_begin_ = 0, counted_end_ = 0;  // see count_owned
+  kc::DeviceBuffer counted_;
   cudaStream_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr, synced_ = nullptr;
   dist::ProcessGroup* sync_group_ = nullptr;  // set between start_grad_sync and all_reduce_grads
@@ -336,9 +373,9 @@ class CudaEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& adam, const optim::AdamWSettings& s,
-                                         int64_t max_b, int64_t seq, OptimizerShard shard,
-                                         dist::ProcessGroup* shard_group) {
-  return std::make_unique<CudaEngine>(model, adam, s, max_b, seq, shard, shard_group);
+                                         int64_t max_b, int64_t seq, const OptimizerShards* shards) {
+  return std::make_unique<CudaEngine>(model, adam, s, max_b, seq,
+                                      shards ? *shards : whole_model_shards(model.num_parameters()));
 }
 
 std::string cuda_backend_gaps(const model::GptConfig& model) { return model::cuda_unsupported_features(model); }
@@ -346,7 +383,7 @@ std::string cuda_backend_gaps(const model::GptConfig& model) { return model::cud
 std::string cuda_backend_gaps(const model::GptConfig&) { return "the CUDA backend is not built"; }
 
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel&, optim::AdamW&, const optim::AdamWSettings&, int64_t,
-                                         int64_t, OptimizerShard, dist::ProcessGroup*) {
+                                         int64_t, const OptimizerShards*) {
   throw UsageError("this laoyao was built without the CUDA backend");
 }
 #endif

@@ -161,21 +161,26 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
   const optim::AdamWSettings adam_settings{c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps};
-  // The distributed optimizer: this data-parallel rank keeps Adam's moments for its share only.
+  // The distributed optimizer: this data-parallel rank keeps Adam's moments for its share only
+  // (under expert parallelism the experts' share is over the ranks holding the same experts).
   const bool dist_opt = c.ddp.use_distributed_optimizer && dp_size > 1;
-  const OptimizerShard shard = dist_opt ? optimizer_shard(model.num_parameters(), dp_rank, dp_size)
-                                        : OptimizerShard{0, model.num_parameters()};
+  const OptimizerShards shards =
+      dist_opt ? plan_optimizer_shards(model.num_parameters(),
+                                       model.ep_size() > 1 ? model.routed_expert_ranges()
+                                                           : std::vector<std::pair<int64_t, int64_t>>{},
+                                       shard_group(dp), shard_group(model.expert_dp_group()))
+               : whole_model_shards(model.num_parameters());
   std::unique_ptr<optim::AdamW> adam_owner =
-      dist_opt ? make_shard_adam(model.table(), shard, adam_settings)
+      dist_opt ? make_shard_adam(model.table(), shards, adam_settings)
                : std::make_unique<optim::AdamW>(model.num_parameters(), ranges, adam_settings);
   optim::AdamW& adam = *adam_owner;
   std::unique_ptr<Engine> engine;
   if (opt.use_cuda)
     engine = make_cuda_engine(model, adam, adam_settings,
                               std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
-                              data.seq_length, shard, dist_opt ? dp : nullptr);
+                              data.seq_length, &shards);
   else
-    engine = make_cpu_engine(model, adam, shard, dist_opt ? dp : nullptr);
+    engine = make_cpu_engine(model, adam, &shards);
   print_line("> laoyao backend: " + engine->name());
   const optim::ParamSchedule schedule = param_schedule(c);
   const FlopShape flops_shape = flop_shape(c, d);
@@ -230,17 +235,24 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
 
   int64_t iteration = 0, last_saved = -1, resumed_from = -1;
   std::optional<TrainStateRecord> resumed;
-  if (split_model(model) && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
+  if (dist_opt && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
+    // Checkpoints hold the whole moments: restore them whole (and, under expert parallelism, the
+    // whole model: below), keep this rank's share.
+    auto local = gather_moments(model.table(), adam, shards, adam_settings);
+    if (split_model(model)) {
+      WholeState whole = gather_whole_state(model, *local, adam_settings);
+      resumed = restore_run_checkpoint(c, d, *whole.model, *whole.adam, opt.out);
+      keep_shards(whole, model, *local);
+    } else {
+      resumed = restore_run_checkpoint(c, d, model, *local, opt.out);
+    }
+    keep_moment_share(*local, shards, adam);
+  } else if (split_model(model) && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
     // Checkpoints hold whole tensors: restore the whole model (from this run's initial weights, for
     // what the checkpoint does not hold), keep this rank's shards.
     WholeState whole = gather_whole_state(model, adam, adam_settings);
     resumed = restore_run_checkpoint(c, d, *whole.model, *whole.adam, opt.out);
     keep_shards(whole, model, adam);
-  } else if (dist_opt && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
-    // Checkpoints hold the whole moments: restore them whole, keep this rank's share.
-    auto whole = gather_moments(model.table(), adam, shard, adam_settings, *dp);
-    resumed = restore_run_checkpoint(c, d, model, *whole, opt.out);
-    keep_moment_share(*whole, shard, adam);
   } else {
     resumed = restore_run_checkpoint(c, d, model, adam, opt.out);
   }
@@ -268,10 +280,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // The distributed optimizer's moments are spread over the data-parallel ranks: all of them
     // gather the whole, rank 0 writes it.
     std::unique_ptr<optim::AdamW> whole_moments;
-    if (dist_opt) whole_moments = gather_moments(model.table(), adam, shard, adam_settings, *dp);
+    if (dist_opt) whole_moments = gather_moments(model.table(), adam, shards, adam_settings);
+    const optim::AdamW& local_adam = whole_moments ? *whole_moments : adam;
     // Expert parallelism spreads the experts over data-parallel ranks: each group gathers them.
     std::optional<WholeState> ep_whole;
-    if (model.ep_size() > 1) ep_whole = gather_whole_state(model, adam, adam_settings);
+    if (model.ep_size() > 1) ep_whole = gather_whole_state(model, local_adam, adam_settings);
     if (dp_rank != 0) {  // every rank holds the same state: rank 0 writes it
       last_saved = iteration;
       return;
@@ -289,7 +302,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       const WholeState whole = gather_whole_state(model, adam, adam_settings);
       if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);
     } else {
-      save_run_checkpoint(c, d, iteration, model, whole_moments ? *whole_moments : adam, st, opt.out);
+      save_run_checkpoint(c, d, iteration, model, local_adam, st, opt.out);
     }
     last_saved = iteration;
   };

@@ -85,7 +85,7 @@ void append_ranges(const ParameterTable& table, const std::string& prefix, bool 
 }  // namespace
 
 CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
-                           int64_t buffer_elems, dist::ProcessGroup* ep)
+                           dist::ProcessGroup* ep)
     : cfg_(cfg),
       lc_(tp_local_config(cfg, group_size(tp))),
       tp_(tp),
@@ -122,10 +122,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     rope_table_.upload(cos_sin.data(), rope_table_.bytes);
     rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + table.cos.size(), table.rot_dim, table.max_positions};
   }
-  const int64_t N = num_parameters(), buffer = std::max(N, buffer_elems);
-  main_ = kc::DeviceBuffer(sizeof(float) * buffer);
-  grads_ = kc::DeviceBuffer(sizeof(float) * buffer);
-  params_ = kc::DeviceBuffer(sizeof(bf16) * buffer);
+  const int64_t N = num_parameters();
+  main_ = kc::DeviceBuffer(sizeof(float) * N);
+  grads_ = kc::DeviceBuffer(sizeof(float) * N);
+  params_ = kc::DeviceBuffer(sizeof(bf16) * N);
   loss_acc_ = kc::DeviceBuffer(2 * sizeof(double));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, loss_acc_.bytes, stream_));
   zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);

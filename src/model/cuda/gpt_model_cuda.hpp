@@ -57,13 +57,11 @@ class CudaGptModel {
   using bf16 = __nv_bfloat16;
   // Uses the current device. Throws laoyao::Error (naming the feature) for an unsupported config.
   // tp: the tensor-parallel group (GPU ranks: make_gpu_process_group; nullptr or one rank: the
-  // whole model here). The flat parameter, gradient and main-parameter buffers hold at least
-  // buffer_elems elements (the distributed optimizer pads them to equal shares; the padding's
-  // gradients stay zero).
+  // whole model here).
   // ep: the expert-parallel group of an MoE model (cfg.moe.expert_parallel ranks; the table then
   // holds this rank's experts only, model/gpt_ep.hpp). Tensor and expert parallelism do not mix.
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
-               int64_t buffer_elems = 0, dist::ProcessGroup* ep = nullptr);
+               dist::ProcessGroup* ep = nullptr);
   ~CudaGptModel();
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
