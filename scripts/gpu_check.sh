@@ -9,12 +9,13 @@
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
 #                                            attention gemm profile bench moe moe_quick recipes moe_dp2
-#                                            moe_ep_speed dp2 dp2_speed tp2
+#                                            moe_ep_speed dp2 dp2_speed tp2 four
 #                                            (default: the first nine; moe_dp2, moe_ep_speed, dp2* and tp2 need
-#                                            nvidia-h200-x2; BENCH_CASES picks
+#                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
 #                                            moe_2b throughput runs' routing, DP2_SPEED=0 drops dp2's
-#                                            throughput runs). Full logs go to $OUT; a summary table is
+#                                            throughput runs, FOUR_SPEED=0 four's). Full logs go to
+#                                            $OUT; a summary table is
 #                                            printed last.
 set -uo pipefail
 C=build/gpu-carry
@@ -108,7 +109,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
         moe|moe_quick)
           # Mixture of Experts: its GPU tests (kernels, grouped GEMMs, layer and model against the CPU),
           # a small MoE model trained on the CPU and on the GPU (compare-logs, load_balancing_loss
-          # included; also with token dropping and random router logits), then (not in moe_quick) the
+          # included; also with token dropping and random router logits, and with an expert bias),
+          # then (not in moe_quick) the
           # grouped GEMMs against cuBLASLt and the 2B flagship against the PyTorch MoE peer.
           timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_moe.txt" 2>&1
           note "MoE GPU tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_moe.txt" | tr '\n' ' ')"
@@ -129,6 +131,11 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           parity_run parity_moe_capacity_position "MoE token dropping (capacity 1.0, position) + random logits" \
             "${small_moe[@]}" --moe-expert-capacity-factor 1.0 --moe-token-drop-policy position \
             --moe-router-force-load-balancing
+          # Aux-loss-free balancing: a sigmoid router's expert bias moved after every step.
+          parity_run parity_moe_expert_bias "MoE sigmoid router with an expert bias (aux-loss-free)" \
+            "${small_moe[@]:0:${#small_moe[@]}-4}" --moe-router-score-function sigmoid \
+            --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 \
+            --moe-router-load-balancing-type none --train-iters 20
           [ "$part" = moe_quick ] && continue
           timeout 120 "$C/laoyao_bench_grouped_gemm" > "$OUT/grouped_gemm.txt" 2>&1
           note "grouped GEMM bench (exit $?):"
@@ -298,6 +305,54 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           note "  DP=2 --overlap-grad-reduce ${ms3:-?} ms/step: $(python3 -c "print(f'{2*$ms1/$ms3:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           for run in dp1_llama dp2_llama dp2_overlap_llama; do
             note "  $run: $(grep 'step phases' "$OUT/$run.log" | tail -1 | sed 's/.*step phases/step phases/')"
+          done
+          unset LAOYAO_STEP_PHASES
+          ;;
+        four)
+          # Four GPUs (nvidia-h200-x4, #8): the Llama-3.2-1B shape at seq 8192, TP=2 x DP=2 with
+          # sequence parallelism and the distributed optimizer against one GPU (22 iterations of 4
+          # sequences, the same initial weights); its checkpoint of iteration 20 (whole tensors, whole
+          # moments) resumed on one GPU and at TP=2 on two, against its own iterations 21-22; then
+          # throughput against one GPU: DP=4 (plain, --overlap-grad-reduce, --use-distributed-optimizer)
+          # and TP=2 x DP=2 (FOUR_SPEED=0 leaves it out).
+          read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
+          L4=("$C/laoyao" launch --nproc-per-node 4 -- "$C/laoyao")
+          L2=("$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao")
+          run4=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 1e-4 --min-lr 1e-5 --lr-warmup-iters 5
+                --lr-decay-iters 40 --seed 1234 --log-interval 1 --eval-interval 10 --eval-iters 1 "${llama[@]}"
+                --global-batch-size 4 --train-iters 22)
+          tp2dp2=(--tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer)
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${run4[@]}" > "$OUT/four_tp1.log" 2>&1
+          LAOYAO_DEVICE=cuda "${L4[@]}" pretrain-gpt "${run4[@]}" "${tp2dp2[@]}" --save /tmp/four_ckpt \
+            --save-interval 20 > "$OUT/four_tp2dp2.log" 2>&1
+          note "TP=2 x DP=2 (SP, distributed optimizer) launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${run4[@]}" --load /tmp/four_ckpt --ckpt-step 20 \
+            > "$OUT/four_resumed_1gpu.log" 2>&1
+          note "TP=2 x DP=2 checkpoint resumed on one GPU: exit $?"
+          LAOYAO_DEVICE=cuda "${L2[@]}" pretrain-gpt "${run4[@]}" --load /tmp/four_ckpt --ckpt-step 20 \
+            --tensor-model-parallel-size 2 --sequence-parallel > "$OUT/four_resumed_tp2.log" 2>&1
+          note "TP=2 x DP=2 checkpoint resumed at TP=2 on two GPUs: exit $?"
+          rm -rf /tmp/four_ckpt
+          for pair in "four_tp1 four_tp2dp2" "four_tp2dp2 four_resumed_1gpu" "four_tp2dp2 four_resumed_tp2"; do
+            read -r a b <<< "$pair"
+            "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
+            note "$a vs $b: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
+          done
+          [ "${FOUR_SPEED:-1}" = 0 ] && continue
+          export LAOYAO_STEP_PHASES=1
+          tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
+                --eval-iters 0 --log-interval 5 --log-throughput "${llama[@]}")
+          LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" --global-batch-size 1 > "$OUT/four_speed_1gpu.log" 2>&1
+          for run in "dp4 4" "dp4_overlap 4 --overlap-grad-reduce" "dp4_distopt 4 --use-distributed-optimizer" \
+                     "tp2dp2 2 ${tp2dp2[*]}"; do
+            read -r name gbs flags <<< "$run"
+            # shellcheck disable=SC2086  # flags: several words
+            LAOYAO_DEVICE=cuda "${L4[@]}" pretrain-gpt "${tput[@]}" --global-batch-size "$gbs" $flags \
+              > "$OUT/four_speed_$name.log" 2>&1
+            rc=$?
+            ms1=$(ms "$OUT/four_speed_1gpu.log"); m=$(ms "$OUT/four_speed_$name.log")
+            note "Llama-3.2-1B s8k $name ($gbs x 8192 tokens a step): exit $rc; ${m:-?} ms/step against 1 GPU's ${ms1:-?} (1 x 8192): $(python3 -c "print(f'{$gbs*$ms1/$m:.2f}x tokens/s')" 2>/dev/null || echo n/a); $(grep -o 'device memory held: *[0-9.]* GB' "$OUT/four_speed_$name.log" | tail -1)"
+            note "  $(grep 'step phases' "$OUT/four_speed_$name.log" | tail -1 | sed 's/.*step phases/step phases/')"
           done
           unset LAOYAO_STEP_PHASES
           ;;

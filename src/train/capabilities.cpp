@@ -13,11 +13,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (world_size > 1 && !dist::gloo_built())
     out.push_back("more than one rank (world size " + std::to_string(world_size) +
                   "): this build has no Gloo for CPU ranks");
-  // With one data-parallel rank there is nothing to shard (Bridge's vanilla recipe turns it on).
-  if (c.ddp.use_distributed_optimizer && m.tensor_model_parallel_size > 1 &&
-      world_size / m.tensor_model_parallel_size > 1)
-    out.push_back("the distributed optimizer with tensor parallelism (--use-distributed-optimizer with "
-                  "model.tensor_model_parallel_size > 1)");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
   // Mixture of Experts trains data-parallel and expert-parallel (CPU or GPU ranks); tensor

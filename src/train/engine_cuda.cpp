@@ -154,6 +154,7 @@ class CudaEngine final : public Engine {
   }
   void set_moe_aux_loss_scale(double scale) override { gpu_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
   model::GptModel::MoeLosses take_moe_losses() override { return gpu_.take_moe_losses(); }
+  void finish_moe_step(dist::ProcessGroup* dp) override { gpu_.finish_moe_step(dp); }
   LossSum take_loss_sum() override {
     auto [sum, count] = gpu_.take_loss_sum();
     return {sum, count};
@@ -259,7 +260,9 @@ class CudaEngine final : public Engine {
  private:
   double* scratch() { return scratch_.as<double>(); }
   // The distributed optimizer's model-wide sums: over the span of this rank's counted segments,
-  // with a flag per element when they are several (expert parallelism), summed over the group.
+  // with a flag per element when they are several (expert parallelism) or when tensor parallelism
+  // counts a replicated tensor on one rank of its group only; summed over the data-parallel group
+  // (and the tensor-parallel one; under expert parallelism the data-parallel group spans the EP ranks).
   void count_owned() {
     std::vector<const OwnedSegment*> counted;
     for (const OwnedSegment& seg : shards_.owned)
@@ -267,10 +270,16 @@ class CudaEngine final : public Engine {
     if (counted.empty()) return;
     counted_begin_ = counted.front()->offset;
     counted_end_ = counted.back()->offset + counted.back()->count;
-    if (counted.size() == 1) return;
+    if (counted.size() == 1 && !gpu_.tp_group()) return;
     std::vector<uint8_t> flags(static_cast<size_t>(counted_end_ - counted_begin_), 0);
     for (const OwnedSegment* seg : counted)
       std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);
+    if (gpu_.tp_group()) {  // and the model's own flags
+      std::vector<uint8_t> split(flags.size());
+      LAOYAO_CUDA_CHECK(cudaMemcpy(split.data(), gpu_.counted_flags() + counted_begin_, split.size(),
+                                   cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < flags.size(); ++i) flags[i] &= split[i];
+    }
     counted_ = kc::DeviceBuffer(flags.size());
     counted_.upload(flags.data(), flags.size());
   }
@@ -337,6 +346,7 @@ class CudaEngine final : public Engine {
       reduce(x + counted_begin_, counted_end_ - counted_begin_, scratch(), result(), stream,
              counted_.bytes ? counted_.as<uint8_t>() : nullptr);
       shards_.sum_group->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
+      if (dist::ProcessGroup* tp = gpu_.tp_group()) tp->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
       return;
     }
     reduce(x, gpu_.num_parameters(), scratch(), result(), stream, gpu_.counted_flags());

@@ -299,7 +299,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (ep_whole) {
       save_run_checkpoint(c, d, iteration, *ep_whole->model, *ep_whole->adam, st, opt.out);
     } else if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
-      const WholeState whole = gather_whole_state(model, adam, adam_settings);
+      const WholeState whole = gather_whole_state(model, local_adam, adam_settings);
       if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);
     } else {
       save_run_checkpoint(c, d, iteration, model, local_adam, st, opt.out);

@@ -287,9 +287,9 @@ TEST(Launch, ASignalToTheLauncherStopsTheRanks) {
 }
 
 // Tensor parallelism over CPU ranks (Megatron's layout: TP ranks consecutive): TP=2, TP=2 x DP=2
-// on 4 ranks and TP=2 with sequence parallelism print the single rank's losses up to fp32
-// summation order; a Llama-style model (GQA, RoPE, SwiGLU, RMSNorm, untied) too. Dropout on: the
-// masks are the whole model's.
+// on 4 ranks, TP=2 with sequence parallelism and TP=2 x DP=2 with sequence parallelism and the
+// distributed optimizer print the single rank's losses up to fp32 summation order; a Llama-style
+// model (GQA, RoPE, SwiGLU, RMSNorm, untied) too. Dropout on: the masks are the whole model's.
 TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp");
   const std::vector<std::vector<std::string>> models = {
@@ -304,35 +304,48 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     ASSERT_EQ(single.status, 0) << single.output;
     const auto want = losses_in(single.output);
     ASSERT_GE(want.size(), 4u) << single.output;
-    // TP=2, TP=2 x DP=2, and TP=2 with sequence parallelism.
-    for (const auto& [n, sp] : {std::pair{"2", false}, std::pair{"4", false}, std::pair{"2", true}}) {
+    // TP=2, TP=2 x DP=2, TP=2 with sequence parallelism, and TP=2 x DP=2 with both.
+    const std::vector<std::pair<const char*, std::vector<std::string>>> layouts = {
+        {"2", {}}, {"4", {}}, {"2", {"--sequence-parallel"}},
+        {"4", {"--sequence-parallel", "--use-distributed-optimizer"}}};
+    for (const auto& [n, flags] : layouts) {
+      const bool sp = !flags.empty();
       std::vector<std::string> tp = {"launch", "--nproc-per-node", n, "--", "laoyao"};
       tp.insert(tp.end(), one.begin(), one.end());
       tp.insert(tp.end(), {"--tensor-model-parallel-size", "2"});
-      if (sp) tp.push_back("--sequence-parallel");
+      tp.insert(tp.end(), flags.begin(), flags.end());
       const auto r = run_laoyao(tp, dir, "LAOYAO_DEVICE=cpu");
       ASSERT_EQ(r.status, 0) << r.output;
       const auto got = losses_in(r.output);
       ASSERT_EQ(got.size(), want.size()) << r.output;
       for (size_t i = 0; i < want.size(); ++i)
         EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i]))
-            << n << " ranks at TP=2" << (sp ? " with sequence parallelism" : "") << ", value " << i;
+            << n << " ranks at TP=2" << (sp ? " with " + flags.back() : "") << ", value " << i;
     }
   }
-  // Checkpoints hold whole tensors: saved at TP=2 after 2 iterations, resumed at TP=1 on one rank
-  // and at DP=2, iteration 3 is the uninterrupted run's.
+  // Checkpoints hold whole tensors: saved at TP=2 x DP=2 with sequence parallelism and the
+  // distributed optimizer after 2 iterations, resumed on one rank, at DP=2 and at TP=2: iteration 3
+  // and the evaluations after it (which see step 3: the restored moments) are the uninterrupted run's.
   std::vector<std::string> one = tiny_run({"--train-iters", "3", "--num-attention-heads", "4"});
   const auto want = losses_in(run_laoyao(one, dir, "LAOYAO_DEVICE=cpu").output);
   ASSERT_GE(want.size(), 4u);
-  const auto saved = run_laoyao(on_ranks("2", one, {"--tensor-model-parallel-size", "2", "--exit-interval", "2",
-                                                    "--save", dir + "/tp_ckpt", "--save-interval", "2"}),
+  const auto saved = run_laoyao(on_ranks("4", one, {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                    "--use-distributed-optimizer", "--exit-interval", "2", "--save",
+                                                    dir + "/tp_ckpt", "--save-interval", "2"}),
                                 dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(saved.status, 0) << saved.output;
-  for (const char* n : {"1", "2"}) {
-    const auto resumed = run_laoyao(on_ranks(n, one, {"--load", dir + "/tp_ckpt"}), dir, "LAOYAO_DEVICE=cpu");
+  const std::vector<std::pair<const char*, std::vector<std::string>>> loads = {
+      {"1", {}}, {"2", {}}, {"2", {"--tensor-model-parallel-size", "2"}}};
+  for (const auto& [n, extra] : loads) {
+    std::vector<std::string> flags = {"--load", dir + "/tp_ckpt"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    const auto resumed = run_laoyao(on_ranks(n, one, flags), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
     const auto tail = losses_in(resumed.output);
-    ASSERT_GE(tail.size(), 1u) << resumed.output;
-    EXPECT_NEAR(tail[0], want[3], 1e-4 * want[3]) << "iteration 3 resumed on " << n << " rank(s)\n" << resumed.output;
+    ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
+    for (size_t i = 0; i < tail.size(); ++i)
+      EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i])
+          << "value " << i << " resumed on " << n << " rank(s)" << (extra.empty() ? "" : " at TP=2") << "\n"
+          << resumed.output;
   }
 }

@@ -199,6 +199,72 @@ TEST_F(CudaMoe, RouterForwardMatchesCpu) {
   }
 }
 
+// Aux-loss-free balancing: a sigmoid router's expert bias chooses the experts (the CPU's choices
+// and counts, which the bias changes), the probs and the aux scores stay unbiased.
+TEST_F(CudaMoe, RouterForwardWithAnExpertBiasMatchesCpu) {
+  const int64_t T = 301;
+  const RouterCase cases[] = {{"sigmoid E64 k8", 64, 8, true}, {"sigmoid scaled E40 k3", 40, 3, true, false, 1.5f},
+                              {"sigmoid E200 k1", 200, 1, true}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto logits = randn(T * c.E, 3, std::string("router.bias.logits.") + c.name, 1.5);
+    const auto bias = randn(c.E, 4, std::string("router.bias.") + c.name, 0.1);
+    CpuRouting want = cpu_routing(logits, T, c);
+    const std::vector<int64_t> unbiased = want.idx;
+    cpu::moe_router_topk_forward(logits.data(), bias.data(), want.idx.data(), want.probs.data(), T, c.E, c.k,
+                                 cpu_params(c));
+    want.counts.assign(c.E, 0);
+    for (int64_t e : want.idx) ++want.counts[e];
+    EXPECT_NE(want.idx, unbiased) << "the bias changed no choice: the case tests nothing";
+    auto dl = to_device(logits), db = to_device(bias);
+    GpuRouting g(T, c.E, c.k);
+    cuda::moe_router_forward(dl.as<float>(), T, gpu_spec(c), g.idx.as<int32_t>(), g.probs.as<float>(),
+                             g.scores.as<float>(), g.lse.as<float>(), g.counts.as<int32_t>(), stream_, db.as<float>());
+    check_routing(g, want, T, c);
+  }
+  const RouterCase softmax{"softmax E8 k2", 8, 2};
+  DeviceBuffer b = to_device(std::vector<float>(8, 0.0f));
+  EXPECT_THROW(cuda::moe_router_forward(nullptr, 4, gpu_spec(softmax), nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        stream_, b.as<float>()),
+               Error);
+}
+
+// The bias update (GptModel::update_expert_bias's rule): loads summed over micro-batches, each
+// expert's bias moved by the rate toward the mean load (none when equal), the loads zeroed.
+TEST_F(CudaMoe, ExpertBiasUpdateMatchesCpu) {
+  const int64_t E = 40;
+  std::vector<int32_t> a(E), b(E);
+  for (int64_t e = 0; e < E; ++e) a[e] = static_cast<int32_t>((e * 37) % 11), b[e] = static_cast<int32_t>((e * 13) % 7);
+  a[5] = 0, b[5] = 0;
+  // Expert 7 gets exactly the mean load: load[7] = 8 and the loads sum to 40 * 8 = 320 (expert 0
+  // takes the difference, 12).
+  a[7] += static_cast<int32_t>(8 - (a[7] + b[7]));
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e) total += a[e] + b[e];
+  a[0] += static_cast<int32_t>(320 - total);
+  const auto bias0 = randn(E, 6, "bias.update", 0.05);
+  auto da = to_device(a), db = to_device(b), dbias = to_device(bias0);
+  DeviceBuffer load = to_device(std::vector<int32_t>(E, 0));
+  cuda::moe_accumulate_load(da.as<int32_t>(), load.as<int32_t>(), E, stream_);
+  cuda::moe_accumulate_load(db.as<int32_t>(), load.as<int32_t>(), E, stream_);
+  const float rate = 0.01f;
+  cuda::moe_update_expert_bias(load.as<int32_t>(), dbias.as<float>(), E, rate, stream_);
+  sync();
+  const auto got = from_device<float>(dbias, E);
+  const auto zeroed = from_device<int32_t>(load, E);
+  double mean = 0.0;
+  for (int64_t e = 0; e < E; ++e) mean += static_cast<double>(a[e] + b[e]) / static_cast<double>(E);
+  ASSERT_EQ(mean, 8.0);
+  for (int64_t e = 0; e < E; ++e) {
+    const double offset = mean - (a[e] + b[e]);
+    float want = bias0[e];
+    want += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
+    EXPECT_EQ(got[e], want) << "expert " << e;
+    EXPECT_EQ(zeroed[e], 0) << "expert " << e;
+  }
+  EXPECT_EQ(got[7], bias0[7]) << "the mean's expert keeps its bias";
+}
+
 // Equal scores go to the lower expert: rows of few distinct values, one row all equal.
 TEST_F(CudaMoe, RouterTiesGoToTheLowerExpert) {
   const int64_t T = 97;

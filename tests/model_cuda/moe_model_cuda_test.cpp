@@ -246,8 +246,11 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   ep.moe.expert_parallel = 2;  // trained over GPU ranks (an expert-parallel group)
   EXPECT_EQ(cuda_unsupported_features(ep), "");
   GptConfig bias = c;
-  bias.moe.sigmoid = true, bias.moe.expert_bias = true;
-  EXPECT_NE(cuda_unsupported_features(bias).find("expert bias"), std::string::npos);
+  bias.moe.sigmoid = true, bias.moe.expert_bias = true;  // aux-loss-free balancing runs on the GPU
+  bias.moe.aux_loss_coeff = 0;
+  EXPECT_EQ(cuda_unsupported_features(bias), "");
+  bias.moe.aux_loss_coeff = 1e-2;  // but not beside an aux loss yet
+  EXPECT_NE(cuda_unsupported_features(bias).find("expert bias together with an aux loss"), std::string::npos);
   GptConfig capacity = c;
   capacity.moe.capacity_factor = 1.0;  // token dropping runs on the GPU too
   EXPECT_EQ(cuda_unsupported_features(capacity), "");

@@ -120,6 +120,7 @@ struct RouterArgs {
   int E, k;
   bool sigmoid, pre_softmax;
   float scale;  // the top-k scaling factor, 1 when none
+  const float* bias = nullptr;  // the router's expert_bias (sigmoid only; forward only)
 };
 
 // ---- router forward
@@ -192,6 +193,11 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
           if (i * 32 + lane < E) sr[i * 32 + lane] = softmax_of(z[i], m, inv);
       }
     }
+    if (a.bias) {  // the experts are chosen by sigmoid + bias (the CPU's float sum)
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if (i * 32 + lane < E) key[i] = key[i] + a.bias[i * 32 + lane];
+    }
 
     // Top-k: round j takes the best expert not taken yet.
     unsigned taken = 0;  // bit i: expert i*32 + lane is taken
@@ -212,7 +218,8 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       bv = __shfl_sync(kFull, bv, 0);
       be = __shfl_sync(kFull, be, 0);
       if ((be & 31) == lane) taken |= 1u << (be >> 5);
-      if (lane == 0) se[j] = be, sv[j] = bv;
+      // sv: the chosen's sigmoid without the bias, for its prob.
+      if (lane == 0) se[j] = be, sv[j] = a.bias ? sigmoid(zr[be]) : bv;
     }
     __syncwarp();
 
@@ -237,6 +244,27 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   __syncthreads();
   for (int i = threadIdx.x; i < E; i += blockDim.x)
     if (hist[i]) atomicAdd(&tokens_per_expert[i], hist[i]);
+}
+
+// ---- aux-loss-free balancing
+
+__global__ void accumulate_load_kernel(const int32_t* __restrict__ counts, int32_t* __restrict__ load, int E) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) load[e] += counts[e];
+}
+
+__global__ void update_expert_bias_kernel(int32_t* __restrict__ load, float* __restrict__ bias, int E, float rate) {
+  __shared__ double mean;
+  if (threadIdx.x == 0) {  // the CPU's order: the sum of load / E, expert by expert
+    double m = 0.0;
+    for (int e = 0; e < E; ++e) m += static_cast<double>(load[e]) / static_cast<double>(E);
+    mean = m;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const double offset = mean - static_cast<double>(load[e]);
+    bias[e] += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
+    load[e] = 0;
+  }
 }
 
 // ---- router backward
@@ -739,16 +767,31 @@ void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stre
 }
 
 void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& router, int32_t* topk_idx,
-                        float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream) {
+                        float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream,
+                        const float* expert_bias) {
   check_router("moe_router_forward", T, router);
+  if (expert_bias && !router.sigmoid) throw Error("moe_router_forward: an expert bias needs the sigmoid router");
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(tokens_per_expert, 0, sizeof(int32_t) * router.num_experts, stream));
   if (T == 0) return;
-  const RouterArgs a = router_args(router);
+  RouterArgs a = router_args(router);
+  a.bias = expert_bias;
   const unsigned blocks = blocks_for(T, kRouterWarps, kRouterMaxBlocks);
   with_slots(router.num_experts, [&](auto per) {
     moe_router_forward_kernel<decltype(per)::value><<<blocks, kRouterWarps * 32, 0, stream>>>(
         logits, T, a, topk_idx, topk_probs, scores, lse, tokens_per_expert);
   });
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_accumulate_load(const int32_t* tokens_per_expert, int32_t* load, int64_t E, cudaStream_t stream) {
+  if (E <= 0) return;
+  accumulate_load_kernel<<<1, 512, 0, stream>>>(tokens_per_expert, load, static_cast<int>(E));
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_update_expert_bias(int32_t* load, float* bias, int64_t E, float rate, cudaStream_t stream) {
+  if (E <= 0) return;
+  update_expert_bias_kernel<<<1, 512, 0, stream>>>(load, bias, static_cast<int>(E), rate);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,9 +45,18 @@ void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stre
 // function, the renormalisation and the scaling factor of moe_router_topk_forward),
 // scores[T, E] = scores_for_aux_loss (nullable: only when an aux loss is on), lse[T] = logsumexp of
 // the logits (nullable: only for the z-loss), and tokens_per_expert[E] (required; overwritten:
-// zeroed, then counted). laoyao::Error unless 1 <= E <= kMoeMaxExperts, 1 <= k <= E and T * k < 2^31.
+// zeroed, then counted). expert_bias[E] (fp32, nullable; sigmoid only): aux-loss-free balancing's
+// router.expert_bias, added to the sigmoids to choose the experts, not to their probs (the scores
+// stay unbiased). laoyao::Error unless 1 <= E <= kMoeMaxExperts, 1 <= k <= E and T * k < 2^31.
 void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& router, int32_t* topk_idx,
-                        float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream);
+                        float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream,
+                        const float* expert_bias = nullptr);
+// Aux-loss-free balancing (GptModel::update_expert_bias on the CPU): load[E] += tokens_per_expert
+// after a training forward; after the step's micro-batches (load summed over the data-parallel
+// ranks) bias[e] += rate * sign(mean(load) - load[e]) in fp32, the mean summed in double as the
+// CPU does, and load zeroed.
+void moe_accumulate_load(const int32_t* tokens_per_expert, int32_t* load, int64_t E, cudaStream_t stream);
+void moe_update_expert_bias(int32_t* load, float* bias, int64_t E, float rate, cudaStream_t stream);
 
 // Floats of the statistics moe_aux_losses_forward keeps for moe_router_backward (0 without an aux
 // loss): per token row (a sequence for seq_aux_loss, else all T) the losses' d/d(scores) per unit

@@ -39,8 +39,10 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     missing.push_back("group-limited routing (--moe-router-num-groups)");
   if (c.moe.num_experts > 0 && c.moe.global_aux_loss_coeff > 0)
     missing.push_back("the global_aux_loss load balancing (--moe-router-load-balancing-type global_aux_loss)");
-  if (c.moe.num_experts > 0 && c.moe.expert_bias)
-    missing.push_back("the MoE router's expert bias (--moe-router-enable-expert-bias)");
+  // With an expert bias the aux losses count the unbiased top-k, which the GPU router does not keep.
+  if (c.moe.num_experts > 0 && c.moe.expert_bias && (c.moe.aux_loss_coeff > 0 || c.moe.seq_aux_loss_coeff > 0))
+    missing.push_back("the MoE router's expert bias together with an aux loss (--moe-router-enable-expert-bias "
+                      "with --moe-router-load-balancing-type aux_loss or seq_aux_loss)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
@@ -419,13 +421,17 @@ kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const
 }
 
 CudaMoeLayers::Context CudaGptModel::moe_context(const GptLayerOffsets& W) {
-  return {W, params(), main_grads(), gemm_, stream_};
+  return {W, params(), main_grads(), gemm_, stream_, main_params()};
 }
 
 void CudaGptModel::set_moe_aux_loss_scale(float scale) {
   if (scale == moe_aux_loss_scale_) return;
   moe_aux_loss_scale_ = scale;
   drop_graphs();  // their router backwards hold the old scale
+}
+
+void CudaGptModel::finish_moe_step(dist::ProcessGroup* dp) {
+  if (moe_) moe_->update_expert_bias(main_params(), layout_, dp, stream_);
 }
 
 GptModel::MoeLosses CudaGptModel::take_moe_losses() { return moe_ ? moe_->take_losses(stream_) : GptModel::MoeLosses{}; }

@@ -126,6 +126,9 @@ class CudaGptModel {
   // take (as GptModel::take_moe_losses; synchronises the stream).
   void set_moe_aux_loss_scale(float scale);
   GptModel::MoeLosses take_moe_losses();
+  // After a step's micro-batches (GptModel::finish_moe_step): aux-loss-free balancing moves the
+  // routers' expert biases by the training tokens counted over dp (null: this rank's).
+  void finish_moe_step(dist::ProcessGroup* dp);
 
   // "cudnn", "flash" or "unfused": the attention path in use.
   const char* attention_path() const;

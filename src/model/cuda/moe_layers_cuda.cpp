@@ -125,6 +125,11 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   train_sums_ = sums_.as<float>();
   discard_sums_ = train_sums_ + 3;
   LAOYAO_CUDA_CHECK(cudaMemset(sums_.ptr, 0, sums_.bytes));
+  if (m.expert_bias) {
+    if (!m.sigmoid) throw UsageError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
+    expert_load_ = kc::DeviceBuffer(sizeof(int32_t) * static_cast<size_t>(layers * E_));
+    LAOYAO_CUDA_CHECK(cudaMemset(expert_load_.ptr, 0, expert_load_.bytes));
+  }
   LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());  // the memset ran on the legacy stream; ours do not wait for it
   if (!swiglu) {
     zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * std::max(F_, Fs_));
@@ -251,7 +256,14 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   // Router: fp32 logits (as --moe-router-dtype fp32), the fused top-k and the per-expert counts.
   ctx.gemm.matmul_rm(x, false, P + W.router_w, true, S.logits, true, T, E_, H_, 1.0f, 0.0f, 1, st);
   if (cfg_.moe.force_load_balancing) kc::moe_random_logits(S.logits, T * E_, random_logits_key, st);
-  kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st);
+  const float* bias = nullptr;
+  if (cfg_.moe.expert_bias) {
+    if (!ctx.main || ctx.W.expert_bias < 0) throw Error("CudaMoeLayers: the expert bias needs the fp32 parameters");
+    bias = ctx.main + ctx.W.expert_bias;
+  }
+  kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st, bias);
+  if (bias && count_losses)  // a training forward's tokens count for the bias update
+    kc::moe_accumulate_load(S.counts, expert_load_.as<int32_t>() + slot_[static_cast<size_t>(l)] * E_, E_, st);
   if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0)
     kc::moe_aux_losses_forward(S.scores, S.lse, S.topk_idx, S.counts, T, router_, losses_, S.stats,
                                count_losses ? train_sums_ : discard_sums_, st);
@@ -342,6 +354,20 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   // The routed experts' part: each token's k rows summed into dx.
   kc::moe_permute_backward(dpermuted_, S.permuted_row, dx, T, k_, H_, true, st);
   phases_.mark(kRouting, st);
+}
+
+void CudaMoeLayers::update_expert_bias(float* main, const GptParameterLayout& layout, dist::ProcessGroup* dp,
+                                       cudaStream_t stream) {
+  if (!cfg_.moe.expert_bias) return;
+  int32_t* load = expert_load_.as<int32_t>();
+  if (dp && dp->size() > 1)
+    dp->all_reduce_device(load, expert_load_.bytes / sizeof(int32_t), dist::DeviceType::I32, stream);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const int64_t slot = slot_[static_cast<size_t>(l)];
+    if (slot < 0) continue;
+    kc::moe_update_expert_bias(load + slot * E_, main + layout.layers[static_cast<size_t>(l)].expert_bias, E_,
+                               static_cast<float>(cfg_.moe.bias_update_rate), stream);
+  }
 }
 
 GptModel::MoeLosses CudaMoeLayers::take_losses(cudaStream_t stream) {

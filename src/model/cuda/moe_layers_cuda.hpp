@@ -47,13 +47,15 @@ class CudaMoeLayers {
   CudaMoeLayers& operator=(const CudaMoeLayers&) = delete;
 
   // The operands of one layer's call: its parameter offsets, the bf16 parameters and fp32 main
-  // gradients, the GEMM object and stream of the model.
+  // gradients, the GEMM object and stream of the model; main: the fp32 main parameters, for the
+  // router's expert_bias (a buffer kept in fp32, as Megatron's).
   struct Context {
     const GptLayerOffsets& W;
     const bf16* params;
     float* grads;
     kernels::cuda::CublasLtGemm& gemm;
     cudaStream_t stream;
+    const float* main = nullptr;
   };
   // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output). count_losses: add this
   // forward's load-balancing and z losses to the training sums (a training forward; false for an
@@ -68,8 +70,13 @@ class CudaMoeLayers {
   // The training forwards' losses since the last call, each divided by its coefficient (Megatron's
   // log values), summed over layers and micro-batches; resets the sums. Synchronises the stream.
   GptModel::MoeLosses take_losses(cudaStream_t stream);
+  // After a step's micro-batches: aux-loss-free balancing moves each MoE layer's expert_bias (in
+  // main, the fp32 main parameters laid out by `layout`) by the tokens its experts got in the
+  // training forwards since, summed over dp (the data-parallel group; null: this rank's). Nothing
+  // without --moe-router-enable-expert-bias.
+  void update_expert_bias(float* main, const GptParameterLayout& layout, dist::ProcessGroup* dp, cudaStream_t stream);
   ~CudaMoeLayers();
-  size_t device_bytes() const { return saved_.bytes + scratch_.bytes + sums_.bytes; }
+  size_t device_bytes() const { return saved_.bytes + scratch_.bytes + sums_.bytes + expert_load_.bytes; }
 
  private:
   struct Saved {  // what layer l keeps from its forward for its backward
@@ -122,6 +129,7 @@ class CudaMoeLayers {
   std::vector<int64_t> slot_;              // layer -> index into saved (-1: dense layer)
   std::vector<Saved> saved_layers_;
   kernels::cuda::DeviceBuffer saved_, scratch_, sums_, zero_bias_;
+  kernels::cuda::DeviceBuffer expert_load_;  // [MoE layers][E] tokens since the last bias update
   // Shared scratch.
   bf16 *permuted_x_ = nullptr, *shared_out_ = nullptr, *dexpert_ = nullptr, *dact_ = nullptr, *dfc1_ = nullptr,
        *dpermuted_ = nullptr, *dlogits_ = nullptr, *dshared_ = nullptr, *dshared_g_ = nullptr,
