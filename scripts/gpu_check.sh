@@ -136,6 +136,12 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             "${small_moe[@]:0:${#small_moe[@]}-4}" --moe-router-score-function sigmoid \
             --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 \
             --moe-router-load-balancing-type none --train-iters 20
+          # DeepSeek-V3's routing: sigmoid, expert bias, group-limited (4 groups, 2 chosen), seq_aux_loss.
+          parity_run parity_moe_groups "MoE sigmoid router, 4 groups / 2, expert bias, seq_aux_loss" \
+            "${small_moe[@]:0:${#small_moe[@]}-4}" --moe-router-score-function sigmoid \
+            --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --moe-router-num-groups 4 \
+            --moe-router-group-topk 2 --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-2 \
+            --train-iters 20
           [ "$part" = moe_quick ] && continue
           timeout 120 "$C/laoyao_bench_grouped_gemm" > "$OUT/grouped_gemm.txt" 2>&1
           note "grouped GEMM bench (exit $?):"

@@ -98,6 +98,7 @@ struct RouterCase {
   int64_t E, k;
   bool sigmoid = false, pre_softmax = false;
   float scale = 0.0f;  // topk scaling factor, 0: none
+  int64_t groups = 0, group_topk = 0;  // group-limited routing, 0: none
 };
 
 cpu::MoeRouterParams cpu_params(const RouterCase& c) {
@@ -105,6 +106,7 @@ cpu::MoeRouterParams cpu_params(const RouterCase& c) {
   p.score_function = c.sigmoid ? cpu::MoeScoreFunction::Sigmoid : cpu::MoeScoreFunction::Softmax;
   p.pre_softmax = c.pre_softmax;
   if (c.scale != 0.0f) p.topk_scaling_factor = c.scale;
+  p.num_groups = c.groups, p.group_topk = c.group_topk;
   return p;
 }
 
@@ -112,6 +114,7 @@ cuda::MoeRouterSpec gpu_spec(const RouterCase& c) {
   cuda::MoeRouterSpec s;
   s.num_experts = c.E, s.topk = c.k, s.sigmoid = c.sigmoid, s.pre_softmax = c.pre_softmax;
   s.topk_scaling_factor = c.scale;
+  s.num_groups = c.groups, s.group_topk = c.group_topk;
   return s;
 }
 
@@ -218,9 +221,12 @@ TEST_F(CudaMoe, RouterForwardWithAnExpertBiasMatchesCpu) {
     EXPECT_NE(want.idx, unbiased) << "the bias changed no choice: the case tests nothing";
     auto dl = to_device(logits), db = to_device(bias);
     GpuRouting g(T, c.E, c.k);
+    DeviceBuffer aux_idx = poisoned<int32_t>(T * c.k), aux_n = poisoned<int32_t>(c.E);
     cuda::moe_router_forward(dl.as<float>(), T, gpu_spec(c), g.idx.as<int32_t>(), g.probs.as<float>(),
-                             g.scores.as<float>(), g.lse.as<float>(), g.counts.as<int32_t>(), stream_, db.as<float>());
+                             g.scores.as<float>(), g.lse.as<float>(), g.counts.as<int32_t>(), stream_, db.as<float>(),
+                             aux_idx.as<int32_t>(), aux_n.as<int32_t>());
     check_routing(g, want, T, c);
+    expect_same_ints(from_device<int32_t>(aux_idx, T * c.k), unbiased, "aux_topk_idx (unbiased)");
   }
   const RouterCase softmax{"softmax E8 k2", 8, 2};
   DeviceBuffer b = to_device(std::vector<float>(8, 0.0f));
@@ -229,19 +235,68 @@ TEST_F(CudaMoe, RouterForwardWithAnExpertBiasMatchesCpu) {
                Error);
 }
 
+// Group-limited routing (with and without an expert bias): the CPU's choices among the best
+// groups, and apart from them the aux losses' unbiased top-k over every expert.
+TEST_F(CudaMoe, RouterForwardWithGroupsMatchesCpu) {
+  const int64_t T = 301;
+  struct Case {
+    RouterCase c;
+    bool bias;
+  };
+  const Case cases[] = {
+      {{"softmax E64 k8 groups 8/4", 64, 8, false, false, 0.0f, 8, 4}, false},
+      {{"softmax pre_softmax E40 k4 groups 4/2", 40, 4, false, true, 0.0f, 4, 2}, false},
+      {{"sigmoid scaled E64 k6 groups 8/3 + bias", 64, 6, true, false, 2.5f, 8, 3}, true},
+      {{"sigmoid E256 k8 groups 8/4 + bias", 256, 8, true, false, 0.0f, 8, 4}, true},  // DeepSeek-V3's router
+      {{"sigmoid E96 k40 groups 3/2", 96, 40, true, false, 0.0f, 3, 2}, false},          // k > 32
+  };
+  for (const auto& [c, with_bias] : cases) {
+    SCOPED_TRACE(c.name);
+    const auto logits = randn(T * c.E, 3, std::string("router.groups.logits.") + c.name, 1.5);
+    const auto bias = randn(c.E, 4, std::string("router.groups.bias.") + c.name, 0.1);
+    CpuRouting want = cpu_routing(logits, T, c);  // aux_idx: the unbiased top-k over every expert
+    std::vector<int64_t> aux_counts(c.E, 0);
+    for (int64_t e : want.aux_idx) ++aux_counts[e];
+    cpu::moe_router_topk_forward(logits.data(), with_bias ? bias.data() : nullptr, want.idx.data(), want.probs.data(),
+                                 T, c.E, c.k, cpu_params(c));
+    want.counts.assign(c.E, 0);
+    for (int64_t e : want.idx) ++want.counts[e];
+    EXPECT_NE(want.idx, want.aux_idx) << "the groups changed no choice: the case tests nothing";
+    auto dl = to_device(logits), db = to_device(bias);
+    GpuRouting g(T, c.E, c.k);
+    DeviceBuffer aux_idx = poisoned<int32_t>(T * c.k), aux_n = poisoned<int32_t>(c.E);
+    cuda::moe_router_forward(dl.as<float>(), T, gpu_spec(c), g.idx.as<int32_t>(), g.probs.as<float>(),
+                             g.scores.as<float>(), g.lse.as<float>(), g.counts.as<int32_t>(), stream_,
+                             with_bias ? db.as<float>() : nullptr, aux_idx.as<int32_t>(), aux_n.as<int32_t>());
+    check_routing(g, want, T, c);
+    expect_same_ints(from_device<int32_t>(aux_idx, T * c.k), want.aux_idx, "aux_topk_idx");
+    expect_same_ints(from_device<int32_t>(aux_n, c.E), aux_counts, "aux_tokens_per_expert");
+  }
+  // The aux scores with groups need the aux top-k; bad groups are named.
+  RouterCase c{"softmax E64 k8 groups 8/4", 64, 8, false, false, 0.0f, 8, 4};
+  DeviceBuffer d = poisoned<float>(64);
+  EXPECT_THROW(cuda::moe_router_forward(d.as<float>(), 1, gpu_spec(c), nullptr, nullptr, d.as<float>(), nullptr,
+                                        nullptr, stream_),
+               Error);
+  c.groups = 5;
+  EXPECT_THROW(cuda::moe_router_forward(d.as<float>(), 1, gpu_spec(c), nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        stream_),
+               Error);
+}
+
 // The bias update (GptModel::update_expert_bias's rule): loads summed over micro-batches, each
 // expert's bias moved by the rate toward the mean load (none when equal), the loads zeroed.
 TEST_F(CudaMoe, ExpertBiasUpdateMatchesCpu) {
-  const int64_t E = 40;
+  // 32 experts: load / 32 is exact in double, so the mean (8) is too and expert 7, at the mean
+  // load, keeps its bias.
+  const int64_t E = 32;
   std::vector<int32_t> a(E), b(E);
   for (int64_t e = 0; e < E; ++e) a[e] = static_cast<int32_t>((e * 37) % 11), b[e] = static_cast<int32_t>((e * 13) % 7);
-  a[5] = 0, b[5] = 0;
-  // Expert 7 gets exactly the mean load: load[7] = 8 and the loads sum to 40 * 8 = 320 (expert 0
-  // takes the difference, 12).
   a[7] += static_cast<int32_t>(8 - (a[7] + b[7]));
   int64_t total = 0;
   for (int64_t e = 0; e < E; ++e) total += a[e] + b[e];
-  a[0] += static_cast<int32_t>(320 - total);
+  a[1] += static_cast<int32_t>(E * 8 - total);  // expert 1 takes the difference (-3)
+  ASSERT_GE(a[1], 0);
   const auto bias0 = randn(E, 6, "bias.update", 0.05);
   auto da = to_device(a), db = to_device(b), dbias = to_device(bias0);
   DeviceBuffer load = to_device(std::vector<int32_t>(E, 0));
@@ -255,14 +310,18 @@ TEST_F(CudaMoe, ExpertBiasUpdateMatchesCpu) {
   double mean = 0.0;
   for (int64_t e = 0; e < E; ++e) mean += static_cast<double>(a[e] + b[e]) / static_cast<double>(E);
   ASSERT_EQ(mean, 8.0);
+  int moved_up = 0, moved_down = 0;
   for (int64_t e = 0; e < E; ++e) {
     const double offset = mean - (a[e] + b[e]);
     float want = bias0[e];
     want += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
     EXPECT_EQ(got[e], want) << "expert " << e;
     EXPECT_EQ(zeroed[e], 0) << "expert " << e;
+    moved_up += offset > 0, moved_down += offset < 0;
   }
   EXPECT_EQ(got[7], bias0[7]) << "the mean's expert keeps its bias";
+  EXPECT_GT(moved_up, 0);
+  EXPECT_GT(moved_down, 0);
 }
 
 // Equal scores go to the lower expert: rows of few distinct values, one row all equal.

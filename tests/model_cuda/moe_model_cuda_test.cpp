@@ -71,6 +71,7 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   W.router_w = place(E * H), W.experts_fc1 = place(E * F1 * H), W.experts_fc2 = place(E * H * F);
   W.shared_fc1 = Fs > 0 ? place(Fs1 * H) : -1;
   W.shared_fc2 = Fs > 0 ? place(H * Fs) : -1;
+  W.expert_bias = c.moe.expert_bias ? place(E) : -1;
   const std::vector<float> w = random_bf16(n, 0.05, "moe weights");
   const std::vector<float> x = random_bf16(T * H, 1.0, "moe x");
   const std::vector<float> dy = random_bf16(T * H, 1e-2, "moe dy");
@@ -83,6 +84,7 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
                                                                : kcpu::MoeActivation::GeluTanh;
   mc.router.score_function = c.moe.sigmoid ? kcpu::MoeScoreFunction::Sigmoid : kcpu::MoeScoreFunction::Softmax;
   mc.router.pre_softmax = c.moe.pre_softmax;
+  mc.router.num_groups = c.moe.num_groups, mc.router.group_topk = c.moe.group_topk;
   if (c.moe.topk_scaling_factor) mc.router.topk_scaling_factor = static_cast<float>(*c.moe.topk_scaling_factor);
   mc.aux_loss_coeff = static_cast<float>(c.moe.aux_loss_coeff);
   mc.seq_aux_loss_coeff = static_cast<float>(c.moe.seq_aux_loss_coeff);
@@ -92,6 +94,7 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   mw.router_weight = w.data() + W.router_w, mw.fc1_weight = w.data() + W.experts_fc1;
   mw.fc2_weight = w.data() + W.experts_fc2;
   if (Fs > 0) mw.shared_fc1_weight = w.data() + W.shared_fc1, mw.shared_fc2_weight = w.data() + W.shared_fc2;
+  if (c.moe.expert_bias) mw.expert_bias = w.data() + W.expert_bias;
   std::vector<float> cpu_grads(static_cast<size_t>(n), 0.0f), y(static_cast<size_t>(T * H)),
       dx(static_cast<size_t>(T * H));
   kcpu::MoeLayerGrads mg;
@@ -110,13 +113,15 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   cudaStream_t stream = nullptr;
   LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   kc::CublasLtGemm gemm;
-  kc::DeviceBuffer d_w(sizeof(kc::bf16) * n), d_g(sizeof(float) * n), d_x(sizeof(kc::bf16) * T * H),
+  kc::DeviceBuffer d_w(sizeof(kc::bf16) * n), d_main(sizeof(float) * n), d_g(sizeof(float) * n),
+      d_x(sizeof(kc::bf16) * T * H),
       d_dy(sizeof(kc::bf16) * T * H), d_y(sizeof(kc::bf16) * T * H), d_dx(sizeof(kc::bf16) * T * H);
   d_w.upload(to_bf16(w).data(), d_w.bytes);
+  d_main.upload(w.data(), d_main.bytes);  // the fp32 main parameters (the router's expert bias)
   d_x.upload(to_bf16(x).data(), d_x.bytes);
   d_dy.upload(to_bf16(dy).data(), d_dy.bytes);
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(d_g.ptr, 0, d_g.bytes, stream));
-  const CudaMoeLayers::Context ctx{W, d_w.as<kc::bf16>(), d_g.as<float>(), gemm, stream};
+  const CudaMoeLayers::Context ctx{W, d_w.as<kc::bf16>(), d_g.as<float>(), gemm, stream, d_main.as<float>()};
   moe.forward(0, ctx, d_x.as<kc::bf16>(), d_y.as<kc::bf16>(), T, true);
   moe.backward(0, ctx, d_x.as<kc::bf16>(), d_dy.as<kc::bf16>(), d_dx.as<kc::bf16>(), T, aux_scale);
   const GptModel::MoeLosses losses = moe.take_losses(stream);
@@ -130,8 +135,15 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   // bf16 outputs a few roundings deep (fc1 output, activation, expert output): relative norms.
   EXPECT_LT(rel_err(from_bf16(gy).data(), y.data(), T * H), 1e-2);
   EXPECT_LT(rel_err(from_bf16(gdx).data(), dx.data(), T * H), 2e-2);
-  EXPECT_NEAR(losses.aux, state.aux_loss / mc.aux_loss_coeff, 1e-4 * std::abs(state.aux_loss / mc.aux_loss_coeff));
-  EXPECT_NEAR(losses.z, state.z_loss / mc.z_loss_coeff, 1e-4 * std::abs(state.z_loss / mc.z_loss_coeff));
+  // The MoE losses' log values (each loss / its coefficient), those that are on.
+  auto same_loss = [](const char* name, double got, float loss, float coeff) {
+    if (coeff > 0) {
+      EXPECT_NEAR(got, loss / coeff, 1e-4 * std::abs(loss / coeff)) << name;
+    }
+  };
+  same_loss("aux_loss", losses.aux, state.aux_loss, mc.aux_loss_coeff);
+  same_loss("seq_aux_loss", losses.seq_aux, state.seq_aux_loss, mc.seq_aux_loss_coeff);
+  same_loss("z_loss", losses.z, state.z_loss, mc.z_loss_coeff);
   auto check = [&](const char* name, int64_t off, int64_t count) {
     EXPECT_LT(rel_err(grads.data() + off, cpu_grads.data() + off, count), 2e-2) << name;
   };
@@ -222,6 +234,22 @@ TEST(CudaMoeLayers, SigmoidRouterWithScalingMatchesCpuLayer) {
   compare_layer(c, 2, 40);
 }
 
+// DeepSeek-V3's routing on a small layer: sigmoid with an expert bias, group-limited, seq_aux_loss
+// (counted over the unbiased top-k of every group); and softmax groups with aux_loss.
+TEST(CudaMoeLayers, SigmoidGroupsExpertBiasAndSeqAuxLossMatchCpuLayer) {
+  GptConfig c = moe_config(llama_config(), 32, 4, 64, 32);
+  c.moe.sigmoid = true, c.moe.expert_bias = true;
+  c.moe.num_groups = 8, c.moe.group_topk = 2;
+  c.moe.aux_loss_coeff = 0, c.moe.seq_aux_loss_coeff = 1e-2;
+  c.moe.topk_scaling_factor = 2.5;
+  compare_layer(c, 2, 40);
+}
+TEST(CudaMoeLayers, SoftmaxGroupsWithAuxLossMatchCpuLayer) {
+  GptConfig c = moe_config(llama_config(), 16, 4, 64, 0);
+  c.moe.num_groups = 4, c.moe.group_topk = 2;
+  compare_layer(c, 2, 40);
+}
+
 TEST(CudaMoeModel, LlamaEveryExpertMatchesCpuModel) {
   EXPECT_EQ(cuda_unsupported_features(moe_config(llama_config(), 4, 4, 64, 0)), "");
   compare_model(moe_config(llama_config(), 4, 4, 64, 0));
@@ -247,10 +275,7 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   EXPECT_EQ(cuda_unsupported_features(ep), "");
   GptConfig bias = c;
   bias.moe.sigmoid = true, bias.moe.expert_bias = true;  // aux-loss-free balancing runs on the GPU
-  bias.moe.aux_loss_coeff = 0;
   EXPECT_EQ(cuda_unsupported_features(bias), "");
-  bias.moe.aux_loss_coeff = 1e-2;  // but not beside an aux loss yet
-  EXPECT_NE(cuda_unsupported_features(bias).find("expert bias together with an aux loss"), std::string::npos);
   GptConfig capacity = c;
   capacity.moe.capacity_factor = 1.0;  // token dropping runs on the GPU too
   EXPECT_EQ(cuda_unsupported_features(capacity), "");
@@ -258,8 +283,8 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   global.moe.global_aux_loss_coeff = 1e-3;
   EXPECT_NE(cuda_unsupported_features(global).find("global_aux_loss"), std::string::npos);
   GptConfig groups = c;
-  groups.moe.num_groups = 2, groups.moe.group_topk = 1;
-  EXPECT_NE(cuda_unsupported_features(groups).find("group-limited routing"), std::string::npos);
+  groups.moe.num_groups = 2, groups.moe.group_topk = 1;  // so does group-limited routing
+  EXPECT_EQ(cuda_unsupported_features(groups), "");
   GptConfig many = c;
   many.moe.num_experts = 1024, many.moe.layers.assign(2, true);
   EXPECT_NE(cuda_unsupported_features(many).find("more than 512 experts"), std::string::npos);

@@ -121,6 +121,7 @@ struct RouterArgs {
   bool sigmoid, pre_softmax;
   float scale;  // the top-k scaling factor, 1 when none
   const float* bias = nullptr;  // the router's expert_bias (sigmoid only; forward only)
+  int groups = 0, group_topk = 0;  // group-limited routing (forward only); 0: none
 };
 
 // ---- router forward
@@ -141,16 +142,74 @@ __device__ __forceinline__ double softmax_stats(const float (&z)[kPer], int E, i
   return warp_sum(sum);
 }
 
+// A warp's top-k of n values held in registers (value i * 32 + lane in slot i of each lane), among
+// the candidates `allowed` (bit i: slot i of this lane): round j takes the best one not taken yet
+// (ranks_before: higher value, then lower index) and calls pick(j, index, value) on every lane.
+template <int kPer, class Pick>
+__device__ __forceinline__ void warp_topk(const float (&key)[kPer], int n, int k, int lane, unsigned allowed,
+                                          Pick pick) {
+  unsigned taken = 0;  // bit i: value i * 32 + lane is taken
+  for (int j = 0; j < k; ++j) {
+    float bv = 0.0f;
+    int be = -1;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = i * 32 + lane;
+      if (e < n && ((allowed & ~taken) >> i & 1u) && ranks_before(key[i], e, bv, be)) bv = key[i], be = e;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(kFull, bv, o);
+      const int oe = __shfl_xor_sync(kFull, be, o);
+      if (ranks_before(ov, oe, bv, be)) bv = ov, be = oe;
+    }
+    // NaN scores are unordered and could leave the lanes disagreeing: lane 0 decides.
+    bv = __shfl_sync(kFull, bv, 0);
+    be = __shfl_sync(kFull, be, 0);
+    if (be >= 0 && (be & 31) == lane) taken |= 1u << (be >> 5);
+    pick(j, be, bv);
+  }
+}
+
+// Group-limited routing (Megatron's group_limited_topk, the CPU's group_limited_topk_row): the
+// groups of E / groups consecutive experts ranked by the fp32 sum of their k / group_topk best
+// values (best first), the experts of the group_topk best groups allowed (bit i as warp_topk's).
+template <int kPer>
+__device__ __forceinline__ unsigned best_groups(const float (&key)[kPer], int E, int k, int groups, int group_topk,
+                                                int lane) {
+  const int per = E / groups, picks = k / group_topk;
+  float group_score[kPer];  // group g in slot g / 32 of lane g % 32
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) group_score[i] = 0.0f;
+  for (int g = 0; g < groups; ++g) {
+    unsigned in_group = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) in_group |= static_cast<unsigned>((i * 32 + lane) / per == g) << i;
+    float sum = 0.0f;
+    warp_topk<kPer>(key, E, picks, lane, in_group, [&](int, int, float v) { sum += v; });
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i * 32 + lane == g) group_score[i] = sum;
+  }
+  unsigned allowed = 0;
+  warp_topk<kPer>(group_score, groups, group_topk, lane, ~0u, [&](int, int g, float) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if ((i * 32 + lane) / per == g) allowed |= 1u << i;
+  });
+  return allowed;
+}
 
 template <int kPer>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     moe_router_forward_kernel(const float* __restrict__ logits, int64_t T, RouterArgs a, int32_t* __restrict__ topk_idx,
                               float* __restrict__ topk_probs, float* __restrict__ scores, float* __restrict__ lse,
-                              int32_t* __restrict__ tokens_per_expert) {
+                              int32_t* __restrict__ tokens_per_expert, int32_t* __restrict__ aux_idx,
+                              int32_t* __restrict__ aux_tokens_per_expert) {
   __shared__ int hist[kPer * 32];  // this block's tokens per expert, one global atomic each at the end
+  __shared__ int aux_hist[kPer * 32];  // and of the aux losses' unrestricted top-k (when kept apart)
   __shared__ int sel_e[kRouterWarps][kPer * 32];    // each warp's chosen experts, best first
   __shared__ float sel_v[kRouterWarps][kPer * 32];  // and their ranked values
-  for (int i = threadIdx.x; i < a.E; i += blockDim.x) hist[i] = 0;
+  for (int i = threadIdx.x; i < a.E; i += blockDim.x) hist[i] = 0, aux_hist[i] = 0;
   __syncthreads();
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int E = a.E, k = a.k;
@@ -193,34 +252,24 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
           if (i * 32 + lane < E) sr[i * 32 + lane] = softmax_of(z[i], m, inv);
       }
     }
+    // The aux losses' top-k: unbiased and over every group (Megatron's
+    // compute_routing_scores_for_aux_loss), kept apart when the routing's differs.
+    if (aux_idx)
+      warp_topk<kPer>(key, E, k, lane, ~0u, [&](int j, int be, float) {
+        if (lane == 0) aux_idx[t * k + j] = be;
+        if (lane == 0) atomicAdd(&aux_hist[be], 1);
+      });
     if (a.bias) {  // the experts are chosen by sigmoid + bias (the CPU's float sum)
 #pragma unroll
       for (int i = 0; i < kPer; ++i)
         if (i * 32 + lane < E) key[i] = key[i] + a.bias[i * 32 + lane];
     }
+    const unsigned allowed = a.groups > 0 ? best_groups<kPer>(key, E, k, a.groups, a.group_topk, lane) : ~0u;
 
-    // Top-k: round j takes the best expert not taken yet.
-    unsigned taken = 0;  // bit i: expert i*32 + lane is taken
-    for (int j = 0; j < k; ++j) {
-      float bv = 0.0f;
-      int be = -1;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int e = i * 32 + lane;
-        if (e < E && !((taken >> i) & 1u) && ranks_before(key[i], e, bv, be)) bv = key[i], be = e;
-      }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(kFull, bv, o);
-        const int oe = __shfl_xor_sync(kFull, be, o);
-        if (ranks_before(ov, oe, bv, be)) bv = ov, be = oe;
-      }
-      // NaN scores are unordered and could leave the lanes disagreeing: lane 0 decides.
-      bv = __shfl_sync(kFull, bv, 0);
-      be = __shfl_sync(kFull, be, 0);
-      if ((be & 31) == lane) taken |= 1u << (be >> 5);
-      // sv: the chosen's sigmoid without the bias, for its prob.
+    // The routing's top-k (sv: the chosen's value without the bias, for its prob).
+    warp_topk<kPer>(key, E, k, lane, allowed, [&](int j, int be, float bv) {
       if (lane == 0) se[j] = be, sv[j] = a.bias ? sigmoid(zr[be]) : bv;
-    }
+    });
     __syncwarp();
 
     // The probs of the chosen, lane by lane (j = lane, lane + 32, ...): sigmoids renormalised over
@@ -242,8 +291,10 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     __syncwarp();  // se and sv are read before the next token's rounds write them
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < E; i += blockDim.x)
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
     if (hist[i]) atomicAdd(&tokens_per_expert[i], hist[i]);
+    if (aux_hist[i]) atomicAdd(&aux_tokens_per_expert[i], aux_hist[i]);
+  }
 }
 
 // ---- aux-loss-free balancing
@@ -707,6 +758,11 @@ void check_router(const char* op, int64_t T, const MoeRouterSpec& r) {
                 std::to_string(k));
   if (T < 0 || T * k > int64_t(INT32_MAX))
     throw Error(std::string(op) + ": T * topk must be in [0, 2^31) (int32 indices), got T = " + std::to_string(T));
+  const int64_t G = r.num_groups, g = r.group_topk;
+  if ((G != 0 || g != 0) && (G < 1 || E % G != 0 || g < 1 || g > G || k < g || k > g * (E / G)))
+    throw Error(std::string(op) + ": group-limited routing needs num_groups dividing the " + std::to_string(E) +
+                " experts, 1 <= group_topk <= num_groups and group_topk <= topk <= group_topk * experts per group "
+                "(got num_groups = " + std::to_string(G) + ", group_topk = " + std::to_string(g) + ")");
 }
 
 // Where the aux-loss statistics live: the token rows the losses' gradients differ by (one per
@@ -768,17 +824,26 @@ void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stre
 
 void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& router, int32_t* topk_idx,
                         float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream,
-                        const float* expert_bias) {
-  check_router("moe_router_forward", T, router);
+                        const float* expert_bias, int32_t* aux_topk_idx, int32_t* aux_tokens_per_expert) {
+  const char* op = "moe_router_forward";
+  check_router(op, T, router);
   if (expert_bias && !router.sigmoid) throw Error("moe_router_forward: an expert bias needs the sigmoid router");
+  if ((aux_topk_idx == nullptr) != (aux_tokens_per_expert == nullptr))
+    throw Error("moe_router_forward: the aux losses' top-k needs both its choices and its counts");
+  if (scores && (expert_bias || router.num_groups > 0) && !aux_topk_idx)
+    throw Error("moe_router_forward: with an expert bias or group-limited routing the aux losses need their own "
+                "top-k (aux_topk_idx, aux_tokens_per_expert)");
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(tokens_per_expert, 0, sizeof(int32_t) * router.num_experts, stream));
+  if (aux_tokens_per_expert)
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(aux_tokens_per_expert, 0, sizeof(int32_t) * router.num_experts, stream));
   if (T == 0) return;
   RouterArgs a = router_args(router);
   a.bias = expert_bias;
+  a.groups = static_cast<int>(router.num_groups), a.group_topk = static_cast<int>(router.group_topk);
   const unsigned blocks = blocks_for(T, kRouterWarps, kRouterMaxBlocks);
   with_slots(router.num_experts, [&](auto per) {
     moe_router_forward_kernel<decltype(per)::value><<<blocks, kRouterWarps * 32, 0, stream>>>(
-        logits, T, a, topk_idx, topk_probs, scores, lse, tokens_per_expert);
+        logits, T, a, topk_idx, topk_probs, scores, lse, tokens_per_expert, aux_topk_idx, aux_tokens_per_expert);
   });
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }

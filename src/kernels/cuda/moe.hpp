@@ -25,10 +25,12 @@ struct MoeRouterSpec {
   bool sigmoid = false;     // --moe-router-score-function sigmoid (else softmax)
   bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
   float topk_scaling_factor = 0.0f;  // --moe-router-topk-scaling-factor; 0: none
+  int64_t num_groups = 0, group_topk = 0;  // --moe-router-num-groups / --moe-router-group-topk; 0: none
 };
 
 // The load-balancing and z losses that are on (coefficient > 0), as kernels/cpu/moe.hpp defines
-// them; the aux losses use the routing's own top-k (no expert bias on the GPU).
+// them; the aux losses count the unbiased top-k over every group (moe_router_forward's aux top-k
+// when an expert bias or group-limited routing makes the routing's differ).
 struct MoeAuxLossSpec {
   float aux_coeff = 0.0f;      // aux_loss
   float seq_aux_coeff = 0.0f;  // seq_aux_loss
@@ -47,10 +49,15 @@ void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stre
 // the logits (nullable: only for the z-loss), and tokens_per_expert[E] (required; overwritten:
 // zeroed, then counted). expert_bias[E] (fp32, nullable; sigmoid only): aux-loss-free balancing's
 // router.expert_bias, added to the sigmoids to choose the experts, not to their probs (the scores
-// stay unbiased). laoyao::Error unless 1 <= E <= kMoeMaxExperts, 1 <= k <= E and T * k < 2^31.
+// stay unbiased). With router.num_groups the experts come from the best groups only (the CPU's
+// group-limited routing). The aux losses count the unbiased top-k over all experts: with an expert
+// bias or groups and the aux scores on, it goes to aux_topk_idx[T, k] and aux_tokens_per_expert[E]
+// (required then, else nullable). laoyao::Error unless 1 <= E <= kMoeMaxExperts, 1 <= k <= E,
+// T * k < 2^31 and the groups split as the CPU's check_groups asks.
 void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& router, int32_t* topk_idx,
                         float* topk_probs, float* scores, float* lse, int32_t* tokens_per_expert, cudaStream_t stream,
-                        const float* expert_bias = nullptr);
+                        const float* expert_bias = nullptr, int32_t* aux_topk_idx = nullptr,
+                        int32_t* aux_tokens_per_expert = nullptr);
 // Aux-loss-free balancing (GptModel::update_expert_bias on the CPU): load[E] += tokens_per_expert
 // after a training forward; after the step's micro-batches (load summed over the data-parallel
 // ranks) bias[e] += rate * sign(mean(load) - load[e]) in fp32, the mean summed in double as the

@@ -35,14 +35,8 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
-  if (c.moe.num_experts > 0 && c.moe.num_groups > 0)
-    missing.push_back("group-limited routing (--moe-router-num-groups)");
   if (c.moe.num_experts > 0 && c.moe.global_aux_loss_coeff > 0)
     missing.push_back("the global_aux_loss load balancing (--moe-router-load-balancing-type global_aux_loss)");
-  // With an expert bias the aux losses count the unbiased top-k, which the GPU router does not keep.
-  if (c.moe.num_experts > 0 && c.moe.expert_bias && (c.moe.aux_loss_coeff > 0 || c.moe.seq_aux_loss_coeff > 0))
-    missing.push_back("the MoE router's expert bias together with an aux loss (--moe-router-enable-expert-bias "
-                      "with --moe-router-load-balancing-type aux_loss or seq_aux_loss)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).

@@ -45,6 +45,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   router_.sigmoid = m.sigmoid;
   router_.pre_softmax = m.pre_softmax;
   router_.topk_scaling_factor = m.topk_scaling_factor ? static_cast<float>(*m.topk_scaling_factor) : 0.0f;
+  router_.num_groups = m.num_groups, router_.group_topk = m.group_topk;
   losses_.aux_coeff = static_cast<float>(m.aux_loss_coeff);
   losses_.seq_aux_coeff = static_cast<float>(m.seq_aux_loss_coeff);
   losses_.z_coeff = static_cast<float>(m.z_loss_coeff);
@@ -54,6 +55,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   // (dropless routing bounds nothing tighter).
   const int64_t T = max_tokens, N = T * k_, Nl = P_ * N;
   const bool aux = losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0;
+  // The aux losses count their own top-k when the routing's is biased or limited to groups.
+  const bool aux_apart = aux && (m.expert_bias || m.num_groups > 0);
   slot_.assign(static_cast<size_t>(cfg.num_layers), -1);
   int64_t layers = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l)
@@ -70,6 +73,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.stats = a.take<float>(static_cast<int64_t>(kc::moe_aux_stats_floats(T, E_, losses_)));
       S.topk_idx = a.take<int32_t>(N);
       S.counts = a.take<int32_t>(E_);
+      S.aux_idx = aux_apart ? a.take<int32_t>(N) : nullptr;
+      S.aux_counts = aux_apart ? a.take<int32_t>(E_) : nullptr;
       S.offsets = a.take<int32_t>(E_ + 1);
       S.sorted_token = a.take<int32_t>(N);
       S.permuted_row = a.take<int32_t>(N);
@@ -261,11 +266,13 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     if (!ctx.main || ctx.W.expert_bias < 0) throw Error("CudaMoeLayers: the expert bias needs the fp32 parameters");
     bias = ctx.main + ctx.W.expert_bias;
   }
-  kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st, bias);
+  kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st, bias, S.aux_idx,
+                         S.aux_counts);
   if (bias && count_losses)  // a training forward's tokens count for the bias update
     kc::moe_accumulate_load(S.counts, expert_load_.as<int32_t>() + slot_[static_cast<size_t>(l)] * E_, E_, st);
   if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0)
-    kc::moe_aux_losses_forward(S.scores, S.lse, S.topk_idx, S.counts, T, router_, losses_, S.stats,
+    kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx,
+                               S.aux_counts ? S.aux_counts : S.counts, T, router_, losses_, S.stats,
                                count_losses ? train_sums_ : discard_sums_, st);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);

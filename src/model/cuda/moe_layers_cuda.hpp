@@ -82,6 +82,7 @@ class CudaMoeLayers {
   struct Saved {  // what layer l keeps from its forward for its backward
     float *logits, *probs, *scores, *lse, *stats;
     int32_t *topk_idx, *counts, *offsets, *sorted_token, *permuted_row;
+    int32_t *aux_idx, *aux_counts;  // the aux losses' own top-k (expert bias or groups), else null
     bf16 *fc1_out, *act_out, *expert_out, *shared_u, *shared_g;
     // Expert parallelism: every rank's counts [P][E], the offsets of this rank's experts' rows
     // [El + 1] and those rows (expert-major), and the exchange's sizes in elements per peer.
