@@ -96,8 +96,10 @@ struct ModelConfig {
   OptInt moe_ffn_hidden_size;
   int64_t moe_router_topk = 2;
   Value moe_layer_freq = Value::integer(1);  // int N or a list of 0/1 per layer
-  std::string moe_router_load_balancing_type = "aux_loss";
-  double moe_aux_loss_coeff = 0.0;
+  // A type (aux_loss, seq_aux_loss, global_aux_loss, none) and its coefficient, or lists of both,
+  // paired by position (Megatron's nargs='+' flags).
+  Value moe_router_load_balancing_type = Value::string("aux_loss");
+  Value moe_aux_loss_coeff = Value::real(0.0);
   OptFloat moe_z_loss_coeff;
   std::string moe_router_score_function = "softmax";
   bool moe_router_pre_softmax = false;

@@ -69,7 +69,7 @@ template <class V> void ModelConfig::visit(V& v) {
   v.field("moe_ffn_hidden_size", moe_ffn_hidden_size);
   v.field("moe_router_topk", moe_router_topk);
   v.field("moe_layer_freq", moe_layer_freq);
-  v.field("moe_router_load_balancing_type", moe_router_load_balancing_type, Choices{"aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"});
+  v.field("moe_router_load_balancing_type", moe_router_load_balancing_type);  // checked by train/run_setup
   v.field("moe_aux_loss_coeff", moe_aux_loss_coeff);
   v.field("moe_z_loss_coeff", moe_z_loss_coeff);
   v.field("moe_router_score_function", moe_router_score_function, Choices{"softmax", "sigmoid", "sqrtsoftplus"});

@@ -218,8 +218,20 @@ const std::vector<FlagSpec>& flag_table() {
          for (auto i : list) items.push_back(Value::integer(i));
          s.set("model.moe_layer_freq", Value::make_list(std::move(items)), v[0]);
        }},
-      {"--moe-router-load-balancing-type", Kind::Value, "model.moe_router_load_balancing_type"},
-      {"--moe-aux-loss-coeff", Kind::Value, "model.moe_aux_loss_coeff"},
+      // nargs='+': one value stays a value, several make a list (the types stay strings: "none" too).
+      {"--moe-router-load-balancing-type", Kind::Multi, nullptr, nullptr,
+       [](State& s, const std::vector<std::string>& v) {
+         std::vector<Value> items;
+         for (const auto& x : v) items.push_back(Value::string(x));
+         s.set("model.moe_router_load_balancing_type", v.size() == 1 ? items[0] : Value::make_list(std::move(items)),
+               join(v, " "));
+       }},
+      {"--moe-aux-loss-coeff", Kind::Multi, nullptr, nullptr,
+       [](State& s, const std::vector<std::string>& v) {
+         std::vector<Value> items;
+         for (const auto& x : v) items.push_back(parse_scalar(x));
+         s.set("model.moe_aux_loss_coeff", v.size() == 1 ? items[0] : Value::make_list(std::move(items)), join(v, " "));
+       }},
       {"--moe-z-loss-coeff", Kind::Value, "model.moe_z_loss_coeff"},
       {"--moe-router-score-function", Kind::Value, "model.moe_router_score_function"},
       {"--moe-router-pre-softmax", Kind::True, "model.moe_router_pre_softmax"},

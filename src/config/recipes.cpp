@@ -293,8 +293,8 @@ void moe_2b_model(ModelConfig& m) {
   m.num_moe_experts = 64, m.moe_router_topk = 8, m.moe_ffn_hidden_size = 384;
   m.moe_layer_freq = Value::integer(1);
   m.moe_router_score_function = "softmax";
-  m.moe_router_load_balancing_type = "aux_loss";
-  m.moe_aux_loss_coeff = 1e-3;
+  m.moe_router_load_balancing_type = Value::string("aux_loss");
+  m.moe_aux_loss_coeff = Value::real(1e-3);
   m.moe_router_dtype = "fp32";
   m.moe_grouped_gemm = true;
   m.moe_token_dispatcher_type = "alltoall";
@@ -338,8 +338,8 @@ void deepseek_v2_lite_model(ModelConfig& m) {
   m.moe_layer_freq = Value::make_list(std::move(freq));
   m.moe_router_score_function = "softmax";
   m.moe_router_pre_softmax = true;
-  m.moe_router_load_balancing_type = "seq_aux_loss";
-  m.moe_aux_loss_coeff = 1e-3;
+  m.moe_router_load_balancing_type = Value::string("seq_aux_loss");
+  m.moe_aux_loss_coeff = Value::real(1e-3);
   m.moe_router_topk_scaling_factor = 1.0;
   m.moe_router_num_groups = 1, m.moe_router_group_topk = 1;
   m.moe_router_dtype = "fp32";

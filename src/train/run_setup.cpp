@@ -81,6 +81,42 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   return g;
 }
 
+namespace {
+
+// --moe-router-load-balancing-type and --moe-aux-loss-coeff: one type and its coefficient, or
+// lists of the same length paired by position (Megatron's get_aux_loss_coeff).
+std::vector<std::pair<std::string, double>> load_balancing(const config::ModelConfig& m) {
+  const char* types = "model.moe_router_load_balancing_type (--moe-router-load-balancing-type)";
+  const char* coeffs = "model.moe_aux_loss_coeff (--moe-aux-loss-coeff)";
+  auto type_of = [&](const config::Value& v) -> std::string {
+    if (v.kind == config::Value::Kind::Null) return "none";  // an override's none
+    if (v.kind != config::Value::Kind::String)
+      throw UsageError(std::string(types) + ": expected a type name or a list of them, got a " + kind_name(v.kind));
+    return v.s;
+  };
+  auto coeff_of = [&](const config::Value& v) -> double {
+    if (v.kind == config::Value::Kind::Int) return static_cast<double>(v.i);
+    if (v.kind == config::Value::Kind::Float) return v.f;
+    throw UsageError(std::string(coeffs) + ": expected a number or a list of them, got a " + kind_name(v.kind));
+  };
+  auto items = [](const config::Value& v) {
+    return v.kind == config::Value::Kind::List ? v.list : std::vector<config::Value>{v};
+  };
+  const std::vector<config::Value> t = items(m.moe_router_load_balancing_type), k = items(m.moe_aux_loss_coeff);
+  if (t.size() != k.size())
+    throw UsageError(std::string(types) + " lists " + std::to_string(t.size()) + " type(s) and " + coeffs + " " +
+                     std::to_string(k.size()) + " coefficient(s): give one coefficient per type");
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    out.emplace_back(type_of(t[i]), coeff_of(k[i]));
+    for (size_t j = 0; j < i; ++j)
+      if (out[j].first == out[i].first) throw UsageError(std::string(types) + " lists '" + out[i].first + "' twice");
+  }
+  return out;
+}
+
+}  // namespace
+
 model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g) {
   const auto& m = c.model;
   model::MoeConfig moe;
@@ -117,16 +153,16 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
   moe.pre_softmax = m.moe_router_pre_softmax;
   if (m.moe_router_topk_scaling_factor && *m.moe_router_topk_scaling_factor != 0)
     moe.topk_scaling_factor = *m.moe_router_topk_scaling_factor;
-  const std::string& balance = m.moe_router_load_balancing_type;
-  if (balance == "aux_loss")
-    moe.aux_loss_coeff = m.moe_aux_loss_coeff;
-  else if (balance == "seq_aux_loss")
-    moe.seq_aux_loss_coeff = m.moe_aux_loss_coeff;
-  else if (balance == "global_aux_loss")
-    moe.global_aux_loss_coeff = m.moe_aux_loss_coeff;
-  else if (balance != "none")
-    throw UsageError("model.moe_router_load_balancing_type (--moe-router-load-balancing-type) '" + balance +
-                     "' is not supported yet (aux_loss, seq_aux_loss, global_aux_loss, none)");
+  for (const auto& [balance, coeff] : load_balancing(m)) {
+    double* slot = balance == "aux_loss"          ? &moe.aux_loss_coeff
+                   : balance == "seq_aux_loss"    ? &moe.seq_aux_loss_coeff
+                   : balance == "global_aux_loss" ? &moe.global_aux_loss_coeff
+                                                  : nullptr;
+    if (!slot && balance != "none")
+      throw UsageError("model.moe_router_load_balancing_type (--moe-router-load-balancing-type) '" + balance +
+                       "' is not supported yet (aux_loss, seq_aux_loss, global_aux_loss, none)");
+    if (slot) *slot = coeff;
+  }
   moe.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
   moe.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
   moe.expert_parallel = m.expert_model_parallel_size;

@@ -98,7 +98,16 @@ TEST(MlmArgs, ArgparseForms) {
   EXPECT_DOUBLE_EQ(neg.scheduler.lr_warmup_init, -0.5) << "a negative number is a value, not a flag";
   // argparse keeps a flag's text: the choice "none" is the string none, not YAML's null.
   ConfigContainer none = parse_mlm_args({"--moe-router-load-balancing-type", "none"});
-  EXPECT_EQ(none.model.moe_router_load_balancing_type, "none");
+  EXPECT_EQ(none.model.moe_router_load_balancing_type.kind, Value::Kind::String);
+  EXPECT_EQ(none.model.moe_router_load_balancing_type.s, "none");
+  // nargs='+': several types and coefficients make lists, paired by position.
+  ConfigContainer two = parse_mlm_args({"--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss",
+                                        "--moe-aux-loss-coeff", "1e-3", "1e-4"});
+  ASSERT_EQ(two.model.moe_router_load_balancing_type.kind, Value::Kind::List);
+  ASSERT_EQ(two.model.moe_router_load_balancing_type.list.size(), 2u);
+  EXPECT_EQ(two.model.moe_router_load_balancing_type.list[1].s, "seq_aux_loss");
+  ASSERT_EQ(two.model.moe_aux_loss_coeff.kind, Value::Kind::List);
+  EXPECT_DOUBLE_EQ(two.model.moe_aux_loss_coeff.list[1].f, 1e-4);
 }
 
 TEST(MlmArgs, SwitchesAndQuirks) {

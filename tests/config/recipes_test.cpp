@@ -135,8 +135,8 @@ TEST(Recipes, DeepSeekV2LiteMoeFields) {
   ASSERT_EQ(d.model.moe_layer_freq.list.size(), 27u);
   EXPECT_EQ(d.model.moe_layer_freq.list[0].i, 0);
   EXPECT_EQ(d.model.moe_layer_freq.list[1].i, 1);
-  EXPECT_EQ(d.model.moe_router_load_balancing_type, "seq_aux_loss");
-  EXPECT_DOUBLE_EQ(d.model.moe_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(d.model.moe_router_load_balancing_type.s, "seq_aux_loss");
+  EXPECT_DOUBLE_EQ(d.model.moe_aux_loss_coeff.f, 1e-3);
   EXPECT_TRUE(d.model.moe_router_pre_softmax);
   EXPECT_TRUE(d.model.multi_latent_attention);
   EXPECT_FALSE(d.model.q_lora_rank.has_value());
@@ -310,8 +310,8 @@ TEST(Recipes, MoeFlagshipShape) {
   EXPECT_EQ(m.moe_router_topk, 8);
   EXPECT_EQ(*m.moe_ffn_hidden_size, 384);
   EXPECT_EQ(m.moe_router_score_function, "softmax");
-  EXPECT_EQ(m.moe_router_load_balancing_type, "aux_loss");
-  EXPECT_DOUBLE_EQ(m.moe_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(m.moe_router_load_balancing_type.s, "aux_loss");
+  EXPECT_DOUBLE_EQ(m.moe_aux_loss_coeff.f, 1e-3);
   EXPECT_EQ(m.seq_length, 4096);
   EXPECT_EQ(r.validated.derived.padded_vocab_size, 152064) << "Bridge's NullTokenizer: 151936 + 1, padded to 128";
 }

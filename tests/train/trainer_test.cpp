@@ -253,6 +253,27 @@ TEST(Trainer, GlobalAuxLossTrainsAndIsLogged) {
   EXPECT_EQ(last.find("| load_balancing_loss: "), std::string::npos) << last;
 }
 
+// Lists of load-balancing types and coefficients (Megatron's nargs='+', paired by position): both
+// losses train the router and are logged.
+TEST(Trainer, ListedLoadBalancingTypesAreBothApplied) {
+  auto a = tiny_args(4, 1);
+  a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-router-load-balancing-type", "aux_loss",
+                     "seq_aux_loss", "--moe-aux-loss-coeff", "0.01", "0.001", "--disable-bias-linear"});
+  std::string log;
+  auto s = run(config::resolve_mlm(a, 1), &log);
+  ASSERT_EQ(s.lm_loss.size(), 4u);
+  const std::string line = log.substr(log.find("iteration        4/"));
+  const std::string last = line.substr(0, line.find('\n'));
+  EXPECT_NE(last.find("| load_balancing_loss: "), std::string::npos) << last;
+  EXPECT_NE(last.find("| seq_load_balancing_loss: "), std::string::npos) << last;
+  // The same router with the aux loss alone: the seq_aux loss changed the training.
+  auto one = tiny_args(4, 1);
+  one.insert(one.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+                         "--disable-bias-linear"});
+  auto alone = run(config::resolve_mlm(one, 1));
+  EXPECT_NE(alone.lm_loss.back(), s.lm_loss.back());
+}
+
 // Megatron's --moe-router-force-load-balancing (benchmarks): random router logits, so the aux loss
 // over its coefficient sits near a balanced router's 1; the model still trains.
 TEST(Trainer, ForceLoadBalancingTrainsBalanced) {
@@ -294,6 +315,9 @@ TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
       {{"--moe-router-num-groups", "2"}, "needs both --moe-router-num-groups and --moe-router-group-topk"},
       {{"--moe-router-num-groups", "3", "--moe-router-group-topk", "1"}, "model.moe_router_num_groups (3) must divide"},
       {{"--moe-router-enable-expert-bias"}, "needs --moe-router-score-function sigmoid"},
+      {{"--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss"}, "give one coefficient per type"},
+      {{"--moe-router-load-balancing-type", "aux_loss", "aux_loss", "--moe-aux-loss-coeff", "0.1", "0.2"},
+       "lists 'aux_loss' twice"},
   };
   for (const auto& [extra, want] : refused) {
     auto a = tiny_args(2, 1);
