@@ -222,6 +222,7 @@ void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 int64_t GptModel::count_zero_grads() const {
   double zeros[2] = {0.0, 0.0};  // split parameters, replicated ones
   for (const auto& p : table_.specs) {
+    if (p.buffer) continue;  // not a parameter: Megatron counts the gradients of parameters
     int64_t z = 0;
     for (int64_t i = 0; i < p.numel; ++i) z += grads_[p.offset + i] == 0.0f;
     zeros[is_split(p.name) ? 0 : 1] += static_cast<double>(z);

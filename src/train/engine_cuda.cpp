@@ -270,15 +270,23 @@ class CudaEngine final : public Engine {
     if (counted.empty()) return;
     counted_begin_ = counted.front()->offset;
     counted_end_ = counted.back()->offset + counted.back()->count;
-    if (counted.size() == 1 && !gpu_.tp_group()) return;
+    const bool buffers = std::any_of(gpu_.table().specs.begin(), gpu_.table().specs.end(),
+                                     [](const model::ParamSpec& p) { return p.buffer; });
+    if (counted.size() == 1 && !gpu_.tp_group() && !buffers) return;
     std::vector<uint8_t> flags(static_cast<size_t>(counted_end_ - counted_begin_), 0);
     for (const OwnedSegment* seg : counted)
       std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);
-    if (gpu_.tp_group()) {  // and the model's own flags
+    if (gpu_.tp_group()) {  // and the model's own flags (which leave the buffers out too)
       std::vector<uint8_t> split(flags.size());
       LAOYAO_CUDA_CHECK(cudaMemcpy(split.data(), gpu_.counted_flags() + counted_begin_, split.size(),
                                    cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < flags.size(); ++i) flags[i] &= split[i];
+    } else {  // the data-parallel sum counts every EP rank's experts already: only the buffers left out
+      for (const auto& p : gpu_.table().specs) {
+        if (!p.buffer) continue;
+        const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
+        if (lo < hi) std::fill(flags.begin() + (lo - counted_begin_), flags.begin() + (hi - counted_begin_), 0);
+      }
     }
     counted_ = kc::DeviceBuffer(flags.size());
     counted_.upload(flags.data(), flags.size());

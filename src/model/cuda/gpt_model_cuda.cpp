@@ -128,12 +128,17 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
   // (A config and group of different EP sizes, or EP with TP, are refused by the MoE layers below.)
-  if (split_group()) {  // the norms count a replicated tensor once over the group: on rank 0
-    const int64_t rank = split_group()->rank();
+  // The norms count a replicated tensor once over the split group (on rank 0) and no buffer (the
+  // router's expert_bias: not a parameter).
+  const bool buffers = std::any_of(layout_.table.specs.begin(), layout_.table.specs.end(),
+                                   [](const ParamSpec& p) { return p.buffer; });
+  if (split_group() || buffers) {
+    const int64_t rank = split_group() ? split_group()->rank() : 0;
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
     for (const auto& p : layout_.table.specs) {
       const bool split = ep_ ? is_routed_expert(p.name) : tp_split_of(p.name, cfg_) != TpSplit::Replicated;
-      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, rank == 0 || split ? 1 : 0);
+      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel,
+                (rank == 0 || split) && !p.buffer ? 1 : 0);
     }
     counted_ = kc::DeviceBuffer(flags.size());
     counted_.upload(flags.data(), flags.size());

@@ -74,8 +74,9 @@ class CudaGptModel {
   // and zero counts are sums over it of each rank's counted_flags() parameters.
   dist::ProcessGroup* split_group() const { return tp_size_ > 1 ? tp_ : ep_; }
   // One flag per parameter, 1 where this rank counts it in the model's norms and zero counts (split
-  // tensors, a rank's experts, everywhere; replicated ones on rank 0 only); nullptr when whole.
-  const uint8_t* counted_flags() const { return split_group() ? counted_.as<uint8_t>() : nullptr; }
+  // tensors, a rank's experts, everywhere; replicated ones on rank 0 only; buffers, the routers'
+  // expert_bias, nowhere); nullptr when whole and without buffers.
+  const uint8_t* counted_flags() const { return counted_.bytes ? counted_.as<uint8_t>() : nullptr; }
   // After a step's micro-batches: sums over the tensor-parallel group the gradients each rank
   // holds only a part of (the QK-norm weights, which serve every head; with sequence parallelism
   // the norms' weights and biases). Enqueued on stream(); nothing to do without TP.
