@@ -236,8 +236,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   int64_t iteration = 0, last_saved = -1, resumed_from = -1;
   std::optional<TrainStateRecord> resumed;
   if (dist_opt && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
-    // Checkpoints hold the whole moments: restore them whole (and, under expert parallelism, the
-    // whole model: below), keep this rank's share.
+    // Checkpoints hold the whole moments: restore them whole (and, under tensor or expert
+    // parallelism, the whole model: below), keep this rank's share.
     auto local = gather_moments(model.table(), adam, shards, adam_settings);
     if (split_model(model)) {
       WholeState whole = gather_whole_state(model, *local, adam_settings);
