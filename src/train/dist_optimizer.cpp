@@ -108,11 +108,15 @@ void gather_shares(float* weights, const OptimizerShards& shards, std::vector<fl
   }
 }
 
-std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
-                                             const OptimizerShards& shards, const optim::AdamWSettings& s) {
+std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : table.specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
-  auto whole = std::make_unique<optim::AdamW>(table.total, ranges, s);
+  return std::make_unique<optim::AdamW>(table.total, ranges, s);
+}
+
+std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
+                                             const OptimizerShards& shards, const optim::AdamWSettings& s) {
+  auto whole = make_whole_adam(table, s);
   for (const OwnedSegment& seg : shards.owned) {
     if (!seg.counted) continue;  // a tail another rank of the group contributes
     for (auto [from, to] : {std::pair{&shard_adam.exp_avg(), &whole->exp_avg()},

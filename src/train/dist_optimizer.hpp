@@ -81,6 +81,8 @@ void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weight
 // over the runs' groups: an all-reduce of each rank's pieces over zeros). scratch: the caller's.
 void gather_shares(float* weights, const OptimizerShards& shards, std::vector<float>& scratch);
 
+// A whole-size AdamW over `table` with zero moments (every parameter, weight decay kept).
+std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s);
 // A whole-size AdamW holding every rank's moments (collective), for a checkpoint.
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
                                              const OptimizerShards& shards, const optim::AdamWSettings& s);

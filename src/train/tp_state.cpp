@@ -6,22 +6,14 @@
 #include "model/gpt_ep.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_tp.hpp"
+#include "train/dist_optimizer.hpp"
 
 namespace laoyao::train {
-namespace {
-
-std::unique_ptr<optim::AdamW> adam_for(const model::ParameterTable& table, const optim::AdamWSettings& s) {
-  std::vector<optim::ParamRange> ranges;
-  for (const auto& p : table.specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
-  return std::make_unique<optim::AdamW>(table.total, ranges, s);
-}
-
-}  // namespace
 
 WholeState make_whole_state(const model::GptModel& local, const optim::AdamWSettings& settings) {
   WholeState w;
   w.model = std::make_unique<model::GptModel>(model::ep_whole_config(local.config()));
-  w.adam = adam_for(w.model->table(), settings);
+  w.adam = make_whole_adam(w.model->table(), settings);
   return w;
 }
 

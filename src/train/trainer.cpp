@@ -237,8 +237,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   std::optional<TrainStateRecord> resumed;
   if (dist_opt && (c.checkpoint.load || c.checkpoint.pretrained_checkpoint)) {
     // Checkpoints hold the whole moments: restore them whole (and, under tensor or expert
-    // parallelism, the whole model: below), keep this rank's share.
-    auto local = gather_moments(model.table(), adam, shards, adam_settings);
+    // parallelism, the whole model: below), keep this rank's share. Nothing has stepped yet: the
+    // whole moments start at zero, no gather needed.
+    auto local = make_whole_adam(model.table(), adam_settings);
     if (split_model(model)) {
       WholeState whole = gather_whole_state(model, *local, adam_settings);
       resumed = restore_run_checkpoint(c, d, *whole.model, *whole.adam, opt.out);

@@ -324,8 +324,9 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     }
   }
   // Checkpoints hold whole tensors: saved at TP=2 x DP=2 with sequence parallelism and the
-  // distributed optimizer after 2 iterations, resumed on one rank, at DP=2 and at TP=2: iteration 3
-  // and the evaluations after it (which see step 3: the restored moments) are the uninterrupted run's.
+  // distributed optimizer after 2 iterations, resumed on one rank, at DP=2 with the distributed
+  // optimizer and at TP=2: iteration 3 and the evaluations after it (which see step 3: the restored
+  // moments) are the uninterrupted run's.
   std::vector<std::string> one = tiny_run({"--train-iters", "3", "--num-attention-heads", "4"});
   const auto want = losses_in(run_laoyao(one, dir, "LAOYAO_DEVICE=cpu").output);
   ASSERT_GE(want.size(), 4u);
@@ -335,7 +336,7 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
                                 dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(saved.status, 0) << saved.output;
   const std::vector<std::pair<const char*, std::vector<std::string>>> loads = {
-      {"1", {}}, {"2", {}}, {"2", {"--tensor-model-parallel-size", "2"}}};
+      {"1", {}}, {"2", {"--use-distributed-optimizer"}}, {"2", {"--tensor-model-parallel-size", "2"}}};
   for (const auto& [n, extra] : loads) {
     std::vector<std::string> flags = {"--load", dir + "/tp_ckpt"};
     flags.insert(flags.end(), extra.begin(), extra.end());
@@ -345,7 +346,7 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
     for (size_t i = 0; i < tail.size(); ++i)
       EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i])
-          << "value " << i << " resumed on " << n << " rank(s)" << (extra.empty() ? "" : " at TP=2") << "\n"
+          << "value " << i << " resumed on " << n << " rank(s)" << (extra.empty() ? "" : " with " + extra[0]) << "\n"
           << resumed.output;
   }
 }
