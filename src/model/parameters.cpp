@@ -30,6 +30,12 @@ const ParamSpec* ParameterTable::find(const std::string& name) const {
   return nullptr;
 }
 
+bool ParameterTable::has_buffers() const {
+  for (const auto& p : specs)
+    if (p.buffer) return true;
+  return false;
+}
+
 void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16) {
   // Each parameter draws from its own stream, so the parameters can be filled in any order (here in
   // parallel, largest first in practice) and the values stay the same.

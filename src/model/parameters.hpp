@@ -30,6 +30,7 @@ struct ParameterTable {
   // Appends a parameter; returns its offset.
   int64_t add(std::string name, std::vector<int64_t> shape, Init init, double std = 0);
   const ParamSpec* find(const std::string& name) const;
+  bool has_buffers() const;  // any spec with `buffer` (the norms and zero counts leave them out)
 };
 
 // Fills `weights` (size table.total) with Megatron's init distributions, drawing from laoyao's

@@ -25,6 +25,7 @@ class AdamW {
   //   p -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)        (t counts steps from 1)
   void step(float* params, const float* grads, double lr, double wd);
   int64_t steps() const { return step_; }
+  const std::vector<ParamRange>& ranges() const { return ranges_; }
   std::vector<float>& exp_avg() { return m_; }
   std::vector<float>& exp_avg_sq() { return v_; }
   const std::vector<float>& exp_avg() const { return m_; }

@@ -93,16 +93,16 @@ class CudaEngine final : public Engine {
         shards_(std::move(shards)),
         gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group()) {
     const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
+    if (static_cast<int64_t>(adam_.exp_avg().size()) != n)
+      throw Error("CudaEngine: the AdamW's moments do not match the optimizer shares");
     m_ = kc::DeviceBuffer(sizeof(float) * n);
     v_ = kc::DeviceBuffer(sizeof(float) * n);
     decay_ = kc::DeviceBuffer(static_cast<size_t>(n));
+    // The host AdamW's ranges tile its moments with their weight-decay multipliers (make_shard_adam's
+    // for a share): one flag per moment.
     std::vector<uint8_t> decay(static_cast<size_t>(n), 0);
-    for (const auto& p : gpu_.table().specs)
-      for (const OwnedSegment& seg : shards_.owned) {
-        const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, seg.offset + seg.count);
-        if (lo < hi) std::fill(decay.begin() + (seg.moment + lo - seg.offset), decay.begin() + (seg.moment + hi - seg.offset),
-                               p.weight_decay ? 1 : 0);
-      }
+    for (const optim::ParamRange& r : adam_.ranges())
+      std::fill_n(decay.begin() + r.offset, r.numel, r.wd_mult != 0.0 ? 1 : 0);
     decay_.upload(decay.data(), decay.size());
     if (shards_.sharded()) count_owned();
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
@@ -270,9 +270,7 @@ class CudaEngine final : public Engine {
     if (counted.empty()) return;
     counted_begin_ = counted.front()->offset;
     counted_end_ = counted.back()->offset + counted.back()->count;
-    const bool buffers = std::any_of(gpu_.table().specs.begin(), gpu_.table().specs.end(),
-                                     [](const model::ParamSpec& p) { return p.buffer; });
-    if (counted.size() == 1 && !gpu_.tp_group() && !buffers) return;
+    if (counted.size() == 1 && !gpu_.tp_group() && !gpu_.table().has_buffers()) return;
     std::vector<uint8_t> flags(static_cast<size_t>(counted_end_ - counted_begin_), 0);
     for (const OwnedSegment* seg : counted)
       std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);

@@ -50,6 +50,12 @@ train::TrainSummary run(const config::Resolved& r, std::string* log = nullptr) {
   }
 }
 
+// The log line of training iteration `it` (of the runs here: train iterations below 10).
+std::string iteration_line(const std::string& log, int it) {
+  const std::string line = log.substr(log.find("iteration        " + std::to_string(it) + "/"));
+  return line.substr(0, line.find('\n'));
+}
+
 }  // namespace
 
 TEST(Trainer, TinyGptLossFallsWellBelowLnVocab) {
@@ -207,8 +213,7 @@ TEST(Trainer, MoeModelTrainsAndLogsTheLoadBalancingLoss) {
   auto s = run(config::resolve_mlm(a, 1), &log);
   ASSERT_EQ(s.lm_loss.size(), 8u);
   EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
-  const std::string line = log.substr(log.find("iteration        3/"));
-  const std::string first = line.substr(0, line.find('\n'));
+  const std::string first = iteration_line(log, 3);
   const auto at = first.find("| load_balancing_loss: ");
   ASSERT_NE(at, std::string::npos) << first;
   EXPECT_LT(first.find("lm loss:"), at);
@@ -243,8 +248,7 @@ TEST(Trainer, GlobalAuxLossTrainsAndIsLogged) {
   auto s = run(config::resolve_mlm(a, 1), &log);
   ASSERT_EQ(s.lm_loss.size(), 8u);
   EXPECT_LT(s.lm_loss.back(), s.lm_loss.front());
-  const std::string line = log.substr(log.find("iteration        8/"));
-  const std::string last = line.substr(0, line.find('\n'));
+  const std::string last = iteration_line(log, 8);
   const auto at = last.find("| global_load_balancing_loss: ");
   ASSERT_NE(at, std::string::npos) << last;
   const double lb = std::stod(last.substr(at + 30));
@@ -262,8 +266,7 @@ TEST(Trainer, ListedLoadBalancingTypesAreBothApplied) {
   std::string log;
   auto s = run(config::resolve_mlm(a, 1), &log);
   ASSERT_EQ(s.lm_loss.size(), 4u);
-  const std::string line = log.substr(log.find("iteration        4/"));
-  const std::string last = line.substr(0, line.find('\n'));
+  const std::string last = iteration_line(log, 4);
   EXPECT_NE(last.find("| load_balancing_loss: "), std::string::npos) << last;
   EXPECT_NE(last.find("| seq_load_balancing_loss: "), std::string::npos) << last;
   // The same router with the aux loss alone: the seq_aux loss changed the training.

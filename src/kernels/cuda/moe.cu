@@ -256,8 +256,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     // compute_routing_scores_for_aux_loss), kept apart when the routing's differs.
     if (aux_idx)
       warp_topk<kPer>(key, E, k, lane, ~0u, [&](int j, int be, float) {
-        if (lane == 0) aux_idx[t * k + j] = be;
-        if (lane == 0) atomicAdd(&aux_hist[be], 1);
+        if (lane == 0) aux_idx[t * k + j] = be, atomicAdd(&aux_hist[be], 1);
       });
     if (a.bias) {  // the experts are chosen by sigmoid + bias (the CPU's float sum)
 #pragma unroll

@@ -130,9 +130,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   // (A config and group of different EP sizes, or EP with TP, are refused by the MoE layers below.)
   // The norms count a replicated tensor once over the split group (on rank 0) and no buffer (the
   // router's expert_bias: not a parameter).
-  const bool buffers = std::any_of(layout_.table.specs.begin(), layout_.table.specs.end(),
-                                   [](const ParamSpec& p) { return p.buffer; });
-  if (split_group() || buffers) {
+  if (split_group() || layout_.table.has_buffers()) {
     const int64_t rank = split_group() ? split_group()->rank() : 0;
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
     for (const auto& p : layout_.table.specs) {
