@@ -881,10 +881,11 @@ TEST_F(CudaKernels, AdamWStepOnAShardStartingAnywhereMatchesTheWholeStep) {
 // ---------------------------------------------------------------- layernorm
 
 TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
-  const int64_t T = 300;  // three row chunks of the dgamma reduction's 128
+  const int64_t T = 300;  // three row chunks of the dgamma reduction's 128, ten of the fused kernel's 32
   const float eps = 1e-5f;
-  // C = 1003: the block-per-row kernels; C = 768: the warp-per-row, 16-byte-vector kernels.
-  for (const int64_t C : {int64_t{1003}, int64_t{768}})
+  // C = 1003: the block-per-row kernels; C = 768: the warp-per-row, 16-byte-vector kernels, whose
+  // backward also writes the parameter partials; C = 2048: warp-per-row dx, partials apart.
+  for (const int64_t C : {int64_t{1003}, int64_t{768}, int64_t{2048}})
   for (const bool zc : {false, true}) {
     SCOPED_TRACE((zc ? "zero-centered gamma, C = " : "plain gamma, C = ") + std::to_string(C));
     const uint64_t seed = zc ? 52 : 51;
@@ -955,48 +956,68 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
 // ---------------------------------------------------------------- Llama's pieces
 
 TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
-  const int64_t T = 300, C = 768;
-  const float eps = 1e-5f;
-  const auto x = randn_bf16(T * C, 80, "rms.x", 2.0, 0.5);
-  const auto gamma = randn_bf16(C, 80, "rms.gamma", 0.1, 1.0);
-  const auto dyv = randn_bf16(T * C, 80, "rms.dy");
-  const auto dgamma0 = randn(C, 80, "rms.dgamma0");
-  std::vector<float> y(T * C), rstd(T);
-  cpu::rmsnorm_forward(x.data(), gamma.data(), y.data(), rstd.data(), T, C, eps, false);
-  auto dx_in = to_device_bf16(x), dgam = to_device_bf16(gamma), ddy = to_device_bf16(dyv), ddg = to_device(dgamma0);
-  DeviceBuffer dy_out(T * C * sizeof(bf16)), drstd(T * sizeof(float)), ddx(T * C * sizeof(bf16));
-  DeviceBuffer scratch(cuda::layernorm_backward_scratch_floats(T, C) * sizeof(float));
-  cuda::rmsnorm_forward(dx_in.as<bf16>(), dgam.as<bf16>(), dy_out.as<bf16>(), drstd.as<float>(), T, C, eps, false,
-                        stream_);
-  sync();
-  const auto rstd_gpu = from_device<float>(drstd, T);
-  std::vector<double> tol(T);
-  for (int64_t t = 0; t < T; ++t) tol[t] = kFp32Sum * rstd[t];
-  expect_within(rstd_gpu, to_double(rstd), tol, "rstd");
-  expect_bf16_close(from_device_bf16(dy_out, T * C), to_double(y), 1e-4, "y");
+  // C = 768 and 2048: dx and the weight-gradient partials in one kernel (4 and 8 packs a lane);
+  // C = 4096: the partials in a kernel of their own.
+  for (const int64_t C : {int64_t{768}, int64_t{2048}, int64_t{4096}}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const int64_t T = 300;
+    const float eps = 1e-5f;
+    const auto x = randn_bf16(T * C, 80, "rms.x", 2.0, 0.5);
+    const auto gamma = randn_bf16(C, 80, "rms.gamma", 0.1, 1.0);
+    const auto dyv = randn_bf16(T * C, 80, "rms.dy");
+    const auto dgamma0 = randn(C, 80, "rms.dgamma0");
+    std::vector<float> y(T * C), rstd(T);
+    cpu::rmsnorm_forward(x.data(), gamma.data(), y.data(), rstd.data(), T, C, eps, false);
+    auto dx_in = to_device_bf16(x), dgam = to_device_bf16(gamma), ddy = to_device_bf16(dyv), ddg = to_device(dgamma0);
+    DeviceBuffer dy_out(T * C * sizeof(bf16)), drstd(T * sizeof(float)), ddx(T * C * sizeof(bf16));
+    DeviceBuffer scratch(cuda::layernorm_backward_scratch_floats(T, C) * sizeof(float));
+    cuda::rmsnorm_forward(dx_in.as<bf16>(), dgam.as<bf16>(), dy_out.as<bf16>(), drstd.as<float>(), T, C, eps, false,
+                          stream_);
+    sync();
+    const auto rstd_gpu = from_device<float>(drstd, T);
+    std::vector<double> tol(T);
+    for (int64_t t = 0; t < T; ++t) tol[t] = kFp32Sum * rstd[t];
+    expect_within(rstd_gpu, to_double(rstd), tol, "rstd");
+    expect_bf16_close(from_device_bf16(dy_out, T * C), to_double(y), 1e-4, "y");
 
-  std::vector<float> dx(T * C), dgamma = dgamma0;
-  cpu::rmsnorm_backward(dyv.data(), x.data(), gamma.data(), rstd_gpu.data(), dx.data(), dgamma.data(), T, C, false);
-  cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), ddx.as<bf16>(),
-                         ddg.as<float>(), scratch.as<float>(), T, C, false, stream_);
-  sync();
-  expect_bf16_close(from_device_bf16(ddx, T * C), to_double(dx), 1e-4, "dx");
-  std::vector<double> tg(C);
-  for (int64_t c = 0; c < C; ++c) {
-    double a = std::abs(dgamma0[c]);
-    for (int64_t t = 0; t < T; ++t) a += std::abs(dyv[t * C + c] * x[t * C + c] * rstd_gpu[t]);
-    tg[c] = kFp32Sum * a;
+    std::vector<float> dx(T * C), dgamma = dgamma0;
+    cpu::rmsnorm_backward(dyv.data(), x.data(), gamma.data(), rstd_gpu.data(), dx.data(), dgamma.data(), T, C, false);
+    cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), ddx.as<bf16>(),
+                           ddg.as<float>(), scratch.as<float>(), T, C, false, stream_);
+    sync();
+    expect_bf16_close(from_device_bf16(ddx, T * C), to_double(dx), 1e-4, "dx");
+    std::vector<double> tg(C);
+    for (int64_t c = 0; c < C; ++c) {
+      double a = std::abs(dgamma0[c]);
+      for (int64_t t = 0; t < T; ++t) a += std::abs(dyv[t * C + c] * x[t * C + c] * rstd_gpu[t]);
+      tg[c] = kFp32Sum * a;
+    }
+    expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
+    // accumulate_dx: the residual stream's gradient plus the norm's.
+    const auto r = randn_bf16(T * C, 80, "rms.residual_grad");
+    auto dacc = to_device_bf16(r);
+    cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), dacc.as<bf16>(),
+                           ddg.as<float>(), scratch.as<float>(), T, C, false, stream_, true);
+    sync();
+    std::vector<double> want(T * C);
+    for (int64_t i = 0; i < T * C; ++i) want[i] = double(r[i]) + dx[i];
+    expect_bf16_close(from_device_bf16(dacc, T * C), want, 1e-4, "residual grad + dx");
+    // The weight gradient is the same bits on every call (fixed-order reductions, no atomics).
+    std::vector<std::vector<float>> bits;
+    for (int rep = 0; rep < 2; ++rep) {
+      auto z = to_device(std::vector<float>(C, 0.0f));
+      cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), ddx.as<bf16>(),
+                             z.as<float>(), scratch.as<float>(), T, C, false, stream_);
+      sync();
+      bits.push_back(from_device<float>(z, C));
+    }
+    expect_equal(bits[1], bits[0], "dgamma, second call");
   }
-  expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
-  // accumulate_dx: the residual stream's gradient plus the norm's.
-  const auto r = randn_bf16(T * C, 80, "rms.residual_grad");
-  auto dacc = to_device_bf16(r);
-  cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), dacc.as<bf16>(),
-                         ddg.as<float>(), scratch.as<float>(), T, C, false, stream_, true);
-  sync();
-  std::vector<double> want(T * C);
-  for (int64_t i = 0; i < T * C; ++i) want[i] = double(r[i]) + dx[i];
-  expect_bf16_close(from_device_bf16(dacc, T * C), want, 1e-4, "residual grad + dx");
+  const int64_t T = 300, C = 768;
+  auto dx_in = to_device_bf16(randn_bf16(T * C, 80, "rms.x", 2.0, 0.5));
+  auto dgam = to_device_bf16(randn_bf16(C, 80, "rms.gamma", 0.1, 1.0));
+  DeviceBuffer dy_out(T * C * sizeof(bf16)), drstd(T * sizeof(float));
+  const float eps = 1e-5f;
   // A width the warp kernels cannot take is refused, not computed wrongly.
   EXPECT_THROW(cuda::rmsnorm_forward(dx_in.as<bf16>(), dgam.as<bf16>(), dy_out.as<bf16>(), drstd.as<float>(), T, 1001,
                                      eps, false, stream_),
@@ -1004,25 +1025,31 @@ TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
 }
 
 TEST_F(CudaKernels, SwigluMatchesCpu) {
-  const int64_t T = 37, F = 1003;
-  const auto x = randn_bf16(T * 2 * F, 81, "swiglu.x", 1.5);
-  const auto dyv = randn_bf16(T * F, 81, "swiglu.dy");
-  std::vector<float> y(T * F), dx(T * 2 * F);
-  cpu::swiglu_forward(x.data(), y.data(), T, F);
-  cpu::swiglu_backward(x.data(), dyv.data(), dx.data(), T, F);
-  auto dxin = to_device_bf16(x), ddy = to_device_bf16(dyv);
-  DeviceBuffer dyout(T * F * sizeof(bf16)), ddx(T * 2 * F * sizeof(bf16));
-  cuda::swiglu_forward(dxin.as<bf16>(), dyout.as<bf16>(), T, F, stream_);
-  cuda::swiglu_backward(dxin.as<bf16>(), ddy.as<bf16>(), ddx.as<bf16>(), T, F, stream_);
-  sync();
-  expect_bf16_close(from_device_bf16(dyout, T * F), to_double(y), 1e-5, "y");
-  expect_bf16_close(from_device_bf16(ddx, T * 2 * F), to_double(dx), 1e-5, "dx");
+  // F = 1003: one element a thread; F = 384 (the flagship's experts): the 16-byte pack path.
+  for (const int64_t F : {int64_t(1003), int64_t(384)}) {
+    SCOPED_TRACE("F " + std::to_string(F));
+    const int64_t T = 37;
+    const auto x = randn_bf16(T * 2 * F, 81 + F, "swiglu.x", 1.5);
+    const auto dyv = randn_bf16(T * F, 81 + F, "swiglu.dy");
+    std::vector<float> y(T * F), dx(T * 2 * F);
+    cpu::swiglu_forward(x.data(), y.data(), T, F);
+    cpu::swiglu_backward(x.data(), dyv.data(), dx.data(), T, F);
+    auto dxin = to_device_bf16(x), ddy = to_device_bf16(dyv);
+    DeviceBuffer dyout(T * F * sizeof(bf16)), ddx(T * 2 * F * sizeof(bf16));
+    cuda::swiglu_forward(dxin.as<bf16>(), dyout.as<bf16>(), T, F, stream_);
+    cuda::swiglu_backward(dxin.as<bf16>(), ddy.as<bf16>(), ddx.as<bf16>(), T, F, stream_);
+    sync();
+    expect_bf16_close(from_device_bf16(dyout, T * F), to_double(y), 1e-5, "y");
+    expect_bf16_close(from_device_bf16(ddx, T * 2 * F), to_double(dx), 1e-5, "dx");
+  }
 }
 
 TEST_F(CudaKernels, RopeMatchesCpuWithLlama3Scaling) {
-  for (const double percent : {1.0, 0.5}) {
-    SCOPED_TRACE("rotary_percent " + std::to_string(percent));
-    const int64_t b = 2, s = 50, H = 8, G = 2, D = 64;
+  // The 16-byte pack kernels (rotated half a multiple of 8: 64 x 1.0, 64 x 0.5, 48 x 1.0 whose half
+  // is 3 packs) and the one-pair-a-thread kernel (36 x 1.0: half 18).
+  for (const auto& [D, percent] : {std::pair<int64_t, double>{64, 1.0}, {64, 0.5}, {48, 1.0}, {36, 1.0}}) {
+    SCOPED_TRACE("D " + std::to_string(D) + " rotary_percent " + std::to_string(percent));
+    const int64_t b = 2, s = 50, H = 8, G = 2;
     const cpu::QkvLayout L("test", H, G, D);
     cpu::RopeParams rp;
     rp.rotary_base = 500000;
@@ -1030,7 +1057,7 @@ TEST_F(CudaKernels, RopeMatchesCpuWithLlama3Scaling) {
     rp.rope_scaling = true;
     rp.rope_scaling_factor = 32;
     const cpu::RopeTable table = cpu::rope_table(D, 64, rp);
-    const auto qkv = randn_bf16(b * s * L.row, 82, "rope.qkv");
+    const auto qkv = randn_bf16(b * s * L.row, 82 + D, "rope.qkv");
     std::vector<int64_t> pos(b * s);
     for (int64_t t = 0; t < b * s; ++t) pos[t] = t % s;
     std::vector<float> fwd = qkv, bwd = qkv;
@@ -1148,6 +1175,88 @@ void check_qk_rmsnorm(const QkCase& c, cudaStream_t stream) {
     bits.push_back(std::move(q));
   }
   expect_equal(bits[1], bits[0], "weight gradients, second call");
+}
+
+// The QK norm with RoPE in the same pass against the CPU's norm then rotation (forward) and
+// rotation back then norm backward (backward): MHA and GQA, head dims 64, 128 (half the dims
+// rotated) and 96 (12 packs in a 16-lane group, half 48 = 6 packs), zero-centred weights.
+TEST_F(CudaKernels, QkRmsNormWithRopeMatchesCpuNormThenRope) {
+  struct Case {
+    int64_t b, s, H, G, D;
+    double percent;
+    bool zero_centered;
+  };
+  for (const Case& c : {Case{2, 37, 4, 4, 64, 1.0, false}, Case{3, 20, 8, 2, 128, 0.5, true},
+                        Case{2, 25, 4, 2, 96, 1.0, false}}) {
+    SCOPED_TRACE("H " + std::to_string(c.H) + " G " + std::to_string(c.G) + " D " + std::to_string(c.D));
+    const cpu::QkvLayout L("test", c.H, c.G, c.D);
+    const int64_t T = c.b * c.s, D = c.D, n = T * L.row, S = T * (c.H + c.G);
+    const float eps = 1e-6f;
+    cpu::RopeParams rp;
+    rp.rotary_base = 10000;
+    rp.rotary_percent = c.percent;
+    const cpu::RopeTable table = cpu::rope_table(D, 64, rp);
+    std::vector<int64_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = t % c.s;
+    const uint64_t seed = 9100 + static_cast<uint64_t>(D + c.H);
+    const auto qkv = randn_bf16(n, seed, "qkrope.qkv", 2.0, 0.3);
+    const auto qg = randn_bf16(D, seed, "qkrope.q_gamma", 0.2, c.zero_centered ? 0.0 : 1.0);
+    const auto kg = randn_bf16(D, seed, "qkrope.k_gamma", 0.2, c.zero_centered ? 0.0 : 1.0);
+    const auto dout = randn_bf16(n, seed, "qkrope.dout");
+
+    std::vector<float> y(n), rstd(S);
+    cpu::qk_rmsnorm_forward(qkv.data(), qg.data(), kg.data(), y.data(), rstd.data(), T, c.H, c.G, D, eps,
+                            c.zero_centered);
+    cpu::rope_forward_qkv(y.data(), pos.data(), table, T, c.H, c.G, D);
+    auto dcos = to_device(table.cos), dsin = to_device(table.sin);
+    const cuda::RopeDeviceTable tb{dcos.as<float>(), dsin.as<float>(), table.rot_dim, table.max_positions};
+    ASSERT_TRUE(cuda::rope_packable(tb));
+    auto dqkv = to_device_bf16(qkv), dqg = to_device_bf16(qg), dkg = to_device_bf16(kg);
+    DeviceBuffer dy(n * sizeof(bf16)), drstd(S * sizeof(float));
+    cuda::qk_rmsnorm_forward(dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), dy.as<bf16>(), drstd.as<float>(), T, c.H,
+                             c.G, D, eps, c.zero_centered, stream_, &tb, c.s);
+    sync();
+    const auto rstd_gpu = from_device<float>(drstd, S);
+    const auto y_gpu = from_device_bf16(dy, n);
+    expect_bf16_close(y_gpu, to_double(y), 1e-4, "normalised and rotated q, k");
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < c.G; ++g)
+        for (int64_t d = 0; d < D; ++d) ASSERT_EQ(y_gpu[t * L.row + L.v(g) + d], qkv[t * L.row + L.v(g) + d]);
+
+    std::vector<float> drot = dout, dx(n), dq(D, 0.0f), dk(D, 0.0f);
+    cpu::rope_backward_qkv(drot.data(), pos.data(), table, T, c.H, c.G, D);
+    cpu::qk_rmsnorm_backward(drot.data(), qkv.data(), qg.data(), kg.data(), rstd_gpu.data(), dx.data(), dq.data(),
+                             dk.data(), T, c.H, c.G, D, c.zero_centered);
+    auto ddout = to_device_bf16(dout), ddq = to_device(std::vector<float>(D, 0.0f)),
+         ddk = to_device(std::vector<float>(D, 0.0f));
+    DeviceBuffer scratch(cuda::qk_rmsnorm_backward_scratch_floats(T, c.H, c.G, D) * sizeof(float));
+    cuda::qk_rmsnorm_backward(ddout.as<bf16>(), dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), drstd.as<float>(),
+                              ddout.as<bf16>(), ddq.as<float>(), ddk.as<float>(), scratch.as<float>(), T, c.H, c.G, D,
+                              c.zero_centered, stream_, &tb, c.s);
+    sync();
+    expect_bf16_close(from_device_bf16(ddout, n), to_double(dx), 1e-4, "dqkv (in place)");
+    std::vector<double> tq(D), tk(D);
+    for (int64_t d = 0; d < D; ++d) {
+      double aq = 0.0, ak = 0.0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < c.G; ++g)
+          for (int64_t j = 0; j <= L.Q; ++j) {
+            const int64_t col = t * L.row + L.col(g, j) + d;
+            const int64_t st = t * (c.H + c.G) + (j < L.Q ? g * L.Q + j : c.H + g);
+            (j < L.Q ? aq : ak) += std::abs(double(drot[col]) * qkv[col] * rstd_gpu[st]);
+          }
+      tq[d] = kFp32Sum * aq + 1e-6;
+      tk[d] = kFp32Sum * ak + 1e-6;
+    }
+    expect_within(from_device<float>(ddq, D), to_double(dq), tq, "dq_gamma");
+    expect_within(from_device<float>(ddk, D), to_double(dk), tk, "dk_gamma");
+  }
+  // A table whose rotated half is not a multiple of 8 cannot join the norm: refused by name.
+  DeviceBuffer buf(1 << 16), stats(4096), tbl(4096);
+  const cuda::RopeDeviceTable odd{tbl.as<float>(), tbl.as<float>(), 36, 8};
+  EXPECT_THROW(cuda::qk_rmsnorm_forward(buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(),
+                                        stats.as<float>(), 2, 2, 1, 64, 1e-6f, false, stream_, &odd, 2),
+               laoyao::Error);
 }
 
 TEST_F(CudaKernels, QkRmsNormMhaMatchesCpu) {

@@ -1,11 +1,14 @@
 // LayerNorm forward and backward for BF16 tensors (see layernorm.hpp). One thread block per row for
 // the row-wise work (statistics, dx); the row is re-read from global memory for each pass, which
 // the L1/L2 caches serve (rows are a few KiB). The parameter gradients use a two-kernel reduction:
-// a [column tile x row chunk] grid writes partial sums, then one thread per column adds the chunks
-// in chunk order. Every reduction has a fixed order, so results do not vary between runs.
+// partial sums per chunk of rows, then the chunks added in a fixed order. Where the rows fit a
+// warp's registers (RMSNorm up to 2048 wide, LayerNorm up to 1024) the partials come from the dx
+// kernel itself (one read of x and dy for both); otherwise a [column tile x row chunk] grid reads
+// them again. Every reduction has a fixed order, so results do not vary between runs.
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/chunk_reduce.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/layernorm.hpp"
 
@@ -121,20 +124,6 @@ __global__ void layernorm_param_partial_kernel(const bf16* __restrict__ dy, cons
   }
 }
 
-// dgamma[c] += sum over chunks (in chunk order) of the partials; same for dbeta.
-__global__ void layernorm_param_reduce_kernel(const float* __restrict__ partial, float* __restrict__ dgamma,
-                                              float* __restrict__ dbeta, int64_t chunks, int64_t C) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float g = 0.0f, b = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    g += partial[(k * 2 + 0) * C + c];
-    b += partial[(k * 2 + 1) * C + c];
-  }
-  dgamma[c] += g;
-  if (dbeta) dbeta[c] += b;
-}
-
 // The row-wise kernels again with one warp per row and the row held in registers as 16-byte packs
 // of 8 bf16 (C % 8 == 0, C <= 8 * 32 * kPacks): one read of x (and dy), reductions by warp
 // shuffles, no block barriers. Same arithmetic as the block kernels above.
@@ -198,14 +187,16 @@ __global__ void layernorm_forward_warp_kernel(const bf16* __restrict__ x, const 
   }
 }
 
-template <int kPacks>
-__global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
-                                         const bf16* __restrict__ gamma, const float* __restrict__ mean,
-                                         const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t T, int C,
-                                         bool zero_centered, bool accumulate) {
-  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// One row's dx by one warp (the row in registers): dx = rstd * (g*dy - mean(g*dy) - xhat *
+// mean(g*dy*xhat)), + dx's old value with accumulate. With kAcc, also adds dy * xhat into ga and
+// (kBeta) dy into ba, per column this lane holds.
+template <int kPacks, bool kAcc, bool kBeta>
+__device__ __forceinline__ void norm_dx_row(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                            const bf16* __restrict__ gamma, const float* __restrict__ mean,
+                                            const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t t, int C,
+                                            bool zero_centered, bool accumulate, float (&ga)[kPacks][8],
+                                            float (&ba)[kPacks][8]) {
   const int lane = threadIdx.x & 31, packs = C / 8;
-  if (t >= T) return;
   const bool rms = mean == nullptr;  // RMSNorm: xhat = x * rstd and no mean(dxhat) term
   const float m = rms ? 0.0f : mean[t], r = rstd[t];
   Pack8 xv[kPacks], dv[kPacks];
@@ -221,9 +212,12 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
       for (int e = 0; e < 8; ++e) {
         const float ge = zero_centered ? 1.0f + __bfloat162float(g.v[e]) : __bfloat162float(g.v[e]);
         const float xhat = (__bfloat162float(xv[i].v[e]) - m) * r;
-        const float dxhat = __bfloat162float(dv[i].v[e]) * ge;
+        const float d = __bfloat162float(dv[i].v[e]);
+        const float dxhat = d * ge;
         s1 += dxhat;
         s2 += dxhat * xhat;
+        if (kAcc) ga[i][e] += d * xhat;
+        if (kAcc && kBeta) ba[i][e] += d;
       }
     }
   }
@@ -243,6 +237,61 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
       out.v[e] = __float2bfloat16(accumulate ? __bfloat162float(out.v[e]) + v : v);
     }
     reinterpret_cast<Pack8*>(dx + t * C)[p] = out;
+  }
+}
+
+template <int kPacks>
+__global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                                         const bf16* __restrict__ gamma, const float* __restrict__ mean,
+                                         const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t T, int C,
+                                         bool zero_centered, bool accumulate) {
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= T) return;
+  float unused[kPacks][8];
+  norm_dx_row<kPacks, false, false>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, unused, unused);
+}
+
+// dx as above, and the parameter-gradient partials of its chunk of kFusedRows rows (partial[chunk]
+// [0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm): each warp adds its rows in registers, the block adds
+// its warps in order through shared memory (kFusedWarps * C floats, dynamic).
+constexpr int kFusedWarps = 4;
+constexpr int kFusedRowsPerWarp = 8;
+constexpr int64_t kFusedRows = kFusedWarps * kFusedRowsPerWarp;
+
+template <int kPacks, bool kBeta>
+__global__ void __launch_bounds__(kFusedWarps * 32)
+    norm_backward_fused_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
+                               const bf16* __restrict__ gamma, const float* __restrict__ mean,
+                               const float* __restrict__ rstd, bf16* __restrict__ dx, float* __restrict__ partial,
+                               int64_t T, int C, bool zero_centered, bool accumulate) {
+  extern __shared__ float red[];  // [kFusedWarps][C]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, packs = C / 8;
+  const int64_t chunk = blockIdx.x;
+  float ga[kPacks][8], ba[kPacks][8];
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ga[i][e] = ba[i][e] = 0.0f;
+  for (int rr = 0; rr < kFusedRowsPerWarp; ++rr) {
+    const int64_t t = chunk * kFusedRows + int64_t(rr) * kFusedWarps + warp;
+    if (t >= T) break;
+    norm_dx_row<kPacks, true, kBeta>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, ga, ba);
+  }
+  for (int which = 0; which < (kBeta ? 2 : 1); ++which) {
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = lane + 32 * i;
+      if (p < packs)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[warp * C + p * 8 + e] = which == 0 ? ga[i][e] : ba[i][e];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float v = 0.0f;
+      for (int w = 0; w < kFusedWarps; ++w) v += red[w * C + c];  // fixed order
+      partial[(chunk * 2 + which) * C + c] = v;
+    }
+    __syncthreads();
   }
 }
 
@@ -288,6 +337,18 @@ struct LaunchDx {
   }
 };
 
+template <int P, bool kBeta>
+void launch_fused(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd, bf16* dx,
+                  float* partial, int64_t T, int C, bool zc, bool accumulate, cudaStream_t stream) {
+  const int64_t chunks = (T + kFusedRows - 1) / kFusedRows;
+  norm_backward_fused_kernel<P, kBeta><<<unsigned(chunks), kFusedWarps * 32, sizeof(float) * kFusedWarps * C,
+                                         stream>>>(dy, x, gamma, mean, rstd, dx, partial, T, C, zc, accumulate);
+}
+
+// The fused backward serves up to 8 packs a lane for RMSNorm (2048 wide) and 4 for LayerNorm (1024;
+// its dbeta sums double the registers); 0: the separate kernels.
+int fused_packs(int packs, bool beta) { return packs > 0 && packs <= (beta ? 4 : 8) ? packs : 0; }
+
 int64_t chunks_for(int64_t T) { return (T + kRowsPerChunk - 1) / kRowsPerChunk; }
 
 void check_rows(int64_t T, const char* op) {
@@ -310,7 +371,8 @@ void layernorm_forward(const bf16* x, const bf16* gamma, const bf16* beta, bf16*
 }
 
 size_t layernorm_backward_scratch_floats(int64_t T, int64_t C) {
-  return T <= 0 || C <= 0 ? 0 : size_t(chunks_for(T)) * 2 * size_t(C);
+  // The fused kernel's chunks are the smaller: kFusedRows rows.
+  return T <= 0 || C <= 0 ? 0 : size_t((T + kFusedRows - 1) / kFusedRows) * 2 * size_t(C);
 }
 
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd,
@@ -320,7 +382,26 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   check_rows(T, "layernorm_backward");
   const int64_t chunks = chunks_for(T);
   if (chunks > 65535) throw Error("layernorm_backward: too many row chunks for grid.y");
-  if (const int packs = warp_packs(C, dy, x, gamma, dx)) {
+  const int packs = warp_packs(C, dy, x, gamma, dx);
+  const bool beta = mean != nullptr;
+  if (const int fp = fused_packs(packs, beta)) {
+    const int c = int(C);
+    const bool zc = zero_centered_gamma, acc = accumulate_dx;
+    switch (fp * 2 + (beta ? 1 : 0)) {
+      case 2: launch_fused<1, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      case 3: launch_fused<1, true>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      case 4: launch_fused<2, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      case 5: launch_fused<2, true>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      case 8: launch_fused<4, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      case 9: launch_fused<4, true>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      default: launch_fused<8, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+    }
+    LAOYAO_CUDA_CHECK(cudaGetLastError());
+    const int64_t fused_chunks = (T + kFusedRows - 1) / kFusedRows;
+    add_chunk_partials(scratch, dgamma, dbeta, fused_chunks, C, stream);
+    return;
+  }
+  if (packs) {
     dispatch_packs<LaunchDx>(packs, dy, x, gamma, mean, rstd, dx, T, int(C), zero_centered_gamma, accumulate_dx,
                              stream);
   } else if (!accumulate_dx && mean) {
@@ -333,8 +414,7 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   const dim3 grid(unsigned((C + kColTile - 1) / kColTile), unsigned(chunks));
   layernorm_param_partial_kernel<<<grid, dim3(kColTile, kColRows), 0, stream>>>(dy, x, mean, rstd, scratch, T, C);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
-  layernorm_param_reduce_kernel<<<unsigned((C + 255) / 256), 256, 0, stream>>>(scratch, dgamma, dbeta, chunks, C);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  add_chunk_partials(scratch, dgamma, dbeta, chunks, C, stream);
 }
 
 void rmsnorm_forward(const bf16* x, const bf16* gamma, bf16* y, float* rstd, int64_t T, int64_t C, float eps,

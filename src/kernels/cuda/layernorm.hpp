@@ -22,7 +22,7 @@ size_t layernorm_backward_scratch_floats(int64_t T, int64_t C);
 
 // dx[T, C] overwritten (bf16); dgamma[C], dbeta[C] (fp32, as Megatron's main_grad) accumulated (+=).
 // The parameter gradients are reduced without atomics: fixed-size row chunks write partial sums to
-// `scratch` (layernorm_backward_scratch_floats(T, C) floats), then one pass adds the chunks in order,
+// `scratch` (layernorm_backward_scratch_floats(T, C) floats), then add_chunk_partials adds the chunks in a fixed order,
 // so the result is bitwise reproducible run to run. accumulate_dx: dx += the gradient instead (the
 // residual stream's gradient, summed in place); needs C % 8 == 0, 16-byte aligned rows, C <= 4096.
 void layernorm_backward(const __nv_bfloat16* dy, const __nv_bfloat16* x, const __nv_bfloat16* gamma,

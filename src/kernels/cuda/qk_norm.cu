@@ -13,15 +13,21 @@
 //
 // Weight gradients without atomics: every block of the backward owns a fixed chunk of tokens; each
 // thread adds dy * xhat for its 8 columns over the rows it handles (q and k apart), the block sums
-// its threads in a fixed order into one partial per chunk in `scratch`, and a second kernel adds
-// the chunks in chunk order into the fp32 main grads. The same bits every run.
+// its threads in a fixed order into one partial per chunk in `scratch`, and add_chunk_partials
+// adds the chunks in a fixed order into the fp32 main grads. The same bits every run.
+//
+// With a RoPE table (rope_pack.cuh) the rotation of q and k joins the norm: the forward rotates the
+// normalised values before their one rounding, the backward applies the transpose rotation to dy
+// as it loads it. One pass over the fused rows instead of two each way.
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 
 #include "core/error.hpp"
+#include "kernels/cuda/chunk_reduce.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/qk_norm.hpp"
+#include "kernels/cuda/rope_pack.cuh"
 
 namespace laoyao::kernels::cuda {
 namespace {
@@ -59,23 +65,24 @@ __device__ __forceinline__ void stage_gammas(float (*sg)[kMaxD], const bf16* __r
 // What fused row `row` (of T * slots) is: kind 0 a q head, 1 a k, 2 a v; stat its index in rstd.
 struct RowKind {
   int kind;
-  int64_t stat;
+  int64_t stat, token;
 };
 
 __device__ __forceinline__ RowKind row_kind(int64_t row, int H, int G) {
   const int Q = H / G, slots = G * (Q + 2);
   const int64_t t = row / slots;
   const int s = int(row - t * slots), g = s / (Q + 2), j = s - g * (Q + 2);
-  if (j < Q) return {0, t * (H + G) + g * Q + j};
-  return {j == Q ? 1 : 2, t * (H + G) + H + g};
+  if (j < Q) return {0, t * (H + G) + g * Q + j, t};
+  return {j == Q ? 1 : 2, t * (H + G) + H + g, t};
 }
 
-// y = x * rstd * gamma for q and k rows; v rows copied (unless out == qkv). qkv and out may alias.
-template <int kLanes>
+// y = x * rstd * gamma for q and k rows (then rotated with kRope); v rows copied (unless out ==
+// qkv). qkv and out may alias.
+template <int kLanes, bool kRope>
 __global__ void __launch_bounds__(kThreads)
     qk_rmsnorm_forward_kernel(const bf16* qkv, const bf16* __restrict__ q_gamma, const bf16* __restrict__ k_gamma,
                               bf16* out, float* __restrict__ rstd, int64_t rows, int H, int G, int D, float eps,
-                              bool zero_centered) {
+                              bool zero_centered, RopeDeviceTable rope, int64_t s) {
   __shared__ float sg[2][kMaxD];
   stage_gammas(sg, q_gamma, k_gamma, D, zero_centered);
   const int lane = threadIdx.x % kLanes, packs = D / 8;
@@ -99,22 +106,30 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   if (lane == 0) rstd[k.stat] = r;
+  float v[8] = {};
+  if (live) {
+    const float* g = sg[k.kind] + lane * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __bfloat162float(xv.v[e]) * r * g[e];
+  }
+  if (kRope) rope_pack<kLanes, false>(v, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, k.token % s);
   if (!live) return;
-  const float* g = sg[k.kind] + lane * 8;
   Pack8 y;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) y.v[e] = __float2bfloat16(__bfloat162float(xv.v[e]) * r * g[e]);
+  for (int e = 0; e < 8; ++e) y.v[e] = __float2bfloat16(v[e]);
   reinterpret_cast<Pack8*>(out + row * D)[lane] = y;
 }
 
-// dx = rstd * (g*dy - xhat * mean(g*dy*xhat)) for q and k rows, v rows passed through (unless in
-// place); per-chunk partials of sum dy*xhat per column into partial[chunk][2][D] (q then k).
-// dout and dqkv may alias: each row is read whole before it is written, and rows are disjoint.
-template <int kLanes>
+// dx = rstd * (g*dy - xhat * mean(g*dy*xhat)) for q and k rows (dy first rotated back with
+// kRope), v rows passed through (unless in place); per-chunk partials of sum dy*xhat per column
+// into partial[chunk][2][D] (q then k). dout and dqkv may alias: each row is read whole before it
+// is written, and rows are disjoint.
+template <int kLanes, bool kRope>
 __global__ void __launch_bounds__(kThreads)
     qk_rmsnorm_backward_kernel(const bf16* dout, const bf16* __restrict__ qkv, const bf16* __restrict__ q_gamma,
                                const bf16* __restrict__ k_gamma, const float* __restrict__ rstd, bf16* dqkv,
-                               float* __restrict__ partial, int64_t T, int H, int G, int D, bool zero_centered) {
+                               float* __restrict__ partial, int64_t T, int H, int G, int D, bool zero_centered,
+                               RopeDeviceTable rope, int64_t s) {
   constexpr int kGroups = kThreads / kLanes;  // rows in flight per block
   __shared__ float sg[2][kMaxD];
   __shared__ float red[2][kGroups][kLanes * 8];
@@ -134,20 +149,25 @@ __global__ void __launch_bounds__(kThreads)
     const RowKind k = live_row ? row_kind(row, H, G) : RowKind{2, 0};
     const bool live = live_row && lane < packs, norm = live && k.kind < 2;
     Pack8 xv{}, dv{};
-    float r = 0.0f, s2 = 0.0f;
+    float r = 0.0f, s2 = 0.0f, d[8];
     if (live) dv = reinterpret_cast<const Pack8*>(dout + row * D)[lane];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] = __bfloat162float(dv.v[e]);
+    // The group's row is a q or k row (or not) for all its lanes alike, as the shuffle needs.
+    if (kRope && live_row && k.kind < 2)
+      rope_pack<kLanes, true>(d, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, k.token % s);
     if (norm) {
       xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
       r = rstd[k.stat];
       const float* g = sg[k.kind] + lane * 8;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float dy = __bfloat162float(dv.v[e]), xhat = __bfloat162float(xv.v[e]) * r;
-        s2 += dy * g[e] * xhat;
+        const float xhat = __bfloat162float(xv.v[e]) * r;
+        s2 += d[e] * g[e] * xhat;
         if (k.kind == 0)
-          accq[e] += dy * xhat;
+          accq[e] += d[e] * xhat;
         else
-          acck[e] += dy * xhat;
+          acck[e] += d[e] * xhat;
       }
     }
     const float b = group_sum<kLanes>(s2) / float(D);
@@ -157,7 +177,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float xhat = __bfloat162float(xv.v[e]) * r;
-        dx.v[e] = __float2bfloat16(r * (__bfloat162float(dv.v[e]) * g[e] - xhat * b));
+        dx.v[e] = __float2bfloat16(r * (d[e] * g[e] - xhat * b));
       }
       reinterpret_cast<Pack8*>(dqkv + row * D)[lane] = dx;
     } else if (live && dqkv != dout) {  // v's gradient passes through
@@ -179,17 +199,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dq_gamma[c] += sum over chunks (in chunk order) of the q partials; dk_gamma likewise.
-__global__ void qk_gamma_reduce_kernel(const float* __restrict__ partial, float* __restrict__ dq_gamma,
-                                       float* __restrict__ dk_gamma, int64_t chunks, int D) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= 2 * D) return;
-  float s = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) s += partial[k * 2 * D + i];
-  float* dst = i < D ? dq_gamma : dk_gamma;
-  if (dst) dst[i < D ? i : i - D] += s;
-}
-
 int64_t chunks_for(int64_t T) { return (T + kTokensPerChunk - 1) / kTokensPerChunk; }
 
 // Lanes per row for head dim D, after checking the shapes and pointers; throws laoyao::Error.
@@ -208,38 +217,61 @@ int lanes_for(const char* op, int64_t H, int64_t G, int64_t D, std::initializer_
   return lanes;
 }
 
+// The table the kernels get (rot_dim 0: no rotation), after checking that the pack path serves it.
+RopeDeviceTable rope_for(const char* op, const RopeDeviceTable* rope, int64_t s) {
+  if (!rope || rope->rot_dim == 0) return RopeDeviceTable{};
+  if (!rope_packable(*rope) || s <= 0 || s > rope->max_positions)
+    throw Error(std::string(op) + ": RoPE with rot_dim " + std::to_string(rope->rot_dim) + " at sequence length " +
+                std::to_string(s) + " cannot join the QK norm (rot_dim / 2 must be a multiple of 8, s within the "
+                "table's " + std::to_string(rope->max_positions) + " positions)");
+  return *rope;
+}
+
 template <int kLanes>
 void launch_forward(const bf16* qkv, const bf16* qg, const bf16* kg, bf16* out, float* rstd, int64_t rows, int H,
-                    int G, int D, float eps, bool zc, cudaStream_t stream) {
+                    int G, int D, float eps, bool zc, const RopeDeviceTable& rope, int64_t s, cudaStream_t stream) {
   constexpr int per_block = kThreads / kLanes;
   const int64_t blocks = (rows + per_block - 1) / per_block;
   if (blocks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_forward: too many rows for one launch");
-  qk_rmsnorm_forward_kernel<kLanes><<<unsigned(blocks), kThreads, 0, stream>>>(qkv, qg, kg, out, rstd, rows, H, G, D,
-                                                                                eps, zc);
+  if (rope.rot_dim > 0)
+    qk_rmsnorm_forward_kernel<kLanes, true><<<unsigned(blocks), kThreads, 0, stream>>>(qkv, qg, kg, out, rstd, rows,
+                                                                                        H, G, D, eps, zc, rope, s);
+  else
+    qk_rmsnorm_forward_kernel<kLanes, false><<<unsigned(blocks), kThreads, 0, stream>>>(qkv, qg, kg, out, rstd, rows,
+                                                                                         H, G, D, eps, zc, rope, 1);
 }
 
 template <int kLanes>
 void launch_backward(const bf16* dout, const bf16* qkv, const bf16* qg, const bf16* kg, const float* rstd,
-                     bf16* dqkv, float* partial, int64_t T, int H, int G, int D, bool zc, cudaStream_t stream) {
-  qk_rmsnorm_backward_kernel<kLanes><<<unsigned(chunks_for(T)), kThreads, 0, stream>>>(dout, qkv, qg, kg, rstd, dqkv,
-                                                                                        partial, T, H, G, D, zc);
+                     bf16* dqkv, float* partial, int64_t T, int H, int G, int D, bool zc, const RopeDeviceTable& rope,
+                     int64_t s, cudaStream_t stream) {
+  const unsigned blocks = unsigned(chunks_for(T));
+  if (rope.rot_dim > 0)
+    qk_rmsnorm_backward_kernel<kLanes, true><<<blocks, kThreads, 0, stream>>>(dout, qkv, qg, kg, rstd, dqkv, partial,
+                                                                               T, H, G, D, zc, rope, s);
+  else
+    qk_rmsnorm_backward_kernel<kLanes, false><<<blocks, kThreads, 0, stream>>>(dout, qkv, qg, kg, rstd, dqkv, partial,
+                                                                                T, H, G, D, zc, rope, 1);
 }
 
 }  // namespace
 
 void qk_rmsnorm_forward(const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma, bf16* out, float* rstd, int64_t T,
-                        int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma, cudaStream_t stream) {
+                        int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma, cudaStream_t stream,
+                        const RopeDeviceTable* rope, int64_t s) {
   const int lanes = lanes_for("qk_rmsnorm_forward", H, G, D, {qkv, out});
+  const RopeDeviceTable rt = rope_for("qk_rmsnorm_forward", rope, s);
   if (T <= 0) return;
   const int64_t rows = T * (H + 2 * G);
   const int h = int(H), g = int(G), d = int(D);
+  const bool zc = zero_centered_gamma;
   switch (lanes) {
-    case 1: launch_forward<1>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
-    case 2: launch_forward<2>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
-    case 4: launch_forward<4>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
-    case 8: launch_forward<8>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
-    case 16: launch_forward<16>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
-    default: launch_forward<32>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zero_centered_gamma, stream); break;
+    case 1: launch_forward<1>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
+    case 2: launch_forward<2>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
+    case 4: launch_forward<4>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
+    case 8: launch_forward<8>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
+    case 16: launch_forward<16>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
+    default: launch_forward<32>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
@@ -251,25 +283,25 @@ size_t qk_rmsnorm_backward_scratch_floats(int64_t T, int64_t H, int64_t G, int64
 
 void qk_rmsnorm_backward(const bf16* dout, const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma,
                          const float* rstd, bf16* dqkv, float* dq_gamma, float* dk_gamma, float* scratch, int64_t T,
-                         int64_t H, int64_t G, int64_t D, bool zero_centered_gamma, cudaStream_t stream) {
+                         int64_t H, int64_t G, int64_t D, bool zero_centered_gamma, cudaStream_t stream,
+                         const RopeDeviceTable* rope, int64_t s) {
   const int lanes = lanes_for("qk_rmsnorm_backward", H, G, D, {dout, qkv, dqkv});
+  const RopeDeviceTable rt = rope_for("qk_rmsnorm_backward", rope, s);
   if (T <= 0) return;
   const int64_t chunks = chunks_for(T);
   if (chunks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_backward: too many tokens for one launch");
   const int h = int(H), g = int(G), d = int(D);
   const bool zc = zero_centered_gamma;
   switch (lanes) {
-    case 1: launch_backward<1>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
-    case 2: launch_backward<2>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
-    case 4: launch_backward<4>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
-    case 8: launch_backward<8>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
-    case 16: launch_backward<16>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
-    default: launch_backward<32>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, stream); break;
+    case 1: launch_backward<1>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
+    case 2: launch_backward<2>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
+    case 4: launch_backward<4>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
+    case 8: launch_backward<8>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
+    case 16: launch_backward<16>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
+    default: launch_backward<32>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
-  if (!dq_gamma && !dk_gamma) return;
-  qk_gamma_reduce_kernel<<<unsigned((2 * D + 255) / 256), 256, 0, stream>>>(scratch, dq_gamma, dk_gamma, chunks, d);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  add_chunk_partials(scratch, dq_gamma, dk_gamma, chunks, D, stream);
 }
 
 }  // namespace laoyao::kernels::cuda

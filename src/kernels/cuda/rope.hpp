@@ -17,6 +17,10 @@ struct RopeDeviceTable {
   int64_t rot_dim = 0, max_positions = 0;
 };
 
+// Whether the 16-byte pack kernels serve this table (rope_pack.cuh: the rotated half a multiple of
+// 8 values); they also let qk_rmsnorm_forward/backward apply the rotation in the norm's pass.
+inline bool rope_packable(const RopeDeviceTable& t) { return t.rot_dim > 0 && (t.rot_dim / 2) % 8 == 0; }
+
 // qkv[b*s, G*(H/G + 2)*D] in place. s <= table.max_positions (else laoyao::Error).
 void rope_forward_qkv(__nv_bfloat16* qkv, const RopeDeviceTable& table, int64_t b, int64_t s, int64_t H, int64_t G,
                       int64_t D, cudaStream_t stream);

@@ -1,0 +1,45 @@
+// Chunk partials added in a fixed order (see chunk_reduce.hpp). Block (kTile columns, kRows thread
+// rows): thread row y adds chunks y, y + kRows, ... into four accumulators taken in turn (four loads
+// in flight), the block then adds its thread rows in order.
+#include "kernels/cuda/chunk_reduce.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace laoyao::kernels::cuda {
+namespace {
+
+constexpr int kTile = 32;  // columns per block (one warp wide: coalesced rows)
+constexpr int kRows = 16;  // thread rows per block
+
+__global__ void __launch_bounds__(kTile * kRows)
+    add_chunk_partials_kernel(const float* __restrict__ partial, float* __restrict__ out0, float* __restrict__ out1,
+                              int64_t chunks, int64_t C) {
+  __shared__ float sums[2][kRows][kTile];
+  const int64_t c = int64_t(blockIdx.x) * kTile + threadIdx.x;
+  for (int which = 0; which < 2; ++which) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (c < C && (which == 0 ? out0 : out1)) {  // a null output's row is not read
+      int j = 0;
+      for (int64_t k = threadIdx.y; k < chunks; k += kRows, j = (j + 1) & 3) acc[j] += partial[(k * 2 + which) * C + c];
+    }
+    sums[which][threadIdx.y][threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  }
+  __syncthreads();
+  if (threadIdx.y >= 2 || c >= C) return;
+  float* out = threadIdx.y == 0 ? out0 : out1;
+  if (!out) return;
+  float s = 0.0f;
+  for (int y = 0; y < kRows; ++y) s += sums[threadIdx.y][y][threadIdx.x];  // fixed order
+  out[c] += s;
+}
+
+}  // namespace
+
+void add_chunk_partials(const float* partial, float* out0, float* out1, int64_t chunks, int64_t C,
+                        cudaStream_t stream) {
+  if (chunks <= 0 || C <= 0 || (!out0 && !out1)) return;
+  add_chunk_partials_kernel<<<unsigned((C + kTile - 1) / kTile), dim3(kTile, kRows), 0, stream>>>(partial, out0, out1,
+                                                                                                 chunks, C);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace laoyao::kernels::cuda
