@@ -8,8 +8,8 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile bench moe moe_quick recipes moe_dp2
-#                                            moe_ep_speed dp2 dp2_speed tp2 four
+#                                            attention gemm profile phases bench moe moe_quick recipes
+#                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
 #                                            (default: the first nine; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
@@ -97,6 +97,11 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu \
             --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --disable-bias-linear \
             --untie-embeddings-and-output-weights --train-iters 20
+          # Qwen3's: QK layernorm, whose GPU kernels apply RoPE in the same pass.
+          parity_run parity_qwen3 "Qwen3-style (QK norm + RoPE fused)" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
+            --normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000 --qk-layernorm \
+            --disable-bias-linear --untie-embeddings-and-output-weights --train-iters 20
           ;;
         parity_fused)
           # The Llama-style config without attention dropout: auto picks cuDNN's fused attention
@@ -142,6 +147,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --moe-router-num-groups 4 \
             --moe-router-group-topk 2 --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-2 \
             --train-iters 20
+          # global_aux_loss: the tokens per expert averaged over the step's 4 micro-batches.
+          parity_run parity_moe_global "MoE global_aux_loss (running counts over micro-batches) + z-loss" \
+            "${small_moe[@]:0:${#small_moe[@]}-4}" --moe-router-load-balancing-type global_aux_loss \
+            --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --train-iters 20
           [ "$part" = moe_quick ] && continue
           timeout 120 "$C/laoyao_bench_grouped_gemm" > "$OUT/grouped_gemm.txt" 2>&1
           note "grouped GEMM bench (exit $?):"
@@ -448,6 +457,19 @@ PY
           # ... and of the seed model's (2 layers, hidden 256, vocab 32000, 4 x 512 tokens).
           "$C/laoyao_bench_step_breakdown" 2 256 4 1024 32000 512 4 > "$OUT/step_breakdown_seed.txt" 2>&1
           while read -r line; do note "  $line"; done < <(head -40 "$OUT/step_breakdown_seed.txt")
+          ;;
+        phases)
+          # Where each case's step goes by kind of op (LAOYAO_MODEL_PHASES, LAOYAO_MOE_PHASES and
+          # LAOYAO_STEP_PHASES: CUDA events, graphs off), 6 iterations, the last step's lines.
+          # PHASES_CASES picks the bench cases (default: the flagship MoE, Llama-3.2-1B, GPT-2 124M).
+          for c in ${PHASES_CASES:-moe_2b llama32_1b_s8k gpt2_124m}; do
+            read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
+            LAOYAO_DEVICE=cuda LAOYAO_MODEL_PHASES=1 LAOYAO_MOE_PHASES=1 LAOYAO_STEP_PHASES=1 "$C/laoyao" \
+              pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 \
+              --log-interval 1 "${shape[@]}" --train-iters 6 > "$OUT/phases_$c.log" 2>&1
+            note "phases $c (exit $?):"
+            while read -r line; do note "  $line"; done < <(grep -E 'laoyao: (model|MoE|step) phases' "$OUT/phases_$c.log" | tail -3)
+          done
           ;;
         bench)
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" ${BENCH_CASES:-} 2>&1 |

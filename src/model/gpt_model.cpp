@@ -166,7 +166,8 @@ void GptModel::finish_moe_step(dist::ProcessGroup* dp) {
 }
 
 void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
-  if (!dp || dp->size() <= 1) {
+  dp_ = dp && dp->size() > 1 ? dp : nullptr;
+  if (!dp_) {
     moe_cfg_.data_parallel_size = 1;
     moe_cfg_.sum_over_data_parallel = nullptr;
     return;

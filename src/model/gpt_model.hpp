@@ -128,6 +128,7 @@ class GptModel {
   void finish_moe_step(dist::ProcessGroup* dp);
   // The data-parallel group global_aux_loss sums its tokens per expert over (null: one rank).
   void set_data_parallel_group(dist::ProcessGroup* dp);
+  dist::ProcessGroup* data_parallel_group() const { return dp_; }
   // Those counts for layer l (empty without an expert bias).
   std::vector<double> expert_load(int64_t layer) const;
 
@@ -169,6 +170,7 @@ class GptModel {
   int64_t tp_size_ = 1, tp_rank_ = 0;
   dist::ProcessGroup *ep_ = nullptr, *expert_dp_ = nullptr;
   int64_t ep_size_ = 1, ep_rank_ = 0;
+  dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
   ParameterTable table_;
   std::vector<float> weights_, grads_;
   int64_t word_emb_ = -1, pos_emb_ = -1, final_w_ = -1, final_b_ = -1, output_w_ = -1;

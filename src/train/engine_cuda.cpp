@@ -92,6 +92,7 @@ class CudaEngine final : public Engine {
         settings_(s),
         shards_(std::move(shards)),
         gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group()) {
+    gpu_.set_data_parallel_group(host.data_parallel_group());
     const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
     if (static_cast<int64_t>(adam_.exp_avg().size()) != n)
       throw Error("CudaEngine: the AdamW's moments do not match the optimizer shares");

@@ -501,6 +501,81 @@ TEST_F(CudaMoe, RouterBackwardMatchesCpu) {
   }
 }
 
+// ---------------------------------------------------------------- global_aux_loss
+
+// The running mean of two training forwards' counts (the first with another data-parallel rank's
+// folded in), then the loss and its router gradient against the CPU's formulas with those counts
+// and a token total of T * 2; an evaluation forward (no counts) adds nothing.
+TEST_F(CudaMoe, GlobalAuxLossMatchesCpu) {
+  const int64_t T = 300;
+  const float coeff = 40.0f, aux_scale = 0.37f;  // large: the gradient shows at bf16's resolution
+  const RouterCase cases[] = {{"softmax E64 k8", 64, 8}, {"sigmoid E40 k3", 40, 3, true}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto logits = randn(T * c.E, 21, std::string("global.logits.") + c.name, 1.5);
+    const auto r = cpu_routing(logits, T, c);
+    auto dl = to_device(logits);
+    GpuRouting g(T, c.E, c.k);
+    route(dl, T, c, g);
+    // Two forwards' counts summed over two ranks: this rank's plus another's (a permutation of them).
+    const auto own = from_device<int32_t>(g.counts, c.E);
+    std::vector<int32_t> first(c.E), second(c.E);
+    for (int64_t e = 0; e < c.E; ++e) {
+      first[e] = own[e] + own[(e * 7 + 3) % c.E];
+      second[e] = own[(e * 5 + 1) % c.E] + own[(e + 2) % c.E];
+    }
+    auto d1 = to_device(first), d2 = to_device(second);
+    DeviceBuffer running(sizeof(double) * c.E), mean(sizeof(float) * c.E);
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(running.ptr, 0, running.bytes, stream_));
+    cuda::moe_global_counts_accumulate(d1.as<int32_t>(), running.as<double>(), mean.as<float>(), c.E, 1, stream_);
+    cuda::moe_global_counts_accumulate(d2.as<int32_t>(), running.as<double>(), mean.as<float>(), c.E, 2, stream_);
+    sync();
+    const auto got_mean = from_device<float>(mean, c.E);
+    std::vector<double> counts(c.E);
+    for (int64_t e = 0; e < c.E; ++e) {
+      counts[e] = (double(first[e]) + second[e]) / 2.0;
+      ASSERT_EQ(got_mean[e], static_cast<float>(counts[e])) << "expert " << e;
+    }
+
+    cuda::MoeAuxLossSpec spec;
+    spec.global_aux_coeff = coeff, spec.data_parallel_size = 2;
+    const size_t nstats = cuda::moe_aux_stats_floats(T, c.E, spec);
+    ASSERT_GT(nstats, 0u);
+    auto stats = poisoned<float>(nstats);
+    const std::vector<float> before = {0.5f, 0.25f, 0.125f, 0.0625f};
+    auto sums = to_device(before);
+    // An evaluation forward: no counts, nothing added.
+    cuda::moe_aux_losses_forward(g.scores.as<float>(), g.lse.as<float>(), g.idx.as<int32_t>(), g.counts.as<int32_t>(),
+                                 T, gpu_spec(c), spec, stats.as<float>(), sums.as<float>(), stream_);
+    sync();
+    expect_equal(from_device<float>(sums, 4), before, "loss sums after an evaluation forward");
+    cuda::moe_aux_losses_forward(g.scores.as<float>(), g.lse.as<float>(), g.idx.as<int32_t>(), g.counts.as<int32_t>(),
+                                 T, gpu_spec(c), spec, stats.as<float>(), sums.as<float>(), stream_, mean.as<float>());
+    sync();
+    const auto got = from_device<float>(sums, 4);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(got[i], before[i]) << "loss " << i << " is off";
+    const std::vector<double> fcounts(got_mean.begin(), got_mean.end());
+    const double want = cpu::moe_global_aux_loss_forward(r.scores.data(), fcounts.data(), T, 2.0 * T, c.E, c.k, coeff);
+    ASSERT_GT(want, 0.0);
+    EXPECT_NEAR(got[3] - before[3], want, kFp32Sum * want + 1e-7) << "global_aux_loss";
+
+    // The gradient alone (dprobs zero): the CPU's with dloss = aux_scale.
+    auto ddp = to_device(std::vector<float>(T * c.k, 0.0f));
+    auto dz = poisoned<bf16>(T * c.E);
+    cuda::moe_router_backward(dl.as<float>(), g.idx.as<int32_t>(), ddp.as<float>(), g.lse.as<float>(),
+                              stats.as<float>(), T, gpu_spec(c), spec, aux_scale, dz.as<bf16>(), stream_);
+    sync();
+    std::vector<float> wz(T * c.E, 0.0f);
+    const auto p = cpu_params(c);
+    cpu::moe_global_aux_loss_backward(logits.data(), r.scores.data(), fcounts.data(), T, 2.0 * T, c.E, c.k,
+                                      p.score_function, coeff, aux_scale, wz.data());
+    const auto wantz = to_double(wz);
+    ASSERT_GT(max_abs(wantz), 0.0) << "a zero reference checks nothing";
+    expect_bf16_close(from_device_bf16(dz, T * c.E), wantz, kDlogitsFloor, "dlogits (global_aux_loss)");
+  }
+  EXPECT_THROW(cuda::moe_global_counts_accumulate(nullptr, nullptr, nullptr, 8, 0, stream_), laoyao::Error);
+}
+
 // ---------------------------------------------------------------- permutation
 
 TEST_F(CudaMoe, PermutationMatchesCpu) {

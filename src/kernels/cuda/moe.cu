@@ -494,8 +494,8 @@ __global__ void moe_aux_partials_kernel(const float* __restrict__ scores, const 
 
 struct AuxFinishArgs {
   int64_t T, E, rows, chunks;  // rows of `chunks` partials each (0 rows: no aux loss)
-  bool aux, seq, z;
-  double aux_unit, seq_unit, z_unit;  // each loss per unit of its sum, coefficient included
+  bool aux, seq, z, global;
+  double aux_unit, seq_unit, z_unit, global_unit;  // each loss per unit of its sum, coefficient included
 };
 
 // One block: per expert, the chunks' partials summed in chunk order (double) into P[row, e] and
@@ -503,12 +503,14 @@ struct AuxFinishArgs {
 // (per unit of dloss) for the backward; the values added to loss_sums by one thread.
 __global__ void __launch_bounds__(kFinishThreads)
     moe_aux_finish_kernel(const float* __restrict__ psum, const float* __restrict__ pcount,
-                          const int32_t* __restrict__ tokens_per_expert, const float* __restrict__ lse, AuxFinishArgs a,
-                          float* __restrict__ grad, float* __restrict__ loss_sums) {
+                          const int32_t* __restrict__ tokens_per_expert, const float* __restrict__ global_counts,
+                          const float* __restrict__ lse, AuxFinishArgs a, float* __restrict__ grad,
+                          float* __restrict__ loss_sums) {
   __shared__ double sh[32];
-  double aux = 0.0, seq = 0.0, z = 0.0;
+  double aux = 0.0, seq = 0.0, z = 0.0, global = 0.0;
   for (int64_t e = threadIdx.x; e < a.E && a.rows > 0; e += blockDim.x) {
     const double tpe = a.aux ? static_cast<double>(tokens_per_expert[e]) : 0.0;
+    const double gc = a.global ? static_cast<double>(global_counts[e]) : 0.0;
     double total = 0.0;
     for (int64_t row = 0; row < a.rows; ++row) {
       double P = 0.0, c = 0.0;
@@ -518,19 +520,31 @@ __global__ void __launch_bounds__(kFinishThreads)
       }
       if (a.seq && c != 0.0) seq += P * c;  // the CPU skips experts without tokens
       total += P;
-      grad[row * a.E + e] = static_cast<float>(a.aux_unit * tpe + (a.seq ? a.seq_unit * c : 0.0));
+      grad[row * a.E + e] =
+          static_cast<float>(a.aux_unit * tpe + (a.seq ? a.seq_unit * c : 0.0) + a.global_unit * gc);
     }
     if (a.aux && tpe != 0.0) aux += total * tpe;
+    global += total * gc;
   }
   if (a.z)
     for (int64_t t = threadIdx.x; t < a.T; t += blockDim.x) z += static_cast<double>(lse[t]) * lse[t];
   aux = block_sum(aux, sh);
   seq = block_sum(seq, sh);
   z = block_sum(z, sh);
+  global = block_sum(global, sh);
   if (threadIdx.x == 0) {  // the only writer of loss_sums in this stream's order: no atomics
     if (a.aux) loss_sums[0] += static_cast<float>(aux * a.aux_unit);
     if (a.seq) loss_sums[1] += static_cast<float>(seq * a.seq_unit);
     if (a.z) loss_sums[2] += static_cast<float>(z * a.z_unit);
+    if (a.global) loss_sums[3] += static_cast<float>(global * a.global_unit);
+  }
+}
+
+__global__ void global_counts_kernel(const int32_t* __restrict__ counts, double* __restrict__ running,
+                                     float* __restrict__ mean, int E, double steps) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    running[e] += static_cast<double>(counts[e]);
+    mean[e] = static_cast<float>(running[e] / steps);
   }
 }
 
@@ -777,7 +791,7 @@ AuxLayout aux_layout(const char* op, int64_t T, const MoeAuxLossSpec& l) {
       throw Error(std::string(op) + ": seq_aux_loss needs a seq_length that divides the token count (T = " +
                   std::to_string(T) + ", seq_length = " + std::to_string(l.seq_length) + ")");
     a.rows = T / l.seq_length, a.span = l.seq_length;
-  } else if (l.aux_coeff > 0.0f && T > 0) {
+  } else if ((l.aux_coeff > 0.0f || l.global_aux_coeff > 0.0f) && T > 0) {
     a.rows = 1, a.span = T;
   }
   a.chunks = (a.span + kAuxChunk - 1) / kAuxChunk;
@@ -867,13 +881,18 @@ size_t moe_aux_stats_floats(int64_t T, int64_t E, const MoeAuxLossSpec& losses) 
 
 void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t* topk_idx,
                             const int32_t* tokens_per_expert, int64_t T, const MoeRouterSpec& router,
-                            const MoeAuxLossSpec& losses, float* stats, float* loss_sums, cudaStream_t stream) {
+                            const MoeAuxLossSpec& losses, float* stats, float* loss_sums, cudaStream_t stream,
+                            const float* global_counts) {
   const char* op = "moe_aux_losses_forward";
   check_router(op, T, router);
   const AuxLayout L = aux_layout(op, T, losses);
   const bool aux = losses.aux_coeff > 0.0f, seq = losses.seq_aux_coeff > 0.0f, z = losses.z_coeff > 0.0f;
-  if (T == 0 || !(aux || seq || z)) return;  // the CPU's losses are 0 without tokens
-  if ((aux || seq) && (!scores || !stats)) throw Error(std::string(op) + ": the aux losses need scores and stats");
+  const bool global = losses.global_aux_coeff > 0.0f && global_counts;
+  if (T == 0 || !(aux || seq || z || global)) return;  // the CPU's losses are 0 without tokens
+  if ((aux || seq || global) && (!scores || !stats))
+    throw Error(std::string(op) + ": the aux losses need scores and stats");
+  if (losses.data_parallel_size < 1)
+    throw Error(std::string(op) + ": data_parallel_size must be at least 1");
   if (z && !lse) throw Error(std::string(op) + ": the z-loss needs the logits' lse");
   const int64_t E = router.num_experts, k = router.topk;
   float* psum = stats + L.rows * E;
@@ -884,7 +903,7 @@ void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t
     LAOYAO_CUDA_CHECK(cudaGetLastError());
   }
   // The CPU's formulas: sum * E * coeff / (k * s^2) / b (b = 1, s = T for aux_loss), sum * coeff / T.
-  AuxFinishArgs a{T, E, L.rows, L.chunks, aux, seq, z, 0.0, 0.0, 0.0};
+  AuxFinishArgs a{T, E, L.rows, L.chunks, aux, seq, z, global, 0.0, 0.0, 0.0, 0.0};
   const double Ed = static_cast<double>(E), kd = static_cast<double>(k), Td = static_cast<double>(T);
   if (aux) a.aux_unit = Ed * losses.aux_coeff / (kd * Td * Td);
   if (seq) {
@@ -892,7 +911,20 @@ void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t
     a.seq_unit = Ed * losses.seq_aux_coeff / (kd * s * s) / static_cast<double>(L.rows);
   }
   if (z) a.z_unit = losses.z_coeff / Td;
-  moe_aux_finish_kernel<<<1, kFinishThreads, 0, stream>>>(psum, pcount, tokens_per_expert, lse, a, stats, loss_sums);
+  if (global) {  // E * coeff / (k * total^2), total = T * data_parallel_size
+    const double total = Td * static_cast<double>(losses.data_parallel_size);
+    a.global_unit = Ed * losses.global_aux_coeff / (kd * total * total);
+  }
+  moe_aux_finish_kernel<<<1, kFinishThreads, 0, stream>>>(psum, pcount, tokens_per_expert, global_counts, lse, a,
+                                                          stats, loss_sums);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_global_counts_accumulate(const int32_t* counts, double* running, float* mean, int64_t E, int64_t steps,
+                                  cudaStream_t stream) {
+  if (E <= 0) return;
+  if (steps < 1) throw Error("moe_global_counts_accumulate: steps must be at least 1");
+  global_counts_kernel<<<1, 512, 0, stream>>>(counts, running, mean, static_cast<int>(E), static_cast<double>(steps));
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -32,10 +32,12 @@ struct MoeRouterSpec {
 // them; the aux losses count the unbiased top-k over every group (moe_router_forward's aux top-k
 // when an expert bias or group-limited routing makes the routing's differ).
 struct MoeAuxLossSpec {
-  float aux_coeff = 0.0f;      // aux_loss
-  float seq_aux_coeff = 0.0f;  // seq_aux_loss
-  float z_coeff = 0.0f;        // --moe-z-loss-coeff
-  int64_t seq_length = 0;      // s for seq_aux_loss: T = b * s tokens, batch-major
+  float aux_coeff = 0.0f;           // aux_loss
+  float seq_aux_coeff = 0.0f;       // seq_aux_loss
+  float z_coeff = 0.0f;             // --moe-z-loss-coeff
+  int64_t seq_length = 0;           // s for seq_aux_loss: T = b * s tokens, batch-major
+  float global_aux_coeff = 0.0f;    // global_aux_loss (with the counts moe_global_counts_accumulate keeps)
+  int64_t data_parallel_size = 1;   // global_aux_loss's token total is T times this
 };
 
 // --moe-router-force-load-balancing: logits[i] = counter_normal(key, i) for i < n (core/counter_normal.hpp,
@@ -71,13 +73,23 @@ void moe_update_expert_bias(int32_t* load, float* bias, int64_t E, float rate, c
 // the forward and the backward of one step must be given the same T (a buffer sized for a larger
 // T is big enough). laoyao::Error when seq_aux_loss is on and seq_length does not divide T.
 size_t moe_aux_stats_floats(int64_t T, int64_t E, const MoeAuxLossSpec& losses);
-// The enabled losses' values (coefficients included, fp32) ADDED to losses[0..3) = {aux, seq_aux,
-// z} on the device, so that a step's layers and micro-batches sum there until the host reads them
-// for the log; `stats` gets what the backward needs (per-expert and per-sequence counts). Reads
-// scores (aux losses), lse (z-loss), topk_idx and tokens_per_expert of moe_router_forward.
+// The enabled losses' values (coefficients included, fp32) ADDED to losses[0..4) = {aux, seq_aux,
+// z, global_aux} on the device, so that a step's layers and micro-batches sum there until the host
+// reads them for the log; `stats` gets what the backward needs (per-expert and per-sequence
+// counts). Reads scores (aux losses), lse (z-loss), topk_idx and tokens_per_expert of
+// moe_router_forward. global_aux_loss (kernels/cpu moe_global_aux_loss_forward, total = T *
+// data_parallel_size) is on when its coefficient is and global_counts[E] (the running mean of the
+// step's counts) is given; null global_counts (an evaluation forward) leaves it out.
 void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t* topk_idx,
                             const int32_t* tokens_per_expert, int64_t T, const MoeRouterSpec& router,
-                            const MoeAuxLossSpec& losses, float* stats, float* loss_sums, cudaStream_t stream);
+                            const MoeAuxLossSpec& losses, float* stats, float* loss_sums, cudaStream_t stream,
+                            const float* global_counts = nullptr);
+// global_aux_loss's running counts (Megatron's global_tokens_per_expert / ga_steps): running[e] +=
+// counts[e] (a training forward's aux tokens per expert, already summed over the data-parallel
+// ranks), then mean[e] = running[e] / steps (steps: the training forwards since the running sums
+// were zeroed, this one included).
+void moe_global_counts_accumulate(const int32_t* counts, double* running, float* mean, int64_t E, int64_t steps,
+                                  cudaStream_t stream);
 
 // dlogits[T, E] (bf16, overwritten, ready for the router's two GEMMs): the gradient of
 // sum(dprobs * topk_probs) through the routing (moe_router_topk_backward), plus aux_scale times the

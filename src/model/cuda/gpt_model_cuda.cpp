@@ -35,8 +35,6 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
-  if (c.moe.num_experts > 0 && c.moe.global_aux_loss_coeff > 0)
-    missing.push_back("the global_aux_loss load balancing (--moe-router-load-balancing-type global_aux_loss)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
@@ -296,9 +294,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
   // expert-parallel step reads the token counts on the host inside the step; random router logits
-  // take a new stream every micro-batch.
+  // take a new stream every micro-batch; global_aux_loss's running counts give each forward its
+  // own kernel argument; a graph's replay is not timed by LAOYAO_MODEL_PHASES.
   graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() && !ep_ &&
-                    !cfg.moe.force_load_balancing;
+                    !cfg.moe.force_load_balancing && !(cfg.moe.global_aux_loss_coeff > 0) && !phases_.enabled();
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
@@ -428,7 +427,13 @@ void CudaGptModel::set_moe_aux_loss_scale(float scale) {
 }
 
 void CudaGptModel::finish_moe_step(dist::ProcessGroup* dp) {
-  if (moe_) moe_->update_expert_bias(main_params(), layout_, dp, stream_);
+  if (!moe_) return;
+  moe_->update_expert_bias(main_params(), layout_, dp, stream_);
+  moe_->reset_global_aux(stream_);
+}
+
+void CudaGptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
+  if (moe_) moe_->set_data_parallel_group(dp);
 }
 
 GptModel::MoeLosses CudaGptModel::take_moe_losses() { return moe_ ? moe_->take_losses(stream_) : GptModel::MoeLosses{}; }
@@ -622,6 +627,8 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
   training_forward_ = with_loss_grad;
   const int64_t T = b_ * s_, h = c.hidden;
   const std::string call = std::to_string(key.call);
+  backward_phase_ = false;
+  phases_.begin(stream_);
 
   // Embedding (word + position), then embedding dropout, into layer 0's input.
   bf16* x = layers_.empty() ? x_final_ : layers_[0].x_in;
@@ -642,10 +649,12 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     if (emb_drop.p > 0) kc::dropout_apply(e, sp_ ? e : x, T * h, emb_drop, stream_);
     if (sp_) sp_slice(e, x);
   }
+  phase(kEmbedding);
 
   for (int64_t l = 0; l < c.num_layers; ++l) enqueue_layer_forward(l);
   norm_forward(x_final_, layout_.final_w, layout_.final_b, sp_ ? sp_local_ : xf_, xf_mean_, xf_rstd_);
-  if (sp_) sp_gather(sp_local_, xf_);
+  phase(kNorms);
+  if (sp_) sp_gather(sp_local_, xf_), phase(kCommunication);
   linear_forward(xf_, layout_.output_w, -1, logits_, h, c.vocab);
   if (tensor_parallel()) {
     // Vocabulary-parallel cross entropy: every rank gets every token's loss from the shards' lse
@@ -662,6 +671,7 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
     kc::cross_entropy_forward(logits_, labels_, losses_, lse_, T, c.vocab, stream_);
   }
   kc::masked_loss_sum(losses_, mask_, T, loss_acc_.as<double>(), stream_);
+  phase(kHead);
 }
 
 // One transformer layer's forward from layers_[l].x_in; the forward pass, and the backward when it
@@ -678,16 +688,22 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   const std::string site = "dropout.layer" + std::to_string(l) + ".";
   // Under sequence parallelism a norm runs on this rank's rows, and its output is all-gathered.
   norm_forward(a.x_in, W.ln1_w, W.ln1_b, sp_ ? sp_local_ : a.ln1, a.ln1_mean, a.ln1_rstd);
-  if (sp_) sp_gather(sp_local_, a.ln1);
+  phase(kNorms);
+  if (sp_) sp_gather(sp_local_, a.ln1), phase(kCommunication);
   linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
-  // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE.
+  phase(kAttentionGemms);
+  // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE; the
+  // rotation joins the norm's pass where the pack kernels serve the table.
+  const bool rope_in_norm = c.qk_layernorm && rope_.rot_dim > 0 && kc::rope_packable(rope_);
   if (c.qk_layernorm)
     kc::qk_rmsnorm_forward(a.qkv, P(W.q_norm), P(W.k_norm), a.qkv_attn, a.qk_rstd, T, c.heads, c.query_groups, D,
-                           c.norm_eps, c.zero_centered_gamma, stream_);
+                           c.norm_eps, c.zero_centered_gamma, stream_, rope_in_norm ? &rope_ : nullptr, s_);
   // RoPE rotates q and k of qkv_attn in place: nothing later needs them unrotated (the QKV GEMM's
   // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
   // rotated values).
-  if (rope_.rot_dim > 0) kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
+  if (rope_.rot_dim > 0 && !rope_in_norm)
+    kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
+  phase(kQkNormRope);
   const auto attn_drop = attention_dropout(site + "probs." + call);
   if (attention_ == AttentionPath::Cudnn)
     cudnn_attention_->forward(a.qkv_attn, a.ctx, a.lse, b_);
@@ -695,6 +711,7 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
     kc::attention_flash_forward(a.qkv_attn, a.ctx, a.lse, shape, attn_drop, stream_);
   else
     kc::attention_unfused_forward(gemm_, a.qkv_attn, a.ctx, a.attn, attn_scratch_, shape, attn_drop, stream_);
+  phase(kAttention);
   // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
   const auto drop1 = hidden_dropout(site + "attention." + call);
   if (tensor_parallel()) {
@@ -705,27 +722,38 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   } else {
     linear_forward(a.ctx, W.proj_w, W.proj_b, a.x_mid, c.heads * D, h, a.x_in);
   }
+  phase(kAttentionGemms);
   norm_forward(a.x_mid, W.ln2_w, W.ln2_b, sp_ ? sp_local_ : a.ln2, a.ln2_mean, a.ln2_rstd);
-  if (sp_) sp_gather(sp_local_, a.ln2);
+  phase(kNorms);
+  if (sp_) sp_gather(sp_local_, a.ln2), phase(kCommunication);
   if (c.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
-    moe_->forward(l, moe_context(W), a.ln2, branch_, T, training_forward_ && !recomputing_,
+    using Pass = CudaMoeLayers::Pass;
+    moe_->forward(l, moe_context(W), a.ln2, branch_, T,
+                  !training_forward_ ? Pass::Evaluation : recomputing_ ? Pass::Recompute : Pass::Training,
                   random_logits_key(key_, l));
+    phase(kMoe);
     kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, hidden_dropout(site + "mlp." + call), stream_);
+    phase(kResidual);
     return;
   }
   if (c.activation == Activation::SwiGLU) {
     linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, 2 * c.ffn);
+    phase(kMlpGemms);
     kc::swiglu_forward(a.u, a.g, T, c.ffn, stream_);
   } else if (gelu_epilogue_) {  // u = fc1's output with its bias, g = gelu(u), in one GEMM
     gemm_.linear_forward_gelu(a.ln2, P(W.fc1_w), P(W.fc1_b), a.g, a.u, T, h, c.ffn, stream_);
+    phase(kMlpGemms);
   } else if (c.activation == Activation::GeluErf) {  // F.gelu(fc1(x)): the linear adds its bias
     linear_forward(a.ln2, W.fc1_w, W.fc1_b, a.u, h, c.ffn);
+    phase(kMlpGemms);
     kc::bias_gelu_forward(a.u, zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_, true);
   } else {
     // fc1 without its bias; the fused bias-GeLU adds it (Megatron's bias_gelu fusion).
     linear_forward(a.ln2, W.fc1_w, -1, a.u, h, c.ffn);
+    phase(kMlpGemms);
     kc::bias_gelu_forward(a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), a.g, T, c.ffn, stream_);
   }
+  phase(kActivations);
   const auto drop2 = hidden_dropout(site + "mlp." + call);
   if (tensor_parallel()) {
     row_parallel_residual(a.g, W.fc2_w, W.fc2_b, c.ffn, a.x_mid, x_out, drop2);
@@ -735,6 +763,7 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   } else {
     linear_forward(a.g, W.fc2_w, W.fc2_b, x_out, c.ffn, h, a.x_mid);
   }
+  phase(kMlpGemms);
 }
 
 void CudaGptModel::backward() {
@@ -756,9 +785,13 @@ void CudaGptModel::enqueue_backward() {
     return dtmp_;
   };
 
+  backward_phase_ = true;
+  phases_.begin(stream_);
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
+  phase(kHead);
   layernorm_backward(sum_input_grad(), x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
+  phase(kNorms);
   for (const auto& r : head_ranges_) report_grads_ready(r);
 
   const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
@@ -776,15 +809,19 @@ void CudaGptModel::enqueue_backward() {
     const auto drop2 = hidden_dropout(site + "mlp." + call);
     bf16* dbranch = dx_;
     if (drop2.p > 0) kc::dropout_apply(dx_, dbranch_, rows_ * h, drop2, stream_), dbranch = dbranch_;
-    dbranch = whole_rows(dbranch);
+    phase(kResidual);
+    if (sp_) dbranch = whole_rows(dbranch), phase(kCommunication);
     if (c.is_moe_layer(l)) {
       moe_->backward(l, moe_context(W), a.ln2, dbranch, dnorm_, T, moe_aux_loss_scale_);
+      phase(kMoe);
     } else if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
       gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_);
       if (W.fc2_b >= 0) kc::bias_grad(dbranch, G(W.fc2_b), reduce_scratch_, T, h, stream_);
+      phase(kMlpGemms);
     } else {
       linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
+      phase(kMlpGemms);
       if (c.activation == Activation::SwiGLU)
         kc::swiglu_backward(a.u, dg_, dwide_, T, c.ffn, stream_);
       else if (c.activation == Activation::GeluErf)  // u holds fc1's bias already
@@ -792,16 +829,23 @@ void CudaGptModel::enqueue_backward() {
       else
         kc::bias_gelu_backward(dg_, a.u, W.fc1_b >= 0 ? P(W.fc1_b) : zero_bias_.as<bf16>(), dwide_, T, c.ffn,
                                stream_);
+      phase(kActivations);
     }
-    if (!c.is_moe_layer(l)) linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
+    if (!c.is_moe_layer(l)) {
+      linear_backward(a.ln2, W.fc1_w, W.fc1_b, dwide_, dnorm_, h, c.fc1_width());
+      phase(kMlpGemms);
+    }
     // dx = d(x_mid)
     layernorm_backward_into_residual(sum_input_grad(), a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);
+    phase(kNorms);
     // Attention block.
     const auto drop1 = hidden_dropout(site + "attention." + call);
     dbranch = dx_;
     if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, rows_ * h, drop1, stream_), dbranch = dbranch_;
-    dbranch = whole_rows(dbranch);
+    phase(kResidual);
+    if (sp_) dbranch = whole_rows(dbranch), phase(kCommunication);
     linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
+    phase(kAttentionGemms);
     const auto attn_drop = attention_dropout(site + "probs." + call);
     if (attention_ == AttentionPath::Cudnn)
       cudnn_attention_->backward(a.qkv_attn, a.ctx, dctx_, a.lse, dwide_, b_);
@@ -809,13 +853,20 @@ void CudaGptModel::enqueue_backward() {
       kc::attention_flash_backward(a.qkv_attn, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
-    if (rope_.rot_dim > 0) kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
+    phase(kAttention);
+    const bool rope_in_norm = c.qk_layernorm && rope_.rot_dim > 0 && kc::rope_packable(rope_);
+    if (rope_.rot_dim > 0 && !rope_in_norm)
+      kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm); TP: finalize_grads sums the norms' part
       kc::qk_rmsnorm_backward(dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_, G(W.q_norm), G(W.k_norm),
-                              reduce_scratch_, T, c.heads, c.query_groups, D, c.zero_centered_gamma, stream_);
+                              reduce_scratch_, T, c.heads, c.query_groups, D, c.zero_centered_gamma, stream_,
+                              rope_in_norm ? &rope_ : nullptr, s_);
+    phase(kQkNormRope);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
+    phase(kAttentionGemms);
     // dx = d(x_in)
     layernorm_backward_into_residual(sum_input_grad(), a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);
+    phase(kNorms);
     report_grads_ready(layer_ranges_[static_cast<size_t>(l)]);
   }
   // The embedding's gradient: the whole sequence's (the embedding was sliced under SP).
@@ -826,6 +877,7 @@ void CudaGptModel::enqueue_backward() {
   if (layout_.pos_emb >= 0)
     kc::embedding_backward(positions_, demb, G(layout_.pos_emb), T, h, c.max_positions, emb_scratch_,
                            emb_scratch_bytes_, stream_);
+  phase(kEmbedding);
 }
 
 void CudaGptModel::report_grads_ready(std::pair<size_t, size_t> ranges) const {
@@ -839,7 +891,29 @@ std::pair<double, double> CudaGptModel::take_loss_sum(const double* extra, doubl
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, sizeof host, stream_));
   if (extra) LAOYAO_CUDA_CHECK(cudaMemcpyAsync(extra_out, extra, sizeof(double), cudaMemcpyDeviceToHost, stream_));
   kc::stream_wait(stream_, "the step (its loss)");
+  report_phases();
   return {host[0], host[1]};
+}
+
+void CudaGptModel::report_phases() {
+  const std::vector<double> ms = phases_.take();
+  if (!phases_.enabled()) return;
+  static const char* names[kPhaseKinds] = {
+      "embedding",   "norms",      "attention GEMMs",   "QK norm+RoPE",     "attention",          "MLP GEMMs",
+      "activations", "MoE layers", "output layer+loss", "residual/dropout", "TP/SP communication"};
+  std::string line = "laoyao: model phases (ms, forward / backward):";
+  double fwd = 0, bwd = 0;
+  for (int p = 0; p < kPhaseKinds; ++p) {
+    const double f = ms[static_cast<size_t>(p)], b = ms[static_cast<size_t>(p + kPhaseKinds)];
+    fwd += f, bwd += b;
+    if (f == 0 && b == 0) continue;
+    char part[96];
+    std::snprintf(part, sizeof part, " %s %.2f / %.2f |", names[p], f, b);
+    line += part;
+  }
+  char total[64];
+  std::snprintf(total, sizeof total, " total %.2f / %.2f", fwd, bwd);
+  std::fprintf(stderr, "%s%s\n", line.c_str(), total);
 }
 
 std::vector<float> CudaGptModel::download_losses() const {

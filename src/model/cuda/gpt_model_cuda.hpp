@@ -46,6 +46,7 @@
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
 #include "model/cuda/moe_layers_cuda.hpp"
+#include "model/cuda/stream_timeline.hpp"
 
 namespace laoyao::model {
 
@@ -128,8 +129,12 @@ class CudaGptModel {
   void set_moe_aux_loss_scale(float scale);
   GptModel::MoeLosses take_moe_losses();
   // After a step's micro-batches (GptModel::finish_moe_step): aux-loss-free balancing moves the
-  // routers' expert biases by the training tokens counted over dp (null: this rank's).
+  // routers' expert biases by the training tokens counted over dp (null: this rank's), and
+  // global_aux_loss's running counts start over.
   void finish_moe_step(dist::ProcessGroup* dp);
+  // The data-parallel group MoE's global_aux_loss sums its tokens per expert over (null: one rank;
+  // GptModel::set_data_parallel_group), before the first step.
+  void set_data_parallel_group(dist::ProcessGroup* dp);
 
   // "cudnn", "flash" or "unfused": the attention path in use.
   const char* attention_path() const;
@@ -187,6 +192,14 @@ class CudaGptModel {
   // dx_ += the norm's input gradient (the residual stream's two paths summed).
   void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
                                         const float* rstd);
+
+  // LAOYAO_MODEL_PHASES=1: each step's forward and backward GPU time by kind of op (CUDA events on
+  // stream_), printed on stderr when the step's loss is taken; CUDA graphs are off while it is on.
+  // For finding where a model's time goes (LAOYAO_MOE_PHASES splits the MoE layers further).
+  enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
+               kResidual, kCommunication, kPhaseKinds };
+  void phase(Phase p) { phases_.mark(p + (backward_phase_ ? kPhaseKinds : 0), stream_); }
+  void report_phases();
 
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
@@ -252,6 +265,8 @@ class CudaGptModel {
   std::unique_ptr<CudaMoeLayers> moe_;
   bool training_forward_ = false, recomputing_ = false;
   float moe_aux_loss_scale_ = 1.0f;
+  StreamTimeline phases_{"LAOYAO_MODEL_PHASES", 2 * kPhaseKinds};
+  bool backward_phase_ = false;
   // --overlap-grad-reduce: the hook, and the parameter ranges it is given: the head's (final norm,
   // untied output layer) then each layer's, as index ranges into sync_ranges_.
   GradsReady grads_ready_;

@@ -50,11 +50,12 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   losses_.seq_aux_coeff = static_cast<float>(m.seq_aux_loss_coeff);
   losses_.z_coeff = static_cast<float>(m.z_loss_coeff);
   losses_.seq_length = seq_length;
+  losses_.global_aux_coeff = static_cast<float>(m.global_aux_loss_coeff);
 
   // Nl: rows this rank's experts may get, every rank's every token under expert parallelism
   // (dropless routing bounds nothing tighter).
   const int64_t T = max_tokens, N = T * k_, Nl = P_ * N;
-  const bool aux = losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0;
+  const bool aux = losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.global_aux_coeff > 0;
   // The aux losses count their own top-k when the routing's is biased or limited to groups.
   const bool aux_apart = aux && (m.expert_bias || m.num_groups > 0);
   slot_.assign(static_cast<size_t>(cfg.num_layers), -1);
@@ -126,10 +127,19 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_start_, cudaEventDisableTiming));
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
   }
-  sums_ = kc::DeviceBuffer(6 * sizeof(float));
+  sums_ = kc::DeviceBuffer(8 * sizeof(float));
   train_sums_ = sums_.as<float>();
-  discard_sums_ = train_sums_ + 3;
+  discard_sums_ = train_sums_ + 4;
   LAOYAO_CUDA_CHECK(cudaMemset(sums_.ptr, 0, sums_.bytes));
+  if (losses_.global_aux_coeff > 0) {
+    global_ = kc::DeviceBuffer(static_cast<size_t>(layers * E_) * (sizeof(double) + sizeof(float)) +
+                               static_cast<size_t>(E_) * sizeof(int32_t));
+    global_running_ = global_.as<double>();
+    global_mean_ = reinterpret_cast<float*>(global_running_ + layers * E_);
+    global_counts_ = reinterpret_cast<int32_t*>(global_mean_ + layers * E_);
+    global_steps_.assign(static_cast<size_t>(layers), 0);
+    LAOYAO_CUDA_CHECK(cudaMemset(global_.ptr, 0, global_.bytes));
+  }
   if (m.expert_bias) {
     if (!m.sigmoid) throw UsageError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
     expert_load_ = kc::DeviceBuffer(sizeof(int32_t) * static_cast<size_t>(layers * E_));
@@ -250,8 +260,9 @@ void CudaMoeLayers::report_phases() {
   min_rows_ = max_rows_ = -1;
 }
 
-void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses,
+void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
                             uint64_t random_logits_key) {
+  const bool count_losses = pass == Pass::Training;
   Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
   const GptLayerOffsets& W = ctx.W;
   const bf16* P = ctx.params;
@@ -270,10 +281,24 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
                          S.aux_counts);
   if (bias && count_losses)  // a training forward's tokens count for the bias update
     kc::moe_accumulate_load(S.counts, expert_load_.as<int32_t>() + slot_[static_cast<size_t>(l)] * E_, E_, st);
-  if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0)
-    kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx,
-                               S.aux_counts ? S.aux_counts : S.counts, T, router_, losses_, S.stats,
-                               count_losses ? train_sums_ : discard_sums_, st);
+  const int32_t* aux_counts = S.aux_counts ? S.aux_counts : S.counts;
+  // global_aux_loss (training forwards and their recomputations): a training forward's aux tokens
+  // per expert, summed over the data-parallel ranks, join the step's running mean.
+  const float* global_mean = nullptr;
+  if (losses_.global_aux_coeff > 0 && pass != Pass::Evaluation) {
+    const size_t slot = static_cast<size_t>(slot_[static_cast<size_t>(l)]);
+    if (count_losses) {
+      LAOYAO_CUDA_CHECK(
+          cudaMemcpyAsync(global_counts_, aux_counts, sizeof(int32_t) * E_, cudaMemcpyDeviceToDevice, st));
+      if (dp_) dp_->all_reduce_device(global_counts_, static_cast<size_t>(E_), dist::DeviceType::I32, st);
+      kc::moe_global_counts_accumulate(global_counts_, global_running_ + slot * E_, global_mean_ + slot * E_, E_,
+                                       ++global_steps_[slot], st);
+    }
+    global_mean = global_mean_ + slot * E_;
+  }
+  if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0 || global_mean)
+    kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx, aux_counts, T, router_, losses_,
+                               S.stats, count_losses ? train_sums_ : discard_sums_, st, global_mean);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
   if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
@@ -377,9 +402,20 @@ void CudaMoeLayers::update_expert_bias(float* main, const GptParameterLayout& la
   }
 }
 
+void CudaMoeLayers::set_data_parallel_group(dist::ProcessGroup* dp) {
+  dp_ = dp && dp->size() > 1 ? dp : nullptr;
+  losses_.data_parallel_size = dp_ ? dp_->size() : 1;
+}
+
+void CudaMoeLayers::reset_global_aux(cudaStream_t stream) {
+  if (!global_running_) return;
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(global_running_, 0, sizeof(double) * global_steps_.size() * E_, stream));
+  std::fill(global_steps_.begin(), global_steps_.end(), 0);
+}
+
 GptModel::MoeLosses CudaMoeLayers::take_losses(cudaStream_t stream) {
   report_phases();
-  float host[3];
+  float host[4];
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host, train_sums_, sizeof host, cudaMemcpyDeviceToHost, stream));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(train_sums_, 0, sizeof host, stream));
   kc::stream_wait(stream, "the step (its MoE losses)");
@@ -387,6 +423,7 @@ GptModel::MoeLosses CudaMoeLayers::take_losses(cudaStream_t stream) {
   if (losses_.aux_coeff > 0) out.aux = host[0] / losses_.aux_coeff;
   if (losses_.seq_aux_coeff > 0) out.seq_aux = host[1] / losses_.seq_aux_coeff;
   if (losses_.z_coeff > 0) out.z = host[2] / losses_.z_coeff;
+  if (losses_.global_aux_coeff > 0) out.global_aux = host[3] / losses_.global_aux_coeff;
   return out;
 }
 

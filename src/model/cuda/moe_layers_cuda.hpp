@@ -57,11 +57,14 @@ class CudaMoeLayers {
     cudaStream_t stream;
     const float* main = nullptr;
   };
-  // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output). count_losses: add this
-  // forward's load-balancing and z losses to the training sums (a training forward; false for an
-  // evaluation, or a recomputation running the layer again). random_logits_key: the stream of the
-  // random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
-  void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, bool count_losses,
+  // What a forward is: a training one (its losses count in the training sums, global_aux_loss's
+  // running counts take its tokens), the recomputation of one in the backward (the same losses'
+  // gradients, nothing counted again), or an evaluation (no global_aux_loss: Megatron applies it in
+  // training only).
+  enum class Pass { Training, Recompute, Evaluation };
+  // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output). random_logits_key: the stream
+  // of the random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
+  void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
                uint64_t random_logits_key = 0);
   // dx[T, H] (overwritten) and the layer's gradients (accumulated) from dy[T, H], after forward(l)
   // of the same x. aux_scale: the gradient of each load-balancing / z loss (MoEAuxLossAutoScaler).
@@ -75,8 +78,15 @@ class CudaMoeLayers {
   // training forwards since, summed over dp (the data-parallel group; null: this rank's). Nothing
   // without --moe-router-enable-expert-bias.
   void update_expert_bias(float* main, const GptParameterLayout& layout, dist::ProcessGroup* dp, cudaStream_t stream);
+  // global_aux_loss: the data-parallel group its tokens per expert are summed over (null: one
+  // rank), before the first forward; and, after a step's micro-batches, its running counts start
+  // over (Megatron's reset_global_aux_loss_tracker).
+  void set_data_parallel_group(dist::ProcessGroup* dp);
+  void reset_global_aux(cudaStream_t stream);
   ~CudaMoeLayers();
-  size_t device_bytes() const { return saved_.bytes + scratch_.bytes + sums_.bytes + expert_load_.bytes; }
+  size_t device_bytes() const {
+    return saved_.bytes + scratch_.bytes + sums_.bytes + expert_load_.bytes + global_.bytes;
+  }
 
  private:
   struct Saved {  // what layer l keeps from its forward for its backward
@@ -131,6 +141,15 @@ class CudaMoeLayers {
   std::vector<Saved> saved_layers_;
   kernels::cuda::DeviceBuffer saved_, scratch_, sums_, zero_bias_;
   kernels::cuda::DeviceBuffer expert_load_;  // [MoE layers][E] tokens since the last bias update
+  // global_aux_loss: per MoE layer the running sums [E] (double), their mean [E] (float), then one
+  // [E] int32 staging row for a forward's counts summed over dp_; the training forwards per layer
+  // since the last reset (host: the count is a kernel argument, so such steps run eagerly).
+  kernels::cuda::DeviceBuffer global_;
+  double* global_running_ = nullptr;
+  float* global_mean_ = nullptr;
+  int32_t* global_counts_ = nullptr;
+  std::vector<int64_t> global_steps_;
+  dist::ProcessGroup* dp_ = nullptr;
   // Shared scratch.
   bf16 *permuted_x_ = nullptr, *shared_out_ = nullptr, *dexpert_ = nullptr, *dact_ = nullptr, *dfc1_ = nullptr,
        *dpermuted_ = nullptr, *dlogits_ = nullptr, *dshared_ = nullptr, *dshared_g_ = nullptr,
@@ -148,8 +167,8 @@ class CudaMoeLayers {
   cudaEvent_t comm_start_ = nullptr, comm_done_ = nullptr;
   StreamTimeline phases_{"LAOYAO_MOE_PHASES", kPhases};
   int64_t min_rows_ = -1, max_rows_ = -1;  // this step's fewest and most rows of a layer's experts here
-  float* train_sums_ = nullptr;    // [3] aux, seq_aux, z (coefficients in) since the last take_losses
-  float* discard_sums_ = nullptr;  // [3] where the losses of forwards that do not count go
+  float* train_sums_ = nullptr;    // [4] aux, seq_aux, z, global_aux (coefficients in) since the last take_losses
+  float* discard_sums_ = nullptr;  // [4] where the losses of forwards that do not count go
 };
 
 }  // namespace laoyao::model
