@@ -10,11 +10,12 @@
 #                                            any of doctor tests parity parity_llama parity_fused
 #                                            attention gemm profile phases bench moe moe_quick recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
-#                                            (default: the first nine; moe_dp2, moe_ep_speed, dp2* and tp2 need
+#                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
 #                                            moe_2b throughput runs' routing, DP2_SPEED=0 drops dp2's
-#                                            throughput runs, FOUR_SPEED=0 four's). Full logs go to
+#                                            throughput runs, FOUR_SPEED=0 four's, PHASES_CASES
+#                                            the phases part's cases). Full logs go to
 #                                            $OUT; a summary table is
 #                                            printed last.
 set -uo pipefail
@@ -117,9 +118,12 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # included; also with token dropping and random router logits, and with an expert bias),
           # then (not in moe_quick) the
           # grouped GEMMs against cuBLASLt and the 2B flagship against the PyTorch MoE peer.
-          timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_moe.txt" 2>&1
-          note "MoE GPU tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_moe.txt" | tr '\n' ' ')"
-          while read -r line; do note "  $line"; done < <(grep -h -E -A6 '(Failure|error:)' "$OUT/gpu_tests_moe.txt" | head -30)
+          # (The tests part runs these too: not twice in one call.)
+          if [[ " $parts " != *" tests "* ]]; then
+            timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_moe.txt" 2>&1
+            note "MoE GPU tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_moe.txt" | tr '\n' ' ')"
+            while read -r line; do note "  $line"; done < <(grep -h -E -A6 '(Failure|error:)' "$OUT/gpu_tests_moe.txt" | head -30)
+          fi
           parity_run parity_moe "MoE (8 experts, top-2, aux + z loss)" --num-layers 2 --hidden-size 128 \
             --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
             --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
