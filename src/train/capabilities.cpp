@@ -44,6 +44,19 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (!o.decoupled_weight_decay) out.push_back("Adam with L2-coupled weight decay (optimizer.decoupled_weight_decay=false)");
   if (o.decoupled_lr || o.decoupled_min_lr)
     out.push_back("a separate learning rate for embedding and output layers (--decoupled-lr / --decoupled-min-lr)");
+  // The precision-aware optimizer with fp32 states (Bridge's Qwen3 cohort) is the plain AdamW; the
+  // lower-precision gradients, main weights and moments it can keep are not built.
+  struct StateDtype {
+    const char *field, *flag;
+    const std::string& dtype;
+  };
+  for (const StateDtype& d : {StateDtype{"main_grads_dtype", "--main-grads-dtype", o.main_grads_dtype},
+                              StateDtype{"main_params_dtype", "--main-params-dtype", o.main_params_dtype},
+                              StateDtype{"exp_avg_dtype", "--exp-avg-dtype", o.exp_avg_dtype},
+                              StateDtype{"exp_avg_sq_dtype", "--exp-avg-sq-dtype", o.exp_avg_sq_dtype}})
+    if (d.dtype != "fp32")
+      out.push_back(std::string("optimizer.") + d.field + " " + d.dtype + " (" + d.flag +
+                    "): gradients, main weights and Adam moments are kept in fp32 (accepted: fp32)");
   const auto& v = c.validation;
   if (v.skip_train) out.push_back("evaluation-only runs (--skip-train / validation.skip_train)");
   if (v.full_validation) out.push_back("full validation (--full-validation)");

@@ -33,6 +33,16 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
             std::string::npos);
   EXPECT_NE(missing({"--ckpt-format", "zarr"}).find("'zarr'"), std::string::npos);
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
+  // The precision-aware optimizer with fp32 states is the plain AdamW; lower-precision states are named.
+  EXPECT_EQ(missing({"--use-precision-aware-optimizer"}), "");
+  EXPECT_NE(missing({"--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16"}).find("optimizer.exp_avg_dtype bf16"),
+            std::string::npos);
+  EXPECT_NE(missing({"--use-precision-aware-optimizer", "--exp-avg-sq-dtype", "fp16"}).find("--exp-avg-sq-dtype"),
+            std::string::npos);
+  EXPECT_NE(missing({"--use-precision-aware-optimizer", "--main-grads-dtype", "bf16"}).find("main_grads_dtype"),
+            std::string::npos);
+  EXPECT_NE(missing({"--use-precision-aware-optimizer", "--main-params-dtype", "fp16"}).find("main_params_dtype"),
+            std::string::npos);
 }
 
 TEST(Capabilities, SeveralRanksTrainDataAndTensorParallel) {
