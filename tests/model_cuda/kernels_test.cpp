@@ -1251,12 +1251,16 @@ TEST_F(CudaKernels, QkRmsNormWithRopeMatchesCpuNormThenRope) {
     expect_within(from_device<float>(ddq, D), to_double(dq), tq, "dq_gamma");
     expect_within(from_device<float>(ddk, D), to_double(dk), tk, "dk_gamma");
   }
-  // A table whose rotated half is not a multiple of 8 cannot join the norm: refused by name.
+  // A table whose rotated half is not a multiple of 8, or wider than the head, cannot join the
+  // norm: refused by name.
   DeviceBuffer buf(1 << 16), stats(4096), tbl(4096);
   const cuda::RopeDeviceTable odd{tbl.as<float>(), tbl.as<float>(), 36, 8};
-  EXPECT_THROW(cuda::qk_rmsnorm_forward(buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(),
-                                        stats.as<float>(), 2, 2, 1, 64, 1e-6f, false, stream_, &odd, 2),
-               laoyao::Error);
+  const cuda::RopeDeviceTable wide{tbl.as<float>(), tbl.as<float>(), 128, 8};
+  for (const auto* t : {&odd, &wide})
+    EXPECT_THROW(cuda::qk_rmsnorm_forward(buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(),
+                                          stats.as<float>(), 2, 2, 1, 64, 1e-6f, false, stream_, t, 2),
+                 laoyao::Error);
+  EXPECT_FALSE(cuda::rope_packable({tbl.as<float>() + 1, tbl.as<float>(), 32, 8})) << "a misaligned cos table";
 }
 
 TEST_F(CudaKernels, QkRmsNormMhaMatchesCpu) {

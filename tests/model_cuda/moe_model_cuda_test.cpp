@@ -59,26 +59,26 @@ GptConfig moe_config(GptConfig c, int64_t E, int64_t k, int64_t ffn, int64_t sha
   return c;
 }
 
-// The MoE layer alone: forward output, input gradient and every weight gradient.
-void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
-  const int64_t T = b * s, H = c.hidden, E = c.moe.num_experts, F = c.moe.ffn, Fs = c.moe.shared_ffn;
-  const bool swiglu = c.activation == Activation::SwiGLU;
-  const int64_t F1 = swiglu ? 2 * F : F, Fs1 = swiglu ? 2 * Fs : Fs;
-  // One layer's parameters at offsets of their own (the model's layout puts them the same way).
+// One MoE layer's parameters at offsets of their own (the model's layout puts them the same way);
+// n: the floats they take.
+GptLayerOffsets place_layer(const GptConfig& c, int64_t& n) {
+  const int64_t H = c.hidden, E = c.moe.num_experts, F = c.moe.ffn, Fs = c.moe.shared_ffn;
   GptLayerOffsets W{};
-  int64_t n = 0;
+  n = 0;
   auto place = [&](int64_t count) { return std::exchange(n, n + (count + 7) / 8 * 8); };
-  W.router_w = place(E * H), W.experts_fc1 = place(E * F1 * H), W.experts_fc2 = place(E * H * F);
-  W.shared_fc1 = Fs > 0 ? place(Fs1 * H) : -1;
+  W.router_w = place(E * H), W.experts_fc1 = place(E * c.fc1_rows(F) * H), W.experts_fc2 = place(E * H * F);
+  W.shared_fc1 = Fs > 0 ? place(c.fc1_rows(Fs) * H) : -1;
   W.shared_fc2 = Fs > 0 ? place(H * Fs) : -1;
   W.expert_bias = c.moe.expert_bias ? place(E) : -1;
-  const std::vector<float> w = random_bf16(n, 0.05, "moe weights");
-  const std::vector<float> x = random_bf16(T * H, 1.0, "moe x");
-  const std::vector<float> dy = random_bf16(T * H, 1e-2, "moe dy");
+  return W;
+}
 
+// The CPU reference layer's config for the MoE layers of c (sequences of s tokens).
+kcpu::MoeLayerConfig cpu_layer_config(const GptConfig& c, int64_t s) {
+  const bool swiglu = c.activation == Activation::SwiGLU;
   kcpu::MoeLayerConfig mc;
-  mc.hidden_size = H, mc.num_experts = E, mc.topk = c.moe.topk, mc.ffn_hidden_size = F;
-  mc.shared_expert_intermediate_size = Fs;
+  mc.hidden_size = c.hidden, mc.num_experts = c.moe.num_experts, mc.topk = c.moe.topk, mc.ffn_hidden_size = c.moe.ffn;
+  mc.shared_expert_intermediate_size = c.moe.shared_ffn;
   mc.activation = swiglu ? kcpu::MoeActivation::SwiGlu
                          : c.activation == Activation::GeluErf ? kcpu::MoeActivation::GeluErf
                                                                : kcpu::MoeActivation::GeluTanh;
@@ -89,7 +89,21 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   mc.aux_loss_coeff = static_cast<float>(c.moe.aux_loss_coeff);
   mc.seq_aux_loss_coeff = static_cast<float>(c.moe.seq_aux_loss_coeff);
   mc.z_loss_coeff = static_cast<float>(c.moe.z_loss_coeff);
+  mc.global_aux_loss_coeff = static_cast<float>(c.moe.global_aux_loss_coeff);
   mc.seq_length = s;
+  return mc;
+}
+
+// The MoE layer alone: forward output, input gradient and every weight gradient.
+void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
+  const int64_t T = b * s, H = c.hidden, E = c.moe.num_experts, F = c.moe.ffn, Fs = c.moe.shared_ffn;
+  const int64_t F1 = c.fc1_rows(F), Fs1 = c.fc1_rows(Fs);
+  int64_t n = 0;
+  const GptLayerOffsets W = place_layer(c, n);
+  const std::vector<float> w = random_bf16(n, 0.05, "moe weights");
+  const std::vector<float> x = random_bf16(T * H, 1.0, "moe x");
+  const std::vector<float> dy = random_bf16(T * H, 1e-2, "moe dy");
+  const kcpu::MoeLayerConfig mc = cpu_layer_config(c, s);
   kcpu::MoeLayerWeights mw;
   mw.router_weight = w.data() + W.router_w, mw.fc1_weight = w.data() + W.experts_fc1;
   mw.fc2_weight = w.data() + W.experts_fc2;
@@ -151,6 +165,77 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   check("experts linear_fc1", W.experts_fc1, E * F1 * H);
   check("experts linear_fc2", W.experts_fc2, E * H * F);
   if (Fs > 0) check("shared_experts linear_fc1", W.shared_fc1, Fs1 * H), check("shared linear_fc2", W.shared_fc2, H * Fs);
+}
+
+// global_aux_loss through CudaMoeLayers against the CPU layer: two training forwards (their running
+// mean counts), the second recomputed before its backward (which must neither count nor change
+// the gradient), an evaluation forward in between (no loss, no count), the router gradient of both
+// backwards; then reset_global_aux, after which a forward counts from scratch again.
+void compare_global_aux_layer(const GptConfig& c, int64_t b, int64_t s) {
+  const int64_t T = b * s, H = c.hidden, E = c.moe.num_experts;
+  int64_t n = 0;
+  const GptLayerOffsets W = place_layer(c, n);
+  const std::vector<float> w = random_bf16(n, 0.05, "global weights");
+  const std::vector<float> x1 = random_bf16(T * H, 1.0, "global x1"), x2 = random_bf16(T * H, 1.0, "global x2");
+  const std::vector<float> dy = random_bf16(T * H, 1e-2, "global dy");
+  kcpu::MoeLayerConfig mc = cpu_layer_config(c, s);
+  mc.global_aux_training = true;
+  kcpu::MoeLayerWeights mw;
+  mw.router_weight = w.data() + W.router_w, mw.fc1_weight = w.data() + W.experts_fc1;
+  mw.fc2_weight = w.data() + W.experts_fc2;
+  std::vector<float> cpu_grads(static_cast<size_t>(n), 0.0f), y(static_cast<size_t>(T * H)),
+      dx(static_cast<size_t>(T * H));
+  kcpu::MoeLayerGrads mg;
+  mg.router_weight = cpu_grads.data() + W.router_w, mg.fc1_weight = cpu_grads.data() + W.experts_fc1;
+  mg.fc2_weight = cpu_grads.data() + W.experts_fc2;
+  kcpu::MoeLayerState state;
+  const float aux_scale = 0.5f;
+  std::vector<double> cpu_losses;
+  for (const auto* x : {&x1, &x2}) {
+    kcpu::moe_layer_forward(mc, mw, x->data(), y.data(), T, state);
+    cpu_losses.push_back(state.global_aux_loss / mc.global_aux_loss_coeff);
+    kcpu::moe_layer_backward(mc, mw, x->data(), dy.data(), dx.data(), mg, T, state, aux_scale);
+  }
+  ASSERT_NE(cpu_losses[0], cpu_losses[1]) << "the second forward's mean counts differ from its own";
+
+  GptConfig one = c;
+  one.num_layers = 1;
+  one.moe.layers = {true};
+  CudaMoeLayers moe(one, T, s);
+  cudaStream_t stream = nullptr;
+  LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kc::CublasLtGemm gemm;
+  kc::DeviceBuffer d_w(sizeof(kc::bf16) * n), d_g(sizeof(float) * n), d_x1(sizeof(kc::bf16) * T * H),
+      d_x2(sizeof(kc::bf16) * T * H), d_dy(sizeof(kc::bf16) * T * H), d_y(sizeof(kc::bf16) * T * H),
+      d_dx(sizeof(kc::bf16) * T * H);
+  d_w.upload(to_bf16(w).data(), d_w.bytes);
+  d_x1.upload(to_bf16(x1).data(), d_x1.bytes);
+  d_x2.upload(to_bf16(x2).data(), d_x2.bytes);
+  d_dy.upload(to_bf16(dy).data(), d_dy.bytes);
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(d_g.ptr, 0, d_g.bytes, stream));
+  const CudaMoeLayers::Context ctx{W, d_w.as<kc::bf16>(), d_g.as<float>(), gemm, stream, nullptr};
+  using Pass = CudaMoeLayers::Pass;
+  const kc::bf16 *gx1 = d_x1.as<kc::bf16>(), *gx2 = d_x2.as<kc::bf16>();
+  moe.forward(0, ctx, gx1, d_y.as<kc::bf16>(), T, Pass::Training);
+  moe.backward(0, ctx, gx1, d_dy.as<kc::bf16>(), d_dx.as<kc::bf16>(), T, aux_scale);
+  const double first = moe.take_losses(stream).global_aux;
+  moe.forward(0, ctx, gx2, d_y.as<kc::bf16>(), T, Pass::Evaluation);  // neither counted nor logged
+  EXPECT_EQ(moe.take_losses(stream).global_aux, 0.0) << "an evaluation forward";
+  moe.forward(0, ctx, gx2, d_y.as<kc::bf16>(), T, Pass::Training);
+  moe.forward(0, ctx, gx2, d_y.as<kc::bf16>(), T, Pass::Recompute);
+  moe.backward(0, ctx, gx2, d_dy.as<kc::bf16>(), d_dx.as<kc::bf16>(), T, aux_scale);
+  const double second = moe.take_losses(stream).global_aux;
+  std::vector<float> grads(static_cast<size_t>(n));
+  d_g.download(grads.data(), d_g.bytes);
+  moe.reset_global_aux(stream);
+  moe.forward(0, ctx, gx1, d_y.as<kc::bf16>(), T, Pass::Training);
+  const double again = moe.take_losses(stream).global_aux;
+  LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream));
+
+  EXPECT_NEAR(first, cpu_losses[0], 1e-4 * cpu_losses[0]) << "first forward: its own counts";
+  EXPECT_NEAR(second, cpu_losses[1], 1e-4 * cpu_losses[1]) << "second forward: the mean of both forwards' counts";
+  EXPECT_NEAR(again, cpu_losses[0], 1e-4 * cpu_losses[0]) << "after the reset: counted from scratch";
+  EXPECT_LT(rel_err(grads.data() + W.router_w, cpu_grads.data() + W.router_w, E * H), 2e-2) << "router.weight";
 }
 
 // Whole models: losses per token, the loss sums, gradients, and the MoE losses' log values. With
@@ -248,6 +333,13 @@ TEST(CudaMoeLayers, SoftmaxGroupsWithAuxLossMatchCpuLayer) {
   GptConfig c = moe_config(llama_config(), 16, 4, 64, 0);
   c.moe.num_groups = 4, c.moe.group_topk = 2;
   compare_layer(c, 2, 40);
+}
+
+TEST(CudaMoeLayers, GlobalAuxLossRunningCountsMatchCpuLayer) {
+  GptConfig c = moe_config(llama_config(), 8, 2, 64, 0);
+  c.moe.aux_loss_coeff = 0, c.moe.z_loss_coeff = 0;
+  c.moe.global_aux_loss_coeff = 5.0;  // large: its router gradient shows beside the routing's
+  compare_global_aux_layer(c, 2, 40);
 }
 
 TEST(CudaMoeModel, LlamaEveryExpertMatchesCpuModel) {

@@ -398,7 +398,8 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
     }
     LAOYAO_CUDA_CHECK(cudaGetLastError());
     const int64_t fused_chunks = (T + kFusedRows - 1) / kFusedRows;
-    add_chunk_partials(scratch, dgamma, dbeta, fused_chunks, C, stream);
+    // Without a mean (RMSNorm) the kernel writes no dbeta partials: none are read.
+    add_chunk_partials(scratch, dgamma, beta ? dbeta : nullptr, fused_chunks, C, stream);
     return;
   }
   if (packs) {

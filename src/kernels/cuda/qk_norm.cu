@@ -218,12 +218,13 @@ int lanes_for(const char* op, int64_t H, int64_t G, int64_t D, std::initializer_
 }
 
 // The table the kernels get (rot_dim 0: no rotation), after checking that the pack path serves it.
-RopeDeviceTable rope_for(const char* op, const RopeDeviceTable* rope, int64_t s) {
+RopeDeviceTable rope_for(const char* op, const RopeDeviceTable* rope, int64_t s, int64_t D) {
   if (!rope || rope->rot_dim == 0) return RopeDeviceTable{};
-  if (!rope_packable(*rope) || s <= 0 || s > rope->max_positions)
+  if (!rope_packable(*rope) || rope->rot_dim > D || s <= 0 || s > rope->max_positions)
     throw Error(std::string(op) + ": RoPE with rot_dim " + std::to_string(rope->rot_dim) + " at sequence length " +
-                std::to_string(s) + " cannot join the QK norm (rot_dim / 2 must be a multiple of 8, s within the "
-                "table's " + std::to_string(rope->max_positions) + " positions)");
+                std::to_string(s) + " cannot join the QK norm of head dim " + std::to_string(D) +
+                " (rot_dim at most the head dim, rot_dim / 2 a multiple of 8, 16-byte aligned tables, s within "
+                "the table's " + std::to_string(rope->max_positions) + " positions)");
   return *rope;
 }
 
@@ -260,7 +261,7 @@ void qk_rmsnorm_forward(const bf16* qkv, const bf16* q_gamma, const bf16* k_gamm
                         int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma, cudaStream_t stream,
                         const RopeDeviceTable* rope, int64_t s) {
   const int lanes = lanes_for("qk_rmsnorm_forward", H, G, D, {qkv, out});
-  const RopeDeviceTable rt = rope_for("qk_rmsnorm_forward", rope, s);
+  const RopeDeviceTable rt = rope_for("qk_rmsnorm_forward", rope, s, D);
   if (T <= 0) return;
   const int64_t rows = T * (H + 2 * G);
   const int h = int(H), g = int(G), d = int(D);
@@ -286,7 +287,7 @@ void qk_rmsnorm_backward(const bf16* dout, const bf16* qkv, const bf16* q_gamma,
                          int64_t H, int64_t G, int64_t D, bool zero_centered_gamma, cudaStream_t stream,
                          const RopeDeviceTable* rope, int64_t s) {
   const int lanes = lanes_for("qk_rmsnorm_backward", H, G, D, {dout, qkv, dqkv});
-  const RopeDeviceTable rt = rope_for("qk_rmsnorm_backward", rope, s);
+  const RopeDeviceTable rt = rope_for("qk_rmsnorm_backward", rope, s, D);
   if (T <= 0) return;
   const int64_t chunks = chunks_for(T);
   if (chunks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_backward: too many tokens for one launch");

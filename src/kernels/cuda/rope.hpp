@@ -18,8 +18,12 @@ struct RopeDeviceTable {
 };
 
 // Whether the 16-byte pack kernels serve this table (rope_pack.cuh: the rotated half a multiple of
-// 8 values); they also let qk_rmsnorm_forward/backward apply the rotation in the norm's pass.
-inline bool rope_packable(const RopeDeviceTable& t) { return t.rot_dim > 0 && (t.rot_dim / 2) % 8 == 0; }
+// 8 values, cos and sin 16-byte aligned for their float4 reads); they also let
+// qk_rmsnorm_forward/backward apply the rotation in the norm's pass.
+inline bool rope_packable(const RopeDeviceTable& t) {
+  return t.rot_dim > 0 && (t.rot_dim / 2) % 8 == 0 && reinterpret_cast<uintptr_t>(t.cos) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(t.sin) % 16 == 0;
+}
 
 // qkv[b*s, G*(H/G + 2)*D] in place. s <= table.max_positions (else laoyao::Error).
 void rope_forward_qkv(__nv_bfloat16* qkv, const RopeDeviceTable& table, int64_t b, int64_t s, int64_t H, int64_t G,
