@@ -83,6 +83,11 @@ int start_training(config::Resolved& r) {
   if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
+  // bf16 main gradients (Bridge's mixed_precision grad_reduce_in_fp32=false, the Qwen3 cohort's):
+  // laoyao accumulates and reduces them in fp32, which changes their rounding only.
+  if (r.cfg.model.bf16 && !r.cfg.ddp.grad_reduce_in_fp32)
+    std::printf("laoyao: grad_reduce_in_fp32 is false (Megatron: bf16 main gradients, accumulated and reduced in "
+                "bf16); laoyao accumulates and reduces the gradients in fp32, a difference of rounding only\n");
   // Recomputation changes memory, never the numbers: say what this run does with the flags.
   if (r.cfg.model.recompute_granularity == "selective")
     std::printf("laoyao: --recompute-granularity selective recomputes core attention in Megatron; laoyao's fused "

@@ -96,6 +96,11 @@ struct GptConfig {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::None;
   int64_t recompute_num_layers = 0;
+  // Precision: --bf16 (Megatron's default without it is fp32 throughout) and
+  // --fp32-residual-connection. The CPU backend computes in fp32 either way; the CUDA backend
+  // trains bf16 with a bf16 residual stream only.
+  bool bf16 = true;
+  bool fp32_residual_connection = false;
 
   MoeConfig moe;
 

@@ -87,6 +87,27 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (fp8) out.push_back("FP8 training (mixed_precision)");
   if (fp4) out.push_back("FP4 training (mixed_precision)");
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
+  if (c.optimizer.loss_scale)
+    out.push_back("a constant loss scale (--loss-scale / optimizer.loss_scale): bf16 and fp32 runs train unscaled");
+  // Settings Megatron honours that would otherwise pass without effect here.
+  if (c.scheduler.no_weight_decay_cond_type)
+    out.push_back("weight-decay condition '" + *c.scheduler.no_weight_decay_cond_type +
+                  "' (scheduler.no_weight_decay_cond_type: the default rule only, no decay on biases and 1-D weights)");
+  if (c.dataset.dataloader_type && (*c.dataset.dataloader_type == "cyclic" || *c.dataset.dataloader_type == "external"))
+    out.push_back("the '" + *c.dataset.dataloader_type + "' data loader (--dataloader-type; accepted: single, batch)");
+  if (c.checkpoint.use_checkpoint_args)
+    out.push_back("taking the model's arguments from the checkpoint (--use-checkpoint-args): give them on the command line");
+  if (!c.checkpoint.load_rng)
+    out.push_back("restarting the random state on resume (--no-load-rng): dropout masks follow (seed, iteration, "
+                  "micro-batch), as if the state were loaded");
+  if (c.logger.log_energy) out.push_back("energy logging (--log-energy)");
+  if (c.logger.wandb_project && !c.logger.wandb_project->empty())
+    out.push_back("Weights & Biases logging (--wandb-project / logger.wandb_project)");
+  const auto& pr = c.profiling;
+  if (pr.use_nsys_profiler || pr.use_pytorch_profiler || pr.record_memory_history)
+    out.push_back("profiling (--profile, profiling.use_nsys_profiler / use_pytorch_profiler / record_memory_history); "
+                  "LAOYAO_MODEL_PHASES=1 prints where each step's GPU time goes");
+  if (c.ddp.use_megatron_fsdp || c.dist.use_torch_fsdp2) out.push_back("FSDP (ddp.use_megatron_fsdp / dist.use_torch_fsdp2)");
   return out;
 }
 

@@ -59,6 +59,8 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
   g.sequence_parallel = m.sequence_parallel;
+  g.bf16 = m.bf16;
+  g.fp32_residual_connection = m.fp32_residual_connection;
   g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused
                         : m.attention_backend == "auto"                                   ? model::AttentionBackend::Auto
                         : m.attention_backend == "fused"                                  ? model::AttentionBackend::Fused

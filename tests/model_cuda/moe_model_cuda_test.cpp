@@ -374,6 +374,12 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig global = c;
   global.moe.global_aux_loss_coeff = 1e-3;  // and global_aux_loss
   EXPECT_EQ(cuda_unsupported_features(global), "");
+  GptConfig fp32 = c;  // Megatron's default precision without --bf16: the CPU backend's
+  fp32.bf16 = false;
+  EXPECT_NE(cuda_unsupported_features(fp32).find("fp32 training"), std::string::npos);
+  GptConfig residual = c;
+  residual.fp32_residual_connection = true;
+  EXPECT_NE(cuda_unsupported_features(residual).find("--fp32-residual-connection"), std::string::npos);
   GptConfig groups = c;
   groups.moe.num_groups = 2, groups.moe.group_topk = 1;  // so does group-limited routing
   EXPECT_EQ(cuda_unsupported_features(groups), "");

@@ -1,6 +1,8 @@
 // What this build refuses: every setting that would otherwise be silently ignored is named.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "config/mlm_args.hpp"
 #include "dist/process_group.hpp"
 #include "train/capabilities.hpp"
@@ -43,6 +45,36 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
             std::string::npos);
   EXPECT_NE(missing({"--use-precision-aware-optimizer", "--main-params-dtype", "fp16"}).find("main_params_dtype"),
             std::string::npos);
+}
+
+// Settings Megatron honours and laoyao does not build: each named, none passed over.
+TEST(Capabilities, SettingsThatWouldChangeTheRunAreNamed) {
+  EXPECT_NE(missing({"--bf16", "--loss-scale", "1024"}).find("--loss-scale"), std::string::npos);
+  EXPECT_NE(missing({"--dataloader-type", "cyclic"}).find("'cyclic' data loader"), std::string::npos);
+  EXPECT_NE(missing({"--dataloader-type", "external"}).find("'external' data loader"), std::string::npos);
+  EXPECT_EQ(missing({"--dataloader-type", "single"}), "");
+  EXPECT_NE(missing({"--use-checkpoint-args"}).find("--use-checkpoint-args"), std::string::npos);
+  EXPECT_NE(missing({"--no-load-rng"}).find("--no-load-rng"), std::string::npos);
+  EXPECT_EQ(missing({"--no-save-rng"}), "") << "laoyao's checkpoints need no RNG state to resume the same masks";
+  EXPECT_NE(missing({"--log-energy"}).find("--log-energy"), std::string::npos);
+  EXPECT_NE(missing({"--wandb-project", "p"}).find("Weights & Biases"), std::string::npos);
+  EXPECT_NE(missing({"--profile"}).find("profiling"), std::string::npos);
+  // The same through the recipe front end's fields.
+  auto with = [](const std::function<void(config::ConfigContainer&)>& set) {
+    config::ConfigContainer c = config::parse_mlm_args({"--num-layers", "1", "--hidden-size", "32",
+                                                        "--num-attention-heads", "2", "--seq-length", "16",
+                                                        "--micro-batch-size", "1", "--train-iters", "2", "--mock-data",
+                                                        "--tokenizer-type", "NullTokenizer", "--vocab-size", "64",
+                                                        "--lr", "1e-3"});
+    set(c);
+    std::string all;
+    for (auto& m : train::missing_features(c, 1)) all += m + "\n";
+    return all;
+  };
+  EXPECT_NE(with([](auto& c) { c.scheduler.no_weight_decay_cond_type = "qwen3_next"; }).find("qwen3_next"),
+            std::string::npos);
+  EXPECT_NE(with([](auto& c) { c.ddp.use_megatron_fsdp = true; }).find("FSDP"), std::string::npos);
+  EXPECT_NE(with([](auto& c) { c.dist.use_torch_fsdp2 = true; }).find("FSDP"), std::string::npos);
 }
 
 TEST(Capabilities, SeveralRanksTrainDataAndTensorParallel) {

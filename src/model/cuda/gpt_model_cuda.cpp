@@ -35,6 +35,8 @@ namespace kc = laoyao::kernels::cuda;
 
 std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
+  if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
+  if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
@@ -471,11 +473,12 @@ void CudaGptModel::sp_slice(const bf16* full, bf16* local) {
 }
 
 void CudaGptModel::row_parallel_residual(const bf16* x, int64_t w, int64_t b, int64_t K, const bf16* residual,
-                                         bf16* out, const kc::DropoutSpec& drop) {
+                                         bf16* out, const kc::DropoutSpec& drop, Phase gemm) {
   const int64_t h = lc_.hidden;
   // Each rank's partial product over its input columns, rank 0's with the (replicated) bias, so the
   // group's sum holds it once.
   linear_forward(x, w, tp_rank_ == 0 ? b : -1, branch_, K, h);
+  phase(gemm);
   const bf16* sum = branch_;
   if (sp_) {
     sp_reduce_scatter(branch_, sp_local_);
@@ -483,17 +486,22 @@ void CudaGptModel::row_parallel_residual(const bf16* x, int64_t w, int64_t b, in
   } else {
     tp_all_reduce(branch_, b_ * s_ * h);
   }
+  phase(kCommunication);
   kc::residual_dropout_add(sum, residual, out, rows_ * h, drop, stream_);
+  phase(kResidual);
 }
 
 CudaGptModel::bf16* CudaGptModel::sum_input_grad() {
   if (!tensor_parallel()) return dnorm_;
+  bf16* sum = dnorm_;
   if (sp_) {
     sp_reduce_scatter(dnorm_, sp_local_);
-    return sp_local_;
+    sum = sp_local_;
+  } else {
+    tp_all_reduce(dnorm_, b_ * s_ * lc_.hidden);
   }
-  tp_all_reduce(dnorm_, b_ * s_ * lc_.hidden);
-  return dnorm_;
+  phase(kCommunication);
+  return sum;
 }
 
 void CudaGptModel::finalize_grads() {
@@ -715,7 +723,7 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   // The branch and the residual: one GEMM (beta = 1) without dropout, else dropout then the add.
   const auto drop1 = hidden_dropout(site + "attention." + call);
   if (tensor_parallel()) {
-    row_parallel_residual(a.ctx, W.proj_w, W.proj_b, c.heads * D, a.x_in, a.x_mid, drop1);
+    row_parallel_residual(a.ctx, W.proj_w, W.proj_b, c.heads * D, a.x_in, a.x_mid, drop1, kAttentionGemms);
   } else if (drop1.p > 0) {
     linear_forward(a.ctx, W.proj_w, W.proj_b, branch_, c.heads * D, h);
     kc::residual_dropout_add(branch_, a.x_in, a.x_mid, T * h, drop1, stream_);
@@ -756,7 +764,7 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   phase(kActivations);
   const auto drop2 = hidden_dropout(site + "mlp." + call);
   if (tensor_parallel()) {
-    row_parallel_residual(a.g, W.fc2_w, W.fc2_b, c.ffn, a.x_mid, x_out, drop2);
+    row_parallel_residual(a.g, W.fc2_w, W.fc2_b, c.ffn, a.x_mid, x_out, drop2, kMlpGemms);
   } else if (drop2.p > 0) {
     linear_forward(a.g, W.fc2_w, W.fc2_b, branch_, c.ffn, h);
     kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop2, stream_);

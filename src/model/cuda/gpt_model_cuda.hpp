@@ -152,6 +152,13 @@ class CudaGptModel {
   };
   bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
   bool tensor_parallel() const { return tp_size_ > 1; }
+  // LAOYAO_MODEL_PHASES=1: each step's forward and backward GPU time by kind of op (CUDA events on
+  // stream_), printed on stderr when the step's loss is taken; CUDA graphs are off while it is on.
+  // For finding where a model's time goes (LAOYAO_MOE_PHASES splits the MoE layers further).
+  enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
+               kResidual, kCommunication, kPhaseKinds };
+  void phase(Phase p) { phases_.mark(p + (backward_phase_ ? kPhaseKinds : 0), stream_); }
+  void report_phases();
   // Tensor parallelism on [T, h] activations (bf16, on stream_): the sum over the group in place;
   // sequence parallelism: this rank's rows (b runs of s/tp) of `full` made whole from every rank's
   // `local`, the group's sum of every rank's `full` reduced into this rank's rows of `local`, and
@@ -162,8 +169,9 @@ class CudaGptModel {
   void sp_slice(const bf16* full, bf16* local);
   // A row-parallel layer (linear_proj, linear_fc2) and the residual after it: out = residual +
   // dropout(sum over the group of x @ w^T, + b), on this rank's rows.
+  // (gemm: the phase its GEMM counts to.)
   void row_parallel_residual(const bf16* x, int64_t w, int64_t b, int64_t K, const bf16* residual, bf16* out,
-                             const kernels::cuda::DropoutSpec& drop);
+                             const kernels::cuda::DropoutSpec& drop, Phase gemm);
   // A column-parallel layer's input gradient dnorm_ (this rank's part, all T rows) summed over the
   // group; returns where the sum is (this rank's rows under sequence parallelism).
   bf16* sum_input_grad();
@@ -192,14 +200,6 @@ class CudaGptModel {
   // dx_ += the norm's input gradient (the residual stream's two paths summed).
   void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
                                         const float* rstd);
-
-  // LAOYAO_MODEL_PHASES=1: each step's forward and backward GPU time by kind of op (CUDA events on
-  // stream_), printed on stderr when the step's loss is taken; CUDA graphs are off while it is on.
-  // For finding where a model's time goes (LAOYAO_MOE_PHASES splits the MoE layers further).
-  enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
-               kResidual, kCommunication, kPhaseKinds };
-  void phase(Phase p) { phases_.mark(p + (backward_phase_ ? kPhaseKinds : 0), stream_); }
-  void report_phases();
 
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
