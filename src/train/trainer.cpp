@@ -25,6 +25,7 @@
 #include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
+#include "train/tensorboard_writer.hpp"
 #include "train/tp_state.hpp"
 
 namespace laoyao::train {
@@ -118,6 +119,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     std::string stamp = format_timestamp(now_timestamp(), LogFlavor::kBridge);  // "[YYYY-MM-DD HH:MM:SS]"
     print_line("[" + message + "] datetime: " + stamp.substr(1, stamp.size() - 2) + " ");
   };
+  // --tensorboard-dir: Megatron's TensorBoard scalars, on the rank that prints the log.
+  std::unique_ptr<TensorBoardWriter> tb;
   std::FILE* metrics = nullptr;
   struct CloseMetrics {
     std::FILE* f;
@@ -225,6 +228,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       std::fputs(format_validation_block(v).c_str(), opt.out);
       std::fflush(opt.out);
     }
+    if (tb && set == EvalSet::kDuringTraining)
+      write_validation_scalars(*tb, "lm loss", v.losses[0].value, iteration, consumed,
+                               c.logger.log_validation_ppl_to_tensorboard);
     write_metrics({{"iteration", iteration},
                    {"split", set == EvalSet::kTestSet ? "test" : "valid"},
                    {"final", set != EvalSet::kDuringTraining},
@@ -273,6 +279,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (!metrics) throw Error("cannot write the metrics file " + opt.metrics_path);
     close_metrics.f = metrics;
   }
+  if (c.logger.tensorboard_dir && log_rank) tb = std::make_unique<TensorBoardWriter>(*c.logger.tensorboard_dir);
   auto save = [&] {
     if (!c.checkpoint.save || last_saved == iteration) return;
     // The device's state to the host model and AdamW, on every rank: with the distributed
@@ -343,14 +350,17 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();
     }
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
+    model::GptModel::MoeLosses iter_moe;  // this iteration's, averaged as the log line's
     if (moe_layers > 0) {
       model::GptModel::MoeLosses moe = engine->take_moe_losses();
       double v[4] = {moe.aux, moe.seq_aux, moe.z, moe.global_aux};
       if (dp && dp_size > 1) dp->all_reduce_sum(v, 4);
       const double per = 1.0 / (static_cast<double>(M) * static_cast<double>(moe_layers) * static_cast<double>(dp_size));
-      interval_moe.aux += v[0] * per, interval_moe.seq_aux += v[1] * per, interval_moe.z += v[2] * per;
+      iter_moe.aux = v[0] * per, iter_moe.seq_aux = v[1] * per, iter_moe.z = v[2] * per;
       // Each rank's global aux loss already counts every data-parallel rank's tokens: summed, not averaged.
-      interval_moe.global_aux += v[3] * per * static_cast<double>(dp_size);
+      iter_moe.global_aux = v[3] * per * static_cast<double>(dp_size);
+      interval_moe.aux += iter_moe.aux, interval_moe.seq_aux += iter_moe.seq_aux, interval_moe.z += iter_moe.z;
+      interval_moe.global_aux += iter_moe.global_aux;
     }
     const bool finite = std::isfinite(lm_loss) && std::isfinite(norm);
     if (!finite && c.ddp.check_for_nan_in_grad)
@@ -378,6 +388,31 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (finite) interval_loss += lm_loss, ++interval_iters;
     summary.lm_loss.push_back(lm_loss);
     summary.grad_norm.push_back(norm);
+    // Every rank takes the same decision: the params norm may be a collective.
+    const bool tb_step =
+        c.logger.tensorboard_dir && iteration % std::max<int64_t>(c.logger.tensorboard_log_interval, 1) == 0;
+    std::optional<double> tb_params_norm;
+    if (tb_step && c.logger.log_params_norm) tb_params_norm = engine->params_norm();
+    if (tb && tb_step) {
+      IterationScalars s;
+      s.iteration = iteration, s.consumed_samples = consumed;
+      s.learning_rate = optim::lr_at(schedule, sched_n);  // the value the log line prints
+      s.batch_size = static_cast<double>(gbs);
+      s.losses.push_back({"lm loss", lm_loss});
+      if (c.logger.log_loss_scale_to_tensorboard) s.loss_scale = 1.0;  // bf16 and fp32: no loss scaling
+      if (c.logger.log_world_size_to_tensorboard) s.world_size = static_cast<double>(d.world_size);
+      if (c.optimizer.clip_grad > 0) s.grad_norm = norm;
+      if (c.logger.log_num_zeros_in_grad) s.num_zeros = static_cast<double>(zeros);
+      s.params_norm = tb_params_norm;
+      const auto& m = model_cfg.moe;
+      if (moe_layers > 0) {
+        if (m.aux_loss_coeff > 0) s.moe_losses.push_back({"load_balancing_loss", iter_moe.aux});
+        if (m.seq_aux_loss_coeff > 0) s.moe_losses.push_back({"seq_load_balancing_loss", iter_moe.seq_aux});
+        if (m.global_aux_loss_coeff > 0) s.moe_losses.push_back({"global_load_balancing_loss", iter_moe.global_aux});
+        if (m.z_loss_coeff > 0) s.moe_losses.push_back({"z_loss", iter_moe.z});
+      }
+      write_iteration_scalars(*tb, s);
+    }
 
     // Megatron logs every log_interval iterations. Megatron-LM also logs iteration 1 (`iteration
     // == 1`: a resumed run has no such line) without resetting anything (its next line averages
@@ -417,6 +452,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
             elapsed_ms / 1000.0, tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0,
                                                 d.world_size, opt.flavor)));
       print_line(format_training_line(v, now_timestamp(), opt.flavor));
+      if (tb && c.logger.log_timers_to_tensorboard && !first) {  // seconds per iteration, TFLOP/s per GPU
+        tb->add_scalar("iteration-time", elapsed_ms / 1000.0, iteration);
+        if (v.throughput_tflops_per_gpu) tb->add_scalar("throughput", *v.throughput_tflops_per_gpu, iteration);
+        tb->flush();
+      }
       write_metrics({{"iteration", iteration},
                      {"consumed_samples", consumed},
                      {"lm_loss", v.losses[0].value},

@@ -73,6 +73,13 @@ GptLayerOffsets place_layer(const GptConfig& c, int64_t& n) {
   return W;
 }
 
+// c with one layer, an MoE one (what CudaMoeLayers is built for in the layer tests).
+GptConfig single_moe_layer(GptConfig c) {
+  c.num_layers = 1;
+  c.moe.layers = {true};
+  return c;
+}
+
 // The CPU reference layer's config for the MoE layers of c (sequences of s tokens).
 kcpu::MoeLayerConfig cpu_layer_config(const GptConfig& c, int64_t s) {
   const bool swiglu = c.activation == Activation::SwiGLU;
@@ -120,10 +127,7 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   kcpu::moe_layer_forward(mc, mw, x.data(), y.data(), T, state);
   kcpu::moe_layer_backward(mc, mw, x.data(), dy.data(), dx.data(), mg, T, state, aux_scale);
 
-  GptConfig one = c;
-  one.num_layers = 1;
-  one.moe.layers = {true};
-  CudaMoeLayers moe(one, T, s);
+  CudaMoeLayers moe(single_moe_layer(c), T, s);
   cudaStream_t stream = nullptr;
   LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   kc::CublasLtGemm gemm;
@@ -198,10 +202,7 @@ void compare_global_aux_layer(const GptConfig& c, int64_t b, int64_t s) {
   }
   ASSERT_NE(cpu_losses[0], cpu_losses[1]) << "the second forward's mean counts differ from its own";
 
-  GptConfig one = c;
-  one.num_layers = 1;
-  one.moe.layers = {true};
-  CudaMoeLayers moe(one, T, s);
+  CudaMoeLayers moe(single_moe_layer(c), T, s);
   cudaStream_t stream = nullptr;
   LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   kc::CublasLtGemm gemm;

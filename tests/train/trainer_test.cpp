@@ -11,6 +11,7 @@
 #include "core/device.hpp"
 #include "train/engine.hpp"
 #include "train/trainer.hpp"
+#include "tfevents_reader.hpp"
 
 using namespace laoyao;
 
@@ -364,6 +365,55 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 }
 
 }  // namespace
+
+// --tensorboard-dir: Megatron's scalars in an event file, every --tensorboard-log-interval
+// iterations (the iteration's values, each also against the consumed samples), the MoE losses,
+// the evaluations with their perplexity, and iteration-time / throughput at the log intervals.
+TEST(Trainer, TensorBoardScalarsFollowMegatronsTags) {
+  const std::string dir = temp_dir("tensorboard");
+  auto a = with(tiny_args(8, 1), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01",
+                                  "--disable-bias-linear", "--tensorboard-dir", dir, "--tensorboard-log-interval", "2",
+                                  "--log-validation-ppl-to-tensorboard", "--log-timers-to-tensorboard",
+                                  "--log-throughput", "--eval-interval", "4"});
+  auto s = run(config::resolve_mlm(a, 1));
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  const auto events = test::read_events(files[0]);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  auto steps_of = [&](const std::string& tag) {
+    std::vector<std::pair<int64_t, float>> out;
+    for (const auto& e : events)
+      if (e.tag == tag) out.push_back({e.step, e.value});
+    return out;
+  };
+  const auto loss = steps_of("lm loss");
+  ASSERT_EQ(loss.size(), 4u) << "every second iteration";
+  for (size_t i = 0; i < loss.size(); ++i) {
+    const int64_t it = 2 * static_cast<int64_t>(i + 1);
+    EXPECT_EQ(loss[i].first, it);
+    EXPECT_EQ(loss[i].second, static_cast<float>(s.lm_loss[static_cast<size_t>(it - 1)])) << "iteration " << it;
+  }
+  const auto by_samples = steps_of("lm loss vs samples");
+  ASSERT_EQ(by_samples.size(), 4u);
+  EXPECT_EQ(by_samples[1].first, 4 * 4) << "global batch 4, iteration 4";
+  for (const char* tag : {"learning-rate", "batch-size", "loss-scale", "grad-norm", "load_balancing_loss"})
+    EXPECT_EQ(steps_of(tag).size(), 4u) << tag;
+  EXPECT_EQ(steps_of("batch-size")[0].second, 4.0f);
+  EXPECT_TRUE(steps_of("world-size").empty()) << "only with --log-world-size-to-tensorboard";
+  const auto valid = steps_of("lm loss validation");
+  ASSERT_EQ(valid.size(), 2u) << "iterations 4 and 8 (not the final evaluation)";
+  EXPECT_EQ(valid[0].first, 4);
+  EXPECT_EQ(valid[1].second, static_cast<float>(s.valid_loss[1]));
+  EXPECT_EQ(steps_of("lm loss validation vs samples")[0].first, 16);
+  EXPECT_NEAR(steps_of("lm loss validation ppl")[0].second, std::exp(s.valid_loss[0]), 1e-3 * std::exp(s.valid_loss[0]));
+  const auto times = steps_of("iteration-time");
+  EXPECT_EQ(times.size(), 7u) << "every log interval but the first iteration";
+  EXPECT_EQ(steps_of("throughput").size(), 7u);
+  std::filesystem::remove_all(dir);
+}
 
 // Stop at iteration 4 with a checkpoint, resume to 8: iterations 5..8 are bit-identical to an
 // uninterrupted run (weights, Adam state, schedule position, data position, dropout streams).
