@@ -19,6 +19,7 @@
 #include "core/file_io.hpp"
 #include "core/text.hpp"
 #include "train/log_parse.hpp"
+#include "train/tensorboard_reader.hpp"
 #include "train/training_log.hpp"
 #include "train/training_log_compare.hpp"
 #include "train/training_log_plot.hpp"
@@ -39,6 +40,9 @@ void print_help() {
       "iteration by iteration -- the loss, grad norm and learning rate -- then the validation\n"
       "losses, and says whether the two runs agree within BF16 tolerance or where they part.\n"
       "A is the reference: relative differences are |B - A| / |A|.\n"
+      "Either side may also be a TensorBoard event file (events.out.tfevents.*) or a\n"
+      "--tensorboard-dir holding them: its per-iteration lm loss, grad-norm, learning-rate and\n"
+      "validation scalars are read as a log with --log-interval 1.\n"
       "\n"
       "options:\n"
       "  --tolerance REL            largest relative loss difference per iteration, training and\n"
@@ -49,7 +53,8 @@ void print_help() {
       "  --loss KEY                 the loss to compare (default \"%s\")\n"
       "  --config-a PATH            run_config.yaml of run A, or a directory holding one\n"
       "  --config-b PATH            the same for run B (default for both: a run_config.yaml in\n"
-      "                             the log's directory); when both exist, every config field\n"
+      "                             the log's directory, or in the TensorBoard directory given);\n"
+      "                             when both exist, every config field\n"
       "                             that differs is listed\n"
       "  --plot OUT.svg             write both loss curves as an SVG chart\n"
       "  --json                     print the result as JSON instead of tables\n"
@@ -148,11 +153,17 @@ Options parse_options(const Args& args) {
 }
 
 train::ParsedLog load_log(const std::string& path, const std::string& which) {
+  if (train::is_tensorboard_path(path)) {
+    train::ParsedLog log = train::parse_tensorboard_events(path);
+    if (log.iterations.empty())
+      throw UsageError("no 'lm loss' scalars found in the TensorBoard events of " + which + " '" + path + "'");
+    return log;
+  }
   train::ParsedLog log = train::parse_training_log_file(path);
   if (log.iterations.empty())
     throw UsageError("no training iterations found in log " + which + " '" + path +
                      "' (expected Megatron lines such as ' [date] iteration        1/      30 | "
-                     "consumed samples: ... | lm loss: ... |')");
+                     "consumed samples: ... | lm loss: ... |', or TensorBoard event files)");
   return log;
 }
 
@@ -169,7 +180,8 @@ std::optional<std::string> find_config(const std::optional<std::string>& given, 
                        "' (give a run_config.yaml or the directory that holds it)");
     return p.string();
   }
-  fs::path beside = fs::path(log).parent_path() / "run_config.yaml";
+  // A --tensorboard-dir holds laoyao's run_config.yaml itself; a log file has it beside.
+  fs::path beside = (fs::is_directory(log, ec) ? fs::path(log) : fs::path(log).parent_path()) / "run_config.yaml";
   if (fs::is_regular_file(beside, ec)) return beside.string();
   return std::nullopt;
 }

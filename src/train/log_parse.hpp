@@ -70,6 +70,9 @@ struct ParsedLog {
   std::vector<IterationRecord> iterations;  // in log order (a resumed run may repeat numbers)
   std::vector<ValidationRecord> validations;
   size_t lines = 0;
+  // Each record holds its own iteration's values (TensorBoard events), not the mean since the
+  // previous log line.
+  bool per_iteration = false;
 };
 
 // Parse one line. nullopt when the line is not a training line.

@@ -31,11 +31,18 @@ struct Indexed {
   std::vector<int64_t> iterations;  // ascending
   int64_t interval = 1;             // most common gap between logged iterations
   size_t duplicates = 0;
+  bool per_iteration = false;       // each record is its own iteration's (TensorBoard)
+  // Megatron-LM's first-iteration line (its timestamps carry microseconds) does not reset the
+  // running sums, even at --log-interval 1: the next line's mean starts at iteration 1 too.
+  bool mlm_first_line = false;
 };
 
 Indexed index_log(const ParsedLog& log) {
   Indexed x;
+  x.per_iteration = log.per_iteration;
   for (const auto& r : log.iterations) {
+    if (r.iteration == 1 && !log.per_iteration && r.timestamp.find('.') != std::string::npos)
+      x.mlm_first_line = true;
     if (x.by_iteration.count(r.iteration)) ++x.duplicates;
     x.by_iteration[r.iteration] = &r;
   }
@@ -52,31 +59,40 @@ Indexed index_log(const ParsedLog& log) {
 // accumulators reset at multiples of --log-interval (MLM's extra first-iteration line does not
 // reset them), so a line at a multiple of K covers (i-K, i], any other line (prev, i].
 std::pair<int64_t, int64_t> window(const Indexed& x, int64_t iteration) {
+  if (x.per_iteration) return {iteration - 1, iteration};
   auto pos = std::lower_bound(x.iterations.begin(), x.iterations.end(), iteration);
   int64_t prev = pos == x.iterations.begin() ? 0 : *(pos - 1);
-  if (x.interval > 0 && iteration % x.interval == 0)
-    return {std::max<int64_t>(iteration - x.interval, 0), iteration};
-  return {prev, iteration};
+  int64_t lo = x.interval > 0 && iteration % x.interval == 0 ? std::max<int64_t>(iteration - x.interval, 0) : prev;
+  if (x.mlm_first_line && lo == 1 && iteration > 1) lo = 0;  // the first line reset nothing
+  return {lo, iteration};
 }
 
-// The finer log's loss averaged over (lo, hi], when its records tile that window exactly.
+// The finer log's loss averaged over (lo, hi], when its records tile that window exactly. A record
+// whose window reaches back over earlier ones (the line after Megatron-LM's first-iteration line)
+// replaces them.
 std::optional<double> rebinned_loss(const Indexed& fine, std::pair<int64_t, int64_t> w,
                                     const std::string& key) {
+  struct Piece {
+    int64_t lo, hi;
+    double sum;
+  };
+  std::vector<Piece> pieces;
   int64_t cursor = w.first;
-  double sum = 0.0;
-  int64_t weight = 0;
   for (auto it = fine.by_iteration.upper_bound(w.first);
        it != fine.by_iteration.end() && it->first <= w.second; ++it) {
     auto fw = window(fine, it->first);
-    if (fw.first != cursor) return std::nullopt;
+    if (fw.first < w.first || fw.first > cursor) return std::nullopt;
+    while (!pieces.empty() && pieces.back().lo >= fw.first) pieces.pop_back();
+    if ((pieces.empty() ? w.first : pieces.back().hi) != fw.first) return std::nullopt;
     auto v = it->second->loss(key);
     if (!v) return std::nullopt;
-    sum += *v * static_cast<double>(fw.second - fw.first);
-    weight += fw.second - fw.first;
+    pieces.push_back({fw.first, fw.second, *v * static_cast<double>(fw.second - fw.first)});
     cursor = fw.second;
   }
-  if (cursor != w.second || weight == 0) return std::nullopt;
-  return sum / static_cast<double>(weight);
+  if (cursor != w.second || pieces.empty()) return std::nullopt;
+  double sum = 0.0;
+  for (const Piece& p : pieces) sum += p.sum;
+  return sum / static_cast<double>(w.second - w.first);
 }
 
 struct Event {
@@ -172,12 +188,17 @@ LogComparison compare_logs(const ParsedLog& la, const ParsedLog& lb, const Compa
   if (b.duplicates)
     out.notes.push_back("B logs " + std::to_string(b.duplicates) +
                         " iteration(s) more than once (a resumed run?); the last occurrence is used");
-  const bool rebin = a.interval != b.interval && a.iterations.size() > 1 && b.iterations.size() > 1;
-  if (rebin)
+  // Per-iteration values (TensorBoard) against a text log are averaged over the log's windows too.
+  const bool rebin = (a.interval != b.interval || a.per_iteration != b.per_iteration) && a.iterations.size() > 1 &&
+                     b.iterations.size() > 1;
+  if (rebin && a.interval != b.interval)
     out.notes.push_back("the logs use different log intervals (A " + std::to_string(a.interval) +
                         ", B " + std::to_string(b.interval) +
                         "); the finer log's " + tol.loss_key +
                         " is averaged over the coarser log's window");
+  else if (rebin)
+    out.notes.push_back(std::string(a.per_iteration ? "A" : "B") + " holds each iteration's own " + tol.loss_key +
+                        " (TensorBoard); it is averaged over the text log's windows");
 
   std::vector<Event> events;
   for (int64_t it : a.iterations)
@@ -199,7 +220,8 @@ LogComparison compare_logs(const ParsedLog& la, const ParsedLog& lb, const Compa
     row.grad_norm_b = rb.grad_norm;
     row.lr_a = ra.learning_rate;
     row.lr_b = rb.learning_rate;
-    if (!train_iters_noted && ra.train_iters != rb.train_iters) {
+    // (TensorBoard events carry no train_iters: 0.)
+    if (!train_iters_noted && ra.train_iters != rb.train_iters && ra.train_iters > 0 && rb.train_iters > 0) {
       out.notes.push_back("train_iters differ: A " + std::to_string(ra.train_iters) + ", B " +
                           std::to_string(rb.train_iters) + " (the LR schedule depends on it)");
       train_iters_noted = true;

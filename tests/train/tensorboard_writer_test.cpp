@@ -1,14 +1,18 @@
-// TensorBoard event files: CRC-32C's check value, an Event's exact bytes, and a written file read
-// back record by record (framing, CRCs, the version event, then each scalar's tag, step and value).
+// TensorBoard event files: CRC-32C's check value, an Event's exact bytes, a written file read back
+// record by record (framing, CRCs, the version event, then each scalar's tag, step and value), and
+// event files read back as a training log (train/tensorboard_reader, for compare-logs).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/crc32c.hpp"
 #include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "train/tensorboard_reader.hpp"
 #include "train/tensorboard_writer.hpp"
 #include "tfevents_reader.hpp"
 
@@ -78,4 +82,85 @@ TEST(TensorBoardWriter, AnUnwritableDirectoryIsNamed) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("/proc/laoyao_no_such_dir/tb"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("laoyao_tb_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+}  // namespace
+
+// Scalars as Megatron writes them, read back as per-iteration records: the "vs samples" twins and
+// unknown tags skipped, validations with their ppl, a resumed run's later file overriding.
+TEST(TensorBoardReader, ReadsMegatronsScalarsAsALog) {
+  const fs::path dir = fresh_dir("reader");
+  {
+    train::TensorBoardWriter w(dir.string());
+    for (int64_t it = 1; it <= 3; ++it) {
+      train::IterationScalars s;
+      s.iteration = it, s.consumed_samples = 16 * it;
+      s.learning_rate = 1e-4 * static_cast<double>(it), s.batch_size = 16;
+      s.losses.push_back({"lm loss", 10.0 - static_cast<double>(it)});
+      s.loss_scale = 1.0, s.grad_norm = 2.5;
+      s.moe_losses.push_back({"load_balancing_loss", 1.25});
+      train::write_iteration_scalars(w, s);
+      w.add_scalar("some-other-tag", 7.0, it);
+    }
+    train::write_validation_scalars(w, "lm loss", 6.5, 2, 32, true);
+    w.add_scalar("iteration-time", 0.25, 3);
+    w.flush();
+  }
+  EXPECT_TRUE(train::is_tensorboard_path(dir.string()));
+  EXPECT_FALSE(train::is_tensorboard_path(fs::temp_directory_path().string() + "/laoyao_no_such_dir"));
+  train::ParsedLog log = train::parse_tensorboard_events(dir.string());
+  ASSERT_EQ(log.iterations.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const auto& r = log.iterations[static_cast<size_t>(i)];
+    EXPECT_EQ(r.iteration, i + 1);
+    EXPECT_EQ(r.loss("lm loss"), static_cast<float>(9.0 - i));
+    EXPECT_EQ(r.loss("load_balancing_loss"), 1.25);
+    EXPECT_EQ(*r.learning_rate, static_cast<float>(1e-4 * (i + 1)));
+    EXPECT_EQ(*r.grad_norm, 2.5);
+    EXPECT_EQ(*r.global_batch_size, 16);
+  }
+  EXPECT_EQ(*log.iterations[2].elapsed_ms, 250.0);
+  ASSERT_EQ(log.validations.size(), 1u);
+  EXPECT_EQ(log.validations[0].iteration, 2);
+  EXPECT_EQ(log.validations[0].loss("lm loss"), 6.5);
+  EXPECT_NEAR(*log.validations[0].losses[0].ppl, std::exp(6.5), 1e-3 * std::exp(6.5));
+
+  // A resumed run's file (later in name order) replaces iteration 3 and adds 4.
+  std::string second;
+  {
+    train::TensorBoardWriter w((dir / "resume").string());
+    w.add_scalar("lm loss", 5.0, 3);
+    w.add_scalar("lm loss", 4.0, 4);
+    second = w.path();
+  }
+  const fs::path moved = dir / ("events.out.tfevents.9999999999" + fs::path(second).filename().string().substr(30));
+  fs::rename(second, moved);
+  log = train::parse_tensorboard_events(dir.string());
+  ASSERT_EQ(log.iterations.size(), 4u);
+  EXPECT_EQ(log.iterations[2].loss("lm loss"), 5.0);
+  EXPECT_EQ(log.iterations[3].loss("lm loss"), 4.0);
+
+  // A record cut short at the end (a run still writing) ends the file; a flipped byte is named.
+  std::string bytes = read_file(moved.string());
+  write_file_atomic(moved.string(), bytes.substr(0, bytes.size() - 3));
+  log = train::parse_tensorboard_events(dir.string());
+  ASSERT_EQ(log.iterations.size(), 3u) << "iteration 4's record cut off";
+  EXPECT_EQ(log.iterations[2].loss("lm loss"), 5.0) << "the resumed file's iteration 3 still read";
+  bytes[bytes.size() - 10] ^= 0x40;
+  write_file_atomic(moved.string(), bytes);
+  try {
+    train::parse_tensorboard_events(dir.string());
+    ADD_FAILURE() << "a corrupt record must be refused";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find(moved.filename().string()), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
 }

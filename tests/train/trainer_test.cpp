@@ -11,6 +11,9 @@
 #include "core/device.hpp"
 #include "train/engine.hpp"
 #include "train/trainer.hpp"
+#include "train/log_parse.hpp"
+#include "train/tensorboard_reader.hpp"
+#include "train/training_log_compare.hpp"
 #include "tfevents_reader.hpp"
 
 using namespace laoyao;
@@ -412,6 +415,25 @@ TEST(Trainer, TensorBoardScalarsFollowMegatronsTags) {
   const auto times = steps_of("iteration-time");
   EXPECT_EQ(times.size(), 7u) << "every log interval but the first iteration";
   EXPECT_EQ(steps_of("throughput").size(), 7u);
+  std::filesystem::remove_all(dir);
+}
+
+// compare-logs reads a --tensorboard-dir as a log: a run's text log (every iteration logged) and
+// its event files agree, iteration by iteration and at the evaluations.
+TEST(Trainer, TensorBoardEventsCompareWithTheTextLog) {
+  const std::string dir = temp_dir("tensorboard_compare");
+  std::string log;
+  run(config::resolve_mlm(with(tiny_args(6, 1), {"--tensorboard-dir", dir, "--eval-interval", "3"}), 1), &log);
+  const train::ParsedLog text = train::parse_training_log(log), events = train::parse_tensorboard_events(dir);
+  ASSERT_EQ(events.iterations.size(), 6u);
+  ASSERT_EQ(events.validations.size(), 2u);
+  const train::LogComparison cmp = train::compare_logs(text, events, train::CompareTolerances{});
+  EXPECT_TRUE(cmp.within_tolerance());
+  EXPECT_EQ(cmp.loss_rows_compared, 6u);
+  EXPECT_LT(cmp.max_loss_rel, 1e-6) << "float32 scalars against 7 printed digits (iteration 2: the mean of 1 and 2)";
+  int64_t both = 0;  // the final evaluations are in the text log only
+  for (const auto& v : cmp.validation) both += v.loss_a && v.loss_b && v.set == train::EvalSet::kDuringTraining;
+  EXPECT_EQ(both, 2);
   std::filesystem::remove_all(dir);
 }
 

@@ -31,12 +31,16 @@ struct Curve {
 };
 
 // Megatron's log text of a run: loss averaged over each log window as training_log does.
+// Megatron-LM also prints iteration 1 and resets nothing there (should_reset = not
+// is_first_iteration), even at log interval 1: its next line's mean starts at iteration 1.
 std::string log_text(const Curve& c, LogFlavor flavor) {
   std::string text = "some startup output\n";
   Timestamp t;
   int64_t last = 0;
+  const bool mlm = flavor == LogFlavor::kMegatronLM;
   for (int64_t it = 1; it <= c.iterations; ++it) {
-    if (it % c.log_interval != 0) continue;
+    const bool first_line = mlm && it == 1;
+    if (it % c.log_interval != 0 && !first_line) continue;
     TrainingLogValues v;
     v.iteration = it;
     v.train_iters = c.iterations;
@@ -49,7 +53,7 @@ std::string log_text(const Curve& c, LogFlavor flavor) {
     v.losses = {{"lm loss", sum / static_cast<double>(it - last)}};
     v.grad_norm = c.grad_norm(it);
     text += format_training_line(v, t, flavor) + "\n";
-    last = it;
+    if (!first_line) last = it;
     if (c.validation && it % 10 == 0) {
       ValidationLogValues val;
       val.iteration = it;
