@@ -388,11 +388,17 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (finite) interval_loss += lm_loss, ++interval_iters;
     summary.lm_loss.push_back(lm_loss);
     summary.grad_norm.push_back(norm);
-    // Every rank takes the same decision: the params norm may be a collective.
+    // Megatron logs every log_interval iterations. Megatron-LM also logs iteration 1 (`iteration
+    // == 1`: a resumed run has no such line) without resetting anything (its next line averages
+    // from iteration 1 on, and times it too); Megatron-Bridge has no first-iteration line.
+    const bool at_interval = iteration % log_interval == 0;
+    const bool first = iteration == 1;
+    const bool log_line = at_interval || (first && opt.flavor == LogFlavor::kMegatronLM);
     const bool tb_step =
         c.logger.tensorboard_dir && iteration % std::max<int64_t>(c.logger.tensorboard_log_interval, 1) == 0;
-    std::optional<double> tb_params_norm;
-    if (tb_step && c.logger.log_params_norm) tb_params_norm = engine->params_norm();
+    // Once for the log line and TensorBoard, on every rank alike: the norm may be a collective.
+    std::optional<double> params_norm;
+    if (c.logger.log_params_norm && (log_line || tb_step)) params_norm = engine->params_norm();
     if (tb && tb_step) {
       IterationScalars s;
       s.iteration = iteration, s.consumed_samples = consumed;
@@ -403,7 +409,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       if (c.logger.log_world_size_to_tensorboard) s.world_size = static_cast<double>(d.world_size);
       if (c.optimizer.clip_grad > 0) s.grad_norm = norm;
       if (c.logger.log_num_zeros_in_grad) s.num_zeros = static_cast<double>(zeros);
-      s.params_norm = tb_params_norm;
+      s.params_norm = params_norm;
       const auto& m = model_cfg.moe;
       if (moe_layers > 0) {
         if (m.aux_loss_coeff > 0) s.moe_losses.push_back({"load_balancing_loss", iter_moe.aux});
@@ -414,12 +420,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       write_iteration_scalars(*tb, s);
     }
 
-    // Megatron logs every log_interval iterations. Megatron-LM also logs iteration 1 (`iteration
-    // == 1`: a resumed run has no such line) without resetting anything (its next line averages
-    // from iteration 1 on, and times it too); Megatron-Bridge has no first-iteration line.
-    const bool at_interval = iteration % log_interval == 0;
-    const bool first = iteration == 1;
-    if (at_interval || (first && opt.flavor == LogFlavor::kMegatronLM)) {
+    if (log_line) {
       const double elapsed_ms = interval_ms / static_cast<double>(iters_since_print);
       TrainingLogValues v;
       v.iteration = iteration;
@@ -444,7 +445,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.
       v.grad_norm = c.optimizer.clip_grad > 0 ? norm : 0.0;
       if (c.logger.log_num_zeros_in_grad) v.num_zeros = static_cast<double>(zeros);
-      if (c.logger.log_params_norm) v.params_norm = engine->params_norm();
+      v.params_norm = params_norm;
       v.skipped_iterations = skipped;
       v.nan_iterations = nan_iters;
       if (opt.flavor == LogFlavor::kBridge)

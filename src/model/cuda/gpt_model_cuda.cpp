@@ -117,6 +117,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     rope_table_ = kc::DeviceBuffer(sizeof(float) * cos_sin.size());
     rope_table_.upload(cos_sin.data(), rope_table_.bytes);
     rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + table.cos.size(), table.rot_dim, table.max_positions};
+    // With QK layernorm the rotation joins the norm's pass where the pack kernels serve the table.
+    rope_in_qk_norm_ = lc_.qk_layernorm && kc::rope_packable(rope_);
   }
   const int64_t N = num_parameters();
   main_ = kc::DeviceBuffer(sizeof(float) * N);
@@ -700,16 +702,15 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   if (sp_) sp_gather(sp_local_, a.ln1), phase(kCommunication);
   linear_forward(a.ln1, W.qkv_w, W.qkv_b, a.qkv, h, c.qkv_width());
   phase(kAttentionGemms);
-  // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE; the
-  // rotation joins the norm's pass where the pack kernels serve the table.
-  const bool rope_in_norm = c.qk_layernorm && rope_.rot_dim > 0 && kc::rope_packable(rope_);
+  // QK layernorm (Qwen3): q and k heads RMS-normalised into qkv_attn (v copied), before RoPE (in
+  // the same pass when rope_in_qk_norm_).
   if (c.qk_layernorm)
     kc::qk_rmsnorm_forward(a.qkv, P(W.q_norm), P(W.k_norm), a.qkv_attn, a.qk_rstd, T, c.heads, c.query_groups, D,
-                           c.norm_eps, c.zero_centered_gamma, stream_, rope_in_norm ? &rope_ : nullptr, s_);
+                           c.norm_eps, c.zero_centered_gamma, stream_, rope_in_qk_norm_ ? &rope_ : nullptr, s_);
   // RoPE rotates q and k of qkv_attn in place: nothing later needs them unrotated (the QKV GEMM's
   // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
   // rotated values).
-  if (rope_.rot_dim > 0 && !rope_in_norm)
+  if (rope_.rot_dim > 0 && !rope_in_qk_norm_)
     kc::rope_forward_qkv(a.qkv_attn, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
   phase(kQkNormRope);
   const auto attn_drop = attention_dropout(site + "probs." + call);
@@ -862,13 +863,12 @@ void CudaGptModel::enqueue_backward() {
     else
       kc::attention_unfused_backward(gemm_, dctx_, dwide_, a.attn, attn_scratch_, shape, attn_drop, stream_);
     phase(kAttention);
-    const bool rope_in_norm = c.qk_layernorm && rope_.rot_dim > 0 && kc::rope_packable(rope_);
-    if (rope_.rot_dim > 0 && !rope_in_norm)
+    if (rope_.rot_dim > 0 && !rope_in_qk_norm_)
       kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm); TP: finalize_grads sums the norms' part
       kc::qk_rmsnorm_backward(dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_, G(W.q_norm), G(W.k_norm),
                               reduce_scratch_, T, c.heads, c.query_groups, D, c.zero_centered_gamma, stream_,
-                              rope_in_norm ? &rope_ : nullptr, s_);
+                              rope_in_qk_norm_ ? &rope_ : nullptr, s_);
     phase(kQkNormRope);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     phase(kAttentionGemms);

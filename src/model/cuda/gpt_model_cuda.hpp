@@ -217,6 +217,7 @@ class CudaGptModel {
   kernels::cuda::DeviceBuffer zero_bias_; // fp32 -> bf16 zeros for the bias-GeLU kernel without fc1 bias
   kernels::cuda::DeviceBuffer rope_table_;  // cos then sin, [max_positions, rot_dim / 2] each
   kernels::cuda::RopeDeviceTable rope_;     // rot_dim 0: no rotary embeddings
+  bool rope_in_qk_norm_ = false;            // the QK norm applies RoPE in its pass (rope_pack.cuh)
   std::vector<LayerActs> layers_;
   // Full recomputation: the first and last layer of layer l's chunk, or -1 where l keeps its own
   // activations (then layers_[l] aliases the shared pool, all but the chunk's input).

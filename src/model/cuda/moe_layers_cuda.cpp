@@ -288,10 +288,14 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   if (losses_.global_aux_coeff > 0 && pass != Pass::Evaluation) {
     const size_t slot = static_cast<size_t>(slot_[static_cast<size_t>(l)]);
     if (count_losses) {
-      LAOYAO_CUDA_CHECK(
-          cudaMemcpyAsync(global_counts_, aux_counts, sizeof(int32_t) * E_, cudaMemcpyDeviceToDevice, st));
-      if (dp_) dp_->all_reduce_device(global_counts_, static_cast<size_t>(E_), dist::DeviceType::I32, st);
-      kc::moe_global_counts_accumulate(global_counts_, global_running_ + slot * E_, global_mean_ + slot * E_, E_,
+      const int32_t* counts = aux_counts;
+      if (dp_) {  // summed in a copy: the routing still needs this rank's counts
+        LAOYAO_CUDA_CHECK(
+            cudaMemcpyAsync(global_counts_, aux_counts, sizeof(int32_t) * E_, cudaMemcpyDeviceToDevice, st));
+        dp_->all_reduce_device(global_counts_, static_cast<size_t>(E_), dist::DeviceType::I32, st);
+        counts = global_counts_;
+      }
+      kc::moe_global_counts_accumulate(counts, global_running_ + slot * E_, global_mean_ + slot * E_, E_,
                                        ++global_steps_[slot], st);
     }
     global_mean = global_mean_ + slot * E_;
