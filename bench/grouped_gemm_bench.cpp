@@ -121,11 +121,11 @@ int main(int argc, char** argv) {
       const bf16* a = act.as<bf16>();
       const bf16* b = act2.as<bf16>();
       const bf16* W = w.as<bf16>();
-      const int32_t* o = offsets.as<int32_t>();
+      const RowGroups o{offsets.as<int32_t>(), kExperts, kExperts, rows};
       const std::function<void()> ours = [&] {
-        if (s.kind == Kind::Nt) grouped_gemm_nt(a, W, y.as<bf16>(), o, kExperts, rows, N, K, stream);
-        if (s.kind == Kind::Nn) grouped_gemm_nn(a, W, y.as<bf16>(), o, kExperts, rows, N, K, stream);
-        if (s.kind == Kind::Wgrad) grouped_gemm_wgrad(a, b, dw.as<float>(), o, kExperts, rows, N, K, stream);
+        if (s.kind == Kind::Nt) grouped_gemm_nt(a, W, y.as<bf16>(), o, N, K, stream);
+        if (s.kind == Kind::Nn) grouped_gemm_nn(a, W, y.as<bf16>(), o, N, K, stream);
+        if (s.kind == Kind::Wgrad) grouped_gemm_wgrad(a, b, dw.as<float>(), o, N, K, true, stream);
       };
       const std::function<void()> dense = [&] {
         if (s.kind == Kind::Nt) lt.linear_forward(a, W, nullptr, y_ref.as<bf16>(), rows, K, N, stream);

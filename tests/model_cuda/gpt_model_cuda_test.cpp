@@ -152,6 +152,13 @@ TEST(CudaGptModel, FlashMatchesCpuModelWithGqaAndUntiedOutput) {
   compare(c, true);
 }
 
+// The step's first backward writes the weight-gradient GEMMs' outputs; the second adds (tied
+// embeddings with biases and the GeLU epilogue; Llama's untied output layer).
+TEST(CudaGptModel, MicroBatchGradientsAddUp) {
+  expect_micro_batches_add_up(small_config(4, 4));
+  expect_micro_batches_add_up(llama_config());
+}
+
 TEST(CudaGptModel, RefusesWhatItCannotTrainByName) {
   GptConfig c = small_config(4, 4);
   c.qk_layernorm = true;  // trains on the GPU (head dim 32)

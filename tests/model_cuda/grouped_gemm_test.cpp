@@ -8,6 +8,12 @@
 // does not write fails as NaN; a guard it overwrites fails bit for bit); wgrad accumulates onto a
 // random non-zero dW, leaves its guards and the matrices of empty groups bit-identical, and gives
 // bit-identical results when run twice (each element is summed by one block, in a fixed order).
+// Writing instead (accumulate = false, a step's first micro-batch), the random dW before must not
+// show through and a matrix without rows must become zeros.
+//
+// Expert parallelism's groups (one per source rank and local expert, source-major, group g using
+// weight matrix g % Gw) run the same checks with fewer weight matrices than groups: wgrad then sums
+// several groups' rows into one matrix.
 //
 // Group sizes cover empty groups (first, middle and last), single rows, counts just above and
 // below the 128-row tile and odd counts; N and K cover multiples of 8 that are not multiples of the
@@ -44,13 +50,16 @@ constexpr uint16_t kPoison = 0xFFFF;      // bf16 NaN bits
 
 struct Groups {
   std::vector<int32_t> offsets;  // G + 1
-  int64_t G = 0, rows = 0;
+  int64_t G = 0, Gw = 0, rows = 0;
   DeviceBuffer device;
+  cuda::RowGroups on_device() const { return {device.as<int32_t>(), G, Gw, rows}; }
 };
 
-Groups groups_of(const std::vector<int>& counts) {
+// Groups of the given sizes over Gw weight matrices (0: one each).
+Groups groups_of(const std::vector<int>& counts, int64_t Gw = 0) {
   Groups g;
   g.G = static_cast<int64_t>(counts.size());
+  g.Gw = Gw > 0 ? Gw : g.G;
   g.offsets.assign(counts.size() + 1, 0);
   for (size_t i = 0; i < counts.size(); ++i) g.offsets[i + 1] = g.offsets[i] + counts[i];
   g.rows = g.offsets.back();
@@ -59,10 +68,10 @@ Groups groups_of(const std::vector<int>& counts) {
   return g;
 }
 
-std::string describe(const std::vector<int>& counts, int64_t N, int64_t K) {
+std::string describe(const std::vector<int>& counts, int64_t Gw, int64_t N, int64_t K) {
   std::string s = "counts {";
   for (size_t i = 0; i < counts.size(); ++i) s += (i ? ", " : "") + std::to_string(counts[i]);
-  return s + "} N=" + std::to_string(N) + " K=" + std::to_string(K);
+  return s + "} Gw=" + std::to_string(Gw) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
 }
 
 // A bf16 output of n elements between two guards, all NaN bits.
@@ -92,17 +101,17 @@ struct PoisonedBf16 {
 class CudaGroupedGemm : public CudaStreamTest {
  protected:
   // Y[r] = X[r] @ W_g^T.
-  void check_nt(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
-    SCOPED_TRACE("grouped_gemm_nt " + describe(counts, N, K));
-    const Groups g = groups_of(counts);
+  void check_nt(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed, int64_t Gw = 0) {
+    const Groups g = groups_of(counts, Gw);
+    SCOPED_TRACE("grouped_gemm_nt " + describe(counts, g.Gw, N, K));
     const auto x = randn_bf16(size_t(g.rows * K), seed, "grouped.nt.x");
-    const auto w = randn_bf16(size_t(g.G * N * K), seed, "grouped.nt.w", 0.05);
+    const auto w = randn_bf16(size_t(g.Gw * N * K), seed, "grouped.nt.w", 0.05);
     std::vector<double> want(size_t(g.rows * N)), tol(want.size());
     for (int64_t e = 0; e < g.G; ++e)
       for (int64_t r = g.offsets[size_t(e)]; r < g.offsets[size_t(e) + 1]; ++r)
         for (int64_t n = 0; n < N; ++n) {
           const float* xr = &x[size_t(r * K)];
-          const float* wr = &w[size_t((e * N + n) * K)];
+          const float* wr = &w[size_t(((e % g.Gw) * N + n) * K)];
           double s = 0.0, a = 0.0;
           for (int64_t k = 0; k < K; ++k) {
             const double t = double(xr[k]) * wr[k];
@@ -114,17 +123,17 @@ class CudaGroupedGemm : public CudaStreamTest {
         }
     const DeviceBuffer dx = to_device_bf16(x), dw = to_device_bf16(w);
     const PoisonedBf16 y(g.rows * N);
-    cuda::grouped_gemm_nt(dx.as<bf16>(), dw.as<bf16>(), y.out(), g.device.as<int32_t>(), g.G, g.rows, N, K, stream_);
+    cuda::grouped_gemm_nt(dx.as<bf16>(), dw.as<bf16>(), y.out(), g.on_device(), N, K, stream_);
     sync();
     expect_within(y.read("Y"), want, tol, "Y");
   }
 
   // dX[r] = dY[r] @ W_g.
-  void check_nn(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
-    SCOPED_TRACE("grouped_gemm_nn " + describe(counts, N, K));
-    const Groups g = groups_of(counts);
+  void check_nn(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed, int64_t Gw = 0) {
+    const Groups g = groups_of(counts, Gw);
+    SCOPED_TRACE("grouped_gemm_nn " + describe(counts, g.Gw, N, K));
     const auto dy = randn_bf16(size_t(g.rows * N), seed, "grouped.nn.dy");
-    const auto w = randn_bf16(size_t(g.G * N * K), seed, "grouped.nn.w", 0.05);
+    const auto w = randn_bf16(size_t(g.Gw * N * K), seed, "grouped.nn.w", 0.05);
     std::vector<double> want(size_t(g.rows * K)), tol(want.size());
     std::vector<double> s(static_cast<size_t>(K)), a(static_cast<size_t>(K));
     for (int64_t e = 0; e < g.G; ++e)
@@ -133,7 +142,7 @@ class CudaGroupedGemm : public CudaStreamTest {
         std::fill(a.begin(), a.end(), 0.0);
         for (int64_t n = 0; n < N; ++n) {
           const double d = dy[size_t(r * N + n)];
-          const float* wr = &w[size_t((e * N + n) * K)];
+          const float* wr = &w[size_t(((e % g.Gw) * N + n) * K)];
           for (int64_t k = 0; k < K; ++k) {
             const double t = d * wr[k];
             s[size_t(k)] += t;
@@ -147,19 +156,20 @@ class CudaGroupedGemm : public CudaStreamTest {
       }
     const DeviceBuffer ddy = to_device_bf16(dy), dw = to_device_bf16(w);
     const PoisonedBf16 dx(g.rows * K);
-    cuda::grouped_gemm_nn(ddy.as<bf16>(), dw.as<bf16>(), dx.out(), g.device.as<int32_t>(), g.G, g.rows, N, K,
-                          stream_);
+    cuda::grouped_gemm_nn(ddy.as<bf16>(), dw.as<bf16>(), dx.out(), g.on_device(), N, K, stream_);
     sync();
     expect_within(dx.read("dX"), want, tol, "dX");
   }
 
-  // dW_g += dY_g^T @ X_g onto a random non-zero dW.
-  void check_wgrad(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
-    SCOPED_TRACE("grouped_gemm_wgrad " + describe(counts, N, K));
-    const Groups g = groups_of(counts);
+  // dW_w += sum of dY_g^T @ X_g over the groups g of matrix w onto a random non-zero dW; or, with
+  // accumulate false, written over it.
+  void check_wgrad(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed, int64_t Gw = 0,
+                   bool accumulate = true) {
+    const Groups g = groups_of(counts, Gw);
+    SCOPED_TRACE("grouped_gemm_wgrad " + describe(counts, g.Gw, N, K) + (accumulate ? "" : ", writing"));
     const auto dy = randn_bf16(size_t(g.rows * N), seed, "grouped.wgrad.dy");
     const auto x = randn_bf16(size_t(g.rows * K), seed, "grouped.wgrad.x");
-    const int64_t nw = g.G * N * K;
+    const int64_t nw = g.Gw * N * K;
     // dW with its guards: random fp32 values (not bf16-rounded: main_grad holds any fp32).
     std::vector<float> dw0(size_t(nw + 2 * kGuard));
     {
@@ -168,7 +178,7 @@ class CudaGroupedGemm : public CudaStreamTest {
     }
     std::vector<double> want(static_cast<size_t>(nw)), abssum(static_cast<size_t>(nw));
     for (int64_t i = 0; i < nw; ++i) {
-      want[size_t(i)] = dw0[size_t(kGuard + i)];
+      want[size_t(i)] = accumulate ? dw0[size_t(kGuard + i)] : 0.0;
       abssum[size_t(i)] = std::abs(want[size_t(i)]);
     }
     for (int64_t e = 0; e < g.G; ++e)
@@ -176,8 +186,8 @@ class CudaGroupedGemm : public CudaStreamTest {
         for (int64_t n = 0; n < N; ++n) {
           const double d = dy[size_t(r * N + n)];
           const float* xr = &x[size_t(r * K)];
-          double* wr = &want[size_t((e * N + n) * K)];
-          double* ar = &abssum[size_t((e * N + n) * K)];
+          double* wr = &want[size_t(((e % g.Gw) * N + n) * K)];
+          double* ar = &abssum[size_t(((e % g.Gw) * N + n) * K)];
           for (int64_t k = 0; k < K; ++k) {
             const double t = d * xr[k];
             wr[k] += t;
@@ -192,8 +202,8 @@ class CudaGroupedGemm : public CudaStreamTest {
     std::vector<std::vector<float>> runs;
     for (int run = 0; run < 2; ++run) {  // twice from the same dW: bit-identical
       ddw.upload(dw0.data(), ddw.bytes);
-      cuda::grouped_gemm_wgrad(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>() + kGuard, g.device.as<int32_t>(), g.G,
-                               g.rows, N, K, stream_);
+      cuda::grouped_gemm_wgrad(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>() + kGuard, g.on_device(), N, K,
+                               accumulate, stream_);
       sync();
       std::vector<float> h(dw0.size());
       ddw.download(h.data(), ddw.bytes);
@@ -205,19 +215,28 @@ class CudaGroupedGemm : public CudaStreamTest {
     EXPECT_EQ(std::memcmp(got.data(), dw0.data(), kGuard * sizeof(float)), 0) << "the guard before dW was written";
     EXPECT_EQ(std::memcmp(got.data() + kGuard + nw, dw0.data() + kGuard + nw, kGuard * sizeof(float)), 0)
         << "the guard after dW was written";
-    for (int64_t e = 0; e < g.G; ++e) {
-      if (counts[size_t(e)] != 0) continue;
-      const size_t at = size_t(kGuard + e * N * K);
-      EXPECT_EQ(std::memcmp(got.data() + at, dw0.data() + at, size_t(N * K) * sizeof(float)), 0)
-          << "the dW of empty group " << e << " changed";
+    for (int64_t w = 0; w < g.Gw; ++w) {
+      bool empty = true;
+      for (int64_t e = w; e < g.G; e += g.Gw) empty = empty && counts[size_t(e)] == 0;
+      if (!empty) continue;
+      const size_t at = size_t(kGuard + w * N * K);
+      if (accumulate) {
+        EXPECT_EQ(std::memcmp(got.data() + at, dw0.data() + at, size_t(N * K) * sizeof(float)), 0)
+            << "the dW of matrix " << w << ", whose groups are empty, changed";
+      } else {
+        EXPECT_EQ(std::count(got.begin() + std::ptrdiff_t(at), got.begin() + std::ptrdiff_t(at + size_t(N * K)), 0.0f),
+                  N * K)
+            << "the dW of matrix " << w << ", whose groups are empty, is not all zeros";
+      }
     }
     expect_within(std::vector<float>(got.begin() + kGuard, got.begin() + kGuard + nw), want, tol, "dW");
   }
 
-  void check_all(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed) {
-    check_nt(counts, N, K, seed);
-    check_nn(counts, N, K, seed);
-    check_wgrad(counts, N, K, seed);
+  void check_all(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed, int64_t Gw = 0) {
+    check_nt(counts, N, K, seed, Gw);
+    check_nn(counts, N, K, seed, Gw);
+    check_wgrad(counts, N, K, seed, Gw);
+    check_wgrad(counts, N, K, seed + 100, Gw, false);
   }
 
 };
@@ -258,10 +277,23 @@ TEST_F(CudaGroupedGemm, TileEdges) {
   check_all(counts, 520, 136, 15);
 }
 
-// No rows at all (every group empty) is a no-op; a zero-length reduction writes zeros.
+// Expert parallelism's source-major groups: 3 source ranks x 4 local experts (group g uses matrix
+// g % 4), with empty groups, a matrix whose groups are all empty (1) and groups that straddle the
+// 64-row reduction steps; then the flagship's fc1 at EP=2 (2 sources x 3 experts).
+TEST_F(CudaGroupedGemm, SourceMajorGroupsShareWeights) {
+  const std::vector<int> counts = {70, 0, 5, 128, 0, 0, 64, 1, 33, 0, 200, 63};
+  check_all(counts, 136, 72, 16, 4);
+  check_all(counts, 72, 136, 17, 4);
+  check_all({300, 0, 129, 64, 1, 0}, 768, 1024, 18, 3);
+  check_all({7, 9}, 24, 40, 19, 1);  // one matrix, two groups
+}
+
+// No rows at all (every group empty) is a no-op (writing: zeros); a zero-length reduction writes
+// zeros.
 TEST_F(CudaGroupedGemm, EmptyProblems) {
   check_all({0, 0, 0, 0}, 72, 40, 9);
   check_all({0}, 16, 16, 10);
+  check_all({0, 0, 0, 0}, 72, 40, 20, 2);
   check_nt({3, 0, 17}, 24, 0, 11);   // Y = 0
   check_nn({3, 0, 17}, 0, 24, 12);   // dX = 0
   check_wgrad({3, 0, 17}, 24, 0, 13);  // nothing to add
@@ -275,17 +307,20 @@ TEST_F(CudaGroupedGemm, RejectsBadArguments) {
   float* dw = buf.as<float>();
   const int32_t* off = g.device.as<int32_t>();
   struct Case {
-    int64_t G, rows, N, K;
+    int64_t G, Gw, rows, N, K;
     const bf16* a;
     std::string_view expect;
   };
-  const Case cases[] = {{2, 8, 12, 16, a, "multiples of 8"}, {2, 8, 16, 20, a, "multiples of 8"},
-                        {2, 8, -8, 16, a, "N=-8"},           {2, 8, 16, -8, a, "K=-8"},
-                        {0, 8, 16, 16, a, "at least 1"},     {-1, 8, 16, 16, a, "at least 1"},
-                        {2, -1, 16, 16, a, "rows"},          {2, 8, 16, 16, a + 1, "aligned"}};
+  const Case cases[] = {{2, 2, 8, 12, 16, a, "multiples of 8"}, {2, 2, 8, 16, 20, a, "multiples of 8"},
+                        {2, 2, 8, -8, 16, a, "N=-8"},           {2, 2, 8, 16, -8, a, "K=-8"},
+                        {0, 1, 8, 16, 16, a, "at least 1"},     {-1, 1, 8, 16, 16, a, "at least 1"},
+                        {2, 0, 8, 16, 16, a, "Gw=0"},           {3, 2, 8, 16, 16, a, "multiple of the weight"},
+                        {2, 2, -1, 16, 16, a, "rows"},          {2, 2, 8, 16, 16, a + 1, "aligned"}};
   for (const Case& c : cases) {
-    SCOPED_TRACE("G=" + std::to_string(c.G) + " rows=" + std::to_string(c.rows) + " N=" + std::to_string(c.N) +
-                 " K=" + std::to_string(c.K) + " expecting \"" + std::string(c.expect) + "\"");
+    SCOPED_TRACE("G=" + std::to_string(c.G) + " Gw=" + std::to_string(c.Gw) + " rows=" + std::to_string(c.rows) +
+                 " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " expecting \"" +
+                 std::string(c.expect) + "\"");
+    const cuda::RowGroups rg{off, c.G, c.Gw, c.rows};
     const auto expect_error = [&](auto&& call, const char* fn) {
       try {
         call();
@@ -296,12 +331,11 @@ TEST_F(CudaGroupedGemm, RejectsBadArguments) {
         EXPECT_NE(what.find(c.expect), std::string::npos) << what;
       }
     };
-    expect_error([&] { cuda::grouped_gemm_nt(c.a, a, y, off, c.G, c.rows, c.N, c.K, stream_); }, "grouped_gemm_nt");
-    expect_error([&] { cuda::grouped_gemm_nn(c.a, a, y, off, c.G, c.rows, c.N, c.K, stream_); }, "grouped_gemm_nn");
-    expect_error([&] { cuda::grouped_gemm_wgrad(c.a, a, dw, off, c.G, c.rows, c.N, c.K, stream_); },
-                 "grouped_gemm_wgrad");
+    expect_error([&] { cuda::grouped_gemm_nt(c.a, a, y, rg, c.N, c.K, stream_); }, "grouped_gemm_nt");
+    expect_error([&] { cuda::grouped_gemm_nn(c.a, a, y, rg, c.N, c.K, stream_); }, "grouped_gemm_nn");
+    expect_error([&] { cuda::grouped_gemm_wgrad(c.a, a, dw, rg, c.N, c.K, true, stream_); }, "grouped_gemm_wgrad");
   }
-  EXPECT_THROW(cuda::grouped_gemm_nt(a, a, y, nullptr, 2, 8, 16, 16, stream_), laoyao::Error);
+  EXPECT_THROW(cuda::grouped_gemm_nt(a, a, y, cuda::RowGroups{nullptr, 2, 2, 8}, 16, 16, stream_), laoyao::Error);
   sync();  // nothing was enqueued
 }
 

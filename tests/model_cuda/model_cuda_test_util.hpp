@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "core/rng.hpp"
+#include "model/cuda/gpt_model_cuda.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_model.hpp"
 
@@ -39,9 +42,9 @@ struct Batch {
   std::vector<float> mask, dloss;
 };
 
-inline Batch random_batch(int64_t b, int64_t s, int64_t vocab) {
+inline Batch random_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed = 11) {
   Batch x{b, s, {}, {}, {}, {}, {}};
-  Rng rng(11, "batch");
+  Rng rng(seed, "batch");
   for (int64_t t = 0; t < b * s; ++t) {
     x.tokens.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
     x.labels.push_back(static_cast<int64_t>(rng.next_u64() % vocab));
@@ -83,6 +86,46 @@ inline GptConfig qwen3_config() {
   c.rotary_base = 1000000;
   c.rope_scaling = false;
   return c;
+}
+
+// A step of two micro-batches: the first backward after zero_grads() writes the GEMMs' weight
+// gradients and zeroes the rest, the second adds to them, so the step's gradients must be each
+// micro-batch's alone, summed (to fp32 rounding). Three such steps: eager, the CUDA graphs' warm-up
+// and their replay (a graph for the writing backward, one for the adding one).
+inline void expect_micro_batches_add_up(const GptConfig& c) {
+  GptModel cpu(c);
+  std::vector<float> w(static_cast<size_t>(cpu.num_parameters()));
+  random_weights(cpu, w.data());
+  CudaGptModel gpu(c, 2, 48);
+  gpu.upload_weights(w.data());
+  const Batch x1 = random_batch(2, 48, c.vocab, 11), x2 = random_batch(2, 48, c.vocab, 12);
+  const size_t n = static_cast<size_t>(gpu.num_parameters());
+  auto step = [&](std::initializer_list<const Batch*> mbs) {
+    gpu.zero_grads();
+    for (const Batch* x : mbs) {
+      const MicroBatch mb{x->b, x->s, x->tokens.data(), x->labels.data(), x->positions.data()};
+      gpu.forward(mb, x->mask.data(), {1234, 3, false}, x->dloss.data());
+      gpu.backward();
+    }
+    std::vector<float> g(n);
+    gpu.download_grads(g.data());
+    (void)gpu.take_loss_sum();
+    return g;
+  };
+  for (int rep = 0; rep < 3; ++rep) {
+    const std::vector<float> g1 = step({&x1}), g2 = step({&x2}), both = step({&x1, &x2});
+    int64_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double want = double(g1[i]) + g2[i];
+      if (std::abs(both[i] - want) > 1e-5 * (std::abs(g1[i]) + std::abs(g2[i])) + 1e-12 && off++ < 5)
+        ADD_FAILURE() << "gradient " << i << ": " << both[i] << " after both micro-batches, " << g1[i] << " + " << g2[i]
+                      << " alone (step " << rep << ")";
+    }
+    EXPECT_EQ(off, 0) << "gradients that are not the sum of the micro-batches' (step " << rep << ")";
+    double norm1 = 0;
+    for (float v : g1) norm1 += double(v) * v;
+    EXPECT_GT(norm1, 0.0) << "a micro-batch with gradients";
+  }
 }
 
 }  // namespace laoyao::model::test

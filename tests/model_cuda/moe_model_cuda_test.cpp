@@ -357,6 +357,15 @@ TEST(CudaMoeModel, DenseFirstLayerSharedExpertAndFullRecomputation) {
 TEST(CudaMoeModel, LlamaTop2Of8MatchesCpuModelButForFlippedTies) {
   compare_model(moe_config(llama_config(), 8, 2, 64, 0));
 }
+// The router's, the experts' (grouped; top-1 of 16 over 96 tokens: experts with few tokens, some
+// perhaps none) and the shared expert's weight gradients are written by the step's first
+// backward, added to by the next.
+TEST(CudaMoeModel, MicroBatchGradientsAddUp) {
+  GptConfig c = moe_config(qwen3_config(), 16, 1, 64, 64);
+  c.num_layers = 3;
+  c.moe.layers = {false, true, true};
+  expect_micro_batches_add_up(c);
+}
 
 // What the CUDA backend cannot route yet is named (the CPU backend trains it), and the engine then
 // refuses or falls back to the CPU with that name.

@@ -315,7 +315,7 @@ void CublasLtGemm::linear_backward_input(const bf16* dy, const bf16* w, bf16* dx
 }
 
 void CublasLtGemm::linear_backward_weight(const bf16* dy, const bf16* x, float* dw, int64_t T, int64_t K, int64_t N,
-                                          cudaStream_t stream) {
+                                          cudaStream_t stream, bool accumulate) {
   // Column-major dw^T[K, N] += x^T[K, T] dy[T, N]: x row-major [T, K] is column-major [K, T] (no
   // transpose); dy row-major [T, N] is column-major [N, T], transposed to [T, N].
   GemmProblem p;
@@ -327,7 +327,7 @@ void CublasLtGemm::linear_backward_weight(const bf16* dy, const bf16* x, float* 
   p.ldb = N;
   p.ldd = K;
   p.d_fp32 = true;
-  gemm(p, x, dy, dw, nullptr, 1.0f, 1.0f, stream);
+  gemm(p, x, dy, dw, nullptr, 1.0f, accumulate ? 1.0f : 0.0f, stream);  // beta 0: dw is not read
 }
 
 

@@ -74,7 +74,8 @@ struct CublasLtGemm {
 
   // The two gradients of that linear layer, given dy[T, N]:
   //   dx[T, K] = dy @ w                        (bf16, overwritten)
-  //   dw[N, K] += dy^T @ x                     (fp32 main_grad, accumulated: beta = 1)
+  //   dw[N, K] += dy^T @ x                     (fp32 main_grad, accumulated: beta = 1; with
+  //                                             accumulate false written: beta = 0, dw not read)
   void linear_backward_input(const bf16* dy, const bf16* w, bf16* dx, int64_t T, int64_t K, int64_t N,
                              cudaStream_t stream);
 
@@ -88,7 +89,7 @@ struct CublasLtGemm {
   void linear_backward_input_dgelu(const bf16* dy, const bf16* w, const bf16* u, bf16* du, int64_t T, int64_t K,
                                    int64_t N, cudaStream_t stream);
   void linear_backward_weight(const bf16* dy, const bf16* x, float* dw, int64_t T, int64_t K, int64_t N,
-                              cudaStream_t stream);
+                              cudaStream_t stream, bool accumulate = true);
 
   // A batch of row-major products C[M, N] = alpha * op(X) op(Y) + beta * C, where X is stored
   // [M, K] (or [K, M] when tx) and Y is stored [K, N] (or [N, K] when ty), each matrix contiguous,

@@ -32,10 +32,11 @@
 //     ceil(rows / BM) + G row tiles (each group adds at most one partial tile) and a block whose
 //     index is past the last tile exits. Each block finds its group with a block-wide prefix sum
 //     of the groups' tile counts (G + 1 offsets read, a few hundred cycles).
-//   wgrad: one block per (group, BM x BN tile of dW_g), looping over the group's rows (the
-//     reduction); each dW element belongs to exactly one block, which adds its sum in the
-//     epilogue (fp32 read-modify-write, its reads pulled into L2 at the block's start):
-//     deterministic, no atomics. An empty group's blocks exit.
+//   wgrad: one block per (weight matrix w, BM x BN tile of dW_w), looping over the rows of the
+//     groups w, w + Gw, w + 2 Gw, ... (the reduction; each group's rows start a new 64-row step);
+//     each dW element belongs to exactly one block, which adds its sum in the epilogue (fp32
+//     read-modify-write, its reads pulled into L2 at the block's start) or writes it:
+//     deterministic, no atomics. Accumulating, the blocks of a matrix without rows exit.
 #include <array>
 #include <climits>
 #include <cstdint>
@@ -191,29 +192,29 @@ struct SwKLoader {
   }
 };
 
-// The copies of one thread into an MN-major tile: reduction rows kbase + dk + 0..64 of a row-major
-// matrix (leading dimension ld; rows from kbase + k_len on zero), columns c0 + 0..W (columns >=
+// The copies of one thread into an MN-major tile: reduction rows row0 + 0..64 of a row-major
+// matrix (leading dimension ld; rows from row0 + left on zero), columns c0 + 0..W (columns >=
 // c_end zero).
 template <int W>
 struct SwMNLoader {
   static constexpr int kChunks = W / 8, kRows = kThreads / kChunks, kPasses = BK / kRows;
   static_assert(kRows % 8 == 0, "a pass covers whole 8-row swizzle groups");
-  const bf16* p;
-  int ld, k, dst;
+  const bf16* p;  // this thread's column chunk in row k
+  int64_t ld;
+  int k, dst;
   bool col_ok;
-  __device__ __forceinline__ SwMNLoader(const bf16* src, int64_t ld_, int64_t kbase, int64_t c0, int64_t c_end)
-      : ld(int(ld_)) {
+  __device__ __forceinline__ SwMNLoader(const bf16* src, int64_t ld_, int64_t c0, int64_t c_end) : ld(ld_) {
     k = threadIdx.x / kChunks;
     const int cc = threadIdx.x % kChunks;
     dst = (cc / 8) * (BK * 64) + k * 64 + (((cc % 8) ^ (k & 7)) * 8);
     col_ok = c0 + cc * 8 < c_end;
-    p = col_ok ? src + (kbase + k) * ld_ + c0 + cc * 8 : src;
+    p = col_ok ? src + k * ld_ + c0 + cc * 8 : src;
   }
-  __device__ __forceinline__ void load(bf16* s, int dk, int k_len) const {
+  __device__ __forceinline__ void load(bf16* s, int64_t row0, int64_t left) const {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      const bool valid = col_ok && dk + k + i * kRows < k_len;
-      cp_async16(s + dst + i * kRows * 64, valid ? p + int64_t(dk + i * kRows) * ld : p, valid);
+      const bool valid = col_ok && k + i * kRows < left;
+      cp_async16(s + dst + i * kRows * 64, valid ? p + (row0 + i * kRows) * ld : p, valid);
     }
   }
 };
@@ -266,12 +267,13 @@ __device__ __forceinline__ void main_loop(float (&acc)[BN / 2], bf16* smem, int 
   __syncthreads();  // the shared memory may be reused by the epilogue
 }
 
-// nt (B_MN = 0) and nn (B_MN = 1): C[r, 0..cols) = A[r, 0..red) @ op(B_g) for the rows r of each
-// group; A [rows, red]; B_g = B + g * cols * red, stored [cols][red] (nt) or [red][cols] (nn).
+// nt (B_MN = 0) and nn (B_MN = 1): C[r, 0..cols) = A[r, 0..red) @ op(B_w) for the rows r of each
+// group g, w = g % Gw; A [rows, red]; B_w = B + w * cols * red, stored [cols][red] (nt) or
+// [red][cols] (nn).
 template <int B_MN>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     rows_kernel(const bf16* __restrict__ A, const bf16* __restrict__ B, bf16* __restrict__ C,
-                const int32_t* __restrict__ offsets, int G, int col_tiles, int64_t cols, int64_t red) {
+                const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles, int64_t cols, int64_t red) {
   constexpr int kLdC = BN + 8;
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = align_1024(smem_raw);
@@ -280,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   int g, r0i, r_endi;
   if (!find_row_tile(offsets, G, tile, g, r0i, r_endi)) return;
   const int64_t r0 = r0i, r_end = r_endi;
-  const bf16* Bg = B + int64_t(g) * cols * red;
+  const bf16* Bg = B + int64_t(g % Gw) * cols * red;
 
   float acc[BN / 2];
 #pragma unroll
@@ -288,10 +290,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int KT = int((red + BK - 1) / BK);
   const SwKLoader<BM> la(A, red, r0, r_end);
   if constexpr (B_MN) {
-    const SwMNLoader<BN> lb(Bg, cols, 0, c0, cols);
+    const SwMNLoader<BN> lb(Bg, cols, c0, cols);
     main_loop<0, 1>(acc, smem, KT, [&](bf16* sA, bf16* sB, int kt) {
       la.load(sA, int64_t(kt) * BK, red);
-      lb.load(sB, kt * BK, int(red));
+      lb.load(sB, int64_t(kt) * BK, red - int64_t(kt) * BK);
     });
   } else {
     const SwKLoader<BN> lb(Bg, red, c0, cols);
@@ -322,39 +324,52 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
-// wgrad: dW_g[n, k] += sum over the group's rows r of dY[r, n] * X[r, k]; a block owns one
-// BM x BN tile of dW_g (rows m0.., columns n0..) and reduces over all the group's rows.
+// wgrad: dW_w[n, k] (+)= sum over the rows r of the groups w, w + Gw, ... of dY[r, n] * X[r, k]; a
+// block owns one BM x BN tile of dW_w (rows m0.., columns n0..) and reduces over all those rows.
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgrad_kernel(const bf16* __restrict__ dY, const bf16* __restrict__ X, float* __restrict__ dW,
-                 const int32_t* __restrict__ offsets, int m_tiles, int n_tiles, int64_t N, int64_t K) {
+                 const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles, int n_tiles, int64_t N, int64_t K,
+                 bool accumulate) {
   constexpr int kLdW = BN + 8;
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = align_1024(smem_raw);
   const unsigned b = blockIdx.x;
   const int64_t n0 = int64_t(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
   const int64_t m0 = int64_t((b / unsigned(n_tiles)) % unsigned(m_tiles)) * BM;  // rows of dW: N
-  const int g = int(b / unsigned(n_tiles * m_tiles));
-  const int64_t r_begin = offsets[g], r_end = offsets[g + 1];
-  if (r_end <= r_begin) return;  // an empty group adds nothing
-  float* Wg = dW + int64_t(g) * N * K;
+  const int w = int(b / unsigned(n_tiles * m_tiles));
+  // The reduction's 64-row steps: each group's rows in ceil(rows / BK) of them, group after group.
+  int KT = 0;
+  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + BK - 1) / BK;
+  if (KT == 0 && accumulate) return;  // nothing to add
+  float* Wg = dW + int64_t(w) * N * K;
 
   // Pull this block's dW tile into L2 now, so that the epilogue's read-modify-write reads hit L2
   // while the HBM reads overlap the main loop (its 128-byte lines: BN / 32 a row).
-  for (int i = threadIdx.x; i < BM * (BN / 32); i += kThreads) {
-    const int64_t r = m0 + i / (BN / 32), c = n0 + (i % (BN / 32)) * 32;
-    if (r < N && c < K) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(Wg + r * K + c));
-  }
+  if (accumulate)
+    for (int i = threadIdx.x; i < BM * (BN / 32); i += kThreads) {
+      const int64_t r = m0 + i / (BN / 32), c = n0 + (i % (BN / 32)) * 32;
+      if (r < N && c < K) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(Wg + r * K + c));
+    }
 
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-  const int len = int(r_end - r_begin);
-  const int KT = (len + BK - 1) / BK;
-  const SwMNLoader<BM> la(dY, N, r_begin, m0, N);
-  const SwMNLoader<BN> lb(X, K, r_begin, n0, K);
+  const SwMNLoader<BM> la(dY, N, m0, N);
+  const SwMNLoader<BN> lb(X, K, n0, K);
+  // The group of step kt: the main loop asks for the steps in increasing order, so a cursor
+  // (group g, its first step, first row, rows) moves forward only.
+  int g = w, g_step = 0;
+  int64_t g_row = offsets[w], g_len = offsets[w + 1] - g_row;
   main_loop<1, 1>(acc, smem, KT, [&](bf16* sA, bf16* sB, int kt) {
-    la.load(sA, kt * BK, len);
-    lb.load(sB, kt * BK, len);
+    while (kt >= g_step + (g_len + BK - 1) / BK) {
+      g_step += int((g_len + BK - 1) / BK);
+      g += Gw;
+      g_row = offsets[g];
+      g_len = offsets[g + 1] - g_row;
+    }
+    const int64_t done = int64_t(kt - g_step) * BK;
+    la.load(sA, g_row + done, g_len - done);
+    lb.load(sB, g_row + done, g_len - done);
   });
 
   // Epilogue: the fp32 sums into a shared tile (rows padded by 8 floats: conflict-free float2
@@ -378,8 +393,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int idx = threadIdx.x + (b0 + u) * kThreads, r = idx / kRowF2, c = (idx % kRowF2) * 2;
-      v[u] = m0 + r < N && n0 + c < K ? *reinterpret_cast<const float2*>(Wg + (m0 + r) * K + n0 + c)
-                                      : make_float2(0.0f, 0.0f);
+      v[u] = accumulate && m0 + r < N && n0 + c < K ? *reinterpret_cast<const float2*>(Wg + (m0 + r) * K + n0 + c)
+                                                    : make_float2(0.0f, 0.0f);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -394,67 +409,72 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-void check_args(const char* fn, const void* a, const void* b, const void* c, uintptr_t c_align,
-                const int32_t* offsets, int64_t G, int64_t rows, int64_t N, int64_t K) {
+void check_args(const char* fn, const void* a, const void* b, const void* c, uintptr_t c_align, const RowGroups& g,
+                int64_t N, int64_t K) {
   const std::string f = std::string(fn) + ": ";
-  if (G < 1 || G > INT_MAX / 2)
-    throw Error(f + "the number of groups G must be at least 1 (and below 2^30), got " + std::to_string(G));
-  if (rows < 0 || rows > INT_MAX)
-    throw Error(f + "rows must be in [0, 2^31) (the offsets are int32), got " + std::to_string(rows));
+  if (g.weights < 1 || g.groups < 1 || g.groups > INT_MAX / 2 || g.groups % g.weights != 0)
+    throw Error(f + "the number of groups G must be at least 1 (and below 2^30) and a multiple of the weight "
+                    "matrices Gw >= 1, got G=" + std::to_string(g.groups) + " Gw=" + std::to_string(g.weights));
+  if (g.rows < 0 || g.rows > INT_MAX)
+    throw Error(f + "rows must be in [0, 2^31) (the offsets are int32), got " + std::to_string(g.rows));
   if (N < 0 || K < 0 || N > INT_MAX || K > INT_MAX)
     throw Error(f + "N and K must be in [0, 2^31), got N=" + std::to_string(N) + " K=" + std::to_string(K));
   if (N % 8 != 0 || K % 8 != 0)
     throw Error(f + "N and K must be multiples of 8 (16-byte rows), got N=" + std::to_string(N) +
                 " K=" + std::to_string(K));
-  if (!offsets) throw Error(f + "offsets is null");
+  if (!g.offsets) throw Error(f + "offsets is null");
   if (!aligned(a, 16) || !aligned(b, 16) || !aligned(c, c_align))
     throw Error(f + "the operands must be 16-byte aligned (the output " + std::to_string(c_align) + "-byte)");
 }
 
-void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const int32_t* offsets, int64_t G, int64_t rows,
-                 int64_t cols, int64_t red, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return;
+void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
+                 cudaStream_t stream) {
+  if (g.rows == 0 || cols == 0) return;
   const int64_t col_tiles = (cols + BN - 1) / BN;
-  const int64_t blocks = col_tiles * ((rows + BM - 1) / BM + G);
+  const int64_t blocks = col_tiles * ((g.rows + BM - 1) / BM + g.groups);
   if (blocks > INT_MAX) throw Error("grouped_gemm: the problem is too large for one grid");
   constexpr size_t smem = smem_bytes<bf16>();
+  const int G = int(g.groups), Gw = int(g.weights);
   if (nt) {
     static std::array<bool, 64> seen{};
     if (first_on_this_device(seen)) allow_smem(rows_kernel<0>, smem);
-    rows_kernel<0><<<unsigned(blocks), kThreads, smem, stream>>>(A, B, C, offsets, int(G), int(col_tiles), cols, red);
+    rows_kernel<0><<<unsigned(blocks), kThreads, smem, stream>>>(A, B, C, g.offsets, G, Gw, int(col_tiles), cols, red);
   } else {
     static std::array<bool, 64> seen{};
     if (first_on_this_device(seen)) allow_smem(rows_kernel<1>, smem);
-    rows_kernel<1><<<unsigned(blocks), kThreads, smem, stream>>>(A, B, C, offsets, int(G), int(col_tiles), cols, red);
+    rows_kernel<1><<<unsigned(blocks), kThreads, smem, stream>>>(A, B, C, g.offsets, G, Gw, int(col_tiles), cols, red);
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const int32_t* offsets, int64_t G, int64_t rows,
-                     int64_t N, int64_t K, cudaStream_t stream) {
-  check_args("grouped_gemm_nt", X, W, Y, 16, offsets, G, rows, N, K);
-  launch_rows(true, X, W, Y, offsets, G, rows, N, K, stream);
+void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& groups, int64_t N, int64_t K,
+                     cudaStream_t stream) {
+  check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
+  launch_rows(true, X, W, Y, groups, N, K, stream);
 }
 
-void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const int32_t* offsets, int64_t G, int64_t rows,
-                     int64_t N, int64_t K, cudaStream_t stream) {
-  check_args("grouped_gemm_nn", dY, W, dX, 16, offsets, G, rows, N, K);
-  launch_rows(false, dY, W, dX, offsets, G, rows, K, N, stream);
+void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& groups, int64_t N, int64_t K,
+                     cudaStream_t stream) {
+  check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
+  launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
 
-void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const int32_t* offsets, int64_t G, int64_t rows,
-                        int64_t N, int64_t K, cudaStream_t stream) {
-  check_args("grouped_gemm_wgrad", dY, X, dW, 8, offsets, G, rows, N, K);
-  if (rows == 0 || N == 0 || K == 0) return;
+void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
+                        bool accumulate, cudaStream_t stream) {
+  check_args("grouped_gemm_wgrad", dY, X, dW, 8, groups, N, K);
+  // Writing, a problem without rows still writes its zeros.
+  if ((accumulate && groups.rows == 0) || N == 0 || K == 0) return;
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
-  const int64_t blocks = G * m_tiles * n_tiles;
+  const int64_t blocks = groups.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");
   constexpr size_t smem = smem_bytes<float>();
   static std::array<bool, 64> seen{};
   if (first_on_this_device(seen)) allow_smem(wgrad_kernel, smem);
-  wgrad_kernel<<<unsigned(blocks), kThreads, smem, stream>>>(dY, X, dW, offsets, int(m_tiles), int(n_tiles), N, K);
+  wgrad_kernel<<<unsigned(blocks), kThreads, smem, stream>>>(dY, X, dW, groups.offsets, int(groups.groups),
+                                                             int(groups.weights), int(m_tiles), int(n_tiles), N, K,
+                                                             accumulate);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -305,6 +305,22 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
+
+  // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
+  for (const GptLayerOffsets& W : layout_.layers)
+    for (int64_t w : {W.qkv_w, W.proj_w, W.fc1_w, W.fc2_w, W.router_w, W.experts_fc1, W.experts_fc2, W.shared_fc1,
+                      W.shared_fc2})
+      if (w >= 0) gemm_written_.push_back(w);
+  if (layout_.output_w >= 0 && layout_.output_w != layout_.word_emb) gemm_written_.push_back(layout_.output_w);
+  std::sort(gemm_written_.begin(), gemm_written_.end());
+  int64_t at = 0;
+  for (const ParamSpec& spec : layout_.table.specs) {  // in offset order
+    if (std::binary_search(gemm_written_.begin(), gemm_written_.end(), spec.offset)) {
+      if (spec.offset > at) zeroed_.push_back({at, spec.offset - at});
+      at = spec.offset + spec.numel;
+    }
+  }
+  if (num_parameters() > at) zeroed_.push_back({at, num_parameters() - at});
   zero_grads();
 }
 
@@ -392,11 +408,22 @@ void CudaGptModel::download_weights(float* host) const {
 
 void CudaGptModel::download_grads(float* host) const {
   kc::stream_wait(stream_, "the step before the gradients are read");
-  grads_.download(host, sizeof(float) * num_parameters());
+  if (fresh_grads_)  // zeroed lazily, not yet written
+    std::fill(host, host + num_parameters(), 0.0f);
+  else
+    grads_.download(host, sizeof(float) * num_parameters());
 }
 
-void CudaGptModel::zero_grads() {
+void CudaGptModel::zero_grads() { fresh_grads_ = true; }
+
+void CudaGptModel::zero_grads_now() {
+  if (!fresh_grads_) return;
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(grads_.ptr, 0, grads_.bytes, stream_));
+  fresh_grads_ = false;
+}
+
+bool CudaGptModel::accumulates(int64_t w) const {
+  return !writing_grads_ || !std::binary_search(gemm_written_.begin(), gemm_written_.end(), w);
 }
 
 kc::DropoutSpec CudaGptModel::dropout(double p, uint64_t seed, const std::string& stream) const {
@@ -421,7 +448,8 @@ kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const
 }
 
 CudaMoeLayers::Context CudaGptModel::moe_context(const GptLayerOffsets& W) {
-  return {W, params(), main_grads(), gemm_, stream_, main_params()};
+  // The routed experts, router and shared expert are all in gemm_written_.
+  return {W, params(), main_grads(), gemm_, stream_, main_params(), !writing_grads_};
 }
 
 void CudaGptModel::set_moe_aux_loss_scale(float scale) {
@@ -507,6 +535,7 @@ CudaGptModel::bf16* CudaGptModel::sum_input_grad() {
 }
 
 void CudaGptModel::finalize_grads() {
+  zero_grads_now();  // a step without a backward
   for (const auto& r : tp_summed_)
     tp_->all_reduce_device(G(r.offset), static_cast<size_t>(r.count), dist::DeviceType::F32, stream_);
 }
@@ -520,7 +549,7 @@ void CudaGptModel::linear_backward(const bf16* x, int64_t w, int64_t b, const bf
                                    int64_t N) {
   const int64_t T = b_ * s_;
   gemm_.linear_backward_input(dy, P(w), dx, T, K, N, stream_);
-  gemm_.linear_backward_weight(dy, x, G(w), T, K, N, stream_);
+  gemm_.linear_backward_weight(dy, x, G(w), T, K, N, stream_, accumulates(w));
   if (b >= 0) kc::bias_grad(dy, G(b), reduce_scratch_, T, N, stream_);
 }
 
@@ -594,7 +623,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   // a hundred-odd kernel launches. The first call runs eagerly (cuBLASLt plans, kernel attributes).
   const bool dropout_now = key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0);
   if (graphs_enabled_ && !dropout_now && !grads_ready_) {
-    const auto graph_key = std::make_pair(b_, dloss != nullptr);
+    const auto graph_key = std::make_tuple(b_, dloss != nullptr, dloss != nullptr && fresh_grads_);
     auto it = graphs_.find(graph_key);
     if (it == graphs_.end()) {
       enqueue_forward(dloss != nullptr);
@@ -606,6 +635,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
         if (dloss) enqueue_backward();
       });
       LAOYAO_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+      if (dloss) fresh_grads_ = false;  // as enqueue_backward() does: the replay wrote them
     }
     backward_done_ = dloss != nullptr;
     return;
@@ -796,6 +826,12 @@ void CudaGptModel::enqueue_backward() {
 
   backward_phase_ = true;
   phases_.begin(stream_);
+  // The step's first backward: the weight-gradient GEMMs write, everything else starts at zero.
+  writing_grads_ = fresh_grads_;
+  fresh_grads_ = false;
+  if (writing_grads_)
+    for (const Range& r : zeroed_)
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(G(r.offset), 0, sizeof(float) * static_cast<size_t>(r.count), stream_));
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
   phase(kHead);
@@ -825,7 +861,7 @@ void CudaGptModel::enqueue_backward() {
       phase(kMoe);
     } else if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
-      gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_);
+      gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_, accumulates(W.fc2_w));
       if (W.fc2_b >= 0) kc::bias_grad(dbranch, G(W.fc2_b), reduce_scratch_, T, h, stream_);
       phase(kMlpGemms);
     } else {
@@ -886,6 +922,7 @@ void CudaGptModel::enqueue_backward() {
     kc::embedding_backward(positions_, demb, G(layout_.pos_emb), T, h, c.max_positions, emb_scratch_,
                            emb_scratch_bytes_, stream_);
   phase(kEmbedding);
+  writing_grads_ = false;
 }
 
 void CudaGptModel::report_grads_ready(std::pair<size_t, size_t> ranges) const {

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -108,6 +109,10 @@ class CudaGptModel {
   void upload_weights(const float* host);
   void download_weights(float* host) const;
   void download_grads(float* host) const;
+  // Starts a step's gradients at zero. Lazily: the next backward writes the weight gradients its
+  // GEMMs compute (beta 0, so they are neither zeroed nor read first) and zeroes only the others
+  // (norms, biases, embeddings) before it; finalize_grads() and download_grads() see zeros when no
+  // backward ran.
   void zero_grads();
 
   // Forward of one micro-batch (b <= max_b sequences of exactly s tokens): per-token losses stay on
@@ -115,7 +120,8 @@ class CudaGptModel {
   // the per-token loss gradients dloss[b*s] (host; known before the forward: Megatron's mask over
   // the token count), the cross entropy also writes the logits' gradient, ready for backward().
   void forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key, const float* dloss = nullptr);
-  // Backward of the last forward (which was given dloss), accumulating into main_grads().
+  // Backward of the last forward (which was given dloss), accumulating into main_grads() (the first
+  // after zero_grads() writes them).
   void backward();
   // The running (masked loss sum, mask sum) since the last call; synchronises the stream. With
   // `extra` (a device double), *extra_out gets its value in the same wait.
@@ -259,7 +265,19 @@ class CudaGptModel {
   // input-gradient GEMM applies its derivative (DGELU); LAOYAO_GELU_EPILOGUE=0 runs our fused
   // bias-GeLU kernels instead.
   bool gelu_epilogue_ = false;
-  std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs_;
+  // Keyed by (sequences, with backward, the backward writes the gradients: the step's first).
+  std::map<std::tuple<int64_t, bool, bool>, cudaGraphExec_t> graphs_;
+  // zero_grads() was called and no backward has run since; writing_grads_: the backward being
+  // enqueued is that first one. gemm_written_: the parameters (table offsets, sorted) whose whole
+  // gradient one weight-gradient GEMM of each backward computes (the linears' weights: not a tied
+  // output layer, whose gradient the embedding's backward adds to); zeroed_: the rest, the ranges
+  // a writing backward zeroes first.
+  bool fresh_grads_ = true, writing_grads_ = false;
+  std::vector<int64_t> gemm_written_;
+  std::vector<Range> zeroed_;
+  // The accumulate flag of the weight-gradient GEMM of parameter w in the backward being enqueued.
+  bool accumulates(int64_t w) const;
+  void zero_grads_now();
   // Mixture of Experts: the MoE layers' kernels and buffers (null for a dense model); whether the
   // forward being enqueued is a training one, and whether the backward is recomputing layers (the
   // MoE losses count once, in a training forward).

@@ -85,7 +85,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.shared_u = a.take<bf16>(T * Fs1_);
       S.shared_g = a.take<bf16>(T * Fs_);
       S.ep_counts = a.take<int32_t>(ep_ ? P_ * E_ : 0);
-      S.local_offsets = a.take<int32_t>(ep_ ? El_ + 1 : 0);
+      S.local_offsets = a.take<int32_t>(ep_ ? E_ + 1 : 0);
       S.local_x = a.take<bf16>(ep_ ? Nl * H_ : 0);
       S.kept = a.take<uint8_t>(m.capacity_factor ? N : 0);
     }
@@ -104,7 +104,6 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     dprobs_ = a.take<float>(N);
     permuted_probs_ = a.take<float>(m.capacity_factor ? N : 0);
     perm_scratch_ = a.take<char>(static_cast<int64_t>(kc::moe_permutation_scratch_bytes(T, E_)));
-    staging_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
     local_y_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
     local_dx_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
   };
@@ -177,27 +176,32 @@ void CudaMoeLayers::activation_backward(const bf16* u, const bf16* dg, bf16* du,
     kc::bias_gelu_backward(dg, u, zero_bias_.as<bf16>(), du, rows, F, stream, cfg_.activation == Activation::GeluErf);
 }
 
-void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf16* in, const int32_t* offsets,
-                                    int64_t groups, int64_t rows, bf16* out) const {
-  const bf16* P = ctx.params;
-  kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, offsets, groups, rows, F1_, H_, ctx.stream);
-  activation_forward(S.fc1_out, S.act_out, rows, F_, ctx.stream);
-  kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, offsets, groups, rows, H_, F_, ctx.stream);
+kc::RowGroups CudaMoeLayers::expert_groups(const Saved& S, int64_t N) const {
+  if (ep_) return {S.local_offsets, P_ * El_, El_, S.local_rows};
+  return {S.offsets, E_, E_, N};
 }
 
-void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy, const int32_t* offsets,
-                                           int64_t groups, int64_t rows, bf16* dx) const {
+void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kc::RowGroups& groups,
+                                    bf16* out) const {
   const bf16* P = ctx.params;
-  kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, offsets, groups, rows, H_, F_, ctx.stream);
-  activation_backward(S.fc1_out, dact_, dfc1_, rows, F_, ctx.stream);
-  kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, offsets, groups, rows, F1_, H_, ctx.stream);
+  kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
+  activation_forward(S.fc1_out, S.act_out, groups.rows, F_, ctx.stream);
+  kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, groups, H_, F_, ctx.stream);
+}
+
+void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
+                                           const kc::RowGroups& groups, bf16* dx) const {
+  const bf16* P = ctx.params;
+  kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);
+  activation_backward(S.fc1_out, dact_, dfc1_, groups.rows, F_, ctx.stream);
+  kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, groups, F1_, H_, ctx.stream);
 }
 
 void CudaMoeLayers::experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
-                                             const int32_t* offsets, int64_t groups, int64_t rows) const {
+                                             const kc::RowGroups& groups) const {
   float* G = ctx.grads;
-  kc::grouped_gemm_wgrad(dy, S.act_out, G + ctx.W.experts_fc2, offsets, groups, rows, H_, F_, ctx.stream);
-  kc::grouped_gemm_wgrad(dfc1_, in, G + ctx.W.experts_fc1, offsets, groups, rows, F1_, H_, ctx.stream);
+  kc::grouped_gemm_wgrad(dy, S.act_out, G + ctx.W.experts_fc2, groups, H_, F_, ctx.accumulate_grads, ctx.stream);
+  kc::grouped_gemm_wgrad(dfc1_, in, G + ctx.W.experts_fc1, groups, F1_, H_, ctx.accumulate_grads, ctx.stream);
 }
 
 void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
@@ -220,17 +224,17 @@ void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
   phases_.mark(kCounts, stream);
 }
 
-void CudaMoeLayers::start_dispatch(const Saved& S, const bf16* rows, cudaStream_t stream) {
+void CudaMoeLayers::start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) {
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
   LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
-  ep_->all_to_all_device(rows, S.send_elems.data(), staging_, S.recv_elems.data(), dist::DeviceType::BF16, comm_);
+  ep_->all_to_all_device(rows, S.send_elems.data(), local, S.recv_elems.data(), dist::DeviceType::BF16, comm_);
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
 }
 
-void CudaMoeLayers::start_combine(const Saved& S, bf16* rows, cudaStream_t stream) {
+void CudaMoeLayers::start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) {
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
   LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
-  ep_->all_to_all_device(staging_, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, comm_);
+  ep_->all_to_all_device(local, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, comm_);
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
 }
 
@@ -239,23 +243,13 @@ void CudaMoeLayers::wait_exchange(cudaStream_t stream) {
   phases_.mark(kExchange, stream);
 }
 
-void CudaMoeLayers::to_expert_major(const Saved& S, bf16* local, cudaStream_t stream) {
-  kc::moe_ep_sort_chunks(staging_, local, S.ep_counts, P_, E_, me_, S.local_rows, H_, true, stream);
-  phases_.mark(kReorder, stream);
-}
-
-void CudaMoeLayers::to_source_major(const Saved& S, const bf16* local, cudaStream_t stream) {
-  kc::moe_ep_sort_chunks(local, staging_, S.ep_counts, P_, E_, me_, S.local_rows, H_, false, stream);
-  phases_.mark(kReorder, stream);
-}
-
 void CudaMoeLayers::report_phases() {
   const std::vector<double> ms = phases_.take();
   if (!phases_.enabled()) return;
   std::fprintf(stderr,
                "laoyao: MoE phases (ms): routing+permutation %.2f | count exchange %.2f | all-to-all %.2f | "
-               "reorders %.2f | experts %.2f | shared experts %.2f | expert rows here per layer %lld..%lld\n",
-               ms[kRouting], ms[kCounts], ms[kExchange], ms[kReorder], ms[kExperts], ms[kShared],
+               "experts %.2f | shared experts %.2f | expert rows here per layer %lld..%lld\n",
+               ms[kRouting], ms[kCounts], ms[kExchange], ms[kExperts], ms[kShared],
                static_cast<long long>(min_rows_), static_cast<long long>(max_rows_));
   min_rows_ = max_rows_ = -1;
 }
@@ -313,9 +307,10 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   phases_.mark(kRouting, st);
   if (ep_) {  // the rows travel to their experts' ranks and back; the shared expert runs meanwhile
     exchange_counts(S, st);
-    start_dispatch(S, permuted_x_, st);
+    kc::moe_ep_source_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
+    start_dispatch(S, permuted_x_, S.local_x, st);
   } else {
-    experts_forward(S, ctx, permuted_x_, S.offsets, E_, N, S.expert_out);
+    experts_forward(S, ctx, permuted_x_, expert_groups(S, N), S.expert_out);
     phases_.mark(kExperts, st);
   }
   if (Fs_ > 0) {
@@ -326,12 +321,9 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   }
   if (ep_) {
     wait_exchange(st);
-    to_expert_major(S, S.local_x, st);
-    kc::moe_ep_local_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
-    experts_forward(S, ctx, S.local_x, S.local_offsets, El_, S.local_rows, local_y_);
+    experts_forward(S, ctx, S.local_x, expert_groups(S, N), local_y_);
     phases_.mark(kExperts, st);
-    to_source_major(S, local_y_, st);
-    start_combine(S, S.expert_out, st);
+    start_combine(S, local_y_, S.expert_out, st);
     wait_exchange(st);
   }
   kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st);
@@ -353,38 +345,37 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   phases_.mark(kRouting, st);
   // Under expert parallelism the output gradients travel to the experts' ranks while the router's
   // and the shared expert's backward run.
-  if (ep_) start_dispatch(S, dexpert_, st);
+  if (ep_) start_dispatch(S, dexpert_, local_y_, st);
   // Router: the probabilities' gradient plus the scaled losses', then its two GEMMs; dx starts
   // as the router's part.
   kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
   ctx.gemm.linear_backward_input(dlogits_, P + W.router_w, dx, T, H_, E_, st);
-  ctx.gemm.linear_backward_weight(dlogits_, x, G + W.router_w, T, H_, E_, st);
+  ctx.gemm.linear_backward_weight(dlogits_, x, G + W.router_w, T, H_, E_, st, ctx.accumulate_grads);
   phases_.mark(kRouting, st);
   if (Fs_ > 0) {  // the shared expert, a dense MLP on every token
     ctx.gemm.linear_backward_input(dy, P + W.shared_fc2, dshared_g_, T, Fs_, H_, st);
-    ctx.gemm.linear_backward_weight(dy, S.shared_g, G + W.shared_fc2, T, Fs_, H_, st);
+    ctx.gemm.linear_backward_weight(dy, S.shared_g, G + W.shared_fc2, T, Fs_, H_, st, ctx.accumulate_grads);
     activation_backward(S.shared_u, dshared_g_, dshared_u_, T, Fs_, st);
     ctx.gemm.linear_backward_input(dshared_u_, P + W.shared_fc1, dshared_, T, H_, Fs1_, st);
-    ctx.gemm.linear_backward_weight(dshared_u_, x, G + W.shared_fc1, T, H_, Fs1_, st);
+    ctx.gemm.linear_backward_weight(dshared_u_, x, G + W.shared_fc1, T, H_, Fs1_, st, ctx.accumulate_grads);
     kc::add_inplace(dx, dshared_, T * H_, st);
     phases_.mark(kShared, st);
   }
   // Experts, fc2 then fc1. Under expert parallelism the input gradients go back while the weight
   // gradients are computed; otherwise the input is permuted again rather than kept.
+  const kc::RowGroups groups = expert_groups(S, N);
   if (ep_) {
     wait_exchange(st);
-    to_expert_major(S, local_y_, st);
-    experts_backward_input(S, ctx, local_y_, S.local_offsets, El_, S.local_rows, local_dx_);
+    experts_backward_input(S, ctx, local_y_, groups, local_dx_);
     phases_.mark(kExperts, st);
-    to_source_major(S, local_dx_, st);
-    start_combine(S, dpermuted_, st);
-    experts_backward_weights(S, ctx, S.local_x, local_y_, S.local_offsets, El_, S.local_rows);
+    start_combine(S, local_dx_, dpermuted_, st);
+    experts_backward_weights(S, ctx, S.local_x, local_y_, groups);
     phases_.mark(kExperts, st);
     wait_exchange(st);
   } else {
     kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-    experts_backward_input(S, ctx, dexpert_, S.offsets, E_, N, dpermuted_);
-    experts_backward_weights(S, ctx, permuted_x_, dexpert_, S.offsets, E_, N);
+    experts_backward_input(S, ctx, dexpert_, groups, dpermuted_);
+    experts_backward_weights(S, ctx, permuted_x_, dexpert_, groups);
     phases_.mark(kExperts, st);
   }
   // The routed experts' part: each token's k rows summed into dx.

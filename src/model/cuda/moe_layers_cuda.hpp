@@ -8,10 +8,11 @@
 // Expert parallelism (an EP group of P GPU ranks, model/gpt_ep.hpp): Megatron-Core's all-to-all
 // token dispatcher. Each rank routes its tokens over all E experts; the counts are all-gathered
 // and read on the host (the all-to-all's sizes: one synchronisation per layer and direction, as
-// Megatron's dispatcher has), the rows for each rank's experts go there over NCCL (moe_ep.hpp
-// reorders them expert-major), its El = E / P experts run on them, and the outputs come back. The
-// backward sends the output gradients the same way and the input gradients back. The CPU stage
-// (model/moe_expert_parallel.hpp) is the reference for the order of the rows.
+// Megatron's dispatcher has), the rows for each rank's experts go there over NCCL, its El = E / P
+// experts run on them in the order they arrive (source-major groups, moe_ep.hpp: no reorder), and
+// the outputs go back. The backward sends the output gradients the same way and the input
+// gradients back. The CPU stage (model/moe_expert_parallel.hpp) is the reference for the order of
+// the rows.
 //
 // One object serves all MoE layers of a model. It owns what each layer keeps for its backward
 // (router logits and choices, the permutation, the experts' activations and outputs) and the
@@ -27,6 +28,7 @@
 #include "dist/process_group.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
 #include "kernels/cuda/moe.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
@@ -48,7 +50,9 @@ class CudaMoeLayers {
 
   // The operands of one layer's call: its parameter offsets, the bf16 parameters and fp32 main
   // gradients, the GEMM object and stream of the model; main: the fp32 main parameters, for the
-  // router's expert_bias (a buffer kept in fp32, as Megatron's).
+  // router's expert_bias (a buffer kept in fp32, as Megatron's). accumulate_grads false (the step's
+  // first backward): the weight-gradient GEMMs of the router, the experts and the shared expert
+  // write their gradients instead of adding to them (CudaGptModel zeroes only the others).
   struct Context {
     const GptLayerOffsets& W;
     const bf16* params;
@@ -56,6 +60,7 @@ class CudaMoeLayers {
     kernels::cuda::CublasLtGemm& gemm;
     cudaStream_t stream;
     const float* main = nullptr;
+    bool accumulate_grads = true;
   };
   // What a forward is: a training one (its losses count in the training sums, global_aux_loss's
   // running counts take its tokens), the recomputation of one in the backward (the same losses'
@@ -66,7 +71,7 @@ class CudaMoeLayers {
   // of the random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
   void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
                uint64_t random_logits_key = 0);
-  // dx[T, H] (overwritten) and the layer's gradients (accumulated) from dy[T, H], after forward(l)
+  // dx[T, H] (overwritten) and the layer's gradients (see Context) from dy[T, H], after forward(l)
   // of the same x. aux_scale: the gradient of each load-balancing / z loss (MoEAuxLossAutoScaler).
   void backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T, float aux_scale);
 
@@ -94,38 +99,39 @@ class CudaMoeLayers {
     int32_t *topk_idx, *counts, *offsets, *sorted_token, *permuted_row;
     int32_t *aux_idx, *aux_counts;  // the aux losses' own top-k (expert bias or groups), else null
     bf16 *fc1_out, *act_out, *expert_out, *shared_u, *shared_g;
-    // Expert parallelism: every rank's counts [P][E], the offsets of this rank's experts' rows
-    // [El + 1] and those rows (expert-major), and the exchange's sizes in elements per peer.
+    // Expert parallelism: every rank's counts [P][E], the offsets [P * El + 1] of the rows for this
+    // rank's experts in the order they arrive (source-major groups) and those rows, and the
+    // exchange's sizes in elements per peer.
     int32_t *ep_counts, *local_offsets;
     uint8_t* kept;  // [T, k] with a capacity factor: the pairs the experts keep
     bf16* local_x;
     std::vector<size_t> send_elems, recv_elems;
     int64_t local_rows;
   };
-  // The routed experts on `rows` rows grouped by `offsets` into `groups` experts (this rank's):
-  // out = fc2(act(fc1(in))), keeping fc1's output and the activation in S. Their backward from dy
-  // in two parts, so that an exchange of dx can run beside the second: the input gradient dx, then
-  // the weight gradients (accumulated; reads what the first part left in dfc1_).
-  void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const int32_t* offsets, int64_t groups,
-                       int64_t rows, bf16* out) const;
-  void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy, const int32_t* offsets,
-                              int64_t groups, int64_t rows, bf16* dx) const;
+  // The routed experts (this rank's) on the rows of `groups`: out = fc2(act(fc1(in))), keeping
+  // fc1's output and the activation in S. Their backward from dy in two parts, so that an exchange
+  // of dx can run beside the second: the input gradient dx, then the weight gradients (reads what
+  // the first part left in dfc1_).
+  void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kernels::cuda::RowGroups& groups,
+                       bf16* out) const;
+  void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
+                              const kernels::cuda::RowGroups& groups, bf16* dx) const;
   void experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
-                                const int32_t* offsets, int64_t groups, int64_t rows) const;
+                                const kernels::cuda::RowGroups& groups) const;
+  // This layer's expert rows: all of them grouped by expert, or under expert parallelism the ones
+  // that came here, grouped by (source, local expert).
+  kernels::cuda::RowGroups expert_groups(const Saved& S, int64_t N) const;
   // Expert parallelism: every rank's counts of layer S's routing, all-gathered and read on the
   // host (waits for the stream), then the exchange's sizes.
   void exchange_counts(Saved& S, cudaStream_t stream);
   // The all-to-alls, on comm_ once `stream` has reached this point; `stream` waits for them at
   // wait_exchange(): dispatch sends rows [N, H] (grouped by global expert) to the experts' ranks,
-  // into staging_ (source-major); combine sends staging_ back into rows.
-  void start_dispatch(const Saved& S, const bf16* rows, cudaStream_t stream);
-  void start_combine(const Saved& S, bf16* rows, cudaStream_t stream);
+  // into local [local_rows, H] (source-major); combine sends local back into rows.
+  void start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream);
+  void start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream);
   void wait_exchange(cudaStream_t stream);
-  // The reorders between staging_ (source-major) and this rank's expert-major rows.
-  void to_expert_major(const Saved& S, bf16* local, cudaStream_t stream);
-  void to_source_major(const Saved& S, const bf16* local, cudaStream_t stream);
   // LAOYAO_MOE_PHASES=1: this step's MoE time by phase and rows per rank, on stderr.
-  enum Phase { kRouting, kCounts, kExchange, kReorder, kExperts, kShared, kPhases };
+  enum Phase { kRouting, kCounts, kExchange, kExperts, kShared, kPhases };
   void report_phases();
   // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
   void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const;
@@ -157,9 +163,9 @@ class CudaMoeLayers {
   float* dprobs_ = nullptr;
   float* permuted_probs_ = nullptr;  // token dropping's scratch [N]
   void* perm_scratch_ = nullptr;
-  // Expert parallelism: the all-to-all's rank-major rows, this rank's experts' output or output
-  // gradient and input gradient (expert-major), and the host copy of the counts.
-  bf16 *staging_ = nullptr, *local_y_ = nullptr, *local_dx_ = nullptr;
+  // Expert parallelism: this rank's experts' output (the backward: output gradient) and input
+  // gradient (source-major), and the host copy of the counts.
+  bf16 *local_y_ = nullptr, *local_dx_ = nullptr;
   kernels::cuda::PinnedHostBuffer host_counts_;
   // The all-to-alls' stream (high priority: the backward's run beside the router's, the shared
   // expert's and the weight-gradient GEMMs) and its events.
