@@ -41,9 +41,11 @@ class ProcessGroup {
   // All-to-all with per-rank counts (expert parallelism's token exchange): send holds this rank's
   // send_counts[0] elements for rank 0, then send_counts[1] for rank 1, ...; recv gets recv_counts[r]
   // elements from each rank r, in rank order. Both count arrays (host, size() entries) must agree
-  // with the peers' (rank r's send_counts[me] == this rank's recv_counts[r]).
+  // with the peers' (rank r's send_counts[me] == this rank's recv_counts[r]). with_self false: this
+  // rank's own chunk stays where it is (the caller copies it, or computes on it meanwhile); the
+  // others land where they would.
   virtual void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
-                                 DeviceType type, void* stream);
+                                 DeviceType type, void* stream, bool with_self = true);
   // Stops this rank's part in every pending device collective (NCCL: ncclCommAbort, whose kernels
   // then return), when a wait has given up on another rank; the group takes no further collectives.
   virtual void abort() {}

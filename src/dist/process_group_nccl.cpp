@@ -27,7 +27,7 @@ void ProcessGroup::all_gather_device(const void*, void*, size_t, DeviceType, voi
 void ProcessGroup::reduce_scatter_device(const void*, void*, size_t, DeviceType, void*, double) {
   no_device_collectives();
 }
-void ProcessGroup::all_to_all_device(const void*, const size_t*, void*, const size_t*, DeviceType, void*) {
+void ProcessGroup::all_to_all_device(const void*, const size_t*, void*, const size_t*, DeviceType, void*, bool) {
   no_device_collectives();
 }
 
@@ -121,7 +121,7 @@ class NcclGroup final : public ProcessGroup {
   // One NCCL group of a send and a receive per peer (empty ones left out), so that no pair waits
   // on another: NCCL runs them together.
   void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
-                         DeviceType type, void* stream) override {
+                         DeviceType type, void* stream, bool with_self) override {
     check_alive();
     const size_t bytes = type_bytes(type);
     const auto* from = static_cast<const char*>(send);
@@ -129,9 +129,10 @@ class NcclGroup final : public ProcessGroup {
     auto st = static_cast<cudaStream_t>(stream);
     check_nccl(ncclGroupStart(), "ncclGroupStart", rank());
     for (int r = 0; r < size(); ++r) {
-      if (send_counts[r] > 0)
+      const bool move = with_self || r != rank();
+      if (move && send_counts[r] > 0)
         check_nccl(ncclSend(from, send_counts[r], nccl_type(type), r, comm_, st), "ncclSend", rank());
-      if (recv_counts[r] > 0)
+      if (move && recv_counts[r] > 0)
         check_nccl(ncclRecv(to, recv_counts[r], nccl_type(type), r, comm_, st), "ncclRecv", rank());
       from += send_counts[r] * bytes;
       to += recv_counts[r] * bytes;

@@ -232,6 +232,50 @@ class CudaGroupedGemm : public CudaStreamTest {
     expect_within(std::vector<float>(got.begin() + kGuard, got.begin() + kGuard + nw), want, tol, "dW");
   }
 
+  // nt and nn on groups g0 .. g0 + gn - 1 of `counts` alone (offsets from g0 on: a later part of a
+  // longer grouping, as expert parallelism runs one source rank's groups), over Gw weight matrices:
+  // their rows right, every other row of the output untouched (still NaN).
+  void check_later_groups(const std::vector<int>& counts, int64_t g0, int64_t gn, int64_t Gw, int64_t N, int64_t K,
+                          uint64_t seed) {
+    SCOPED_TRACE("groups " + std::to_string(g0) + ".." + std::to_string(g0 + gn - 1) + " of " +
+                 describe(counts, Gw, N, K));
+    const Groups g = groups_of(counts);  // all groups' offsets; the call takes a part
+    const int64_t r0 = g.offsets[size_t(g0)], r1 = g.offsets[size_t(g0 + gn)];
+    const cuda::RowGroups part{g.device.as<int32_t>() + g0, gn, Gw, r1 - r0};
+    for (const bool nt : {true, false}) {
+      SCOPED_TRACE(nt ? "nt" : "nn");
+      const int64_t in = nt ? K : N, out = nt ? N : K;  // row widths of the input and the output
+      const auto x = randn_bf16(size_t(g.rows * in), seed, "grouped.part.x");
+      const auto w = randn_bf16(size_t(Gw * N * K), seed, "grouped.part.w", 0.05);
+      std::vector<double> want, tol;
+      for (int64_t e = g0; e < g0 + gn; ++e)
+        for (int64_t r = g.offsets[size_t(e)]; r < g.offsets[size_t(e) + 1]; ++r)
+          for (int64_t o = 0; o < out; ++o) {
+            double sum = 0.0, a = 0.0;
+            for (int64_t i = 0; i < in; ++i) {  // W_m is [N][K]: nt reads row o, nn column o
+              const int64_t m = (e - g0) % Gw;
+              const double t = double(x[size_t(r * in + i)]) * w[size_t(nt ? (m * N + o) * K + i : (m * N + i) * K + o)];
+              sum += t;
+              a += std::abs(t);
+            }
+            want.push_back(sum);
+            tol.push_back(kBf16Rel * std::abs(sum) + kFp32Sum * a);
+          }
+      const DeviceBuffer dx = to_device_bf16(x), dw = to_device_bf16(w);
+      const PoisonedBf16 y(g.rows * out);
+      if (nt)
+        cuda::grouped_gemm_nt(dx.as<bf16>(), dw.as<bf16>(), y.out(), part, N, K, stream_);
+      else
+        cuda::grouped_gemm_nn(dx.as<bf16>(), dw.as<bf16>(), y.out(), part, N, K, stream_);
+      sync();
+      const std::vector<float> got = y.read("out");
+      expect_within(std::vector<float>(got.begin() + r0 * out, got.begin() + r1 * out), want, tol, "the part's rows");
+      int64_t written = 0;
+      for (int64_t i = 0; i < g.rows * out; ++i) written += (i < r0 * out || i >= r1 * out) && !std::isnan(got[i]);
+      EXPECT_EQ(written, 0) << "elements of rows outside the groups were written";
+    }
+  }
+
   void check_all(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed, int64_t Gw = 0) {
     check_nt(counts, N, K, seed, Gw);
     check_nn(counts, N, K, seed, Gw);
@@ -286,6 +330,17 @@ TEST_F(CudaGroupedGemm, SourceMajorGroupsShareWeights) {
   check_all(counts, 72, 136, 17, 4);
   check_all({300, 0, 129, 64, 1, 0}, 768, 1024, 18, 3);
   check_all({7, 9}, 24, 40, 19, 1);  // one matrix, two groups
+}
+
+// One source rank's groups of the source-major grouping alone: the first, a middle and the last
+// source of 3 (4 local experts each), and an empty part.
+TEST_F(CudaGroupedGemm, LaterGroupsOfALongerGrouping) {
+  const std::vector<int> counts = {70, 0, 5, 128, 0, 0, 64, 1, 33, 0, 200, 63};
+  check_later_groups(counts, 0, 4, 4, 136, 72, 21);
+  check_later_groups(counts, 4, 4, 4, 72, 136, 22);
+  check_later_groups(counts, 8, 4, 4, 136, 72, 23);
+  check_later_groups(counts, 4, 8, 4, 40, 24, 24);
+  check_later_groups({9, 0, 0, 5}, 1, 2, 2, 16, 24, 25);  // no rows
 }
 
 // No rows at all (every group empty) is a no-op (writing: zeros); a zero-length reduction writes

@@ -1,7 +1,9 @@
 // Grouped GEMMs of the routed experts (our own tensor-core kernels): the rows of the activations
 // are grouped, group g being rows [offsets[g], offsets[g + 1]) with offsets[G + 1] int32 on the
-// DEVICE (moe_permutation writes them; offsets[0] = 0, offsets[G] = rows). The host knows only the
-// total rows, so the per-expert counts never travel to it (no synchronisation in the step). bf16
+// DEVICE (moe_permutation writes them; offsets[G] - offsets[0] = rows, offsets[0] = 0 unless the
+// groups are a later part of a longer grouping, whose rows before them are not touched). The host
+// knows only the total rows, so the per-expert counts never travel to it (no synchronisation in
+// the step). bf16
 // operands, fp32 accumulation. W holds Gw [N, K] matrices (local_experts.w.linear_fc1/fc2.weight,
 // one after another, as [out, in] like every linear) and group g uses matrix g % Gw: one group per
 // expert (G = Gw), or under expert parallelism one per (source rank, local expert) in the order
@@ -9,7 +11,7 @@
 // N and K must be multiples of 8 (16-byte rows); any group may be empty. The bf16 operands must be
 // 16-byte aligned (the fp32 dW 8-byte). Arguments are checked on the host (laoyao::Error): Gw >= 1
 // dividing G, 0 <= rows < 2^31, N and K non-negative multiples of 8. The offsets must be
-// non-decreasing with offsets[G] = rows (the grids are sized from rows and G: ceil(rows / 128) + G
+// non-decreasing (the grids are sized from rows and G: ceil(rows / 128) + G
 // row tiles for nt and nn, whose blocks find their group from the offsets; Gw x ceil(N / 128) x
 // ceil(K / 128) tiles for wgrad). No host synchronisation, no allocation: every call is one kernel
 // on `stream`.
@@ -28,7 +30,7 @@ struct RowGroups {
   const int32_t* offsets = nullptr;  // [groups + 1], on the device
   int64_t groups = 0;                // G
   int64_t weights = 0;               // Gw: group g uses weight matrix g % Gw
-  int64_t rows = 0;                  // offsets[G], known to the host
+  int64_t rows = 0;                  // offsets[G] - offsets[0], known to the host
 };
 
 // Forward of each expert's linear: Y[r, :] = X[r, :] @ W_{g % Gw}^T for r in group g.

@@ -181,19 +181,44 @@ kc::RowGroups CudaMoeLayers::expert_groups(const Saved& S, int64_t N) const {
   return {S.offsets, E_, E_, N};
 }
 
+kc::RowGroups CudaMoeLayers::source_groups(const Saved& S, int64_t s0, int64_t s1) const {
+  int64_t rows = 0;
+  for (int64_t s = s0; s < s1; ++s) rows += S.source_rows[static_cast<size_t>(s)];
+  return {S.local_offsets + s0 * El_, (s1 - s0) * El_, El_, rows};
+}
+
+void CudaMoeLayers::copy_own_rows(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) const {
+  const int64_t n = S.source_rows[static_cast<size_t>(me_)];
+  if (n > 0)
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(local + S.source_first[static_cast<size_t>(me_)] * H_,
+                                      rows + S.own_first_sent * H_, sizeof(bf16) * static_cast<size_t>(n * H_),
+                                      cudaMemcpyDeviceToDevice, stream));
+}
+
+void CudaMoeLayers::copy_own_rows_back(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) const {
+  const int64_t n = S.source_rows[static_cast<size_t>(me_)];
+  if (n > 0)
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(rows + S.own_first_sent * H_,
+                                      local + S.source_first[static_cast<size_t>(me_)] * H_,
+                                      sizeof(bf16) * static_cast<size_t>(n * H_), cudaMemcpyDeviceToDevice, stream));
+}
+
 void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kc::RowGroups& groups,
-                                    bf16* out) const {
+                                    int64_t first_row, bf16* out) const {
+  if (groups.rows == 0) return;
   const bf16* P = ctx.params;
   kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
-  activation_forward(S.fc1_out, S.act_out, groups.rows, F_, ctx.stream);
+  activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream);
   kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, groups, H_, F_, ctx.stream);
 }
 
 void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
-                                           const kc::RowGroups& groups, bf16* dx) const {
+                                           const kc::RowGroups& groups, int64_t first_row, bf16* dx) const {
+  if (groups.rows == 0) return;
   const bf16* P = ctx.params;
   kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);
-  activation_backward(S.fc1_out, dact_, dfc1_, groups.rows, F_, ctx.stream);
+  activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, groups.rows, F_,
+                      ctx.stream);
   kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, groups, F1_, H_, ctx.stream);
 }
 
@@ -211,14 +236,21 @@ void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
   const int32_t* c = host_counts_.as<int32_t>();
   S.send_elems.assign(static_cast<size_t>(P_), 0);
   S.recv_elems.assign(static_cast<size_t>(P_), 0);
+  S.source_rows.assign(static_cast<size_t>(P_), 0);
+  S.source_first.assign(static_cast<size_t>(P_), 0);
   S.local_rows = 0;
-  for (int64_t r = 0; r < P_; ++r)
+  S.own_first_sent = 0;
+  for (int64_t r = 0; r < P_; ++r) {
+    S.source_first[static_cast<size_t>(r)] = S.local_rows;
     for (int64_t e = r * El_; e < (r + 1) * El_; ++e) {
       S.send_elems[static_cast<size_t>(r)] += static_cast<size_t>(c[me_ * E_ + e] * H_);  // my rows for r's experts
-      const int64_t in = c[r * E_ + me_ * El_ + (e - r * El_)];                         // r's rows for mine
+      if (r < me_) S.own_first_sent += c[me_ * E_ + e];
+      const int64_t in = c[r * E_ + me_ * El_ + (e - r * El_)];  // r's rows for mine
       S.recv_elems[static_cast<size_t>(r)] += static_cast<size_t>(in * H_);
+      S.source_rows[static_cast<size_t>(r)] += in;
       S.local_rows += in;
     }
+  }
   min_rows_ = min_rows_ < 0 ? S.local_rows : std::min(min_rows_, S.local_rows);
   max_rows_ = std::max(max_rows_, S.local_rows);
   phases_.mark(kCounts, stream);
@@ -227,14 +259,14 @@ void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
 void CudaMoeLayers::start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) {
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
   LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
-  ep_->all_to_all_device(rows, S.send_elems.data(), local, S.recv_elems.data(), dist::DeviceType::BF16, comm_);
+  ep_->all_to_all_device(rows, S.send_elems.data(), local, S.recv_elems.data(), dist::DeviceType::BF16, comm_, false);
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
 }
 
 void CudaMoeLayers::start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) {
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
   LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
-  ep_->all_to_all_device(local, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, comm_);
+  ep_->all_to_all_device(local, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, comm_, false);
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
 }
 
@@ -305,12 +337,15 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
                           permuted_probs_, st);
   kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
   phases_.mark(kRouting, st);
-  if (ep_) {  // the rows travel to their experts' ranks and back; the shared expert runs meanwhile
+  if (ep_) {  // the rows travel to their experts' ranks and back; this rank's own and the shared expert run meanwhile
     exchange_counts(S, st);
     kc::moe_ep_source_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
     start_dispatch(S, permuted_x_, S.local_x, st);
+    copy_own_rows(S, permuted_x_, S.local_x, st);  // and the experts start on them
+    experts_forward(S, ctx, S.local_x, source_groups(S, me_, me_ + 1), S.source_first[size_t(me_)], local_y_);
+    phases_.mark(kExperts, st);
   } else {
-    experts_forward(S, ctx, permuted_x_, expert_groups(S, N), S.expert_out);
+    experts_forward(S, ctx, permuted_x_, expert_groups(S, N), 0, S.expert_out);
     phases_.mark(kExperts, st);
   }
   if (Fs_ > 0) {
@@ -319,11 +354,14 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     ctx.gemm.linear_forward(S.shared_g, P + W.shared_fc2, nullptr, shared_out_, T, Fs_, H_, st);
     phases_.mark(kShared, st);
   }
-  if (ep_) {
+  if (ep_) {  // the other ranks' rows
     wait_exchange(st);
-    experts_forward(S, ctx, S.local_x, expert_groups(S, N), local_y_);
+    experts_forward(S, ctx, S.local_x, source_groups(S, 0, me_), 0, local_y_);
+    experts_forward(S, ctx, S.local_x, source_groups(S, me_ + 1, P_), S.source_first[size_t(me_)] +
+                    S.source_rows[size_t(me_)], local_y_);
     phases_.mark(kExperts, st);
     start_combine(S, local_y_, S.expert_out, st);
+    copy_own_rows_back(S, local_y_, S.expert_out, st);
     wait_exchange(st);
   }
   kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st);
@@ -345,7 +383,10 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   phases_.mark(kRouting, st);
   // Under expert parallelism the output gradients travel to the experts' ranks while the router's
   // and the shared expert's backward run.
-  if (ep_) start_dispatch(S, dexpert_, local_y_, st);
+  if (ep_) {
+    start_dispatch(S, dexpert_, local_y_, st);
+    copy_own_rows(S, dexpert_, local_y_, st);
+  }
   // Router: the probabilities' gradient plus the scaled losses', then its two GEMMs; dx starts
   // as the router's part.
   kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
@@ -364,17 +405,22 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   // Experts, fc2 then fc1. Under expert parallelism the input gradients go back while the weight
   // gradients are computed; otherwise the input is permuted again rather than kept.
   const kc::RowGroups groups = expert_groups(S, N);
-  if (ep_) {
+  if (ep_) {  // this rank's own rows first, while the others' arrive
+    const int64_t own_end = S.source_first[size_t(me_)] + S.source_rows[size_t(me_)];
+    experts_backward_input(S, ctx, local_y_, source_groups(S, me_, me_ + 1), S.source_first[size_t(me_)], local_dx_);
+    phases_.mark(kExperts, st);
     wait_exchange(st);
-    experts_backward_input(S, ctx, local_y_, groups, local_dx_);
+    experts_backward_input(S, ctx, local_y_, source_groups(S, 0, me_), 0, local_dx_);
+    experts_backward_input(S, ctx, local_y_, source_groups(S, me_ + 1, P_), own_end, local_dx_);
     phases_.mark(kExperts, st);
     start_combine(S, local_dx_, dpermuted_, st);
+    copy_own_rows_back(S, local_dx_, dpermuted_, st);
     experts_backward_weights(S, ctx, S.local_x, local_y_, groups);
     phases_.mark(kExperts, st);
     wait_exchange(st);
   } else {
     kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-    experts_backward_input(S, ctx, dexpert_, groups, dpermuted_);
+    experts_backward_input(S, ctx, dexpert_, groups, 0, dpermuted_);
     experts_backward_weights(S, ctx, permuted_x_, dexpert_, groups);
     phases_.mark(kExperts, st);
   }

@@ -11,8 +11,9 @@
 // Megatron's dispatcher has), the rows for each rank's experts go there over NCCL, its El = E / P
 // experts run on them in the order they arrive (source-major groups, moe_ep.hpp: no reorder), and
 // the outputs go back. The backward sends the output gradients the same way and the input
-// gradients back. The CPU stage (model/moe_expert_parallel.hpp) is the reference for the order of
-// the rows.
+// gradients back. A rank's own rows do not travel: the experts start on them (and on its own
+// output gradients) while the other ranks' are on the way. The CPU stage
+// (model/moe_expert_parallel.hpp) is the reference for the order of the rows.
 //
 // One object serves all MoE layers of a model. It owns what each layer keeps for its backward
 // (router logits and choices, the permutation, the experts' activations and outputs) and the
@@ -107,26 +108,36 @@ class CudaMoeLayers {
     bf16* local_x;
     std::vector<size_t> send_elems, recv_elems;
     int64_t local_rows;
+    // Per source rank s: its rows here and the first of them (source-major); this rank's rows for
+    // its own experts among the rows it sends (the first of them).
+    std::vector<int64_t> source_rows, source_first;
+    int64_t own_first_sent = 0;
   };
-  // The routed experts (this rank's) on the rows of `groups`: out = fc2(act(fc1(in))), keeping
-  // fc1's output and the activation in S. Their backward from dy in two parts, so that an exchange
-  // of dx can run beside the second: the input gradient dx, then the weight gradients (reads what
-  // the first part left in dfc1_).
+  // The routed experts (this rank's) on the rows of `groups`, rows first_row.. of every row-indexed
+  // buffer: out = fc2(act(fc1(in))), keeping fc1's output and the activation in S. Their backward
+  // from dy in two parts, so that an exchange of dx can run beside the second: the input gradient
+  // dx, then the weight gradients (reads what the first part left in dfc1_).
   void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kernels::cuda::RowGroups& groups,
-                       bf16* out) const;
+                       int64_t first_row, bf16* out) const;
   void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
-                              const kernels::cuda::RowGroups& groups, bf16* dx) const;
+                              const kernels::cuda::RowGroups& groups, int64_t first_row, bf16* dx) const;
   void experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                                 const kernels::cuda::RowGroups& groups) const;
   // This layer's expert rows: all of them grouped by expert, or under expert parallelism the ones
-  // that came here, grouped by (source, local expert).
+  // that came here, grouped by (source, local expert); source_groups: those of sources s0 .. s1-1.
   kernels::cuda::RowGroups expert_groups(const Saved& S, int64_t N) const;
+  kernels::cuda::RowGroups source_groups(const Saved& S, int64_t s0, int64_t s1) const;
+  // Under expert parallelism, this rank's own rows between the sent order (rows [N, H] grouped by
+  // global expert) and the source-major one (local), on `stream`.
+  void copy_own_rows(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) const;
+  void copy_own_rows_back(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) const;
   // Expert parallelism: every rank's counts of layer S's routing, all-gathered and read on the
   // host (waits for the stream), then the exchange's sizes.
   void exchange_counts(Saved& S, cudaStream_t stream);
   // The all-to-alls, on comm_ once `stream` has reached this point; `stream` waits for them at
-  // wait_exchange(): dispatch sends rows [N, H] (grouped by global expert) to the experts' ranks,
-  // into local [local_rows, H] (source-major); combine sends local back into rows.
+  // wait_exchange(): dispatch sends rows [N, H] (grouped by global expert) to the other experts'
+  // ranks, into local [local_rows, H] (source-major); combine sends local back into rows. This
+  // rank's own rows are left to copy_own_rows(_back).
   void start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream);
   void start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream);
   void wait_exchange(cudaStream_t stream);
