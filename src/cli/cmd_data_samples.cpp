@@ -74,11 +74,11 @@ int cmd_data_samples(const Args& args) {
   int64_t world = config::world_size_from_env();
   config::Resolved r = recipe ? config::resolve_recipe(config::parse_run_recipe_args(rest), world)
                               : config::resolve_mlm(rest, world);
-  if (!r.cfg.train.train_iters)
-    throw UsageError("data-samples needs --train-iters (train.train_iters); sample-based runs are not supported yet");
+  if (!r.cfg.train.rampup_batch_size.empty())
+    throw UsageError("data-samples: batch-size ramp-up (--rampup-batch-size) is not supported yet");
   train::load_tokenizer_vocab(r.cfg, r.validated.derived, r.front_end);
   train::RunData data = train::build_run_data(r.cfg, r.validated.derived);
-  const int64_t train_iters = *r.cfg.train.train_iters;
+  const int64_t train_iters = r.validated.derived.train_iters;
   if (iterations < 0) iterations = train_iters;
   iterations = std::min(iterations, train_iters);
   const int64_t eval_iters = r.cfg.validation.eval_iters;

@@ -443,6 +443,9 @@ struct Derived {
   int64_t tokenizer_vocab_size = 0;
   int64_t eod_id = -1;
   int64_t train_samples = 0, valid_samples = 0, test_samples = 0;
+  // The iterations to train: train.train_iters, or with train.train_samples the whole global
+  // batches in it (Megatron-LM's update_train_iters: train_samples // global_batch_size).
+  int64_t train_iters = 0;
 };
 
 }  // namespace laoyao::config

@@ -223,6 +223,10 @@ struct Checker {
     if (t.exit_duration_in_mins && *t.exit_duration_in_mins < 0)
       fail(n("train.exit_duration_in_mins") + " must be >= 0 (0 = off)");
     if (t.train_samples) positive("train.train_samples", *t.train_samples);
+    out.derived.train_iters = t.train_iters ? *t.train_iters : *t.train_samples / *t.global_batch_size;
+    if (out.derived.train_iters == 0)
+      fail(n("train.train_samples") + " (" + std::to_string(*t.train_samples) + ") is less than one global batch (" +
+           n("train.global_batch_size") + " " + std::to_string(*t.global_batch_size) + "): no iteration to train");
   }
 
   void validation() {
@@ -252,7 +256,7 @@ struct Checker {
            std::to_string(dp) + ")");
     // Sample budgets: MLM training.py get_train_valid_test_num_samples, as the datasets use them.
     data::SampleBudgetParams bp;
-    bp.train_iters = t.train_iters ? *t.train_iters : *t.train_samples / *t.global_batch_size;
+    bp.train_iters = out.derived.train_iters;
     bp.train_samples = t.train_samples.value_or(0);
     bp.global_batch_size = *t.global_batch_size;
     bp.eval_iters = v.eval_iters;
@@ -322,6 +326,16 @@ struct Checker {
       if (s.lr_decay_iters)
         fail("Use " + n("scheduler.lr_decay_samples") + " for sample-based training, not " +
              n("scheduler.lr_decay_iters"));
+      // Megatron-LM asserts these too ("expected sample-based learning rate warmup").
+      if (s.lr_warmup_iters > 0)
+        fail("Use " + n("scheduler.lr_warmup_samples") + " for sample-based training, not " +
+             n("scheduler.lr_warmup_iters"));
+      if (s.lr_wsd_decay_iters)
+        fail("Use " + n("scheduler.lr_wsd_decay_samples") + " for sample-based training, not " +
+             n("scheduler.lr_wsd_decay_iters"));
+      if (s.max_steps)
+        fail(n("scheduler.max_steps") + " is for iteration-based training (" + n("train.train_iters") +
+             "); sample-based training ends at " + n("train.train_samples"));
       s.lr_decay_steps = s.lr_decay_samples.value_or(*t.train_samples);
       s.wd_incr_steps = *t.train_samples;
       s.wsd_decay_steps = s.lr_wsd_decay_samples;
@@ -375,7 +389,6 @@ struct Checker {
 
   void tokenizer() {
     auto& k = c.tokenizer;
-    auto& m = c.model;
     if (!k.tokenizer_type) fail(n("tokenizer.tokenizer_type") + " must be set");
     static const Choices types = {"NullTokenizer",        "GPT2BPETokenizer",      "HuggingFaceTokenizer",
                                   "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
@@ -386,7 +399,6 @@ struct Checker {
     if (!known)
       fail("unknown " + n("tokenizer.tokenizer_type") + " '" + *k.tokenizer_type + "'" +
            did_you_mean(*k.tokenizer_type, types) + "; choose from " + join(types, ", "));
-    int64_t tp = m.tensor_model_parallel_size;
     if (*k.tokenizer_type == "NullTokenizer") {
       if (!k.vocab_size) fail(n("tokenizer.vocab_size") + " must be set for the NullTokenizer");
       positive("tokenizer.vocab_size", *k.vocab_size);

@@ -188,7 +188,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const optim::ParamSchedule schedule = param_schedule(c);
   const FlopShape flops_shape = flop_shape(c, d);
 
-  const int64_t train_iters = *c.train.train_iters;
+  const int64_t train_iters = d.train_iters;
   const int64_t gbs = *c.train.global_batch_size;
   const int64_t M = data.train_layout.num_microbatches;
   engine->set_moe_aux_loss_scale(1.0 / static_cast<double>(M));

@@ -187,6 +187,41 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   EXPECT_NE(e.find("--save-interval"), std::string::npos) << e;
 }
 
+// The seed command with --train-iters 10 replaced by --train-samples N (and more).
+static std::vector<std::string> sample_based(const std::string& samples, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = seed_mlm_args();
+  for (size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] == "--train-iters") a[i] = "--train-samples", a[i + 1] = samples;
+  return with(a, std::move(extra));
+}
+
+// --train-samples: Megatron-LM's update_train_iters (the whole global batches in it) and a
+// schedule in samples up to train_samples itself.
+TEST(MlmArgs, SampleBasedTrainingDerivesItsIterationsAndSchedule) {
+  Resolved r = resolve_mlm(sample_based("330", {"--lr-warmup-samples", "64"}), 1);
+  EXPECT_FALSE(r.cfg.train.train_iters.has_value()) << "the field stays as given";
+  EXPECT_EQ(r.validated.derived.train_iters, 10) << "330 // 32";
+  EXPECT_EQ(r.validated.derived.train_samples, 330);
+  EXPECT_EQ(r.validated.derived.valid_samples, (10 / 10 + 1) * 2 * 32) << "from the derived iterations";
+  EXPECT_EQ(*r.cfg.scheduler.lr_decay_steps, 330);
+  EXPECT_EQ(*r.cfg.scheduler.wd_incr_steps, 330);
+  EXPECT_EQ(*r.cfg.scheduler.lr_warmup_steps, 64);
+  r = resolve_mlm(sample_based("330", {"--lr-decay-samples", "500", "--lr-warmup-fraction", "0.1"}), 1);
+  EXPECT_EQ(*r.cfg.scheduler.lr_decay_steps, 500);
+  EXPECT_DOUBLE_EQ(*r.cfg.scheduler.lr_warmup_steps, 50.0);
+  EXPECT_EQ(resolve_mlm(seed_mlm_args(), 1).validated.derived.train_iters, 10);
+
+  std::string e = usage_error(sample_based("31"));
+  EXPECT_NE(e.find("--train-samples (31) is less than one global batch (--global-batch-size 32)"), std::string::npos)
+      << e;
+  e = usage_error(sample_based("320", {"--lr-warmup-iters", "2"}));
+  EXPECT_NE(e.find("Use --lr-warmup-samples for sample-based training, not --lr-warmup-iters"), std::string::npos) << e;
+  e = usage_error(sample_based("320", {"--lr-decay-iters", "8"}));
+  EXPECT_NE(e.find("--lr-decay-samples"), std::string::npos) << e;
+  e = usage_error(with(seed_mlm_args(), {"--train-samples", "320"}));
+  EXPECT_NE(e.find("set only one of --train-iters and --train-samples"), std::string::npos) << e;
+}
+
 TEST(MlmArgs, TwoGpuSeedNeedsTwoRanksForTensorParallelism) {
   Resolved r = resolve_mlm(test::seed_mlm_args_tp2(), 2);
   EXPECT_TRUE(r.cfg.model.sequence_parallel);

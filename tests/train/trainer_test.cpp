@@ -342,6 +342,31 @@ TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
   EXPECT_THROW(run(config::resolve_mlm(biased, 1)), laoyao::UsageError) << "MoE experts with biases";
 }
 
+// --train-samples (Megatron-LM's sample-based training): a multiple of the global batch trains as
+// the same --train-iters does, bit for bit; 42 samples at 4 a step train 10 iterations whose LR
+// decays over all 42 samples (update_train_iters drops the partial batch, the schedule keeps it).
+TEST(Trainer, SampleBasedTrainingRunsTheWholeBatchesInIt) {
+  auto samples = [](int n) {
+    auto a = tiny_args(10, 4);
+    for (size_t i = 0; i + 1 < a.size(); ++i)
+      if (a[i] == "--train-iters") a[i] = "--train-samples", a[i + 1] = std::to_string(n);
+    return a;
+  };
+  std::string by_iters, by_samples, partial;
+  const auto a = run(config::resolve_mlm(tiny_args(10, 4), 1), &by_iters);
+  const auto b = run(config::resolve_mlm(samples(40), 1), &by_samples);
+  EXPECT_EQ(b.iterations, 10);
+  EXPECT_EQ(a.lm_loss, b.lm_loss);
+  auto past_the_time = [](const std::string& line) { return line.substr(line.find("learning rate")); };
+  EXPECT_EQ(past_the_time(iteration_line(by_iters, 8)), past_the_time(iteration_line(by_samples, 8)));
+  const auto c = run(config::resolve_mlm(samples(42), 1), &partial);
+  EXPECT_EQ(c.iterations, 10);
+  EXPECT_NE(partial.find("iteration        8/      10 |"), std::string::npos) << "10 iterations to train";
+  // Iteration 4 prints lr(n = 16) = 3e-4 + (1 - 16/42) * (3e-3 - 3e-4) = 1.971429e-3.
+  EXPECT_NE(iteration_line(partial, 4).find("learning rate: 1.971429E-03"), std::string::npos)
+      << iteration_line(partial, 4);
+}
+
 TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
   auto args = tiny_args(10, 1);
   args.insert(args.end(), {"--exit-interval", "3"});
