@@ -18,6 +18,17 @@ std::string display_name(const std::string& path, FrontEnd fe) {
   return path;
 }
 
+data::BatchRampup batch_rampup(const ConfigContainer& c, const Derived& d) {
+  data::BatchRampup r;
+  const auto& t = c.train;
+  if (t.rampup_batch_size.size() == 3)
+    r.start = t.rampup_batch_size[0], r.increment = t.rampup_batch_size[1], r.samples = t.rampup_batch_size[2];
+  r.global_batch_size = t.global_batch_size.value_or(0);
+  r.micro_times_dp = t.micro_batch_size.value_or(1) * d.data_parallel_size;
+  r.decrease_if_needed = t.decrease_batch_size_if_needed;
+  return r;
+}
+
 int64_t padded_vocab_size(int64_t vocab, int64_t divisor, int64_t tp) {
   int64_t m = divisor * tp;
   if (m <= 0) return vocab;
@@ -223,8 +234,23 @@ struct Checker {
     if (t.exit_duration_in_mins && *t.exit_duration_in_mins < 0)
       fail(n("train.exit_duration_in_mins") + " must be >= 0 (0 = off)");
     if (t.train_samples) positive("train.train_samples", *t.train_samples);
-    out.derived.train_iters = t.train_iters ? *t.train_iters : *t.train_samples / *t.global_batch_size;
-    if (out.derived.train_iters == 0)
+    const data::BatchRampup ramp = batch_rampup(c, out.derived);
+    if (ramp.start > 0) {
+      // Megatron-LM: "expected no batch-size rampup for iteration-based training".
+      if (t.train_iters)
+        fail(n("train.rampup_batch_size") + " needs sample-based training (" + n("train.train_samples") +
+             " instead of " + n("train.train_iters") + ")");
+      if (const std::string p = ramp.problem(); !p.empty()) fail(n("train.rampup_batch_size") + ": " + p);
+      if (const int64_t b = data::rampup_indivisible_batch(ramp))
+        fail(n("train.rampup_batch_size") + ": the batch size " + std::to_string(b) +
+             " on the ramp is not a multiple of " + n("train.micro_batch_size") + " x data-parallel size (" +
+             std::to_string(*t.micro_batch_size) + " x " + std::to_string(dp) + "); set " +
+             n("train.decrease_batch_size_if_needed") + " to round it down");
+    }
+    out.derived.train_iters = t.train_iters      ? *t.train_iters
+                              : ramp.start > 0 ? data::rampup_train_iters(ramp, *t.train_samples)
+                                               : *t.train_samples / *t.global_batch_size;
+    if (out.derived.train_iters <= 0)
       fail(n("train.train_samples") + " (" + std::to_string(*t.train_samples) + ") is less than one global batch (" +
            n("train.global_batch_size") + " " + std::to_string(*t.global_batch_size) + "): no iteration to train");
   }

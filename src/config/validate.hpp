@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config_container.hpp"
+#include "data/batch_rampup.hpp"
 
 namespace laoyao::config {
 
@@ -34,6 +35,10 @@ std::string display_name(const std::string& path, FrontEnd fe);
 // Sets the model's vocabulary from the tokenizer's (size and EOD id) by Bridge's rule; validate()
 // calls it for the NullTokenizer, the run calls it once a file-based tokenizer is loaded.
 void apply_vocab_rule(ConfigContainer& c, Derived& d, int64_t tokenizer_vocab, int64_t eod, FrontEnd fe);
+
+// train.rampup_batch_size as a schedule (decrease_if_needed, the data-parallel size and the
+// micro-batch size filled in); the empty schedule (start 0) without ramp-up.
+data::BatchRampup batch_rampup(const ConfigContainer& c, const Derived& d);
 
 // Megatron's padded vocabulary: ceil(v / (divisor * tp)) * divisor * tp.
 int64_t padded_vocab_size(int64_t vocab, int64_t divisor, int64_t tp);

@@ -63,7 +63,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (!c.train.iterations_to_skip.empty()) out.push_back("skipping iterations (--iterations-to-skip)");
   if (c.train.check_weight_hash_across_dp_replicas_interval)
     out.push_back("weight-hash checks across data-parallel replicas");
-  if (!c.train.rampup_batch_size.empty()) out.push_back("batch-size ramp-up (train.rampup_batch_size)");
   // Checkpoints are laoyao's safetensors layout in place of torch_dist (docs/configuration.md).
   if (c.checkpoint.ckpt_format != "torch_dist")
     out.push_back("checkpoint format '" + c.checkpoint.ckpt_format + "' (laoyao writes safetensors in place of torch_dist)");

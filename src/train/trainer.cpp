@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/validate.hpp"
 #include "core/error.hpp"
 #include "core/file_io.hpp"
 #include "model/gpt_ep.hpp"
@@ -186,12 +187,18 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     engine = make_cpu_engine(model, adam, &shards);
   print_line("> laoyao backend: " + engine->name());
   const optim::ParamSchedule schedule = param_schedule(c);
-  const FlopShape flops_shape = flop_shape(c, d);
+  FlopShape flops_shape = flop_shape(c, d);
 
   const int64_t train_iters = d.train_iters;
-  const int64_t gbs = *c.train.global_batch_size;
-  const int64_t M = data.train_layout.num_microbatches;
-  engine->set_moe_aux_loss_scale(1.0 / static_cast<double>(M));
+  // The global batch and its micro-batches on this rank: fixed, or with --rampup-batch-size a
+  // function of the consumed samples (Megatron updates them before every iteration).
+  const data::BatchRampup ramp = config::batch_rampup(c, d);
+  const int64_t micro_times_dp = ramp.micro_times_dp;
+  int64_t gbs = *c.train.global_batch_size;
+  int64_t M = data.train_layout.num_microbatches;
+  auto batch_at = [&](int64_t consumed_samples) {
+    return ramp.start > 0 ? ramp.running(consumed_samples) : *c.train.global_batch_size;
+  };
   const int64_t log_interval = c.logger.log_interval;
   const uint64_t seed = static_cast<uint64_t>(c.rng.seed);
   const bool dropout = c.model.hidden_dropout > 0 || c.model.attention_dropout > 0;
@@ -199,6 +206,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
 
   TrainSummary summary;
   int64_t consumed = 0, consumed_valid = 0, sched_n = 0, skipped = 0, nan_iters = 0, consecutive_nan = 0;
+  double flops_so_far = 0;  // Megatron's num_floating_point_operations_so_far: each iteration's, summed
   int64_t iters_since_print = 0, total_nan = 0;
   double interval_loss = 0, interval_ms = 0;  // training time only: evaluation is not counted
   int64_t interval_iters = 0;
@@ -271,6 +279,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // Megatron restores the scheduler with the optimizer: --no-load-optim restarts both.
     sched_n = c.checkpoint.load_optim ? resumed->scheduler_num_steps : 0;
     total_nan = resumed->nan_iterations;
+    flops_so_far = resumed->floating_point_operations_so_far;
   }
   if (!opt.metrics_path.empty() && log_rank) {
     std::string dir = opt.metrics_path.substr(0, opt.metrics_path.find_last_of('/'));
@@ -302,8 +311,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.consumed_valid_samples = consumed_valid;
     st.scheduler_num_steps = sched_n;
     st.nan_iterations = total_nan;
-    st.floating_point_operations_so_far =
-        num_floating_point_operations(flops_shape) * static_cast<double>(iteration);
+    st.floating_point_operations_so_far = flops_so_far;
     if (ep_whole) {
       save_run_checkpoint(c, d, iteration, *ep_whole->model, *ep_whole->adam, st, opt.out);
     } else if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
@@ -320,6 +328,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   while (iteration < train_iters) {
     ++iteration;
     const auto step_start = Clock::now();
+    gbs = batch_at(consumed);
+    M = gbs / micro_times_dp;
+    flops_shape.global_batch_size = gbs;
+    engine->set_moe_aux_loss_scale(1.0 / static_cast<double>(M));  // a no-op unless M changed
     engine->zero_grads();
     for (int64_t m = 0; m < M; ++m) {
       MicroBatchData mb = next_batch.take(consumed, m);
@@ -336,7 +348,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       if (m + 1 < M)
         next_batch.prefetch(consumed, m + 1);
       else if (iteration < train_iters)
-        next_batch.prefetch(consumed + gbs, 0);
+        next_batch.prefetch(consumed + gbs, 0);  // (a ramp's next batch starts there too)
     }
     engine->finalize_grads();
     engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
@@ -383,6 +395,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                     "iteration " + std::to_string(iteration) + "); lower the learning rate or check the data");
     }
     consumed += gbs;  // consumed samples advance even for a skipped iteration
+    flops_so_far += num_floating_point_operations(flops_shape);
     ++iters_since_print;
     interval_ms += std::chrono::duration<double, std::milli>(Clock::now() - step_start).count();
     if (finite) interval_loss += lm_loss, ++interval_iters;

@@ -222,6 +222,30 @@ TEST(MlmArgs, SampleBasedTrainingDerivesItsIterationsAndSchedule) {
   EXPECT_NE(e.find("set only one of --train-iters and --train-samples"), std::string::npos) << e;
 }
 
+// --rampup-batch-size START INCREMENT SAMPLES: sample-based training only (as Megatron-LM asserts);
+// its iterations count the ramp (data/batch_rampup.hpp); bad ramps are named by flag.
+TEST(MlmArgs, BatchRampupNeedsSampleBasedTrainingAndAWholeRamp) {
+  // 8 -> 32 by 8 over 96 samples (one increment every 32): 8, 8, 8, 8 (32), 16, 16 (64), 24, 24
+  // (112 > 96): 8 iterations; 400 samples leave 288 = 9 batches of 32.
+  Resolved r = resolve_mlm(sample_based("400", {"--rampup-batch-size", "8", "8", "96"}), 1);
+  EXPECT_EQ(r.validated.derived.train_iters, 17);
+  EXPECT_EQ(r.validated.derived.train_samples, 400);
+  std::string e = usage_error(with(seed_mlm_args(), {"--rampup-batch-size", "8", "8", "96"}));
+  EXPECT_NE(e.find("--rampup-batch-size needs sample-based training (--train-samples instead of --train-iters)"),
+            std::string::npos)
+      << e;
+  e = usage_error(sample_based("400", {"--rampup-batch-size", "8", "16", "96"}));
+  EXPECT_NE(e.find("--rampup-batch-size: the global batch size minus the start batch size (24) must be a multiple"),
+            std::string::npos)
+      << e;
+  e = usage_error(sample_based("400", {"--rampup-batch-size", "6", "2", "96"}));  // 6 is not whole micro-batches of 4
+  EXPECT_NE(e.find("the batch size 6 on the ramp is not a multiple of --micro-batch-size x data-parallel size (4 x 1)"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(usage_error(sample_based("400", {"--rampup-batch-size", "6", "2", "96", "--decrease-batch-size-if-needed"})),
+            "");
+}
+
 TEST(MlmArgs, TwoGpuSeedNeedsTwoRanksForTensorParallelism) {
   Resolved r = resolve_mlm(test::seed_mlm_args_tp2(), 2);
   EXPECT_TRUE(r.cfg.model.sequence_parallel);

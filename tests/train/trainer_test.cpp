@@ -54,9 +54,13 @@ train::TrainSummary run(const config::Resolved& r, std::string* log = nullptr) {
   }
 }
 
-// The log line of training iteration `it` (of the runs here: train iterations below 10).
+// The log line of training iteration `it` ("" when there is none).
 std::string iteration_line(const std::string& log, int it) {
-  const std::string line = log.substr(log.find("iteration        " + std::to_string(it) + "/"));
+  char key[32];
+  std::snprintf(key, sizeof key, "iteration %8d/", it);
+  const size_t at = log.find(key);
+  if (at == std::string::npos) return "";
+  const std::string line = log.substr(at);
   return line.substr(0, line.find('\n'));
 }
 
@@ -367,6 +371,41 @@ TEST(Trainer, SampleBasedTrainingRunsTheWholeBatchesInIt) {
       << iteration_line(partial, 4);
 }
 
+// --rampup-batch-size 2 2 24 with a global batch of 8 and 60 samples (data/batch_rampup.hpp's
+// test works the schedule out): iterations of 2, 2, 2, 2, 4, 4, 6, 6 samples, then 4 of 8; each
+// logs its batch and the LR after its samples. Until the batch grows, the run is the one with a
+// global batch of 2 (the same samples, micro-batches and schedule), bit for bit.
+TEST(Trainer, BatchRampupGrowsTheGlobalBatchWithTheConsumedSamples) {
+  auto args = [](std::vector<std::string> extra) {
+    auto a = tiny_args(10, 1);
+    for (size_t i = 0; i + 1 < a.size(); ++i)
+      if (a[i] == "--train-iters") a[i] = "--train-samples", a[i + 1] = "60";
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::string log;
+  const auto s = run(config::resolve_mlm(args({"--global-batch-size", "8", "--rampup-batch-size", "2", "2", "24"}), 1),
+                     &log);
+  EXPECT_EQ(s.iterations, 12);
+  const int batch[] = {2, 2, 2, 2, 4, 4, 6, 6, 8, 8, 8, 8};
+  int64_t consumed = 0;
+  for (int it = 1; it <= 12; ++it) {
+    consumed += batch[it - 1];
+    const std::string line = iteration_line(log, it);
+    char want[96];
+    std::snprintf(want, sizeof want, "consumed samples: %12lld", static_cast<long long>(consumed));
+    EXPECT_NE(line.find(want), std::string::npos) << line;
+    std::snprintf(want, sizeof want, "global batch size: %5d", batch[it - 1]);
+    EXPECT_NE(line.find(want), std::string::npos) << line;
+  }
+  // Iteration 5 prints lr(n = 12) = 3e-4 + (1 - 12/60) * (3e-3 - 3e-4) = 2.46e-3.
+  EXPECT_NE(iteration_line(log, 5).find("learning rate: 2.460000E-03"), std::string::npos) << iteration_line(log, 5);
+  const auto fixed = run(config::resolve_mlm(args({"--global-batch-size", "2"}), 1));
+  ASSERT_GE(fixed.lm_loss.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(s.lm_loss[i], fixed.lm_loss[i]) << "iteration " << i + 1;
+  EXPECT_NE(s.lm_loss[4], fixed.lm_loss[4]) << "iteration 5 trains on 4 samples";
+}
+
 TEST(Trainer, ExitIntervalStopsWithoutTheFinalEvaluations) {
   auto args = tiny_args(10, 1);
   args.insert(args.end(), {"--exit-interval", "3"});
@@ -497,6 +536,25 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
 
 // The "stale nemo_experiments" trap: loading a checkpoint of another model shape is refused, naming
 // the differing fields; an empty --load directory starts from scratch with Megatron's warning.
+// A run saved in the middle of a batch-size ramp resumes with the batch its consumed samples give
+// (iteration 7 trains on 6 samples) and continues bit for bit.
+TEST(Trainer, ResumeInsideABatchRampupContinuesBitIdentically) {
+  const std::string dir = temp_dir("resume_ramp");
+  auto base = tiny_args(10, 1);
+  for (size_t k = 0; k + 1 < base.size(); ++k)
+    if (base[k] == "--train-iters") base[k] = "--train-samples", base[k + 1] = "60";
+  base = with(base, {"--global-batch-size", "8", "--rampup-batch-size", "2", "2", "24"});
+  const auto full = run(config::resolve_mlm(base, 1));
+  ASSERT_EQ(full.lm_loss.size(), 12u);
+  run(config::resolve_mlm(with(base, {"--save", dir, "--save-interval", "6", "--exit-interval", "6"}), 1));
+  std::string log;
+  const auto second = run(config::resolve_mlm(with(base, {"--load", dir}), 1), &log);
+  ASSERT_EQ(second.lm_loss.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(second.lm_loss[i], full.lm_loss[i + 6]) << "iteration " << i + 7;
+  EXPECT_NE(iteration_line(log, 7).find("global batch size:     6"), std::string::npos) << iteration_line(log, 7);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Trainer, StaleCheckpointIsRefusedAndEmptyLoadStartsFresh) {
   const std::string dir = temp_dir("stale");
   run(config::resolve_mlm(with(tiny_args(2, 1), {"--save", dir, "--save-interval", "2"}), 1));
