@@ -5,8 +5,9 @@
 # and MFU against 989 TFLOP/s, and memory (laoyao: device memory held; peer: torch's peak allocated).
 #   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
-# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b (default: the
-# first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT). Run on the GPU machine
+# Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
+# (default: the first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT; seed_command and
+# moe_2b_gbs16 have no peer). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -56,6 +57,10 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
               --micro-batch-size 2 --global-batch-size 2 --vocab-size 151936 --num-experts 64 --moe-router-topk 8 \
               --moe-ffn-hidden-size 384 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3 \
               --moe-router-dtype fp32 --moe-grouped-gemm --hidden-dropout 0 --attention-dropout 0 --train-iters 20 ;;
+    # The flagship at a training-sized step: 8 micro-batches of 2 sequences (the optimizer's 2.2B
+    # fp32 AdamW parameters once per 16 sequences, as a real run's global batch amortises it). No
+    # peer: pytorch_moe.py takes one micro-batch a step.
+    moe_2b_gbs16) shape_args moe_2b | sed 's/--global-batch-size 2 /--global-batch-size 16 /' ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
@@ -81,7 +86,7 @@ for c in $cases; do
   seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
-  if [ "$c" != seed_command ]; then
+  if [ "$c" != seed_command ] && [ "$c" != moe_2b_gbs16 ]; then
     peer="$PEER"
     [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
     PYTHONUNBUFFERED=1 python3 "$peer" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
