@@ -27,7 +27,12 @@ int cmd_pretrain_gpt(const Args& args) {
               "tensor-model-parallel size: %lld, pipeline-model-parallel size: %lld\n",
               (long long)d.world_size, (long long)d.data_parallel_size, (long long)m.context_parallel_size,
               (long long)m.tensor_model_parallel_size, (long long)m.pipeline_model_parallel_size);
-  std::printf("setting number of microbatches to constant %lld\n", (long long)d.num_microbatches);
+  if (const auto& ramp = r.cfg.train.rampup_batch_size; ramp.size() == 3)
+    std::printf("will use batch size rampup starting from global batch size %lld to global batch size %lld with "
+                "batch size increments %lld over %lld samples.\n",
+                (long long)ramp[0], (long long)*r.cfg.train.global_batch_size, (long long)ramp[1], (long long)ramp[2]);
+  else
+    std::printf("setting number of microbatches to constant %lld\n", (long long)d.num_microbatches);
   if (d.padded_vocab_size > 0)
     std::printf(" > padded vocab (size: %lld) with %lld dummy tokens (new size: %lld)\n",
                 (long long)d.tokenizer_vocab_size, (long long)(d.padded_vocab_size - d.tokenizer_vocab_size),

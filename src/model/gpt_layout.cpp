@@ -1,5 +1,6 @@
 #include "model/gpt_layout.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -84,6 +85,35 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   out.output_w = c.tied_embeddings ? out.word_emb
                                    : table.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
   return out;
+}
+
+GradientWriters gradient_writers(const GptParameterLayout& layout) {
+  const auto& specs = layout.table.specs;  // in offset order
+  auto index_of = [&](int64_t offset) {
+    const auto it = std::lower_bound(specs.begin(), specs.end(), offset,
+                                     [](const ParamSpec& s, int64_t o) { return s.offset < o; });
+    if (it == specs.end() || it->offset != offset) throw Error("gradient_writers: no parameter at offset " +
+                                                                std::to_string(offset));
+    return static_cast<size_t>(it - specs.begin());
+  };
+  GradientWriters w;
+  for (const GptLayerOffsets& L : layout.layers) {
+    for (int64_t o : {L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w, L.router_w, L.shared_fc1, L.shared_fc2})
+      if (o >= 0) w.gemm_written.push_back(o);
+    if (L.experts_fc1 >= 0) {  // the local experts' linear_fc1 one after another, then their linear_fc2
+      const size_t fc1 = index_of(L.experts_fc1), fc2 = index_of(L.experts_fc2);
+      for (size_t i = fc1; i < fc2 + (fc2 - fc1); ++i) w.gemm_written.push_back(specs[i].offset);
+    }
+  }
+  if (layout.output_w >= 0 && layout.output_w != layout.word_emb) w.gemm_written.push_back(layout.output_w);
+  std::sort(w.gemm_written.begin(), w.gemm_written.end());
+  int64_t at = 0;
+  for (int64_t o : w.gemm_written) {
+    if (o > at) w.zeroed.push_back({at, o - at});
+    at = o + specs[index_of(o)].numel;
+  }
+  if (layout.table.total > at) w.zeroed.push_back({at, layout.table.total - at});
+  return w;
 }
 
 }  // namespace laoyao::model

@@ -30,4 +30,19 @@ struct GptParameterLayout {
 // Throws laoyao::Error for a shape no GPT model has.
 GptParameterLayout build_gpt_parameters(const GptConfig& c);
 
+// Who writes each gradient in a backward: `gemm_written` holds the parameters (offsets, sorted)
+// whose whole gradient one weight-gradient GEMM computes (every linear's weight, the routers', all
+// of a layer's routed experts (one grouped GEMM covers them), the shared experts'; not a tied output
+// layer, to whose gradient the embedding's backward adds), `zeroed` the ranges [offset, offset +
+// count) of everything else (norms, biases, embeddings, buffers). Together they cover every
+// parameter once. A backward that writes the former instead of adding to them zeroes the latter.
+struct GradientWriters {
+  struct Range {
+    int64_t offset, count;
+  };
+  std::vector<int64_t> gemm_written;
+  std::vector<Range> zeroed;
+};
+GradientWriters gradient_writers(const GptParameterLayout& layout);
+
 }  // namespace laoyao::model

@@ -325,11 +325,15 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
   TrainBatchReader next_batch(data, dp_rank);
   const auto train_start = Clock::now();
+  M = batch_at(consumed) / micro_times_dp;
   while (iteration < train_iters) {
+    // A ramp's batch that takes more micro-batches: Megatron-LM saves a checkpoint first (with
+    // --save), at the iterations done so far.
+    gbs = batch_at(consumed);
+    if (gbs / micro_times_dp != M && iteration != 0) save();
+    M = gbs / micro_times_dp;
     ++iteration;
     const auto step_start = Clock::now();
-    gbs = batch_at(consumed);
-    M = gbs / micro_times_dp;
     flops_shape.global_batch_size = gbs;
     engine->set_moe_aux_loss_scale(1.0 / static_cast<double>(M));  // a no-op unless M changed
     engine->zero_grads();

@@ -3,12 +3,14 @@
 // loss plus the MoE losses (load-balancing, sequence load-balancing, z) they add.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "finite_differences.hpp"
+#include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
 
 using namespace laoyao::model;
@@ -61,6 +63,47 @@ TEST(GptMoe, ParametersFollowMegatronCoresNames) {
 
 // d(sum_t r_t * loss_t + sum of coeff * MoE loss)/d(param) by central differences of the fp32
 // forward, against backward() with the MoE aux-loss scale 1, for every parameter tensor.
+// Which gradients a backward's GEMMs write whole (gradient_writers, the CUDA model's first backward
+// of a step writes those and zeroes the rest): every linear, router, routed expert (each local one,
+// also under expert parallelism) and shared expert weight; the norms, the embeddings, biases, the
+// expert_bias buffer and a tied output layer are zeroed. Every parameter is in exactly one of them.
+TEST(GptMoe, GradientWritersCoverEveryParameterOnce) {
+  auto is_gemm_weight = [](const std::string& n) {
+    for (const char* k : {"linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight",
+                          "router.weight", "output_layer.weight"})
+      if (n.size() >= std::string(k).size() && n.compare(n.size() - std::string(k).size(), std::string::npos, k) == 0)
+        return true;
+    return false;
+  };
+  GptConfig ep = moe_config();
+  ep.moe.expert_parallel = 2, ep.moe.sigmoid = true, ep.moe.expert_bias = true;
+  GptConfig tied = moe_config();
+  tied.tied_embeddings = true, tied.add_bias_linear = false, tied.moe = {};
+  for (const GptConfig& c : {moe_config(), ep, tied}) {
+    const GptParameterLayout layout = build_gpt_parameters(c);
+    const GradientWriters w = gradient_writers(layout);
+    std::vector<int> owners(static_cast<size_t>(layout.table.total), 0);
+    for (int64_t o : w.gemm_written) {
+      const auto& specs = layout.table.specs;
+      const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.offset == o; });
+      ASSERT_NE(it, specs.end());
+      EXPECT_TRUE(is_gemm_weight(it->name)) << it->name;
+      for (int64_t i = 0; i < it->numel; ++i) ++owners[static_cast<size_t>(o + i)];
+    }
+    for (const auto& r : w.zeroed)
+      for (int64_t i = 0; i < r.count; ++i) ++owners[static_cast<size_t>(r.offset + i)];
+    EXPECT_EQ(std::count(owners.begin(), owners.end(), 1), layout.table.total) << "each parameter once";
+    for (const ParamSpec& s : layout.table.specs) {
+      const bool written = std::binary_search(w.gemm_written.begin(), w.gemm_written.end(), s.offset);
+      const bool want = is_gemm_weight(s.name) && !(c.tied_embeddings && s.offset == layout.word_emb);
+      EXPECT_EQ(written, want) << s.name;
+    }
+  }
+  EXPECT_EQ(build_gpt_parameters(ep).table.find("decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight"),
+            nullptr)
+      << "two local experts under EP 2";
+}
+
 TEST(GptMoe, BackwardMatchesFiniteDifferencesOfLossAndMoeLosses) {
   for (const bool seq_aux : {false, true}) {
     SCOPED_TRACE(seq_aux ? "seq_aux_loss" : "aux_loss");

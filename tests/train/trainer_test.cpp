@@ -537,7 +537,8 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
 // The "stale nemo_experiments" trap: loading a checkpoint of another model shape is refused, naming
 // the differing fields; an empty --load directory starts from scratch with Megatron's warning.
 // A run saved in the middle of a batch-size ramp resumes with the batch its consumed samples give
-// (iteration 7 trains on 6 samples) and continues bit for bit.
+// (iteration 7 trains on 6 samples) and continues bit for bit. As Megatron-LM, a run with --save
+// also saves before each iteration whose batch takes more micro-batches (after iterations 4, 6, 8).
 TEST(Trainer, ResumeInsideABatchRampupContinuesBitIdentically) {
   const std::string dir = temp_dir("resume_ramp");
   auto base = tiny_args(10, 1);
@@ -546,7 +547,13 @@ TEST(Trainer, ResumeInsideABatchRampupContinuesBitIdentically) {
   base = with(base, {"--global-batch-size", "8", "--rampup-batch-size", "2", "2", "24"});
   const auto full = run(config::resolve_mlm(base, 1));
   ASSERT_EQ(full.lm_loss.size(), 12u);
-  run(config::resolve_mlm(with(base, {"--save", dir, "--save-interval", "6", "--exit-interval", "6"}), 1));
+  std::string first_log;
+  run(config::resolve_mlm(with(base, {"--save", dir, "--save-interval", "100", "--exit-interval", "6"}), 1),
+      &first_log);
+  for (const char* it : {"4", "6"})
+    EXPECT_NE(first_log.find(std::string("successfully saved checkpoint from iteration       ") + it), std::string::npos)
+        << it << "\n" << first_log;
+  EXPECT_EQ(first_log.find("successfully saved checkpoint from iteration       5"), std::string::npos);
   std::string log;
   const auto second = run(config::resolve_mlm(with(base, {"--load", dir}), 1), &log);
   ASSERT_EQ(second.lm_loss.size(), 6u);

@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int w = int(b / unsigned(n_tiles * m_tiles));
   // The reduction's 64-row steps: each group's rows in ceil(rows / BK) of them, group after group.
   int KT = 0;
-  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + BK - 1) / BK;
+  for (int g = w; g < G; g += Gw) KT += int((int64_t(offsets[g + 1]) - offsets[g] + BK - 1) / BK);
   if (KT == 0 && accumulate) return;  // nothing to add
   float* Wg = dW + int64_t(w) * N * K;
 

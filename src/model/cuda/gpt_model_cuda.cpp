@@ -307,20 +307,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
 
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
-  for (const GptLayerOffsets& W : layout_.layers)
-    for (int64_t w : {W.qkv_w, W.proj_w, W.fc1_w, W.fc2_w, W.router_w, W.experts_fc1, W.experts_fc2, W.shared_fc1,
-                      W.shared_fc2})
-      if (w >= 0) gemm_written_.push_back(w);
-  if (layout_.output_w >= 0 && layout_.output_w != layout_.word_emb) gemm_written_.push_back(layout_.output_w);
-  std::sort(gemm_written_.begin(), gemm_written_.end());
-  int64_t at = 0;
-  for (const ParamSpec& spec : layout_.table.specs) {  // in offset order
-    if (std::binary_search(gemm_written_.begin(), gemm_written_.end(), spec.offset)) {
-      if (spec.offset > at) zeroed_.push_back({at, spec.offset - at});
-      at = spec.offset + spec.numel;
-    }
-  }
-  if (num_parameters() > at) zeroed_.push_back({at, num_parameters() - at});
+  GradientWriters writers = gradient_writers(layout_);
+  gemm_written_ = std::move(writers.gemm_written);
+  for (const GradientWriters::Range& r : writers.zeroed) zeroed_.push_back({r.offset, r.count});
   zero_grads();
 }
 
@@ -448,7 +437,7 @@ kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const
 }
 
 CudaMoeLayers::Context CudaGptModel::moe_context(const GptLayerOffsets& W) {
-  // The routed experts, router and shared expert are all in gemm_written_.
+  // The routed experts (every local one), router and shared expert are all in gemm_written_.
   return {W, params(), main_grads(), gemm_, stream_, main_params(), !writing_grads_};
 }
 
