@@ -207,6 +207,12 @@ struct Checker {
     }
     if (c.ddp.overlap_param_gather != c.optimizer.overlap_param_gather)
       c.ddp.overlap_param_gather = c.optimizer.overlap_param_gather = true;
+    // Megatron-LM's validate_args (its flag sets two fields, so it is named here).
+    if (mlm() && c.ddp.overlap_param_gather) {
+      if (!c.ddp.use_distributed_optimizer)
+        fail("--overlap-param-gather only supported with distributed optimizer (--use-distributed-optimizer)");
+      if (!c.ddp.overlap_grad_reduce) fail("Must use --overlap-param-gather with " + n("ddp.overlap_grad_reduce"));
+    }
   }
 
   void batch() {
@@ -342,6 +348,9 @@ struct Checker {
       } else if (!s.lr_decay_iters) {
         s.lr_decay_iters = t.train_iters;
       }
+      // Bridge decays WSD over the whole decay by default; Megatron-LM's scheduler asserts the flag.
+      if (s.lr_decay_style == "WSD" && !s.lr_wsd_decay_iters && mlm())
+        fail("the WSD learning-rate schedule needs " + n("scheduler.lr_wsd_decay_iters"));
       if (s.lr_decay_style == "WSD" && !s.lr_wsd_decay_iters) s.lr_wsd_decay_iters = s.lr_decay_iters;
       s.lr_decay_steps = *s.lr_decay_iters * gbs;
       s.wd_incr_steps = s.max_steps.value_or(*t.train_iters) * gbs;
@@ -362,6 +371,9 @@ struct Checker {
       if (s.max_steps)
         fail(n("scheduler.max_steps") + " is for iteration-based training (" + n("train.train_iters") +
              "); sample-based training ends at " + n("train.train_samples"));
+      if (s.lr_decay_style == "WSD" && !s.lr_wsd_decay_samples)  // MCore asserts wsd_decay_steps
+        fail("the WSD learning-rate schedule needs " + n("scheduler.lr_wsd_decay_samples") +
+             " in sample-based training");
       s.lr_decay_steps = s.lr_decay_samples.value_or(*t.train_samples);
       s.wd_incr_steps = *t.train_samples;
       s.wsd_decay_steps = s.lr_wsd_decay_samples;

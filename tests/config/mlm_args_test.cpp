@@ -185,6 +185,18 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   EXPECT_NE(e.find("--exit-interval must be >= 0"), std::string::npos) << e;
   e = usage_error(with(args, {"--save", "/tmp/x"}));
   EXPECT_NE(e.find("--save-interval"), std::string::npos) << e;
+  // Megatron-LM's own refusals (validate_args, the scheduler's assertion).
+  e = usage_error(with(args, {"--lr-decay-style", "WSD"}));
+  EXPECT_NE(e.find("the WSD learning-rate schedule needs --lr-wsd-decay-iters"), std::string::npos) << e;
+  EXPECT_EQ(usage_error(with(args, {"--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "4"})), "");
+  e = usage_error(with(args, {"--overlap-param-gather"}));
+  EXPECT_NE(e.find("--overlap-param-gather only supported with distributed optimizer (--use-distributed-optimizer)"),
+            std::string::npos)
+      << e;
+  e = usage_error(with(args, {"--overlap-param-gather", "--use-distributed-optimizer"}));
+  EXPECT_NE(e.find("Must use --overlap-param-gather with --overlap-grad-reduce"), std::string::npos) << e;
+  EXPECT_EQ(usage_error(with(args, {"--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"})),
+            "");
 }
 
 // The seed command with --train-iters 10 replaced by --train-samples N (and more).
