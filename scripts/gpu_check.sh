@@ -13,7 +13,9 @@
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
-#                                            moe_2b throughput runs' routing, DP2_SPEED=0 drops dp2's
+#                                            moe_2b throughput runs' routing (MOE_SPEED_RUNS picks
+#                                            them: 1gpu dp2_overlap dp2_distopt ep2_overlap
+#                                            ep2_distopt), DP2_SPEED=0 drops dp2's
 #                                            throughput runs, FOUR_SPEED=0 four's, PHASES_CASES
 #                                            the phases part's cases). Full logs go to
 #                                            $OUT; a summary table is
@@ -249,6 +251,15 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
                          "ep2_overlap$set --expert-model-parallel-size 2 --overlap-grad-reduce $f"
                          "ep2_distopt$set --expert-model-parallel-size 2 --use-distributed-optimizer $f")
           done
+          # MOE_SPEED_RUNS="1gpu ep2_distopt" (names without the _fb suffix) runs only those.
+          if [ -n "${MOE_SPEED_RUNS:-}" ]; then
+            kept=()
+            for run in "${speed_runs[@]}"; do
+              base=${run%% *}
+              [[ " $MOE_SPEED_RUNS " == *" ${base%_fb} "* ]] && kept+=("$run")
+            done
+            speed_runs=("${kept[@]}")
+          fi
           for run in "${speed_runs[@]}"; do
             read -r name flags <<< "$run"
             launch=(launch --nproc-per-node 2 -- "$C/laoyao")
@@ -262,6 +273,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             ms1=$(ms "$OUT/moe2b_1gpu$set.log")
             line="moe_2b${set:+ force-balanced}, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step"
             for name in dp2_overlap dp2_distopt ep2_overlap ep2_distopt; do
+              [ -f "$OUT/moe2b_$name$set.log" ] || continue
               m=$(ms "$OUT/moe2b_$name$set.log")
               line+="; $name ${m:-?} ms ($(python3 -c "print(f'{$ms1/$m:.2f}x')" 2>/dev/null || echo n/a))"
             done
