@@ -10,6 +10,7 @@
 
 #include "cli/cli.hpp"
 #include "config/front_ends.hpp"
+#include "config/validate.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "train/data_pipeline.hpp"
@@ -74,8 +75,6 @@ int cmd_data_samples(const Args& args) {
   int64_t world = config::world_size_from_env();
   config::Resolved r = recipe ? config::resolve_recipe(config::parse_run_recipe_args(rest), world)
                               : config::resolve_mlm(rest, world);
-  if (!r.cfg.train.rampup_batch_size.empty())
-    throw UsageError("data-samples: batch-size ramp-up (--rampup-batch-size) is not supported yet");
   train::load_tokenizer_vocab(r.cfg, r.validated.derived, r.front_end);
   train::RunData data = train::build_run_data(r.cfg, r.validated.derived);
   const int64_t train_iters = r.validated.derived.train_iters;
@@ -97,11 +96,16 @@ int cmd_data_samples(const Args& args) {
       consumed += train::eval_round_samples(data, 1);
     }
   };
+  // The global batch of each iteration: fixed, or growing along --rampup-batch-size.
+  const data::BatchRampup ramp = config::batch_rampup(r.cfg, r.validated.derived);
+  int64_t consumed_train = 0;
   for (int64_t k = 1; k <= iterations; ++k) {
+    const int64_t gbs = ramp.start > 0 ? ramp.running(consumed_train) : *r.cfg.train.global_batch_size;
     if (want("train"))
-      for (int64_t m = 0; m < data.train_layout.num_microbatches; ++m)
-        emit(*data.datasets[0], train::train_sample_indices(data, (k - 1) * *r.cfg.train.global_batch_size, m),
+      for (int64_t m = 0; m < gbs / ramp.micro_times_dp; ++m)
+        emit(*data.datasets[0], train::train_sample_indices(data, consumed_train, m),
              {{"split", "train"}, {"iteration", k}, {"microbatch", m}});
+    consumed_train += gbs;
     if (eval_interval && k % *eval_interval == 0) {
       if (want("valid")) eval_round(data.datasets[1].get(), consumed_valid, "valid", {{"after_iteration", k}});
       else consumed_valid += train::eval_round_samples(data, eval_iters);

@@ -73,3 +73,25 @@ TEST(DataSamples, RecipeCommandLinesAndBadInput) {
   EXPECT_EQ(run_laoyao({"data-samples", "--splits", "training"}).status, 2);
   EXPECT_EQ(run_laoyao({"data-samples", "--num-layer", "2"}).status, 2);
 }
+
+// Sample-based training with a batch-size ramp (8 -> 32 by 8 over 96 samples, micro-batches of 4):
+// iterations read 8, 8, 8, 8, 16, ... samples, each from where the last one stopped.
+TEST(DataSamples, BatchRampupReadsEachIterationsBatchInOrder) {
+  std::vector<std::string> a = {"data-samples", "--iterations", "6", "--splits", "train"};
+  auto f = seed_flags();
+  for (size_t i = 0; i + 1 < f.size(); ++i)
+    if (f[i] == "--train-iters") f[i] = "--train-samples", f[i + 1] = "400";
+  a.insert(a.end(), f.begin(), f.end());
+  a.insert(a.end(), {"--rampup-batch-size", "8", "8", "96"});
+  auto r = run_laoyao(a);
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 2u * 4 + 4 + 4) << "2 micro-batches x 4 iterations, then 4 x 2";
+  EXPECT_EQ(lines[7]["iteration"], 4);
+  EXPECT_EQ(lines[7]["sample_indices"], nlohmann::json({28, 29, 30, 31}));
+  EXPECT_EQ(lines[8]["iteration"], 5);
+  EXPECT_EQ(lines[8]["sample_indices"], nlohmann::json({32, 33, 34, 35}));
+  EXPECT_EQ(lines[15]["iteration"], 6);
+  EXPECT_EQ(lines[15]["microbatch"], 3);
+  EXPECT_EQ(lines[15]["sample_indices"], nlohmann::json({60, 61, 62, 63}));
+}
