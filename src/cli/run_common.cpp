@@ -88,6 +88,13 @@ int start_training(config::Resolved& r) {
   if (r.cfg.model.bf16 && !r.cfg.ddp.grad_reduce_in_fp32)
     std::printf("laoyao: grad_reduce_in_fp32 is false (Megatron: bf16 main gradients, accumulated and reduced in "
                 "bf16); laoyao accumulates and reduces the gradients in fp32, a difference of rounding only\n");
+  // Megatron-LM's pure-PyTorch path (--no-gradient-accumulation-fusion) rounds each micro-batch's
+  // weight gradients to bf16 before adding them to the fp32 main gradients; laoyao's GEMMs write
+  // or add fp32 straight away (Megatron's fused path).
+  if (r.cfg.model.bf16 && !r.cfg.model.gradient_accumulation_fusion)
+    std::printf("laoyao: --no-gradient-accumulation-fusion (Megatron: each micro-batch's weight gradients rounded "
+                "to bf16, then added in fp32); laoyao accumulates them in fp32 directly, a difference of rounding "
+                "only\n");
   // Recomputation changes memory, never the numbers: say what this run does with the flags.
   if (r.cfg.model.recompute_granularity == "selective")
     std::printf("laoyao: --recompute-granularity selective recomputes core attention in Megatron; laoyao's fused "
