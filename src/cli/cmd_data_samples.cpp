@@ -100,7 +100,7 @@ int cmd_data_samples(const Args& args) {
   const data::BatchRampup ramp = config::batch_rampup(r.cfg, r.validated.derived);
   int64_t consumed_train = 0;
   for (int64_t k = 1; k <= iterations; ++k) {
-    const int64_t gbs = ramp.start > 0 ? ramp.running(consumed_train) : *r.cfg.train.global_batch_size;
+    const int64_t gbs = ramp.running(consumed_train);
     if (want("train"))
       for (int64_t m = 0; m < gbs / ramp.micro_times_dp; ++m)
         emit(*data.datasets[0], train::train_sample_indices(data, consumed_train, m),

@@ -241,7 +241,7 @@ struct Checker {
       fail(n("train.exit_duration_in_mins") + " must be >= 0 (0 = off)");
     if (t.train_samples) positive("train.train_samples", *t.train_samples);
     const data::BatchRampup ramp = batch_rampup(c, out.derived);
-    if (ramp.start > 0) {
+    if (ramp.ramps()) {
       // Megatron-LM: "expected no batch-size rampup for iteration-based training".
       if (t.train_iters)
         fail(n("train.rampup_batch_size") + " needs sample-based training (" + n("train.train_samples") +
@@ -254,7 +254,7 @@ struct Checker {
              n("train.decrease_batch_size_if_needed") + " to round it down");
     }
     out.derived.train_iters = t.train_iters      ? *t.train_iters
-                              : ramp.start > 0 ? data::rampup_train_iters(ramp, *t.train_samples)
+                              : ramp.ramps()   ? data::rampup_train_iters(ramp, *t.train_samples)
                                                : *t.train_samples / *t.global_batch_size;
     if (out.derived.train_iters <= 0)
       fail(n("train.train_samples") + " (" + std::to_string(*t.train_samples) + ") is less than one global batch (" +

@@ -25,7 +25,7 @@ std::string BatchRampup::problem() const {
 }
 
 int64_t BatchRampup::current(int64_t consumed) const {
-  if (consumed > samples) return global_batch_size;
+  if (!ramps() || consumed > samples) return global_batch_size;
   // int(consumed / (samples / increments)), in double as Python computes it.
   const double per_increment = static_cast<double>(samples) / static_cast<double>((global_batch_size - start) / increment);
   const auto steps = static_cast<int64_t>(static_cast<double>(consumed) / per_increment);

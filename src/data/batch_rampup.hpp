@@ -10,7 +10,7 @@
 namespace laoyao::data {
 
 struct BatchRampup {
-  int64_t start = 0, increment = 0, samples = 0;  // the flag's three integers
+  int64_t start = 0, increment = 0, samples = 0;  // the flag's three integers; start 0: no ramp-up
   int64_t global_batch_size = 0;                  // the batch after the ramp
   int64_t micro_times_dp = 1;                     // micro-batch size x data-parallel size
   bool decrease_if_needed = false;                // --decrease-batch-size-if-needed
@@ -19,7 +19,9 @@ struct BatchRampup {
   // samples > 0, START <= the global batch size, their difference a positive multiple of INCREMENT;
   // with decrease_if_needed, START at least one micro-batch on every data-parallel rank.
   std::string problem() const;
-  // The global batch size after `consumed` samples (Megatron's current_global_batch_size).
+  bool ramps() const { return start > 0; }
+  // The global batch size after `consumed` samples (Megatron's current_global_batch_size; without
+  // ramp-up, the global batch size).
   int64_t current(int64_t consumed) const;
   // The batch an iteration trains on: current(), rounded down to whole micro-batches over the
   // data-parallel ranks with decrease_if_needed (Megatron's current_running_global_batch_size).

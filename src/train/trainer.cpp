@@ -194,11 +194,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   // function of the consumed samples (Megatron updates them before every iteration).
   const data::BatchRampup ramp = config::batch_rampup(c, d);
   const int64_t micro_times_dp = ramp.micro_times_dp;
-  int64_t gbs = *c.train.global_batch_size;
-  int64_t M = data.train_layout.num_microbatches;
-  auto batch_at = [&](int64_t consumed_samples) {
-    return ramp.start > 0 ? ramp.running(consumed_samples) : *c.train.global_batch_size;
-  };
+  int64_t gbs = 0, M = 0;  // set before each iteration
   const int64_t log_interval = c.logger.log_interval;
   const uint64_t seed = static_cast<uint64_t>(c.rng.seed);
   const bool dropout = c.model.hidden_dropout > 0 || c.model.attention_dropout > 0;
@@ -325,11 +321,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   if (c.train.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
   TrainBatchReader next_batch(data, dp_rank);
   const auto train_start = Clock::now();
-  M = batch_at(consumed) / micro_times_dp;
+  M = ramp.running(consumed) / micro_times_dp;
   while (iteration < train_iters) {
     // A ramp's batch that takes more micro-batches: Megatron-LM saves a checkpoint first (with
     // --save), at the iterations done so far.
-    gbs = batch_at(consumed);
+    gbs = ramp.running(consumed);
     if (gbs / micro_times_dp != M && iteration != 0) save();
     M = gbs / micro_times_dp;
     ++iteration;

@@ -307,9 +307,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
 
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
-  GradientWriters writers = gradient_writers(layout_);
-  gemm_written_ = std::move(writers.gemm_written);
-  for (const GradientWriters::Range& r : writers.zeroed) zeroed_.push_back({r.offset, r.count});
+  writers_ = gradient_writers(layout_);
   zero_grads();
 }
 
@@ -412,7 +410,7 @@ void CudaGptModel::zero_grads_now() {
 }
 
 bool CudaGptModel::accumulates(int64_t w) const {
-  return !writing_grads_ || !std::binary_search(gemm_written_.begin(), gemm_written_.end(), w);
+  return !writing_grads_ || !std::binary_search(writers_.gemm_written.begin(), writers_.gemm_written.end(), w);
 }
 
 kc::DropoutSpec CudaGptModel::dropout(double p, uint64_t seed, const std::string& stream) const {
@@ -437,7 +435,7 @@ kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const
 }
 
 CudaMoeLayers::Context CudaGptModel::moe_context(const GptLayerOffsets& W) {
-  // The routed experts (every local one), router and shared expert are all in gemm_written_.
+  // The routed experts (every local one), router and shared expert are all GEMM-written (writers_).
   return {W, params(), main_grads(), gemm_, stream_, main_params(), !writing_grads_};
 }
 
@@ -819,7 +817,7 @@ void CudaGptModel::enqueue_backward() {
   writing_grads_ = fresh_grads_;
   fresh_grads_ = false;
   if (writing_grads_)
-    for (const Range& r : zeroed_)
+    for (const GradientWriters::Range& r : writers_.zeroed)
       LAOYAO_CUDA_CHECK(cudaMemsetAsync(G(r.offset), 0, sizeof(float) * static_cast<size_t>(r.count), stream_));
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);

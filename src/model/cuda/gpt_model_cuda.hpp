@@ -268,11 +268,10 @@ class CudaGptModel {
   // Keyed by (sequences, with backward, the backward writes the gradients: the step's first).
   std::map<std::tuple<int64_t, bool, bool>, cudaGraphExec_t> graphs_;
   // zero_grads() was called and no backward has run since; writing_grads_: the backward being
-  // enqueued is that first one. gemm_written_ / zeroed_: model/gpt_layout.hpp's gradient_writers,
-  // the parameters whose gradients the GEMMs write and the ranges a writing backward zeroes first.
+  // enqueued is that first one. writers_: model/gpt_layout.hpp's gradient_writers, the parameters
+  // whose gradients the GEMMs write and the ranges a writing backward zeroes first.
   bool fresh_grads_ = true, writing_grads_ = false;
-  std::vector<int64_t> gemm_written_;
-  std::vector<Range> zeroed_;
+  GradientWriters writers_;
   // The accumulate flag of the weight-gradient GEMM of parameter w in the backward being enqueued.
   bool accumulates(int64_t w) const;
   void zero_grads_now();
