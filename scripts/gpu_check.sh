@@ -8,7 +8,7 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile phases bench moe moe_quick recipes
+#                                            attention gemm profile phases bench moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
@@ -163,6 +163,25 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           while read -r line; do note "  $line"; done < <(tail -14 "$OUT/grouped_gemm.txt")
           bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b 2>&1 | tee "$OUT/bench.txt" | tail -3
           note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
+          ;;
+        grouped)
+          # The grouped GEMMs' two sets of kernels, TMA-fed (the default) and cp.async-fed: the MoE
+          # and grouped-GEMM tests with the cp.async ones (the tests part runs the default), the
+          # grouped-GEMM bench with each, and the flagship's step (8 micro-batches of 2 x 4096) with each.
+          LAOYAO_GROUPED_GEMM=cp_async timeout 300 "$C/laoyao_tests_model_cuda" \
+            --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_cp_async.txt" 2>&1
+          note "MoE + grouped GEMM GPU tests, LAOYAO_GROUPED_GEMM=cp_async: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_cp_async.txt" | tr '\n' ' ')"
+          for v in cp_async tma; do
+            LAOYAO_GROUPED_GEMM=$v timeout 150 "$C/laoyao_bench_grouped_gemm" $([ $v = cp_async ] && echo --ours-only) \
+              > "$OUT/grouped_gemm_$v.txt" 2>&1
+            note "grouped GEMM bench, LAOYAO_GROUPED_GEMM=$v (exit $?):"
+            while read -r line; do note "  $line"; done < <(grep '^|' "$OUT/grouped_gemm_$v.txt")
+          done
+          for v in cp_async tma; do
+            LAOYAO_GROUPED_GEMM=$v bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b_gbs16 \
+              > "$OUT/flagship_$v.txt" 2>&1
+            note "flagship, 16 x 4096 tokens a step, LAOYAO_GROUPED_GEMM=$v: $(grep '^| moe_2b_gbs16' "$OUT/flagship_$v.txt")"
+          done
           ;;
         recipes)
           # #6's and #9's recipes at their real size on one H200 (mock data, 200 iterations): the loss

@@ -241,7 +241,7 @@ class CudaGroupedGemm : public CudaStreamTest {
                  describe(counts, Gw, N, K));
     const Groups g = groups_of(counts);  // all groups' offsets; the call takes a part
     const int64_t r0 = g.offsets[size_t(g0)], r1 = g.offsets[size_t(g0 + gn)];
-    const cuda::RowGroups part{g.device.as<int32_t>() + g0, gn, Gw, r1 - r0};
+    const cuda::RowGroups part{g.device.as<int32_t>() + g0, gn, Gw, r1 - r0, r0};
     for (const bool nt : {true, false}) {
       SCOPED_TRACE(nt ? "nt" : "nn");
       const int64_t in = nt ? K : N, out = nt ? N : K;  // row widths of the input and the output

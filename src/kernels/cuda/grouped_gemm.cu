@@ -16,15 +16,7 @@
 //   rows an expert, 2-6% slower with 1024 or imbalanced groups; not worth its complexity);
 //   the previous mma.sync m16n8k16 kernels: 287 / 237 / 280 / 292 / 153 / 143.
 //
-// Shared tiles (16-byte chunk c of a 128-byte row r stored at chunk c ^ (r % 8): the 128B swizzle
-// of wgmma, which also keeps the cp.async stores free of bank conflicts):
-//   K-major [W rows][64] (reduction contiguous: X, dY as A of nt / nn; W as B of nt): row r at
-//     128 r bytes; descriptor: 8-row groups 1024 bytes apart (SBO), a k16 step is +32 bytes.
-//   MN-major [W / 64][64 reduction rows][64] (output dim contiguous: W as B of nn; dY as A and X as
-//     B of wgrad, read transposed): 64-wide column blocks 8 KiB apart (LBO), 8-row groups 1024
-//     bytes apart (SBO), a k16 step is 16 rows (+2048 bytes).
-// Accumulators of the m64nNk16 fp32 wgmma, thread (warp q of the warpgroup, g = lane / 4,
-// t = lane % 4): d[4j + 0, 1] = D[16q + g][8j + 2t + 0, 1], d[4j + 2, 3] = D[16q + g + 8][same].
+// Shared tiles and accumulator fragments: wgmma.cuh.
 //
 // Work assignment, from the device offsets alone:
 //   nt / nn: one block per (row tile, column tile); the row tiles are counted group by group (a
@@ -40,20 +32,24 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
+#include "kernels/cuda/grouped_gemm_tma.hpp"
+#include "kernels/cuda/grouped_gemm_tiles.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace laoyao::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 2 warpgroups; warpgroup w computes rows 64 w .. 64 w + 63 of the tile
-constexpr int BM = 128;        // block tile rows (a warpgroup: one m64 wgmma)
-constexpr int BN = 128;        // block tile columns (the n of each warpgroup's wgmma)
-constexpr int BK = 64;         // reduction a stage: 64 bf16 = one 128-byte swizzle row
+using namespace wgmma;
+using namespace grouped;
+
+constexpr int kThreads = kMathThreads;  // every thread loads and computes
 constexpr int kStages = 3;     // tiles loaded ahead of the one consumed: kStages - 1
 constexpr int kMinBlocks = 2;  // blocks an SM (96 KiB of pipeline each)
 constexpr int kTileA = BM * BK, kTileB = BN * BK, kStage = kTileA + kTileB;  // elements
@@ -61,107 +57,10 @@ constexpr int kTileA = BM * BK, kTileB = BN * BK, kStage = kTileA + kTileB;  // 
 // elements, plus 1 KiB to align the swizzle atoms (8 rows of 128 bytes) on 1024-byte boundaries.
 template <class Staged>
 constexpr size_t smem_bytes() {
-  constexpr size_t pipe = size_t(kStages) * kStage * sizeof(bf16), out = size_t(BM) * (BN + 8) * sizeof(Staged);
+  constexpr size_t pipe = size_t(kStages) * kStage * sizeof(bf16), out = staged_tile_bytes<Staged>();
   return (pipe > out ? pipe : out) + 1024;
 }
 
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ bf16* align_1024(unsigned char* p) {
-  return reinterpret_cast<bf16*>(p + ((1024u - (smem_u32(p) & 1023u)) & 1023u));
-}
-
-// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"), 128-byte swizzle:
-// start address, leading and stride byte offsets, all in 16-byte units.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (1ull << 62);
-}
-
-// cp.async writes shared memory through the generic proxy, wgmma reads it through the async one.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from touching the accumulators before the wgmma that writes them has retired.
-template <int N>
-__device__ __forceinline__ void fence_acc(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// D (64 x 128, fp32, this warpgroup's fragments) += A (64 x 16) B (16 x 128), bf16 from shared
-// memory; TA / TB: 1 when A / B is MN-major (read transposed), 0 when K-major.
-template <int TA, int TB>
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-}
-
-// The block's row tile among the groups' row tiles (tile counted group by group, ceil(c / BM) a
-// group of c rows): true with its group, first row and the group's end row; false (for the whole
-// block) when `tile` is past the last one.
-__device__ __forceinline__ bool find_row_tile(const int32_t* __restrict__ offsets, int G, int tile, int& group,
-                                              int& row0, int& row_end) {
-  __shared__ int s_warp[kThreads / 32];
-  __shared__ int s_found[3];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int per = (G + kThreads - 1) / kThreads;
-  const int g0 = min(G, tid * per), g1 = min(G, g0 + per);
-  int mine = 0;
-  for (int g = g0; g < g1; ++g) mine += (max(offsets[g + 1] - offsets[g], 0) + BM - 1) / BM;
-  int incl = mine;  // inclusive scan over the warp, then over the warps
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  if (lane == 31) s_warp[warp] = incl;
-  if (tid == 0) s_found[0] = -1;
-  __syncthreads();
-  int before = incl - mine;
-  for (int w = 0; w < warp; ++w) before += s_warp[w];
-  if (tile >= before && tile < before + mine) {  // exactly one thread
-    int p = before;
-    for (int g = g0; g < g1; ++g) {
-      const int begin = offsets[g], end = offsets[g + 1];
-      const int t = (max(end - begin, 0) + BM - 1) / BM;
-      if (tile < p + t) {
-        s_found[0] = g;
-        s_found[1] = begin + (tile - p) * BM;
-        s_found[2] = end;
-        break;
-      }
-      p += t;
-    }
-  }
-  __syncthreads();
-  group = s_found[0];
-  row0 = s_found[1];
-  row_end = s_found[2];
-  return group >= 0;
-}
 
 // The copies of one thread into a K-major tile: rows r0 + 0..W of a row-major matrix (leading
 // dimension ld; rows >= r_end zero), columns k0 + 0..64 (columns >= k_end zero).
@@ -219,20 +118,6 @@ struct SwMNLoader {
   }
 };
 
-// Issues (and commits as one group) this warpgroup's four k16 wgmmas on one stage: its 64 rows of
-// A at shared address a, B at b.
-template <int TA, int TB>
-__device__ __forceinline__ void mma_step(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < BK / 16; ++kk) {
-    const uint64_t da = TA ? sw128_desc(a + kk * 2048, 8192, 1024) : sw128_desc(a + kk * 32, 16, 1024);
-    const uint64_t db = TB ? sw128_desc(b + kk * 2048, 8192, 1024) : sw128_desc(b + kk * 32, 16, 1024);
-    wgmma_n128<TA, TB>(acc, da, db);
-  }
-  wgmma_commit();
-}
-
 // The pipelined main loop over kt = 0 .. KT: load(stage_A, stage_B, kt) starts the copies of
 // reduction tile kt. Each step: wait for tile kt's copies, make them visible to the async proxy,
 // one barrier (after which every warpgroup has retired its wgmmas on the stage consumed at step
@@ -259,8 +144,8 @@ __device__ __forceinline__ void main_loop(float (&acc)[BN / 2], bf16* smem, int 
     }
     cp_async_commit();
     const uint32_t a = base + uint32_t((kt % kStages) * kStage) * 2u;
-    mma_step<TA, TB>(acc, a + wg_off, a + kTileA * 2u);
-    wgmma_wait<0>();
+    mma_stage<TA, TB>(acc, a + wg_off, a + kTileA * 2u);
+    wait<0>();
   }
   fence_acc(acc);
   cp_async_wait<0>();
@@ -274,13 +159,12 @@ template <int B_MN>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     rows_kernel(const bf16* __restrict__ A, const bf16* __restrict__ B, bf16* __restrict__ C,
                 const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles, int64_t cols, int64_t red) {
-  constexpr int kLdC = BN + 8;
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = align_1024(smem_raw);
   const int tile = int(blockIdx.x / unsigned(col_tiles));
   const int64_t c0 = int64_t(blockIdx.x % unsigned(col_tiles)) * BN;
   int g, r0i, r_endi;
-  if (!find_row_tile(offsets, G, tile, g, r0i, r_endi)) return;
+  if (!find_row_tile<kThreads>(offsets, G, tile, g, r0i, r_endi)) return;
   const int64_t r0 = r0i, r_end = r_endi;
   const bf16* Bg = B + int64_t(g % Gw) * cols * red;
 
@@ -303,25 +187,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     });
   }
 
-  // Epilogue: round to bf16 into a shared tile (rows padded by 16 bytes: conflict-free fragment
-  // stores), then 16-byte stores of the valid rows and columns.
-  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-  const int row = (threadIdx.x >> 5) * 16 + gq;  // warp w of the block: rows 16 w .. 16 w + 15
-  bf16* sC = smem;
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int c = j * 8 + 2 * tq;
-    *reinterpret_cast<uint32_t*>(sC + row * kLdC + c) = pack_bf16(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<uint32_t*>(sC + (row + 8) * kLdC + c) = pack_bf16(acc[4 * j + 2], acc[4 * j + 3]);
-  }
-  __syncthreads();
-  constexpr int kChunks = BN / 8;
-#pragma unroll 4
-  for (int c = threadIdx.x; c < BM * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    if (r0 + r < r_end && c0 + col < cols)
-      *reinterpret_cast<uint4*>(C + (r0 + r) * cols + c0 + col) = *reinterpret_cast<const uint4*>(sC + r * kLdC + col);
-  }
+  store_rows_tile(acc, smem, C, r0, r_end, c0, cols, [] { __syncthreads(); });
 }
 
 // wgrad: dW_w[n, k] (+)= sum over the rows r of the groups w, w + Gw, ... of dY[r, n] * X[r, k]; a
@@ -330,7 +196,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     wgrad_kernel(const bf16* __restrict__ dY, const bf16* __restrict__ X, float* __restrict__ dW,
                  const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles, int n_tiles, int64_t N, int64_t K,
                  bool accumulate) {
-  constexpr int kLdW = BN + 8;
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = align_1024(smem_raw);
   const unsigned b = blockIdx.x;
@@ -372,39 +237,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     lb.load(sB, g_row + done, g_len - done);
   });
 
-  // Epilogue: the fp32 sums into a shared tile (rows padded by 8 floats: conflict-free float2
-  // stores), then the read-modify-write of dW in coalesced 8-byte pieces (dW is only 8-byte
-  // aligned), 16 loads in flight a thread before their stores.
-  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-  const int row = (threadIdx.x >> 5) * 16 + gq;
-  float* sW = reinterpret_cast<float*>(smem);
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int c = j * 8 + 2 * tq;
-    *reinterpret_cast<float2*>(sW + row * kLdW + c) = make_float2(acc[4 * j], acc[4 * j + 1]);
-    *reinterpret_cast<float2*>(sW + (row + 8) * kLdW + c) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-  }
-  __syncthreads();
-  constexpr int kRowF2 = BN / 2, kPer = BM * kRowF2 / kThreads, kBatch = 16;
-  static_assert(kPer % kBatch == 0, "whole batches");
-#pragma unroll 1
-  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
-    float2 v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int idx = threadIdx.x + (b0 + u) * kThreads, r = idx / kRowF2, c = (idx % kRowF2) * 2;
-      v[u] = accumulate && m0 + r < N && n0 + c < K ? *reinterpret_cast<const float2*>(Wg + (m0 + r) * K + n0 + c)
-                                                    : make_float2(0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int idx = threadIdx.x + (b0 + u) * kThreads, r = idx / kRowF2, c = (idx % kRowF2) * 2;
-      if (m0 + r < N && n0 + c < K) {
-        const float2 s = *reinterpret_cast<const float2*>(sW + r * kLdW + c);
-        *reinterpret_cast<float2*>(Wg + (m0 + r) * K + n0 + c) = make_float2(v[u].x + s.x, v[u].y + s.y);
-      }
-    }
-  }
+  add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, [] { __syncthreads(); });
+}
+
+// LAOYAO_GROUPED_GEMM: unset or "tma" the TMA-fed kernels, "cp_async" these.
+bool use_tma() {
+  static const bool tma = [] {
+    const char* v = std::getenv("LAOYAO_GROUPED_GEMM");
+    const std::string s = v ? v : "tma";
+    if (s != "tma" && s != "cp_async")
+      throw Error("LAOYAO_GROUPED_GEMM must be tma or cp_async, got '" + s + "'");
+    return s == "tma";
+  }();
+  return tma;
 }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -415,8 +260,9 @@ void check_args(const char* fn, const void* a, const void* b, const void* c, uin
   if (g.weights < 1 || g.groups < 1 || g.groups > INT_MAX / 2 || g.groups % g.weights != 0)
     throw Error(f + "the number of groups G must be at least 1 (and below 2^30) and a multiple of the weight "
                     "matrices Gw >= 1, got G=" + std::to_string(g.groups) + " Gw=" + std::to_string(g.weights));
-  if (g.rows < 0 || g.rows > INT_MAX)
-    throw Error(f + "rows must be in [0, 2^31) (the offsets are int32), got " + std::to_string(g.rows));
+  if (g.rows < 0 || g.first < 0 || g.first + g.rows > INT_MAX)
+    throw Error(f + "first and rows must be non-negative, first + rows below 2^31 (the offsets are int32), got first=" +
+                std::to_string(g.first) + " rows=" + std::to_string(g.rows));
   if (N < 0 || K < 0 || N > INT_MAX || K > INT_MAX)
     throw Error(f + "N and K must be in [0, 2^31), got N=" + std::to_string(N) + " K=" + std::to_string(K));
   if (N % 8 != 0 || K % 8 != 0)
@@ -452,12 +298,14 @@ void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups
 void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
+  if (use_tma()) return grouped_rows_tma(true, X, W, Y, groups, N, K, stream);
   launch_rows(true, X, W, Y, groups, N, K, stream);
 }
 
 void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
+  if (use_tma()) return grouped_rows_tma(false, dY, W, dX, groups, K, N, stream);
   launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
 
@@ -466,6 +314,7 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
   check_args("grouped_gemm_wgrad", dY, X, dW, 8, groups, N, K);
   // Writing, a problem without rows still writes its zeros.
   if ((accumulate && groups.rows == 0) || N == 0 || K == 0) return;
+  if (use_tma()) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = groups.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");

@@ -15,6 +15,9 @@
 // row tiles for nt and nn, whose blocks find their group from the offsets; Gw x ceil(N / 128) x
 // ceil(K / 128) tiles for wgrad). No host synchronisation, no allocation: every call is one kernel
 // on `stream`.
+// Two sets of kernels do the work (their tests and benchmark run both): TMA-fed ones
+// (grouped_gemm_tma.cu), the default, and cp.async-fed ones (grouped_gemm.cu), picked with
+// LAOYAO_GROUPED_GEMM=cp_async.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -31,6 +34,7 @@ struct RowGroups {
   int64_t groups = 0;                // G
   int64_t weights = 0;               // Gw: group g uses weight matrix g % Gw
   int64_t rows = 0;                  // offsets[G] - offsets[0], known to the host
+  int64_t first = 0;                 // offsets[0], known to the host: the operands hold first + rows rows
 };
 
 // Forward of each expert's linear: Y[r, :] = X[r, :] @ W_{g % Gw}^T for r in group g.

@@ -184,7 +184,8 @@ kc::RowGroups CudaMoeLayers::expert_groups(const Saved& S, int64_t N) const {
 kc::RowGroups CudaMoeLayers::source_groups(const Saved& S, int64_t s0, int64_t s1) const {
   int64_t rows = 0;
   for (int64_t s = s0; s < s1; ++s) rows += S.source_rows[static_cast<size_t>(s)];
-  return {S.local_offsets + s0 * El_, (s1 - s0) * El_, El_, rows};
+  const int64_t first = s0 < P_ ? S.source_first[static_cast<size_t>(s0)] : S.local_rows;
+  return {S.local_offsets + s0 * El_, (s1 - s0) * El_, El_, rows, first};
 }
 
 void CudaMoeLayers::copy_own_rows(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) const {
@@ -204,18 +205,20 @@ void CudaMoeLayers::copy_own_rows_back(const Saved& S, const bf16* local, bf16* 
 }
 
 void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kc::RowGroups& groups,
-                                    int64_t first_row, bf16* out) const {
+                                    bf16* out) const {
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
+  const int64_t first_row = groups.first;
   kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
   activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream);
   kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, groups, H_, F_, ctx.stream);
 }
 
 void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
-                                           const kc::RowGroups& groups, int64_t first_row, bf16* dx) const {
+                                           const kc::RowGroups& groups, bf16* dx) const {
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
+  const int64_t first_row = groups.first;
   kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);
   activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, groups.rows, F_,
                       ctx.stream);
@@ -342,10 +345,10 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     kc::moe_ep_source_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
     start_dispatch(S, permuted_x_, S.local_x, st);
     copy_own_rows(S, permuted_x_, S.local_x, st);  // and the experts start on them
-    experts_forward(S, ctx, S.local_x, source_groups(S, me_, me_ + 1), S.source_first[size_t(me_)], local_y_);
+    experts_forward(S, ctx, S.local_x, source_groups(S, me_, me_ + 1), local_y_);
     phases_.mark(kExperts, st);
   } else {
-    experts_forward(S, ctx, permuted_x_, expert_groups(S, N), 0, S.expert_out);
+    experts_forward(S, ctx, permuted_x_, expert_groups(S, N), S.expert_out);
     phases_.mark(kExperts, st);
   }
   if (Fs_ > 0) {
@@ -356,9 +359,8 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   }
   if (ep_) {  // the other ranks' rows
     wait_exchange(st);
-    experts_forward(S, ctx, S.local_x, source_groups(S, 0, me_), 0, local_y_);
-    experts_forward(S, ctx, S.local_x, source_groups(S, me_ + 1, P_), S.source_first[size_t(me_)] +
-                    S.source_rows[size_t(me_)], local_y_);
+    experts_forward(S, ctx, S.local_x, source_groups(S, 0, me_), local_y_);
+    experts_forward(S, ctx, S.local_x, source_groups(S, me_ + 1, P_), local_y_);
     phases_.mark(kExperts, st);
     start_combine(S, local_y_, S.expert_out, st);
     copy_own_rows_back(S, local_y_, S.expert_out, st);
@@ -406,12 +408,11 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   // gradients are computed; otherwise the input is permuted again rather than kept.
   const kc::RowGroups groups = expert_groups(S, N);
   if (ep_) {  // this rank's own rows first, while the others' arrive
-    const int64_t own_end = S.source_first[size_t(me_)] + S.source_rows[size_t(me_)];
-    experts_backward_input(S, ctx, local_y_, source_groups(S, me_, me_ + 1), S.source_first[size_t(me_)], local_dx_);
+    experts_backward_input(S, ctx, local_y_, source_groups(S, me_, me_ + 1), local_dx_);
     phases_.mark(kExperts, st);
     wait_exchange(st);
-    experts_backward_input(S, ctx, local_y_, source_groups(S, 0, me_), 0, local_dx_);
-    experts_backward_input(S, ctx, local_y_, source_groups(S, me_ + 1, P_), own_end, local_dx_);
+    experts_backward_input(S, ctx, local_y_, source_groups(S, 0, me_), local_dx_);
+    experts_backward_input(S, ctx, local_y_, source_groups(S, me_ + 1, P_), local_dx_);
     phases_.mark(kExperts, st);
     start_combine(S, local_dx_, dpermuted_, st);
     copy_own_rows_back(S, local_dx_, dpermuted_, st);
@@ -420,7 +421,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     wait_exchange(st);
   } else {
     kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-    experts_backward_input(S, ctx, dexpert_, groups, 0, dpermuted_);
+    experts_backward_input(S, ctx, dexpert_, groups, dpermuted_);
     experts_backward_weights(S, ctx, permuted_x_, dexpert_, groups);
     phases_.mark(kExperts, st);
   }

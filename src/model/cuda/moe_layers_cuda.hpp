@@ -113,14 +113,14 @@ class CudaMoeLayers {
     std::vector<int64_t> source_rows, source_first;
     int64_t own_first_sent = 0;
   };
-  // The routed experts (this rank's) on the rows of `groups`, rows first_row.. of every row-indexed
+  // The routed experts (this rank's) on the rows of `groups`, rows groups.first.. of every row-indexed
   // buffer: out = fc2(act(fc1(in))), keeping fc1's output and the activation in S. Their backward
   // from dy in two parts, so that an exchange of dx can run beside the second: the input gradient
   // dx, then the weight gradients (reads what the first part left in dfc1_).
   void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kernels::cuda::RowGroups& groups,
-                       int64_t first_row, bf16* out) const;
+                       bf16* out) const;
   void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
-                              const kernels::cuda::RowGroups& groups, int64_t first_row, bf16* dx) const;
+                              const kernels::cuda::RowGroups& groups, bf16* dx) const;
   void experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                                 const kernels::cuda::RowGroups& groups) const;
   // This layer's expert rows: all of them grouped by expert, or under expert parallelism the ones

@@ -1,0 +1,57 @@
+#include "kernels/cuda/tensor_map.hpp"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <string>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace laoyao::kernels::cuda {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    LAOYAO_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !f)
+      throw Error("the CUDA driver has no cuTensorMapEncodeTiled (TMA needs a driver for CUDA 12.0 or later)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
+                            std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
+  const size_t rank = dims.size();
+  if (rank < 1 || rank > 5 || strides.size() != rank - 1 || box.size() != rank)
+    throw Error("bf16_tensor_map: " + std::to_string(rank) + " dims need " + std::to_string(rank - 1) +
+                " strides and as many box sizes");
+  cuuint64_t d[5], s[4];
+  cuuint32_t b[5], e[5];
+  size_t i = 0;
+  for (uint64_t v : dims) d[i++] = v;
+  i = 0;
+  for (uint64_t v : strides) s[i++] = v;
+  i = 0;
+  for (uint32_t v : box) e[i] = 1, b[i++] = v;
+  CUtensorMap map{};
+  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base), d, s,
+                               b, e, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::string what = "cuTensorMapEncodeTiled refused a bf16 map of dims";
+    for (size_t k = 0; k < rank; ++k) {
+      what += k ? "x" : " ";
+      what += std::to_string(d[k]);
+    }
+    throw Error(what + " (error " + std::to_string(int(r)) + "): the base and strides must be 16-byte aligned");
+  }
+  return map;
+}
+
+}  // namespace laoyao::kernels::cuda

@@ -1,0 +1,94 @@
+// Hopper warpgroup-MMA helpers the grouped GEMMs share (grouped_gemm.cu: cp.async-fed,
+// grouped_gemm_tma.cu: TMA-fed): shared-memory matrix descriptors for the 128-byte swizzle, the
+// wgmma fences, and one stage of four m64n128k16 bf16 -> fp32 MMAs.
+//
+// Shared tiles (16-byte chunk c of a 128-byte row r stored at chunk c ^ (r % 8): the 128B swizzle
+// of wgmma, the one TMA's CU_TENSOR_MAP_SWIZZLE_128B writes, which also keeps the cp.async stores
+// free of bank conflicts), BK = 64 reduction elements a stage:
+//   K-major [rows][64] (reduction contiguous): row r at 128 r bytes; descriptor: 8-row groups 1024
+//     bytes apart (SBO), a k16 step is +32 bytes.
+//   MN-major [cols / 64][64 reduction rows][64] (output dim contiguous, read transposed): 64-wide
+//     column blocks 8 KiB apart (LBO), 8-row groups 1024 bytes apart (SBO), a k16 step is 16 rows
+//     (+2048 bytes).
+// Accumulators of the m64nNk16 fp32 wgmma, thread (warp q of the warpgroup, g = lane / 4,
+// t = lane % 4): d[4j + 0, 1] = D[16q + g][8j + 2t + 0, 1], d[4j + 2, 3] = D[16q + g + 8][same].
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace laoyao::kernels::cuda::wgmma {
+
+constexpr int BK = 64;  // reduction a stage: 64 bf16 = one 128-byte swizzle row
+constexpr int BN = 128; // the n of each warpgroup's wgmma
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// The first 1024-byte boundary at or after p (swizzle atoms are 8 rows of 128 bytes).
+__device__ __forceinline__ __nv_bfloat16* align_1024(unsigned char* p) {
+  return reinterpret_cast<__nv_bfloat16*>(p + ((1024u - (smem_u32(p) & 1023u)) & 1023u));
+}
+
+// Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"), 128-byte swizzle:
+// start address, leading and stride byte offsets, all in 16-byte units.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// Writes through the generic proxy (cp.async, st.shared) made visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N of this warpgroup's committed wgmma groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from touching the accumulators before the wgmma that writes them has retired.
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D (64 x 128, fp32, this warpgroup's fragments) += A (64 x 16) B (16 x 128), bf16 from shared
+// memory; TA / TB: 1 when A / B is MN-major (read transposed), 0 when K-major.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+
+// Issues (and commits as one group) this warpgroup's four k16 wgmmas on one stage: its 64 rows of
+// A at shared address a, B (128 columns) at b.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_stage(float (&acc)[BN / 2], uint32_t a, uint32_t b) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    const uint64_t da = TA ? sw128_desc(a + kk * 2048, 8192, 1024) : sw128_desc(a + kk * 32, 16, 1024);
+    const uint64_t db = TB ? sw128_desc(b + kk * 2048, 8192, 1024) : sw128_desc(b + kk * 32, 16, 1024);
+    mma_n128<TA, TB>(acc, da, db);
+  }
+  commit();
+}
+
+}  // namespace laoyao::kernels::cuda::wgmma
