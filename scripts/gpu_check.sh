@@ -165,19 +165,22 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
           ;;
         grouped)
-          # The grouped GEMMs' two sets of kernels, TMA-fed (the default) and cp.async-fed: the MoE
-          # and grouped-GEMM tests with the cp.async ones (the tests part runs the default), the
-          # grouped-GEMM bench with each, and the flagship's step (8 micro-batches of 2 x 4096) with each.
-          LAOYAO_GROUPED_GEMM=cp_async timeout 300 "$C/laoyao_tests_model_cuda" \
-            --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_cp_async.txt" 2>&1
-          note "MoE + grouped GEMM GPU tests, LAOYAO_GROUPED_GEMM=cp_async: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_cp_async.txt" | tr '\n' ' ')"
-          for v in cp_async tma; do
-            LAOYAO_GROUPED_GEMM=$v timeout 150 "$C/laoyao_bench_grouped_gemm" $([ $v = cp_async ] && echo --ours-only) \
+          # The grouped GEMMs' kernels: TMA-fed with 128 x 256 tiles where they fit (the default), TMA-fed
+          # with 128 x 128 tiles only (tma128), cp.async-fed: the MoE and grouped-GEMM tests with the
+          # latter two (the tests part runs the default), the grouped-GEMM bench with each, and the
+          # flagship's step (8 micro-batches of 2 x 4096) with the TMA ones.
+          for v in cp_async tma128; do
+            LAOYAO_GROUPED_GEMM=$v timeout 300 "$C/laoyao_tests_model_cuda" \
+              --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_$v.txt" 2>&1
+            note "MoE + grouped GEMM GPU tests, LAOYAO_GROUPED_GEMM=$v: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_$v.txt" | tr '\n' ' ')"
+          done
+          for v in cp_async tma128 tma; do
+            LAOYAO_GROUPED_GEMM=$v timeout 150 "$C/laoyao_bench_grouped_gemm" $([ $v != tma ] && echo --ours-only) \
               > "$OUT/grouped_gemm_$v.txt" 2>&1
             note "grouped GEMM bench, LAOYAO_GROUPED_GEMM=$v (exit $?):"
             while read -r line; do note "  $line"; done < <(grep '^|' "$OUT/grouped_gemm_$v.txt")
           done
-          for v in cp_async tma; do
+          for v in tma128 tma; do
             LAOYAO_GROUPED_GEMM=$v bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b_gbs16 \
               > "$OUT/flagship_$v.txt" 2>&1
             note "flagship, 16 x 4096 tokens a step, LAOYAO_GROUPED_GEMM=$v: $(grep '^| moe_2b_gbs16' "$OUT/flagship_$v.txt")"

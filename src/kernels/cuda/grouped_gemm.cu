@@ -240,17 +240,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, [] { __syncthreads(); });
 }
 
-// LAOYAO_GROUPED_GEMM: unset or "tma" the TMA-fed kernels, "cp_async" these.
-bool use_tma() {
-  static const bool tma = [] {
+// LAOYAO_GROUPED_GEMM picks the kernels: unset or "tma" the TMA-fed ones with 128 x 256 tiles where
+// the output's columns are a multiple of 256 (128 x 128 elsewhere), "tma128" with 128 x 128 tiles
+// everywhere, "cp_async" these.
+enum class Kernels { Tma, Tma128, CpAsync };
+Kernels kernels() {
+  static const Kernels k = [] {
     const char* v = std::getenv("LAOYAO_GROUPED_GEMM");
     const std::string s = v ? v : "tma";
-    if (s != "tma" && s != "cp_async")
-      throw Error("LAOYAO_GROUPED_GEMM must be tma or cp_async, got '" + s + "'");
-    return s == "tma";
+    if (s == "tma") return Kernels::Tma;
+    if (s == "tma128") return Kernels::Tma128;
+    if (s == "cp_async") return Kernels::CpAsync;
+    throw Error("LAOYAO_GROUPED_GEMM must be tma, tma128 or cp_async, got '" + s + "'");
   }();
-  return tma;
+  return k;
 }
+bool wide_tiles(int64_t cols) { return kernels() == Kernels::Tma && cols % 256 == 0; }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -298,14 +303,14 @@ void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups
 void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
-  if (use_tma()) return grouped_rows_tma(true, X, W, Y, groups, N, K, stream);
+  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), stream);
   launch_rows(true, X, W, Y, groups, N, K, stream);
 }
 
 void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
-  if (use_tma()) return grouped_rows_tma(false, dY, W, dX, groups, K, N, stream);
+  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), stream);
   launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
 
@@ -314,7 +319,7 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
   check_args("grouped_gemm_wgrad", dY, X, dW, 8, groups, N, K);
   // Writing, a problem without rows still writes its zeros.
   if ((accumulate && groups.rows == 0) || N == 0 || K == 0) return;
-  if (use_tma()) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
+  if (kernels() != Kernels::CpAsync) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = groups.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");

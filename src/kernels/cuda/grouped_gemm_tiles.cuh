@@ -19,10 +19,10 @@ using wgmma::BN;
 constexpr int BM = 128;            // block tile rows (a warpgroup: one m64 wgmma)
 constexpr int kMathThreads = 256;  // the threads holding the accumulators: 2 warpgroups
 
-// Shared memory the epilogue stages a tile in: BM rows of (BN + 8) elements.
-template <class Staged>
+// Shared memory the epilogue stages a tile of W columns in: BM rows of (W + 8) elements.
+template <class Staged, int W = BN>
 constexpr size_t staged_tile_bytes() {
-  return size_t(BM) * (BN + 8) * sizeof(Staged);
+  return size_t(BM) * (W + 8) * sizeof(Staged);
 }
 
 // The block's row tile among the groups' row tiles (tile counted group by group, ceil(c / BM) a
@@ -70,25 +70,25 @@ __device__ __forceinline__ bool find_row_tile(const int32_t* __restrict__ offset
   return group >= 0;
 }
 
-// The nt / nn epilogue: the tile's rows r0.. (those below r_end) and columns c0.. (those below
-// cols) of C [rows][cols] from the accumulators, rounded to bf16 through a shared tile (rows padded
+// The nt / nn epilogue: the tile's rows r0.. (those below r_end) and W = 2 NA columns c0.. (those
+// below cols) of C [rows][cols] from the accumulators, rounded to bf16 through a shared tile (rows padded
 // by 16 bytes: conflict-free fragment stores), then 16-byte stores. `smem` must be free for all
 // the computing threads when they call it.
-template <class Sync>
-__device__ __forceinline__ void store_rows_tile(const float (&acc)[BN / 2], bf16* smem, bf16* __restrict__ C,
+template <int NA, class Sync>
+__device__ __forceinline__ void store_rows_tile(const float (&acc)[NA], bf16* smem, bf16* __restrict__ C,
                                                 int64_t r0, int64_t r_end, int64_t c0, int64_t cols, Sync sync) {
-  constexpr int kLdC = BN + 8;
+  constexpr int W = 2 * NA, kLdC = W + 8;
   const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int row = (threadIdx.x >> 5) * 16 + gq;  // warp w of the block: rows 16 w .. 16 w + 15
   bf16* sC = smem;
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
+  for (int j = 0; j < W / 8; ++j) {
     const int c = j * 8 + 2 * tq;
     *reinterpret_cast<uint32_t*>(sC + row * kLdC + c) = pack_bf16(acc[4 * j], acc[4 * j + 1]);
     *reinterpret_cast<uint32_t*>(sC + (row + 8) * kLdC + c) = pack_bf16(acc[4 * j + 2], acc[4 * j + 3]);
   }
   sync();
-  constexpr int kChunks = BN / 8;
+  constexpr int kChunks = W / 8;
 #pragma unroll 4
   for (int c = threadIdx.x; c < BM * kChunks; c += kMathThreads) {
     const int r = c / kChunks, col = (c % kChunks) * 8;

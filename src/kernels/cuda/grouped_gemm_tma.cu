@@ -34,16 +34,25 @@ using namespace wgmma;
 using namespace grouped;
 
 constexpr int kThreads = kMathThreads + 32;  // the two computing warpgroups, then the producer warp
-constexpr int kStages = 3;                    // 96 KiB: two blocks an SM, one's epilogue beside the other's MMAs
-constexpr int kTileA = BM * BK, kTileB = BN * BK, kStage = kTileA + kTileB;  // elements
-constexpr uint32_t kStageBytes = kStage * sizeof(bf16);
 constexpr int kMathWarps = kMathThreads / 32;
 
-template <class Staged>
-constexpr size_t smem_bytes() {
-  constexpr size_t pipe = size_t(kStages) * kStage * sizeof(bf16), out = staged_tile_bytes<Staged>();
-  return (pipe > out ? pipe : out) + 1024;
-}
+// A block tile of BM x W: W = 128 (wgmma m64n128, 3 stages = 96 KiB: two blocks an SM, one's
+// epilogue beside the other's MMAs) or 256 (m64n256: half the shared-memory reads of A per FLOP,
+// 4 stages = 192 KiB, one block an SM).
+template <int W>
+struct Tile {
+  static_assert(W == 128 || W == 256, "tile widths 128 and 256");
+  static constexpr int kStages = W == 128 ? 3 : 4, kBlocksPerSm = W == 128 ? 2 : 1;
+  static constexpr int kTileA = BM * BK, kStage = kTileA + W * BK;  // elements
+  static constexpr uint32_t kStageBytes = kStage * sizeof(bf16);
+  // Dynamic shared memory: the ring or the epilogue's staging tile, plus 1 KiB to align the
+  // swizzle atoms (8 rows of 128 bytes) on 1024-byte boundaries.
+  template <class Staged>
+  static constexpr size_t smem_bytes() {
+    constexpr size_t pipe = size_t(kStages) * kStage * sizeof(bf16), out = staged_tile_bytes<Staged, W>();
+    return (pipe > out ? pipe : out) + 1024;
+  }
+};
 
 // mbarriers (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier").
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -88,6 +97,7 @@ __device__ __forceinline__ void sync_math() { asm volatile("bar.sync 1, %0;\n" :
 
 // The ring's barriers: full[s] completes when stage s's boxes have landed (the producer's
 // expect_tx arrival plus the bytes), empty[s] when every computing warp is done with it.
+template <int kStages>
 struct Ring {
   uint64_t full[kStages], empty[kStages];
   __device__ __forceinline__ void init() {
@@ -101,21 +111,24 @@ struct Ring {
 
 // The producer's loop: for each reduction step kt, wait until its stage is free, announce its
 // bytes, then load(stage A, stage B, full barrier, kt) issues the boxes.
-template <class Load>
-__device__ __forceinline__ void produce(Ring& ring, bf16* smem, int KT, const Load& load) {
+template <int W, class Load>
+__device__ __forceinline__ void produce(Ring<Tile<W>::kStages>& ring, bf16* smem, int KT, const Load& load) {
+  constexpr int kStages = Tile<W>::kStages, kStage = Tile<W>::kStage;
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % kStages;
     if (kt >= kStages) mbar_wait(&ring.empty[s], uint32_t((kt / kStages - 1) & 1));
-    mbar_expect_tx(&ring.full[s], kStageBytes);
+    mbar_expect_tx(&ring.full[s], Tile<W>::kStageBytes);
     bf16* st = smem + s * kStage;
-    load(st, st + kTileA, &ring.full[s], kt);
+    load(st, st + Tile<W>::kTileA, &ring.full[s], kt);
   }
 }
 
 // The computing warpgroups' loop: for each step, wait for its stage, prepare(stage A, kt) (the
 // wgrad's zeroing), issue its MMAs, then retire the previous step's and free that stage.
-template <int TA, int TB, class Prepare>
-__device__ __forceinline__ void consume(Ring& ring, float (&acc)[BN / 2], bf16* smem, int KT, const Prepare& prepare) {
+template <int TA, int TB, int W, class Prepare>
+__device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&acc)[W / 2], bf16* smem, int KT,
+                                        const Prepare& prepare) {
+  constexpr int kStages = Tile<W>::kStages, kStage = Tile<W>::kStage;
   const uint32_t wg_off = (threadIdx.x / 128) * 8192u;  // this warpgroup's 64 rows of A (both layouts)
   const uint32_t base = smem_u32(smem);
   const bool lane0 = (threadIdx.x & 31) == 0;
@@ -124,7 +137,7 @@ __device__ __forceinline__ void consume(Ring& ring, float (&acc)[BN / 2], bf16* 
     mbar_wait(&ring.full[s], uint32_t((kt / kStages) & 1));
     prepare(smem + s * kStage, kt);
     const uint32_t a = base + uint32_t(s * kStage) * 2u;
-    mma_stage<TA, TB>(acc, a + wg_off, a + kTileA * 2u);
+    mma_stage<TA, TB, W>(acc, a + wg_off, a + Tile<W>::kTileA * 2u);
     wait<1>();
     if (kt > 0 && lane0) mbar_arrive(&ring.empty[(kt - 1) % kStages]);
   }
@@ -133,49 +146,51 @@ __device__ __forceinline__ void consume(Ring& ring, float (&acc)[BN / 2], bf16* 
   sync_math();  // both warpgroups' MMAs done: the stages may hold the epilogue's tile
 }
 
-// nt (B_MN = 0) and nn (B_MN = 1), as rows_kernel of grouped_gemm.cu. ta: A [extent rows][red];
-// tb: B as [Gw][cols][red] (nt) or [Gw][red][cols] (nn).
-template <int B_MN>
-__global__ void __launch_bounds__(kThreads, 2)
+// nt (B_MN = 0) and nn (B_MN = 1), as rows_kernel of grouped_gemm.cu, with W-wide column tiles.
+// ta: A [extent rows][red]; tb: B as [Gw][cols][red] (nt, boxes of W rows) or [Gw][red][cols]
+// (nn, W / 64 boxes of 64 columns).
+template <int B_MN, int W>
+__global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
     rows_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     bf16* __restrict__ C, const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles,
                     int64_t cols, int64_t red) {
   extern __shared__ unsigned char smem_raw[];
-  __shared__ Ring ring;
+  __shared__ Ring<Tile<W>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
   const int tile = int(blockIdx.x / unsigned(col_tiles));
-  const int c0 = int(blockIdx.x % unsigned(col_tiles)) * BN;
+  const int c0 = int(blockIdx.x % unsigned(col_tiles)) * W;
   int g, r0, r_end;
   if (!find_row_tile<kThreads>(offsets, G, tile, g, r0, r_end)) return;
   const int w = g % Gw, KT = int((red + BK - 1) / BK);
   ring.init();
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
-      produce(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
+      produce<W>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
         tma_load(sA, ta, full, kt * BK, r0);
         if constexpr (B_MN) {
-          tma_load(sB, tb, full, c0, kt * BK, w);
-          tma_load(sB + 64 * BK, tb, full, c0 + 64, kt * BK, w);
+#pragma unroll
+          for (int b = 0; b < W / 64; ++b) tma_load(sB + b * 64 * BK, tb, full, c0 + 64 * b, kt * BK, w);
         } else {
           tma_load(sB, tb, full, kt * BK, c0, w);
         }
       });
     return;
   }
-  float acc[BN / 2];
+  float acc[W / 2];
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-  consume<0, B_MN>(ring, acc, smem, KT, [](bf16*, int) {});
+  for (int i = 0; i < W / 2; ++i) acc[i] = 0.0f;
+  consume<0, B_MN, W>(ring, acc, smem, KT, [](bf16*, int) {});
   store_rows_tile(acc, smem, C, r0, r_end, c0, cols, sync_math);
 }
 
-// wgrad, as wgrad_kernel of grouped_gemm.cu. ta: dY [extent rows][N]; tb: X [extent rows][K].
-__global__ void __launch_bounds__(kThreads, 2)
+// wgrad, as wgrad_kernel of grouped_gemm.cu (128 x 128 tiles of dW). ta: dY [extent rows][N];
+// tb: X [extent rows][K].
+__global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     wgrad_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                      float* __restrict__ dW, const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles,
                      int n_tiles, int64_t N, int64_t K, bool accumulate) {
   extern __shared__ unsigned char smem_raw[];
-  __shared__ Ring ring;
+  __shared__ Ring<Tile<BN>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
   const unsigned b = blockIdx.x;
   const int n0 = int(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
@@ -210,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   } cur{w, 0, offsets[w], offsets[w + 1] - offsets[w]};
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
-      produce(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
+      produce<BN>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
         int left;
         const int row = cur.at(offsets, Gw, kt, left);
         tma_load(sA, ta, full, m0, row);
@@ -224,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  consume<1, 1>(ring, acc, smem, KT, [&](bf16* sA, int kt) {
+  consume<1, 1, BN>(ring, acc, smem, KT, [&](bf16* sA, int kt) {
     int left;
     cur.at(offsets, Gw, kt, left);
     if (left >= BK) return;
@@ -243,36 +258,49 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace
 
+namespace {
+
+template <int W>
+void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
+                     cudaStream_t stream) {
+  const int64_t col_tiles = (cols + W - 1) / W;
+  const int64_t blocks = col_tiles * ((g.rows + BM - 1) / BM + g.groups);
+  if (blocks > INT_MAX) throw Error("grouped_gemm: the problem is too large for one grid");
+  const uint64_t extent = uint64_t(g.first + g.rows), Gw = uint64_t(g.weights);
+  const CUtensorMap ta = bf16_tensor_map(A, {uint64_t(red), extent}, {uint64_t(red) * 2}, {64, BM});
+  constexpr size_t smem = Tile<W>::template smem_bytes<bf16>();
+  const int G = int(g.groups);
+  if (nt) {
+    const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
+                                           {uint64_t(red) * 2, uint64_t(red * cols) * 2}, {64, W, 1});
+    static std::array<bool, 64> seen{};
+    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<0, W>, smem);
+    rows_kernel_tma<0, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, C, g.offsets, G, int(Gw),
+                                                                         int(col_tiles), cols, red);
+  } else {
+    const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(cols), uint64_t(red), Gw},
+                                           {uint64_t(cols) * 2, uint64_t(red * cols) * 2}, {64, 64, 1});
+    static std::array<bool, 64> seen{};
+    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<1, W>, smem);
+    rows_kernel_tma<1, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, C, g.offsets, G, int(Gw),
+                                                                         int(col_tiles), cols, red);
+  }
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
 void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
-                      cudaStream_t stream) {
+                      bool wide, cudaStream_t stream) {
   if (g.rows == 0 || cols == 0) return;
   if (red == 0) {  // an empty reduction: zeros (and no map of a zero-width operand)
     LAOYAO_CUDA_CHECK(cudaMemsetAsync(C + g.first * cols, 0, size_t(g.rows * cols) * sizeof(bf16), stream));
     return;
   }
-  const int64_t col_tiles = (cols + BN - 1) / BN;
-  const int64_t blocks = col_tiles * ((g.rows + BM - 1) / BM + g.groups);
-  if (blocks > INT_MAX) throw Error("grouped_gemm: the problem is too large for one grid");
-  const uint64_t extent = uint64_t(g.first + g.rows), Gw = uint64_t(g.weights);
-  const CUtensorMap ta = bf16_tensor_map(A, {uint64_t(red), extent}, {uint64_t(red) * 2}, {64, BM});
-  constexpr size_t smem = smem_bytes<bf16>();
-  const int G = int(g.groups);
-  if (nt) {
-    const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
-                                           {uint64_t(red) * 2, uint64_t(red * cols) * 2}, {64, BN, 1});
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<0>, smem);
-    rows_kernel_tma<0><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, C, g.offsets, G, int(Gw),
-                                                                      int(col_tiles), cols, red);
-  } else {
-    const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(cols), uint64_t(red), Gw},
-                                           {uint64_t(cols) * 2, uint64_t(red * cols) * 2}, {64, 64, 1});
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<1>, smem);
-    rows_kernel_tma<1><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, C, g.offsets, G, int(Gw),
-                                                                      int(col_tiles), cols, red);
-  }
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  if (wide)
+    launch_rows_tma<256>(nt, A, B, C, g, cols, red, stream);
+  else
+    launch_rows_tma<128>(nt, A, B, C, g, cols, red, stream);
 }
 
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& g, int64_t N, int64_t K,
@@ -284,7 +312,7 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
   const uint64_t extent = uint64_t(std::max<int64_t>(g.first + g.rows, 1));
   const CUtensorMap ta = bf16_tensor_map(dY, {uint64_t(N), extent}, {uint64_t(N) * 2}, {64, 64});
   const CUtensorMap tb = bf16_tensor_map(X, {uint64_t(K), extent}, {uint64_t(K) * 2}, {64, 64});
-  constexpr size_t smem = smem_bytes<float>();
+  constexpr size_t smem = Tile<BN>::smem_bytes<float>();
   static std::array<bool, 64> seen{};
   if (first_on_this_device(seen)) allow_smem(wgrad_kernel_tma, smem);
   wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, dW, g.offsets, int(g.groups),

@@ -1,6 +1,7 @@
 // The TMA-fed grouped GEMM kernels (grouped_gemm_tma.cu), behind grouped_gemm.hpp's functions,
 // which check the arguments and pick them. Same operands as there; `cols` / `red` are the output
-// columns and the reduction (nt: N, K; nn: K, N).
+// columns and the reduction (nt: N, K; nn: K, N); `wide` takes 128 x 256 block tiles instead of
+// 128 x 128.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -12,7 +13,7 @@
 namespace laoyao::kernels::cuda {
 
 void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& groups, int64_t cols,
-                      int64_t red, cudaStream_t stream);
+                      int64_t red, bool wide, cudaStream_t stream);
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream);
 
