@@ -180,7 +180,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             note "grouped GEMM bench, LAOYAO_GROUPED_GEMM=$v (exit $?):"
             while read -r line; do note "  $line"; done < <(grep '^|' "$OUT/grouped_gemm_$v.txt")
           done
-          for v in tma128 tma; do
+          for v in ${GROUPED_FLAGSHIP:-tma128 tma}; do  # GROUPED_FLAGSHIP picks the sets
             LAOYAO_GROUPED_GEMM=$v bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b_gbs16 \
               > "$OUT/flagship_$v.txt" 2>&1
             note "flagship, 16 x 4096 tokens a step, LAOYAO_GROUPED_GEMM=$v: $(grep '^| moe_2b_gbs16' "$OUT/flagship_$v.txt")"

@@ -314,11 +314,14 @@ TEST_F(CudaGroupedGemm, FlagshipShapes) {
 }
 
 // Counts around the 64-row reduction step of wgrad (63, 65, 192) and widths that end in a partial
-// 64-column swizzle block of a partial 128-wide tile (136, 520), in both roles.
+// 64-column swizzle block of a partial 128-wide tile (136, 520), in both roles; then outputs that
+// take the 256-wide tiles of the TMA kernels (nn's K = 512, nt's N = 256) beside partial tiles.
 TEST_F(CudaGroupedGemm, TileEdges) {
   const std::vector<int> counts = {63, 65, 0, 192, 1, 300};
   check_all(counts, 136, 520, 14);
   check_all(counts, 520, 136, 15);
+  check_all(counts, 136, 512, 26);
+  check_all(counts, 256, 72, 27);  // nt's output 256 wide
 }
 
 // Expert parallelism's source-major groups: 3 source ranks x 4 local experts (group g uses matrix

@@ -282,9 +282,9 @@ void CudaMoeLayers::report_phases() {
   const std::vector<double> ms = phases_.take();
   if (!phases_.enabled()) return;
   std::fprintf(stderr,
-               "laoyao: MoE phases (ms): routing+permutation %.2f | count exchange %.2f | all-to-all %.2f | "
+               "laoyao: MoE phases (ms): router %.2f | permutation %.2f | count exchange %.2f | all-to-all %.2f | "
                "experts %.2f | shared experts %.2f | expert rows here per layer %lld..%lld\n",
-               ms[kRouting], ms[kCounts], ms[kExchange], ms[kExperts], ms[kShared],
+               ms[kRouter], ms[kPermute], ms[kCounts], ms[kExchange], ms[kExperts], ms[kShared],
                static_cast<long long>(min_rows_), static_cast<long long>(max_rows_));
   min_rows_ = max_rows_ = -1;
 }
@@ -332,6 +332,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0 || global_mean)
     kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx, aux_counts, T, router_, losses_,
                                S.stats, count_losses ? train_sums_ : discard_sums_, st, global_mean);
+  phases_.mark(kRouter, st);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
   if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
@@ -339,7 +340,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
                           kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
                           permuted_probs_, st);
   kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-  phases_.mark(kRouting, st);
+  phases_.mark(kPermute, st);
   if (ep_) {  // the rows travel to their experts' ranks and back; this rank's own and the shared expert run meanwhile
     exchange_counts(S, st);
     kc::moe_ep_source_offsets(S.ep_counts, P_, E_, me_, S.local_offsets, st);
@@ -367,7 +368,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     wait_exchange(st);
   }
   kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st);
-  phases_.mark(kRouting, st);
+  phases_.mark(kPermute, st);
 }
 
 void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T,
@@ -382,7 +383,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   // Combine: the experts' output gradients and the probabilities'.
   kc::moe_unpermute_backward(S.expert_out, S.permuted_row, S.probs, dy, dexpert_, dprobs_, T, k_, H_, st);
   if (cfg_.moe.capacity_factor) kc::moe_mask_dropped(dprobs_, S.kept, N, st);
-  phases_.mark(kRouting, st);
+  phases_.mark(kPermute, st);
   // Under expert parallelism the output gradients travel to the experts' ranks while the router's
   // and the shared expert's backward run.
   if (ep_) {
@@ -394,7 +395,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
   ctx.gemm.linear_backward_input(dlogits_, P + W.router_w, dx, T, H_, E_, st);
   ctx.gemm.linear_backward_weight(dlogits_, x, G + W.router_w, T, H_, E_, st, ctx.accumulate_grads);
-  phases_.mark(kRouting, st);
+  phases_.mark(kRouter, st);
   if (Fs_ > 0) {  // the shared expert, a dense MLP on every token
     ctx.gemm.linear_backward_input(dy, P + W.shared_fc2, dshared_g_, T, Fs_, H_, st);
     ctx.gemm.linear_backward_weight(dy, S.shared_g, G + W.shared_fc2, T, Fs_, H_, st, ctx.accumulate_grads);
@@ -421,13 +422,14 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     wait_exchange(st);
   } else {
     kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
+    phases_.mark(kPermute, st);
     experts_backward_input(S, ctx, dexpert_, groups, dpermuted_);
     experts_backward_weights(S, ctx, permuted_x_, dexpert_, groups);
     phases_.mark(kExperts, st);
   }
   // The routed experts' part: each token's k rows summed into dx.
   kc::moe_permute_backward(dpermuted_, S.permuted_row, dx, T, k_, H_, true, st);
-  phases_.mark(kRouting, st);
+  phases_.mark(kPermute, st);
 }
 
 void CudaMoeLayers::update_expert_bias(float* main, const GptParameterLayout& layout, dist::ProcessGroup* dp,

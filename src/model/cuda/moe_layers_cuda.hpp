@@ -142,7 +142,7 @@ class CudaMoeLayers {
   void start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream);
   void wait_exchange(cudaStream_t stream);
   // LAOYAO_MOE_PHASES=1: this step's MoE time by phase and rows per rank, on stderr.
-  enum Phase { kRouting, kCounts, kExchange, kExperts, kShared, kPhases };
+  enum Phase { kRouter, kPermute, kCounts, kExchange, kExperts, kShared, kPhases };
   void report_phases();
   // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
   void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const;
