@@ -394,6 +394,9 @@ TEST_F(CudaGroupedGemm, RejectsBadArguments) {
     expect_error([&] { cuda::grouped_gemm_wgrad(c.a, a, dw, rg, c.N, c.K, true, stream_); }, "grouped_gemm_wgrad");
   }
   EXPECT_THROW(cuda::grouped_gemm_nt(a, a, y, cuda::RowGroups{nullptr, 2, 2, 8}, 16, 16, stream_), laoyao::Error);
+  EXPECT_THROW(cuda::grouped_gemm_nn(a, a, y, cuda::RowGroups{off, 2, 2, 8, -1}, 16, 16, stream_), laoyao::Error);
+  EXPECT_THROW(cuda::grouped_gemm_wgrad(a, a, dw, cuda::RowGroups{off, 2, 2, 8, INT32_MAX}, 16, 16, true, stream_),
+               laoyao::Error);
   sync();  // nothing was enqueued
 }
 

@@ -1,8 +1,10 @@
-// Grouped GEMMs of the routed experts (see grouped_gemm.hpp): Hopper warpgroup MMAs
-// (wgmma.mma_async m64n128k16, bf16 -> fp32) reading both operands from 128-byte-swizzled shared
-// memory through matrix descriptors, fed by a multi-stage cp.async pipeline. The copies apply the
-// swizzle through their destination addresses (no TMA descriptors), so that every tile stops at
-// its group's last row: cp.async zero-fills rows past it, and partial N / K tiles likewise.
+// Grouped GEMMs of the routed experts (see grouped_gemm.hpp): the public functions (argument checks,
+// the choice between these kernels and the TMA-fed ones of grouped_gemm_tma.cu, the default) and
+// the cp.async-fed kernels (LAOYAO_GROUPED_GEMM=cp_async): Hopper warpgroup MMAs (wgmma.mma_async
+// m64n128k16, bf16 -> fp32) reading both operands from 128-byte-swizzled shared memory through
+// matrix descriptors, fed by a multi-stage cp.async pipeline. The copies apply the swizzle through
+// their destination addresses (no TMA descriptors), so that every tile stops at its group's last
+// row: cp.async zero-fills rows past it, and partial N / K tiles likewise.
 //
 // One configuration for all three (block tile BM x BN = 128 x 128, BK = 64, 2 warpgroups each
 // owning 64 rows, 3 stages = 96 KiB so that 2 blocks share an SM and one's epilogue overlaps the
@@ -247,7 +249,7 @@ enum class Kernels { Tma, Tma128, CpAsync };
 Kernels kernels() {
   static const Kernels k = [] {
     const char* v = std::getenv("LAOYAO_GROUPED_GEMM");
-    const std::string s = v ? v : "tma";
+    const std::string s = v && *v ? v : "tma";
     if (s == "tma") return Kernels::Tma;
     if (s == "tma128") return Kernels::Tma128;
     if (s == "cp_async") return Kernels::CpAsync;

@@ -1,23 +1,26 @@
 // Grouped GEMMs of the routed experts (our own tensor-core kernels): the rows of the activations
 // are grouped, group g being rows [offsets[g], offsets[g + 1]) with offsets[G + 1] int32 on the
-// DEVICE (moe_permutation writes them; offsets[G] - offsets[0] = rows, offsets[0] = 0 unless the
-// groups are a later part of a longer grouping, whose rows before them are not touched). The host
-// knows only the total rows, so the per-expert counts never travel to it (no synchronisation in
-// the step). bf16
+// DEVICE (moe_permutation writes them; offsets[G] - offsets[0] = rows; offsets[0] = first, 0 unless
+// the groups are a later part of a longer grouping, whose rows before them are not touched). The
+// host knows the total rows and the first (RowGroups), never the per-expert counts (no
+// synchronisation in the step). bf16
 // operands, fp32 accumulation. W holds Gw [N, K] matrices (local_experts.w.linear_fc1/fc2.weight,
 // one after another, as [out, in] like every linear) and group g uses matrix g % Gw: one group per
 // expert (G = Gw), or under expert parallelism one per (source rank, local expert) in the order
 // the all-to-all delivers them (source-major: G = ranks x Gw), so that no reorder is needed.
 // N and K must be multiples of 8 (16-byte rows); any group may be empty. The bf16 operands must be
 // 16-byte aligned (the fp32 dW 8-byte). Arguments are checked on the host (laoyao::Error): Gw >= 1
-// dividing G, 0 <= rows < 2^31, N and K non-negative multiples of 8. The offsets must be
-// non-decreasing (the grids are sized from rows and G: ceil(rows / 128) + G
+// dividing G, first >= 0, rows >= 0, first + rows < 2^31, N and K non-negative multiples of 8.
+// Not checked (the host cannot see them): the offsets must be non-decreasing and offsets[0] must
+// equal first (the TMA kernels read the row operands as first + rows rows from their base: a wrong
+// first reads zeros or past the operand). The grids are sized from rows and G: ceil(rows / 128) + G
 // row tiles for nt and nn, whose blocks find their group from the offsets; Gw x ceil(N / 128) x
-// ceil(K / 128) tiles for wgrad). No host synchronisation, no allocation: every call is one kernel
+// ceil(K / 128) tiles for wgrad. No host synchronisation, no allocation: every call is one kernel
 // on `stream`.
-// Two sets of kernels do the work (their tests and benchmark run both): TMA-fed ones
-// (grouped_gemm_tma.cu), the default, and cp.async-fed ones (grouped_gemm.cu), picked with
-// LAOYAO_GROUPED_GEMM=cp_async.
+// Two sets of kernels do the work: TMA-fed ones (grouped_gemm_tma.cu), the default, with 128 x 256
+// tiles where the output's columns are a multiple of 256 (LAOYAO_GROUPED_GEMM=tma128: 128 x 128
+// only), and cp.async-fed ones (grouped_gemm.cu, LAOYAO_GROUPED_GEMM=cp_async);
+// `scripts/gpu_check.sh run grouped` tests and times each.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,18 +41,20 @@ struct RowGroups {
 };
 
 // Forward of each expert's linear: Y[r, :] = X[r, :] @ W_{g % Gw}^T for r in group g.
-// X [rows, K], W [Gw][N][K], Y [rows, N] (bf16, overwritten).
+// X [first + rows, K], W [Gw][N][K], Y [first + rows, N] (bf16; the groups' rows overwritten).
 void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream);
-// Input gradient: dX[r, :] = dY[r, :] @ W_{g % Gw}. dY [rows, N], W [Gw][N][K], dX [rows, K] (bf16,
-// overwritten).
+// Input gradient: dX[r, :] = dY[r, :] @ W_{g % Gw}. dY [first + rows, N], W [Gw][N][K], dX
+// [first + rows, K] (bf16; the groups' rows overwritten).
 void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream);
 // Weight gradient: dW_w += sum over the groups g with g % Gw == w of dY_g^T @ X_g (fp32 main_grad;
 // the groups' rows summed in group order). accumulate = false writes the sum instead (the first
 // micro-batch of a step: the gradient is neither zeroed before nor read), zeros for a matrix none
 // of whose groups has rows; accumulating, such a matrix is left as it is.
-// dY [rows, N], X [rows, K], dW [Gw][N][K].
+// dY [first + rows, N], X [first + rows, K], dW [Gw][N][K]. The TMA kernels zero dY's rows past a
+// group's end in the reduction's last partial step (the next group's rows, read with the tile),
+// not X's: those X rows must be finite (0 x inf would leak NaN into this group's dW).
 void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
                         bool accumulate, cudaStream_t stream);
 

@@ -1,8 +1,8 @@
 // What the grouped GEMMs' kernels share whichever way their operands arrive (grouped_gemm.cu:
 // cp.async from every thread; grouped_gemm_tma.cu: TMA from a producer warp): the block tile, the
 // search for a block's row tile among the groups, and the two epilogues. 256 computing threads
-// (2 warpgroups, warpgroup w owning rows 64 w .. 64 w + 63 of a 128 x 128 tile) hold the
-// accumulators; `sync` is a barrier over exactly those threads.
+// (2 warpgroups, warpgroup w owning rows 64 w .. 64 w + 63 of a 128-row tile, 128 or 256 columns
+// wide) hold the accumulators; `sync` is a barrier over exactly those threads.
 #pragma once
 #include <cuda_bf16.h>
 

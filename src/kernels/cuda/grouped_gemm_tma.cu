@@ -29,7 +29,6 @@
 //     noise (627.5 against 632.2 ms at 16 x 4096 tokens).
 #include <cuda.h>
 
-#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdint>
@@ -270,9 +269,6 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, sync_math);
 }
 
-}  // namespace
-
-namespace {
 
 template <int W>
 void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
@@ -319,11 +315,14 @@ void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowG
 
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& g, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream) {
+  if (g.rows == 0) {  // writing (accumulating, the caller returned): zeros, and no map of an empty operand
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(g.weights * N * K) * sizeof(float), stream));
+    return;
+  }
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = g.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");
-  // An operand without rows still needs a valid map: one row (never read: no step loads it).
-  const uint64_t extent = uint64_t(std::max<int64_t>(g.first + g.rows, 1));
+  const uint64_t extent = uint64_t(g.first + g.rows);
   const CUtensorMap ta = bf16_tensor_map(dY, {uint64_t(N), extent}, {uint64_t(N) * 2}, {64, 64});
   const CUtensorMap tb = bf16_tensor_map(X, {uint64_t(K), extent}, {uint64_t(K) * 2}, {64, 64});
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();

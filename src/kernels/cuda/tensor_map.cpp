@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <cstdio>
 #include <string>
 
 #include "core/error.hpp"
@@ -44,12 +45,24 @@ CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> di
                                b, e, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    std::string what = "cuTensorMapEncodeTiled refused a bf16 map of dims";
+    std::string what = "cuTensorMapEncodeTiled refused a bf16 map (error " + std::to_string(int(r)) + "): dims";
     for (size_t k = 0; k < rank; ++k) {
       what += k ? "x" : " ";
       what += std::to_string(d[k]);
     }
-    throw Error(what + " (error " + std::to_string(int(r)) + "): the base and strides must be 16-byte aligned");
+    what += ", byte strides";
+    for (size_t k = 0; k + 1 < rank; ++k) {
+      what += k ? "," : " ";
+      what += std::to_string(s[k]);
+    }
+    what += ", box";
+    for (size_t k = 0; k < rank; ++k) {
+      what += k ? "x" : " ";
+      what += std::to_string(b[k]);
+    }
+    char base_hex[32];
+    std::snprintf(base_hex, sizeof base_hex, "%p", base);
+    throw Error(what + ", base " + base_hex);
   }
   return map;
 }
