@@ -280,9 +280,17 @@ void check_args(const char* fn, const void* a, const void* b, const void* c, uin
     throw Error(f + "the operands must be 16-byte aligned (the output " + std::to_string(c_align) + "-byte)");
 }
 
+// The nt / nn problems no kernel needs to run: no rows or no output columns (nothing to write), or
+// an empty reduction (the groups' rows of C [first + rows][cols] become zeros). True when done.
+bool rows_done(bf16* C, const RowGroups& g, int64_t cols, int64_t red, cudaStream_t stream) {
+  if (g.rows == 0 || cols == 0) return true;
+  if (red > 0) return false;
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(C + g.first * cols, 0, size_t(g.rows * cols) * sizeof(bf16), stream));
+  return true;
+}
+
 void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
                  cudaStream_t stream) {
-  if (g.rows == 0 || cols == 0) return;
   const int64_t col_tiles = (cols + BN - 1) / BN;
   const int64_t blocks = col_tiles * ((g.rows + BM - 1) / BM + g.groups);
   if (blocks > INT_MAX) throw Error("grouped_gemm: the problem is too large for one grid");
@@ -305,6 +313,7 @@ void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups
 void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
+  if (rows_done(Y, groups, N, K, stream)) return;
   if (kernels() != Kernels::CpAsync) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), stream);
   launch_rows(true, X, W, Y, groups, N, K, stream);
 }
@@ -312,6 +321,7 @@ void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& gro
 void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
+  if (rows_done(dX, groups, K, N, stream)) return;
   if (kernels() != Kernels::CpAsync) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), stream);
   launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
@@ -319,8 +329,12 @@ void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& g
 void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
                         bool accumulate, cudaStream_t stream) {
   check_args("grouped_gemm_wgrad", dY, X, dW, 8, groups, N, K);
-  // Writing, a problem without rows still writes its zeros.
-  if ((accumulate && groups.rows == 0) || N == 0 || K == 0) return;
+  if (N == 0 || K == 0) return;
+  if (groups.rows == 0) {  // nothing to add; writing, zeros (no kernel reads an empty operand)
+    if (!accumulate)
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(groups.weights * N * K) * sizeof(float), stream));
+    return;
+  }
   if (kernels() != Kernels::CpAsync) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = groups.weights * m_tiles * n_tiles;

@@ -302,11 +302,6 @@ void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGr
 
 void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
                       bool wide, cudaStream_t stream) {
-  if (g.rows == 0 || cols == 0) return;
-  if (red == 0) {  // an empty reduction: zeros (and no map of a zero-width operand)
-    LAOYAO_CUDA_CHECK(cudaMemsetAsync(C + g.first * cols, 0, size_t(g.rows * cols) * sizeof(bf16), stream));
-    return;
-  }
   if (wide)
     launch_rows_tma<256>(nt, A, B, C, g, cols, red, stream);
   else
@@ -315,10 +310,6 @@ void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowG
 
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& g, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream) {
-  if (g.rows == 0) {  // writing (accumulating, the caller returned): zeros, and no map of an empty operand
-    LAOYAO_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(g.weights * N * K) * sizeof(float), stream));
-    return;
-  }
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = g.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");

@@ -1,7 +1,8 @@
 // The TMA-fed grouped GEMM kernels (grouped_gemm_tma.cu), behind grouped_gemm.hpp's functions,
-// which check the arguments and pick them. Same operands as there; `cols` / `red` are the output
-// columns and the reduction (nt: N, K; nn: K, N); `wide` takes 128 x 256 block tiles instead of
-// 128 x 128.
+// which check the arguments, finish the problems no kernel needs (no rows, no output columns, an
+// empty reduction) and pick them: here rows, columns and the reduction are all at least 1. Same
+// operands as there; `cols` / `red` are the output columns and the reduction (nt: N, K; nn: K, N);
+// `wide` takes 128 x 256 block tiles instead of 128 x 128.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
