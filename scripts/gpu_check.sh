@@ -17,7 +17,8 @@
 #                                            them: 1gpu dp2_overlap dp2_distopt ep2_overlap
 #                                            ep2_distopt), DP2_SPEED=0 drops dp2's
 #                                            throughput runs, FOUR_SPEED=0 four's, PHASES_CASES
-#                                            the phases part's cases). Full logs go to
+#                                            the phases part's cases, GROUPED_TESTS / GROUPED_BENCH
+#                                            / GROUPED_FLAGSHIP the grouped part's kernel sets). Full logs go to
 #                                            $OUT; a summary table is
 #                                            printed last.
 set -uo pipefail
@@ -165,25 +166,32 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           note "moe_2b: $(grep -E 'load_balancing_loss' "$OUT/bench_moe_2b.log" | tail -1 | cut -c1-400)"
           ;;
         grouped)
-          # The grouped GEMMs' kernels: TMA-fed with 128 x 256 tiles where they fit (the default), TMA-fed
-          # with 128 x 128 tiles only (tma128), cp.async-fed: the MoE and grouped-GEMM tests with the
-          # latter two (the tests part runs the default), the grouped-GEMM bench with each, and the
-          # flagship's step (8 micro-batches of 2 x 4096) with the TMA ones.
-          for v in cp_async tma128; do
-            LAOYAO_GROUPED_GEMM=$v timeout 300 "$C/laoyao_tests_model_cuda" \
-              --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_$v.txt" 2>&1
-            note "MoE + grouped GEMM GPU tests, LAOYAO_GROUPED_GEMM=$v: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_$v.txt" | tr '\n' ' ')"
+          # The grouped GEMMs' kernel sets, KERNELS[:EPILOGUE] (LAOYAO_GROUPED_GEMM, LAOYAO_GROUPED_EPILOGUE):
+          # TMA-fed with 128 x 256 tiles where they fit and bulk-stored epilogues (tma, the default),
+          # 128 x 128 tiles only (tma128), epilogues stored by the threads (tma:threads), cp.async-fed
+          # (cp_async). GROUPED_TESTS: the sets the MoE and grouped-GEMM tests run with (the tests part
+          # runs the default); GROUPED_BENCH: the grouped-GEMM bench's; GROUPED_FLAGSHIP: the flagship's
+          # step (8 micro-batches of 2 x 4096).
+          with_set() {  # with_set SET command...: the command under that set's variables
+            local set=$1 epi=; shift
+            [[ $set == *:* ]] && epi=${set#*:}
+            LAOYAO_GROUPED_GEMM=${set%%:*} LAOYAO_GROUPED_EPILOGUE=$epi "$@"
+          }
+          for v in ${GROUPED_TESTS:-cp_async tma128 tma:threads}; do
+            with_set "$v" timeout 300 "$C/laoyao_tests_model_cuda" \
+              --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_${v/:/_}.txt" 2>&1
+            note "MoE + grouped GEMM GPU tests, set $v: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_${v/:/_}.txt" | tr '\n' ' ')"
           done
-          for v in cp_async tma128 tma; do
-            LAOYAO_GROUPED_GEMM=$v timeout 150 "$C/laoyao_bench_grouped_gemm" $([ $v != tma ] && echo --ours-only) \
-              > "$OUT/grouped_gemm_$v.txt" 2>&1
-            note "grouped GEMM bench, LAOYAO_GROUPED_GEMM=$v (exit $?):"
-            while read -r line; do note "  $line"; done < <(grep '^|' "$OUT/grouped_gemm_$v.txt")
+          for v in ${GROUPED_BENCH:-cp_async tma128 tma:threads tma}; do
+            with_set "$v" timeout 150 "$C/laoyao_bench_grouped_gemm" $([ $v != tma ] && echo --ours-only) \
+              > "$OUT/grouped_gemm_${v/:/_}.txt" 2>&1
+            note "grouped GEMM bench, set $v (exit $?):"
+            while read -r line; do note "  $line"; done < <(grep '^|' "$OUT/grouped_gemm_${v/:/_}.txt")
           done
-          for v in ${GROUPED_FLAGSHIP:-tma128 tma}; do  # GROUPED_FLAGSHIP picks the sets
-            LAOYAO_GROUPED_GEMM=$v bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b_gbs16 \
-              > "$OUT/flagship_$v.txt" 2>&1
-            note "flagship, 16 x 4096 tokens a step, LAOYAO_GROUPED_GEMM=$v: $(grep '^| moe_2b_gbs16' "$OUT/flagship_$v.txt")"
+          for v in ${GROUPED_FLAGSHIP:-tma:threads tma}; do
+            with_set "$v" bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b_gbs16 \
+              > "$OUT/flagship_${v/:/_}.txt" 2>&1
+            note "flagship, 16 x 4096 tokens a step, set $v: $(grep '^| moe_2b_gbs16' "$OUT/flagship_${v/:/_}.txt")"
           done
           ;;
         recipes)

@@ -162,23 +162,25 @@ class CudaGroupedGemm : public CudaStreamTest {
   }
 
   // dW_w += sum of dY_g^T @ X_g over the groups g of matrix w onto a random non-zero dW; or, with
-  // accumulate false, written over it.
+  // accumulate false, written over it. dW starts `lead` elements into its buffer (the guard before
+  // it): kGuard is 16-byte aligned, kGuard + 2 only 8-byte (main_grad's offsets may be).
   void check_wgrad(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed, int64_t Gw = 0,
-                   bool accumulate = true) {
+                   bool accumulate = true, int64_t lead = kGuard) {
     const Groups g = groups_of(counts, Gw);
-    SCOPED_TRACE("grouped_gemm_wgrad " + describe(counts, g.Gw, N, K) + (accumulate ? "" : ", writing"));
+    SCOPED_TRACE("grouped_gemm_wgrad " + describe(counts, g.Gw, N, K) + (accumulate ? "" : ", writing") +
+                 (lead % 4 ? ", dW 8-byte aligned" : ""));
     const auto dy = randn_bf16(size_t(g.rows * N), seed, "grouped.wgrad.dy");
     const auto x = randn_bf16(size_t(g.rows * K), seed, "grouped.wgrad.x");
     const int64_t nw = g.Gw * N * K;
     // dW with its guards: random fp32 values (not bf16-rounded: main_grad holds any fp32).
-    std::vector<float> dw0(size_t(nw + 2 * kGuard));
+    std::vector<float> dw0(size_t(lead + nw + kGuard));
     {
       Rng rng(seed, "grouped.wgrad.dw0");
       for (auto& v : dw0) v = static_cast<float>(rng.normal());
     }
     std::vector<double> want(static_cast<size_t>(nw)), abssum(static_cast<size_t>(nw));
     for (int64_t i = 0; i < nw; ++i) {
-      want[size_t(i)] = accumulate ? dw0[size_t(kGuard + i)] : 0.0;
+      want[size_t(i)] = accumulate ? dw0[size_t(lead + i)] : 0.0;
       abssum[size_t(i)] = std::abs(want[size_t(i)]);
     }
     for (int64_t e = 0; e < g.G; ++e)
@@ -202,7 +204,7 @@ class CudaGroupedGemm : public CudaStreamTest {
     std::vector<std::vector<float>> runs;
     for (int run = 0; run < 2; ++run) {  // twice from the same dW: bit-identical
       ddw.upload(dw0.data(), ddw.bytes);
-      cuda::grouped_gemm_wgrad(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>() + kGuard, g.on_device(), N, K,
+      cuda::grouped_gemm_wgrad(ddy.as<bf16>(), dx.as<bf16>(), ddw.as<float>() + lead, g.on_device(), N, K,
                                accumulate, stream_);
       sync();
       std::vector<float> h(dw0.size());
@@ -212,14 +214,14 @@ class CudaGroupedGemm : public CudaStreamTest {
     const std::vector<float>& got = runs[0];
     EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
         << "two runs from the same dW differ";
-    EXPECT_EQ(std::memcmp(got.data(), dw0.data(), kGuard * sizeof(float)), 0) << "the guard before dW was written";
-    EXPECT_EQ(std::memcmp(got.data() + kGuard + nw, dw0.data() + kGuard + nw, kGuard * sizeof(float)), 0)
+    EXPECT_EQ(std::memcmp(got.data(), dw0.data(), size_t(lead) * sizeof(float)), 0) << "the guard before dW was written";
+    EXPECT_EQ(std::memcmp(got.data() + lead + nw, dw0.data() + lead + nw, kGuard * sizeof(float)), 0)
         << "the guard after dW was written";
     for (int64_t w = 0; w < g.Gw; ++w) {
       bool empty = true;
       for (int64_t e = w; e < g.G; e += g.Gw) empty = empty && counts[size_t(e)] == 0;
       if (!empty) continue;
-      const size_t at = size_t(kGuard + w * N * K);
+      const size_t at = size_t(lead + w * N * K);
       if (accumulate) {
         EXPECT_EQ(std::memcmp(got.data() + at, dw0.data() + at, size_t(N * K) * sizeof(float)), 0)
             << "the dW of matrix " << w << ", whose groups are empty, changed";
@@ -229,7 +231,7 @@ class CudaGroupedGemm : public CudaStreamTest {
             << "the dW of matrix " << w << ", whose groups are empty, is not all zeros";
       }
     }
-    expect_within(std::vector<float>(got.begin() + kGuard, got.begin() + kGuard + nw), want, tol, "dW");
+    expect_within(std::vector<float>(got.begin() + lead, got.begin() + lead + nw), want, tol, "dW");
   }
 
   // nt and nn on groups g0 .. g0 + gn - 1 of `counts` alone (offsets from g0 on: a later part of a
@@ -327,6 +329,15 @@ TEST_F(CudaGroupedGemm, TileEdges) {
 // Expert parallelism's source-major groups: 3 source ranks x 4 local experts (group g uses matrix
 // g % 4), with empty groups, a matrix whose groups are all empty (1) and groups that straddle the
 // 64-row reduction steps; then the flagship's fc1 at EP=2 (2 sources x 3 experts).
+// dW only 8-byte aligned (an fp32 main_grad offset may be): the TMA kernels' wgrad cannot map it
+// for bulk reductions and stores from its threads instead; both ways, writing and adding.
+TEST_F(CudaGroupedGemm, WgradOfAnEightByteAlignedDw) {
+  const std::vector<int> counts = {63, 0, 200, 129};
+  check_wgrad(counts, 136, 72, 28, 0, true, kGuard + 2);
+  check_wgrad(counts, 136, 72, 29, 0, false, kGuard + 2);
+  check_wgrad(counts, 768, 1024, 30, 0, true, kGuard + 2);
+}
+
 TEST_F(CudaGroupedGemm, SourceMajorGroupsShareWeights) {
   const std::vector<int> counts = {70, 0, 5, 128, 0, 0, 64, 1, 33, 0, 200, 63};
   check_all(counts, 136, 72, 16, 4);

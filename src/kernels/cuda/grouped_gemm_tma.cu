@@ -32,6 +32,8 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/grouped_gemm_tiles.cuh"
@@ -105,6 +107,64 @@ __device__ __forceinline__ void tma_load(bf16* dst, const CUtensorMap& map, uint
       : "memory");
 }
 
+// Bulk tensor stores (PTX "cp.async.bulk.tensor", shared -> global, and "cp.reduce.async.bulk.tensor"
+// .add): a shared-memory box written into, or added to, a map's tensor, elements outside its dims
+// skipped. The issuing thread commits them as a bulk group and waits only until they have been read
+// out of shared memory: the global writes finish after the block has gone, beside the next block's
+// loads (the threads' own stores and, for dW, loads would hold the block until they retire).
+__device__ __forceinline__ void tma_store(const CUtensorMap& map, const void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(smem_u32(src)), "r"(x), "r"(y)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store(const CUtensorMap& map, const void* src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap& map, const void* src, int x, int y, int z) {
+  asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(&map)),
+               "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_and_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// A tile staged for bulk stores: boxes of BM rows x 128 bytes (32 floats or 64 bf16) one after
+// another along the columns, each in the maps' 128-byte swizzle (16-byte chunk c of row r at
+// c ^ (r % 8)), so that a warp's fragment stores meet every bank equally. Byte offset of (row, col):
+template <class T>
+__device__ __forceinline__ uint32_t staged_offset(int row, int col) {
+  constexpr int kPerRow = 128 / int(sizeof(T));
+  const uint32_t byte = uint32_t(col % kPerRow) * uint32_t(sizeof(T));
+  return uint32_t(col / kPerRow) * (BM * 128u) + uint32_t(row) * 128u + ((((byte >> 4) ^ uint32_t(row & 7)) << 4) | (byte & 15u));
+}
+
+// The accumulators (W = 2 NA columns of the block's 128 rows) into such boxes, as T (float, or
+// bf16 rounded once), made visible to the bulk copies; the caller then syncs the computing threads.
+template <class T, int NA>
+__device__ __forceinline__ void stage_for_bulk(const float (&acc)[NA], unsigned char* smem) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  const int row = (threadIdx.x >> 5) * 16 + gq;  // warp w of the block: rows 16 w .. 16 w + 15
+#pragma unroll
+  for (int j = 0; j < NA / 4; ++j) {
+    const int c = j * 8 + 2 * tq;
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float2*>(smem + staged_offset<T>(row, c)) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(smem + staged_offset<T>(row + 8, c)) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    } else {
+      *reinterpret_cast<uint32_t*>(smem + staged_offset<T>(row, c)) = pack_bf16(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<uint32_t*>(smem + staged_offset<T>(row + 8, c)) = pack_bf16(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+  fence_proxy_async();
+}
+
 // A barrier over the computing threads only (the producer warp may have left).
 __device__ __forceinline__ void sync_math() { asm volatile("bar.sync 1, %0;\n" ::"n"(kMathThreads) : "memory"); }
 
@@ -165,8 +225,8 @@ __device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&ac
 template <int B_MN, int W>
 __global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
     rows_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-                    bf16* __restrict__ C, const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles,
-                    int64_t cols, int64_t red) {
+                    const __grid_constant__ CUtensorMap tc, bool bulk, bf16* __restrict__ C,
+                    const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles, int64_t cols, int64_t red) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ Ring<Tile<W>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
@@ -193,15 +253,27 @@ __global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
 #pragma unroll
   for (int i = 0; i < W / 2; ++i) acc[i] = 0.0f;
   consume<0, B_MN, W>(ring, acc, smem, KT, [](bf16*, int) {});
-  store_rows_tile(acc, smem, C, r0, r_end, c0, cols, sync_math);
+  if (bulk && r0 + BM <= r_end) {  // a whole row tile of its group: its rows are all C's to write
+    stage_for_bulk<bf16>(acc, reinterpret_cast<unsigned char*>(smem));
+    sync_math();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int b = 0; b < W / 64; ++b)
+        if (c0 + 64 * b < cols) tma_store(tc, smem + b * BM * 64, c0 + 64 * b, r0);
+      bulk_commit_and_wait_read();
+    }
+  } else {
+    store_rows_tile(acc, smem, C, r0, r_end, c0, cols, sync_math);
+  }
 }
 
 // wgrad, as wgrad_kernel of grouped_gemm.cu (128 x 128 tiles of dW). ta: dY [extent rows][N];
 // tb: X [extent rows][K].
 __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     wgrad_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-                     float* __restrict__ dW, const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles,
-                     int n_tiles, int64_t N, int64_t K, bool accumulate) {
+                     const __grid_constant__ CUtensorMap tw, bool bulk, float* __restrict__ dW,
+                     const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles, int n_tiles, int64_t N,
+                     int64_t K, bool accumulate) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ Ring<Tile<BN>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
@@ -213,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + BK - 1) / BK;
   if (KT == 0 && accumulate) return;  // nothing to add
   float* Wg = dW + int64_t(w) * N * K;
-  if (accumulate)  // this block's dW tile into L2 now, read in the epilogue
+  if (accumulate && !bulk)  // this block's dW tile into L2 now, read in the epilogue
     for (int i = threadIdx.x; i < BM * (BN / 32); i += kThreads) {
       const int64_t r = m0 + i / (BN / 32), c = n0 + (i % (BN / 32)) * 32;
       if (r < N && c < K) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(Wg + r * K + c));
@@ -266,8 +338,39 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     else
       asm volatile("bar.sync 3, 128;\n" ::: "memory");
   });
-  add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, sync_math);
+  if (bulk) {  // the tile added to dW (or written) by the bulk copies, in L2
+    stage_for_bulk<float>(acc, reinterpret_cast<unsigned char*>(smem));
+    sync_math();
+    if (threadIdx.x == 0) {
+      const unsigned char* staged = reinterpret_cast<const unsigned char*>(smem);
+#pragma unroll
+      for (int b = 0; b < BN / 32; ++b) {
+        if (n0 + 32 * b >= K) break;
+        if (accumulate)
+          tma_reduce_add(tw, staged + b * BM * 128, n0 + 32 * b, m0, w);
+        else
+          tma_store(tw, staged + b * BM * 128, n0 + 32 * b, m0, w);
+      }
+      bulk_commit_and_wait_read();
+    }
+  } else {
+    add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, sync_math);
+  }
 }
+
+// LAOYAO_GROUPED_EPILOGUE: "bulk" (unset or empty: the default) stores whole output tiles with TMA
+// bulk copies (dW: bulk reductions), "threads" has every computing thread store its part.
+bool bulk_epilogue() {
+  static const bool bulk = [] {
+    const char* v = std::getenv("LAOYAO_GROUPED_EPILOGUE");
+    const std::string s = v && *v ? v : "bulk";
+    if (s == "bulk") return true;
+    if (s == "threads") return false;
+    throw Error("LAOYAO_GROUPED_EPILOGUE must be bulk or threads, got '" + s + "'");
+  }();
+  return bulk;
+}
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 
 template <int W>
@@ -280,19 +383,22 @@ void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGr
   const CUtensorMap ta = bf16_tensor_map(A, {uint64_t(red), extent}, {uint64_t(red) * 2}, {64, BM});
   constexpr size_t smem = Tile<W>::template smem_bytes<bf16>();
   const int G = int(g.groups);
+  // C's map (whole tiles' boxes of 64 columns); C's rows are 16-byte multiples (cols % 8 == 0).
+  const bool bulk = bulk_epilogue() && aligned16(C);
+  const CUtensorMap tc = bulk ? bf16_tensor_map(C, {uint64_t(cols), extent}, {uint64_t(cols) * 2}, {64, BM}) : ta;
   if (nt) {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
                                            {uint64_t(red) * 2, uint64_t(red * cols) * 2}, {64, W, 1});
     static std::array<bool, 64> seen{};
     if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<0, W>, smem);
-    rows_kernel_tma<0, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, C, g.offsets, G, int(Gw),
+    rows_kernel_tma<0, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tc, bulk, C, g.offsets, G, int(Gw),
                                                                          int(col_tiles), cols, red);
   } else {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(cols), uint64_t(red), Gw},
                                            {uint64_t(cols) * 2, uint64_t(red * cols) * 2}, {64, 64, 1});
     static std::array<bool, 64> seen{};
     if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<1, W>, smem);
-    rows_kernel_tma<1, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, C, g.offsets, G, int(Gw),
+    rows_kernel_tma<1, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tc, bulk, C, g.offsets, G, int(Gw),
                                                                          int(col_tiles), cols, red);
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
@@ -316,10 +422,16 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
   const uint64_t extent = uint64_t(g.first + g.rows);
   const CUtensorMap ta = bf16_tensor_map(dY, {uint64_t(N), extent}, {uint64_t(N) * 2}, {64, 64});
   const CUtensorMap tb = bf16_tensor_map(X, {uint64_t(K), extent}, {uint64_t(K) * 2}, {64, 64});
+  // dW's map [Gw][N][K] fp32 (boxes of 32 columns): needs a 16-byte aligned dW (K % 8 == 0 already).
+  const bool bulk = bulk_epilogue() && aligned16(dW);
+  const CUtensorMap tw =
+      bulk ? f32_tensor_map(dW, {uint64_t(K), uint64_t(N), uint64_t(g.weights)},
+                            {uint64_t(K) * 4, uint64_t(N * K) * 4}, {32, BM, 1})
+           : ta;
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();
   static std::array<bool, 64> seen{};
   if (first_on_this_device(seen)) allow_smem(wgrad_kernel_tma, smem);
-  wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, dW, g.offsets, int(g.groups),
+  wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
                                                                  int(g.weights), int(m_tiles), int(n_tiles), N, K,
                                                                  accumulate);
   LAOYAO_CUDA_CHECK(cudaGetLastError());

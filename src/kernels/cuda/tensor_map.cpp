@@ -24,14 +24,13 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
   return fn;
 }
 
-}  // namespace
-
-CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
-                            std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
+CUtensorMap tensor_map(CUtensorMapDataType type, const char* type_name, const void* base,
+                       std::initializer_list<uint64_t> dims, std::initializer_list<uint64_t> strides,
+                       std::initializer_list<uint32_t> box) {
   const size_t rank = dims.size();
   if (rank < 1 || rank > 5 || strides.size() != rank - 1 || box.size() != rank)
-    throw Error("bf16_tensor_map: " + std::to_string(rank) + " dims need " + std::to_string(rank - 1) +
-                " strides and as many box sizes");
+    throw Error(std::string(type_name) + "_tensor_map: " + std::to_string(rank) + " dims need " +
+                std::to_string(rank - 1) + " strides and as many box sizes");
   cuuint64_t d[5], s[4];
   cuuint32_t b[5], e[5];
   size_t i = 0;
@@ -41,11 +40,12 @@ CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> di
   i = 0;
   for (uint32_t v : box) e[i] = 1, b[i++] = v;
   CUtensorMap map{};
-  const CUresult r = encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base), d, s,
+  const CUresult r = encoder()(&map, type, cuuint32_t(rank), const_cast<void*>(base), d, s,
                                b, e, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    std::string what = "cuTensorMapEncodeTiled refused a bf16 map (error " + std::to_string(int(r)) + "): dims";
+    std::string what = "cuTensorMapEncodeTiled refused a " + std::string(type_name) + " map (error " +
+                       std::to_string(int(r)) + "): dims";
     for (size_t k = 0; k < rank; ++k) {
       what += k ? "x" : " ";
       what += std::to_string(d[k]);
@@ -65,6 +65,18 @@ CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> di
     throw Error(what + ", base " + base_hex);
   }
   return map;
+}
+
+}  // namespace
+
+CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
+                            std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
+  return tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "bf16", base, dims, strides, box);
+}
+
+CUtensorMap f32_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
+                           std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
+  return tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, "f32", base, dims, strides, box);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -87,11 +87,12 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.ep_counts = a.take<int32_t>(ep_ ? P_ * E_ : 0);
       S.local_offsets = a.take<int32_t>(ep_ ? E_ + 1 : 0);
       S.local_x = a.take<bf16>(ep_ ? Nl * H_ : 0);
+      S.permuted_x = a.take<bf16>(ep_ ? 0 : N * H_);
       S.kept = a.take<uint8_t>(m.capacity_factor ? N : 0);
     }
   };
   auto carve_scratch = [&](Carver& a) {
-    permuted_x_ = a.take<bf16>(N * H_);
+    permuted_x_ = a.take<bf16>(ep_ ? N * H_ : 0);
     shared_out_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
     dexpert_ = a.take<bf16>(N * H_);
     dact_ = a.take<bf16>(Nl * F_);
@@ -339,7 +340,8 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     kc::moe_capacity_drop(S.topk_idx, S.offsets, S.permuted_row, S.probs, T, k_,
                           kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
                           permuted_probs_, st);
-  kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
+  bf16* permuted_x = ep_ ? permuted_x_ : S.permuted_x;
+  kc::moe_permute_forward(x, S.sorted_token, permuted_x, N, H_, st);
   phases_.mark(kPermute, st);
   if (ep_) {  // the rows travel to their experts' ranks and back; this rank's own and the shared expert run meanwhile
     exchange_counts(S, st);
@@ -349,7 +351,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     experts_forward(S, ctx, S.local_x, source_groups(S, me_, me_ + 1), local_y_);
     phases_.mark(kExperts, st);
   } else {
-    experts_forward(S, ctx, permuted_x_, expert_groups(S, N), S.expert_out);
+    experts_forward(S, ctx, permuted_x, expert_groups(S, N), S.expert_out);
     phases_.mark(kExperts, st);
   }
   if (Fs_ > 0) {
@@ -406,7 +408,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     phases_.mark(kShared, st);
   }
   // Experts, fc2 then fc1. Under expert parallelism the input gradients go back while the weight
-  // gradients are computed; otherwise the input is permuted again rather than kept.
+  // gradients are computed.
   const kc::RowGroups groups = expert_groups(S, N);
   if (ep_) {  // this rank's own rows first, while the others' arrive
     experts_backward_input(S, ctx, local_y_, source_groups(S, me_, me_ + 1), local_dx_);
@@ -421,10 +423,8 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     phases_.mark(kExperts, st);
     wait_exchange(st);
   } else {
-    kc::moe_permute_forward(x, S.sorted_token, permuted_x_, N, H_, st);
-    phases_.mark(kPermute, st);
     experts_backward_input(S, ctx, dexpert_, groups, dpermuted_);
-    experts_backward_weights(S, ctx, permuted_x_, dexpert_, groups);
+    experts_backward_weights(S, ctx, S.permuted_x, dexpert_, groups);
     phases_.mark(kExperts, st);
   }
   // The routed experts' part: each token's k rows summed into dx.

@@ -105,7 +105,9 @@ class CudaMoeLayers {
     // exchange's sizes in elements per peer.
     int32_t *ep_counts, *local_offsets;
     uint8_t* kept;  // [T, k] with a capacity factor: the pairs the experts keep
-    bf16* local_x;
+    // The experts' input rows: in token-permuted order (one rank), or as they arrived (expert
+    // parallelism: the permuted rows are the exchange's scratch, permuted_x_).
+    bf16 *permuted_x, *local_x;
     std::vector<size_t> send_elems, recv_elems;
     int64_t local_rows;
     // Per source rank s: its rows here and the first of them (source-major); this rank's rows for
