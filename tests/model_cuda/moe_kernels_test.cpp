@@ -29,6 +29,7 @@
 #include "kernels/cpu/moe.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/moe.hpp"
 #include "cuda_test_util.hpp"
 
@@ -819,6 +820,21 @@ TEST_F(CudaMoe, UnpermuteForwardBackwardMatchCpu) {
       tol[i] = kBf16Rel * std::abs(w[i]) + kFp32Sum * (abssum[i] + (with_addend ? std::abs(addend[i]) : 0.0));
     }
     expect_within(from_device_bf16(dy, T * H), w, tol, "y");
+  }
+  // The residual add fused into the combine: bit for bit the combine, then residual_dropout_add
+  // without dropout (the separate ops the model runs when dropout is on).
+  {
+    const auto res = randn_bf16(T * H, 23, "unpermute.residual");
+    auto dres = to_device_bf16(res);
+    auto separate = poisoned<bf16>(T * H), fused = poisoned<bf16>(T * H);
+    cuda::moe_unpermute_forward(dout.as<bf16>(), m.drows.as<int32_t>(), dprobs_in.as<float>(), dadd.as<bf16>(),
+                                separate.as<bf16>(), T, k, H, stream_);
+    cuda::residual_dropout_add(separate.as<bf16>(), dres.as<bf16>(), separate.as<bf16>(), T * H, cuda::DropoutSpec{},
+                               stream_);
+    cuda::moe_unpermute_forward(dout.as<bf16>(), m.drows.as<int32_t>(), dprobs_in.as<float>(), dadd.as<bf16>(),
+                                fused.as<bf16>(), T, k, H, stream_, dres.as<bf16>());
+    sync();
+    expect_equal(from_device_bf16(fused, T * H), from_device_bf16(separate, T * H), "y with the residual");
   }
 
   // Backward: dexpert_out is one fp32 product rounded to bf16, the CPU's product rounded the same.

@@ -1,6 +1,8 @@
 // Chunk partials added in a fixed order (see chunk_reduce.hpp). Block (kTile columns, kRows thread
-// rows): thread row y adds chunks y, y + kRows, ... into four accumulators taken in turn (four loads
-// in flight), the block then adds its thread rows in order.
+// rows): thread row y adds chunks y, y + kRows, ... into kAcc accumulators taken in turn (kAcc
+// loads in flight), the block then adds its thread rows in order. Narrow outputs (a head dim of
+// QK-norm weights: two blocks) with hundreds of chunks are the case to serve: the loads' round
+// trips, not their bytes, are the time.
 #include "kernels/cuda/chunk_reduce.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
@@ -8,7 +10,8 @@ namespace laoyao::kernels::cuda {
 namespace {
 
 constexpr int kTile = 32;  // columns per block (one warp wide: coalesced rows)
-constexpr int kRows = 16;  // thread rows per block
+constexpr int kRows = 32;  // thread rows per block
+constexpr int kAcc = 8;    // accumulators (loads in flight) per thread
 
 __global__ void __launch_bounds__(kTile * kRows)
     add_chunk_partials_kernel(const float* __restrict__ partial, float* __restrict__ out0, float* __restrict__ out1,
@@ -16,12 +19,20 @@ __global__ void __launch_bounds__(kTile * kRows)
   __shared__ float sums[2][kRows][kTile];
   const int64_t c = int64_t(blockIdx.x) * kTile + threadIdx.x;
   for (int which = 0; which < 2; ++which) {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[kAcc] = {};
     if (c < C && (which == 0 ? out0 : out1)) {  // a null output's row is not read
-      int j = 0;
-      for (int64_t k = threadIdx.y; k < chunks; k += kRows, j = (j + 1) & 3) acc[j] += partial[(k * 2 + which) * C + c];
+      int64_t k = threadIdx.y;
+      for (; k + (kAcc - 1) * kRows < chunks; k += kAcc * kRows)
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) acc[j] += partial[((k + j * kRows) * 2 + which) * C + c];
+#pragma unroll
+      for (int j = 0; j < kAcc; ++j)  // the last, partial round
+        if (k + j * kRows < chunks) acc[j] += partial[((k + j * kRows) * 2 + which) * C + c];
     }
-    sums[which][threadIdx.y][threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) s += acc[j];
+    sums[which][threadIdx.y][threadIdx.x] = s;
   }
   __syncthreads();
   if (threadIdx.y >= 2 || c >= C) return;

@@ -700,8 +700,8 @@ __global__ void moe_permute_backward_kernel(const uint4* __restrict__ dpermuted,
 // y[t] = sum_j probs[t, j] * expert_out[row(t, j)] (+ addend[t]), fp32 in choice order, rounded once.
 __global__ void moe_unpermute_forward_kernel(const uint4* __restrict__ expert_out,
                                              const int32_t* __restrict__ permuted_row, const float* __restrict__ probs,
-                                             const uint4* __restrict__ addend, uint4* __restrict__ y, int64_t T, int k,
-                                             int64_t Hv) {
+                                             const uint4* __restrict__ addend, const uint4* __restrict__ residual,
+                                             uint4* __restrict__ y, int64_t T, int k, int64_t Hv) {
   const int64_t n = T * Hv, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t t = i / Hv, v = i - t * Hv;
@@ -718,6 +718,13 @@ __global__ void moe_unpermute_forward_kernel(const uint4* __restrict__ expert_ou
       unpack8(addend[i], f);
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[q] += f[q];
+    }
+    if (residual) {  // the branch rounded to bf16 first, as the separate residual add sees it
+      float b[8];
+      unpack8(pack8(acc), b);
+      unpack8(residual[i], f);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[q] = f[q] + b[q];
     }
     y[i] = pack8(acc);
   }
@@ -1017,14 +1024,15 @@ void moe_permute_backward(const bf16* dpermuted, const int32_t* permuted_row, bf
 }
 
 void moe_unpermute_forward(const bf16* expert_out, const int32_t* permuted_row, const float* probs,
-                           const bf16* addend, bf16* y, int64_t T, int64_t k, int64_t H, cudaStream_t stream) {
-  check_rows16("moe_unpermute_forward", H, {expert_out, addend, y});
+                           const bf16* addend, bf16* y, int64_t T, int64_t k, int64_t H, cudaStream_t stream,
+                           const bf16* residual) {
+  check_rows16("moe_unpermute_forward", H, {expert_out, addend, y, residual});
   if (k < 1) throw Error("moe_unpermute_forward: topk must be >= 1");
   if (T <= 0) return;
   const int64_t Hv = H / 8;
   moe_unpermute_forward_kernel<<<blocks_for(T * Hv), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(expert_out), permuted_row, probs, reinterpret_cast<const uint4*>(addend),
-      reinterpret_cast<uint4*>(y), T, int(k), Hv);
+      reinterpret_cast<const uint4*>(residual), reinterpret_cast<uint4*>(y), T, int(k), Hv);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

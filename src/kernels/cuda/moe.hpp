@@ -132,9 +132,12 @@ void moe_permute_forward(const bf16* x, const int32_t* sorted_token, bf16* permu
 void moe_permute_backward(const bf16* dpermuted, const int32_t* permuted_row, bf16* dx, int64_t T, int64_t k,
                           int64_t H, bool accumulate, cudaStream_t stream);
 // Combine: y[t, :] = sum_j probs[t, j] * expert_out[permuted_row[t, j], :] (+ addend[t, :] when
-// non-null: the shared expert's output), fp32, rounded once.
+// non-null: the shared expert's output), fp32, rounded once. With `residual` (the layer's residual
+// add without dropout, fused): y = bf16(residual + that rounded sum), the bits of the combine
+// followed by residual_dropout_add (elementwise.hpp).
 void moe_unpermute_forward(const bf16* expert_out, const int32_t* permuted_row, const float* probs,
-                           const bf16* addend, bf16* y, int64_t T, int64_t k, int64_t H, cudaStream_t stream);
+                           const bf16* addend, bf16* y, int64_t T, int64_t k, int64_t H, cudaStream_t stream,
+                           const bf16* residual = nullptr);
 // dexpert_out[permuted_row[t, j], :] = probs[t, j] * dy[t, :] (bf16, every row written) and
 // dprobs[t, j] = <dy[t, :], expert_out[permuted_row[t, j], :]> (fp32; nullptr to skip).
 void moe_unpermute_backward(const bf16* expert_out, const int32_t* permuted_row, const float* probs, const bf16* dy,

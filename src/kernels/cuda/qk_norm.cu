@@ -150,15 +150,18 @@ __global__ void __launch_bounds__(kThreads)
     const bool live = live_row && lane < packs, norm = live && k.kind < 2;
     Pack8 xv{}, dv{};
     float r = 0.0f, s2 = 0.0f, d[8];
+    // The row's loads together: one trip to memory per row.
     if (live) dv = reinterpret_cast<const Pack8*>(dout + row * D)[lane];
+    if (norm) {
+      xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
+      r = rstd[k.stat];
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) d[e] = __bfloat162float(dv.v[e]);
     // The group's row is a q or k row (or not) for all its lanes alike, as the shuffle needs.
     if (kRope && live_row && k.kind < 2)
       rope_pack<kLanes, true>(d, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, k.token % s);
     if (norm) {
-      xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
-      r = rstd[k.stat];
       const float* g = sg[k.kind] + lane * 8;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {

@@ -754,12 +754,17 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   if (sp_) sp_gather(sp_local_, a.ln2), phase(kCommunication);
   if (c.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
     using Pass = CudaMoeLayers::Pass;
-    moe_->forward(l, moe_context(W), a.ln2, branch_, T,
-                  !training_forward_ ? Pass::Evaluation : recomputing_ ? Pass::Recompute : Pass::Training,
-                  random_logits_key(key_, l));
-    phase(kMoe);
-    kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, hidden_dropout(site + "mlp." + call), stream_);
-    phase(kResidual);
+    const Pass pass = !training_forward_ ? Pass::Evaluation : recomputing_ ? Pass::Recompute : Pass::Training;
+    const kc::DropoutSpec drop = hidden_dropout(site + "mlp." + call);
+    if (drop.p > 0) {
+      moe_->forward(l, moe_context(W), a.ln2, branch_, T, pass, random_logits_key(key_, l));
+      phase(kMoe);
+      kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop, stream_);
+      phase(kResidual);
+    } else {  // the residual add inside the MoE layer's combine
+      moe_->forward(l, moe_context(W), a.ln2, x_out, T, pass, random_logits_key(key_, l), a.x_mid);
+      phase(kMoe);
+    }
     return;
   }
   if (c.activation == Activation::SwiGLU) {

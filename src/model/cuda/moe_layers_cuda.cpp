@@ -291,7 +291,7 @@ void CudaMoeLayers::report_phases() {
 }
 
 void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
-                            uint64_t random_logits_key) {
+                            uint64_t random_logits_key, const bf16* residual) {
   const bool count_losses = pass == Pass::Training;
   Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
   const GptLayerOffsets& W = ctx.W;
@@ -369,7 +369,8 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     copy_own_rows_back(S, local_y_, S.expert_out, st);
     wait_exchange(st);
   }
-  kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st);
+  kc::moe_unpermute_forward(S.expert_out, S.permuted_row, S.probs, Fs_ > 0 ? shared_out_ : nullptr, y, T, k_, H_, st,
+                            residual);
   phases_.mark(kPermute, st);
 }
 

@@ -68,10 +68,11 @@ class CudaMoeLayers {
   // gradients, nothing counted again), or an evaluation (no global_aux_loss: Megatron applies it in
   // training only).
   enum class Pass { Training, Recompute, Evaluation };
-  // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output). random_logits_key: the stream
-  // of the random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
+  // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output), plus `residual` when given
+  // (the residual add without dropout, rounded as the separate add would). random_logits_key: the
+  // stream of the random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
   void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
-               uint64_t random_logits_key = 0);
+               uint64_t random_logits_key = 0, const bf16* residual = nullptr);
   // dx[T, H] (overwritten) and the layer's gradients (see Context) from dy[T, H], after forward(l)
   // of the same x. aux_scale: the gradient of each load-balancing / z loss (MoEAuxLossAutoScaler).
   void backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T, float aux_scale);
