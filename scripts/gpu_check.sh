@@ -167,9 +167,9 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           ;;
         grouped)
           # The grouped GEMMs' kernel sets, KERNELS[:EPILOGUE] (LAOYAO_GROUPED_GEMM, LAOYAO_GROUPED_EPILOGUE):
-          # TMA-fed with 128 x 256 tiles where they fit and bulk-stored epilogues (tma, the default),
-          # 128 x 128 tiles only (tma128), epilogues stored by the threads (tma:threads), cp.async-fed
-          # (cp_async). GROUPED_TESTS: the sets the MoE and grouped-GEMM tests run with (the tests part
+          # TMA-fed, persistent blocks, 128 x 256 tiles where they fit, bulk-stored epilogues (tma, the
+          # default), a block a tile (tma_grid), 128 x 128 tiles only (tma128), epilogues stored by the
+          # threads (tma:threads: a block a tile too), cp.async-fed (cp_async). GROUPED_TESTS: the sets the MoE and grouped-GEMM tests run with (the tests part
           # runs the default); GROUPED_BENCH: the grouped-GEMM bench's; GROUPED_FLAGSHIP: the flagship's
           # step (8 micro-batches of 2 x 4096).
           with_set() {  # with_set SET command...: the command under that set's variables
@@ -177,18 +177,18 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             [[ $set == *:* ]] && epi=${set#*:}
             LAOYAO_GROUPED_GEMM=${set%%:*} LAOYAO_GROUPED_EPILOGUE=$epi "$@"
           }
-          for v in ${GROUPED_TESTS:-cp_async tma128 tma:threads}; do
+          for v in ${GROUPED_TESTS:-cp_async tma128 tma_grid tma:threads}; do
             with_set "$v" timeout 300 "$C/laoyao_tests_model_cuda" \
               --gtest_filter='CudaMoe*:CudaGroupedGemm*' > "$OUT/gpu_tests_${v/:/_}.txt" 2>&1
             note "MoE + grouped GEMM GPU tests, set $v: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests_${v/:/_}.txt" | tr '\n' ' ')"
           done
-          for v in ${GROUPED_BENCH:-cp_async tma128 tma:threads tma}; do
+          for v in ${GROUPED_BENCH:-cp_async tma128 tma_grid tma}; do
             with_set "$v" timeout 150 "$C/laoyao_bench_grouped_gemm" $([ $v != tma ] && echo --ours-only) \
               > "$OUT/grouped_gemm_${v/:/_}.txt" 2>&1
             note "grouped GEMM bench, set $v (exit $?):"
             while read -r line; do note "  $line"; done < <(grep '^|' "$OUT/grouped_gemm_${v/:/_}.txt")
           done
-          for v in ${GROUPED_FLAGSHIP:-tma:threads tma}; do
+          for v in ${GROUPED_FLAGSHIP:-tma_grid tma}; do
             with_set "$v" bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b_gbs16 \
               > "$OUT/flagship_${v/:/_}.txt" 2>&1
             note "flagship, 16 x 4096 tokens a step, set $v: $(grep '^| moe_2b_gbs16' "$OUT/flagship_${v/:/_}.txt")"

@@ -242,22 +242,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, [] { __syncthreads(); });
 }
 
-// LAOYAO_GROUPED_GEMM picks the kernels: unset or "tma" the TMA-fed ones with 128 x 256 tiles where
-// the output's columns are a multiple of 256 (128 x 128 elsewhere), "tma128" with 128 x 128 tiles
-// everywhere, "cp_async" these.
-enum class Kernels { Tma, Tma128, CpAsync };
+// LAOYAO_GROUPED_GEMM picks the kernels: unset or "tma" the TMA-fed ones with 128 x 256 tiles walked
+// by one block an SM where the output's columns are a multiple of 256 (128 x 128 tiles, a block
+// each, elsewhere and for the weight gradients), "tma_grid" the 128 x 256 tiles a block each too,
+// "tma128" 128 x 128 tiles everywhere, "cp_async" these.
+enum class Kernels { Tma, TmaGrid, Tma128, CpAsync };
 Kernels kernels() {
   static const Kernels k = [] {
     const char* v = std::getenv("LAOYAO_GROUPED_GEMM");
     const std::string s = v && *v ? v : "tma";
     if (s == "tma") return Kernels::Tma;
+    if (s == "tma_grid") return Kernels::TmaGrid;
     if (s == "tma128") return Kernels::Tma128;
     if (s == "cp_async") return Kernels::CpAsync;
-    throw Error("LAOYAO_GROUPED_GEMM must be tma, tma128 or cp_async, got '" + s + "'");
+    throw Error("LAOYAO_GROUPED_GEMM must be tma, tma_grid, tma128 or cp_async, got '" + s + "'");
   }();
   return k;
 }
-bool wide_tiles(int64_t cols) { return kernels() == Kernels::Tma && cols % 256 == 0; }
+bool wide_tiles(int64_t cols) {
+  return (kernels() == Kernels::Tma || kernels() == Kernels::TmaGrid) && cols % 256 == 0;
+}
+bool persistent() { return kernels() == Kernels::Tma; }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -314,7 +319,7 @@ void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& gro
                      cudaStream_t stream) {
   check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
   if (rows_done(Y, groups, N, K, stream)) return;
-  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), stream);
+  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), persistent(), stream);
   launch_rows(true, X, W, Y, groups, N, K, stream);
 }
 
@@ -322,7 +327,7 @@ void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& g
                      cudaStream_t stream) {
   check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
   if (rows_done(dX, groups, K, N, stream)) return;
-  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), stream);
+  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), persistent(), stream);
   launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
 

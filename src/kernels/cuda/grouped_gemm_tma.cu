@@ -14,15 +14,27 @@
 //     before its MMAs on that stage.
 // The maps' row extent is the operand's rows from its base (RowGroups::first + rows).
 //
+// Epilogues: a whole output tile is staged in shared memory in the maps' swizzle and leaves by TMA
+// bulk stores (dW: bulk reductions, the add done in L2), issued by one thread; a group's last,
+// partial row tile is stored by the threads (its rows past the group are the next group's).
+// Where the output is 128 x 256 tiles, one block an SM walks them (rows_kernel_tma_persistent):
+// the producer loads the next tile while the epilogue of this one runs from its own buffer.
+//
 // Measured on an H200 (bench/grouped_gemm_bench.cpp, 64 experts x 1024 rows, TFLOP/s fc1 fwd /
 // fc2 fwd / fc2 dgrad / fc1 dgrad / fc1 wgrad / fc2 wgrad; cuBLASLt on one dense GEMM of the same
 // work: ~720 / 620 / 620 / 720 / 710 / 630):
-//   these (256-wide where the columns allow): 562-576 / 386-388 / 480-491 / 543-546 / 368-376 / 324-326
+//   these (persistent 256-wide, bulk epilogues): 617-621 / 491-492 / 490-500 / 604-610 / 396-401 / 369-371
+//   a block a tile, bulk epilogues (tma_grid):   579-582 / 390-391 / 496-500 / 548-556 / 396-401 / 369-371
+//   a block a tile, the threads' epilogues:       562-576 / 386-388 / 480-491 / 542-546 / 367-376 / 324-326
 //   128 x 128 tiles only (tma128):             523-540 / 390-401 / 478-495 / 489-521 / 353-373 / 317-330
 //   the cp.async kernels, same calls:          462-474 / 356-366 / 423-433 / 432-451 / 313-328 / 286-303
 // Tried and dropped (the same bench, one call each):
 //   persistent blocks (two an SM walking the tiles, the producer loading the next tile while the
 //     epilogue stores straight from the accumulators): 427 / 284 / 419 / 399 / 372 / 338;
+//   persistent wgrad (128 x 128 tiles, 4 stages + fp32 staging, bulk reductions): 392 / 361 at
+//     1024 rows an expert, but 377 / 295 against 424 / 364 with uneven groups (166..3270 rows):
+//     tiles taken in a fixed order cannot balance reductions of unequal length, and the flagship's
+//     step was slower (617.4 against 608.7 ms at 16 x 4096 tokens);
 //   256-wide wgrad tiles (dW's K a multiple of 256): fc1 wgrad 376 against 373;
 //   SwiGLU in fc1's epilogue (gate and linear rows paired in one tile) and its backward in fc2
 //     dgrad's: 0.95x and 1.02x the GEMM followed by the SwiGLU kernel, the flagship's step within
@@ -267,6 +279,197 @@ __global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
   }
 }
 
+// The persistent form of rows_kernel_tma for 128 x 256 tiles: one block an SM walks the tiles
+// (tile t: row tile t / col_tiles, column tile t % col_tiles), the producer loading the next
+// tile's stages while the computing warpgroups finish the current one and stage its epilogue in
+// a buffer of its own (not the ring), from where bulk stores take it while the next tile's MMAs
+// run. Row tiles map to groups through the groups' first tiles, a prefix sum in shared memory
+// (G <= kMaxPersistentGroups).
+constexpr int kPersistentStages = 3;  // 3 x 48 KiB ring + 64 KiB staging: one block an SM
+constexpr int kMaxPersistentGroups = 1024;
+constexpr size_t kPersistentStaging = size_t(BM) * 256 * sizeof(bf16);
+constexpr size_t kPersistentSmem = size_t(kPersistentStages) * Tile<256>::kStage * sizeof(bf16) + kPersistentStaging + 1024;
+
+// first_tile[g] = row tiles of the groups before g (g = 0..G); every thread of the block calls it.
+__device__ __forceinline__ void group_first_tiles(const int32_t* __restrict__ offsets, int G, int* first_tile) {
+  __shared__ int s_warp[kThreads / 32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (G + kThreads - 1) / kThreads;
+  const int g0 = min(G, tid * per), g1 = min(G, g0 + per);
+  int mine = 0;
+  for (int g = g0; g < g1; ++g) mine += (max(offsets[g + 1] - offsets[g], 0) + BM - 1) / BM;
+  int incl = mine;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  int p = incl - mine;
+  for (int w = 0; w < warp; ++w) p += s_warp[w];
+  for (int g = g0; g < g1; ++g) {
+    first_tile[g] = p;
+    p += (max(offsets[g + 1] - offsets[g], 0) + BM - 1) / BM;
+  }
+  if (tid == kThreads - 1) first_tile[G] = p;  // the last thread's end: every group's tiles
+  __syncthreads();
+}
+
+// Row tile rt's group: the last g with first_tile[g] <= rt (empty groups share their successor's).
+__device__ __forceinline__ int group_of_tile(const int* first_tile, int G, int rt) {
+  int lo = 0, hi = G;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (first_tile[mid] <= rt)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+template <int B_MN>
+__global__ void __launch_bounds__(kThreads, 1)
+    rows_kernel_tma_persistent(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                               const __grid_constant__ CUtensorMap tc, bf16* __restrict__ C,
+                               const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles, int64_t cols,
+                               int64_t red) {
+  constexpr int W = 256, S = kPersistentStages, kStage = Tile<W>::kStage;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ Ring<S> ring;
+  __shared__ int first_tile[kMaxPersistentGroups + 1];
+  bf16* smem = align_1024(smem_raw);
+  unsigned char* staging = reinterpret_cast<unsigned char*>(smem + S * kStage);
+  group_first_tiles(offsets, G, first_tile);
+  const int tiles = first_tile[G] * col_tiles, KT = int((red + BK - 1) / BK);
+  ring.init();
+  if (threadIdx.x >= kMathThreads) {
+    if (threadIdx.x != kMathThreads) return;
+    int it = 0;  // the ring's steps over all of this block's tiles
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int rt = t / col_tiles, c0 = (t % col_tiles) * W;
+      const int g = group_of_tile(first_tile, G, rt), w = g % Gw;
+      const int r0 = offsets[g] + (rt - first_tile[g]) * BM;
+      for (int kt = 0; kt < KT; ++kt, ++it) {
+        const int s = it % S;
+        if (it >= S) mbar_wait(&ring.empty[s], uint32_t((it / S - 1) & 1));
+        mbar_expect_tx(&ring.full[s], Tile<W>::kStageBytes);
+        bf16* sA = smem + s * kStage;
+        bf16* sB = sA + Tile<W>::kTileA;
+        tma_load(sA, ta, &ring.full[s], kt * BK, r0);
+        if constexpr (B_MN) {
+#pragma unroll
+          for (int b = 0; b < W / 64; ++b) tma_load(sB + b * 64 * BK, tb, &ring.full[s], c0 + 64 * b, kt * BK, w);
+        } else {
+          tma_load(sB, tb, &ring.full[s], kt * BK, c0, w);
+        }
+      }
+    }
+    return;
+  }
+  const uint32_t wg_off = (threadIdx.x / 128) * 8192u, base = smem_u32(smem);
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  int it = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int rt = t / col_tiles, c0 = (t % col_tiles) * W;
+    const int g = group_of_tile(first_tile, G, rt);
+    const int r0 = offsets[g] + (rt - first_tile[g]) * BM, r_end = offsets[g + 1];
+    float acc[W / 2];
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) acc[i] = 0.0f;
+    for (int kt = 0; kt < KT; ++kt, ++it) {
+      const int s = it % S;
+      mbar_wait(&ring.full[s], uint32_t((it / S) & 1));
+      const uint32_t a = base + uint32_t(s * kStage) * 2u;
+      mma_stage<0, B_MN, W>(acc, a + wg_off, a + Tile<W>::kTileA * 2u);
+      wait<1>();
+      if (kt > 0 && lane0) mbar_arrive(&ring.empty[(it - 1) % S]);
+    }
+    wait<0>();
+    if (lane0) mbar_arrive(&ring.empty[(it - 1) % S]);  // the tile's last stage, free for the next tile
+    fence_acc(acc);
+    // The staging buffer is free once the previous tile's bulk stores have read it (and every
+    // thread's copies from it are done: the barrier).
+    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    sync_math();
+    stage_for_bulk<bf16>(acc, staging);
+    sync_math();
+    if (r0 + BM <= r_end) {
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int b = 0; b < W / 64; ++b)
+          if (c0 + 64 * b < cols) tma_store(tc, staging + b * BM * 128, c0 + 64 * b, r0);
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      }
+    } else {  // the group's last, partial tile: its rows below r_end, 16 bytes a thread at a time
+      constexpr int kChunks = W / 8;
+      for (int i = threadIdx.x; i < BM * kChunks; i += kMathThreads) {
+        const int r = i / kChunks, col = (i % kChunks) * 8;
+        if (r0 + r < r_end && c0 + col < cols)
+          *reinterpret_cast<uint4*>(C + int64_t(r0 + r) * cols + c0 + col) =
+              *reinterpret_cast<const uint4*>(staging + staged_offset<bf16>(r, col));
+      }
+    }
+  }
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// The wgrad's reduction of weight matrix w: its groups' rows in 64-row steps, ceil(rows / BK) a
+// group, group after group.
+__device__ __forceinline__ int wgrad_steps(const int32_t* __restrict__ offsets, int G, int Gw, int w) {
+  int KT = 0;
+  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + BK - 1) / BK;
+  return KT;
+}
+
+// Step kt's group: both roles ask for the steps in increasing order, so a cursor (group g, its
+// first step, first row, rows) moves forward only. at() returns the step's first row; `left` its
+// group's rows from there on.
+struct WgradCursor {
+  int g, step, row, len;
+  __device__ static WgradCursor start(const int32_t* off, int w) { return {w, 0, off[w], off[w + 1] - off[w]}; }
+  __device__ int at(const int32_t* off, int Gw, int kt, int& left) {
+    while (kt >= step + (len + BK - 1) / BK) {
+      step += (len + BK - 1) / BK;
+      g += Gw;
+      row = off[g];
+      len = off[g + 1] - row;
+    }
+    const int done = (kt - step) * BK;
+    left = len - done;
+    return row + done;
+  }
+};
+
+// A group's last, partial step: warpgroup wg's 64 columns of dY^T in stage A `sA` have reduction
+// rows left.. from the next group (or past the operand): zero them (whole 128-byte rows, the
+// swizzle permutes only within a row), then a barrier over the warpgroup (thread t of 128).
+__device__ __forceinline__ void zero_rows_past_group(bf16* sA, int left, int wg, int t) {
+  bf16* block = sA + wg * 64 * BK;
+  for (int i = left * 8 + t; i < BK * 8; i += 128) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
+  fence_proxy_async();
+  if (wg == 0)  // fixed barrier ids: 2 and 3
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
+
+// Thread 0 of a wgrad block: the staged fp32 tile (stage_for_bulk's boxes of 32 columns) added to
+// dW's tile (n0, m0) of matrix w through the map, or written over it; one bulk group, committed.
+__device__ __forceinline__ void issue_wgrad_tile(const CUtensorMap& tw, const unsigned char* staged, int n0, int m0,
+                                                 int w, int64_t K, bool accumulate) {
+#pragma unroll
+  for (int b = 0; b < BN / 32; ++b) {
+    if (n0 + 32 * b >= K) break;
+    if (accumulate)
+      tma_reduce_add(tw, staged + b * BM * 128, n0 + 32 * b, m0, w);
+    else
+      tma_store(tw, staged + b * BM * 128, n0 + 32 * b, m0, w);
+  }
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
 // wgrad, as wgrad_kernel of grouped_gemm.cu (128 x 128 tiles of dW). ta: dY [extent rows][N];
 // tb: X [extent rows][K].
 __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
@@ -281,8 +484,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   const int n0 = int(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
   const int m0 = int((b / unsigned(n_tiles)) % unsigned(m_tiles)) * BM;  // rows of dW: N
   const int w = int(b / unsigned(n_tiles * m_tiles));
-  int KT = 0;  // the reduction's 64-row steps: each group's rows in ceil(rows / BK), group after group
-  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + BK - 1) / BK;
+  const int KT = wgrad_steps(offsets, G, Gw, w);
   if (KT == 0 && accumulate) return;  // nothing to add
   float* Wg = dW + int64_t(w) * N * K;
   if (accumulate && !bulk)  // this block's dW tile into L2 now, read in the epilogue
@@ -291,23 +493,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
       if (r < N && c < K) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(Wg + r * K + c));
     }
   ring.init();
-  // Step kt's group: both roles ask for the steps in increasing order, so a cursor (group g, its
-  // first step, first row, rows) moves forward only. Returns the step's first row; `left` its
-  // group's rows from there on.
-  struct Cursor {
-    int g, step = 0, row, len;
-    __device__ int at(const int32_t* off, int Gw_, int kt, int& left) {
-      while (kt >= step + (len + BK - 1) / BK) {
-        step += (len + BK - 1) / BK;
-        g += Gw_;
-        row = off[g];
-        len = off[g + 1] - row;
-      }
-      const int done = (kt - step) * BK;
-      left = len - done;
-      return row + done;
-    }
-  } cur{w, 0, offsets[w], offsets[w + 1] - offsets[w]};
+  WgradCursor cur = WgradCursor::start(offsets, w);
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
       produce<BN>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
@@ -327,31 +513,14 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   consume<1, 1, BN>(ring, acc, smem, KT, [&](bf16* sA, int kt) {
     int left;
     cur.at(offsets, Gw, kt, left);
-    if (left >= BK) return;
-    // This warpgroup's 64 columns of dY^T: reduction rows left.. are the next group's (or past
-    // the operand): zero them (whole 128-byte rows, the swizzle permutes only within a row).
-    bf16* block = sA + wg * 64 * BK;
-    for (int i = left * 8 + t; i < BK * 8; i += 128) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
-    fence_proxy_async();
-    if (wg == 0)  // a barrier over this warpgroup (fixed ids: 2 and 3)
-      asm volatile("bar.sync 2, 128;\n" ::: "memory");
-    else
-      asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    if (left < BK) zero_rows_past_group(sA, left, wg, t);
   });
   if (bulk) {  // the tile added to dW (or written) by the bulk copies, in L2
     stage_for_bulk<float>(acc, reinterpret_cast<unsigned char*>(smem));
     sync_math();
     if (threadIdx.x == 0) {
-      const unsigned char* staged = reinterpret_cast<const unsigned char*>(smem);
-#pragma unroll
-      for (int b = 0; b < BN / 32; ++b) {
-        if (n0 + 32 * b >= K) break;
-        if (accumulate)
-          tma_reduce_add(tw, staged + b * BM * 128, n0 + 32 * b, m0, w);
-        else
-          tma_store(tw, staged + b * BM * 128, n0 + 32 * b, m0, w);
-      }
-      bulk_commit_and_wait_read();
+      issue_wgrad_tile(tw, reinterpret_cast<const unsigned char*>(smem), n0, m0, w, K, accumulate);
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
     }
   } else {
     add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, sync_math);
@@ -404,10 +573,54 @@ void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGr
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
+// The current device's SMs: the persistent kernels' grid.
+int sm_count() {
+  static std::array<int, 64> sms{};
+  int dev = 0;
+  LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
+  int& n = sms[size_t(dev & 63)];
+  if (n == 0) LAOYAO_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// The persistent kernel: as many blocks as SMs (fewer for fewer tiles). False where it does not
+// serve (more groups than its table holds): the caller launches the grid kernels instead.
+bool launch_rows_tma_persistent(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols,
+                                int64_t red, cudaStream_t stream) {
+  if (g.groups > kMaxPersistentGroups) return false;
+  constexpr int W = 256;
+  const int64_t col_tiles = (cols + W - 1) / W;
+  const int64_t tiles_bound = col_tiles * ((g.rows + BM - 1) / BM + g.groups);
+  if (tiles_bound > INT_MAX) throw Error("grouped_gemm: the problem is too large for one grid");
+  const unsigned blocks = unsigned(tiles_bound < sm_count() ? tiles_bound : sm_count());
+  const uint64_t extent = uint64_t(g.first + g.rows), Gw = uint64_t(g.weights);
+  const CUtensorMap ta = bf16_tensor_map(A, {uint64_t(red), extent}, {uint64_t(red) * 2}, {64, BM});
+  const CUtensorMap tc = bf16_tensor_map(C, {uint64_t(cols), extent}, {uint64_t(cols) * 2}, {64, BM});
+  const int G = int(g.groups);
+  if (nt) {
+    const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
+                                           {uint64_t(red) * 2, uint64_t(red * cols) * 2}, {64, W, 1});
+    static std::array<bool, 64> seen{};
+    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma_persistent<0>, kPersistentSmem);
+    rows_kernel_tma_persistent<0><<<blocks, kThreads, kPersistentSmem, stream>>>(ta, tb, tc, C, g.offsets, G, int(Gw),
+                                                                                 int(col_tiles), cols, red);
+  } else {
+    const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(cols), uint64_t(red), Gw},
+                                           {uint64_t(cols) * 2, uint64_t(red * cols) * 2}, {64, 64, 1});
+    static std::array<bool, 64> seen{};
+    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma_persistent<1>, kPersistentSmem);
+    rows_kernel_tma_persistent<1><<<blocks, kThreads, kPersistentSmem, stream>>>(ta, tb, tc, C, g.offsets, G, int(Gw),
+                                                                                 int(col_tiles), cols, red);
+  }
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
 }  // namespace
 
 void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
-                      bool wide, cudaStream_t stream) {
+                      bool wide, bool persistent, cudaStream_t stream) {
+  if (wide && persistent && bulk_epilogue() && launch_rows_tma_persistent(nt, A, B, C, g, cols, red, stream)) return;
   if (wide)
     launch_rows_tma<256>(nt, A, B, C, g, cols, red, stream);
   else
