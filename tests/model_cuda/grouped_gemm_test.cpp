@@ -326,9 +326,6 @@ TEST_F(CudaGroupedGemm, TileEdges) {
   check_all(counts, 256, 72, 27);  // nt's output 256 wide
 }
 
-// Expert parallelism's source-major groups: 3 source ranks x 4 local experts (group g uses matrix
-// g % 4), with empty groups, a matrix whose groups are all empty (1) and groups that straddle the
-// 64-row reduction steps; then the flagship's fc1 at EP=2 (2 sources x 3 experts).
 // dW only 8-byte aligned (an fp32 main_grad offset may be): the TMA kernels' wgrad cannot map it
 // for bulk reductions and stores from its threads instead; both ways, writing and adding.
 TEST_F(CudaGroupedGemm, WgradOfAnEightByteAlignedDw) {
@@ -338,6 +335,28 @@ TEST_F(CudaGroupedGemm, WgradOfAnEightByteAlignedDw) {
   check_wgrad(counts, 768, 1024, 30, 0, true, kGuard + 2);
 }
 
+// More 128 x 256 tiles than an H200 has SMs, so that the persistent blocks walk several tiles each
+// (the ring's phases carried from tile to tile, the staging buffer reused after the previous
+// tile's bulk stores): 64 groups of 250-349 rows (192 row tiles, most groups ending in a partial
+// one) at N = K = 256 (4 reduction steps to a 3-stage ring); then more groups than the kernel's
+// threads (400: several groups a thread in its tile table) and more than its table holds (1100:
+// the grid kernels instead).
+TEST_F(CudaGroupedGemm, ManyTilesAndManyGroups) {
+  Rng rng(31, "grouped.many");
+  std::vector<int> counts(64);
+  for (auto& c : counts) c = 250 + static_cast<int>(rng.next_u64() % 100);
+  check_all(counts, 256, 256, 31);
+  std::vector<int> many(400);
+  for (auto& c : many) c = static_cast<int>(rng.next_u64() % 40);
+  check_all(many, 256, 256, 32);
+  std::vector<int> beyond(1100);
+  for (auto& c : beyond) c = static_cast<int>(rng.next_u64() % 9);
+  check_all(beyond, 256, 64, 33);
+}
+
+// Expert parallelism's source-major groups: 3 source ranks x 4 local experts (group g uses matrix
+// g % 4), with empty groups, a matrix whose groups are all empty (1) and groups that straddle the
+// 64-row reduction steps; then the flagship's fc1 at EP=2 (2 sources x 3 experts).
 TEST_F(CudaGroupedGemm, SourceMajorGroupsShareWeights) {
   const std::vector<int> counts = {70, 0, 5, 128, 0, 0, 64, 1, 33, 0, 200, 63};
   check_all(counts, 136, 72, 16, 4);

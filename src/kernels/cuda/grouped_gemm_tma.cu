@@ -121,7 +121,8 @@ __device__ __forceinline__ void tma_load(bf16* dst, const CUtensorMap& map, uint
 
 // Bulk tensor stores (PTX "cp.async.bulk.tensor", shared -> global, and "cp.reduce.async.bulk.tensor"
 // .add): a shared-memory box written into, or added to, a map's tensor, elements outside its dims
-// skipped. The issuing thread commits them as a bulk group and waits only until they have been read
+// skipped. (The f32 add may flush subnormals, like red.add.f32: the threads' epilogue may differ
+// from it there, in bits no training step can see.) The issuing thread commits them as a bulk group and waits only until they have been read
 // out of shared memory: the global writes finish after the block has gone, beside the next block's
 // loads (the threads' own stores and, for dW, loads would hold the block until they retire).
 __device__ __forceinline__ void tma_store(const CUtensorMap& map, const void* src, int x, int y) {
@@ -552,8 +553,9 @@ void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGr
   const CUtensorMap ta = bf16_tensor_map(A, {uint64_t(red), extent}, {uint64_t(red) * 2}, {64, BM});
   constexpr size_t smem = Tile<W>::template smem_bytes<bf16>();
   const int G = int(g.groups);
-  // C's map (whole tiles' boxes of 64 columns); C's rows are 16-byte multiples (cols % 8 == 0).
-  const bool bulk = bulk_epilogue() && aligned16(C);
+  // C's map (whole tiles' boxes of 64 columns); C is 16-byte aligned (grouped_gemm.cu's checks)
+  // and its rows are 16-byte multiples (cols % 8 == 0).
+  const bool bulk = bulk_epilogue();
   const CUtensorMap tc = bulk ? bf16_tensor_map(C, {uint64_t(cols), extent}, {uint64_t(cols) * 2}, {64, BM}) : ta;
   if (nt) {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
