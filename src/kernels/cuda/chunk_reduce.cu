@@ -1,8 +1,8 @@
 // Chunk partials added in a fixed order (see chunk_reduce.hpp). Block (kTile columns, kRows thread
 // rows): thread row y adds chunks y, y + kRows, ... into kAcc accumulators taken in turn (kAcc
 // loads in flight), the block then adds its thread rows in order. Narrow outputs (a head dim of
-// QK-norm weights: two blocks) with hundreds of chunks are the case to serve: the loads' round
-// trips, not their bytes, are the time.
+// QK-norm weights: two blocks) with hundreds of chunks are the case to serve: few blocks, so each
+// thread keeps many loads in flight.
 #include "kernels/cuda/chunk_reduce.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
