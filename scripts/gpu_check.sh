@@ -8,7 +8,7 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile phases bench moe moe_quick grouped recipes
+#                                            attention gemm profile memory_ops phases bench moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
@@ -29,10 +29,10 @@ case "${1:-}" in
     B="${2:-build/main}"
     [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
     cmake --build "$B" --target laoyao laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown \
-      laoyao_bench_gemm laoyao_bench_grouped_gemm -j2
+      laoyao_bench_gemm laoyao_bench_grouped_gemm laoyao_bench_memory_ops -j2
     mkdir -p "$C/lib" "$C/peers"  # not emptied: tests/gpu/crosscheck.sh keeps its vocabularies there too
     cp "$B/laoyao" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" \
-      "$B/laoyao_bench_gemm" "$B/laoyao_bench_grouped_gemm" "$C/"
+      "$B/laoyao_bench_gemm" "$B/laoyao_bench_grouped_gemm" "$B/laoyao_bench_memory_ops" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
     for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
@@ -503,6 +503,13 @@ PY
           # ... and of the seed model's (2 layers, hidden 256, vocab 32000, 4 x 512 tokens).
           "$C/laoyao_bench_step_breakdown" 2 256 4 1024 32000 512 4 > "$OUT/step_breakdown_seed.txt" 2>&1
           while read -r line; do note "  $line"; done < <(head -40 "$OUT/step_breakdown_seed.txt")
+          ;;
+        memory_ops)
+          # The flagship's memory-bound kernels alone against a copy of the same bytes
+          # (bench/memory_ops_bench.cpp): how far each is from the memory's speed.
+          timeout 120 "$C/laoyao_bench_memory_ops" > "$OUT/memory_ops.txt" 2>&1
+          note "memory-bound kernels (exit $?):"
+          while read -r line; do note "  $line"; done < <(grep -E '^\||^Sum' "$OUT/memory_ops.txt")
           ;;
         phases)
           # Where each case's step goes by kind of op (LAOYAO_MODEL_PHASES, LAOYAO_MOE_PHASES and

@@ -1,0 +1,186 @@
+// The flagship MoE's memory-bound kernels, each alone, at its shapes (hidden 1024, 16 heads and 4
+// query groups of 64, 64 experts, top-8, expert FFN 384 with SwiGLU; T = 2 x 4096 tokens, so
+// N = 65536 permuted rows): the norms (RMSNorm forward and the fused backward adding into dx; the
+// QK norm with RoPE both ways), the permutation (the device sort, permute, combine with the residual,
+// and their backward), SwiGLU both ways and the residual add. Each is timed with CUDA events (3
+// warm-up calls, median of 20) and its traffic counted as each tensor read or written once (rows a
+// kernel gathers several times are counted once: what a perfect kernel would move). Beside each,
+// a device-to-device cudaMemcpyAsync moving the same bytes (half read, half written) in the same
+// process: the ratio says how far the kernel is from the memory's speed. The model's phase timings
+// (LAOYAO_MODEL_PHASES) run without CUDA graphs and include launch gaps; these do not.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_bench_util.hpp"
+#include "core/rng.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/moe.hpp"
+#include "kernels/cuda/qk_norm.hpp"
+#include "kernels/cuda/rope.hpp"
+#include "kernels/cuda/swiglu.hpp"
+
+using namespace laoyao::kernels::cuda;
+using laoyao::bench::median_ms;
+using laoyao::bench::random_bf16;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+constexpr int64_t kT = 8192, kH = 1024, kHeads = 16, kGroups = 4, kD = 64, kE = 64, kK = 8, kF = 384;
+constexpr int64_t kN = kT * kK, kSeq = 4096;
+constexpr int kReps = 20;
+
+struct Row {
+  std::string op;
+  double bytes, ms;
+};
+
+// Top-8 of 64 distinct experts a token, uniformly at random (laoyao's generator), and the counts.
+void random_routing(std::vector<int32_t>& topk, std::vector<int32_t>& counts) {
+  laoyao::Rng rng(5, "bench.memory_ops.routing");
+  topk.assign(size_t(kN), 0);
+  counts.assign(size_t(kE), 0);
+  std::vector<int32_t> experts(static_cast<size_t>(kE));
+  for (int64_t t = 0; t < kT; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int64_t j = 0; j < kK; ++j) {  // a partial Fisher-Yates shuffle
+      const int64_t pick = j + int64_t(rng.next_u64() % uint64_t(kE - j));
+      std::swap(experts[size_t(j)], experts[size_t(pick)]);
+      topk[size_t(t * kK + j)] = experts[size_t(j)];
+      ++counts[size_t(experts[size_t(j)])];
+    }
+  }
+}
+
+template <class T>
+DeviceBuffer upload(const std::vector<T>& v) {
+  DeviceBuffer d(sizeof(T) * v.size());
+  d.upload(v.data(), d.bytes);
+  return d;
+}
+
+}  // namespace
+
+int main() {
+  cudaStream_t stream = nullptr;
+  LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
+  const int64_t slots = kHeads + 2 * kGroups, qkv_width = slots * kD;
+  // Activations and parameters.
+  DeviceBuffer x = random_bf16(kT * kH, "bench.memory_ops.x"), y(sizeof(bf16) * kT * kH),
+               dy = random_bf16(kT * kH, "bench.memory_ops.dy"), dx = random_bf16(kT * kH, "bench.memory_ops.dx"),
+               gamma = random_bf16(kH, "bench.memory_ops.gamma"), rstd(sizeof(float) * kT),
+               dgamma(sizeof(float) * kH), norm_scratch(sizeof(float) * layernorm_backward_scratch_floats(kT, kH));
+  DeviceBuffer qkv = random_bf16(kT * qkv_width, "bench.memory_ops.qkv"), qkv_out(sizeof(bf16) * kT * qkv_width),
+               dqkv = random_bf16(kT * qkv_width, "bench.memory_ops.dqkv"),
+               qg = random_bf16(kD, "bench.memory_ops.qg"), kg = random_bf16(kD, "bench.memory_ops.kg"),
+               qk_rstd(sizeof(float) * kT * (kHeads + kGroups)), dqg(sizeof(float) * kD), dkg(sizeof(float) * kD),
+               qk_scratch(sizeof(float) * qk_rmsnorm_backward_scratch_floats(kT, kHeads, kGroups, kD));
+  LAOYAO_CUDA_CHECK(cudaMemset(dgamma.ptr, 0, dgamma.bytes));
+  LAOYAO_CUDA_CHECK(cudaMemset(dqg.ptr, 0, dqg.bytes));
+  LAOYAO_CUDA_CHECK(cudaMemset(dkg.ptr, 0, dkg.bytes));
+  // RoPE as the flagship's (base 1e6, the whole head dim), its table on the device.
+  laoyao::kernels::cpu::RopeParams rp;
+  rp.rotary_base = 1000000.0;
+  const laoyao::kernels::cpu::RopeTable table = laoyao::kernels::cpu::rope_table(kD, kSeq, rp);
+  std::vector<float> cos_sin(table.cos);
+  cos_sin.insert(cos_sin.end(), table.sin.begin(), table.sin.end());
+  const DeviceBuffer rope_buf = upload(cos_sin);
+  const RopeDeviceTable rope{rope_buf.as<float>(), rope_buf.as<float>() + table.cos.size(), table.rot_dim,
+                             table.max_positions};
+  // The routing, its permutation on the device, and the experts' buffers.
+  std::vector<int32_t> topk, counts;
+  random_routing(topk, counts);
+  std::vector<float> probs(static_cast<size_t>(kN));
+  {
+    laoyao::Rng rng(6, "bench.memory_ops.probs");
+    for (auto& p : probs) p = static_cast<float>(0.05 + 0.2 * rng.uniform());
+  }
+  const DeviceBuffer d_topk = upload(topk), d_counts = upload(counts), d_probs = upload(probs);
+  DeviceBuffer offsets(sizeof(int32_t) * (kE + 1)), sorted_token(sizeof(int32_t) * kN),
+      permuted_row(sizeof(int32_t) * kN), perm_scratch(moe_permutation_scratch_bytes(kT, kE)),
+      permuted(sizeof(bf16) * kN * kH), expert_out = random_bf16(kN * kH, "bench.memory_ops.expert_out"),
+      dexpert(sizeof(bf16) * kN * kH), dprobs(sizeof(float) * kN),
+      u = random_bf16(kN * 2 * kF, "bench.memory_ops.u"), act(sizeof(bf16) * kN * kF),
+      dact = random_bf16(kN * kF, "bench.memory_ops.dact"), du(sizeof(bf16) * kN * 2 * kF);
+  auto permutation = [&] {
+    moe_permutation(d_topk.as<int32_t>(), d_counts.as<int32_t>(), kT, kE, kK, offsets.as<int32_t>(),
+                    sorted_token.as<int32_t>(), permuted_row.as<int32_t>(), perm_scratch.ptr, stream);
+  };
+  permutation();
+
+  const double act_bytes = double(sizeof(bf16)) * kT * kH, rows_bytes = double(sizeof(bf16)) * kN * kH;
+  const double qkv_bytes = double(sizeof(bf16)) * kT * qkv_width;
+  const double u_bytes = double(sizeof(bf16)) * kN * 2 * kF, g_bytes = double(sizeof(bf16)) * kN * kF;
+  std::vector<Row> rows;
+  auto time = [&](const std::string& op, double bytes, const std::function<void()>& f) {
+    rows.push_back({op, bytes, median_ms(f, stream, kReps)});
+  };
+  time("rmsnorm forward", 2 * act_bytes, [&] {
+    rmsnorm_forward(x.as<bf16>(), gamma.as<bf16>(), y.as<bf16>(), rstd.as<float>(), kT, kH, 1e-6f, false, stream);
+  });
+  time("rmsnorm backward (+= dx)", 4 * act_bytes, [&] {
+    rmsnorm_backward(dy.as<bf16>(), x.as<bf16>(), gamma.as<bf16>(), rstd.as<float>(), dx.as<bf16>(),
+                     dgamma.as<float>(), norm_scratch.as<float>(), kT, kH, false, stream, true);
+  });
+  time("QK norm + RoPE forward", 2 * qkv_bytes, [&] {
+    qk_rmsnorm_forward(qkv.as<bf16>(), qg.as<bf16>(), kg.as<bf16>(), qkv_out.as<bf16>(), qk_rstd.as<float>(), kT,
+                       kHeads, kGroups, kD, 1e-6f, false, stream, &rope, kSeq);
+  });
+  time("QK norm + RoPE backward (in place)", 3 * qkv_bytes, [&] {
+    qk_rmsnorm_backward(dqkv.as<bf16>(), qkv.as<bf16>(), qg.as<bf16>(), kg.as<bf16>(), qk_rstd.as<float>(),
+                        dqkv.as<bf16>(), dqg.as<float>(), dkg.as<float>(), qk_scratch.as<float>(), kT, kHeads, kGroups,
+                        kD, false, stream, &rope, kSeq);
+  });
+  time("MoE permutation (device sort)", double(sizeof(int32_t)) * 3 * kN, permutation);
+  time("MoE permute forward", act_bytes + rows_bytes, [&] {
+    moe_permute_forward(x.as<bf16>(), sorted_token.as<int32_t>(), permuted.as<bf16>(), kN, kH, stream);
+  });
+  time("MoE combine + residual", rows_bytes + 2 * act_bytes, [&] {
+    moe_unpermute_forward(expert_out.as<bf16>(), permuted_row.as<int32_t>(), d_probs.as<float>(), nullptr,
+                          y.as<bf16>(), kT, kK, kH, stream, x.as<bf16>());
+  });
+  time("MoE combine backward (+ dprobs)", 2 * rows_bytes + act_bytes, [&] {
+    moe_unpermute_backward(expert_out.as<bf16>(), permuted_row.as<int32_t>(), d_probs.as<float>(), dy.as<bf16>(),
+                           dexpert.as<bf16>(), dprobs.as<float>(), kT, kK, kH, stream);
+  });
+  time("MoE permute backward (+= dx)", rows_bytes + 2 * act_bytes, [&] {
+    moe_permute_backward(dexpert.as<bf16>(), permuted_row.as<int32_t>(), dx.as<bf16>(), kT, kK, kH, true, stream);
+  });
+  time("SwiGLU forward", u_bytes + g_bytes, [&] { swiglu_forward(u.as<bf16>(), act.as<bf16>(), kN, kF, stream); });
+  time("SwiGLU backward", 2 * u_bytes + g_bytes,
+       [&] { swiglu_backward(u.as<bf16>(), dact.as<bf16>(), du.as<bf16>(), kN, kF, stream); });
+  time("residual add", 3 * act_bytes,
+       [&] { residual_dropout_add(dy.as<bf16>(), x.as<bf16>(), y.as<bf16>(), kT * kH, DropoutSpec{}, stream); });
+
+  // The memory's speed here: a device-to-device copy of each row's bytes (half read, half written).
+  DeviceBuffer copy_src(size_t(2 * rows_bytes)), copy_dst(size_t(2 * rows_bytes));
+  LAOYAO_CUDA_CHECK(cudaMemset(copy_src.ptr, 0, copy_src.bytes));
+  std::printf("| op | bytes moved (MB) | ms | GB/s | cudaMemcpy of the same bytes, GB/s | ours / memcpy |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  double total_ms = 0;
+  for (const Row& r : rows) {
+    const size_t half = size_t(r.bytes / 2) & ~size_t(15);
+    const float copy_ms = median_ms(
+        [&] { LAOYAO_CUDA_CHECK(cudaMemcpyAsync(copy_dst.ptr, copy_src.ptr, half, cudaMemcpyDeviceToDevice, stream)); },
+        stream, kReps);
+    const double gbs = r.bytes / (r.ms * 1e6), copy_gbs = 2.0 * double(half) / (double(copy_ms) * 1e6);
+    std::printf("| %s | %.1f | %.4f | %.0f | %.0f | %.2f |\n", r.op.c_str(), r.bytes / 1e6, r.ms, gbs, copy_gbs,
+                gbs / copy_gbs);
+    total_ms += r.ms;
+  }
+  std::printf("\nSum of one call of each: %.3f ms (a flagship layer runs each of these once or twice a step)\n",
+              total_ms);
+  LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
