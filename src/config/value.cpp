@@ -219,7 +219,10 @@ std::string to_override_text(const Value& v) {
     }
     case Value::Kind::List: {
       std::string out = "[";
-      for (size_t k = 0; k < v.list.size(); ++k) out += (k ? "," : "") + to_override_text(v.list[k]);
+      for (size_t k = 0; k < v.list.size(); ++k) {
+        if (k) out += ',';
+        out += to_override_text(v.list[k]);  // (not "," + string: GCC 12's -Wrestrict false alarm)
+      }
       return out + "]";
     }
     case Value::Kind::Map: {

@@ -229,7 +229,7 @@ CudnnPlan CudnnGraph::plan(cudnnHandle_t handle, const char* what) {
                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng_raw) == CUDNN_STATUS_SUCCESS &&
           cudnnBackendGetAttribute(eng_raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
               CUDNN_STATUS_SUCCESS)
-        engine += " " + std::to_string(index);
+        engine.append(" ").append(std::to_string(index));  // (not " " + string: GCC 12's -Wrestrict false alarm)
       std::vector<int64_t> uids;
       for (const Tensor& t : tensors_)
         if (!t.is_virtual) uids.push_back(t.uid);
