@@ -143,10 +143,8 @@ __device__ __forceinline__ void tma_reduce_add(const CUtensorMap& map, const voi
                "r"(smem_u32(src)), "r"(x), "r"(y), "r"(z)
                : "memory");
 }
-__device__ __forceinline__ void bulk_commit_and_wait_read() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
+// Until every committed bulk group of this thread has been read out of shared memory.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 // A tile staged for bulk stores: boxes of BM rows x 128 bytes (32 floats or 64 bf16) one after
 // another along the columns, each in the maps' 128-byte swizzle (16-byte chunk c of row r at
@@ -232,6 +230,31 @@ __device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&ac
   sync_math();  // both warpgroups' MMAs done: the stages may hold the epilogue's tile
 }
 
+// A rows kernel's boxes for reduction step kt into stage (sA, sB): A's rows r0.. and B's W columns
+// c0.. of weight matrix w (nt: one box of W rows; nn: W / 64 boxes of 64 columns).
+template <int B_MN, int W>
+__device__ __forceinline__ void load_rows_stage(bf16* sA, bf16* sB, const CUtensorMap& ta, const CUtensorMap& tb,
+                                                uint64_t* full, int kt, int r0, int c0, int w) {
+  tma_load(sA, ta, full, kt * BK, r0);
+  if constexpr (B_MN) {
+#pragma unroll
+    for (int b = 0; b < W / 64; ++b) tma_load(sB + b * 64 * BK, tb, full, c0 + 64 * b, kt * BK, w);
+  } else {
+    tma_load(sB, tb, full, kt * BK, c0, w);
+  }
+}
+
+// Thread 0 of a rows kernel: a whole row tile staged by stage_for_bulk<bf16> (W / 64 boxes) into C
+// at (r0, c0) through its map; one bulk group, committed.
+template <int W>
+__device__ __forceinline__ void issue_rows_tile(const CUtensorMap& tc, const unsigned char* staged, int r0, int c0,
+                                                int64_t cols) {
+#pragma unroll
+  for (int b = 0; b < W / 64; ++b)
+    if (c0 + 64 * b < cols) tma_store(tc, staged + b * BM * 128, c0 + 64 * b, r0);
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
 // nt (B_MN = 0) and nn (B_MN = 1), as rows_kernel of grouped_gemm.cu, with W-wide column tiles.
 // ta: A [extent rows][red]; tb: B as [Gw][cols][red] (nt, boxes of W rows) or [Gw][red][cols]
 // (nn, W / 64 boxes of 64 columns).
@@ -252,13 +275,7 @@ __global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
       produce<W>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
-        tma_load(sA, ta, full, kt * BK, r0);
-        if constexpr (B_MN) {
-#pragma unroll
-          for (int b = 0; b < W / 64; ++b) tma_load(sB + b * 64 * BK, tb, full, c0 + 64 * b, kt * BK, w);
-        } else {
-          tma_load(sB, tb, full, kt * BK, c0, w);
-        }
+        load_rows_stage<B_MN, W>(sA, sB, ta, tb, full, kt, r0, c0, w);
       });
     return;
   }
@@ -270,10 +287,8 @@ __global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
     stage_for_bulk<bf16>(acc, reinterpret_cast<unsigned char*>(smem));
     sync_math();
     if (threadIdx.x == 0) {
-#pragma unroll
-      for (int b = 0; b < W / 64; ++b)
-        if (c0 + 64 * b < cols) tma_store(tc, smem + b * BM * 64, c0 + 64 * b, r0);
-      bulk_commit_and_wait_read();
+      issue_rows_tile<W>(tc, reinterpret_cast<const unsigned char*>(smem), r0, c0, cols);
+      bulk_wait_read();
     }
   } else {
     store_rows_tile(acc, smem, C, r0, r_end, c0, cols, sync_math);
@@ -357,14 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (it >= S) mbar_wait(&ring.empty[s], uint32_t((it / S - 1) & 1));
         mbar_expect_tx(&ring.full[s], Tile<W>::kStageBytes);
         bf16* sA = smem + s * kStage;
-        bf16* sB = sA + Tile<W>::kTileA;
-        tma_load(sA, ta, &ring.full[s], kt * BK, r0);
-        if constexpr (B_MN) {
-#pragma unroll
-          for (int b = 0; b < W / 64; ++b) tma_load(sB + b * 64 * BK, tb, &ring.full[s], c0 + 64 * b, kt * BK, w);
-        } else {
-          tma_load(sB, tb, &ring.full[s], kt * BK, c0, w);
-        }
+        load_rows_stage<B_MN, W>(sA, sA + Tile<W>::kTileA, ta, tb, &ring.full[s], kt, r0, c0, w);
       }
     }
     return;
@@ -392,17 +400,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_acc(acc);
     // The staging buffer is free once the previous tile's bulk stores have read it (and every
     // thread's copies from it are done: the barrier).
-    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    if (threadIdx.x == 0) bulk_wait_read();
     sync_math();
     stage_for_bulk<bf16>(acc, staging);
     sync_math();
     if (r0 + BM <= r_end) {
-      if (threadIdx.x == 0) {
-#pragma unroll
-        for (int b = 0; b < W / 64; ++b)
-          if (c0 + 64 * b < cols) tma_store(tc, staging + b * BM * 128, c0 + 64 * b, r0);
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      }
+      if (threadIdx.x == 0) issue_rows_tile<W>(tc, staging, r0, c0, cols);
     } else {  // the group's last, partial tile: its rows below r_end, 16 bytes a thread at a time
       constexpr int kChunks = W / 8;
       for (int i = threadIdx.x; i < BM * kChunks; i += kMathThreads) {
@@ -413,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  if (threadIdx.x == 0) bulk_wait_read();
 }
 
 // The wgrad's reduction of weight matrix w: its groups' rows in 64-row steps, ceil(rows / BK) a
@@ -521,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     sync_math();
     if (threadIdx.x == 0) {
       issue_wgrad_tile(tw, reinterpret_cast<const unsigned char*>(smem), n0, m0, w, K, accumulate);
-      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      bulk_wait_read();
     }
   } else {
     add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, sync_math);
