@@ -169,9 +169,9 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # The grouped GEMMs' kernel sets, KERNELS[:EPILOGUE] (LAOYAO_GROUPED_GEMM, LAOYAO_GROUPED_EPILOGUE):
           # TMA-fed, persistent blocks, 128 x 256 tiles where they fit, bulk-stored epilogues (tma, the
           # default), a block a tile (tma_grid), 128 x 128 tiles only (tma128), epilogues stored by the
-          # threads (tma:threads: a block a tile too), cp.async-fed (cp_async). GROUPED_TESTS: the sets the MoE and grouped-GEMM tests run with (the tests part
-          # runs the default); GROUPED_BENCH: the grouped-GEMM bench's; GROUPED_FLAGSHIP: the flagship's
-          # step (8 micro-batches of 2 x 4096).
+          # threads (tma:threads: a block a tile too), cp.async-fed (cp_async). GROUPED_TESTS: the sets
+          # the MoE and grouped-GEMM tests run with (the tests part runs the default); GROUPED_BENCH:
+          # the grouped-GEMM bench's; GROUPED_FLAGSHIP: the flagship's step (8 micro-batches of 2 x 4096).
           with_set() {  # with_set SET command...: the command under that set's variables
             local set=$1 epi=; shift
             [[ $set == *:* ]] && epi=${set#*:}
