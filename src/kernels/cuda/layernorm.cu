@@ -189,21 +189,33 @@ __global__ void layernorm_forward_warp_kernel(const bf16* __restrict__ x, const 
   }
 }
 
+// Eight floats of shared memory as two 16-byte accesses (the address 32-byte aligned).
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
 // One row's dx by one warp (the row in registers): dx = rstd * (g*dy - mean(g*dy) - xhat *
 // mean(g*dy*xhat)), + dx's old value with accumulate. With kAcc, also adds dy * xhat into ga and
-// (kBeta) dy into ba, per column this lane holds.
+// (kBeta) dy into ba, this warp's rows of C floats in shared memory (each lane its own columns:
+// no other lane touches them). Kept there, not in registers: 32 more registers a lane held the
+// fused kernel to one block an SM (165 registers at 1024 wide).
 template <int kPacks, bool kAcc, bool kBeta>
 __device__ __forceinline__ void norm_dx_row(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                             const bf16* __restrict__ gamma, const float* __restrict__ mean,
                                             const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t t, int C,
-                                            bool zero_centered, bool accumulate, float (&ga)[kPacks][8],
-                                            float (&ba)[kPacks][8]) {
+                                            bool zero_centered, bool accumulate, float* ga, float* ba) {
   const int lane = threadIdx.x & 31, packs = C / 8;
   const bool rms = mean == nullptr;  // RMSNorm: xhat = x * rstd and no mean(dxhat) term
   const float m = rms ? 0.0f : mean[t], r = rstd[t];
-  // ov: dx's old value (accumulate), loaded with the rest where the registers allow (up to 1024
-  // wide; wider rows load it after the sums, as a third pack array would spill).
-  constexpr bool kEarlyOld = kPacks <= 4;
+  // ov: dx's old value (accumulate), loaded with the rest where the registers allow (up to 512
+  // wide; wider rows load it after the sums: at 1024 a third pack array costs the fused kernel its
+  // second block an SM).
+  constexpr bool kEarlyOld = kPacks <= 2;
   Pack8 xv[kPacks], dv[kPacks], ov[kEarlyOld ? kPacks : 1];
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
@@ -214,6 +226,9 @@ __device__ __forceinline__ void norm_dx_row(const bf16* __restrict__ dy, const b
       dv[i] = reinterpret_cast<const Pack8*>(dy + t * C)[p];
       if constexpr (kEarlyOld) ov[i] = accumulate ? reinterpret_cast<const Pack8*>(dx + t * C)[p] : Pack8{};
       const Pack8 g = reinterpret_cast<const Pack8*>(gamma)[p];
+      float gsum[8], bsum[8];
+      if constexpr (kAcc) load8(ga + p * 8, gsum);
+      if constexpr (kAcc && kBeta) load8(ba + p * 8, bsum);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float ge = zero_centered ? 1.0f + __bfloat162float(g.v[e]) : __bfloat162float(g.v[e]);
@@ -222,9 +237,11 @@ __device__ __forceinline__ void norm_dx_row(const bf16* __restrict__ dy, const b
         const float dxhat = d * ge;
         s1 += dxhat;
         s2 += dxhat * xhat;
-        if (kAcc) ga[i][e] += d * xhat;
-        if (kAcc && kBeta) ba[i][e] += d;
+        if constexpr (kAcc) gsum[e] += d * xhat;
+        if constexpr (kAcc && kBeta) bsum[e] += d;
       }
+      if constexpr (kAcc) store8(ga + p * 8, gsum);
+      if constexpr (kAcc && kBeta) store8(ba + p * 8, bsum);
     }
   }
   const float a = rms ? 0.0f : warp_sum(s1) / float(C), b = warp_sum(s2) / float(C);
@@ -258,55 +275,48 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
                                          bool zero_centered, bool accumulate) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= T) return;
-  float unused[kPacks][8];
-  norm_dx_row<kPacks, false, false>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, unused, unused);
+  norm_dx_row<kPacks, false, false>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, nullptr, nullptr);
 }
 
 // dx as above, and the parameter-gradient partials of its chunk of kFusedRows rows (partial[chunk]
-// [0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm): each warp adds its rows in registers, the block adds
-// its warps in order through shared memory (kFusedWarps * C floats, dynamic). Few rows a warp and
-// many warps a block, for more rows' loads in flight (the flagship's norm backward: 2.39 ms a step
-// against 2.48 with 4 warps of 8 rows; 3 reads and a write of 48 x 8192 rows of 2 KB, ~3.2 GB:
-// still ~1.3 TB/s, far from the memory's speed, for reasons not yet found).
+// [0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm): each warp adds its rows into its
+// own rows of shared memory, the block then adds its warps in order (dynamic shared memory:
+// (kBeta ? 2 : 1) * kFusedWarps * C floats). Few rows a warp and many warps a block, for more
+// rows' loads in flight. With the sums in registers (eleventh session) the kernel took 165
+// registers a lane at 1024 wide, one block an SM: 0.45 of cudaMemcpy's speed
+// (bench/memory_ops_bench.cpp).
 constexpr int kFusedWarps = 8;
 constexpr int kFusedRowsPerWarp = 2;
 constexpr int64_t kFusedRows = kFusedWarps * kFusedRowsPerWarp;
 
 template <int kPacks, bool kBeta>
-__global__ void __launch_bounds__(kFusedWarps * 32)
+__global__ void __launch_bounds__(kFusedWarps * 32, kPacks <= 4 ? 2 : 1)
     norm_backward_fused_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                const bf16* __restrict__ gamma, const float* __restrict__ mean,
                                const float* __restrict__ rstd, bf16* __restrict__ dx, float* __restrict__ partial,
                                int64_t T, int C, bool zero_centered, bool accumulate) {
-  extern __shared__ float red[];  // [kFusedWarps][C]
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, packs = C / 8;
+  extern __shared__ float red[];  // [kBeta ? 2 : 1][kFusedWarps][C]: sums of dy*xhat, then of dy
+  const int warp = threadIdx.x >> 5;
   const int64_t chunk = blockIdx.x;
-  float ga[kPacks][8], ba[kPacks][8];
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ga[i][e] = ba[i][e] = 0.0f;
+  float* ga = red + warp * C;
+  float* ba = red + (kFusedWarps + warp) * C;
+  for (int c = threadIdx.x & 31; c < C; c += 32) {  // a warp's own rows: no barrier needed
+    ga[c] = 0.0f;
+    if constexpr (kBeta) ba[c] = 0.0f;
+  }
+  __syncwarp();
   for (int rr = 0; rr < kFusedRowsPerWarp; ++rr) {
     const int64_t t = chunk * kFusedRows + int64_t(rr) * kFusedWarps + warp;
     if (t >= T) break;
     norm_dx_row<kPacks, true, kBeta>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, ga, ba);
   }
-  for (int which = 0; which < (kBeta ? 2 : 1); ++which) {
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const int p = lane + 32 * i;
-      if (p < packs)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) red[warp * C + p * 8 + e] = which == 0 ? ga[i][e] : ba[i][e];
-    }
-    __syncthreads();
+  __syncthreads();
+  for (int which = 0; which < (kBeta ? 2 : 1); ++which)
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       float v = 0.0f;
-      for (int w = 0; w < kFusedWarps; ++w) v += red[w * C + c];  // fixed order
+      for (int w = 0; w < kFusedWarps; ++w) v += red[(which * kFusedWarps + w) * C + c];  // fixed order
       partial[(chunk * 2 + which) * C + c] = v;
     }
-    __syncthreads();
-  }
 }
 
 // Packs per lane for the warp kernels (0: use the block kernels).
@@ -355,10 +365,10 @@ template <int P, bool kBeta>
 void launch_fused(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd, bf16* dx,
                   float* partial, int64_t T, int C, bool zc, bool accumulate, cudaStream_t stream) {
   const int64_t chunks = (T + kFusedRows - 1) / kFusedRows;
-  const size_t smem = sizeof(float) * kFusedWarps * size_t(C);
+  const size_t smem = sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * size_t(C);
   static std::array<bool, 64> seen{};  // one per instantiation: the attribute is the kernel's
-  if (smem > 48 * 1024 && first_on_this_device(seen))
-    allow_smem(norm_backward_fused_kernel<P, kBeta>, sizeof(float) * kFusedWarps * 32 * 8 * P);
+  if (first_on_this_device(seen))
+    allow_smem(norm_backward_fused_kernel<P, kBeta>, sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * 32 * 8 * P);
   norm_backward_fused_kernel<P, kBeta><<<unsigned(chunks), kFusedWarps * 32, smem, stream>>>(
       dy, x, gamma, mean, rstd, dx, partial, T, C, zc, accumulate);
 }

@@ -84,14 +84,14 @@ __global__ void __launch_bounds__(kThreads)
                               bf16* out, float* __restrict__ rstd, int64_t rows, int H, int G, int D, float eps,
                               bool zero_centered, RopeDeviceTable rope, int64_t s) {
   __shared__ float sg[2][kMaxD];
-  stage_gammas(sg, q_gamma, k_gamma, D, zero_centered);
   const int lane = threadIdx.x % kLanes, packs = D / 8;
   const int64_t row = int64_t(blockIdx.x) * (kThreads / kLanes) + threadIdx.x / kLanes;
   const bool live = row < rows && lane < packs;
   Pack8 xv{};
+  if (live) xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];  // on its way during the staging
+  stage_gammas(sg, q_gamma, k_gamma, D, zero_centered);
   float sq = 0.0f;
   if (live) {
-    xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float x = __bfloat162float(xv.v[e]);
