@@ -68,13 +68,17 @@ struct RowKind {
   int64_t stat, token;
 };
 
+// In 32-bit arithmetic (the host checks that T * slots fits): a 64-bit division is a long
+// software sequence, and these kernels do one or two a row.
 __device__ __forceinline__ RowKind row_kind(int64_t row, int H, int G) {
-  const int Q = H / G, slots = G * (Q + 2);
-  const int64_t t = row / slots;
-  const int s = int(row - t * slots), g = s / (Q + 2), j = s - g * (Q + 2);
-  if (j < Q) return {0, t * (H + G) + g * Q + j, t};
-  return {j == Q ? 1 : 2, t * (H + G) + H + g, t};
+  const unsigned Q = unsigned(H / G), slots = unsigned(G) * (Q + 2u);
+  const unsigned r = unsigned(row), t = r / slots, s = r - t * slots, g = s / (Q + 2u), j = s - g * (Q + 2u);
+  if (j < Q) return {0, int64_t(t) * (H + G) + g * Q + j, int64_t(t)};
+  return {j == Q ? 1 : 2, int64_t(t) * (H + G) + H + g, int64_t(t)};
 }
+
+// A token's position in its sequence of s (32-bit, as row_kind).
+__device__ __forceinline__ int64_t position_of(int64_t token, int64_t s) { return unsigned(token) % unsigned(s); }
 
 // y = x * rstd * gamma for q and k rows (then rotated with kRope); v rows copied (unless out ==
 // qkv). qkv and out may alias.
@@ -112,7 +116,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = __bfloat162float(xv.v[e]) * r * g[e];
   }
-  if (kRope) rope_pack<kLanes, false>(v, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, k.token % s);
+  if (kRope)
+    rope_pack<kLanes, false>(v, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, position_of(k.token, s));
   if (!live) return;
   Pack8 y;
 #pragma unroll
@@ -160,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 8; ++e) d[e] = __bfloat162float(dv.v[e]);
     // The group's row is a q or k row (or not) for all its lanes alike, as the shuffle needs.
     if (kRope && live_row && k.kind < 2)
-      rope_pack<kLanes, true>(d, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, k.token % s);
+      rope_pack<kLanes, true>(d, lane, group_mask<kLanes>(int(threadIdx.x & 31)), rope, position_of(k.token, s));
     if (norm) {
       const float* g = sg[k.kind] + lane * 8;
 #pragma unroll
@@ -205,7 +210,7 @@ __global__ void __launch_bounds__(kThreads)
 int64_t chunks_for(int64_t T) { return (T + kTokensPerChunk - 1) / kTokensPerChunk; }
 
 // Lanes per row for head dim D, after checking the shapes and pointers; throws laoyao::Error.
-int lanes_for(const char* op, int64_t H, int64_t G, int64_t D, std::initializer_list<const void*> rows) {
+int lanes_for(const char* op, int64_t T, int64_t H, int64_t G, int64_t D, std::initializer_list<const void*> rows) {
   if (D <= 0 || D % 8 != 0 || D > kMaxD)
     throw Error(std::string(op) + ": head dim D = " + std::to_string(D) +
                 " is not supported (a multiple of 8 up to " + std::to_string(kMaxD) + ")");
@@ -215,6 +220,9 @@ int lanes_for(const char* op, int64_t H, int64_t G, int64_t D, std::initializer_
   for (const void* p : rows)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
       throw Error(std::string(op) + ": the fused QKV rows must be 16-byte aligned");
+  if (T * (H + 2 * G) > int64_t(0xffffffff))  // row_kind's 32-bit arithmetic
+    throw Error(std::string(op) + ": " + std::to_string(T) + " tokens of " + std::to_string(H + 2 * G) +
+                " head rows each are more rows than one launch handles (2^32)");
   int lanes = 1;
   while (lanes < D / 8) lanes *= 2;
   return lanes;
@@ -263,7 +271,7 @@ void launch_backward(const bf16* dout, const bf16* qkv, const bf16* qg, const bf
 void qk_rmsnorm_forward(const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma, bf16* out, float* rstd, int64_t T,
                         int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma, cudaStream_t stream,
                         const RopeDeviceTable* rope, int64_t s) {
-  const int lanes = lanes_for("qk_rmsnorm_forward", H, G, D, {qkv, out});
+  const int lanes = lanes_for("qk_rmsnorm_forward", T, H, G, D, {qkv, out});
   const RopeDeviceTable rt = rope_for("qk_rmsnorm_forward", rope, s, D);
   if (T <= 0) return;
   const int64_t rows = T * (H + 2 * G);
@@ -289,7 +297,7 @@ void qk_rmsnorm_backward(const bf16* dout, const bf16* qkv, const bf16* q_gamma,
                          const float* rstd, bf16* dqkv, float* dq_gamma, float* dk_gamma, float* scratch, int64_t T,
                          int64_t H, int64_t G, int64_t D, bool zero_centered_gamma, cudaStream_t stream,
                          const RopeDeviceTable* rope, int64_t s) {
-  const int lanes = lanes_for("qk_rmsnorm_backward", H, G, D, {dout, qkv, dqkv});
+  const int lanes = lanes_for("qk_rmsnorm_backward", T, H, G, D, {dout, qkv, dqkv});
   const RopeDeviceTable rt = rope_for("qk_rmsnorm_backward", rope, s, D);
   if (T <= 0) return;
   const int64_t chunks = chunks_for(T);
