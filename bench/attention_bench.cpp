@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/rng.hpp"
@@ -21,13 +23,20 @@ using namespace laoyao;
 using namespace laoyao::kernels::cuda;
 
 int main() {
-  struct Case { int64_t b, H, s, D; };
-  const Case cases[] = {{16, 16, 1024, 128}, {2, 16, 8192, 128}, {16, 32, 1024, 64}, {2, 32, 8192, 64}};
+  // G: query groups (G < H: grouped-query attention, the cuDNN path only; printed with G= so
+  // bench/gpu_train_bench.sh's MHA rows beside SDPA stay as they were): the flagship MoE's and
+  // Llama-3.2-1B's shapes after the MHA ones. LAOYAO_ATTN_BENCH_CUDNN_ONLY=1 skips our flash kernels.
+  struct Case { int64_t b, H, G, s, D; };
+  const Case cases[] = {{16, 16, 16, 1024, 128}, {2, 16, 16, 8192, 128}, {16, 32, 32, 1024, 64},
+                        {2, 32, 32, 8192, 64},   {2, 16, 4, 4096, 64},    {1, 32, 8, 8192, 64}};
+  const char* only_env = std::getenv("LAOYAO_ATTN_BENCH_CUDNN_ONLY");
+  const bool cudnn_only = only_env && std::string(only_env) == "1";
   cudaStream_t stream;
   LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
   for (const Case& c : cases) {
-    AttentionShape a{c.b, c.s, c.H, c.H, c.D, 1.0f / std::sqrt(static_cast<float>(c.D))};
-    const int64_t T = c.b * c.s, row = 3 * c.H * c.D;
+    AttentionShape a{c.b, c.s, c.H, c.G, c.D, 1.0f / std::sqrt(static_cast<float>(c.D))};
+    const int64_t T = c.b * c.s, row = (c.H + 2 * c.G) * c.D;
+    const std::string shape = c.G == c.H ? "" : " G=" + std::to_string(c.G);
     DeviceBuffer qkv = laoyao::bench::random_bf16(T * row, "qkv");
     DeviceBuffer dctx = laoyao::bench::random_bf16(T * c.H * c.D, "dctx");
     DeviceBuffer ctx(sizeof(__nv_bfloat16) * T * c.H * c.D), dqkv(sizeof(__nv_bfloat16) * T * row);
@@ -40,10 +49,13 @@ int main() {
                                lse.as<float>(), delta.as<float>(), dqkv.as<__nv_bfloat16>(), a, {}, stream);
     };
     const double fwd_flops = 4.0 * c.b * c.H * double(c.s) * c.s * c.D / 2;
-    const float f_ms = laoyao::bench::median_ms(fwd, stream, 20);
-    const float fb_ms = laoyao::bench::median_ms([&] { fwd(); bwd(); }, stream, 20);
-    std::printf("ATTN laoyao b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f\n", (long long)c.b,
-                (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / f_ms / 1e9, 3.5 * fwd_flops / fb_ms / 1e9);
+    if (!cudnn_only && c.G == c.H) {
+      const float f_ms = laoyao::bench::median_ms(fwd, stream, 20);
+      const float fb_ms = laoyao::bench::median_ms([&] { fwd(); bwd(); }, stream, 20);
+      std::printf("ATTN laoyao b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f\n", (long long)c.b,
+                  (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / f_ms / 1e9,
+                  3.5 * fwd_flops / fb_ms / 1e9);
+    }
     // The same through cuDNN's fused attention (our graphs), the `--attention-backend fused` path.
     CudnnAttention cudnn(a, stream);
     auto cfwd = [&] { cudnn.forward(qkv.as<__nv_bfloat16>(), ctx.as<__nv_bfloat16>(), lse.as<float>(), c.b); };
@@ -53,9 +65,9 @@ int main() {
     };
     const float cf_ms = laoyao::bench::median_ms(cfwd, stream, 20);
     const float cfb_ms = laoyao::bench::median_ms([&] { cfwd(); cbwd(); }, stream, 20);
-    std::printf("ATTN cudnn b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f (%s)\n", (long long)c.b,
-                (long long)c.H, (long long)c.s, (long long)c.D, fwd_flops / cf_ms / 1e9, 3.5 * fwd_flops / cfb_ms / 1e9,
-                cudnn.engines().c_str());
+    std::printf("ATTN cudnn b=%lld H=%lld%s s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f (%s)\n", (long long)c.b,
+                (long long)c.H, shape.c_str(), (long long)c.s, (long long)c.D, fwd_flops / cf_ms / 1e9,
+                3.5 * fwd_flops / cfb_ms / 1e9, cudnn.engines().c_str());
   }
   return 0;
 }

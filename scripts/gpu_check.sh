@@ -8,7 +8,8 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile memory_ops phases bench moe moe_quick grouped recipes
+#                                            attention gemm profile attention_candidates memory_ops phases bench
+#                                            moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
@@ -510,6 +511,18 @@ PY
           timeout 120 "$C/laoyao_bench_memory_ops" > "$OUT/memory_ops.txt" 2>&1
           note "memory-bound kernels (exit $?):"
           while read -r line; do note "  $line"; done < <(grep -E '^\||^Sum' "$OUT/memory_ops.txt")
+          ;;
+        attention_candidates)
+          # cuDNN's attention through each engine config its heuristics offer (LAOYAO_CUDNN_CANDIDATE=k,
+          # the listing from LAOYAO_CUDNN_LIST=1): whether another than the first is faster.
+          for k in 0 1 2 3 4 5 6 7; do
+            LAOYAO_CUDNN_CANDIDATE=$k LAOYAO_CUDNN_LIST=1 LAOYAO_ATTN_BENCH_CUDNN_ONLY=1 timeout 120 \
+              "$C/laoyao_bench_attention" > "$OUT/attention_candidate_$k.txt" 2>&1
+            rc=$?
+            note "cuDNN candidate $k (exit $rc):"
+            while read -r line; do note "  $line"; done < <(grep -E '^ATTN|offers' "$OUT/attention_candidate_$k.txt")
+            [ $rc = 0 ] || break
+          done
           ;;
         phases)
           # Where each case's step goes by kind of op (LAOYAO_MODEL_PHASES, LAOYAO_MOE_PHASES and
