@@ -50,6 +50,9 @@ struct MoeConfig {
   // "decoder.layers.L.mlp.router.random_logits.<call>"), so the routing is balanced in expectation;
   // the gradient passes to the real logits unchanged (Megatron's straight-through RandomSTE).
   bool force_load_balancing = false;
+  // --moe-router-dtype unset with --bf16: the router's logits at bf16 precision (Megatron's bf16
+  // router linear); fp32 or fp64 keep them fp32.
+  bool router_bf16 = false;
   // --moe-expert-capacity-factor (none: dropless) and --moe-token-drop-policy (kernels/cpu/moe.hpp's
   // moe_capacity_mask); --moe-pad-expert-input-to-capacity changes no value, so it is not kept.
   std::optional<double> capacity_factor;
@@ -59,6 +62,9 @@ struct MoeConfig {
   // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /
   // expert_parallel of every MoE layer's routed experts (model/gpt_ep.hpp); 1: all of them.
   int64_t expert_parallel = 1;
+  // --tensor-model-parallel-size for an MoE model: each expert is split over these ranks (expert
+  // tensor parallelism = tensor parallelism, model/gpt_tp.hpp's check_moe_tensor_parallel); 1: whole.
+  int64_t tensor_parallel = 1;
   int64_t local_experts() const { return expert_parallel > 1 ? num_experts / expert_parallel : num_experts; }
 };
 

@@ -22,8 +22,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
                    dist::ProcessGroup* expert_dp)
     : cfg_(cfg), tp_(tp), ep_(ep), expert_dp_(expert_dp && expert_dp->size() > 1 ? expert_dp : nullptr) {
   if (tp_ && tp_->size() > 1) tp_size_ = tp_->size(), tp_rank_ = tp_->rank();
-  if (cfg.moe.num_experts > 0 && tp_size_ > 1)
-    throw UsageError("Mixture-of-Experts layers with tensor parallelism are not supported yet");
+  if (cfg.moe.num_experts > 0 && tp_size_ > 1) check_moe_tensor_parallel(cfg);
   if (cfg.moe.num_experts > 0 && cfg.moe.expert_parallel > 1) {
     if (!ep_ || ep_->size() != cfg.moe.expert_parallel)
       throw Error("GptModel: expert parallelism over " + std::to_string(cfg.moe.expert_parallel) +
@@ -51,8 +50,8 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.hidden_size = cfg.hidden;
     moe_cfg_.num_experts = m.num_experts;
     moe_cfg_.topk = m.topk;
-    moe_cfg_.ffn_hidden_size = m.ffn;
-    moe_cfg_.shared_expert_intermediate_size = m.shared_ffn;
+    moe_cfg_.ffn_hidden_size = lc_.moe.ffn;  // with tensor parallelism this rank's share of each expert
+    moe_cfg_.shared_expert_intermediate_size = lc_.moe.shared_ffn;
     moe_cfg_.activation = cfg.activation == Activation::SwiGLU   ? k::MoeActivation::SwiGlu
                           : cfg.activation == Activation::GeluErf ? k::MoeActivation::GeluErf
                                                                   : k::MoeActivation::GeluTanh;
@@ -61,6 +60,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     if (m.topk_scaling_factor) moe_cfg_.router.topk_scaling_factor = static_cast<float>(*m.topk_scaling_factor);
     moe_cfg_.router.num_groups = m.num_groups, moe_cfg_.router.group_topk = m.group_topk;
     moe_cfg_.force_load_balancing = m.force_load_balancing;
+    moe_cfg_.router_bf16_logits = m.router_bf16;
     moe_cfg_.capacity_factor = m.capacity_factor;
     moe_cfg_.drop_by_position = m.drop_by_position;
     moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
@@ -116,22 +116,30 @@ GptModel::MoeLosses GptModel::last_moe_losses() const {
   return out;
 }
 
-int64_t GptModel::local_routed_parameters() const {
-  int64_t routed = 0;  // every rank of an expert-parallel group holds as many
-  for (const auto& p : table_.specs)
+namespace {
+
+// The whole model's parameters (no buffers), every expert whole on one rank, and the routed
+// experts' part of them: the counts do not depend on how tensor or expert parallelism splits them.
+std::pair<int64_t, int64_t> whole_and_routed_parameters(const GptConfig& full) {
+  const GptParameterLayout whole = build_gpt_parameters(ep_whole_config(full));
+  int64_t all = 0, routed = 0;
+  for (const auto& p : whole.table.specs) {
+    if (p.buffer) continue;
+    all += p.numel;
     if (is_routed_expert(p.name)) routed += p.numel;
-  return routed;
+  }
+  return {all, routed};
 }
+
+}  // namespace
 
 int64_t GptModel::num_active_parameters() const {
   if (cfg_.moe.num_experts <= 0) return num_parameters();
-  const int64_t routed = local_routed_parameters();
-  return num_parameters() - num_buffer_elements() - routed + routed * ep_size_ / cfg_.moe.num_experts * cfg_.moe.topk;
+  const auto [all, routed] = whole_and_routed_parameters(cfg_);
+  return all - routed + routed / cfg_.moe.num_experts * cfg_.moe.topk;
 }
 
-int64_t GptModel::num_whole_parameters() const {
-  return num_parameters() + local_routed_parameters() * (ep_size_ - 1) - num_buffer_elements();
-}
+int64_t GptModel::num_whole_parameters() const { return whole_and_routed_parameters(cfg_).first; }
 
 int64_t GptModel::num_buffer_elements() const {
   int64_t n = 0;
@@ -371,6 +379,10 @@ void GptModel::finalize_grads() {
     if (off < 0) continue;
     tp_->all_reduce_sum(G(off), static_cast<size_t>(lc_.hidden));
   }
+  // A router's gradient is each rank's share (its experts' columns' part of the probabilities'
+  // gradient): summed, as Megatron all-reduces the sequence-parallel router over the group.
+  for (const auto& L : layers_)
+    if (L.router_w >= 0) tp_->all_reduce_sum(G(L.router_w), static_cast<size_t>(cfg_.moe.num_experts * lc_.hidden));
 }
 
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses, bool train_step) {
@@ -463,12 +475,16 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
     // MLP block: x_out = x_mid + dropout(fc2(act(fc1(norm(x_mid)))) + b_fc2)
     norm_forward(c, o, P(L.ln2_w), opt(L.ln2_b), A(a.ln2), A(a.ln2_mean), A(a.ln2_rstd), Tl);
     if (sp) gather_sequence(A(a.ln2));
-    if (cfg_.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
+    if (cfg_.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP
+      // With tensor parallelism (sequence parallel) every rank routes the whole gathered sequence,
+      // as Megatron's dispatcher gathers the tokens and their routing over the group, and runs its
+      // share of each expert: the outputs are partial sums, reduce-scattered like linear_fc2's.
       moe_cfg_.seq_length = mb.s;
       moe_cfg_.random_logits_key = random_logits_key(key, l);
       moe_cfg_.global_aux_training = train_step;
       k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)],
                            ep_stages_[static_cast<size_t>(l)].get());
+      if (sp) reduce_scatter_sequence(x_out);
     } else {
       k::linear_forward(A(a.ln2), P(L.fc1_w), opt(L.fc1_b), A(a.u), T, h, c.fc1_width());
       if (c.activation == Activation::SwiGLU)
@@ -560,8 +576,11 @@ void GptModel::backward(const float* dloss) {
     if (drop) multiply(dbranch, A(a.drop2), Tl * h);
     if (sp) gather_sequence(dbranch);  // the whole sequence's: the bias gradient is whole too
     if (cfg_.is_moe_layer(l)) {
+      // Under tensor parallelism each rank's router gradient is a share that finalize_grads sums
+      // (and its input gradient is summed with the experts'): the aux and z losses, which every
+      // rank computes whole, add 1/tp of theirs on each.
       k::moe_layer_backward(moe_cfg_, moe_weights(L), A(a.ln2), dbranch, dnorm, moe_grads(L), T,
-                            moe_states_[static_cast<size_t>(l)], moe_aux_loss_scale_,
+                            moe_states_[static_cast<size_t>(l)], moe_aux_loss_scale_ / static_cast<float>(tp_size_),
                             ep_stages_[static_cast<size_t>(l)].get());
     } else {
       k::linear_backward(A(a.g), P(L.fc2_w), dbranch, dg, G(L.fc2_w), gopt(L.fc2_b), T, c.ffn, h);

@@ -115,7 +115,8 @@ class GptModel {
   // The parameters one token uses: all but the routed experts', and topk / num_experts of those
   // (the shared experts and the routers whole); num_parameters() for a dense model.
   int64_t num_active_parameters() const;
-  // The whole model's parameters (every rank's experts under expert parallelism, no buffers).
+  // The whole model's parameters (every rank's shards and experts under tensor or expert
+  // parallelism, no buffers).
   int64_t num_whole_parameters() const;
   // Elements of the table that are buffers, not parameters (ParamSpec::buffer).
   int64_t num_buffer_elements() const;
@@ -148,7 +149,6 @@ class GptModel {
   float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
 
   bool tensor_parallel() const { return tp_size_ > 1; }
-  int64_t local_routed_parameters() const;  // this rank's routed experts' parameters
   void build_routed_ranges();
   // Whether `name` is split over the model-parallel group (TP's split tensors, EP's experts).
   bool is_split(const std::string& name) const;

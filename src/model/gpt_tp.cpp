@@ -54,11 +54,29 @@ TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
   if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return TpSplit::Rows;
   if (ends_with(name, "self_attention.linear_qkv.weight") || ends_with(name, "self_attention.linear_qkv.bias"))
     return TpSplit::Rows;
-  if (ends_with(name, "mlp.linear_fc1.weight") || ends_with(name, "mlp.linear_fc1.bias"))
+  // An MoE layer's experts (routed and shared) are MLPs split as the dense one (expert tensor
+  // parallelism = tensor parallelism); the router is replicated.
+  const bool expert = name.find("mlp.experts.local_experts.") != std::string::npos ||
+                      name.find("mlp.shared_experts.") != std::string::npos;
+  if (ends_with(name, "mlp.linear_fc1.weight") || ends_with(name, "mlp.linear_fc1.bias") ||
+      (expert && ends_with(name, ".linear_fc1.weight")))
     return full.activation == Activation::SwiGLU ? TpSplit::SwigluRows : TpSplit::Rows;
-  if (ends_with(name, "self_attention.linear_proj.weight") || ends_with(name, "mlp.linear_fc2.weight"))
+  if (ends_with(name, "self_attention.linear_proj.weight") || ends_with(name, "mlp.linear_fc2.weight") ||
+      (expert && ends_with(name, ".linear_fc2.weight")))
     return TpSplit::Cols;
   return TpSplit::Replicated;
+}
+
+void check_moe_tensor_parallel(const GptConfig& c) {
+  if (!c.sequence_parallel)
+    throw UsageError("Mixture-of-Experts layers with tensor parallelism need sequence parallelism "
+                     "(--sequence-parallel, model.sequence_parallel), as Megatron-Core's MoELayer asks in training");
+  if (c.moe.expert_parallel > 1)
+    throw UsageError("expert parallelism (--expert-model-parallel-size " + std::to_string(c.moe.expert_parallel) +
+                     ") together with tensor parallelism is not supported yet");
+  if (c.moe.capacity_factor)
+    throw UsageError("token dropping (--moe-expert-capacity-factor) with tensor parallelism is not supported yet "
+                     "(Megatron drops by each rank's share of the sequence)");
 }
 
 void check_token_ids(const int64_t* tokens, int64_t T, int64_t vocab, const char* who) {
@@ -79,11 +97,15 @@ GptConfig tp_local_config(const GptConfig& full, int64_t tp) {
   check(full.query_groups, "the number of query groups");
   check(full.ffn, "the ffn hidden size");
   check(full.vocab, "the padded vocabulary size");
+  const bool moe = full.moe.num_experts > 0;
+  if (moe) check(full.moe.ffn, "the MoE ffn hidden size");
+  if (moe && full.moe.shared_ffn > 0) check(full.moe.shared_ffn, "the shared expert's intermediate size");
   GptConfig local = full;
   local.heads /= tp;
   local.query_groups /= tp;
   local.ffn /= tp;
   local.vocab /= tp;
+  if (moe) local.moe.ffn /= tp, local.moe.shared_ffn /= tp;
   return local;
 }
 

@@ -1,10 +1,11 @@
 // A GPT model's parameters split over tensor-parallel ranks as Megatron-Core splits them
 // (megatron-lm.md §8.1): the word embedding and output layer by vocabulary rows, linear_qkv and
-// linear_fc1 by output rows (query groups are contiguous rows; SwiGLU's gate and up halves are
-// split each, a rank holding [its gate rows; its up rows]), linear_proj and linear_fc2 by input
-// columns, everything else replicated. A rank's parameter table is the model's own at the local
-// shape (tp_local_config); shard/unshard map full tensors to a rank's and back, so that weights
-// initialised at full size split identically at any TP size and checkpoints hold full tensors.
+// linear_fc1 (an MoE layer's experts' too) by output rows (query groups are contiguous rows;
+// SwiGLU's gate and up halves are split each, a rank holding [its gate rows; its up rows]),
+// linear_proj and linear_fc2 by input columns, everything else replicated. A rank's parameter
+// table is the model's own at the local shape (tp_local_config); shard/unshard map full tensors to
+// a rank's and back, so that weights initialised at full size split identically at any TP size and
+// checkpoints hold full tensors.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,9 +25,15 @@ TpSplit tp_split_of(const std::string& name, const GptConfig& full);
 // pass unseen: an Error naming it (`who`: the model) for any of tokens[0, T) outside [0, vocab).
 void check_token_ids(const int64_t* tokens, int64_t T, int64_t vocab, const char* who);
 
-// The per-rank shape of `full`: heads, query groups, ffn and vocabulary divided by tp. A UsageError
-// naming the setting when one does not divide (Megatron refuses those too).
+// The per-rank shape of `full`: heads, query groups, ffn (and the experts' ffn) and vocabulary
+// divided by tp. A UsageError naming the setting when one does not divide (Megatron refuses those too).
 GptConfig tp_local_config(const GptConfig& full, int64_t tp);
+
+// Mixture of Experts under tensor parallelism as laoyao runs it: sequence parallel (Megatron-Core's
+// MoELayer refuses training without it), experts split over the same ranks (expert tensor
+// parallelism = tensor parallelism), no expert parallelism, no token dropping. A UsageError naming
+// what is not met.
+void check_moe_tensor_parallel(const GptConfig& c);
 
 // local_w (local table) = rank's shard of full_w (full table); the two tables list the same names.
 void tp_shard(const GptConfig& full, const ParameterTable& full_table, const float* full_w,

@@ -15,17 +15,19 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                   "): this build has no Gloo for CPU ranks");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
-  // Mixture of Experts trains data-parallel and expert-parallel (CPU or GPU ranks); tensor
-  // parallelism is not built for it yet (model_config names the unsupported MoE settings).
+  // Mixture of Experts trains data-parallel, expert-parallel, or tensor-parallel with its experts
+  // split over the same ranks (CPU ranks; model_config names the MoE settings that cannot join
+  // tensor parallelism).
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
-    const int64_t ep = m.expert_model_parallel_size, dp = world_size / std::max<int64_t>(m.tensor_model_parallel_size, 1);
+    const int64_t tp = std::max<int64_t>(m.tensor_model_parallel_size, 1), ep = m.expert_model_parallel_size;
+    const int64_t dp = world_size / tp, etp = m.expert_tensor_parallel_size.value_or(tp);
     if (ep > 1 && dp % ep != 0)
       out.push_back("expert parallelism over " + std::to_string(ep) + " ranks with " + std::to_string(dp) +
                     " data-parallel ranks (model.expert_model_parallel_size must divide the data-parallel size)");
-    if (m.tensor_model_parallel_size > 1)
-      out.push_back("Mixture-of-Experts layers with tensor parallelism (model.tensor_model_parallel_size > 1)");
-    else if (m.expert_tensor_parallel_size && *m.expert_tensor_parallel_size > 1)
-      out.push_back("expert tensor parallelism (model.expert_tensor_parallel_size > 1)");
+    if (etp != tp)
+      out.push_back("an expert tensor-parallel size of " + std::to_string(etp) + " with a tensor-parallel size of " +
+                    std::to_string(tp) + " (model.expert_tensor_parallel_size must equal "
+                    "model.tensor_model_parallel_size)");
   }
   if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
   if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "data/tokenizer/tokenizer_factory.hpp"
+#include "model/gpt_tp.hpp"
 
 namespace laoyao::train {
 
@@ -79,7 +80,11 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
                        " is outside " + std::to_string(lo) + ".." + std::to_string(g.num_layers) +
                        " (the layers of the model) for recompute_method " + *m.recompute_method);
   }
-  if (m.num_moe_experts && *m.num_moe_experts > 0) g.moe = moe_config(c, g);
+  if (m.num_moe_experts && *m.num_moe_experts > 0) {
+    g.moe = moe_config(c, g);
+    g.moe.tensor_parallel = m.tensor_model_parallel_size;
+    if (g.moe.tensor_parallel > 1) model::check_moe_tensor_parallel(g);
+  }
   return g;
 }
 
@@ -178,6 +183,7 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
                      m.moe_router_score_function + "'");
   moe.expert_bias = m.moe_router_enable_expert_bias;
   moe.force_load_balancing = m.moe_router_force_load_balancing;
+  moe.router_bf16 = !m.moe_router_dtype && g.bf16;  // Megatron: the router in the input dtype
   moe.bias_update_rate = m.moe_router_bias_update_rate;
   // Group-limited routing: both or neither, and shapes the router can split (Megatron's checks).
   if (m.moe_router_num_groups.has_value() != m.moe_router_group_topk.has_value())

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -265,6 +266,65 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
       EXPECT_NEAR(tail[i], want[3 + i], 1e-5 * want[3 + i])
           << "value " << i << " resumed on " << n << " rank(s) from " << extra[1] << "\n" << resumed.output;
   }
+}
+
+// Mixture of Experts under tensor parallelism over CPU ranks (sequence parallel, every expert split
+// over the TP ranks): TP=2 on 2 ranks and TP=2 x DP=2 on 4 with the distributed optimizer print the
+// single rank's losses and load-balancing losses; a checkpoint saved at TP=2 (whole experts)
+// resumes on one rank. Without sequence parallelism the run is refused as Megatron-Core's MoELayer
+// refuses it, before anything is written.
+TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_tp_moe");
+  const std::vector<std::string> one =
+      tiny_run({"--train-iters", "3", "--num-attention-heads", "4", "--num-experts", "4", "--moe-router-topk", "2",
+                "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001", "--moe-shared-expert-intermediate-size",
+                "32", "--disable-bias-linear", "--swiglu", "--normalization", "RMSNorm"});
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto want = losses_in(single.output);
+  ASSERT_GE(want.size(), 4u) << single.output;
+  auto balance = [](const std::string& log) {
+    std::vector<double> out;
+    for (size_t at = 0; (at = log.find("load_balancing_loss: ", at)) != std::string::npos; at += 21)
+      out.push_back(std::stod(log.substr(at + 21)));
+    return out;
+  };
+  const auto lb = balance(single.output);
+  ASSERT_EQ(lb.size(), 3u) << single.output;
+  const std::vector<std::pair<const char*, std::vector<std::string>>> layouts = {
+      {"2", {}}, {"4", {"--use-distributed-optimizer"}}};
+  for (const auto& [n, flags] : layouts) {
+    std::vector<std::string> extra = {"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+    extra.insert(extra.end(), flags.begin(), flags.end());
+    const auto r = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = losses_in(r.output), got_lb = balance(r.output);
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-4 * std::abs(want[i])) << n << " ranks at TP=2, value " << i;
+    ASSERT_EQ(got_lb.size(), lb.size()) << r.output;
+    for (size_t i = 0; i < lb.size(); ++i) EXPECT_NEAR(got_lb[i], lb[i], 1e-4 * lb[i]) << n << " ranks, iteration " << i;
+  }
+  const auto saved = run_laoyao(on_ranks("2", one, {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                                    "--exit-interval", "2", "--save", dir + "/ckpt", "--save-interval",
+                                                    "2"}),
+                                dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(saved.status, 0) << saved.output;
+  std::vector<std::string> load = one;
+  load.insert(load.end(), {"--load", dir + "/ckpt"});
+  const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const auto tail = losses_in(resumed.output);
+  ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
+  for (size_t i = 0; i < tail.size(); ++i)
+    EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i]) << "value " << i << " resumed on one rank\n" << resumed.output;
+  // Without --sequence-parallel: refused by name, exit 2, no checkpoint.
+  const auto refused = run_laoyao(on_ranks("2", one, {"--tensor-model-parallel-size", "2", "--save", dir + "/no_sp",
+                                                      "--save-interval", "1"}),
+                                  dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_NE(refused.status, 0) << refused.output;
+  EXPECT_NE(refused.output.find("need sequence parallelism (--sequence-parallel"), std::string::npos) << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/no_sp")) << refused.output;
 }
 
 // SIGTERM to the launcher (a scheduler's stop, Ctrl-C's sibling) stops every rank promptly.

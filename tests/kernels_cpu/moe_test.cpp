@@ -1052,6 +1052,32 @@ TEST(MoeLayer, ForceLoadBalancingRoutesOnRandomLogits) {
   EXPECT_NE(st.topk_idx, first);
 }
 
+// --moe-router-dtype unset (router_bf16_logits): the logits the router and the losses see are the
+// fp32 logits rounded to bf16, nothing else of the layer changes; random logits are rounded too.
+TEST(MoeLayer, Bf16RouterLogitsAreTheFp32OnesRounded) {
+  std::mt19937 rng(2006);
+  auto d = layer_of_tokens({"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 0, false, 0.3f, 0.0f, 0.0f}, 64, rng);
+  d.cfg.z_loss_coeff = 1e-2f;
+  const int64_t T = d.T, H = d.cfg.hidden_size, E = d.cfg.num_experts;
+  MoeLayerState fp32, rounded;
+  std::vector<float> y(T * H);
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, fp32);
+  d.cfg.router_bf16_logits = true;
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, rounded);
+  int64_t changed = 0;
+  for (int64_t i = 0; i < T * E; ++i) {
+    ASSERT_EQ(rounded.logits[i], round_to_bf16(fp32.logits[i])) << i;
+    changed += rounded.logits[i] != fp32.logits[i];
+  }
+  EXPECT_GT(changed, T * E / 2);
+  EXPECT_NE(rounded.z_loss, fp32.z_loss);
+  d.cfg.force_load_balancing = true;
+  d.cfg.random_logits_key = rng_stream_key(1234, "router.layer0.random_logits.0");
+  moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, rounded);
+  for (int64_t i = 0; i < T * E; ++i)
+    ASSERT_EQ(rounded.logits[i], round_to_bf16(counter_normal(d.cfg.random_logits_key, static_cast<uint64_t>(i))));
+}
+
 // The capacity mask against its twin, on probs with many exact ties (quarters), for both policies
 // and capacities from 0 to more than any expert gets.
 TEST(MoeCapacity, MaskMatchesTheTwin) {

@@ -238,6 +238,59 @@ TEST(TensorParallel, SequenceParallelGptAndLlamaMatchOneRank) {
   check_tensor_parallel_model(c, {2});
 }
 
+// Mixture of Experts under tensor parallelism (sequence parallel, the experts split over the same
+// ranks): a dense first layer, routed SwiGLU experts with a shared expert, aux, sequence-aux and z
+// losses, dropout; then GeLU experts with the sigmoid router and group-limited routing. Every
+// rank's losses and the gathered gradients are the single rank's.
+GptConfig tiny_moe() {
+  GptConfig c = tiny_gpt();
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
+  c.query_groups = 4, c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
+  c.qk_layernorm = true, c.sequence_parallel = true;
+  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn = 16, c.moe.shared_ffn = 8, c.moe.layers = {false, true};
+  c.moe.aux_loss_coeff = 0.05, c.moe.seq_aux_loss_coeff = 0.02, c.moe.z_loss_coeff = 0.01;
+  return c;
+}
+
+TEST(TensorParallel, MixtureOfExpertsWithSequenceParallelismMatchesOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_moe();
+  check_tensor_parallel_model(c, {2, 4});
+  c.activation = Activation::GeluErf, c.moe.sigmoid = true, c.moe.num_experts = 8, c.moe.topk = 4;
+  c.moe.num_groups = 4, c.moe.group_topk = 2, c.moe.shared_ffn = 0, c.moe.layers = {true, true};
+  check_tensor_parallel_model(c, {2});
+}
+
+TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {
+  auto refused = [](const GptConfig& c, const std::string& want) {
+    try {
+      check_moe_tensor_parallel(c);
+      ADD_FAILURE() << "no error for " << want;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  GptConfig c = tiny_moe();
+  EXPECT_NO_THROW(check_moe_tensor_parallel(c));
+  c.sequence_parallel = false;
+  refused(c, "--sequence-parallel");
+  c = tiny_moe();
+  c.moe.expert_parallel = 2;
+  refused(c, "--expert-model-parallel-size 2");
+  c = tiny_moe();
+  c.moe.capacity_factor = 1.0;
+  refused(c, "--moe-expert-capacity-factor");
+  c = tiny_moe();
+  c.moe.ffn = 6;  // splits in two, not in four
+  EXPECT_NO_THROW(tp_local_config(c, 2));
+  try {
+    tp_local_config(c, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the MoE ffn hidden size (6)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TensorParallel, ShapesThatDoNotSplitAreRefusedByName) {
   GptConfig c = tiny_gpt();
   c.query_groups = 2;

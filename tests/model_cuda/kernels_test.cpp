@@ -459,6 +459,10 @@ TEST_F(CudaKernels, CastToBf16RoundsToNearestEven) {
   cuda::cast_to_bf16(dx.as<float>(), dy.as<bf16>(), n, stream_);
   sync();
   expect_equal(from_device_bf16(dy, n), want, "bf16(x)");
+  // In place, staying fp32: the same values.
+  cuda::round_to_bf16_inplace(dx.as<float>(), n, stream_);
+  sync();
+  expect_equal(from_device<float>(dx, n), want, "float(bf16(x)) in place");
 }
 
 // ---------------------------------------------------------------- attention

@@ -97,6 +97,7 @@ kcpu::MoeLayerConfig cpu_layer_config(const GptConfig& c, int64_t s) {
   mc.seq_aux_loss_coeff = static_cast<float>(c.moe.seq_aux_loss_coeff);
   mc.z_loss_coeff = static_cast<float>(c.moe.z_loss_coeff);
   mc.global_aux_loss_coeff = static_cast<float>(c.moe.global_aux_loss_coeff);
+  mc.router_bf16_logits = c.moe.router_bf16;
   mc.seq_length = s;
   return mc;
 }
@@ -333,6 +334,14 @@ TEST(CudaMoeLayers, SigmoidGroupsExpertBiasAndSeqAuxLossMatchCpuLayer) {
 TEST(CudaMoeLayers, SoftmaxGroupsWithAuxLossMatchCpuLayer) {
   GptConfig c = moe_config(llama_config(), 16, 4, 64, 0);
   c.moe.num_groups = 4, c.moe.group_topk = 2;
+  compare_layer(c, 2, 40);
+}
+
+// --moe-router-dtype unset: the logits at bf16 precision on both (the z loss, a function of the
+// logits alone, tells a rounded set from an fp32 one: compared to 1e-4).
+TEST(CudaMoeLayers, Bf16RouterLogitsMatchCpuLayer) {
+  GptConfig c = moe_config(llama_config(), 16, 4, 64, 0);
+  c.moe.router_bf16 = true, c.moe.z_loss_coeff = 1e-2;
   compare_layer(c, 2, 40);
 }
 

@@ -33,6 +33,11 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_EQ(missing({"--num-experts", "8"}), "");
   EXPECT_NE(missing({"--num-experts", "8", "--expert-model-parallel-size", "2"}).find("expert parallelism"),
             std::string::npos);
+  // Its experts split over the tensor-parallel ranks, or not at all: another expert TP size is named.
+  EXPECT_EQ(missing({"--num-experts", "8", "--expert-tensor-parallel-size", "1"}), "");
+  EXPECT_NE(missing({"--num-experts", "8", "--expert-tensor-parallel-size", "2"}).find(
+                "model.expert_tensor_parallel_size must equal model.tensor_model_parallel_size"),
+            std::string::npos);
   EXPECT_NE(missing({"--ckpt-format", "zarr"}).find("'zarr'"), std::string::npos);
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
   // The precision-aware optimizer with fp32 states is the plain AdamW; lower-precision states are named.

@@ -12,6 +12,7 @@
 
 #include "core/counter_normal.hpp"
 #include "core/error.hpp"
+#include "core/rng.hpp"
 
 namespace laoyao::kernels::cpu {
 namespace {
@@ -606,6 +607,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   linear_forward(x, w.router_weight, w.router_bias, st.logits.data(), T, H, E);
   if (c.force_load_balancing)
     for (int64_t i = 0; i < T * E; ++i) st.logits[i] = counter_normal(c.random_logits_key, static_cast<uint64_t>(i));
+  if (c.router_bf16_logits)
+    for (float& v : st.logits) v = round_to_bf16(v);
   const float* logits = st.logits.data();
   st.z_loss = c.z_loss_coeff > 0.0f ? moe_z_loss_forward(logits, T, E, c.z_loss_coeff) : 0.0f;
   moe_router_topk_forward(logits, w.expert_bias, st.topk_idx.data(), st.topk_probs.data(), T, E, k, c.router);

@@ -44,6 +44,11 @@ __global__ void cast_kernel(const float* x, bf16* y, int64_t n) {
     y[i] = __float2bfloat16(x[i]);
 }
 
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = __bfloat162float(__float2bfloat16(x[i]));
+}
+
 constexpr int64_t kRowsPerChunk = 256;
 
 // partial[chunk, col] = sum of dy[rows of chunk, col], rows in order; one thread per column.
@@ -114,6 +119,12 @@ void bias_grad(const bf16* dy, float* db, float* scratch, int64_t T, int64_t N, 
 void cast_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void round_to_bf16_inplace(float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  round_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

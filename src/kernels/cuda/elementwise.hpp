@@ -34,4 +34,8 @@ void bias_grad(const __nv_bfloat16* dy, float* db, float* scratch, int64_t T, in
 // y[i] = bf16(x[i]) (round to nearest even).
 void cast_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t stream);
 
+// x[i] = float(bf16(x[i])): fp32 values kept at bf16 precision (an MoE router's logits when
+// Megatron would compute them in bf16, --moe-router-dtype unset).
+void round_to_bf16_inplace(float* x, int64_t n, cudaStream_t stream);
+
 }  // namespace laoyao::kernels::cuda

@@ -299,9 +299,11 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   cudaStream_t st = ctx.stream;
   const int64_t N = T * k_;
   phases_.begin(st);
-  // Router: fp32 logits (as --moe-router-dtype fp32), the fused top-k and the per-expert counts.
+  // Router: fp32 logits (as --moe-router-dtype fp32; at bf16 precision with it unset, as Megatron's
+  // bf16 router linear), the fused top-k and the per-expert counts.
   ctx.gemm.matmul_rm(x, false, P + W.router_w, true, S.logits, true, T, E_, H_, 1.0f, 0.0f, 1, st);
   if (cfg_.moe.force_load_balancing) kc::moe_random_logits(S.logits, T * E_, random_logits_key, st);
+  if (cfg_.moe.router_bf16) kc::round_to_bf16_inplace(S.logits, T * E_, st);
   const float* bias = nullptr;
   if (cfg_.moe.expert_bias) {
     if (!ctx.main || ctx.W.expert_bias < 0) throw Error("CudaMoeLayers: the expert bias needs the fp32 parameters");
