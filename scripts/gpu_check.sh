@@ -8,8 +8,8 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile attention_candidates memory_ops phases bench
-#                                            moe moe_quick grouped recipes
+#                                            attention gemm profile attention_candidates memory_ops ncu phases
+#                                            bench moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
 #                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
@@ -522,6 +522,21 @@ PY
             note "cuDNN candidate $k (exit $rc):"
             while read -r line; do note "  $line"; done < <(grep -E '^ATTN|offers' "$OUT/attention_candidate_$k.txt")
             [ $rc = 0 ] || break
+          done
+          ;;
+        ncu)
+          # Nsight Compute on chosen kernels of a bench (NCU_BIN, default the memory-bound kernels'
+          # bench; NCU_KERNELS, space-separated name regexes, one profiled launch each): speed of
+          # light, occupancy, warp stall reasons, memory workload. Needs ncu on the machine and
+          # profiling permission; the reports go to $OUT/ncu_<i>.txt.
+          i=0
+          for kr in ${NCU_KERNELS:-norm_backward_fused qk_rmsnorm_backward qk_rmsnorm_forward moe_perm_assign moe_permute_forward}; do
+            i=$((i + 1))
+            timeout 240 ncu -k "regex:$kr" --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+              --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+              "$C/${NCU_BIN:-laoyao_bench_memory_ops}" > "$OUT/ncu_$i.txt" 2>&1
+            note "ncu $kr (exit $?):"
+            while read -r line; do note "  $line"; done < <(grep -E '^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|ERR|Warp Cycles Per Issued|stalled|cycles being' "$OUT/ncu_$i.txt" | cut -c1-400 | head -24)
           done
           ;;
         phases)
