@@ -72,11 +72,11 @@ void check_moe_tensor_parallel(const GptConfig& c) {
     throw UsageError("Mixture-of-Experts layers with tensor parallelism need sequence parallelism "
                      "(--sequence-parallel, model.sequence_parallel), as Megatron-Core's MoELayer asks in training");
   if (c.moe.expert_parallel > 1)
-    throw UsageError("expert parallelism (--expert-model-parallel-size " + std::to_string(c.moe.expert_parallel) +
-                     ") together with tensor parallelism is not supported yet");
+    throw UsageError("expert parallelism (--expert-model-parallel-size / model.expert_model_parallel_size " +
+                     std::to_string(c.moe.expert_parallel) + ") together with tensor parallelism is not supported yet");
   if (c.moe.capacity_factor)
-    throw UsageError("token dropping (--moe-expert-capacity-factor) with tensor parallelism is not supported yet "
-                     "(Megatron drops by each rank's share of the sequence)");
+    throw UsageError("token dropping (--moe-expert-capacity-factor / model.moe_expert_capacity_factor) with tensor "
+                     "parallelism is not supported yet (Megatron drops by each rank's share of the sequence)");
 }
 
 void check_token_ids(const int64_t* tokens, int64_t T, int64_t vocab, const char* who) {

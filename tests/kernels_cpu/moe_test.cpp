@@ -1053,7 +1053,8 @@ TEST(MoeLayer, ForceLoadBalancingRoutesOnRandomLogits) {
 }
 
 // --moe-router-dtype unset (router_bf16_logits): the logits the router and the losses see are the
-// fp32 logits rounded to bf16, nothing else of the layer changes; random logits are rounded too.
+// fp32 logits rounded to bf16, and the routing probabilities are rounded to bf16 too (Megatron's
+// probs.type_as(logits)); random logits are rounded as well.
 TEST(MoeLayer, Bf16RouterLogitsAreTheFp32OnesRounded) {
   std::mt19937 rng(2006);
   auto d = layer_of_tokens({"", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 0, false, 0.3f, 0.0f, 0.0f}, 64, rng);
@@ -1071,6 +1072,14 @@ TEST(MoeLayer, Bf16RouterLogitsAreTheFp32OnesRounded) {
   }
   EXPECT_GT(changed, T * E / 2);
   EXPECT_NE(rounded.z_loss, fp32.z_loss);
+  int64_t same_choice = 0;
+  for (size_t i = 0; i < rounded.topk_probs.size(); ++i) {
+    ASSERT_EQ(rounded.topk_probs[i], round_to_bf16(rounded.topk_probs[i])) << "prob " << i;
+    if (rounded.topk_idx[i] != fp32.topk_idx[i]) continue;
+    ++same_choice;
+    EXPECT_NEAR(rounded.topk_probs[i], fp32.topk_probs[i], 0.02 * fp32.topk_probs[i]) << "prob " << i;
+  }
+  EXPECT_GT(same_choice, static_cast<int64_t>(rounded.topk_probs.size()) * 9 / 10);
   d.cfg.force_load_balancing = true;
   d.cfg.random_logits_key = rng_stream_key(1234, "router.layer0.random_logits.0");
   moe_layer_forward(d.cfg, d.weights(), d.x.data(), y.data(), T, rounded);

@@ -276,7 +276,7 @@ TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {
   refused(c, "--sequence-parallel");
   c = tiny_moe();
   c.moe.expert_parallel = 2;
-  refused(c, "--expert-model-parallel-size 2");
+  refused(c, "model.expert_model_parallel_size 2");
   c = tiny_moe();
   c.moe.capacity_factor = 1.0;
   refused(c, "--moe-expert-capacity-factor");

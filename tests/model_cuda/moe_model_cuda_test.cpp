@@ -142,6 +142,22 @@ void compare_layer(const GptConfig& c, int64_t b, int64_t s) {
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(d_g.ptr, 0, d_g.bytes, stream));
   const CudaMoeLayers::Context ctx{W, d_w.as<kc::bf16>(), d_g.as<float>(), gemm, stream, d_main.as<float>()};
   moe.forward(0, ctx, d_x.as<kc::bf16>(), d_y.as<kc::bf16>(), T, model::CudaMoeLayers::Pass::Training);
+  if (c.moe.router_bf16) {
+    // The logits and probabilities kept at bf16 precision; the logits the CPU layer's (both rounded
+    // from fp32 sums of the same products: at most a bf16 step apart).
+    std::vector<float> logits(static_cast<size_t>(T * E)), probs(static_cast<size_t>(T * c.moe.topk));
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    LAOYAO_CUDA_CHECK(
+        cudaMemcpy(logits.data(), moe.saved_logits(0), sizeof(float) * logits.size(), cudaMemcpyDeviceToHost));
+    LAOYAO_CUDA_CHECK(
+        cudaMemcpy(probs.data(), moe.saved_probs(0), sizeof(float) * probs.size(), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < logits.size(); ++i) {
+      ASSERT_EQ(logits[i], laoyao::round_to_bf16(logits[i])) << "logit " << i << " is not a bf16 value";
+      ASSERT_NEAR(logits[i], state.logits[i], std::abs(state.logits[i]) / 128 + 1e-6) << "logit " << i;
+    }
+    for (size_t i = 0; i < probs.size(); ++i)
+      ASSERT_EQ(probs[i], laoyao::round_to_bf16(probs[i])) << "prob " << i << " is not a bf16 value";
+  }
   moe.backward(0, ctx, d_x.as<kc::bf16>(), d_dy.as<kc::bf16>(), d_dx.as<kc::bf16>(), T, aux_scale);
   const GptModel::MoeLosses losses = moe.take_losses(stream);
   std::vector<kc::bf16> gy(static_cast<size_t>(T * H)), gdx(static_cast<size_t>(T * H));
@@ -337,8 +353,8 @@ TEST(CudaMoeLayers, SoftmaxGroupsWithAuxLossMatchCpuLayer) {
   compare_layer(c, 2, 40);
 }
 
-// --moe-router-dtype unset: the logits at bf16 precision on both (the z loss, a function of the
-// logits alone, tells a rounded set from an fp32 one: compared to 1e-4).
+// --moe-router-dtype unset: the logits and probabilities at bf16 precision on both (compare_layer
+// checks the kept values themselves).
 TEST(CudaMoeLayers, Bf16RouterLogitsMatchCpuLayer) {
   GptConfig c = moe_config(llama_config(), 16, 4, 64, 0);
   c.moe.router_bf16 = true, c.moe.z_loss_coeff = 1e-2;

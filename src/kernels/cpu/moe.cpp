@@ -612,6 +612,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   const float* logits = st.logits.data();
   st.z_loss = c.z_loss_coeff > 0.0f ? moe_z_loss_forward(logits, T, E, c.z_loss_coeff) : 0.0f;
   moe_router_topk_forward(logits, w.expert_bias, st.topk_idx.data(), st.topk_probs.data(), T, E, k, c.router);
+  if (c.router_bf16_logits)  // Megatron's probs.type_as(logits); the gradient passes straight through
+    for (float& p : st.topk_probs) p = round_to_bf16(p);
   if (c.capacity_factor) {  // dropped pairs keep their rows but weigh nothing (Megatron's masked probs)
     ensure(st.kept, T * k);
     moe_capacity_mask(st.topk_idx.data(), st.topk_probs.data(), T, E, k,

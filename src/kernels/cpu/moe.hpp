@@ -205,7 +205,8 @@ struct MoeLayerConfig {
   bool force_load_balancing = false;
   uint64_t random_logits_key = 0;
   // --moe-router-dtype unset with --bf16: Megatron's router linear runs in bf16, so the logits
-  // (router's or random) are rounded to bf16 before the scores; else they stay fp32 (fp32, fp64).
+  // (router's or random) are rounded to bf16 before the scores, and the routing probabilities take
+  // the logits' type (rounded, their gradient straight through); else both stay fp32 (fp32, fp64).
   bool router_bf16_logits = false;
   // --moe-expert-capacity-factor (none: dropless) and --moe-token-drop-policy position (else probs).
   std::optional<double> capacity_factor;

@@ -311,6 +311,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   }
   kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st, bias, S.aux_idx,
                          S.aux_counts);
+  if (cfg_.moe.router_bf16) kc::round_to_bf16_inplace(S.probs, T * k_, st);  // Megatron's probs.type_as(logits)
   if (bias && count_losses)  // a training forward's tokens count for the bias update
     kc::moe_accumulate_load(S.counts, expert_load_.as<int32_t>() + slot_[static_cast<size_t>(l)] * E_, E_, st);
   const int32_t* aux_counts = S.aux_counts ? S.aux_counts : S.counts;

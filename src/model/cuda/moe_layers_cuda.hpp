@@ -91,6 +91,10 @@ class CudaMoeLayers {
   void set_data_parallel_group(dist::ProcessGroup* dp);
   void reset_global_aux(cudaStream_t stream);
   ~CudaMoeLayers();
+  // For tests: MoE layer l's router logits [T, E] and routing probabilities [T, k] as its last
+  // forward left them (device memory).
+  const float* saved_logits(int64_t l) const { return saved_layers_.at(size_t(slot_.at(size_t(l)))).logits; }
+  const float* saved_probs(int64_t l) const { return saved_layers_.at(size_t(slot_.at(size_t(l)))).probs; }
   size_t device_bytes() const {
     return saved_.bytes + scratch_.bytes + sums_.bytes + expert_load_.bytes + global_.bytes;
   }
