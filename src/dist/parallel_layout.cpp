@@ -57,8 +57,7 @@ void check_ep(const ParallelSizes& s, int64_t dp, int64_t ep) {
   if (ep < 1 || dp % ep != 0)
     throw UsageError("expert-model-parallel size (" + std::to_string(ep) + ") must divide the data-parallel size (" +
                      std::to_string(dp) + ")");
-  if (s.tp != 1 || s.cp != 1)
-    throw UsageError("expert parallelism with tensor or context parallelism is not supported yet");
+  if (s.cp != 1) throw UsageError("expert parallelism with context parallelism is not supported yet");
 }
 
 }  // namespace

@@ -35,10 +35,10 @@ class ParallelLayout {
   std::vector<int64_t> cp_group(int64_t rank) const;
   std::vector<int64_t> dp_group(int64_t rank) const;
   std::vector<int64_t> pp_group(int64_t rank) const;
-  // Expert parallelism over ep data-parallel ranks (tensor and context parallelism 1: Megatron's
-  // expert layout "tp-ep-dp-pp" with expert TP 1): `rank`'s expert-parallel group (ep consecutive
-  // data-parallel ranks) and its expert data-parallel group (the ranks holding the same experts,
-  // dp / ep of them). A UsageError when ep does not divide the data-parallel size.
+  // Expert parallelism over ep data-parallel ranks (context parallelism 1; Megatron's expert layout
+  // "tp-ep-dp-pp" with expert TP = TP): `rank`'s expert-parallel group (ep consecutive data-parallel
+  // ranks of its TP rank) and its expert data-parallel group (the ranks holding the same experts'
+  // shards, dp / ep of them). A UsageError when ep does not divide the data-parallel size.
   std::vector<int64_t> ep_group(int64_t rank, int64_t ep) const;
   std::vector<int64_t> expert_dp_group(int64_t rank, int64_t ep) const;
 

@@ -75,7 +75,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     for (int64_t l = 0; l < cfg.num_layers && ep_size_ > 1; ++l) {
       if (!cfg.is_moe_layer(l)) continue;
       const LayerParams& L = layers_[l];
-      auto stage = std::make_unique<MoeExpertParallelStage>(*ep_, m.num_experts, cfg.hidden, m.ffn,
+      auto stage = std::make_unique<MoeExpertParallelStage>(*ep_, m.num_experts, cfg.hidden, lc_.moe.ffn,
                                                             moe_cfg_.activation);
       stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
       ep_stages_[static_cast<size_t>(l)] = std::move(stage);
@@ -85,9 +85,17 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
 
 GptModel::~GptModel() = default;
 
-bool GptModel::is_split(const std::string& name) const {
-  if (ep_size_ > 1) return is_routed_expert(name);
-  return tp_split_of(name, cfg_) != TpSplit::Replicated;
+int GptModel::split_kind(const std::string& name) const {
+  const bool ep = ep_size_ > 1 && is_routed_expert(name);
+  const bool tp = tp_size_ > 1 && tp_split_of(name, cfg_) != TpSplit::Replicated;
+  return ep && tp ? kSplitBoth : ep ? kSplitEp : tp ? kSplitTp : kWhole;
+}
+
+void GptModel::sum_split_parts(double (&parts)[4]) const {
+  // [EP only, both, TP only, whole]: the TP group sums entries 1-2, the EP group 0-1 (after the TP
+  // sum, so a part split both ways is summed over every rank holding a piece of it).
+  if (tensor_parallel()) tp_->all_reduce_sum(parts + kSplitBoth, 2);
+  if (ep_size_ > 1) ep_->all_reduce_sum(parts + kSplitEp, 2);
 }
 
 void GptModel::build_routed_ranges() {
@@ -229,29 +237,27 @@ void GptModel::build_parameter_table() {
 void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 int64_t GptModel::count_zero_grads() const {
-  double zeros[2] = {0.0, 0.0};  // split parameters, replicated ones
+  double zeros[4] = {0.0, 0.0, 0.0, 0.0};  // by split_kind
   for (const auto& p : table_.specs) {
     if (p.buffer) continue;  // not a parameter: Megatron counts the gradients of parameters
     int64_t z = 0;
     for (int64_t i = 0; i < p.numel; ++i) z += grads_[p.offset + i] == 0.0f;
-    zeros[is_split(p.name) ? 0 : 1] += static_cast<double>(z);
+    zeros[split_kind(p.name)] += static_cast<double>(z);
   }
-  if (tensor_parallel()) tp_->all_reduce_sum(zeros, 1);
-  if (ep_size_ > 1) ep_->all_reduce_sum(zeros, 1);
-  return static_cast<int64_t>(zeros[0] + zeros[1]);
+  sum_split_parts(zeros);
+  return static_cast<int64_t>(zeros[0] + zeros[1] + zeros[2] + zeros[3]);
 }
 
 double GptModel::model_norm(const float* buf) const {
-  double sq[2] = {0.0, 0.0};  // split parameters, replicated ones
+  double sq[4] = {0.0, 0.0, 0.0, 0.0};  // by split_kind
   for (const auto& p : table_.specs) {
     if (p.buffer) continue;  // not a parameter (and never given a gradient)
     double s = 0.0;
     for (int64_t i = 0; i < p.numel; ++i) s += double(buf[p.offset + i]) * buf[p.offset + i];
-    sq[is_split(p.name) ? 0 : 1] += s;
+    sq[split_kind(p.name)] += s;
   }
-  if (tensor_parallel()) tp_->all_reduce_sum(sq, 1);
-  if (ep_size_ > 1) ep_->all_reduce_sum(sq, 1);
-  return std::sqrt(sq[0] + sq[1]);
+  sum_split_parts(sq);
+  return std::sqrt(sq[0] + sq[1] + sq[2] + sq[3]);
 }
 
 void GptModel::allocate_activations(int64_t b, int64_t s) {

@@ -151,7 +151,11 @@ class GptModel {
   bool tensor_parallel() const { return tp_size_ > 1; }
   void build_routed_ranges();
   // Whether `name` is split over the model-parallel group (TP's split tensors, EP's experts).
-  bool is_split(const std::string& name) const;
+  // How a parameter is split over the model-parallel groups (its norm's and zero count's share is
+  // summed over them): by expert parallelism, by both, by tensor parallelism, or whole here.
+  enum SplitKind { kSplitEp = 0, kSplitBoth = 1, kSplitTp = 2, kWhole = 3 };
+  int split_kind(const std::string& name) const;
+  void sum_split_parts(double (&parts)[4]) const;
   double model_norm(const float* buf) const;  // over the whole model: see grad_norm
   bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
   // Sequence parallelism, in place on a [T, h] buffer: its first T/tp rows (this rank's tokens)

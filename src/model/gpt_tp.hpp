@@ -31,8 +31,8 @@ GptConfig tp_local_config(const GptConfig& full, int64_t tp);
 
 // Mixture of Experts under tensor parallelism as laoyao runs it: sequence parallel (Megatron-Core's
 // MoELayer refuses training without it), experts split over the same ranks (expert tensor
-// parallelism = tensor parallelism), no expert parallelism, no token dropping. A UsageError naming
-// what is not met.
+// parallelism = tensor parallelism; with expert parallelism too, each rank's experts split), no
+// token dropping. A UsageError naming what is not met.
 void check_moe_tensor_parallel(const GptConfig& c);
 
 // local_w (local table) = rank's shard of full_w (full table); the two tables list the same names.

@@ -24,10 +24,7 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (ep > 1 && dp % ep != 0)
       out.push_back("expert parallelism over " + std::to_string(ep) + " ranks with " + std::to_string(dp) +
                     " data-parallel ranks (model.expert_model_parallel_size must divide the data-parallel size)");
-    if (tp > 1 && ep > 1)
-      out.push_back("expert parallelism (model.expert_model_parallel_size " + std::to_string(ep) +
-                    ") together with tensor parallelism (model.tensor_model_parallel_size " + std::to_string(tp) + ")");
-    else if (etp != tp)
+    if (etp != tp)
       out.push_back("an expert tensor-parallel size of " + std::to_string(etp) + " with a tensor-parallel size of " +
                     std::to_string(tp) + " (model.expert_tensor_parallel_size must equal "
                     "model.tensor_model_parallel_size)");

@@ -19,7 +19,16 @@ WholeState make_whole_state(const model::GptModel& local, const optim::AdamWSett
 
 namespace {
 
-// Writes local's places into whole (its replicated tensors too when `replicated`).
+// Both kinds of split at once: EP picks a rank's experts out of the whole model, then TP splits
+// them (and the rest) like the dense layers. In between sits this table: the rank's experts at the
+// whole model's tensor shapes (local's full configuration, expert_parallel kept).
+bool tp_and_ep(const model::GptModel& m) { return m.tp_size() > 1 && m.ep_size() > 1; }
+model::ParameterTable experts_at_full_shape(const model::GptModel& local) {
+  return model::build_gpt_parameters(local.config()).table;
+}
+
+// Writes local's places into whole (its replicated tensors too when `replicated`): one kind of
+// split.
 void place(const model::GptModel& local, const model::ParameterTable& full, float* whole, const float* local_buf,
            bool replicated) {
   if (local.ep_size() > 1)
@@ -30,35 +39,52 @@ void place(const model::GptModel& local, const model::ParameterTable& full, floa
                     replicated);
 }
 
+// whole (zeros, laid out by full) = the whole model's buffer of which every rank holds local_buf
+// (collective over the TP and EP groups). Each rank contributes its places, zeros elsewhere, the
+// replicated tensors from a group's first rank only: the sum over the group is the whole.
+void gather_buffer(const model::GptModel& local, const model::ParameterTable& full, float* whole,
+                   const float* local_buf) {
+  if (tp_and_ep(local)) {
+    const model::ParameterTable mid = experts_at_full_shape(local);
+    std::vector<float> experts(static_cast<size_t>(mid.total), 0.0f);
+    model::tp_place(local.config(), mid, experts.data(), local.table(), local_buf, local.tp_rank(), local.tp_size(),
+                    local.tp_rank() == 0);
+    local.tp_group()->all_reduce_sum(experts.data(), experts.size());
+    model::ep_place(full, whole, mid, experts.data(), local.ep_rank(), local.config().moe.local_experts(),
+                    local.ep_rank() == 0);
+    local.ep_group()->all_reduce_sum(whole, static_cast<size_t>(full.total));
+    return;
+  }
+  dist::ProcessGroup* g = local.ep_size() > 1 ? local.ep_group() : local.tp_group();
+  place(local, full, whole, local_buf, !g || g->rank() == 0);
+  if (g && g->size() > 1) g->all_reduce_sum(whole, static_cast<size_t>(full.total));
+}
+
 }  // namespace
 
 WholeState gather_whole_state(const model::GptModel& local, const optim::AdamW& adam,
                               const optim::AdamWSettings& settings) {
   WholeState w = make_whole_state(local, settings);
   const auto& full = w.model->table();
-  dist::ProcessGroup* g = local.ep_size() > 1 ? local.ep_group() : local.tp_group();
-  const bool first = !g || g->rank() == 0;
-  // Each rank's places, zeros elsewhere, the replicated tensors from the group's first rank only:
-  // the sum over the group is the whole model.
-  place(local, full, w.model->weights(), local.weights(), first);
-  place(local, full, w.adam->exp_avg().data(), adam.exp_avg().data(), first);
-  place(local, full, w.adam->exp_avg_sq().data(), adam.exp_avg_sq().data(), first);
-  if (g && g->size() > 1) {
-    const size_t n = static_cast<size_t>(full.total);
-    g->all_reduce_sum(w.model->weights(), n);
-    g->all_reduce_sum(w.adam->exp_avg().data(), n);
-    g->all_reduce_sum(w.adam->exp_avg_sq().data(), n);
-  }
+  gather_buffer(local, full, w.model->weights(), local.weights());
+  gather_buffer(local, full, w.adam->exp_avg().data(), adam.exp_avg().data());
+  gather_buffer(local, full, w.adam->exp_avg_sq().data(), adam.exp_avg_sq().data());
   w.adam->set_steps(adam.steps());
   return w;
 }
 
 void keep_part(const model::ParameterTable& whole_table, const float* whole_w, const model::GptModel& local,
                float* local_w) {
-  if (local.ep_size() > 1)
+  if (tp_and_ep(local)) {
+    const model::ParameterTable mid = experts_at_full_shape(local);
+    std::vector<float> experts(static_cast<size_t>(mid.total));
+    model::ep_shard(whole_table, whole_w, mid, experts.data(), local.ep_rank(), local.config().moe.local_experts());
+    model::tp_shard(local.config(), mid, experts.data(), local.table(), local_w, local.tp_rank(), local.tp_size());
+  } else if (local.ep_size() > 1) {
     model::ep_shard(whole_table, whole_w, local.table(), local_w, local.ep_rank(), local.config().moe.local_experts());
-  else
+  } else {
     model::tp_shard(local.config(), whole_table, whole_w, local.table(), local_w, local.tp_rank(), local.tp_size());
+  }
 }
 
 void keep_shards(const WholeState& whole, model::GptModel& local, optim::AdamW& adam) {

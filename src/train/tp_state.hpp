@@ -4,7 +4,8 @@
 // places and zeros elsewhere), and a load restores the whole model and keeps this rank's shards.
 // A checkpoint saved at TP=2 so resumes at TP=1 or any other TP size, and the other way round.
 // Expert parallelism the same way over its group: each rank contributes its experts
-// (model/gpt_ep.hpp), and keeps them from a whole model.
+// (model/gpt_ep.hpp), and keeps them from a whole model. Both together: the TP group's shards make
+// the rank's experts whole first, then the EP group's experts the whole model.
 #pragma once
 #include <memory>
 
@@ -20,7 +21,7 @@ struct WholeState {
 
 // An empty whole model (zero weights and moments) of local's full configuration.
 WholeState make_whole_state(const model::GptModel& local, const optim::AdamWSettings& settings);
-// Every rank of local's TP group gets the whole weights, moments and step count (collective).
+// Every rank of local's TP and EP groups gets the whole weights, moments and step count (collective).
 WholeState gather_whole_state(const model::GptModel& local, const optim::AdamW& adam,
                               const optim::AdamWSettings& settings);
 // This rank's shards of a whole state into local/adam.

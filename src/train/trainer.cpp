@@ -308,8 +308,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.scheduler_num_steps = sched_n;
     st.nan_iterations = total_nan;
     st.floating_point_operations_so_far = flops_so_far;
-    if (ep_whole) {
-      save_run_checkpoint(c, d, iteration, *ep_whole->model, *ep_whole->adam, st, opt.out);
+    if (ep_whole) {  // (with tensor parallelism too: every rank of the TP group has it, the first writes)
+      if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *ep_whole->model, *ep_whole->adam, st, opt.out);
     } else if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
       const WholeState whole = gather_whole_state(model, local_adam, adam_settings);
       if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);

@@ -269,10 +269,11 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
 }
 
 // Mixture of Experts under tensor parallelism over CPU ranks (sequence parallel, every expert split
-// over the TP ranks): TP=2 on 2 ranks and TP=2 x DP=2 on 4 with the distributed optimizer print the
-// single rank's losses and load-balancing losses; a checkpoint saved at TP=2 (whole experts)
-// resumes on one rank. Without sequence parallelism the run is refused as Megatron-Core's MoELayer
-// refuses it, before anything is written.
+// over the TP ranks): TP=2 on 2 ranks, TP=2 x DP=2 on 4 with the distributed optimizer, and TP=2 x
+// EP=2 on 4 (each rank's two experts split over its TP pair), with and without the distributed
+// optimizer, print the single rank's losses and load-balancing losses; checkpoints saved at TP=2
+// and at TP=2 x EP=2 (whole experts) resume on one rank. Without sequence parallelism the run is
+// refused as Megatron-Core's MoELayer refuses it, before anything is written.
 TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp_moe");
   const std::vector<std::string> one =
@@ -292,8 +293,14 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const auto lb = balance(single.output);
   ASSERT_EQ(lb.size(), 3u) << single.output;
   const std::vector<std::pair<const char*, std::vector<std::string>>> layouts = {
-      {"2", {}}, {"4", {"--use-distributed-optimizer"}}};
+      {"2", {}},
+      {"4", {"--use-distributed-optimizer"}},
+      {"4", {"--expert-model-parallel-size", "2"}},
+      {"4", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}}};
   for (const auto& [n, flags] : layouts) {
+    std::string what = std::string(n) + " ranks";
+    for (const auto& f : flags) what += " " + f;
+    SCOPED_TRACE(what);
     std::vector<std::string> extra = {"--tensor-model-parallel-size", "2", "--sequence-parallel"};
     extra.insert(extra.end(), flags.begin(), flags.end());
     const auto r = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
@@ -305,19 +312,28 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
     ASSERT_EQ(got_lb.size(), lb.size()) << r.output;
     for (size_t i = 0; i < lb.size(); ++i) EXPECT_NEAR(got_lb[i], lb[i], 1e-4 * lb[i]) << n << " ranks, iteration " << i;
   }
-  const auto saved = run_laoyao(on_ranks("2", one, {"--tensor-model-parallel-size", "2", "--sequence-parallel",
-                                                    "--exit-interval", "2", "--save", dir + "/ckpt", "--save-interval",
-                                                    "2"}),
-                                dir, "LAOYAO_DEVICE=cpu");
-  ASSERT_EQ(saved.status, 0) << saved.output;
-  std::vector<std::string> load = one;
-  load.insert(load.end(), {"--load", dir + "/ckpt"});
-  const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
-  ASSERT_EQ(resumed.status, 0) << resumed.output;
-  const auto tail = losses_in(resumed.output);
-  ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
-  for (size_t i = 0; i < tail.size(); ++i)
-    EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i]) << "value " << i << " resumed on one rank\n" << resumed.output;
+  const std::vector<std::pair<const char*, std::vector<std::string>>> saves = {
+      {"2", {}}, {"4", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}}};
+  for (const auto& [n, flags] : saves) {
+    const std::string ckpt = dir + "/ckpt" + n;
+    std::vector<std::string> extra = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--exit-interval",
+                                      "2", "--save", ckpt, "--save-interval", "2"};
+    extra.insert(extra.end(), flags.begin(), flags.end());
+    const auto saved = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(saved.status, 0) << saved.output;
+    // Resumed on one rank, and on the ranks that saved it (their shards kept from the whole).
+    std::vector<std::string> again = {"--load", ckpt, "--tensor-model-parallel-size", "2", "--sequence-parallel"};
+    again.insert(again.end(), flags.begin(), flags.end());
+    for (const auto& load : {on_ranks("1", one, {"--load", ckpt}), on_ranks(n, one, again)}) {
+      const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
+      ASSERT_EQ(resumed.status, 0) << resumed.output;
+      const auto tail = losses_in(resumed.output);
+      ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
+      for (size_t i = 0; i < tail.size(); ++i)
+        EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i])
+            << "value " << i << " saved on " << n << " ranks, resumed by " << load[2] << "\n" << resumed.output;
+    }
+  }
   // Without --sequence-parallel: refused by name, exit 2, no checkpoint.
   const auto refused = run_laoyao(on_ranks("2", one, {"--tensor-model-parallel-size", "2", "--save", dir + "/no_sp",
                                                       "--save-interval", "1"}),

@@ -66,5 +66,11 @@ TEST(ParallelLayout, ExpertParallelGroupsAreConsecutiveDataParallelRanks) {
   } catch (const laoyao::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("expert-model-parallel size (3)"), std::string::npos) << e.what();
   }
-  EXPECT_THROW((void)ParallelLayout(8, {2, 1, 1}).ep_group(0, 2), laoyao::UsageError);  // with TP: not yet
+  // With TP = expert TP 2 (Megatron's expert order tp-ep-dp): the same TP rank, consecutive
+  // data-parallel ranks (ranks 2t + tp_rank of data-parallel rank t).
+  const ParallelLayout tp(8, {2, 1, 1});
+  EXPECT_EQ(tp.ep_group(5, 2), (std::vector<int64_t>{5, 7}));
+  EXPECT_EQ(tp.ep_group(2, 2), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(tp.expert_dp_group(5, 2), (std::vector<int64_t>{1, 5}));
+  EXPECT_THROW((void)ParallelLayout(8, {2, 1, 1}).ep_group(0, 3), laoyao::UsageError);
 }

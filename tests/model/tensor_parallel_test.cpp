@@ -275,9 +275,6 @@ TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {
   c.sequence_parallel = false;
   refused(c, "--sequence-parallel");
   c = tiny_moe();
-  c.moe.expert_parallel = 2;
-  refused(c, "model.expert_model_parallel_size 2");
-  c = tiny_moe();
   c.moe.capacity_factor = 1.0;
   refused(c, "--moe-expert-capacity-factor");
   c = tiny_moe();
