@@ -76,10 +76,10 @@ class GptModel {
   int64_t ep_rank() const { return ep_rank_; }
   dist::ProcessGroup* expert_dp_group() const { return expert_dp_; }
   const std::vector<std::pair<int64_t, int64_t>>& routed_expert_ranges() const { return routed_ranges_; }
-  // The gradient norm over the whole model: the split parameters' squares summed over the
-  // tensor-parallel group (the routed experts' over the expert-parallel group), the replicated
-  // ones (the same on every rank) counted once, as Megatron's get_grad_norm_fp32. Every rank of
-  // the group gets the same value.
+  // The gradient norm over the whole model: the split parameters' squares summed over the groups
+  // that split them (tensor-parallel shards over TP, routed experts over EP, experts under both
+  // over TP then EP), the replicated ones (the same on every rank) counted once, as Megatron's
+  // get_grad_norm_fp32. Every rank of the groups gets the same value.
   double grad_norm() const { return model_norm(grads_.data()); }
   double params_norm() const { return model_norm(weights_.data()); }
   // Zero gradients over the whole model, counted as grad_norm sums (Megatron's num_zeros_in_grad).
@@ -150,7 +150,6 @@ class GptModel {
 
   bool tensor_parallel() const { return tp_size_ > 1; }
   void build_routed_ranges();
-  // Whether `name` is split over the model-parallel group (TP's split tensors, EP's experts).
   // How a parameter is split over the model-parallel groups (its norm's and zero count's share is
   // summed over them): by expert parallelism, by both, by tensor parallelism, or whole here.
   enum SplitKind { kSplitEp = 0, kSplitBoth = 1, kSplitTp = 2, kWhole = 3 };

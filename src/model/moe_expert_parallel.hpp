@@ -21,7 +21,8 @@ namespace laoyao::model {
 class MoeExpertParallelStage final : public kernels::cpu::MoeExpertsStage {
  public:
   // ep: the expert-parallel group (its rank r holds global experts r*El .. r*El+El-1);
-  // num_experts: E, all ranks'; H, F: hidden and expert ffn sizes.
+  // num_experts: E, all ranks'; H, F: hidden and expert ffn sizes (F: this rank's share of each
+  // expert under tensor parallelism).
   MoeExpertParallelStage(dist::ProcessGroup& ep, int64_t num_experts, int64_t H, int64_t F,
                          kernels::cpu::MoeActivation act);
   // This rank's experts' weights [El][F1][H], [El][H][F] and their gradients (accumulated).

@@ -38,9 +38,23 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_NE(missing({"--num-experts", "8", "--expert-tensor-parallel-size", "2"}).find(
                 "model.expert_tensor_parallel_size must equal model.tensor_model_parallel_size"),
             std::string::npos);
-  // Expert parallelism with tensor parallelism: the experts split over the TP ranks too.
-  EXPECT_EQ(missing({"--num-experts", "8", "--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2"}),
-            "");
+  // Expert parallelism with tensor parallelism (4 ranks: TP 2 x DP 2): the experts split over the
+  // TP ranks too; EP 4 does not divide DP 2.
+  auto on_four = [](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+                                  "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "2", "--mock-data",
+                                  "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
+                                  "--num-experts", "8", "--tensor-model-parallel-size", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    std::string all;
+    for (auto& m : train::missing_features(config::parse_mlm_args(a), 4)) all += m + "\n";
+    return all;
+  };
+  if (dist::gloo_built()) {
+    EXPECT_EQ(on_four({"--expert-model-parallel-size", "2"}), "");
+    EXPECT_NE(on_four({"--expert-model-parallel-size", "4"}).find("must divide the data-parallel size"),
+              std::string::npos);
+  }
   EXPECT_NE(missing({"--num-experts", "8", "--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
                      "--expert-tensor-parallel-size", "1"})
                 .find("must equal"),
