@@ -92,7 +92,10 @@ GptConfig tp_local_config(const GptConfig& full, int64_t tp) {
   };
   check(full.heads, "the number of attention heads");
   check(full.query_groups, "the number of query groups");
-  check(full.ffn, "the ffn hidden size");
+  // The dense MLP's ffn only where a layer has one (a model of MoE layers only never splits it).
+  bool dense_mlp = full.moe.num_experts <= 0;
+  for (int64_t l = 0; l < full.num_layers && !dense_mlp; ++l) dense_mlp = !full.is_moe_layer(l);
+  if (dense_mlp) check(full.ffn, "the ffn hidden size");
   check(full.vocab, "the padded vocabulary size");
   const bool moe = full.moe.num_experts > 0;
   if (moe) check(full.moe.ffn, "the MoE ffn hidden size");
@@ -100,7 +103,7 @@ GptConfig tp_local_config(const GptConfig& full, int64_t tp) {
   GptConfig local = full;
   local.heads /= tp;
   local.query_groups /= tp;
-  local.ffn /= tp;
+  if (dense_mlp) local.ffn /= tp;
   local.vocab /= tp;
   if (moe) local.moe.ffn /= tp, local.moe.shared_ffn /= tp;
   return local;

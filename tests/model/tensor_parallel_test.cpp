@@ -258,6 +258,7 @@ TEST(TensorParallel, MixtureOfExpertsWithSequenceParallelismMatchesOneRank) {
   check_tensor_parallel_model(c, {2, 4});
   c.activation = Activation::GeluErf, c.moe.sigmoid = true, c.moe.num_experts = 8, c.moe.topk = 4;
   c.moe.num_groups = 4, c.moe.group_topk = 2, c.moe.shared_ffn = 0, c.moe.layers = {true, true};
+  c.ffn = 65;  // no layer has a dense MLP: its size need not split
   check_tensor_parallel_model(c, {2});
 }
 
@@ -277,6 +278,16 @@ TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {
   c = tiny_moe();
   c.moe.capacity_factor = 1.0;
   refused(c, "--moe-expert-capacity-factor");
+  c = tiny_moe();
+  c.ffn = 65;  // the dense first layer's MLP cannot split; with MoE layers only there is none
+  try {
+    tp_local_config(c, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the ffn hidden size (65)"), std::string::npos) << e.what();
+  }
+  c.moe.layers = {true, true};
+  EXPECT_EQ(tp_local_config(c, 2).ffn, 65);
   c = tiny_moe();
   c.moe.ffn = 6;  // splits in two, not in four
   EXPECT_NO_THROW(tp_local_config(c, 2));
