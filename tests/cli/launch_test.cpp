@@ -93,6 +93,17 @@ std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
   return a;
 }
 
+// A run resumed from a checkpoint saved after iteration 2 of 3: its iteration 3 and the evaluations
+// after it (which see step 3: the restored moments) are the uninterrupted run's `want` from its
+// fourth value on, to `rel`.
+void expect_resumed_tail(const std::string& output, const std::vector<double>& want, double rel,
+                         const std::string& what) {
+  const auto tail = losses_in(output);
+  ASSERT_EQ(tail.size() + 3, want.size()) << output;
+  for (size_t i = 0; i < tail.size(); ++i)
+    EXPECT_NEAR(tail[i], want[3 + i], rel * want[3 + i]) << "value " << i << " " << what << "\n" << output;
+}
+
 // `laoyao launch --nproc-per-node n -- laoyao` + the training command `one` + `extra` flags.
 std::vector<std::string> on_ranks(const char* n, const std::vector<std::string>& one,
                                   const std::vector<std::string>& extra = {}) {
@@ -259,12 +270,7 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
   for (const auto& [n, extra] : loads) {
     const auto resumed = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
-    // Iteration 3 and the evaluations after it (which see step 3: the restored moments).
-    const auto tail = losses_in(resumed.output);
-    ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
-    for (size_t i = 0; i < tail.size(); ++i)
-      EXPECT_NEAR(tail[i], want[3 + i], 1e-5 * want[3 + i])
-          << "value " << i << " resumed on " << n << " rank(s) from " << extra[1] << "\n" << resumed.output;
+    expect_resumed_tail(resumed.output, want, 1e-5, std::string("resumed on ") + n + " rank(s) from " + extra[1]);
   }
 }
 
@@ -335,11 +341,7 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
     for (const auto& load : {on_ranks("1", one, {"--load", ckpt}), on_ranks(n, one, again)}) {
       const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
       ASSERT_EQ(resumed.status, 0) << resumed.output;
-      const auto tail = losses_in(resumed.output);
-      ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
-      for (size_t i = 0; i < tail.size(); ++i)
-        EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i])
-            << "value " << i << " saved on " << n << " ranks, resumed by " << load[2] << "\n" << resumed.output;
+      expect_resumed_tail(resumed.output, want, 1e-4, std::string("saved on ") + n + " ranks, resumed by " + load[2]);
     }
   }
   // Without --sequence-parallel: refused by name, exit 2, no checkpoint.
@@ -426,11 +428,7 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     flags.insert(flags.end(), extra.begin(), extra.end());
     const auto resumed = run_laoyao(on_ranks(n, one, flags), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
-    const auto tail = losses_in(resumed.output);
-    ASSERT_EQ(tail.size() + 3, want.size()) << resumed.output;
-    for (size_t i = 0; i < tail.size(); ++i)
-      EXPECT_NEAR(tail[i], want[3 + i], 1e-4 * want[3 + i])
-          << "value " << i << " resumed on " << n << " rank(s)" << (extra.empty() ? "" : " with " + extra[0]) << "\n"
-          << resumed.output;
+    expect_resumed_tail(resumed.output, want, 1e-4,
+                        std::string("resumed on ") + n + " rank(s)" + (extra.empty() ? "" : " with " + extra[0]));
   }
 }
