@@ -16,7 +16,7 @@
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
 #                                            moe_2b throughput runs' routing (MOE_SPEED_RUNS picks
 #                                            them: 1gpu dp2_overlap dp2_distopt ep2_overlap
-#                                            ep2_distopt), DP2_SPEED=0 drops dp2's
+#                                            ep2_distopt ep2_a2a), DP2_SPEED=0 drops dp2's
 #                                            throughput runs, FOUR_SPEED=0 four's, PHASES_CASES
 #                                            the phases part's cases, GROUPED_TESTS / GROUPED_BENCH
 #                                            / GROUPED_FLAGSHIP the grouped part's kernel sets). Full logs go to
@@ -233,7 +233,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # moments) resumes on one GPU.
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
             --expert-model-parallel-size 2 > "$OUT/moe_ep2.log" 2>&1
-          note "MoE EP=2 launch exit $?"
+          note "MoE EP=2 (all-gather dispatcher, Megatron's default) launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
+            --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall > "$OUT/moe_ep2_a2a.log" 2>&1
+          note "MoE EP=2 all-to-all dispatcher launch exit $?"
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
             --expert-model-parallel-size 2 --use-distributed-optimizer --save /tmp/moe_ep2_ckpt --save-interval 20 \
             > "$OUT/moe_ep2_distopt.log" 2>&1
@@ -251,7 +254,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
             --moe-router-force-load-balancing --expert-model-parallel-size 2 > "$OUT/moe_fb_ep2.log" 2>&1
           note "MoE force-balanced runs exit $?"
-          for pair in "moe_dp1 moe_ep2" "moe_dp1 moe_ep2_distopt" "moe_dp1 moe_ep2_overlap" "moe_dp1_22 moe_ep2_resumed" \
+          for pair in "moe_dp1 moe_ep2" "moe_dp1 moe_ep2_a2a" "moe_dp1 moe_ep2_distopt" "moe_dp1 moe_ep2_overlap" "moe_dp1_22 moe_ep2_resumed" \
                       "moe_fb_cpu moe_fb_dp1" \
                       "moe_fb_dp1 moe_fb_ep2"; do
             read -r a b <<< "$pair"
@@ -280,7 +283,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             [ -n "$set" ] && f=$fb
             speed_runs+=("1gpu$set $f" "dp2_overlap$set --overlap-grad-reduce $f" "dp2_distopt$set --use-distributed-optimizer $f"
                          "ep2_overlap$set --expert-model-parallel-size 2 --overlap-grad-reduce $f"
-                         "ep2_distopt$set --expert-model-parallel-size 2 --use-distributed-optimizer $f")
+                         "ep2_distopt$set --expert-model-parallel-size 2 --use-distributed-optimizer $f"
+                         "ep2_a2a$set --expert-model-parallel-size 2 --use-distributed-optimizer --moe-token-dispatcher-type alltoall $f")
           done
           # MOE_SPEED_RUNS="1gpu ep2_distopt" (names without the _fb suffix) runs only those.
           if [ -n "${MOE_SPEED_RUNS:-}" ]; then
@@ -303,7 +307,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           for set in "${sets[@]}"; do
             ms1=$(ms "$OUT/moe2b_1gpu$set.log")
             line="moe_2b${set:+ force-balanced}, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step"
-            for name in dp2_overlap dp2_distopt ep2_overlap ep2_distopt; do
+            for name in dp2_overlap dp2_distopt ep2_overlap ep2_distopt ep2_a2a; do
               [ -f "$OUT/moe2b_$name$set.log" ] || continue
               m=$(ms "$OUT/moe2b_$name$set.log")
               line+="; $name ${m:-?} ms ($(python3 -c "print(f'{$ms1/$m:.2f}x')" 2>/dev/null || echo n/a))"

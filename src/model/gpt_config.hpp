@@ -62,6 +62,10 @@ struct MoeConfig {
   // --expert-model-parallel-size: each rank of an expert-parallel group holds num_experts /
   // expert_parallel of every MoE layer's routed experts (model/gpt_ep.hpp); 1: all of them.
   int64_t expert_parallel = 1;
+  // --moe-token-dispatcher-type: allgather (Megatron's default) or alltoall (flex: alltoall). The
+  // same values either way; under expert parallelism on GPUs it picks how the tokens travel
+  // (model/cuda/moe_layers_cuda.hpp).
+  bool allgather_dispatcher = true;
   // --tensor-model-parallel-size for an MoE model: each expert is split over these ranks (expert
   // tensor parallelism = tensor parallelism, model/gpt_tp.hpp's check_moe_tensor_parallel); 1: whole.
   int64_t tensor_parallel = 1;

@@ -173,6 +173,7 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
   moe.z_loss_coeff = m.moe_z_loss_coeff.value_or(0.0);
   moe.shared_ffn = m.moe_shared_expert_intermediate_size.value_or(0);
   moe.expert_parallel = m.expert_model_parallel_size;
+  moe.allgather_dispatcher = m.moe_token_dispatcher_type == "allgather";
   if (g.add_bias_linear)
     throw UsageError("Mixture-of-Experts layers with biases (add_bias_linear; --disable-bias-linear turns them off) "
                      "are not supported yet");

@@ -743,7 +743,8 @@ TEST_F(CudaMoe, RandomLogitsMatchTheCpusNormals) {
   const int64_t n = 100003;
   const uint64_t key = rng_stream_key(1234, "router.layer5.random_logits.7");
   auto d = poisoned<float>(n);
-  cuda::moe_random_logits(d.as<float>(), n, key, stream_);
+  auto dkey = to_device(std::vector<uint64_t>{key});
+  cuda::moe_random_logits(d.as<float>(), n, dkey.as<uint64_t>(), stream_);
   sync();
   const std::vector<float> got = from_device<float>(d, n);
   std::vector<double> want(n);

@@ -22,6 +22,7 @@
 #include "model/cuda/moe_layers_cuda.hpp"
 #include "model/gpt_model.hpp"
 #include "model_cuda_test_util.hpp"
+#include "moe_test_util.hpp"
 
 using namespace laoyao;
 using namespace laoyao::model;
@@ -30,55 +31,6 @@ namespace kc = laoyao::kernels::cuda;
 namespace kcpu = laoyao::kernels::cpu;
 
 namespace {
-
-std::vector<float> random_bf16(int64_t n, double scale, const std::string& stream) {
-  Rng rng(5, stream);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = round_to_bf16(static_cast<float>(scale * rng.normal()));
-  return v;
-}
-
-std::vector<kc::bf16> to_bf16(const std::vector<float>& v) {
-  std::vector<kc::bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
-  return out;
-}
-
-std::vector<float> from_bf16(const std::vector<kc::bf16>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
-  return out;
-}
-
-// A model config whose layer `l` is MoE: E experts, top-k, the CPU layer's config to match.
-GptConfig moe_config(GptConfig c, int64_t E, int64_t k, int64_t ffn, int64_t shared_ffn) {
-  c.moe.num_experts = E, c.moe.topk = k, c.moe.ffn = ffn, c.moe.shared_ffn = shared_ffn;
-  c.moe.layers.assign(static_cast<size_t>(c.num_layers), true);
-  c.moe.aux_loss_coeff = 1e-2, c.moe.z_loss_coeff = 1e-3;
-  c.add_bias_linear = false, c.add_qkv_bias = false;
-  return c;
-}
-
-// One MoE layer's parameters at offsets of their own (the model's layout puts them the same way);
-// n: the floats they take.
-GptLayerOffsets place_layer(const GptConfig& c, int64_t& n) {
-  const int64_t H = c.hidden, E = c.moe.num_experts, F = c.moe.ffn, Fs = c.moe.shared_ffn;
-  GptLayerOffsets W{};
-  n = 0;
-  auto place = [&](int64_t count) { return std::exchange(n, n + (count + 7) / 8 * 8); };
-  W.router_w = place(E * H), W.experts_fc1 = place(E * c.fc1_rows(F) * H), W.experts_fc2 = place(E * H * F);
-  W.shared_fc1 = Fs > 0 ? place(c.fc1_rows(Fs) * H) : -1;
-  W.shared_fc2 = Fs > 0 ? place(H * Fs) : -1;
-  W.expert_bias = c.moe.expert_bias ? place(E) : -1;
-  return W;
-}
-
-// c with one layer, an MoE one (what CudaMoeLayers is built for in the layer tests).
-GptConfig single_moe_layer(GptConfig c) {
-  c.num_layers = 1;
-  c.moe.layers = {true};
-  return c;
-}
 
 // The CPU reference layer's config for the MoE layers of c (sequences of s tokens).
 kcpu::MoeLayerConfig cpu_layer_config(const GptConfig& c, int64_t s) {
@@ -315,7 +267,39 @@ void compare_model(const GptConfig& c) {
   EXPECT_EQ(gpu.take_moe_losses().aux, 0.0) << "take_moe_losses resets the sums";
 }
 
+// --moe-router-force-load-balancing: each call draws its own random logits (the key is staged with
+// the inputs, read on the device), so the CUDA graph the later calls replay routes as the CPU does
+// with that call's key; losses token by token (the routing does not depend on the activations).
+void compare_forced_routing_over_calls(const GptConfig& c) {
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  CudaGptModel gpu(c, 2, 48);
+  gpu.upload_weights(cpu.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s)), previous;
+  for (uint64_t call = 0; call < 4; ++call) {  // eager, warm-up, captured, replayed
+    const DropoutKey key{1234, call, true};
+    cpu.zero_grads();
+    cpu.forward(mb, key, cpu_loss.data());
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), key, x.dloss.data());
+    gpu.backward();
+    const std::vector<float> gpu_loss = gpu.download_losses();
+    for (size_t t = 0; t < cpu_loss.size(); ++t)
+      ASSERT_NEAR(gpu_loss[t], cpu_loss[t], 3e-2) << "token " << t << ", call " << call;
+    EXPECT_NE(gpu_loss, previous) << "call " << call << " routed as the call before";
+    previous = gpu_loss;
+  }
+}
+
 }  // namespace
+
+TEST(CudaMoeModel, ForcedLoadBalancingDrawsEachCallsLogitsInTheGraph) {
+  GptConfig c = moe_config(llama_config(), 8, 2, 64, 0);
+  c.moe.force_load_balancing = true;
+  compare_forced_routing_over_calls(c);
+}
 
 TEST(CudaMoeLayers, SwigluTop2MatchesCpuLayer) {
   compare_layer(moe_config(llama_config(), 8, 2, 64, 0), 2, 48);

@@ -623,12 +623,15 @@ __global__ void __launch_bounds__(kPermWarps * 32)
       if ((peers & below) == 0) cur[e] += __popc(peers);
       sorted_token[r] = static_cast<int32_t>(i / k);
       permuted_row[i] = r;
+    } else if (i < end) {
+      permuted_row[i] = -1;  // a pair of no expert here (the all-gather dispatcher's other ranks')
     }
     __syncwarp();
   }
 }
 
-__global__ void moe_random_logits_kernel(float* __restrict__ logits, int64_t n, uint64_t key) {
+__global__ void moe_random_logits_kernel(float* __restrict__ logits, int64_t n, const uint64_t* __restrict__ key_at) {
+  const uint64_t key = *key_at;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     logits[i] = counter_normal(key, static_cast<uint64_t>(i));
 }
@@ -674,9 +677,10 @@ __global__ void moe_mask_dropped_kernel(float* __restrict__ dprobs, const uint8_
 // vector, each dividing its index by Hv and reading its token before its vector, ran at 0.68 of a
 // copy's speed at the flagship's shape).
 __global__ void moe_permute_forward_kernel(const uint4* __restrict__ x, const int32_t* __restrict__ sorted_token,
-                                           uint4* __restrict__ out, int64_t N, int64_t Hv) {
+                                           uint4* __restrict__ out, int64_t N, const int32_t* __restrict__ rows_end,
+                                           int64_t Hv) {
   const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  if (r >= N) return;
+  if (r >= N || (rows_end && r >= *rows_end)) return;
   const uint4* src = x + int64_t(sorted_token[r]) * Hv;
   uint4* dst = out + r * Hv;
   int64_t v = threadIdx.x & 31;
@@ -700,7 +704,9 @@ __global__ void moe_permute_backward_kernel(const uint4* __restrict__ dpermuted,
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[q] = 0.0f;
     for (int j = 0; j < k; ++j) {
-      unpack8(dpermuted[int64_t(permuted_row[t * k + j]) * Hv + v], f);
+      const int32_t row = permuted_row[t * k + j];
+      if (row < 0) continue;  // not here
+      unpack8(dpermuted[int64_t(row) * Hv + v], f);
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[q] += f[q];
     }
@@ -720,8 +726,10 @@ __global__ void moe_unpermute_forward_kernel(const uint4* __restrict__ expert_ou
 #pragma unroll
     for (int q = 0; q < 8; ++q) acc[q] = 0.0f;
     for (int j = 0; j < k; ++j) {
+      const int32_t row = permuted_row[t * k + j];
+      if (row < 0) continue;  // not here
       const float p = probs[t * k + j];
-      unpack8(expert_out[int64_t(permuted_row[t * k + j]) * Hv + v], f);
+      unpack8(expert_out[int64_t(row) * Hv + v], f);
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[q] += f[q] * p;
     }
@@ -752,6 +760,10 @@ __global__ void moe_unpermute_backward_kernel(const uint4* __restrict__ expert_o
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   for (int64_t q = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); q < T * k; q += warps) {
     const int64_t t = q / k, r = permuted_row[q];
+    if (r < 0) {  // not here: no row, no gradient
+      if (dprobs && lane == 0) dprobs[q] = 0.0f;
+      continue;
+    }
     const float p = probs[q];
     float dot = 0.0f, gv[8], ov[8];
     for (int64_t v = lane; v < Hv; v += 32) {
@@ -847,7 +859,7 @@ void check_rows16(const char* op, int64_t H, std::initializer_list<const void*> 
 
 }  // namespace
 
-void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stream) {
+void moe_random_logits(float* logits, int64_t n, const uint64_t* key, cudaStream_t stream) {
   if (n <= 0) return;
   moe_random_logits_kernel<<<blocks_for(n), kThreads, 0, stream>>>(logits, n, key);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
@@ -1013,13 +1025,13 @@ void moe_mask_dropped(float* dprobs, const uint8_t* kept, int64_t n, cudaStream_
 }
 
 void moe_permute_forward(const bf16* x, const int32_t* sorted_token, bf16* permuted, int64_t N, int64_t H,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const int32_t* rows_end) {
   check_rows16("moe_permute_forward", H, {x, permuted});
   if (N <= 0) return;
   const int64_t Hv = H / 8, rows_per_block = kThreads / 32, blocks = (N + rows_per_block - 1) / rows_per_block;
   if (blocks > int64_t(0x7fffffff)) throw Error("moe_permute_forward: too many rows for one launch");
   moe_permute_forward_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint4*>(x), sorted_token, reinterpret_cast<uint4*>(permuted), N, Hv);
+      reinterpret_cast<const uint4*>(x), sorted_token, reinterpret_cast<uint4*>(permuted), N, rows_end, Hv);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

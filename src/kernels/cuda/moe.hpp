@@ -40,9 +40,10 @@ struct MoeAuxLossSpec {
   int64_t data_parallel_size = 1;   // global_aux_loss's token total is T times this
 };
 
-// --moe-router-force-load-balancing: logits[i] = counter_normal(key, i) for i < n (core/counter_normal.hpp,
-// the CPU's values), in place of the router's.
-void moe_random_logits(float* logits, int64_t n, uint64_t key, cudaStream_t stream);
+// --moe-router-force-load-balancing: logits[i] = counter_normal(*key, i) for i < n (core/counter_normal.hpp,
+// the CPU's values), in place of the router's. The key is read on the device, so that a step
+// captured as a CUDA graph draws each micro-batch's own logits.
+void moe_random_logits(float* logits, int64_t n, const uint64_t* key, cudaStream_t stream);
 
 // From the router's fp32 logits[T, E], per token (one warp each): topk_idx[T, k] (descending score,
 // equal scores by the lower expert index, as the CPU reference), topk_probs[T, k] (the score
@@ -104,7 +105,8 @@ void moe_router_backward(const float* logits, const int32_t* topk_idx, const flo
 // ascending order, tokens ascending within an expert) and permuted_row[T, k] (the row of token t's
 // j-th choice). `scratch` holds moe_permutation_scratch_bytes(T, E) bytes. tokens_per_expert must
 // be topk_idx's counts (the router's); expert ids distinct within a token, in [0, E), as the router
-// writes them; E <= kMoeMaxExperts.
+// writes them, or negative: such a pair (the all-gather dispatcher's pair of another rank's expert,
+// moe_ep.hpp) gets no row and permuted_row -1, offsets[E] counting the others; E <= kMoeMaxExperts.
 size_t moe_permutation_scratch_bytes(int64_t T, int64_t E);
 void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, int64_t T, int64_t E, int64_t k,
                      int32_t* offsets, int32_t* sorted_token, int32_t* permuted_row, void* scratch,
@@ -123,10 +125,12 @@ void moe_capacity_drop(const int32_t* topk_idx, const int32_t* offsets, const in
 void moe_mask_dropped(float* dprobs, const uint8_t* kept, int64_t n, cudaStream_t stream);
 
 // The four row ops move 16-byte vectors: H must be a multiple of 8 and the bf16 buffers 16-byte
-// aligned (laoyao::Error otherwise).
-// Dispatch: permuted[r, :] = x[sorted_token[r], :] for r < N.
+// aligned (laoyao::Error otherwise). A pair whose permuted_row is negative (no row here) is left
+// out of the three that take permuted_row: unpermute_backward gives it dprobs 0.
+// Dispatch: permuted[r, :] = x[sorted_token[r], :] for r < N, and r < *rows_end (on the device)
+// where rows_end is given (the all-gather dispatcher: N bounds the rows, the device knows them).
 void moe_permute_forward(const bf16* x, const int32_t* sorted_token, bf16* permuted, int64_t N, int64_t H,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const int32_t* rows_end = nullptr);
 // dx[t, :] = sum_j dpermuted[permuted_row[t, j], :] summed in fp32, rounded once; with `accumulate`
 // dx's bf16 contents are added in that fp32 sum (the router's and the shared expert's parts).
 void moe_permute_backward(const bf16* dpermuted, const int32_t* permuted_row, bf16* dx, int64_t T, int64_t k,

@@ -1,4 +1,5 @@
 // Expert parallelism's row groups (see moe_ep.hpp).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -23,7 +24,41 @@ __global__ void moe_ep_source_offsets_kernel(const int32_t* __restrict__ counts,
   offsets[E] = at;
 }
 
+constexpr int kLocalThreads = 256;
+
+// A block's pairs, counted in shared memory, then one atomic add per local expert.
+__global__ void moe_ep_local_choices_kernel(const int32_t* __restrict__ idx_g, int64_t n, int e0, int El,
+                                            int32_t* __restrict__ idx_l, int32_t* __restrict__ counts_l) {
+  __shared__ int hist[kMoeMaxExperts];
+  for (int e = threadIdx.x; e < El; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int e = idx_g[i] - e0;
+    const bool here = e >= 0 && e < El;
+    idx_l[i] = here ? e : -1;
+    if (here) atomicAdd(&hist[e], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < El; e += blockDim.x)
+    if (hist[e] > 0) atomicAdd(&counts_l[e], hist[e]);
+}
+
 }  // namespace
+
+void moe_ep_local_choices(const int32_t* idx_g, int64_t n, int64_t e0, int64_t El, int32_t* idx_l, int32_t* counts_l,
+                          cudaStream_t stream) {
+  if (El < 1 || El > kMoeMaxExperts || e0 < 0 || n < 0 || n >= (int64_t{1} << 31))
+    throw Error("moe_ep_local_choices: " + std::to_string(El) + " local experts (1 to " +
+                std::to_string(kMoeMaxExperts) + ") from expert " + std::to_string(e0) + ", " + std::to_string(n) +
+                " pairs (fewer than 2^31)");
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(counts_l, 0, sizeof(int32_t) * static_cast<size_t>(El), stream));
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kLocalThreads - 1) / kLocalThreads, 1024);
+  moe_ep_local_choices_kernel<<<unsigned(blocks), kLocalThreads, 0, stream>>>(idx_g, n, int(e0), int(El), idx_l,
+                                                                              counts_l);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
 
 void moe_ep_source_offsets(const int32_t* counts, int64_t P, int64_t E, int64_t me, int32_t* offsets,
                            cudaStream_t stream) {

@@ -7,6 +7,10 @@
 // sorts the chunks; the rows each expert sees, and their order, are the same).
 //
 // counts: [P][E] int32 on the device, rank s's tokens for global expert g at counts[s * E + g].
+//
+// The all-gather dispatcher (Megatron's default, --moe-token-dispatcher-type allgather) needs no
+// counts on the host: every rank gathers every rank's tokens and choices and keeps the pairs of its
+// own experts (moe_ep_local_choices), which moe_permutation then sorts expert-major.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,5 +22,12 @@ namespace laoyao::kernels::cuda {
 // source s's rows for local expert e. E <= kMoeMaxExperts, P divides E, 0 <= me < P.
 void moe_ep_source_offsets(const int32_t* counts, int64_t P, int64_t E, int64_t me, int32_t* offsets,
                            cudaStream_t stream);
+
+// The all-gather dispatcher's pairs here: of the gathered choices idx_g[n] (global expert ids,
+// every rank's tokens x top-k, rank after rank), those of experts e0 .. e0 + El - 1 as local ids
+// (idx_l[i] = idx_g[i] - e0), every other pair -1 (moe_permutation gives it no row);
+// counts_l[El] = the pairs of each local expert (overwritten). 1 <= El <= kMoeMaxExperts.
+void moe_ep_local_choices(const int32_t* idx_g, int64_t n, int64_t e0, int64_t El, int32_t* idx_l, int32_t* counts_l,
+                          cudaStream_t stream);
 
 }  // namespace laoyao::kernels::cuda

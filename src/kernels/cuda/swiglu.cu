@@ -29,8 +29,8 @@ __device__ __forceinline__ void swiglu_dx(float gate, float lin, float g, float&
 
 template <bool kBackward>
 __global__ void swiglu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ dy, bf16* __restrict__ out,
-                              int64_t T, int64_t F) {
-  const int64_t n = T * F;
+                              int64_t T, int64_t F, const int32_t* __restrict__ rows_end) {
+  const int64_t n = (rows_end && *rows_end < T ? *rows_end : T) * F;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / F, f = i % F;
     const float gate = __bfloat162float(x[t * 2 * F + f]), lin = __bfloat162float(x[t * 2 * F + F + f]);
@@ -48,7 +48,8 @@ __global__ void swiglu_kernel(const bf16* __restrict__ x, const bf16* __restrict
 // Packs of 8: n = T * F/8 packs, Index 32-bit whenever n (plus one grid stride) fits.
 template <bool kBackward, typename Index>
 __global__ void swiglu_pack_kernel(const Pack8* __restrict__ x, const Pack8* __restrict__ dy, Pack8* __restrict__ out,
-                                   Index n, Index fp) {
+                                   Index n, Index fp, const int32_t* __restrict__ rows_end) {
+  if (rows_end && Index(*rows_end) * fp < n) n = Index(*rows_end) * fp;
   for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += Index(gridDim.x) * blockDim.x) {
     const Index t = i / fp, f = i - t * fp;
     const Pack8 gate = x[t * 2 * fp + f], lin = x[t * 2 * fp + fp + f];
@@ -87,7 +88,8 @@ bool packable(int64_t F, std::initializer_list<const void*> ptrs) {
 }
 
 template <bool kBackward>
-void launch(const bf16* x, const bf16* dy, bf16* out, int64_t T, int64_t F, cudaStream_t stream) {
+void launch(const bf16* x, const bf16* dy, bf16* out, int64_t T, int64_t F, cudaStream_t stream,
+            const int32_t* rows_end) {
   if (T <= 0 || F <= 0) return;
   if (packable(F, {x, dy, out})) {
     const int64_t fp = F / 8, n = T * fp;
@@ -96,23 +98,24 @@ void launch(const bf16* x, const bf16* dy, bf16* out, int64_t T, int64_t F, cuda
     auto* po = reinterpret_cast<Pack8*>(out);
     if (n < (int64_t(1) << 30))  // n + one stride (at most 2^24) stays below 2^31
       swiglu_pack_kernel<kBackward, int32_t><<<blocks_for(n), kThreads, 0, stream>>>(px, pdy, po, int32_t(n),
-                                                                                     int32_t(fp));
+                                                                                     int32_t(fp), rows_end);
     else
-      swiglu_pack_kernel<kBackward, int64_t><<<blocks_for(n), kThreads, 0, stream>>>(px, pdy, po, n, fp);
+      swiglu_pack_kernel<kBackward, int64_t><<<blocks_for(n), kThreads, 0, stream>>>(px, pdy, po, n, fp, rows_end);
   } else {
-    swiglu_kernel<kBackward><<<blocks_for(T * F), kThreads, 0, stream>>>(x, dy, out, T, F);
+    swiglu_kernel<kBackward><<<blocks_for(T * F), kThreads, 0, stream>>>(x, dy, out, T, F, rows_end);
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void swiglu_forward(const bf16* x, bf16* y, int64_t T, int64_t F, cudaStream_t stream) {
-  launch<false>(x, nullptr, y, T, F, stream);
+void swiglu_forward(const bf16* x, bf16* y, int64_t T, int64_t F, cudaStream_t stream, const int32_t* rows_end) {
+  launch<false>(x, nullptr, y, T, F, stream, rows_end);
 }
 
-void swiglu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t T, int64_t F, cudaStream_t stream) {
-  launch<true>(x, dy, dx, T, F, stream);
+void swiglu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t T, int64_t F, cudaStream_t stream,
+                     const int32_t* rows_end) {
+  launch<true>(x, dy, dx, T, F, stream, rows_end);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -255,6 +255,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     positions_ = a.take<int64_t>(T);
     mask_ = a.take<float>(T);
     dloss_ = a.take<float>(T);
+    logit_keys_ = a.take<uint64_t>(c.num_layers);  // staged with the inputs: last, inside their span
   };
   if (c.moe.num_experts > 0) {
     if (tensor_parallel()) throw UsageError("the CUDA backend runs Mixture-of-Experts layers without tensor parallelism");
@@ -265,7 +266,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   acts_ = kc::DeviceBuffer(measure.used);
   Carver real{static_cast<char*>(acts_.ptr), 0};
   carve(real);
-  inputs_bytes_ = static_cast<size_t>(reinterpret_cast<char*>(dloss_ + T) - reinterpret_cast<char*>(tokens_));
+  inputs_bytes_ =
+      static_cast<size_t>(reinterpret_cast<char*>(logit_keys_ + c.num_layers) - reinterpret_cast<char*>(tokens_));
   for (int i = 0; i < 2; ++i) {
     staging_[i] = kc::PinnedHostBuffer(inputs_bytes_);
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
@@ -299,11 +301,12 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
 
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
-  // expert-parallel step reads the token counts on the host inside the step; random router logits
-  // take a new stream every micro-batch; global_aux_loss's running counts give each forward its
+  // expert-parallel step with the all-to-all dispatcher reads the token counts on the host inside
+  // the step (the all-gather dispatcher's does not, moe_->graph_safe()); global_aux_loss's running counts give each forward its
   // own kernel argument; a graph's replay is not timed by LAOYAO_MODEL_PHASES.
-  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() && !ep_ &&
-                    !cfg.moe.force_load_balancing && !(cfg.moe.global_aux_loss_coeff > 0) && !phases_.enabled();
+  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() &&
+                    (!ep_ || (moe_ && moe_->graph_safe())) && !(cfg.moe.global_aux_loss_coeff > 0) &&
+                    !phases_.enabled();
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
@@ -602,6 +605,11 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   }
   stage(mask_, loss_mask, sizeof(float) * T);
   if (dloss) stage(dloss_, dloss, sizeof(float) * T);
+  if (c.moe.force_load_balancing)  // each MoE layer's random logits stream, read by the kernel on the device
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const uint64_t k = random_logits_key(key, l);
+      stage(logit_keys_ + l, &k, sizeof k);
+    }
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(tokens_, host, inputs_bytes_, cudaMemcpyHostToDevice, stream_));
   LAOYAO_CUDA_CHECK(cudaEventRecord(staged_[slot], stream_));
   have_grad_logits_ = dloss != nullptr;
@@ -759,12 +767,12 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
     const Pass pass = !training_forward_ ? Pass::Evaluation : recomputing_ ? Pass::Recompute : Pass::Training;
     const kc::DropoutSpec drop = hidden_dropout(site + "mlp." + call);
     if (drop.p > 0) {
-      moe_->forward(l, moe_context(W), a.ln2, branch_, T, pass, random_logits_key(key_, l));
+      moe_->forward(l, moe_context(W), a.ln2, branch_, T, pass, logit_keys_ + l);
       phase(kMoe);
       kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop, stream_);
       phase(kResidual);
     } else {  // the residual add inside the MoE layer's combine
-      moe_->forward(l, moe_context(W), a.ln2, x_out, T, pass, random_logits_key(key_, l), a.x_mid);
+      moe_->forward(l, moe_context(W), a.ln2, x_out, T, pass, logit_keys_ + l, a.x_mid);
       phase(kMoe);
     }
     return;

@@ -251,6 +251,7 @@ class CudaGptModel {
   // from it (two micro-batches back) has run, so the host never waits on the current step.
   int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
   float *mask_ = nullptr, *dloss_ = nullptr;
+  uint64_t* logit_keys_ = nullptr;  // [layers] --moe-router-force-load-balancing's streams of this micro-batch
   size_t inputs_bytes_ = 0;
   kernels::cuda::PinnedHostBuffer staging_[2];
   cudaEvent_t staged_[2] = {nullptr, nullptr};

@@ -23,7 +23,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     : cfg_(cfg) {
   const MoeConfig& m = cfg.moe;
   E_ = m.num_experts, k_ = m.topk, H_ = cfg.hidden, F_ = m.ffn, Fs_ = m.shared_ffn;
-  if (ep && ep->size() > 1) ep_ = ep, P_ = ep->size(), me_ = ep->rank();
+  if (ep && ep->size() > 1) ep_ = ep, P_ = ep->size(), me_ = ep->rank(), gather_ = m.allgather_dispatcher;
   if (m.expert_parallel != P_)
     throw Error("CudaMoeLayers: the config's expert-parallel size " + std::to_string(m.expert_parallel) +
                 " is not the group's " + std::to_string(P_));
@@ -81,7 +81,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.permuted_row = a.take<int32_t>(N);
       S.fc1_out = a.take<bf16>(Nl * F1_);
       S.act_out = a.take<bf16>(Nl * F_);
-      S.expert_out = a.take<bf16>(N * H_);
+      S.expert_out = a.take<bf16>((gather_ ? Nl : N) * H_);  // gathered: this rank's expert rows
       S.shared_u = a.take<bf16>(T * Fs1_);
       S.shared_g = a.take<bf16>(T * Fs_);
       S.ep_counts = a.take<int32_t>(ep_ ? P_ * E_ : 0);
@@ -89,6 +89,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.local_x = a.take<bf16>(ep_ ? Nl * H_ : 0);
       S.permuted_x = a.take<bf16>(ep_ ? 0 : N * H_);
       S.kept = a.take<uint8_t>(m.capacity_factor ? N : 0);
+      S.probs_g = a.take<float>(gather_ ? Nl : 0);
+      S.rows_g = a.take<int32_t>(gather_ ? Nl : 0);
     }
   };
   auto carve_scratch = [&](Carver& a) {
@@ -104,15 +106,29 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     dshared_u_ = a.take<bf16>(T * Fs1_);
     dprobs_ = a.take<float>(N);
     permuted_probs_ = a.take<float>(m.capacity_factor ? N : 0);
-    perm_scratch_ = a.take<char>(static_cast<int64_t>(kc::moe_permutation_scratch_bytes(T, E_)));
+    perm_scratch_ = a.take<char>(static_cast<int64_t>(std::max(kc::moe_permutation_scratch_bytes(T, E_),
+                                                               kc::moe_permutation_scratch_bytes(P_ * T, El_))));
     local_y_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
     local_dx_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
+    const int64_t Tg = gather_ ? P_ * T : 0;  // the group's tokens
+    gathered_ = a.take<bf16>(Tg * H_);
+    partial_ = a.take<bf16>(Tg * H_);
+    reduced_ = a.take<bf16>(gather_ ? T * H_ : 0);
+    idx_g_ = a.take<int32_t>(Tg * k_);
+    idx_l_ = a.take<int32_t>(Tg * k_);
+    sorted_l_ = a.take<int32_t>(Tg * k_);
+    counts_l_ = a.take<int32_t>(gather_ ? El_ : 0);
+    dprobs_g_ = a.take<float>(Tg * k_);
   };
   Carver measure;
   carve_saved(measure);
   saved_ = kc::DeviceBuffer(std::max<size_t>(measure.used, 1));
   Carver real{static_cast<char*>(saved_.ptr), 0};
   carve_saved(real);
+  // Zeros first: the weight-gradient GEMMs read up to a reduction step of rows past the last
+  // group's end (weighted by zeros), which under the all-gather dispatcher are rows of earlier
+  // layers or steps, or never written; they must hold finite values.
+  if (gather_) LAOYAO_CUDA_CHECK(cudaMemset(saved_.ptr, 0, saved_.bytes));
   Carver measure_scratch;
   carve_scratch(measure_scratch);
   scratch_ = kc::DeviceBuffer(measure_scratch.used);
@@ -162,17 +178,20 @@ CudaMoeLayers::~CudaMoeLayers() {
     if (e) (void)cudaEventDestroy(e);
 }
 
-void CudaMoeLayers::activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const {
+// The GeLU kernels take no device row count: under the all-gather dispatcher they run over every
+// row the bound allows (the rows past the experts' are computed and never read).
+void CudaMoeLayers::activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream,
+                                       const int32_t* rows_end) const {
   if (cfg_.activation == Activation::SwiGLU)
-    kc::swiglu_forward(u, g, rows, F, stream);
+    kc::swiglu_forward(u, g, rows, F, stream, rows_end);
   else
     kc::bias_gelu_forward(u, zero_bias_.as<bf16>(), g, rows, F, stream, cfg_.activation == Activation::GeluErf);
 }
 
 void CudaMoeLayers::activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F,
-                                        cudaStream_t stream) const {
+                                        cudaStream_t stream, const int32_t* rows_end) const {
   if (cfg_.activation == Activation::SwiGLU)
-    kc::swiglu_backward(u, dg, du, rows, F, stream);
+    kc::swiglu_backward(u, dg, du, rows, F, stream, rows_end);
   else
     kc::bias_gelu_backward(dg, u, zero_bias_.as<bf16>(), du, rows, F, stream, cfg_.activation == Activation::GeluErf);
 }
@@ -206,24 +225,56 @@ void CudaMoeLayers::copy_own_rows_back(const Saved& S, const bf16* local, bf16* 
 }
 
 void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kc::RowGroups& groups,
-                                    bf16* out) const {
+                                    bf16* out, const int32_t* rows_end) const {
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first;
   kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
-  activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream);
+  activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream, rows_end);
   kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, groups, H_, F_, ctx.stream);
 }
 
 void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
-                                           const kc::RowGroups& groups, bf16* dx) const {
+                                           const kc::RowGroups& groups, bf16* dx, const int32_t* rows_end) const {
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first;
   kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);
   activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, groups.rows, F_,
-                      ctx.stream);
+                      ctx.stream, rows_end);
   kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, groups, F1_, H_, ctx.stream);
+}
+
+void CudaMoeLayers::shared_expert_forward(const Saved& S, const Context& ctx, const bf16* x, int64_t T) {
+  if (Fs_ == 0) return;
+  const bf16* P = ctx.params;
+  ctx.gemm.linear_forward(x, P + ctx.W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, ctx.stream);
+  activation_forward(S.shared_u, S.shared_g, T, Fs_, ctx.stream);
+  ctx.gemm.linear_forward(S.shared_g, P + ctx.W.shared_fc2, nullptr, shared_out_, T, Fs_, H_, ctx.stream);
+  phases_.mark(kShared, ctx.stream);
+}
+
+void CudaMoeLayers::shared_expert_backward(const Saved& S, const Context& ctx, const bf16* x, const bf16* dy,
+                                           int64_t T) {
+  if (Fs_ == 0) return;
+  const bf16* P = ctx.params;
+  float* G = ctx.grads;
+  cudaStream_t st = ctx.stream;
+  ctx.gemm.linear_backward_input(dy, P + ctx.W.shared_fc2, dshared_g_, T, Fs_, H_, st);
+  ctx.gemm.linear_backward_weight(dy, S.shared_g, G + ctx.W.shared_fc2, T, Fs_, H_, st, ctx.accumulate_grads);
+  activation_backward(S.shared_u, dshared_g_, dshared_u_, T, Fs_, st);
+  ctx.gemm.linear_backward_input(dshared_u_, P + ctx.W.shared_fc1, dshared_, T, H_, Fs1_, st);
+  ctx.gemm.linear_backward_weight(dshared_u_, x, G + ctx.W.shared_fc1, T, H_, Fs1_, st, ctx.accumulate_grads);
+  phases_.mark(kShared, st);
+}
+
+void CudaMoeLayers::router_backward(const Saved& S, const Context& ctx, const bf16* x, bf16* dx, int64_t T,
+                                    float aux_scale) {
+  cudaStream_t st = ctx.stream;
+  kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
+  ctx.gemm.linear_backward_input(dlogits_, ctx.params + ctx.W.router_w, dx, T, H_, E_, st);
+  ctx.gemm.linear_backward_weight(dlogits_, x, ctx.grads + ctx.W.router_w, T, H_, E_, st, ctx.accumulate_grads);
+  phases_.mark(kRouter, st);
 }
 
 void CudaMoeLayers::experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
@@ -260,21 +311,23 @@ void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
   phases_.mark(kCounts, stream);
 }
 
-void CudaMoeLayers::start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) {
+void CudaMoeLayers::fork_comm(cudaStream_t stream) {
   LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
   LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
+}
+
+void CudaMoeLayers::start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream) {
+  fork_comm(stream);
   ep_->all_to_all_device(rows, S.send_elems.data(), local, S.recv_elems.data(), dist::DeviceType::BF16, comm_, false);
-  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
 }
 
 void CudaMoeLayers::start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream) {
-  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_start_, stream));
-  LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, comm_start_, 0));
+  fork_comm(stream);
   ep_->all_to_all_device(local, S.recv_elems.data(), rows, S.send_elems.data(), dist::DeviceType::BF16, comm_, false);
-  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
 }
 
 void CudaMoeLayers::wait_exchange(cudaStream_t stream) {
+  LAOYAO_CUDA_CHECK(cudaEventRecord(comm_done_, comm_));
   LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done_, 0));
   phases_.mark(kExchange, stream);
 }
@@ -291,7 +344,7 @@ void CudaMoeLayers::report_phases() {
 }
 
 void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
-                            uint64_t random_logits_key, const bf16* residual) {
+                            const uint64_t* random_logits_key, const bf16* residual) {
   const bool count_losses = pass == Pass::Training;
   Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
   const GptLayerOffsets& W = ctx.W;
@@ -299,10 +352,14 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   cudaStream_t st = ctx.stream;
   const int64_t N = T * k_;
   phases_.begin(st);
+  if (gather_) gather_tokens(x, T, st);  // beside the router
   // Router: fp32 logits (as --moe-router-dtype fp32; at bf16 precision with it unset, as Megatron's
   // bf16 router linear), the fused top-k and the per-expert counts.
   ctx.gemm.matmul_rm(x, false, P + W.router_w, true, S.logits, true, T, E_, H_, 1.0f, 0.0f, 1, st);
-  if (cfg_.moe.force_load_balancing) kc::moe_random_logits(S.logits, T * E_, random_logits_key, st);
+  if (cfg_.moe.force_load_balancing) {
+    if (!random_logits_key) throw Error("CudaMoeLayers: --moe-router-force-load-balancing needs the logits' key");
+    kc::moe_random_logits(S.logits, T * E_, random_logits_key, st);
+  }
   if (cfg_.moe.router_bf16) kc::round_to_bf16_inplace(S.logits, T * E_, st);
   const float* bias = nullptr;
   if (cfg_.moe.expert_bias) {
@@ -337,12 +394,14 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx, aux_counts, T, router_, losses_,
                                S.stats, count_losses ? train_sums_ : discard_sums_, st, global_mean);
   phases_.mark(kRouter, st);
+  if (gather_ && !cfg_.moe.capacity_factor) return gathered_forward(S, ctx, x, y, T, residual);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
   if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
     kc::moe_capacity_drop(S.topk_idx, S.offsets, S.permuted_row, S.probs, T, k_,
                           kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
                           permuted_probs_, st);
+  if (gather_) return gathered_forward(S, ctx, x, y, T, residual);  // the dropped pairs' probs are 0 now
   bf16* permuted_x = ep_ ? permuted_x_ : S.permuted_x;
   kc::moe_permute_forward(x, S.sorted_token, permuted_x, N, H_, st);
   phases_.mark(kPermute, st);
@@ -357,12 +416,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     experts_forward(S, ctx, permuted_x, expert_groups(S, N), S.expert_out);
     phases_.mark(kExperts, st);
   }
-  if (Fs_ > 0) {
-    ctx.gemm.linear_forward(x, P + W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, st);
-    activation_forward(S.shared_u, S.shared_g, T, Fs_, st);
-    ctx.gemm.linear_forward(S.shared_g, P + W.shared_fc2, nullptr, shared_out_, T, Fs_, H_, st);
-    phases_.mark(kShared, st);
-  }
+  shared_expert_forward(S, ctx, x, T);
   if (ep_) {  // the other ranks' rows
     wait_exchange(st);
     experts_forward(S, ctx, S.local_x, source_groups(S, 0, me_), local_y_);
@@ -380,12 +434,10 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
 void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T,
                              float aux_scale) {
   const Saved& S = saved_layers_.at(static_cast<size_t>(slot_.at(static_cast<size_t>(l))));
-  const GptLayerOffsets& W = ctx.W;
-  const bf16* P = ctx.params;
-  float* G = ctx.grads;
   cudaStream_t st = ctx.stream;
   const int64_t N = T * k_;
   phases_.begin(st);
+  if (gather_) return gathered_backward(S, ctx, x, dy, dx, T, aux_scale);
   // Combine: the experts' output gradients and the probabilities'.
   kc::moe_unpermute_backward(S.expert_out, S.permuted_row, S.probs, dy, dexpert_, dprobs_, T, k_, H_, st);
   if (cfg_.moe.capacity_factor) kc::moe_mask_dropped(dprobs_, S.kept, N, st);
@@ -396,21 +448,9 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     start_dispatch(S, dexpert_, local_y_, st);
     copy_own_rows(S, dexpert_, local_y_, st);
   }
-  // Router: the probabilities' gradient plus the scaled losses', then its two GEMMs; dx starts
-  // as the router's part.
-  kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
-  ctx.gemm.linear_backward_input(dlogits_, P + W.router_w, dx, T, H_, E_, st);
-  ctx.gemm.linear_backward_weight(dlogits_, x, G + W.router_w, T, H_, E_, st, ctx.accumulate_grads);
-  phases_.mark(kRouter, st);
-  if (Fs_ > 0) {  // the shared expert, a dense MLP on every token
-    ctx.gemm.linear_backward_input(dy, P + W.shared_fc2, dshared_g_, T, Fs_, H_, st);
-    ctx.gemm.linear_backward_weight(dy, S.shared_g, G + W.shared_fc2, T, Fs_, H_, st, ctx.accumulate_grads);
-    activation_backward(S.shared_u, dshared_g_, dshared_u_, T, Fs_, st);
-    ctx.gemm.linear_backward_input(dshared_u_, P + W.shared_fc1, dshared_, T, H_, Fs1_, st);
-    ctx.gemm.linear_backward_weight(dshared_u_, x, G + W.shared_fc1, T, H_, Fs1_, st, ctx.accumulate_grads);
-    kc::add_inplace(dx, dshared_, T * H_, st);
-    phases_.mark(kShared, st);
-  }
+  router_backward(S, ctx, x, dx, T, aux_scale);
+  shared_expert_backward(S, ctx, x, dy, T);
+  if (Fs_ > 0) kc::add_inplace(dx, dshared_, T * H_, st);
   // Experts, fc2 then fc1. Under expert parallelism the input gradients go back while the weight
   // gradients are computed.
   const kc::RowGroups groups = expert_groups(S, N);

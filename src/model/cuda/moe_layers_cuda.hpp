@@ -14,6 +14,11 @@
 // gradients back. A rank's own rows do not travel: the experts start on them (and on its own
 // output gradients) while the other ranks' are on the way. The CPU stage
 // (model/moe_expert_parallel.hpp) is the reference for the order of the rows.
+// With --moe-token-dispatcher-type allgather (Megatron's default) the step has no host
+// synchronisation (moe_gather_dispatch_cuda.cpp): every rank all-gathers the group's tokens, choices
+// and probabilities, sorts the pairs of its own experts expert-major on the device, runs its experts
+// on them and combines its share of every token; a reduce-scatter sums the shares back to the
+// tokens' ranks. Each token crosses once per rank, not once per chosen expert.
 //
 // One object serves all MoE layers of a model. It owns what each layer keeps for its backward
 // (router logits and choices, the permutation, the experts' activations and outputs) and the
@@ -70,9 +75,10 @@ class CudaMoeLayers {
   enum class Pass { Training, Recompute, Evaluation };
   // y[T, H] = the MoE layer l of x[T, H] (the pre-MLP norm's output), plus `residual` when given
   // (the residual add without dropout, rounded as the separate add would). random_logits_key: the
-  // stream of the random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), else unused.
+  // stream of the random logits under --moe-router-force-load-balancing (model/gpt_model.hpp), on the
+  // device (one uint64), else unused.
   void forward(int64_t l, const Context& ctx, const bf16* x, bf16* y, int64_t T, Pass pass,
-               uint64_t random_logits_key = 0, const bf16* residual = nullptr);
+               const uint64_t* random_logits_key = nullptr, const bf16* residual = nullptr);
   // dx[T, H] (overwritten) and the layer's gradients (see Context) from dy[T, H], after forward(l)
   // of the same x. aux_scale: the gradient of each load-balancing / z loss (MoEAuxLossAutoScaler).
   void backward(int64_t l, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T, float aux_scale);
@@ -95,6 +101,9 @@ class CudaMoeLayers {
   // forward left them (device memory).
   const float* saved_logits(int64_t l) const { return saved_layers_.at(size_t(slot_.at(size_t(l)))).logits; }
   const float* saved_probs(int64_t l) const { return saved_layers_.at(size_t(slot_.at(size_t(l)))).probs; }
+  // Whether a step may be captured as a CUDA graph: no host synchronisation inside the layers (the
+  // all-to-all dispatcher reads its counts on the host).
+  bool graph_safe() const { return !ep_ || gather_; }
   size_t device_bytes() const {
     return saved_.bytes + scratch_.bytes + sums_.bytes + expert_load_.bytes + global_.bytes;
   }
@@ -119,15 +128,21 @@ class CudaMoeLayers {
     // its own experts among the rows it sends (the first of them).
     std::vector<int64_t> source_rows, source_first;
     int64_t own_first_sent = 0;
+    // The all-gather dispatcher: the group's probabilities [P * T, k] and each pair's row among this
+    // rank's expert rows (-1: another rank's expert); the rows' offsets are local_offsets[El + 1].
+    float* probs_g = nullptr;
+    int32_t* rows_g = nullptr;
   };
   // The routed experts (this rank's) on the rows of `groups`, rows groups.first.. of every row-indexed
   // buffer: out = fc2(act(fc1(in))), keeping fc1's output and the activation in S. Their backward
   // from dy in two parts, so that an exchange of dx can run beside the second: the input gradient
   // dx, then the weight gradients (reads what the first part left in dfc1_).
+  // rows_end (device, optional): the groups' rows end there, groups.rows only bounding them.
   void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kernels::cuda::RowGroups& groups,
-                       bf16* out) const;
+                       bf16* out, const int32_t* rows_end = nullptr) const;
   void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
-                              const kernels::cuda::RowGroups& groups, bf16* dx) const;
+                              const kernels::cuda::RowGroups& groups, bf16* dx,
+                              const int32_t* rows_end = nullptr) const;
   void experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                                 const kernels::cuda::RowGroups& groups) const;
   // This layer's expert rows: all of them grouped by expert, or under expert parallelism the ones
@@ -147,19 +162,42 @@ class CudaMoeLayers {
   // rank's own rows are left to copy_own_rows(_back).
   void start_dispatch(const Saved& S, const bf16* rows, bf16* local, cudaStream_t stream);
   void start_combine(const Saved& S, const bf16* local, bf16* rows, cudaStream_t stream);
+  // `stream` waits for everything enqueued on comm_ so far.
   void wait_exchange(cudaStream_t stream);
+  // comm_ joins `stream` here: what is enqueued on comm_ next runs after the stream's work so far.
+  void fork_comm(cudaStream_t stream);
+  // The all-gather dispatcher (moe_gather_dispatch_cuda.cpp). gather_tokens: x's all-gather, begun on
+  // comm_ beside the router; gathered_forward: the rest of the layer after the router (y and
+  // residual as forward's); gathered_backward: the whole backward.
+  void gather_tokens(const bf16* x, int64_t T, cudaStream_t stream);
+  void gathered_forward(Saved& S, const Context& ctx, const bf16* x, bf16* y, int64_t T, const bf16* residual);
+  void gathered_backward(const Saved& S, const Context& ctx, const bf16* x, const bf16* dy, bf16* dx, int64_t T,
+                         float aux_scale);
+  // The routed experts' rows here under the all-gather dispatcher: El groups, expert-major, their
+  // count on the device only (local_offsets[El]); the group's pairs (P * T * k) bound it.
+  kernels::cuda::RowGroups gathered_groups(const Saved& S, int64_t T) const;
+  // The shared expert (none when Fs_ == 0): its output into shared_out_; its backward's weight
+  // gradients, and its input gradient into dshared_.
+  void shared_expert_forward(const Saved& S, const Context& ctx, const bf16* x, int64_t T);
+  void shared_expert_backward(const Saved& S, const Context& ctx, const bf16* x, const bf16* dy, int64_t T);
+  // The router's backward from dprobs_ and the losses' gradients: its weight gradient, and dx
+  // (overwritten) its part of the input gradient.
+  void router_backward(const Saved& S, const Context& ctx, const bf16* x, bf16* dx, int64_t T, float aux_scale);
   // LAOYAO_MOE_PHASES=1: this step's MoE time by phase and rows per rank, on stderr.
   enum Phase { kRouter, kPermute, kCounts, kExchange, kExperts, kShared, kPhases };
   void report_phases();
   // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
-  void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream) const;
-  void activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F, cudaStream_t stream) const;
+  void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream,
+                          const int32_t* rows_end = nullptr) const;
+  void activation_backward(const bf16* u, const bf16* dg, bf16* du, int64_t rows, int64_t F, cudaStream_t stream,
+                           const int32_t* rows_end = nullptr) const;
 
   GptConfig cfg_;
   kernels::cuda::MoeRouterSpec router_;
   kernels::cuda::MoeAuxLossSpec losses_;
   int64_t E_, k_, H_, F_, F1_, Fs_, Fs1_;  // experts, top-k, hidden, expert ffn (fc1 rows), shared (fc1 rows)
   dist::ProcessGroup* ep_ = nullptr;       // the expert-parallel group (null: EP = 1)
+  bool gather_ = false;                    // EP with the all-gather dispatcher (no host synchronisation)
   int64_t P_ = 1, me_ = 0, El_ = 0;        // its size, this rank's place, experts per rank
   std::vector<int64_t> slot_;              // layer -> index into saved (-1: dense layer)
   std::vector<Saved> saved_layers_;
@@ -184,6 +222,14 @@ class CudaMoeLayers {
   // Expert parallelism: this rank's experts' output (the backward: output gradient) and input
   // gradient (source-major), and the host copy of the counts.
   bf16 *local_y_ = nullptr, *local_dx_ = nullptr;
+  // The all-gather dispatcher's scratch: the group's tokens [P * T, H] (the backward: their output
+  // gradients), this rank's share of every token's output [P * T, H] (the backward: of its input
+  // gradient), the reduce-scatter's result [T, H]; the group's choices [P * T, k] as gathered and
+  // as local ids, the local rows' tokens [P * T * k], the local experts' counts [El], the gathered
+  // pairs' probability gradients [P * T, k].
+  bf16 *gathered_ = nullptr, *partial_ = nullptr, *reduced_ = nullptr;
+  int32_t *idx_g_ = nullptr, *idx_l_ = nullptr, *sorted_l_ = nullptr, *counts_l_ = nullptr;
+  float* dprobs_g_ = nullptr;
   kernels::cuda::PinnedHostBuffer host_counts_;
   // The all-to-alls' stream (high priority: the backward's run beside the router's, the shared
   // expert's and the weight-gradient GEMMs) and its events.

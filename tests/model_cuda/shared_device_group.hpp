@@ -1,0 +1,147 @@
+// A process group of threads that share one GPU, for tests of the GPU ranks' code on a one-GPU
+// machine (NCCL takes one rank a device). Each collective waits for the caller's stream, meets the
+// other threads at a barrier and moves the bytes with blocking copies between their buffers (one
+// address space), so it is as a finished NCCL collective by the time it returns; reductions sum in
+// fp32 on the host and round once, as NCCL's bf16 sum of two ranks does. Every member calls the
+// same collectives in the same order; none of it may be captured into a CUDA graph.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "dist/process_group.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+
+namespace laoyao::model::test {
+
+class SharedDeviceGroup final : public dist::ProcessGroup {
+ public:
+  // What the members share: make one, then a group per member thread.
+  struct Meeting {
+    explicit Meeting(int n) : size(n), barrier(n), sends(static_cast<size_t>(n)), counts(static_cast<size_t>(n)) {}
+    int size;
+    std::barrier<> barrier;
+    std::vector<const void*> sends;     // each member's buffer of the current collective
+    std::vector<const size_t*> counts;  // all-to-all: each member's send counts
+  };
+  SharedDeviceGroup(std::shared_ptr<Meeting> meeting, int rank) : m_(std::move(meeting)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return m_->size; }
+  void all_reduce_sum(float* data, size_t n) override { host_reduce(data, n, [](double a, double b) { return a + b; }); }
+  void all_reduce_sum(double* data, size_t n) override { host_reduce(data, n, [](double a, double b) { return a + b; }); }
+  void all_reduce_max(float* data, size_t n) override {
+    host_reduce(data, n, [](double a, double b) { return std::max(a, b); });
+  }
+  void barrier() override { m_->barrier.arrive_and_wait(); }
+
+  void all_gather_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream) override {
+    const size_t bytes = n * type_bytes(type);
+    publish(send, stream);
+    for (int r = 0; r < size(); ++r)
+      copy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, m_->sends[static_cast<size_t>(r)], bytes);
+    m_->barrier.arrive_and_wait();  // nobody's send buffer is reused before every copy from it is done
+  }
+  void reduce_scatter_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream,
+                             double scale) override {
+    publish(send, stream);
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < size(); ++r) {
+      const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], static_cast<size_t>(rank_) * n, n, type);
+      for (size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(scale) * part[i];
+    }
+    m_->barrier.arrive_and_wait();  // every member has read its chunks before any recv (maybe a send) is written
+    upload(sum, recv, type);
+    m_->barrier.arrive_and_wait();
+  }
+  void all_reduce_device(void* data, size_t n, dist::DeviceType type, void* stream) override {
+    publish(data, stream);
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < size(); ++r) {
+      const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], 0, n, type);
+      for (size_t i = 0; i < n; ++i) sum[i] += part[i];
+    }
+    m_->barrier.arrive_and_wait();
+    upload(sum, data, type);
+    m_->barrier.arrive_and_wait();
+  }
+  void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                         dist::DeviceType type, void* stream, bool with_self) override {
+    m_->counts[static_cast<size_t>(rank_)] = send_counts;
+    publish(send, stream);
+    const size_t b = type_bytes(type);
+    size_t at = 0;
+    for (int s = 0; s < size(); ++s) {
+      const size_t* theirs = m_->counts[static_cast<size_t>(s)];
+      size_t from = 0;
+      for (int q = 0; q < rank_; ++q) from += theirs[q];
+      if (theirs[rank_] != recv_counts[s]) throw Error("SharedDeviceGroup: all-to-all counts disagree");
+      if (with_self || s != rank_)
+        copy(static_cast<char*>(recv) + at * b, static_cast<const char*>(m_->sends[static_cast<size_t>(s)]) + from * b,
+             recv_counts[s] * b);
+      at += recv_counts[s];
+    }
+    m_->barrier.arrive_and_wait();
+  }
+
+ private:
+  static size_t type_bytes(dist::DeviceType t) {
+    return t == dist::DeviceType::BF16 ? 2 : t == dist::DeviceType::F64 ? 8 : 4;
+  }
+  void publish(const void* p, void* stream) {
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    m_->sends[static_cast<size_t>(rank_)] = p;
+    m_->barrier.arrive_and_wait();
+  }
+  static void copy(void* to, const void* from, size_t bytes) {
+    if (bytes > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice));
+  }
+  static std::vector<float> download(const void* base, size_t first, size_t n, dist::DeviceType type) {
+    std::vector<float> out(n);
+    if (type == dist::DeviceType::BF16) {
+      std::vector<__nv_bfloat16> h(n);
+      LAOYAO_CUDA_CHECK(cudaMemcpy(h.data(), static_cast<const __nv_bfloat16*>(base) + first, n * 2,
+                                   cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(h[i]);
+    } else if (type == dist::DeviceType::F32) {
+      LAOYAO_CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(base) + first, n * 4, cudaMemcpyDeviceToHost));
+    } else {
+      throw Error("SharedDeviceGroup: reductions of bf16 or fp32 only");
+    }
+    return out;
+  }
+  static void upload(const std::vector<float>& v, void* to, dist::DeviceType type) {
+    if (type == dist::DeviceType::BF16) {
+      std::vector<__nv_bfloat16> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]);  // round to nearest even
+      LAOYAO_CUDA_CHECK(cudaMemcpy(to, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    } else {
+      LAOYAO_CUDA_CHECK(cudaMemcpy(to, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    }
+  }
+  template <class T, class Op>
+  void host_reduce(T* data, size_t n, Op op) {
+    m_->sends[static_cast<size_t>(rank_)] = data;
+    m_->barrier.arrive_and_wait();
+    const T* first = static_cast<const T*>(m_->sends[0]);
+    std::vector<T> out(first, first + n);  // in rank order: every member gets the same bits
+    for (int r = 1; r < size(); ++r) {
+      const T* theirs = static_cast<const T*>(m_->sends[static_cast<size_t>(r)]);
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(op(out[i], theirs[i]));
+    }
+    m_->barrier.arrive_and_wait();
+    std::copy(out.begin(), out.end(), data);
+    m_->barrier.arrive_and_wait();
+  }
+
+  std::shared_ptr<Meeting> m_;
+  int rank_;
+};
+
+}  // namespace laoyao::model::test
