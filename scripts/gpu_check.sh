@@ -77,7 +77,8 @@ case "${1:-}" in
           timeout 900 "$C/laoyao_tests_model_cuda" --gtest_filter='-NcclTimeout.*' > "$OUT/gpu_tests.txt" 2>&1
           rc=$?
           note "gpu tests: exit $rc, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/gpu_tests.txt" | tr '\n' ' ')"
-          # The two-GPU tensor-parallel tests three more times (one failed once, its message lost): skipped on one GPU.
+          # The tensor-parallel tests three more times (one failed once, its message lost): on two GPUs over
+          # NCCL, on one with both ranks as threads on it.
           timeout 300 "$C/laoyao_tests_model_cuda" --gtest_filter='CudaGptModelTp.*' --gtest_repeat=3 \
             > "$OUT/gpu_tests_tp_repeat.txt" 2>&1
           note "tensor-parallel GPU tests x3: exit $?, $(grep -c '^\[       OK \]' "$OUT/gpu_tests_tp_repeat.txt") OK, \

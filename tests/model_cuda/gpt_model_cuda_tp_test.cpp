@@ -1,15 +1,21 @@
 // Tensor parallelism on GPUs: two threads play the two ranks of TP=2, each with a GPU of its own
-// and an NCCL group, and train one micro-batch of a model split as Megatron-Core splits it. Every
+// and an NCCL group (with one GPU: both on it, meeting in a SharedDeviceGroup, whose collectives
+// copy between their buffers), and train one micro-batch of a model split as Megatron-Core splits
+// it. Every
 // rank's per-token losses match the CPU reference model of the whole; the gradients, put back
 // together from the shards, match the reference's; and every replicated tensor's gradient is the
 // same bits on both ranks (the sums of finalize_grads). With dropout the ranks draw their slices
 // of the whole model's masks, so the reference (one rank, on the CPU) draws the same masks.
-// Needs two GPUs (the nvidia-h200-x2 machine); skipped with fewer.
+// MoE layers (sequence parallel): every expert chosen, so that no near-tie can route a token
+// differently from the reference and the comparison stays as tight as the dense one's; and top-2
+// of 8 with a shared expert and a dense first layer, compared as the MoE model tests compare.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -21,6 +27,8 @@
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
 #include "model_cuda_test_util.hpp"
+#include "moe_test_util.hpp"
+#include "shared_device_group.hpp"
 
 using namespace laoyao;
 using namespace laoyao::model;
@@ -32,12 +40,13 @@ struct TpCase {
   GptConfig config;
   bool dropout = false, sequence_parallel = false;
   int64_t b = 2, s = 48;
+  bool routing_may_differ = false;  // MoE top-k < experts: a near-tie may route a token otherwise
 };
 
 void compare_tp(TpCase k) {
   constexpr int tp = 2;
-  if (cuda_device_count() < tp) GTEST_SKIP() << "needs two GPUs (the nvidia-h200-x2 machine)";
-  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  const bool shared_gpu = cuda_device_count() < tp;  // both ranks on GPU 0, copying between them
+  if (!shared_gpu && !dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
   GptConfig c = k.config;
   if (k.dropout) c.hidden_dropout = 0.1, c.attention_dropout = 0.1;
   c.sequence_parallel = k.sequence_parallel;
@@ -61,13 +70,18 @@ void compare_tp(TpCase k) {
   std::vector<std::string> errors(tp);
   std::vector<std::string> paths(tp);
   std::vector<std::thread> ranks;
+  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(tp);
   for (int r = 0; r < tp; ++r)
     ranks.emplace_back([&, r] {
       try {
-        cuda_set_device(r);
+        cuda_set_device(shared_gpu ? 0 : r);
         dist::RankEnv env;
         env.rank = r, env.world_size = tp, env.local_rank = r, env.local_world_size = tp;
-        auto group = dist::make_gpu_process_group(env, 1.0);
+        std::unique_ptr<dist::ProcessGroup> group;
+        if (shared_gpu)
+          group = std::make_unique<SharedDeviceGroup>(meeting, r);
+        else
+          group = dist::make_gpu_process_group(env, 1.0);
         std::vector<float> w(static_cast<size_t>(local.total));
         tp_shard(c, cpu.table(), cpu.weights(), local, w.data(), r, tp);
         CudaGptModel gpu(c, k.b, k.s, group.get());
@@ -92,7 +106,13 @@ void compare_tp(TpCase k) {
 
   // Every rank sees every token's loss (vocabulary-parallel cross entropy), the same bits.
   EXPECT_EQ(losses[0], losses[1]);
-  for (size_t t = 0; t < cpu_loss.size(); ++t) EXPECT_NEAR(losses[0][t], cpu_loss[t], 3e-2) << "token " << t;
+  int64_t off = 0;
+  for (size_t t = 0; t < cpu_loss.size(); ++t)
+    if (std::abs(losses[0][t] - cpu_loss[t]) > 3e-2) {
+      ++off;
+      if (!k.routing_may_differ) ADD_FAILURE() << "token " << t << ": " << losses[0][t] << " vs " << cpu_loss[t];
+    }
+  EXPECT_LE(off, static_cast<int64_t>(cpu_loss.size()) / 10) << "tokens off by more than 3e-2";
 
   for (const auto& p : local.specs) {
     if (tp_split_of(p.name, c) != TpSplit::Replicated) continue;
@@ -101,9 +121,23 @@ void compare_tp(TpCase k) {
   }
   std::vector<float> whole(static_cast<size_t>(cpu.num_parameters()));
   tp_unshard(c, cpu.table(), whole.data(), local, {grads[0].data(), grads[1].data()});
-  EXPECT_LT(rel_err(whole.data(), cpu.grads(), cpu.num_parameters()), 2e-2);
-  for (const auto& p : cpu.table().specs)
-    EXPECT_LT(rel_err(whole.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+  EXPECT_LT(rel_err(whole.data(), cpu.grads(), cpu.num_parameters()), k.routing_may_differ ? 0.1 : 2e-2);
+  // Where routing may differ, a token routed otherwise moves gradient between two experts: a few
+  // routed tensors (an expert with few tokens) may be far off, not many; the rest stay close.
+  int64_t routed = 0, routed_far = 0;
+  for (const auto& p : cpu.table().specs) {
+    const double err = rel_err(whole.data() + p.offset, cpu.grads() + p.offset, p.numel);
+    const bool is_routed =
+        p.name.find(".mlp.experts.") != std::string::npos || p.name.find(".mlp.router.") != std::string::npos;
+    if (k.routing_may_differ && is_routed) {
+      ++routed;
+      if (err > 0.5) ++routed_far;
+      EXPECT_LT(err, 1.0) << p.name;
+    } else {
+      EXPECT_LT(err, k.routing_may_differ ? 0.2 : 6e-2) << p.name;
+    }
+  }
+  EXPECT_LE(routed_far, routed / 10) << "routed tensors more than 0.5 off";
 }
 
 // Llama's pieces with two query groups and head dim 64 (the flash kernels; cuDNN without dropout).
@@ -125,6 +159,19 @@ TEST(CudaGptModelTp, LlamaSequenceParallelOneSequenceFlashWithDropout) {
   compare_tp({llama_tp_config(), true, true, 1, 64});
 }
 TEST(CudaGptModelTp, LlamaSequenceParallelCudnn) { compare_tp({llama_tp_config(), false, true}); }
+TEST(CudaGptModelTp, MoeEveryExpertSequenceParallel) {
+  GptConfig c = moe_config(llama_tp_config(), 4, 4, 64, 0);
+  c.moe.tensor_parallel = 2;
+  compare_tp({c, false, true});
+}
+TEST(CudaGptModelTp, MoeTop2SharedExpertDenseFirstLayerWithDropout) {
+  GptConfig c = moe_config(qwen3_config(), 8, 2, 64, 64);
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  c.num_layers = 3;
+  c.moe.layers = {false, true, true};
+  c.moe.tensor_parallel = 2;
+  compare_tp({c, true, true, 2, 48, true});
+}
 TEST(CudaGptModelTp, Qwen3QkLayernormWithFullRecomputation) {
   GptConfig c = qwen3_config();
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;

@@ -39,8 +39,8 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
-  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1)
-    missing.push_back("Mixture of Experts with tensor parallelism (the CPU backend trains it)");
+  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && c.moe.expert_parallel > 1)
+    missing.push_back("Mixture of Experts with tensor and expert parallelism together (the CPU backend trains it)");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -258,7 +258,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     logit_keys_ = a.take<uint64_t>(c.num_layers);  // staged with the inputs: last, inside their span
   };
   if (c.moe.num_experts > 0) {
-    if (tensor_parallel()) throw UsageError("the CUDA backend runs Mixture-of-Experts layers without tensor parallelism");
+    if (tensor_parallel() && ep_)
+      throw UsageError("the CUDA backend runs Mixture-of-Experts layers with tensor or expert parallelism, not both");
+    // Under TP (with SP) the layers see the whole sequence and hold their share of every expert.
     moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_);
   }
   Carver measure;
@@ -286,7 +288,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   for (int64_t l = 0; l < lc_.num_layers; ++l) layer_ranges_.push_back(group("decoder.layers." + std::to_string(l) + "."));
 
   // What finalize_grads sums over the tensor-parallel group: the QK norms serve every head, each
-  // rank's heads gave a part; under SP each rank's rows gave a part of every norm's gradient.
+  // rank's heads gave a part; under SP each rank's rows gave a part of every norm's gradient; an
+  // MoE router's gradient comes from each rank's share of the experts' outputs.
   if (tensor_parallel()) {
     auto sum = [&](int64_t off, int64_t n) {
       if (off >= 0) tp_summed_.push_back({off, n});
@@ -294,6 +297,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     const int64_t D = lc_.kv_channels;
     for (const auto& L : layout_.layers) {
       sum(L.q_norm, D), sum(L.k_norm, D);
+      sum(L.router_w, lc_.moe.num_experts * h);  // every rank routes the whole sequence with its experts' share
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
@@ -501,6 +505,11 @@ void CudaGptModel::row_parallel_residual(const bf16* x, int64_t w, int64_t b, in
   // group's sum holds it once.
   linear_forward(x, w, tp_rank_ == 0 ? b : -1, branch_, K, h);
   phase(gemm);
+  sum_partial_residual(residual, out, drop);
+}
+
+void CudaGptModel::sum_partial_residual(const bf16* residual, bf16* out, const kc::DropoutSpec& drop) {
+  const int64_t h = lc_.hidden;
   const bf16* sum = branch_;
   if (sp_) {
     sp_reduce_scatter(branch_, sp_local_);
@@ -762,11 +771,15 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   norm_forward(a.x_mid, W.ln2_w, W.ln2_b, sp_ ? sp_local_ : a.ln2, a.ln2_mean, a.ln2_rstd);
   phase(kNorms);
   if (sp_) sp_gather(sp_local_, a.ln2), phase(kCommunication);
-  if (c.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP (no TP: refused)
+  if (c.is_moe_layer(l)) {  // Megatron-Core's MoELayer in place of the MLP
     using Pass = CudaMoeLayers::Pass;
     const Pass pass = !training_forward_ ? Pass::Evaluation : recomputing_ ? Pass::Recompute : Pass::Training;
     const kc::DropoutSpec drop = hidden_dropout(site + "mlp." + call);
-    if (drop.p > 0) {
+    if (tensor_parallel()) {  // this rank's share of every expert's output, summed into its rows
+      moe_->forward(l, moe_context(W), a.ln2, branch_, T, pass, logit_keys_ + l);
+      phase(kMoe);
+      sum_partial_residual(a.x_mid, x_out, drop);
+    } else if (drop.p > 0) {
       moe_->forward(l, moe_context(W), a.ln2, branch_, T, pass, logit_keys_ + l);
       phase(kMoe);
       kc::residual_dropout_add(branch_, a.x_mid, x_out, T * h, drop, stream_);
@@ -859,7 +872,9 @@ void CudaGptModel::enqueue_backward() {
     phase(kResidual);
     if (sp_) dbranch = whole_rows(dbranch), phase(kCommunication);
     if (c.is_moe_layer(l)) {
-      moe_->backward(l, moe_context(W), a.ln2, dbranch, dnorm_, T, moe_aux_loss_scale_);
+      // Under TP each rank's router gradient is a part (its experts' share), the losses' included:
+      // finalize_grads sums them; dnorm_ is a part too, summed like the MLP's.
+      moe_->backward(l, moe_context(W), a.ln2, dbranch, dnorm_, T, moe_aux_loss_scale_ / static_cast<float>(tp_size_));
       phase(kMoe);
     } else if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);

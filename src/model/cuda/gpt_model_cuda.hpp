@@ -176,6 +176,9 @@ class CudaGptModel {
   // A row-parallel layer (linear_proj, linear_fc2) and the residual after it: out = residual +
   // dropout(sum over the group of x @ w^T, + b), on this rank's rows.
   // (gemm: the phase its GEMM counts to.)
+  // out = residual + dropout(the group's sum of branch_, this rank's rows under SP): a row-parallel
+  // output's (or an MoE layer's) partial sums, reduce-scattered (SP) or all-reduced.
+  void sum_partial_residual(const bf16* residual, bf16* out, const kernels::cuda::DropoutSpec& drop);
   void row_parallel_residual(const bf16* x, int64_t w, int64_t b, int64_t K, const bf16* residual, bf16* out,
                              const kernels::cuda::DropoutSpec& drop, Phase gemm);
   // A column-parallel layer's input gradient dnorm_ (this rank's part, all T rows) summed over the

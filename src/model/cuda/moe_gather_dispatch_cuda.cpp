@@ -80,7 +80,6 @@ void CudaMoeLayers::gathered_backward(const Saved& S, const Context& ctx, const 
   ep_->all_gather_device(dy, gathered_, static_cast<size_t>(T * H_), dist::DeviceType::BF16, comm_);
   shared_expert_backward(S, ctx, x, dy, T);
   wait_exchange(st);
-  phases_.mark(kExchange, st);
   // The combine's backward on this rank's pairs; their probabilities' gradients go home while the
   // experts' input gradients are computed.
   kc::moe_unpermute_backward(S.expert_out, S.rows_g, S.probs_g, gathered_, local_y_, dprobs_g_, Tg, k_, H_, st);
