@@ -2,6 +2,7 @@
 #include "train/dist_optimizer.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -13,7 +14,8 @@ ShardGroup shard_group(dist::ProcessGroup* g) {
 }
 
 OptimizerShards plan_optimizer_shards(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& expert_ranges,
-                                      ShardGroup dense, ShardGroup experts) {
+                                      ShardGroup dense, ShardGroup experts, const std::vector<int64_t>& cuts) {
+  if (!std::is_sorted(cuts.begin(), cuts.end())) throw Error("plan_optimizer_shards: the cuts are not sorted");
   if (experts.size > 1 && dense.size <= 1)
     throw Error("plan_optimizer_shards: the experts' group is part of the data-parallel group");
   OptimizerShards out;
@@ -40,16 +42,41 @@ OptimizerShards plan_optimizer_shards(int64_t n, const std::vector<std::pair<int
     own(run.own_offset(), run.piece(), true);
     own(run.tail_offset(), run.tail(), over.rank == over.size - 1);
   };
+  auto add_dense = [&](int64_t offset, int64_t count) {  // cut where `cuts` say
+    int64_t from = offset;
+    for (auto c = std::upper_bound(cuts.begin(), cuts.end(), offset); c != cuts.end() && *c < offset + count; ++c)
+      add_run(from, *c - from, dense), from = *c;
+    add_run(from, offset + count - from, dense);
+  };
   int64_t at = 0;
   for (const auto& [offset, count] : expert_ranges) {
     if (offset < at || offset + count > n) throw Error("plan_optimizer_shards: expert ranges out of order");
-    add_run(at, offset - at, dense);
+    add_dense(at, offset - at);
     add_run(offset, count, experts);
     at = offset + count;
   }
-  add_run(at, n - at, dense);
+  add_dense(at, n - at);
   out.sum_group = dense.size > 1 ? dense.group : nullptr;
   return out;
+}
+
+std::vector<int64_t> overlap_bucket_cuts(const model::ParameterTable& table) {
+  // A parameter's part: "decoder.layers.N." for a layer's, "head" for the final norm and the output
+  // layer (reported together), "" for the rest (the embeddings).
+  auto part_of = [](const std::string& name) -> std::string {
+    const std::string layers = "decoder.layers.";
+    if (name.rfind(layers, 0) == 0) return name.substr(0, name.find('.', layers.size()) + 1);
+    if (name.rfind("decoder.final_layernorm.", 0) == 0 || name.rfind("output_layer.", 0) == 0) return "head";
+    return "";
+  };
+  std::vector<int64_t> cuts;
+  std::string last;
+  for (size_t i = 0; i < table.specs.size(); ++i) {
+    const std::string part = part_of(table.specs[i].name);
+    if (i > 0 && part != last) cuts.push_back(table.specs[i].offset);
+    last = part;
+  }
+  return cuts;
 }
 
 std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, const OptimizerShards& shards,

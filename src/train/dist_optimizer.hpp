@@ -11,7 +11,10 @@
 // owns the k-th of g equal pieces of the run's first g * floor(count / g) elements; the last
 // count % g elements, the tail, are reduced whole and stepped alike by every rank (no padding, and
 // no collective that cuts across a run). The moments of a rank's owned segments are stored
-// one after the other.
+// one after the other. With --overlap-grad-reduce the dense runs are cut further, at the edges of
+// the parts of the model the backward finishes one by one (overlap_bucket_cuts: a layer, the head),
+// so that each run can be reduce-scattered as soon as its part is final (Megatron's buckets, each
+// sharded over the ranks).
 //
 // Checkpoints hold the whole moments: a save gathers them over the groups, a load keeps the share.
 #pragma once
@@ -62,9 +65,12 @@ struct OptimizerShards {
 
 // n parameters with the routed experts at expert_ranges (sorted, as
 // GptModel::routed_expert_ranges; empty without expert parallelism), the rest over `dense`, the
-// experts over `experts`.
+// experts over `experts`; the dense runs also cut at `cuts` (sorted offsets).
 OptimizerShards plan_optimizer_shards(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& expert_ranges,
-                                      ShardGroup dense, ShardGroup experts);
+                                      ShardGroup dense, ShardGroup experts, const std::vector<int64_t>& cuts = {});
+// The offsets where the model's parts change (the embeddings, each decoder layer, the final norm
+// and output layer), in buffer order: the runs of an overlapped distributed optimizer.
+std::vector<int64_t> overlap_bucket_cuts(const model::ParameterTable& table);
 // Not sharded: one segment, the whole model.
 inline OptimizerShards whole_model_shards(int64_t n) { return plan_optimizer_shards(n, {}, {}, {}); }
 

@@ -126,6 +126,11 @@ class CudaEngine final : public Engine {
       at = std::max(at, r.offset + r.count);
     }
     if (at < gpu_.num_parameters()) rest_.push_back({at, gpu_.num_parameters() - at});
+    // The distributed optimizer's runs the backward reports whole (overlap_bucket_cuts made them
+    // follow its parts): how many of each run's elements the reported ranges cover.
+    run_reported_.assign(shards_.runs.size(), 0);
+    for (const auto& r : gpu_.grad_sync_ranges())
+      for_runs_in(r.offset, r.count, [&](size_t i, int64_t n) { run_reported_[i] += n; });
     int dev = 0;
     LAOYAO_CUDA_CHECK(cudaGetDevice(&dev));
     name_ = "cuda:" + std::to_string(dev) + " (" + cuda_device_summary(dev) + "), " + gpu_.attention_path() +
@@ -214,8 +219,13 @@ class CudaEngine final : public Engine {
     phases_.mark(StepPhases::kReduceEnqueued, gpu_.stream());
     if (sync_group_) {  // the backward reduced the reported ranges already: the rest, then wait
       gpu_.set_grads_ready_hook(nullptr);
-      for (const auto& r : rest_) reduce_range(r.offset, r.count);
-      if (host_.ep_size() > 1) reduce_experts(comm_, scale);
+      if (shards_.sharded()) {
+        for (size_t i = 0; i < shards_.runs.size(); ++i)
+          if (!run_started_[i]) start_run(i);
+      } else {
+        for (const auto& r : rest_) reduce_range(r.offset, r.count);
+        if (host_.ep_size() > 1) reduce_experts(comm_, scale);
+      }
       LAOYAO_CUDA_CHECK(cudaEventRecord(synced_, comm_));
       LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(gpu_.stream(), synced_, 0));
       sync_group_ = nullptr;
@@ -228,14 +238,26 @@ class CudaEngine final : public Engine {
     }
     phases_.mark(StepPhases::kReduced, gpu_.stream());
   }
-  // Overlap needs whole ranges all-reduced as they finish: not with the distributed optimizer
-  // (its shares cut across them) nor tensor parallelism (finalize_grads still adds to them). Under
-  // expert parallelism the ranges leave the experts out; all_reduce_grads does them.
+  // Overlap reduces what the backward reports final as it goes: whole ranges all-reduced, or with
+  // the distributed optimizer each run reduce-scattered once all of it is reported; not under
+  // tensor parallelism (finalize_grads still adds to them). Under expert parallelism the ranges
+  // leave the experts out; all_reduce_grads does them, and whatever was not reported.
   void start_grad_sync(dist::ProcessGroup& group, double scale) override {
-    if (shards_.sharded() || gpu_.tp_group()) return;
+    if (gpu_.tp_group()) return;
     sync_group_ = &group;
     sync_scale_ = scale;
-    gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
+    if (shards_.sharded()) {
+      run_left_ = run_reported_;
+      run_started_.assign(shards_.runs.size(), false);
+      gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) {
+        for_runs_in(offset, count, [&](size_t i, int64_t n) {
+          run_left_[i] -= n;
+          if (run_left_[i] == 0 && run_reported_[i] == shards_.runs[i].count) start_run(i);
+        });
+      });
+    } else {
+      gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
+    }
   }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
@@ -293,18 +315,33 @@ class CudaEngine final : public Engine {
   // The distributed optimizer's reduction: each run's gradients averaged over its group into the
   // ranks' pieces (and the tail whole); a run of one rank (its experts) only takes the scale.
   void reduce_scatter_shares(double scale) {
+    for (const ShardRun& run : shards_.runs) reduce_run(run, scale, gpu_.stream());
+  }
+  void reduce_run(const ShardRun& run, double scale, cudaStream_t stream) {
     float* g = gpu_.main_grads();
-    cudaStream_t stream = gpu_.stream();
-    for (const ShardRun& run : shards_.runs) {
-      if (run.over.size <= 1) {
-        kc::scale_inplace(g + run.offset, static_cast<float>(scale), run.count, stream);
-        continue;
-      }
-      if (run.piece() > 0)
-        run.over.group->reduce_scatter_device(g + run.offset, g + run.own_offset(), static_cast<size_t>(run.piece()),
-                                              dist::DeviceType::F32, stream, scale);
-      if (run.tail() > 0)
-        run.over.group->all_reduce_sum_device(g + run.tail_offset(), static_cast<size_t>(run.tail()), stream, scale);
+    if (run.over.size <= 1) return kc::scale_inplace(g + run.offset, static_cast<float>(scale), run.count, stream);
+    if (run.piece() > 0)
+      run.over.group->reduce_scatter_device(g + run.offset, g + run.own_offset(), static_cast<size_t>(run.piece()),
+                                            dist::DeviceType::F32, stream, scale);
+    if (run.tail() > 0)
+      run.over.group->all_reduce_sum_device(g + run.tail_offset(), static_cast<size_t>(run.tail()), stream, scale);
+  }
+  // Run i reduced on comm_ once the model's stream has written its gradients (overlap).
+  void start_run(size_t i) {
+    LAOYAO_CUDA_CHECK(cudaEventRecord(ready_, gpu_.stream()));
+    LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));
+    reduce_run(shards_.runs[i], sync_scale_, comm_);
+    run_started_[i] = true;
+  }
+  // fn(i, n) for each run i that [offset, offset + count) overlaps by n elements (runs in buffer order).
+  template <class Fn>
+  void for_runs_in(int64_t offset, int64_t count, Fn fn) const {
+    const auto& runs = shards_.runs;
+    auto it = std::upper_bound(runs.begin(), runs.end(), offset,
+                               [](int64_t o, const ShardRun& r) { return o < r.offset + r.count; });
+    for (; it != runs.end() && it->offset < offset + count; ++it) {
+      const int64_t lo = std::max(offset, it->offset), hi = std::min(offset + count, it->offset + it->count);
+      if (lo < hi) fn(static_cast<size_t>(it - runs.begin()), hi - lo);
     }
   }
   // Expert parallelism (engine_cpu's rule, Megatron's expert data-parallel reduction): a rank's
@@ -382,6 +419,10 @@ class CudaEngine final : public Engine {
   dist::ProcessGroup* sync_group_ = nullptr;  // set between start_grad_sync and all_reduce_grads
   double sync_scale_ = 1.0;
   std::vector<model::CudaGptModel::Range> rest_;
+  // Overlap with the distributed optimizer: per run, the elements the backward reports, those still
+  // to come this step, and whether its reduction has started.
+  std::vector<int64_t> run_reported_, run_left_;
+  std::vector<bool> run_started_;
   int64_t steps_ = 0;
   std::string name_;
   StepPhases phases_;

@@ -167,12 +167,16 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const optim::AdamWSettings adam_settings{c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps};
   // The distributed optimizer: this data-parallel rank keeps Adam's moments for its share only
   // (under expert parallelism the experts' share is over the ranks holding the same experts).
+  // With --overlap-grad-reduce its runs follow the model's parts, each reduced as the backward
+  // finishes it (engine_cuda; the CPU engine reduces them after the backward).
   const bool dist_opt = c.ddp.use_distributed_optimizer && dp_size > 1;
   const OptimizerShards shards =
       dist_opt ? plan_optimizer_shards(model.num_parameters(),
                                        model.ep_size() > 1 ? model.routed_expert_ranges()
                                                            : std::vector<std::pair<int64_t, int64_t>>{},
-                                       shard_group(dp), shard_group(model.expert_dp_group()))
+                                       shard_group(dp), shard_group(model.expert_dp_group()),
+                                       c.ddp.overlap_grad_reduce ? overlap_bucket_cuts(model.table())
+                                                                 : std::vector<int64_t>{})
                : whole_model_shards(model.num_parameters());
   std::unique_ptr<optim::AdamW> adam_owner =
       dist_opt ? make_shard_adam(model.table(), shards, adam_settings)

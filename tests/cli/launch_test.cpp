@@ -124,25 +124,29 @@ TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
   ASSERT_EQ(single.status, 0) << single.output;
   const auto want = losses_in(single.output);
   ASSERT_EQ(want.size(), 8u) << single.output;  // 4 iterations, 2 evaluations, validation, test
-  // With and without the distributed optimizer (each rank steps its share of the parameters).
-  for (const bool dist_opt : {false, true})
+  // With and without the distributed optimizer (each rank steps its share of the parameters), and
+  // with it and --overlap-grad-reduce (its shares cut at the model's parts).
+  for (const int mode : {0, 1, 2})
     for (const char* n : {"2", "4"}) {
+      if (mode == 2 && std::string(n) == "4") continue;
       std::vector<std::string> dp = {"launch", "--nproc-per-node", n, "--", "laoyao"};
       dp.insert(dp.end(), one.begin(), one.end());
-      if (dist_opt) dp.push_back("--use-distributed-optimizer");
+      if (mode >= 1) dp.push_back("--use-distributed-optimizer");
+      if (mode == 2) dp.push_back("--overlap-grad-reduce");
       const auto r = run_laoyao(dp, dir, "LAOYAO_DEVICE=cpu");
       ASSERT_EQ(r.status, 0) << r.output;
       const auto got = losses_in(r.output);
       ASSERT_EQ(got.size(), want.size()) << "only the last rank prints the log\n" << r.output;
       for (size_t i = 0; i < want.size(); ++i)
         EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i]))
-            << n << " ranks" << (dist_opt ? " (distributed optimizer)" : "") << ", value " << i;
+            << n << " ranks" << (mode >= 1 ? " (distributed optimizer)" : "") << (mode == 2 ? " (overlap)" : "")
+            << ", value " << i;
     }
-  // Saved at DP=2 with the distributed optimizer (whole moments gathered) after 2 iterations,
-  // resumed on one rank for iterations 3 and 4.
+  // Saved at DP=2 with the distributed optimizer (whole moments gathered from shares cut at the
+  // model's parts) after 2 iterations, resumed on one rank for iterations 3 and 4.
   std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
   const auto first = tiny_run({"--train-iters", "4", "--exit-interval", "2", "--save", dir + "/ckpt",
-                               "--save-interval", "2", "--use-distributed-optimizer"});
+                               "--save-interval", "2", "--use-distributed-optimizer", "--overlap-grad-reduce"});
   save.insert(save.end(), first.begin(), first.end());
   const auto saved = run_laoyao(save, dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(saved.status, 0) << saved.output;

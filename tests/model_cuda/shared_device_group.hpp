@@ -41,6 +41,17 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   }
   void barrier() override { m_->barrier.arrive_and_wait(); }
 
+  void all_reduce_sum_device(float* data, size_t n, void* stream, double scale) override {
+    publish(data, stream);
+    std::vector<float> sum(n, 0.0f);
+    for (int r = 0; r < size(); ++r) {
+      const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], 0, n, dist::DeviceType::F32);
+      for (size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(scale) * part[i];
+    }
+    m_->barrier.arrive_and_wait();
+    upload(sum, data, dist::DeviceType::F32);
+    m_->barrier.arrive_and_wait();
+  }
   void all_gather_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream) override {
     const size_t bytes = n * type_bytes(type);
     publish(send, stream);
@@ -61,6 +72,8 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
     m_->barrier.arrive_and_wait();
   }
   void all_reduce_device(void* data, size_t n, dist::DeviceType type, void* stream) override {
+    if (type == dist::DeviceType::F64) return exact_all_reduce<double>(data, n, stream);
+    if (type == dist::DeviceType::I32) return exact_all_reduce<int32_t>(data, n, stream);
     publish(data, stream);
     std::vector<float> sum(n, 0.0f);
     for (int r = 0; r < size(); ++r) {
@@ -112,7 +125,7 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
     } else if (type == dist::DeviceType::F32) {
       LAOYAO_CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(base) + first, n * 4, cudaMemcpyDeviceToHost));
     } else {
-      throw Error("SharedDeviceGroup: reductions of bf16 or fp32 only");
+      throw Error("SharedDeviceGroup: reduce-scatters of bf16 or fp32 only");
     }
     return out;
   }
@@ -124,6 +137,20 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
     } else {
       LAOYAO_CUDA_CHECK(cudaMemcpy(to, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
     }
+  }
+  // A sum of device values of T in rank order, on the host (fp64 norms, int32 counts).
+  template <class T>
+  void exact_all_reduce(void* data, size_t n, void* stream) {
+    publish(data, stream);
+    std::vector<T> sum(n, T(0)), part(n);
+    for (int r = 0; r < size(); ++r) {
+      if (n > 0)
+        LAOYAO_CUDA_CHECK(cudaMemcpy(part.data(), m_->sends[static_cast<size_t>(r)], n * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; ++i) sum[i] += part[i];
+    }
+    m_->barrier.arrive_and_wait();
+    if (n > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(data, sum.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    m_->barrier.arrive_and_wait();
   }
   template <class T, class Op>
   void host_reduce(T* data, size_t n, Op op) {

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.hpp"
 #include "optim/adamw.hpp"
 #include "train/dist_optimizer.hpp"
 
@@ -140,4 +141,39 @@ TEST(DistOptimizer, TheRanksStepsOfTheirSharesAreTheWholeStep) {
     }
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got[i], want[i]) << "element " << i << ", dp " << l.dp;
   }
+}
+
+// --overlap-grad-reduce: the dense runs cut at the model's parts (each layer, the head), so each is
+// reduce-scattered whole as the backward finishes it; the experts' runs stay as they were; every
+// element still owned and counted once.
+TEST(DistOptimizer, OverlapCutsTheDenseRunsAtTheModelsParts) {
+  model::ParameterTable t;
+  for (const char* name : {"embedding.word_embeddings.weight", "decoder.layers.0.self_attention.linear_qkv.weight",
+                           "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.self_attention.linear_qkv.weight",
+                           "decoder.layers.1.mlp.linear_fc1.weight", "decoder.final_layernorm.weight",
+                           "output_layer.weight"})
+    t.add(name, {10}, model::Init::Zeros);
+  const std::vector<int64_t> cuts = train::overlap_bucket_cuts(t);
+  EXPECT_EQ(cuts, (std::vector<int64_t>{10, 30, 50}));  // layer 0, layer 1, the head
+  for (const int64_t dp : {int64_t{2}, int64_t{3}}) {
+    std::vector<int> counts(70, 0);
+    for (int64_t r = 0; r < dp; ++r) {
+      const OptimizerShards s = train::plan_optimizer_shards(70, {}, place(r, dp), {}, cuts);
+      ASSERT_EQ(s.runs.size(), 4u);
+      for (size_t i = 0; i < s.runs.size(); ++i) {
+        EXPECT_EQ(s.runs[i].offset, i == 0 ? 0 : cuts[i - 1]);
+        EXPECT_EQ(s.runs[i].offset + s.runs[i].count, i + 1 < s.runs.size() ? cuts[i] : 70);
+      }
+      for (const auto& seg : s.owned)
+        if (seg.counted)
+          for (int64_t e = seg.offset; e < seg.offset + seg.count; ++e) ++counts[static_cast<size_t>(e)];
+    }
+    for (int64_t e = 0; e < 70; ++e) EXPECT_EQ(counts[static_cast<size_t>(e)], 1) << "dp " << dp << ", element " << e;
+  }
+  // With experts: their runs whole, the dense ones between them cut.
+  const OptimizerShards s = train::plan_optimizer_shards(70, {{15, 10}}, place(0, 2), {}, cuts);
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (const auto& run : s.runs) runs.push_back({run.offset, run.count});
+  EXPECT_EQ(runs, (std::vector<std::pair<int64_t, int64_t>>{{0, 10}, {10, 5}, {15, 10}, {25, 5}, {30, 20}, {50, 20}}));
+  EXPECT_THROW(train::plan_optimizer_shards(70, {}, place(0, 2), {}, {30, 10}), Error);
 }
