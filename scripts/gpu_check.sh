@@ -16,7 +16,7 @@
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
 #                                            moe_2b throughput runs' routing (MOE_SPEED_RUNS picks
 #                                            them: 1gpu dp2_overlap dp2_distopt ep2_overlap
-#                                            ep2_distopt ep2_a2a), DP2_SPEED=0 drops dp2's
+#                                            ep2_distopt ep2_a2a ep2_both dp2_both), DP2_SPEED=0 drops dp2's
 #                                            throughput runs, FOUR_SPEED=0 four's, PHASES_CASES
 #                                            the phases part's cases, GROUPED_TESTS / GROUPED_BENCH
 #                                            / GROUPED_FLAGSHIP the grouped part's kernel sets). Full logs go to
@@ -270,8 +270,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
                 --eval-iters 0 --log-interval 5 --log-throughput "${flagship[@]}" --global-batch-size 4)
           # The same with --moe-router-force-load-balancing (random router logits, as Megatron's
           # benchmarks): an untrained router sends most tokens of a layer to a few experts, which
-          # under EP leaves one rank waiting for the other. Each with --overlap-grad-reduce or
-          # --use-distributed-optimizer (the two do not combine here yet).
+          # under EP leaves one rank waiting for the other. Each with --overlap-grad-reduce,
+          # --use-distributed-optimizer or both (_both); ep2_a2a: the all-to-all dispatcher.
           # MOE_SPEED_ROUTING=natural|forced|both (default both) picks the sets.
           export LAOYAO_STEP_PHASES=1 LAOYAO_MOE_PHASES=1
           fb=--moe-router-force-load-balancing
@@ -285,7 +285,9 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             speed_runs+=("1gpu$set $f" "dp2_overlap$set --overlap-grad-reduce $f" "dp2_distopt$set --use-distributed-optimizer $f"
                          "ep2_overlap$set --expert-model-parallel-size 2 --overlap-grad-reduce $f"
                          "ep2_distopt$set --expert-model-parallel-size 2 --use-distributed-optimizer $f"
-                         "ep2_a2a$set --expert-model-parallel-size 2 --use-distributed-optimizer --moe-token-dispatcher-type alltoall $f")
+                         "ep2_a2a$set --expert-model-parallel-size 2 --use-distributed-optimizer --moe-token-dispatcher-type alltoall $f"
+                         "ep2_both$set --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce $f"
+                         "dp2_both$set --use-distributed-optimizer --overlap-grad-reduce $f")
           done
           # MOE_SPEED_RUNS="1gpu ep2_distopt" (names without the _fb suffix) runs only those.
           if [ -n "${MOE_SPEED_RUNS:-}" ]; then
@@ -308,7 +310,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           for set in "${sets[@]}"; do
             ms1=$(ms "$OUT/moe2b_1gpu$set.log")
             line="moe_2b${set:+ force-balanced}, 4 x 4096 tokens a step: 1 GPU ${ms1:-?} ms/step"
-            for name in dp2_overlap dp2_distopt ep2_overlap ep2_distopt ep2_a2a; do
+            for name in dp2_overlap dp2_distopt dp2_both ep2_overlap ep2_distopt ep2_a2a ep2_both; do
               [ -f "$OUT/moe2b_$name$set.log" ] || continue
               m=$(ms "$OUT/moe2b_$name$set.log")
               line+="; $name ${m:-?} ms ($(python3 -c "print(f'{$ms1/$m:.2f}x')" 2>/dev/null || echo n/a))"
