@@ -156,6 +156,11 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 --moe-router-num-groups 4 \
             --moe-router-group-topk 2 --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-2 \
             --train-iters 20
+          # DeepSeek-V4's score function: sqrt(softplus), an expert bias, seq_aux_loss.
+          parity_run parity_moe_sqrtsoftplus "MoE sqrtsoftplus router, expert bias, seq_aux_loss" \
+            "${small_moe[@]:0:${#small_moe[@]}-4}" --moe-router-score-function sqrtsoftplus \
+            --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.01 \
+            --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-2 --train-iters 20
           # global_aux_loss: the tokens per expert averaged over the step's 4 micro-batches.
           parity_run parity_moe_global "MoE global_aux_loss (running counts over micro-batches) + z-loss" \
             "${small_moe[@]:0:${#small_moe[@]}-4}" --moe-router-load-balancing-type global_aux_loss \

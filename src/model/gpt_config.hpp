@@ -33,7 +33,8 @@ struct MoeConfig {
   std::vector<bool> layers;  // [num_layers]: layer l is an MoE layer (--moe-layer-freq)
   int64_t ffn = 0;           // --moe-ffn-hidden-size
   int64_t topk = 2;
-  bool sigmoid = false;      // --moe-router-score-function sigmoid (else softmax)
+  bool sigmoid = false;      // --moe-router-score-function sigmoid or sqrtsoftplus (else softmax)
+  bool sqrt_softplus = false;  // sqrtsoftplus: the sigmoid's routing on sqrt(softplus(logit)) scores
   bool pre_softmax = false;
   std::optional<double> topk_scaling_factor;
   double aux_loss_coeff = 0;      // --moe-router-load-balancing-type aux_loss

@@ -55,7 +55,9 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.activation = cfg.activation == Activation::SwiGLU   ? k::MoeActivation::SwiGlu
                           : cfg.activation == Activation::GeluErf ? k::MoeActivation::GeluErf
                                                                   : k::MoeActivation::GeluTanh;
-    moe_cfg_.router.score_function = m.sigmoid ? k::MoeScoreFunction::Sigmoid : k::MoeScoreFunction::Softmax;
+    moe_cfg_.router.score_function = !m.sigmoid       ? k::MoeScoreFunction::Softmax
+                                     : m.sqrt_softplus ? k::MoeScoreFunction::SqrtSoftplus
+                                                       : k::MoeScoreFunction::Sigmoid;
     moe_cfg_.router.pre_softmax = m.pre_softmax;
     if (m.topk_scaling_factor) moe_cfg_.router.topk_scaling_factor = static_cast<float>(*m.topk_scaling_factor);
     moe_cfg_.router.num_groups = m.num_groups, moe_cfg_.router.group_topk = m.group_topk;

@@ -153,10 +153,9 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
   if (moe.topk < 1 || moe.topk > moe.num_experts)
     throw UsageError("model.moe_router_topk (--moe-router-topk) " + std::to_string(moe.topk) + " must be 1.." +
                      std::to_string(moe.num_experts) + " (the number of experts)");
-  if (m.moe_router_score_function != "softmax" && m.moe_router_score_function != "sigmoid")
-    throw UsageError("model.moe_router_score_function (--moe-router-score-function) '" + m.moe_router_score_function +
-                     "' is not supported yet (softmax, sigmoid)");
-  moe.sigmoid = m.moe_router_score_function == "sigmoid";
+  // (The config's choices are softmax, sigmoid and sqrtsoftplus.)
+  moe.sigmoid = m.moe_router_score_function != "softmax";
+  moe.sqrt_softplus = m.moe_router_score_function == "sqrtsoftplus";
   moe.pre_softmax = m.moe_router_pre_softmax;
   if (m.moe_router_topk_scaling_factor && *m.moe_router_topk_scaling_factor != 0)
     moe.topk_scaling_factor = *m.moe_router_topk_scaling_factor;
@@ -177,10 +176,10 @@ model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptCo
   if (g.add_bias_linear)
     throw UsageError("Mixture-of-Experts layers with biases (add_bias_linear; --disable-bias-linear turns them off) "
                      "are not supported yet");
-  // Megatron's check: the expert bias serves the sigmoid router only.
-  if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid")
+  // Megatron's check: the expert bias serves the sigmoid-like routers only.
+  if (m.moe_router_enable_expert_bias && m.moe_router_score_function == "softmax")
     throw UsageError("model.moe_router_enable_expert_bias (--moe-router-enable-expert-bias) needs "
-                     "--moe-router-score-function sigmoid (model.moe_router_score_function), not '" +
+                     "--moe-router-score-function sigmoid or sqrtsoftplus (model.moe_router_score_function), not '" +
                      m.moe_router_score_function + "'");
   moe.expert_bias = m.moe_router_enable_expert_bias;
   moe.force_load_balancing = m.moe_router_force_load_balancing;

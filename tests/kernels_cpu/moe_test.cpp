@@ -41,6 +41,12 @@ std::vector<int64_t> topk_twin(const double* v, int64_t E, int64_t k) {
 }
 
 double sigmoid_d(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+// A sigmoid-like score function's score in double: the sigmoid, or sqrt(softplus) (PyTorch's
+// softplus: the identity above 20).
+double gate_d(MoeScoreFunction fn, double v) {
+  if (fn == MoeScoreFunction::SqrtSoftplus) return std::sqrt(v > 20.0 ? v : std::log1p(std::exp(v)));
+  return sigmoid_d(v);
+}
 
 std::vector<double> softmax_twin(const double* z, int64_t n) {
   double m = z[0];
@@ -91,7 +97,7 @@ Routed router_twin(const std::vector<double>& logits, const std::vector<double>*
     } else {
       std::vector<double> s(E), key(E);
       for (int64_t e = 0; e < E; ++e) {
-        s[e] = sigmoid_d(z[e]);
+        s[e] = gate_d(p.score_function, z[e]);
         key[e] = s[e] + (expert_bias ? (*expert_bias)[e] : 0.0);
       }
       idx = choose_twin(key.data(), E, k, p);
@@ -120,8 +126,8 @@ std::vector<double> aux_scores_twin(const std::vector<double>& logits, int64_t T
     } else {
       s.resize(E);
       double sum = 0.0;
-      for (int64_t e = 0; e < E; ++e) sum += sigmoid_d(z[e]);
-      for (int64_t e = 0; e < E; ++e) s[e] = sigmoid_d(z[e]) / (sum + 1e-20);
+      for (int64_t e = 0; e < E; ++e) sum += gate_d(fn, z[e]);
+      for (int64_t e = 0; e < E; ++e) s[e] = gate_d(fn, z[e]) / (sum + 1e-20);
     }
     for (int64_t e = 0; e < E; ++e) scores[t * E + e] = s[e];
     if (aux_idx) {
@@ -268,20 +274,24 @@ int64_t count_diff(const std::vector<int64_t>& a, const std::vector<int64_t>& b)
 // ---------------------------------------------------------------------------------------------
 // router
 
-enum class Mode { SoftmaxPost, SoftmaxPre, Sigmoid, SigmoidBias };
+enum class Mode { SoftmaxPost, SoftmaxPre, Sigmoid, SigmoidBias, SqrtSoftplus, SqrtSoftplusBias };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::SoftmaxPost: return "SoftmaxPost";
     case Mode::SoftmaxPre: return "SoftmaxPre";
     case Mode::Sigmoid: return "Sigmoid";
     case Mode::SigmoidBias: return "SigmoidBias";
+    case Mode::SqrtSoftplus: return "SqrtSoftplus";
+    case Mode::SqrtSoftplusBias: return "SqrtSoftplusBias";
   }
   return "?";
 }
+bool biased(Mode m) { return m == Mode::SigmoidBias || m == Mode::SqrtSoftplusBias; }
 MoeRouterParams params_of(Mode m, std::optional<float> scaling) {
   MoeRouterParams p;
-  p.score_function = (m == Mode::Sigmoid || m == Mode::SigmoidBias) ? MoeScoreFunction::Sigmoid
-                                                                     : MoeScoreFunction::Softmax;
+  p.score_function = (m == Mode::Sigmoid || m == Mode::SigmoidBias)             ? MoeScoreFunction::Sigmoid
+                     : (m == Mode::SqrtSoftplus || m == Mode::SqrtSoftplusBias) ? MoeScoreFunction::SqrtSoftplus
+                                                                                : MoeScoreFunction::Softmax;
   p.pre_softmax = m == Mode::SoftmaxPre;
   p.topk_scaling_factor = scaling;
   return p;
@@ -291,7 +301,8 @@ using RouterCase = std::tuple<Mode, int64_t, int64_t>;  // mode, E, k
 class MoeRouterTest : public ::testing::TestWithParam<RouterCase> {};
 INSTANTIATE_TEST_SUITE_P(Moe, MoeRouterTest,
                          ::testing::Combine(::testing::Values(Mode::SoftmaxPost, Mode::SoftmaxPre, Mode::Sigmoid,
-                                                              Mode::SigmoidBias),
+                                                              Mode::SigmoidBias, Mode::SqrtSoftplus,
+                                                              Mode::SqrtSoftplusBias),
                                             ::testing::Values<int64_t>(8, 64), ::testing::Values<int64_t>(1, 2, 8)),
                          [](const auto& info) {
                            return std::string(mode_name(std::get<0>(info.param))) + "_E" +
@@ -301,7 +312,7 @@ INSTANTIATE_TEST_SUITE_P(Moe, MoeRouterTest,
 
 // The expert bias is of the size sigmoid scores differ by (~0.1), so it changes some choices.
 std::vector<float> expert_bias_for(Mode m, int64_t E, std::mt19937& rng) {
-  if (m != Mode::SigmoidBias) return {};
+  if (!biased(m)) return {};
   return randn(E, rng, 0.1f);
 }
 
@@ -333,7 +344,8 @@ TEST(MoeRouter, GroupLimitedRoutingMatchesFp64Twin) {
     int64_t E, k, G, g;
   };
   for (const Case c : {Case{64, 8, 8, 4}, Case{16, 4, 4, 2}})
-    for (const Mode mode : {Mode::SoftmaxPost, Mode::SoftmaxPre, Mode::Sigmoid, Mode::SigmoidBias}) {
+    for (const Mode mode : {Mode::SoftmaxPost, Mode::SoftmaxPre, Mode::Sigmoid, Mode::SigmoidBias,
+                            Mode::SqrtSoftplusBias}) {
       SCOPED_TRACE(std::string(mode_name(mode)) + " E" + std::to_string(c.E));
       std::mt19937 rng(1301 + static_cast<int>(c.E));
       const int64_t T = 40;
@@ -453,11 +465,14 @@ TEST(MoeRouter, SigmoidExpertBiasChoosesButDoesNotWeigh) {
 using AuxCase = std::tuple<MoeScoreFunction, int64_t, int64_t>;  // score function, E, k
 class MoeAuxLossTest : public ::testing::TestWithParam<AuxCase> {};
 INSTANTIATE_TEST_SUITE_P(Moe, MoeAuxLossTest,
-                         ::testing::Combine(::testing::Values(MoeScoreFunction::Softmax, MoeScoreFunction::Sigmoid),
+                         ::testing::Combine(::testing::Values(MoeScoreFunction::Softmax, MoeScoreFunction::Sigmoid,
+                                                              MoeScoreFunction::SqrtSoftplus),
                                             ::testing::Values<int64_t>(8, 64), ::testing::Values<int64_t>(1, 2, 8)),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param) == MoeScoreFunction::Softmax ? "Softmax"
-                                                                                                   : "Sigmoid") +
+                           const MoeScoreFunction fn = std::get<0>(info.param);
+                           return std::string(fn == MoeScoreFunction::Softmax   ? "Softmax"
+                                              : fn == MoeScoreFunction::Sigmoid ? "Sigmoid"
+                                                                                : "SqrtSoftplus") +
                                   "_E" + std::to_string(std::get<1>(info.param)) + "_k" +
                                   std::to_string(std::get<2>(info.param));
                          });
@@ -567,7 +582,7 @@ TEST_P(MoeAuxLossTest, GlobalAuxLossMatchesItsTwinAndFiniteDifferences) {
 // Each expert gets exactly T*k/E tokens (and s*k/E per sequence): aux = seq_aux = coeff, whatever
 // the scores, since each token's scores sum to 1.
 TEST(MoeAuxLoss, PerfectlyBalancedRoutingGivesCoeff) {
-  for (const auto fn : {MoeScoreFunction::Softmax, MoeScoreFunction::Sigmoid}) {
+  for (const auto fn : {MoeScoreFunction::Softmax, MoeScoreFunction::Sigmoid, MoeScoreFunction::SqrtSoftplus}) {
     std::mt19937 rng(1601);
     const int64_t E = 8, k = 2, b = 2, s = 8, T = b * s;
     auto logits = randn(T * E, rng, 0.5f);
@@ -839,7 +854,7 @@ LayerData make_layer(const LayerCase& c, std::mt19937& rng) {
   d.x = randn(d.T * H, rng);
   d.wr = randn(E * H, rng, 0.7f);
   if (c.router_bias) d.br = randn(E, rng, 0.3f);
-  if (c.mode == Mode::SigmoidBias) d.eb = randn(E, rng, 0.1f);
+  if (biased(c.mode)) d.eb = randn(E, rng, 0.1f);
   d.w1 = randn(E * F1 * H, rng, 0.5f);
   d.w2 = randn(E * H * F, rng, 0.5f);
   if (Fs > 0) {
@@ -931,6 +946,8 @@ INSTANTIATE_TEST_SUITE_P(
         LayerCase{"SwiGluSoftmaxTop1Shared", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 1, 3, false, 0.3f, 0.2f,
                   0.05f},
         LayerCase{"SwiGluSigmoidTop8", MoeActivation::SwiGlu, Mode::Sigmoid, {}, 8, 0, false, 0.3f, 0.0f, 0.0f},
+        LayerCase{"SwiGluSqrtSoftplusBiasScaledShared", MoeActivation::SwiGlu, Mode::SqrtSoftplusBias, 1.5f, 4, 4,
+                  true, 0.3f, 0.2f, 0.05f},
         // Token dropping: 16 pairs over 8 experts, one each (factor 0.5) or three (1.5).
         LayerCase{"SwiGluSoftmaxCapacityProbs", MoeActivation::SwiGlu, Mode::SoftmaxPost, {}, 2, 3, false, 0.3f,
                   0.0f, 0.05f, 0.5},

@@ -159,6 +159,10 @@ TEST(CudaMoeExpertParallel, AllGatherFourRanksSigmoidGroupsAndBias) {
   c.moe.num_groups = 8, c.moe.group_topk = 2;
   compare_ep_layer(c, 2, 40, 4, true);
 }
+// Fewer experts a rank (2) than a token's choices (4): a token's pairs sort over two local experts.
+TEST(CudaMoeExpertParallel, AllGatherFewerLocalExpertsThanTopk) {
+  compare_ep_layer(moe_config(llama_config(), 8, 4, 64, 0), 2, 40, 4, true);
+}
 // GeLU experts (the activation over the bound of rows) and token dropping (the dropped pairs'
 // probabilities zero before they are gathered).
 TEST(CudaMoeExpertParallel, AllGatherGeluWithTokenDropping) {

@@ -100,11 +100,14 @@ struct RouterCase {
   bool sigmoid = false, pre_softmax = false;
   float scale = 0.0f;  // topk scaling factor, 0: none
   int64_t groups = 0, group_topk = 0;  // group-limited routing, 0: none
+  bool sqrt_softplus = false;  // with sigmoid: --moe-router-score-function sqrtsoftplus
 };
 
 cpu::MoeRouterParams cpu_params(const RouterCase& c) {
   cpu::MoeRouterParams p;
-  p.score_function = c.sigmoid ? cpu::MoeScoreFunction::Sigmoid : cpu::MoeScoreFunction::Softmax;
+  p.score_function = !c.sigmoid         ? cpu::MoeScoreFunction::Softmax
+                     : c.sqrt_softplus ? cpu::MoeScoreFunction::SqrtSoftplus
+                                       : cpu::MoeScoreFunction::Sigmoid;
   p.pre_softmax = c.pre_softmax;
   if (c.scale != 0.0f) p.topk_scaling_factor = c.scale;
   p.num_groups = c.groups, p.group_topk = c.group_topk;
@@ -113,7 +116,8 @@ cpu::MoeRouterParams cpu_params(const RouterCase& c) {
 
 cuda::MoeRouterSpec gpu_spec(const RouterCase& c) {
   cuda::MoeRouterSpec s;
-  s.num_experts = c.E, s.topk = c.k, s.sigmoid = c.sigmoid, s.pre_softmax = c.pre_softmax;
+  s.num_experts = c.E, s.topk = c.k, s.pre_softmax = c.pre_softmax;
+  s.sigmoid = c.sigmoid && !c.sqrt_softplus, s.sqrt_softplus = c.sigmoid && c.sqrt_softplus;
   s.topk_scaling_factor = c.scale;
   s.num_groups = c.groups, s.group_topk = c.group_topk;
   return s;
@@ -191,6 +195,9 @@ TEST_F(CudaMoe, RouterForwardMatchesCpu) {
       {"softmax E33 k33", 33, 33},              // k = E across two register slots
       {"sigmoid E96 k40", 96, 40, true},        // k > 32: two choices per lane
       {"softmax pre_softmax E512 k6", 512, 6, false, true},  // the largest E
+      {"sqrtsoftplus E64 k8", 64, 8, true, false, 0.0f, 0, 0, true},
+      {"sqrtsoftplus scaled E40 k3", 40, 3, true, false, 1.5f, 0, 0, true},
+      {"sqrtsoftplus E200 k1", 200, 1, true, false, 0.0f, 0, 0, true},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -208,7 +215,8 @@ TEST_F(CudaMoe, RouterForwardMatchesCpu) {
 TEST_F(CudaMoe, RouterForwardWithAnExpertBiasMatchesCpu) {
   const int64_t T = 301;
   const RouterCase cases[] = {{"sigmoid E64 k8", 64, 8, true}, {"sigmoid scaled E40 k3", 40, 3, true, false, 1.5f},
-                              {"sigmoid E200 k1", 200, 1, true}};
+                              {"sigmoid E200 k1", 200, 1, true},
+                              {"sqrtsoftplus E64 k8", 64, 8, true, false, 0.0f, 0, 0, true}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const auto logits = randn(T * c.E, 3, std::string("router.bias.logits.") + c.name, 1.5);
@@ -357,6 +365,7 @@ TEST_F(CudaMoe, AuxLossesForwardMatchesCpu) {
       {"softmax E64 k8", 64, 8},
       {"sigmoid E40 k3", 40, 3, true},
       {"softmax pre_softmax E8 k2", 8, 2, false, true},
+      {"sqrtsoftplus E40 k3", 40, 3, true, false, 0.0f, 0, 0, true},
   };
   struct Losses {
     const char* name;
@@ -442,6 +451,8 @@ TEST_F(CudaMoe, RouterBackwardMatchesCpu) {
       {"softmax E40 k1", 40, 1},  // the prob is identically 1: only the losses' gradient
       {"sigmoid E200 k1", 200, 1, true},
       {"softmax pre_softmax E96 k40", 96, 40, false, true},
+      {"sqrtsoftplus scaled E64 k8", 64, 8, true, false, 2.5f, 0, 0, true},
+      {"sqrtsoftplus E40 k1", 40, 1, true, false, 0.0f, 0, 0, true},
   };
   // The routing's gradient alone; each loss alone, without dprobs (zero on purpose: each loss's
   // gradient is then checked at its own scale); everything together. The coefficients are
@@ -879,9 +890,11 @@ TEST_F(CudaMoe, BadArgumentsThrow) {
     EXPECT_THROW(cuda::moe_aux_losses_forward(nullptr, nullptr, nullptr, nullptr, 4, s, none, nullptr, nullptr,
                                               stream_),
                  laoyao::Error);
-    EXPECT_THROW(cuda::moe_permutation(nullptr, nullptr, 4, s.num_experts, s.topk, nullptr, nullptr, nullptr, nullptr,
-                                       stream_),
-                 laoyao::Error);
+    if (s.topk <= s.num_experts) {  // (k > E is the all-gather dispatcher's local sort: allowed)
+      EXPECT_THROW(cuda::moe_permutation(nullptr, nullptr, 4, s.num_experts, s.topk, nullptr, nullptr, nullptr,
+                                         nullptr, stream_),
+                   laoyao::Error);
+    }
   }
 
   // seq_aux_loss needs a seq_length that divides T.

@@ -41,7 +41,9 @@ kcpu::MoeLayerConfig cpu_layer_config(const GptConfig& c, int64_t s) {
   mc.activation = swiglu ? kcpu::MoeActivation::SwiGlu
                          : c.activation == Activation::GeluErf ? kcpu::MoeActivation::GeluErf
                                                                : kcpu::MoeActivation::GeluTanh;
-  mc.router.score_function = c.moe.sigmoid ? kcpu::MoeScoreFunction::Sigmoid : kcpu::MoeScoreFunction::Softmax;
+  mc.router.score_function = !c.moe.sigmoid         ? kcpu::MoeScoreFunction::Softmax
+                             : c.moe.sqrt_softplus ? kcpu::MoeScoreFunction::SqrtSoftplus
+                                                   : kcpu::MoeScoreFunction::Sigmoid;
   mc.router.pre_softmax = c.moe.pre_softmax;
   mc.router.num_groups = c.moe.num_groups, mc.router.group_topk = c.moe.group_topk;
   if (c.moe.topk_scaling_factor) mc.router.topk_scaling_factor = static_cast<float>(*c.moe.topk_scaling_factor);
@@ -318,6 +320,15 @@ TEST(CudaMoeLayers, SigmoidRouterWithScalingMatchesCpuLayer) {
   GptConfig c = moe_config(llama_config(), 16, 4, 64, 0);
   c.moe.sigmoid = true;
   c.moe.topk_scaling_factor = 2.5;
+  compare_layer(c, 2, 40);
+}
+
+// DeepSeek-V4's score function (sqrtsoftplus) with an expert bias, scaling and seq_aux_loss.
+TEST(CudaMoeLayers, SqrtSoftplusRouterWithExpertBiasMatchesCpuLayer) {
+  GptConfig c = moe_config(llama_config(), 16, 4, 64, 32);
+  c.moe.sigmoid = true, c.moe.sqrt_softplus = true, c.moe.expert_bias = true;
+  c.moe.topk_scaling_factor = 1.5;
+  c.moe.aux_loss_coeff = 0, c.moe.seq_aux_loss_coeff = 1e-2;
   compare_layer(c, 2, 40);
 }
 

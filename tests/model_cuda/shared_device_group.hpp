@@ -1,9 +1,9 @@
 // A process group of threads that share one GPU, for tests of the GPU ranks' code on a one-GPU
 // machine (NCCL takes one rank a device). Each collective waits for the caller's stream, meets the
-// other threads at a barrier and moves the bytes with blocking copies between their buffers (one
-// address space), so it is as a finished NCCL collective by the time it returns; reductions sum in
-// fp32 on the host and round once, as NCCL's bf16 sum of two ranks does. Every member calls the
-// same collectives in the same order; none of it may be captured into a CUDA graph.
+// other threads at a barrier and moves the bytes with cudaMemcpy between their buffers (one
+// address space; see the caveat at copy()); reductions sum in fp32 on the host and round once, as
+// NCCL's bf16 sum of two ranks does. Every member calls the same collectives in the same order;
+// none of it may be captured into a CUDA graph.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -115,6 +115,11 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   static void copy(void* to, const void* from, size_t bytes) {
     if (bytes > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice));
   }
+  // Caveat: cudaMemcpy may return before a device-to-device copy, or a pageable upload's last leg,
+  // is done, on the legacy stream, which the callers' non-blocking streams do not wait for. A
+  // cudaDeviceSynchronize after the copies was tried (thirteenth session): the one GPU run with it
+  // stopped inside CudaGptModelTp.MoeEveryExpertSequenceParallel until its time limit, cause not
+  // found; every run without it passed.
   static std::vector<float> download(const void* base, size_t first, size_t n, dist::DeviceType type) {
     std::vector<float> out(n);
     if (type == dist::DeviceType::BF16) {

@@ -320,7 +320,6 @@ TEST(Trainer, UnsupportedMoeSettingsAreRefusedByName) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
       {{"--moe-pad-expert-input-to-capacity"}, "needs model.moe_expert_capacity_factor"},
       {{"--moe-router-load-balancing-type", "sinkhorn"}, "'sinkhorn'"},
-      {{"--moe-router-score-function", "sqrtsoftplus"}, "'sqrtsoftplus'"},
       {{"--moe-router-topk", "5"}, "moe_router_topk"},
       {{"--moe-layer-freq", "[1,0,1]"}, "lists 3 layers"},
       {{"--moe-router-num-groups", "2"}, "needs both --moe-router-num-groups and --moe-router-group-topk"},

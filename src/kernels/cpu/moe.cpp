@@ -22,6 +22,22 @@ constexpr float kSigmoidNormEps = 1e-20f;
 
 inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
+// The score of a logit under the sigmoid-like score functions (probs renormalised over the k):
+// sigmoid, or sqrtsoftplus's sqrt(softplus(v)) with PyTorch's softplus (the identity above 20).
+inline float gate_score(MoeScoreFunction fn, float v) {
+  if (fn == MoeScoreFunction::SqrtSoftplus) return std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
+  return sigmoid(v);
+}
+// Its derivative: sig (1 - sig), or softplus'(v) / (2 sqrt(softplus(v))) (0 where softplus is 0).
+inline double gate_score_grad(MoeScoreFunction fn, float v) {
+  if (fn == MoeScoreFunction::SqrtSoftplus) {
+    const double s = gate_score(fn, v);
+    return s > 0.0 ? (v > 20.0f ? 1.0 : static_cast<double>(sigmoid(v))) / (2.0 * s) : 0.0;
+  }
+  const double sg = sigmoid(v);
+  return sg * (1.0 - sg);
+}
+
 // Megatron scales with `if scaling_factor: probs = probs * scaling_factor`: None and 0 leave probs as they are.
 float topk_scale(const MoeRouterParams& p) {
   return p.topk_scaling_factor && *p.topk_scaling_factor != 0.0f ? *p.topk_scaling_factor : 1.0f;
@@ -58,12 +74,12 @@ void softmax_row(const float* z, float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s[i] = static_cast<float>(std::exp(static_cast<double>(z[i] - m)) * inv);
 }
 
-// Sigmoid probs over a token's k experts: p = s / (sum s + 1e-20) for k > 1, else s. Returns the
-// denominator (1 for k = 1).
-float sigmoid_probs(const float* logits_row, const int64_t* idx, int64_t k, float* p) {
+// Sigmoid-like probs over a token's k experts: p = s / (sum s + 1e-20) for k > 1, else s (s the
+// gate scores). Returns the denominator (1 for k = 1).
+float gate_probs(MoeScoreFunction fn, const float* logits_row, const int64_t* idx, int64_t k, float* p) {
   double sum = 0.0;
   for (int64_t j = 0; j < k; ++j) {
-    p[j] = sigmoid(logits_row[idx[j]]);
+    p[j] = gate_score(fn, logits_row[idx[j]]);
     sum += p[j];
   }
   if (k == 1) return 1.0f;
@@ -85,8 +101,8 @@ void sorted_rows(const int64_t* permuted_row_t, int64_t k, int64_t* rows) {
 }
 
 // dlogits_row += d/dlogits of sum_e g[e] * scores[e] through the aux-loss score function.
-// Softmax: s * (g - <g, s>). Sigmoid: q = sig / D, D = sum sig + 1e-20:
-//   d/dsig_m = (g_m - <g, q>) / D, times sig_m (1 - sig_m).
+// Softmax: s * (g - <g, s>). Sigmoid-like: q = sig / D, D = sum sig + 1e-20 (sig the gate scores):
+//   d/dsig_m = (g_m - <g, q>) / D, times the gate score's derivative.
 void aux_scores_backward_row(const float* logits_row, const float* scores_row, const double* g, int64_t E,
                              MoeScoreFunction fn, float* dlogits_row) {
   double dot = 0.0;
@@ -96,12 +112,10 @@ void aux_scores_backward_row(const float* logits_row, const float* scores_row, c
     return;
   }
   double sum = 0.0;
-  for (int64_t e = 0; e < E; ++e) sum += sigmoid(logits_row[e]);
+  for (int64_t e = 0; e < E; ++e) sum += gate_score(fn, logits_row[e]);
   const double denom = static_cast<double>(static_cast<float>(sum) + kSigmoidNormEps);
-  for (int64_t e = 0; e < E; ++e) {
-    const double sg = sigmoid(logits_row[e]);
-    dlogits_row[e] += static_cast<float>((g[e] - dot) / denom * sg * (1.0 - sg));
-  }
+  for (int64_t e = 0; e < E; ++e)
+    dlogits_row[e] += static_cast<float>((g[e] - dot) / denom * gate_score_grad(fn, logits_row[e]));
 }
 
 // counts[j*E + i] = tokens of sequence j (s tokens each) whose aux top-k holds expert i.
@@ -165,8 +179,8 @@ void moe_router_topk_forward(const float* logits, const float* expert_bias, int6
   check_sizes("moe router", T, E, k);
   check_groups(params, E, k);
   const bool groups = params.num_groups > 0;
-  if (expert_bias && params.score_function != MoeScoreFunction::Sigmoid)
-    throw Error("moe router: an expert bias (aux-loss-free balancing) needs the sigmoid score function");
+  if (expert_bias && params.score_function == MoeScoreFunction::Softmax)
+    throw Error("moe router: an expert bias (aux-loss-free balancing) needs the sigmoid or sqrtsoftplus score function");
   const float scale = topk_scale(params);
 #pragma omp parallel
   {
@@ -196,10 +210,11 @@ void moe_router_topk_forward(const float* logits, const float* expert_bias, int6
           topk_softmax_probs(z, idx, k, vals.data(), p);
         }
       } else {
-        // The choice ranks sigmoid(logits) (+ bias) in fp32, as Megatron ranks its fp32 scores.
-        for (int64_t e = 0; e < E; ++e) row[e] = sigmoid(z[e]) + (expert_bias ? expert_bias[e] : 0.0f);
+        // The choice ranks the gate scores (+ bias) in fp32, as Megatron ranks its fp32 scores.
+        const MoeScoreFunction fn = params.score_function;
+        for (int64_t e = 0; e < E; ++e) row[e] = gate_score(fn, z[e]) + (expert_bias ? expert_bias[e] : 0.0f);
         choose(row.data(), idx);
-        sigmoid_probs(z, idx, k, p);
+        gate_probs(fn, z, idx, k, p);
       }
       if (scale != 1.0f)
         for (int64_t j = 0; j < k; ++j) p[j] *= scale;
@@ -240,15 +255,14 @@ void moe_router_topk_backward(const float* logits, const int64_t* topk_idx, cons
         for (int64_t j = 0; j < k; ++j) dot += g(j) * p[j];
         for (int64_t j = 0; j < k; ++j) dz[idx[j]] = static_cast<float>(p[j] * (g(j) - dot));
       } else {
-        // q = sig / D (k > 1): d/dsig_j = (g_j - <g, q>) / D; then sig' = sig (1 - sig).
-        const double denom = sigmoid_probs(z, idx, k, p.data());
+        // q = sig / D (k > 1): d/dsig_j = (g_j - <g, q>) / D; then the gate score's derivative.
+        const MoeScoreFunction fn = params.score_function;
+        const double denom = gate_probs(fn, z, idx, k, p.data());
         double dot = 0.0;
         if (k > 1)
           for (int64_t j = 0; j < k; ++j) dot += g(j) * p[j];
-        for (int64_t j = 0; j < k; ++j) {
-          const double sg = sigmoid(z[idx[j]]);
-          dz[idx[j]] = static_cast<float>((g(j) - dot) / denom * sg * (1.0 - sg));
-        }
+        for (int64_t j = 0; j < k; ++j)
+          dz[idx[j]] = static_cast<float>((g(j) - dot) / denom * gate_score_grad(fn, z[idx[j]]));
       }
     }
   }
@@ -269,7 +283,7 @@ void moe_aux_loss_scores(const float* logits, float* scores, int64_t* aux_topk_i
     } else {
       double sum = 0.0;
       for (int64_t e = 0; e < E; ++e) {
-        s[e] = sigmoid(z[e]);
+        s[e] = gate_score(score_function, z[e]);
         sum += s[e];
       }
       const float denom = static_cast<float>(sum) + kSigmoidNormEps;

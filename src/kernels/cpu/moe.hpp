@@ -24,7 +24,9 @@ namespace laoyao::kernels::cpu {
 
 // ---- router: top-k routing with a score function (topk_routing_with_score_function / the older
 // topk_softmax_with_capacity, dropless, no group-limited routing).
-enum class MoeScoreFunction { Softmax, Sigmoid };  // --moe-router-score-function
+// --moe-router-score-function. sqrtsoftplus (DeepSeek-V4's) scores sqrt(softplus(logit)) and is
+// otherwise sigmoid's: the k renormalised, an expert bias allowed, the aux scores normalised.
+enum class MoeScoreFunction { Softmax, Sigmoid, SqrtSoftplus };
 
 struct MoeRouterParams {
   MoeScoreFunction score_function = MoeScoreFunction::Softmax;

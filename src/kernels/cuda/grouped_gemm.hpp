@@ -1,6 +1,7 @@
 // Grouped GEMMs of the routed experts (our own tensor-core kernels): the rows of the activations
 // are grouped, group g being rows [offsets[g], offsets[g + 1]) with offsets[G + 1] int32 on the
-// DEVICE (moe_permutation writes them; offsets[G] - offsets[0] = rows; offsets[0] = first, 0 unless
+// DEVICE (moe_permutation writes them; offsets[G] - offsets[0] <= rows: the rows may be a bound, the
+// all-gather dispatcher's, whose count only the device knows; offsets[0] = first, 0 unless
 // the groups are a later part of a longer grouping, whose rows before them are not touched). The
 // host knows the total rows and the first (RowGroups), never the per-expert counts (no
 // synchronisation in the step). bf16

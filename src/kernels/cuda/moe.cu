@@ -122,10 +122,28 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
 struct RouterArgs {
   int E, k;
   bool sigmoid, pre_softmax;
+  bool sqrt_softplus;  // with sigmoid: the gate score is sqrt(softplus), not the sigmoid
   float scale;  // the top-k scaling factor, 1 when none
-  const float* bias = nullptr;  // the router's expert_bias (sigmoid only; forward only)
+  const float* bias = nullptr;  // the router's expert_bias (sigmoid-like only; forward only)
   int groups = 0, group_topk = 0;  // group-limited routing (forward only); 0: none
 };
+
+// The CPU's gate scores of the sigmoid-like score functions (kernels/cpu/moe.cpp): the sigmoid,
+// or sqrt(softplus(v)) with PyTorch's softplus (v above 20; else log1p(exp(v)), each a double op
+// rounded to float as glibc's float functions almost always give); and their derivatives.
+__device__ __forceinline__ float gate_score(const RouterArgs& a, float v) {
+  if (!a.sqrt_softplus) return sigmoid(v);
+  const float e = static_cast<float>(exp(static_cast<double>(v)));
+  return sqrtf(v > 20.0f ? v : static_cast<float>(log1p(static_cast<double>(e))));
+}
+__device__ __forceinline__ double gate_score_grad(const RouterArgs& a, float v) {
+  if (!a.sqrt_softplus) {
+    const double s = sigmoid(v);
+    return s * (1.0 - s);
+  }
+  const double s = gate_score(a, v);
+  return s > 0.0 ? (v > 20.0f ? 1.0 : static_cast<double>(sigmoid(v))) / (2.0 * s) : 0.0;
+}
 
 // ---- router forward
 
@@ -236,7 +254,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     // The ranked values: the logits (softmax over the chosen k later), the full softmax, or sigmoids.
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
-      key[i] = a.sigmoid ? sigmoid(z[i]) : a.pre_softmax ? softmax_of(z[i], m, inv) : z[i];
+      key[i] = a.sigmoid ? gate_score(a, z[i]) : a.pre_softmax ? softmax_of(z[i], m, inv) : z[i];
 
     if (scores) {  // scores_for_aux_loss: softmax over E, or the sigmoids normalised over E
       float* sr = scores + t * E;
@@ -270,7 +288,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 
     // The routing's top-k (sv: the chosen's value without the bias, for its prob).
     warp_topk<kPer>(key, E, k, lane, allowed, [&](int j, int be, float bv) {
-      if (lane == 0) se[j] = be, sv[j] = a.bias ? sigmoid(zr[be]) : bv;
+      if (lane == 0) se[j] = be, sv[j] = a.bias ? gate_score(a, zr[be]) : bv;
     });
     __syncwarp();
 
@@ -354,7 +372,8 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     // The routing gradient (moe_router_topk_backward). The lanes take the choices j = lane,
     // lane + 32, ... (expert e_j, re-read from the token's rows; g_j = dprobs * scale) and first
     // reduce what the terms need:
-    //   sigmoid:     q = sig / D (k > 1): d/dsig_j = (g_j - <g, q>) / D, times sig (1 - sig);
+    //   sigmoid:     q = sig / D (k > 1): d/dsig_j = (g_j - <g, q>) / D, times the gate score's
+    //                derivative (sig (1 - sig) for the sigmoid itself);
     //   pre_softmax: probs = s[e_j]: dz = s * (G - <G, s>), G = g at the chosen experts;
     //   softmax:     probs = softmax of the chosen logits p: dz[e_j] = p_j (g_j - <g, p>).
     const int32_t* ti = topk_idx + t * k;
@@ -370,10 +389,10 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       if (k > 1) {
         double sum = 0.0;
         for (int j = lane; j < k; j += 32)
-          if (const int e = expert(j); e >= 0) sum += sigmoid(zr[e]);
+          if (const int e = expert(j); e >= 0) sum += gate_score(a, zr[e]);
         denom = static_cast<float>(warp_sum(sum)) + kSigmoidNormEps;
         for (int j = lane; j < k; j += 32)
-          if (const int e = expert(j); e >= 0) dot += grad(j) * (sigmoid(zr[e]) / denom);
+          if (const int e = expert(j); e >= 0) dot += grad(j) * (gate_score(a, zr[e]) / denom);
       }
     } else if (a.pre_softmax) {
       for (int j = lane; j < k; j += 32)
@@ -403,8 +422,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       const int e = expert(j);
       if (e < 0) continue;
       if (a.sigmoid) {
-        const double s = sigmoid(zr[e]);
-        rt[e] = static_cast<float>((grad(j) - dot) / denom * s * (1.0 - s));
+        rt[e] = static_cast<float>((grad(j) - dot) / denom * gate_score_grad(a, zr[e]));
       } else {
         const float s = a.pre_softmax ? softmax_of(zr[e], m, inv) : softmax_of(zr[e], mk, inv_k);
         rt[e] = static_cast<float>(s * (grad(j) - dot));
@@ -426,7 +444,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         double sum = 0.0;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
-          sg[i] = sigmoid(z[i]);
+          sg[i] = gate_score(a, z[i]);
           if (i * 32 + lane < E) sum += sg[i];
         }
         D = static_cast<float>(warp_sum(sum)) + kSigmoidNormEps;
@@ -442,11 +460,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       }
       gdot = warp_sum(gdot);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const double s = a.sigmoid ? sg[i] : 0.0f;
-        d[i] += a.sigmoid ? static_cast<float>((ge[i] - gdot) / D * s * (1.0 - s))
+      for (int i = 0; i < kPer; ++i)
+        d[i] += a.sigmoid ? static_cast<float>((ge[i] - gdot) / D * gate_score_grad(a, z[i]))
                           : static_cast<float>(sc[i] * (ge[i] - gdot));
-      }
     }
     if (g.z_unit != 0.0) {  // z-loss: 2 coeff dloss / T * lse * softmax
       const double l = lse[t];
@@ -844,8 +860,11 @@ void with_slots(int64_t E, F&& f) {
 }
 
 RouterArgs router_args(const MoeRouterSpec& r) {
-  return RouterArgs{static_cast<int>(r.num_experts), static_cast<int>(r.topk), r.sigmoid, r.pre_softmax,
-                    r.topk_scaling_factor != 0.0f ? r.topk_scaling_factor : 1.0f};
+  RouterArgs a{};
+  a.E = static_cast<int>(r.num_experts), a.k = static_cast<int>(r.topk);
+  a.sigmoid = r.sigmoid || r.sqrt_softplus, a.pre_softmax = r.pre_softmax, a.sqrt_softplus = r.sqrt_softplus;
+  a.scale = r.topk_scaling_factor != 0.0f ? r.topk_scaling_factor : 1.0f;
+  return a;
 }
 
 void check_rows16(const char* op, int64_t H, std::initializer_list<const void*> ptrs) {
@@ -870,7 +889,8 @@ void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& rou
                         const float* expert_bias, int32_t* aux_topk_idx, int32_t* aux_tokens_per_expert) {
   const char* op = "moe_router_forward";
   check_router(op, T, router);
-  if (expert_bias && !router.sigmoid) throw Error("moe_router_forward: an expert bias needs the sigmoid router");
+  if (expert_bias && !router.sigmoid && !router.sqrt_softplus)
+    throw Error("moe_router_forward: an expert bias needs the sigmoid or sqrtsoftplus router");
   if ((aux_topk_idx == nullptr) != (aux_tokens_per_expert == nullptr))
     throw Error("moe_router_forward: the aux losses' top-k needs both its choices and its counts");
   if (scores && (expert_bias || router.num_groups > 0) && !aux_topk_idx)
@@ -987,9 +1007,12 @@ size_t moe_permutation_scratch_bytes(int64_t T, int64_t E) {
 void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, int64_t T, int64_t E, int64_t k,
                      int32_t* offsets, int32_t* sorted_token, int32_t* permuted_row, void* scratch,
                      cudaStream_t stream) {
-  MoeRouterSpec spec;
-  spec.num_experts = E, spec.topk = k;
-  check_router("moe_permutation", T, spec);
+  // k may exceed E: the all-gather dispatcher sorts a token's k choices over this rank's El experts,
+  // the others' ids -1.
+  if (E < 1 || E > kMoeMaxExperts || k < 1 || T < 0 || T * k > int64_t(INT32_MAX))
+    throw Error("moe_permutation: need 1 <= E <= " + std::to_string(kMoeMaxExperts) +
+                ", k >= 1 and T * k < 2^31 (got E = " + std::to_string(E) + ", k = " + std::to_string(k) +
+                ", T = " + std::to_string(T) + ")");
   if (T == 0) {  // offsets = 0 everywhere
     LAOYAO_CUDA_CHECK(cudaMemsetAsync(offsets, 0, sizeof(int32_t) * (E + 1), stream));
     return;

@@ -23,6 +23,7 @@ struct MoeRouterSpec {
   int64_t num_experts = 0;  // E
   int64_t topk = 0;         // k, 1 <= k <= E
   bool sigmoid = false;     // --moe-router-score-function sigmoid (else softmax)
+  bool sqrt_softplus = false;  // --moe-router-score-function sqrtsoftplus: sigmoid's routing on sqrt(softplus) scores
   bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
   float topk_scaling_factor = 0.0f;  // --moe-router-topk-scaling-factor; 0: none
   int64_t num_groups = 0, group_topk = 0;  // --moe-router-num-groups / --moe-router-group-topk; 0: none
@@ -106,7 +107,8 @@ void moe_router_backward(const float* logits, const int32_t* topk_idx, const flo
 // j-th choice). `scratch` holds moe_permutation_scratch_bytes(T, E) bytes. tokens_per_expert must
 // be topk_idx's counts (the router's); expert ids distinct within a token, in [0, E), as the router
 // writes them, or negative: such a pair (the all-gather dispatcher's pair of another rank's expert,
-// moe_ep.hpp) gets no row and permuted_row -1, offsets[E] counting the others; E <= kMoeMaxExperts.
+// moe_ep.hpp) gets no row and permuted_row -1, offsets[E] counting the others (k may then exceed
+// E); E <= kMoeMaxExperts.
 size_t moe_permutation_scratch_bytes(int64_t T, int64_t E);
 void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, int64_t T, int64_t E, int64_t k,
                      int32_t* offsets, int32_t* sorted_token, int32_t* permuted_row, void* scratch,
@@ -142,7 +144,7 @@ void moe_permute_backward(const bf16* dpermuted, const int32_t* permuted_row, bf
 void moe_unpermute_forward(const bf16* expert_out, const int32_t* permuted_row, const float* probs,
                            const bf16* addend, bf16* y, int64_t T, int64_t k, int64_t H, cudaStream_t stream,
                            const bf16* residual = nullptr);
-// dexpert_out[permuted_row[t, j], :] = probs[t, j] * dy[t, :] (bf16, every row written) and
+// dexpert_out[permuted_row[t, j], :] = probs[t, j] * dy[t, :] (bf16, every pair's row written) and
 // dprobs[t, j] = <dy[t, :], expert_out[permuted_row[t, j], :]> (fp32; nullptr to skip).
 void moe_unpermute_backward(const bf16* expert_out, const int32_t* permuted_row, const float* probs, const bf16* dy,
                             bf16* dexpert_out, float* dprobs, int64_t T, int64_t k, int64_t H, cudaStream_t stream);

@@ -42,7 +42,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
                      "--moe-shared-expert-intermediate-size to be multiples of 8");
   router_.num_experts = E_;
   router_.topk = k_;
-  router_.sigmoid = m.sigmoid;
+  router_.sigmoid = m.sigmoid && !m.sqrt_softplus;
+  router_.sqrt_softplus = m.sigmoid && m.sqrt_softplus;
   router_.pre_softmax = m.pre_softmax;
   router_.topk_scaling_factor = m.topk_scaling_factor ? static_cast<float>(*m.topk_scaling_factor) : 0.0f;
   router_.num_groups = m.num_groups, router_.group_topk = m.group_topk;
@@ -94,12 +95,12 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     }
   };
   auto carve_scratch = [&](Carver& a) {
-    permuted_x_ = a.take<bf16>(ep_ ? N * H_ : 0);
+    permuted_x_ = a.take<bf16>(ep_ && !gather_ ? N * H_ : 0);
     shared_out_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
-    dexpert_ = a.take<bf16>(N * H_);
+    dexpert_ = a.take<bf16>(gather_ ? 0 : N * H_);  // gathered: local_y_ holds the output gradients
     dact_ = a.take<bf16>(Nl * F_);
     dfc1_ = a.take<bf16>(Nl * F1_);
-    dpermuted_ = a.take<bf16>(N * H_);
+    dpermuted_ = a.take<bf16>(gather_ ? 0 : N * H_);
     dlogits_ = a.take<bf16>(T * E_);
     dshared_ = a.take<bf16>(Fs_ > 0 ? T * H_ : 0);
     dshared_g_ = a.take<bf16>(T * Fs_);
@@ -127,13 +128,15 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   carve_saved(real);
   // Zeros first: the weight-gradient GEMMs read up to a reduction step of rows past the last
   // group's end (weighted by zeros), which under the all-gather dispatcher are rows of earlier
-  // layers or steps, or never written; they must hold finite values.
+  // steps, or never written; they must hold finite values.
   if (gather_) LAOYAO_CUDA_CHECK(cudaMemset(saved_.ptr, 0, saved_.bytes));
   Carver measure_scratch;
   carve_scratch(measure_scratch);
   scratch_ = kc::DeviceBuffer(measure_scratch.used);
   Carver real_scratch{static_cast<char*>(scratch_.ptr), 0};
   carve_scratch(real_scratch);
+  // The same for the scratch rows the GeLU activation runs over past the experts' (the bound).
+  if (gather_) LAOYAO_CUDA_CHECK(cudaMemset(scratch_.ptr, 0, scratch_.bytes));
 
   if (ep_) {
     host_counts_ = kc::PinnedHostBuffer(sizeof(int32_t) * static_cast<size_t>(P_ * E_));
@@ -157,7 +160,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     LAOYAO_CUDA_CHECK(cudaMemset(global_.ptr, 0, global_.bytes));
   }
   if (m.expert_bias) {
-    if (!m.sigmoid) throw UsageError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid");
+    if (!m.sigmoid)
+      throw UsageError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus");
     expert_load_ = kc::DeviceBuffer(sizeof(int32_t) * static_cast<size_t>(layers * E_));
     LAOYAO_CUDA_CHECK(cudaMemset(expert_load_.ptr, 0, expert_load_.bytes));
   }
@@ -179,7 +183,9 @@ CudaMoeLayers::~CudaMoeLayers() {
 }
 
 // The GeLU kernels take no device row count: under the all-gather dispatcher they run over every
-// row the bound allows (the rows past the experts' are computed and never read).
+// row the bound allows; the rows past the experts' hold zeros or earlier steps' finite values, and
+// what is computed there is never weighed (the GEMMs store only the groups' rows, the weight
+// gradients zero the output gradients' rows past a group).
 void CudaMoeLayers::activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream,
                                        const int32_t* rows_end) const {
   if (cfg_.activation == Activation::SwiGLU)
