@@ -180,7 +180,8 @@ void moe_router_topk_forward(const float* logits, const float* expert_bias, int6
   check_groups(params, E, k);
   const bool groups = params.num_groups > 0;
   if (expert_bias && params.score_function == MoeScoreFunction::Softmax)
-    throw Error("moe router: an expert bias (aux-loss-free balancing) needs the sigmoid or sqrtsoftplus score function");
+    throw Error("moe router: an expert bias (aux-loss-free balancing) needs the sigmoid or sqrtsoftplus score "
+                "function");
   const float scale = topk_scale(params);
 #pragma omp parallel
   {

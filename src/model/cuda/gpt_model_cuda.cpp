@@ -306,8 +306,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
   // expert-parallel step with the all-to-all dispatcher reads the token counts on the host inside
-  // the step (the all-gather dispatcher's does not, moe_->graph_safe()); global_aux_loss's running counts give each forward its
-  // own kernel argument; a graph's replay is not timed by LAOYAO_MODEL_PHASES.
+  // the step (the all-gather dispatcher's does not, moe_->graph_safe()); global_aux_loss's running
+  // counts give each forward its own kernel argument; a graph's replay is not timed by
+  // LAOYAO_MODEL_PHASES.
   graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() &&
                     (!ep_ || (moe_ && moe_->graph_safe())) && !(cfg.moe.global_aux_loss_coeff > 0) &&
                     !phases_.enabled();
@@ -874,7 +875,8 @@ void CudaGptModel::enqueue_backward() {
     if (c.is_moe_layer(l)) {
       // Under TP each rank's router gradient is a part (its experts' share), the losses' included:
       // finalize_grads sums them; dnorm_ is a part too, summed like the MLP's.
-      moe_->backward(l, moe_context(W), a.ln2, dbranch, dnorm_, T, moe_aux_loss_scale_ / static_cast<float>(tp_size_));
+      moe_->backward(l, moe_context(W), a.ln2, dbranch, dnorm_, T,
+                     moe_aux_loss_scale_ / static_cast<float>(tp_size_));
       phase(kMoe);
     } else if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
