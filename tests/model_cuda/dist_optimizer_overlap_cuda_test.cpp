@@ -8,7 +8,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -35,44 +34,33 @@ struct StepResult {
 std::vector<StepResult> step_two_ranks(const GptConfig& c, bool overlap) {
   constexpr int dp = 2;
   constexpr int64_t b = 2, s = 32;
-  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(dp);
   std::vector<StepResult> out(dp);
-  std::vector<std::string> errors(dp);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < dp; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        LAOYAO_CUDA_CHECK(cudaSetDevice(0));
-        SharedDeviceGroup group(meeting, r);
-        GptModel host(c);
-        random_weights(host, host.weights());
-        host.set_data_parallel_group(&group);
-        const train::OptimizerShards shards = train::plan_optimizer_shards(
-            host.num_parameters(), {}, train::shard_group(&group), {}, train::overlap_bucket_cuts(host.table()));
-        const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
-        auto adam = train::make_shard_adam(host.table(), shards, settings);
-        auto engine = train::make_cuda_engine(host, *adam, settings, b, s, &shards);
-        engine->push_state();
-        engine->zero_grads();
-        for (int m = 0; m < 2; ++m) {
-          const Batch x = random_batch(b, s, c.vocab, 100 + 10 * r + m);
-          train::MicroBatchData mb;
-          mb.b = b, mb.s = s, mb.tokens = x.tokens, mb.labels = x.labels, mb.positions = x.positions;
-          mb.loss_mask = x.mask;
-          if (overlap && m == 1) engine->start_grad_sync(group, 1.0 / dp);
-          engine->run_micro_batch(mb, DropoutKey{7, static_cast<uint64_t>(2 * m + r), true}, x.dloss.data());
-        }
-        engine->finalize_grads();
-        engine->all_reduce_grads(group, 1.0 / dp);
-        out[r].norm = engine->grad_norm();
-        engine->clip_and_step(out[r].norm, 1.0, 1e-3, 0.1);
-        engine->pull_state();
-        out[r].weights.assign(host.weights(), host.weights() + host.num_parameters());
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> errors = run_on_shared_gpu(dp, [&](int r, SharedDeviceGroup& group) {
+    GptModel host(c);
+    random_weights(host, host.weights());
+    host.set_data_parallel_group(&group);
+    const train::OptimizerShards shards = train::plan_optimizer_shards(
+        host.num_parameters(), {}, train::shard_group(&group), {}, train::overlap_bucket_cuts(host.table()));
+    const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
+    auto adam = train::make_shard_adam(host.table(), shards, settings);
+    auto engine = train::make_cuda_engine(host, *adam, settings, b, s, &shards);
+    engine->push_state();
+    engine->zero_grads();
+    for (int m = 0; m < 2; ++m) {
+      const Batch x = random_batch(b, s, c.vocab, 100 + 10 * r + m);
+      train::MicroBatchData mb;
+      mb.b = b, mb.s = s, mb.tokens = x.tokens, mb.labels = x.labels, mb.positions = x.positions;
+      mb.loss_mask = x.mask;
+      if (overlap && m == 1) engine->start_grad_sync(group, 1.0 / dp);
+      engine->run_micro_batch(mb, DropoutKey{7, static_cast<uint64_t>(2 * m + r), true}, x.dloss.data());
+    }
+    engine->finalize_grads();
+    engine->all_reduce_grads(group, 1.0 / dp);
+    out[r].norm = engine->grad_norm();
+    engine->clip_and_step(out[r].norm, 1.0, 1e-3, 0.1);
+    engine->pull_state();
+    out[r].weights.assign(host.weights(), host.weights() + host.num_parameters());
+  });
   for (int r = 0; r < dp; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
 }

@@ -25,13 +25,11 @@ namespace {
 // training: dropout on (hidden, and attention unless attention_dropout is false), as a training step.
 void compare(GptConfig c, bool training, bool attention_dropout = true) {
   if (training) c.hidden_dropout = 0.1, c.attention_dropout = attention_dropout ? 0.1 : 0.0;
-  GptModel cpu(c);
-  random_weights(cpu, cpu.weights());
-  CudaGptModel gpu(c, 2, 48);
-  gpu.upload_weights(cpu.weights());
-
-  const Batch x = random_batch(2, 48, c.vocab);
-  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  CpuAndGpuModels models(c);
+  GptModel& cpu = models.cpu;
+  CudaGptModel& gpu = models.gpu;
+  const Batch& x = models.x;
+  const MicroBatch& mb = models.mb;
   const DropoutKey key{1234, 5 * 1000003ull + 1, training};
   std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s));
   cpu.zero_grads();

@@ -57,6 +57,21 @@ inline Batch random_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed = 1
   return x;
 }
 
+// The CPU model of c with random weights, the CUDA model (micro-batches up to 2 x 48) holding the
+// same weights, and a random batch of 2 sequences of 48 tokens.
+struct CpuAndGpuModels {
+  GptModel cpu;
+  CudaGptModel gpu;
+  Batch x;
+  MicroBatch mb;
+  explicit CpuAndGpuModels(const GptConfig& c)
+      : cpu(c), gpu(c, 2, 48), x(random_batch(2, 48, c.vocab)),
+        mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()} {
+    random_weights(cpu, cpu.weights());
+    gpu.upload_weights(cpu.weights());
+  }
+};
+
 inline double rel_err(const float* a, const float* ref, int64_t n) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < n; ++i) num += std::pow(double(a[i]) - ref[i], 2), den += std::pow(double(ref[i]), 2);

@@ -9,7 +9,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -84,32 +83,21 @@ void compare_ep_layer(GptConfig c, int64_t b, int64_t s, int P, bool allgather) 
   ce.moe.expert_parallel = P, ce.moe.allgather_dispatcher = allgather;
   int64_t ne = 0;
   const GptLayerOffsets We = place_layer(ce, ne);
-  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(P);
   std::vector<LayerRun> got(static_cast<size_t>(P));
-  std::vector<std::string> errors(static_cast<size_t>(P));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < P; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        LAOYAO_CUDA_CHECK(cudaSetDevice(0));
-        SharedDeviceGroup group(meeting, r);
-        // This rank's parameters: the router and the shared expert whole, experts r*El .. r*El+El-1.
-        std::vector<float> wr(static_cast<size_t>(ne), 0.0f);
-        auto put = [&](int64_t to, int64_t from, int64_t count) {
-          if (count > 0) std::copy(w.begin() + from, w.begin() + from + count, wr.begin() + to);
-        };
-        put(We.router_w, W.router_w, E * H);
-        put(We.experts_fc1, W.experts_fc1 + r * El * fc1, El * fc1);
-        put(We.experts_fc2, W.experts_fc2 + r * El * fc2, El * fc2);
-        if (W.shared_fc1 >= 0) put(We.shared_fc1, W.shared_fc1, We.shared_fc2 - We.shared_fc1);
-        if (W.shared_fc2 >= 0) put(We.shared_fc2, W.shared_fc2, H * c.moe.shared_ffn);
-        if (W.expert_bias >= 0) put(We.expert_bias, W.expert_bias, E);
-        got[static_cast<size_t>(r)] = run_layer(ce, T, s, wr, x[r], dy[r], &group);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> errors = run_on_shared_gpu(P, [&](int r, SharedDeviceGroup& group) {
+    // This rank's parameters: the router and the shared expert whole, experts r*El .. r*El+El-1.
+    std::vector<float> wr(static_cast<size_t>(ne), 0.0f);
+    auto put = [&](int64_t to, int64_t from, int64_t count) {
+      if (count > 0) std::copy(w.begin() + from, w.begin() + from + count, wr.begin() + to);
+    };
+    put(We.router_w, W.router_w, E * H);
+    put(We.experts_fc1, W.experts_fc1 + r * El * fc1, El * fc1);
+    put(We.experts_fc2, W.experts_fc2 + r * El * fc2, El * fc2);
+    if (W.shared_fc1 >= 0) put(We.shared_fc1, W.shared_fc1, We.shared_fc2 - We.shared_fc1);
+    if (W.shared_fc2 >= 0) put(We.shared_fc2, W.shared_fc2, H * c.moe.shared_ffn);
+    if (W.expert_bias >= 0) put(We.expert_bias, W.expert_bias, E);
+    got[static_cast<size_t>(r)] = run_layer(ce, T, s, wr, x[r], dy[r], &group);
+  });
   for (int r = 0; r < P; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 
   for (int r = 0; r < P; ++r) {

@@ -117,7 +117,7 @@ cpu::MoeRouterParams cpu_params(const RouterCase& c) {
 cuda::MoeRouterSpec gpu_spec(const RouterCase& c) {
   cuda::MoeRouterSpec s;
   s.num_experts = c.E, s.topk = c.k, s.pre_softmax = c.pre_softmax;
-  s.sigmoid = c.sigmoid && !c.sqrt_softplus, s.sqrt_softplus = c.sigmoid && c.sqrt_softplus;
+  s.sigmoid = c.sigmoid, s.sqrt_softplus = c.sqrt_softplus;
   s.topk_scaling_factor = c.scale;
   s.num_groups = c.groups, s.group_topk = c.group_topk;
   return s;

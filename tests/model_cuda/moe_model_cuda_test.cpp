@@ -219,12 +219,11 @@ void compare_global_aux_layer(const GptConfig& c, int64_t b, int64_t s) {
 // losses, bit for bit.
 void compare_model(const GptConfig& c) {
   const bool choices = c.moe.topk < c.moe.num_experts;
-  GptModel cpu(c);
-  random_weights(cpu, cpu.weights());
-  CudaGptModel gpu(c, 2, 48);
-  gpu.upload_weights(cpu.weights());
-  const Batch x = random_batch(2, 48, c.vocab);
-  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  CpuAndGpuModels models(c);
+  GptModel& cpu = models.cpu;
+  CudaGptModel& gpu = models.gpu;
+  const Batch& x = models.x;
+  const MicroBatch& mb = models.mb;
   const DropoutKey key{1234, 5 * 1000003ull + 1, false};
   std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s));
   cpu.set_moe_aux_loss_scale(0.5f);
@@ -273,12 +272,11 @@ void compare_model(const GptConfig& c) {
 // the inputs, read on the device), so the CUDA graph the later calls replay routes as the CPU does
 // with that call's key; losses token by token (the routing does not depend on the activations).
 void compare_forced_routing_over_calls(const GptConfig& c) {
-  GptModel cpu(c);
-  random_weights(cpu, cpu.weights());
-  CudaGptModel gpu(c, 2, 48);
-  gpu.upload_weights(cpu.weights());
-  const Batch x = random_batch(2, 48, c.vocab);
-  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  CpuAndGpuModels models(c);
+  GptModel& cpu = models.cpu;
+  CudaGptModel& gpu = models.gpu;
+  const Batch& x = models.x;
+  const MicroBatch& mb = models.mb;
   std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s)), previous;
   for (uint64_t call = 0; call < 4; ++call) {  // eager, warm-up, captured, replayed
     const DropoutKey key{1234, call, true};

@@ -12,7 +12,11 @@
 #include <barrier>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/process_group.hpp"
@@ -175,5 +179,26 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   std::shared_ptr<Meeting> m_;
   int rank_;
 };
+
+// fn(rank, group) on `ranks` threads, all on GPU 0, meeting in one SharedDeviceGroup; returns each
+// rank's exception message ("" where it finished).
+inline std::vector<std::string> run_on_shared_gpu(int ranks,
+                                                  const std::function<void(int, SharedDeviceGroup&)>& fn) {
+  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(ranks);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        LAOYAO_CUDA_CHECK(cudaSetDevice(0));
+        SharedDeviceGroup group(meeting, r);
+        fn(r, group);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
 
 }  // namespace laoyao::model::test

@@ -817,6 +817,8 @@ void check_router(const char* op, int64_t T, const MoeRouterSpec& r) {
                 std::to_string(k));
   if (T < 0 || T * k > int64_t(INT32_MAX))
     throw Error(std::string(op) + ": T * topk must be in [0, 2^31) (int32 indices), got T = " + std::to_string(T));
+  if (r.sqrt_softplus && !r.sigmoid)
+    throw Error(std::string(op) + ": sqrt_softplus is a sigmoid-like score function: set sigmoid too");
   const int64_t G = r.num_groups, g = r.group_topk;
   if ((G != 0 || g != 0) && (G < 1 || E % G != 0 || g < 1 || g > G || k < g || k > g * (E / G)))
     throw Error(std::string(op) + ": group-limited routing needs num_groups dividing the " + std::to_string(E) +
@@ -862,7 +864,7 @@ void with_slots(int64_t E, F&& f) {
 RouterArgs router_args(const MoeRouterSpec& r) {
   RouterArgs a{};
   a.E = static_cast<int>(r.num_experts), a.k = static_cast<int>(r.topk);
-  a.sigmoid = r.sigmoid || r.sqrt_softplus, a.pre_softmax = r.pre_softmax, a.sqrt_softplus = r.sqrt_softplus;
+  a.sigmoid = r.sigmoid, a.pre_softmax = r.pre_softmax, a.sqrt_softplus = r.sqrt_softplus;
   a.scale = r.topk_scaling_factor != 0.0f ? r.topk_scaling_factor : 1.0f;
   return a;
 }
@@ -889,7 +891,7 @@ void moe_router_forward(const float* logits, int64_t T, const MoeRouterSpec& rou
                         const float* expert_bias, int32_t* aux_topk_idx, int32_t* aux_tokens_per_expert) {
   const char* op = "moe_router_forward";
   check_router(op, T, router);
-  if (expert_bias && !router.sigmoid && !router.sqrt_softplus)
+  if (expert_bias && !router.sigmoid)
     throw Error("moe_router_forward: an expert bias needs the sigmoid or sqrtsoftplus router");
   if ((aux_topk_idx == nullptr) != (aux_tokens_per_expert == nullptr))
     throw Error("moe_router_forward: the aux losses' top-k needs both its choices and its counts");

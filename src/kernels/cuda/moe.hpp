@@ -22,8 +22,8 @@ constexpr int64_t kMoeMaxExperts = 512;
 struct MoeRouterSpec {
   int64_t num_experts = 0;  // E
   int64_t topk = 0;         // k, 1 <= k <= E
-  bool sigmoid = false;     // --moe-router-score-function sigmoid (else softmax)
-  bool sqrt_softplus = false;  // --moe-router-score-function sqrtsoftplus: sigmoid's routing on sqrt(softplus) scores
+  bool sigmoid = false;     // --moe-router-score-function sigmoid or sqrtsoftplus (else softmax)
+  bool sqrt_softplus = false;  // with sigmoid: sqrtsoftplus, the sigmoid's routing on sqrt(softplus) scores
   bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
   float topk_scaling_factor = 0.0f;  // --moe-router-topk-scaling-factor; 0: none
   int64_t num_groups = 0, group_topk = 0;  // --moe-router-num-groups / --moe-router-group-topk; 0: none

@@ -42,8 +42,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
                      "--moe-shared-expert-intermediate-size to be multiples of 8");
   router_.num_experts = E_;
   router_.topk = k_;
-  router_.sigmoid = m.sigmoid && !m.sqrt_softplus;
-  router_.sqrt_softplus = m.sigmoid && m.sqrt_softplus;
+  router_.sigmoid = m.sigmoid, router_.sqrt_softplus = m.sqrt_softplus;
   router_.pre_softmax = m.pre_softmax;
   router_.topk_scaling_factor = m.topk_scaling_factor ? static_cast<float>(*m.topk_scaling_factor) : 0.0f;
   router_.num_groups = m.num_groups, router_.group_topk = m.group_topk;
