@@ -6,8 +6,8 @@
 #   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
 # Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
-# (default: the first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT; seed_command and
-# moe_2b_gbs16 have no peer). Run on the GPU machine
+# moe_2b_mbsM_gbsG (default: the first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT;
+# seed_command and the moe_2b_* cases have no peer). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -61,6 +61,10 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
     # fp32 AdamW parameters once per 16 sequences, as a real run's global batch amortises it). No
     # peer: pytorch_moe.py takes one micro-batch a step.
     moe_2b_gbs16) shape_args moe_2b | sed 's/--global-batch-size 2 /--global-batch-size 16 /' ;;
+    # moe_2b_mbsM_gbsG: the flagship at micro-batch M and global batch G (the recipe's own is 512
+    # sequences of 1 a step; a larger micro-batch gives each expert's GEMMs more rows).
+    moe_2b_mbs*_gbs*) local mg="${1#moe_2b_mbs}"
+      shape_args moe_2b | sed "s/--micro-batch-size 2 --global-batch-size 2 /--micro-batch-size ${mg%_gbs*} --global-batch-size ${mg#*_gbs} /" ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
@@ -86,7 +90,7 @@ for c in $cases; do
   seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
-  if [ "$c" != seed_command ] && [ "$c" != moe_2b_gbs16 ]; then
+  if [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ]; then
     peer="$PEER"
     [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
     PYTHONUNBUFFERED=1 python3 "$peer" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
