@@ -297,17 +297,12 @@ class CudaEngine final : public Engine {
     std::vector<uint8_t> flags(static_cast<size_t>(counted_end_ - counted_begin_), 0);
     for (const OwnedSegment* seg : counted)
       std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);
-    if (gpu_.tp_group()) {  // and the model's own flags (which leave the buffers out too)
-      std::vector<uint8_t> split(flags.size());
-      LAOYAO_CUDA_CHECK(cudaMemcpy(split.data(), gpu_.counted_flags() + counted_begin_, split.size(),
-                                   cudaMemcpyDeviceToHost));
-      for (size_t i = 0; i < flags.size(); ++i) flags[i] &= split[i];
-    } else {  // the data-parallel sum counts every EP rank's experts already: only the buffers left out
-      for (const auto& p : gpu_.table().specs) {
-        if (!p.buffer) continue;
-        const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
-        if (lo < hi) std::fill(flags.begin() + (lo - counted_begin_), flags.begin() + (hi - counted_begin_), 0);
-      }
+    // And the model's own rule within the tensor-parallel group (which leaves the buffers out too);
+    // the data-parallel sum counts every EP rank's experts already.
+    for (const auto& p : gpu_.table().specs) {
+      if (gpu_.counts(p, false)) continue;
+      const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
+      if (lo < hi) std::fill(flags.begin() + (lo - counted_begin_), flags.begin() + (hi - counted_begin_), 0);
     }
     counted_ = kc::DeviceBuffer(flags.size());
     counted_.upload(flags.data(), flags.size());
@@ -381,7 +376,8 @@ class CudaEngine final : public Engine {
     sync_group_->all_reduce_sum_device(gpu_.main_grads() + offset, static_cast<size_t>(count), comm_, sync_scale_);
   }
   // result() = a reduction over the whole model (sum_squares or count_zeros): with tensor or expert
-  // parallelism every rank's split tensors (experts) and one rank's replicated ones, summed over the group;
+  // parallelism every rank's split tensors (experts) and one rank's replicated ones, summed over the
+  // groups;
   // with the distributed optimizer each rank's counted segments, summed over the data-parallel group.
   template <class Reduction>
   void model_sum(Reduction reduce, const float* x) {
@@ -394,7 +390,7 @@ class CudaEngine final : public Engine {
       return;
     }
     reduce(x, gpu_.num_parameters(), scratch(), result(), stream, gpu_.counted_flags());
-    if (dist::ProcessGroup* split = gpu_.split_group())
+    for (dist::ProcessGroup* split : gpu_.split_groups())
       split->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
   }
   double* result() { return scratch_.as<double>() + kc::kReduceBlocks; }

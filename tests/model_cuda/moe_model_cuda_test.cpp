@@ -393,6 +393,9 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig ep = c;
   ep.moe.expert_parallel = 2;  // trained over GPU ranks (an expert-parallel group)
   EXPECT_EQ(cuda_unsupported_features(ep), "");
+  GptConfig tp_ep = ep;
+  tp_ep.moe.tensor_parallel = 2, tp_ep.sequence_parallel = true;  // and with tensor parallelism too
+  EXPECT_EQ(cuda_unsupported_features(tp_ep), "");
   GptConfig bias = c;
   bias.moe.sigmoid = true, bias.moe.expert_bias = true;  // aux-loss-free balancing runs on the GPU
   EXPECT_EQ(cuda_unsupported_features(bias), "");

@@ -9,13 +9,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <barrier>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -26,13 +29,51 @@ namespace laoyao::model::test {
 
 class SharedDeviceGroup final : public dist::ProcessGroup {
  public:
-  // What the members share: make one, then a group per member thread.
+  // What the members share: make one, then a group per member thread. Its barrier gives up with
+  // an error, rather than hang the test binary, when a member fails (break_off) or when the others
+  // have not arrived within kTimeout; the message says which collective each member is in.
   struct Meeting {
-    explicit Meeting(int n) : size(n), barrier(n), sends(static_cast<size_t>(n)), counts(static_cast<size_t>(n)) {}
+    static constexpr std::chrono::seconds kTimeout{60};
+    explicit Meeting(int n, std::string label = "group")
+        : size(n), name(std::move(label)), at(static_cast<size_t>(n)), sends(static_cast<size_t>(n)),
+          counts(static_cast<size_t>(n)) {}
     int size;
-    std::barrier<> barrier;
+    std::string name;
+    std::mutex mu;
+    std::condition_variable cv;
+    int arrived = 0;
+    uint64_t generation = 0;
+    bool broken = false;
+    std::vector<std::string> at;        // each member's current collective
     std::vector<const void*> sends;     // each member's buffer of the current collective
     std::vector<const size_t*> counts;  // all-to-all: each member's send counts
+    void wait(int rank, const std::string& what) {
+      std::unique_lock<std::mutex> lock(mu);
+      at[static_cast<size_t>(rank)] = what;
+      const std::string who = name + " rank " + std::to_string(rank) + " in " + what;
+      if (broken) throw Error("SharedDeviceGroup: " + who + ": another member failed");
+      const uint64_t mine = generation;
+      if (++arrived == size) {
+        arrived = 0, ++generation;
+        cv.notify_all();
+        return;
+      }
+      if (!cv.wait_for(lock, kTimeout, [&] { return generation != mine || broken; })) {
+        broken = true;
+        cv.notify_all();
+        std::string where;
+        for (int r = 0; r < size; ++r) where += " [" + std::to_string(r) + "] " + at[static_cast<size_t>(r)];
+        throw Error("SharedDeviceGroup: " + who + " waited " + std::to_string(kTimeout.count()) +
+                    " s for the others; the members are at:" + where);
+      }
+      if (generation == mine) throw Error("SharedDeviceGroup: " + who + ": another member failed");
+    }
+    // A member failed: the others' waits, now and later, throw instead of hanging.
+    void break_off() {
+      std::lock_guard<std::mutex> lock(mu);
+      broken = true;
+      cv.notify_all();
+    }
   };
   SharedDeviceGroup(std::shared_ptr<Meeting> meeting, int rank) : m_(std::move(meeting)), rank_(rank) {}
 
@@ -43,55 +84,55 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   void all_reduce_max(float* data, size_t n) override {
     host_reduce(data, n, [](double a, double b) { return std::max(a, b); });
   }
-  void barrier() override { m_->barrier.arrive_and_wait(); }
+  void barrier() override { meet("barrier"); }
 
   void all_reduce_sum_device(float* data, size_t n, void* stream, double scale) override {
-    publish(data, stream);
+    publish("all_reduce_sum_device", data, stream);
     std::vector<float> sum(n, 0.0f);
     for (int r = 0; r < size(); ++r) {
       const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], 0, n, dist::DeviceType::F32);
       for (size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(scale) * part[i];
     }
-    m_->barrier.arrive_and_wait();
+    meet(what_);
     upload(sum, data, dist::DeviceType::F32);
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
   void all_gather_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream) override {
     const size_t bytes = n * type_bytes(type);
-    publish(send, stream);
+    publish("all_gather_device", send, stream);
     for (int r = 0; r < size(); ++r)
       copy(static_cast<char*>(recv) + static_cast<size_t>(r) * bytes, m_->sends[static_cast<size_t>(r)], bytes);
-    m_->barrier.arrive_and_wait();  // nobody's send buffer is reused before every copy from it is done
+    meet(what_);  // nobody's send buffer is reused before every copy from it is done
   }
   void reduce_scatter_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream,
                              double scale) override {
-    publish(send, stream);
+    publish("reduce_scatter_device", send, stream);
     std::vector<float> sum(n, 0.0f);
     for (int r = 0; r < size(); ++r) {
       const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], static_cast<size_t>(rank_) * n, n, type);
       for (size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(scale) * part[i];
     }
-    m_->barrier.arrive_and_wait();  // every member has read its chunks before any recv (maybe a send) is written
+    meet(what_);  // every member has read its chunks before any recv (maybe a send) is written
     upload(sum, recv, type);
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
   void all_reduce_device(void* data, size_t n, dist::DeviceType type, void* stream) override {
     if (type == dist::DeviceType::F64) return exact_all_reduce<double>(data, n, stream);
     if (type == dist::DeviceType::I32) return exact_all_reduce<int32_t>(data, n, stream);
-    publish(data, stream);
+    publish("all_reduce_device", data, stream);
     std::vector<float> sum(n, 0.0f);
     for (int r = 0; r < size(); ++r) {
       const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], 0, n, type);
       for (size_t i = 0; i < n; ++i) sum[i] += part[i];
     }
-    m_->barrier.arrive_and_wait();
+    meet(what_);
     upload(sum, data, type);
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
   void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                          dist::DeviceType type, void* stream, bool with_self) override {
     m_->counts[static_cast<size_t>(rank_)] = send_counts;
-    publish(send, stream);
+    publish("all_to_all_device", send, stream);
     const size_t b = type_bytes(type);
     size_t at = 0;
     for (int s = 0; s < size(); ++s) {
@@ -104,18 +145,20 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
              recv_counts[s] * b);
       at += recv_counts[s];
     }
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
 
  private:
   static size_t type_bytes(dist::DeviceType t) {
     return t == dist::DeviceType::BF16 ? 2 : t == dist::DeviceType::F64 ? 8 : 4;
   }
-  void publish(const void* p, void* stream) {
+  void publish(const char* op, const void* p, void* stream) {
+    what_ = std::string(op) + " #" + std::to_string(++calls_);
     LAOYAO_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
     m_->sends[static_cast<size_t>(rank_)] = p;
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
+  void meet(const std::string& what) { m_->wait(rank_, what); }
   static void copy(void* to, const void* from, size_t bytes) {
     if (bytes > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice));
   }
@@ -150,34 +193,37 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   // A sum of device values of T in rank order, on the host (fp64 norms, int32 counts).
   template <class T>
   void exact_all_reduce(void* data, size_t n, void* stream) {
-    publish(data, stream);
+    publish("exact_all_reduce", data, stream);
     std::vector<T> sum(n, T(0)), part(n);
     for (int r = 0; r < size(); ++r) {
       if (n > 0)
         LAOYAO_CUDA_CHECK(cudaMemcpy(part.data(), m_->sends[static_cast<size_t>(r)], n * sizeof(T), cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < n; ++i) sum[i] += part[i];
     }
-    m_->barrier.arrive_and_wait();
+    meet(what_);
     if (n > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(data, sum.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
   template <class T, class Op>
   void host_reduce(T* data, size_t n, Op op) {
+    what_ = "host all_reduce #" + std::to_string(++calls_);
     m_->sends[static_cast<size_t>(rank_)] = data;
-    m_->barrier.arrive_and_wait();
+    meet(what_);
     const T* first = static_cast<const T*>(m_->sends[0]);
     std::vector<T> out(first, first + n);  // in rank order: every member gets the same bits
     for (int r = 1; r < size(); ++r) {
       const T* theirs = static_cast<const T*>(m_->sends[static_cast<size_t>(r)]);
       for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(op(out[i], theirs[i]));
     }
-    m_->barrier.arrive_and_wait();
+    meet(what_);
     std::copy(out.begin(), out.end(), data);
-    m_->barrier.arrive_and_wait();
+    meet(what_);
   }
 
   std::shared_ptr<Meeting> m_;
   int rank_;
+  int64_t calls_ = 0;  // this member's collectives so far, named in a timeout's message
+  std::string what_;   // the current one
 };
 
 // fn(rank, group) on `ranks` threads, all on GPU 0, meeting in one SharedDeviceGroup; returns each
@@ -195,6 +241,7 @@ inline std::vector<std::string> run_on_shared_gpu(int ranks,
         fn(r, group);
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
+        meeting->break_off();
       }
     });
   for (auto& t : threads) t.join();

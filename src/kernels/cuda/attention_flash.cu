@@ -441,8 +441,8 @@ void forward(const bf16* qkv, bf16* ctx, float* lse, const AttentionShape& a, co
              cudaStream_t stream) {
   const FlashDims p = dims_of(a);
   const size_t smem = size_t(5) * kTile * (D + 8) * sizeof(bf16);  // Q + 2 stages of K, V
-  static std::array<bool, 64> seen{};
-  if (first_on_this_device(seen)) allow_smem(flash_forward_kernel<D>, smem);
+  static SmemSite site;
+  site.once([&] { allow_smem(flash_forward_kernel<D>, smem); });
   const dim3 grid(unsigned((a.s + kTile - 1) / kTile), unsigned(a.H), unsigned(a.b));
   flash_forward_kernel<D><<<grid, kThreads, smem, stream>>>(qkv, ctx, lse, p, drop);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
@@ -460,8 +460,8 @@ void backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* l
   // K, V + 2 stages of (Q, dO, lse, delta)
   constexpr int kQTile = q_tile<D>();
   const size_t smem_kv = size_t(2 * kTile + 4 * kQTile) * (D + 8) * sizeof(bf16) + 4 * kQTile * sizeof(float);
-  static std::array<bool, 64> seen{};
-  if (first_on_this_device(seen)) allow_smem(flash_dq_kernel<D>, smem_dq), allow_smem(flash_dkdv_kernel<D>, smem_kv);
+  static SmemSite site;
+  site.once([&] { allow_smem(flash_dq_kernel<D>, smem_dq), allow_smem(flash_dkdv_kernel<D>, smem_kv); });
   const unsigned blocks = unsigned((a.s + kTile - 1) / kTile);
   flash_dq_kernel<D><<<dim3(blocks, unsigned(a.H), unsigned(a.b)), kThreads, smem_dq, stream>>>(qkv, dctx, lse, delta,
                                                                                                dqkv, p, drop);

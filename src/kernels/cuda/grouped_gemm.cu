@@ -302,12 +302,12 @@ void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups
   constexpr size_t smem = smem_bytes<bf16>();
   const int G = int(g.groups), Gw = int(g.weights);
   if (nt) {
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel<0>, smem);
+    static SmemSite site;
+    site.once([&] { allow_smem(rows_kernel<0>, smem); });
     rows_kernel<0><<<unsigned(blocks), kThreads, smem, stream>>>(A, B, C, g.offsets, G, Gw, int(col_tiles), cols, red);
   } else {
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel<1>, smem);
+    static SmemSite site;
+    site.once([&] { allow_smem(rows_kernel<1>, smem); });
     rows_kernel<1><<<unsigned(blocks), kThreads, smem, stream>>>(A, B, C, g.offsets, G, Gw, int(col_tiles), cols, red);
   }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
@@ -345,8 +345,8 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
   const int64_t blocks = groups.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");
   constexpr size_t smem = smem_bytes<float>();
-  static std::array<bool, 64> seen{};
-  if (first_on_this_device(seen)) allow_smem(wgrad_kernel, smem);
+  static SmemSite site;
+  site.once([&] { allow_smem(wgrad_kernel, smem); });
   wgrad_kernel<<<unsigned(blocks), kThreads, smem, stream>>>(dY, X, dW, groups.offsets, int(groups.groups),
                                                              int(groups.weights), int(m_tiles), int(n_tiles), N, K,
                                                              accumulate);

@@ -563,15 +563,15 @@ void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGr
   if (nt) {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
                                            {uint64_t(red) * 2, uint64_t(red * cols) * 2}, {64, W, 1});
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<0, W>, smem);
+    static SmemSite site;
+    site.once([&] { allow_smem(rows_kernel_tma<0, W>, smem); });
     rows_kernel_tma<0, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tc, bulk, C, g.offsets, G, int(Gw),
                                                                          int(col_tiles), cols, red);
   } else {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(cols), uint64_t(red), Gw},
                                            {uint64_t(cols) * 2, uint64_t(red * cols) * 2}, {64, 64, 1});
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma<1, W>, smem);
+    static SmemSite site;
+    site.once([&] { allow_smem(rows_kernel_tma<1, W>, smem); });
     rows_kernel_tma<1, W><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tc, bulk, C, g.offsets, G, int(Gw),
                                                                          int(col_tiles), cols, red);
   }
@@ -605,15 +605,15 @@ bool launch_rows_tma_persistent(bool nt, const bf16* A, const bf16* B, bf16* C, 
   if (nt) {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
                                            {uint64_t(red) * 2, uint64_t(red * cols) * 2}, {64, W, 1});
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma_persistent<0>, kPersistentSmem);
+    static SmemSite site;
+    site.once([&] { allow_smem(rows_kernel_tma_persistent<0>, kPersistentSmem); });
     rows_kernel_tma_persistent<0><<<blocks, kThreads, kPersistentSmem, stream>>>(ta, tb, tc, C, g.offsets, G, int(Gw),
                                                                                  int(col_tiles), cols, red);
   } else {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(cols), uint64_t(red), Gw},
                                            {uint64_t(cols) * 2, uint64_t(red * cols) * 2}, {64, 64, 1});
-    static std::array<bool, 64> seen{};
-    if (first_on_this_device(seen)) allow_smem(rows_kernel_tma_persistent<1>, kPersistentSmem);
+    static SmemSite site;
+    site.once([&] { allow_smem(rows_kernel_tma_persistent<1>, kPersistentSmem); });
     rows_kernel_tma_persistent<1><<<blocks, kThreads, kPersistentSmem, stream>>>(ta, tb, tc, C, g.offsets, G, int(Gw),
                                                                                  int(col_tiles), cols, red);
   }
@@ -647,8 +647,8 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
                             {uint64_t(K) * 4, uint64_t(N * K) * 4}, {32, BM, 1})
            : ta;
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();
-  static std::array<bool, 64> seen{};
-  if (first_on_this_device(seen)) allow_smem(wgrad_kernel_tma, smem);
+  static SmemSite site;
+  site.once([&] { allow_smem(wgrad_kernel_tma, smem); });
   wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
                                                                  int(g.weights), int(m_tiles), int(n_tiles), N, K,
                                                                  accumulate);

@@ -366,9 +366,10 @@ void launch_fused(const bf16* dy, const bf16* x, const bf16* gamma, const float*
                   float* partial, int64_t T, int C, bool zc, bool accumulate, cudaStream_t stream) {
   const int64_t chunks = (T + kFusedRows - 1) / kFusedRows;
   const size_t smem = sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * size_t(C);
-  static std::array<bool, 64> seen{};  // one per instantiation: the attribute is the kernel's
-  if (first_on_this_device(seen))
+  static SmemSite site;  // one per instantiation: the attribute is the kernel's
+  site.once([&] {
     allow_smem(norm_backward_fused_kernel<P, kBeta>, sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * 32 * 8 * P);
+  });
   norm_backward_fused_kernel<P, kBeta><<<unsigned(chunks), kFusedWarps * 32, smem, stream>>>(
       dy, x, gamma, mean, rstd, dx, partial, T, C, zc, accumulate);
 }

@@ -39,8 +39,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
-  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && c.moe.expert_parallel > 1)
-    missing.push_back("Mixture of Experts with tensor and expert parallelism together (the CPU backend trains it)");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -131,17 +129,11 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
-  // (A config and group of different EP sizes, or EP with TP, are refused by the MoE layers below.)
-  // The norms count a replicated tensor once over the split group (on rank 0) and no buffer (the
-  // router's expert_bias: not a parameter).
-  if (split_group() || layout_.table.has_buffers()) {
-    const int64_t rank = split_group() ? split_group()->rank() : 0;
+  // (A config and group of different EP sizes are refused by the MoE layers below.)
+  if (!split_groups().empty() || layout_.table.has_buffers()) {
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
-    for (const auto& p : layout_.table.specs) {
-      const bool split = ep_ ? is_routed_expert(p.name) : tp_split_of(p.name, cfg_) != TpSplit::Replicated;
-      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel,
-                (rank == 0 || split) && !p.buffer ? 1 : 0);
-    }
+    for (const auto& p : layout_.table.specs)
+      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, counts(p, true) ? 1 : 0);
     counted_ = kc::DeviceBuffer(flags.size());
     counted_.upload(flags.data(), flags.size());
   }
@@ -258,9 +250,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     logit_keys_ = a.take<uint64_t>(c.num_layers);  // staged with the inputs: last, inside their span
   };
   if (c.moe.num_experts > 0) {
-    if (tensor_parallel() && ep_)
-      throw UsageError("the CUDA backend runs Mixture-of-Experts layers with tensor or expert parallelism, not both");
-    // Under TP (with SP) the layers see the whole sequence and hold their share of every expert.
+    // Under TP (with SP) the layers see the whole sequence and hold their share of every expert
+    // (under EP too: of every expert of this EP rank; the EP group gathers the ranks' sequences).
     moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_);
   }
   Carver measure;
@@ -436,6 +427,20 @@ kc::DropoutSpec CudaGptModel::hidden_dropout(const std::string& stream) const {
   const kc::DropoutSpec d = dropout(lc_.hidden_dropout, key_.seed, stream);
   // Sequence parallelism: this rank's positions of each sequence of the whole [b, s, h] mask.
   return sp_ ? kc::sliced(d, static_cast<uint64_t>(s_ * lc_.hidden), tp_rank_, tp_size_) : d;
+}
+
+std::vector<dist::ProcessGroup*> CudaGptModel::split_groups() const {
+  std::vector<dist::ProcessGroup*> groups;
+  if (tensor_parallel()) groups.push_back(tp_);
+  if (ep_) groups.push_back(ep_);
+  return groups;
+}
+
+bool CudaGptModel::counts(const ParamSpec& p, bool across_ep) const {
+  if (p.buffer) return false;
+  const bool tp_share = tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
+  const bool ep_share = !across_ep || !ep_ || ep_->rank() == 0 || is_routed_expert(p.name);
+  return tp_share && ep_share;
 }
 
 kc::DropoutSpec CudaGptModel::attention_dropout(const std::string& stream) const {

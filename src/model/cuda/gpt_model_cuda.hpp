@@ -61,7 +61,8 @@ class CudaGptModel {
   // tp: the tensor-parallel group (GPU ranks: make_gpu_process_group; nullptr or one rank: the
   // whole model here).
   // ep: the expert-parallel group of an MoE model (cfg.moe.expert_parallel ranks; the table then
-  // holds this rank's experts only, model/gpt_ep.hpp). Tensor and expert parallelism do not mix.
+  // holds this rank's experts only, model/gpt_ep.hpp). With both, each rank holds its TP share of
+  // its EP rank's experts (Megatron's expert tensor parallelism = TP).
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
                dist::ProcessGroup* ep = nullptr);
   ~CudaGptModel();
@@ -72,12 +73,17 @@ class CudaGptModel {
   // This rank's shapes (heads, query groups, ffn and vocabulary divided by the TP size).
   const GptConfig& local_config() const { return lc_; }
   dist::ProcessGroup* tp_group() const { return tp_size_ > 1 ? tp_ : nullptr; }
-  // The group the model is split over (tensor or expert parallelism), or null: the model's norms
-  // and zero counts are sums over it of each rank's counted_flags() parameters.
-  dist::ProcessGroup* split_group() const { return tp_size_ > 1 ? tp_ : ep_; }
-  // One flag per parameter, 1 where this rank counts it in the model's norms and zero counts (split
-  // tensors, a rank's experts, everywhere; replicated ones on rank 0 only; buffers, the routers'
-  // expert_bias, nowhere); nullptr when whole and without buffers.
+  dist::ProcessGroup* ep_group() const { return ep_; }
+  // The groups the model is split over (tensor parallelism, then expert parallelism; none when
+  // whole): the model's norms and zero counts are each rank's counted_flags() parameters summed
+  // over the first, then the second.
+  std::vector<dist::ProcessGroup*> split_groups() const;
+  // Whether this rank counts parameter p in the model's norms and zero counts: among its
+  // tensor-parallel group a split tensor everywhere and a replicated one on TP rank 0; with
+  // across_ep among its expert-parallel group too, a rank's experts everywhere and the rest on EP
+  // rank 0; a buffer (a router's expert_bias) nowhere.
+  bool counts(const ParamSpec& p, bool across_ep) const;
+  // One flag per parameter, counts(p, true); nullptr when whole and without buffers.
   const uint8_t* counted_flags() const { return counted_.bytes ? counted_.as<uint8_t>() : nullptr; }
   // After a step's micro-batches: sums over the tensor-parallel group the gradients each rank
   // holds only a part of (the QK-norm weights, which serve every head; with sequence parallelism
