@@ -9,10 +9,13 @@
 // - replicated tensors get the same bits on both ranks of a TP pair;
 // - the ranks' counted parameters (CudaGptModel::counts) make up the whole model once.
 // Every expert is chosen (top-4 of 4), so that no near-tie routes a token otherwise than the
-// reference does. Both token dispatchers.
+// reference does. Both token dispatchers. Then the CUDA engine on the same ranks, with and without
+// the distributed optimizer: after the data-parallel reduction every rank's gradient norm is the
+// whole model's, summed over the TP group and then the EP (or data-parallel) one.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +25,10 @@
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
 #include "model_cuda_test_util.hpp"
+#include "optim/adamw.hpp"
+#include "train/data_pipeline.hpp"
+#include "train/dist_optimizer.hpp"
+#include "train/engine.hpp"
 #include "moe_test_util.hpp"
 #include "shared_device_group.hpp"
 #include "train/tp_state.hpp"
@@ -56,12 +63,46 @@ struct RankResult {
   std::vector<uint8_t> counted;
 };
 
-void compare_tp_ep(bool allgather) {
+// Llama's pieces, 4 experts every one of which each token chooses, sequence parallel at TP=2.
+GptConfig tp_ep_config(bool allgather) {
   GptConfig c = moe_config(llama_config(), 4, 4, 64, 0);
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   c.moe.tensor_parallel = kTp;
   c.moe.allgather_dispatcher = allgather;
   c.sequence_parallel = true;
+  return c;
+}
+
+// The rank of each thread and its groups: the TP pairs (0, 1) and (2, 3), the EP pairs (0, 2) and
+// (1, 3), which are the data-parallel pairs too (a meeting of their own).
+struct Meetings {
+  std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp, ep, dp;
+  Meetings() {
+    using M = SharedDeviceGroup::Meeting;
+    for (int i = 0; i < kEp; ++i) tp.push_back(std::make_shared<M>(kTp, "tp group " + std::to_string(i)));
+    for (int i = 0; i < kTp; ++i) {
+      ep.push_back(std::make_shared<M>(kEp, "ep group " + std::to_string(i)));
+      dp.push_back(std::make_shared<M>(kEp, "dp group " + std::to_string(i)));
+    }
+  }
+  // fn(rank, tp, ep, dp) on the four threads; a rank that fails lets the others give up.
+  std::vector<std::string> run(
+      const std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>& fn) {
+    return run_on_shared_gpu(kRanks, [&](int r, SharedDeviceGroup&) {
+      const int t = r % kTp, e = r / kTp;
+      SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[t], e), dp_group(dp[t], e);
+      try {
+        fn(r, tp_group, ep_group, dp_group);
+      } catch (...) {
+        tp[e]->break_off(), ep[t]->break_off(), dp[t]->break_off();
+        throw;
+      }
+    });
+  }
+};
+
+void compare_tp_ep(bool allgather) {
+  const GptConfig c = tp_ep_config(allgather);
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   const std::vector<CpuRun> runs = {run_cpu(cpu, 11), run_cpu(cpu, 12)};
@@ -71,22 +112,18 @@ void compare_tp_ep(bool allgather) {
     whole_expected[e] = runs[e].grads;
     for (const auto& p : cpu.table().specs)
       if (is_routed_expert(p.name))
-        for (int64_t i = p.offset; i < p.offset + p.numel; ++i) whole_expected[e][i] = runs[0].grads[i] + runs[1].grads[i];
+        for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
+          whole_expected[e][i] = runs[0].grads[i] + runs[1].grads[i];
   }
   std::vector<float> whole_sum(runs[0].grads.size());
   for (size_t i = 0; i < whole_sum.size(); ++i) whole_sum[i] = runs[0].grads[i] + runs[1].grads[i];
   GptConfig local_cfg = c;
   local_cfg.moe.expert_parallel = kEp;
 
-  std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp_meetings, ep_meetings;
-  for (int i = 0; i < kEp; ++i)
-    tp_meetings.push_back(std::make_shared<SharedDeviceGroup::Meeting>(kTp, "tp group " + std::to_string(i)));
-  for (int i = 0; i < kTp; ++i)
-    ep_meetings.push_back(std::make_shared<SharedDeviceGroup::Meeting>(kEp, "ep group " + std::to_string(i)));
   std::vector<RankResult> out(kRanks);
-  auto rank = [&](int r) {
-    const int t = r % kTp, e = r / kTp;
-    SharedDeviceGroup tp(tp_meetings[e], t), ep(ep_meetings[t], e);
+  const std::vector<std::string> errors = Meetings().run([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
+                                                              SharedDeviceGroup&) {
+    const int e = r / kTp;
     GptModel local(local_cfg, &tp, &ep);  // the CPU model of this rank: its table and keep_part's map
     std::vector<float> w(static_cast<size_t>(local.num_parameters()));
     train::keep_part(cpu.table(), cpu.weights(), local, w.data());
@@ -108,15 +145,6 @@ void compare_tp_ep(bool allgather) {
     o.grads.resize(w.size());
     gpu.download_grads(o.grads.data());
     for (const auto& p : gpu.table().specs) o.counted.push_back(gpu.counts(p, true) ? 1 : 0);
-  };
-  const std::vector<std::string> errors = run_on_shared_gpu(kRanks, [&](int r, SharedDeviceGroup&) {
-    try {
-      rank(r);
-    } catch (...) {  // the others give up too, rather than wait for this rank
-      tp_meetings[r / kTp]->break_off();
-      ep_meetings[r % kTp]->break_off();
-      throw;
-    }
   });
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   if (::testing::Test::HasFailure()) return;
@@ -152,7 +180,71 @@ void compare_tp_ep(bool allgather) {
   EXPECT_NEAR(counted, whole, 1e-9 * whole);
 }
 
+struct EngineNorms {
+  std::vector<double> ranks;  // each rank's grad_norm()
+  double whole = 0;           // the CPU model's, of both batches' gradients averaged
+};
+
+// The CUDA engine on the four ranks, one micro-batch each data-parallel pair, reduced over the
+// pairs (with or without the distributed optimizer), then the gradient norm.
+EngineNorms engine_norms(bool dist_opt) {
+  const GptConfig c = tp_ep_config(true);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const std::vector<CpuRun> runs = {run_cpu(cpu, 11), run_cpu(cpu, 12)};
+  EngineNorms out;
+  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
+    const double g = 0.5 * (double(runs[0].grads[i]) + runs[1].grads[i]);
+    out.whole += g * g;
+  }
+  out.whole = std::sqrt(out.whole);
+  GptConfig local_cfg = c;
+  local_cfg.moe.expert_parallel = kEp;
+  out.ranks.assign(kRanks, 0.0);
+  const std::vector<std::string> errors = Meetings().run([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
+                                                              SharedDeviceGroup& dp) {
+    GptModel host(local_cfg, &tp, &ep);
+    train::keep_part(cpu.table(), cpu.weights(), host, host.weights());
+    host.set_data_parallel_group(&dp);
+    const int64_t n = host.num_parameters();
+    const train::OptimizerShards shards =
+        dist_opt ? train::plan_optimizer_shards(n, host.routed_expert_ranges(), train::shard_group(&dp), {})
+                 : train::whole_model_shards(n);
+    const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
+    std::vector<optim::ParamRange> ranges;
+    for (const auto& p : host.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
+    std::unique_ptr<optim::AdamW> adam = dist_opt ? train::make_shard_adam(host.table(), shards, settings)
+                                                  : std::make_unique<optim::AdamW>(n, ranges, settings);
+    auto engine = train::make_cuda_engine(host, *adam, settings, 2, 48, &shards);
+    engine->push_state();
+    engine->zero_grads();
+    const Batch& x = runs[static_cast<size_t>(r / kTp)].x;
+    train::MicroBatchData mb;
+    mb.b = x.b, mb.s = x.s, mb.tokens = x.tokens, mb.labels = x.labels, mb.positions = x.positions;
+    mb.loss_mask = x.mask;
+    engine->run_micro_batch(mb, DropoutKey{1234, 1, false}, x.dloss.data());
+    engine->finalize_grads();
+    engine->all_reduce_grads(dp, 1.0 / kEp);
+    out.ranks[static_cast<size_t>(r)] = engine->grad_norm();
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return out;
+}
+
 }  // namespace
+
+TEST(CudaGptModelTpEp, EngineGradientNormIsTheWholeModelsWithAndWithoutTheDistributedOptimizer) {
+  const EngineNorms plain = engine_norms(false), sharded = engine_norms(true);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(plain.whole, 0.0);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(plain.ranks[r], plain.ranks[0]) << "rank " << r;
+    EXPECT_EQ(sharded.ranks[r], sharded.ranks[0]) << "rank " << r;
+  }
+  EXPECT_NEAR(plain.ranks[0], plain.whole, 2e-2 * plain.whole);
+  // The same gradients, counted over other partitions: equal but for the order of the sums.
+  EXPECT_NEAR(sharded.ranks[0], plain.ranks[0], 1e-6 * plain.ranks[0]);
+}
 
 TEST(CudaGptModelTpEp, AllGatherDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(true); }
 TEST(CudaGptModelTpEp, AllToAllDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(false); }
