@@ -2,8 +2,8 @@
 // (hidden 1024, 64 experts, expert FFN 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]; 4096
 // tokens x top-8 = 32768 permuted rows; 65536 in real training, ~1024 rows an expert): the forward
 // of fc1 and fc2 (nt), both input gradients (nn) and both weight gradients (wgrad, accumulated
-// into fp32), each with 64 groups of 512 and of 1024 rows and with 64 random imbalanced groups of
-// the same total. Beside our grouped kernel (one launch, the counts on the device), the same work
+// into fp32), each with 64 groups of 512, 1024 and 4096 rows and with 64 random imbalanced groups
+// of the first two totals. Beside our grouped kernel (one launch, the counts on the device), the same work
 // through cuBLASLt (CublasLtGemm: plans cached, the fastest heuristic candidate kept): as one
 // dense GEMM of all the rows with one weight (what a perfect grouped GEMM could reach; its wgrad
 // writes one [N, K] dW instead of 64), and as a loop of 64 per-expert GEMMs with the counts known
@@ -37,7 +37,7 @@ using laoyao::bench::random_bf16;
 
 namespace {
 
-constexpr int64_t kExperts = 64, kMaxRows = 65536, kMaxWidth = 1024, kMaxWeight = 768 * 1024;
+constexpr int64_t kExperts = 64, kMaxRows = 262144, kMaxWidth = 1024, kMaxWeight = 768 * 1024;
 constexpr int kReps = 20;
 
 enum class Kind { Nt, Nn, Wgrad };
@@ -104,8 +104,10 @@ int main(int argc, char** argv) {
   std::printf("| gemm | N | K | rows | groups | ours TFLOP/s | cuBLASLt dense TFLOP/s | "
               "cuBLASLt 64-GEMM loop TFLOP/s | ours / dense | ours / loop | max diff vs loop |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  // 512 and 1024 rows an expert (32768 rows: 4096 tokens x top-8; 65536: real training), equal or not.
-  const std::pair<int64_t, bool> cases[] = {{32768, true}, {32768, false}, {kMaxRows, true}, {kMaxRows, false}};
+  // 512 and 1024 rows an expert (32768 rows: 4096 tokens x top-8; 65536: micro-batches of 2 x 4096),
+  // equal or not, and 4096 (micro-batches of 8 x 4096).
+  const std::pair<int64_t, bool> cases[] = {
+      {32768, true}, {32768, false}, {65536, true}, {65536, false}, {kMaxRows, true}};
   for (const auto& c : cases) {
     const int64_t rows = c.first;
     const bool balanced = c.second;
