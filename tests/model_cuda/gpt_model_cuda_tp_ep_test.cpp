@@ -14,6 +14,7 @@
 // whole model's, summed over the TP group and then the EP (or data-parallel) one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -106,17 +107,16 @@ void compare_tp_ep(bool allgather) {
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   const std::vector<CpuRun> runs = {run_cpu(cpu, 11), run_cpu(cpu, 12)};
+  std::vector<float> whole_sum(runs[0].grads.size());
+  for (size_t i = 0; i < whole_sum.size(); ++i) whole_sum[i] = runs[0].grads[i] + runs[1].grads[i];
   // What each EP pair's ranks should hold after the backward, in the whole model's layout.
   std::vector<std::vector<float>> whole_expected(kEp);
   for (int e = 0; e < kEp; ++e) {
     whole_expected[e] = runs[e].grads;
     for (const auto& p : cpu.table().specs)
       if (is_routed_expert(p.name))
-        for (int64_t i = p.offset; i < p.offset + p.numel; ++i)
-          whole_expected[e][i] = runs[0].grads[i] + runs[1].grads[i];
+        std::copy_n(whole_sum.begin() + p.offset, p.numel, whole_expected[e].begin() + p.offset);
   }
-  std::vector<float> whole_sum(runs[0].grads.size());
-  for (size_t i = 0; i < whole_sum.size(); ++i) whole_sum[i] = runs[0].grads[i] + runs[1].grads[i];
   GptConfig local_cfg = c;
   local_cfg.moe.expert_parallel = kEp;
 

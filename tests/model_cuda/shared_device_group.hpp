@@ -165,8 +165,11 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   // Caveat: cudaMemcpy may return before a device-to-device copy, or a pageable upload's last leg,
   // is done, on the legacy stream, which the callers' non-blocking streams do not wait for. A
   // cudaDeviceSynchronize after the copies was tried (thirteenth session): the one GPU run with it
-  // stopped inside CudaGptModelTp.MoeEveryExpertSequenceParallel until its time limit, cause not
-  // found; every run without it passed.
+  // stopped inside CudaGptModelTp.MoeEveryExpertSequenceParallel until its time limit. Likely
+  // cause, found in the fourteenth: two threads launching a grouped GEMM for the first time, one
+  // before the other had allowed its shared memory (kernels/cuda/smem_attribute.hpp's SmemSite
+  // now makes them wait); the failing rank left and the other waited at the barrier for ever (the
+  // barrier now gives up).
   static std::vector<float> download(const void* base, size_t first, size_t n, dist::DeviceType type) {
     std::vector<float> out(n);
     if (type == dist::DeviceType::BF16) {

@@ -73,7 +73,6 @@ class CudaGptModel {
   // This rank's shapes (heads, query groups, ffn and vocabulary divided by the TP size).
   const GptConfig& local_config() const { return lc_; }
   dist::ProcessGroup* tp_group() const { return tp_size_ > 1 ? tp_ : nullptr; }
-  dist::ProcessGroup* ep_group() const { return ep_; }
   // The groups the model is split over (tensor parallelism, then expert parallelism; none when
   // whole): the model's norms and zero counts are each rank's counted_flags() parameters summed
   // over the first, then the second.
