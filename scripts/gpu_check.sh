@@ -10,9 +10,9 @@
 #                                            any of doctor tests parity parity_llama parity_fused
 #                                            attention gemm profile attention_candidates memory_ops ncu phases
 #                                            bench moe moe_quick grouped recipes
-#                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four
+#                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four four_moe
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
-#                                            nvidia-h200-x2, four nvidia-h200-x4; BENCH_CASES picks
+#                                            nvidia-h200-x2, four and four_moe nvidia-h200-x4; BENCH_CASES picks
 #                                            the bench cases, MOE_SPEED_ROUTING=natural|forced the
 #                                            moe_2b throughput runs' routing (MOE_SPEED_RUNS picks
 #                                            them: 1gpu dp2_overlap dp2_distopt ep2_overlap
@@ -51,6 +51,15 @@ case "${1:-}" in
     [ -n "$parts" ] || parts="doctor tests parity parity_llama parity_fused attention gemm profile bench"
     summary=()
     note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
+    # The small MoE model of the multi-GPU MoE parts (dropout off; a later repeat of a flag wins).
+    moe_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
+              --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
+              --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
+              --attention-dropout 0 --hidden-dropout 0 --num-experts 8 --moe-router-topk 2
+              --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --seq-length 128
+              --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16 --eval-iters 2
+              --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3
+              --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-iters 40 --seed 1234 --log-interval 1 --train-iters 20)
     # The last "elapsed time per iteration (ms)" of a training log.
     ms() { grep 'elapsed time per iteration' "$1" | tail -1 | sed -n 's|.*elapsed time per iteration (ms): *\([0-9.]*\).*|\1|p'; }
     # parity_run NAME LABEL MODEL-FLAGS...: the config on the CPU and on the GPU, then compare-logs.
@@ -220,14 +229,6 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # The small MoE model of the moe part (dropout off) on two data-parallel GPUs against one GPU
           # (moe_ep_speed: only the flagship's throughput runs below).
           [ "$part" = moe_dp2 ] && {
-          moe_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
-                    --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
-                    --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
-                    --attention-dropout 0 --hidden-dropout 0 --num-experts 8 --moe-router-topk 2
-                    --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --seq-length 128
-                    --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16 --eval-iters 2
-                    --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3
-                    --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-iters 40 --seed 1234 --log-interval 1 --train-iters 20)
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp1.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp2.log" 2>&1
           note "MoE DP=2 launch exit $?"
@@ -429,6 +430,35 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             note "  $(grep 'step phases' "$OUT/four_speed_$name.log" | tail -1 | sed 's/.*step phases/step phases/')"
           done
           unset LAOYAO_STEP_PHASES
+          ;;
+        four_moe)
+          # Four GPUs (nvidia-h200-x4): the small MoE model (4 heads in 2 query groups, so that TP=2
+          # splits them) at TP=2 x EP=2 with sequence parallelism (the EP pairs are the data-parallel
+          # ones) against one GPU: both token dispatchers, the distributed optimizer, and that run's
+          # checkpoint of iteration 20 resumed on one GPU against one GPU's iterations 21-22.
+          moe4=("${moe_args[@]}" --num-attention-heads 4 --num-query-groups 2)
+          tpep=(--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2)
+          L4=("$C/laoyao" launch --nproc-per-node 4 -- "$C/laoyao")
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe4[@]}" > "$OUT/four_moe_1gpu.log" 2>&1
+          LAOYAO_DEVICE=cuda "${L4[@]}" "${moe4[@]}" "${tpep[@]}" > "$OUT/four_moe_tp2ep2.log" 2>&1
+          note "MoE TP=2 x EP=2 (all-gather dispatcher) launch exit $?"
+          LAOYAO_DEVICE=cuda "${L4[@]}" "${moe4[@]}" "${tpep[@]}" --moe-token-dispatcher-type alltoall \
+            > "$OUT/four_moe_tp2ep2_a2a.log" 2>&1
+          note "MoE TP=2 x EP=2 all-to-all dispatcher launch exit $?"
+          LAOYAO_DEVICE=cuda "${L4[@]}" "${moe4[@]}" "${tpep[@]}" --use-distributed-optimizer --save /tmp/four_moe_ckpt \
+            --save-interval 20 > "$OUT/four_moe_tp2ep2_distopt.log" 2>&1
+          note "MoE TP=2 x EP=2 distributed optimizer launch exit $?"
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe4[@]}" --train-iters 22 > "$OUT/four_moe_1gpu_22.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe4[@]}" --train-iters 22 --load /tmp/four_moe_ckpt \
+            > "$OUT/four_moe_resumed.log" 2>&1
+          note "MoE TP=2 x EP=2 checkpoint resumed on one GPU: exit $?"
+          rm -rf /tmp/four_moe_ckpt
+          for pair in "four_moe_1gpu four_moe_tp2ep2" "four_moe_1gpu four_moe_tp2ep2_a2a" \
+                      "four_moe_1gpu four_moe_tp2ep2_distopt" "four_moe_1gpu_22 four_moe_resumed"; do
+            read -r a b <<< "$pair"
+            "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
+            note "$a vs $b: compare-logs exit $?: $(grep -i verdict "$OUT/compare_${a}_${b}.txt" | head -1)"
+          done
           ;;
         tp2)
           # Tensor parallelism over two GPUs (nvidia-h200-x2): the seed's two-GPU pair, MLM flags and
