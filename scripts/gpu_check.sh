@@ -226,8 +226,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           done
           ;;
         moe_dp2|moe_ep_speed)
-          # The small MoE model of the moe part (dropout off) on two data-parallel GPUs against one GPU
-          # (moe_ep_speed: only the flagship's throughput runs below).
+          # The small MoE model (dropout off) on two GPUs against one GPU: data-parallel, expert-parallel
+          # and tensor-parallel (moe_ep_speed: only the flagship's throughput runs below).
           [ "$part" = moe_dp2 ] && {
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp1.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" > "$OUT/moe_dp2.log" 2>&1
@@ -255,6 +255,13 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_args[@]}" \
             --expert-model-parallel-size 2 --overlap-grad-reduce > "$OUT/moe_ep2_overlap.log" 2>&1
           note "MoE EP=2 --overlap-grad-reduce launch exit $?"
+          # Tensor parallelism (sequence parallel; 4 heads in 2 query groups, so that TP=2 splits them)
+          # against one GPU on the same model.
+          moe_tp=("${moe_args[@]}" --num-attention-heads 4 --num-query-groups 2)
+          LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_tp[@]}" > "$OUT/moe_tp1.log" 2>&1
+          LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" "${moe_tp[@]}" \
+            --tensor-model-parallel-size 2 --sequence-parallel > "$OUT/moe_tp2.log" 2>&1
+          note "MoE TP=2 (sequence parallel) launch exit $?"
           # Random router logits (--moe-router-force-load-balancing): the CPU, one GPU and EP=2 draw the same.
           LAOYAO_DEVICE=cpu "$C/laoyao" "${moe_args[@]}" --moe-router-force-load-balancing > "$OUT/moe_fb_cpu.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" "${moe_args[@]}" --moe-router-force-load-balancing > "$OUT/moe_fb_dp1.log" 2>&1
@@ -262,7 +269,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --moe-router-force-load-balancing --expert-model-parallel-size 2 > "$OUT/moe_fb_ep2.log" 2>&1
           note "MoE force-balanced runs exit $?"
           for pair in "moe_dp1 moe_ep2" "moe_dp1 moe_ep2_a2a" "moe_dp1 moe_ep2_distopt" "moe_dp1 moe_ep2_overlap" "moe_dp1_22 moe_ep2_resumed" \
-                      "moe_fb_cpu moe_fb_dp1" \
+                      "moe_tp1 moe_tp2" "moe_fb_cpu moe_fb_dp1" \
                       "moe_fb_dp1 moe_fb_ep2"; do
             read -r a b <<< "$pair"
             "$C/laoyao" compare-logs "$OUT/$a.log" "$OUT/$b.log" > "$OUT/compare_${a}_${b}.txt" 2>&1
