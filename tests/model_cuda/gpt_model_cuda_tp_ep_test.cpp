@@ -25,14 +25,14 @@
 #include "model/gpt_ep.hpp"
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
-#include "model_cuda_test_util.hpp"
 #include "optim/adamw.hpp"
 #include "train/data_pipeline.hpp"
 #include "train/dist_optimizer.hpp"
 #include "train/engine.hpp"
+#include "train/tp_state.hpp"
+#include "model_cuda_test_util.hpp"
 #include "moe_test_util.hpp"
 #include "shared_device_group.hpp"
-#include "train/tp_state.hpp"
 
 using namespace laoyao;
 using namespace laoyao::model;
