@@ -183,9 +183,11 @@ class CudaMoeLayers {
   // The router's backward from dprobs_ and the losses' gradients: its weight gradient, and dx
   // (overwritten) its part of the input gradient.
   void router_backward(const Saved& S, const Context& ctx, const bf16* x, bf16* dx, int64_t T, float aux_scale);
-  // LAOYAO_MOE_PHASES=1: this step's MoE time by phase and rows per rank, on stderr.
+  // LAOYAO_MOE_PHASES=1: this step's MoE time by phase, rows per rank and the experts' balance, on
+  // stderr; copy_load keeps a layer's tokens per expert (slot: its MoE layer) for that.
   enum Phase { kRouter, kPermute, kCounts, kExchange, kExperts, kShared, kPhases };
   void report_phases();
+  void copy_load(const int32_t* counts, int64_t slot, cudaStream_t stream);
   // The routed or the shared experts' MLP activation and its backward over `rows` rows of width F.
   void activation_forward(const bf16* u, bf16* g, int64_t rows, int64_t F, cudaStream_t stream,
                           const int32_t* rows_end = nullptr) const;
@@ -237,6 +239,12 @@ class CudaMoeLayers {
   cudaEvent_t comm_start_ = nullptr, comm_done_ = nullptr;
   StreamTimeline phases_{"LAOYAO_MOE_PHASES", kPhases};
   int64_t min_rows_ = -1, max_rows_ = -1;  // this step's fewest and most rows of a layer's experts here
+  // With the phases on: each MoE layer's tokens per expert (this rank's routing, all E experts) in
+  // its last timed training forward, copied on its stream beside the phases' events; reported as
+  // the busiest expert's load against the mean (the grouped GEMMs' balance).
+  kernels::cuda::PinnedHostBuffer load_host_;
+  cudaStream_t load_stream_ = nullptr;
+  bool load_copied_ = false;
   float* train_sums_ = nullptr;    // [4] aux, seq_aux, z, global_aux (coefficients in) since the last take_losses
   float* discard_sums_ = nullptr;  // [4] where the losses of forwards that do not count go
 };
