@@ -130,7 +130,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
   // (A config and group of different EP sizes are refused by the MoE layers below.)
-  if (!split_groups().empty() || layout_.table.has_buffers()) {
+  if (tensor_parallel()) split_groups_.push_back(tp_);
+  if (ep_) split_groups_.push_back(ep_);
+  if (!split_groups_.empty() || layout_.table.has_buffers()) {
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
     for (const auto& p : layout_.table.specs)
       std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, counts(p, true) ? 1 : 0);
@@ -427,13 +429,6 @@ kc::DropoutSpec CudaGptModel::hidden_dropout(const std::string& stream) const {
   const kc::DropoutSpec d = dropout(lc_.hidden_dropout, key_.seed, stream);
   // Sequence parallelism: this rank's positions of each sequence of the whole [b, s, h] mask.
   return sp_ ? kc::sliced(d, static_cast<uint64_t>(s_ * lc_.hidden), tp_rank_, tp_size_) : d;
-}
-
-std::vector<dist::ProcessGroup*> CudaGptModel::split_groups() const {
-  std::vector<dist::ProcessGroup*> groups;
-  if (tensor_parallel()) groups.push_back(tp_);
-  if (ep_) groups.push_back(ep_);
-  return groups;
 }
 
 bool CudaGptModel::counts(const ParamSpec& p, bool across_ep) const {

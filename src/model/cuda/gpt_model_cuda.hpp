@@ -76,7 +76,7 @@ class CudaGptModel {
   // The groups the model is split over (tensor parallelism, then expert parallelism; none when
   // whole): the model's norms and zero counts are each rank's counted_flags() parameters summed
   // over the first, then the second.
-  std::vector<dist::ProcessGroup*> split_groups() const;
+  const std::vector<dist::ProcessGroup*>& split_groups() const { return split_groups_; }
   // Whether this rank counts parameter p in the model's norms and zero counts: among its
   // tensor-parallel group a split tensor everywhere and a replicated one on TP rank 0; with
   // across_ep among its expert-parallel group too, a rank's experts everywhere and the rest on EP
@@ -219,6 +219,7 @@ class CudaGptModel {
   dist::ProcessGroup* tp_ = nullptr;
   int64_t tp_size_ = 1, tp_rank_ = 0;
   dist::ProcessGroup* ep_ = nullptr;  // expert parallelism over several ranks, or null
+  std::vector<dist::ProcessGroup*> split_groups_;  // TP (when several ranks), then EP (when there is one)
   bool sp_ = false;  // sequence parallelism
   GptParameterLayout layout_;
   int64_t max_b_, s_, b_ = 0;  // b_: sequences in the last forward

@@ -339,14 +339,9 @@ void CudaMoeLayers::wait_exchange(cudaStream_t stream) {
 }
 
 void CudaMoeLayers::copy_load(const int32_t* counts, int64_t slot, cudaStream_t stream) {
-  // Not inside a CUDA graph's capture: its replays are not timed either (StreamTimeline::mark).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  LAOYAO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(load_host_.as<int32_t>() + slot * E_, counts, sizeof(int32_t) * E_,
                                     cudaMemcpyDeviceToHost, stream));
   load_stream_ = stream;
-  load_copied_ = true;
 }
 
 void CudaMoeLayers::report_phases() {
@@ -355,7 +350,7 @@ void CudaMoeLayers::report_phases() {
   // The busiest expert's tokens over the mean, the largest of the layers' and their average.
   double worst = 0, mean_ratio = 0;
   int64_t layers = 0;
-  if (load_copied_) {
+  if (load_stream_) {
     LAOYAO_CUDA_CHECK(cudaStreamSynchronize(load_stream_));
     const int32_t* c = load_host_.as<int32_t>();
     for (size_t s = 0; s < saved_layers_.size(); ++s, c += E_) {
@@ -366,7 +361,7 @@ void CudaMoeLayers::report_phases() {
       worst = std::max(worst, ratio), mean_ratio += ratio, ++layers;
     }
     if (layers > 0) mean_ratio /= double(layers);
-    load_copied_ = false;
+    load_stream_ = nullptr;
   }
   std::fprintf(stderr,
                "laoyao: MoE phases (ms): router %.2f | permutation %.2f | count exchange %.2f | all-to-all %.2f | "
@@ -403,7 +398,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   kc::moe_router_forward(S.logits, T, router_, S.topk_idx, S.probs, S.scores, S.lse, S.counts, st, bias, S.aux_idx,
                          S.aux_counts);
   if (cfg_.moe.router_bf16) kc::round_to_bf16_inplace(S.probs, T * k_, st);  // Megatron's probs.type_as(logits)
-  if (count_losses && load_host_.bytes) copy_load(S.counts, slot_[static_cast<size_t>(l)], st);
+  if (count_losses && phases_.recording(st)) copy_load(S.counts, slot_[static_cast<size_t>(l)], st);
   if (bias && count_losses)  // a training forward's tokens count for the bias update
     kc::moe_accumulate_load(S.counts, expert_load_.as<int32_t>() + slot_[static_cast<size_t>(l)] * E_, E_, st);
   const int32_t* aux_counts = S.aux_counts ? S.aux_counts : S.counts;

@@ -240,11 +240,10 @@ class CudaMoeLayers {
   StreamTimeline phases_{"LAOYAO_MOE_PHASES", kPhases};
   int64_t min_rows_ = -1, max_rows_ = -1;  // this step's fewest and most rows of a layer's experts here
   // With the phases on: each MoE layer's tokens per expert (this rank's routing, all E experts) in
-  // its last timed training forward, copied on its stream beside the phases' events; reported as
-  // the busiest expert's load against the mean (the grouped GEMMs' balance).
+  // its last timed training forward, copied on load_stream_ (null: nothing copied since the last
+  // report) beside the phases' events; reported as the busiest expert's load against the mean.
   kernels::cuda::PinnedHostBuffer load_host_;
   cudaStream_t load_stream_ = nullptr;
-  bool load_copied_ = false;
   float* train_sums_ = nullptr;    // [4] aux, seq_aux, z, global_aux (coefficients in) since the last take_losses
   float* discard_sums_ = nullptr;  // [4] where the losses of forwards that do not count go
 };

@@ -27,15 +27,19 @@ class StreamTimeline {
   StreamTimeline& operator=(const StreamTimeline&) = delete;
 
   bool enabled() const { return enabled_; }
-  // The start of a span of marks (its time counts nowhere).
-  void begin(cudaStream_t stream) { mark(-1, stream); }
-  // Nothing is recorded while the stream is being captured into a CUDA graph (its replays are not
-  // timed: LAOYAO_CUDA_GRAPHS=0 times such steps).
-  void mark(int category, cudaStream_t stream) {
-    if (!enabled_) return;
+  // Whether marks on `stream` are recorded now: on, and the stream is not being captured into a
+  // CUDA graph (its replays are not timed: LAOYAO_CUDA_GRAPHS=0 times such steps).
+  bool recording(cudaStream_t stream) const {
+    if (!enabled_) return false;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     LAOYAO_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) return;
+    return capture == cudaStreamCaptureStatusNone;
+  }
+  // The start of a span of marks (its time counts nowhere).
+  void begin(cudaStream_t stream) { mark(-1, stream); }
+  // Nothing is recorded unless recording(stream).
+  void mark(int category, cudaStream_t stream) {
+    if (!recording(stream)) return;
     if (marks_.size() == events_.size()) {
       cudaEvent_t e;
       LAOYAO_CUDA_CHECK(cudaEventCreate(&e));
