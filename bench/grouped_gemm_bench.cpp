@@ -2,8 +2,8 @@
 // (hidden 1024, 64 experts, expert FFN 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]; 4096
 // tokens x top-8 = 32768 permuted rows; 65536 in real training, ~1024 rows an expert): the forward
 // of fc1 and fc2 (nt), both input gradients (nn) and both weight gradients (wgrad, accumulated
-// into fp32), each with 64 groups of 512, 1024 and 4096 rows and with 64 random imbalanced groups
-// of the first two totals. Beside our grouped kernel (one launch, the counts on the device), the same work
+// into fp32), each with 64 groups of 512, 1024 and 4096 rows, with 64 random imbalanced groups
+// of the first two totals and with one hot expert (8x the mean) among such groups. Beside our grouped kernel (one launch, the counts on the device), the same work
 // through cuBLASLt (CublasLtGemm: plans cached, the fastest heuristic candidate kept): as one
 // dense GEMM of all the rows with one weight (what a perfect grouped GEMM could reach; its wgrad
 // writes one [N, K] dW instead of 64), and as a loop of 64 per-expert GEMMs with the counts known
@@ -42,18 +42,28 @@ constexpr int kReps = 20;
 
 enum class Kind { Nt, Nn, Wgrad };
 
-// 64 counts summing to rows: equal, or lognormal weights (sigma 0.7) rounded down, the remainder
-// to the largest group.
-std::vector<int> group_counts(int64_t rows, bool balanced) {
+// How the rows fall on the experts: evenly, by lognormal weights (sigma 0.7), or with one hot
+// expert (number 40) taking 8x the mean and the others lognormal: the flagship's busiest expert on
+// mock data takes about 8x the mean (LAOYAO_MOE_PHASES, fifteenth session).
+enum class Spread { Even, Lognormal, Hot };
+constexpr int kHotExpert = 40;
+
+// 64 counts summing to rows; the lognormal ones rounded down, the remainder to the largest group.
+std::vector<int> group_counts(int64_t rows, Spread spread) {
   std::vector<int> c(kExperts, int(rows / kExperts));
-  if (balanced) return c;
+  if (spread == Spread::Even) return c;
   laoyao::Rng rng(7, "bench.grouped_gemm.counts");
   std::vector<double> w(kExperts);
   double sum = 0;
   for (auto& x : w) sum += (x = std::exp(0.7 * rng.normal()));
+  const int64_t hot = spread == Spread::Hot ? 8 * rows / kExperts : 0, rest = rows - hot;
+  if (hot) sum -= w[kHotExpert];
   int64_t total = 0;
-  for (int64_t g = 0; g < kExperts; ++g) total += (c[size_t(g)] = int(std::floor(double(rows) * w[size_t(g)] / sum)));
-  *std::max_element(c.begin(), c.end()) += int(rows - total);
+  for (int64_t g = 0; g < kExperts; ++g)
+    total += (c[size_t(g)] = g == kHotExpert && hot ? int(hot) : int(std::floor(double(rest) * w[size_t(g)] / sum)));
+  std::vector<int>::iterator largest = std::max_element(c.begin(), c.end());
+  if (hot) largest = c.begin() + kHotExpert;
+  *largest += int(rows - total);
   return c;
 }
 
@@ -106,12 +116,14 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   // 512 and 1024 rows an expert (32768 rows: 4096 tokens x top-8; 65536: micro-batches of 2 x 4096),
   // equal or not, and 4096 (micro-batches of 8 x 4096).
-  const std::pair<int64_t, bool> cases[] = {
-      {32768, true}, {32768, false}, {65536, true}, {65536, false}, {kMaxRows, true}};
+  const std::pair<int64_t, Spread> cases[] = {{32768, Spread::Even},    {32768, Spread::Lognormal},
+                                              {65536, Spread::Even},    {65536, Spread::Lognormal},
+                                              {65536, Spread::Hot},     {kMaxRows, Spread::Even},
+                                              {kMaxRows, Spread::Hot}};
   for (const auto& c : cases) {
     const int64_t rows = c.first;
-    const bool balanced = c.second;
-    const std::vector<int> counts = group_counts(rows, balanced);
+    const bool balanced = c.second == Spread::Even;
+    const std::vector<int> counts = group_counts(rows, c.second);
     std::vector<int32_t> off(size_t(kExperts + 1), 0);
     for (int64_t g = 0; g < kExperts; ++g) off[size_t(g + 1)] = off[size_t(g)] + counts[size_t(g)];
     offsets.upload(off.data(), offsets.bytes);

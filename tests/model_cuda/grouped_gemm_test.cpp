@@ -354,6 +354,28 @@ TEST_F(CudaGroupedGemm, ManyTilesAndManyGroups) {
   check_all(beyond, 256, 64, 33);
 }
 
+// The weight gradient's blocks start with the matrices of the most rows (the order of equal ones
+// by index): uneven loads with a hot matrix, ties and empty matrices, over 32 matrices (each lane of
+// the ordering warp holding two and more); at 256 matrices (the most it orders), and with groups
+// sharing matrices. Each element's sum is still one block's, in group order: the checks above
+// (bit-identical twice, within the fp32 bound) hold whatever order the blocks run in.
+TEST_F(CudaGroupedGemm, WgradLongestMatricesFirst) {
+  Rng rng(34, "grouped.longest");
+  std::vector<int> uneven(70);
+  for (auto& c : uneven) c = static_cast<int>(rng.next_u64() % 4) * 64 + static_cast<int>(rng.next_u64() % 3);
+  uneven[5] = 0, uneven[40] = 1500, uneven[69] = 0;
+  check_wgrad(uneven, 136, 200, 34);
+  check_wgrad(uneven, 136, 200, 35, 0, false);
+  std::vector<int> most(256);
+  for (auto& c : most) c = static_cast<int>(rng.next_u64() % 70);
+  most[255] = 900;
+  check_wgrad(most, 64, 72, 36);
+  std::vector<int> shared(120);  // 3 sources x 40 matrices, matrix 7 hot on every source
+  for (size_t g = 0; g < shared.size(); ++g) shared[g] = g % 40 == 7 ? 400 : static_cast<int>(rng.next_u64() % 90);
+  check_wgrad(shared, 72, 136, 37, 40);
+  check_wgrad(shared, 72, 136, 38, 40, false);
+}
+
 // Expert parallelism's source-major groups: 3 source ranks x 4 local experts (group g uses matrix
 // g % 4), with empty groups, a matrix whose groups are all empty (1) and groups that straddle the
 // 64-row reduction steps; then the flagship's fc1 at EP=2 (2 sources x 3 experts).

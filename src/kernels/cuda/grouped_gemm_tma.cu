@@ -28,6 +28,11 @@
 //   a block a tile, the threads' epilogues:       562-576 / 386-388 / 480-491 / 542-546 / 367-376 / 324-326
 //   128 x 128 tiles only (tma128):             523-540 / 390-401 / 478-495 / 489-521 / 353-373 / 317-330
 //   the cp.async kernels, same calls:          462-474 / 356-366 / 423-433 / 432-451 / 313-328 / 286-303
+// The wgrad blocks longest first (fifteenth session; same bench, 64 experts, one hot expert at 8x
+// the mean rows as the flagship's busiest on mock data, fc1 / fc2 wgrad, matrix order -> longest
+// first): 482 / 366 -> 581 / 529 at 262144 rows, 387 / 300 -> 382 / 354 at 65536; even groups
+// unchanged (536 / 516 -> 570 / 559, call noise); the flagship at 8 micro-batches of 8 x 4096
+// 571.3 -> 557.9 ms a step (same call).
 // Tried and dropped (the same bench, one call each):
 //   persistent blocks (two an SM walking the tiles, the producer loading the next tile while the
 //     epilogue stores straight from the accumulators): 427 / 284 / 419 / 399 / 372 / 338;
@@ -427,6 +432,39 @@ __device__ __forceinline__ int wgrad_steps(const int32_t* __restrict__ offsets, 
   return KT;
 }
 
+// The wgrad blocks' order: longest reduction first. Routing is uneven (the flagship on mock data:
+// its busiest expert takes about 8x the mean rows), and a block reduces all of its matrix's rows,
+// so blocks in matrix order can leave a few SMs on the busiest expert's tiles long after the
+// others are done. The hardware starts blocks in index order, so block rank r takes the matrix
+// with the r-th most steps (ties by index: the order, and so every block's own sum, is fixed).
+// Each warp finds it alone (no barrier): lane l holds the steps of matrices l, l + 32, ...;
+// kLptSlots slots a lane, so up to 32 kLptSlots matrices (the host passes lpt = false above).
+constexpr int kLptSlots = 8;
+__device__ __forceinline__ int matrix_of_rank(const int32_t* __restrict__ offsets, int G, int Gw, int rank) {
+  const int lane = threadIdx.x & 31;
+  int steps[kLptSlots];
+#pragma unroll
+  for (int j = 0; j < kLptSlots; ++j) steps[j] = 32 * j + lane < Gw ? wgrad_steps(offsets, G, Gw, 32 * j + lane) : -1;
+  int found = -1;
+#pragma unroll
+  for (int j = 0; j < kLptSlots; ++j) {
+    if (32 * j >= Gw) break;  // uniform across the warp
+    const int w = 32 * j + lane;
+    int r = 0;  // matrices before w: more steps, or as many and a lower index
+#pragma unroll
+    for (int i = 0; i < kLptSlots; ++i) {
+      if (32 * i >= Gw) break;
+      for (int l = 0; l < 32; ++l) {
+        const int sv = __shfl_sync(0xffffffffu, steps[i], l), v = 32 * i + l;
+        r += sv > steps[j] || (sv == steps[j] && v < w);
+      }
+    }
+    if (w < Gw && r == rank) found = w;
+  }
+  const unsigned hit = __ballot_sync(0xffffffffu, found >= 0);
+  return __shfl_sync(0xffffffffu, found, __ffs(hit) - 1);
+}
+
 // Step kt's group: both roles ask for the steps in increasing order, so a cursor (group g, its
 // first step, first row, rows) moves forward only. at() returns the step's first row; `left` its
 // group's rows from there on.
@@ -480,14 +518,15 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
     wgrad_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                      const __grid_constant__ CUtensorMap tw, bool bulk, float* __restrict__ dW,
                      const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles, int n_tiles, int64_t N,
-                     int64_t K, bool accumulate) {
+                     int64_t K, bool accumulate, bool lpt) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ Ring<Tile<BN>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
   const unsigned b = blockIdx.x;
   const int n0 = int(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
   const int m0 = int((b / unsigned(n_tiles)) % unsigned(m_tiles)) * BM;  // rows of dW: N
-  const int w = int(b / unsigned(n_tiles * m_tiles));
+  const int rank = int(b / unsigned(n_tiles * m_tiles));
+  const int w = lpt ? matrix_of_rank(offsets, G, Gw, rank) : rank;
   const int KT = wgrad_steps(offsets, G, Gw, w);
   if (KT == 0 && accumulate) return;  // nothing to add
   float* Wg = dW + int64_t(w) * N * K;
@@ -542,6 +581,19 @@ bool bulk_epilogue() {
     throw Error("LAOYAO_GROUPED_EPILOGUE must be bulk or threads, got '" + s + "'");
   }();
   return bulk;
+}
+// LAOYAO_GROUPED_WGRAD_ORDER: "longest" (unset or empty: the default) starts the wgrad blocks of
+// the matrices with the most rows first, "index" in matrix order (to time one against the other).
+enum class WgradOrder { Longest, Index };
+WgradOrder wgrad_order() {
+  static const WgradOrder order = [] {
+    const char* v = std::getenv("LAOYAO_GROUPED_WGRAD_ORDER");
+    const std::string s = v && *v ? v : "longest";
+    if (s == "longest") return WgradOrder::Longest;
+    if (s == "index") return WgradOrder::Index;
+    throw Error("LAOYAO_GROUPED_WGRAD_ORDER must be longest or index, got '" + s + "'");
+  }();
+  return order;
 }
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -649,9 +701,10 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();
   static SmemSite site;
   site.once([&] { allow_smem(wgrad_kernel_tma, smem); });
+  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots && wgrad_order() == WgradOrder::Longest;
   wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
                                                                  int(g.weights), int(m_tiles), int(n_tiles), N, K,
-                                                                 accumulate);
+                                                                 accumulate, lpt);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
