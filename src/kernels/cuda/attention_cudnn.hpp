@@ -5,6 +5,12 @@
 // columns are not an affine function of the head), ctx written in [b*s, H*D], lse [b, H, s] (the
 // natural-log softmax denominator of the scaled scores, as cuDNN's "stats"), dqkv in the fused layout.
 //
+// Tried and dropped (fifteenth session): one execution a query group, reading the group's Q
+// consecutive query heads and its k and v in place (no gather, no scatter). cuDNN ran those
+// smaller GQA problems slower than the whole one plus both copies, fwd+bwd TFLOP/s gathered ->
+// per group: 363 -> 337 (b=8 H=16 G=4 s=4096 D=64), 348 -> 296 (b=4), 322 -> 237 (b=2), 395 -> 271
+// (b=1 H=32 G=8 s=8192); the flagship's step at micro-batch 8 557.5 -> 563.9 ms.
+//
 // No attention dropout: cuDNN draws its own random numbers, which could not match the CPU's mask,
 // so a model with attention dropout keeps our flash kernels. The plans for one shape are built at
 // construction (once, outside the step); construction throws laoyao::Error with cuDNN's reason
