@@ -3,7 +3,8 @@
 // tokens x top-8 = 32768 permuted rows; 65536 in real training, ~1024 rows an expert): the forward
 // of fc1 and fc2 (nt), both input gradients (nn) and both weight gradients (wgrad, accumulated
 // into fp32), each with 64 groups of 512, 1024 and 4096 rows, with 64 random imbalanced groups
-// of the first two totals and with one hot expert (8x the mean) among such groups. Beside our grouped kernel (one launch, the counts on the device), the same work
+// of the first two totals and with one hot expert (8x the mean) among such groups (the last two
+// totals). Beside our grouped kernel (one launch, the counts on the device), the same work
 // through cuBLASLt (CublasLtGemm: plans cached, the fastest heuristic candidate kept): as one
 // dense GEMM of all the rows with one weight (what a perfect grouped GEMM could reach; its wgrad
 // writes one [N, K] dW instead of 64), and as a loop of 64 per-expert GEMMs with the counts known
