@@ -5,7 +5,8 @@ import contextlib
 import torch, torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 for b, H, G, s, D in [(16, 16, 16, 1024, 128), (2, 16, 16, 8192, 128), (16, 32, 32, 1024, 64), (2, 32, 32, 8192, 64),
-                      (2, 16, 4, 4096, 64), (1, 32, 8, 8192, 64), (8, 16, 4, 4096, 64), (8, 16, 16, 4096, 64)]:
+                      (2, 16, 4, 4096, 64), (1, 32, 8, 8192, 64), (8, 16, 4, 4096, 64), (8, 16, 16, 4096, 64),
+                      (4, 16, 4, 4096, 64)]:
     q = torch.randn(b, H, s, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, G, s, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     gqa = dict(enable_gqa=True) if G != H else {}

@@ -530,7 +530,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
 import re, sys
 rows = {}
 for l in open(sys.argv[1]):
-    m = re.match(r"ATTN (\w+) (b=\d+ H=\d+ s=\d+ D=\d+) fwd_TFLOPs=([\d.]+) fwdbwd_TFLOPs=([\d.]+)", l)
+    m = re.match(r"ATTN (\w+) (b=\d+ H=\d+(?: G=\d+)? s=\d+ D=\d+) fwd_TFLOPs=([\d.]+) fwdbwd_TFLOPs=([\d.]+)", l)
     if m: rows.setdefault(m.group(2), {})[m.group(1)] = (float(m.group(3)), float(m.group(4)))
 for shape, r in rows.items():
     lo, cu, sd = r.get("laoyao", (0, 0)), r.get("cudnn", (0, 0)), r.get("sdpa", (0, 0))
