@@ -65,6 +65,10 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     moe_cfg_.router_bf16_logits = m.router_bf16;
     moe_cfg_.capacity_factor = m.capacity_factor;
     moe_cfg_.drop_by_position = m.drop_by_position;
+    // Megatron drops within each TP rank's share of the sequence; every rank here routes the whole
+    // gathered sequence, so it drops by those shares. A one-rank model with moe.tensor_parallel > 1
+    // drops as that many ranks would.
+    moe_cfg_.capacity_shares = tp_size_ > 1 ? tp_size_ : m.tensor_parallel;
     moe_cfg_.aux_loss_coeff = static_cast<float>(m.aux_loss_coeff);
     moe_cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
     moe_cfg_.global_aux_loss_coeff = static_cast<float>(m.global_aux_loss_coeff);

@@ -71,9 +71,6 @@ void check_moe_tensor_parallel(const GptConfig& c) {
   if (!c.sequence_parallel)
     throw UsageError("Mixture-of-Experts layers with tensor parallelism need sequence parallelism "
                      "(--sequence-parallel, model.sequence_parallel), as Megatron-Core's MoELayer asks in training");
-  if (c.moe.capacity_factor)
-    throw UsageError("token dropping (--moe-expert-capacity-factor / model.moe_expert_capacity_factor) with tensor "
-                     "parallelism is not supported yet (Megatron drops by each rank's share of the sequence)");
 }
 
 void check_token_ids(const int64_t* tokens, int64_t T, int64_t vocab, const char* who) {

@@ -1129,6 +1129,56 @@ TEST(MoeCapacity, MaskMatchesTheTwin) {
   EXPECT_THROW(moe_expert_capacity(8, 8, 2, -1.0), Error);
 }
 
+// Dropping by shares of the sequence (tensor parallelism): each share, positions [r s / n, (r + 1)
+// s / n) of every sequence taken position by position, masked as the twin masks it with the
+// share's own capacity. First by hand: 2 sequences of 4, one expert, a capacity of 1 a share: the
+// position policy keeps token 0 (position 0 of sequence 0) and token 2 (position 2 of sequence 0);
+// one share (capacity 2) takes all 8 position by position too: tokens 0 and 4 (moe_capacity_mask,
+// in our order, would keep 0 and 1).
+TEST(MoeCapacity, MaskByShareTakesEachShareInMegatronsOrder) {
+  {
+    const std::vector<int64_t> idx(8, 0);
+    const std::vector<float> probs(8, 1.0f);
+    std::vector<uint8_t> kept(8, 7);
+    moe_capacity_mask_by_share(idx.data(), probs.data(), 2, 4, 2, 1, 1, 0.25, true, kept.data());
+    EXPECT_EQ(kept, (std::vector<uint8_t>{1, 0, 1, 0, 0, 0, 0, 0}));
+    moe_capacity_mask_by_share(idx.data(), probs.data(), 2, 4, 1, 1, 1, 0.25, true, kept.data());
+    EXPECT_EQ(kept, (std::vector<uint8_t>{1, 0, 0, 0, 1, 0, 0, 0}));  // one share: position 0 of both
+  }
+  std::mt19937 rng(2008);
+  const int64_t b = 3, s = 8, T = b * s, E = 5, k = 2;
+  std::vector<int64_t> idx(T * k);
+  std::vector<float> probs(T * k);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t a = static_cast<int64_t>(rng() % E), c = (a + 1 + static_cast<int64_t>(rng() % (E - 1))) % E;
+    idx[t * k] = a, idx[t * k + 1] = c;
+    for (int64_t j = 0; j < k; ++j) probs[t * k + j] = 0.25f * static_cast<float>(rng() % 4);  // many ties
+  }
+  for (int64_t shares : {1, 2, 4})
+    for (bool by_position : {false, true})
+      for (double factor : {0.0, 0.5, 1.0, 4.0}) {
+        const int64_t span = s / shares, local = b * span;
+        const int64_t cap = moe_expert_capacity(local, E, k, factor);
+        std::vector<uint8_t> want(T * k, 9);
+        for (int64_t r = 0; r < shares; ++r) {
+          std::vector<int64_t> tokens, share_idx;
+          std::vector<double> share_probs;
+          for (int64_t pos = r * span; pos < (r + 1) * span; ++pos)
+            for (int64_t q = 0; q < b; ++q) tokens.push_back(q * s + pos);
+          for (int64_t t : tokens)
+            for (int64_t j = 0; j < k; ++j) share_idx.push_back(idx[t * k + j]), share_probs.push_back(probs[t * k + j]);
+          const auto share_kept = capacity_twin(share_idx, share_probs, E, cap, by_position);
+          for (size_t i = 0; i < tokens.size(); ++i)
+            for (int64_t j = 0; j < k; ++j) want[tokens[i] * k + j] = share_kept[i * k + j];
+        }
+        std::vector<uint8_t> kept(T * k, 7);
+        moe_capacity_mask_by_share(idx.data(), probs.data(), b, s, shares, E, k, factor, by_position, kept.data());
+        EXPECT_EQ(kept, want) << shares << " shares, by position " << by_position << ", factor " << factor;
+      }
+  std::vector<uint8_t> kept(T * k);
+  EXPECT_THROW(moe_capacity_mask_by_share(idx.data(), probs.data(), b, s, 3, E, k, 1.0, false, kept.data()), Error);
+}
+
 // The layer keeps global_aux_loss's running counts: two training forwards use the mean of their
 // counts summed over the data-parallel ranks (here a stand-in that doubles them: two identical
 // ranks), an evaluation forward neither adds nor uses them, and moe_global_aux_reset starts over.

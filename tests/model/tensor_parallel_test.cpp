@@ -262,6 +262,37 @@ TEST(TensorParallel, MixtureOfExpertsWithSequenceParallelismMatchesOneRank) {
   check_tensor_parallel_model(c, {2});
 }
 
+// Token dropping under tensor parallelism: Megatron's ranks each route their share of the
+// sequence and drop within it. Every rank here routes the gathered sequence and drops by the same
+// shares, so TP ranks reproduce a one-rank model told the TP size (moe.tensor_parallel), for both
+// policies; that model's losses differ from the whole sequence's dropping (the shares matter).
+TEST(TensorParallel, MixtureOfExpertsDropsByEachRanksShare) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  for (const bool by_position : {false, true}) {
+    SCOPED_TRACE(by_position ? "position policy" : "probs policy");
+    GptConfig c = tiny_moe();
+    c.moe.capacity_factor = 0.5, c.moe.drop_by_position = by_position;
+    for (const int tp : {2, 4}) {
+      c.moe.tensor_parallel = tp;
+      check_tensor_parallel_model(c, {tp});
+    }
+    // The one-rank model's losses with and without the shares.
+    const int64_t b = 2, s = 12, T = b * s;
+    std::vector<int64_t> tokens(T), positions(T);
+    for (int64_t t = 0; t < T; ++t) tokens[t] = (7 * t + 3) % c.vocab, positions[t] = t % s;
+    const MicroBatch mb{b, s, tokens.data(), tokens.data(), positions.data()};
+    std::vector<std::vector<float>> losses;
+    for (const int64_t shares : {int64_t{1}, int64_t{2}}) {
+      c.moe.tensor_parallel = shares;
+      GptModel m(c);
+      random_full_weights(m.table(), m.weights());
+      losses.emplace_back(T);
+      m.forward(mb, DropoutKey{1234, 77, false}, losses.back().data());
+    }
+    EXPECT_NE(losses[0], losses[1]) << "dropping by two shares changed nothing: the test would not see it";
+  }
+}
+
 TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {
   auto refused = [](const GptConfig& c, const std::string& want) {
     try {
@@ -276,8 +307,8 @@ TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {
   c.sequence_parallel = false;
   refused(c, "--sequence-parallel");
   c = tiny_moe();
-  c.moe.capacity_factor = 1.0;
-  refused(c, "--moe-expert-capacity-factor");
+  c.moe.capacity_factor = 1.0;  // token dropping: by each rank's share (the test above)
+  EXPECT_NO_THROW(check_moe_tensor_parallel(c));
   c = tiny_moe();
   c.ffn = 65;  // the dense first layer's MLP cannot split; with MoE layers only there is none
   try {

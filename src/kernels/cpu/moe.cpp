@@ -570,6 +570,11 @@ void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T) {
   if (c.seq_aux_loss_coeff > 0.0f && (c.seq_length < 1 || T % c.seq_length != 0))
     throw Error("moe layer: seq_aux_loss needs a seq_length that divides the token count (T = " + std::to_string(T) +
                 ", seq_length = " + std::to_string(c.seq_length) + ")");
+  if (c.capacity_shares < 1 ||
+      (c.capacity_shares > 1 && c.capacity_factor && (c.seq_length < 1 || T % c.seq_length != 0)))
+    throw Error("moe layer: dropping by " + std::to_string(c.capacity_shares) +
+                " shares of the sequence needs a seq_length that divides the token count (T = " + std::to_string(T) +
+                ", seq_length = " + std::to_string(c.seq_length) + ")");
 }
 
 template <class V>
@@ -603,6 +608,30 @@ void moe_capacity_mask(const int64_t* topk_idx, const float* topk_probs, int64_t
   }
 }
 
+void moe_capacity_mask_by_share(const int64_t* topk_idx, const float* topk_probs, int64_t b, int64_t s,
+                                int64_t shares, int64_t E, int64_t k, double capacity_factor, bool by_position,
+                                uint8_t* kept) {
+  if (b < 1 || s < 1 || shares < 1 || s % shares != 0)
+    throw Error("moe capacity: " + std::to_string(shares) + " shares of a sequence of " + std::to_string(s) +
+                " positions (b = " + std::to_string(b) + "): the shares must divide the sequence");
+  const int64_t span = s / shares, local = b * span, capacity = moe_expert_capacity(local, E, k, capacity_factor);
+  // Each share's pairs gathered in Megatron's order, masked as one call's, and put back.
+  std::vector<int64_t> idx(static_cast<size_t>(local * k));
+  std::vector<float> probs(static_cast<size_t>(local * k));
+  std::vector<uint8_t> share_kept(static_cast<size_t>(local * k));
+  for (int64_t r = 0; r < shares; ++r) {
+    auto token = [&](int64_t i) { return (i / b) + r * span + (i % b) * s; };  // its i-th token: position-major
+    for (int64_t i = 0; i < local; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        idx[static_cast<size_t>(i * k + j)] = topk_idx[token(i) * k + j];
+        probs[static_cast<size_t>(i * k + j)] = topk_probs[token(i) * k + j];
+      }
+    moe_capacity_mask(idx.data(), probs.data(), local, E, k, capacity, by_position, share_kept.data());
+    for (int64_t i = 0; i < local; ++i)
+      for (int64_t j = 0; j < k; ++j) kept[token(i) * k + j] = share_kept[static_cast<size_t>(i * k + j)];
+  }
+}
+
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
                        MoeLayerState& st, MoeExpertsStage* experts) {
   check_layer(c, w, T);
@@ -631,8 +660,12 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     for (float& p : st.topk_probs) p = round_to_bf16(p);
   if (c.capacity_factor) {  // dropped pairs keep their rows but weigh nothing (Megatron's masked probs)
     ensure(st.kept, T * k);
-    moe_capacity_mask(st.topk_idx.data(), st.topk_probs.data(), T, E, k,
-                      moe_expert_capacity(T, E, k, *c.capacity_factor), c.drop_by_position, st.kept.data());
+    if (c.capacity_shares > 1)
+      moe_capacity_mask_by_share(st.topk_idx.data(), st.topk_probs.data(), T / c.seq_length, c.seq_length,
+                                 c.capacity_shares, E, k, *c.capacity_factor, c.drop_by_position, st.kept.data());
+    else
+      moe_capacity_mask(st.topk_idx.data(), st.topk_probs.data(), T, E, k,
+                        moe_expert_capacity(T, E, k, *c.capacity_factor), c.drop_by_position, st.kept.data());
     for (int64_t i = 0; i < T * k; ++i)
       if (!st.kept[i]) st.topk_probs[i] = 0.0f;
   }

@@ -129,6 +129,14 @@ void moe_z_loss_backward(const float* logits, int64_t T, int64_t E, float coeff,
 int64_t moe_expert_capacity(int64_t T, int64_t E, int64_t k, double capacity_factor);
 void moe_capacity_mask(const int64_t* topk_idx, const float* topk_probs, int64_t T, int64_t E, int64_t k,
                        int64_t capacity, bool by_position, uint8_t* kept);
+// The same over `shares` shares of the sequence, each with its own capacity: tensor parallelism
+// with sequence parallelism, where Megatron's router runs on each TP rank's share of the [s, b]
+// hidden states, positions [r s / shares, (r + 1) s / shares) of every sequence flattened position
+// by position, and drops within it (capacity from its b s / shares tokens). The T = b s tokens
+// here are in our order (t = batch * s + position); s must divide by shares. kept as above.
+void moe_capacity_mask_by_share(const int64_t* topk_idx, const float* topk_probs, int64_t b, int64_t s,
+                                int64_t shares, int64_t E, int64_t k, double capacity_factor, bool by_position,
+                                uint8_t* kept);
 
 // moe_permutation: Megatron's permute() index maps for the N = T*k (token, choice) pairs.
 //   tokens_per_expert[E]: tokens routed to each expert (routing_map.sum(0)).
@@ -213,6 +221,9 @@ struct MoeLayerConfig {
   // --moe-expert-capacity-factor (none: dropless) and --moe-token-drop-policy position (else probs).
   std::optional<double> capacity_factor;
   bool drop_by_position = false;
+  // Tensor parallelism's shares of the sequence to drop within (moe_capacity_mask_by_share; needs
+  // seq_length); 1: the T tokens as one.
+  int64_t capacity_shares = 1;
 };
 
 struct MoeLayerWeights {

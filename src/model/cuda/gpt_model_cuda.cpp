@@ -96,6 +96,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
                                          " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
   if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
+  if (tp_size_ > 1 && cfg.moe.num_experts > 0 && cfg.moe.capacity_factor)
+    throw UsageError("token dropping (--moe-expert-capacity-factor / model.moe_expert_capacity_factor) with tensor "
+                     "parallelism runs on CPU ranks only, not yet on GPU ranks (set LAOYAO_DEVICE=cpu)");
   if (sp_ && s % tp_size_ != 0)
     throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
                      "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
