@@ -402,6 +402,11 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig capacity = c;
   capacity.moe.capacity_factor = 1.0;  // token dropping runs on the GPU too
   EXPECT_EQ(cuda_unsupported_features(capacity), "");
+  GptConfig tp_capacity = tp_ep;  // but not with tensor parallelism (CPU ranks drop by each rank's share)
+  tp_capacity.moe.capacity_factor = 1.0;
+  EXPECT_NE(cuda_unsupported_features(tp_capacity).find("token dropping (--moe-expert-capacity-factor) with tensor "
+                                                        "parallelism"),
+            std::string::npos);
   GptConfig global = c;
   global.moe.global_aux_loss_coeff = 1e-3;  // and global_aux_loss
   EXPECT_EQ(cuda_unsupported_features(global), "");

@@ -39,6 +39,8 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
+  if (c.moe.num_experts > 0 && c.moe.capacity_factor && c.moe.tensor_parallel > 1)
+    missing.push_back("Mixture-of-Experts token dropping (--moe-expert-capacity-factor) with tensor parallelism");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -96,9 +98,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
                                          " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
   if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
-  if (tp_size_ > 1 && cfg.moe.num_experts > 0 && cfg.moe.capacity_factor)
-    throw UsageError("token dropping (--moe-expert-capacity-factor / model.moe_expert_capacity_factor) with tensor "
-                     "parallelism runs on CPU ranks only, not yet on GPU ranks (set LAOYAO_DEVICE=cpu)");
+  if (tp_size_ > 1 && cfg.moe.num_experts > 0 && cfg.moe.capacity_factor)  // as cuda_unsupported_features
+    throw UsageError("the CUDA backend cannot train this model yet: Mixture-of-Experts token dropping "
+                     "(--moe-expert-capacity-factor) with tensor parallelism (the CPU backend can: set "
+                     "LAOYAO_DEVICE=cpu)");
   if (sp_ && s % tp_size_ != 0)
     throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
                      "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
