@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "bench/cuda_bench_util.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
 
 using namespace laoyao;
 using namespace laoyao::kernels::cuda;
@@ -36,6 +38,20 @@ int main() {
   const bool cudnn_only = only_env && std::string(only_env) == "1";
   cudaStream_t stream;
   LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
+  // LAOYAO_ATTN_BENCH_UNDER_LOAD=1: the cuDNN calls also timed one by one after an 8192^3 GEMM
+  // (cudnn_after_gemm rows), to tell the GPU's state inside a step (clocks under sustained GEMM
+  // load, caches) from the attention itself: the model's attention runs 10-12% under this bench.
+  const char* load_env = std::getenv("LAOYAO_ATTN_BENCH_UNDER_LOAD");
+  const bool under_load = load_env && std::string(load_env) == "1";
+  constexpr int64_t kLoad = 8192;
+  DeviceBuffer load_a = under_load ? laoyao::bench::random_bf16(kLoad * kLoad, "load.a") : DeviceBuffer();
+  DeviceBuffer load_b = under_load ? laoyao::bench::random_bf16(kLoad * kLoad, "load.b", 0.01) : DeviceBuffer();
+  DeviceBuffer load_c(under_load ? sizeof(__nv_bfloat16) * kLoad * kLoad : 0);
+  CublasLtGemm gemm;
+  const std::function<void()> load = [&] {
+    gemm.linear_forward(load_a.as<__nv_bfloat16>(), load_b.as<__nv_bfloat16>(), nullptr, load_c.as<__nv_bfloat16>(),
+                        kLoad, kLoad, kLoad, stream);
+  };
   for (const Case& c : cases) {
     AttentionShape a{c.b, c.s, c.H, c.G, c.D, 1.0f / std::sqrt(static_cast<float>(c.D))};
     const int64_t T = c.b * c.s, row = (c.H + 2 * c.G) * c.D;
@@ -71,6 +87,15 @@ int main() {
     std::printf("ATTN cudnn b=%lld H=%lld%s s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f (%s)\n", (long long)c.b,
                 (long long)c.H, shape.c_str(), (long long)c.s, (long long)c.D, fwd_flops / cf_ms / 1e9,
                 3.5 * fwd_flops / cfb_ms / 1e9, cudnn.engines().c_str());
+    if (under_load) {  // each call timed alone after a large GEMM, as inside a training step
+      const float lf_ms = laoyao::bench::median_ms(cfwd, stream, 20, load);
+      const float lb_ms = laoyao::bench::median_ms(cbwd, stream, 20, [&] { load(); cfwd(); });
+      const float b_ms = laoyao::bench::median_ms(cbwd, stream, 20, cfwd);
+      std::printf("ATTN cudnn_after_gemm b=%lld H=%lld%s s=%lld D=%lld fwd_TFLOPs=%.1f bwd_TFLOPs=%.1f "
+                  "(bwd after its forward alone: %.1f)\n",
+                  (long long)c.b, (long long)c.H, shape.c_str(), (long long)c.s, (long long)c.D,
+                  fwd_flops / lf_ms / 1e9, 2.5 * fwd_flops / lb_ms / 1e9, 2.5 * fwd_flops / b_ms / 1e9);
+    }
   }
   return 0;
 }

@@ -25,13 +25,20 @@ inline kernels::cuda::DeviceBuffer random_bf16(int64_t n, const char* name, doub
   return d;
 }
 
-inline float median_ms(const std::function<void()>& f, cudaStream_t stream, int reps) {
+// `before` (when given) runs ahead of each call of f, untimed: f measured after other work, as it
+// runs inside a training step (the GPU busy and hot, the caches holding someone else's data).
+inline float median_ms(const std::function<void()>& f, cudaStream_t stream, int reps,
+                       const std::function<void()>& before = {}) {
   cudaEvent_t a, b;
   LAOYAO_CUDA_CHECK(cudaEventCreate(&a));
   LAOYAO_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
+  for (int i = 0; i < 3; ++i) {
+    if (before) before();
+    f();
+  }
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
+    if (before) before();
     LAOYAO_CUDA_CHECK(cudaEventRecord(a, stream));
     f();
     LAOYAO_CUDA_CHECK(cudaEventRecord(b, stream));
