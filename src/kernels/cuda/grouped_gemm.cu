@@ -34,11 +34,11 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/env_choice.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
 #include "kernels/cuda/grouped_gemm_tma.hpp"
@@ -247,16 +247,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // each, elsewhere and for the weight gradients), "tma_grid" the 128 x 256 tiles a block each too,
 // "tma128" 128 x 128 tiles everywhere, "cp_async" these.
 enum class Kernels { Tma, TmaGrid, Tma128, CpAsync };
-Kernels kernels() {
-  static const Kernels k = [] {
-    const char* v = std::getenv("LAOYAO_GROUPED_GEMM");
-    const std::string s = v && *v ? v : "tma";
-    if (s == "tma") return Kernels::Tma;
-    if (s == "tma_grid") return Kernels::TmaGrid;
-    if (s == "tma128") return Kernels::Tma128;
-    if (s == "cp_async") return Kernels::CpAsync;
-    throw Error("LAOYAO_GROUPED_GEMM must be tma, tma_grid, tma128 or cp_async, got '" + s + "'");
-  }();
+Kernels kernels() {  // in the enum's order
+  static const Kernels k =
+      static_cast<Kernels>(env_choice("LAOYAO_GROUPED_GEMM", {"tma", "tma_grid", "tma128", "cp_async"}));
   return k;
 }
 bool wide_tiles(int64_t cols) {

@@ -49,10 +49,10 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/env_choice.hpp"
 #include "kernels/cuda/grouped_gemm_tiles.cuh"
 #include "kernels/cuda/grouped_gemm_tma.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
@@ -573,27 +573,14 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
 // LAOYAO_GROUPED_EPILOGUE: "bulk" (unset or empty: the default) stores whole output tiles with TMA
 // bulk copies (dW: bulk reductions), "threads" has every computing thread store its part.
 bool bulk_epilogue() {
-  static const bool bulk = [] {
-    const char* v = std::getenv("LAOYAO_GROUPED_EPILOGUE");
-    const std::string s = v && *v ? v : "bulk";
-    if (s == "bulk") return true;
-    if (s == "threads") return false;
-    throw Error("LAOYAO_GROUPED_EPILOGUE must be bulk or threads, got '" + s + "'");
-  }();
+  static const bool bulk = env_choice("LAOYAO_GROUPED_EPILOGUE", {"bulk", "threads"}) == 0;
   return bulk;
 }
 // LAOYAO_GROUPED_WGRAD_ORDER: "longest" (unset or empty: the default) starts the wgrad blocks of
 // the matrices with the most rows first, "index" in matrix order (to time one against the other).
-enum class WgradOrder { Longest, Index };
-WgradOrder wgrad_order() {
-  static const WgradOrder order = [] {
-    const char* v = std::getenv("LAOYAO_GROUPED_WGRAD_ORDER");
-    const std::string s = v && *v ? v : "longest";
-    if (s == "longest") return WgradOrder::Longest;
-    if (s == "index") return WgradOrder::Index;
-    throw Error("LAOYAO_GROUPED_WGRAD_ORDER must be longest or index, got '" + s + "'");
-  }();
-  return order;
+bool wgrad_longest_first() {
+  static const bool longest = env_choice("LAOYAO_GROUPED_WGRAD_ORDER", {"longest", "index"}) == 0;
+  return longest;
 }
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -701,7 +688,7 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();
   static SmemSite site;
   site.once([&] { allow_smem(wgrad_kernel_tma, smem); });
-  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots && wgrad_order() == WgradOrder::Longest;
+  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots && wgrad_longest_first();
   wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
                                                                  int(g.weights), int(m_tiles), int(n_tiles), N, K,
                                                                  accumulate, lpt);
