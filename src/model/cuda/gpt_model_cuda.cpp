@@ -94,14 +94,14 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       layout_(build_gpt_parameters(lc_)),
       max_b_(max_b),
       s_(s) {
-  const std::string missing = cuda_unsupported_features(lc_);
-  if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
-                                         " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
+  {
+    GptConfig checked = lc_;  // split over the group given, whatever the config says
+    checked.moe.tensor_parallel = std::max(checked.moe.tensor_parallel, tp_size_);
+    const std::string missing = cuda_unsupported_features(checked);
+    if (!missing.empty()) throw UsageError("the CUDA backend cannot train this model yet: " + missing +
+                                           " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
+  }
   if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
-  if (tp_size_ > 1 && cfg.moe.num_experts > 0 && cfg.moe.capacity_factor)  // as cuda_unsupported_features
-    throw UsageError("the CUDA backend cannot train this model yet: Mixture-of-Experts token dropping "
-                     "(--moe-expert-capacity-factor) with tensor parallelism (the CPU backend can: set "
-                     "LAOYAO_DEVICE=cpu)");
   if (sp_ && s % tp_size_ != 0)
     throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
                      "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
