@@ -132,8 +132,14 @@ int start_training(config::Resolved& r) {
       dp_group = make_group(layout.dp_group(env.rank), "dp");
     }
     // Expert parallelism: consecutive data-parallel ranks share out the experts; the ranks
-    // holding the same experts average their gradients.
-    if (const int64_t ep = r.cfg.model.expert_model_parallel_size; ep > 1) {
+    // holding the same experts average their gradients. With whole experts under TP (expert TP
+    // size 1) the groups fold across the TP ranks: consecutive ranks share out the experts.
+    const int64_t tp = layout.sizes().tp;
+    const bool folded = tp > 1 && r.cfg.model.expert_tensor_parallel_size.value_or(tp) == 1;
+    if (const int64_t ep = r.cfg.model.expert_model_parallel_size; ep > 1 && folded) {
+      ep_group = make_group(layout.folded_ep_group(env.rank, ep), "ep");
+      if (env.world_size > ep) expert_dp_group = make_group(layout.folded_expert_dp_group(env.rank, ep), "edp");
+    } else if (ep > 1) {
       ep_group = make_group(layout.ep_group(env.rank, ep), "ep");
       if (layout.dp() > ep) expert_dp_group = make_group(layout.expert_dp_group(env.rank, ep), "edp");
     }

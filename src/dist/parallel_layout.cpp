@@ -80,4 +80,31 @@ std::vector<int64_t> ParallelLayout::expert_dp_group(int64_t rank, int64_t ep) c
   return members;
 }
 
+namespace {
+
+void check_folded_ep(const ParallelSizes& s, int64_t world, int64_t ep, int64_t rank) {
+  if (ep < 1 || world % ep != 0)
+    throw UsageError("expert-model-parallel size (" + std::to_string(ep) + ") must divide the world size (" +
+                     std::to_string(world) + ") with an expert tensor-parallel size of 1");
+  if (s.cp != 1) throw UsageError("expert parallelism with context parallelism is not supported yet");
+  if (rank < 0 || rank >= world)
+    throw Error("rank " + std::to_string(rank) + " outside the world of " + std::to_string(world));
+}
+
+}  // namespace
+
+std::vector<int64_t> ParallelLayout::folded_ep_group(int64_t rank, int64_t ep) const {
+  check_folded_ep(sizes_, world_, ep, rank);
+  std::vector<int64_t> members;
+  for (int64_t i = 0; i < ep; ++i) members.push_back(rank / ep * ep + i);
+  return members;
+}
+
+std::vector<int64_t> ParallelLayout::folded_expert_dp_group(int64_t rank, int64_t ep) const {
+  check_folded_ep(sizes_, world_, ep, rank);
+  std::vector<int64_t> members;
+  for (int64_t r = rank % ep; r < world_; r += ep) members.push_back(r);
+  return members;
+}
+
 }  // namespace laoyao::dist

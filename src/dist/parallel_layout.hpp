@@ -41,6 +41,12 @@ class ParallelLayout {
   // shards, dp / ep of them). A UsageError when ep does not divide the data-parallel size.
   std::vector<int64_t> ep_group(int64_t rank, int64_t ep) const;
   std::vector<int64_t> expert_dp_group(int64_t rank, int64_t ep) const;
+  // The same with whole experts (expert TP size 1, Megatron's expert layout "tp-ep-dp-pp" with its
+  // tp = 1): the expert-parallel groups are ep consecutive ranks, folded across the TP ranks, and
+  // the expert data-parallel group of `rank` every ep-th rank from rank % ep (world / ep of them).
+  // A UsageError when ep does not divide the world size.
+  std::vector<int64_t> folded_ep_group(int64_t rank, int64_t ep) const;
+  std::vector<int64_t> folded_expert_dp_group(int64_t rank, int64_t ep) const;
 
  private:
   enum class Axis { Tp, Cp, Dp, Pp };

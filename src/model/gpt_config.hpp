@@ -70,6 +70,12 @@ struct MoeConfig {
   // --tensor-model-parallel-size for an MoE model: each expert is split over these ranks (expert
   // tensor parallelism = tensor parallelism, model/gpt_tp.hpp's check_moe_tensor_parallel); 1: whole.
   int64_t tensor_parallel = 1;
+  // --expert-tensor-parallel-size for an MoE model under tensor parallelism: 0 (or the TP size)
+  // splits every routed expert over the TP ranks as above; 1 keeps each routed expert whole, the
+  // experts shared out over an expert-parallel group folded across the TP ranks (Megatron-Core's
+  // "parallel folding", model/moe_share_stage.hpp). Shared experts follow TP either way.
+  int64_t expert_tensor_parallel = 0;
+  bool experts_split_by_tp() const { return expert_tensor_parallel != 1; }
   int64_t local_experts() const { return expert_parallel > 1 ? num_experts / expert_parallel : num_experts; }
 };
 

@@ -12,6 +12,7 @@
 #include "model/gpt_ep.hpp"
 #include "model/gpt_tp.hpp"
 #include "model/moe_expert_parallel.hpp"
+#include "model/moe_share_stage.hpp"
 #include "model/tensor_parallel.hpp"
 
 namespace laoyao::model {
@@ -28,6 +29,15 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
       throw Error("GptModel: expert parallelism over " + std::to_string(cfg.moe.expert_parallel) +
                   " ranks needs an expert-parallel group of that size");
     ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
+  }
+  // Whole experts under tensor parallelism (expert TP size 1): the expert-parallel group is folded
+  // across the TP ranks, and the ranks holding the same experts (across TP and DP) sum their
+  // gradients in finalize_grads, not the trainer (whose data-parallel reduction follows). Without
+  // expert parallelism every TP rank holds all the experts.
+  folded_ = cfg.moe.num_experts > 0 && tp_size_ > 1 && !cfg.moe.experts_split_by_tp();
+  if (folded_) {
+    folded_edp_ = expert_dp_;
+    expert_dp_ = nullptr;
   }
   lc_ = tp_local_config(cfg, tp_size_);
   if (cfg.qk_layernorm) dqk_scratch_.assign(static_cast<size_t>(2 * cfg.kv_channels), 0.0f);
@@ -78,13 +88,24 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
                         std::vector<double>(static_cast<size_t>(m.num_experts), 0.0));
     ep_stages_.resize(static_cast<size_t>(cfg.num_layers));
     build_routed_ranges();
-    for (int64_t l = 0; l < cfg.num_layers && ep_size_ > 1; ++l) {
+    for (int64_t l = 0; l < cfg.num_layers && (ep_size_ > 1 || folded_); ++l) {
       if (!cfg.is_moe_layer(l)) continue;
       const LayerParams& L = layers_[l];
-      auto stage = std::make_unique<MoeExpertParallelStage>(*ep_, m.num_experts, cfg.hidden, lc_.moe.ffn,
+      std::unique_ptr<kernels::cpu::MoeExpertsStage> experts;
+      if (ep_size_ > 1) {
+        auto stage = std::make_unique<MoeExpertParallelStage>(*ep_, m.num_experts, cfg.hidden, lc_.moe.ffn,
+                                                              moe_cfg_.activation);
+        stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
+        experts = std::move(stage);
+      } else {  // whole experts, all of them on every TP rank
+        auto stage = std::make_unique<MoeLocalExpertsStage>(m.num_experts, cfg.hidden, lc_.moe.ffn,
                                                             moe_cfg_.activation);
-      stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
-      ep_stages_[static_cast<size_t>(l)] = std::move(stage);
+        stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
+        experts = std::move(stage);
+      }
+      if (folded_)  // only this rank's share of the sequence goes to the experts
+        experts = std::make_unique<MoeShareStage>(std::move(experts), tp_rank_, tp_size_, cfg.hidden, m.num_experts);
+      ep_stages_[static_cast<size_t>(l)] = std::move(experts);
     }
   }
 }
@@ -395,6 +416,12 @@ void GptModel::finalize_grads() {
   // gradient): summed, as Megatron all-reduces the sequence-parallel router over the group.
   for (const auto& L : layers_)
     if (L.router_w >= 0) tp_->all_reduce_sum(G(L.router_w), static_cast<size_t>(cfg_.moe.num_experts * lc_.hidden));
+  // Whole experts: each rank's hold its share's rows (and its expert-parallel group's); the ranks
+  // holding the same experts sum them, as Megatron's expert data-parallel reduction does. Without
+  // expert parallelism those are the TP ranks here and the data-parallel ones in the trainer.
+  if (dist::ProcessGroup* same_experts = ep_size_ > 1 ? folded_edp_ : folded_ ? tp_ : nullptr)
+    for (const auto& [offset, count] : routed_ranges_)
+      same_experts->all_reduce_sum(G(offset), static_cast<size_t>(count));
 }
 
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses, bool train_step) {
@@ -494,6 +521,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
       moe_cfg_.seq_length = mb.s;
       moe_cfg_.random_logits_key = random_logits_key(key, l);
       moe_cfg_.global_aux_training = train_step;
+      if (folded_) static_cast<MoeShareStage&>(*ep_stages_[static_cast<size_t>(l)]).set_sequence_length(mb.s);
       k::moe_layer_forward(moe_cfg_, moe_weights(L), A(a.ln2), x_out, T, moe_states_[static_cast<size_t>(l)],
                            ep_stages_[static_cast<size_t>(l)].get());
       if (sp) reduce_scatter_sequence(x_out);

@@ -74,7 +74,9 @@ class GptModel {
   dist::ProcessGroup* ep_group() const { return ep_size_ > 1 ? ep_ : nullptr; }
   int64_t ep_size() const { return ep_size_; }
   int64_t ep_rank() const { return ep_rank_; }
+  // (Null with whole experts under tensor parallelism: finalize_grads sums their gradients.)
   dist::ProcessGroup* expert_dp_group() const { return expert_dp_; }
+  bool experts_folded() const { return folded_; }
   const std::vector<std::pair<int64_t, int64_t>>& routed_expert_ranges() const { return routed_ranges_; }
   // The gradient norm over the whole model: the split parameters' squares summed over the groups
   // that split them (tensor-parallel shards over TP, routed experts over EP, experts under both
@@ -173,6 +175,11 @@ class GptModel {
   int64_t tp_size_ = 1, tp_rank_ = 0;
   dist::ProcessGroup *ep_ = nullptr, *expert_dp_ = nullptr;
   int64_t ep_size_ = 1, ep_rank_ = 0;
+  // Whole experts under tensor parallelism (moe.expert_tensor_parallel 1): the ranks holding the
+  // same experts under expert parallelism, summed over in finalize_grads (expert_dp_ is then null;
+  // without EP finalize_grads sums them over the TP group).
+  bool folded_ = false;
+  dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
   ParameterTable table_;
   std::vector<float> weights_, grads_;

@@ -55,9 +55,11 @@ TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
   if (ends_with(name, "self_attention.linear_qkv.weight") || ends_with(name, "self_attention.linear_qkv.bias"))
     return TpSplit::Rows;
   // An MoE layer's experts (routed and shared) are MLPs split as the dense one (expert tensor
-  // parallelism = tensor parallelism); the router is replicated.
-  const bool expert = name.find("mlp.experts.local_experts.") != std::string::npos ||
-                      name.find("mlp.shared_experts.") != std::string::npos;
+  // parallelism = tensor parallelism); the router is replicated. With an expert TP size of 1 the
+  // routed experts stay whole (expert parallelism shares them out instead).
+  const bool routed = name.find("mlp.experts.local_experts.") != std::string::npos;
+  if (routed && !full.moe.experts_split_by_tp()) return TpSplit::Replicated;
+  const bool expert = routed || name.find("mlp.shared_experts.") != std::string::npos;
   if (ends_with(name, "mlp.linear_fc1.weight") || ends_with(name, "mlp.linear_fc1.bias") ||
       (expert && ends_with(name, ".linear_fc1.weight")))
     return full.activation == Activation::SwiGLU ? TpSplit::SwigluRows : TpSplit::Rows;
@@ -95,14 +97,16 @@ GptConfig tp_local_config(const GptConfig& full, int64_t tp) {
   if (dense_mlp) check(full.ffn, "the ffn hidden size");
   check(full.vocab, "the padded vocabulary size");
   const bool moe = full.moe.num_experts > 0;
-  if (moe) check(full.moe.ffn, "the MoE ffn hidden size");
+  const bool split_experts = moe && full.moe.experts_split_by_tp();
+  if (split_experts) check(full.moe.ffn, "the MoE ffn hidden size");
   if (moe && full.moe.shared_ffn > 0) check(full.moe.shared_ffn, "the shared expert's intermediate size");
   GptConfig local = full;
   local.heads /= tp;
   local.query_groups /= tp;
   if (dense_mlp) local.ffn /= tp;
   local.vocab /= tp;
-  if (moe) local.moe.ffn /= tp, local.moe.shared_ffn /= tp;
+  if (split_experts) local.moe.ffn /= tp;
+  if (moe) local.moe.shared_ffn /= tp;
   return local;
 }
 

@@ -25,8 +25,8 @@ int64_t MoeExpertParallelStage::block_rows(int64_t src, int64_t dst) const {
   return n;
 }
 
-void MoeExpertParallelStage::forward(const float* permuted_x, const int64_t* tokens_per_expert, int64_t N,
-                                     float* expert_out) {
+void MoeExpertParallelStage::forward(const float* permuted_x, const int64_t* /*row_tokens*/,
+                                     const int64_t* tokens_per_expert, int64_t N, float* expert_out) {
   if (!fc1_ || !fc2_) throw Error("expert parallelism: the stage has no weights");
   // Every rank's tokens per expert (exact in double: counts are far below 2^53).
   std::vector<double> c(static_cast<size_t>(P_ * E_), 0.0);

@@ -29,7 +29,8 @@ class MoeExpertParallelStage final : public kernels::cpu::MoeExpertsStage {
   void set_weights(const float* fc1, const float* fc2, float* dfc1, float* dfc2) {
     fc1_ = fc1, fc2_ = fc2, dfc1_ = dfc1, dfc2_ = dfc2;
   }
-  void forward(const float* permuted_x, const int64_t* tokens_per_expert, int64_t N, float* expert_out) override;
+  void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
+               float* expert_out) override;
   void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
 
  private:

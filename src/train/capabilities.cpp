@@ -16,17 +16,23 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
   if (m.context_parallel_size > 1) out.push_back("context parallelism (model.context_parallel_size > 1)");
   // Mixture of Experts trains data-parallel, expert-parallel, tensor-parallel with its experts
-  // split over the same ranks, or tensor- and expert-parallel (CPU ranks; model_config names the
-  // MoE settings that cannot join tensor parallelism).
+  // split over the same ranks, tensor- and expert-parallel, or tensor-parallel with whole experts
+  // shared out over expert-parallel groups folded across the TP ranks (expert TP size 1; CPU ranks;
+  // model_config names the MoE settings that cannot join tensor parallelism).
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
     const int64_t tp = std::max<int64_t>(m.tensor_model_parallel_size, 1), ep = m.expert_model_parallel_size;
     const int64_t dp = world_size / tp, etp = m.expert_tensor_parallel_size.value_or(tp);
-    if (ep > 1 && dp % ep != 0)
+    const bool folded = tp > 1 && etp == 1;
+    if (ep > 1 && !folded && dp % ep != 0)
       out.push_back("expert parallelism over " + std::to_string(ep) + " ranks with " + std::to_string(dp) +
                     " data-parallel ranks (model.expert_model_parallel_size must divide the data-parallel size)");
-    if (etp != tp)
+    if (ep > 1 && folded && world_size % ep != 0)
+      out.push_back("expert parallelism over " + std::to_string(ep) + " ranks of a world of " +
+                    std::to_string(world_size) + " with whole experts (model.expert_model_parallel_size must divide "
+                    "the world size when model.expert_tensor_parallel_size is 1)");
+    if (etp != tp && etp != 1)
       out.push_back("an expert tensor-parallel size of " + std::to_string(etp) + " with a tensor-parallel size of " +
-                    std::to_string(tp) + " (model.expert_tensor_parallel_size must equal "
+                    std::to_string(tp) + " (model.expert_tensor_parallel_size must be 1 or "
                     "model.tensor_model_parallel_size)");
   }
   if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");

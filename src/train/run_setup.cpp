@@ -83,6 +83,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
     g.moe = moe_config(c, g);
     g.moe.tensor_parallel = m.tensor_model_parallel_size;
+    g.moe.expert_tensor_parallel = m.expert_tensor_parallel_size.value_or(m.tensor_model_parallel_size);
     if (g.moe.tensor_parallel > 1) model::check_moe_tensor_parallel(g);
   }
   return g;

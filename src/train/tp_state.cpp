@@ -1,8 +1,10 @@
 // Whole-model checkpoints under tensor or expert parallelism (see tp_state.hpp).
 #include "train/tp_state.hpp"
 
+#include <algorithm>
 #include <vector>
 
+#include "core/error.hpp"
 #include "model/gpt_ep.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_tp.hpp"
@@ -27,6 +29,23 @@ model::ParameterTable experts_at_full_shape(const model::GptModel& local) {
   return model::build_gpt_parameters(local.config()).table;
 }
 
+// Whole experts under TP (expert TP size 1): the routed experts are TP-replicated by name but each
+// rank of a TP group holds its own. Copies them by name from one table's buffer to the other's
+// (zeros when `from` is null).
+void copy_routed(const model::ParameterTable& from_table, const float* from, const model::ParameterTable& to_table,
+                 float* to) {
+  for (const auto& p : to_table.specs) {
+    if (!model::is_routed_expert(p.name)) continue;
+    if (!from) {
+      std::fill(to + p.offset, to + p.offset + p.numel, 0.0f);
+      continue;
+    }
+    const model::ParamSpec* f = from_table.find(p.name);
+    if (!f || f->numel != p.numel) throw Error("whole experts: no local tensor " + p.name);
+    std::copy(from + f->offset, from + f->offset + p.numel, to + p.offset);
+  }
+}
+
 // Writes local's places into whole (its replicated tensors too when `replicated`): one kind of
 // split.
 void place(const model::GptModel& local, const model::ParameterTable& full, float* whole, const float* local_buf,
@@ -49,7 +68,9 @@ void gather_buffer(const model::GptModel& local, const model::ParameterTable& fu
     std::vector<float> experts(static_cast<size_t>(mid.total), 0.0f);
     model::tp_place(local.config(), mid, experts.data(), local.table(), local_buf, local.tp_rank(), local.tp_size(),
                     local.tp_rank() == 0);
+    if (local.experts_folded()) copy_routed(local.table(), nullptr, mid, experts.data());  // not TP rank 0's only
     local.tp_group()->all_reduce_sum(experts.data(), experts.size());
+    if (local.experts_folded()) copy_routed(local.table(), local_buf, mid, experts.data());  // this rank's own
     model::ep_place(full, whole, mid, experts.data(), local.ep_rank(), local.config().moe.local_experts(),
                     local.ep_rank() == 0);
     local.ep_group()->all_reduce_sum(whole, static_cast<size_t>(full.total));

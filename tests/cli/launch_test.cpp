@@ -281,8 +281,10 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
 // Mixture of Experts under tensor parallelism over CPU ranks (sequence parallel, every expert split
 // over the TP ranks): TP=2 on 2 ranks, TP=2 x DP=2 on 4 with the distributed optimizer, and TP=2 x
 // EP=2 on 4 (each rank's two experts split over its TP pair), with and without the distributed
-// optimizer, print the single rank's losses and load-balancing losses; checkpoints saved at TP=2
-// and at TP=2 x EP=2 (whole experts) resume on one rank. Without sequence parallelism the run is
+// optimizer, and with whole experts (--expert-tensor-parallel-size 1: the EP groups folded across
+// the TP ranks) without EP and at EP=2 on 2 ranks, at EP=2 and 4 on 4, print the single rank's losses and
+// load-balancing losses; checkpoints saved at TP=2, at TP=2 x EP=2 and with whole experts resume
+// on one rank. Without sequence parallelism the run is
 // refused as Megatron-Core's MoELayer refuses it, before anything is written.
 TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp_moe");
@@ -310,7 +312,12 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
       {"4", {"--use-distributed-optimizer"}},
       {"4", {"--expert-model-parallel-size", "2"}},
       {"4", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
-      {"8", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}}};
+      {"8", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
+      // Whole experts (expert TP size 1): the EP groups fold across the TP ranks.
+      {"2", {"--expert-tensor-parallel-size", "1"}},
+      {"2", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
+      {"4", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
+      {"4", {"--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}}};
   for (const auto& [n, flags] : layouts) {
     std::string what = std::string(n) + " ranks";
     for (const auto& f : flags) what += " " + f;
@@ -331,9 +338,12 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
     }
   }
   const std::vector<std::pair<const char*, std::vector<std::string>>> saves = {
-      {"2", {}}, {"4", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}}};
+      {"2", {}},
+      {"4", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
+      {"4", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}}};
+  int saved_runs = 0;
   for (const auto& [n, flags] : saves) {
-    const std::string ckpt = dir + "/ckpt" + n;
+    const std::string ckpt = dir + "/ckpt" + std::to_string(saved_runs++);
     std::vector<std::string> extra = {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--exit-interval",
                                       "2", "--save", ckpt, "--save-interval", "2"};
     extra.insert(extra.end(), flags.begin(), flags.end());

@@ -74,3 +74,32 @@ TEST(ParallelLayout, ExpertParallelGroupsAreConsecutiveDataParallelRanks) {
   EXPECT_EQ(tp.expert_dp_group(5, 2), (std::vector<int64_t>{1, 5}));
   EXPECT_THROW((void)ParallelLayout(8, {2, 1, 1}).ep_group(0, 3), laoyao::UsageError);
 }
+
+// Whole experts under TP (expert TP 1, Megatron's expert order tp-ep-dp with tp = 1): the
+// expert-parallel groups are consecutive ranks across the TP groups ("parallel folding"). With
+// TP=2 on 8 ranks: TP {0,1} {2,3} ...; EP=2 folds each TP pair into one EP group, EP=4 two pairs.
+TEST(ParallelLayout, WholeExpertsFoldTheExpertGroupsAcrossTensorParallelRanks) {
+  const ParallelLayout tp(8, {2, 1, 1});
+  EXPECT_EQ(tp.folded_ep_group(5, 2), (V{4, 5}));
+  EXPECT_EQ(tp.folded_expert_dp_group(5, 2), (V{1, 3, 5, 7}));
+  EXPECT_EQ(tp.folded_ep_group(5, 4), (V{4, 5, 6, 7}));
+  EXPECT_EQ(tp.folded_expert_dp_group(5, 4), (V{1, 5}));
+  EXPECT_EQ(tp.folded_ep_group(3, 8), (V{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(tp.folded_expert_dp_group(3, 8), (V{3}));
+  // Every rank in exactly one group of each kind, and the two kinds cross in exactly one rank.
+  for (const int64_t ep : {1, 2, 4, 8})
+    for (int64_t r = 0; r < 8; ++r) {
+      const V g = tp.folded_ep_group(r, ep), d = tp.folded_expert_dp_group(r, ep);
+      EXPECT_EQ(static_cast<int64_t>(g.size() * d.size()), 8);
+      EXPECT_EQ(std::count(g.begin(), g.end(), r), 1);
+      EXPECT_EQ(std::count(d.begin(), d.end(), r), 1);
+      for (const int64_t m : g) EXPECT_EQ(tp.folded_ep_group(m, ep), g);
+      for (const int64_t m : d) EXPECT_EQ(tp.folded_expert_dp_group(m, ep), d);
+    }
+  try {
+    (void)tp.folded_ep_group(0, 3);
+    FAIL() << "EP 3 over 8 ranks";
+  } catch (const laoyao::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide the world size (8)"), std::string::npos) << e.what();
+  }
+}

@@ -13,8 +13,11 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "dist/parallel_layout.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "model/gpt_ep.hpp"
+#include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
 #include "model/tensor_parallel.hpp"
@@ -291,6 +294,89 @@ TEST(TensorParallel, MixtureOfExpertsDropsByEachRanksShare) {
     }
     EXPECT_NE(losses[0], losses[1]) << "dropping by two shares changed nothing: the test would not see it";
   }
+}
+
+// Whole experts under tensor parallelism (--expert-tensor-parallel-size 1, Megatron-Core's
+// "parallel folding"): the expert-parallel groups are folded across the TP ranks (consecutive
+// ranks), each rank holds whole experts, and only its share of the sequence goes to them. TP=2 x
+// EP=2 on 2 ranks (the EP group is the TP group) and TP=4 x EP=2 on 4 (two EP groups in one TP
+// group; the ranks holding the same experts sum their gradients), TP=4 x EP=4, and TP=2 without
+// EP (every TP rank holds every expert): every rank's losses are the
+// single rank's, its gradients are its part of the single rank's, and the norms count every part
+// once.
+namespace {
+
+void check_whole_experts(const GptConfig& c, int tp, int ep) {
+  const int64_t b = 2, s = 12, T = b * s;
+  std::vector<int64_t> tokens(T), labels(T), positions(T);
+  Rng rng(5, "tp.whole_experts.batch");
+  for (int64_t t = 0; t < T; ++t) {
+    tokens[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
+    labels[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
+    positions[t] = t % s;
+  }
+  const auto dloss = randn(T, "tp.whole_experts.dloss", 0.1);
+  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  const DropoutKey key{1234, 77, true};
+  GptConfig ranks_cfg = c;
+  ranks_cfg.moe.expert_parallel = ep, ranks_cfg.moe.expert_tensor_parallel = 1, ranks_cfg.moe.tensor_parallel = tp;
+  GptModel ref(ep_whole_config(c));
+  random_full_weights(ref.table(), ref.weights());
+  std::vector<float> want_loss(T);
+  ref.zero_grads();
+  ref.forward(mb, key, want_loss.data());
+  ref.backward(dloss.data());
+  const dist::ParallelLayout layout(tp, {tp, 1, 1});
+  run_ranks(tp, [&](int r, dist::ProcessGroup* world) {
+    dist::RankEnv env;
+    env.rank = r, env.world_size = tp;
+    // (Without expert parallelism the trainer makes no expert groups: every TP rank holds every expert.)
+    std::unique_ptr<dist::ProcessGroup> ep_group, edp_group;
+    if (ep > 1) {
+      ep_group = dist::make_cpu_process_group(env, 1.0, layout.folded_ep_group(r, ep), "ep");
+      edp_group = dist::make_cpu_process_group(env, 1.0, layout.folded_expert_dp_group(r, ep), "edp");
+    }
+    GptModel m(ranks_cfg, world, ep_group.get(), edp_group.get());
+    ASSERT_TRUE(m.experts_folded());
+    ASSERT_EQ(m.expert_dp_group(), nullptr);  // finalize_grads sums the experts' gradients itself
+    // This rank's part of a whole-model buffer: its experts (at full shape), then its TP shard.
+    const ParameterTable mid = build_gpt_parameters(ranks_cfg).table;
+    auto part = [&](const float* whole, float* local) {
+      std::vector<float> experts(static_cast<size_t>(mid.total));
+      ep_shard(ref.table(), whole, mid, experts.data(), m.ep_rank(), ranks_cfg.moe.local_experts());
+      tp_shard(ranks_cfg, mid, experts.data(), m.table(), local, r, tp);
+    };
+    part(ref.weights(), m.weights());
+    std::vector<float> losses(T), want_grads(static_cast<size_t>(m.num_parameters()));
+    m.zero_grads();
+    m.forward(mb, key, losses.data());
+    m.backward(dloss.data());
+    m.finalize_grads();
+    expect_close(losses.data(), want_loss.data(), T, "loss, rank " + std::to_string(r));
+    part(ref.grads(), want_grads.data());
+    for (const auto& p : m.table().specs)
+      expect_close(m.grads() + p.offset, want_grads.data() + p.offset, p.numel,
+                   "rank " + std::to_string(r) + ": grad of " + p.name);
+    EXPECT_NEAR(m.grad_norm(), ref.grad_norm(), 1e-4 * ref.grad_norm()) << "rank " << r;
+    EXPECT_NEAR(m.params_norm(), ref.params_norm(), 1e-5 * ref.params_norm()) << "rank " << r;
+    EXPECT_EQ(m.count_zero_grads(), ref.count_zero_grads()) << "rank " << r;
+  });
+}
+
+}  // namespace
+
+TEST(TensorParallel, WholeExpertsFoldedAcrossTensorParallelRanksMatchOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_moe();  // a dense first layer, a shared expert (split by TP), aux/seq-aux/z losses
+  c.moe.num_experts = 8;
+  for (const auto& [tp, ep] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}, std::pair{2, 1}}) {
+    SCOPED_TRACE("TP=" + std::to_string(tp) + " EP=" + std::to_string(ep));
+    check_whole_experts(c, tp, ep);
+  }
+  // The expert ffn need not split over TP when the experts stay whole; token dropping by shares too.
+  c.moe.ffn = 10, c.moe.capacity_factor = 0.5;
+  c.moe.tensor_parallel = 2;  // the one-rank reference drops by the two ranks' shares
+  check_whole_experts(c, 2, 2);
 }
 
 TEST(TensorParallel, MixtureOfExpertsRefusesWhatItCannotSplitByName) {

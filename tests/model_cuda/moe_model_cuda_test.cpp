@@ -407,6 +407,10 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   EXPECT_NE(cuda_unsupported_features(tp_capacity).find("token dropping (--moe-expert-capacity-factor) with tensor "
                                                         "parallelism"),
             std::string::npos);
+  GptConfig whole_experts = tp_ep;  // nor whole experts under TP (expert TP size 1, CPU ranks)
+  whole_experts.moe.expert_tensor_parallel = 1;
+  EXPECT_NE(cuda_unsupported_features(whole_experts).find("whole experts under tensor parallelism"),
+            std::string::npos);
   GptConfig global = c;
   global.moe.global_aux_loss_coeff = 1e-3;  // and global_aux_loss
   EXPECT_EQ(cuda_unsupported_features(global), "");

@@ -36,7 +36,7 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   // Its experts split over the tensor-parallel ranks, or not at all: another expert TP size is named.
   EXPECT_EQ(missing({"--num-experts", "8", "--expert-tensor-parallel-size", "1"}), "");
   EXPECT_NE(missing({"--num-experts", "8", "--expert-tensor-parallel-size", "2"}).find(
-                "model.expert_tensor_parallel_size must equal model.tensor_model_parallel_size"),
+                "model.expert_tensor_parallel_size must be 1 or model.tensor_model_parallel_size"),
             std::string::npos);
   // Expert parallelism with tensor parallelism (4 ranks: TP 2 x DP 2): the experts split over the
   // TP ranks too; EP 4 does not divide DP 2.
@@ -55,10 +55,16 @@ TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
     EXPECT_NE(on_four({"--expert-model-parallel-size", "4"}).find("must divide the data-parallel size"),
               std::string::npos);
   }
-  EXPECT_NE(missing({"--num-experts", "8", "--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
-                     "--expert-tensor-parallel-size", "1"})
-                .find("must equal"),
-            std::string::npos);
+  // Whole experts under TP (expert TP size 1): the expert-parallel groups fold across the TP ranks,
+  // so EP must divide the world (not the data-parallel size).
+  if (dist::gloo_built()) {
+    EXPECT_EQ(on_four({"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}), "");
+    EXPECT_EQ(on_four({"--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1"}), "");
+    EXPECT_NE(on_four({"--expert-model-parallel-size", "8", "--expert-tensor-parallel-size", "1"})
+                  .find("must divide the world size when model.expert_tensor_parallel_size is 1"),
+              std::string::npos);
+    EXPECT_EQ(on_four({"--expert-tensor-parallel-size", "1"}), "");  // every TP rank holds every expert
+  }
   EXPECT_NE(missing({"--ckpt-format", "zarr"}).find("'zarr'"), std::string::npos);
   EXPECT_NE(missing({"--fp16"}).find("fp16"), std::string::npos);
   // The precision-aware optimizer with fp32 states is the plain AdamW; lower-precision states are named.

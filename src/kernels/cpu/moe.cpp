@@ -704,7 +704,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
                   st.permuted_row.data());
   moe_permute_forward(x, st.sorted_indices.data(), st.permuted_x.data(), N, H);
   if (experts)
-    experts->forward(st.permuted_x.data(), st.tokens_per_expert.data(), N, st.expert_out.data());
+    experts->forward(st.permuted_x.data(), st.sorted_indices.data(), st.tokens_per_expert.data(), N,
+                     st.expert_out.data());
   else
     moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
                         st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation);

@@ -278,7 +278,9 @@ struct MoeLayerState {
 class MoeExpertsStage {
  public:
   virtual ~MoeExpertsStage() = default;
-  virtual void forward(const float* permuted_x, const int64_t* tokens_per_expert, int64_t N, float* expert_out) = 0;
+  // row_tokens[N]: the token (row of the layer's input) each permuted row copies.
+  virtual void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
+                       float* expert_out) = 0;
   virtual void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) = 0;
 };
 

@@ -41,6 +41,9 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   if (c.moe.num_experts > 0 && c.moe.capacity_factor && c.moe.tensor_parallel > 1)
     missing.push_back("Mixture-of-Experts token dropping (--moe-expert-capacity-factor) with tensor parallelism");
+  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && !c.moe.experts_split_by_tp())
+    missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size 1 "
+                      "with --tensor-model-parallel-size > 1)");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
