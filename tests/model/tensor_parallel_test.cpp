@@ -158,17 +158,29 @@ void random_full_weights(const ParameterTable& t, float* w) {
       w[p.offset + i] = static_cast<float>((p.init == Init::Ones ? 1.0 : 0.0) + 0.1 * rng.normal());
 }
 
-void check_tensor_parallel_model(const GptConfig& c, const std::vector<int>& sizes) {
-  const int64_t b = 2, s = 12, T = b * s;
-  std::vector<int64_t> tokens(T), labels(T), positions(T);
-  Rng rng(3, "tp.batch");
-  for (int64_t t = 0; t < T; ++t) {
-    tokens[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
-    labels[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
-    positions[t] = t % s;
+// Two sequences of 12 random tokens and labels, and a loss gradient for each token.
+struct TestBatch {
+  static constexpr int64_t b = 2, s = 12, T = b * s;
+  std::vector<int64_t> tokens = std::vector<int64_t>(T), labels = std::vector<int64_t>(T),
+                       positions = std::vector<int64_t>(T);
+  std::vector<float> dloss;
+  TestBatch(int64_t vocab, uint64_t seed, const char* stream, const char* dloss_stream)
+      : dloss(randn(T, dloss_stream, 0.1)) {
+    Rng rng(seed, stream);
+    for (int64_t t = 0; t < T; ++t) {
+      tokens[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+      labels[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(vocab));
+      positions[t] = t % s;
+    }
   }
-  const auto dloss = randn(T, "tp.model.dloss", 0.1);
-  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  MicroBatch micro_batch() const { return {b, s, tokens.data(), labels.data(), positions.data()}; }
+};
+
+void check_tensor_parallel_model(const GptConfig& c, const std::vector<int>& sizes) {
+  const TestBatch batch(c.vocab, 3, "tp.batch", "tp.model.dloss");
+  const int64_t T = TestBatch::T;
+  const std::vector<float>& dloss = batch.dloss;
+  const MicroBatch mb = batch.micro_batch();
   const DropoutKey key{1234, 77, true};
   GptModel ref(c);
   random_full_weights(ref.table(), ref.weights());
@@ -307,16 +319,10 @@ TEST(TensorParallel, MixtureOfExpertsDropsByEachRanksShare) {
 namespace {
 
 void check_whole_experts(const GptConfig& c, int tp, int ep) {
-  const int64_t b = 2, s = 12, T = b * s;
-  std::vector<int64_t> tokens(T), labels(T), positions(T);
-  Rng rng(5, "tp.whole_experts.batch");
-  for (int64_t t = 0; t < T; ++t) {
-    tokens[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
-    labels[t] = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(c.vocab));
-    positions[t] = t % s;
-  }
-  const auto dloss = randn(T, "tp.whole_experts.dloss", 0.1);
-  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  const TestBatch batch(c.vocab, 5, "tp.whole_experts.batch", "tp.whole_experts.dloss");
+  const int64_t T = TestBatch::T;
+  const std::vector<float>& dloss = batch.dloss;
+  const MicroBatch mb = batch.micro_batch();
   const DropoutKey key{1234, 77, true};
   GptConfig ranks_cfg = c;
   ranks_cfg.moe.expert_parallel = ep, ranks_cfg.moe.expert_tensor_parallel = 1, ranks_cfg.moe.tensor_parallel = tp;
