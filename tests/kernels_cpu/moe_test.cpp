@@ -906,10 +906,20 @@ LayerTwinOut layer_twin(const MoeLayerConfig& cfg, int64_t T, const std::vector<
   LayerTwinOut out;
   auto routed = router_twin(logits, eb.empty() ? nullptr : &eb, T, E, k, cfg.router);
   if (cfg.capacity_factor) {  // dropped pairs weigh nothing
-    const auto kept = capacity_twin(routed.idx, routed.probs, E, moe_expert_capacity(T, E, k, *cfg.capacity_factor),
+    // Megatron's router sees the [s, b] tokens position by position: its i-th token is position
+    // i / b of sequence i % b (ours: t = sequence * s + position).
+    const int64_t s = cfg.seq_length > 0 ? cfg.seq_length : T, b = T / s;
+    std::vector<int64_t> order_idx(T * k);
+    std::vector<double> order_probs(T * k);
+    auto token = [&](int64_t i) { return (i / b) + (i % b) * s; };
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        order_idx[i * k + j] = routed.idx[token(i) * k + j], order_probs[i * k + j] = routed.probs[token(i) * k + j];
+    const auto kept = capacity_twin(order_idx, order_probs, E, moe_expert_capacity(T, E, k, *cfg.capacity_factor),
                                     cfg.drop_by_position);
-    for (size_t i = 0; i < kept.size(); ++i)
-      if (!kept[i]) routed.probs[i] = 0.0;
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < k; ++j)
+        if (!kept[i * k + j]) routed.probs[token(i) * k + j] = 0.0;
   }
   out.idx = routed.idx;
   const auto fn = cfg.router.score_function;

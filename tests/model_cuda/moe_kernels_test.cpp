@@ -175,6 +175,8 @@ class CudaMoe : public CudaStreamTest {
     expect_rel(from_device<float>(g.scores, T * c.E), to_double(want.scores), kRouterRel, 1e-9, "scores");
     expect_rel(from_device<float>(g.lse, T), want.lse, kRouterRel, 1e-6, "lse");
   }
+
+  void capacity_drop_matches_cpu(int64_t s);  // T = 500 tokens as sequences of s
 };
 
 // ---------------------------------------------------------------- router forward
@@ -711,10 +713,19 @@ Maps make_maps(int64_t T, int64_t E, int64_t k, std::string_view name) {
   return m;
 }
 
-// Token dropping against the CPU's capacity mask: random routing over 16 experts, probs with many
-// exact ties (eighths), both policies, capacities from none kept to all kept.
+// Token dropping against the CPU's capacity mask in Megatron's token order ([s, b] flattened, the
+// CPU's pairs gathered position by position): random routing over 16 experts, probs with many
+// exact ties (eighths), both policies, capacities from none kept to all kept, 4 sequences of 125
+// and one of 500 (where the two orders agree).
 TEST_F(CudaMoe, CapacityDropMatchesCpu) {
-  const int64_t T = 500, E = 16, k = 4, N = T * k;
+  for (const int64_t s : {int64_t{125}, int64_t{500}}) {
+    SCOPED_TRACE("s = " + std::to_string(s));
+    capacity_drop_matches_cpu(s);
+  }
+}
+
+void CudaMoe::capacity_drop_matches_cpu(int64_t s) {
+  const int64_t T = 500, E = 16, k = 4, N = T * k, b = T / s;
   const auto idx = random_routing(T, k, all_experts(E), 23, "capacity.idx");
   Rng rng(23, "capacity.probs");
   std::vector<float> probs(N);
@@ -724,16 +735,26 @@ TEST_F(CudaMoe, CapacityDropMatchesCpu) {
   std::vector<int32_t> offsets(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + static_cast<int32_t>(counts[e]);
   auto didx = to_device(to_int32(idx)), drows = to_device(to_int32(rows)), doff = to_device(offsets);
+  auto dsorted = to_device(to_int32(sorted));
   auto scratch = poisoned<float>(N);
+  // The pairs in Megatron's order: its i-th token is position i / b of sequence i % b.
+  auto token = [&](int64_t i) { return (i / b) + (i % b) * s; };
+  std::vector<int64_t> idx_m(N);
+  std::vector<float> probs_m(N);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < k; ++j) idx_m[i * k + j] = idx[token(i) * k + j], probs_m[i * k + j] = probs[token(i) * k + j];
   for (const bool by_position : {false, true})
     for (const int64_t cap : {int64_t{0}, int64_t{40}, int64_t{125}, int64_t{N}}) {
       SCOPED_TRACE("capacity " + std::to_string(cap) + (by_position ? ", by position" : ", by probs"));
-      std::vector<uint8_t> want_kept(N);
-      cpu::moe_capacity_mask(idx.data(), probs.data(), T, E, k, cap, by_position, want_kept.data());
+      std::vector<uint8_t> kept_m(N), want_kept(N);
+      cpu::moe_capacity_mask(idx_m.data(), probs_m.data(), T, E, k, cap, by_position, kept_m.data());
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < k; ++j) want_kept[token(i) * k + j] = kept_m[i * k + j];
       auto dprobs = to_device(probs);
       auto dkept = poisoned<uint8_t>(N);
-      cuda::moe_capacity_drop(didx.as<int32_t>(), doff.as<int32_t>(), drows.as<int32_t>(), dprobs.as<float>(), T, k,
-                              cap, by_position, dkept.as<uint8_t>(), scratch.as<float>(), stream_);
+      cuda::moe_capacity_drop(didx.as<int32_t>(), doff.as<int32_t>(), dsorted.as<int32_t>(), drows.as<int32_t>(),
+                              dprobs.as<float>(), T, s, k, cap, by_position, dkept.as<uint8_t>(), scratch.as<float>(),
+                              stream_);
       auto ddp = to_device(probs);  // any nonzero gradient: the dropped pairs' must become 0
       cuda::moe_mask_dropped(ddp.as<float>(), dkept.as<uint8_t>(), N, stream_);
       sync();

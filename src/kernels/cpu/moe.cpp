@@ -660,9 +660,14 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     for (float& p : st.topk_probs) p = round_to_bf16(p);
   if (c.capacity_factor) {  // dropped pairs keep their rows but weigh nothing (Megatron's masked probs)
     ensure(st.kept, T * k);
-    if (c.capacity_shares > 1)
+    // In Megatron's token order ([s, b] flattened) when the sequences are known; by TP's shares.
+    if (c.seq_length > 0 ? T % c.seq_length != 0 : c.capacity_shares > 1)
+      throw Error("moe capacity: " + std::to_string(T) + " tokens are not whole sequences of " +
+                  std::to_string(c.seq_length) + " (seq_length)");
+    if (c.seq_length > 0)
       moe_capacity_mask_by_share(st.topk_idx.data(), st.topk_probs.data(), T / c.seq_length, c.seq_length,
-                                 c.capacity_shares, E, k, *c.capacity_factor, c.drop_by_position, st.kept.data());
+                                 std::max<int64_t>(c.capacity_shares, 1), E, k, *c.capacity_factor, c.drop_by_position,
+                                 st.kept.data());
     else
       moe_capacity_mask(st.topk_idx.data(), st.topk_probs.data(), T, E, k,
                         moe_expert_capacity(T, E, k, *c.capacity_factor), c.drop_by_position, st.kept.data());

@@ -222,7 +222,8 @@ struct MoeLayerConfig {
   std::optional<double> capacity_factor;
   bool drop_by_position = false;
   // Tensor parallelism's shares of the sequence to drop within (moe_capacity_mask_by_share; needs
-  // seq_length); 1: the T tokens as one.
+  // seq_length); 1: the T tokens as one. With seq_length set the pairs are taken in Megatron's
+  // token order ([s, b] flattened: position by position), else in ours (t = batch * s + position).
   int64_t capacity_shares = 1;
 };
 

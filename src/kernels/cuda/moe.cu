@@ -660,21 +660,29 @@ __global__ void moe_scatter_probs_kernel(const float* __restrict__ probs, const 
     permuted_probs[permuted_row[i]] = probs[i];
 }
 
-// One thread per (token, choice) pair: its rank among its expert's pairs (rows in token order).
+// One thread per (token, choice) pair: its rank among its expert's pairs, in Megatron's token
+// order (position-major: token t = batch * s + position sits at position * b + batch). An
+// expert's rows are in our token order, so with one sequence (b = 1) a row's place is its rank by
+// position.
 __global__ void moe_capacity_kernel(const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ offsets,
-                                    const int32_t* __restrict__ permuted_row, const float* __restrict__ permuted_probs,
-                                    float* __restrict__ probs, int64_t n, int64_t capacity, bool by_position,
+                                    const int32_t* __restrict__ sorted_token, const int32_t* __restrict__ permuted_row,
+                                    const float* __restrict__ permuted_probs, float* __restrict__ probs, int64_t n,
+                                    int k, int s, int b, int64_t capacity, bool by_position,
                                     uint8_t* __restrict__ kept) {
+  auto order = [s, b](int t) { return (t % s) * b + t / s; };
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int e = topk_idx[i], r = permuted_row[i], begin = offsets[e];
+    const int e = topk_idx[i], r = permuted_row[i], begin = offsets[e], me = order(int(i / k));
     int64_t rank = r - begin;
     if (!by_position) {
       const float p = permuted_probs[r];
       rank = 0;
       for (int q = begin, end = offsets[e + 1]; q < end && rank < capacity; ++q) {
         const float o = permuted_probs[q];
-        rank += o > p || (o == p && q < r);
+        rank += o > p || (o == p && order(sorted_token[q]) < me);
       }
+    } else if (b > 1) {
+      rank = 0;
+      for (int q = begin, end = offsets[e + 1]; q < end && rank < capacity; ++q) rank += order(sorted_token[q]) < me;
     }
     const bool keep = rank < capacity;
     kept[i] = keep ? 1 : 0;
@@ -1030,16 +1038,19 @@ void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, 
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-void moe_capacity_drop(const int32_t* topk_idx, const int32_t* offsets, const int32_t* permuted_row,
-                       float* topk_probs, int64_t T, int64_t k, int64_t capacity, bool by_position, uint8_t* kept,
-                       float* scratch, cudaStream_t stream) {
+void moe_capacity_drop(const int32_t* topk_idx, const int32_t* offsets, const int32_t* sorted_token,
+                       const int32_t* permuted_row, float* topk_probs, int64_t T, int64_t s, int64_t k,
+                       int64_t capacity, bool by_position, uint8_t* kept, float* scratch, cudaStream_t stream) {
   const int64_t n = T * k;
   if (capacity < 0 || n >= (int64_t{1} << 31)) throw Error("moe_capacity_drop: a negative capacity or too many pairs");
   if (n <= 0) return;
+  if (k < 1 || s < 1 || T % s != 0)
+    throw Error("moe_capacity_drop: " + std::to_string(T) + " tokens are not whole sequences of " + std::to_string(s));
   moe_scatter_probs_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_probs, permuted_row, scratch, n);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
-  moe_capacity_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_idx, offsets, permuted_row, scratch, topk_probs, n,
-                                                               capacity, by_position, kept);
+  moe_capacity_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_idx, offsets, sorted_token, permuted_row, scratch,
+                                                               topk_probs, n, int(k), int(s), int(T / s), capacity,
+                                                               by_position, kept);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -431,7 +431,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
   kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
   if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
-    kc::moe_capacity_drop(S.topk_idx, S.offsets, S.permuted_row, S.probs, T, k_,
+    kc::moe_capacity_drop(S.topk_idx, S.offsets, S.sorted_token, S.permuted_row, S.probs, T, losses_.seq_length, k_,
                           kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
                           permuted_probs_, st);
   if (gather_) return gathered_forward(S, ctx, x, y, T, residual);  // the dropped pairs' probs are 0 now
