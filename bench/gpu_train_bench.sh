@@ -64,7 +64,9 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
     # moe_2b_mbsM_gbsG: the flagship at micro-batch M and global batch G (the recipe's own is 512
     # sequences of 1 a step; a larger micro-batch gives each expert's GEMMs more rows).
     moe_2b_mbs*_gbs*) local mg="${1#moe_2b_mbs}"
-      shape_args moe_2b | sed "s/--micro-batch-size 2 --global-batch-size 2 /--micro-batch-size ${mg%_gbs*} --global-batch-size ${mg#*_gbs} /" ;;
+      shape_args moe_2b | sed "s/--micro-batch-size 2 --global-batch-size 2 /--micro-batch-size ${mg%_gbs*} --global-batch-size ${mg#*_gbs} /" |
+        # 256 sequences a step and more (the recipe's 512): 4 steps, the last two timed (a later flag wins)
+        if [ "${mg#*_gbs}" -ge 256 ]; then sed 's/$/ --train-iters 4 --log-interval 2/'; else cat; fi ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
