@@ -171,6 +171,7 @@ struct Checker {
     positive("model.pipeline_model_parallel_size", m.pipeline_model_parallel_size);
     positive("model.context_parallel_size", m.context_parallel_size);
     positive("model.expert_model_parallel_size", m.expert_model_parallel_size);
+    if (m.expert_tensor_parallel_size) positive("model.expert_tensor_parallel_size", *m.expert_tensor_parallel_size);
     int64_t mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size;
     if (opt.world_size % mp != 0)
       fail("world size (" + std::to_string(opt.world_size) + ") is not divisible by " +

@@ -185,6 +185,10 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   EXPECT_NE(e.find("--exit-interval must be >= 0"), std::string::npos) << e;
   e = usage_error(with(args, {"--save", "/tmp/x"}));
   EXPECT_NE(e.find("--save-interval"), std::string::npos) << e;
+  // A parallel size that is not positive is a bad value, named (the expert TP size too).
+  e = usage_error(with(args, {"--num-experts", "4", "--expert-tensor-parallel-size", "0"}));
+  EXPECT_NE(e.find("--expert-tensor-parallel-size must be a positive integer, got 0"), std::string::npos) << e;
+  EXPECT_EQ(usage_error(with(args, {"--num-experts", "4", "--expert-tensor-parallel-size", "1"})), "");
   // Megatron-LM's own refusals (validate_args, the scheduler's assertion).
   e = usage_error(with(args, {"--lr-decay-style", "WSD"}));
   EXPECT_NE(e.find("the WSD learning-rate schedule needs --lr-wsd-decay-iters"), std::string::npos) << e;
