@@ -98,7 +98,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
         stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
         experts = std::move(stage);
       } else {  // whole experts, all of them on every TP rank
-        auto stage = std::make_unique<MoeLocalExpertsStage>(m.num_experts, cfg.hidden, lc_.moe.ffn,
+        auto stage = std::make_unique<kernels::cpu::MoeLocalExpertsStage>(m.num_experts, cfg.hidden, lc_.moe.ffn,
                                                             moe_cfg_.activation);
         stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
         experts = std::move(stage);

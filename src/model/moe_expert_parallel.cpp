@@ -12,11 +12,16 @@ namespace k = laoyao::kernels::cpu;
 
 MoeExpertParallelStage::MoeExpertParallelStage(dist::ProcessGroup& ep, int64_t num_experts, int64_t H, int64_t F,
                                                k::MoeActivation act)
-    : ep_(ep), P_(ep.size()), me_(ep.rank()), E_(num_experts), El_(0), H_(H), F_(F), act_(act) {
+    : ep_(ep),
+      P_(ep.size()),
+      me_(ep.rank()),
+      E_(num_experts),
+      El_(P_ >= 1 && E_ % P_ == 0 ? E_ / P_ : 0),
+      H_(H),
+      local_(El_, H, F, act) {
   if (P_ < 1 || E_ < 1 || E_ % P_ != 0)
     throw Error("expert parallelism: " + std::to_string(E_) + " experts do not split over " + std::to_string(P_) +
                 " ranks");
-  El_ = E_ / P_;
 }
 
 int64_t MoeExpertParallelStage::block_rows(int64_t src, int64_t dst) const {
@@ -27,7 +32,6 @@ int64_t MoeExpertParallelStage::block_rows(int64_t src, int64_t dst) const {
 
 void MoeExpertParallelStage::forward(const float* permuted_x, const int64_t* /*row_tokens*/,
                                      const int64_t* tokens_per_expert, int64_t N, float* expert_out) {
-  if (!fc1_ || !fc2_) throw Error("expert parallelism: the stage has no weights");
   // Every rank's tokens per expert (exact in double: counts are far below 2^53).
   std::vector<double> c(static_cast<size_t>(P_ * E_), 0.0);
   int64_t rows = 0;
@@ -45,30 +49,19 @@ void MoeExpertParallelStage::forward(const float* permuted_x, const int64_t* /*r
     for (int64_t s = 0; s < P_; ++s) local_tpe_[static_cast<size_t>(e)] += count(s, me_ * El_ + e);
     R_ += local_tpe_[static_cast<size_t>(e)];
   }
-  const int64_t F1 = k::moe_fc1_rows(act_, F_);
   local_x_.resize(static_cast<size_t>(R_ * H_));
-  fc1_out_.resize(static_cast<size_t>(R_ * F1));
-  act_out_.resize(static_cast<size_t>(R_ * F_));
   local_y_.resize(static_cast<size_t>(R_ * H_));
   dispatch(permuted_x, local_x_.data());
-  k::moe_experts_forward(local_x_.data(), local_tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(),
-                         local_y_.data(), El_, H_, F_, act_);
+  local_.forward(local_x_.data(), nullptr, local_tpe_.data(), R_, local_y_.data());
   combine(local_y_.data(), expert_out);
 }
 
 void MoeExpertParallelStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x) {
   if (N != N_) throw Error("expert parallelism: backward of " + std::to_string(N) + " rows after a forward of " +
                            std::to_string(N_));
-  const int64_t F1 = k::moe_fc1_rows(act_, F_);
-  local_dy_.resize(static_cast<size_t>(R_ * H_));
-  local_dx_.resize(static_cast<size_t>(R_ * H_));
-  dact_.resize(static_cast<size_t>(R_ * F_));
-  dfc1_out_.resize(static_cast<size_t>(R_ * F1));
-  dispatch(dexpert_out, local_dy_.data());
-  k::moe_experts_backward(local_x_.data(), local_tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(),
-                          local_dy_.data(), dact_.data(), dfc1_out_.data(), local_dx_.data(), dfc1_, dfc2_, El_, H_, F_,
-                          act_);
-  combine(local_dx_.data(), dpermuted_x);
+  dispatch(dexpert_out, local_y_.data());  // the output gradients, to the experts' ranks
+  local_.backward(local_y_.data(), R_, local_x_.data());
+  combine(local_x_.data(), dpermuted_x);
 }
 
 // The exchange buffer holds blocks (src, dst) one after another in that order: src's rows for

@@ -27,7 +27,7 @@ class MoeExpertParallelStage final : public kernels::cpu::MoeExpertsStage {
                          kernels::cpu::MoeActivation act);
   // This rank's experts' weights [El][F1][H], [El][H][F] and their gradients (accumulated).
   void set_weights(const float* fc1, const float* fc2, float* dfc1, float* dfc2) {
-    fc1_ = fc1, fc2_ = fc2, dfc1_ = dfc1, dfc2_ = dfc2;
+    local_.set_weights(fc1, fc2, dfc1, dfc2);
   }
   void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
                float* expert_out) override;
@@ -45,15 +45,12 @@ class MoeExpertParallelStage final : public kernels::cpu::MoeExpertsStage {
   void combine(const float* local, float* rows);
 
   dist::ProcessGroup& ep_;
-  int64_t P_, me_, E_, El_, H_, F_;
-  kernels::cpu::MoeActivation act_;
-  const float *fc1_ = nullptr, *fc2_ = nullptr;
-  float *dfc1_ = nullptr, *dfc2_ = nullptr;
+  int64_t P_, me_, E_, El_, H_;
+  kernels::cpu::MoeLocalExpertsStage local_;  // this rank's El experts on the rows sent to them
   std::vector<int64_t> counts_;          // [P][E] every rank's tokens per expert (the forward's)
   std::vector<int64_t> local_tpe_;       // [El] rows for each of this rank's experts
   int64_t N_ = 0, R_ = 0;                // this rank's permuted rows, rows for its experts
-  std::vector<float> local_x_, fc1_out_, act_out_, local_y_;  // saved for the backward
-  std::vector<float> exchange_, local_dy_, local_dx_, dact_, dfc1_out_;  // scratch
+  std::vector<float> local_x_, local_y_, exchange_;  // scratch
 };
 
 }  // namespace laoyao::model

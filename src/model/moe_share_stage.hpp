@@ -44,29 +44,4 @@ class MoeShareStage final : public kernels::cpu::MoeExpertsStage {
   std::vector<float> share_x_, share_y_;  // [rows, H]
 };
 
-// All E routed experts here, whole (whole experts under TP without expert parallelism: every TP
-// rank holds them all and runs its share's rows): moe_experts_forward/backward with the forward's
-// inputs and activations kept for the backward.
-class MoeLocalExpertsStage final : public kernels::cpu::MoeExpertsStage {
- public:
-  MoeLocalExpertsStage(int64_t num_experts, int64_t H, int64_t F, kernels::cpu::MoeActivation act)
-      : E_(num_experts), H_(H), F_(F), act_(act) {}
-  // The experts' weights [E][F1][H], [E][H][F] and their gradients (accumulated).
-  void set_weights(const float* fc1, const float* fc2, float* dfc1, float* dfc2) {
-    fc1_ = fc1, fc2_ = fc2, dfc1_ = dfc1, dfc2_ = dfc2;
-  }
-  void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
-               float* expert_out) override;
-  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
-
- private:
-  int64_t E_, H_, F_;
-  kernels::cpu::MoeActivation act_;
-  const float *fc1_ = nullptr, *fc2_ = nullptr;
-  float *dfc1_ = nullptr, *dfc2_ = nullptr;
-  int64_t N_ = 0;
-  std::vector<int64_t> tpe_;
-  std::vector<float> x_, fc1_out_, act_out_, dact_, dfc1_out_;
-};
-
 }  // namespace laoyao::model

@@ -632,6 +632,27 @@ void moe_capacity_mask_by_share(const int64_t* topk_idx, const float* topk_probs
   }
 }
 
+void MoeLocalExpertsStage::forward(const float* permuted_x, const int64_t* /*row_tokens*/,
+                                   const int64_t* tokens_per_expert, int64_t N, float* expert_out) {
+  if (!fc1_ || !fc2_) throw Error("MoeLocalExpertsStage: no weights");
+  N_ = N;
+  tpe_.assign(tokens_per_expert, tokens_per_expert + E_);
+  x_.assign(permuted_x, permuted_x + N * H_);
+  fc1_out_.resize(static_cast<size_t>(N * moe_fc1_rows(act_, F_)));
+  act_out_.resize(static_cast<size_t>(N * F_));
+  moe_experts_forward(x_.data(), tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(), expert_out, E_, H_, F_,
+                      act_);
+}
+
+void MoeLocalExpertsStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x) {
+  if (N != N_) throw Error("MoeLocalExpertsStage: backward of " + std::to_string(N) + " rows after a forward of " +
+                           std::to_string(N_));
+  dact_.resize(static_cast<size_t>(N * F_));
+  dfc1_out_.resize(static_cast<size_t>(N * moe_fc1_rows(act_, F_)));
+  moe_experts_backward(x_.data(), tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(), dexpert_out, dact_.data(),
+                       dfc1_out_.data(), dpermuted_x, dfc1_, dfc2_, E_, H_, F_, act_);
+}
+
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
                        MoeLayerState& st, MoeExpertsStage* experts) {
   check_layer(c, w, T);

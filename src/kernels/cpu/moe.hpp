@@ -285,6 +285,31 @@ class MoeExpertsStage {
   virtual void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) = 0;
 };
 
+// E experts here, whole: moe_experts_forward/backward with the forward's input and activations
+// kept for the backward. The expert-parallel stage runs its local experts through one; whole
+// experts under TP without expert parallelism run all of them through one.
+class MoeLocalExpertsStage final : public MoeExpertsStage {
+ public:
+  MoeLocalExpertsStage(int64_t num_experts, int64_t H, int64_t F, MoeActivation act)
+      : E_(num_experts), H_(H), F_(F), act_(act) {}
+  // The experts' weights [E][F1][H], [E][H][F] and their gradients (accumulated).
+  void set_weights(const float* fc1, const float* fc2, float* dfc1, float* dfc2) {
+    fc1_ = fc1, fc2_ = fc2, dfc1_ = dfc1, dfc2_ = dfc2;
+  }
+  void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
+               float* expert_out) override;
+  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
+
+ private:
+  int64_t E_, H_, F_;
+  MoeActivation act_;
+  const float *fc1_ = nullptr, *fc2_ = nullptr;
+  float *dfc1_ = nullptr, *dfc2_ = nullptr;
+  int64_t N_ = 0;
+  std::vector<int64_t> tpe_;
+  std::vector<float> x_, fc1_out_, act_out_, dact_, dfc1_out_;
+};
+
 // Checks the config (laoyao::Error: sizes < 1, k > E, expert_bias without Sigmoid, seq_aux_loss
 // without a seq_length dividing T, a shared expert without weights) and runs the layer; y[T, H] overwritten.
 // With `experts` the routed experts run there (w.fc1_weight / fc2_weight are then unused).
