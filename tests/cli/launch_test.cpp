@@ -281,11 +281,11 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
 // Mixture of Experts under tensor parallelism over CPU ranks (sequence parallel, every expert split
 // over the TP ranks): TP=2 on 2 ranks, TP=2 x DP=2 on 4 with the distributed optimizer, and TP=2 x
 // EP=2 on 4 (each rank's two experts split over its TP pair), with and without the distributed
-// optimizer, and with whole experts (--expert-tensor-parallel-size 1: the EP groups folded across
-// the TP ranks) without EP and at EP=2 on 2 ranks, at EP=2 and 4 on 4, print the single rank's losses and
-// load-balancing losses; checkpoints saved at TP=2, at TP=2 x EP=2 and with whole experts resume
-// on one rank. Without sequence parallelism the run is
-// refused as Megatron-Core's MoELayer refuses it, before anything is written.
+// optimizer. With whole experts (--expert-tensor-parallel-size 1, the EP groups folded across the
+// TP ranks): without EP on 2 ranks and on 4 (DP=2, the distributed optimizer), EP=2 on 2 and 4
+// ranks, EP=4 on 4. Each prints the single rank's losses and load-balancing losses; checkpoints
+// saved at TP=2, at TP=2 x EP=2 and with whole experts resume on one rank. Without sequence
+// parallelism the run is refused as Megatron-Core's MoELayer refuses it, before anything is written.
 TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp_moe");
   const std::vector<std::string> one =
@@ -315,6 +315,7 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
       {"8", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
       // Whole experts (expert TP size 1): the EP groups fold across the TP ranks.
       {"2", {"--expert-tensor-parallel-size", "1"}},
+      {"4", {"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}},
       {"2", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
       {"4", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
       {"4", {"--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}}};
