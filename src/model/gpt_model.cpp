@@ -99,7 +99,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
         experts = std::move(stage);
       } else {  // whole experts, all of them on every TP rank
         auto stage = std::make_unique<kernels::cpu::MoeLocalExpertsStage>(m.num_experts, cfg.hidden, lc_.moe.ffn,
-                                                            moe_cfg_.activation);
+                                                                          moe_cfg_.activation);
         stage->set_weights(P(L.experts_fc1), P(L.experts_fc2), G(L.experts_fc1), G(L.experts_fc2));
         experts = std::move(stage);
       }
@@ -416,7 +416,7 @@ void GptModel::finalize_grads() {
   // gradient): summed, as Megatron all-reduces the sequence-parallel router over the group.
   for (const auto& L : layers_)
     if (L.router_w >= 0) tp_->all_reduce_sum(G(L.router_w), static_cast<size_t>(cfg_.moe.num_experts * lc_.hidden));
-  // Whole experts: each rank's hold its share's rows (and its expert-parallel group's); the ranks
+  // Whole experts: each rank's experts saw its share's rows (and its expert-parallel group's); the ranks
   // holding the same experts sum them, as Megatron's expert data-parallel reduction does. Without
   // expert parallelism those are the TP ranks here and the data-parallel ones in the trainer.
   if (dist::ProcessGroup* same_experts = ep_size_ > 1 ? folded_edp_ : folded_ ? tp_ : nullptr)

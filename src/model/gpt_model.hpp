@@ -202,7 +202,8 @@ class GptModel {
   // each MoE layer's saved state.
   kernels::cpu::MoeLayerConfig moe_cfg_;
   std::vector<kernels::cpu::MoeLayerState> moe_states_;  // per layer (empty for dense layers)
-  // Expert parallelism: each MoE layer's routed-experts stage (null for dense layers, or no EP).
+  // Each MoE layer's routed-experts stage under expert parallelism or with whole experts under TP
+  // (null for dense layers, or neither: kernels/cpu/moe runs the experts itself).
   std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> ep_stages_;
   std::vector<std::pair<int64_t, int64_t>> routed_ranges_;  // see routed_expert_ranges (built once)
   std::vector<std::vector<double>> expert_load_;  // per layer [E]: tokens since update_expert_bias

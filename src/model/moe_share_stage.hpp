@@ -22,13 +22,13 @@ namespace laoyao::model {
 
 class MoeShareStage final : public kernels::cpu::MoeExpertsStage {
  public:
-  // inner: the expert-parallel stage the share's rows go through; rank of ranks: this rank's
-  // share of each sequence; H: hidden size; num_experts: E (the counts' length).
+  // inner: the stage the share's rows go through (the expert-parallel one, or all the experts here
+  // without EP); rank of ranks: this rank's share of each sequence; H: hidden size; num_experts: E
+  // (the counts' length).
   MoeShareStage(std::unique_ptr<kernels::cpu::MoeExpertsStage> inner, int64_t rank, int64_t ranks, int64_t H,
                 int64_t num_experts);
   // The gathered batch's sequence length (its tokens are [b, s], batch-major): set before a forward.
   void set_sequence_length(int64_t s) { s_ = s; }
-  kernels::cpu::MoeExpertsStage& inner() { return *inner_; }
 
   void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
                float* expert_out) override;
