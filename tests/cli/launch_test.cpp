@@ -318,7 +318,8 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
       {"4", {"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}},
       {"2", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
       {"4", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
-      {"4", {"--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}}};
+      {"4",
+       {"--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}}};
   for (const auto& [n, flags] : layouts) {
     std::string what = std::string(n) + " ranks";
     for (const auto& f : flags) what += " " + f;

@@ -742,7 +742,10 @@ void CudaMoe::capacity_drop_matches_cpu(int64_t s) {
   std::vector<int64_t> idx_m(N);
   std::vector<float> probs_m(N);
   for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = 0; j < k; ++j) idx_m[i * k + j] = idx[token(i) * k + j], probs_m[i * k + j] = probs[token(i) * k + j];
+    for (int64_t j = 0; j < k; ++j) {
+      idx_m[i * k + j] = idx[token(i) * k + j];
+      probs_m[i * k + j] = probs[token(i) * k + j];
+    }
   for (const bool by_position : {false, true})
     for (const int64_t cap : {int64_t{0}, int64_t{40}, int64_t{125}, int64_t{N}}) {
       SCOPED_TRACE("capacity " + std::to_string(cap) + (by_position ? ", by position" : ", by probs"));
