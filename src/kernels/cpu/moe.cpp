@@ -570,8 +570,10 @@ void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T) {
   if (c.seq_aux_loss_coeff > 0.0f && (c.seq_length < 1 || T % c.seq_length != 0))
     throw Error("moe layer: seq_aux_loss needs a seq_length that divides the token count (T = " + std::to_string(T) +
                 ", seq_length = " + std::to_string(c.seq_length) + ")");
-  if (c.capacity_shares < 1 ||
-      (c.capacity_shares > 1 && c.capacity_factor && (c.seq_length < 1 || T % c.seq_length != 0)))
+  // Dropping goes by sequence (Megatron's [s, b] token order) whenever seq_length is set, and
+  // needs it with several shares.
+  const bool by_sequence = c.capacity_factor && (c.capacity_shares > 1 || c.seq_length > 0);
+  if (c.capacity_shares < 1 || (by_sequence && (c.seq_length < 1 || T % c.seq_length != 0)))
     throw Error("moe layer: dropping by " + std::to_string(c.capacity_shares) +
                 " shares of the sequence needs a seq_length that divides the token count (T = " + std::to_string(T) +
                 ", seq_length = " + std::to_string(c.seq_length) + ")");
@@ -681,14 +683,11 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     for (float& p : st.topk_probs) p = round_to_bf16(p);
   if (c.capacity_factor) {  // dropped pairs keep their rows but weigh nothing (Megatron's masked probs)
     ensure(st.kept, T * k);
-    // In Megatron's token order ([s, b] flattened) when the sequences are known; by TP's shares.
-    if (c.seq_length > 0 ? T % c.seq_length != 0 : c.capacity_shares > 1)
-      throw Error("moe capacity: " + std::to_string(T) + " tokens are not whole sequences of " +
-                  std::to_string(c.seq_length) + " (seq_length)");
+    // In Megatron's token order ([s, b] flattened) when the sequences are known (check_layer), by
+    // TP's shares.
     if (c.seq_length > 0)
       moe_capacity_mask_by_share(st.topk_idx.data(), st.topk_probs.data(), T / c.seq_length, c.seq_length,
-                                 std::max<int64_t>(c.capacity_shares, 1), E, k, *c.capacity_factor, c.drop_by_position,
-                                 st.kept.data());
+                                 c.capacity_shares, E, k, *c.capacity_factor, c.drop_by_position, st.kept.data());
     else
       moe_capacity_mask(st.topk_idx.data(), st.topk_probs.data(), T, E, k,
                         moe_expert_capacity(T, E, k, *c.capacity_factor), c.drop_by_position, st.kept.data());
