@@ -1,8 +1,9 @@
 // The flagship MoE's memory-bound kernels, each alone, at its shapes (hidden 1024, 16 heads and 4
 // query groups of 64, 64 experts, top-8, expert FFN 384 with SwiGLU; T = 2 x 4096 tokens, so
-// N = 65536 permuted rows): the norms (RMSNorm forward and the fused backward adding into dx; the
-// QK norm with RoPE both ways), the permutation (the device sort, permute, combine with the residual,
-// and their backward), SwiGLU both ways and the residual add. Each is timed with CUDA events (3
+// N = 65536 permuted rows): the norms (RMSNorm forward and the fused backward adding into dx, and
+// GPT-2 124M's LayerNorm both ways and its bias gradients at 16384 x 768 and x 3072; the QK norm
+// with RoPE both ways), the permutation (the device sort, permute, combine with the residual, and
+// their backward), SwiGLU both ways and the residual add. Each is timed with CUDA events (3
 // warm-up calls, median of 20) and its traffic counted as each tensor read or written once (rows a
 // kernel gathers several times are counted once: what a perfect kernel would move). Beside each,
 // a device-to-device cudaMemcpyAsync moving the same bytes (half read, half written) in the same
@@ -132,6 +133,38 @@ int main() {
   time("rmsnorm backward (+= dx)", 4 * act_bytes, [&] {
     rmsnorm_backward(dy.as<bf16>(), x.as<bf16>(), gamma.as<bf16>(), rstd.as<float>(), dx.as<bf16>(),
                      dgamma.as<float>(), norm_scratch.as<float>(), kT, kH, false, stream, true);
+  });
+  // GPT-2 124M's LayerNorm (#5's shape: 16 x 1024 tokens, hidden 768), both ways.
+  constexpr int64_t kGptT = 16384, kGptH = 768;
+  const double gpt_bytes = double(sizeof(bf16)) * kGptT * kGptH;
+  DeviceBuffer gx = random_bf16(kGptT * kGptH, "bench.memory_ops.gpt2.x"), gy(sizeof(bf16) * kGptT * kGptH),
+               gdy = random_bf16(kGptT * kGptH, "bench.memory_ops.gpt2.dy"),
+               gdx = random_bf16(kGptT * kGptH, "bench.memory_ops.gpt2.dx"),
+               ggamma = random_bf16(kGptH, "bench.memory_ops.gpt2.gamma"),
+               gbeta = random_bf16(kGptH, "bench.memory_ops.gpt2.beta"), gmean(sizeof(float) * kGptT),
+               grstd(sizeof(float) * kGptT), gdgamma(sizeof(float) * kGptH), gdbeta(sizeof(float) * kGptH),
+               gscratch(sizeof(float) * layernorm_backward_scratch_floats(kGptT, kGptH));
+  LAOYAO_CUDA_CHECK(cudaMemset(gdgamma.ptr, 0, gdgamma.bytes));
+  LAOYAO_CUDA_CHECK(cudaMemset(gdbeta.ptr, 0, gdbeta.bytes));
+  time("GPT-2 layernorm forward", 2 * gpt_bytes, [&] {
+    layernorm_forward(gx.as<bf16>(), ggamma.as<bf16>(), gbeta.as<bf16>(), gy.as<bf16>(), gmean.as<float>(),
+                      grstd.as<float>(), kGptT, kGptH, 1e-5f, false, stream);
+  });
+  time("GPT-2 layernorm backward (+= dx)", 4 * gpt_bytes, [&] {
+    layernorm_backward(gdy.as<bf16>(), gx.as<bf16>(), ggamma.as<bf16>(), gmean.as<float>(), grstd.as<float>(),
+                       gdx.as<bf16>(), gdgamma.as<float>(), gdbeta.as<float>(), gscratch.as<float>(), kGptT, kGptH,
+                       false, stream, true);
+  });
+  // GPT-2's bias gradients: proj and fc2 (768 wide), fc1 (3072 wide).
+  constexpr int64_t kGptF = 3072;
+  DeviceBuffer gwide = random_bf16(kGptT * kGptF, "bench.memory_ops.gpt2.dwide"), gdb(sizeof(float) * kGptF),
+               gbias_scratch(sizeof(float) * bias_grad_scratch_floats(kGptT, kGptF));
+  LAOYAO_CUDA_CHECK(cudaMemset(gdb.ptr, 0, gdb.bytes));
+  time("GPT-2 bias gradient, 768 wide", gpt_bytes, [&] {
+    bias_grad(gdy.as<bf16>(), gdb.as<float>(), gbias_scratch.as<float>(), kGptT, kGptH, stream);
+  });
+  time("GPT-2 bias gradient, 3072 wide", gpt_bytes * kGptF / kGptH, [&] {
+    bias_grad(gwide.as<bf16>(), gdb.as<float>(), gbias_scratch.as<float>(), kGptT, kGptF, stream);
   });
   time("QK norm + RoPE forward", 2 * qkv_bytes, [&] {
     qk_rmsnorm_forward(qkv.as<bf16>(), qg.as<bf16>(), kg.as<bf16>(), qkv_out.as<bf16>(), qk_rstd.as<float>(), kT,

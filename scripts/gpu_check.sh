@@ -8,7 +8,7 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile attention_candidates memory_ops ncu phases
+#                                            attention gemm profile attention_candidates memory_ops ncu kernel_profile phases
 #                                            bench moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four four_moe
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
@@ -586,6 +586,35 @@ PY
               "$C/${NCU_BIN:-laoyao_bench_memory_ops}" > "$OUT/ncu_$i.txt" 2>&1
             note "ncu $kr (exit $?):"
             while read -r line; do note "  $line"; done < <(grep -E '^  [a-zA-Z_].*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|ERR|Warp Cycles Per Issued|stalled|cycles being' "$OUT/ncu_$i.txt" | cut -c1-400 | head -24)
+          done
+          ;;
+        kernel_profile)
+          # Every kernel of a step, ours beside the compiled peer's (KPROF_CASES, default gpt2_124m):
+          # Nsight Compute's durations (clocks and caches left alone; kernels run one at a time).
+          # Ours: iterations 3 and 4, CUDA graphs off (a 2-iteration run counts the kernels to skip:
+          # set-up and the GEMMs' timing runs); the peer: 2 steps inside bench/peer_profile_step.py's
+          # NVTX range. Tables in $OUT/kprof_*.txt.
+          nm=(--metrics gpu__time_duration.sum --clock-control none --cache-control none --csv --print-units base)
+          for c in ${KPROF_CASES:-gpt2_124m}; do
+            read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
+            run_ours() {
+              LAOYAO_CUDA_GRAPHS=0 LAOYAO_DEVICE=cuda timeout 240 ncu "${nm[@]}" "${@:2}" "$C/laoyao" pretrain-gpt \
+                --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 \
+                --log-interval 1 "${shape[@]}" --train-iters "$1"
+            }
+            run_ours 2 > "$OUT/kprof_${c}_setup.csv" 2>&1
+            skip=$(grep -c gpu__time_duration "$OUT/kprof_${c}_setup.csv")
+            run_ours 4 --launch-skip "$skip" > "$OUT/kprof_${c}.csv" 2>&1
+            python3 bench/kernel_profile_summary.py "$OUT/kprof_${c}.csv" 2 > "$OUT/kprof_$c.txt" 2>&1
+            note "kernel profile, laoyao $c (exit $?, $skip kernels skipped):"
+            while read -r line; do note "  $line"; done < <(head -16 "$OUT/kprof_$c.txt")
+            peer="$C/peers/pytorch_gpt.py"
+            case "$c" in moe_*) peer="$C/peers/pytorch_moe.py" ;; esac
+            timeout 420 ncu --nvtx --nvtx-include "profile" "${nm[@]}" python3 bench/peer_profile_step.py "$peer" \
+              "${c%%_gbs*}" --compile --steps 2 > "$OUT/kprof_peer_$c.csv" 2>&1
+            python3 bench/kernel_profile_summary.py "$OUT/kprof_peer_$c.csv" 2 > "$OUT/kprof_peer_$c.txt" 2>&1
+            note "kernel profile, peer $c (exit $?):"
+            while read -r line; do note "  $line"; done < <(head -16 "$OUT/kprof_peer_$c.txt")
           done
           ;;
         phases)

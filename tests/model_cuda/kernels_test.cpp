@@ -429,21 +429,26 @@ TEST_F(CudaKernels, ScaleInplaceMultipliesEveryElement) {
 }
 
 TEST_F(CudaKernels, BiasGradAccumulatesColumnSums) {
-  const int64_t T = 600, N = 77;  // three row chunks of the kernel's 256
-  const auto dyv = randn_bf16(T * N, 22, "bias_grad.dy");
-  const auto db0 = randn(N, 22, "bias_grad.main_grad");
-  std::vector<double> want(N), tol(N);
-  for (int64_t c = 0; c < N; ++c) {
-    double s = db0[c], a = std::abs(s);
-    for (int64_t t = 0; t < T; ++t) s += dyv[t * N + c], a += std::abs(dyv[t * N + c]);
-    want[c] = s;
-    tol[c] = kFp32Sum * a;
+  // N = 77: the scalar kernel, three row chunks of its 256; N = 776: 16-byte loads, ten chunks of
+  // 64 rows (the last partial) added by add_chunk_partials.
+  for (const int64_t N : {int64_t{77}, int64_t{776}}) {
+    SCOPED_TRACE("N = " + std::to_string(N));
+    const int64_t T = 600;
+    const auto dyv = randn_bf16(T * N, 22, "bias_grad.dy");
+    const auto db0 = randn(N, 22, "bias_grad.main_grad");
+    std::vector<double> want(N), tol(N);
+    for (int64_t c = 0; c < N; ++c) {
+      double s = db0[c], a = std::abs(s);
+      for (int64_t t = 0; t < T; ++t) s += dyv[t * N + c], a += std::abs(dyv[t * N + c]);
+      want[c] = s;
+      tol[c] = kFp32Sum * a;
   }
   auto ddy = to_device_bf16(dyv), ddb = to_device(db0);
   DeviceBuffer scratch(cuda::bias_grad_scratch_floats(T, N) * sizeof(float));
   cuda::bias_grad(ddy.as<bf16>(), ddb.as<float>(), scratch.as<float>(), T, N, stream_);
   sync();
   expect_within(from_device<float>(ddb, N), want, tol, "db0 + column sums");
+  }
 }
 
 TEST_F(CudaKernels, CastToBf16RoundsToNearestEven) {
@@ -885,13 +890,17 @@ TEST_F(CudaKernels, AdamWStepOnAShardStartingAnywhereMatchesTheWholeStep) {
 // ---------------------------------------------------------------- layernorm
 
 TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
-  const int64_t T = 300;  // three row chunks of the dgamma reduction's 128, ten of the fused kernel's 32
   const float eps = 1e-5f;
   // C = 1003: the block-per-row kernels; C = 768: the warp-per-row, 16-byte-vector kernels, whose
   // backward also writes the parameter partials; C = 2048: warp-per-row dx, partials apart.
+  // T = 300: three row chunks of the dgamma reduction's 128, nineteen of the fused kernel's 16 (two
+  // rows a warp); T = 8229: five rows a warp in the fused kernel (its grid held to 256 blocks), the
+  // last chunk partial.
+  for (const int64_t T : {int64_t{300}, int64_t{8229}})
   for (const int64_t C : {int64_t{1003}, int64_t{768}, int64_t{2048}})
   for (const bool zc : {false, true}) {
-    SCOPED_TRACE((zc ? "zero-centered gamma, C = " : "plain gamma, C = ") + std::to_string(C));
+    SCOPED_TRACE((zc ? "zero-centered gamma, C = " : "plain gamma, C = ") + std::to_string(C) +
+                 ", T = " + std::to_string(T));
     const uint64_t seed = zc ? 52 : 51;
     const auto x = randn_bf16(T * C, seed, "ln.x", 2.0, 0.5);
     const auto gamma = randn_bf16(C, seed, "ln.gamma", 0.1, zc ? 0.0 : 1.0);
@@ -961,10 +970,11 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
 
 TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
   // C = 768 and 2048: dx and the weight-gradient partials in one kernel (4 and 8 packs a lane);
-  // C = 4096: the partials in a kernel of their own.
+  // C = 4096: the partials in a kernel of their own. T = 8229: the fused kernel's warps take five
+  // rows each, as in LayerNormForwardBackwardMatchCpu.
+  for (const int64_t T : {int64_t{300}, int64_t{8229}})
   for (const int64_t C : {int64_t{768}, int64_t{2048}, int64_t{4096}}) {
-    SCOPED_TRACE("C = " + std::to_string(C));
-    const int64_t T = 300;
+    SCOPED_TRACE("C = " + std::to_string(C) + ", T = " + std::to_string(T));
     const float eps = 1e-5f;
     const auto x = randn_bf16(T * C, 80, "rms.x", 2.0, 0.5);
     const auto gamma = randn_bf16(C, 80, "rms.gamma", 0.1, 1.0);

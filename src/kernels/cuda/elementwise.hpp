@@ -27,7 +27,8 @@ void add_inplace(__nv_bfloat16* acc, const __nv_bfloat16* x, int64_t n, cudaStre
 void scale_inplace(float* x, float s, int64_t n, cudaStream_t stream);
 
 // db[N] += column sums of dy[T, N] (fp32). Fixed summation order (row chunks, then chunks in order),
-// so the result is the same every run. scratch: bias_grad_scratch_floats(T, N) floats.
+// so the result is the same every run. scratch: bias_grad_scratch_floats(T, N) floats. With N % 8
+// == 0 and dy and scratch 16-byte aligned, 16-byte loads (GPT-2's biases); else one column a thread.
 size_t bias_grad_scratch_floats(int64_t T, int64_t N);
 void bias_grad(const __nv_bfloat16* dy, float* db, float* scratch, int64_t T, int64_t N, cudaStream_t stream);
 

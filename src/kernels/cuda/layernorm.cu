@@ -7,6 +7,7 @@
 // them again. Every reduction has a fixed order, so results do not vary between runs.
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/chunk_reduce.hpp"
@@ -278,23 +279,44 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
   norm_dx_row<kPacks, false, false>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, nullptr, nullptr);
 }
 
-// dx as above, and the parameter-gradient partials of its chunk of kFusedRows rows (partial[chunk]
-// [0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm): each warp adds its rows into its
-// own rows of shared memory, the block then adds its warps in order (dynamic shared memory:
-// (kBeta ? 2 : 1) * kFusedWarps * C floats). Few rows a warp and many warps a block, for more
+// dx as above, and the parameter-gradient partials of its chunk of kFusedWarps * rows_per_warp
+// rows (partial[chunk][0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm): each warp
+// adds its rows into its own rows of shared memory, the block then adds its warps in order
+// (dynamic shared memory: (kBeta ? 2 : 1) * kFusedWarps * C floats). Many warps a block, for more
 // rows' loads in flight. With the sums in registers (eleventh session) the kernel took 165
 // registers a lane at 1024 wide, one block an SM: 0.45 of cudaMemcpy's speed
 // (bench/memory_ops_bench.cpp).
 constexpr int kFusedWarps = 8;
-constexpr int kFusedRowsPerWarp = 2;
-constexpr int64_t kFusedRows = kFusedWarps * kFusedRowsPerWarp;
+// Rows a warp: at least 2, and enough that the grid is at most kFusedBlocks blocks (about two an
+// SM of an H200, one wave): each block's fixed work (zeroing and adding its warps' sums, writing
+// a partial row) and the partials' traffic then shrink as T grows. A function of T alone, so a
+// result does not depend on the GPU. LAOYAO_NORM_ROWS_PER_WARP (a positive integer) fixes it,
+// for benchmarks.
+constexpr int64_t kFusedBlocks = 256;
+constexpr int64_t kFusedMinRowsPerWarp = 2;
+
+int64_t fused_rows_per_warp(int64_t T) {
+  static const int64_t fixed = [] {
+    const char* v = std::getenv("LAOYAO_NORM_ROWS_PER_WARP");
+    if (!v || !*v) return int64_t(0);
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (*end != '\0' || n <= 0 || n > 4096)
+      throw Error(std::string("LAOYAO_NORM_ROWS_PER_WARP must be a positive integer up to 4096, got '") + v + "'");
+    return int64_t(n);
+  }();
+  if (fixed > 0) return fixed;
+  const int64_t per_block = (T + kFusedBlocks - 1) / kFusedBlocks;
+  const int64_t rows = (per_block + kFusedWarps - 1) / kFusedWarps;
+  return rows > kFusedMinRowsPerWarp ? rows : kFusedMinRowsPerWarp;
+}
 
 template <int kPacks, bool kBeta>
 __global__ void __launch_bounds__(kFusedWarps * 32, kPacks <= 4 ? 2 : 1)
     norm_backward_fused_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                const bf16* __restrict__ gamma, const float* __restrict__ mean,
                                const float* __restrict__ rstd, bf16* __restrict__ dx, float* __restrict__ partial,
-                               int64_t T, int C, bool zero_centered, bool accumulate) {
+                               int64_t T, int C, bool zero_centered, bool accumulate, int rows_per_warp) {
   extern __shared__ float red[];  // [kBeta ? 2 : 1][kFusedWarps][C]: sums of dy*xhat, then of dy
   const int warp = threadIdx.x >> 5;
   const int64_t chunk = blockIdx.x;
@@ -305,8 +327,8 @@ __global__ void __launch_bounds__(kFusedWarps * 32, kPacks <= 4 ? 2 : 1)
     if constexpr (kBeta) ba[c] = 0.0f;
   }
   __syncwarp();
-  for (int rr = 0; rr < kFusedRowsPerWarp; ++rr) {
-    const int64_t t = chunk * kFusedRows + int64_t(rr) * kFusedWarps + warp;
+  for (int rr = 0; rr < rows_per_warp; ++rr) {
+    const int64_t t = (chunk * rows_per_warp + rr) * kFusedWarps + warp;
     if (t >= T) break;
     norm_dx_row<kPacks, true, kBeta>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, ga, ba);
   }
@@ -363,15 +385,20 @@ struct LaunchDx {
 
 template <int P, bool kBeta>
 void launch_fused(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd, bf16* dx,
-                  float* partial, int64_t T, int C, bool zc, bool accumulate, cudaStream_t stream) {
-  const int64_t chunks = (T + kFusedRows - 1) / kFusedRows;
+                  float* dgamma, float* dbeta, float* partial, int64_t T, int C, bool zc, bool accumulate,
+                  cudaStream_t stream) {
+  const int64_t rows_per_warp = fused_rows_per_warp(T), rows = kFusedWarps * rows_per_warp;
+  const int64_t chunks = (T + rows - 1) / rows;
   const size_t smem = sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * size_t(C);
   static SmemSite site;  // one per instantiation: the attribute is the kernel's
   site.once([&] {
     allow_smem(norm_backward_fused_kernel<P, kBeta>, sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * 32 * 8 * P);
   });
   norm_backward_fused_kernel<P, kBeta><<<unsigned(chunks), kFusedWarps * 32, smem, stream>>>(
-      dy, x, gamma, mean, rstd, dx, partial, T, C, zc, accumulate);
+      dy, x, gamma, mean, rstd, dx, partial, T, C, zc, accumulate, int(rows_per_warp));
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  // Without a mean (RMSNorm) the kernel writes no dbeta partials: none are read.
+  add_chunk_partials(partial, dgamma, kBeta ? dbeta : nullptr, chunks, C, stream);
 }
 
 // The fused backward serves up to 8 packs a lane for RMSNorm (2048 wide) and 4 for LayerNorm (1024;
@@ -400,8 +427,9 @@ void layernorm_forward(const bf16* x, const bf16* gamma, const bf16* beta, bf16*
 }
 
 size_t layernorm_backward_scratch_floats(int64_t T, int64_t C) {
-  // The fused kernel's chunks are the smaller: kFusedRows rows.
-  return T <= 0 || C <= 0 ? 0 : size_t((T + kFusedRows - 1) / kFusedRows) * 2 * size_t(C);
+  // The fused kernel's chunks are the smaller: at least kFusedWarps * kFusedMinRowsPerWarp rows.
+  const int64_t rows = kFusedWarps * kFusedMinRowsPerWarp;
+  return T <= 0 || C <= 0 ? 0 : size_t((T + rows - 1) / rows) * 2 * size_t(C);
 }
 
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd,
@@ -414,21 +442,19 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   const int packs = warp_packs(C, dy, x, gamma, dx);
   const bool beta = mean != nullptr;
   if (const int fp = fused_packs(packs, beta)) {
-    const int c = int(C);
-    const bool zc = zero_centered_gamma, acc = accumulate_dx;
+    using Launch = void (*)(const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*, float*, float*,
+                            float*, int64_t, int, bool, bool, cudaStream_t);
+    Launch launch = launch_fused<8, false>;
     switch (fp * 2 + (beta ? 1 : 0)) {
-      case 2: launch_fused<1, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
-      case 3: launch_fused<1, true>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
-      case 4: launch_fused<2, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
-      case 5: launch_fused<2, true>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
-      case 8: launch_fused<4, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
-      case 9: launch_fused<4, true>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
-      default: launch_fused<8, false>(dy, x, gamma, mean, rstd, dx, scratch, T, c, zc, acc, stream); break;
+      case 2: launch = launch_fused<1, false>; break;
+      case 3: launch = launch_fused<1, true>; break;
+      case 4: launch = launch_fused<2, false>; break;
+      case 5: launch = launch_fused<2, true>; break;
+      case 8: launch = launch_fused<4, false>; break;
+      case 9: launch = launch_fused<4, true>; break;
+      default: break;
     }
-    LAOYAO_CUDA_CHECK(cudaGetLastError());
-    const int64_t fused_chunks = (T + kFusedRows - 1) / kFusedRows;
-    // Without a mean (RMSNorm) the kernel writes no dbeta partials: none are read.
-    add_chunk_partials(scratch, dgamma, beta ? dbeta : nullptr, fused_chunks, C, stream);
+    launch(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, scratch, T, int(C), zero_centered_gamma, accumulate_dx, stream);
     return;
   }
   if (packs) {

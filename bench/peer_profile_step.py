@@ -1,0 +1,28 @@
+"""Runs a PyTorch peer's model and step (../shared/peers/pytorch_gpt.py or pytorch_moe.py) for Nsight
+Compute: the peer's own code up to its timing loop, 5 warm-up steps, then STEPS steps inside an NVTX
+start/end range named "profile" (ncu --nvtx --nvtx-include "profile" profiles only those kernels). A
+start/end range, not a push/pop one: those belong to one thread, and autograd launches the backward
+from threads of its own.
+Usage (on the GPU machine): python3 peer_profile_step.py PEER.py NAME [--compile] [--steps N]"""
+import sys
+
+import torch
+
+peer, name = sys.argv[1], sys.argv[2]
+steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 1
+src = open(peer).read()
+cut = src.find("for _ in range(5): step()")
+if cut < 0:
+    sys.exit(f"{peer}: no warm-up loop 'for _ in range(5): step()' to stop before")
+sys.argv = [peer, name] + [a for a in sys.argv[3:] if a == "--compile"]
+g = {"__name__": "peer"}
+exec(compile(src[:cut], peer, "exec"), g)
+for _ in range(5):
+    g["step"]()
+torch.cuda.synchronize()
+rng = torch.cuda.nvtx.range_start("profile")
+for _ in range(steps):
+    g["step"]()
+torch.cuda.synchronize()
+torch.cuda.nvtx.range_end(rng)
+print(f"profiled {steps} step(s) of {name}")
