@@ -3,7 +3,9 @@ Compute: the peer's own code up to its timing loop, 5 warm-up steps, then STEPS 
 start/end range named "profile" (ncu --nvtx --nvtx-include "profile" profiles only those kernels). A
 start/end range, not a push/pop one: those belong to one thread, and autograd launches the backward
 from threads of its own.
-Usage (on the GPU machine): python3 peer_profile_step.py PEER.py NAME [--compile] [--steps N]"""
+Usage (on the GPU machine): python3 peer_profile_step.py PEER.py NAME [--compile] [--steps N]
+Prints the steps' start and end times (bench/clock_samples.py's window)."""
+import datetime
 import sys
 
 import torch
@@ -21,8 +23,10 @@ for _ in range(5):
     g["step"]()
 torch.cuda.synchronize()
 rng = torch.cuda.nvtx.range_start("profile")
+began = datetime.datetime.now()
 for _ in range(steps):
     g["step"]()
 torch.cuda.synchronize()
 torch.cuda.nvtx.range_end(rng)
-print(f"profiled {steps} step(s) of {name}")
+# The window bench/clock_samples.py reads.
+print(f"{steps} step(s) of {name}: steps from {began:%Y-%m-%d %H:%M:%S.%f} to {datetime.datetime.now():%Y-%m-%d %H:%M:%S.%f}")

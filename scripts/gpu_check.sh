@@ -8,7 +8,8 @@
 #                                            and the peers (../shared/peers) to build/gpu-carry
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
-#                                            attention gemm profile attention_candidates memory_ops ncu kernel_profile phases
+#                                            attention gemm profile attention_candidates memory_ops ncu
+#                                            kernel_profile clocks phases
 #                                            bench moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four four_moe
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
@@ -615,6 +616,31 @@ PY
             python3 bench/kernel_profile_summary.py "$OUT/kprof_peer_$c.csv" 2 > "$OUT/kprof_peer_$c.txt" 2>&1
             note "kernel profile, peer $c (exit $?):"
             while read -r line; do note "  $line"; done < <(head -16 "$OUT/kprof_peer_$c.txt")
+          done
+          ;;
+        clocks)
+          # The SM clock and board power while ours and the compiled peer train (CLOCKS_CASES,
+          # default gpt2_124m): nvidia-smi sampled every 100 ms, the mean over ours' iterations after
+          # the first logged (200 in all) and the peer's 300 timed steps (bench/peer_profile_step.py).
+          # Whether a run is held back by the power limit: a lower clock for the same kernels.
+          for c in ${CLOCKS_CASES:-gpt2_124m}; do
+            read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
+            for who in laoyao peer; do
+              nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits \
+                -lms 100 > "$OUT/clocks_${who}_$c.csv" 2>&1 &
+              smi=$!
+              if [ $who = laoyao ]; then
+                LAOYAO_DEVICE=cuda timeout 300 "$C/laoyao" pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer \
+                  --lr 3e-4 --seed 1234 --eval-iters 0 --log-interval 10 "${shape[@]}" --train-iters 200 \
+                  > "$OUT/clocks_run_${who}_$c.log" 2>&1
+              else
+                timeout 300 python3 bench/peer_profile_step.py "$C/peers/pytorch_gpt.py" "$c" --compile --steps 300 \
+                  > "$OUT/clocks_run_${who}_$c.log" 2>&1
+              fi
+              kill $smi; wait $smi 2>/dev/null
+              note "clocks $who $c: $(python3 bench/clock_samples.py "$OUT/clocks_${who}_$c.csv" \
+                "$OUT/clocks_run_${who}_$c.log" 2>&1 | tail -1)"
+            done
           done
           ;;
         phases)

@@ -248,3 +248,200 @@ TEST(CudaGptModelTpEp, EngineGradientNormIsTheWholeModelsWithAndWithoutTheDistri
 
 TEST(CudaGptModelTpEp, AllGatherDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(true); }
 TEST(CudaGptModelTpEp, AllToAllDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(false); }
+
+// Whole experts under tensor parallelism (expert TP size 1, Megatron-Core's parallel folding):
+// every rank holds whole experts (all of them, or under EP its EP rank's half, the EP group being
+// the TP pair), and only its sequence-parallel share's pairs go to them. On two ranks (one TP pair)
+// or four (a second pair training a second batch). Against the CPU model of the whole on each
+// pair's batch: the per-token losses, every rank's gradients after finalize_grads (its part, the
+// experts whole), and each TP pair's counted parameters make up the whole model once.
+// CudaMoeLayers' other pairs get no row: a pair routed twice or never shows in the experts'
+// gradients. Then the CUDA engine on four ranks (TP=2 x EP=2 x DP=2): the ranks holding the same
+// experts are the data-parallel pairs, whose reduction (with or without the distributed optimizer)
+// leaves every rank the whole model's gradient norm.
+namespace {
+
+GptConfig whole_experts_config(bool allgather) {
+  GptConfig c = tp_ep_config(allgather);
+  c.moe.expert_tensor_parallel = 1;
+  return c;
+}
+
+// The ranks of the whole-experts layouts: TP pairs (0, 1) and (2, 3); with EP the EP group is the
+// TP pair (folded); the ranks of the same TP place, (0, 2) and (1, 3), are the data-parallel pairs
+// and with EP the ranks holding the same experts (one meeting serves both).
+struct WholeExpertsRanks {
+  int ranks, pairs;
+  std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp, ep, dp;
+  explicit WholeExpertsRanks(int n) : ranks(n), pairs(n / kTp) {
+    using M = SharedDeviceGroup::Meeting;
+    for (int e = 0; e < pairs; ++e) {
+      tp.push_back(std::make_shared<M>(kTp, "tp group " + std::to_string(e)));
+      ep.push_back(std::make_shared<M>(kTp, "ep group " + std::to_string(e)));
+    }
+    for (int t = 0; t < kTp; ++t) dp.push_back(std::make_shared<M>(pairs, "dp group " + std::to_string(t)));
+  }
+  // fn(rank, tp, ep, dp); a rank that fails lets the others give up.
+  std::vector<std::string> run(
+      const std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>& fn) {
+    return run_on_shared_gpu(ranks, [&](int r, SharedDeviceGroup&) {
+      const int t = r % kTp, e = r / kTp;
+      SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[e], t), dp_group(dp[t], e);
+      try {
+        fn(r, tp_group, ep_group, dp_group);
+      } catch (...) {
+        tp[e]->break_off(), ep[e]->break_off(), dp[t]->break_off();
+        throw;
+      }
+    });
+  }
+};
+
+void compare_whole_experts(int ranks, int ep, bool allgather) {
+  const GptConfig c = whole_experts_config(allgather);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  WholeExpertsRanks layout(ranks);
+  const int pairs = layout.pairs;
+  std::vector<CpuRun> runs;
+  for (int e = 0; e < pairs; ++e) runs.push_back(run_cpu(cpu, 21 + e));
+  GptConfig local_cfg = c;
+  local_cfg.moe.expert_parallel = ep;
+
+  std::vector<RankResult> out(static_cast<size_t>(ranks));
+  const std::vector<std::string> errors = layout.run([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& epg,
+                                                         SharedDeviceGroup&) {
+    const int e = r / kTp;
+    SharedDeviceGroup* ep_group = ep > 1 ? &epg : nullptr;
+    GptModel local(local_cfg, &tp, ep_group);  // this rank's table and keep_part's map
+    std::vector<float> w(static_cast<size_t>(local.num_parameters()));
+    train::keep_part(cpu.table(), cpu.weights(), local, w.data());
+    RankResult& o = out[r];
+    o.expected.resize(w.size());
+    train::keep_part(cpu.table(), runs[e].grads.data(), local, o.expected.data());
+    const Batch& x = runs[e].x;
+    const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+    CudaGptModel gpu(local_cfg, x.b, x.s, &tp, ep_group);
+    gpu.upload_weights(w.data());
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), DropoutKey{1234, 1, false}, x.dloss.data());
+    gpu.backward();
+    gpu.finalize_grads();
+    o.losses = gpu.download_losses();
+    o.grads.resize(w.size());
+    gpu.download_grads(o.grads.data());
+    for (const auto& p : gpu.table().specs) o.counted.push_back(gpu.counts(p, true) ? 1 : 0);
+  });
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  if (::testing::Test::HasFailure()) return;
+
+  const ParameterTable table = build_gpt_parameters(tp_local_config(local_cfg, kTp)).table;
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const int e = r / kTp;
+    const RankResult& o = out[r];
+    ASSERT_EQ(o.losses.size(), runs[e].losses.size());
+    for (size_t i = 0; i < o.losses.size(); ++i)
+      ASSERT_NEAR(o.losses[i], runs[e].losses[i], 3e-2) << "token " << i;
+    EXPECT_LT(rel_err(o.grads.data(), o.expected.data(), static_cast<int64_t>(o.grads.size())), 2e-2);
+    for (const auto& p : table.specs)
+      EXPECT_LT(rel_err(o.grads.data() + p.offset, o.expected.data() + p.offset, p.numel), 6e-2) << p.name;
+  }
+  // Each TP pair's counted parameters' squares are its batch's whole model's once.
+  for (int e = 0; e < pairs; ++e) {
+    double whole = 0, counted = 0;
+    for (float g : runs[e].grads) whole += double(g) * g;
+    for (int r = e * kTp; r < (e + 1) * kTp; ++r)
+      for (size_t k = 0; k < table.specs.size(); ++k)
+        if (out[r].counted[k])
+          for (int64_t i = table.specs[k].offset; i < table.specs[k].offset + table.specs[k].numel; ++i)
+            counted += double(out[r].expected[i]) * out[r].expected[i];
+    EXPECT_NEAR(counted, whole, 1e-9 * whole) << "TP pair " << e;
+  }
+}
+
+// The CUDA engine on four ranks with whole experts (TP=2 x EP=2 x DP=2), one batch each TP pair,
+// reduced over the data-parallel pairs with or without the distributed optimizer: every rank's
+// gradient norm is the whole model's of both batches averaged.
+EngineNorms whole_experts_engine_norms(bool dist_opt) {
+  const GptConfig c = whole_experts_config(true);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const std::vector<CpuRun> runs = {run_cpu(cpu, 21), run_cpu(cpu, 22)};
+  EngineNorms out;
+  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
+    const double g = 0.5 * (double(runs[0].grads[i]) + runs[1].grads[i]);
+    out.whole += g * g;
+  }
+  out.whole = std::sqrt(out.whole);
+  GptConfig local_cfg = c;
+  local_cfg.moe.expert_parallel = kEp;
+  out.ranks.assign(kRanks, 0.0);
+  const std::vector<std::string> errors = WholeExpertsRanks(kRanks).run([&](int r, SharedDeviceGroup& tp,
+                                                                            SharedDeviceGroup& ep,
+                                                                            SharedDeviceGroup& dp) {
+    GptModel host(local_cfg, &tp, &ep, &dp);  // dp: also the ranks holding the same experts (expert_dp_group)
+    train::keep_part(cpu.table(), cpu.weights(), host, host.weights());
+    host.set_data_parallel_group(&dp);
+    const int64_t n = host.num_parameters();
+    const train::OptimizerShards shards =
+        dist_opt ? train::plan_optimizer_shards(n, host.routed_expert_ranges(), train::shard_group(&dp),
+                                                train::shard_group(host.expert_dp_group()))
+                 : train::whole_model_shards(n);
+    const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
+    std::vector<optim::ParamRange> ranges;
+    for (const auto& p : host.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
+    std::unique_ptr<optim::AdamW> adam = dist_opt ? train::make_shard_adam(host.table(), shards, settings)
+                                                  : std::make_unique<optim::AdamW>(n, ranges, settings);
+    auto engine = train::make_cuda_engine(host, *adam, settings, 2, 48, &shards);
+    engine->push_state();
+    engine->zero_grads();
+    const Batch& x = runs[static_cast<size_t>(r / kTp)].x;
+    train::MicroBatchData mb;
+    mb.b = x.b, mb.s = x.s, mb.tokens = x.tokens, mb.labels = x.labels, mb.positions = x.positions;
+    mb.loss_mask = x.mask;
+    engine->run_micro_batch(mb, DropoutKey{1234, 1, false}, x.dloss.data());
+    engine->finalize_grads();
+    engine->all_reduce_grads(dp, 0.5);
+    out.ranks[static_cast<size_t>(r)] = engine->grad_norm();
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return out;
+}
+
+}  // namespace
+
+TEST(CudaGptModelTpEp, WholeExpertsUnderTensorParallelismMatchCpuModel) {
+  {
+    SCOPED_TRACE("TP=2, every expert on both ranks");
+    compare_whole_experts(2, 1, false);
+  }
+  {
+    SCOPED_TRACE("TP=2 x EP=2 on two ranks, all-to-all dispatcher");
+    compare_whole_experts(2, 2, false);
+  }
+  {
+    SCOPED_TRACE("TP=2 x EP=2 on two ranks, all-gather dispatcher");
+    compare_whole_experts(2, 2, true);
+  }
+  {
+    SCOPED_TRACE("TP=2 x EP=2 x DP=2 on four ranks");
+    compare_whole_experts(4, 2, true);
+  }
+  {
+    SCOPED_TRACE("TP=2 x DP=2 on four ranks, every expert on every rank");
+    compare_whole_experts(4, 1, false);
+  }
+}
+
+TEST(CudaGptModelTpEp, WholeExpertsEngineGradientNormIsTheWholeModels) {
+  const EngineNorms plain = whole_experts_engine_norms(false), sharded = whole_experts_engine_norms(true);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  EXPECT_GT(plain.whole, 0.0);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(plain.ranks[r], plain.ranks[0]) << "rank " << r;
+    EXPECT_EQ(sharded.ranks[r], sharded.ranks[0]) << "rank " << r;
+  }
+  EXPECT_NEAR(plain.ranks[0], plain.whole, 2e-2 * plain.whole);
+  EXPECT_NEAR(sharded.ranks[0], plain.ranks[0], 1e-6 * plain.ranks[0]);
+}

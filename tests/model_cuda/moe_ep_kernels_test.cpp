@@ -1,7 +1,8 @@
 // Expert parallelism's row groups (src/kernels/cuda/moe_ep.hpp) against a host version: random
 // counts with empty chunks; the all-gather dispatcher's pieces (this rank's pairs, their
 // permutation, the row ops that skip the other ranks' pairs, the device-bounded row counts)
-// against host versions on random choices. GPU only (device 0).
+// against host versions on random choices; whole experts under TP's share of the choices. GPU only
+// (device 0).
 #include <cuda_bf16.h>
 #include <gtest/gtest.h>
 
@@ -161,6 +162,40 @@ TEST_F(CudaMoeEp, GatheredPairsOfThisRanksExpertsSortExpertMajor) {
       }
     }
   }
+}
+
+// Whole experts under TP: of b = 3 sequences of s = 40 tokens, share 1 of 4 (positions 10..19 of
+// each) keeps its pairs and their counts; every other pair becomes -1. Random choices, a few
+// already -1.
+TEST_F(CudaMoeEp, ShareChoicesKeepOnlyTheSharesPositions) {
+  const int64_t b = 3, s = 40, k = 5, E = 16, T = b * s, n = T * k, ranks = 4;
+  Rng rng(13, "moe_ep.share");
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  for (auto& e : idx) e = rng.next_u64() % 10 == 0 ? -1 : static_cast<int32_t>(rng.next_u64() % E);
+  auto didx = to_device(idx);
+  DeviceBuffer dshare(n * sizeof(int32_t)), dcounts(E * sizeof(int32_t));
+  for (const int64_t rank : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+    SCOPED_TRACE("share " + std::to_string(rank));
+    std::vector<int32_t> want(static_cast<size_t>(n), -1), want_counts(static_cast<size_t>(E), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t position = (i / k) % s;
+      if (position / (s / ranks) != rank) continue;
+      want[i] = idx[i];
+      if (idx[i] >= 0) ++want_counts[static_cast<size_t>(idx[i])];
+    }
+    cuda::moe_share_choices(didx.as<int32_t>(), T, s, k, E, rank, ranks, dshare.as<int32_t>(), dcounts.as<int32_t>(),
+                            stream_);
+    sync();
+    EXPECT_EQ(from_device<int32_t>(dshare, n), want);
+    EXPECT_EQ(from_device<int32_t>(dcounts, E), want_counts);
+  }
+  DeviceBuffer counts(E * sizeof(int32_t));
+  EXPECT_THROW(cuda::moe_share_choices(didx.as<int32_t>(), T, s, k, E, 0, 3, dshare.as<int32_t>(),
+                                       counts.as<int32_t>(), stream_),
+               Error);  // 3 shares do not divide 40 positions
+  EXPECT_THROW(cuda::moe_share_choices(didx.as<int32_t>(), T, s, k, E, 4, 4, dshare.as<int32_t>(),
+                                       counts.as<int32_t>(), stream_),
+               Error);  // a share outside the group
 }
 
 TEST_F(CudaMoeEp, BadShapesThrow) {

@@ -407,8 +407,12 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   EXPECT_NE(cuda_unsupported_features(tp_capacity).find("token dropping (--moe-expert-capacity-factor) with tensor "
                                                         "parallelism"),
             std::string::npos);
-  GptConfig whole_experts = tp_ep;  // nor whole experts under TP (expert TP size 1, CPU ranks)
+  GptConfig whole_experts = tp_ep;  // whole experts under TP (expert TP size 1): EP 1 or the TP size
   whole_experts.moe.expert_tensor_parallel = 1;
+  EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
+  whole_experts.moe.expert_parallel = 1;
+  EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
+  whole_experts.moe.expert_parallel = 4;  // an EP group across TP groups: refused by name
   EXPECT_NE(cuda_unsupported_features(whole_experts).find("whole experts under tensor parallelism"),
             std::string::npos);
   GptConfig global = c;

@@ -30,4 +30,13 @@ void moe_ep_source_offsets(const int32_t* counts, int64_t P, int64_t E, int64_t 
 void moe_ep_local_choices(const int32_t* idx_g, int64_t n, int64_t e0, int64_t El, int32_t* idx_l, int32_t* counts_l,
                           cudaStream_t stream);
 
+// Whole experts under tensor parallelism (--expert-tensor-parallel-size 1): every TP rank routes
+// the whole gathered sequence, and only its own sequence-parallel share's pairs go to the experts.
+// Of the choices idx[T, k] (T = b s tokens, batch-major), those of positions rank * s / ranks ..
+// (rank + 1) * s / ranks - 1 of each sequence are copied to idx_share, every other pair -1
+// (moe_permutation gives it no row); counts[E] = the share's pairs of each expert (overwritten).
+// ranks divides s, s divides T, E <= kMoeMaxExperts.
+void moe_share_choices(const int32_t* idx, int64_t T, int64_t s, int64_t k, int64_t E, int64_t rank, int64_t ranks,
+                       int32_t* idx_share, int32_t* counts, cudaStream_t stream);
+
 }  // namespace laoyao::kernels::cuda

@@ -41,9 +41,13 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   if (c.moe.num_experts > 0 && c.moe.capacity_factor && c.moe.tensor_parallel > 1)
     missing.push_back("Mixture-of-Experts token dropping (--moe-expert-capacity-factor) with tensor parallelism");
-  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && !c.moe.experts_split_by_tp())
-    missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size 1 "
-                      "with --tensor-model-parallel-size > 1)");
+  // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be the TP
+  // group itself or absent (the norms sum the experts over the TP group).
+  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && !c.moe.experts_split_by_tp() &&
+      c.moe.expert_parallel > 1 && c.moe.expert_parallel != c.moe.tensor_parallel)
+    missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size "
+                      "1) and an expert-parallel size (" + std::to_string(c.moe.expert_parallel) + ") other than 1 "
+                      "or the tensor-parallel size (" + std::to_string(c.moe.tensor_parallel) + ")");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -94,6 +98,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       tp_rank_(group_size(tp) > 1 ? tp->rank() : 0),
       ep_(group_size(ep) > 1 ? ep : nullptr),
       sp_(group_size(tp) > 1 && cfg.sequence_parallel),
+      folded_(cfg.moe.num_experts > 0 && group_size(tp) > 1 && !cfg.moe.experts_split_by_tp()),
       layout_(build_gpt_parameters(lc_)),
       max_b_(max_b),
       s_(s) {
@@ -138,9 +143,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   zero_bias_ = kc::DeviceBuffer(sizeof(bf16) * lc_.ffn);
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
-  // (A config and group of different EP sizes are refused by the MoE layers below.)
+  // (A config and group of different EP sizes are refused by the MoE layers below.) Whole experts
+  // under TP with EP: the EP group is the TP group (cuda_unsupported_features), summed once.
   if (tensor_parallel()) split_groups_.push_back(tp_);
-  if (ep_) split_groups_.push_back(ep_);
+  if (ep_ && !folded_) split_groups_.push_back(ep_);
   if (!split_groups_.empty() || layout_.table.has_buffers()) {
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
     for (const auto& p : layout_.table.specs)
@@ -263,7 +269,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   if (c.moe.num_experts > 0) {
     // Under TP (with SP) the layers see the whole sequence and hold their share of every expert
     // (under EP too: of every expert of this EP rank; the EP group gathers the ranks' sequences).
-    moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_);
+    // Whole experts under TP: only this rank's share of each sequence goes to them.
+    MoeTokenShare share;
+    if (folded_) share = {tp_rank_, tp_size_};
+    moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_, share);
   }
   Carver measure;
   carve(measure);
@@ -299,10 +308,15 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     const int64_t D = lc_.kv_channels;
     for (const auto& L : layout_.layers) {
       sum(L.q_norm, D), sum(L.k_norm, D);
-      sum(L.router_w, lc_.moe.num_experts * h);  // every rank routes the whole sequence with its experts' share
+      sum(L.router_w, lc_.moe.num_experts * h);  // every rank routes the whole sequence, its share's part
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
+    // Whole experts without EP: each rank's experts saw its share's rows (with EP, the EP group
+    // being the TP group, they saw every share's).
+    if (folded_ && !ep_)
+      for (const auto& p : layout_.table.specs)
+        if (is_routed_expert(p.name)) sum(p.offset, p.numel);
   }
 
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
@@ -442,8 +456,10 @@ kc::DropoutSpec CudaGptModel::hidden_dropout(const std::string& stream) const {
 
 bool CudaGptModel::counts(const ParamSpec& p, bool across_ep) const {
   if (p.buffer) return false;
-  const bool tp_share = tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
-  const bool ep_share = !across_ep || !ep_ || ep_->rank() == 0 || is_routed_expert(p.name);
+  // Whole experts under TP with EP: the TP group's ranks hold distinct experts.
+  const bool own_experts = folded_ && ep_ && is_routed_expert(p.name);
+  const bool tp_share = tp_rank_ == 0 || own_experts || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
+  const bool ep_share = !across_ep || !ep_ || folded_ || ep_->rank() == 0 || is_routed_expert(p.name);
   return tp_share && ep_share;
 }
 

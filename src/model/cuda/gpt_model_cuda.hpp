@@ -63,6 +63,9 @@ class CudaGptModel {
   // ep: the expert-parallel group of an MoE model (cfg.moe.expert_parallel ranks; the table then
   // holds this rank's experts only, model/gpt_ep.hpp). With both, each rank holds its TP share of
   // its EP rank's experts (Megatron's expert tensor parallelism = TP).
+  // Whole experts under TP (expert TP size 1): the EP group, if any, must be the TP group's ranks
+  // (folded across them); the ranks holding the same experts are then the data-parallel group,
+  // whose expert reduction is the trainer's (GptModel::expert_dp_group).
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
                dist::ProcessGroup* ep = nullptr);
   ~CudaGptModel();
@@ -221,6 +224,7 @@ class CudaGptModel {
   dist::ProcessGroup* ep_ = nullptr;  // expert parallelism over several ranks, or null
   std::vector<dist::ProcessGroup*> split_groups_;  // TP (when several ranks), then EP (when there is one)
   bool sp_ = false;  // sequence parallelism
+  bool folded_ = false;  // whole routed experts under TP (expert TP size 1)
   GptParameterLayout layout_;
   int64_t max_b_, s_, b_ = 0;  // b_: sequences in the last forward
   int64_t rows_ = 0;           // rows of the residual stream on this rank: b_ * s_, or its share under SP

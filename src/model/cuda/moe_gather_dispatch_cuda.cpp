@@ -41,7 +41,7 @@ void CudaMoeLayers::gathered_forward(Saved& S, const Context& ctx, const bf16* x
   const int64_t Tg = P_ * T, pairs = Tg * k_;
   // The group's choices and probabilities, after its tokens (gather_tokens) on comm_.
   fork_comm(st);
-  ep_->all_gather_device(S.topk_idx, idx_g_, static_cast<size_t>(T * k_), dist::DeviceType::I32, comm_);
+  ep_->all_gather_device(S.dispatch_idx(), idx_g_, static_cast<size_t>(T * k_), dist::DeviceType::I32, comm_);
   ep_->all_gather_device(S.probs, S.probs_g, static_cast<size_t>(T * k_), dist::DeviceType::F32, comm_);
   wait_exchange(st);
   // This rank's pairs, expert-major, and its experts on them.

@@ -19,8 +19,9 @@ namespace laoyao::model {
 
 namespace kc = laoyao::kernels::cuda;
 
-CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep)
-    : cfg_(cfg) {
+CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep,
+                             MoeTokenShare share)
+    : cfg_(cfg), share_(share) {
   const MoeConfig& m = cfg.moe;
   E_ = m.num_experts, k_ = m.topk, H_ = cfg.hidden, F_ = m.ffn, Fs_ = m.shared_ffn;
   if (ep && ep->size() > 1) ep_ = ep, P_ = ep->size(), me_ = ep->rank(), gather_ = m.allgather_dispatcher;
@@ -31,6 +32,12 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     throw UsageError(std::to_string(E_) + " experts do not split over " + std::to_string(P_) +
                      " expert-parallel ranks (--num-experts must be a multiple of --expert-model-parallel-size)");
   El_ = E_ / P_;
+  const bool shared_out = share_.ranks > 1;  // whole experts under TP: only the share's pairs get rows
+  if (shared_out && (seq_length % share_.ranks != 0 || share_.rank < 0 || share_.rank >= share_.ranks))
+    throw Error("CudaMoeLayers: share " + std::to_string(share_.rank) + " of " + std::to_string(share_.ranks) +
+                " of a sequence of " + std::to_string(seq_length));
+  if (shared_out && m.capacity_factor)
+    throw UsageError("the CUDA backend drops no tokens (--moe-expert-capacity-factor) under tensor parallelism");
   const bool swiglu = cfg.activation == Activation::SwiGLU;
   F1_ = swiglu ? 2 * F_ : F_;
   Fs1_ = swiglu ? 2 * Fs_ : Fs_;
@@ -76,6 +83,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.counts = a.take<int32_t>(E_);
       S.aux_idx = aux_apart ? a.take<int32_t>(N) : nullptr;
       S.aux_counts = aux_apart ? a.take<int32_t>(E_) : nullptr;
+      S.share_idx = shared_out ? a.take<int32_t>(N) : nullptr;
+      S.share_counts = shared_out ? a.take<int32_t>(E_) : nullptr;
       S.offsets = a.take<int32_t>(E_ + 1);
       S.sorted_token = a.take<int32_t>(N);
       S.permuted_row = a.take<int32_t>(N);
@@ -126,16 +135,17 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   Carver real{static_cast<char*>(saved_.ptr), 0};
   carve_saved(real);
   // Zeros first: the weight-gradient GEMMs read up to a reduction step of rows past the last
-  // group's end (weighted by zeros), which under the all-gather dispatcher are rows of earlier
-  // steps, or never written; they must hold finite values.
-  if (gather_) LAOYAO_CUDA_CHECK(cudaMemset(saved_.ptr, 0, saved_.bytes));
+  // group's end (weighted by zeros), which under the all-gather dispatcher (or with only a share's
+  // pairs here) are rows of earlier steps, or never written; they must hold finite values.
+  const bool bounded_rows = gather_ || shared_out;
+  if (bounded_rows) LAOYAO_CUDA_CHECK(cudaMemset(saved_.ptr, 0, saved_.bytes));
   Carver measure_scratch;
   carve_scratch(measure_scratch);
   scratch_ = kc::DeviceBuffer(measure_scratch.used);
   Carver real_scratch{static_cast<char*>(scratch_.ptr), 0};
   carve_scratch(real_scratch);
   // The same for the scratch rows the GeLU activation runs over past the experts' (the bound).
-  if (gather_) LAOYAO_CUDA_CHECK(cudaMemset(scratch_.ptr, 0, scratch_.bytes));
+  if (bounded_rows) LAOYAO_CUDA_CHECK(cudaMemset(scratch_.ptr, 0, scratch_.bytes));
 
   if (ep_) {
     host_counts_ = kc::PinnedHostBuffer(sizeof(int32_t) * static_cast<size_t>(P_ * E_));
@@ -294,7 +304,7 @@ void CudaMoeLayers::experts_backward_weights(const Saved& S, const Context& ctx,
 }
 
 void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
-  ep_->all_gather_device(S.counts, S.ep_counts, static_cast<size_t>(E_), dist::DeviceType::I32, stream);
+  ep_->all_gather_device(S.dispatch_counts(), S.ep_counts, static_cast<size_t>(E_), dist::DeviceType::I32, stream);
   LAOYAO_CUDA_CHECK(cudaMemcpyAsync(host_counts_.ptr, S.ep_counts, host_counts_.bytes, cudaMemcpyDeviceToHost, stream));
   kc::stream_wait(stream, "the MoE layer's token counts (expert parallelism)");
   const int32_t* c = host_counts_.as<int32_t>();
@@ -426,17 +436,23 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
   if (losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.z_coeff > 0 || global_mean)
     kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx, aux_counts, T, router_, losses_,
                                S.stats, count_losses ? train_sums_ : discard_sums_, st, global_mean);
+  if (S.share_idx)  // whole experts under TP: this rank's share's pairs only
+    kc::moe_share_choices(S.topk_idx, T, losses_.seq_length, k_, E_, share_.rank, share_.ranks, S.share_idx,
+                          S.share_counts, st);
   phases_.mark(kRouter, st);
   if (gather_ && !cfg_.moe.capacity_factor) return gathered_forward(S, ctx, x, y, T, residual);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
-  kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
+  kc::moe_permutation(S.dispatch_idx(), S.dispatch_counts(), T, E_, k_, S.offsets, S.sorted_token, S.permuted_row,
+                      perm_scratch_, st);
   if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
     kc::moe_capacity_drop(S.topk_idx, S.offsets, S.sorted_token, S.permuted_row, S.probs, T, losses_.seq_length, k_,
                           kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
                           permuted_probs_, st);
   if (gather_) return gathered_forward(S, ctx, x, y, T, residual);  // the dropped pairs' probs are 0 now
   bf16* permuted_x = ep_ ? permuted_x_ : S.permuted_x;
-  kc::moe_permute_forward(x, S.sorted_token, permuted_x, N, H_, st);
+  // Only a share's pairs: their rows end at offsets[E] (on the device), N bounding them.
+  const int32_t* rows_end = S.share_idx ? S.offsets + E_ : nullptr;
+  kc::moe_permute_forward(x, S.sorted_token, permuted_x, N, H_, st, rows_end);
   phases_.mark(kPermute, st);
   if (ep_) {  // the rows travel to their experts' ranks and back; this rank's own and the shared expert run meanwhile
     exchange_counts(S, st);
@@ -446,7 +462,7 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     experts_forward(S, ctx, S.local_x, source_groups(S, me_, me_ + 1), local_y_);
     phases_.mark(kExperts, st);
   } else {
-    experts_forward(S, ctx, permuted_x, expert_groups(S, N), S.expert_out);
+    experts_forward(S, ctx, permuted_x, expert_groups(S, N), S.expert_out, rows_end);
     phases_.mark(kExperts, st);
   }
   shared_expert_forward(S, ctx, x, T);
@@ -500,7 +516,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     phases_.mark(kExperts, st);
     wait_exchange(st);
   } else {
-    experts_backward_input(S, ctx, dexpert_, groups, dpermuted_);
+    experts_backward_input(S, ctx, dexpert_, groups, dpermuted_, S.share_idx ? S.offsets + E_ : nullptr);
     experts_backward_weights(S, ctx, S.permuted_x, dexpert_, groups);
     phases_.mark(kExperts, st);
   }

@@ -20,6 +20,14 @@
 // on them and combines its share of every token; a reduce-scatter sums the shares back to the
 // tokens' ranks. Each token crosses once per rank, not once per chosen expert.
 //
+// Whole experts under tensor parallelism (--expert-tensor-parallel-size 1, Megatron's "parallel
+// folding"; the share given to the constructor): every TP rank routes the whole gathered sequence,
+// as with split experts (the same losses), and only the pairs of its own sequence-parallel share go
+// to the experts (its own, and under EP the group's, which is then the TP group); the other pairs
+// get no row, so their outputs and probability gradients here are zero. The layer's output is this
+// rank's share's rows, whole, plus the shared expert's partial sums: the reduce-scatter after the
+// layer gives each rank its rows. model/moe_share_stage.hpp is the CPU reference.
+//
 // One object serves all MoE layers of a model. It owns what each layer keeps for its backward
 // (router logits and choices, the permutation, the experts' activations and outputs) and the
 // scratch the layers share (the permuted input, which the backward permutes again rather than keep,
@@ -43,6 +51,12 @@
 
 namespace laoyao::model {
 
+// Whole experts under TP: the share (rank of ranks) of each sequence whose pairs go to this rank's
+// experts; {0, 1}: every token's.
+struct MoeTokenShare {
+  int64_t rank = 0, ranks = 1;
+};
+
 class CudaMoeLayers {
  public:
   using bf16 = __nv_bfloat16;
@@ -50,7 +64,9 @@ class CudaMoeLayers {
   // that are not multiples of 8).
   // ep: the expert-parallel group (null or one rank: every expert here); cfg is this rank's config
   // (moe.expert_parallel = the group's size, its parameter table holding its experts only).
-  CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep = nullptr);
+  // share: whole experts under TP, this rank's share of each sequence (MoeTokenShare).
+  CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep = nullptr,
+                MoeTokenShare share = {});
   CudaMoeLayers(const CudaMoeLayers&) = delete;
   CudaMoeLayers& operator=(const CudaMoeLayers&) = delete;
 
@@ -113,6 +129,11 @@ class CudaMoeLayers {
     float *logits, *probs, *scores, *lse, *stats;
     int32_t *topk_idx, *counts, *offsets, *sorted_token, *permuted_row;
     int32_t *aux_idx, *aux_counts;  // the aux losses' own top-k (expert bias or groups), else null
+    // Whole experts under TP: the choices of this rank's share's pairs (the others -1) and their
+    // counts, which the dispatch takes instead of topk_idx and counts; else null.
+    int32_t *share_idx, *share_counts;
+    const int32_t* dispatch_idx() const { return share_idx ? share_idx : topk_idx; }
+    const int32_t* dispatch_counts() const { return share_counts ? share_counts : counts; }
     bf16 *fc1_out, *act_out, *expert_out, *shared_u, *shared_g;
     // Expert parallelism: every rank's counts [P][E], the offsets [P * El + 1] of the rows for this
     // rank's experts in the order they arrive (source-major groups) and those rows, and the
@@ -201,6 +222,7 @@ class CudaMoeLayers {
   dist::ProcessGroup* ep_ = nullptr;       // the expert-parallel group (null: EP = 1)
   bool gather_ = false;                    // EP with the all-gather dispatcher (no host synchronisation)
   int64_t P_ = 1, me_ = 0, El_ = 0;        // its size, this rank's place, experts per rank
+  MoeTokenShare share_;                      // whole experts under TP: this rank's share of each sequence
   std::vector<int64_t> slot_;              // layer -> index into saved (-1: dense layer)
   std::vector<Saved> saved_layers_;
   kernels::cuda::DeviceBuffer saved_, scratch_, sums_, zero_bias_;
