@@ -7,10 +7,11 @@ import re
 import sys
 
 # Kinds, first match wins (cuBLAS/cuBLASLt's GEMMs are nvjet_*, sm90_xmma_*, cutlass*; cuDNN's
-# attention cudnn_*/fmha; PyTorch's SDPA flash kernels flash_*; Triton's fused kernels triton_*).
+# attention cudnn_* (cudnn_generated_..._sm90_flash_..._wgmma included), fmha; PyTorch's SDPA flash
+# kernels flash_*; Triton's fused kernels triton_*).
 KINDS = [
+    ("attention", r"cudnn|fmha|flash|attention"),  # before GEMM: cuDNN's kernels are named sm90_..._wgmma
     ("GEMM", r"nvjet|xmma|gemm|cutlass|wgmma_grouped|grouped_gemm|sm90_"),
-    ("attention", r"cudnn|fmha|flash|attention"),
     ("norm", r"norm"),
     ("cross entropy / softmax", r"cross_entropy|softmax|log_softmax|nll"),
     ("optimizer / grad norm", r"adam|multi_tensor|optimizer|grad_norm|l2norm|clip|foreach"),

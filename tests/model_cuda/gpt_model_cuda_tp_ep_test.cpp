@@ -64,6 +64,38 @@ struct RankResult {
   std::vector<uint8_t> counted;
 };
 
+// The GPU model of this rank on its batch x from weights w: forward, backward, finalize_grads;
+// its per-token losses, gradients and counted flags into o.
+void run_gpu_rank(const GptConfig& local_cfg, const Batch& x, const std::vector<float>& w, dist::ProcessGroup* tp,
+                  dist::ProcessGroup* ep, RankResult& o) {
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  CudaGptModel gpu(local_cfg, x.b, x.s, tp, ep);
+  gpu.upload_weights(w.data());
+  gpu.zero_grads();
+  gpu.forward(mb, x.mask.data(), DropoutKey{1234, 1, false}, x.dloss.data());
+  gpu.backward();
+  gpu.finalize_grads();
+  o.losses = gpu.download_losses();
+  o.grads.resize(w.size());
+  gpu.download_grads(o.grads.data());
+  for (const auto& p : gpu.table().specs) o.counted.push_back(gpu.counts(p, true) ? 1 : 0);
+}
+
+// Each rank's losses are its TP pair's batch's (runs[rank / kTp]) and its gradients o.expected.
+void expect_ranks_match(const std::vector<RankResult>& out, const std::vector<CpuRun>& runs,
+                        const ParameterTable& table) {
+  for (size_t r = 0; r < out.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const RankResult& o = out[r];
+    const CpuRun& run = runs[r / kTp];
+    ASSERT_EQ(o.losses.size(), run.losses.size());
+    for (size_t i = 0; i < o.losses.size(); ++i) ASSERT_NEAR(o.losses[i], run.losses[i], 3e-2) << "token " << i;
+    EXPECT_LT(rel_err(o.grads.data(), o.expected.data(), static_cast<int64_t>(o.grads.size())), 2e-2);
+    for (const auto& p : table.specs)
+      EXPECT_LT(rel_err(o.grads.data() + p.offset, o.expected.data() + p.offset, p.numel), 6e-2) << p.name;
+  }
+}
+
 // Llama's pieces, 4 experts every one of which each token chooses, sequence parallel at TP=2.
 GptConfig tp_ep_config(bool allgather) {
   GptConfig c = moe_config(llama_config(), 4, 4, 64, 0);
@@ -133,34 +165,13 @@ void compare_tp_ep(bool allgather) {
     o.share.resize(w.size());
     train::keep_part(cpu.table(), whole_sum.data(), local, o.share.data());
 
-    const Batch& x = runs[e].x;
-    const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
-    CudaGptModel gpu(local_cfg, x.b, x.s, &tp, &ep);
-    gpu.upload_weights(w.data());
-    gpu.zero_grads();
-    gpu.forward(mb, x.mask.data(), DropoutKey{1234, 1, false}, x.dloss.data());
-    gpu.backward();
-    gpu.finalize_grads();
-    o.losses = gpu.download_losses();
-    o.grads.resize(w.size());
-    gpu.download_grads(o.grads.data());
-    for (const auto& p : gpu.table().specs) o.counted.push_back(gpu.counts(p, true) ? 1 : 0);
+    run_gpu_rank(local_cfg, runs[e].x, w, &tp, &ep, o);
   });
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   if (::testing::Test::HasFailure()) return;
 
   const ParameterTable table = build_gpt_parameters(tp_local_config(local_cfg, kTp)).table;
-  for (int r = 0; r < kRanks; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    const int e = r / kTp;
-    const RankResult& o = out[r];
-    ASSERT_EQ(o.losses.size(), runs[e].losses.size());
-    for (size_t i = 0; i < o.losses.size(); ++i)
-      ASSERT_NEAR(o.losses[i], runs[e].losses[i], 3e-2) << "token " << i;
-    EXPECT_LT(rel_err(o.grads.data(), o.expected.data(), static_cast<int64_t>(o.grads.size())), 2e-2);
-    for (const auto& p : table.specs)
-      EXPECT_LT(rel_err(o.grads.data() + p.offset, o.expected.data() + p.offset, p.numel), 6e-2) << p.name;
-  }
+  expect_ranks_match(out, runs, table);
   // Replicated tensors: the same bits on both ranks of each TP pair.
   for (int e = 0; e < kEp; ++e)
     for (const auto& p : table.specs) {
@@ -185,13 +196,18 @@ struct EngineNorms {
   double whole = 0;           // the CPU model's, of both batches' gradients averaged
 };
 
-// The CUDA engine on the four ranks, one micro-batch each data-parallel pair, reduced over the
-// pairs (with or without the distributed optimizer), then the gradient norm.
-EngineNorms engine_norms(bool dist_opt) {
-  const GptConfig c = tp_ep_config(true);
+using RankGroups = std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>;
+using RunRanks = std::function<std::vector<std::string>(const RankGroups&)>;
+
+// The CUDA engine on four ranks (run_ranks gives each its TP, EP and data-parallel groups), one
+// micro-batch each TP pair, reduced over the data-parallel pairs (with or without the
+// distributed optimizer), then the gradient norm. dp_same_experts: the data-parallel pairs are
+// the ranks holding the same experts (whole experts under TP), the host model's expert_dp_group.
+EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, bool dist_opt, bool dp_same_experts,
+                            const RunRanks& run_ranks) {
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
-  const std::vector<CpuRun> runs = {run_cpu(cpu, 11), run_cpu(cpu, 12)};
+  const std::vector<CpuRun> runs = {run_cpu(cpu, seed), run_cpu(cpu, seed + 1)};
   EngineNorms out;
   for (size_t i = 0; i < runs[0].grads.size(); ++i) {
     const double g = 0.5 * (double(runs[0].grads[i]) + runs[1].grads[i]);
@@ -201,14 +217,15 @@ EngineNorms engine_norms(bool dist_opt) {
   GptConfig local_cfg = c;
   local_cfg.moe.expert_parallel = kEp;
   out.ranks.assign(kRanks, 0.0);
-  const std::vector<std::string> errors = Meetings().run([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
-                                                              SharedDeviceGroup& dp) {
-    GptModel host(local_cfg, &tp, &ep);
+  const std::vector<std::string> errors = run_ranks([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
+                                                        SharedDeviceGroup& dp) {
+    GptModel host(local_cfg, &tp, &ep, dp_same_experts ? &dp : nullptr);
     train::keep_part(cpu.table(), cpu.weights(), host, host.weights());
     host.set_data_parallel_group(&dp);
     const int64_t n = host.num_parameters();
     const train::OptimizerShards shards =
-        dist_opt ? train::plan_optimizer_shards(n, host.routed_expert_ranges(), train::shard_group(&dp), {})
+        dist_opt ? train::plan_optimizer_shards(n, host.routed_expert_ranges(), train::shard_group(&dp),
+                                                train::shard_group(host.expert_dp_group()))
                  : train::whole_model_shards(n);
     const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
     std::vector<optim::ParamRange> ranges;
@@ -224,17 +241,16 @@ EngineNorms engine_norms(bool dist_opt) {
     mb.loss_mask = x.mask;
     engine->run_micro_batch(mb, DropoutKey{1234, 1, false}, x.dloss.data());
     engine->finalize_grads();
-    engine->all_reduce_grads(dp, 1.0 / kEp);
+    engine->all_reduce_grads(dp, 0.5);
     out.ranks[static_cast<size_t>(r)] = engine->grad_norm();
   });
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
 }
 
-}  // namespace
-
-TEST(CudaGptModelTpEp, EngineGradientNormIsTheWholeModelsWithAndWithoutTheDistributedOptimizer) {
-  const EngineNorms plain = engine_norms(false), sharded = engine_norms(true);
+// Every rank's norm is the same, the whole model's of both batches averaged; the distributed
+// optimizer's the same but for the order of the sums.
+void expect_whole_norms(const EngineNorms& plain, const EngineNorms& sharded) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   EXPECT_GT(plain.whole, 0.0);
   for (int r = 0; r < kRanks; ++r) {
@@ -242,8 +258,18 @@ TEST(CudaGptModelTpEp, EngineGradientNormIsTheWholeModelsWithAndWithoutTheDistri
     EXPECT_EQ(sharded.ranks[r], sharded.ranks[0]) << "rank " << r;
   }
   EXPECT_NEAR(plain.ranks[0], plain.whole, 2e-2 * plain.whole);
-  // The same gradients, counted over other partitions: equal but for the order of the sums.
   EXPECT_NEAR(sharded.ranks[0], plain.ranks[0], 1e-6 * plain.ranks[0]);
+}
+
+EngineNorms engine_norms(bool dist_opt) {
+  return engine_norms_on(tp_ep_config(true), 11, dist_opt, false,
+                         [](const RankGroups& fn) { return Meetings().run(fn); });
+}
+
+}  // namespace
+
+TEST(CudaGptModelTpEp, EngineGradientNormIsTheWholeModelsWithAndWithoutTheDistributedOptimizer) {
+  expect_whole_norms(engine_norms(false), engine_norms(true));
 }
 
 TEST(CudaGptModelTpEp, AllGatherDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(true); }
@@ -282,8 +308,7 @@ struct WholeExpertsRanks {
     for (int t = 0; t < kTp; ++t) dp.push_back(std::make_shared<M>(pairs, "dp group " + std::to_string(t)));
   }
   // fn(rank, tp, ep, dp); a rank that fails lets the others give up.
-  std::vector<std::string> run(
-      const std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>& fn) {
+  std::vector<std::string> run(const RankGroups& fn) {
     return run_on_shared_gpu(ranks, [&](int r, SharedDeviceGroup&) {
       const int t = r % kTp, e = r / kTp;
       SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[e], t), dp_group(dp[t], e);
@@ -319,34 +344,13 @@ void compare_whole_experts(int ranks, int ep, bool allgather) {
     RankResult& o = out[r];
     o.expected.resize(w.size());
     train::keep_part(cpu.table(), runs[e].grads.data(), local, o.expected.data());
-    const Batch& x = runs[e].x;
-    const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
-    CudaGptModel gpu(local_cfg, x.b, x.s, &tp, ep_group);
-    gpu.upload_weights(w.data());
-    gpu.zero_grads();
-    gpu.forward(mb, x.mask.data(), DropoutKey{1234, 1, false}, x.dloss.data());
-    gpu.backward();
-    gpu.finalize_grads();
-    o.losses = gpu.download_losses();
-    o.grads.resize(w.size());
-    gpu.download_grads(o.grads.data());
-    for (const auto& p : gpu.table().specs) o.counted.push_back(gpu.counts(p, true) ? 1 : 0);
+    run_gpu_rank(local_cfg, runs[e].x, w, &tp, ep_group, o);
   });
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   if (::testing::Test::HasFailure()) return;
 
   const ParameterTable table = build_gpt_parameters(tp_local_config(local_cfg, kTp)).table;
-  for (int r = 0; r < ranks; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    const int e = r / kTp;
-    const RankResult& o = out[r];
-    ASSERT_EQ(o.losses.size(), runs[e].losses.size());
-    for (size_t i = 0; i < o.losses.size(); ++i)
-      ASSERT_NEAR(o.losses[i], runs[e].losses[i], 3e-2) << "token " << i;
-    EXPECT_LT(rel_err(o.grads.data(), o.expected.data(), static_cast<int64_t>(o.grads.size())), 2e-2);
-    for (const auto& p : table.specs)
-      EXPECT_LT(rel_err(o.grads.data() + p.offset, o.expected.data() + p.offset, p.numel), 6e-2) << p.name;
-  }
+  expect_ranks_match(out, runs, table);
   // Each TP pair's counted parameters' squares are its batch's whole model's once.
   for (int e = 0; e < pairs; ++e) {
     double whole = 0, counted = 0;
@@ -360,53 +364,11 @@ void compare_whole_experts(int ranks, int ep, bool allgather) {
   }
 }
 
-// The CUDA engine on four ranks with whole experts (TP=2 x EP=2 x DP=2), one batch each TP pair,
-// reduced over the data-parallel pairs with or without the distributed optimizer: every rank's
-// gradient norm is the whole model's of both batches averaged.
+// The CUDA engine on four ranks with whole experts (TP=2 x EP=2 x DP=2): the data-parallel pairs
+// hold the same experts.
 EngineNorms whole_experts_engine_norms(bool dist_opt) {
-  const GptConfig c = whole_experts_config(true);
-  GptModel cpu(c);
-  random_weights(cpu, cpu.weights());
-  const std::vector<CpuRun> runs = {run_cpu(cpu, 21), run_cpu(cpu, 22)};
-  EngineNorms out;
-  for (size_t i = 0; i < runs[0].grads.size(); ++i) {
-    const double g = 0.5 * (double(runs[0].grads[i]) + runs[1].grads[i]);
-    out.whole += g * g;
-  }
-  out.whole = std::sqrt(out.whole);
-  GptConfig local_cfg = c;
-  local_cfg.moe.expert_parallel = kEp;
-  out.ranks.assign(kRanks, 0.0);
-  const std::vector<std::string> errors = WholeExpertsRanks(kRanks).run([&](int r, SharedDeviceGroup& tp,
-                                                                            SharedDeviceGroup& ep,
-                                                                            SharedDeviceGroup& dp) {
-    GptModel host(local_cfg, &tp, &ep, &dp);  // dp: also the ranks holding the same experts (expert_dp_group)
-    train::keep_part(cpu.table(), cpu.weights(), host, host.weights());
-    host.set_data_parallel_group(&dp);
-    const int64_t n = host.num_parameters();
-    const train::OptimizerShards shards =
-        dist_opt ? train::plan_optimizer_shards(n, host.routed_expert_ranges(), train::shard_group(&dp),
-                                                train::shard_group(host.expert_dp_group()))
-                 : train::whole_model_shards(n);
-    const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
-    std::vector<optim::ParamRange> ranges;
-    for (const auto& p : host.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
-    std::unique_ptr<optim::AdamW> adam = dist_opt ? train::make_shard_adam(host.table(), shards, settings)
-                                                  : std::make_unique<optim::AdamW>(n, ranges, settings);
-    auto engine = train::make_cuda_engine(host, *adam, settings, 2, 48, &shards);
-    engine->push_state();
-    engine->zero_grads();
-    const Batch& x = runs[static_cast<size_t>(r / kTp)].x;
-    train::MicroBatchData mb;
-    mb.b = x.b, mb.s = x.s, mb.tokens = x.tokens, mb.labels = x.labels, mb.positions = x.positions;
-    mb.loss_mask = x.mask;
-    engine->run_micro_batch(mb, DropoutKey{1234, 1, false}, x.dloss.data());
-    engine->finalize_grads();
-    engine->all_reduce_grads(dp, 0.5);
-    out.ranks[static_cast<size_t>(r)] = engine->grad_norm();
-  });
-  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-  return out;
+  return engine_norms_on(whole_experts_config(true), 21, dist_opt, true,
+                         [](const RankGroups& fn) { return WholeExpertsRanks(kRanks).run(fn); });
 }
 
 }  // namespace
@@ -435,13 +397,5 @@ TEST(CudaGptModelTpEp, WholeExpertsUnderTensorParallelismMatchCpuModel) {
 }
 
 TEST(CudaGptModelTpEp, WholeExpertsEngineGradientNormIsTheWholeModels) {
-  const EngineNorms plain = whole_experts_engine_norms(false), sharded = whole_experts_engine_norms(true);
-  ASSERT_FALSE(::testing::Test::HasFailure());
-  EXPECT_GT(plain.whole, 0.0);
-  for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(plain.ranks[r], plain.ranks[0]) << "rank " << r;
-    EXPECT_EQ(sharded.ranks[r], sharded.ranks[0]) << "rank " << r;
-  }
-  EXPECT_NEAR(plain.ranks[0], plain.whole, 2e-2 * plain.whole);
-  EXPECT_NEAR(sharded.ranks[0], plain.ranks[0], 1e-6 * plain.ranks[0]);
+  expect_whole_norms(whole_experts_engine_norms(false), whole_experts_engine_norms(true));
 }
