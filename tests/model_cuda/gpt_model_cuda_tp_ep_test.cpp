@@ -97,12 +97,16 @@ void expect_ranks_match(const std::vector<RankResult>& out, const std::vector<Cp
 }
 
 // Llama's pieces, 4 experts every one of which each token chooses, sequence parallel at TP=2.
-GptConfig tp_ep_config(bool allgather) {
+// drop: token dropping at capacity factor 0.5 by position (each TP rank's share of the sequence
+// apart; by position, so that the choice depends on the routing alone, which choosing every
+// expert makes the same on both sides).
+GptConfig tp_ep_config(bool allgather, bool drop = false) {
   GptConfig c = moe_config(llama_config(), 4, 4, 64, 0);
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   c.moe.tensor_parallel = kTp;
   c.moe.allgather_dispatcher = allgather;
   c.sequence_parallel = true;
+  if (drop) c.moe.capacity_factor = 0.5, c.moe.drop_by_position = true;
   return c;
 }
 
@@ -134,8 +138,8 @@ struct Meetings {
   }
 };
 
-void compare_tp_ep(bool allgather) {
-  const GptConfig c = tp_ep_config(allgather);
+void compare_tp_ep(bool allgather, bool drop = false) {
+  const GptConfig c = tp_ep_config(allgather, drop);
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   const std::vector<CpuRun> runs = {run_cpu(cpu, 11), run_cpu(cpu, 12)};
@@ -274,6 +278,13 @@ TEST(CudaGptModelTpEp, EngineGradientNormIsTheWholeModelsWithAndWithoutTheDistri
 
 TEST(CudaGptModelTpEp, AllGatherDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(true); }
 TEST(CudaGptModelTpEp, AllToAllDispatcherMatchesCpuModelOnEachPairsBatch) { compare_tp_ep(false); }
+// Token dropping under TP: each rank's share of the sequence drops apart, as the CPU model's.
+TEST(CudaGptModelTpEp, TokenDroppingByShareMatchesCpuModel) {
+  for (const bool allgather : {true, false}) {
+    SCOPED_TRACE(allgather ? "all-gather dispatcher" : "all-to-all dispatcher");
+    compare_tp_ep(allgather, true);
+  }
+}
 
 // Whole experts under tensor parallelism (expert TP size 1, Megatron-Core's parallel folding):
 // every rank holds whole experts (all of them, or under EP its EP rank's half, the EP group being
@@ -287,8 +298,8 @@ TEST(CudaGptModelTpEp, AllToAllDispatcherMatchesCpuModelOnEachPairsBatch) { comp
 // leaves every rank the whole model's gradient norm.
 namespace {
 
-GptConfig whole_experts_config(bool allgather) {
-  GptConfig c = tp_ep_config(allgather);
+GptConfig whole_experts_config(bool allgather, bool drop = false) {
+  GptConfig c = tp_ep_config(allgather, drop);
   c.moe.expert_tensor_parallel = 1;
   return c;
 }
@@ -322,8 +333,8 @@ struct WholeExpertsRanks {
   }
 };
 
-void compare_whole_experts(int ranks, int ep, bool allgather) {
-  const GptConfig c = whole_experts_config(allgather);
+void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false) {
+  const GptConfig c = whole_experts_config(allgather, drop);
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   WholeExpertsRanks layout(ranks);
@@ -393,6 +404,14 @@ TEST(CudaGptModelTpEp, WholeExpertsUnderTensorParallelismMatchCpuModel) {
   {
     SCOPED_TRACE("TP=2 x DP=2 on four ranks, every expert on every rank");
     compare_whole_experts(4, 1, false);
+  }
+  {
+    SCOPED_TRACE("TP=2 x EP=2 on two ranks, token dropping by share");
+    compare_whole_experts(2, 2, true, true);
+  }
+  {
+    SCOPED_TRACE("TP=2, token dropping by share");
+    compare_whole_experts(2, 1, false, true);
   }
 }
 

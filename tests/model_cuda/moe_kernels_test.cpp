@@ -716,7 +716,7 @@ Maps make_maps(int64_t T, int64_t E, int64_t k, std::string_view name) {
 // Token dropping against the CPU's capacity mask in Megatron's token order ([s, b] flattened, the
 // CPU's pairs gathered position by position): random routing over 16 experts, probs with many
 // exact ties (eighths), both policies, capacities from none kept to all kept, 4 sequences of 125
-// and one of 500 (where the two orders agree).
+// and one of 500 (where the two orders agree); then by tensor parallelism's shares.
 TEST_F(CudaMoe, CapacityDropMatchesCpu) {
   for (const int64_t s : {int64_t{125}, int64_t{500}}) {
     SCOPED_TRACE("s = " + std::to_string(s));
@@ -769,6 +769,33 @@ void CudaMoe::capacity_drop_matches_cpu(int64_t s) {
         bad += kept[i] != want_kept[i] || got[i] != want || masked[i] != want;
       }
       EXPECT_EQ(bad, 0u);
+    }
+  // Tensor parallelism's shares of the sequence (5 of 125 positions, 4 of 500), each dropping apart
+  // with its own tokens' capacity: against moe_capacity_mask_by_share.
+  const int64_t shares = s % 5 == 0 ? 5 : 4;
+  for (const bool by_position : {false, true})
+    for (const double f : {0.25, 1.0}) {
+      SCOPED_TRACE(std::to_string(shares) + " shares, factor " + std::to_string(f) +
+                   (by_position ? ", by position" : ", by probs"));
+      std::vector<uint8_t> want_kept(N);
+      cpu::moe_capacity_mask_by_share(idx.data(), probs.data(), b, s, shares, E, k, f, by_position, want_kept.data());
+      auto dprobs = to_device(probs);
+      auto dkept = poisoned<uint8_t>(N);
+      cuda::moe_capacity_drop(didx.as<int32_t>(), doff.as<int32_t>(), dsorted.as<int32_t>(), drows.as<int32_t>(),
+                              dprobs.as<float>(), T, s, k, cpu::moe_expert_capacity(T / shares, E, k, f), by_position,
+                              dkept.as<uint8_t>(), scratch.as<float>(), stream_, shares);
+      sync();
+      const auto kept = from_device<uint8_t>(dkept, N);
+      const auto got = from_device<float>(dprobs, N);
+      size_t bad = 0, dropped = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        bad += kept[i] != want_kept[i] || got[i] != (want_kept[i] ? probs[i] : 0.0f);
+        dropped += !want_kept[i];
+      }
+      EXPECT_EQ(bad, 0u);
+      if (f < 1.0) {
+        EXPECT_GT(dropped, 0u);  // the case drops something
+      }
     }
 }
 

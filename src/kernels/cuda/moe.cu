@@ -660,29 +660,35 @@ __global__ void moe_scatter_probs_kernel(const float* __restrict__ probs, const 
     permuted_probs[permuted_row[i]] = probs[i];
 }
 
-// One thread per (token, choice) pair: its rank among its expert's pairs, in Megatron's token
-// order (position-major: token t = batch * s + position sits at position * b + batch). An
-// expert's rows are in our token order, so with one sequence (b = 1) a row's place is its rank by
-// position.
+// One thread per (token, choice) pair: its rank among its expert's pairs of its share of the
+// sequence (positions share * s / shares ..), in Megatron's token order (position-major: token t =
+// batch * s + position sits at position * b + batch). An expert's rows are in our token order, so
+// with one sequence (b = 1) and one share a row's place is its rank by position.
 __global__ void moe_capacity_kernel(const int32_t* __restrict__ topk_idx, const int32_t* __restrict__ offsets,
                                     const int32_t* __restrict__ sorted_token, const int32_t* __restrict__ permuted_row,
                                     const float* __restrict__ permuted_probs, float* __restrict__ probs, int64_t n,
-                                    int k, int s, int b, int64_t capacity, bool by_position,
+                                    int k, int s, int b, int shares, int64_t capacity, bool by_position,
                                     uint8_t* __restrict__ kept) {
   auto order = [s, b](int t) { return (t % s) * b + t / s; };
+  const int width = s / shares;
+  auto share = [s, width](int t) { return (t % s) / width; };
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int e = topk_idx[i], r = permuted_row[i], begin = offsets[e], me = order(int(i / k));
+    const int t = int(i / k), e = topk_idx[i], r = permuted_row[i], begin = offsets[e], me = order(t), mine = share(t);
     int64_t rank = r - begin;
     if (!by_position) {
       const float p = permuted_probs[r];
       rank = 0;
       for (int q = begin, end = offsets[e + 1]; q < end && rank < capacity; ++q) {
+        const int u = sorted_token[q];
         const float o = permuted_probs[q];
-        rank += o > p || (o == p && order(sorted_token[q]) < me);
+        rank += share(u) == mine && (o > p || (o == p && order(u) < me));
       }
-    } else if (b > 1) {
+    } else if (b > 1 || shares > 1) {
       rank = 0;
-      for (int q = begin, end = offsets[e + 1]; q < end && rank < capacity; ++q) rank += order(sorted_token[q]) < me;
+      for (int q = begin, end = offsets[e + 1]; q < end && rank < capacity; ++q) {
+        const int u = sorted_token[q];
+        rank += share(u) == mine && order(u) < me;
+      }
     }
     const bool keep = rank < capacity;
     kept[i] = keep ? 1 : 0;
@@ -1040,17 +1046,21 @@ void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, 
 
 void moe_capacity_drop(const int32_t* topk_idx, const int32_t* offsets, const int32_t* sorted_token,
                        const int32_t* permuted_row, float* topk_probs, int64_t T, int64_t s, int64_t k,
-                       int64_t capacity, bool by_position, uint8_t* kept, float* scratch, cudaStream_t stream) {
+                       int64_t capacity, bool by_position, uint8_t* kept, float* scratch, cudaStream_t stream,
+                       int64_t shares) {
   const int64_t n = T * k;
   if (capacity < 0 || n >= (int64_t{1} << 31)) throw Error("moe_capacity_drop: a negative capacity or too many pairs");
   if (n <= 0) return;
   if (k < 1 || s < 1 || T % s != 0)
     throw Error("moe_capacity_drop: " + std::to_string(T) + " tokens are not whole sequences of " + std::to_string(s));
+  if (shares < 1 || s % shares != 0)
+    throw Error("moe_capacity_drop: " + std::to_string(shares) + " shares do not divide a sequence of " +
+                std::to_string(s));
   moe_scatter_probs_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_probs, permuted_row, scratch, n);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   moe_capacity_kernel<<<blocks_for(n), kThreads, 0, stream>>>(topk_idx, offsets, sorted_token, permuted_row, scratch,
-                                                               topk_probs, n, int(k), int(s), int(T / s), capacity,
-                                                               by_position, kept);
+                                                               topk_probs, n, int(k), int(s), int(T / s),
+                                                               int(shares), capacity, by_position, kept);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

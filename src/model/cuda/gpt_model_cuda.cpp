@@ -39,8 +39,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
-  if (c.moe.num_experts > 0 && c.moe.capacity_factor && c.moe.tensor_parallel > 1)
-    missing.push_back("Mixture-of-Experts token dropping (--moe-expert-capacity-factor) with tensor parallelism");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be the TP
   // group itself or absent (the norms sum the experts over the TP group).
   if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && !c.moe.experts_split_by_tp() &&
@@ -269,10 +267,11 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   if (c.moe.num_experts > 0) {
     // Under TP (with SP) the layers see the whole sequence and hold their share of every expert
     // (under EP too: of every expert of this EP rank; the EP group gathers the ranks' sequences).
-    // Whole experts under TP: only this rank's share of each sequence goes to them.
-    MoeTokenShare share;
-    if (folded_) share = {tp_rank_, tp_size_};
-    moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_, share);
+    // Under TP: token dropping within each rank's share of the sequence; whole experts take only
+    // this rank's share's pairs.
+    MoeSequenceShares shares;
+    if (tensor_parallel()) shares = {tp_rank_, tp_size_, folded_};
+    moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_, shares);
   }
   Carver measure;
   carve(measure);

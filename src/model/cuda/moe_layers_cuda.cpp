@@ -20,8 +20,8 @@ namespace laoyao::model {
 namespace kc = laoyao::kernels::cuda;
 
 CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep,
-                             MoeTokenShare share)
-    : cfg_(cfg), share_(share) {
+                             MoeSequenceShares shares)
+    : cfg_(cfg), shares_(shares) {
   const MoeConfig& m = cfg.moe;
   E_ = m.num_experts, k_ = m.topk, H_ = cfg.hidden, F_ = m.ffn, Fs_ = m.shared_ffn;
   if (ep && ep->size() > 1) ep_ = ep, P_ = ep->size(), me_ = ep->rank(), gather_ = m.allgather_dispatcher;
@@ -32,12 +32,11 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     throw UsageError(std::to_string(E_) + " experts do not split over " + std::to_string(P_) +
                      " expert-parallel ranks (--num-experts must be a multiple of --expert-model-parallel-size)");
   El_ = E_ / P_;
-  const bool shared_out = share_.ranks > 1;  // whole experts under TP: only the share's pairs get rows
-  if (shared_out && (seq_length % share_.ranks != 0 || share_.rank < 0 || share_.rank >= share_.ranks))
-    throw Error("CudaMoeLayers: share " + std::to_string(share_.rank) + " of " + std::to_string(share_.ranks) +
+  if (shares_.ranks < 1 || seq_length % shares_.ranks != 0 || shares_.rank < 0 || shares_.rank >= shares_.ranks)
+    throw Error("CudaMoeLayers: share " + std::to_string(shares_.rank) + " of " + std::to_string(shares_.ranks) +
                 " of a sequence of " + std::to_string(seq_length));
-  if (shared_out && m.capacity_factor)
-    throw UsageError("the CUDA backend drops no tokens (--moe-expert-capacity-factor) under tensor parallelism");
+  // Whole experts under TP: only this rank's share's pairs get rows.
+  const bool shared_out = shares_.whole_experts && shares_.ranks > 1;
   const bool swiglu = cfg.activation == Activation::SwiGLU;
   F1_ = swiglu ? 2 * F_ : F_;
   Fs1_ = swiglu ? 2 * Fs_ : Fs_;
@@ -437,17 +436,25 @@ void CudaMoeLayers::forward(int64_t l, const Context& ctx, const bf16* x, bf16* 
     kc::moe_aux_losses_forward(S.scores, S.lse, S.aux_idx ? S.aux_idx : S.topk_idx, aux_counts, T, router_, losses_,
                                S.stats, count_losses ? train_sums_ : discard_sums_, st, global_mean);
   if (S.share_idx)  // whole experts under TP: this rank's share's pairs only
-    kc::moe_share_choices(S.topk_idx, T, losses_.seq_length, k_, E_, share_.rank, share_.ranks, S.share_idx,
+    kc::moe_share_choices(S.topk_idx, T, losses_.seq_length, k_, E_, shares_.rank, shares_.ranks, S.share_idx,
                           S.share_counts, st);
   phases_.mark(kRouter, st);
-  if (gather_ && !cfg_.moe.capacity_factor) return gathered_forward(S, ctx, x, y, T, residual);
+  const auto& f = cfg_.moe.capacity_factor;
+  if (gather_ && !f) return gathered_forward(S, ctx, x, y, T, residual);
   // Dispatch, the experts (grouped by the device-side offsets), combine with the shared expert.
-  kc::moe_permutation(S.dispatch_idx(), S.dispatch_counts(), T, E_, k_, S.offsets, S.sorted_token, S.permuted_row,
-                      perm_scratch_, st);
-  if (const auto& f = cfg_.moe.capacity_factor)  // dropped pairs keep their rows but weigh nothing
+  // Token dropping ranks every pair of each share (a permutation of them all); dropped pairs keep
+  // their rows but weigh nothing. Whole experts under TP then dispatch their share's pairs.
+  if (f || !S.share_idx)
+    kc::moe_permutation(S.topk_idx, S.counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row, perm_scratch_, st);
+  if (f) {
+    const int64_t share_tokens = T / shares_.ranks;
     kc::moe_capacity_drop(S.topk_idx, S.offsets, S.sorted_token, S.permuted_row, S.probs, T, losses_.seq_length, k_,
-                          kernels::cpu::moe_expert_capacity(T, E_, k_, *f), cfg_.moe.drop_by_position, S.kept,
-                          permuted_probs_, st);
+                          kernels::cpu::moe_expert_capacity(share_tokens, E_, k_, *f), cfg_.moe.drop_by_position,
+                          S.kept, permuted_probs_, st, shares_.ranks);
+  }
+  if (S.share_idx)
+    kc::moe_permutation(S.share_idx, S.share_counts, T, E_, k_, S.offsets, S.sorted_token, S.permuted_row,
+                        perm_scratch_, st);
   if (gather_) return gathered_forward(S, ctx, x, y, T, residual);  // the dropped pairs' probs are 0 now
   bf16* permuted_x = ep_ ? permuted_x_ : S.permuted_x;
   // Only a share's pairs: their rows end at offsets[E] (on the device), N bounding them.

@@ -51,10 +51,13 @@
 
 namespace laoyao::model {
 
-// Whole experts under TP: the share (rank of ranks) of each sequence whose pairs go to this rank's
-// experts; {0, 1}: every token's.
-struct MoeTokenShare {
+// Under tensor parallelism (sequence parallel) each TP rank's share of every sequence (rank of
+// ranks; {0, 1}: one rank): token dropping ranks the pairs within each share, as Megatron's
+// router sees only its rank's share; with whole_experts (expert TP size 1) only this rank's
+// share's pairs go to its experts.
+struct MoeSequenceShares {
   int64_t rank = 0, ranks = 1;
+  bool whole_experts = false;
 };
 
 class CudaMoeLayers {
@@ -64,9 +67,9 @@ class CudaMoeLayers {
   // that are not multiples of 8).
   // ep: the expert-parallel group (null or one rank: every expert here); cfg is this rank's config
   // (moe.expert_parallel = the group's size, its parameter table holding its experts only).
-  // share: whole experts under TP, this rank's share of each sequence (MoeTokenShare).
+  // shares: under TP, this rank's share of each sequence (MoeSequenceShares).
   CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t seq_length, dist::ProcessGroup* ep = nullptr,
-                MoeTokenShare share = {});
+                MoeSequenceShares shares = {});
   CudaMoeLayers(const CudaMoeLayers&) = delete;
   CudaMoeLayers& operator=(const CudaMoeLayers&) = delete;
 
@@ -222,7 +225,7 @@ class CudaMoeLayers {
   dist::ProcessGroup* ep_ = nullptr;       // the expert-parallel group (null: EP = 1)
   bool gather_ = false;                    // EP with the all-gather dispatcher (no host synchronisation)
   int64_t P_ = 1, me_ = 0, El_ = 0;        // its size, this rank's place, experts per rank
-  MoeTokenShare share_;                      // whole experts under TP: this rank's share of each sequence
+  MoeSequenceShares shares_;                 // under TP: this rank's share of each sequence
   std::vector<int64_t> slot_;              // layer -> index into saved (-1: dense layer)
   std::vector<Saved> saved_layers_;
   kernels::cuda::DeviceBuffer saved_, scratch_, sums_, zero_bias_;
