@@ -115,16 +115,15 @@ void moe_permutation(const int32_t* topk_idx, const int32_t* tokens_per_expert, 
                      cudaStream_t stream);
 
 // Token dropping (--moe-expert-capacity-factor; kernels/cpu/moe.hpp's moe_capacity_mask_by_share,
-// the same choices): from the permutation of topk_idx (offsets, sorted_token,
-// permuted_row), kept[T, k] = 1 for the pairs each expert keeps (at most `capacity`: the largest
-// probs, ties to the earlier token, or the earliest tokens when by_position), and the dropped
-// pairs' topk_probs set to 0 in place. "Earlier" is in Megatron's token order: its router sees the
-// [s, b] hidden states flattened, position by position, where our T = b s tokens are batch-major
-// (t = batch * s + position); s must divide T. scratch: T*k floats. Each pair counts the pairs of
-// its expert before it: O(sum of squared expert loads), fine for the loads of a micro-batch.
-// shares > 1 (tensor parallelism's shares of the sequence, kernels/cpu/moe.hpp's
-// moe_capacity_mask_by_share): pairs compete only within their share (positions share * s /
-// shares ..), each share's experts keeping at most `capacity` (its tokens' capacity).
+// the same choices): from the permutation of topk_idx (offsets, sorted_token, permuted_row),
+// kept[T, k] = 1 for the pairs each expert keeps (at most `capacity`: the largest probs, ties to
+// the earlier token, or the earliest tokens when by_position), and the dropped pairs' topk_probs
+// set to 0 in place. "Earlier" is in Megatron's token order: its router sees the [s, b] hidden
+// states flattened, position by position, where our T = b s tokens are batch-major (t = batch * s
+// + position); s must divide T. scratch: T*k floats. Each pair counts the pairs of its expert
+// before it: O(sum of squared expert loads), fine for the loads of a micro-batch. shares > 1
+// (tensor parallelism's shares of the sequence): pairs compete only within their share (positions
+// share * s / shares ..), each share's experts keeping at most `capacity` (its tokens' capacity).
 void moe_capacity_drop(const int32_t* topk_idx, const int32_t* offsets, const int32_t* sorted_token,
                        const int32_t* permuted_row, float* topk_probs, int64_t T, int64_t s, int64_t k,
                        int64_t capacity, bool by_position, uint8_t* kept, float* scratch, cudaStream_t stream,
