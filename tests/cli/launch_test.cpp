@@ -283,8 +283,10 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
 // EP=2 on 4 (each rank's two experts split over its TP pair), with and without the distributed
 // optimizer. With whole experts (--expert-tensor-parallel-size 1, the EP groups folded across the
 // TP ranks): without EP on 2 ranks and on 4 (DP=2, the distributed optimizer), EP=2 on 2 and 4
-// ranks, EP=4 on 4. Each prints the single rank's losses and load-balancing losses; checkpoints
-// saved at TP=2, at TP=2 x EP=2 and with whole experts resume on one rank. Without sequence
+// ranks (on 4 with and without the distributed optimizer, which then shards the experts over the
+// data-parallel pairs holding the same ones), EP=4 on 4. Each prints the single rank's losses and
+// load-balancing losses; checkpoints saved at TP=2, at TP=2 x EP=2 and with whole experts (EP=2 on
+// 4, the distributed optimizer) resume on one rank. Without sequence
 // parallelism the run is refused as Megatron-Core's MoELayer refuses it, before anything is written.
 TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp_moe");
@@ -318,6 +320,9 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
       {"4", {"--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}},
       {"2", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
       {"4", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}},
+      // (EP = TP: the ranks holding the same experts are the data-parallel pairs, which shard them.)
+      {"4",
+       {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}},
       {"4",
        {"--expert-model-parallel-size", "4", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}}};
   for (const auto& [n, flags] : layouts) {
@@ -342,7 +347,8 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::vector<std::pair<const char*, std::vector<std::string>>> saves = {
       {"2", {}},
       {"4", {"--expert-model-parallel-size", "2", "--use-distributed-optimizer"}},
-      {"4", {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}}};
+      {"4",
+       {"--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}}};
   int saved_runs = 0;
   for (const auto& [n, flags] : saves) {
     const std::string ckpt = dir + "/ckpt" + std::to_string(saved_runs++);
