@@ -33,11 +33,12 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
   // Whole experts under tensor parallelism (expert TP size 1): the expert-parallel group is folded
   // across the TP ranks, and the ranks holding the same experts (across TP and DP) sum their
   // gradients in finalize_grads, not the trainer (whose data-parallel reduction follows). Without
-  // expert parallelism every TP rank holds all the experts. With an EP group that is the TP group,
-  // those ranks are the data-parallel group: the trainer's expert data-parallel reduction serves,
-  // as it does for split experts (the CUDA engine's, whose model sums nothing over other groups).
+  // expert parallelism every TP rank holds all the experts. With EP a multiple of TP (an EP group
+  // of whole TP groups) those ranks lie across the data-parallel ranks: the trainer's expert
+  // data-parallel reduction serves, as it does for split experts (and the CUDA engine's, whose
+  // model sums nothing over other groups).
   folded_ = cfg.moe.num_experts > 0 && tp_size_ > 1 && !cfg.moe.experts_split_by_tp();
-  if (folded_ && ep_size_ != tp_size_) {
+  if (folded_ && ep_size_ % tp_size_ != 0) {
     folded_edp_ = expert_dp_;
     expert_dp_ = nullptr;
   }

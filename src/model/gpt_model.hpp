@@ -75,7 +75,7 @@ class GptModel {
   int64_t ep_size() const { return ep_size_; }
   int64_t ep_rank() const { return ep_rank_; }
   // (Null with whole experts under tensor parallelism, finalize_grads summing their gradients,
-  // unless the EP group is the TP group.)
+  // unless EP is a multiple of TP.)
   dist::ProcessGroup* expert_dp_group() const { return expert_dp_; }
   bool experts_folded() const { return folded_; }
   const std::vector<std::pair<int64_t, int64_t>>& routed_expert_ranges() const { return routed_ranges_; }
@@ -178,8 +178,8 @@ class GptModel {
   int64_t ep_size_ = 1, ep_rank_ = 0;
   // Whole experts under tensor parallelism (moe.expert_tensor_parallel 1): the ranks holding the
   // same experts under expert parallelism, summed over in finalize_grads (expert_dp_ is then null;
-  // without EP finalize_grads sums them over the TP group), unless the EP group is the TP group
-  // (then they are the data-parallel group, expert_dp_ as without folding).
+  // without EP finalize_grads sums them over the TP group), unless EP is a multiple of TP (then
+  // they lie across the data-parallel ranks: expert_dp_ as without folding).
   bool folded_ = false;
   dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)

@@ -207,7 +207,7 @@ using RunRanks = std::function<std::vector<std::string>(const RankGroups&)>;
 // micro-batch each TP pair, reduced over the data-parallel pairs (with or without the
 // distributed optimizer), then the gradient norm. dp_same_experts: the data-parallel pairs are
 // the ranks holding the same experts (whole experts under TP), the host model's expert_dp_group.
-EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, bool dist_opt, bool dp_same_experts,
+EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep, bool dist_opt, bool dp_same_experts,
                             const RunRanks& run_ranks) {
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
@@ -219,7 +219,7 @@ EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, bool dist_opt, bo
   }
   out.whole = std::sqrt(out.whole);
   GptConfig local_cfg = c;
-  local_cfg.moe.expert_parallel = kEp;
+  local_cfg.moe.expert_parallel = ep;
   out.ranks.assign(kRanks, 0.0);
   const std::vector<std::string> errors = run_ranks([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
                                                         SharedDeviceGroup& dp) {
@@ -266,7 +266,7 @@ void expect_whole_norms(const EngineNorms& plain, const EngineNorms& sharded) {
 }
 
 EngineNorms engine_norms(bool dist_opt) {
-  return engine_norms_on(tp_ep_config(true), 11, dist_opt, false,
+  return engine_norms_on(tp_ep_config(true), 11, kEp, dist_opt, false,
                          [](const RankGroups& fn) { return Meetings().run(fn); });
 }
 
@@ -304,29 +304,28 @@ GptConfig whole_experts_config(bool allgather, bool drop = false) {
   return c;
 }
 
-// The ranks of the whole-experts layouts: TP pairs (0, 1) and (2, 3); with EP the EP group is the
-// TP pair (folded); the ranks of the same TP place, (0, 2) and (1, 3), are the data-parallel pairs
-// and with EP the ranks holding the same experts (one meeting serves both).
+// The ranks of the whole-experts layouts: TP pairs (0, 1) and (2, 3); the EP groups folded across
+// them, ep consecutive ranks (the TP pair, or all four); the ranks of the same TP place, (0, 2) and
+// (1, 3), are the data-parallel pairs, and with EP = TP the ranks holding the same experts (one
+// meeting serves both).
 struct WholeExpertsRanks {
-  int ranks, pairs;
+  int ranks, pairs, ep_size;
   std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp, ep, dp;
-  explicit WholeExpertsRanks(int n) : ranks(n), pairs(n / kTp) {
+  WholeExpertsRanks(int n, int ep_ranks) : ranks(n), pairs(n / kTp), ep_size(ep_ranks) {
     using M = SharedDeviceGroup::Meeting;
-    for (int e = 0; e < pairs; ++e) {
-      tp.push_back(std::make_shared<M>(kTp, "tp group " + std::to_string(e)));
-      ep.push_back(std::make_shared<M>(kTp, "ep group " + std::to_string(e)));
-    }
+    for (int e = 0; e < pairs; ++e) tp.push_back(std::make_shared<M>(kTp, "tp group " + std::to_string(e)));
+    for (int g = 0; g < n / ep_size; ++g) ep.push_back(std::make_shared<M>(ep_size, "ep group " + std::to_string(g)));
     for (int t = 0; t < kTp; ++t) dp.push_back(std::make_shared<M>(pairs, "dp group " + std::to_string(t)));
   }
   // fn(rank, tp, ep, dp); a rank that fails lets the others give up.
   std::vector<std::string> run(const RankGroups& fn) {
     return run_on_shared_gpu(ranks, [&](int r, SharedDeviceGroup&) {
-      const int t = r % kTp, e = r / kTp;
-      SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[e], t), dp_group(dp[t], e);
+      const int t = r % kTp, e = r / kTp, g = r / ep_size;
+      SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[g], r % ep_size), dp_group(dp[t], e);
       try {
         fn(r, tp_group, ep_group, dp_group);
       } catch (...) {
-        tp[e]->break_off(), ep[e]->break_off(), dp[t]->break_off();
+        tp[e]->break_off(), ep[g]->break_off(), dp[t]->break_off();
         throw;
       }
     });
@@ -337,10 +336,23 @@ void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false)
   const GptConfig c = whole_experts_config(allgather, drop);
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
-  WholeExpertsRanks layout(ranks);
+  WholeExpertsRanks layout(ranks, std::max(ep, kTp));
   const int pairs = layout.pairs;
   std::vector<CpuRun> runs;
   for (int e = 0; e < pairs; ++e) runs.push_back(run_cpu(cpu, 21 + e));
+  // An EP group of several TP pairs: its experts saw every pair's batch.
+  const bool experts_summed = ep > kTp;
+  std::vector<float> whole_sum(runs[0].grads.size(), 0.0f);
+  for (const CpuRun& run : runs)
+    for (size_t i = 0; i < whole_sum.size(); ++i) whole_sum[i] += run.grads[i];
+  std::vector<std::vector<float>> whole_expected;
+  for (int e = 0; e < pairs; ++e) {
+    whole_expected.push_back(runs[e].grads);
+    if (experts_summed)
+      for (const auto& p : cpu.table().specs)
+        if (is_routed_expert(p.name))
+          std::copy_n(whole_sum.begin() + p.offset, p.numel, whole_expected[e].begin() + p.offset);
+  }
   GptConfig local_cfg = c;
   local_cfg.moe.expert_parallel = ep;
 
@@ -354,7 +366,7 @@ void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false)
     train::keep_part(cpu.table(), cpu.weights(), local, w.data());
     RankResult& o = out[r];
     o.expected.resize(w.size());
-    train::keep_part(cpu.table(), runs[e].grads.data(), local, o.expected.data());
+    train::keep_part(cpu.table(), whole_expected[e].data(), local, o.expected.data());
     run_gpu_rank(local_cfg, runs[e].x, w, &tp, ep_group, o);
   });
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
@@ -362,24 +374,28 @@ void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false)
 
   const ParameterTable table = build_gpt_parameters(tp_local_config(local_cfg, kTp)).table;
   expect_ranks_match(out, runs, table);
-  // Each TP pair's counted parameters' squares are its batch's whole model's once.
-  for (int e = 0; e < pairs; ++e) {
+  // The counted parameters' squares over each group the norms sum over (the TP pair, or the EP
+  // group of several) are its model's once: the first pair's batch's, and the experts' as held.
+  const int group = std::max(ep, kTp);
+  for (int g = 0; g < ranks / group; ++g) {
+    const std::vector<float>& first = whole_expected[g * group / kTp];
     double whole = 0, counted = 0;
-    for (float g : runs[e].grads) whole += double(g) * g;
-    for (int r = e * kTp; r < (e + 1) * kTp; ++r)
+    for (float v : first) whole += double(v) * v;
+    for (int r = g * group; r < (g + 1) * group; ++r)
       for (size_t k = 0; k < table.specs.size(); ++k)
         if (out[r].counted[k])
           for (int64_t i = table.specs[k].offset; i < table.specs[k].offset + table.specs[k].numel; ++i)
             counted += double(out[r].expected[i]) * out[r].expected[i];
-    EXPECT_NEAR(counted, whole, 1e-9 * whole) << "TP pair " << e;
+    EXPECT_NEAR(counted, whole, 1e-9 * whole) << "group " << g;
   }
 }
 
-// The CUDA engine on four ranks with whole experts (TP=2 x EP=2 x DP=2): the data-parallel pairs
-// hold the same experts.
-EngineNorms whole_experts_engine_norms(bool dist_opt) {
-  return engine_norms_on(whole_experts_config(true), 21, dist_opt, true,
-                         [](const RankGroups& fn) { return WholeExpertsRanks(kRanks).run(fn); });
+// The CUDA engine on four ranks with whole experts, TP=2 x EP=2 x DP=2 (the data-parallel pairs
+// hold the same experts) or TP=2 x EP=4 x DP=2 (every rank its own experts).
+EngineNorms whole_experts_engine_norms(int ep, bool dist_opt) {
+  GptConfig c = whole_experts_config(true);
+  return engine_norms_on(c, 21, ep, dist_opt, ep == kTp,
+                         [ep](const RankGroups& fn) { return WholeExpertsRanks(kRanks, ep).run(fn); });
 }
 
 }  // namespace
@@ -413,8 +429,19 @@ TEST(CudaGptModelTpEp, WholeExpertsUnderTensorParallelismMatchCpuModel) {
     SCOPED_TRACE("TP=2, token dropping by share");
     compare_whole_experts(2, 1, false, true);
   }
+  {
+    SCOPED_TRACE("TP=2 x EP=4 on four ranks (an EP group of both TP pairs), all-to-all dispatcher");
+    compare_whole_experts(4, 4, false);
+  }
+  {
+    SCOPED_TRACE("TP=2 x EP=4 on four ranks, all-gather dispatcher");
+    compare_whole_experts(4, 4, true);
+  }
 }
 
 TEST(CudaGptModelTpEp, WholeExpertsEngineGradientNormIsTheWholeModels) {
-  expect_whole_norms(whole_experts_engine_norms(false), whole_experts_engine_norms(true));
+  for (const int ep : {kTp, 2 * kTp}) {
+    SCOPED_TRACE("EP=" + std::to_string(ep));
+    expect_whole_norms(whole_experts_engine_norms(ep, false), whole_experts_engine_norms(ep, true));
+  }
 }

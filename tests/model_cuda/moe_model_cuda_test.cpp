@@ -405,12 +405,14 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig tp_capacity = tp_ep;  // and with tensor parallelism (each rank's share of the sequence drops apart)
   tp_capacity.moe.capacity_factor = 1.0;
   EXPECT_EQ(cuda_unsupported_features(tp_capacity), "");
-  GptConfig whole_experts = tp_ep;  // whole experts under TP (expert TP size 1): EP 1 or the TP size
+  GptConfig whole_experts = tp_ep;  // whole experts under TP (expert TP size 1): EP 1 or a multiple of TP
   whole_experts.moe.expert_tensor_parallel = 1;
   EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
   whole_experts.moe.expert_parallel = 1;
   EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
-  whole_experts.moe.expert_parallel = 4;  // an EP group across TP groups: refused by name
+  whole_experts.moe.expert_parallel = 4;
+  EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
+  whole_experts.moe.tensor_parallel = 4, whole_experts.moe.expert_parallel = 2;  // EP inside a TP group: refused
   EXPECT_NE(cuda_unsupported_features(whole_experts).find("whole experts under tensor parallelism"),
             std::string::npos);
   GptConfig global = c;

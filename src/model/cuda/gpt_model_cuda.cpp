@@ -39,13 +39,13 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
-  // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be the TP
-  // group itself or absent (the norms sum the experts over the TP group).
+  // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
+  // groups or absent (the norms sum over the EP group, whose first TP group counts the rest).
   if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && !c.moe.experts_split_by_tp() &&
-      c.moe.expert_parallel > 1 && c.moe.expert_parallel != c.moe.tensor_parallel)
+      c.moe.expert_parallel > 1 && c.moe.expert_parallel % c.moe.tensor_parallel != 0)
     missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size "
-                      "1) and an expert-parallel size (" + std::to_string(c.moe.expert_parallel) + ") other than 1 "
-                      "or the tensor-parallel size (" + std::to_string(c.moe.tensor_parallel) + ")");
+                      "1) and an expert-parallel size (" + std::to_string(c.moe.expert_parallel) + ") that is not "
+                      "1 or a multiple of the tensor-parallel size (" + std::to_string(c.moe.tensor_parallel) + ")");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -142,9 +142,14 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
   // (A config and group of different EP sizes are refused by the MoE layers below.) Whole experts
-  // under TP with EP: the EP group is the TP group (cuda_unsupported_features), summed once.
-  if (tensor_parallel()) split_groups_.push_back(tp_);
-  if (ep_ && !folded_) split_groups_.push_back(ep_);
+  // under TP with EP: the EP group is made of whole TP groups (cuda_unsupported_features), the
+  // only sum (counts: the first TP group of it counts the rest of the model).
+  if (folded_ && ep_) {
+    split_groups_.push_back(ep_);
+  } else {
+    if (tensor_parallel()) split_groups_.push_back(tp_);
+    if (ep_) split_groups_.push_back(ep_);
+  }
   if (!split_groups_.empty() || layout_.table.has_buffers()) {
     std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
     for (const auto& p : layout_.table.specs)
@@ -311,8 +316,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
-    // Whole experts without EP: each rank's experts saw its share's rows (with EP, the EP group
-    // being the TP group, they saw every share's).
+    // Whole experts without EP: each rank's experts saw its share's rows (with EP, whose group is
+    // whole TP groups, they saw every share's).
     if (folded_ && !ep_)
       for (const auto& p : layout_.table.specs)
         if (is_routed_expert(p.name)) sum(p.offset, p.numel);
@@ -455,10 +460,16 @@ kc::DropoutSpec CudaGptModel::hidden_dropout(const std::string& stream) const {
 
 bool CudaGptModel::counts(const ParamSpec& p, bool across_ep) const {
   if (p.buffer) return false;
-  // Whole experts under TP with EP: the TP group's ranks hold distinct experts.
-  const bool own_experts = folded_ && ep_ && is_routed_expert(p.name);
-  const bool tp_share = tp_rank_ == 0 || own_experts || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
-  const bool ep_share = !across_ep || !ep_ || folded_ || ep_->rank() == 0 || is_routed_expert(p.name);
+  const bool routed = is_routed_expert(p.name);
+  if (folded_ && ep_) {
+    // Whole experts under TP with EP: every rank of the EP group holds its own experts; the rest
+    // is counted by the group's first TP group (EP ranks 0 .. TP - 1) by the TP rule.
+    if (routed) return true;
+    const bool tp_share = tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
+    return tp_share && (!across_ep || ep_->rank() < tp_size_);
+  }
+  const bool tp_share = tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
+  const bool ep_share = !across_ep || !ep_ || ep_->rank() == 0 || routed;
   return tp_share && ep_share;
 }
 

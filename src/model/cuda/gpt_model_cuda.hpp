@@ -63,9 +63,9 @@ class CudaGptModel {
   // ep: the expert-parallel group of an MoE model (cfg.moe.expert_parallel ranks; the table then
   // holds this rank's experts only, model/gpt_ep.hpp). With both, each rank holds its TP share of
   // its EP rank's experts (Megatron's expert tensor parallelism = TP).
-  // Whole experts under TP (expert TP size 1): the EP group, if any, must be the TP group's ranks
-  // (folded across them); the ranks holding the same experts are then the data-parallel group,
-  // whose expert reduction is the trainer's (GptModel::expert_dp_group).
+  // Whole experts under TP (expert TP size 1): the EP group, if any, must be whole TP groups
+  // (folded across them, EP a multiple of TP); the ranks holding the same experts then lie across
+  // the data-parallel ranks, whose expert reduction is the trainer's (GptModel::expert_dp_group).
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
                dist::ProcessGroup* ep = nullptr);
   ~CudaGptModel();
@@ -77,13 +77,15 @@ class CudaGptModel {
   const GptConfig& local_config() const { return lc_; }
   dist::ProcessGroup* tp_group() const { return tp_size_ > 1 ? tp_ : nullptr; }
   // The groups the model is split over (tensor parallelism, then expert parallelism; none when
-  // whole): the model's norms and zero counts are each rank's counted_flags() parameters summed
-  // over the first, then the second.
+  // whole; with whole experts under TP and EP the EP group alone, made of whole TP groups): the
+  // model's norms and zero counts are each rank's counted_flags() parameters summed over the
+  // first, then the second.
   const std::vector<dist::ProcessGroup*>& split_groups() const { return split_groups_; }
   // Whether this rank counts parameter p in the model's norms and zero counts: among its
   // tensor-parallel group a split tensor everywhere and a replicated one on TP rank 0; with
   // across_ep among its expert-parallel group too, a rank's experts everywhere and the rest on EP
-  // rank 0; a buffer (a router's expert_bias) nowhere.
+  // rank 0 (whole experts under TP: on the EP group's first TP group); a buffer (a router's
+  // expert_bias) nowhere.
   bool counts(const ParamSpec& p, bool across_ep) const;
   // One flag per parameter, counts(p, true); nullptr when whole and without buffers.
   const uint8_t* counted_flags() const { return counted_.bytes ? counted_.as<uint8_t>() : nullptr; }
