@@ -203,11 +203,12 @@ struct EngineNorms {
 using RankGroups = std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>;
 using RunRanks = std::function<std::vector<std::string>(const RankGroups&)>;
 
-// The CUDA engine on four ranks (run_ranks gives each its TP, EP and data-parallel groups), one
-// micro-batch each TP pair, reduced over the data-parallel pairs (with or without the
-// distributed optimizer), then the gradient norm. dp_same_experts: the data-parallel pairs are
-// the ranks holding the same experts (whole experts under TP), the host model's expert_dp_group.
-EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep, bool dist_opt, bool dp_same_experts,
+// The CUDA engine on four ranks (run_ranks gives each its TP, EP (of ep_size ranks) and
+// data-parallel groups), one micro-batch each TP pair, reduced over the data-parallel pairs (with
+// or without the distributed optimizer), then the gradient norm. dp_same_experts: the
+// data-parallel pairs are the ranks holding the same experts (whole experts under TP), the host
+// model's expert_dp_group.
+EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool dist_opt, bool dp_same_experts,
                             const RunRanks& run_ranks) {
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
@@ -219,7 +220,7 @@ EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep, bool dist
   }
   out.whole = std::sqrt(out.whole);
   GptConfig local_cfg = c;
-  local_cfg.moe.expert_parallel = ep;
+  local_cfg.moe.expert_parallel = ep_size;
   out.ranks.assign(kRanks, 0.0);
   const std::vector<std::string> errors = run_ranks([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
                                                         SharedDeviceGroup& dp) {
