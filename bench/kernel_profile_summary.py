@@ -53,7 +53,8 @@ def main():
     prof = read(sys.argv[1])
     steps = float(sys.argv[2])
     total = sum(t for _, t in prof.values())
-    print(f"kernels a step: {sum(n for n, _ in prof.values()) / steps:.0f}, GPU time a step: {total / steps / 1e6:.3f} ms")
+    kernels = sum(n for n, _ in prof.values())
+    print(f"kernels a step: {kernels / steps:.0f}, GPU time a step: {total / steps / 1e6:.3f} ms")
     by_kind = collections.defaultdict(float)
     for (name, _, _), (_, t) in prof.items():
         by_kind[kind(name)] += t
