@@ -31,12 +31,12 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     ep_size_ = ep_->size(), ep_rank_ = ep_->rank();
   }
   // Whole experts under tensor parallelism (expert TP size 1): the expert-parallel group is folded
-  // across the TP ranks, and the ranks holding the same experts (across TP and DP) sum their
-  // gradients in finalize_grads, not the trainer (whose data-parallel reduction follows). Without
-  // expert parallelism every TP rank holds all the experts. With EP a multiple of TP (an EP group
-  // of whole TP groups) those ranks lie across the data-parallel ranks: the trainer's expert
-  // data-parallel reduction serves, as it does for split experts (and the CUDA engine's, whose
-  // model sums nothing over other groups).
+  // across the TP ranks. Who sums the gradients of the ranks holding the same experts:
+  // - EP a multiple of TP (each EP group whole TP groups): those ranks lie across the data-parallel
+  //   ranks, so the trainer's expert data-parallel reduction does, as for split experts;
+  // - otherwise (an EP group inside a TP group) they may share a TP group: finalize_grads does,
+  //   over folded_edp_, and the trainer only scales; without EP every TP rank holds every expert
+  //   and finalize_grads sums them over the TP group.
   folded_ = cfg.moe.num_experts > 0 && tp_size_ > 1 && !cfg.moe.experts_split_by_tp();
   if (folded_ && ep_size_ % tp_size_ != 0) {
     folded_edp_ = expert_dp_;
@@ -419,9 +419,9 @@ void GptModel::finalize_grads() {
   // gradient): summed, as Megatron all-reduces the sequence-parallel router over the group.
   for (const auto& L : layers_)
     if (L.router_w >= 0) tp_->all_reduce_sum(G(L.router_w), static_cast<size_t>(cfg_.moe.num_experts * lc_.hidden));
-  // Whole experts: each rank's experts saw its share's rows (and its expert-parallel group's); the ranks
-  // holding the same experts sum them, as Megatron's expert data-parallel reduction does. Without
-  // expert parallelism those are the TP ranks here and the data-parallel ones in the trainer.
+  // Whole experts (see the constructor): each rank's experts saw its share's rows (and its
+  // expert-parallel group's); here the ranks holding the same experts sum them where the trainer
+  // does not: over folded_edp_ with EP, over the TP group without.
   if (dist::ProcessGroup* same_experts = ep_size_ > 1 ? folded_edp_ : folded_ ? tp_ : nullptr)
     for (const auto& [offset, count] : routed_ranges_)
       same_experts->all_reduce_sum(G(offset), static_cast<size_t>(count));

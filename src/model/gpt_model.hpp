@@ -176,10 +176,9 @@ class GptModel {
   int64_t tp_size_ = 1, tp_rank_ = 0;
   dist::ProcessGroup *ep_ = nullptr, *expert_dp_ = nullptr;
   int64_t ep_size_ = 1, ep_rank_ = 0;
-  // Whole experts under tensor parallelism (moe.expert_tensor_parallel 1): the ranks holding the
-  // same experts under expert parallelism, summed over in finalize_grads (expert_dp_ is then null;
-  // without EP finalize_grads sums them over the TP group), unless EP is a multiple of TP (then
-  // they lie across the data-parallel ranks: expert_dp_ as without folding).
+  // Whole experts under tensor parallelism (moe.expert_tensor_parallel 1); folded_edp_: with an EP
+  // group inside a TP group, the ranks holding the same experts, which finalize_grads sums over
+  // (expert_dp_ is then null). With EP a multiple of TP, expert_dp_ serves as without folding.
   bool folded_ = false;
   dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
