@@ -26,42 +26,53 @@ __global__ void moe_ep_source_offsets_kernel(const int32_t* __restrict__ counts,
 
 constexpr int kLocalThreads = 256;
 
-// A block's pairs, counted in shared memory, then one atomic add per local expert.
-__global__ void moe_ep_local_choices_kernel(const int32_t* __restrict__ idx_g, int64_t n, int e0, int El,
-                                            int32_t* __restrict__ idx_l, int32_t* __restrict__ counts_l) {
+// The pairs a rule keeps, renumbered (-1 for the others), counted in shared memory per bucket, then
+// one atomic add per bucket: keep(i, e) gives pair i's bucket, or -1 to drop it.
+template <class Keep>
+__global__ void keep_and_count_kernel(const int32_t* __restrict__ idx, int64_t n, int buckets, Keep keep,
+                                      int32_t* __restrict__ kept, int32_t* __restrict__ counts) {
   __shared__ int hist[kMoeMaxExperts];
-  for (int e = threadIdx.x; e < El; e += blockDim.x) hist[e] = 0;
+  for (int e = threadIdx.x; e < buckets; e += blockDim.x) hist[e] = 0;
   __syncthreads();
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int e = idx_g[i] - e0;
-    const bool here = e >= 0 && e < El;
-    idx_l[i] = here ? e : -1;
-    if (here) atomicAdd(&hist[e], 1);
+    const int e = keep(i, idx[i]);
+    kept[i] = e;
+    if (e >= 0) atomicAdd(&hist[e], 1);
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < El; e += blockDim.x)
-    if (hist[e] > 0) atomicAdd(&counts_l[e], hist[e]);
+  for (int e = threadIdx.x; e < buckets; e += blockDim.x)
+    if (hist[e] > 0) atomicAdd(&counts[e], hist[e]);
 }
 
-// The same count for the pairs of one share of each sequence (moe_share_choices).
-__global__ void moe_share_choices_kernel(const int32_t* __restrict__ idx, int64_t n, int k, int64_t s, int64_t first,
-                                         int64_t width, int E, int32_t* __restrict__ idx_share,
-                                         int32_t* __restrict__ counts) {
-  __shared__ int hist[kMoeMaxExperts];
-  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
-  __syncthreads();
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t position = (i / k) % s;
-    const bool mine = position >= first && position < first + width;
-    const int e = idx[i];
-    idx_share[i] = mine ? e : -1;
-    if (mine && e >= 0) atomicAdd(&hist[e], 1);
+// This rank's experts e0 .. e0 + El - 1, numbered from 0 (moe_ep_local_choices).
+struct LocalExperts {
+  int e0, El;
+  __device__ int operator()(int64_t, int32_t global) const {
+    const int e = global - e0;
+    return e >= 0 && e < El ? e : -1;
   }
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    if (hist[e] > 0) atomicAdd(&counts[e], hist[e]);
+};
+
+// The pairs of positions first .. first + width - 1 of each sequence of s tokens, k pairs a token
+// (moe_share_choices).
+struct ShareOfSequence {
+  int k;
+  int64_t s, first, width;
+  __device__ int operator()(int64_t i, int32_t e) const {
+    const int64_t position = (i / k) % s;
+    return position >= first && position < first + width ? e : -1;
+  }
+};
+
+template <class Keep>
+void keep_and_count(const int32_t* idx, int64_t n, int64_t buckets, Keep keep, int32_t* kept, int32_t* counts,
+                    cudaStream_t stream) {
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * static_cast<size_t>(buckets), stream));
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kLocalThreads - 1) / kLocalThreads, 1024);
+  keep_and_count_kernel<<<unsigned(blocks), kLocalThreads, 0, stream>>>(idx, n, int(buckets), keep, kept, counts);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -75,12 +86,8 @@ void moe_share_choices(const int32_t* idx, int64_t T, int64_t s, int64_t k, int6
                 "), " + std::to_string(T) + " tokens of sequences of " + std::to_string(s) + " (a multiple), top-" +
                 std::to_string(k) + ", share " + std::to_string(rank) + " of " + std::to_string(ranks) +
                 " (dividing the sequence)");
-  LAOYAO_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * static_cast<size_t>(E), stream));
-  if (n == 0) return;
-  const int64_t blocks = std::min<int64_t>((n + kLocalThreads - 1) / kLocalThreads, 1024), width = s / ranks;
-  moe_share_choices_kernel<<<unsigned(blocks), kLocalThreads, 0, stream>>>(idx, n, int(k), s, rank * width, width,
-                                                                           int(E), idx_share, counts);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  const int64_t width = s / ranks;
+  keep_and_count(idx, n, E, ShareOfSequence{int(k), s, rank * width, width}, idx_share, counts, stream);
 }
 
 void moe_ep_local_choices(const int32_t* idx_g, int64_t n, int64_t e0, int64_t El, int32_t* idx_l, int32_t* counts_l,
@@ -89,12 +96,7 @@ void moe_ep_local_choices(const int32_t* idx_g, int64_t n, int64_t e0, int64_t E
     throw Error("moe_ep_local_choices: " + std::to_string(El) + " local experts (1 to " +
                 std::to_string(kMoeMaxExperts) + ") from expert " + std::to_string(e0) + ", " + std::to_string(n) +
                 " pairs (fewer than 2^31)");
-  LAOYAO_CUDA_CHECK(cudaMemsetAsync(counts_l, 0, sizeof(int32_t) * static_cast<size_t>(El), stream));
-  if (n == 0) return;
-  const int64_t blocks = std::min<int64_t>((n + kLocalThreads - 1) / kLocalThreads, 1024);
-  moe_ep_local_choices_kernel<<<unsigned(blocks), kLocalThreads, 0, stream>>>(idx_g, n, int(e0), int(El), idx_l,
-                                                                              counts_l);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  keep_and_count(idx_g, n, El, LocalExperts{int(e0), int(El)}, idx_l, counts_l, stream);
 }
 
 void moe_ep_source_offsets(const int32_t* counts, int64_t P, int64_t E, int64_t me, int32_t* offsets,
