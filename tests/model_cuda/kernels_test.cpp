@@ -430,7 +430,7 @@ TEST_F(CudaKernels, ScaleInplaceMultipliesEveryElement) {
 
 TEST_F(CudaKernels, BiasGradAccumulatesColumnSums) {
   // N = 77: the scalar kernel, three row chunks of its 256; N = 776: 16-byte loads, ten chunks of
-  // 64 rows (the last partial) added by add_chunk_partials.
+  // 64 rows (the last partial); both chunks' partials added by add_chunk_partials.
   for (const int64_t N : {int64_t{77}, int64_t{776}}) {
     SCOPED_TRACE("N = " + std::to_string(N));
     const int64_t T = 600;
@@ -442,12 +442,12 @@ TEST_F(CudaKernels, BiasGradAccumulatesColumnSums) {
       for (int64_t t = 0; t < T; ++t) s += dyv[t * N + c], a += std::abs(dyv[t * N + c]);
       want[c] = s;
       tol[c] = kFp32Sum * a;
-  }
-  auto ddy = to_device_bf16(dyv), ddb = to_device(db0);
-  DeviceBuffer scratch(cuda::bias_grad_scratch_floats(T, N) * sizeof(float));
-  cuda::bias_grad(ddy.as<bf16>(), ddb.as<float>(), scratch.as<float>(), T, N, stream_);
-  sync();
-  expect_within(from_device<float>(ddb, N), want, tol, "db0 + column sums");
+    }
+    auto ddy = to_device_bf16(dyv), ddb = to_device(db0);
+    DeviceBuffer scratch(cuda::bias_grad_scratch_floats(T, N) * sizeof(float));
+    cuda::bias_grad(ddy.as<bf16>(), ddb.as<float>(), scratch.as<float>(), T, N, stream_);
+    sync();
+    expect_within(from_device<float>(ddb, N), want, tol, "db0 + column sums");
   }
 }
 

@@ -52,7 +52,8 @@ __global__ void round_bf16_kernel(float* x, int64_t n) {
 
 constexpr int64_t kRowsPerChunk = 256;
 
-// partial[chunk, col] = sum of dy[rows of chunk, col], rows in order; one thread per column.
+// partial[chunk][0][col] = sum of dy[rows of chunk, col], rows in order, in add_chunk_partials'
+// layout (row 1 unused); one thread per column.
 __global__ void column_partial_kernel(const bf16* dy, float* partial, int64_t T, int64_t N) {
   const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t chunk = blockIdx.y;
@@ -60,13 +61,12 @@ __global__ void column_partial_kernel(const bf16* dy, float* partial, int64_t T,
   const int64_t r0 = chunk * kRowsPerChunk, r1 = r0 + kRowsPerChunk < T ? r0 + kRowsPerChunk : T;
   float s = 0.0f;
   for (int64_t r = r0; r < r1; ++r) s += __bfloat162float(dy[r * N + col]);
-  partial[chunk * N + col] = s;
+  partial[chunk * 2 * N + col] = s;
 }
 
 // The same with 16-byte loads (N % 8 == 0, dy 16-byte aligned): one thread per 8 columns, chunks
 // of kVecRowsPerChunk rows (more chunks in flight for narrow N: at GPT-2's 768 columns the scalar
-// kernel above ran 192 blocks at 1.3 TB/s), the partials in add_chunk_partials' layout
-// (partial[chunk][0][col]; row 1 unused).
+// kernel above ran 192 blocks at 1.3 TB/s).
 constexpr int64_t kVecRowsPerChunk = 64;
 constexpr int kVecThreads = 64;
 
@@ -92,14 +92,6 @@ __global__ void column_partial_vec_kernel(const bf16* __restrict__ dy, float* __
   float4* out = reinterpret_cast<float4*>(partial + chunk * 2 * N + p * 8);
   out[0] = make_float4(s[0], s[1], s[2], s[3]);
   out[1] = make_float4(s[4], s[5], s[6], s[7]);
-}
-
-__global__ void column_reduce_kernel(const float* partial, float* db, int64_t chunks, int64_t N) {
-  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= N) return;
-  float s = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) s += partial[c * N + col];
-  db[col] += s;
 }
 
 }  // namespace
@@ -134,7 +126,7 @@ void scale_inplace(float* x, float s, int64_t n, cudaStream_t stream) {
 }
 
 size_t bias_grad_scratch_floats(int64_t T, int64_t N) {
-  const int64_t scalar = (T + kRowsPerChunk - 1) / kRowsPerChunk * N;
+  const int64_t scalar = (T + kRowsPerChunk - 1) / kRowsPerChunk * 2 * N;
   const int64_t vec = (T + kVecRowsPerChunk - 1) / kVecRowsPerChunk * 2 * N;
   return static_cast<size_t>(scalar > vec ? scalar : vec);
 }
@@ -154,9 +146,7 @@ void bias_grad(const bf16* dy, float* db, float* scratch, int64_t T, int64_t N, 
   const dim3 grid(static_cast<unsigned>((N + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
   column_partial_kernel<<<grid, kThreads, 0, stream>>>(dy, scratch, T, N);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
-  column_reduce_kernel<<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(scratch, db,
-                                                                                                   chunks, N);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  add_chunk_partials(scratch, db, nullptr, chunks, N, stream);
 }
 
 void cast_to_bf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
