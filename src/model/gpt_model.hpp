@@ -78,6 +78,10 @@ class GptModel {
   // unless EP is a multiple of TP.)
   dist::ProcessGroup* expert_dp_group() const { return expert_dp_; }
   bool experts_folded() const { return folded_; }
+  // Whole experts with an EP group inside a TP group: the ranks holding the same experts (across
+  // TP and data-parallel ranks), over which finalize_grads sums their gradients; null otherwise
+  // (without EP finalize_grads sums them over the TP group).
+  dist::ProcessGroup* folded_expert_dp_group() const { return ep_size_ > 1 ? folded_edp_ : nullptr; }
   const std::vector<std::pair<int64_t, int64_t>>& routed_expert_ranges() const { return routed_ranges_; }
   // The gradient norm over the whole model: the split parameters' squares summed over the groups
   // that split them (tensor-parallel shards over TP, routed experts over EP, experts under both

@@ -18,8 +18,8 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   // Mixture of Experts trains data-parallel, expert-parallel, tensor-parallel with its experts
   // split over the same ranks, tensor- and expert-parallel, or tensor-parallel with whole experts
   // shared out over expert-parallel groups folded across the TP ranks (expert TP size 1; GPU ranks
-  // with EP 1 or a multiple of TP only, model::cuda_unsupported_features; model_config names the
-  // MoE settings that cannot join tensor parallelism).
+  // with EP 1, a multiple or a divisor of TP only, model::cuda_unsupported_features; model_config
+  // names the MoE settings that cannot join tensor parallelism).
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
     const int64_t tp = std::max<int64_t>(m.tensor_model_parallel_size, 1), ep = m.expert_model_parallel_size;
     const int64_t dp = world_size / tp, etp = m.expert_tensor_parallel_size.value_or(tp);

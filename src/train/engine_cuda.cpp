@@ -25,6 +25,7 @@
 #include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/stream_wait.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
+#include "model/gpt_ep.hpp"
 #endif
 
 namespace laoyao::train {
@@ -91,7 +92,7 @@ class CudaEngine final : public Engine {
         adam_(adam),
         settings_(s),
         shards_(std::move(shards)),
-        gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group()) {
+        gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group(), host.folded_expert_dp_group()) {
     gpu_.set_data_parallel_group(host.data_parallel_group());
     const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
     if (static_cast<int64_t>(adam_.exp_avg().size()) != n)
@@ -298,9 +299,12 @@ class CudaEngine final : public Engine {
     for (const OwnedSegment* seg : counted)
       std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);
     // And the model's own rule within the tensor-parallel group (which leaves the buffers out too);
-    // the data-parallel sum counts every EP rank's experts already.
+    // the data-parallel sum counts every EP rank's experts already. Whole experts with EP groups
+    // inside a TP group are whole on every data-parallel rank (finalize_grads sums them over the
+    // ranks holding the same experts): data-parallel rank 0 counts them.
+    const bool leave_out_experts = host_.folded_expert_dp_group() && shards_.sum_group->rank() != 0;
     for (const auto& p : gpu_.table().specs) {
-      if (gpu_.counts(p, false)) continue;
+      if (gpu_.counts(p, false) && !(leave_out_experts && model::is_routed_expert(p.name))) continue;
       const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
       if (lo < hi) std::fill(flags.begin() + (lo - counted_begin_), flags.begin() + (hi - counted_begin_), 0);
     }

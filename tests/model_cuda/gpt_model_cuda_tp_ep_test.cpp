@@ -65,11 +65,12 @@ struct RankResult {
 };
 
 // The GPU model of this rank on its batch x from weights w: forward, backward, finalize_grads;
-// its per-token losses, gradients and counted flags into o.
+// its per-token losses, gradients and counted flags into o. same_experts: with whole experts in EP
+// groups inside a TP group, the ranks holding this rank's experts.
 void run_gpu_rank(const GptConfig& local_cfg, const Batch& x, const std::vector<float>& w, dist::ProcessGroup* tp,
-                  dist::ProcessGroup* ep, RankResult& o) {
+                  dist::ProcessGroup* ep, RankResult& o, dist::ProcessGroup* same_experts = nullptr) {
   const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
-  CudaGptModel gpu(local_cfg, x.b, x.s, tp, ep);
+  CudaGptModel gpu(local_cfg, x.b, x.s, tp, ep, same_experts);
   gpu.upload_weights(w.data());
   gpu.zero_grads();
   gpu.forward(mb, x.mask.data(), DropoutKey{1234, 1, false}, x.dloss.data());
@@ -81,13 +82,13 @@ void run_gpu_rank(const GptConfig& local_cfg, const Batch& x, const std::vector<
   for (const auto& p : gpu.table().specs) o.counted.push_back(gpu.counts(p, true) ? 1 : 0);
 }
 
-// Each rank's losses are its TP pair's batch's (runs[rank / kTp]) and its gradients o.expected.
+// Each rank's losses are its TP group's batch's (runs[rank / tp]) and its gradients o.expected.
 void expect_ranks_match(const std::vector<RankResult>& out, const std::vector<CpuRun>& runs,
-                        const ParameterTable& table) {
+                        const ParameterTable& table, int tp = kTp) {
   for (size_t r = 0; r < out.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     const RankResult& o = out[r];
-    const CpuRun& run = runs[r / kTp];
+    const CpuRun& run = runs[r / static_cast<size_t>(tp)];
     ASSERT_EQ(o.losses.size(), run.losses.size());
     for (size_t i = 0; i < o.losses.size(); ++i) ASSERT_NEAR(o.losses[i], run.losses[i], 3e-2) << "token " << i;
     EXPECT_LT(rel_err(o.grads.data(), o.expected.data(), static_cast<int64_t>(o.grads.size())), 2e-2);
@@ -122,14 +123,15 @@ struct Meetings {
       dp.push_back(std::make_shared<M>(kEp, "dp group " + std::to_string(i)));
     }
   }
-  // fn(rank, tp, ep, dp) on the four threads; a rank that fails lets the others give up.
-  std::vector<std::string> run(
-      const std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>& fn) {
+  // fn(rank, tp, ep, dp, nullptr) on the four threads (split experts: no rank holds another's);
+  // a rank that fails lets the others give up.
+  std::vector<std::string> run(const std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&,
+                                                         SharedDeviceGroup&, SharedDeviceGroup*)>& fn) {
     return run_on_shared_gpu(kRanks, [&](int r, SharedDeviceGroup&) {
       const int t = r % kTp, e = r / kTp;
       SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[t], e), dp_group(dp[t], e);
       try {
-        fn(r, tp_group, ep_group, dp_group);
+        fn(r, tp_group, ep_group, dp_group, nullptr);
       } catch (...) {
         tp[e]->break_off(), ep[t]->break_off(), dp[t]->break_off();
         throw;
@@ -158,7 +160,7 @@ void compare_tp_ep(bool allgather, bool drop = false) {
 
   std::vector<RankResult> out(kRanks);
   const std::vector<std::string> errors = Meetings().run([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
-                                                              SharedDeviceGroup&) {
+                                                              SharedDeviceGroup&, SharedDeviceGroup*) {
     const int e = r / kTp;
     GptModel local(local_cfg, &tp, &ep);  // the CPU model of this rank: its table and keep_part's map
     std::vector<float> w(static_cast<size_t>(local.num_parameters()));
@@ -200,16 +202,19 @@ struct EngineNorms {
   double whole = 0;           // the CPU model's, of both batches' gradients averaged
 };
 
-using RankGroups = std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&)>;
+// fn(rank, tp, ep, dp, same): same is the group of the ranks holding this rank's experts, the host
+// model's expert_dp_group (null when none does).
+using RankGroups =
+    std::function<void(int, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup&, SharedDeviceGroup*)>;
 using RunRanks = std::function<std::vector<std::string>(const RankGroups&)>;
 
-// The CUDA engine on four ranks (run_ranks gives each its TP, EP (of ep_size ranks) and
-// data-parallel groups), one micro-batch each TP pair, reduced over the data-parallel pairs (with
-// or without the distributed optimizer), then the gradient norm. dp_same_experts: the
-// data-parallel pairs are the ranks holding the same experts (whole experts under TP), the host
-// model's expert_dp_group.
-EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool dist_opt, bool dp_same_experts,
+// The CUDA engine on `ranks` ranks (run_ranks gives each its TP group of c.moe.tensor_parallel,
+// its EP group (of ep_size ranks), its data-parallel and same-experts groups), one micro-batch
+// each of the two TP groups, reduced over the data-parallel pairs (with or without the
+// distributed optimizer), then the gradient norm.
+EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool dist_opt, int ranks,
                             const RunRanks& run_ranks) {
+  const int tp_size = static_cast<int>(c.moe.tensor_parallel);
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   const std::vector<CpuRun> runs = {run_cpu(cpu, seed), run_cpu(cpu, seed + 1)};
@@ -221,15 +226,18 @@ EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool
   out.whole = std::sqrt(out.whole);
   GptConfig local_cfg = c;
   local_cfg.moe.expert_parallel = ep_size;
-  out.ranks.assign(kRanks, 0.0);
+  out.ranks.assign(static_cast<size_t>(ranks), 0.0);
   const std::vector<std::string> errors = run_ranks([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& ep,
-                                                        SharedDeviceGroup& dp) {
-    GptModel host(local_cfg, &tp, &ep, dp_same_experts ? &dp : nullptr);
+                                                        SharedDeviceGroup& dp, SharedDeviceGroup* same) {
+    GptModel host(local_cfg, &tp, &ep, same);
     train::keep_part(cpu.table(), cpu.weights(), host, host.weights());
     host.set_data_parallel_group(&dp);
     const int64_t n = host.num_parameters();
+    // As the trainer plans them: the experts apart under expert parallelism only.
+    const std::vector<std::pair<int64_t, int64_t>> experts =
+        host.ep_size() > 1 ? host.routed_expert_ranges() : std::vector<std::pair<int64_t, int64_t>>{};
     const train::OptimizerShards shards =
-        dist_opt ? train::plan_optimizer_shards(n, host.routed_expert_ranges(), train::shard_group(&dp),
+        dist_opt ? train::plan_optimizer_shards(n, experts, train::shard_group(&dp),
                                                 train::shard_group(host.expert_dp_group()))
                  : train::whole_model_shards(n);
     const optim::AdamWSettings settings{0.9, 0.95, 1e-8};
@@ -240,7 +248,7 @@ EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool
     auto engine = train::make_cuda_engine(host, *adam, settings, 2, 48, &shards);
     engine->push_state();
     engine->zero_grads();
-    const Batch& x = runs[static_cast<size_t>(r / kTp)].x;
+    const Batch& x = runs[static_cast<size_t>(r / tp_size)].x;
     train::MicroBatchData mb;
     mb.b = x.b, mb.s = x.s, mb.tokens = x.tokens, mb.labels = x.labels, mb.positions = x.positions;
     mb.loss_mask = x.mask;
@@ -249,7 +257,7 @@ EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool
     engine->all_reduce_grads(dp, 0.5);
     out.ranks[static_cast<size_t>(r)] = engine->grad_norm();
   });
-  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
 }
 
@@ -258,7 +266,7 @@ EngineNorms engine_norms_on(const GptConfig& c, uint64_t seed, int ep_size, bool
 void expect_whole_norms(const EngineNorms& plain, const EngineNorms& sharded) {
   ASSERT_FALSE(::testing::Test::HasFailure());
   EXPECT_GT(plain.whole, 0.0);
-  for (int r = 0; r < kRanks; ++r) {
+  for (size_t r = 0; r < plain.ranks.size(); ++r) {
     EXPECT_EQ(plain.ranks[r], plain.ranks[0]) << "rank " << r;
     EXPECT_EQ(sharded.ranks[r], sharded.ranks[0]) << "rank " << r;
   }
@@ -267,7 +275,7 @@ void expect_whole_norms(const EngineNorms& plain, const EngineNorms& sharded) {
 }
 
 EngineNorms engine_norms(bool dist_opt) {
-  return engine_norms_on(tp_ep_config(true), 11, kEp, dist_opt, false,
+  return engine_norms_on(tp_ep_config(true), 11, kEp, dist_opt, kRanks,
                          [](const RankGroups& fn) { return Meetings().run(fn); });
 }
 
@@ -288,66 +296,76 @@ TEST(CudaGptModelTpEp, TokenDroppingByShareMatchesCpuModel) {
 }
 
 // Whole experts under tensor parallelism (expert TP size 1, Megatron-Core's parallel folding):
-// every rank holds whole experts (all of them, or under EP its EP rank's half, the EP group being
-// the TP pair), and only its sequence-parallel share's pairs go to them. On two ranks (one TP pair)
-// or four (a second pair training a second batch). Against the CPU model of the whole on each
-// pair's batch: the per-token losses, every rank's gradients after finalize_grads (its part, the
-// experts whole), and each TP pair's counted parameters make up the whole model once.
-// CudaMoeLayers' other pairs get no row: a pair routed twice or never shows in the experts'
-// gradients. Then the CUDA engine on four ranks (TP=2 x EP=2 x DP=2): the ranks holding the same
-// experts are the data-parallel pairs, whose reduction (with or without the distributed optimizer)
-// leaves every rank the whole model's gradient norm.
+// every rank holds whole experts (all of them, or under EP its EP rank's share), and only its
+// sequence-parallel share's pairs go to them. The EP groups are EP consecutive ranks: the TP pair,
+// both TP pairs (EP=4 at TP=2), or half a TP group (EP=2 at TP=4, where the ranks holding the same
+// experts share a TP group and finalize_grads sums them). One TP group, or a second training a
+// second batch. Against the CPU model of the whole on each TP group's batch: the per-token losses,
+// every rank's gradients after finalize_grads (its part, the experts whole), and each norm group's
+// counted parameters make up the whole model once. CudaMoeLayers' other pairs get no row: a pair
+// routed twice or never shows in the experts' gradients. Then the CUDA engine on two TP groups
+// (data-parallel pairs), whose reduction (with or without the distributed optimizer) leaves every
+// rank the whole model's gradient norm.
 namespace {
 
-GptConfig whole_experts_config(bool allgather, bool drop = false) {
+// At TP=4 every rank keeps one head and one query group.
+GptConfig whole_experts_config(bool allgather, bool drop = false, int tp = kTp) {
   GptConfig c = tp_ep_config(allgather, drop);
   c.moe.expert_tensor_parallel = 1;
+  c.moe.tensor_parallel = tp;
+  c.query_groups = std::max<int64_t>(c.query_groups, tp);
   return c;
 }
 
-// The ranks of the whole-experts layouts: TP pairs (0, 1) and (2, 3); the EP groups folded across
-// them, ep consecutive ranks (the TP pair, or all four); the ranks of the same TP place, (0, 2) and
-// (1, 3), are the data-parallel pairs, and with EP = TP the ranks holding the same experts (one
-// meeting serves both).
+// The ranks of the whole-experts layouts: TP groups of tp consecutive ranks; the EP groups folded
+// across them, ep consecutive ranks; the ranks of the same TP place are the data-parallel groups;
+// the ranks of the same EP place (r % ep) hold the same experts.
 struct WholeExpertsRanks {
-  int ranks, pairs, ep_size;
-  std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp, ep, dp;
-  WholeExpertsRanks(int n, int ep_ranks) : ranks(n), pairs(n / kTp), ep_size(ep_ranks) {
+  int ranks, tp_size, groups, ep_size;
+  std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp, ep, dp, same;
+  WholeExpertsRanks(int n, int tp_ranks, int ep_ranks)
+      : ranks(n), tp_size(tp_ranks), groups(n / tp_ranks), ep_size(ep_ranks) {
     using M = SharedDeviceGroup::Meeting;
-    for (int e = 0; e < pairs; ++e) tp.push_back(std::make_shared<M>(kTp, "tp group " + std::to_string(e)));
+    for (int e = 0; e < groups; ++e) tp.push_back(std::make_shared<M>(tp_size, "tp group " + std::to_string(e)));
     for (int g = 0; g < n / ep_size; ++g) ep.push_back(std::make_shared<M>(ep_size, "ep group " + std::to_string(g)));
-    for (int t = 0; t < kTp; ++t) dp.push_back(std::make_shared<M>(pairs, "dp group " + std::to_string(t)));
+    for (int t = 0; t < tp_size; ++t) dp.push_back(std::make_shared<M>(groups, "dp group " + std::to_string(t)));
+    for (int q = 0; q < ep_size; ++q) same.push_back(std::make_shared<M>(n / ep_size, "same experts " + std::to_string(q)));
   }
-  // fn(rank, tp, ep, dp); a rank that fails lets the others give up.
+  // The group GptModel takes as its expert data-parallel one: the data-parallel pairs when EP = TP,
+  // the same-experts ranks when EP < TP, none when EP > TP (every rank its own experts) or without
+  // EP (every rank all of them: the TP group and the data-parallel reduction sum them).
+  bool has_same() const { return ep_size > 1 && ep_size <= tp_size && ranks > ep_size; }
+  // fn(rank, tp, ep, dp, same); a rank that fails lets the others give up.
   std::vector<std::string> run(const RankGroups& fn) {
     return run_on_shared_gpu(ranks, [&](int r, SharedDeviceGroup&) {
-      const int t = r % kTp, e = r / kTp, g = r / ep_size;
-      SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[g], r % ep_size), dp_group(dp[t], e);
+      const int t = r % tp_size, e = r / tp_size, g = r / ep_size, q = r % ep_size;
+      SharedDeviceGroup tp_group(tp[e], t), ep_group(ep[g], q), dp_group(dp[t], e), same_group(same[q], r / ep_size);
       try {
-        fn(r, tp_group, ep_group, dp_group);
+        fn(r, tp_group, ep_group, dp_group, has_same() ? &same_group : nullptr);
       } catch (...) {
-        tp[e]->break_off(), ep[g]->break_off(), dp[t]->break_off();
+        tp[e]->break_off(), ep[g]->break_off(), dp[t]->break_off(), same[q]->break_off();
         throw;
       }
     });
   }
 };
 
-void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false) {
-  const GptConfig c = whole_experts_config(allgather, drop);
+void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false, int tp = kTp) {
+  const GptConfig c = whole_experts_config(allgather, drop, tp);
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
-  WholeExpertsRanks layout(ranks, std::max(ep, kTp));
-  const int pairs = layout.pairs;
+  WholeExpertsRanks layout(ranks, tp, std::max(ep, 1));
+  const int groups = layout.groups;
   std::vector<CpuRun> runs;
-  for (int e = 0; e < pairs; ++e) runs.push_back(run_cpu(cpu, 21 + e));
-  // An EP group of several TP pairs: its experts saw every pair's batch.
-  const bool experts_summed = ep > kTp;
+  for (int e = 0; e < groups; ++e) runs.push_back(run_cpu(cpu, 21 + e));
+  // Experts that saw (or are summed over) every TP group's batch: an EP group of several TP groups,
+  // or same-experts ranks across several TP groups (EP groups inside a TP group).
+  const bool experts_summed = ep > tp || (ep > 1 && ep < tp && groups > 1);
   std::vector<float> whole_sum(runs[0].grads.size(), 0.0f);
   for (const CpuRun& run : runs)
     for (size_t i = 0; i < whole_sum.size(); ++i) whole_sum[i] += run.grads[i];
   std::vector<std::vector<float>> whole_expected;
-  for (int e = 0; e < pairs; ++e) {
+  for (int e = 0; e < groups; ++e) {
     whole_expected.push_back(runs[e].grads);
     if (experts_summed)
       for (const auto& p : cpu.table().specs)
@@ -358,28 +376,29 @@ void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false)
   local_cfg.moe.expert_parallel = ep;
 
   std::vector<RankResult> out(static_cast<size_t>(ranks));
-  const std::vector<std::string> errors = layout.run([&](int r, SharedDeviceGroup& tp, SharedDeviceGroup& epg,
-                                                         SharedDeviceGroup&) {
-    const int e = r / kTp;
+  const std::vector<std::string> errors = layout.run([&](int r, SharedDeviceGroup& tpg, SharedDeviceGroup& epg,
+                                                         SharedDeviceGroup&, SharedDeviceGroup* same) {
+    const int e = r / tp;
     SharedDeviceGroup* ep_group = ep > 1 ? &epg : nullptr;
-    GptModel local(local_cfg, &tp, ep_group);  // this rank's table and keep_part's map
+    dist::ProcessGroup* same_experts = ep > 1 && ep < tp ? same : nullptr;
+    GptModel local(local_cfg, &tpg, ep_group, same_experts);  // this rank's table and keep_part's map
     std::vector<float> w(static_cast<size_t>(local.num_parameters()));
     train::keep_part(cpu.table(), cpu.weights(), local, w.data());
     RankResult& o = out[r];
     o.expected.resize(w.size());
     train::keep_part(cpu.table(), whole_expected[e].data(), local, o.expected.data());
-    run_gpu_rank(local_cfg, runs[e].x, w, &tp, ep_group, o);
+    run_gpu_rank(local_cfg, runs[e].x, w, &tpg, ep_group, o, local.folded_expert_dp_group());
   });
   for (int r = 0; r < ranks; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   if (::testing::Test::HasFailure()) return;
 
-  const ParameterTable table = build_gpt_parameters(tp_local_config(local_cfg, kTp)).table;
-  expect_ranks_match(out, runs, table);
-  // The counted parameters' squares over each group the norms sum over (the TP pair, or the EP
-  // group of several) are its model's once: the first pair's batch's, and the experts' as held.
-  const int group = std::max(ep, kTp);
+  const ParameterTable table = build_gpt_parameters(tp_local_config(local_cfg, tp)).table;
+  expect_ranks_match(out, runs, table, tp);
+  // The counted parameters' squares over each group the norms sum over (the TP group, or the EP
+  // group of several) are its model's once: its first TP group's batch's, the experts' as held.
+  const int group = std::max(ep, tp);
   for (int g = 0; g < ranks / group; ++g) {
-    const std::vector<float>& first = whole_expected[g * group / kTp];
+    const std::vector<float>& first = whole_expected[g * group / tp];
     double whole = 0, counted = 0;
     for (float v : first) whole += double(v) * v;
     for (int r = g * group; r < (g + 1) * group; ++r)
@@ -391,12 +410,14 @@ void compare_whole_experts(int ranks, int ep, bool allgather, bool drop = false)
   }
 }
 
-// The CUDA engine on four ranks with whole experts, TP=2 x EP=2 x DP=2 (the data-parallel pairs
-// hold the same experts) or TP=2 x EP=4 x DP=2 (every rank its own experts).
-EngineNorms whole_experts_engine_norms(int ep, bool dist_opt) {
-  GptConfig c = whole_experts_config(true);
-  return engine_norms_on(c, 21, ep, dist_opt, ep == kTp,
-                         [ep](const RankGroups& fn) { return WholeExpertsRanks(kRanks, ep).run(fn); });
+// The CUDA engine on two TP groups with whole experts: TP=2 x DP=2 (every rank all experts),
+// TP=2 x EP=2 x DP=2 (the data-parallel pairs hold the same experts), TP=2 x EP=4 x DP=2 (every
+// rank its own experts), or on eight ranks TP=4 x EP=2 x DP=2 (four ranks hold each expert: two TP
+// places of each data-parallel rank).
+EngineNorms whole_experts_engine_norms(int tp, int ep, bool dist_opt) {
+  GptConfig c = whole_experts_config(true, false, tp);
+  return engine_norms_on(c, 21, ep, dist_opt, 2 * tp,
+                         [tp, ep](const RankGroups& fn) { return WholeExpertsRanks(2 * tp, tp, ep).run(fn); });
 }
 
 }  // namespace
@@ -440,9 +461,29 @@ TEST(CudaGptModelTpEp, WholeExpertsUnderTensorParallelismMatchCpuModel) {
   }
 }
 
+// EP groups inside a TP group: the ranks holding the same experts share the TP group (and, with a
+// second TP group, lie across the data-parallel ranks too); finalize_grads sums their experts.
+TEST(CudaGptModelTpEp, WholeExpertsInExpertGroupsInsideTensorGroupMatchCpuModel) {
+  for (const bool allgather : {false, true}) {
+    SCOPED_TRACE(allgather ? "all-gather dispatcher" : "all-to-all dispatcher");
+    {
+      SCOPED_TRACE("TP=4 x EP=2 on four ranks");
+      compare_whole_experts(4, 2, allgather, false, 4);
+    }
+    {
+      SCOPED_TRACE("TP=4 x EP=2 x DP=2 on eight ranks");
+      compare_whole_experts(8, 2, allgather, false, 4);
+    }
+  }
+  {
+    SCOPED_TRACE("TP=4 x EP=2 on four ranks, token dropping by share");
+    compare_whole_experts(4, 2, true, true, 4);
+  }
+}
+
 TEST(CudaGptModelTpEp, WholeExpertsEngineGradientNormIsTheWholeModels) {
-  for (const int ep : {kTp, 2 * kTp}) {
-    SCOPED_TRACE("EP=" + std::to_string(ep));
-    expect_whole_norms(whole_experts_engine_norms(ep, false), whole_experts_engine_norms(ep, true));
+  for (const auto& [tp, ep] : {std::pair{kTp, 1}, std::pair{kTp, kTp}, std::pair{kTp, 2 * kTp}, std::pair{4, 2}}) {
+    SCOPED_TRACE("TP=" + std::to_string(tp) + " x EP=" + std::to_string(ep));
+    expect_whole_norms(whole_experts_engine_norms(tp, ep, false), whole_experts_engine_norms(tp, ep, true));
   }
 }

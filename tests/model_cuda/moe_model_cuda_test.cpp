@@ -405,16 +405,19 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig tp_capacity = tp_ep;  // and with tensor parallelism (each rank's share of the sequence drops apart)
   tp_capacity.moe.capacity_factor = 1.0;
   EXPECT_EQ(cuda_unsupported_features(tp_capacity), "");
-  GptConfig whole_experts = tp_ep;  // whole experts under TP (expert TP size 1): EP 1 or a multiple of TP
+  // Whole experts under TP (expert TP size 1): EP 1, a multiple of TP or a divisor of it.
+  GptConfig whole_experts = tp_ep;
   whole_experts.moe.expert_tensor_parallel = 1;
   EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
   whole_experts.moe.expert_parallel = 1;
   EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
   whole_experts.moe.expert_parallel = 4;
   EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
-  whole_experts.moe.tensor_parallel = 4, whole_experts.moe.expert_parallel = 2;  // EP inside a TP group: refused
-  EXPECT_NE(cuda_unsupported_features(whole_experts).find("whole experts under tensor parallelism"),
-            std::string::npos);
+  whole_experts.moe.tensor_parallel = 4, whole_experts.moe.expert_parallel = 2;  // EP groups inside a TP group
+  EXPECT_EQ(cuda_unsupported_features(whole_experts), "");
+  whole_experts.moe.tensor_parallel = 2, whole_experts.moe.expert_parallel = 3;  // EP groups across TP groups
+  whole_experts.moe.num_experts = 12;
+  EXPECT_NE(cuda_unsupported_features(whole_experts).find("neither a multiple nor a divisor"), std::string::npos);
   GptConfig global = c;
   global.moe.global_aux_loss_coeff = 1e-3;  // and global_aux_loss
   EXPECT_EQ(cuda_unsupported_features(global), "");

@@ -40,12 +40,12 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
-  // groups or absent (the norms sum over the EP group, whose first TP group counts the rest).
-  if (c.moe.num_experts > 0 && c.moe.tensor_parallel > 1 && !c.moe.experts_split_by_tp() &&
-      c.moe.expert_parallel > 1 && c.moe.expert_parallel % c.moe.tensor_parallel != 0)
+  // groups or lie inside one (the norms then sum over the larger of the two groups alone).
+  const int64_t ep = c.moe.expert_parallel, tp = c.moe.tensor_parallel;
+  if (c.moe.num_experts > 0 && tp > 1 && !c.moe.experts_split_by_tp() && ep > 1 && ep % tp != 0 && tp % ep != 0)
     missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size "
-                      "1) and an expert-parallel size (" + std::to_string(c.moe.expert_parallel) + ") that is not "
-                      "1 or a multiple of the tensor-parallel size (" + std::to_string(c.moe.tensor_parallel) + ")");
+                      "1) and an expert-parallel size (" + std::to_string(ep) + ") that is neither a multiple nor "
+                      "a divisor of the tensor-parallel size (" + std::to_string(tp) + ")");
   // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
   if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
     missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
@@ -88,7 +88,7 @@ void append_ranges(const ParameterTable& table, const std::string& prefix, bool 
 }  // namespace
 
 CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
-                           dist::ProcessGroup* ep)
+                           dist::ProcessGroup* ep, dist::ProcessGroup* same_experts)
     : cfg_(cfg),
       lc_(tp_local_config(cfg, group_size(tp))),
       tp_(tp),
@@ -142,10 +142,21 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zero_bias_.ptr, 0, zero_bias_.bytes, stream_));  // bf16 zero is all-zero bits
 
   // (A config and group of different EP sizes are refused by the MoE layers below.) Whole experts
-  // under TP with EP: the EP group is made of whole TP groups (cuda_unsupported_features), the
-  // only sum (counts: the first TP group of it counts the rest of the model).
+  // under TP with EP: of the TP and EP groups one holds the other (cuda_unsupported_features), the
+  // only sum (counts: the EP group's first TP group counts the rest of the model, or the TP
+  // group's first EP group its experts). With EP groups inside a TP group the ranks holding the
+  // same experts share TP groups: finalize_grads sums their experts over same_experts, as it does
+  // over the TP group without EP.
   if (folded_ && ep_) {
-    split_groups_.push_back(ep_);
+    split_groups_.push_back(ep_->size() >= tp_size_ ? ep_ : tp_);
+    if (ep_->size() < tp_size_) {
+      if (group_size(same_experts) % (tp_size_ / ep_->size()) != 0)  // (one rank for none)
+        throw Error("CudaGptModel: whole experts with expert-parallel groups of " + std::to_string(ep_->size()) +
+                    " ranks inside a tensor-parallel group of " + std::to_string(tp_size_) +
+                    " need the group of the ranks holding the same experts (a multiple of " +
+                    std::to_string(tp_size_ / ep_->size()) + " ranks)");
+      same_experts_ = same_experts;
+    }
   } else {
     if (tensor_parallel()) split_groups_.push_back(tp_);
     if (ep_) split_groups_.push_back(ep_);
@@ -316,12 +327,13 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
-    // Whole experts without EP: each rank's experts saw its share's rows (with EP, whose group is
-    // whole TP groups, they saw every share's).
-    if (folded_ && !ep_)
-      for (const auto& p : layout_.table.specs)
-        if (is_routed_expert(p.name)) sum(p.offset, p.numel);
+    // Whole experts without EP: each rank's experts saw its share's rows, summed over the TP group
+    // (with EP groups of whole TP groups they saw every share's: the trainer's reduction sums them).
+    if (folded_ && !ep_) same_experts_ = tp_;
   }
+  if (same_experts_)
+    for (const auto& p : layout_.table.specs)
+      if (is_routed_expert(p.name)) same_experts_summed_.push_back({p.offset, p.numel});
 
   const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
@@ -462,10 +474,13 @@ bool CudaGptModel::counts(const ParamSpec& p, bool across_ep) const {
   if (p.buffer) return false;
   const bool routed = is_routed_expert(p.name);
   if (folded_ && ep_) {
-    // Whole experts under TP with EP: every rank of the EP group holds its own experts; the rest
-    // is counted by the group's first TP group (EP ranks 0 .. TP - 1) by the TP rule.
-    if (routed) return true;
+    // Whole experts under TP with EP (split_groups_ is the larger of the two groups). EP groups of
+    // whole TP groups: every rank of the EP group holds its own experts; the rest is counted by the
+    // group's first TP group (EP ranks 0 .. TP - 1) by the TP rule. EP groups inside a TP group:
+    // the rest by the TP rule, the experts by the TP group's first EP group (TP ranks 0 .. EP - 1).
     const bool tp_share = tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
+    if (ep_->size() < tp_size_) return routed ? tp_rank_ < ep_->size() : tp_share;
+    if (routed) return true;
     return tp_share && (!across_ep || ep_->rank() < tp_size_);
   }
   const bool tp_share = tp_rank_ == 0 || tp_split_of(p.name, cfg_) != TpSplit::Replicated;
@@ -575,6 +590,8 @@ void CudaGptModel::finalize_grads() {
   zero_grads_now();  // a step without a backward
   for (const auto& r : tp_summed_)
     tp_->all_reduce_device(G(r.offset), static_cast<size_t>(r.count), dist::DeviceType::F32, stream_);
+  for (const auto& r : same_experts_summed_)
+    same_experts_->all_reduce_device(G(r.offset), static_cast<size_t>(r.count), dist::DeviceType::F32, stream_);
 }
 
 void CudaGptModel::linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,

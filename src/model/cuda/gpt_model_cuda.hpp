@@ -12,7 +12,8 @@
 // RMSNorm (Qwen3; head dims that are multiples of 8 up to 256), tied or untied output layer, biases
 // on or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
 // or the unfused path, by --attention-backend (gpt_config.hpp); Mixture-of-Experts layers
-// (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, not with tensor parallelism).
+// (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, with or without tensor
+// parallelism).
 // cuda_unsupported_features() names what is not (QK-norm head dims and RMSNorm widths its kernels
 // cannot pack).
 //
@@ -63,11 +64,14 @@ class CudaGptModel {
   // ep: the expert-parallel group of an MoE model (cfg.moe.expert_parallel ranks; the table then
   // holds this rank's experts only, model/gpt_ep.hpp). With both, each rank holds its TP share of
   // its EP rank's experts (Megatron's expert tensor parallelism = TP).
-  // Whole experts under TP (expert TP size 1): the EP group, if any, must be whole TP groups
-  // (folded across them, EP a multiple of TP); the ranks holding the same experts then lie across
-  // the data-parallel ranks, whose expert reduction is the trainer's (GptModel::expert_dp_group).
+  // Whole experts under TP (expert TP size 1): the EP group, if any, is folded across the TP
+  // ranks, EP consecutive ranks. EP a multiple of TP (each EP group whole TP groups): the ranks
+  // holding the same experts lie across the data-parallel ranks, whose expert reduction is the
+  // trainer's (GptModel::expert_dp_group). EP a divisor of TP (EP groups inside a TP group):
+  // same_experts is the group of the ranks holding this rank's experts (GptModel::
+  // folded_expert_dp_group), over which finalize_grads sums their gradients.
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
-               dist::ProcessGroup* ep = nullptr);
+               dist::ProcessGroup* ep = nullptr, dist::ProcessGroup* same_experts = nullptr);
   ~CudaGptModel();
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
@@ -77,21 +81,23 @@ class CudaGptModel {
   const GptConfig& local_config() const { return lc_; }
   dist::ProcessGroup* tp_group() const { return tp_size_ > 1 ? tp_ : nullptr; }
   // The groups the model is split over (tensor parallelism, then expert parallelism; none when
-  // whole; with whole experts under TP and EP the EP group alone, made of whole TP groups): the
+  // whole; with whole experts under TP and EP the larger of the two, which holds the other): the
   // model's norms and zero counts are each rank's counted_flags() parameters summed over the
   // first, then the second.
   const std::vector<dist::ProcessGroup*>& split_groups() const { return split_groups_; }
   // Whether this rank counts parameter p in the model's norms and zero counts: among its
   // tensor-parallel group a split tensor everywhere and a replicated one on TP rank 0; with
   // across_ep among its expert-parallel group too, a rank's experts everywhere and the rest on EP
-  // rank 0 (whole experts under TP: on the EP group's first TP group); a buffer (a router's
-  // expert_bias) nowhere.
+  // rank 0 (whole experts under TP: on the EP group's first TP group, or with EP groups inside a
+  // TP group the experts on its first EP group); a buffer (a router's expert_bias) nowhere.
   bool counts(const ParamSpec& p, bool across_ep) const;
   // One flag per parameter, counts(p, true); nullptr when whole and without buffers.
   const uint8_t* counted_flags() const { return counted_.bytes ? counted_.as<uint8_t>() : nullptr; }
   // After a step's micro-batches: sums over the tensor-parallel group the gradients each rank
   // holds only a part of (the QK-norm weights, which serve every head; with sequence parallelism
-  // the norms' weights and biases). Enqueued on stream(); nothing to do without TP.
+  // the norms' weights and biases), and whole experts' over the ranks holding the same experts
+  // where the trainer does not (without EP, or with EP groups inside a TP group). Enqueued on
+  // stream(); nothing to do without TP.
   void finalize_grads();
   // Gradients reduced while the backward runs (--overlap-grad-reduce): with a hook set, backward()
   // reports each range [offset, offset + count) of main_grads() once this micro-batch's backward has
@@ -259,6 +265,11 @@ class CudaGptModel {
   float *ce_stats_ = nullptr, *ce_gathered_ = nullptr;
   kernels::cuda::DeviceBuffer counted_;
   std::vector<Range> tp_summed_;  // the gradients finalize_grads sums over the TP group
+  // Whole experts whose other holders share this rank's TP group (without EP: the TP group; with
+  // EP groups inside a TP group: the constructor's same_experts), and the experts' gradients
+  // finalize_grads sums over them.
+  dist::ProcessGroup* same_experts_ = nullptr;
+  std::vector<Range> same_experts_summed_;
   void* emb_scratch_ = nullptr;
   size_t emb_scratch_bytes_ = 0;
   // The micro-batch inputs, one contiguous device span (tokens, labels, positions, mask, dloss)
