@@ -3,7 +3,8 @@
 // N = 65536 permuted rows): the norms (RMSNorm forward and the fused backward adding into dx, and
 // GPT-2 124M's LayerNorm both ways and its bias gradients at 16384 x 768 and x 3072; the QK norm
 // with RoPE both ways), the permutation (the device sort, permute, combine with the residual, and
-// their backward), SwiGLU both ways and the residual add. Each is timed with CUDA events (3
+// their backward), SwiGLU both ways, the residual add, and the optimizer's gradient norm and AdamW
+// over fp32 parameters. Each is timed with CUDA events (3
 // warm-up calls, median of 20) and its traffic counted as each tensor read or written once (rows a
 // kernel gathers several times are counted once: what a perfect kernel would move). Beside each,
 // a device-to-device cudaMemcpyAsync moving the same bytes (half read, half written) in the same
@@ -27,6 +28,7 @@
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/moe.hpp"
+#include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/swiglu.hpp"
@@ -193,6 +195,25 @@ int main() {
   time("SwiGLU forward", u_bytes + g_bytes, [&] { swiglu_forward(u.as<bf16>(), act.as<bf16>(), kN, kF, stream); });
   time("SwiGLU backward", 2 * u_bytes + g_bytes,
        [&] { swiglu_backward(u.as<bf16>(), dact.as<bf16>(), du.as<bf16>(), kN, kF, stream); });
+  // The optimizer's passes over fp32 parameters (Llama-3.2-1B has 1.5B: its step reads them twice):
+  // the gradient norm over 64M gradients, and AdamW over 16M parameters (reads the parameter,
+  // gradient and both moments, writes them back but the gradient, and the bf16 copy).
+  constexpr int64_t kNormN = int64_t{64} << 20, kAdamN = int64_t{16} << 20;
+  DeviceBuffer grads(sizeof(float) * kNormN), sum_scratch(sizeof(double) * (kReduceBlocks + 1));
+  LAOYAO_CUDA_CHECK(cudaMemset(grads.ptr, 0x3c, grads.bytes));  // 0.0116 each, none zero
+  time("grad norm (sum of squares), 64M fp32", double(sizeof(float)) * kNormN, [&] {
+    sum_squares(grads.as<float>(), kNormN, sum_scratch.as<double>(), sum_scratch.as<double>() + kReduceBlocks,
+                stream);
+  });
+  DeviceBuffer adam_p(sizeof(float) * kAdamN), adam_m(sizeof(float) * kAdamN), adam_v(sizeof(float) * kAdamN),
+      adam_pb(sizeof(bf16) * kAdamN), adam_decay(static_cast<size_t>(kAdamN));
+  for (DeviceBuffer* b : {&adam_p, &adam_m, &adam_v, &adam_decay}) LAOYAO_CUDA_CHECK(cudaMemset(b->ptr, 0, b->bytes));
+  AdamWStep adam;
+  adam.lr = 1e-4, adam.wd = 0.1, adam.step_size = 1e-3;
+  time("AdamW step, 16M parameters", double(kAdamN) * (7 * sizeof(float) + sizeof(bf16) + 1), [&] {
+    adamw_step(adam_p.as<float>(), grads.as<float>(), adam_m.as<float>(), adam_v.as<float>(), adam_pb.as<bf16>(),
+               adam_decay.as<uint8_t>(), kAdamN, adam, stream);
+  });
   time("residual add", 3 * act_bytes,
        [&] { residual_dropout_add(dy.as<bf16>(), x.as<bf16>(), y.as<bf16>(), kT * kH, DropoutSpec{}, stream); });
 

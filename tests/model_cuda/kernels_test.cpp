@@ -731,19 +731,32 @@ TEST_F(CudaKernels, AttentionCudnnRefusesHeadDimNotMultipleOf8) {
 
 // ---------------------------------------------------------------- optimizer
 
+// Fewer and more elements than blocks, and more than four packs a thread (the 16-byte kernel's
+// loads in flight, n % 4 left over); from an aligned start (16-byte loads) or one element on (the
+// scalar kernel); every element, or those a random flag counts. Twice the same call: the same bits.
 TEST_F(CudaKernels, SumSquaresMatchesDoubleSum) {
   DeviceBuffer scratch(cuda::kReduceBlocks * sizeof(double)), out(sizeof(double));
-  for (const int64_t n : {int64_t{777}, int64_t{100003}}) {  // fewer and more elements than blocks
-    SCOPED_TRACE("n = " + std::to_string(n));
-    const auto x = randn(n, 31, "sumsq.x", 0.5);
-    double want = 0.0;
-    for (float v : x) want += double(v) * v;
-    auto dx = to_device(x);
-    cuda::sum_squares(dx.as<float>(), n, scratch.as<double>(), out.as<double>(), stream_);
-    sync();
-    const double got = from_device<double>(out, 1)[0];
-    EXPECT_NEAR(got, want, 1e-11 * want);  // double sums (any order) of exact double squares
-  }
+  for (const int64_t n : {int64_t{777}, int64_t{100003}, int64_t{5000001}})
+    for (const int64_t start : {int64_t{0}, int64_t{1}})
+      for (const bool flagged : {false, true}) {
+        SCOPED_TRACE("n = " + std::to_string(n) + ", start " + std::to_string(start) + (flagged ? ", flagged" : ""));
+        const auto x = randn(n + start, 31, "sumsq.x", 0.5);
+        std::vector<uint8_t> flags(static_cast<size_t>(n + start), 1);
+        Rng pick(31, "sumsq.flags");
+        if (flagged)
+          for (auto& f : flags) f = pick.uniform() < 0.6 ? 1 : 0;
+        double want = 0.0;
+        for (int64_t i = start; i < n + start; ++i) want += flags[i] ? double(x[i]) * x[i] : 0.0;
+        auto dx = to_device(x), dflags = to_device(flags);
+        const uint8_t* counted = flagged ? dflags.as<uint8_t>() + start : nullptr;
+        cuda::sum_squares(dx.as<float>() + start, n, scratch.as<double>(), out.as<double>(), stream_, counted);
+        sync();
+        const double got = from_device<double>(out, 1)[0];
+        EXPECT_NEAR(got, want, 1e-11 * want);  // double sums (any order) of exact double squares
+        cuda::sum_squares(dx.as<float>() + start, n, scratch.as<double>(), out.as<double>(), stream_, counted);
+        sync();
+        EXPECT_EQ(from_device<double>(out, 1)[0], got);
+      }
 }
 
 TEST_F(CudaKernels, CountZerosIsExact) {
@@ -761,6 +774,18 @@ TEST_F(CudaKernels, CountZerosIsExact) {
   cuda::count_zeros(dx.as<float>(), n, scratch.as<double>(), out.as<double>(), stream_);
   sync();
   EXPECT_EQ(from_device<double>(out, 1)[0], static_cast<double>(want));
+  // One element on (the scalar kernel), every other element counted.
+  std::vector<uint8_t> flags(static_cast<size_t>(n));
+  int64_t want_flagged = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    flags[i] = i % 2;
+    want_flagged += flags[i] && x[i] == 0.0f;
+  }
+  auto dflags = to_device(flags);
+  cuda::count_zeros(dx.as<float>() + 1, n - 1, scratch.as<double>(), out.as<double>(), stream_,
+                    dflags.as<uint8_t>() + 1);
+  sync();
+  EXPECT_EQ(from_device<double>(out, 1)[0], static_cast<double>(want_flagged));
 }
 
 TEST_F(CudaKernels, MaskedLossSumAccumulates) {

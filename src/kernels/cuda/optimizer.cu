@@ -20,6 +20,18 @@ __device__ double block_sum_double(double v, double* sh) {
   return v;
 }
 
+// One element's term of the sum: its square, or 1 if it is zero.
+template <bool kZeros>
+__device__ __forceinline__ double reduction_term(float v) {
+  return kZeros ? (v == 0.0f ? 1.0 : 0.0) : static_cast<double>(v) * v;
+}
+
+template <bool kZeros>
+__device__ __forceinline__ double pack_terms(float4 v, uchar4 c) {
+  return (c.x ? reduction_term<kZeros>(v.x) : 0.0) + (c.y ? reduction_term<kZeros>(v.y) : 0.0) +
+         (c.z ? reduction_term<kZeros>(v.z) : 0.0) + (c.w ? reduction_term<kZeros>(v.w) : 0.0);
+}
+
 // Each block reduces a fixed, contiguous slice (the slices depend only on n), so the sum's order
 // is the same every run.
 template <bool kZeros>
@@ -30,11 +42,46 @@ __global__ void partial_kernel(const float* x, const uint8_t* counted, int64_t n
   double acc = 0;
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     if (counted && !counted[i]) continue;
-    const float v = x[i];
-    acc += kZeros ? (v == 0.0f ? 1.0 : 0.0) : static_cast<double>(v) * v;
+    acc += reduction_term<kZeros>(x[i]);
   }
   acc = block_sum_double(acc, sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+constexpr int kPacksInFlight = 4;
+
+// partial_kernel with 16-byte loads (x 16-byte and counted 4-byte aligned): block b sums a fixed
+// slice of the n / 4 packs, kPacksInFlight loads in flight per thread (the scalar kernel, one load
+// at a time, read 1.5B gradients at 2.9 TB/s); the last block adds the n % 4 elements left.
+template <bool kZeros>
+__global__ void partial_vec_kernel(const float4* __restrict__ x, const uchar4* __restrict__ counted, int64_t packs,
+                                   const float* __restrict__ rest, const uint8_t* __restrict__ rest_counted,
+                                   int rest_n, double* partial) {
+  __shared__ double sh[32];
+  const int64_t per = (packs + gridDim.x - 1) / gridDim.x;
+  const int64_t lo = per * blockIdx.x, hi = lo + per < packs ? lo + per : packs;
+  const uchar4 all = make_uchar4(1, 1, 1, 1);
+  double acc[kPacksInFlight] = {};
+  int64_t i = lo + threadIdx.x;
+  for (; i + (kPacksInFlight - 1) * int64_t(blockDim.x) < hi; i += kPacksInFlight * int64_t(blockDim.x)) {
+    float4 v[kPacksInFlight];
+    uchar4 c[kPacksInFlight];
+#pragma unroll
+    for (int j = 0; j < kPacksInFlight; ++j) {
+      v[j] = x[i + j * int64_t(blockDim.x)];
+      c[j] = counted ? counted[i + j * int64_t(blockDim.x)] : all;
+    }
+#pragma unroll
+    for (int j = 0; j < kPacksInFlight; ++j) acc[j] += pack_terms<kZeros>(v[j], c[j]);
+  }
+  for (; i < hi; i += blockDim.x) acc[0] += pack_terms<kZeros>(x[i], counted ? counted[i] : all);
+  if (blockIdx.x == gridDim.x - 1 && int(threadIdx.x) < rest_n && (!rest_counted || rest_counted[threadIdx.x]))
+    acc[0] += reduction_term<kZeros>(rest[threadIdx.x]);
+  double sum = 0;
+#pragma unroll
+  for (int j = 0; j < kPacksInFlight; ++j) sum += acc[j];
+  sum = block_sum_double(sum, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
 __global__ void finish_kernel(const double* partial, int count, double* out) {
@@ -103,7 +150,15 @@ __global__ void masked_loss_kernel(const float* loss, const float* mask, int64_t
 
 template <bool kZeros>
 void reduce(const float* x, const uint8_t* counted, int64_t n, double* scratch, double* out, cudaStream_t stream) {
-  partial_kernel<kZeros><<<kReduceBlocks, kThreads, 0, stream>>>(x, counted, n, scratch);
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(counted) % 4 == 0;
+  if (vec) {
+    const int64_t packs = n / 4, done = packs * 4;
+    partial_vec_kernel<kZeros><<<kReduceBlocks, kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const uchar4*>(counted), packs, x + done,
+        counted ? counted + done : nullptr, static_cast<int>(n - done), scratch);
+  } else {
+    partial_kernel<kZeros><<<kReduceBlocks, kThreads, 0, stream>>>(x, counted, n, scratch);
+  }
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   finish_kernel<<<1, kThreads, 0, stream>>>(scratch, kReduceBlocks, out);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
