@@ -114,9 +114,12 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (c.logger.wandb_project && !c.logger.wandb_project->empty())
     out.push_back("Weights & Biases logging (--wandb-project / logger.wandb_project)");
   const auto& pr = c.profiling;
-  if (pr.use_nsys_profiler || pr.use_pytorch_profiler || pr.record_memory_history)
-    out.push_back("profiling (--profile, profiling.use_nsys_profiler / use_pytorch_profiler / record_memory_history); "
-                  "LAOYAO_MODEL_PHASES=1 prints where each step's GPU time goes");
+  // --profile (Nsight Systems) runs: cudaProfilerStart/Stop around the profiled iterations (trainer).
+  if (pr.use_pytorch_profiler)
+    out.push_back("the PyTorch profiler (profiling.use_pytorch_profiler); --profile (profiling.use_nsys_profiler: "
+                  "Nsight Systems' capture range) works");
+  if (pr.record_memory_history)
+    out.push_back("CUDA memory history snapshots (--record-memory-history / profiling.record_memory_history)");
   if (c.ddp.use_megatron_fsdp || c.dist.use_torch_fsdp2) out.push_back("FSDP (ddp.use_megatron_fsdp / dist.use_torch_fsdp2)");
   return out;
 }

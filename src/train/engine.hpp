@@ -63,6 +63,10 @@ class Engine {
   // the experts' biases (dp: the data-parallel group whose tokens count), global_aux_loss's running
   // counts start over. Without them: nothing.
   virtual void finish_moe_step(dist::ProcessGroup* /*dp*/) {}
+  // --profile: cudaProfilerStart (true) or, once the device has finished the work so far,
+  // cudaProfilerStop (false), Nsight Systems' capture range (nsys --capture-range=cudaProfilerApi).
+  // The CPU engine has nothing to capture.
+  virtual void cuda_profiler(bool /*start*/) {}
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

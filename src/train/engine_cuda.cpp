@@ -19,6 +19,8 @@
 #include "train/engine.hpp"
 
 #if LAOYAO_HAVE_CUDA
+#include <cuda_profiler_api.h>
+
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/elementwise.hpp"
@@ -258,6 +260,14 @@ class CudaEngine final : public Engine {
       });
     } else {
       gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
+    }
+  }
+  void cuda_profiler(bool start) override {
+    if (start) {
+      LAOYAO_CUDA_CHECK(cudaProfilerStart());
+    } else {  // the profiled iterations' last kernels inside the range
+      kc::stream_wait(gpu_.stream(), "the profiled iterations (--profile)");
+      LAOYAO_CUDA_CHECK(cudaProfilerStop());
     }
   }
   void pull_state() override {

@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -326,7 +327,21 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   TrainBatchReader next_batch(data, dp_rank);
   const auto train_start = Clock::now();
   M = ramp.running(consumed) / micro_times_dp;
+  // --profile on this rank (Megatron's profile_ranks are global ranks): Nsight Systems' capture
+  // range starts before iteration profile_step_start + 1 and stops after iteration
+  // profile_step_end, as Megatron's loop does with the iterations completed so far.
+  const auto& prof = c.profiling;
+  const int64_t global_rank = group ? group->rank() : 0;
+  const bool profiling = prof.use_nsys_profiler && std::find(prof.profile_ranks.begin(), prof.profile_ranks.end(),
+                                                             global_rank) != prof.profile_ranks.end();
+  const std::string nothing_to_capture = opt.use_cuda ? "" : " (the CPU backend: no GPU work to capture)";
   while (iteration < train_iters) {
+    if (profiling && iteration == prof.profile_step_start) {
+      engine->cuda_profiler(true);
+      std::fprintf(opt.out, "laoyao: --profile: cudaProfilerStart before iteration %lld on rank %lld%s\n",
+                   static_cast<long long>(iteration + 1), static_cast<long long>(global_rank),
+                   nothing_to_capture.c_str());
+    }
     // A ramp's batch that takes more micro-batches: Megatron-LM saves a checkpoint first (with
     // --save), at the iterations done so far.
     gbs = ramp.running(consumed);
@@ -494,6 +509,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         iteration >= c.validation.start_eval_at_iter.value_or(0))
       summary.valid_loss.push_back(
           evaluate(data.datasets[1].get(), consumed_valid, iteration, EvalSet::kDuringTraining));
+    if (profiling && iteration == prof.profile_step_end) {
+      engine->cuda_profiler(false);
+      std::fprintf(opt.out, "laoyao: --profile: cudaProfilerStop after iteration %lld on rank %lld\n",
+                   static_cast<long long>(iteration), static_cast<long long>(global_rank));
+      std::fflush(opt.out);
+    }
     if (c.checkpoint.save_interval && iteration % *c.checkpoint.save_interval == 0) save();
     // Megatron's early exits, checked after each iteration: a signal, a duration, an interval.
     // Each saves a checkpoint first (when the run saves at all).

@@ -172,6 +172,35 @@ TEST(Cli, RunRecipeTrainsAndWritesConfigAndMetricsBesideItsOutputs) {
   EXPECT_EQ(eval_lines, 4) << "evaluations at 2 and 4, then the final validation and test";
 }
 
+// --profile: Nsight Systems' capture range starts before iteration profile_step_start + 1 and stops
+// after iteration profile_step_end (Megatron's loop, counting completed iterations), on the ranks of
+// --profile-ranks only.
+TEST(Cli, ProfileStartsAndStopsTheCaptureRangeAtMegatronsIterations) {
+  std::string dir = fresh_dir("profile");
+  const std::vector<std::string> run = {
+      "pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+      "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "4",
+      "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
+      "--log-interval", "1", "--profile", "--profile-step-start", "1", "--profile-step-end", "3"};
+  auto r = run_laoyao(run, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t start = r.output.find("laoyao: --profile: cudaProfilerStart before iteration 2 on rank 0");
+  const size_t stop = r.output.find("laoyao: --profile: cudaProfilerStop after iteration 3 on rank 0");
+  ASSERT_NE(start, std::string::npos) << r.output;
+  ASSERT_NE(stop, std::string::npos) << r.output;
+  EXPECT_LT(r.output.find(" iteration        1/"), start) << r.output;
+  EXPECT_LT(start, r.output.find(" iteration        2/")) << r.output;
+  EXPECT_LT(r.output.find(" iteration        3/"), stop) << r.output;
+  EXPECT_LT(stop, r.output.find(" iteration        4/")) << r.output;
+  EXPECT_EQ(r.output.find("cudaProfilerStart", stop), std::string::npos) << "once";
+  // Another rank's profile: nothing here.
+  std::vector<std::string> other = run;
+  other.insert(other.end(), {"--profile-ranks", "1"});
+  r = run_laoyao(other, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("cudaProfiler"), std::string::npos) << r.output;
+}
+
 // --exit-signal-handler: SIGTERM mid-run saves a checkpoint and exits cleanly (status 0).
 TEST(Cli, SigtermSavesACheckpointAndExitsCleanly) {
   std::string dir = fresh_dir("sigterm");

@@ -93,7 +93,9 @@ TEST(Capabilities, SettingsThatWouldChangeTheRunAreNamed) {
   EXPECT_EQ(missing({"--tensorboard-dir", "/tmp/tb", "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard"}),
             "");
   EXPECT_NE(missing({"--wandb-project", "p"}).find("Weights & Biases"), std::string::npos);
-  EXPECT_NE(missing({"--profile"}).find("profiling"), std::string::npos);
+  EXPECT_EQ(missing({"--profile", "--profile-step-start", "2", "--profile-step-end", "4"}), "")
+      << "Nsight Systems' capture range (cudaProfilerStart/Stop)";
+  EXPECT_NE(missing({"--record-memory-history"}).find("--record-memory-history"), std::string::npos);
   // The same through the recipe front end's fields.
   auto with = [](const std::function<void(config::ConfigContainer&)>& set) {
     config::ConfigContainer c = config::parse_mlm_args({"--num-layers", "1", "--hidden-size", "32",
@@ -109,6 +111,8 @@ TEST(Capabilities, SettingsThatWouldChangeTheRunAreNamed) {
   EXPECT_NE(with([](auto& c) { c.scheduler.no_weight_decay_cond_type = "qwen3_next"; }).find("qwen3_next"),
             std::string::npos);
   EXPECT_NE(with([](auto& c) { c.ddp.use_megatron_fsdp = true; }).find("FSDP"), std::string::npos);
+  EXPECT_NE(with([](auto& c) { c.profiling.use_pytorch_profiler = true; }).find("PyTorch profiler"),
+            std::string::npos);
   EXPECT_NE(with([](auto& c) { c.dist.use_torch_fsdp2 = true; }).find("FSDP"), std::string::npos);
 }
 
