@@ -32,8 +32,8 @@ __device__ __forceinline__ double pack_terms(float4 v, uchar4 c) {
          (c.z ? reduction_term<kZeros>(v.z) : 0.0) + (c.w ? reduction_term<kZeros>(v.w) : 0.0);
 }
 
-// Each block reduces a fixed, contiguous slice (the slices depend only on n), so the sum's order
-// is the same every run.
+// Each block reduces a fixed, contiguous slice (the slices depend only on n, and for the 16-byte
+// kernel below on the buffers' alignment), so the sum's order is the same every run.
 template <bool kZeros>
 __global__ void partial_kernel(const float* x, const uint8_t* counted, int64_t n, double* partial) {
   __shared__ double sh[32];
