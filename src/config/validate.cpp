@@ -208,6 +208,10 @@ struct Checker {
     }
     if (c.ddp.overlap_param_gather != c.optimizer.overlap_param_gather)
       c.ddp.overlap_param_gather = c.optimizer.overlap_param_gather = true;
+    // Megatron-Core's DDP sums the gradients of a per-token loss, then divides by the step's tokens.
+    if (m.calculate_per_token_loss && c.ddp.average_in_collective)
+      fail("Cannot average in collective when calculating per-token loss: " + n("model.calculate_per_token_loss") +
+           " needs " + n("ddp.average_in_collective") + " false");
     // Megatron-LM's validate_args (its flag sets two fields, so it is named here).
     if (mlm() && c.ddp.overlap_param_gather) {
       if (!c.ddp.use_distributed_optimizer)

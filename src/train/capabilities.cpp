@@ -46,7 +46,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (m.activation_func != "gelu" && !(m.activation_func == "silu" && m.gated_linear_unit))
     out.push_back("activation '" + m.activation_func + "'" + (m.gated_linear_unit ? " with a gated linear unit" : ""));
   if (m.gated_linear_unit && m.activation_func != "silu") out.push_back("gated linear units other than SwiGLU");
-  if (m.calculate_per_token_loss) out.push_back("per-token loss normalisation (model.calculate_per_token_loss)");
   const auto& o = c.optimizer;
   if (o.optimizer != "adam") out.push_back("the '" + o.optimizer + "' optimizer (only adam, i.e. AdamW, so far)");
   if (!o.decoupled_weight_decay) out.push_back("Adam with L2-coupled weight decay (optimizer.decoupled_weight_decay=false)");

@@ -50,6 +50,8 @@ class Engine {
   // Data parallelism: gradients summed over the group's ranks, then scaled (1 / data-parallel
   // size: Megatron's gradient averaging).
   virtual void all_reduce_grads(dist::ProcessGroup& group, double scale) = 0;
+  // Every gradient times s (--calculate-per-token-loss: 1 / the step's tokens, after the sums).
+  virtual void scale_grads(double s) = 0;
   // --overlap-grad-reduce: called before the step's last micro-batch, so that its backward starts
   // reducing each part of the gradients as soon as it is final; all_reduce_grads(group, scale)
   // then reduces the rest and waits. An engine that cannot overlap ignores it.

@@ -64,6 +64,13 @@ class CpuEngine final : public Engine {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= s;
   }
+  void scale_grads(double scale) override {
+    float* g = model_.grads();
+    const float s = static_cast<float>(scale);
+    const int64_t n = model_.num_parameters();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] *= s;
+  }
   // With the distributed optimizer this rank steps its share (every rank holds the whole averaged
   // gradients here: the all-reduce above), then the shares are gathered.
   void clip_and_step(double norm, double max_norm, double lr, double wd) override {

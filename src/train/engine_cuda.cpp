@@ -262,6 +262,9 @@ class CudaEngine final : public Engine {
       gpu_.set_grads_ready_hook([this](int64_t offset, int64_t count) { reduce_range(offset, count); });
     }
   }
+  void scale_grads(double s) override {
+    kc::scale_inplace(gpu_.main_grads(), static_cast<float>(s), gpu_.num_parameters(), gpu_.stream());
+  }
   void cuda_profiler(bool start) override {
     if (start) {
       LAOYAO_CUDA_CHECK(cudaProfilerStart());

@@ -41,12 +41,15 @@ extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
 // Forward (and, when training, backward) of one micro-batch. The gradient of each token's loss is
 // mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches.
+// Megatron's loss normalisation: each micro-batch's token mean over the micro-batches, or with
+// per_token (--calculate-per-token-loss) the masked sum, the trainer dividing the step's summed
+// gradients by its tokens afterwards (Megatron-Core's finalize_model_grads).
 void run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::DropoutKey& key, int64_t num_microbatches,
-                     bool backward, std::vector<float>& dloss) {
+                     bool backward, std::vector<float>& dloss, bool per_token = false) {
   if (!backward) return engine.run_micro_batch(mb, key, nullptr);
   double count = 0;
   for (float m : mb.loss_mask) count += m;
-  const double scale = 1.0 / std::max(count, 1.0) / static_cast<double>(num_microbatches);
+  const double scale = per_token ? 1.0 : 1.0 / std::max(count, 1.0) / static_cast<double>(num_microbatches);
   dloss.resize(mb.loss_mask.size());
   for (size_t t = 0; t < dloss.size(); ++t) dloss[t] = static_cast<float>(mb.loss_mask[t] * scale);
   engine.run_micro_batch(mb, key, dloss.data());
@@ -335,6 +338,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const bool profiling = prof.use_nsys_profiler && std::find(prof.profile_ranks.begin(), prof.profile_ranks.end(),
                                                              global_rank) != prof.profile_ranks.end();
   const std::string nothing_to_capture = opt.use_cuda ? "" : " (the CPU backend: no GPU work to capture)";
+  // --calculate-per-token-loss: the data-parallel reduction sums (Megatron-Core's DDP scaling
+  // factor 1), and the step's tokens divide the gradients after it.
+  const bool per_token = c.model.calculate_per_token_loss;
+  const double dp_scale = per_token ? 1.0 : 1.0 / static_cast<double>(dp_size);
   while (iteration < train_iters) {
     if (profiling && iteration == prof.profile_step_start) {
       engine->cuda_profiler(true);
@@ -350,7 +357,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     ++iteration;
     const auto step_start = Clock::now();
     flops_shape.global_batch_size = gbs;
-    engine->set_moe_aux_loss_scale(1.0 / static_cast<double>(M));  // a no-op unless M changed
+    // Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches, or 1 with a per-token loss (whose
+    // division by the step's tokens then applies to the aux losses' gradients too).
+    engine->set_moe_aux_loss_scale(per_token ? 1.0 : 1.0 / static_cast<double>(M));  // a no-op unless it changed
     engine->zero_grads();
     for (int64_t m = 0; m < M; ++m) {
       MicroBatchData mb = next_batch.take(consumed, m);
@@ -360,9 +369,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       model::DropoutKey key{seed, static_cast<uint64_t>(iteration) * 1000003ull + static_cast<uint64_t>(global_m),
                             dropout};
       // --overlap-grad-reduce: the last micro-batch's backward starts the gradient reduction.
-      if (m + 1 == M && c.ddp.overlap_grad_reduce && dp_size > 1)
-        engine->start_grad_sync(*dp, 1.0 / static_cast<double>(dp_size));
-      run_micro_batch(*engine, mb, key, M, true, dloss);
+      if (m + 1 == M && c.ddp.overlap_grad_reduce && dp_size > 1) engine->start_grad_sync(*dp, dp_scale);
+      run_micro_batch(*engine, mb, key, M, true, dloss, per_token);
       // Read the next micro-batch while the device works on this one.
       if (m + 1 < M)
         next_batch.prefetch(consumed, m + 1);
@@ -373,9 +381,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
-    if (group) {  // gradients averaged over the data-parallel ranks, then the norm of the average
+    if (group || per_token) {  // gradients averaged over the data-parallel ranks, then the norm of the average
       iter_loss = reduce_loss(engine->take_loss_sum());
-      if (dp_size > 1) engine->all_reduce_grads(*dp, 1.0 / static_cast<double>(dp_size));
+      if (dp_size > 1) engine->all_reduce_grads(*dp, dp_scale);
+      // A per-token loss: the summed gradients over every data-parallel rank's tokens (none: NaN,
+      // as Megatron's 1 / num_tokens).
+      if (per_token) engine->scale_grads(1.0 / iter_loss.count);
       norm = engine->grad_norm();
     } else {
       std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();

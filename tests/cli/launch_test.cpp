@@ -2,6 +2,7 @@
 // quickly (never a hang).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -83,6 +84,14 @@ std::vector<double> losses_in(const std::string& log) {
   return out;
 }
 
+// Every "grad norm: X" of a log (printed with three decimals), in order.
+std::vector<double> grad_norms_in(const std::string& log) {
+  std::vector<double> out;
+  for (size_t at = 0; (at = log.find("grad norm: ", at)) != std::string::npos; at += 11)
+    out.push_back(std::stod(log.substr(at + 11)));
+  return out;
+}
+
 std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
   std::vector<std::string> a = {"pretrain-gpt", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
                                 "2", "--ffn-hidden-size", "128", "--seq-length", "32", "--max-position-embeddings",
@@ -142,6 +151,31 @@ TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
             << n << " ranks" << (mode >= 1 ? " (distributed optimizer)" : "") << (mode == 2 ? " (overlap)" : "")
             << ", value " << i;
     }
+  // --calculate-per-token-loss with --eod-mask-loss (the ranks' token counts differ): the ranks sum
+  // their gradients and divide them by every rank's tokens, the one rank's step.
+  const std::vector<std::string> per_token =
+      tiny_run({"--train-iters", "3", "--eod-mask-loss", "--calculate-per-token-loss"});
+  const auto one_rank = run_laoyao(per_token, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(one_rank.status, 0) << one_rank.output;
+  const auto want_per_token = losses_in(one_rank.output);
+  ASSERT_EQ(want_per_token.size(), 6u) << one_rank.output;
+  for (const bool dist_opt : {false, true}) {
+    const auto r = run_laoyao(on_ranks("2", per_token, dist_opt ? std::vector<std::string>{"--use-distributed-optimizer"}
+                                                                : std::vector<std::string>{}),
+                              dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = losses_in(r.output);
+    ASSERT_EQ(got.size(), want_per_token.size()) << r.output;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want_per_token[i], 1e-5 * want_per_token[i])
+          << "per-token loss on 2 ranks" << (dist_opt ? " (distributed optimizer)" : "") << ", value " << i;
+    // The gradient norms too (Adam's step barely sees a gradient's scale; the norm does).
+    const auto norms = grad_norms_in(r.output), want_norms = grad_norms_in(one_rank.output);
+    ASSERT_EQ(norms.size(), 3u) << r.output;
+    ASSERT_EQ(want_norms.size(), 3u) << one_rank.output;
+    for (size_t i = 0; i < norms.size(); ++i)
+      EXPECT_NEAR(norms[i], want_norms[i], std::max(2e-3 * want_norms[i], 1e-3)) << "grad norm of iteration " << i + 1;
+  }
   // Saved at DP=2 with the distributed optimizer (whole moments gathered from shares cut at the
   // model's parts) after 2 iterations, resumed on one rank for iterations 3 and 4.
   std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -95,6 +96,42 @@ TEST(Trainer, SameSeedTwiceIsBitwiseIdentical) {
     return v;
   }(), 1);
   EXPECT_NE(run(other).lm_loss, a.lm_loss) << "the seed changes the weights and the data order";
+}
+
+// --calculate-per-token-loss: the step's gradients are its summed token losses' over its tokens,
+// however the global batch is cut into micro-batches; Megatron's default (each micro-batch's mean
+// over the micro-batches) depends on the cut once --eod-mask-loss makes the micro-batches' token
+// counts differ. With one micro-batch a step the two agree.
+TEST(Trainer, PerTokenLossDoesNotDependOnTheMicroBatches) {
+  auto with = [](const std::string& mbs, bool per_token) {
+    auto a = tiny_args(4, 1);
+    a[std::find(a.begin(), a.end(), "--micro-batch-size") - a.begin() + 1] = mbs;
+    a.push_back("--eod-mask-loss");
+    if (per_token) a.push_back("--calculate-per-token-loss");
+    return run(config::resolve_mlm(a, 1));
+  };
+  const auto two = with("2", true), one = with("4", true), mean_two = with("2", false), mean_one = with("4", false);
+  ASSERT_EQ(two.grad_norm.size(), 4u);
+  bool split_matters = false;
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("iteration " + std::to_string(i + 1));
+    EXPECT_NEAR(two.grad_norm[i], one.grad_norm[i], 1e-4 * one.grad_norm[i]);
+    EXPECT_NEAR(two.lm_loss[i], one.lm_loss[i], 1e-5 * one.lm_loss[i]);
+    EXPECT_NEAR(mean_one.grad_norm[i], one.grad_norm[i], 1e-4 * one.grad_norm[i]);
+    split_matters = split_matters || std::abs(mean_two.grad_norm[i] - two.grad_norm[i]) > 1e-3 * two.grad_norm[i];
+  }
+  EXPECT_TRUE(split_matters) << "the micro-batches' token counts never differed: the test shows nothing";
+  // Megatron-Core's DDP refuses to average a per-token loss's gradients in the collective.
+  auto averaged = tiny_args(2);
+  averaged.insert(averaged.end(), {"--calculate-per-token-loss", "--ddp-average-in-collective"});
+  try {
+    config::resolve_mlm(averaged, 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("Cannot average in collective when calculating per-token loss"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // The same resolved config from either front end gives identical loss lines.
