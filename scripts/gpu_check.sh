@@ -106,6 +106,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # weights; compare-logs judges the per-iteration losses against BF16 tolerance.
           parity_run parity "GPT" --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512 \
             --train-iters 30
+          # Megatron's per-token loss (the step's summed gradients over its tokens), micro-batches
+          # of different token counts (--eod-mask-loss).
+          parity_run parity_per_token "GPT, --calculate-per-token-loss" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 4 --ffn-hidden-size 512 --eod-mask-loss --calculate-per-token-loss --train-iters 20
           ;;
         parity_llama)
           # The same with Llama's pieces: RMSNorm, SwiGLU, RoPE (Llama 3 scaling), GQA, no biases, untied.
