@@ -74,7 +74,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   // Checkpoints are laoyao's safetensors layout in place of torch_dist (docs/configuration.md).
   if (c.checkpoint.ckpt_format != "torch_dist")
     out.push_back("checkpoint format '" + c.checkpoint.ckpt_format + "' (laoyao writes safetensors in place of torch_dist)");
-  if (c.checkpoint.async_save) out.push_back("asynchronous checkpoint saving (checkpoint.async_save)");
   if (c.scheduler.use_checkpoint_opt_param_scheduler)
     out.push_back("taking the LR schedule from the checkpoint (scheduler.use_checkpoint_opt_param_scheduler)");
   if (c.peft.scheme) {

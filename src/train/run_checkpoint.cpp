@@ -28,46 +28,93 @@ StateMap model_shape_fields(const config::ConfigContainer& c, const config::Deri
   };
 }
 
-void save_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
-                         const model::GptModel& model, const optim::AdamW& adam, TrainStateRecord state,
-                         std::FILE* out) {
-  const std::string& save = *c.checkpoint.save;
-  std::fprintf(out, "saving checkpoint at iteration %7lld to %s in laoyao safetensors format\n",
-               static_cast<long long>(iteration), save.c_str());
+namespace {
+
+// The checkpoint at `iteration` whose tensors are read from weights / exp_avg / exp_avg_sq at the
+// table's offsets (the moments only with checkpoint.save_optim).
+CheckpointWrite run_checkpoint_write(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
+                                     const model::ParameterTable& table, const float* weights, const float* exp_avg,
+                                     const float* exp_avg_sq, int64_t optimizer_steps, TrainStateRecord state) {
   CheckpointWrite w;
-  const float* weights = model.weights();
-  for (const auto& p : model.table().specs) w.model.push_back({p.name, p.shape, weights + p.offset});
+  for (const auto& p : table.specs) w.model.push_back({p.name, p.shape, weights + p.offset});
   if (c.checkpoint.save_optim) {
-    for (const auto& p : model.table().specs) {
-      w.optimizer.push_back({exp_avg_name(p.name), p.shape, adam.exp_avg().data() + p.offset});
-      w.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, adam.exp_avg_sq().data() + p.offset});
+    for (const auto& p : table.specs) {
+      w.optimizer.push_back({exp_avg_name(p.name), p.shape, exp_avg + p.offset});
+      w.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, exp_avg_sq + p.offset});
     }
   }
   state.iteration = iteration;
-  state.optimizer_steps = adam.steps();
+  state.optimizer_steps = optimizer_steps;
   state.model_shape = model_shape_fields(c, d);
   state.rng = {{"seed", c.rng.seed}, {"dropout_streams", std::string("keyed by (seed, iteration, micro-batch)")}};
   config::ConfigContainer copy = c;
   w.state = std::move(state);
   w.run_config_yaml = config::to_yaml(copy);
-  save_checkpoint(save, iteration, w);
-  // Megatron keeps every checkpoint unless most_recent_k > 0.
-  if (c.checkpoint.most_recent_k > 0) {
-    namespace fs = std::filesystem;
-    std::vector<int64_t> iters;
-    for (const auto& e : fs::directory_iterator(save)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.size() == 12 && n.rfind("iter_", 0) == 0 &&
-          n.find_first_not_of("0123456789", 5) == std::string::npos)
-        iters.push_back(std::stoll(n.substr(5)));
-    }
-    std::sort(iters.begin(), iters.end());
-    for (size_t k = 0; k + static_cast<size_t>(c.checkpoint.most_recent_k) < iters.size(); ++k)
-      fs::remove_all(fs::path(save) / iteration_dir_name(iters[k]));
+  return w;
+}
+
+void print_saving(const std::string& save, int64_t iteration, std::FILE* out) {
+  std::fprintf(out, "saving checkpoint at iteration %7lld to %s in laoyao safetensors format\n",
+               static_cast<long long>(iteration), save.c_str());
+  std::fflush(out);
+}
+
+// Megatron keeps every checkpoint unless most_recent_k > 0.
+void keep_most_recent(const std::string& save, int64_t most_recent_k) {
+  if (most_recent_k <= 0) return;
+  namespace fs = std::filesystem;
+  std::vector<int64_t> iters;
+  for (const auto& e : fs::directory_iterator(save)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.size() == 12 && n.rfind("iter_", 0) == 0 &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos)
+      iters.push_back(std::stoll(n.substr(5)));
   }
+  std::sort(iters.begin(), iters.end());
+  for (size_t k = 0; k + static_cast<size_t>(most_recent_k) < iters.size(); ++k)
+    fs::remove_all(fs::path(save) / iteration_dir_name(iters[k]));
+}
+
+}  // namespace
+
+void report_saved_checkpoint(const std::string& save, int64_t iteration, std::FILE* out) {
   std::fprintf(out, "  successfully saved checkpoint from iteration %7lld to %s [ t 1/1, p 1/1 ]\n",
                static_cast<long long>(iteration), save.c_str());
   std::fflush(out);
+}
+
+void save_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
+                         const model::GptModel& model, const optim::AdamW& adam, TrainStateRecord state,
+                         std::FILE* out) {
+  const std::string& save = *c.checkpoint.save;
+  print_saving(save, iteration, out);
+  const CheckpointWrite w = run_checkpoint_write(c, d, iteration, model.table(), model.weights(),
+                                                 adam.exp_avg().data(), adam.exp_avg_sq().data(), adam.steps(),
+                                                 std::move(state));
+  save_checkpoint(save, iteration, w);
+  keep_most_recent(save, c.checkpoint.most_recent_k);
+  report_saved_checkpoint(save, iteration, out);
+}
+
+std::unique_ptr<RunCheckpointCopy> copy_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
+                                                       int64_t iteration, const model::GptModel& model,
+                                                       const optim::AdamW& adam, TrainStateRecord state,
+                                                       std::FILE* out) {
+  auto copy = std::make_unique<RunCheckpointCopy>();
+  copy->save_dir = *c.checkpoint.save;
+  copy->iteration = iteration;
+  copy->most_recent_k = c.checkpoint.most_recent_k;
+  print_saving(copy->save_dir, iteration, out);
+  copy->weights.assign(model.weights(), model.weights() + model.num_parameters());
+  if (c.checkpoint.save_optim) copy->exp_avg = adam.exp_avg(), copy->exp_avg_sq = adam.exp_avg_sq();
+  copy->write = run_checkpoint_write(c, d, iteration, model.table(), copy->weights.data(), copy->exp_avg.data(),
+                                     copy->exp_avg_sq.data(), adam.steps(), std::move(state));
+  return copy;
+}
+
+void write_run_checkpoint(const RunCheckpointCopy& copy) {
+  save_checkpoint(copy.save_dir, copy.iteration, copy.write);
+  keep_most_recent(copy.save_dir, copy.most_recent_k);
 }
 
 namespace {

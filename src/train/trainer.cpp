@@ -23,6 +23,7 @@
 #include "model/gpt_tp.hpp"
 #include "optim/adamw.hpp"
 #include "optim/param_scheduler.hpp"
+#include "train/async_save.hpp"
 #include "train/data_pipeline.hpp"
 #include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
@@ -293,6 +294,16 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     close_metrics.f = metrics;
   }
   if (c.logger.tensorboard_dir && log_rank) tb = std::make_unique<TensorBoardWriter>(*c.logger.tensorboard_dir);
+  // --async-save: the writing rank's save in flight (train/async_save.hpp).
+  AsyncCheckpointSave async_save;
+  auto write_checkpoint = [&](const model::GptModel& m, const optim::AdamW& a, const TrainStateRecord& st) {
+    if (c.checkpoint.async_save) {
+      async_save.finalize(true);  // one save in flight: the last one is written and reported first
+      async_save.start(copy_run_checkpoint(c, d, iteration, m, a, st, opt.out), opt.out);
+    } else {
+      save_run_checkpoint(c, d, iteration, m, a, st, opt.out);
+    }
+  };
   auto save = [&] {
     if (!c.checkpoint.save || last_saved == iteration) return;
     // The device's state to the host model and AdamW, on every rank: with the distributed
@@ -317,12 +328,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     st.nan_iterations = total_nan;
     st.floating_point_operations_so_far = flops_so_far;
     if (ep_whole) {  // (with tensor parallelism too: every rank of the TP group has it, the first writes)
-      if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *ep_whole->model, *ep_whole->adam, st, opt.out);
+      if (model.tp_rank() == 0) write_checkpoint(*ep_whole->model, *ep_whole->adam, st);
     } else if (model.tp_size() > 1) {  // whole tensors: the group gathers them, its first rank writes
       const WholeState whole = gather_whole_state(model, local_adam, adam_settings);
-      if (model.tp_rank() == 0) save_run_checkpoint(c, d, iteration, *whole.model, *whole.adam, st, opt.out);
+      if (model.tp_rank() == 0) write_checkpoint(*whole.model, *whole.adam, st);
     } else {
-      save_run_checkpoint(c, d, iteration, model, local_adam, st, opt.out);
+      write_checkpoint(model, local_adam, st);
     }
     last_saved = iteration;
   };
@@ -343,6 +354,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const bool per_token = c.model.calculate_per_token_loss;
   const double dp_scale = per_token ? 1.0 : 1.0 / static_cast<double>(dp_size);
   while (iteration < train_iters) {
+    async_save.finalize(false);  // a save in flight that has finished: reported
     if (profiling && iteration == prof.profile_step_start) {
       engine->cuda_profiler(true);
       std::fprintf(opt.out, "laoyao: --profile: cudaProfilerStart before iteration %lld on rank %lld%s\n",
@@ -551,6 +563,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     }
   }
   save();  // the end of training saves unless the last iteration was just saved
+  async_save.finalize(true);
   // Megatron exits right after an early stop; the final evaluations run only after a full run.
   if (summary.exit_reason.empty()) {
     summary.valid_loss.push_back(

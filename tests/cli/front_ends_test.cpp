@@ -201,6 +201,47 @@ TEST(Cli, ProfileStartsAndStopsTheCaptureRangeAtMegatronsIterations) {
   EXPECT_EQ(r.output.find("cudaProfiler"), std::string::npos) << r.output;
 }
 
+// --async-save: the checkpoints a thread writes while training goes on are the synchronous save's,
+// byte for byte, with Megatron's lines (scheduled, then successfully saved once written, each
+// save finalized before the next). A write that fails on its thread: tests/train/async_save_test.
+TEST(Cli, AsyncSaveWritesTheSynchronousCheckpoints) {
+  std::string dir = fresh_dir("async_save");
+  auto train = [&](const std::string& save, bool async) {
+    std::vector<std::string> a = {"pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads",
+                                  "2", "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size",
+                                  "2", "--global-batch-size", "2", "--train-iters", "4", "--eval-iters", "0",
+                                  "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr",
+                                  "1e-3", "--log-interval", "1", "--save", save, "--save-interval", "2"};
+    if (async) a.push_back("--async-save");
+    return run_laoyao(a, dir, "LAOYAO_DEVICE=cpu");
+  };
+  const auto sync = train("sync", false), async = train("async", true);
+  ASSERT_EQ(sync.status, 0) << sync.output;
+  ASSERT_EQ(async.status, 0) << async.output;
+  for (const char* it : {"2", "4"}) {
+    const std::string scheduled = std::string("  scheduled an async checkpoint save at iteration       ") + it +
+                                  " to async\n",
+                      saved = std::string("  successfully saved checkpoint from iteration       ") + it + " to async";
+    const size_t s = async.output.find(scheduled), done = async.output.find(saved);
+    ASSERT_NE(s, std::string::npos) << async.output;
+    ASSERT_NE(done, std::string::npos) << async.output;
+    EXPECT_LT(s, done) << async.output;
+  }
+  EXPECT_LT(async.output.find("from iteration       2 to async"), async.output.find("saving checkpoint at iteration       4"))
+      << "the first save is finalized before the second starts\n" << async.output;
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  for (const char* iter : {"iter_0000002", "iter_0000004"})
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {  // (run_config.yaml names the paths)
+      const std::string a = bytes(dir + "/sync/" + iter + "/" + file), b = bytes(dir + "/async/" + iter + "/" + file);
+      EXPECT_FALSE(a.empty()) << iter << "/" << file;
+      EXPECT_EQ(a, b) << iter << "/" << file;
+    }
+  EXPECT_EQ(bytes(dir + "/async/latest_checkpointed_iteration.txt"), "4");
+}
+
 // --exit-signal-handler: SIGTERM mid-run saves a checkpoint and exits cleanly (status 0).
 TEST(Cli, SigtermSavesACheckpointAndExitsCleanly) {
   std::string dir = fresh_dir("sigterm");
