@@ -14,14 +14,19 @@ void AsyncCheckpointSave::start(std::unique_ptr<RunCheckpointCopy> copy, std::FI
   out_ = out;
   done_ = false;
   error_ = nullptr;
-  thread_ = std::thread([this] {
-    try {
-      write_run_checkpoint(*copy_);
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-    done_ = true;
-  });
+  try {
+    thread_ = std::thread([this] {
+      try {
+        write_run_checkpoint(*copy_);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      done_ = true;
+    });
+  } catch (...) {  // no thread: nothing in flight
+    copy_.reset();
+    throw;
+  }
   std::fprintf(out_, "  scheduled an async checkpoint save at iteration %7lld to %s\n",
                static_cast<long long>(copy_->iteration), copy_->save_dir.c_str());
   std::fflush(out_);

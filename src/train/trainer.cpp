@@ -41,10 +41,9 @@ std::atomic<bool> g_sigterm{false};
 extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
 // Forward (and, when training, backward) of one micro-batch. The gradient of each token's loss is
-// mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches.
-// Megatron's loss normalisation: each micro-batch's token mean over the micro-batches, or with
-// per_token (--calculate-per-token-loss) the masked sum, the trainer dividing the step's summed
-// gradients by its tokens afterwards (Megatron-Core's finalize_model_grads).
+// mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches;
+// with per_token (--calculate-per-token-loss) the mask alone, the trainer dividing the step's
+// summed gradients by its tokens afterwards (Megatron-Core's finalize_model_grads).
 void run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::DropoutKey& key, int64_t num_microbatches,
                      bool backward, std::vector<float>& dloss, bool per_token = false) {
   if (!backward) return engine.run_micro_batch(mb, key, nullptr);
@@ -353,6 +352,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   // factor 1), and the step's tokens divide the gradients after it.
   const bool per_token = c.model.calculate_per_token_loss;
   const double dp_scale = per_token ? 1.0 : 1.0 / static_cast<double>(dp_size);
+  // The tokens a Megatron router sees in a micro-batch: its sequence-parallel share under TP.
+  const double router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
+                               static_cast<double>(model.tp_size());
   while (iteration < train_iters) {
     async_save.finalize(false);  // a save in flight that has finished: reported
     if (profiling && iteration == prof.profile_step_start) {
@@ -369,9 +371,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     ++iteration;
     const auto step_start = Clock::now();
     flops_shape.global_batch_size = gbs;
-    // Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches, or 1 with a per-token loss (whose
-    // division by the step's tokens then applies to the aux losses' gradients too).
-    engine->set_moe_aux_loss_scale(per_token ? 1.0 : 1.0 / static_cast<double>(M));  // a no-op unless it changed
+    // Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches; with a per-token loss 1, the router
+    // multiplying its aux and z losses by the tokens it sees (a rank's share of the micro-batch)
+    // to undo the division by the step's tokens.
+    engine->set_moe_aux_loss_scale(per_token ? router_tokens : 1.0 / static_cast<double>(M));  // a no-op unless it changed
     engine->zero_grads();
     for (int64_t m = 0; m < M; ++m) {
       MicroBatchData mb = next_batch.take(consumed, m);
@@ -393,12 +396,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
-    if (group || per_token) {  // gradients averaged over the data-parallel ranks, then the norm of the average
+    if (group || per_token) {  // gradients reduced over the data-parallel ranks, then the norm
       iter_loss = reduce_loss(engine->take_loss_sum());
       if (dp_size > 1) engine->all_reduce_grads(*dp, dp_scale);
-      // A per-token loss: the summed gradients over every data-parallel rank's tokens (none: NaN,
-      // as Megatron's 1 / num_tokens).
-      if (per_token) engine->scale_grads(1.0 / iter_loss.count);
+      // A per-token loss: the summed gradients over every data-parallel rank's tokens (none:
+      // left as they are, as Megatron's finalize_model_grads does).
+      if (per_token && iter_loss.count > 0) engine->scale_grads(1.0 / iter_loss.count);
       norm = engine->grad_norm();
     } else {
       std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();

@@ -134,6 +134,26 @@ TEST(Trainer, PerTokenLossDoesNotDependOnTheMicroBatches) {
   }
 }
 
+// With every token counted and equal micro-batches the per-token normalisation is the default's,
+// MoE aux and z losses included: Megatron's router multiplies them by the tokens it sees, undoing
+// the division by the step's tokens (without that factor their gradients would be ~1/64 here).
+TEST(Trainer, PerTokenLossOfAnMoeModelWithoutMaskingIsTheDefaults) {
+  auto with = [](bool per_token) {
+    auto a = tiny_args(4, 1);
+    a.insert(a.end(), {"--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.5",
+                       "--moe-z-loss-coeff", "0.05", "--disable-bias-linear"});
+    if (per_token) a.push_back("--calculate-per-token-loss");
+    return run(config::resolve_mlm(a, 1));
+  };
+  const auto mean = with(false), per_token = with(true);
+  ASSERT_EQ(per_token.grad_norm.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("iteration " + std::to_string(i + 1));
+    EXPECT_NEAR(per_token.grad_norm[i], mean.grad_norm[i], 1e-4 * mean.grad_norm[i]);
+    EXPECT_NEAR(per_token.lm_loss[i], mean.lm_loss[i], 1e-5 * mean.lm_loss[i]);
+  }
+}
+
 // The same resolved config from either front end gives identical loss lines.
 TEST(Trainer, FrontEndParity) {
   auto args = tiny_args(5, 1);
