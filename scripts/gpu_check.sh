@@ -110,6 +110,10 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # of different token counts (--eod-mask-loss).
           parity_run parity_per_token "GPT, --calculate-per-token-loss" --num-layers 2 --hidden-size 128 \
             --num-attention-heads 4 --ffn-hidden-size 512 --eod-mask-loss --calculate-per-token-loss --train-iters 20
+          # --decoupled-lr: the embeddings' (here untied from the output layer) AdamW runs at their own rate.
+          parity_run parity_decoupled_lr "GPT, --decoupled-lr" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 4 --ffn-hidden-size 512 --untie-embeddings-and-output-weights --decoupled-lr 3e-3 \
+            --decoupled-min-lr 3e-5 --train-iters 20
           ;;
         parity_llama)
           # The same with Llama's pieces: RMSNorm, SwiGLU, RoPE (Llama 3 scaling), GQA, no biases, untied.

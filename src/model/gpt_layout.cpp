@@ -20,6 +20,7 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
   const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   out.word_emb = table.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
+  table.specs.back().embedding_or_output = true;
   if (c.positions == Positions::LearnedAbsolute)
     out.pos_emb = table.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
   const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
@@ -84,6 +85,7 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   out.final_b = ln ? table.add("decoder.final_layernorm.bias", {h}, Init::Zeros) : -1;
   out.output_w = c.tied_embeddings ? out.word_emb
                                    : table.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
+  if (!c.tied_embeddings) table.specs.back().embedding_or_output = true;
   return out;
 }
 

@@ -17,6 +17,9 @@ struct ParamSpec {
   Init init = Init::Zeros;
   double std = 0;               // for Init::Normal
   bool weight_decay = true;     // false for biases and 1-D parameters (Megatron's wd_mult 0)
+  // The word embeddings and the output layer (Megatron-Core's is_embedding_or_output_parameter:
+  // --decoupled-lr's parameters).
+  bool embedding_or_output = false;
   // A buffer, not a parameter (Megatron's register_buffer: the router's expert_bias): saved in
   // checkpoints, never given a gradient (so the optimizer leaves it), not counted or normed as a
   // parameter.

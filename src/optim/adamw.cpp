@@ -16,15 +16,16 @@ AdamW::AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s
   if (covered != num_params) throw Error("AdamW: parameter ranges do not cover the buffer");
 }
 
-void AdamW::step(float* params, const float* grads, double lr, double wd) {
+void AdamW::step(float* params, const float* grads, double lr, double wd, std::optional<double> decoupled_lr) {
   ++step_;
   const double bc1 = 1.0 - std::pow(s_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(s_.beta2, static_cast<double>(step_));
-  const double step_size = lr / bc1;
   const double bc2_sqrt = std::sqrt(bc2);
   const float b1 = static_cast<float>(s_.beta1), b2 = static_cast<float>(s_.beta2);
   for (const auto& r : ranges_) {
-    const float decay = static_cast<float>(1.0 - lr * wd * r.wd_mult);
+    const double range_lr = r.embedding_or_output && decoupled_lr ? *decoupled_lr : lr;
+    const double step_size = range_lr / bc1;
+    const float decay = static_cast<float>(1.0 - range_lr * wd * r.wd_mult);
     float* p = params + r.offset;
     const float* g = grads + r.offset;
     float* m = m_.data() + r.offset;

@@ -3,6 +3,7 @@
 // which ranges get weight decay.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace laoyao::optim {
@@ -11,10 +12,13 @@ struct AdamWSettings {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
 
-// A contiguous range of parameters with one weight-decay multiplier (0 for biases and 1-D params).
+// A contiguous range of parameters with one weight-decay multiplier (0 for biases and 1-D params);
+// embedding_or_output: the word embeddings or the output layer (Megatron-Core's
+// is_embedding_or_output_parameter), which take --decoupled-lr's rate when it is set.
 struct ParamRange {
   int64_t offset = 0, numel = 0;
   double wd_mult = 1.0;
+  bool embedding_or_output = false;
 };
 
 class AdamW {
@@ -23,7 +27,8 @@ class AdamW {
   // One step with learning rate `lr` and weight decay `wd` (times each range's multiplier):
   //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
   //   p -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)        (t counts steps from 1)
-  void step(float* params, const float* grads, double lr, double wd);
+  // With decoupled_lr the embedding_or_output ranges take it in place of lr.
+  void step(float* params, const float* grads, double lr, double wd, std::optional<double> decoupled_lr = {});
   int64_t steps() const { return step_; }
   const std::vector<ParamRange>& ranges() const { return ranges_; }
   std::vector<float>& exp_avg() { return m_; }

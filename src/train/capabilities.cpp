@@ -49,8 +49,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   const auto& o = c.optimizer;
   if (o.optimizer != "adam") out.push_back("the '" + o.optimizer + "' optimizer (only adam, i.e. AdamW, so far)");
   if (!o.decoupled_weight_decay) out.push_back("Adam with L2-coupled weight decay (optimizer.decoupled_weight_decay=false)");
-  if (o.decoupled_lr || o.decoupled_min_lr)
-    out.push_back("a separate learning rate for embedding and output layers (--decoupled-lr / --decoupled-min-lr)");
   // The precision-aware optimizer with fp32 states (Bridge's Qwen3 cohort) is the plain AdamW; the
   // lower-precision gradients, main weights and moments it can keep are not built.
   struct StateDtype {

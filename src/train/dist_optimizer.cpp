@@ -84,9 +84,9 @@ std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table
   std::vector<optim::ParamRange> ranges;
   size_t first = 0;  // specs and segments are both in buffer order
   int64_t covered = 0;
-  auto cover = [&](int64_t offset, int64_t numel, double wd_mult) {
+  auto cover = [&](int64_t offset, int64_t numel, const model::ParamSpec& p) {
     if (offset > covered) ranges.push_back({covered, offset - covered, 0.0});  // alignment's gap
-    ranges.push_back({offset, numel, wd_mult});
+    ranges.push_back({offset, numel, p.weight_decay ? 1.0 : 0.0, p.embedding_or_output});
     covered = offset + numel;
   };
   for (const OwnedSegment& seg : shards.owned) {
@@ -95,7 +95,7 @@ std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table
     for (size_t i = first; i < table.specs.size() && table.specs[i].offset < end; ++i) {
       const model::ParamSpec& p = table.specs[i];
       const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, end);
-      if (lo < hi) cover(seg.moment + lo - seg.offset, hi - lo, p.weight_decay ? 1.0 : 0.0);
+      if (lo < hi) cover(seg.moment + lo - seg.offset, hi - lo, p);
     }
   }
   if (shards.owned_total > covered) ranges.push_back({covered, shards.owned_total - covered, 0.0});
@@ -103,11 +103,11 @@ std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table
 }
 
 void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weights, float* grads, double norm,
-                double max_norm, double lr, double wd, std::vector<float>& scratch) {
+                double max_norm, double lr, double wd, std::optional<double> decoupled_lr, std::vector<float>& scratch) {
   if (shards.owned.size() == 1 && shards.owned[0].moment == 0) {  // the moments match the segment: in place
     const OwnedSegment& seg = shards.owned[0];
     optim::clip_grads(grads + seg.offset, seg.count, norm, max_norm);
-    adam.step(weights + seg.offset, grads + seg.offset, lr, wd);
+    adam.step(weights + seg.offset, grads + seg.offset, lr, wd, decoupled_lr);
     return;
   }
   if (scratch.size() != 2 * static_cast<size_t>(shards.owned_total))  // the gaps stay zero
@@ -119,7 +119,7 @@ void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weight
     std::copy(grads + seg.offset, grads + seg.offset + seg.count, g + seg.moment);
   }
   optim::clip_grads(g, shards.owned_total, norm, max_norm);
-  adam.step(w, g, lr, wd);
+  adam.step(w, g, lr, wd, decoupled_lr);
   for (const OwnedSegment& seg : shards.owned) std::copy(w + seg.moment, w + seg.moment + seg.count, weights + seg.offset);
 }
 
@@ -135,10 +135,15 @@ void gather_shares(float* weights, const OptimizerShards& shards, std::vector<fl
   }
 }
 
-std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s) {
+std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table) {
   std::vector<optim::ParamRange> ranges;
-  for (const auto& p : table.specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
-  return std::make_unique<optim::AdamW>(table.total, ranges, s);
+  for (const auto& p : table.specs)
+    ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0, p.embedding_or_output});
+  return ranges;
+}
+
+std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s) {
+  return std::make_unique<optim::AdamW>(table.total, adam_ranges(table), s);
 }
 
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,

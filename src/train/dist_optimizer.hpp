@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -78,15 +79,19 @@ inline OptimizerShards whole_model_shards(int64_t n) { return plan_optimizer_sha
 std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, const OptimizerShards& shards,
                                               const optim::AdamWSettings& s);
 
-// One AdamW step (Megatron's clip first) of the owned segments of weights/grads on the host.
-// scratch: the caller's, reused across steps.
+// One AdamW step (Megatron's clip first) of the owned segments of weights/grads on the host
+// (decoupled_lr: the embedding and output layer's rate, --decoupled-lr). scratch: the caller's,
+// reused across steps.
 void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weights, float* grads, double norm,
-                double max_norm, double lr, double wd, std::vector<float>& scratch);
+                double max_norm, double lr, double wd, std::optional<double> decoupled_lr, std::vector<float>& scratch);
 
 // weights: every rank's owned pieces up to date; after the call the whole buffer is (collective
 // over the runs' groups: an all-reduce of each rank's pieces over zeros). scratch: the caller's.
 void gather_shares(float* weights, const OptimizerShards& shards, std::vector<float>& scratch);
 
+// AdamW's ranges for `table`: each parameter with its weight-decay multiplier and whether it is an
+// embedding or output layer (--decoupled-lr).
+std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table);
 // A whole-size AdamW over `table` with zero moments (every parameter, weight decay kept).
 std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s);
 // A whole-size AdamW holding every rank's moments (collective), for a checkpoint.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -42,8 +43,9 @@ class Engine {
   virtual int64_t count_zero_grads() = 0;
   virtual double params_norm() = 0;
   // Megatron's clip (coefficient max_norm / (norm + 1e-6) when below 1, none when max_norm <= 0)
-  // and one AdamW step.
-  virtual void clip_and_step(double norm, double max_norm, double lr, double wd) = 0;
+  // and one AdamW step (decoupled_lr: the word embeddings' and output layer's rate, --decoupled-lr).
+  virtual void clip_and_step(double norm, double max_norm, double lr, double wd,
+                             std::optional<double> decoupled_lr = {}) = 0;
   // After a step's micro-batches, before any gradient is read: sums over the tensor-parallel
   // group what each rank computed from its share of the sequence (sequence parallelism).
   virtual void finalize_grads() {}

@@ -73,8 +73,8 @@ class CpuEngine final : public Engine {
   }
   // With the distributed optimizer this rank steps its share (every rank holds the whole averaged
   // gradients here: the all-reduce above), then the shares are gathered.
-  void clip_and_step(double norm, double max_norm, double lr, double wd) override {
-    step_owned(adam_, shards_, model_.weights(), model_.grads(), norm, max_norm, lr, wd, step_scratch_);
+  void clip_and_step(double norm, double max_norm, double lr, double wd, std::optional<double> decoupled_lr) override {
+    step_owned(adam_, shards_, model_.weights(), model_.grads(), norm, max_norm, lr, wd, decoupled_lr, step_scratch_);
     if (shards_.sharded()) gather_shares(model_.weights(), shards_, gather_);
   }
 

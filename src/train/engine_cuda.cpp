@@ -109,6 +109,7 @@ class CudaEngine final : public Engine {
       std::fill_n(decay.begin() + r.offset, r.numel, r.wd_mult != 0.0 ? 1 : 0);
     decay_.upload(decay.data(), decay.size());
     if (shards_.sharded()) count_owned();
+    plan_step_runs();
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
     // --overlap-grad-reduce: the gradient ranges the backward reports go through this stream
     // (highest priority, so its NCCL kernels are scheduled beside the backward's), and what is
@@ -190,25 +191,35 @@ class CudaEngine final : public Engine {
     phases_.mark(StepPhases::kBackwardDone, gpu_.stream());
     gpu_.finalize_grads();
   }
-  void clip_and_step(double norm, double max_norm, double lr, double wd) override {
+  void clip_and_step(double norm, double max_norm, double lr, double wd, std::optional<double> decoupled_lr) override {
     cudaStream_t stream = gpu_.stream();
     ++steps_;
+    const double bc1 = 1.0 - std::pow(settings_.beta1, static_cast<double>(steps_));
     kc::AdamWStep s;
     s.beta1 = static_cast<float>(settings_.beta1);
     s.beta2 = static_cast<float>(settings_.beta2);
     s.eps = settings_.eps;
     s.lr = lr;
     s.wd = wd;
-    s.step_size = lr / (1.0 - std::pow(settings_.beta1, static_cast<double>(steps_)));
+    s.step_size = lr / bc1;
     s.bc2_sqrt = std::sqrt(1.0 - std::pow(settings_.beta2, static_cast<double>(steps_)));
     if (max_norm > 0) {  // optim::clip_grads' rule
       const double coeff = max_norm / (norm + 1e-6);
       if (coeff < 1.0) s.grad_scale = static_cast<float>(coeff);
     }
-    for (const OwnedSegment& seg : shards_.owned)
-      kc::adamw_step(gpu_.main_params() + seg.offset, gpu_.main_grads() + seg.offset, m_.as<float>() + seg.moment,
-                     v_.as<float>() + seg.moment, gpu_.params() + seg.offset, decay_.as<uint8_t>() + seg.moment,
-                     seg.count, s, stream);
+    auto step = [&](int64_t offset, int64_t moment, int64_t count, const kc::AdamWStep& with) {
+      kc::adamw_step(gpu_.main_params() + offset, gpu_.main_grads() + offset, m_.as<float>() + moment,
+                     v_.as<float>() + moment, gpu_.params() + offset, decay_.as<uint8_t>() + moment, count, with,
+                     stream);
+    };
+    if (!decoupled_lr) {
+      for (const OwnedSegment& seg : shards_.owned) step(seg.offset, seg.moment, seg.count, s);
+    } else {  // --decoupled-lr: the word embeddings' and output layer's runs at their own rate
+      kc::AdamWStep d = s;
+      d.lr = *decoupled_lr;
+      d.step_size = *decoupled_lr / bc1;
+      for (const StepRun& r : step_runs_) step(r.offset, r.moment, r.count, r.decoupled ? d : s);
+    }
     for (const ShardRun& run : shards_.runs)  // every rank's updated pieces of the bf16 parameters, in place
       if (run.over.size > 1 && run.piece() > 0)
         run.over.group->all_gather_device(gpu_.params() + run.own_offset(), gpu_.params() + run.offset,
@@ -296,6 +307,30 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
+  // The owned segments cut where AdamW's ranges change between the word embeddings or output
+  // layer and the rest (--decoupled-lr's two rates), neighbours of one kind merged.
+  void plan_step_runs() {
+    const std::vector<optim::ParamRange>& ranges = adam_.ranges();  // moment space, in order
+    size_t k = 0;
+    for (const OwnedSegment& seg : shards_.owned) {
+      const int64_t end = seg.moment + seg.count;
+      while (k < ranges.size() && ranges[k].offset + ranges[k].numel <= seg.moment) ++k;
+      for (size_t i = k; i < ranges.size() && ranges[i].offset < end; ++i) {
+        const int64_t lo = std::max(ranges[i].offset, seg.moment), hi = std::min(ranges[i].offset + ranges[i].numel, end);
+        const bool decoupled = ranges[i].embedding_or_output;
+        if (!step_runs_.empty() && step_runs_.back().decoupled == decoupled &&
+            step_runs_.back().moment + step_runs_.back().count == lo &&
+            step_runs_.back().offset + step_runs_.back().count == seg.offset + (lo - seg.moment))
+          step_runs_.back().count += hi - lo;
+        else
+          step_runs_.push_back({seg.offset + (lo - seg.moment), lo, hi - lo, decoupled});
+      }
+    }
+    int64_t planned = 0, owned = 0;
+    for (const StepRun& r : step_runs_) planned += r.count;
+    for (const OwnedSegment& seg : shards_.owned) owned += seg.count;
+    if (planned != owned) throw Error("CudaEngine: AdamW's ranges do not cover the owned segments");
+  }
   // The distributed optimizer's model-wide sums: over the span of this rank's counted segments,
   // with a flag per element when they are several (expert parallelism) or when tensor parallelism
   // counts a replicated tensor on one rank of its group only; summed over the data-parallel group
@@ -426,6 +461,11 @@ class CudaEngine final : public Engine {
   model::CudaGptModel gpu_;
   kc::DeviceBuffer m_, v_, decay_, scratch_;
   int64_t counted_begin_ = 0, counted_end_ = 0;  // see count_owned
+  struct StepRun {
+    int64_t offset, moment, count;  // in the flat buffers, in the moment buffers
+    bool decoupled;
+  };
+  std::vector<StepRun> step_runs_;  // see plan_step_runs
   kc::DeviceBuffer counted_;
   cudaStream_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr, synced_ = nullptr;

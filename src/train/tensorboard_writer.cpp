@@ -86,6 +86,7 @@ void write_iteration_scalars(TensorBoardWriter& tb, const IterationScalars& s) {
     tb.add_scalar(tag + " vs samples", v, s.consumed_samples);
   };
   both("learning-rate", s.learning_rate);
+  if (s.decoupled_learning_rate) tb.add_scalar("decoupled-learning-rate", *s.decoupled_learning_rate, s.iteration);
   both("batch-size", s.batch_size);
   for (const auto& [key, v] : s.losses) both(key, v);
   if (s.loss_scale) both("loss-scale", *s.loss_scale);

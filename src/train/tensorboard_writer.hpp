@@ -36,11 +36,13 @@ class TensorBoardWriter {
 // One training iteration's scalars as Megatron's training_log writes them, in its order, each at
 // step `iteration` and again as "<tag> vs samples" at step `consumed_samples`: learning-rate,
 // batch-size, each loss (lm loss), loss-scale, world-size, grad-norm, num-zeros, params-norm (the
-// optional ones when set). Then the MoE losses (load_balancing_loss, ...) at the iteration alone, as
-// its MoE tracker writes them.
+// optional ones when set; decoupled-learning-rate, with --decoupled-lr, at the iteration alone).
+// Then the MoE losses (load_balancing_loss, ...) at the iteration alone, as its MoE tracker writes
+// them.
 struct IterationScalars {
   int64_t iteration = 0, consumed_samples = 0;
   double learning_rate = 0, batch_size = 0;
+  std::optional<double> decoupled_learning_rate;
   std::vector<std::pair<std::string, double>> losses;
   std::optional<double> loss_scale, world_size, grad_norm, num_zeros, params_norm;
   std::vector<std::pair<std::string, double>> moe_losses;

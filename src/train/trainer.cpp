@@ -166,8 +166,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                std::to_string(model_cfg.moe.topk) + " of " + std::to_string(model_cfg.moe.num_experts) +
                " routed experts; routers, shared experts and the rest whole)");
 
-  std::vector<optim::ParamRange> ranges;
-  for (const auto& p : model.table().specs) ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0});
+  const std::vector<optim::ParamRange> ranges = adam_ranges(model.table());
   const optim::AdamWSettings adam_settings{c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps};
   // The distributed optimizer: this data-parallel rank keeps Adam's moments for its share only
   // (under expert parallelism the experts' share is over the ranks holding the same experts).
@@ -195,6 +194,18 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     engine = make_cpu_engine(model, adam, &shards);
   print_line("> laoyao backend: " + engine->name());
   const optim::ParamSchedule schedule = param_schedule(c);
+  // --decoupled-lr: the word embeddings' and output layer's own schedule (Megatron-Core's param
+  // groups: max_lr decoupled_lr, min_lr decoupled_min_lr or else min_lr; the rest alike).
+  std::optional<optim::ParamSchedule> decoupled_schedule;
+  if (c.optimizer.decoupled_lr) {
+    decoupled_schedule = schedule;
+    decoupled_schedule->max_lr = *c.optimizer.decoupled_lr;
+    decoupled_schedule->min_lr = c.optimizer.decoupled_min_lr.value_or(schedule.min_lr);
+  }
+  auto decoupled_lr_at = [&](int64_t n) -> std::optional<double> {
+    if (!decoupled_schedule) return std::nullopt;
+    return optim::lr_at(*decoupled_schedule, n);
+  };
   FlopShape flops_shape = flop_shape(c, d);
 
   const int64_t train_iters = d.train_iters;
@@ -429,7 +440,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (c.logger.log_num_zeros_in_grad) zeros = engine->count_zero_grads();
     if (finite) {
       engine->clip_and_step(norm, c.optimizer.clip_grad, optim::lr_at(schedule, sched_n),
-                            optim::wd_at(schedule, sched_n));
+                            optim::wd_at(schedule, sched_n), decoupled_lr_at(sched_n));
       sched_n += gbs;  // the scheduler steps only after a successful update
       consecutive_nan = 0;
     } else {
@@ -461,6 +472,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       IterationScalars s;
       s.iteration = iteration, s.consumed_samples = consumed;
       s.learning_rate = optim::lr_at(schedule, sched_n);  // the value the log line prints
+      s.decoupled_learning_rate = decoupled_lr_at(sched_n);
       s.batch_size = static_cast<double>(gbs);
       s.losses.push_back({"lm loss", lm_loss});
       if (c.logger.log_loss_scale_to_tensorboard) s.loss_scale = 1.0;  // bf16 and fp32: no loss scaling
@@ -489,6 +501,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         v.throughput_tflops_per_gpu =
             tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0, d.world_size, opt.flavor);
       v.learning_rate = optim::lr_at(schedule, sched_n);  // the post-step value, as Megatron prints it
+      if (opt.flavor == LogFlavor::kMegatronLM) v.decoupled_learning_rate = decoupled_lr_at(sched_n);
       v.global_batch_size = gbs;
       v.losses.push_back({"lm loss", interval_iters > 0 ? interval_loss / static_cast<double>(interval_iters) : NAN});
       if (moe_layers > 0) {  // Megatron's MoE tracker keys, averaged over the interval like the loss

@@ -31,6 +31,16 @@ TEST(GptModel, ParameterNamesAndCountMatchMegatron) {
   EXPECT_FALSE(m.table().find("decoder.layers.0.input_layernorm.weight")->weight_decay);
   EXPECT_TRUE(m.table().find("embedding.position_embeddings.weight")->weight_decay);
   EXPECT_EQ(m.table().find("output_layer.weight"), nullptr) << "tied to the word embedding";
+  // Megatron-Core's is_embedding_or_output_parameter (--decoupled-lr): the word embeddings and an
+  // untied output layer, nothing else (not the position embeddings).
+  for (const ParamSpec& p : s)
+    EXPECT_EQ(p.embedding_or_output, p.name == "embedding.word_embeddings.weight") << p.name;
+  GptConfig untied = c;
+  untied.tied_embeddings = false;
+  const GptModel u(untied);
+  for (const ParamSpec& p : u.table().specs)
+    EXPECT_EQ(p.embedding_or_output, p.name == "embedding.word_embeddings.weight" || p.name == "output_layer.weight")
+        << p.name;
   // Output layers get std / sqrt(2L).
   EXPECT_DOUBLE_EQ(m.table().find("decoder.layers.0.mlp.linear_fc2.weight")->std, 0.02 / 2.0);
   EXPECT_DOUBLE_EQ(m.table().find("decoder.layers.0.mlp.linear_fc1.weight")->std, 0.02);

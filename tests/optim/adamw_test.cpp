@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "optim/adamw.hpp"
@@ -43,6 +44,38 @@ TEST(AdamW, MatchesANaiveFp64ReferenceOverSteps) {
     for (int i = 0; i < n; ++i) ASSERT_NEAR(p[i], pr[i], 2e-6 * (1 + std::abs(pr[i]))) << "step " << step << " i " << i;
   }
   EXPECT_EQ(opt.steps(), 5);
+}
+
+// --decoupled-lr: the embedding_or_output ranges take their own rate (learning rate and the decay
+// it scales), against the fp64 reference stepping each range with its rate; without it, every
+// range the common one.
+TEST(AdamW, EmbeddingAndOutputRangesTakeTheDecoupledRate) {
+  std::mt19937 gen(5);
+  std::normal_distribution<double> N(0, 1);
+  const int n = 23;
+  for (const bool decoupled : {true, false}) {
+    SCOPED_TRACE(decoupled ? "decoupled" : "one rate");
+    std::vector<float> p(n), g(n);
+    std::vector<double> pa(8), pb(n - 8), ones_a(8, 1.0), ones_b(n - 8, 1.0);
+    for (int i = 0; i < n; ++i) {
+      p[i] = static_cast<float>(N(gen));
+      (i < 8 ? pa[i] : pb[i - 8]) = p[i];
+    }
+    AdamW opt(n, {{0, 8, 1.0, true}, {8, n - 8, 1.0, false}}, {0.9, 0.95, 1e-8});
+    RefAdamW ref_a, ref_b;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<double> ga(8), gb(n - 8);
+      for (int i = 0; i < n; ++i) (i < 8 ? ga[i] : gb[i - 8]) = g[i] = static_cast<float>(N(gen) * 0.1);
+      const double lr = 1e-2, dlr = 5e-2;
+      opt.step(p.data(), g.data(), lr, 0.1, decoupled ? std::optional<double>(dlr) : std::nullopt);
+      ref_a.step(pa, ga, decoupled ? dlr : lr, 0.1, ones_a, 0.9, 0.95, 1e-8);
+      ref_b.step(pb, gb, lr, 0.1, ones_b, 0.9, 0.95, 1e-8);
+      for (int i = 0; i < n; ++i) {
+        const double want = i < 8 ? pa[i] : pb[i - 8];
+        ASSERT_NEAR(p[i], want, 2e-6 * (1 + std::abs(want))) << "step " << step << " i " << i;
+      }
+    }
+  }
 }
 
 TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {

@@ -130,7 +130,7 @@ TEST(DistOptimizer, TheRanksStepsOfTheirSharesAreTheWholeStep) {
       std::vector<float> w = w0, scratch;
       for (const auto* g : {&g1, &g2}) {
         std::vector<float> grads = *g;
-        train::step_owned(*adam, s, w.data(), grads.data(), norm(*g), 1.0, 1e-2, 0.1, scratch);
+        train::step_owned(*adam, s, w.data(), grads.data(), norm(*g), 1.0, 1e-2, 0.1, {}, scratch);
       }
       for (const auto& seg : s.owned)
         for (int64_t i = seg.offset; i < seg.offset + seg.count; ++i) {

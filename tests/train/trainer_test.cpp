@@ -154,6 +154,35 @@ TEST(Trainer, PerTokenLossOfAnMoeModelWithoutMaskingIsTheDefaults) {
   }
 }
 
+// --decoupled-lr / --decoupled-min-lr: the word embeddings (tied to the output layer here) step
+// at their own schedule, the log line printing its value after the learning rate (Megatron-LM's
+// " decoupled learning rate: ... |"). At the common rates the run is the plain one bit for bit.
+TEST(Trainer, DecoupledLearningRateStepsTheEmbeddingsOnItsOwnSchedule) {
+  auto with = [](const std::vector<std::string>& extra, std::string* log) {
+    auto a = tiny_args(4, 1);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(config::resolve_mlm(a, 1), log);
+  };
+  std::string plain_log, same_log, own_log;
+  const auto plain = with({}, &plain_log);
+  const auto same = with({"--decoupled-lr", "3e-3", "--decoupled-min-lr", "3e-4"}, &same_log);
+  const auto own = with({"--decoupled-lr", "3e-2"}, &own_log);
+  EXPECT_EQ(same.lm_loss, plain.lm_loss);
+  EXPECT_EQ(same.grad_norm, plain.grad_norm);
+  EXPECT_EQ(plain_log.find("decoupled learning rate"), std::string::npos);
+  EXPECT_NE(iteration_line(same_log, 2).find("| learning rate: "), std::string::npos);
+  EXPECT_NE(iteration_line(same_log, 2).find(" decoupled learning rate: "), std::string::npos) << same_log;
+  // Linear decay over the 4 iterations (halfway at iteration 2: 3e-4 + (3e-2 - 3e-4) / 2); the
+  // last line prints each schedule's minimum (the decoupled one's defaults to --min-lr).
+  const std::string last = iteration_line(own_log, 4);
+  EXPECT_NE(last.find("| learning rate: 3.000000E-04 | decoupled learning rate: 3.000000E-04 | global batch size:"),
+            std::string::npos)
+      << last;
+  EXPECT_NE(iteration_line(own_log, 2).find(" decoupled learning rate: 1.515000E-02 |"), std::string::npos)
+      << iteration_line(own_log, 2);
+  EXPECT_NE(own.lm_loss[1], plain.lm_loss[1]) << "the embeddings' rate changes the run";
+}
+
 // The same resolved config from either front end gives identical loss lines.
 TEST(Trainer, FrontEndParity) {
   auto args = tiny_args(5, 1);
