@@ -176,6 +176,20 @@ TEST(Launch, DataParallelCpuRanksReproduceOneRank) {
     for (size_t i = 0; i < norms.size(); ++i)
       EXPECT_NEAR(norms[i], want_norms[i], std::max(2e-3 * want_norms[i], 1e-3)) << "grad norm of iteration " << i + 1;
   }
+  // --decoupled-lr under the distributed optimizer: each rank's shares of the embeddings step at
+  // their own rate, as one rank's whole embeddings do.
+  const std::vector<std::string> decoupled = tiny_run({"--train-iters", "3", "--decoupled-lr", "1e-2"});
+  const auto decoupled_one = run_laoyao(decoupled, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(decoupled_one.status, 0) << decoupled_one.output;
+  const auto want_decoupled = losses_in(decoupled_one.output);
+  const auto decoupled_two = run_laoyao(on_ranks("2", decoupled, {"--use-distributed-optimizer"}), dir,
+                                        "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(decoupled_two.status, 0) << decoupled_two.output;
+  const auto got_decoupled = losses_in(decoupled_two.output);
+  ASSERT_EQ(got_decoupled.size(), want_decoupled.size()) << decoupled_two.output;
+  for (size_t i = 0; i < got_decoupled.size(); ++i)
+    EXPECT_NEAR(got_decoupled[i], want_decoupled[i], 1e-5 * want_decoupled[i]) << "--decoupled-lr, value " << i;
+  EXPECT_NE(want_decoupled[3], want[3]) << "the embeddings' rate changes iteration 3";
   // Saved at DP=2 with the distributed optimizer (whole moments gathered from shares cut at the
   // model's parts) after 2 iterations, resumed on one rank for iterations 3 and 4.
   std::vector<std::string> save = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
