@@ -324,11 +324,30 @@ struct Checker {
     auto& s = c.scheduler;
     auto& t = c.train;
     int64_t gbs = *t.global_batch_size;
-    if (!s.start_weight_decay) s.start_weight_decay = c.optimizer.weight_decay;
-    if (!s.end_weight_decay) s.end_weight_decay = c.optimizer.weight_decay;
-    if (s.weight_decay_incr_style == "constant" && *s.start_weight_decay != *s.end_weight_decay)
+    const double wd = c.optimizer.weight_decay;
+    const bool constant_wd = s.weight_decay_incr_style == "constant";
+    // Megatron-LM's validate_args: the constant style takes --weight-decay (start and end unset; a
+    // second validation sees them set to it), the others both ends.
+    if (mlm() && constant_wd && ((s.start_weight_decay && *s.start_weight_decay != wd) ||
+                                 (s.end_weight_decay && *s.end_weight_decay != wd)))
+      fail(n("scheduler.start_weight_decay") + " and " + n("scheduler.end_weight_decay") + " are for " +
+           n("scheduler.weight_decay_incr_style") + " linear or cosine; the constant style uses " +
+           n("optimizer.weight_decay"));
+    if (mlm() && !constant_wd && (!s.start_weight_decay || !s.end_weight_decay))
+      fail(n("scheduler.weight_decay_incr_style") + " " + s.weight_decay_incr_style + " needs both " +
+           n("scheduler.start_weight_decay") + " and " + n("scheduler.end_weight_decay"));
+    if (!s.start_weight_decay) s.start_weight_decay = wd;
+    if (!s.end_weight_decay) s.end_weight_decay = wd;
+    if (constant_wd && *s.start_weight_decay != *s.end_weight_decay)
       fail(n("scheduler.start_weight_decay") + " and " + n("scheduler.end_weight_decay") +
            " must be equal with the constant weight-decay style");
+    // Megatron-Core's OptimizerParamScheduler asserts these.
+    if (*s.start_weight_decay < 0 || *s.end_weight_decay < *s.start_weight_decay)
+      fail(n("scheduler.end_weight_decay") + " (" + format_double(*s.end_weight_decay) + ") must be >= " +
+           n("scheduler.start_weight_decay") + " (" + format_double(*s.start_weight_decay) + ") >= 0");
+    if (c.optimizer.lr && s.lr_warmup_init > *c.optimizer.lr)
+      fail(n("scheduler.lr_warmup_init") + " (" + format_double(s.lr_warmup_init) + ") must be <= " +
+           n("optimizer.lr") + " (" + format_double(*c.optimizer.lr) + ")");
     if (s.override_opt_param_scheduler && s.use_checkpoint_opt_param_scheduler)
       fail("both override and use-checkpoint are set: choose one of " + n("scheduler.override_opt_param_scheduler") +
            " and " + n("scheduler.use_checkpoint_opt_param_scheduler"));

@@ -40,6 +40,9 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_sigterm{false};
 extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
+// A value as Megatron logs it after a float32 tensor's all-reduce (.item() of a float32).
+double as_float32(double v) { return static_cast<double>(static_cast<float>(v)); }
+
 // Forward (and, when training, backward) of one micro-batch. The gradient of each token's loss is
 // mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches;
 // with per_token (--calculate-per-token-loss) the mask alone, the trainer dividing the step's
@@ -463,6 +466,11 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     const bool at_interval = iteration % log_interval == 0;
     const bool first = iteration == 1;
     const bool log_line = at_interval || (first && opt.flavor == LogFlavor::kMegatronLM);
+    // The post-step rates the log and TensorBoard show, as Megatron's training_log gets them: through
+    // reduce_max_stat_across_model_parallel_group, a float32 tensor (the grad norm and zero count too).
+    const double logged_lr = as_float32(optim::lr_at(schedule, sched_n));
+    const std::optional<double> logged_decoupled_lr =
+        decoupled_schedule ? std::optional<double>(as_float32(*decoupled_lr_at(sched_n))) : std::nullopt;
     const bool tb_step =
         c.logger.tensorboard_dir && iteration % std::max<int64_t>(c.logger.tensorboard_log_interval, 1) == 0;
     // Once for the log line and TensorBoard, on every rank alike: the norm may be a collective.
@@ -471,14 +479,14 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (tb && tb_step) {
       IterationScalars s;
       s.iteration = iteration, s.consumed_samples = consumed;
-      s.learning_rate = optim::lr_at(schedule, sched_n);  // the value the log line prints
-      s.decoupled_learning_rate = decoupled_lr_at(sched_n);
+      s.learning_rate = logged_lr;  // the value the log line prints
+      s.decoupled_learning_rate = logged_decoupled_lr;
       s.batch_size = static_cast<double>(gbs);
       s.losses.push_back({"lm loss", lm_loss});
       if (c.logger.log_loss_scale_to_tensorboard) s.loss_scale = 1.0;  // bf16 and fp32: no loss scaling
       if (c.logger.log_world_size_to_tensorboard) s.world_size = static_cast<double>(d.world_size);
-      if (c.optimizer.clip_grad > 0) s.grad_norm = norm;
-      if (c.logger.log_num_zeros_in_grad) s.num_zeros = static_cast<double>(zeros);
+      if (c.optimizer.clip_grad > 0) s.grad_norm = as_float32(norm);
+      if (c.logger.log_num_zeros_in_grad) s.num_zeros = as_float32(static_cast<double>(zeros));
       s.params_norm = params_norm;
       const auto& m = model_cfg.moe;
       if (moe_layers > 0) {
@@ -500,8 +508,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       if (c.logger.log_throughput)
         v.throughput_tflops_per_gpu =
             tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0, d.world_size, opt.flavor);
-      v.learning_rate = optim::lr_at(schedule, sched_n);  // the post-step value, as Megatron prints it
-      if (opt.flavor == LogFlavor::kMegatronLM) v.decoupled_learning_rate = decoupled_lr_at(sched_n);
+      v.learning_rate = logged_lr;  // the post-step value, as Megatron prints it
+      if (opt.flavor == LogFlavor::kMegatronLM) v.decoupled_learning_rate = logged_decoupled_lr;
       v.global_batch_size = gbs;
       v.losses.push_back({"lm loss", interval_iters > 0 ? interval_loss / static_cast<double>(interval_iters) : NAN});
       if (moe_layers > 0) {  // Megatron's MoE tracker keys, averaged over the interval like the loss
@@ -514,8 +522,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         if (m.z_loss_coeff > 0) v.losses.push_back({"z_loss", interval_moe.z / n});
       }
       // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.
-      v.grad_norm = c.optimizer.clip_grad > 0 ? norm : 0.0;
-      if (c.logger.log_num_zeros_in_grad) v.num_zeros = static_cast<double>(zeros);
+      v.grad_norm = c.optimizer.clip_grad > 0 ? as_float32(norm) : 0.0;
+      if (c.logger.log_num_zeros_in_grad) v.num_zeros = as_float32(static_cast<double>(zeros));
       v.params_norm = params_norm;
       v.skipped_iterations = skipped;
       v.nan_iterations = nan_iters;

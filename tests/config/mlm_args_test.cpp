@@ -201,6 +201,23 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   EXPECT_NE(e.find("Must use --overlap-param-gather with --overlap-grad-reduce"), std::string::npos) << e;
   EXPECT_EQ(usage_error(with(args, {"--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"})),
             "");
+  // Weight decay (validate_args: the constant style takes --weight-decay, the others both ends)
+  // and Megatron-Core's scheduler assertions (a warmup that starts above the peak, a decreasing
+  // weight decay).
+  e = usage_error(with(args, {"--start-weight-decay", "0.05", "--end-weight-decay", "0.05"}));
+  EXPECT_NE(e.find("the constant style uses --weight-decay"), std::string::npos) << e;
+  e = usage_error(with(args, {"--weight-decay-incr-style", "linear"}));
+  EXPECT_NE(e.find("--weight-decay-incr-style linear needs both --start-weight-decay and --end-weight-decay"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(usage_error(with(args, {"--weight-decay-incr-style", "linear", "--start-weight-decay", "0.01",
+                                    "--end-weight-decay", "0.1"})),
+            "");
+  e = usage_error(with(args, {"--weight-decay-incr-style", "cosine", "--start-weight-decay", "0.1",
+                              "--end-weight-decay", "0.01"}));
+  EXPECT_NE(e.find("--end-weight-decay (0.01) must be >= --start-weight-decay (0.1)"), std::string::npos) << e;
+  e = usage_error(with(args, {"--lr-warmup-init", "1"}));
+  EXPECT_NE(e.find("--lr-warmup-init (1.0) must be <= --lr (0.0003)"), std::string::npos) << e;
 }
 
 // The seed command with --train-iters 10 replaced by --train-samples N (and more).

@@ -23,7 +23,9 @@ TEST(Capabilities, TheSeedFeaturesAreSupported) { EXPECT_EQ(missing({}), ""); }
 
 TEST(Capabilities, SettingsTheEngineWouldIgnoreAreNamed) {
   EXPECT_NE(missing({"--optimizer", "sgd"}).find("'sgd' optimizer"), std::string::npos);
-  EXPECT_NE(missing({"--decoupled-lr", "1.0"}).find("--decoupled-lr"), std::string::npos);
+  EXPECT_EQ(missing({"--decoupled-lr", "1.0", "--decoupled-min-lr", "0.1"}), "") << "both backends train it";
+  EXPECT_EQ(missing({"--calculate-per-token-loss"}), "");
+  EXPECT_EQ(missing({"--async-save", "--save", "/tmp/x", "--save-interval", "5"}), "");
   EXPECT_NE(missing({"--skip-train"}).find("--skip-train"), std::string::npos);
   EXPECT_NE(missing({"--iterations-to-skip", "3"}).find("--iterations-to-skip"), std::string::npos);
   EXPECT_EQ(missing({"--position-embedding-type", "rope", "--qk-layernorm", "--normalization", "RMSNorm"}), "");

@@ -13,6 +13,7 @@
 #include "train/engine.hpp"
 #include "train/trainer.hpp"
 #include "train/log_parse.hpp"
+#include "train/run_setup.hpp"
 #include "train/tensorboard_reader.hpp"
 #include "train/training_log_compare.hpp"
 #include "tfevents_reader.hpp"
@@ -181,6 +182,30 @@ TEST(Trainer, DecoupledLearningRateStepsTheEmbeddingsOnItsOwnSchedule) {
   EXPECT_NE(iteration_line(own_log, 2).find(" decoupled learning rate: 1.515000E-02 |"), std::string::npos)
       << iteration_line(own_log, 2);
   EXPECT_NE(own.lm_loss[1], plain.lm_loss[1]) << "the embeddings' rate changes the run";
+}
+
+// Megatron's training_log gets the learning rate through a float32 tensor (its model-parallel
+// max): the line prints the float32 value's digits, which differ from the double's now and then.
+TEST(Trainer, LearningRateIsPrintedAsMegatronsFloat32) {
+  auto a = tiny_args(11, 1);
+  a[std::find(a.begin(), a.end(), "--lr") - a.begin() + 1] = "1e-3";  // (iterations 3 and 4 then tell)
+  a[std::find(a.begin(), a.end(), "--min-lr") - a.begin() + 1] = "1e-4";
+  a.insert(a.end(), {"--lr-decay-style", "cosine", "--lr-warmup-iters", "1"});
+  const auto r = config::resolve_mlm(a, 1);
+  std::string log;
+  run(r, &log);
+  const optim::ParamSchedule schedule = train::param_schedule(r.cfg);
+  const int64_t gbs = *r.cfg.train.global_batch_size;
+  int double_differs = 0;
+  for (int it = 1; it <= 11; ++it) {
+    const double lr = optim::lr_at(schedule, it * gbs);
+    char as_float[32], as_double[32];
+    std::snprintf(as_float, sizeof as_float, "learning rate: %.6E |", static_cast<double>(static_cast<float>(lr)));
+    std::snprintf(as_double, sizeof as_double, "learning rate: %.6E |", lr);
+    EXPECT_NE(iteration_line(log, it).find(as_float), std::string::npos) << iteration_line(log, it);
+    double_differs += std::string(as_float) != as_double;
+  }
+  EXPECT_GT(double_differs, 0) << "no iteration tells float32 from double: the test shows nothing";
 }
 
 // The same resolved config from either front end gives identical loss lines.
