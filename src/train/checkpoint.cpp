@@ -160,6 +160,7 @@ StateFile read_state_file(const std::string& dir) {
   r.floating_point_operations_so_far = j.at("floating_point_operations_so_far").get<double>();
   r.rng = state_map(j, file, "rng");
   r.model_shape = state_map(j, file, "model_shape");
+  r.scheduler = state_map(j, file, "scheduler");
   if (!j.contains("files") || !j.at("files").is_object()) bad_state(file, "missing field 'files'");
   for (const auto& [name, f] : j.at("files").items()) {
     if (!f.is_object() || !f.contains("sha256") || !f.at("sha256").is_string())
@@ -451,6 +452,7 @@ std::string save_checkpoint(const std::string& save_dir, int64_t iteration, cons
     j["floating_point_operations_so_far"] = s.floating_point_operations_so_far;
     j["rng"] = map_json(s.rng, "rng");
     j["model_shape"] = map_json(s.model_shape, "model_shape");
+    if (!s.scheduler.empty()) j["scheduler"] = map_json(s.scheduler, "scheduler");
     j["files"] = files;
     write_file_atomic(join_path(tmp, kStateFile), j.dump(2) + "\n");  // last: its presence marks completeness
     fsync_dir(tmp);

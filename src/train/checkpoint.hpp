@@ -64,6 +64,10 @@ struct TrainStateRecord {
   double floating_point_operations_so_far = 0;
   StateMap rng;          // opaque RNG state (seed, generator words as strings, ...)
   StateMap model_shape;  // num_layers, hidden_size, ...: compared on resume (check_model_shape)
+  // The LR/WD schedule's values (Megatron's opt_param_scheduler state: max_lr, min_lr,
+  // lr_warmup_steps, lr_decay_steps, lr_decay_style, start_wd, end_wd, wd_incr_steps,
+  // wd_incr_style), checked on resume; empty in checkpoints of laoyao before 2026-12-02.
+  StateMap scheduler;
 };
 
 struct CheckpointWrite {

@@ -6,6 +6,8 @@
 
 #include "config/yaml_io.hpp"
 #include "core/error.hpp"
+#include "train/run_setup.hpp"
+#include "train/training_log.hpp"
 
 namespace laoyao::train {
 
@@ -30,6 +32,72 @@ StateMap model_shape_fields(const config::ConfigContainer& c, const config::Deri
 
 namespace {
 
+// Megatron-Core's OptimizerParamScheduler state, in the order its load_state_dict checks it, with
+// the names its messages use.
+struct SchedulerField {
+  const char* key;
+  const char* name;
+};
+constexpr SchedulerField kSchedulerFields[] = {
+    {"max_lr", "learning rate"},
+    {"min_lr", "minimum learning rate"},
+    {"lr_warmup_steps", "warmup iterations"},
+    {"lr_decay_steps", "total number of iterations"},
+    {"lr_decay_style", "learning rate decay style"},
+    {"start_wd", "start weight decay"},
+    {"end_wd", "end weight decay"},
+    {"wd_incr_steps", "total number of weight decay iterations"},
+    {"wd_incr_style", "weight decay incr style"},
+};
+
+// The run's schedule as that state (steps in samples, as Megatron's).
+StateMap scheduler_fields(const config::ConfigContainer& c) {
+  const optim::ParamSchedule s = param_schedule(c);
+  StateMap m;
+  m["max_lr"] = s.max_lr;
+  m["min_lr"] = s.min_lr;
+  if (s.warmup_steps == static_cast<double>(static_cast<int64_t>(s.warmup_steps)))
+    m["lr_warmup_steps"] = static_cast<int64_t>(s.warmup_steps);
+  else
+    m["lr_warmup_steps"] = s.warmup_steps;  // (a warmup fraction's)
+  m["lr_decay_steps"] = s.decay_steps;
+  m["lr_decay_style"] = s.decay_style;
+  m["start_wd"] = s.start_wd;
+  m["end_wd"] = s.end_wd;
+  m["wd_incr_steps"] = s.wd_incr_steps;
+  m["wd_incr_style"] = s.wd_incr_style;
+  return m;
+}
+
+// A value as Python's str() prints it.
+std::string python_str(const StateValue& v) {
+  if (const double* d = std::get_if<double>(&v)) return pyfmt::float_str(*d);
+  if (const std::string* text = std::get_if<std::string>(&v)) return *text;
+  return state_value_str(v);
+}
+
+// Megatron-Core's _check_and_set for each field, on resume: with override_opt_param_scheduler the
+// config's values win (" > overriding ..."), else they must equal the checkpoint's (" > using
+// checkpoint value ..."). A checkpoint without the state (laoyao's before 2026-12-02) is not checked.
+void check_scheduler(const StateMap& saved, const StateMap& current, bool override_scheduler, std::FILE* out) {
+  if (saved.empty()) return;
+  for (const SchedulerField& f : kSchedulerFields) {
+    const auto s = saved.find(f.key), now = current.find(f.key);
+    if (s == saved.end() || now == current.end()) continue;
+    if (override_scheduler) {
+      std::fprintf(out, " > overriding %s value to %s\n", f.name, python_str(now->second).c_str());
+      continue;
+    }
+    if (python_str(s->second) != python_str(now->second))
+      throw UsageError("OptimizerParamScheduler: class input value " + python_str(now->second) +
+                       " and checkpoint value " + python_str(s->second) + " for " + f.name +
+                       " do not match (resuming with another schedule needs --override-opt_param-scheduler / "
+                       "scheduler.override_opt_param_scheduler=true)");
+    std::fprintf(out, " > using checkpoint value %s for %s\n", python_str(s->second).c_str(), f.name);
+  }
+  std::fflush(out);
+}
+
 // The checkpoint at `iteration` whose tensors are read from weights / exp_avg / exp_avg_sq at the
 // table's offsets (the moments only with checkpoint.save_optim).
 CheckpointWrite run_checkpoint_write(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
@@ -46,6 +114,7 @@ CheckpointWrite run_checkpoint_write(const config::ConfigContainer& c, const con
   state.iteration = iteration;
   state.optimizer_steps = optimizer_steps;
   state.model_shape = model_shape_fields(c, d);
+  state.scheduler = scheduler_fields(c);
   state.rng = {{"seed", c.rng.seed}, {"dropout_streams", std::string("keyed by (seed, iteration, micro-batch)")}};
   config::ConfigContainer copy = c;
   w.state = std::move(state);
@@ -154,6 +223,7 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
                               static_cast<size_t>(p.numel));
         }
         adam.set_steps(ckpt.state.optimizer_steps);
+        check_scheduler(ckpt.state.scheduler, scheduler_fields(c), c.scheduler.override_opt_param_scheduler, out);
       }
       std::fprintf(out, "  successfully loaded checkpoint from %s [ t 1/1, p 1/1 ] at iteration %lld%s\n",
                    ckpt.dir.c_str(), static_cast<long long>(ckpt.state.iteration),

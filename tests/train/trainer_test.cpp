@@ -641,6 +641,33 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
   std::snprintf(want, sizeof want, "lm loss: %.6E", second.lm_loss[1]);
   const std::string line6 = log2.substr(log2.find("iteration        6/"));
   EXPECT_NE(line6.substr(0, line6.find('\n')).find(want), std::string::npos) << line6.substr(0, 400);
+  // Megatron-Core's scheduler state on resume: each value the checkpoint's, said so.
+  EXPECT_NE(log2.find(" > using checkpoint value 0.003 for learning rate\n"), std::string::npos) << log2;
+  EXPECT_NE(log2.find(" > using checkpoint value linear for learning rate decay style\n"), std::string::npos);
+  EXPECT_LT(log2.find(" > using checkpoint value"), log2.find("successfully loaded checkpoint from"));
+  std::filesystem::remove_all(dir);
+}
+
+// Resuming with another schedule (here a longer run: another decay length) is Megatron-Core's
+// assertion unless --override-opt_param-scheduler, when the config's values win, said so.
+TEST(Trainer, ResumeWithAnotherScheduleNeedsTheOverride) {
+  const std::string dir = temp_dir("resume_schedule");
+  run(config::resolve_mlm(with(tiny_args(4, 1), {"--save", dir, "--save-interval", "4"}), 1));
+  std::string log;
+  try {
+    run(config::resolve_mlm(with(tiny_args(8, 1), {"--load", dir}), 1), &log);
+    ADD_FAILURE() << "resumed with another schedule\n" << log;
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("OptimizerParamScheduler: class input value 32 and checkpoint value 16 for "
+                                         "total number of iterations do not match"),
+              std::string::npos)
+        << e.what();
+  }
+  log.clear();
+  const auto resumed =
+      run(config::resolve_mlm(with(tiny_args(8, 1), {"--load", dir, "--override-opt_param-scheduler"}), 1), &log);
+  EXPECT_EQ(resumed.lm_loss.size(), 4u);
+  EXPECT_NE(log.find(" > overriding total number of iterations value to 32\n"), std::string::npos) << log;
   std::filesystem::remove_all(dir);
 }
 
