@@ -60,9 +60,7 @@ class CpuEngine final : public Engine {
     } else {
       group.all_reduce_sum(g, static_cast<size_t>(n));
     }
-    const float s = static_cast<float>(scale);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= s;
+    scale_grads(scale);
   }
   void scale_grads(double scale) override {
     float* g = model_.grads();
