@@ -135,6 +135,30 @@ void gather_shares(float* weights, const OptimizerShards& shards, std::vector<fl
   }
 }
 
+std::vector<StepRun> plan_step_runs(const OptimizerShards& shards, const std::vector<optim::ParamRange>& ranges) {
+  std::vector<StepRun> runs;
+  int64_t planned = 0, owned = 0;
+  size_t k = 0;
+  for (const OwnedSegment& seg : shards.owned) {
+    owned += seg.count;
+    const int64_t end = seg.moment + seg.count;
+    while (k < ranges.size() && ranges[k].offset + ranges[k].numel <= seg.moment) ++k;
+    for (size_t i = k; i < ranges.size() && ranges[i].offset < end; ++i) {
+      const int64_t lo = std::max(ranges[i].offset, seg.moment), hi = std::min(ranges[i].offset + ranges[i].numel, end);
+      const int64_t offset = seg.offset + (lo - seg.moment);
+      const bool decoupled = ranges[i].embedding_or_output;
+      planned += hi - lo;
+      StepRun* last = runs.empty() ? nullptr : &runs.back();
+      if (last && last->decoupled == decoupled && last->moment + last->count == lo && last->offset + last->count == offset)
+        last->count += hi - lo;
+      else
+        runs.push_back({offset, lo, hi - lo, decoupled});
+    }
+  }
+  if (planned != owned) throw Error("plan_step_runs: AdamW's ranges do not cover the owned segments");
+  return runs;
+}
+
 std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : table.specs)

@@ -89,6 +89,16 @@ void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weight
 // over the runs' groups: an all-reduce of each rank's pieces over zeros). scratch: the caller's.
 void gather_shares(float* weights, const OptimizerShards& shards, std::vector<float>& scratch);
 
+// The owned segments cut where AdamW's ranges (in moment space, tiling it) change between the word
+// embeddings or output layer and the rest (--decoupled-lr's two rates), neighbours of one kind
+// merged: what the CUDA engine steps with one rate each. Throws if the ranges leave a segment
+// part uncovered.
+struct StepRun {
+  int64_t offset = 0, moment = 0, count = 0;  // in the flat buffers, in the moment buffers
+  bool decoupled = false;
+};
+std::vector<StepRun> plan_step_runs(const OptimizerShards& shards, const std::vector<optim::ParamRange>& ranges);
+
 // AdamW's ranges for `table`: each parameter with its weight-decay multiplier and whether it is an
 // embedding or output layer (--decoupled-lr).
 std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table);

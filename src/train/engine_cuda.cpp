@@ -109,7 +109,7 @@ class CudaEngine final : public Engine {
       std::fill_n(decay.begin() + r.offset, r.numel, r.wd_mult != 0.0 ? 1 : 0);
     decay_.upload(decay.data(), decay.size());
     if (shards_.sharded()) count_owned();
-    plan_step_runs();
+    step_runs_ = plan_step_runs(shards_, adam_.ranges());
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
     // --overlap-grad-reduce: the gradient ranges the backward reports go through this stream
     // (highest priority, so its NCCL kernels are scheduled beside the backward's), and what is
@@ -307,30 +307,6 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
-  // The owned segments cut where AdamW's ranges change between the word embeddings or output
-  // layer and the rest (--decoupled-lr's two rates), neighbours of one kind merged.
-  void plan_step_runs() {
-    const std::vector<optim::ParamRange>& ranges = adam_.ranges();  // moment space, in order
-    size_t k = 0;
-    for (const OwnedSegment& seg : shards_.owned) {
-      const int64_t end = seg.moment + seg.count;
-      while (k < ranges.size() && ranges[k].offset + ranges[k].numel <= seg.moment) ++k;
-      for (size_t i = k; i < ranges.size() && ranges[i].offset < end; ++i) {
-        const int64_t lo = std::max(ranges[i].offset, seg.moment), hi = std::min(ranges[i].offset + ranges[i].numel, end);
-        const bool decoupled = ranges[i].embedding_or_output;
-        if (!step_runs_.empty() && step_runs_.back().decoupled == decoupled &&
-            step_runs_.back().moment + step_runs_.back().count == lo &&
-            step_runs_.back().offset + step_runs_.back().count == seg.offset + (lo - seg.moment))
-          step_runs_.back().count += hi - lo;
-        else
-          step_runs_.push_back({seg.offset + (lo - seg.moment), lo, hi - lo, decoupled});
-      }
-    }
-    int64_t planned = 0, owned = 0;
-    for (const StepRun& r : step_runs_) planned += r.count;
-    for (const OwnedSegment& seg : shards_.owned) owned += seg.count;
-    if (planned != owned) throw Error("CudaEngine: AdamW's ranges do not cover the owned segments");
-  }
   // The distributed optimizer's model-wide sums: over the span of this rank's counted segments,
   // with a flag per element when they are several (expert parallelism) or when tensor parallelism
   // counts a replicated tensor on one rank of its group only; summed over the data-parallel group
@@ -461,11 +437,7 @@ class CudaEngine final : public Engine {
   model::CudaGptModel gpu_;
   kc::DeviceBuffer m_, v_, decay_, scratch_;
   int64_t counted_begin_ = 0, counted_end_ = 0;  // see count_owned
-  struct StepRun {
-    int64_t offset, moment, count;  // in the flat buffers, in the moment buffers
-    bool decoupled;
-  };
-  std::vector<StepRun> step_runs_;  // see plan_step_runs
+  std::vector<StepRun> step_runs_;  // --decoupled-lr's runs (train/dist_optimizer.hpp)
   kc::DeviceBuffer counted_;
   cudaStream_t comm_ = nullptr;
   cudaEvent_t ready_ = nullptr, synced_ = nullptr;

@@ -3,6 +3,7 @@
 // together the whole model's AdamW step, bit for bit. (The collectives run in the launch tests.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -176,4 +177,51 @@ TEST(DistOptimizer, OverlapCutsTheDenseRunsAtTheModelsParts) {
   for (const auto& run : s.runs) runs.push_back({run.offset, run.count});
   EXPECT_EQ(runs, (std::vector<std::pair<int64_t, int64_t>>{{0, 10}, {10, 5}, {15, 10}, {25, 5}, {30, 20}, {50, 20}}));
   EXPECT_THROW(train::plan_optimizer_shards(70, {}, place(0, 2), {}, {30, 10}), Error);
+}
+
+// --decoupled-lr on the CUDA engine: its owned segments cut into runs of one rate each
+// (plan_step_runs), from the shares' AdamW ranges. Every owned element in exactly one run, at
+// its own offset and moment, decoupled exactly when its parameter is an embedding or output layer.
+TEST(DistOptimizer, StepRunsCutTheOwnedSegmentsWhereTheRateChanges) {
+  model::ParameterTable table = table_of({7, 13, 5, 11, 9, 6});
+  table.specs[1].embedding_or_output = table.specs[4].embedding_or_output = true;
+  const int64_t n = table.total;
+  const std::vector<Layout> layouts = {{n, {}, 1, 1}, {n, {}, 2, 2}, {n, {}, 3, 3}, {n, {{7, 13}, {36, 9}}, 2, 1}};
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE("dp " + std::to_string(l.dp) + (l.experts.empty() ? "" : ", experts apart"));
+    for (int64_t r = 0; r < l.dp; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{}, std::vector<int64_t>{20, 36}}) {
+        const OptimizerShards s = train::plan_optimizer_shards(
+            l.n, l.experts, place(r, l.dp), place(r / (l.dp / l.edp), l.edp), cuts);
+        const auto adam = train::make_shard_adam(table, s, optim::AdamWSettings{});
+        const std::vector<train::StepRun> runs = train::plan_step_runs(s, adam->ranges());
+        std::vector<int> covered(static_cast<size_t>(n), 0);
+        for (const train::StepRun& run : runs) {
+          bool inside = false;  // the run lies in one owned segment, offsets and moments alike
+          for (const train::OwnedSegment& seg : s.owned)
+            inside = inside || (run.offset >= seg.offset && run.offset + run.count <= seg.offset + seg.count &&
+                                run.moment - seg.moment == run.offset - seg.offset);
+          EXPECT_TRUE(inside) << "run at " << run.offset;
+          for (int64_t i = run.offset; i < run.offset + run.count; ++i) {
+            ++covered[static_cast<size_t>(i)];
+            const auto spec = std::find_if(table.specs.begin(), table.specs.end(), [&](const model::ParamSpec& p) {
+              return i >= p.offset && i < p.offset + p.numel;
+            });
+            EXPECT_EQ(run.decoupled, spec->embedding_or_output) << "element " << i;
+          }
+        }
+        for (const train::OwnedSegment& seg : s.owned)
+          for (int64_t i = seg.offset; i < seg.offset + seg.count; ++i)
+            EXPECT_EQ(covered[static_cast<size_t>(i)], 1) << "element " << i;
+        int64_t owned = 0, in_runs = 0;
+        for (const train::OwnedSegment& seg : s.owned) owned += seg.count;
+        for (const train::StepRun& run : runs) in_runs += run.count;
+        EXPECT_EQ(in_runs, owned);
+      }
+    }
+  }
+  // Ranges that leave part of a segment uncovered are refused.
+  const OptimizerShards whole = train::whole_model_shards(n);
+  EXPECT_THROW(train::plan_step_runs(whole, {{0, n - 1, 1.0}}), Error);
 }
