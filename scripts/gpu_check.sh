@@ -114,6 +114,9 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           parity_run parity_decoupled_lr "GPT, --decoupled-lr" --num-layers 2 --hidden-size 128 \
             --num-attention-heads 4 --ffn-hidden-size 512 --untie-embeddings-and-output-weights --decoupled-lr 3e-3 \
             --decoupled-min-lr 3e-5 --train-iters 20
+          # --reset-attention-mask: attention within documents (our flash kernels: head dim 64), positions reset.
+          parity_run parity_documents "GPT, --reset-attention-mask (flash)" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 2 --ffn-hidden-size 512 --reset-attention-mask --reset-position-ids --train-iters 20
           ;;
         parity_llama)
           # The same with Llama's pieces: RMSNorm, SwiGLU, RoPE (Llama 3 scaling), GQA, no biases, untied.
@@ -535,6 +538,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).
           { "$C/laoyao_bench_attention"; python3 bench/attention_sdpa.py; } > "$OUT/attention.txt" 2>&1
           note "attention TFLOP/s, fwd and fwd+bwd: laoyao flash / laoyao via cuDNN / PyTorch sdpa:"
+          while read -r line; do note "  $line"; done < <(grep '^ATTN_DOCS' "$OUT/attention.txt")
           while read -r line; do note "  $line"; done < <(python3 - "$OUT/attention.txt" <<'PY'
 import re, sys
 rows = {}

@@ -31,6 +31,8 @@ void emit(const data::SampleDataset& ds, const std::vector<int64_t>& idx, nlohma
   line["labels"] = rows(mb.labels);
   line["loss_mask"] = rows(mb.loss_mask);
   line["position_ids"] = rows(mb.positions);
+  // --reset-attention-mask: each query's first key (Megatron's attention_mask row by row).
+  if (!mb.key_start.empty()) line["attention_key_start"] = rows(mb.key_start);
   std::fputs((line.dump() + "\n").c_str(), stdout);
 }
 
@@ -49,7 +51,8 @@ int cmd_data_samples(const Args& args) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: laoyao data-samples [--iterations N] [--splits train,valid,test] [training flags]\n\n"
                   "Prints one JSON object per micro-batch that the run would read: split, iteration (or\n"
-                  "evaluation), micro-batch, sample_indices, tokens, labels, loss_mask, position_ids.\n"
+                  "evaluation), micro-batch, sample_indices, tokens, labels, loss_mask, position_ids, and\n"
+                  "with --reset-attention-mask attention_key_start (each token's first visible key).\n"
                   "Training flags: Megatron-LM's (as for pretrain-gpt), or a run-recipe command line\n"
                   "starting with --recipe/--model. --iterations defaults to the run's train iterations.\n");
       return 0;

@@ -167,10 +167,6 @@ GptDataset::GptDataset(std::shared_ptr<const LowLevelDataset> corpus, DocumentRa
       num_samples_(num_samples),
       config_(config) {
   if (!corpus_) throw Error("GptDataset: no corpus");
-  if (config_.reset_attention_mask) {
-    throw UsageError("reset_attention_mask (--reset-attention-mask) is not supported; accepted: "
-                     "false (the model applies a plain causal mask)");
-  }
   if (config_.seq_length <= 1) {
     throw UsageError("seq_length must be > 1, got " + std::to_string(config_.seq_length));
   }
@@ -273,12 +269,15 @@ GptSample GptDataset::get(int64_t index) const {
   // _get_ltor_masks_and_position_ids (on the tokens before pads are replaced).
   sample.loss_mask.assign(static_cast<size_t>(s), 1.0f);
   sample.position_ids.resize(static_cast<size_t>(s));
+  const bool documents = config_.reset_attention_mask && config_.create_attention_mask;
+  if (documents) sample.key_start.resize(static_cast<size_t>(s));
   int64_t position = 0;
   for (int64_t t = 0; t < s; ++t) {
     const bool is_eod = sample.tokens[t] == eod;
     if (config_.eod_mask_loss && is_eod) sample.loss_mask[t] = 0.0f;
     sample.position_ids[t] = config_.reset_position_ids ? position : t;
-    // reset_position_ids: positions after an EOD restart at 0.
+    // Positions after an EOD restart at 0 (reset_position_ids); its document starts after it.
+    if (documents) sample.key_start[t] = static_cast<int32_t>(t - position);
     position = is_eod ? 0 : position + 1;
   }
   // GPTDataset.__getitem__: no loss on pad labels; pad ids become 0 for the embedding.

@@ -22,6 +22,10 @@ struct GptSample {
   std::vector<int64_t> labels;        // [seq_length], tokens shifted by one
   std::vector<float> loss_mask;       // [seq_length], 1 or 0
   std::vector<int64_t> position_ids;  // [seq_length]
+  // [seq_length] with reset_attention_mask (and create_attention_mask), else empty: the first key
+  // each query attends, the position after the last EOD before it. Megatron's mask, row by row: for
+  // each EOD at e, attention_mask[e+1:, :e+1] is masked.
+  std::vector<int32_t> key_start;
 };
 
 // A dataset of GPT samples: a GptDataset or a BlendedDataset of them (Megatron's
@@ -44,7 +48,12 @@ struct GptDatasetConfig {
   // appear in a final partial validation sample (and with add_extra_token_to_sequence off).
   int64_t pad_id = -1;
   bool reset_position_ids = false;    // --reset-position-ids: positions restart after each EOD
-  bool reset_attention_mask = false;  // --reset-attention-mask: refused (UsageError) for now
+  // --reset-attention-mask: attention stays inside each document (samples carry key_start), when
+  // the dataloader creates the attention mask at all (GPTDatasetConfig.create_attention_mask:
+  // Megatron-LM's default; Bridge's skip_getting_attention_mask_from_dataset turns it off, and then
+  // Megatron's attention is plain causal, reset_attention_mask or not).
+  bool reset_attention_mask = false;
+  bool create_attention_mask = true;
   bool eod_mask_loss = false;         // --eod-mask-loss: no loss where the input token is EOD
   // --no-drop-last-partial-validation-sequence turns this off (valid split only).
   bool drop_last_partial_validation_sequence = true;

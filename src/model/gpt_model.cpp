@@ -427,6 +427,18 @@ void GptModel::finalize_grads() {
       same_experts->all_reduce_sum(G(offset), static_cast<size_t>(count));
 }
 
+void check_key_start(const MicroBatch& mb) {
+  if (!mb.key_start) return;
+  for (int64_t t = 0; t < mb.b * mb.s; ++t) {
+    const int64_t i = t % mb.s, first = mb.key_start[t];
+    const int64_t before = i > 0 ? mb.key_start[t - 1] : 0;
+    if (first < before || first > i)
+      throw Error("micro-batch key_start[" + std::to_string(t) + "] = " + std::to_string(first) + " outside [" +
+                  std::to_string(before) + ", " + std::to_string(i) +
+                  "]: a query's document starts at or before it and not before the previous query's");
+  }
+}
+
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses, bool train_step) {
   const auto& c = lc_;
   allocate_activations(mb.b, mb.s);
@@ -435,6 +447,8 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   tokens_.assign(mb.tokens, mb.tokens + T);
   labels_.assign(mb.labels, mb.labels + T);
   if (mb.positions) positions_.assign(mb.positions, mb.positions + T);
+  if (mb.key_start) key_start_.assign(mb.key_start, mb.key_start + T);
+  else key_start_.clear();
   // Megatron-Core builds RoPE for positions 0..s-1 of every sequence (not from position_ids).
   rope_positions_.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) rope_positions_[t] = t % mb.s;
@@ -498,7 +512,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
       attn_mask = A(a.attn_mask);
     }
     k::attention_forward(A(a.qkv_attn), A(a.ctx), A(a.probs), mb.b, mb.s, c.heads, c.query_groups, D, scale,
-                         attn_mask);
+                         attn_mask, key_start());
     float* o = A(a.x_mid);  // the branch output is built in place, then the residual added
     if (sp) {  // RowParallelLinear, reduce-scattered along the sequence, then the bias
       k::linear_forward(A(a.ctx), P(L.proj_w), nullptr, o, T, c.heads * D, h);
@@ -644,7 +658,7 @@ void GptModel::backward(const float* dloss) {
                        c.heads * D, h);
     k::attention_backward(A(a.qkv_attn), A(a.probs), dctx, dwide, b_, s_, c.heads, c.query_groups, D,
                           1.0f / std::sqrt(static_cast<float>(D)),
-                          training_ && c.attention_dropout > 0 ? A(a.attn_mask) : nullptr);
+                          training_ && c.attention_dropout > 0 ? A(a.attn_mask) : nullptr, key_start());
     if (c.positions == Positions::Rope)
       k::rope_backward_qkv(dwide, rope_positions_.data(), rope_, T, c.heads, c.query_groups, D);
     if (c.qk_layernorm && tensor_parallel()) {

@@ -36,7 +36,14 @@ struct MicroBatch {
   const int64_t* tokens = nullptr;
   const int64_t* labels = nullptr;
   const int64_t* positions = nullptr;
+  // [b*s] or null: the first key each query attends (documents of a packed sequence,
+  // --reset-attention-mask); null is plain causal attention.
+  const int32_t* key_start = nullptr;
 };
+
+// Throws laoyao::Error unless mb.key_start (when set) is what documents give: along each sequence
+// non-decreasing, with key_start[i] in [0, i]. The fast attention kernels rely on it.
+void check_key_start(const MicroBatch& mb);
 
 // Where dropout masks come from: keyed by seed and a per-call counter, so a run is reproducible
 // and the same micro-batch gets the same masks however the work is split.
@@ -198,6 +205,8 @@ class GptModel {
   int64_t emb_drop_ = 0, x_final_in_ = 0, xf_ = 0, xf_mean_ = 0, xf_rstd_ = 0, logits_ = 0, lse_ = 0;
   std::vector<float> work_;  // backward scratch
   std::vector<int64_t> tokens_, labels_, positions_, rope_positions_;
+  std::vector<int32_t> key_start_;  // the micro-batch's documents (empty: plain causal)
+  const int32_t* key_start() const { return key_start_.empty() ? nullptr : key_start_.data(); }
   std::vector<float> full_mask_;  // tensor parallel: all heads' attention dropout mask, sliced per rank
   std::vector<float> sp_full_, sp_local_;  // sequence parallel: [T, h] and [T/tp, h] scratch
   std::vector<float> dqk_scratch_;         // tensor parallel: one micro-batch's q/k norm gradients

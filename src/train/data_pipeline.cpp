@@ -54,6 +54,7 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   gc.eod_id = d.eod_id;
   gc.reset_position_ids = ds.reset_position_ids;
   gc.reset_attention_mask = ds.reset_attention_mask;
+  gc.create_attention_mask = !ds.skip_getting_attention_mask_from_dataset;
   gc.eod_mask_loss = ds.eod_mask_loss;
   data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};
   if (ds.mock.value_or(false)) {
@@ -118,6 +119,7 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
     mb.labels.insert(mb.labels.end(), s.labels.begin(), s.labels.end());
     mb.positions.insert(mb.positions.end(), s.position_ids.begin(), s.position_ids.end());
     mb.loss_mask.insert(mb.loss_mask.end(), s.loss_mask.begin(), s.loss_mask.end());
+    mb.key_start.insert(mb.key_start.end(), s.key_start.begin(), s.key_start.end());
   }
   return mb;
 }

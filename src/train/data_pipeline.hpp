@@ -27,6 +27,8 @@ struct MicroBatchData {
   std::vector<int64_t> sample_indices;
   std::vector<int64_t> tokens, labels, positions;
   std::vector<float> loss_mask;
+  std::vector<int32_t> key_start;  // each query's first key (--reset-attention-mask), else empty
+  const int32_t* key_start_or_null() const { return key_start.empty() ? nullptr : key_start.data(); }
 };
 
 // Token ids at or above `vocab` (> 0) are a UsageError naming the sample and the id: the data was

@@ -60,6 +60,8 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
   g.sequence_parallel = m.sequence_parallel;
+  // Megatron masks across documents only when the dataloader builds the attention mask.
+  g.document_attention = c.dataset.reset_attention_mask && !c.dataset.skip_getting_attention_mask_from_dataset;
   g.bf16 = m.bf16;
   g.fp32_residual_connection = m.fp32_residual_connection;
   g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused

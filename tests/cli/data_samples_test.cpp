@@ -46,6 +46,34 @@ TEST(DataSamples, SeedCommandFeedsMegatronsMockSamplesInOrder) {
   EXPECT_EQ(lines[0]["loss_mask"][0][100], 1.0);
 }
 
+// --reset-attention-mask: each token's first visible key restarts after every EOD (the NullTokenizer's
+// EOD is vocab_size - 1); without the flag there is no such field.
+TEST(DataSamples, ResetAttentionMaskPrintsEachTokensFirstKey) {
+  std::vector<std::string> a = {"data-samples", "--iterations", "1", "--splits", "train"};
+  auto f = seed_flags();
+  a.insert(a.end(), f.begin(), f.end());
+  a.push_back("--reset-attention-mask");
+  auto r = run_laoyao(a);
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  auto lines = lines_of(r.output);
+  ASSERT_EQ(lines.size(), 8u);
+  int eods = 0;
+  for (const auto& line : lines)
+    for (size_t row = 0; row < 4; ++row) {
+      const auto& tokens = line["tokens"][row];
+      const auto& first = line["attention_key_start"][row];
+      ASSERT_EQ(first.size(), 512u);
+      int64_t start = 0;
+      for (size_t i = 0; i < 512; ++i) {
+        ASSERT_EQ(first[i], start) << "token " << i;
+        if (tokens[i] == 31999) start = static_cast<int64_t>(i) + 1, ++eods;
+      }
+    }
+  EXPECT_GT(eods, 0) << "no EOD in 32 samples: the test shows nothing";
+  a.pop_back();
+  EXPECT_FALSE(lines_of(run_laoyao(a).output)[0].contains("attention_key_start"));
+}
+
 TEST(DataSamples, EvaluationsContinueTheValidationStreamAndTestStartsAtZero) {
   std::vector<std::string> a = {"data-samples", "--splits", "valid,test"};
   auto f = seed_flags();

@@ -426,11 +426,44 @@ TEST(GptDatasetSmall, WithoutTheExtraToken) {
   }
 }
 
+TEST(GptDatasetSmall, ResetAttentionMaskGivesEachQueryItsDocumentsFirstKey) {
+  GptDatasetConfig config = small_config(99);
+  config.reset_attention_mask = true;
+  const GptDataset ds(corpus_a(), {0, 6}, Split::kTrain, 10, config);
+  const int64_t eod = config.eod_id;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    const GptSample sample = ds.get(i);
+    const int64_t s = static_cast<int64_t>(sample.tokens.size());
+    ASSERT_EQ(static_cast<int64_t>(sample.key_start.size()), s);
+    // Megatron's mask: tril(ones), then for each EOD at e, mask[e+1:, :e+1] = 0; a row's first
+    // unmasked key is key_start.
+    std::vector<std::vector<int>> keep(s, std::vector<int>(s, 0));
+    for (int64_t q = 0; q < s; ++q)
+      for (int64_t k = 0; k <= q; ++k) keep[q][k] = 1;
+    for (int64_t e = 0; e < s; ++e)
+      if (sample.tokens[e] == eod)
+        for (int64_t q = e + 1; q < s; ++q)
+          for (int64_t k = 0; k <= e; ++k) keep[q][k] = 0;
+    for (int64_t q = 0; q < s; ++q)
+      for (int64_t k = 0; k < s; ++k)
+        EXPECT_EQ(keep[q][k], k >= sample.key_start[q] && k <= q) << "sample " << i << " query " << q << " key " << k;
+    EXPECT_EQ(sample.position_ids, (std::vector<int64_t>{0, 1, 2, 3})) << "positions reset only with their own flag";
+  }
+  // Two samples by hand (seed 99's samples 4 and 11): 7 is the EOD.
+  EXPECT_EQ(ds.get(4).tokens, (std::vector<int64_t>{7, 7, 2000, 2001}));
+  EXPECT_EQ(ds.get(4).key_start, (std::vector<int32_t>{0, 1, 2, 2}));
+  EXPECT_EQ(ds.get(11).tokens, (std::vector<int64_t>{6007, 7, 3000, 3001}));
+  EXPECT_EQ(ds.get(11).key_start, (std::vector<int32_t>{0, 0, 2, 2}));
+
+  // Without the dataloader's mask (Bridge's skip_getting_attention_mask_from_dataset), Megatron's
+  // attention is plain causal: no key_start; nor without the flag.
+  config.create_attention_mask = false;
+  EXPECT_TRUE(GptDataset(corpus_a(), {0, 6}, Split::kTrain, 10, config).get(4).key_start.empty());
+  EXPECT_TRUE(GptDataset(corpus_a(), {0, 6}, Split::kTrain, 10, small_config(99)).get(4).key_start.empty());
+}
+
 TEST(GptDatasetSmall, RefusedAndInvalidSettings) {
   const auto corpus = corpus_a();
-  GptDatasetConfig reset_mask = small_config();
-  reset_mask.reset_attention_mask = true;
-  EXPECT_THROW(GptDataset(corpus, {0, 6}, Split::kTrain, 4, reset_mask), UsageError);
   GptDatasetConfig short_seq = small_config();
   short_seq.seq_length = 1;
   EXPECT_THROW(GptDataset(corpus, {0, 6}, Split::kTrain, 4, short_seq), UsageError);

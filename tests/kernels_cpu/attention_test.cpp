@@ -27,8 +27,11 @@ struct TwinOut {
 // [H/G * D | D | D] = (q heads, k, v); query heads are numbered group-major (g * H/G + i);
 // k/v are repeated H/G times (repeat_interleave) so head h sees group h / (H/G).
 // With `mask` (0 or 1/(1-p) per probability), ctx uses the dropped-out probabilities (torch's
-// dropout on attention_probs); probs stays the softmax.
-TwinOut attention_twin(const std::vector<double>& qkv, const Shape& sh, const std::vector<double>* mask = nullptr) {
+// dropout on attention_probs); probs stays the softmax. With `eods` (per sequence, the positions of
+// its EOD tokens), the mask is built as Megatron's _get_ltor_masks_and_position_ids builds it for
+// --reset-attention-mask: for each EOD at e, queries after e do not see keys up to e.
+TwinOut attention_twin(const std::vector<double>& qkv, const Shape& sh, const std::vector<double>* mask = nullptr,
+                       const std::vector<std::vector<int64_t>>* eods = nullptr) {
   const int64_t Q = sh.H / sh.G, D = sh.D, s = sh.s, W = sh.row();
   auto at = [&](int64_t bi, int64_t pos, int64_t col) { return qkv[(bi * s + pos) * W + col]; };
   // q[bi][h][pos][d], k/v repeated per query head
@@ -48,7 +51,14 @@ TwinOut attention_twin(const std::vector<double>& qkv, const Shape& sh, const st
           }
   TwinOut out{std::vector<double>(sh.T() * sh.H * D), std::vector<double>(sh.b * sh.H * s * s)};
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  for (int64_t bi = 0; bi < sh.b; ++bi)
+  for (int64_t bi = 0; bi < sh.b; ++bi) {
+    std::vector<char> keep(s * s);  // tril(ones), then mask[e+1:, :e+1] = 0 per EOD
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t j = 0; j <= i; ++j) keep[i * s + j] = 1;
+    if (eods)
+      for (int64_t e : (*eods)[bi])
+        for (int64_t i = e + 1; i < s; ++i)
+          for (int64_t j = 0; j <= e; ++j) keep[i * s + j] = 0;
     for (int64_t h = 0; h < sh.H; ++h) {
       double* P = out.probs.data() + (bi * sh.H + h) * s * s;
       for (int64_t i = 0; i < s; ++i) {
@@ -57,7 +67,7 @@ TwinOut attention_twin(const std::vector<double>& qkv, const Shape& sh, const st
           double sc = 0.0;
           for (int64_t d = 0; d < D; ++d) sc += q(bi, h, i, d) * krep[((bi * sh.H + h) * s + j) * D + d];
           sc *= scale;
-          if (j > i) sc = -10000.0;  // masked_fill_(mask, -10000.0)
+          if (!keep[i * s + j]) sc = -10000.0;  // masked_fill_(mask, -10000.0)
           P[i * s + j] = sc;
           m = std::max(m, sc);
         }
@@ -74,6 +84,7 @@ TwinOut attention_twin(const std::vector<double>& qkv, const Shape& sh, const st
         }
       }
     }
+  }
   return out;
 }
 
@@ -142,6 +153,92 @@ TEST_P(AttentionTest, DropoutOnTheProbabilitiesMatchesTwinAndFiniteDifferences) 
   const auto rd = to_double(r);
   expect_close(dqkv, numeric_grad([&] { return project(rd, attention_twin(qd, sh, &maskd).ctx); }, qd), kGradTol,
                "dqkv with dropout");
+}
+
+// Random EOD positions per sequence, and each query's first key: just after the last EOD before it.
+struct Documents {
+  std::vector<std::vector<int64_t>> eods;
+  std::vector<int32_t> key_start;
+};
+Documents random_documents(const Shape& sh, std::mt19937& rng) {
+  Documents docs{std::vector<std::vector<int64_t>>(sh.b), std::vector<int32_t>(sh.T())};
+  std::bernoulli_distribution eod(0.35);
+  for (int64_t bi = 0; bi < sh.b; ++bi) {
+    int32_t start = 0;
+    for (int64_t i = 0; i < sh.s; ++i) {
+      docs.key_start[bi * sh.s + i] = start;
+      if (eod(rng)) docs.eods[bi].push_back(i), start = static_cast<int32_t>(i + 1);
+    }
+  }
+  return docs;
+}
+
+TEST_P(AttentionTest, DocumentMasksMatchMegatronsResetAttentionMask) {
+  const Shape sh = GetParam();
+  std::mt19937 rng(406);
+  auto qkv = randn(sh.T() * sh.row(), rng);
+  const auto r = randn(sh.T() * sh.H * sh.D, rng);
+  const Documents docs = random_documents(sh, rng);
+  std::vector<float> mask(sh.b * sh.H * sh.s * sh.s);
+  std::bernoulli_distribution keep(0.8);
+  for (auto& m : mask) m = keep(rng) ? static_cast<float>(1.0 / 0.8) : 0.0f;
+  const auto maskd = to_double(mask);
+  auto qd = to_double(qkv);
+  const auto rd = to_double(r);
+  const std::vector<float>* drops[] = {nullptr, &mask};  // without and with attention dropout
+  for (const std::vector<float>* drop : drops) {
+    const std::vector<double>* dropd = drop ? &maskd : nullptr;
+    const float* dm = drop ? drop->data() : nullptr;
+    auto ctx = nans(sh.T() * sh.H * sh.D), probs = nans(sh.b * sh.H * sh.s * sh.s);
+    attention_forward(qkv.data(), ctx.data(), probs.data(), sh.b, sh.s, sh.H, sh.G, sh.D, sh.scale(), dm,
+                      docs.key_start.data());
+    const auto want = attention_twin(qd, sh, dropd, &docs.eods);
+    expect_close(ctx, want.ctx, kForwardTol, "ctx with document masks");
+    expect_close(probs, want.probs, kForwardTol, "probs with document masks");
+    for (int64_t bh = 0; bh < sh.b * sh.H; ++bh)  // another document's keys: exactly zero
+      for (int64_t i = 0; i < sh.s; ++i)
+        for (int64_t j = 0; j < docs.key_start[(bh / sh.H) * sh.s + i]; ++j)
+          EXPECT_EQ(probs[(bh * sh.s + i) * sh.s + j], 0.0f) << "query " << i << " key " << j;
+    auto dqkv = nans(qkv.size());
+    attention_backward(qkv.data(), probs.data(), r.data(), dqkv.data(), sh.b, sh.s, sh.H, sh.G, sh.D, sh.scale(), dm,
+                       docs.key_start.data());
+    expect_close(dqkv, numeric_grad([&] { return project(rd, attention_twin(qd, sh, dropd, &docs.eods).ctx); }, qd),
+                 kGradTol, "dqkv with document masks");
+  }
+}
+
+TEST(Attention, DocumentsChangeTheResultOnlyWhereAQueryFollowsAnEod) {
+  const Shape sh{1, 6, 2, 2, 4};
+  std::mt19937 rng(407);
+  auto qkv = randn(sh.T() * sh.row(), rng);
+  const std::vector<int32_t> key_start{0, 0, 0, 3, 3, 3};  // an EOD at position 2
+  std::vector<float> ctx(sh.T() * sh.H * sh.D), ctx_docs(ctx.size()), probs(sh.b * sh.H * sh.s * sh.s);
+  attention_forward(qkv.data(), ctx.data(), probs.data(), sh.b, sh.s, sh.H, sh.G, sh.D, sh.scale());
+  attention_forward(qkv.data(), ctx_docs.data(), probs.data(), sh.b, sh.s, sh.H, sh.G, sh.D, sh.scale(), nullptr,
+                    key_start.data());
+  const int64_t W = sh.H * sh.D;
+  for (int64_t t = 0; t < sh.s; ++t)
+    for (int64_t c = 0; c < W; ++c) {
+      if (t <= 2) {
+        EXPECT_EQ(ctx_docs[t * W + c], ctx[t * W + c]) << "token " << t;
+      } else {
+        EXPECT_NE(ctx_docs[t * W + c], ctx[t * W + c]) << "token " << t;
+      }
+    }
+  // Position 3 starts a document: it sees only itself.
+  const int64_t Q = sh.H / sh.G;
+  for (int64_t h = 0; h < sh.H; ++h)
+    for (int64_t d = 0; d < sh.D; ++d)
+      EXPECT_EQ(ctx_docs[3 * W + h * sh.D + d], qkv[3 * sh.row() + (h / Q) * (Q + 2) * sh.D + (Q + 1) * sh.D + d]);
+}
+
+TEST(Attention, KeyStartAfterTheQueryIsRefused) {
+  const Shape sh{1, 3, 1, 1, 2};
+  std::vector<float> qkv(sh.T() * sh.row(), 0.5f), ctx(sh.T() * sh.D), probs(sh.s * sh.s);
+  const std::vector<int32_t> bad{0, 2, 2};  // query 1 cannot start at key 2
+  EXPECT_THROW(attention_forward(qkv.data(), ctx.data(), probs.data(), sh.b, sh.s, sh.H, sh.G, sh.D, sh.scale(),
+                                 nullptr, bad.data()),
+               laoyao::Error);
 }
 
 TEST_P(AttentionTest, FutureKeysGetExactlyZeroProbability) {

@@ -170,3 +170,41 @@ TEST(GptModel, GradientsAccumulateAcrossMicroBatches) {
   m.backward(d.data());
   for (int64_t i = 0; i < m.num_parameters(); i += 7) ASSERT_NEAR(m.grads()[i], 2 * once[i], 1e-6 + 1e-5 * std::abs(once[i]));
 }
+
+// --reset-attention-mask: the documents of a packed sequence do not see each other. With positions
+// restarting at each document (--reset-position-ids) for learned positions, or RoPE (relative:
+// Megatron does not restart its positions), each document's losses and gradients are those of
+// the document alone as its own sequence.
+TEST(GptModel, DocumentsOfAPackedSequenceTrainAsIfAlone) {
+  for (int which : {0, 2}) {  // learned absolute positions; RoPE with QK layernorm and GQA
+    GptConfig c = cases()[which].cfg;
+    c.max_positions = 9;
+    SCOPED_TRACE(cases()[which].name);
+    GptModel m(c);
+    init_parameters(m.table(), m.weights(), 5, false);
+    std::vector<int64_t> tok = {1, 2, 3, 4, 5, 6, 7, 8, 9}, lab = {2, 3, 4, 5, 6, 7, 8, 9, 10};
+    const std::vector<int64_t> pos = {0, 1, 2, 3, 0, 1, 2, 3, 4};
+    const std::vector<int32_t> key_start = {0, 0, 0, 0, 4, 4, 4, 4, 4};  // an EOD at position 3
+    std::vector<float> packed(9), alone(9), ones(9, 1.0f);
+    m.zero_grads();
+    m.forward({1, 9, tok.data(), lab.data(), pos.data(), key_start.data()}, {}, packed.data());
+    m.backward(ones.data());
+    const std::vector<float> packed_grads(m.grads(), m.grads() + m.num_parameters());
+    m.zero_grads();
+    m.forward({1, 4, tok.data(), lab.data(), pos.data()}, {}, alone.data());
+    m.backward(ones.data());
+    m.forward({1, 5, tok.data() + 4, lab.data() + 4, pos.data() + 4}, {}, alone.data() + 4);
+    m.backward(ones.data());
+    for (int t = 0; t < 9; ++t) EXPECT_NEAR(packed[t], alone[t], 1e-5 * (1 + std::abs(alone[t]))) << "token " << t;
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < m.num_parameters(); ++i) {
+      diff += std::pow(double(packed_grads[i]) - m.grads()[i], 2);
+      norm += std::pow(double(m.grads()[i]), 2);
+    }
+    EXPECT_LT(std::sqrt(diff), 1e-5 * std::sqrt(norm));
+    // Without the documents the second one sees the first: its losses move.
+    std::vector<float> causal(9);
+    m.forward({1, 9, tok.data(), lab.data(), pos.data()}, {}, causal.data());
+    EXPECT_GT(std::abs(causal[6] - packed[6]), 1e-4);
+  }
+}

@@ -122,6 +122,44 @@ TEST(CudaGptModel, AutoPicksCudnnWithoutAttentionDropoutElseFlash) {
   EXPECT_STREQ(CudaGptModel(c, 1, 16).attention_path(), "unfused");
 }
 TEST(CudaGptModel, MatchesCpuModelWithDropout) { compare(small_config(4, 4), true); }
+// --reset-attention-mask: attention within documents (documents_2x48) on our kernels; auto takes
+// flash (head dim 64) or unfused, never cuDNN's, which is refused by name.
+GptConfig with_documents(GptConfig c, AttentionBackend a) {
+  c.document_attention = true;
+  return with_attention(c, a);
+}
+TEST(CudaGptModel, DocumentsFlashMatchesCpuModel) {
+  compare(with_documents(small_config(2, 2), AttentionBackend::Auto), false);
+  compare(with_documents(small_config(2, 2), AttentionBackend::Flash), true);
+}
+TEST(CudaGptModel, DocumentsUnfusedMatchesCpuModel) {
+  compare(with_documents(small_config(4, 4), AttentionBackend::Auto), false);
+  compare(with_documents(small_config(2, 2), AttentionBackend::Unfused), true);
+}
+TEST(CudaGptModel, DocumentsQwen3FlashWithGqaMatchesCpuModel) {
+  GptConfig c = with_documents(qwen3_config(), AttentionBackend::Auto);
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  compare(c, false);
+}
+TEST(CudaGptModel, DocumentsPickOurKernelsAndRefuseCudnnByName) {
+  EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Auto), 1, 16).attention_path(),
+               "flash");
+  EXPECT_STREQ(CudaGptModel(with_documents(small_config(4, 4), AttentionBackend::Auto), 1, 16).attention_path(),
+               "unfused");
+  try {
+    CudaGptModel m(with_documents(small_config(2, 2), AttentionBackend::Fused), 1, 16);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--reset-attention-mask"), std::string::npos) << e.what();
+  }
+  // A micro-batch's documents must be what a dataset makes: non-decreasing first keys, none after its query.
+  CudaGptModel gpu(with_documents(small_config(2, 2), AttentionBackend::Flash), 1, 4);
+  std::vector<int64_t> ids{1, 2, 3, 4};
+  std::vector<float> mask(4, 1.0f);
+  const std::vector<int32_t> bad{0, 0, 3, 2};
+  EXPECT_THROW(gpu.forward({1, 4, ids.data(), ids.data(), ids.data(), bad.data()}, mask.data(), {}, nullptr), Error);
+  EXPECT_THROW(gpu.forward({1, 4, ids.data(), ids.data(), ids.data()}, mask.data(), {}, nullptr), Error);
+}
 TEST(CudaGptModel, FlashMatchesCpuModelWithoutDropout) {
   compare(with_attention(small_config(2, 2), AttentionBackend::Flash), false);
 }

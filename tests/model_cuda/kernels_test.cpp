@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -474,7 +475,8 @@ TEST_F(CudaKernels, CastToBf16RoundsToNearestEven) {
 
 struct AttnCase {
   int64_t b, s, H, G, D;
-  double p;  // attention dropout
+  double p;              // attention dropout
+  int64_t doc_len = 0;   // > 0: documents of random lengths 1 .. 2*doc_len (--reset-attention-mask)
 };
 
 cuda::AttentionShape shape_of(const AttnCase& c) {
@@ -484,22 +486,41 @@ cuda::AttentionShape shape_of(const AttnCase& c) {
   return a;
 }
 
+// Each query's first key for the case's documents (empty without): every sequence cut into
+// documents of random lengths, the first starting at a random offset into its sequence so a
+// document also spans the sequence's start.
+std::vector<int32_t> key_start_of(const AttnCase& c, uint64_t seed) {
+  if (c.doc_len <= 0) return {};
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> len(1, 2 * c.doc_len);
+  std::vector<int32_t> ks(c.b * c.s);
+  for (int64_t bi = 0; bi < c.b; ++bi) {
+    int64_t start = 0, next = len(rng);
+    for (int64_t i = 0; i < c.s; ++i) {
+      if (i == next) start = i, next = i + len(rng);
+      ks[bi * c.s + i] = static_cast<int32_t>(start);
+    }
+  }
+  return ks;
+}
+
 // The CPU's forward and backward on the same bf16-valued inputs.
 struct CpuAttention {
   std::vector<float> ctx, probs, dqkv;
 };
 
 CpuAttention cpu_attention(const AttnCase& c, const std::vector<float>& qkv, const std::vector<float>& dctx,
-                           const float* mask) {
+                           const float* mask, const std::vector<int32_t>& key_start = {}) {
+  const int32_t* ks = key_start.empty() ? nullptr : key_start.data();
   const cpu::QkvLayout L("test", c.H, c.G, c.D);
   const float scale = shape_of(c).scale;
   CpuAttention r;
   r.ctx.resize(c.b * c.s * c.H * c.D);
   r.probs.resize(c.b * c.H * c.s * c.s);
   r.dqkv.resize(c.b * c.s * L.row);
-  cpu::attention_forward(qkv.data(), r.ctx.data(), r.probs.data(), c.b, c.s, c.H, c.G, c.D, scale, mask);
+  cpu::attention_forward(qkv.data(), r.ctx.data(), r.probs.data(), c.b, c.s, c.H, c.G, c.D, scale, mask, ks);
   cpu::attention_backward(qkv.data(), r.probs.data(), dctx.data(), r.dqkv.data(), c.b, c.s, c.H, c.G, c.D, scale,
-                          mask);
+                          mask, ks);
   return r;
 }
 
@@ -510,13 +531,16 @@ void check_attention_unfused(const AttnCase& c, cudaStream_t stream) {
   const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
   const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
   const char* stream_name = "decoder.layers.0.self_attention.core_attention.dropout";
-  const auto shape = shape_of(c);
+  auto shape = shape_of(c);
+  const auto key_start = key_start_of(c, seed);
+  DeviceBuffer dkey_start = key_start.empty() ? DeviceBuffer() : to_device(key_start);
+  shape.key_start = dkey_start.as<int32_t>();
   const int64_t n_probs = cuda::attention_probs_elems(shape), n_heads = cuda::attention_heads_elems(shape);
   ASSERT_EQ(n_probs, c.b * c.H * c.s * c.s);
   ASSERT_EQ(n_heads, c.b * c.H * c.s * c.D);
   std::vector<float> mask;
   if (c.p > 0) mask = cpu_dropout_mask(n_probs, c.p, seed, stream_name);
-  const auto want = cpu_attention(c, qkv, dctx, c.p > 0 ? mask.data() : nullptr);
+  const auto want = cpu_attention(c, qkv, dctx, c.p > 0 ? mask.data() : nullptr, key_start);
   const cuda::DropoutSpec drop = c.p > 0 ? dropout_spec(c.p, seed, stream_name) : cuda::DropoutSpec{};
 
   auto dqkv_in = to_device_bf16(qkv), ddctx = to_device_bf16(dctx);
@@ -549,8 +573,8 @@ void check_attention_unfused(const AttnCase& c, cudaStream_t stream) {
     std::vector<double> w(n_probs), tol(n_probs);
     size_t pattern_bad = 0, first_bad = 0;
     for (int64_t e = 0; e < n_probs; ++e) {
-      const int64_t i = (e / c.s) % c.s, j = e % c.s;
-      const bool zero = mask[e] == 0.0f || j > i;
+      const int64_t i = (e / c.s) % c.s, j = e % c.s, bi = e / (c.H * c.s * c.s);
+      const bool zero = mask[e] == 0.0f || j > i || (!key_start.empty() && j < key_start[bi * c.s + i]);
       if ((got[e] == 0.0f) != zero && pattern_bad++ == 0) first_bad = e;
       w[e] = double(want.probs[e]) * mask[e];
       tol[e] = kBf16Rel * std::abs(w[e]) + 1e-7;
@@ -572,27 +596,36 @@ TEST_F(CudaKernels, AttentionUnfusedDropoutMatchesCpuMask) {
   check_attention_unfused({2, 29, 4, 2, 64, 0.1}, stream_);
 }
 
+TEST_F(CudaKernels, AttentionUnfusedDocumentsMatchCpu) {
+  check_attention_unfused({2, 77, 4, 2, 64, 0.0, 12}, stream_);
+  check_attention_unfused({2, 45, 4, 2, 64, 0.1, 6}, stream_);
+}
+
 void check_attention_reference(const AttnCase& c, cudaStream_t stream) {
   const cpu::QkvLayout L("test", c.H, c.G, c.D);
   const uint64_t seed = 8000 + static_cast<uint64_t>(c.s * 100 + c.H * 10 + c.G);
   const int64_t T = c.b * c.s;
   const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
   const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
-  const auto want = cpu_attention(c, qkv, dctx, nullptr);
-  const auto shape = shape_of(c);
+  const auto key_start = key_start_of(c, seed);
+  const auto want = cpu_attention(c, qkv, dctx, nullptr, key_start);
+  auto shape = shape_of(c);
+  DeviceBuffer dkey_start = key_start.empty() ? DeviceBuffer() : to_device(key_start);
+  shape.key_start = dkey_start.as<int32_t>();
 
-  // lse[b, H, s] by a naive fp64 loop over the same inputs.
+  // lse[b, H, s] by a naive fp64 loop over the same inputs (keys j0..i of query i).
   std::vector<double> want_lse(c.b * c.H * c.s), lse_tol(c.b * c.H * c.s);
   for (int64_t bi = 0; bi < c.b; ++bi)
     for (int64_t h = 0; h < c.H; ++h)
       for (int64_t i = 0; i < c.s; ++i) {
-        std::vector<double> sc(i + 1);
-        for (int64_t j = 0; j <= i; ++j) {
+        const int64_t j0 = key_start.empty() ? 0 : key_start[bi * c.s + i];
+        std::vector<double> sc;
+        for (int64_t j = j0; j <= i; ++j) {
           double dot = 0.0;
           for (int64_t d = 0; d < c.D; ++d)
             dot += double(qkv[(bi * c.s + i) * L.row + L.q(h) + d]) *
                    qkv[(bi * c.s + j) * L.row + L.k(L.group_of(h)) + d];
-          sc[j] = double(shape.scale) * dot;
+          sc.push_back(double(shape.scale) * dot);
         }
         const double m = *std::max_element(sc.begin(), sc.end());
         double sum = 0.0;
@@ -624,6 +657,10 @@ TEST_F(CudaKernels, AttentionReferenceGqaMatchesCpu) {
   check_attention_reference({1, 64, 8, 2, 128, 0.0}, stream_);
 }
 
+TEST_F(CudaKernels, AttentionReferenceDocumentsMatchCpu) {
+  check_attention_reference({2, 90, 4, 2, 64, 0.0, 10}, stream_);
+}
+
 // A kernel's lse [b, H, s] against the CPU's probabilities (every 7th query): p_ii = exp(s_ii -
 // lse_i), so lse_i = s_ii - log(p_ii).
 void expect_lse_matches_cpu_probs(const std::vector<float>& got_lse, const std::vector<float>& qkv,
@@ -651,11 +688,14 @@ void check_attention_flash(const AttnCase& c, cudaStream_t stream) {
   const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
   const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
   const char* stream_name = "decoder.layers.0.self_attention.core_attention.dropout";
-  const auto shape = shape_of(c);
+  auto shape = shape_of(c);
   ASSERT_TRUE(cuda::attention_flash_supports(shape));
+  const auto key_start = key_start_of(c, seed);
+  DeviceBuffer dkey_start = key_start.empty() ? DeviceBuffer() : to_device(key_start);
+  shape.key_start = dkey_start.as<int32_t>();
   std::vector<float> mask;
   if (c.p > 0) mask = cpu_dropout_mask(c.b * c.H * c.s * c.s, c.p, seed, stream_name);
-  const auto want = cpu_attention(c, qkv, dctx, c.p > 0 ? mask.data() : nullptr);
+  const auto want = cpu_attention(c, qkv, dctx, c.p > 0 ? mask.data() : nullptr, key_start);
   const cuda::DropoutSpec drop = c.p > 0 ? dropout_spec(c.p, seed, stream_name) : cuda::DropoutSpec{};
 
   auto dqkv_in = to_device_bf16(qkv), ddctx = to_device_bf16(dctx);
@@ -681,6 +721,14 @@ TEST_F(CudaKernels, AttentionFlashMhaHeadDim64MatchesCpu) { check_attention_flas
 TEST_F(CudaKernels, AttentionFlashGqaHeadDim128MatchesCpu) { check_attention_flash({1, 130, 8, 2, 128, 0.0}, stream_); }
 TEST_F(CudaKernels, AttentionFlashDropoutMatchesCpuMask) { check_attention_flash({2, 77, 4, 2, 64, 0.1}, stream_); }
 TEST_F(CudaKernels, AttentionFlashLongSequence) { check_attention_flash({1, 512, 2, 1, 128, 0.0}, stream_); }
+// Documents: boundaries inside tiles (short ones, single tokens too) and documents spanning several
+// tiles, so whole tiles are skipped in each kernel; with and without dropout.
+TEST_F(CudaKernels, AttentionFlashDocumentsMatchCpu) {
+  check_attention_flash({2, 300, 4, 4, 64, 0.0, 20}, stream_);
+  check_attention_flash({2, 520, 8, 2, 128, 0.0, 150}, stream_);
+  check_attention_flash({1, 700, 4, 2, 64, 0.0, 300}, stream_);
+  check_attention_flash({2, 200, 4, 2, 64, 0.1, 40}, stream_);
+}
 TEST_F(CudaKernels, AttentionFlashRefusesOtherHeadDims) {
   EXPECT_FALSE(cuda::attention_flash_supports(shape_of({1, 16, 2, 2, 96, 0.0})));
   EXPECT_THROW(cuda::attention_flash_forward(nullptr, nullptr, nullptr, shape_of({1, 16, 2, 2, 96, 0.0}), {}, stream_),

@@ -57,16 +57,29 @@ inline Batch random_batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed = 1
   return x;
 }
 
+// Documents for 2 sequences of 48 tokens (c.document_attention): the first cut at 10, 11 (a
+// one-token document) and 30, the second at 25; each query's first key.
+inline std::vector<int32_t> documents_2x48() {
+  std::vector<int32_t> ks;
+  for (int i = 0; i < 48; ++i) ks.push_back(i < 10 ? 0 : i < 11 ? 10 : i < 30 ? 11 : 30);
+  for (int i = 0; i < 48; ++i) ks.push_back(i < 25 ? 0 : 25);
+  return ks;
+}
+
 // The CPU model of c with random weights, the CUDA model (micro-batches up to 2 x 48) holding the
-// same weights, and a random batch of 2 sequences of 48 tokens.
+// same weights, and a random batch of 2 sequences of 48 tokens (with documents_2x48() when the
+// model attends within documents).
 struct CpuAndGpuModels {
   GptModel cpu;
   CudaGptModel gpu;
   Batch x;
+  std::vector<int32_t> key_start;
   MicroBatch mb;
   explicit CpuAndGpuModels(const GptConfig& c)
       : cpu(c), gpu(c, 2, 48), x(random_batch(2, 48, c.vocab)),
-        mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()} {
+        key_start(c.document_attention ? documents_2x48() : std::vector<int32_t>{}),
+        mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data(),
+           key_start.empty() ? nullptr : key_start.data()} {
     random_weights(cpu, cpu.weights());
     gpu.upload_weights(cpu.weights());
   }

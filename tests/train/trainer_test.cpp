@@ -99,6 +99,24 @@ TEST(Trainer, SameSeedTwiceIsBitwiseIdentical) {
   EXPECT_NE(run(other).lm_loss, a.lm_loss) << "the seed changes the weights and the data order";
 }
 
+// --reset-attention-mask keeps attention inside each document when the dataloader builds the mask
+// (Megatron-LM's default); with --no-create-attention-mask-in-dataloader (Bridge's default,
+// skip_getting_attention_mask_from_dataset) Megatron's attention is plain causal, flag or not.
+TEST(Trainer, ResetAttentionMaskActsOnlyWithTheDataloadersMask) {
+  auto with = [](std::vector<std::string> extra) {
+    auto a = tiny_args(3, 1);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return run(config::resolve_mlm(a, 1));
+  };
+  const auto causal = with({}), documents = with({"--reset-attention-mask"}),
+             skipped = with({"--reset-attention-mask", "--no-create-attention-mask-in-dataloader"});
+  ASSERT_EQ(documents.lm_loss.size(), 3u);
+  EXPECT_NE(documents.lm_loss[0], causal.lm_loss[0]) << "mock samples of 33 tokens hold EODs";
+  EXPECT_NE(documents.grad_norm, causal.grad_norm);
+  EXPECT_EQ(skipped.lm_loss, causal.lm_loss);
+  EXPECT_EQ(skipped.grad_norm, causal.grad_norm);
+}
+
 // --calculate-per-token-loss: the step's gradients are its summed token losses' over its tokens,
 // however the global batch is cut into micro-batches; Megatron's default (each micro-batch's mean
 // over the micro-batches) depends on the cut once --eod-mask-loss makes the micro-batches' token

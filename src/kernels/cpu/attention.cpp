@@ -8,7 +8,8 @@
 // Masking: Megatron fills masked scores with -10000.0 and runs the softmax over all s keys. In fp32
 // exp(-10000 - max) is exactly 0 whenever the row's max score exceeds about -9900 (always, for any
 // trainable model), so this reference takes the softmax over keys j <= i only and stores exact zeros
-// above the diagonal; that is the same result without the sentinel.
+// above the diagonal; that is the same result without the sentinel. Keys before a query's
+// key_start (another document, --reset-attention-mask) are masked the same way.
 #include <cblas.h>
 
 #include <algorithm>
@@ -21,11 +22,24 @@
 #include "kernels/cpu/qkv_layout.hpp"
 
 namespace laoyao::kernels::cpu {
+namespace {
+
+// Query i of a sequence attends keys [first_key(i), i].
+void check_key_start(const int32_t* key_start, int64_t b, int64_t s) {
+  if (!key_start) return;
+  for (int64_t t = 0; t < b * s; ++t)
+    if (key_start[t] < 0 || key_start[t] > t % s)
+      throw Error("attention: key_start[" + std::to_string(t) + "] = " + std::to_string(key_start[t]) +
+                  " is outside [0, " + std::to_string(t % s) + "] (a query's first key is at or before it)");
+}
+
+}  // namespace
 
 void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
-                       int64_t D, float scale, const float* dropout_mask) {
+                       int64_t D, float scale, const float* dropout_mask, const int32_t* key_start) {
   const QkvLayout L("attention", H, G, D);
   if (b == 0 || s == 0) return;
+  check_key_start(key_start, b, s);
   const int64_t HD = H * D;
 #pragma omp parallel
   {
@@ -40,15 +54,17 @@ void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, in
                 L.row, 0.0f, P, s);
     for (int64_t i = 0; i < s; ++i) {
       float* p = P + i * s;
-      float m = p[0];
-      for (int64_t j = 1; j <= i; ++j) m = std::max(m, p[j]);
+      const int64_t j0 = key_start ? key_start[bi * s + i] : 0;
+      float m = p[j0];
+      for (int64_t j = j0 + 1; j <= i; ++j) m = std::max(m, p[j]);
       double sum = 0.0;  // the row sum in double: cheap, exact enough to leave only exp's rounding
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = j0; j <= i; ++j) {
         p[j] = std::exp(p[j] - m);
         sum += p[j];
       }
       const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j <= i; ++j) p[j] *= inv;
+      for (int64_t j = j0; j <= i; ++j) p[j] *= inv;
+      for (int64_t j = 0; j < j0; ++j) p[j] = 0.0f;     // other documents' keys: zero probability
       for (int64_t j = i + 1; j < s; ++j) p[j] = 0.0f;  // future keys: exactly zero probability
     }
     // Attention dropout acts on the probabilities that multiply V; the saved probs stay undropped.
@@ -66,9 +82,11 @@ void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, in
 }
 
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
-                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask) {
+                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask,
+                        const int32_t* key_start) {
   const QkvLayout L("attention", H, G, D);
   if (b == 0 || s == 0) return;
+  check_key_start(key_start, b, s);
   const int64_t HD = H * D;
   // One work item per (batch, query group): the group's heads all add into the same dk/dv, so they
   // are summed by one thread, in head order (deterministic for any thread count).
@@ -104,10 +122,12 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
         for (int64_t r = 0; r < s; ++r) {
           const float* p = P + r * s;
           float* d = dS.data() + r * s;
+          const int64_t j0 = key_start ? key_start[bi * s + r] : 0;
           double dot = 0.0;
-          for (int64_t j = 0; j <= r; ++j) dot += static_cast<double>(p[j]) * d[j];
+          for (int64_t j = j0; j <= r; ++j) dot += static_cast<double>(p[j]) * d[j];
           const float dotf = static_cast<float>(dot);
-          for (int64_t j = 0; j <= r; ++j) d[j] = p[j] * (d[j] - dotf);
+          for (int64_t j = j0; j <= r; ++j) d[j] = p[j] * (d[j] - dotf);
+          for (int64_t j = 0; j < j0; ++j) d[j] = 0.0f;
           for (int64_t j = r + 1; j < s; ++j) d[j] = 0.0f;
         }
         // dQ = scale * dS K (overwrite); dK (+)= scale * dS^T Q

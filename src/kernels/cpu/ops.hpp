@@ -50,11 +50,17 @@ void swiglu_backward(const float* x, const float* dy, float* dx, int64_t T, int6
 // H must be a positive multiple of G (checked: laoyao::Error).
 // dropout_mask (nullable) [b, H, s, s] holds 0 or 1/(1-p): attention dropout on the probabilities
 // (ctx = (probs * mask) V); probs keeps the undropped softmax, which backward needs.
+// key_start (nullable) [b, s]: the first key each query may attend (--reset-attention-mask: the
+// position after the last EOD before the query, so attention stays inside each document of a
+// packed sequence; Megatron masks keys before it as it masks the future). Null: 0 (plain causal).
+// Each entry must lie in [0, i] for query i (checked: laoyao::Error).
 void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
-                       int64_t D, float scale, const float* dropout_mask = nullptr);
+                       int64_t D, float scale, const float* dropout_mask = nullptr,
+                       const int32_t* key_start = nullptr);
 // dqkv[T, G*(H/G+2)*D] overwritten.
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
-                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask = nullptr);
+                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask = nullptr,
+                        const int32_t* key_start = nullptr);
 
 // ---- rotary position embedding (Megatron-Core RotaryEmbedding + _apply_rotary_pos_emb_bshd,
 // non-interleaved "rotate_half" form), applied to the q heads and k of the fused QKV rows above.

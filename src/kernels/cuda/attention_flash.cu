@@ -8,6 +8,11 @@
 //   C (16x8):  c0,c1 (g, 2t..2t+1)  c2,c3 (g+8, 2t..2t+1)
 // so the accumulators of two adjacent 8-key n-tiles are exactly the A fragment of the next GEMM's
 // 16-key k-step (FlashAttention-2's register reuse).
+//
+// Documents (key_start): query i sees keys [key_start[i], i]. As key_start never decreases along a
+// sequence, a query tile's first row has the tile's earliest first key, so the forward and dQ loops
+// start at that key's tile; the dK/dV loop ends at the last query whose document starts by the key
+// tile's last key. Keys outside a row's range inside the tiles that remain are masked.
 #include <array>
 #include <cstdint>
 #include <string>
@@ -37,7 +42,14 @@ struct FlashDims {
   int64_t hd;         // H * D: width of a ctx row
   float scale;        // softmax scale
   float scale_log2;   // scale * log2(e)
+  const int32_t* key_start;  // [b*s] each query's first key, or null (plain causal)
 };
+
+// This sequence's key_start (null without documents) and query q's first key.
+__device__ __forceinline__ const int32_t* sequence_key_start(const FlashDims& p, int bi) {
+  return p.key_start ? p.key_start + int64_t(bi) * p.s : nullptr;
+}
+__device__ __forceinline__ int first_key(const int32_t* ks, int q, int s) { return ks && q < s ? ks[q] : 0; }
 
 __device__ __forceinline__ int64_t q_col(const FlashDims& p, int h, int D) {
   return (int64_t(h / p.Q) * (p.Q + 2) + h % p.Q) * D;
@@ -153,28 +165,32 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
   const int q0 = qb * kTile;
   const int row_lo = q0 + warp * 16 + gq, row_hi = row_lo + 8;
   const uint64_t base = uint64_t(bi * p.H + h) * p.s;
+  const int32_t* ks = sequence_key_start(p, bi);
+  const int kb0 = first_key(ks, q0, p.s) / kTile;
+  const int first_lo = first_key(ks, row_lo, p.s), first_hi = first_key(ks, row_hi, p.s);
   auto load_kv = [&](int kb, int stage) {
     bf16* sK = sKV + stage * 2 * kTile * LD;
     load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
     load_tile<D, kTile>(sK + kTile * LD, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
   };
   load_tile<D, kTile>(sQ, seq + q_col(p, h, D), p.row, q0, p.s);
-  load_kv(0, 0);
+  load_kv(kb0, 0);
   cp_async_commit();
 
   uint32_t qf[D / 16][4];
   float o[D / 8][4] = {};
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  for (int kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) load_kv(kb + 1, (kb + 1) & 1);  // the next tile streams in while this one is used
+  for (int kb = kb0; kb <= qb; ++kb) {
+    const int stage = (kb - kb0) & 1;
+    if (kb < qb) load_kv(kb + 1, stage ^ 1);  // the next tile streams in while this one is used
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (kb == 0)
+    if (kb == kb0)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         ldsm_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
-    const bf16* sK = sKV + (kb & 1) * 2 * kTile * LD;
+    const bf16* sK = sKV + stage * 2 * kTile * LD;
     const bf16* sV = sK + kTile * LD;
     float sc[8][4] = {};
     gemm_nt_reg<D, 8>(sc, qf, sK);
@@ -185,7 +201,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
       for (int e = 0; e < 4; ++e) {
         const int key = kb * kTile + j * 8 + tq * 2 + (e & 1);
         float x = sc[j][e] * p.scale_log2;
-        if (key > (e < 2 ? row_lo : row_hi)) x = -INFINITY;  // causal (and keys past the sequence)
+        // causal (and keys past the sequence), and keys of an earlier document
+        if (key > (e < 2 ? row_lo : row_hi) || key < (e < 2 ? first_lo : first_hi)) x = -INFINITY;
         sc[j][e] = x;
         if (e < 2) mx_lo = fmaxf(mx_lo, x);
         else mx_hi = fmaxf(mx_hi, x);
@@ -194,8 +211,11 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
     mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
     mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
     mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    // Every row sees its own key in block 0..qb, so the maxima are finite.
-    const float a_lo = exp2f(m_lo - mx_lo), a_hi = exp2f(m_hi - mx_hi);
+    // A row whose keys so far are all masked (its document starts in a later tile) has the maximum
+    // -inf: exponents are then taken against 0, which keeps its terms exactly 0. Every row sees its
+    // own key by tile qb, so its final maximum is finite.
+    const float r_lo = mx_lo == -INFINITY ? 0.0f : mx_lo, r_hi = mx_hi == -INFINITY ? 0.0f : mx_hi;
+    const float a_lo = exp2f(m_lo - r_lo), a_hi = exp2f(m_hi - r_hi);
     m_lo = mx_lo, m_hi = mx_hi;
     l_lo *= a_lo, l_hi *= a_hi;
 #pragma unroll
@@ -203,8 +223,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(const bf16* __r
     uint32_t pf[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      float p0 = exp2f(sc[j][0] - m_lo), p1 = exp2f(sc[j][1] - m_lo);
-      float p2 = exp2f(sc[j][2] - m_hi), p3 = exp2f(sc[j][3] - m_hi);
+      float p0 = exp2f(sc[j][0] - r_lo), p1 = exp2f(sc[j][1] - r_lo);
+      float p2 = exp2f(sc[j][2] - r_hi), p3 = exp2f(sc[j][3] - r_hi);
       l_lo += p0 + p1, l_hi += p2 + p3;
       if (drop.p > 0) {  // the probabilities that multiply V are dropped; the denominator is not
         const uint64_t key = uint64_t(kb * kTile + j * 8 + tq * 2);
@@ -274,6 +294,9 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
   const int q0 = qb * kTile;
   const int row_lo = q0 + warp * 16 + gq, row_hi = row_lo + 8;
   const uint64_t base = uint64_t(bi * p.H + h) * p.s;
+  const int32_t* ks = sequence_key_start(p, bi);
+  const int kb0 = first_key(ks, q0, p.s) / kTile;
+  const int first_lo = first_key(ks, row_lo, p.s), first_hi = first_key(ks, row_hi, p.s);
   auto load_kv = [&](int kb, int stage) {
     bf16* sK = sKV + stage * 2 * kTile * LD;
     load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
@@ -281,7 +304,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
   };
   load_tile<D, kTile>(sQ, seq + q_col(p, h, D), p.row, q0, p.s);
   load_tile<D, kTile>(sdO, dctx + int64_t(bi) * p.s * p.hd + int64_t(h) * D, p.hd, q0, p.s);
-  load_kv(0, 0);
+  load_kv(kb0, 0);
   cp_async_commit();
   const float lse_lo = row_lo < p.s ? lse[base + row_lo] * kLog2e : 0.0f;
   const float lse_hi = row_hi < p.s ? lse[base + row_hi] * kLog2e : 0.0f;
@@ -289,12 +312,13 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
   const float del_hi = row_hi < p.s ? delta[base + row_hi] : 0.0f;
 
   float dq[D / 8][4] = {};
-  for (int kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) load_kv(kb + 1, (kb + 1) & 1);
+  for (int kb = kb0; kb <= qb; ++kb) {
+    const int stage = (kb - kb0) & 1;
+    if (kb < qb) load_kv(kb + 1, stage ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const bf16* sK = sKV + (kb & 1) * 2 * kTile * LD;
+    const bf16* sK = sKV + stage * 2 * kTile * LD;
     const bf16* sV = sK + kTile * LD;
     float sc[8][4] = {}, dp[8][4] = {};
     gemm_nt<D, 8>(sc, sQ + warp * 16 * LD, sK);
@@ -307,7 +331,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(const bf16* __restri
       for (int e = 0; e < 4; ++e) {
         const int key = kb * kTile + j * 8 + tq * 2 + (e & 1);
         const int row = e < 2 ? row_lo : row_hi;
-        const float P = key > row ? 0.0f : exp2f(sc[j][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi));
+        const bool seen = key <= row && key >= (e < 2 ? first_lo : first_hi);
+        const float P = seen ? exp2f(sc[j][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi)) : 0.0f;
         float g = dp[j][e];
         if (drop.p > 0) g *= dropout_factor(drop, (base + row) * p.s + key);
         ds[e] = P * (g - (e < 2 ? del_lo : del_hi)) * p.scale;
@@ -343,14 +368,30 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(const bf16* __rest
   bf16* sV = sK + kTile * LD;
   bf16* sQdO = sV + kTile * LD;                                        // [2 stages][Q tile, dO tile]
   float* sLD = reinterpret_cast<float*>(sQdO + 4 * kQTile * LD);      // [2 stages][lse, delta]
+  int* sFirst = reinterpret_cast<int*>(sLD + 4 * kQTile);             // [2 stages][first key]
   const int kb = blockIdx.x, grp = blockIdx.y, bi = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const bf16* seq = qkv + int64_t(bi) * p.s * p.row;
   const int key_lo = kb * kTile + warp * 16 + gq, key_hi = key_lo + 8;
   load_tile<D, kTile>(sK, seq + k_col(p, grp, D), p.row, kb * kTile, p.s);
   load_tile<D, kTile>(sV, seq + v_col(p, grp, D), p.row, kb * kTile, p.s);
+  // The queries that see a key of this tile: from its first key up to (not including) q_end, the
+  // first query whose document starts after the tile's last key (binary search: key_start never
+  // decreases, and key_start[q] <= q keeps every query up to the last key in).
+  const int32_t* ks = sequence_key_start(p, bi);
+  const int q_first = kb * kTile, key_last = min(q_first + kTile, p.s) - 1;
+  int q_end = p.s;
+  if (ks) {
+    int lo = key_last + 1, hi = p.s;  // q_end in [lo, hi]
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (ks[mid] > key_last) hi = mid;
+      else lo = mid + 1;
+    }
+    q_end = lo;
+  }
   // The (head, query tile) steps of this block, in order: each group head, queries from the keys on.
-  const int q_first = kb * kTile, q_tiles = (p.s - q_first + kQTile - 1) / kQTile, steps = p.Q * q_tiles;
+  const int q_tiles = (q_end - q_first + kQTile - 1) / kQTile, steps = p.Q * q_tiles;
   auto load_q = [&](int step, int stage) {
     const int h = grp * p.Q + step / q_tiles, q0 = q_first + (step % q_tiles) * kQTile;
     bf16* sQ = sQdO + stage * 2 * kQTile * LD;
@@ -361,6 +402,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(const bf16* __rest
       const uint64_t base = uint64_t(bi * p.H + h) * p.s;
       sLD[stage * 2 * kQTile + threadIdx.x] = q < p.s ? lse[base + q] * kLog2e : 0.0f;
       sLD[stage * 2 * kQTile + kQTile + threadIdx.x] = q < p.s ? delta[base + q] : 0.0f;
+      sFirst[stage * kQTile + threadIdx.x] = first_key(ks, q, p.s);
     }
   };
   load_q(0, 0);
@@ -378,6 +420,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(const bf16* __rest
     const bf16* sdO = sQ + kQTile * LD;
     const float* sL = sLD + stage * 2 * kQTile;
     const float* sD = sL + kQTile;
+    const int* sF = sFirst + stage * kQTile;
     {
       float st[NT][4] = {}, dpt[NT][4] = {};
       gemm_nt<D, NT>(st, sK + warp * 16 * LD, sQ);
@@ -390,7 +433,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(const bf16* __rest
         for (int e = 0; e < 4; ++e) {
           const int qi = j * 8 + tq * 2 + (e & 1), q = q0 + qi;
           const int key = e < 2 ? key_lo : key_hi;
-          const bool valid = q >= key && q < p.s;
+          const bool valid = q >= key && q < p.s && sF[qi] <= key;
           const float P = valid ? exp2f(st[j][e] * p.scale_log2 - sL[qi]) : 0.0f;
           const float mask = drop.p > 0 && valid ? dropout_factor(drop, (base + q) * p.s + key) : 1.0f;
           pd[e] = P * mask;
@@ -433,6 +476,7 @@ FlashDims dims_of(const AttentionShape& a) {
   p.hd = a.H * a.D;
   p.scale = a.scale;
   p.scale_log2 = a.scale * kLog2e;
+  p.key_start = a.key_start;
   return p;
 }
 
@@ -457,9 +501,10 @@ void backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* l
                                                                                   int(a.D));
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   const size_t smem_dq = size_t(6) * kTile * (D + 8) * sizeof(bf16);  // Q, dO + 2 stages of K, V
-  // K, V + 2 stages of (Q, dO, lse, delta)
+  // K, V + 2 stages of (Q, dO, lse, delta, first key)
   constexpr int kQTile = q_tile<D>();
-  const size_t smem_kv = size_t(2 * kTile + 4 * kQTile) * (D + 8) * sizeof(bf16) + 4 * kQTile * sizeof(float);
+  const size_t smem_kv =
+      size_t(2 * kTile + 4 * kQTile) * (D + 8) * sizeof(bf16) + 4 * kQTile * sizeof(float) + 2 * kQTile * sizeof(int);
   static SmemSite site;
   site.once([&] { allow_smem(flash_dq_kernel<D>, smem_dq), allow_smem(flash_dkdv_kernel<D>, smem_kv); });
   const unsigned blocks = unsigned((a.s + kTile - 1) / kTile);

@@ -6,7 +6,8 @@
 // head order. Attention dropout draws the CPU model's mask element by element (dropout_rng.cuh),
 // so it matches the CPU and the unfused path bit for bit in which probabilities are dropped.
 //
-// Head dims 64 and 128 (attention_flash_supports); any sequence length.
+// Head dims 64 and 128 (attention_flash_supports); any sequence length. shape.key_start confines
+// each query to its document (--reset-attention-mask); tiles wholly outside a document are skipped.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
 // Simple exact causal attention (see attention_reference.hpp). Forward per query row i:
-//   s_j = scale * q_i . k_j (j <= i), lse_i = logsumexp_j s_j, ctx_i = sum_j exp(s_j - lse_i) v_j.
+//   s_j = scale * q_i . k_j (j0 <= j <= i, j0 = key_start[i] or 0), lse_i = logsumexp_j s_j, ctx_i = sum_j exp(s_j - lse_i) v_j.
 // Backward, with P_ij = exp(s_ij - lse_i) recomputed from the saved lse and
 // delta_i = dctx_i . ctx_i (= sum_j P_ij dP_ij, the softmax backward's row term):
 //   dP_ij = dctx_i . v_j,  dS_ij = P_ij (dP_ij - delta_i),
@@ -58,17 +58,18 @@ __device__ float block_reduce(float v) {
 
 // Grid (s, H, b), one block per query row; shared memory: q [D], p [s].
 __global__ void forward_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ ctx, float* __restrict__ lse, int s,
-                               QkvLayout L, float scale) {
+                               QkvLayout L, float scale, const int32_t* __restrict__ key_start) {
   extern __shared__ float smem[];
   float* q = smem;
   float* p = smem + L.D;
   const int i = blockIdx.x, h = blockIdx.y, bi = blockIdx.z, g = h / L.hpg;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   const bf16* base = qkv + int64_t(bi) * s * L.row;
+  const int j0 = key_start ? key_start[int64_t(bi) * s + i] : 0;
   for (int d = threadIdx.x; d < L.D; d += blockDim.x) q[d] = __bfloat162float(base[int64_t(i) * L.row + L.q(h) + d]);
   __syncthreads();
-  // Scores, one warp per key (causal: keys 0..i only).
-  for (int j = warp; j <= i; j += nwarps) {
+  // Scores, one warp per key (causal, within the document: keys j0..i only).
+  for (int j = j0 + warp; j <= i; j += nwarps) {
     const bf16* k = base + int64_t(j) * L.row + L.k(g);
     float dot = 0.0f;
     for (int d = lane; d < L.D; d += 32) dot += q[d] * __bfloat162float(k[d]);
@@ -77,10 +78,10 @@ __global__ void forward_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ 
   }
   __syncthreads();
   float m = -INFINITY;
-  for (int j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, p[j]);
+  for (int j = j0 + threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, p[j]);
   m = block_reduce<true>(m);
   float sum = 0.0f;
-  for (int j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (int j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
     const float e = expf(p[j] - m);
     p[j] = e;
     sum += e;
@@ -91,7 +92,7 @@ __global__ void forward_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ 
   for (int d = threadIdx.x; d < L.D; d += blockDim.x) {
     const bf16* v = base + L.v(g) + d;
     float acc = 0.0f;
-    for (int j = 0; j <= i; ++j) acc += p[j] * __bfloat162float(v[int64_t(j) * L.row]);
+    for (int j = j0; j <= i; ++j) acc += p[j] * __bfloat162float(v[int64_t(j) * L.row]);
     ctx[(int64_t(bi) * s + i) * HD + int64_t(h) * L.D + d] = __float2bfloat16(acc * inv);
   }
   if (threadIdx.x == 0) lse[(int64_t(bi) * L.H + h) * s + i] = m + logf(sum);
@@ -113,7 +114,8 @@ __global__ void delta_kernel(const bf16* __restrict__ ctx, const bf16* __restric
 
 // dq, one block per query row; grid (s, H, b); shared memory: q [D], dO [D], dS [s].
 __global__ void dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dctx, const float* __restrict__ lse,
-                          const float* __restrict__ delta, bf16* __restrict__ dqkv, int s, QkvLayout L, float scale) {
+                          const float* __restrict__ delta, bf16* __restrict__ dqkv, int s, QkvLayout L, float scale,
+                          const int32_t* __restrict__ key_start) {
   extern __shared__ float smem[];
   float* q = smem;
   float* dO = smem + L.D;
@@ -130,7 +132,8 @@ __global__ void dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__
   __syncthreads();
   const int64_t stat = (int64_t(bi) * L.H + h) * s + i;
   const float lse_i = lse[stat], delta_i = delta[stat];
-  for (int j = warp; j <= i; j += nwarps) {
+  const int j0 = key_start ? key_start[int64_t(bi) * s + i] : 0;
+  for (int j = j0 + warp; j <= i; j += nwarps) {
     const bf16* k = base + int64_t(j) * L.row + L.k(g);
     const bf16* v = base + int64_t(j) * L.row + L.v(g);
     float dot = 0.0f, dp = 0.0f;
@@ -146,7 +149,7 @@ __global__ void dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__
   for (int d = threadIdx.x; d < L.D; d += blockDim.x) {
     const bf16* k = base + L.k(g) + d;
     float acc = 0.0f;
-    for (int j = 0; j <= i; ++j) acc += dS[j] * __bfloat162float(k[int64_t(j) * L.row]);
+    for (int j = j0; j <= i; ++j) acc += dS[j] * __bfloat162float(k[int64_t(j) * L.row]);
     dqkv[int64_t(bi) * s * L.row + int64_t(i) * L.row + L.q(h) + d] = __float2bfloat16(scale * acc);
   }
 }
@@ -154,7 +157,8 @@ __global__ void dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__
 // dk and dv, one block per key row j of one query group; grid (s, G, b); thread d owns column d
 // (blockDim >= D). Shared memory: k [D], v [D], P [s], dS [s].
 __global__ void dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dctx, const float* __restrict__ lse,
-                            const float* __restrict__ delta, bf16* __restrict__ dqkv, int s, QkvLayout L, float scale) {
+                            const float* __restrict__ delta, bf16* __restrict__ dqkv, int s, QkvLayout L, float scale,
+                            const int32_t* __restrict__ key_start) {
   extern __shared__ float smem[];
   float* k = smem;
   float* v = smem + L.D;
@@ -184,8 +188,9 @@ __global__ void dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict
       }
       dot = warp_sum(dot);
       dp = warp_sum(dp);
-      if (lane == 0) {
-        const float p = expf(dot * scale - lse[stat0 + i]);
+      if (lane == 0) {  // a query of a later document does not see key j
+        const bool sees = !key_start || key_start[int64_t(bi) * s + i] <= j;
+        const float p = sees ? expf(dot * scale - lse[stat0 + i]) : 0.0f;
         P[i] = p;
         dS[i] = p * (dp - delta[stat0 + i]);
       }
@@ -239,7 +244,8 @@ void attention_reference_forward(const bf16* qkv, bf16* ctx, float* lse, const A
   const size_t smem = (a.D + a.s) * sizeof(float);
   allow_shared_memory(forward_kernel, smem);
   const dim3 grid(static_cast<unsigned>(a.s), static_cast<unsigned>(a.H), static_cast<unsigned>(a.b));
-  forward_kernel<<<grid, threads_for(a.D), smem, stream>>>(qkv, ctx, lse, static_cast<int>(a.s), L, a.scale);
+  forward_kernel<<<grid, threads_for(a.D), smem, stream>>>(qkv, ctx, lse, static_cast<int>(a.s), L, a.scale,
+                                                           a.key_start);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -256,13 +262,14 @@ void attention_reference_backward(const bf16* qkv, const bf16* ctx, const bf16* 
   const size_t dq_smem = (2 * a.D + a.s) * sizeof(float);
   allow_shared_memory(dq_kernel, dq_smem);
   const dim3 dq_grid(static_cast<unsigned>(a.s), static_cast<unsigned>(a.H), static_cast<unsigned>(a.b));
-  dq_kernel<<<dq_grid, threads_for(a.D), dq_smem, stream>>>(qkv, dctx, lse, delta, dqkv, s, L, a.scale);
+  dq_kernel<<<dq_grid, threads_for(a.D), dq_smem, stream>>>(qkv, dctx, lse, delta, dqkv, s, L, a.scale, a.key_start);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 
   const size_t kv_smem = (2 * a.D + 2 * a.s) * sizeof(float);
   allow_shared_memory(dkdv_kernel, kv_smem);
   const dim3 kv_grid(static_cast<unsigned>(a.s), static_cast<unsigned>(a.G), static_cast<unsigned>(a.b));
-  dkdv_kernel<<<kv_grid, threads_for(a.D), kv_smem, stream>>>(qkv, dctx, lse, delta, dqkv, s, L, a.scale);
+  dkdv_kernel<<<kv_grid, threads_for(a.D), kv_smem, stream>>>(qkv, dctx, lse, delta, dqkv, s, L, a.scale,
+                                                              a.key_start);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

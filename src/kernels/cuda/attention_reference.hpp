@@ -21,6 +21,10 @@ struct AttentionShape {
   int64_t H = 0, G = 0;  // attention heads, query groups (H % G == 0)
   int64_t D = 0;         // head dim
   float scale = 0.0f;    // score scale, usually 1/sqrt(D)
+  // Device [b*s] or null: the first key each query attends (documents of a packed sequence,
+  // --reset-attention-mask; kernels/cpu/ops.hpp). Within a sequence it must not decrease and
+  // key_start[i] <= i (what the dataset makes); null is plain causal attention.
+  const int32_t* key_start = nullptr;
 };
 
 // ctx and lse overwritten. Throws laoyao::Error on an unsupported shape or a failed launch.

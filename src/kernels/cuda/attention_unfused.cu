@@ -94,29 +94,37 @@ __device__ float block_reduce(float v, float* sh, bool is_max) {
   return v;
 }
 
-// One block per query row (bh, i): probs over keys j <= i from the scaled scores; zeros after.
-__global__ void softmax_forward_kernel(const float* scores, bf16* probs, bf16* dropped, int64_t s, DropoutSpec drop) {
+// The first key query row `row` ((batch*H + head)*s + i) attends: its key_start, or 0.
+__device__ __forceinline__ int64_t first_key(const int32_t* key_start, int64_t row, int64_t s, int64_t H) {
+  return key_start ? key_start[row / (s * H) * s + row % s] : 0;
+}
+
+// One block per query row (bh, i): probs over keys j0 <= j <= i from the scaled scores; zeros
+// elsewhere (the future, and other documents' keys).
+__global__ void softmax_forward_kernel(const float* scores, bf16* probs, bf16* dropped, int64_t s, int64_t H,
+                                       const int32_t* key_start, DropoutSpec drop) {
   __shared__ float sh[32];
-  const int64_t row = blockIdx.x, i = row % s;
+  const int64_t row = blockIdx.x, i = row % s, j0 = first_key(key_start, row, s, H);
   const float* x = scores + row * s;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, x[j]);
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, x[j]);
   m = block_reduce(m, sh, true);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) sum += expf(x[j] - m);
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) sum += expf(x[j] - m);
   sum = block_reduce(sum, sh, false);
   const float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < s; j += blockDim.x) {
-    const float p = j <= i ? expf(x[j] - m) * inv : 0.0f;
+    const float p = j >= j0 && j <= i ? expf(x[j] - m) * inv : 0.0f;
     probs[row * s + j] = __float2bfloat16(p);
     if (dropped) dropped[row * s + j] = __float2bfloat16(p * dropout_factor(drop, uint64_t(row * s + j)));
   }
 }
 
 // One block per row: dP = dPd * mask; dS = scale * P (dP - sum_j P dP), written over probs.
-__global__ void softmax_backward_kernel(const float* dpd, bf16* probs_ds, int64_t s, float scale, DropoutSpec drop) {
+__global__ void softmax_backward_kernel(const float* dpd, bf16* probs_ds, int64_t s, int64_t H,
+                                        const int32_t* key_start, float scale, DropoutSpec drop) {
   __shared__ float sh[32];
-  const int64_t row = blockIdx.x, i = row % s;
+  const int64_t row = blockIdx.x, i = row % s, j0 = first_key(key_start, row, s, H);
   const float* g = dpd + row * s;
   bf16* p = probs_ds + row * s;
   auto dP = [&](int64_t j) {
@@ -125,10 +133,10 @@ __global__ void softmax_backward_kernel(const float* dpd, bf16* probs_ds, int64_
     return v;
   };
   float dot = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dot += __bfloat162float(p[j]) * dP(j);
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) dot += __bfloat162float(p[j]) * dP(j);
   dot = block_reduce(dot, sh, false);
   for (int64_t j = threadIdx.x; j < s; j += blockDim.x)
-    p[j] = __float2bfloat16(j <= i ? scale * __bfloat162float(p[j]) * (dP(j) - dot) : 0.0f);
+    p[j] = __float2bfloat16(j >= j0 && j <= i ? scale * __bfloat162float(p[j]) * (dP(j) - dot) : 0.0f);
 }
 
 }  // namespace
@@ -146,8 +154,8 @@ void attention_unfused_forward(CublasLtGemm& gemm, const bf16* qkv, bf16* ctx, c
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   gemm.matmul_rm(saved.q, false, saved.k, true, scratch.scores, true, d.s, d.s, d.D, shape.scale, 0.0f, bh, stream);
   bf16* dropped = drop.p > 0 ? saved.probs_dropped : nullptr;
-  softmax_forward_kernel<<<static_cast<unsigned>(bh * d.s), kThreads, 0, stream>>>(scratch.scores, saved.probs,
-                                                                                   dropped, d.s, drop);
+  softmax_forward_kernel<<<static_cast<unsigned>(bh * d.s), kThreads, 0, stream>>>(
+      scratch.scores, saved.probs, dropped, d.s, d.H, shape.key_start, drop);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   gemm.matmul_rm(dropped ? dropped : saved.probs, false, saved.v, false, scratch.heads, false, d.s, d.D, d.s, 1.0f,
                  0.0f, bh, stream);
@@ -166,8 +174,8 @@ void attention_unfused_backward(CublasLtGemm& gemm, const bf16* dctx, bf16* dqkv
   const bf16* pv = drop.p > 0 ? saved.probs_dropped : saved.probs;
   gemm.matmul_rm(pv, true, dO, false, scratch.dv, false, d.s, d.D, d.s, 1.0f, 0.0f, bh, stream);      // dV = Pd^T dO
   gemm.matmul_rm(dO, false, saved.v, true, scratch.scores, true, d.s, d.s, d.D, 1.0f, 0.0f, bh, stream);  // dPd
-  softmax_backward_kernel<<<static_cast<unsigned>(bh * d.s), kThreads, 0, stream>>>(scratch.scores, saved.probs, d.s,
-                                                                                    shape.scale, drop);
+  softmax_backward_kernel<<<static_cast<unsigned>(bh * d.s), kThreads, 0, stream>>>(
+      scratch.scores, saved.probs, d.s, d.H, shape.key_start, shape.scale, drop);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   const bf16* dS = saved.probs;
   gemm.matmul_rm(dS, false, saved.k, false, scratch.dq, false, d.s, d.D, d.s, 1.0f, 0.0f, bh, stream);  // dQ = dS K

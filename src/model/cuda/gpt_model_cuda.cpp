@@ -276,6 +276,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     tokens_ = a.take<int64_t>(T);
     labels_ = a.take<int64_t>(T);
     positions_ = a.take<int64_t>(T);
+    key_start_ = c.document_attention ? a.take<int32_t>(T) : nullptr;
     mask_ = a.take<float>(T);
     dloss_ = a.take<float>(T);
     logit_keys_ = a.take<uint64_t>(c.num_layers);  // staged with the inputs: last, inside their span
@@ -378,6 +379,10 @@ size_t CudaGptModel::device_bytes() const {
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const GptConfig& c = lc_;
   const std::string D = std::to_string(c.kv_channels);
+  if (c.document_attention && c.attention_backend == AttentionBackend::Fused)
+    throw UsageError("--attention-backend fused: cuDNN's fused attention is built here for whole sequences, not for "
+                     "the documents of a packed sequence (--reset-attention-mask); use --attention-backend flash, "
+                     "unfused or auto");
   switch (c.attention_backend) {
     case AttentionBackend::Unfused:
       attention_ = AttentionPath::Unfused;
@@ -399,8 +404,8 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_);
       attention_ = AttentionPath::Cudnn;
       return;
-    case AttentionBackend::Auto:
-      if (c.attention_dropout == 0 && kc::CudnnAttention::supports(shape)) {
+    case AttentionBackend::Auto:  // cuDNN's unless dropout or documents need ours
+      if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
         try {
           cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_);
           attention_ = AttentionPath::Cudnn;
@@ -665,6 +670,14 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
     if (!mb.positions) throw Error("CudaGptModel: learned positions need position ids");
     stage(positions_, mb.positions, ids);
   }
+  if (c.document_attention) {
+    if (!mb.key_start) throw Error("CudaGptModel: built for documents (--reset-attention-mask), given no key_start");
+    check_key_start(mb);
+    stage(key_start_, mb.key_start, sizeof(int32_t) * T);
+  } else if (mb.key_start) {
+    throw Error("CudaGptModel: a micro-batch with documents (key_start) for a model built without "
+                "document_attention");
+  }
   stage(mask_, loss_mask, sizeof(float) * T);
   if (dloss) stage(dloss_, dloss, sizeof(float) * T);
   if (c.moe.force_load_balancing)  // each MoE layer's random logits stream, read by the kernel on the device
@@ -780,7 +793,8 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   const DropoutKey& key = key_;
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const std::string call = std::to_string(key.call);
-  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D)),
+                                 key_start_};
   const GptLayerOffsets& W = layout_.layers[l];
   LayerActs& a = layers_[l];
   bf16* x_out = l + 1 < c.num_layers ? layers_[l + 1].x_in : x_final_;
@@ -907,7 +921,8 @@ void CudaGptModel::enqueue_backward() {
   phase(kNorms);
   for (const auto& r : head_ranges_) report_grads_ready(r);
 
-  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D))};
+  const kc::AttentionShape shape{b_, s_, c.heads, c.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D)),
+                                 key_start_};
   for (int64_t l = c.num_layers - 1; l >= 0; --l) {
     // Full recomputation: entering a chunk from its end, rebuild its layers' activations first.
     if (chunk_end_[l] == l) {

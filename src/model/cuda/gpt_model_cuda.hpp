@@ -272,10 +272,11 @@ class CudaGptModel {
   std::vector<Range> same_experts_summed_;
   void* emb_scratch_ = nullptr;
   size_t emb_scratch_bytes_ = 0;
-  // The micro-batch inputs, one contiguous device span (tokens, labels, positions, mask, dloss)
+  // The micro-batch inputs, one contiguous device span (tokens, labels, positions, key_start, mask, dloss)
   // filled by one copy from one of two pinned host slots; a slot is rewritten only once the copy
   // from it (two micro-batches back) has run, so the host never waits on the current step.
   int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
+  int32_t* key_start_ = nullptr;  // with document_attention: each query's first key, else null
   float *mask_ = nullptr, *dloss_ = nullptr;
   uint64_t* logit_keys_ = nullptr;  // [layers] --moe-router-force-load-balancing's streams of this micro-batch
   size_t inputs_bytes_ = 0;
