@@ -186,6 +186,9 @@ struct OptimizerConfig {
   OptFloat decoupled_lr;
   OptFloat decoupled_min_lr;
   double weight_decay = 0.01;
+  // Megatron-Core's apply_wd_to_qk_layernorm (Qwen3-Next): q/k layernorm weights take weight decay,
+  // an exception to "no decay for 1-D parameters and biases".
+  bool apply_wd_to_qk_layernorm = false;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;

@@ -148,6 +148,7 @@ template <class V> void OptimizerConfig::visit(V& v) {
   v.field("decoupled_lr", decoupled_lr);
   v.field("decoupled_min_lr", decoupled_min_lr);
   v.field("weight_decay", weight_decay);
+  v.field("apply_wd_to_qk_layernorm", apply_wd_to_qk_layernorm);
   v.field("adam_beta1", adam_beta1);
   v.field("adam_beta2", adam_beta2);
   v.field("adam_eps", adam_eps);

@@ -332,6 +332,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"--decoupled-lr", Kind::Value, "optimizer.decoupled_lr"},
       {"--decoupled-min-lr", Kind::Value, "optimizer.decoupled_min_lr"},
       {"--weight-decay", Kind::Value, "optimizer.weight_decay"},
+      {"--apply-wd-to-qk-layernorm", Kind::True, "optimizer.apply_wd_to_qk_layernorm"},
       {"--start-weight-decay", Kind::Value, "scheduler.start_weight_decay"},
       {"--end-weight-decay", Kind::Value, "scheduler.end_weight_decay"},
       {"--weight-decay-incr-style", Kind::Value, "scheduler.weight_decay_incr_style"},

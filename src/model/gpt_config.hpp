@@ -103,6 +103,9 @@ struct GptConfig {
   double rope_scaling_factor = 8.0;
   std::optional<double> seq_len_interpolation_factor;
   bool qk_layernorm = false;  // RMSNorm over each head's q and k (Qwen3), before RoPE
+  // Weight decay on the q/k layernorm weights (--apply-wd-to-qk-layernorm; an optimizer setting
+  // that lives here because the parameter table carries each parameter's weight-decay flag).
+  bool apply_wd_to_qk_layernorm = false;
   double init_std = 0.02;
   double embedding_init_std = 0.02;
   double hidden_dropout = 0.0;

@@ -39,7 +39,9 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
                   : -1;
     // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
     L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    if (c.qk_layernorm) table.specs.back().weight_decay = c.apply_wd_to_qk_layernorm;
     L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    if (c.qk_layernorm) table.specs.back().weight_decay = c.apply_wd_to_qk_layernorm;
     L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
     L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
     if (c.is_moe_layer(l)) {

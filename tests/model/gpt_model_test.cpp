@@ -155,6 +155,24 @@ TEST(GptModel, QkLayernormParametersFollowLinearQkv) {
   EXPECT_EQ(m.table().find("embedding.position_embeddings.weight"), nullptr) << "RoPE has no position table";
 }
 
+// --apply-wd-to-qk-layernorm (Megatron-Core's Qwen3-Next rule): 1-D parameters and biases take no
+// weight decay, except the q/k layernorm weights; without the flag they take none either.
+TEST(GptModel, ApplyWdToQkLayernormDecaysOnlyTheQkNorms) {
+  for (bool apply : {false, true}) {
+    GptConfig c = cases()[2].cfg;  // QK layernorm
+    c.apply_wd_to_qk_layernorm = apply;
+    const GptModel m(c);
+    int qk = 0;
+    for (const ParamSpec& p : m.table().specs) {
+      const bool is_qk = p.name.find("q_layernorm.") != std::string::npos || p.name.find("k_layernorm.") != std::string::npos;
+      qk += is_qk;
+      const bool standard = !(p.shape.size() == 1 || p.name.ends_with(".bias"));
+      EXPECT_EQ(p.weight_decay, is_qk ? apply : standard) << p.name;
+    }
+    EXPECT_EQ(qk, 2 * c.num_layers);
+  }
+}
+
 TEST(GptModel, GradientsAccumulateAcrossMicroBatches) {
   GptConfig c = cases()[0].cfg;
   GptModel m(c);

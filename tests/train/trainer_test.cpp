@@ -173,6 +173,24 @@ TEST(Trainer, PerTokenLossOfAnMoeModelWithoutMaskingIsTheDefaults) {
   }
 }
 
+// --apply-wd-to-qk-layernorm: the q/k layernorm weights decay too (optimizer.apply_wd_to_qk_layernorm),
+// so the runs part after the first step; without QK layernorm the flag changes nothing.
+TEST(Trainer, ApplyWdToQkLayernormDecaysTheQkNorms) {
+  auto with = [](std::vector<std::string> extra) {
+    auto a = tiny_args(3, 1);
+    a.insert(a.end(), {"--weight-decay", "0.5"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    const auto r = config::resolve_mlm(a, 1);
+    EXPECT_EQ(r.cfg.optimizer.apply_wd_to_qk_layernorm,
+              std::find(extra.begin(), extra.end(), "--apply-wd-to-qk-layernorm") != extra.end());
+    return run(r);
+  };
+  const auto qk = with({"--qk-layernorm"}), qk_wd = with({"--qk-layernorm", "--apply-wd-to-qk-layernorm"});
+  EXPECT_EQ(qk_wd.lm_loss[0], qk.lm_loss[0]);
+  EXPECT_NE(qk_wd.lm_loss[2], qk.lm_loss[2]);
+  EXPECT_EQ(with({"--apply-wd-to-qk-layernorm"}).lm_loss, with({}).lm_loss);
+}
+
 // --decoupled-lr / --decoupled-min-lr: the word embeddings (tied to the output layer here) step
 // at their own schedule, the log line printing its value after the learning rate (Megatron-LM's
 // " decoupled learning rate: ... |"). At the common rates the run is the plain one bit for bit.
