@@ -173,11 +173,16 @@ struct TestBatch {
       positions[t] = t % s;
     }
   }
-  MicroBatch micro_batch() const { return {b, s, tokens.data(), labels.data(), positions.data()}; }
+  std::vector<int32_t> key_start;  // documents (GptConfig::document_attention), else empty
+  MicroBatch micro_batch() const {
+    return {b, s, tokens.data(), labels.data(), positions.data(), key_start.empty() ? nullptr : key_start.data()};
+  }
 };
 
 void check_tensor_parallel_model(const GptConfig& c, const std::vector<int>& sizes) {
-  const TestBatch batch(c.vocab, 3, "tp.batch", "tp.model.dloss");
+  TestBatch batch(c.vocab, 3, "tp.batch", "tp.model.dloss");
+  if (c.document_attention)  // documents of 5, 1 and 6 tokens, then 8 and 4
+    batch.key_start = {0, 0, 0, 0, 0, 5, 6, 6, 6, 6, 6, 6, 0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8};
   const int64_t T = TestBatch::T;
   const std::vector<float>& dloss = batch.dloss;
   const MicroBatch mb = batch.micro_batch();
@@ -251,6 +256,16 @@ TEST(TensorParallel, SequenceParallelGptAndLlamaMatchOneRank) {
   c.query_groups = 2, c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
   c.qk_layernorm = true;
   check_tensor_parallel_model(c, {2});
+}
+
+// --reset-attention-mask: each rank's heads attend within the documents (sequence parallel too).
+TEST(TensorParallel, DocumentsMatchOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_gpt();
+  c.document_attention = true;
+  check_tensor_parallel_model(c, {2});
+  c.sequence_parallel = true;
+  check_tensor_parallel_model(c, {4});
 }
 
 // Mixture of Experts under tensor parallelism (sequence parallel, the experts split over the same

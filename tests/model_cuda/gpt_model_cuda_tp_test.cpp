@@ -54,7 +54,9 @@ void compare_tp(TpCase k) {
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   const Batch x = random_batch(k.b, k.s, c.vocab);
-  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  const std::vector<int32_t> key_start = c.document_attention ? documents_2x48() : std::vector<int32_t>{};
+  const MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data(),
+                      key_start.empty() ? nullptr : key_start.data()};
   const DropoutKey key{1234, 5 * 1000003ull + 1, k.dropout};
   std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s));
   cpu.zero_grads();
@@ -160,6 +162,12 @@ TEST(CudaGptModelTp, LlamaSequenceParallelOneSequenceFlashWithDropout) {
   compare_tp({llama_tp_config(), true, true, 1, 64});
 }
 TEST(CudaGptModelTp, LlamaSequenceParallelCudnn) { compare_tp({llama_tp_config(), false, true}); }
+// --reset-attention-mask (documents_2x48): our flash kernels on each rank's heads.
+TEST(CudaGptModelTp, LlamaDocumentsSequenceParallelFlashWithDropout) {
+  GptConfig c = llama_tp_config();
+  c.document_attention = true;
+  compare_tp({c, true, true});
+}
 TEST(CudaGptModelTp, MoeEveryExpertSequenceParallel) {
   GptConfig c = moe_config(llama_tp_config(), 4, 4, 64, 0);
   c.moe.tensor_parallel = 2;
