@@ -93,9 +93,10 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (c.optimizer.loss_scale)
     out.push_back("a constant loss scale (--loss-scale / optimizer.loss_scale): bf16 and fp32 runs train unscaled");
   // Settings Megatron honours that would otherwise pass without effect here.
-  if (c.scheduler.no_weight_decay_cond_type)
+  if (c.scheduler.no_weight_decay_cond_type && *c.scheduler.no_weight_decay_cond_type != "qwen3_next")
     out.push_back("weight-decay condition '" + *c.scheduler.no_weight_decay_cond_type +
-                  "' (scheduler.no_weight_decay_cond_type: the default rule only, no decay on biases and 1-D weights)");
+                  "' (scheduler.no_weight_decay_cond_type: the default rule, no decay on biases and 1-D weights, "
+                  "or qwen3_next, which also decays the q/k layernorm weights)");
   if (c.dataset.dataloader_type && (*c.dataset.dataloader_type == "cyclic" || *c.dataset.dataloader_type == "external"))
     out.push_back("the '" + *c.dataset.dataloader_type + "' data loader (--dataloader-type; accepted: single, batch)");
   if (c.checkpoint.use_checkpoint_args)
@@ -105,6 +106,8 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                   "micro-batch), as if the state were loaded");
   if (c.logger.log_energy) out.push_back("energy logging (--log-energy)");
   if (c.logger.log_memory_to_tensorboard) out.push_back("memory scalars in TensorBoard (--log-memory-to-tensorboard)");
+  if (c.logger.log_throughput_to_tensorboard)
+    out.push_back("throughput scalars in TensorBoard (logger.log_throughput_to_tensorboard)");
   if (c.logger.log_l2_norm_grad_to_tensorboard)
     out.push_back("per-parameter gradient norms in TensorBoard (logger.log_l2_norm_grad_to_tensorboard)");
   if (c.logger.wandb_project && !c.logger.wandb_project->empty())

@@ -55,7 +55,10 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.rope_scaling_factor = m.rope_scaling_factor;
   g.seq_len_interpolation_factor = m.seq_len_interpolation_factor;
   g.qk_layernorm = m.qk_layernorm;
-  g.apply_wd_to_qk_layernorm = c.optimizer.apply_wd_to_qk_layernorm;
+  // Bridge's qwen3_next weight-decay condition is the same rule for these models (their q/k norms
+  // are RMSNorm weights, no biases).
+  g.apply_wd_to_qk_layernorm =
+      c.optimizer.apply_wd_to_qk_layernorm || c.scheduler.no_weight_decay_cond_type.value_or("") == "qwen3_next";
   g.init_std = m.init_method_std;
   g.embedding_init_std = m.embedding_init_method_std.value_or(m.init_method_std);
   g.hidden_dropout = m.hidden_dropout;

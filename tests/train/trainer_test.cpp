@@ -188,6 +188,12 @@ TEST(Trainer, ApplyWdToQkLayernormDecaysTheQkNorms) {
   const auto qk = with({"--qk-layernorm"}), qk_wd = with({"--qk-layernorm", "--apply-wd-to-qk-layernorm"});
   EXPECT_EQ(qk_wd.lm_loss[0], qk.lm_loss[0]);
   EXPECT_NE(qk_wd.lm_loss[2], qk.lm_loss[2]);
+  // Bridge's scheduler.no_weight_decay_cond_type: qwen3_next is the same rule here.
+  auto a = tiny_args(3, 1);
+  a.insert(a.end(), {"--weight-decay", "0.5", "--qk-layernorm"});
+  auto qwen3_next = config::resolve_mlm(a, 1);
+  qwen3_next.cfg.scheduler.no_weight_decay_cond_type = "qwen3_next";
+  EXPECT_EQ(run(qwen3_next).lm_loss, qk_wd.lm_loss);
   EXPECT_EQ(with({"--apply-wd-to-qk-layernorm"}).lm_loss, with({}).lm_loss);
 }
 
