@@ -244,6 +244,8 @@ template <class V> void LoggerConfig::visit(V& v) {
   v.field("log_interval", log_interval);
   v.field("log_params_norm", log_params_norm);
   v.field("log_throughput", log_throughput);
+  v.field("log_throughput_to_tensorboard", log_throughput_to_tensorboard);
+  v.field("throughput_window_size", throughput_window_size);
   v.field("log_progress", log_progress);
   v.field("timing_log_level", timing_log_level);
   v.field("timing_log_option", timing_log_option, Choices{"max", "minmax", "all"});
