@@ -129,6 +129,11 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
             --normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000 --qk-layernorm \
             --disable-bias-linear --untie-embeddings-and-output-weights --train-iters 20
+          # The same with documents (--reset-attention-mask): GQA and RoPE on our flash kernels.
+          parity_run parity_qwen3_documents "Qwen3-style, --reset-attention-mask" --num-layers 2 --hidden-size 128 \
+            --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
+            --normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000 --qk-layernorm \
+            --disable-bias-linear --untie-embeddings-and-output-weights --reset-attention-mask --train-iters 20
           ;;
         parity_fused)
           # The Llama-style config without attention dropout: auto picks cuDNN's fused attention
