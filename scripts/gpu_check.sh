@@ -116,7 +116,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             --decoupled-min-lr 3e-5 --train-iters 20
           # --reset-attention-mask: attention within documents (our flash kernels: head dim 64), positions reset.
           parity_run parity_documents "GPT, --reset-attention-mask (flash)" --num-layers 2 --hidden-size 128 \
-            --num-attention-heads 2 --ffn-hidden-size 512 --reset-attention-mask --reset-position-ids --train-iters 20
+            --num-attention-heads 2 --ffn-hidden-size 512 --reset-attention-mask --reset-position-ids --transformer-impl local \
+            --no-masked-softmax-fusion --train-iters 20
           ;;
         parity_llama)
           # The same with Llama's pieces: RMSNorm, SwiGLU, RoPE (Llama 3 scaling), GQA, no biases, untied.
@@ -133,7 +134,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           parity_run parity_qwen3_documents "Qwen3-style, --reset-attention-mask" --num-layers 2 --hidden-size 128 \
             --num-attention-heads 2 --group-query-attention --num-query-groups 1 --ffn-hidden-size 256 \
             --normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000 --qk-layernorm \
-            --disable-bias-linear --untie-embeddings-and-output-weights --reset-attention-mask --train-iters 20
+            --disable-bias-linear --untie-embeddings-and-output-weights --reset-attention-mask --transformer-impl local \
+            --no-masked-softmax-fusion --train-iters 20
           ;;
         parity_fused)
           # The Llama-style config without attention dropout: auto picks cuDNN's fused attention

@@ -95,6 +95,11 @@ int start_training(config::Resolved& r) {
     std::printf("laoyao: --no-gradient-accumulation-fusion (Megatron: each micro-batch's weight gradients rounded "
                 "to bf16, then added in fp32); laoyao accumulates them in fp32 directly, a difference of rounding "
                 "only\n");
+  // --reset-attention-mask where Megatron's attention ignores the mask: the same here, said once.
+  if (const std::string why = train::document_mask(r.cfg).ignored; !why.empty())
+    std::printf("laoyao: --reset-attention-mask: %s; laoyao's attention stays causal as Megatron's does "
+                "(documents are kept apart with --transformer-impl local --no-masked-softmax-fusion)\n",
+                why.c_str());
   // Recomputation changes memory, never the numbers: say what this run does with the flags.
   if (r.cfg.model.recompute_granularity == "selective")
     std::printf("laoyao: --recompute-granularity selective recomputes core attention in Megatron; laoyao's fused "

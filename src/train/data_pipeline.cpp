@@ -7,6 +7,7 @@
 #include "data/blended_dataset.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/mock_dataset.hpp"
+#include "train/run_setup.hpp"
 
 namespace laoyao::train {
 
@@ -53,7 +54,8 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   gc.random_seed = ds.random_seed;
   gc.eod_id = d.eod_id;
   gc.reset_position_ids = ds.reset_position_ids;
-  gc.reset_attention_mask = ds.reset_attention_mask;
+  // Samples carry the documents only where Megatron's attention applies the mask (document_mask).
+  gc.reset_attention_mask = document_mask(c).applied;
   gc.create_attention_mask = !ds.skip_getting_attention_mask_from_dataset;
   gc.eod_mask_loss = ds.eod_mask_loss;
   data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};

@@ -1,5 +1,8 @@
 #include "train/run_setup.hpp"
 
+#include <algorithm>
+#include <string>
+
 #include "core/error.hpp"
 #include "data/tokenizer/tokenizer_factory.hpp"
 #include "model/gpt_tp.hpp"
@@ -18,6 +21,32 @@ void load_tokenizer_vocab(config::ConfigContainer& c, config::Derived& d, config
   spec.vocab_extra_ids = static_cast<int>(k.vocab_extra_ids);
   auto tok = tokenizer::make_tokenizer(spec);
   config::apply_vocab_rule(c, d, tok->vocab_size(), tok->eod(), fe);
+}
+
+DocumentMask document_mask(const config::ConfigContainer& c) {
+  DocumentMask r;
+  if (!c.dataset.reset_attention_mask || c.dataset.skip_getting_attention_mask_from_dataset) return r;
+  const auto& m = c.model;
+  if (m.transformer_impl != "local") {
+    r.ignored = "with --transformer-impl " + m.transformer_impl +
+                " Megatron's attention takes the causal mask type and ignores the dataloader's mask "
+                "(Megatron-LM issue #2357)";
+    return r;
+  }
+  // FusedScaleMaskSoftmax.is_kernel_available for the causal mask type, with get_batch_per_block:
+  // keys up to 128 run two rows a warp (8 a block of 4 warps), longer ones one.
+  const int64_t s = m.seq_length, b = c.train.micro_batch_size.value_or(1);
+  const int64_t batches = b * m.num_attention_heads / std::max<int64_t>(m.tensor_model_parallel_size, 1);
+  const int64_t per_block = s <= 128 ? 8 : 4;
+  const bool fused = m.masked_softmax_fusion && (m.bf16 || m.fp16) && s > 16 && s <= 4096 && s % 4 == 0 &&
+                     batches % 4 == 0 && batches % per_block == 0;
+  if (fused) {
+    r.ignored = "Megatron-Core's fused causal softmax (masked_softmax_fusion, at sequence length " +
+                std::to_string(s) + ") ignores the dataloader's mask; --no-masked-softmax-fusion applies it";
+    return r;
+  }
+  r.applied = true;
+  return r;
 }
 
 model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d) {
@@ -64,8 +93,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
   g.sequence_parallel = m.sequence_parallel;
-  // Megatron masks across documents only when the dataloader builds the attention mask.
-  g.document_attention = c.dataset.reset_attention_mask && !c.dataset.skip_getting_attention_mask_from_dataset;
+  g.document_attention = document_mask(c).applied;
   g.bf16 = m.bf16;
   g.fp32_residual_connection = m.fp32_residual_connection;
   g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused

@@ -15,6 +15,18 @@ namespace laoyao::train {
 void load_tokenizer_vocab(config::ConfigContainer& c, config::Derived& d, config::FrontEnd fe);
 
 model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d);
+
+// --reset-attention-mask's documents, as Megatron's attention treats them. The dataloader builds the
+// mask (unless dataset.skip_getting_attention_mask_from_dataset), but only the local attention
+// applies it, and only through its unfused softmax: Transformer Engine's attention takes the causal
+// mask type and ignores the mask (Megatron-LM issue #2357), and Megatron-Core's fused causal
+// softmax (ScaledUpperTriangMaskedSoftmax: bf16/fp16 with masked_softmax_fusion, 16 < s <= 4096,
+// s % 4 == 0, micro-batch x heads per TP rank a multiple of its batches per block) ignores it too.
+struct DocumentMask {
+  bool applied = false;  // attention stays inside each document
+  std::string ignored;   // the flag is on but Megatron's attention ignores the mask: why (else empty)
+};
+DocumentMask document_mask(const config::ConfigContainer& c);
 // The MoE part of model_config (model.num_moe_experts > 0; g: the dense part): UsageError naming
 // a setting laoyao's MoE layers do not support yet.
 model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g);

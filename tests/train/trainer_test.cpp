@@ -99,22 +99,55 @@ TEST(Trainer, SameSeedTwiceIsBitwiseIdentical) {
   EXPECT_NE(run(other).lm_loss, a.lm_loss) << "the seed changes the weights and the data order";
 }
 
-// --reset-attention-mask keeps attention inside each document when the dataloader builds the mask
-// (Megatron-LM's default); with --no-create-attention-mask-in-dataloader (Bridge's default,
-// skip_getting_attention_mask_from_dataset) Megatron's attention is plain causal, flag or not.
-TEST(Trainer, ResetAttentionMaskActsOnlyWithTheDataloadersMask) {
+// --reset-attention-mask keeps attention inside each document where Megatron's attention applies
+// the dataloader's mask: the local implementation's unfused softmax. Transformer Engine's attention
+// (the default --transformer-impl) and Megatron-Core's fused causal softmax ignore it, and without
+// the dataloader's mask (--no-create-attention-mask-in-dataloader, Bridge's default) there is none.
+TEST(Trainer, ResetAttentionMaskActsWhereMegatronsAttentionAppliesTheMask) {
   auto with = [](std::vector<std::string> extra) {
     auto a = tiny_args(3, 1);
     a.insert(a.end(), extra.begin(), extra.end());
     return run(config::resolve_mlm(a, 1));
   };
-  const auto causal = with({}), documents = with({"--reset-attention-mask"}),
-             skipped = with({"--reset-attention-mask", "--no-create-attention-mask-in-dataloader"});
+  const std::vector<std::string> local = {"--reset-attention-mask", "--transformer-impl", "local"};
+  auto plus = [&](std::vector<std::string> more) {
+    std::vector<std::string> v = local;
+    v.insert(v.end(), more.begin(), more.end());
+    return v;
+  };
+  const auto causal = with({}), documents = with(plus({"--no-masked-softmax-fusion"}));
   ASSERT_EQ(documents.lm_loss.size(), 3u);
   EXPECT_NE(documents.lm_loss[0], causal.lm_loss[0]) << "mock samples of 33 tokens hold EODs";
   EXPECT_NE(documents.grad_norm, causal.grad_norm);
-  EXPECT_EQ(skipped.lm_loss, causal.lm_loss);
-  EXPECT_EQ(skipped.grad_norm, causal.grad_norm);
+  // 2 sequences x 2 heads: too few rows for the fused softmax at 32 keys (8 a block), which then
+  // falls back to the masked one.
+  EXPECT_EQ(with(local).lm_loss, documents.lm_loss);
+  for (const auto& ignored : {with({"--reset-attention-mask"}),
+                              with(plus({"--no-masked-softmax-fusion", "--no-create-attention-mask-in-dataloader"}))}) {
+    EXPECT_EQ(ignored.lm_loss, causal.lm_loss);
+    EXPECT_EQ(ignored.grad_norm, causal.grad_norm);
+  }
+}
+
+TEST(Trainer, DocumentMaskFollowsMegatronsAttentionPaths) {
+  auto mask = [](std::vector<std::string> extra) {
+    auto a = tiny_args(3, 1);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return train::document_mask(config::resolve_mlm(a, 1).cfg);
+  };
+  EXPECT_FALSE(mask({}).applied);
+  EXPECT_EQ(mask({}).ignored, "");
+  const auto te = mask({"--reset-attention-mask"});
+  EXPECT_FALSE(te.applied);
+  EXPECT_NE(te.ignored.find("#2357"), std::string::npos) << te.ignored;
+  EXPECT_TRUE(mask({"--reset-attention-mask", "--transformer-impl", "local"}).applied);
+  // 4 sequences x 2 heads = 8 rows: the fused causal softmax runs, and ignores the mask.
+  const auto fused = mask({"--reset-attention-mask", "--transformer-impl", "local", "--micro-batch-size", "4"});
+  EXPECT_FALSE(fused.applied);
+  EXPECT_NE(fused.ignored.find("--no-masked-softmax-fusion"), std::string::npos) << fused.ignored;
+  EXPECT_TRUE(mask({"--reset-attention-mask", "--transformer-impl", "local", "--micro-batch-size", "4",
+                    "--no-masked-softmax-fusion"})
+                  .applied);
 }
 
 // --calculate-per-token-loss: the step's gradients are its summed token losses' over its tokens,
