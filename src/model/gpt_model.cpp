@@ -447,6 +447,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   tokens_.assign(mb.tokens, mb.tokens + T);
   labels_.assign(mb.labels, mb.labels + T);
   if (mb.positions) positions_.assign(mb.positions, mb.positions + T);
+  check_key_start(mb);  // what the CUDA model requires too, so both backends take the same inputs
   if (mb.key_start) key_start_.assign(mb.key_start, mb.key_start + T);
   else key_start_.clear();
   // Megatron-Core builds RoPE for positions 0..s-1 of every sequence (not from position_ids).

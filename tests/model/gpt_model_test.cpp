@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/error.hpp"
 #include "finite_differences.hpp"
 #include "model/gpt_model.hpp"
 
@@ -224,5 +225,8 @@ TEST(GptModel, DocumentsOfAPackedSequenceTrainAsIfAlone) {
     std::vector<float> causal(9);
     m.forward({1, 9, tok.data(), lab.data(), pos.data()}, {}, causal.data());
     EXPECT_GT(std::abs(causal[6] - packed[6]), 1e-4);
+    // Documents as a dataset makes them, or an error (as on the CUDA backend): never decreasing.
+    const std::vector<int32_t> bad = {0, 0, 0, 0, 4, 4, 2, 4, 4};
+    EXPECT_THROW(m.forward({1, 9, tok.data(), lab.data(), pos.data(), bad.data()}, {}, causal.data()), laoyao::Error);
   }
 }
