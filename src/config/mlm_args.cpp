@@ -333,6 +333,16 @@ const std::vector<FlagSpec>& flag_table() {
       {"--decoupled-min-lr", Kind::Value, "optimizer.decoupled_min_lr"},
       {"--weight-decay", Kind::Value, "optimizer.weight_decay"},
       {"--apply-wd-to-qk-layernorm", Kind::True, "optimizer.apply_wd_to_qk_layernorm"},
+      // Deprecated in Megatron-LM: validate_args turns its one accepted value into
+      // --apply-wd-to-qk-layernorm and raises on any other (qwen3_next included).
+      {"--no-weight-decay-cond-type", Kind::Value, nullptr, nullptr,
+       [](State& s, const std::vector<std::string>& v) {
+         if (v[0] != "apply_wd_to_qk_layernorm")
+           throw UsageError("Invalid no_weight_decay_cond_type: " + v[0] +
+                            " (--no-weight-decay-cond-type is deprecated; accepted: apply_wd_to_qk_layernorm, as "
+                            "--apply-wd-to-qk-layernorm)");
+         s.set("optimizer.apply_wd_to_qk_layernorm", Value::boolean(true), v[0]);
+       }},
       {"--start-weight-decay", Kind::Value, "scheduler.start_weight_decay"},
       {"--end-weight-decay", Kind::Value, "scheduler.end_weight_decay"},
       {"--weight-decay-incr-style", Kind::Value, "scheduler.weight_decay_incr_style"},

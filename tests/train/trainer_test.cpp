@@ -215,7 +215,8 @@ TEST(Trainer, ApplyWdToQkLayernormDecaysTheQkNorms) {
     a.insert(a.end(), extra.begin(), extra.end());
     const auto r = config::resolve_mlm(a, 1);
     EXPECT_EQ(r.cfg.optimizer.apply_wd_to_qk_layernorm,
-              std::find(extra.begin(), extra.end(), "--apply-wd-to-qk-layernorm") != extra.end());
+              std::find(extra.begin(), extra.end(), "--apply-wd-to-qk-layernorm") != extra.end() ||
+                  std::find(extra.begin(), extra.end(), "apply_wd_to_qk_layernorm") != extra.end());
     return run(r);
   };
   const auto qk = with({"--qk-layernorm"}), qk_wd = with({"--qk-layernorm", "--apply-wd-to-qk-layernorm"});
@@ -227,6 +228,10 @@ TEST(Trainer, ApplyWdToQkLayernormDecaysTheQkNorms) {
   auto qwen3_next = config::resolve_mlm(a, 1);
   qwen3_next.cfg.scheduler.no_weight_decay_cond_type = "qwen3_next";
   EXPECT_EQ(run(qwen3_next).lm_loss, qk_wd.lm_loss);
+  // Megatron-LM's deprecated --no-weight-decay-cond-type: its one accepted value is the same flag.
+  EXPECT_EQ(with({"--qk-layernorm", "--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"}).lm_loss, qk_wd.lm_loss);
+  a.insert(a.end(), {"--no-weight-decay-cond-type", "qwen3_next"});
+  EXPECT_THROW(config::resolve_mlm(a, 1), UsageError);
   EXPECT_EQ(with({"--apply-wd-to-qk-layernorm"}).lm_loss, with({}).lm_loss);
 }
 
