@@ -106,6 +106,10 @@ struct GptConfig {
   // Weight decay on the q/k layernorm weights (--apply-wd-to-qk-layernorm; an optimizer setting
   // that lives here because the parameter table carries each parameter's weight-decay flag).
   bool apply_wd_to_qk_layernorm = false;
+  // No weight decay on the embeddings (names with "embedding": the word and position tables), as
+  // Megatron does when an embedding init std is given (default_skip_embedding_weight_decay,
+  // arXiv 2312.16903: embeddings would shrink towards zero).
+  bool skip_embedding_weight_decay = false;
   double init_std = 0.02;
   double embedding_init_std = 0.02;
   double hidden_dropout = 0.0;

@@ -21,8 +21,11 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   out.word_emb = table.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
   table.specs.back().embedding_or_output = true;
-  if (c.positions == Positions::LearnedAbsolute)
+  if (c.skip_embedding_weight_decay) table.specs.back().weight_decay = false;
+  if (c.positions == Positions::LearnedAbsolute) {
     out.pos_emb = table.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
+    if (c.skip_embedding_weight_decay) table.specs.back().weight_decay = false;
+  }
   const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
   const bool ln = c.norm == Norm::LayerNorm;
   for (int64_t l = 0; l < c.num_layers; ++l) {

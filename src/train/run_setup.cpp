@@ -90,6 +90,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
       c.optimizer.apply_wd_to_qk_layernorm || c.scheduler.no_weight_decay_cond_type.value_or("") == "qwen3_next";
   g.init_std = m.init_method_std;
   g.embedding_init_std = m.embedding_init_method_std.value_or(m.init_method_std);
+  g.skip_embedding_weight_decay = m.embedding_init_method_std.has_value();
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
   g.sequence_parallel = m.sequence_parallel;

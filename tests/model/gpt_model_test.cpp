@@ -174,6 +174,21 @@ TEST(GptModel, ApplyWdToQkLayernormDecaysOnlyTheQkNorms) {
   }
 }
 
+// An embedding init std (--embedding-init-method-std) exempts the embeddings from weight decay
+// (Megatron's default_skip_embedding_weight_decay); the untied output layer still decays.
+TEST(GptModel, SkipEmbeddingWeightDecayLeavesOnlyTheEmbeddings) {
+  GptConfig c = cases()[0].cfg;  // learned positions
+  c.tied_embeddings = false;
+  c.skip_embedding_weight_decay = true;
+  const GptModel m(c);
+  for (const ParamSpec& p : m.table().specs) {
+    const bool standard = !(p.shape.size() == 1 || p.name.ends_with(".bias"));
+    EXPECT_EQ(p.weight_decay, p.name.find("embedding") == std::string::npos && standard) << p.name;
+  }
+  EXPECT_TRUE(m.table().find("output_layer.weight")->weight_decay);
+  EXPECT_FALSE(m.table().find("embedding.position_embeddings.weight")->weight_decay);
+}
+
 TEST(GptModel, GradientsAccumulateAcrossMicroBatches) {
   GptConfig c = cases()[0].cfg;
   GptModel m(c);

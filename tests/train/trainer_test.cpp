@@ -206,8 +206,9 @@ TEST(Trainer, PerTokenLossOfAnMoeModelWithoutMaskingIsTheDefaults) {
   }
 }
 
-// --apply-wd-to-qk-layernorm: the q/k layernorm weights decay too (optimizer.apply_wd_to_qk_layernorm),
-// so the runs part after the first step; without QK layernorm the flag changes nothing.
+// Megatron's weight-decay exceptions: --apply-wd-to-qk-layernorm (the q/k layernorm weights decay too,
+// optimizer.apply_wd_to_qk_layernorm) and --embedding-init-method-std (the embeddings do not); the
+// runs part after the first step. Without QK layernorm the first flag changes nothing.
 TEST(Trainer, ApplyWdToQkLayernormDecaysTheQkNorms) {
   auto with = [](std::vector<std::string> extra) {
     auto a = tiny_args(3, 1);
@@ -232,6 +233,11 @@ TEST(Trainer, ApplyWdToQkLayernormDecaysTheQkNorms) {
   EXPECT_EQ(with({"--qk-layernorm", "--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"}).lm_loss, qk_wd.lm_loss);
   a.insert(a.end(), {"--no-weight-decay-cond-type", "qwen3_next"});
   EXPECT_THROW(config::resolve_mlm(a, 1), UsageError);
+  // --embedding-init-method-std: the embeddings take no weight decay (the same std as the default
+  // init, so only the decay differs).
+  const auto plain = with({}), emb_std = with({"--embedding-init-method-std", "0.02"});
+  EXPECT_EQ(emb_std.lm_loss[0], plain.lm_loss[0]);
+  EXPECT_NE(emb_std.lm_loss[2], plain.lm_loss[2]);
   EXPECT_EQ(with({"--apply-wd-to-qk-layernorm"}).lm_loss, with({}).lm_loss);
 }
 
