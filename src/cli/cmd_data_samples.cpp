@@ -52,7 +52,8 @@ int cmd_data_samples(const Args& args) {
       std::printf("usage: laoyao data-samples [--iterations N] [--splits train,valid,test] [training flags]\n\n"
                   "Prints one JSON object per micro-batch that the run would read: split, iteration (or\n"
                   "evaluation), micro-batch, sample_indices, tokens, labels, loss_mask, position_ids, and\n"
-                  "with --reset-attention-mask attention_key_start (each token's first visible key).\n"
+                  "where the attention keeps --reset-attention-mask's documents apart attention_key_start\n"
+                  "(each token's first visible key).\n"
                   "Training flags: Megatron-LM's (as for pretrain-gpt), or a run-recipe command line\n"
                   "starting with --recipe/--model. --iterations defaults to the run's train iterations.\n");
       return 0;

@@ -115,8 +115,8 @@ struct GptConfig {
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
   AttentionBackend attention_backend = AttentionBackend::Auto;
-  // Attention within documents: every micro-batch carries key_start (--reset-attention-mask with
-  // the dataloader's attention mask, Megatron-LM's default).
+  // Attention within documents: every micro-batch carries key_start (--reset-attention-mask where
+  // Megatron's attention applies the dataloader's mask: train::document_mask).
   bool document_attention = false;
   // With tensor parallelism: Megatron's sequence parallelism (norms, dropout and residuals on each
   // rank's share of the sequence; all-gather / reduce-scatter around the parallel layers).

@@ -22,6 +22,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
 // mask type and ignores the mask (Megatron-LM issue #2357), and Megatron-Core's fused causal
 // softmax (ScaledUpperTriangMaskedSoftmax: bf16/fp16 with masked_softmax_fusion, 16 < s <= 4096,
 // s % 4 == 0, micro-batch x heads per TP rank a multiple of its batches per block) ignores it too.
+// Judged at the training micro-batch size (an evaluation micro-batch of another size follows it).
 struct DocumentMask {
   bool applied = false;  // attention stays inside each document
   std::string ignored;   // the flag is on but Megatron's attention ignores the mask: why (else empty)

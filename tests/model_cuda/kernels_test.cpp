@@ -487,8 +487,7 @@ cuda::AttentionShape shape_of(const AttnCase& c) {
 }
 
 // Each query's first key for the case's documents (empty without): every sequence cut into
-// documents of random lengths, the first starting at a random offset into its sequence so a
-// document also spans the sequence's start.
+// documents of random lengths 1 .. 2*doc_len (the last one cut short by the sequence's end).
 std::vector<int32_t> key_start_of(const AttnCase& c, uint64_t seed) {
   if (c.doc_len <= 0) return {};
   std::mt19937_64 rng(seed);
