@@ -274,6 +274,47 @@ TEST(CudaGptModel, GraphReplayGivesTheEagerStepsBits) {
   }
 }
 
+// Documents inside the captured graph: key_start is staged with the other inputs every micro-batch,
+// so replays of one graph with two different sets of documents give each set's eager bits.
+TEST(CudaGptModel, DocumentsChangingBetweenGraphReplaysGiveTheEagerBits) {
+  const GptConfig c = with_documents(small_config(2, 2), AttentionBackend::Flash);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  std::vector<int32_t> other;  // the first sequence cut at 20, the second at 5 and 40
+  for (int i = 0; i < 48; ++i) other.push_back(i < 20 ? 0 : 20);
+  for (int i = 0; i < 48; ++i) other.push_back(i < 5 ? 0 : i < 40 ? 5 : 40);
+  const std::vector<int32_t> docs[2] = {documents_2x48(), other};
+  auto step = [&](CudaGptModel& gpu, const std::vector<int32_t>& ks) {
+    gpu.zero_grads();
+    gpu.forward({x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data(), ks.data()}, x.mask.data(),
+                {1234, 7, true}, x.dloss.data());
+    gpu.backward();
+    std::vector<float> grads(static_cast<size_t>(gpu.num_parameters()));
+    gpu.download_grads(grads.data());
+    (void)gpu.take_loss_sum();
+    return std::make_pair(gpu.download_losses(), grads);
+  };
+  // Two models that must give the same bits: both take cuBLASLt's first heuristic choice, not the
+  // fastest-timed one.
+  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
+  setenv("LAOYAO_CUDA_GRAPHS", "0", 1);
+  CudaGptModel eager(c, 2, 48);
+  unsetenv("LAOYAO_CUDA_GRAPHS");
+  CudaGptModel graphed(c, 2, 48);
+  unsetenv("LAOYAO_GEMM_AUTOTUNE");
+  eager.upload_weights(cpu.weights());
+  graphed.upload_weights(cpu.weights());
+  const auto want0 = step(eager, docs[0]), want1 = step(eager, docs[1]);
+  EXPECT_NE(want0.first, want1.first) << "the two sets of documents give different losses";
+  for (int call = 0; call < 6; ++call) {  // eager warm-up, capture, then replays, alternating documents
+    const auto got = step(graphed, docs[call % 2]);
+    const auto& want = call % 2 == 0 ? want0 : want1;
+    EXPECT_EQ(got.first, want.first) << "call " << call;
+    EXPECT_EQ(got.second, want.second) << "call " << call;
+  }
+}
+
 // cuDNN's attention inside the captured graph: replay gives the eager step's losses, and gradients
 // equal up to the order of cuDNN's dQ accumulation (it adds with atomics).
 TEST(CudaGptModel, FusedAttentionGraphReplayMatchesEagerStep) {
