@@ -19,13 +19,11 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   const int64_t h = c.hidden;
   // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
   const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  table.weight_decay = {c.apply_wd_to_qk_layernorm, c.skip_embedding_weight_decay};
   out.word_emb = table.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
   table.specs.back().embedding_or_output = true;
-  if (c.skip_embedding_weight_decay) table.specs.back().weight_decay = false;
-  if (c.positions == Positions::LearnedAbsolute) {
+  if (c.positions == Positions::LearnedAbsolute)
     out.pos_emb = table.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
-    if (c.skip_embedding_weight_decay) table.specs.back().weight_decay = false;
-  }
   const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
   const bool ln = c.norm == Norm::LayerNorm;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -42,9 +40,7 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
                   : -1;
     // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
     L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-    if (c.qk_layernorm) table.specs.back().weight_decay = c.apply_wd_to_qk_layernorm;
     L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-    if (c.qk_layernorm) table.specs.back().weight_decay = c.apply_wd_to_qk_layernorm;
     L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
     L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
     if (c.is_moe_layer(l)) {

@@ -17,8 +17,11 @@ int64_t ParameterTable::add(std::string name, std::vector<int64_t> shape, Init i
   p.offset = total;
   p.init = init;
   p.std = std;
-  // Megatron's default no_weight_decay_cond: 1-D parameters and biases get wd_mult 0.
-  p.weight_decay = !(p.shape.size() == 1 || (p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0));
+  // Megatron's no_weight_decay_cond: 1-D parameters and biases get wd_mult 0, with its exceptions.
+  const auto has = [&](const char* part) { return p.name.find(part) != std::string::npos; };
+  bool no_wd = p.shape.size() == 1 || p.name.ends_with(".bias") || (weight_decay.skip_embeddings && has("embedding"));
+  if (weight_decay.apply_to_qk_layernorm && (has("q_layernorm.") || has("k_layernorm."))) no_wd = false;
+  p.weight_decay = !no_wd;
   total += p.numel;
   specs.push_back(std::move(p));
   return specs.back().offset;

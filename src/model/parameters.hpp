@@ -26,9 +26,18 @@ struct ParamSpec {
   bool buffer = false;
 };
 
+// Megatron's exceptions to "no weight decay for biases and 1-D parameters", by name as its
+// no_weight_decay_cond: --apply-wd-to-qk-layernorm decays q/k layernorm weights, an embedding init
+// std (default_skip_embedding_weight_decay) exempts names containing "embedding".
+struct WeightDecayRule {
+  bool apply_to_qk_layernorm = false;
+  bool skip_embeddings = false;
+};
+
 struct ParameterTable {
   std::vector<ParamSpec> specs;
   int64_t total = 0;
+  WeightDecayRule weight_decay;  // set before the parameters are added
 
   // Appends a parameter; returns its offset.
   int64_t add(std::string name, std::vector<int64_t> shape, Init init, double std = 0);
