@@ -66,6 +66,7 @@ class CpuEngine final : public Engine {
   void scale_grads(double scale) override {
     float* g = model_.grads();
     const float s = static_cast<float>(scale);
+    if (s == 1.0f) return;  // a per-token loss's sum: nothing to scale
     const int64_t n = model_.num_parameters();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= s;

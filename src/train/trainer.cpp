@@ -169,7 +169,6 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                std::to_string(model_cfg.moe.topk) + " of " + std::to_string(model_cfg.moe.num_experts) +
                " routed experts; routers, shared experts and the rest whole)");
 
-  const std::vector<optim::ParamRange> ranges = adam_ranges(model.table());
   const optim::AdamWSettings adam_settings{c.optimizer.adam_beta1, c.optimizer.adam_beta2, c.optimizer.adam_eps};
   // The distributed optimizer: this data-parallel rank keeps Adam's moments for its share only
   // (under expert parallelism the experts' share is over the ranks holding the same experts).
@@ -186,7 +185,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                : whole_model_shards(model.num_parameters());
   std::unique_ptr<optim::AdamW> adam_owner =
       dist_opt ? make_shard_adam(model.table(), shards, adam_settings)
-               : std::make_unique<optim::AdamW>(model.num_parameters(), ranges, adam_settings);
+               : make_whole_adam(model.table(), adam_settings);
   optim::AdamW& adam = *adam_owner;
   std::unique_ptr<Engine> engine;
   if (opt.use_cuda)
