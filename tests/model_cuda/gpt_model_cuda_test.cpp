@@ -246,6 +246,28 @@ TEST(CudaGptModel, Qwen3QkLayernormFlashWithGqaMatchesCpuModel) {
   compare(c, false);
 }
 
+// GQA with the QK norm on cuDNN: the norm writes q, k and v in the split rows cuDNN reads in place
+// (qkv_rows.hpp) and reads its gradient there. Against the CPU model, and against the fused rows
+// (LAOYAO_QKV_SPLIT=0: the query heads gathered before and scattered after cuDNN) from the same
+// weights: the same kernels read the same values, so the two agree to far below BF16 tolerance.
+TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
+  GptConfig c = with_attention(qwen3_config(), AttentionBackend::Fused);
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  compare(c, false);
+  std::vector<std::vector<float>> losses[2], grads[2];
+  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);  // the same GEMM algorithms in both models
+  for (int fused = 0; fused < 2; ++fused) {
+    setenv("LAOYAO_QKV_SPLIT", fused ? "0" : "1", 1);
+    CpuAndGpuModels models(c);
+    training_calls(models.gpu, models.x, 1, losses[fused], grads[fused]);
+  }
+  unsetenv("LAOYAO_QKV_SPLIT");
+  unsetenv("LAOYAO_GEMM_AUTOTUNE");
+  const int64_t n = static_cast<int64_t>(grads[0][0].size());
+  EXPECT_LT(rel_err(grads[0][0].data(), grads[1][0].data(), n), 1e-5);
+  for (size_t t = 0; t < losses[0][0].size(); ++t) ASSERT_NEAR(losses[0][0][t], losses[1][0][t], 1e-5) << t;
+}
+
 // Without dropout the second call of a shape captures a CUDA graph and later calls replay it: the
 // losses and gradients of the eager, captured and replayed steps are the same bits.
 TEST(CudaGptModel, GraphReplayGivesTheEagerStepsBits) {

@@ -734,10 +734,26 @@ TEST_F(CudaKernels, AttentionFlashRefusesOtherHeadDims) {
                laoyao::Error);
 }
 
+// The fused rows [T, row] rearranged into the split rows (qkv_rows.hpp), or back (to_split false).
+std::vector<float> split_rows(const std::vector<float>& x, const cpu::QkvLayout& L, int64_t T, int64_t H, int64_t G,
+                              int64_t D, bool to_split) {
+  std::vector<float> y(x.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t j = 0; j < L.Q + 2; ++j) {
+        const int64_t fused = t * L.row + (g * (L.Q + 2) + j) * D;
+        const int64_t split = j < L.Q ? (t * H + g * L.Q + j) * D : (T * H + 2 * (t * G + g) + (j - L.Q)) * D;
+        for (int64_t d = 0; d < D; ++d) (to_split ? y[split + d] : y[fused + d]) = x[to_split ? fused + d : split + d];
+      }
+  return y;
+}
+
 // cuDNN's fused attention (our graphs of its SDPA pattern) against the CPU attention: MHA read in
 // place, GQA through the gathered query heads, head dims 64, 96 and 128, partial tiles, and a
-// smaller batch than the one the plans were built for.
-void check_attention_cudnn(const AttnCase& c, cudaStream_t stream, int64_t run_b = 0) {
+// smaller batch than the one the plans were built for; with split rows, q, k, v read and their
+// gradients written in the split layout.
+void check_attention_cudnn(const AttnCase& c, cudaStream_t stream, int64_t run_b = 0,
+                           cuda::QkvRows rows = cuda::QkvRows::Fused) {
   const cpu::QkvLayout L("test", c.H, c.G, c.D);
   const uint64_t seed = 9100 + static_cast<uint64_t>(c.s * 100 + c.H * 10 + c.G);
   AttnCase r = c;
@@ -747,9 +763,10 @@ void check_attention_cudnn(const AttnCase& c, cudaStream_t stream, int64_t run_b
   const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
   const auto want = cpu_attention(r, qkv, dctx, nullptr);
   ASSERT_TRUE(cuda::CudnnAttention::supports(shape_of(c)));
-  cuda::CudnnAttention attn(shape_of(c), stream);
+  cuda::CudnnAttention attn(shape_of(c), stream, rows);
+  const bool split = rows == cuda::QkvRows::Split;
 
-  auto dqkv_in = to_device_bf16(qkv), ddctx = to_device_bf16(dctx);
+  auto dqkv_in = to_device_bf16(split ? split_rows(qkv, L, T, c.H, c.G, c.D, true) : qkv), ddctx = to_device_bf16(dctx);
   DeviceBuffer dctx_out(T * c.H * c.D * sizeof(bf16)), ddqkv(T * L.row * sizeof(bf16));
   DeviceBuffer lse(r.b * c.H * c.s * sizeof(float));
   attn.forward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), lse.as<float>(), r.b);
@@ -760,7 +777,9 @@ void check_attention_cudnn(const AttnCase& c, cudaStream_t stream, int64_t run_b
   LAOYAO_CUDA_CHECK(cudaMemset(ddqkv.ptr, 0x7f, ddqkv.bytes));
   attn.backward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), ddctx.as<bf16>(), lse.as<float>(), ddqkv.as<bf16>(), r.b);
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  expect_rel_norm(from_device_bf16(ddqkv, T * L.row), to_double(want.dqkv), kAttnNormTol, kAttnElemTol, "dqkv");
+  const auto dqkv_gpu = from_device_bf16(ddqkv, T * L.row);
+  expect_rel_norm(split ? split_rows(dqkv_gpu, L, T, c.H, c.G, c.D, false) : dqkv_gpu, to_double(want.dqkv),
+                  kAttnNormTol, kAttnElemTol, "dqkv");
   EXPECT_NE(attn.engines().find("engine"), std::string::npos) << attn.engines();
 }
 
@@ -770,6 +789,11 @@ TEST_F(CudaKernels, AttentionCudnnMultiQueryLongSequence) { check_attention_cudn
 TEST_F(CudaKernels, AttentionCudnnHeadDim96MatchesCpu) { check_attention_cudnn({1, 64, 2, 2, 96, 0.0}, stream_); }
 TEST_F(CudaKernels, AttentionCudnnSmallerBatchThanPlanned) {
   check_attention_cudnn({3, 96, 4, 2, 64, 0.0}, stream_, 2);
+}
+TEST_F(CudaKernels, AttentionCudnnSplitRowsMatchCpu) {
+  check_attention_cudnn({1, 130, 8, 2, 128, 0.0}, stream_, 0, cuda::QkvRows::Split);
+  check_attention_cudnn({3, 96, 4, 2, 64, 0.0}, stream_, 2, cuda::QkvRows::Split);  // smaller batch: k_off moves
+  check_attention_cudnn({2, 100, 4, 4, 64, 0.0}, stream_, 0, cuda::QkvRows::Split);  // MHA
 }
 TEST_F(CudaKernels, AttentionCudnnRefusesHeadDimNotMultipleOf8) {
   EXPECT_FALSE(cuda::CudnnAttention::supports(shape_of({1, 16, 2, 2, 36, 0.0})));
@@ -1261,6 +1285,71 @@ void check_qk_rmsnorm(const QkCase& c, cudaStream_t stream) {
     bits.push_back(std::move(q));
   }
   expect_equal(bits[1], bits[0], "weight gradients, second call");
+}
+
+// The split rows (qkv_rows.hpp): the forward writes the fused forward's rows rearranged, and the
+// backward from the rearranged gradient gives the fused backward's dqkv and weight gradients, bit
+// for bit (the same arithmetic, only the addresses differ); with RoPE in the pass and without, GQA
+// and MHA. Split rows cannot be written or read in place.
+TEST_F(CudaKernels, QkRmsNormSplitRowsAreTheFusedRowsRearranged) {
+  struct Case {
+    int64_t b, s, H, G, D;
+    bool rope;
+  };
+  for (const Case& c : {Case{2, 37, 8, 2, 64, true}, Case{1, 50, 4, 1, 128, false}, Case{2, 20, 4, 4, 64, true}}) {
+    SCOPED_TRACE("H " + std::to_string(c.H) + " G " + std::to_string(c.G) + " D " + std::to_string(c.D));
+    const cpu::QkvLayout L("test", c.H, c.G, c.D);
+    const int64_t T = c.b * c.s, D = c.D, n = T * L.row, S = T * (c.H + c.G);
+    cpu::RopeParams rp;
+    rp.rotary_base = 10000;
+    const cpu::RopeTable table = cpu::rope_table(D, 64, rp);
+    auto dcos = to_device(table.cos), dsin = to_device(table.sin);
+    const cuda::RopeDeviceTable tb{dcos.as<float>(), dsin.as<float>(), table.rot_dim, table.max_positions};
+    const cuda::RopeDeviceTable* rope = c.rope ? &tb : nullptr;
+    const uint64_t seed = 9300 + static_cast<uint64_t>(D + c.H + c.G);
+    const auto qkv = randn_bf16(n, seed, "qksplit.qkv", 2.0, 0.3);
+    const auto qg = randn_bf16(D, seed, "qksplit.q_gamma", 0.2, 1.0);
+    const auto kg = randn_bf16(D, seed, "qksplit.k_gamma", 0.2, 1.0);
+    const auto dout = randn_bf16(n, seed, "qksplit.dout");
+    auto dqkv = to_device_bf16(qkv), dqg = to_device_bf16(qg), dkg = to_device_bf16(kg);
+    DeviceBuffer y_fused(n * sizeof(bf16)), y_split(n * sizeof(bf16)), rstd_fused(S * sizeof(float)),
+        rstd_split(S * sizeof(float));
+    cuda::qk_rmsnorm_forward(dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), y_fused.as<bf16>(),
+                             rstd_fused.as<float>(), T, c.H, c.G, D, 1e-6f, false, stream_, rope, c.s);
+    cuda::qk_rmsnorm_forward(dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), y_split.as<bf16>(),
+                             rstd_split.as<float>(), T, c.H, c.G, D, 1e-6f, false, stream_, rope, c.s,
+                             cuda::QkvRows::Split);
+    sync();
+    expect_equal(from_device_bf16(y_split, n), split_rows(from_device_bf16(y_fused, n), L, T, c.H, c.G, D, true),
+                 "split forward");
+    expect_equal(from_device<float>(rstd_split, S), from_device<float>(rstd_fused, S), "rstd");
+
+    auto dout_fused = to_device_bf16(dout), dout_split = to_device_bf16(split_rows(dout, L, T, c.H, c.G, D, true));
+    auto zeros = std::vector<float>(D, 0.0f);
+    auto gq_fused = to_device(zeros), gk_fused = to_device(zeros), gq_split = to_device(zeros),
+         gk_split = to_device(zeros);
+    DeviceBuffer dx_fused(n * sizeof(bf16)), dx_split(n * sizeof(bf16));
+    DeviceBuffer scratch(cuda::qk_rmsnorm_backward_scratch_floats(T, c.H, c.G, D) * sizeof(float));
+    cuda::qk_rmsnorm_backward(dout_fused.as<bf16>(), dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(),
+                              rstd_fused.as<float>(), dx_fused.as<bf16>(), gq_fused.as<float>(), gk_fused.as<float>(),
+                              scratch.as<float>(), T, c.H, c.G, D, false, stream_, rope, c.s);
+    cuda::qk_rmsnorm_backward(dout_split.as<bf16>(), dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(),
+                              rstd_fused.as<float>(), dx_split.as<bf16>(), gq_split.as<float>(), gk_split.as<float>(),
+                              scratch.as<float>(), T, c.H, c.G, D, false, stream_, rope, c.s, cuda::QkvRows::Split);
+    sync();
+    expect_equal(from_device_bf16(dx_split, n), from_device_bf16(dx_fused, n), "dqkv from split rows");
+    expect_equal(from_device<float>(gq_split, D), from_device<float>(gq_fused, D), "dq_gamma");
+    expect_equal(from_device<float>(gk_split, D), from_device<float>(gk_fused, D), "dk_gamma");
+    EXPECT_THROW(cuda::qk_rmsnorm_forward(y_split.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), y_split.as<bf16>(),
+                                          rstd_split.as<float>(), T, c.H, c.G, D, 1e-6f, false, stream_, rope, c.s,
+                                          cuda::QkvRows::Split),
+                 laoyao::Error);
+    EXPECT_THROW(cuda::qk_rmsnorm_backward(dout_split.as<bf16>(), dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(),
+                                           rstd_fused.as<float>(), dout_split.as<bf16>(), gq_split.as<float>(),
+                                           gk_split.as<float>(), scratch.as<float>(), T, c.H, c.G, D, false, stream_,
+                                           rope, c.s, cuda::QkvRows::Split),
+                 laoyao::Error);
+  }
 }
 
 // The QK norm with RoPE in the same pass against the CPU's norm then rotation (forward) and

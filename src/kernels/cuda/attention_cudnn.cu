@@ -27,12 +27,22 @@ struct Views {
   int64_t k_off, v_off;  // element offsets of k and v within a fused qkv row
 };
 
-Views views_of(const AttentionShape& a, bool gathered_q) {
+// Fused rows: MHA's q read in place, GQA's gathered into [b*s, H*D]. Split rows (qkv_rows.hpp): q
+// as gathered, k and v from the [b*s, G, 2, D] block after it.
+Views views_of(const AttentionShape& a, QkvRows rows) {
   const int64_t Q = a.H / a.G, row = a.G * (Q + 2) * a.D, hd = a.H * a.D;
   Views v;
-  v.q = gathered_q ? Dims{a.s * hd, a.D, hd, 1} : Dims{a.s * row, (Q + 2) * a.D, row, 1};
-  v.kv = {a.s * row, (Q + 2) * a.D, row, 1};
   v.o = {a.s * hd, a.D, hd, 1};
+  if (rows == QkvRows::Split) {
+    const int64_t kv_row = 2 * a.G * a.D;
+    v.q = v.o;
+    v.kv = {a.s * kv_row, 2 * a.D, kv_row, 1};
+    v.k_off = a.b * a.s * hd;
+    v.v_off = v.k_off + a.D;
+    return v;
+  }
+  v.q = a.H != a.G ? v.o : Dims{a.s * row, (Q + 2) * a.D, row, 1};
+  v.kv = {a.s * row, (Q + 2) * a.D, row, 1};
   v.k_off = Q * a.D;
   v.v_off = (Q + 1) * a.D;
   return v;
@@ -72,8 +82,8 @@ Inputs bind_inputs(CudnnGraph& g, const AttentionShape& a, const Views& v, bool 
   return in;
 }
 
-CudnnPlan build_forward(cudnnHandle_t handle, const AttentionShape& a, bool gathered_q) {
-  const Views v = views_of(a, gathered_q);
+CudnnPlan build_forward(cudnnHandle_t handle, const AttentionShape& a, QkvRows rows) {
+  const Views v = views_of(a, rows);
   CudnnGraph g;
   const Inputs in = bind_inputs(g, a, v, false);
   const Dims row_dims{a.b, a.H, a.s, 1}, s_dims{a.b, a.H, a.s, a.s};
@@ -105,8 +115,8 @@ void group_matmul(CudnnGraph& g, const AttentionShape& a, int lhs, int rhs, int 
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
-CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, bool gathered_q) {
-  const Views v = views_of(a, gathered_q);
+CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, QkvRows rows) {
+  const Views v = views_of(a, rows);
   CudnnGraph g;
   const Inputs in = bind_inputs(g, a, v, true);
   const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D};
@@ -188,7 +198,8 @@ bool CudnnAttention::supports(const AttentionShape& a) {
   return a.D % 8 == 0 && a.D >= 8 && a.D <= 128 && a.G > 0 && a.H % a.G == 0 && a.s > 0;
 }
 
-CudnnAttention::CudnnAttention(const AttentionShape& shape, cudaStream_t stream) : shape_(shape), stream_(stream) {
+CudnnAttention::CudnnAttention(const AttentionShape& shape, cudaStream_t stream, QkvRows rows)
+    : shape_(shape), stream_(stream), rows_(rows) {
   if (!supports(shape))
     throw Error("cuDNN attention: head dim " + std::to_string(shape.D) + " is not a multiple of 8 up to 128");
   scale_ = shape.scale;
@@ -219,15 +230,15 @@ CudnnAttention::Plans& CudnnAttention::plans_for(int64_t b) {
   AttentionShape a = shape_;
   a.b = b;
   auto p = std::make_unique<Plans>();
-  p->fwd = build_forward(handle_, a, gathers_q());
-  p->bwd = build_backward(handle_, a, gathers_q());
+  p->fwd = build_forward(handle_, a, rows_);
+  p->bwd = build_backward(handle_, a, rows_);
   p->workspace = DeviceBuffer(static_cast<size_t>(std::max<int64_t>(
       {p->fwd.workspace_bytes(), p->bwd.workspace_bytes(), 256})));
   return *plans_.emplace(b, std::move(p)).first->second;
 }
 
 const bf16* CudnnAttention::query_heads(const bf16* qkv, const AttentionShape& a) {
-  if (!gathers_q()) return qkv;  // MHA: read in place
+  if (!gathers_q()) return qkv;  // MHA or split rows: read in place
   launch_copy<true>(const_cast<bf16*>(qkv), q_.as<bf16>(), a, stream_);
   return q_.as<bf16>();
 }
@@ -236,7 +247,7 @@ void CudnnAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) 
   Plans& p = plans_for(b);
   AttentionShape a = shape_;
   a.b = b;
-  const Views v = views_of(a, gathers_q());
+  const Views v = views_of(a, rows_);
   const bf16* q = query_heads(qkv, a);
   p.fwd.execute(handle_,
                 {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kStats, lse}, {kScale, &scale_},
@@ -249,7 +260,7 @@ void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx
   Plans& p = plans_for(b);
   AttentionShape a = shape_;
   a.b = b;
-  const Views v = views_of(a, gathers_q());
+  const Views v = views_of(a, rows_);
   // The scratch holds the last forward's layer: gather this layer's query heads again.
   const bf16* q = query_heads(qkv, a);
   bf16* dq = gathers_q() ? dq_.as<bf16>() : dqkv;

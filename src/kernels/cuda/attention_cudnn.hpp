@@ -1,9 +1,11 @@
 // Causal attention through cuDNN's fused flash attention (its graph API, cudnn_graph.hpp): the path
-// Megatron's `--attention-backend fused` names, and the fastest on Hopper and Blackwell. The same
-// layouts as attention_flash.hpp: q, k, v read from Megatron-Core's fused QKV rows (k and v in
-// place; the query heads of a GQA group are gathered into a scratch buffer first, since their
-// columns are not an affine function of the head), ctx written in [b*s, H*D], lse [b, H, s] (the
-// natural-log softmax denominator of the scaled scores, as cuDNN's "stats"), dqkv in the fused layout.
+// Megatron's `--attention-backend fused` names, and the fastest on Hopper and Blackwell. With
+// QkvRows::Fused, the same layouts as attention_flash.hpp: q, k, v read from Megatron-Core's fused
+// QKV rows (k and v in place; the query heads of a GQA group are gathered into a scratch buffer
+// first, since their columns are not an affine function of the head), dqkv in the fused layout.
+// With QkvRows::Split (qkv_rows.hpp, what the QK norm can write), q, k and v are all read in place
+// and dqkv is written in the split layout: no gather, no scatter. ctx is written in [b*s, H*D], lse
+// [b, H, s] (the natural-log softmax denominator of the scaled scores, as cuDNN's "stats").
 //
 // Tried and dropped (fifteenth session): one execution a query group, reading the group's Q
 // consecutive query heads and its k and v in place (no gather, no scatter). cuDNN ran those
@@ -27,6 +29,7 @@
 #include "kernels/cuda/attention_reference.hpp"
 #include "kernels/cuda/cudnn_graph.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/qkv_rows.hpp"
 
 namespace laoyao::kernels::cuda {
 
@@ -35,7 +38,7 @@ class CudnnAttention {
   // The shape's b is the largest batch the object serves; forward/backward take the actual one
   // (plans are built once per distinct batch size, and kept with their workspace: a captured CUDA
   // graph may still name them).
-  CudnnAttention(const AttentionShape& shape, cudaStream_t stream);
+  CudnnAttention(const AttentionShape& shape, cudaStream_t stream, QkvRows rows = QkvRows::Fused);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
@@ -43,7 +46,7 @@ class CudnnAttention {
   // Head dims cuDNN's fused kernels take (multiples of 8 up to 128 here).
   static bool supports(const AttentionShape& shape);
 
-  // ctx [b*s, H*D] and lse [b, H, s] overwritten.
+  // ctx [b*s, H*D] and lse [b, H, s] overwritten; qkv (and dqkv) in the constructor's rows.
   void forward(const __nv_bfloat16* qkv, __nv_bfloat16* ctx, float* lse, int64_t b);
   // dqkv overwritten (every element).
   void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* ctx, const __nv_bfloat16* dctx, const float* lse,
@@ -59,18 +62,19 @@ class CudnnAttention {
     DeviceBuffer workspace;  // cuDNN's own, for both plans
   };
   Plans& plans_for(int64_t b);
-  bool gathers_q() const { return shape_.H != shape_.G; }
-  // Where cuDNN reads the query heads: qkv itself (MHA), or q_ after gathering them (GQA).
+  bool gathers_q() const { return rows_ == QkvRows::Fused && shape_.H != shape_.G; }
+  // Where cuDNN reads the query heads: qkv itself (MHA, split rows), or q_ after gathering them.
   const __nv_bfloat16* query_heads(const __nv_bfloat16* qkv, const AttentionShape& a);
   size_t dq_accum_bytes() const;          // the fp32 dQ accumulator, full batch
   size_t backward_scratch_bytes() const;  // our part of the workspace: dQ accumulator, row sums
 
   AttentionShape shape_;
   cudaStream_t stream_;
+  QkvRows rows_;
   cudnnHandle_t handle_ = nullptr;
   std::map<int64_t, std::unique_ptr<Plans>> plans_;  // by batch size
   DeviceBuffer scratch_;  // our part of the backward's workspace (dQ accumulator, row sums), full batch
-  DeviceBuffer q_, dq_;  // GQA: the gathered query heads [b*s, H*D] and their gradient
+  DeviceBuffer q_, dq_;  // GQA from fused rows: the gathered query heads [b*s, H*D] and their gradient
   float scale_ = 0.0f;   // by-value scalar: cuDNN reads it from host memory at execution
 };
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "kernels/cuda/chunk_reduce.hpp"
@@ -64,27 +65,35 @@ __device__ __forceinline__ void stage_gammas(float (*sg)[kMaxD], const bf16* __r
   __syncthreads();
 }
 
-// What fused row `row` (of T * slots) is: kind 0 a q head, 1 a k, 2 a v; stat its index in rstd.
+// What fused row `row` (of T * slots) is: kind 0 a q head, 1 a k, 2 a v; stat its index in rstd;
+// split its row in QkvRows::Split (T the tokens).
 struct RowKind {
   int kind;
-  int64_t stat, token;
+  int64_t stat, token, split;
 };
 
 // In 32-bit arithmetic (the host checks that T * slots fits): a 64-bit division is a long
 // software sequence, and these kernels do one or two a row.
-__device__ __forceinline__ RowKind row_kind(int64_t row, int H, int G) {
+__device__ __forceinline__ RowKind row_kind(int64_t row, int H, int G, int64_t T) {
   const unsigned Q = unsigned(H / G), slots = unsigned(G) * (Q + 2u);
   const unsigned r = unsigned(row), t = r / slots, s = r - t * slots, g = s / (Q + 2u), j = s - g * (Q + 2u);
-  if (j < Q) return {0, int64_t(t) * (H + G) + g * Q + j, int64_t(t)};
-  return {j == Q ? 1 : 2, int64_t(t) * (H + G) + H + g, int64_t(t)};
+  if (j < Q) return {0, int64_t(t) * (H + G) + g * Q + j, int64_t(t), int64_t(t) * H + g * Q + j};
+  return {j == Q ? 1 : 2, int64_t(t) * (H + G) + H + g, int64_t(t),
+          T * H + 2 * (int64_t(t) * G + g) + (j - Q)};
+}
+
+// Where a row sits in the layout kSplit names.
+template <bool kSplit>
+__device__ __forceinline__ int64_t placed(int64_t row, const RowKind& k) {
+  return kSplit ? k.split : row;
 }
 
 // A token's position in its sequence of s (32-bit, as row_kind).
 __device__ __forceinline__ int64_t position_of(int64_t token, int64_t s) { return unsigned(token) % unsigned(s); }
 
 // y = x * rstd * gamma for q and k rows (then rotated with kRope); v rows copied (unless out ==
-// qkv). qkv and out may alias.
-template <int kLanes, bool kRope>
+// qkv). qkv and out may alias (not with kSplit: out is then in QkvRows::Split).
+template <int kLanes, bool kRope, bool kSplit>
 __global__ void __launch_bounds__(kThreads)
     qk_rmsnorm_forward_kernel(const bf16* qkv, const bf16* __restrict__ q_gamma, const bf16* __restrict__ k_gamma,
                               bf16* out, float* __restrict__ rstd, int64_t rows, int H, int G, int D, float eps,
@@ -106,9 +115,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float r = 1.0f / sqrtf(group_sum<kLanes>(sq) / float(D) + eps);  // every lane: the shuffle needs them all
   if (row >= rows) return;
-  const RowKind k = row_kind(row, H, G);
+  const RowKind k = row_kind(row, H, G, rows / (H + 2 * G));
+  bf16* dst = out + placed<kSplit>(row, k) * D;
   if (k.kind == 2) {  // v passes through
-    if (live && out != qkv) reinterpret_cast<Pack8*>(out + row * D)[lane] = xv;
+    if (live && (kSplit || out != qkv)) reinterpret_cast<Pack8*>(dst)[lane] = xv;
     return;
   }
   if (lane == 0) rstd[k.stat] = r;
@@ -124,16 +134,16 @@ __global__ void __launch_bounds__(kThreads)
   Pack8 y;
 #pragma unroll
   for (int e = 0; e < 8; ++e) y.v[e] = __float2bfloat16(v[e]);
-  reinterpret_cast<Pack8*>(out + row * D)[lane] = y;
+  reinterpret_cast<Pack8*>(dst)[lane] = y;
 }
 
 // dx = rstd * (g*dy - xhat * mean(g*dy*xhat)) for q and k rows (dy first rotated back with
 // kRope), v rows passed through (unless in place); per-chunk partials of sum dy*xhat per column
 // into partial[chunk][2][D] (q then k). dout and dqkv may alias: each row is read whole before it
-// is written, and rows are disjoint.
+// is written, and rows are disjoint (not with kSplit: dout is then in QkvRows::Split).
 // Four blocks an SM (64 registers, a few spilled with RoPE): 80 registers held it to three, and
 // Nsight Compute found it latency-bound (0.058 -> 0.056 ms at the flagship's shape).
-template <int kLanes, bool kRope>
+template <int kLanes, bool kRope, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 4)
     qk_rmsnorm_backward_kernel(const bf16* dout, const bf16* __restrict__ qkv, const bf16* __restrict__ q_gamma,
                                const bf16* __restrict__ k_gamma, const float* __restrict__ rstd, bf16* dqkv,
@@ -155,12 +165,12 @@ __global__ void __launch_bounds__(kThreads, 4)
   for (int64_t base = 0; base < nrows; base += kGroups) {
     const bool live_row = base + grp < nrows;
     const int64_t row = row0 + base + grp;
-    const RowKind k = live_row ? row_kind(row, H, G) : RowKind{2, 0};
+    const RowKind k = live_row ? row_kind(row, H, G, T) : RowKind{2, 0, 0, 0};
     const bool live = live_row && lane < packs, norm = live && k.kind < 2;
     Pack8 xv{}, dv{};
     float r = 0.0f, s2 = 0.0f, d[8];
     // The row's loads together: one trip to memory per row.
-    if (live) dv = reinterpret_cast<const Pack8*>(dout + row * D)[lane];
+    if (live) dv = reinterpret_cast<const Pack8*>(dout + placed<kSplit>(row, k) * D)[lane];
     if (norm) {
       xv = reinterpret_cast<const Pack8*>(qkv + row * D)[lane];
       r = rstd[k.stat];
@@ -192,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 4)
         dx.v[e] = __float2bfloat16(r * (d[e] * g[e] - xhat * b));
       }
       reinterpret_cast<Pack8*>(dqkv + row * D)[lane] = dx;
-    } else if (live && dqkv != dout) {  // v's gradient passes through
+    } else if (live && (kSplit || dqkv != dout)) {  // v's gradient passes through
       reinterpret_cast<Pack8*>(dqkv + row * D)[lane] = dv;
     }
   }
@@ -243,52 +253,49 @@ RopeDeviceTable rope_for(const char* op, const RopeDeviceTable* rope, int64_t s,
   return *rope;
 }
 
-template <int kLanes>
-void launch_forward(const bf16* qkv, const bf16* qg, const bf16* kg, bf16* out, float* rstd, int64_t rows, int H,
-                    int G, int D, float eps, bool zc, const RopeDeviceTable& rope, int64_t s, cudaStream_t stream) {
-  constexpr int per_block = kThreads / kLanes;
-  const int64_t blocks = (rows + per_block - 1) / per_block;
-  if (blocks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_forward: too many rows for one launch");
-  if (rope.rot_dim > 0)
-    qk_rmsnorm_forward_kernel<kLanes, true><<<unsigned(blocks), kThreads, 0, stream>>>(qkv, qg, kg, out, rstd, rows,
-                                                                                        H, G, D, eps, zc, rope, s);
-  else
-    qk_rmsnorm_forward_kernel<kLanes, false><<<unsigned(blocks), kThreads, 0, stream>>>(qkv, qg, kg, out, rstd, rows,
-                                                                                         H, G, D, eps, zc, rope, 1);
+// Calls f(std::integral_constant<int, L>{}) for the lanes a row takes (lanes_for's power of two).
+template <typename F>
+void with_lanes(int lanes, F&& f) {
+  switch (lanes) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
 }
 
-template <int kLanes>
-void launch_backward(const bf16* dout, const bf16* qkv, const bf16* qg, const bf16* kg, const float* rstd,
-                     bf16* dqkv, float* partial, int64_t T, int H, int G, int D, bool zc, const RopeDeviceTable& rope,
-                     int64_t s, cudaStream_t stream) {
-  const unsigned blocks = unsigned(chunks_for(T));
-  if (rope.rot_dim > 0)
-    qk_rmsnorm_backward_kernel<kLanes, true><<<blocks, kThreads, 0, stream>>>(dout, qkv, qg, kg, rstd, dqkv, partial,
-                                                                               T, H, G, D, zc, rope, s);
-  else
-    qk_rmsnorm_backward_kernel<kLanes, false><<<blocks, kThreads, 0, stream>>>(dout, qkv, qg, kg, rstd, dqkv, partial,
-                                                                                T, H, G, D, zc, rope, 1);
+// Calls f(rope, split) as compile-time booleans.
+template <typename F>
+void with_flags(bool rope, bool split, F&& f) {
+  if (rope && split) f(std::true_type{}, std::true_type{});
+  else if (rope) f(std::true_type{}, std::false_type{});
+  else if (split) f(std::false_type{}, std::true_type{});
+  else f(std::false_type{}, std::false_type{});
 }
 
 }  // namespace
 
 void qk_rmsnorm_forward(const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma, bf16* out, float* rstd, int64_t T,
                         int64_t H, int64_t G, int64_t D, float eps, bool zero_centered_gamma, cudaStream_t stream,
-                        const RopeDeviceTable* rope, int64_t s) {
+                        const RopeDeviceTable* rope, int64_t s, QkvRows out_layout) {
   const int lanes = lanes_for("qk_rmsnorm_forward", T, H, G, D, {qkv, out});
   const RopeDeviceTable rt = rope_for("qk_rmsnorm_forward", rope, s, D);
+  const bool split = out_layout == QkvRows::Split;
+  if (split && out == qkv) throw Error("qk_rmsnorm_forward: the split layout cannot be written in place");
   if (T <= 0) return;
   const int64_t rows = T * (H + 2 * G);
-  const int h = int(H), g = int(G), d = int(D);
-  const bool zc = zero_centered_gamma;
-  switch (lanes) {
-    case 1: launch_forward<1>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
-    case 2: launch_forward<2>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
-    case 4: launch_forward<4>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
-    case 8: launch_forward<8>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
-    case 16: launch_forward<16>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
-    default: launch_forward<32>(qkv, q_gamma, k_gamma, out, rstd, rows, h, g, d, eps, zc, rt, s, stream); break;
-  }
+  with_lanes(lanes, [&](auto lanes_c) {
+    constexpr int kLanes = decltype(lanes_c)::value;
+    const int64_t blocks = (rows + kThreads / kLanes - 1) / (kThreads / kLanes);
+    if (blocks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_forward: too many rows for one launch");
+    with_flags(rt.rot_dim > 0, split, [&](auto rope_c, auto split_c) {
+      qk_rmsnorm_forward_kernel<kLanes, decltype(rope_c)::value, decltype(split_c)::value>
+          <<<unsigned(blocks), kThreads, 0, stream>>>(qkv, q_gamma, k_gamma, out, rstd, rows, int(H), int(G), int(D),
+                                                      eps, zero_centered_gamma, rt, rt.rot_dim > 0 ? s : 1);
+    });
+  });
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -300,22 +307,22 @@ size_t qk_rmsnorm_backward_scratch_floats(int64_t T, int64_t H, int64_t G, int64
 void qk_rmsnorm_backward(const bf16* dout, const bf16* qkv, const bf16* q_gamma, const bf16* k_gamma,
                          const float* rstd, bf16* dqkv, float* dq_gamma, float* dk_gamma, float* scratch, int64_t T,
                          int64_t H, int64_t G, int64_t D, bool zero_centered_gamma, cudaStream_t stream,
-                         const RopeDeviceTable* rope, int64_t s) {
+                         const RopeDeviceTable* rope, int64_t s, QkvRows dout_layout) {
   const int lanes = lanes_for("qk_rmsnorm_backward", T, H, G, D, {dout, qkv, dqkv});
   const RopeDeviceTable rt = rope_for("qk_rmsnorm_backward", rope, s, D);
+  const bool split = dout_layout == QkvRows::Split;
+  if (split && dqkv == dout) throw Error("qk_rmsnorm_backward: the split layout cannot be read in place");
   if (T <= 0) return;
   const int64_t chunks = chunks_for(T);
   if (chunks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_backward: too many tokens for one launch");
-  const int h = int(H), g = int(G), d = int(D);
-  const bool zc = zero_centered_gamma;
-  switch (lanes) {
-    case 1: launch_backward<1>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
-    case 2: launch_backward<2>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
-    case 4: launch_backward<4>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
-    case 8: launch_backward<8>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
-    case 16: launch_backward<16>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
-    default: launch_backward<32>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, h, g, d, zc, rt, s, stream); break;
-  }
+  with_lanes(lanes, [&](auto lanes_c) {
+    with_flags(rt.rot_dim > 0, split, [&](auto rope_c, auto split_c) {
+      qk_rmsnorm_backward_kernel<decltype(lanes_c)::value, decltype(rope_c)::value, decltype(split_c)::value>
+          <<<unsigned(chunks), kThreads, 0, stream>>>(dout, qkv, q_gamma, k_gamma, rstd, dqkv, scratch, T, int(H),
+                                                      int(G), int(D), zero_centered_gamma, rt,
+                                                      rt.rot_dim > 0 ? s : 1);
+    });
+  });
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   add_chunk_partials(scratch, dq_gamma, dk_gamma, chunks, D, stream);
 }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/qkv_rows.hpp"
 #include "kernels/cuda/rope.hpp"
 
 namespace laoyao::kernels::cuda {
@@ -23,11 +24,12 @@ namespace laoyao::kernels::cuda {
 // qkv is allowed only when no backward follows. zero_centered_gamma: the weights are used as
 // (1 + gamma). H must be a positive multiple of G. With `rope` (T = b * s rows, rope_packable), q
 // and k are also rotated by RoPE (rope_forward_qkv) before their one rounding: the norm and the
-// rotation in one pass. A table the pack path cannot serve is refused (laoyao::Error).
+// rotation in one pass. A table the pack path cannot serve is refused (laoyao::Error). With
+// out_layout Split, out holds the same rows in QkvRows::Split (cuDNN's GQA reads; out != qkv).
 void qk_rmsnorm_forward(const __nv_bfloat16* qkv, const __nv_bfloat16* q_gamma, const __nv_bfloat16* k_gamma,
                         __nv_bfloat16* out, float* rstd, int64_t T, int64_t H, int64_t G, int64_t D, float eps,
                         bool zero_centered_gamma, cudaStream_t stream, const RopeDeviceTable* rope = nullptr,
-                        int64_t s = 0);
+                        int64_t s = 0, QkvRows out_layout = QkvRows::Fused);
 
 // Floats of scratch qk_rmsnorm_backward needs (per-chunk partial sums of the two weight gradients).
 size_t qk_rmsnorm_backward_scratch_floats(int64_t T, int64_t H, int64_t G, int64_t D);
@@ -38,11 +40,12 @@ size_t qk_rmsnorm_backward_scratch_floats(int64_t T, int64_t H, int64_t G, int64
 // atomics: each chunk of tokens writes its partial sums to `scratch`, then one small kernel adds the
 // chunks in a fixed order, so the result is bitwise reproducible run to run. With `rope` (as the
 // forward's), dout is the gradient of the rotated output: its q and k are rotated back first
-// (rope_backward_qkv) in the same pass.
+// (rope_backward_qkv) in the same pass. With dout_layout Split, dout is read in QkvRows::Split
+// (dqkv is always fused; dqkv != dout).
 void qk_rmsnorm_backward(const __nv_bfloat16* dout, const __nv_bfloat16* qkv, const __nv_bfloat16* q_gamma,
                          const __nv_bfloat16* k_gamma, const float* rstd, __nv_bfloat16* dqkv, float* dq_gamma,
                          float* dk_gamma, float* scratch, int64_t T, int64_t H, int64_t G, int64_t D,
                          bool zero_centered_gamma, cudaStream_t stream, const RopeDeviceTable* rope = nullptr,
-                         int64_t s = 0);
+                         int64_t s = 0, QkvRows dout_layout = QkvRows::Fused);
 
 }  // namespace laoyao::kernels::cuda

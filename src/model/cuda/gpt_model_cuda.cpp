@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/env_choice.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/optimizer.hpp"
@@ -175,6 +176,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels,
                                  1.0f / std::sqrt(static_cast<float>(c.kv_channels))};
   init_attention(shape);
+  if (attention_ == AttentionPath::Cudnn) qkv_rows_ = cudnn_rows();
   const bool flash = attention_ == AttentionPath::Flash, fused = attention_ != AttentionPath::Unfused;
   // The unfused path keeps s x s probabilities per layer; the fused paths keep only the lse.
   const int64_t heads_elems = fused ? 0 : kc::attention_heads_elems(shape);
@@ -265,6 +267,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     dnorm_ = a.take<bf16>(T * h);
     dtmp_ = a.take<bf16>(T * h);
     dwide_ = a.take<bf16>(T * wide);
+    dsplit_ = a.take<bf16>(qkv_rows_ == kc::QkvRows::Split ? T * c.qkv_width() : 0);
     dg_ = a.take<bf16>(T * c.ffn);
     dctx_ = a.take<bf16>(T * HD);
     reduce_scratch_ = a.take<float>(static_cast<int64_t>(reduce_floats));
@@ -376,6 +379,15 @@ size_t CudaGptModel::device_bytes() const {
          (moe_ ? moe_->device_bytes() : 0);
 }
 
+// GQA with the QK norm (and RoPE, if any, in its pass): the norm writes q, k and v in the split
+// rows cuDNN reads in place (qkv_rows.hpp), and reads cuDNN's gradient there; no gather or scatter
+// of the query heads. LAOYAO_QKV_SPLIT=0 keeps the fused rows (to measure the difference).
+kc::QkvRows CudaGptModel::cudnn_rows() const {
+  const bool split = lc_.qk_layernorm && lc_.heads != lc_.query_groups && (rope_.rot_dim == 0 || rope_in_qk_norm_) &&
+                     kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"}) == 0;
+  return split ? kc::QkvRows::Split : kc::QkvRows::Fused;
+}
+
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const GptConfig& c = lc_;
   const std::string D = std::to_string(c.kv_channels);
@@ -401,13 +413,13 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       if (!kc::CudnnAttention::supports(shape))
         throw UsageError("--attention-backend fused: cuDNN's fused attention takes head dims that are multiples of 8 "
                          "up to 128, not " + D + " (--attention-backend unfused works for any)");
-      cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_);
+      cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, cudnn_rows());
       attention_ = AttentionPath::Cudnn;
       return;
     case AttentionBackend::Auto:  // cuDNN's unless dropout or documents need ours
       if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
         try {
-          cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_);
+          cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, cudnn_rows());
           attention_ = AttentionPath::Cudnn;
           return;
         } catch (const Error& e) {  // an older cuDNN, say: our own kernels serve instead
@@ -809,7 +821,8 @@ void CudaGptModel::enqueue_layer_forward(int64_t l) {
   // the same pass when rope_in_qk_norm_).
   if (c.qk_layernorm)
     kc::qk_rmsnorm_forward(a.qkv, P(W.q_norm), P(W.k_norm), a.qkv_attn, a.qk_rstd, T, c.heads, c.query_groups, D,
-                           c.norm_eps, c.zero_centered_gamma, stream_, rope_in_qk_norm_ ? &rope_ : nullptr, s_);
+                           c.norm_eps, c.zero_centered_gamma, stream_, rope_in_qk_norm_ ? &rope_ : nullptr, s_,
+                           qkv_rows_);
   // RoPE rotates q and k of qkv_attn in place: nothing later needs them unrotated (the QKV GEMM's
   // backward reads ln1, the QK norm's backward the un-normalised qkv, attention's backward the
   // rotated values).
@@ -978,8 +991,10 @@ void CudaGptModel::enqueue_backward() {
     linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
     phase(kAttentionGemms);
     const auto attn_drop = attention_dropout(site + "probs." + call);
+    // Split rows: cuDNN's gradient lands in dsplit_, and the QK norm's backward reads it there.
+    const bool split = qkv_rows_ == kc::QkvRows::Split;
     if (attention_ == AttentionPath::Cudnn)
-      cudnn_attention_->backward(a.qkv_attn, a.ctx, dctx_, a.lse, dwide_, b_);
+      cudnn_attention_->backward(a.qkv_attn, a.ctx, dctx_, a.lse, split ? dsplit_ : dwide_, b_);
     else if (attention_ == AttentionPath::Flash)
       kc::attention_flash_backward(a.qkv_attn, a.ctx, dctx_, a.lse, delta_, dwide_, shape, attn_drop, stream_);
     else
@@ -988,9 +1003,9 @@ void CudaGptModel::enqueue_backward() {
     if (rope_.rot_dim > 0 && !rope_in_qk_norm_)
       kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
     if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm); TP: finalize_grads sums the norms' part
-      kc::qk_rmsnorm_backward(dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_, G(W.q_norm), G(W.k_norm),
-                              reduce_scratch_, T, c.heads, c.query_groups, D, c.zero_centered_gamma, stream_,
-                              rope_in_qk_norm_ ? &rope_ : nullptr, s_);
+      kc::qk_rmsnorm_backward(split ? dsplit_ : dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_,
+                              G(W.q_norm), G(W.k_norm), reduce_scratch_, T, c.heads, c.query_groups, D,
+                              c.zero_centered_gamma, stream_, rope_in_qk_norm_ ? &rope_ : nullptr, s_, qkv_rows_);
     phase(kQkNormRope);
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     phase(kAttentionGemms);

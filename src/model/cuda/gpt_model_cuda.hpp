@@ -208,6 +208,7 @@ class CudaGptModel {
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
+  kernels::cuda::QkvRows cudnn_rows() const;  // the rows cuDNN's attention reads (split where it can)
   // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
   void enqueue_forward(bool with_loss_grad);
   void enqueue_layer_forward(int64_t l);
@@ -245,6 +246,9 @@ class CudaGptModel {
   kernels::cuda::DeviceBuffer rope_table_;  // cos then sin, [max_positions, rot_dim / 2] each
   kernels::cuda::RopeDeviceTable rope_;     // rot_dim 0: no rotary embeddings
   bool rope_in_qk_norm_ = false;            // the QK norm applies RoPE in its pass (rope_pack.cuh)
+  // How qkv_attn holds q, k and v: fused as the QKV GEMM writes them, or split for cuDNN's GQA
+  // (written by the QK norm; cudnn_rows()).
+  kernels::cuda::QkvRows qkv_rows_ = kernels::cuda::QkvRows::Fused;
   std::vector<LayerActs> layers_;
   // Full recomputation: the first and last layer of layer l's chunk, or -1 where l keeps its own
   // activations (then layers_[l] aliases the shared pool, all but the chunk's input).
@@ -258,6 +262,7 @@ class CudaGptModel {
   // Backward scratch.
   bf16 *dx_ = nullptr, *dbranch_ = nullptr, *dnorm_ = nullptr, *dtmp_ = nullptr, *dwide_ = nullptr, *dg_ = nullptr,
        *dctx_ = nullptr;
+  bf16* dsplit_ = nullptr;  // split rows: cuDNN's dq, dk, dv before the QK norm's backward
   float* reduce_scratch_ = nullptr;  // bias and LayerNorm parameter-gradient partial sums
   // Tensor parallelism: sequence-parallel rows and the rank-major all-gather/reduce-scatter staging
   // ([T, h] each), the cross entropy's shard statistics [2T] and every rank's [tp, 2T].
