@@ -3,8 +3,8 @@
 // N = 65536 permuted rows): the norms (RMSNorm forward and the fused backward adding into dx, and
 // GPT-2 124M's LayerNorm both ways and its bias gradients at 16384 x 768 and x 3072; the QK norm
 // with RoPE both ways), the permutation (the device sort, permute, combine with the residual, and
-// their backward), SwiGLU both ways, the residual add, and the optimizer's gradient norm and AdamW
-// over fp32 parameters. Each is timed with CUDA events (3
+// their backward), SwiGLU both ways, the residual add, the optimizer's gradient norm and AdamW
+// over fp32 parameters, and the cross entropy's training form (the flagship's and GPT-2's logits). Each is timed with CUDA events (3
 // warm-up calls, median of 20) and its traffic counted as each tensor read or written once (rows a
 // kernel gathers several times are counted once: what a perfect kernel would move). Beside each,
 // a device-to-device cudaMemcpyAsync moving the same bytes (half read, half written) in the same
@@ -13,16 +13,20 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/cuda_bench_util.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/elementwise.hpp"
@@ -214,11 +218,33 @@ int main() {
     adamw_step(adam_p.as<float>(), grads.as<float>(), adam_m.as<float>(), adam_v.as<float>(), adam_pb.as<bf16>(),
                adam_decay.as<uint8_t>(), kAdamN, adam, stream);
   });
+  // The cross entropy's training form in place over the logits (one read, one write counted): the
+  // flagship's 8192 x 151936 and GPT-2's 16384 x 50304 (50257 padded), the row held by a cluster
+  // of blocks and, with LAOYAO_CE_CLUSTER=0, read twice by one block.
+  for (const auto& [name, rows_ce, vocab] : {std::tuple<const char*, int64_t, int64_t>{"flagship", kT, 151936},
+                                             std::tuple<const char*, int64_t, int64_t>{"GPT-2", 16384, 50304}}) {
+    DeviceBuffer logits = random_bf16(rows_ce * vocab, "bench.memory_ops.logits"), ce_loss(sizeof(float) * rows_ce),
+                 ce_lse(sizeof(float) * rows_ce), ce_dloss(sizeof(float) * rows_ce),
+                 ce_targets(sizeof(int64_t) * rows_ce);
+    LAOYAO_CUDA_CHECK(cudaMemset(ce_targets.ptr, 0, ce_targets.bytes));
+    LAOYAO_CUDA_CHECK(cudaMemset(ce_dloss.ptr, 0, ce_dloss.bytes));
+    for (const bool cluster : {true, false}) {
+      setenv("LAOYAO_CE_CLUSTER", cluster ? "1" : "0", 1);
+      time(std::string("cross entropy + gradient, ") + name + (cluster ? " (cluster)" : " (one block a row)"),
+           2.0 * sizeof(bf16) * rows_ce * vocab, [&] {
+             cross_entropy_forward_backward(logits.as<bf16>(), ce_targets.as<int64_t>(), ce_dloss.as<float>(),
+                                            ce_loss.as<float>(), ce_lse.as<float>(), rows_ce, vocab, stream);
+           });
+    }
+    unsetenv("LAOYAO_CE_CLUSTER");
+  }
   time("residual add", 3 * act_bytes,
        [&] { residual_dropout_add(dy.as<bf16>(), x.as<bf16>(), y.as<bf16>(), kT * kH, DropoutSpec{}, stream); });
 
   // The memory's speed here: a device-to-device copy of each row's bytes (half read, half written).
-  DeviceBuffer copy_src(size_t(2 * rows_bytes)), copy_dst(size_t(2 * rows_bytes));
+  double largest = 0;
+  for (const Row& r : rows) largest = std::max(largest, r.bytes / 2);
+  DeviceBuffer copy_src(size_t(largest) + 16), copy_dst(size_t(largest) + 16);
   LAOYAO_CUDA_CHECK(cudaMemset(copy_src.ptr, 0, copy_src.bytes));
   std::printf("| op | bytes moved (MB) | ms | GB/s | cudaMemcpy of the same bytes, GB/s | ours / memcpy |\n");
   std::printf("|---|---|---|---|---|---|\n");

@@ -1532,12 +1532,21 @@ TEST_F(CudaKernels, CrossEntropyMatchesCpu) {
   expect_bf16_close(from_device_bf16(dz, T * V), to_double(grad), 1e-5, "(softmax - onehot) * dloss");
 }
 
-// The fused training kernel: the same loss, lse and gradient as the two-kernel form, on the
-// 16-byte vector path (V % 8 == 0) and the scalar one.
+// The fused training kernel: the same loss, lse and gradient as the two-kernel form: rows held in
+// a cluster of 1 (5008), 2 (100008, the last slice one pack shorter), 3 (Qwen's 151936) and 8
+// blocks (409600, the most a cluster holds); one block a row reading it twice (409608, and 5008
+// with LAOYAO_CE_CLUSTER=0); the scalar path (5003).
 TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
-  for (const int64_t V : {int64_t(5008), int64_t(5003)}) {
-    SCOPED_TRACE("V=" + std::to_string(V));
-    const int64_t T = 29;
+  struct Case {
+    int64_t V;
+    bool cluster;
+  };
+  for (const Case c : {Case{5008, true}, Case{100008, true}, Case{151936, true}, Case{409600, true},
+                       Case{409608, true}, Case{5008, false}, Case{5003, true}}) {
+    const int64_t V = c.V;
+    SCOPED_TRACE("V=" + std::to_string(V) + (c.cluster ? "" : ", LAOYAO_CE_CLUSTER=0"));
+    if (!c.cluster) setenv("LAOYAO_CE_CLUSTER", "0", 1);
+    const int64_t T = V > 10000 ? 7 : 29;
     const auto logits = randn_bf16(T * V, 72, "ce.logits", 2.0);
     const auto targets = rand_ids(T, 72, "ce.targets", V);
     const auto dloss = randn(T, 72, "ce.dloss", 0.01, 0.03);
@@ -1549,12 +1558,45 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
     cuda::cross_entropy_forward_backward(dz.as<bf16>(), dt.as<int64_t>(), ddl.as<float>(), dloss_out.as<float>(),
                                          dlse.as<float>(), T, V, stream_);
     sync();
+    unsetenv("LAOYAO_CE_CLUSTER");
     std::vector<double> tol(T);
     for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(loss[t]));
     expect_within(from_device<float>(dloss_out, T), to_double(loss), tol, "loss");
     for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(lse[t]));
     expect_within(from_device<float>(dlse, T), to_double(lse), tol, "lse");
     expect_bf16_close(from_device_bf16(dz, T * V), to_double(grad), 1e-5, "(softmax - onehot) * dloss");
+  }
+}
+
+// The training form with targets outside the vocabulary: NaN losses, and gradients without the
+// one-hot term (softmax * dloss), on the cluster path and the one-block one.
+TEST_F(CudaKernels, CrossEntropyForwardBackwardOutOfRangeTargetGivesNan) {
+  for (const int64_t V : {int64_t(151936), int64_t(5003)}) {
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const int64_t T = 3;
+    const auto logits = randn_bf16(T * V, 73, "ce.logits");
+    const std::vector<int64_t> targets = {5, V, -1};
+    const std::vector<float> dloss = {0.5f, 0.25f, 2.0f};
+    std::vector<float> loss(1), lse(T), grad = logits;
+    cpu::cross_entropy_forward(logits.data(), targets.data(), loss.data(), lse.data(), 1, V);  // row 0 only
+    for (int64_t t = 0; t < T; ++t) {
+      double m = -1e30, sum = 0.0;
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, double(logits[t * V + j]));
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(double(logits[t * V + j]) - m);
+      for (int64_t j = 0; j < V; ++j)
+        grad[t * V + j] = float((std::exp(double(logits[t * V + j]) - m) / sum - (j == targets[t] ? 1.0 : 0.0)) *
+                                dloss[t]);
+    }
+    auto dz = to_device_bf16(logits), dt = to_device(targets), ddl = to_device(dloss);
+    DeviceBuffer dloss_out(T * sizeof(float)), dlse(T * sizeof(float));
+    cuda::cross_entropy_forward_backward(dz.as<bf16>(), dt.as<int64_t>(), ddl.as<float>(), dloss_out.as<float>(),
+                                         dlse.as<float>(), T, V, stream_);
+    sync();
+    const auto got = from_device<float>(dloss_out, T);
+    EXPECT_NEAR(got[0], loss[0], 1e-5 * (1.0 + std::abs(loss[0])));
+    EXPECT_TRUE(std::isnan(got[1]));
+    EXPECT_TRUE(std::isnan(got[2]));
+    expect_bf16_close(from_device_bf16(dz, T * V), to_double(grad), 1e-5, "softmax * dloss");
   }
 }
 

@@ -16,10 +16,11 @@ void cross_entropy_forward(const __nv_bfloat16* logits, const int64_t* targets, 
                            int64_t V, cudaStream_t stream);
 
 // The training form: the loss and, in the same kernel, its gradient written over the logits
-// (what cross_entropy_forward then cross_entropy_backward compute, in two reads of the logits
-// instead of three). The per-token loss gradients dloss are known before the forward (the loss
-// mask over the token count), so nothing waits for the loss. Rows of V % 8 == 0 elements are read
-// 16 bytes at a time.
+// (what cross_entropy_forward then cross_entropy_backward compute). The per-token loss gradients
+// dloss are known before the forward (the loss mask over the token count), so nothing waits for
+// the loss. Rows of V % 8 == 0 elements up to 409600 are held in the shared memory of a cluster of
+// blocks: one read of the logits and one write (LAOYAO_CE_CLUSTER=0: one block a row, reading the
+// row twice); other rows are read 16 bytes at a time (V % 8 == 0) or one element at a time.
 void cross_entropy_forward_backward(__nv_bfloat16* logits, const int64_t* targets, const float* dloss, float* loss,
                                     float* lse, int64_t T, int64_t V, cudaStream_t stream);
 
