@@ -577,7 +577,7 @@ PY
         memory_ops)
           # The flagship's memory-bound kernels alone against a copy of the same bytes
           # (bench/memory_ops_bench.cpp): how far each is from the memory's speed.
-          timeout 120 "$C/laoyao_bench_memory_ops" > "$OUT/memory_ops.txt" 2>&1
+          timeout 240 "$C/laoyao_bench_memory_ops" > "$OUT/memory_ops.txt" 2>&1
           note "memory-bound kernels (exit $?):"
           while read -r line; do note "  $line"; done < <(grep -E '^\||^Sum' "$OUT/memory_ops.txt")
           ;;

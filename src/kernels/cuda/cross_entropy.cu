@@ -157,11 +157,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float target_z = rank == 0 && threadIdx.x == 0 && target >= 0 && target < V
                              ? __bfloat162float(logits[t * V + target])
                              : 0.0f;
+  // kLoads packs a thread in flight before it uses them: with two blocks an SM, one load each would
+  // leave too few bytes in flight for the memory's speed.
+  constexpr int kLoads = 4;
   float m = -INFINITY, s = 0.0f;
-  for (int64_t p = threadIdx.x; p < packs; p += kThreads) {
-    const Pack<8> pk = reinterpret_cast<const Pack<8>*>(z)[p];
-    held[p] = pk;
-    accumulate(pk, m, s);
+  for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kLoads * kThreads) {
+    Pack<8> pk[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (p0 + u * kThreads < packs) pk[u] = reinterpret_cast<const Pack<8>*>(z)[p0 + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (p0 + u * kThreads < packs) {
+        held[p0 + u * kThreads] = pk[u];
+        accumulate(pk[u], m, s);
+      }
   }
   block_merge(m, s, shm, shs);
   if (threadIdx.x == 0) block_pair = make_float2(m, s);
