@@ -416,8 +416,7 @@ struct Checker {
       out.warnings.push_back("lr_warmup_steps (" + number(*s.lr_warmup_steps) + ") >= lr_decay_steps (" +
                              std::to_string(*s.lr_decay_steps) + "); capping lr_warmup_steps to " +
                              std::to_string(*s.lr_decay_steps - 1) +
-                             ". Reduce lr_warmup_iters (or lr_warmup_samples) for short training runs "
-                             "(scheduler.lr_warmup_iters=N with N < scheduler.lr_decay_iters).");
+                             ". Reduce lr_warmup_iters (or lr_warmup_samples) for short training runs.");
       s.lr_warmup_steps = static_cast<double>(*s.lr_decay_steps - 1);
     }
   }

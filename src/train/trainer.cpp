@@ -368,6 +368,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   // The tokens a Megatron router sees in a micro-batch: its sequence-parallel share under TP.
   const double router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
                                static_cast<double>(model.tp_size());
+  MemoryReportSchedule memory_report(opt.flavor, std::max<int64_t>(resumed_from, 0));
   while (iteration < train_iters) {
     async_save.finalize(false);  // a save in flight that has finished: reported
     if (profiling && iteration == prof.profile_step_start) {
@@ -531,6 +532,13 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
             elapsed_ms / 1000.0, tflops_per_gpu(num_floating_point_operations(flops_shape), elapsed_ms / 1000.0,
                                                 d.world_size, opt.flavor)));
       print_line(format_training_line(v, now_timestamp(), opt.flavor));
+      // Megatron's memory report after the first logged iterations, on each rank of data-parallel
+      // rank 0. CUDA only: the CPU backend holds no device memory.
+      if (memory_report.at_log_line(iteration) && dp_rank == 0)
+        if (const size_t held_bytes = engine->peak_device_bytes()) {
+          std::fputs((format_memory_report(iteration, global_rank, held_bytes, opt.flavor) + "\n").c_str(), opt.out);
+          std::fflush(opt.out);
+        }
       if (tb && c.logger.log_timers_to_tensorboard && !first) {  // seconds per iteration, TFLOP/s per GPU
         tb->add_scalar("iteration-time", elapsed_ms / 1000.0, iteration);
         if (v.throughput_tflops_per_gpu) tb->add_scalar("throughput", *v.throughput_tflops_per_gpu, iteration);

@@ -150,7 +150,8 @@ std::string format_timestamp(const Timestamp& t, LogFlavor flavor) {
 // (Bridge); they agree except for the timestamp and Bridge's extra " max attention logit".
 std::string format_training_line(const TrainingLogValues& v, const Timestamp& t, LogFlavor flavor) {
   using namespace pyfmt;
-  std::string s = " " + format_timestamp(t, flavor);
+  std::string s = " ";
+  s += format_timestamp(t, flavor);
   s += " iteration " + integer(v.iteration, 8) + "/" + integer(v.train_iters, 8) + " |";
   s += " consumed samples: " + integer(v.consumed_samples, 12) + " |";
   if (v.skipped_samples > 0) s += " skipped samples: " + integer(v.skipped_samples, 12) + " |";
@@ -181,6 +182,36 @@ std::string format_training_line(const TrainingLogValues& v, const Timestamp& t,
 std::string format_bridge_step_time_line(double seconds_per_iteration, double tflops_per_gpu) {
   return "Step Time : " + pyfmt::fixed(seconds_per_iteration, 2) +
          "s GPU utilization: " + pyfmt::fixed(tflops_per_gpu, 1) + "MODEL_TFLOP/s/GPU";
+}
+
+namespace {
+
+// Python's round(x, -floor(log10(x)) + 4) (Bridge's report_memory): x to 5 significant digits,
+// correctly rounded from its exact binary value as Python's round does.
+double round_5_significant(double x) {
+  if (!(x > 0) || !std::isfinite(x)) return x;
+  const int digits = 4 - static_cast<int>(std::floor(std::log10(x)));
+  if (digits < 0) return x;  // 100000 GB and more: not a device's memory
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return std::strtod(buf, nullptr);
+}
+
+}  // namespace
+
+std::string format_memory_report(int64_t iteration, int64_t rank, size_t held_bytes, LogFlavor flavor) {
+  std::string s = "[Rank " + std::to_string(rank) + "] (after " + std::to_string(iteration) + " iterations) memory ";
+  const double bytes = static_cast<double>(held_bytes);
+  if (flavor == LogFlavor::kMegatronLM) {
+    const std::string mb = pyfmt::fixed(bytes / (1024.0 * 1024.0), 2);
+    return s + "(MB) | allocated: " + mb + " | max allocated: " + mb + " | reserved: " + mb + " | max reserved: " + mb;
+  }
+  const std::string gb = pyfmt::float_str(round_5_significant(bytes / 1.0e9));
+  s += "(GB)";
+  for (const char* key : {"mem-allocated-gigabytes", "mem-active-gigabytes", "mem-reserved-gigabytes",
+                          "mem-max-allocated-gigabytes", "mem-max-active-gigabytes", "mem-max-reserved-gigabytes"})
+    s += std::string(" | ") + key + ": " + gb;
+  return s;
 }
 
 double tflops_per_gpu(double flops_per_iteration, double elapsed_s_per_iteration, int64_t world_size,

@@ -75,6 +75,39 @@ std::string format_bridge_step_time_line(double seconds_per_iteration, double tf
 double tflops_per_gpu(double flops_per_iteration, double elapsed_s_per_iteration, int64_t world_size,
                       LogFlavor flavor);
 
+// The device memory line Megatron prints after the first logged iterations, on each rank of
+// data-parallel rank 0, for `held_bytes` of device memory (laoyao allocates everything up front, so
+// allocated, active and reserved, and their maxima, are all the bytes it holds):
+//   MLM (report_memory):  "[Rank r] (after N iterations) memory (MB) | allocated: {:.2f} |
+//                          max allocated: {:.2f} | reserved: {:.2f} | max reserved: {:.2f}" (MiB)
+//   Bridge:               "[Rank r] (after N iterations) memory (GB) | mem-allocated-gigabytes: x |
+//                          mem-active-gigabytes: x | mem-reserved-gigabytes: x | mem-max-allocated-
+//                          gigabytes: x | mem-max-active-gigabytes: x | mem-max-reserved-gigabytes: x"
+//                          (1e9 bytes, rounded to 5 significant digits, Python's str of the float;
+//                          Bridge prints only the allocator's keys it finds: laoyao has no
+//                          inactive blocks, allocation retries or allocation count to report).
+std::string format_memory_report(int64_t iteration, int64_t rank, size_t held_bytes, LogFlavor flavor);
+
+// When that line follows a training line (Megatron's report_memory_flag): at the first logged
+// line, and again at the next one if the first was the run's first iteration, so that a report
+// counts the optimizer's state (`iteration > loaded_iteration + 1` turns it off). Megatron-LM's
+// loaded iteration is the checkpoint's; Bridge's train loop passes none (0).
+class MemoryReportSchedule {
+ public:
+  MemoryReportSchedule(LogFlavor flavor, int64_t loaded_iteration)
+      : loaded_(flavor == LogFlavor::kMegatronLM ? loaded_iteration : 0) {}
+  // At a printed training line of `iteration`: whether the report follows it.
+  bool at_log_line(int64_t iteration) {
+    if (!armed_) return false;
+    if (iteration > loaded_ + 1) armed_ = false;
+    return true;
+  }
+
+ private:
+  int64_t loaded_;
+  bool armed_ = true;
+};
+
 // Which evaluation printed a validation block.
 enum class EvalSet {
   kDuringTraining,  // " validation loss at iteration N | ..."

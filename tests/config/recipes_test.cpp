@@ -204,10 +204,10 @@ TEST(Recipes, BridgePostProcessingRules) {
   Resolved w = run("vanilla_gpt_pretrain_config", {"model.num_layers=2", "model.hidden_size=64",
                                                    "model.num_attention_heads=4", "train.train_iters=10"});
   EXPECT_EQ(*w.cfg.scheduler.lr_warmup_steps, 10 * 32 - 1);
-  bool capped = false;
+  bool capped = false;  // Bridge's UserWarning text, word for word
   for (auto& m : w.validated.warnings)
-    capped = capped || m.find("lr_warmup_steps (16000) >= lr_decay_steps (320); capping lr_warmup_steps to 319") !=
-                           std::string::npos;
+    capped = capped || m == "lr_warmup_steps (16000) >= lr_decay_steps (320); capping lr_warmup_steps to 319. Reduce "
+                           "lr_warmup_iters (or lr_warmup_samples) for short training runs.";
   EXPECT_TRUE(capped);
   // lr_decay_steps <= 0 is an error that names the overrides to set.
   try {

@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/error.hpp"
 #include "train/flops.hpp"
@@ -323,4 +325,43 @@ TEST(Flops, InconsistentShapesAreRefused) {
   s.moe_router_topk = 1;
   s.moe_layer_pattern = {1, 1, 1};
   EXPECT_THROW(num_floating_point_operations(s), laoyao::UsageError);
+}
+
+// Megatron-LM's report_memory (MiB, two decimals) and Bridge's (1e9 bytes to 5 significant digits,
+// Python's str of the float), for 41.45 GB held on global rank 3.
+TEST(MemoryReport, MegatronLmAndBridgeLines) {
+  const size_t bytes = 41452345678;
+  EXPECT_EQ(format_memory_report(1, 3, bytes, LogFlavor::kMegatronLM),
+            "[Rank 3] (after 1 iterations) memory (MB) | allocated: 39532.04 | max allocated: 39532.04 | "
+            "reserved: 39532.04 | max reserved: 39532.04");
+  EXPECT_EQ(format_memory_report(10, 0, bytes, LogFlavor::kBridge),
+            "[Rank 0] (after 10 iterations) memory (GB) | mem-allocated-gigabytes: 41.452 | "
+            "mem-active-gigabytes: 41.452 | mem-reserved-gigabytes: 41.452 | mem-max-allocated-gigabytes: 41.452 | "
+            "mem-max-active-gigabytes: 41.452 | mem-max-reserved-gigabytes: 41.452");
+  // round(x, -floor(log10(x)) + 4): 0.37 GB keeps five digits after its first; a whole 2.0 prints "2.0".
+  EXPECT_NE(format_memory_report(1, 0, 370123456, LogFlavor::kBridge).find("mem-allocated-gigabytes: 0.37012 |"),
+            std::string::npos);
+  EXPECT_NE(format_memory_report(1, 0, 2000000000, LogFlavor::kBridge).find("mem-allocated-gigabytes: 2.0 |"),
+            std::string::npos);
+  EXPECT_NE(format_memory_report(1, 0, 123456789012, LogFlavor::kBridge).find("gigabytes: 123.46 |"),
+            std::string::npos);
+}
+
+// report_memory_flag: Megatron-LM reports at its first-iteration line and at the next (the first
+// interval's), Bridge at its first line only unless that was iteration 1; a Megatron-LM run
+// resumed from iteration 100 reports once, at its first line.
+TEST(MemoryReport, ScheduleFollowsMegatronsFlag) {
+  auto reported = [](LogFlavor f, int64_t loaded, std::initializer_list<int64_t> lines) {
+    MemoryReportSchedule s(f, loaded);
+    std::vector<int64_t> out;
+    for (int64_t it : lines)
+      if (s.at_log_line(it)) out.push_back(it);
+    return out;
+  };
+  EXPECT_EQ(reported(LogFlavor::kMegatronLM, 0, {1, 10, 20, 30}), (std::vector<int64_t>{1, 10}));
+  EXPECT_EQ(reported(LogFlavor::kBridge, 0, {10, 20, 30}), (std::vector<int64_t>{10}));
+  EXPECT_EQ(reported(LogFlavor::kBridge, 0, {1, 2, 3}), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(reported(LogFlavor::kMegatronLM, 100, {110, 120}), (std::vector<int64_t>{110}));
+  EXPECT_EQ(reported(LogFlavor::kMegatronLM, 100, {101, 102, 103}), (std::vector<int64_t>{101, 102}));
+  EXPECT_EQ(reported(LogFlavor::kBridge, 100, {110, 120}), (std::vector<int64_t>{110}));
 }
