@@ -259,6 +259,7 @@ TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
   for (int fused = 0; fused < 2; ++fused) {
     setenv("LAOYAO_QKV_SPLIT", fused ? "0" : "1", 1);
     CpuAndGpuModels models(c);
+    EXPECT_EQ(models.gpu.qkv_rows(), fused ? laoyao::kernels::cuda::QkvRows::Fused : laoyao::kernels::cuda::QkvRows::Split);
     training_calls(models.gpu, models.x, 1, losses[fused], grads[fused]);
   }
   unsetenv("LAOYAO_QKV_SPLIT");

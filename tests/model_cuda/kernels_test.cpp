@@ -1314,6 +1314,7 @@ TEST_F(CudaKernels, QkRmsNormSplitRowsAreTheFusedRowsRearranged) {
     auto dqkv = to_device_bf16(qkv), dqg = to_device_bf16(qg), dkg = to_device_bf16(kg);
     DeviceBuffer y_fused(n * sizeof(bf16)), y_split(n * sizeof(bf16)), rstd_fused(S * sizeof(float)),
         rstd_split(S * sizeof(float));
+    LAOYAO_CUDA_CHECK(cudaMemset(y_split.ptr, 0x7f, y_split.bytes));  // every element written: garbage first
     cuda::qk_rmsnorm_forward(dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), y_fused.as<bf16>(),
                              rstd_fused.as<float>(), T, c.H, c.G, D, 1e-6f, false, stream_, rope, c.s);
     cuda::qk_rmsnorm_forward(dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(), y_split.as<bf16>(),
@@ -1329,6 +1330,7 @@ TEST_F(CudaKernels, QkRmsNormSplitRowsAreTheFusedRowsRearranged) {
     auto gq_fused = to_device(zeros), gk_fused = to_device(zeros), gq_split = to_device(zeros),
          gk_split = to_device(zeros);
     DeviceBuffer dx_fused(n * sizeof(bf16)), dx_split(n * sizeof(bf16));
+    LAOYAO_CUDA_CHECK(cudaMemset(dx_split.ptr, 0x7f, dx_split.bytes));
     DeviceBuffer scratch(cuda::qk_rmsnorm_backward_scratch_floats(T, c.H, c.G, D) * sizeof(float));
     cuda::qk_rmsnorm_backward(dout_fused.as<bf16>(), dqkv.as<bf16>(), dqg.as<bf16>(), dkg.as<bf16>(),
                               rstd_fused.as<float>(), dx_fused.as<bf16>(), gq_fused.as<float>(), gk_fused.as<float>(),
@@ -1546,6 +1548,8 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
     const int64_t V = c.V;
     SCOPED_TRACE("V=" + std::to_string(V) + (c.cluster ? "" : ", LAOYAO_CE_CLUSTER=0"));
     if (!c.cluster) setenv("LAOYAO_CE_CLUSTER", "0", 1);
+    const int want_blocks = !c.cluster || V % 8 != 0 || V > 409600 ? 0 : V <= 51200 ? 1 : V <= 102400 ? 2 : V <= 153600 ? 3 : 8;
+    EXPECT_EQ(cuda::cross_entropy_cluster_blocks(V), want_blocks) << "the path this case runs";
     const int64_t T = V > 10000 ? 7 : 29;
     const auto logits = randn_bf16(T * V, 72, "ce.logits", 2.0);
     const auto targets = rand_ids(T, 72, "ce.targets", V);

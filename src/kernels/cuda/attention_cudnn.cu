@@ -24,7 +24,7 @@ enum : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kOne, kDO, kDQ, kD
 // Where q, k, v, ctx and their gradients sit: element strides [batch, head, position, dim].
 struct Views {
   Dims q, kv, o;
-  int64_t k_off, v_off;  // element offsets of k and v within a fused qkv row
+  int64_t k_off, v_off;  // element offsets of k and v: within a fused row, or from the split rows' start
 };
 
 // Fused rows: MHA's q read in place, GQA's gathered into [b*s, H*D]. Split rows (qkv_rows.hpp): q

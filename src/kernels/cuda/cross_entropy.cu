@@ -300,6 +300,11 @@ void cross_entropy_backward(bf16* logits, const int64_t* targets, const float* l
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
+int cross_entropy_cluster_blocks(int64_t V) {
+  alignas(16) static const char aligned[16] = {};
+  return cluster_plan(V, aligned).blocks;
+}
+
 void cross_entropy_shard_stats(const bf16* logits, const int64_t* targets, float* stats, int64_t T, int64_t V,
                                int64_t v0, cudaStream_t stream) {
   launch_rows<false>(const_cast<bf16*>(logits), targets, nullptr, nullptr, stats, T, V, stream,

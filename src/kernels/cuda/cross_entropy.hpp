@@ -23,6 +23,9 @@ void cross_entropy_forward(const __nv_bfloat16* logits, const int64_t* targets, 
 // row twice); other rows are read 16 bytes at a time (V % 8 == 0) or one element at a time.
 void cross_entropy_forward_backward(__nv_bfloat16* logits, const int64_t* targets, const float* dloss, float* loss,
                                     float* lse, int64_t T, int64_t V, cudaStream_t stream);
+// The blocks of the cluster that holds a row of V logits in cross_entropy_forward_backward (16-byte
+// aligned logits), or 0 where one block a row reads it twice.
+int cross_entropy_cluster_blocks(int64_t V);
 
 // In place: logits[t][j] = bf16((exp(z_j - lse[t]) - [j == target[t]]) * dloss[t]), computed in fp32
 // and rounded once (Megatron writes the gradient into the logits' buffer too). An out-of-range

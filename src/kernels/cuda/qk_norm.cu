@@ -96,8 +96,9 @@ __device__ __forceinline__ int64_t position_of(int64_t token, int64_t s) { retur
 template <int kLanes, bool kRope, bool kSplit>
 __global__ void __launch_bounds__(kThreads)
     qk_rmsnorm_forward_kernel(const bf16* qkv, const bf16* __restrict__ q_gamma, const bf16* __restrict__ k_gamma,
-                              bf16* out, float* __restrict__ rstd, int64_t rows, int H, int G, int D, float eps,
+                              bf16* out, float* __restrict__ rstd, int64_t T, int H, int G, int D, float eps,
                               bool zero_centered, RopeDeviceTable rope, int64_t s) {
+  const int64_t rows = T * (H + 2 * G);
   __shared__ float sg[2][kMaxD];
   const int lane = threadIdx.x % kLanes, packs = D / 8;
   const int64_t row = int64_t(blockIdx.x) * (kThreads / kLanes) + threadIdx.x / kLanes;
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float r = 1.0f / sqrtf(group_sum<kLanes>(sq) / float(D) + eps);  // every lane: the shuffle needs them all
   if (row >= rows) return;
-  const RowKind k = row_kind(row, H, G, rows / (H + 2 * G));
+  const RowKind k = row_kind(row, H, G, T);
   bf16* dst = out + placed<kSplit>(row, k) * D;
   if (k.kind == 2) {  // v passes through
     if (live && (kSplit || out != qkv)) reinterpret_cast<Pack8*>(dst)[lane] = xv;
@@ -292,7 +293,7 @@ void qk_rmsnorm_forward(const bf16* qkv, const bf16* q_gamma, const bf16* k_gamm
     if (blocks > int64_t(0x7fffffff)) throw Error("qk_rmsnorm_forward: too many rows for one launch");
     with_flags(rt.rot_dim > 0, split, [&](auto rope_c, auto split_c) {
       qk_rmsnorm_forward_kernel<kLanes, decltype(rope_c)::value, decltype(split_c)::value>
-          <<<unsigned(blocks), kThreads, 0, stream>>>(qkv, q_gamma, k_gamma, out, rstd, rows, int(H), int(G), int(D),
+          <<<unsigned(blocks), kThreads, 0, stream>>>(qkv, q_gamma, k_gamma, out, rstd, T, int(H), int(G), int(D),
                                                       eps, zero_centered_gamma, rt, rt.rot_dim > 0 ? s : 1);
     });
   });

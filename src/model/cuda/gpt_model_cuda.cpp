@@ -176,7 +176,6 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels,
                                  1.0f / std::sqrt(static_cast<float>(c.kv_channels))};
   init_attention(shape);
-  if (attention_ == AttentionPath::Cudnn) qkv_rows_ = cudnn_rows();
   const bool flash = attention_ == AttentionPath::Flash, fused = attention_ != AttentionPath::Unfused;
   // The unfused path keeps s x s probabilities per layer; the fused paths keep only the lse.
   const int64_t heads_elems = fused ? 0 : kc::attention_heads_elems(shape);
@@ -379,18 +378,34 @@ size_t CudaGptModel::device_bytes() const {
          (moe_ ? moe_->device_bytes() : 0);
 }
 
-// GQA with the QK norm (and RoPE, if any, in its pass): the norm writes q, k and v in the split
-// rows cuDNN reads in place (qkv_rows.hpp), and reads cuDNN's gradient there; no gather or scatter
-// of the query heads. LAOYAO_QKV_SPLIT=0 keeps the fused rows (to measure the difference).
-kc::QkvRows CudaGptModel::cudnn_rows() const {
-  const bool split = lc_.qk_layernorm && lc_.heads != lc_.query_groups && (rope_.rot_dim == 0 || rope_in_qk_norm_) &&
+// cuDNN's attention over the split rows where they serve: GQA with the QK norm (and RoPE, if any,
+// in its pass), the norm writing q, k and v where cuDNN reads them in place (qkv_rows.hpp) and
+// reading cuDNN's gradient there, with no gather or scatter of the query heads. A cuDNN without an
+// engine for the split strides gets the fused rows instead. Sets qkv_rows_; throws what cuDNN says
+// when neither layout has an engine. LAOYAO_QKV_SPLIT=0 keeps the fused rows (to measure the
+// difference; read before any cuDNN call, so a bad value is its own error).
+void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape) {
+  const GptConfig& c = lc_;
+  const bool split = c.qk_layernorm && c.heads != c.query_groups && (rope_.rot_dim == 0 || rope_in_qk_norm_) &&
                      kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"}) == 0;
-  return split ? kc::QkvRows::Split : kc::QkvRows::Fused;
+  if (split) {
+    try {
+      cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Split);
+      qkv_rows_ = kc::QkvRows::Split;
+      return;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "note: cuDNN has no engine for the split QKV rows (%s); gathering the query heads\n",
+                   e.what());
+    }
+  }
+  cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Fused);
+  qkv_rows_ = kc::QkvRows::Fused;
 }
 
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const GptConfig& c = lc_;
   const std::string D = std::to_string(c.kv_channels);
+  (void)kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"});  // a bad value: its own error, not a backend's absence
   if (c.document_attention && c.attention_backend == AttentionBackend::Fused)
     throw UsageError("--attention-backend fused: cuDNN's fused attention is built here for whole sequences, not for "
                      "the documents of a packed sequence (--reset-attention-mask); use --attention-backend flash, "
@@ -413,13 +428,13 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       if (!kc::CudnnAttention::supports(shape))
         throw UsageError("--attention-backend fused: cuDNN's fused attention takes head dims that are multiples of 8 "
                          "up to 128, not " + D + " (--attention-backend unfused works for any)");
-      cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, cudnn_rows());
+      make_cudnn_attention(shape);
       attention_ = AttentionPath::Cudnn;
       return;
     case AttentionBackend::Auto:  // cuDNN's unless dropout or documents need ours
       if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
         try {
-          cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, cudnn_rows());
+          make_cudnn_attention(shape);
           attention_ = AttentionPath::Cudnn;
           return;
         } catch (const Error& e) {  // an older cuDNN, say: our own kernels serve instead
@@ -1002,7 +1017,8 @@ void CudaGptModel::enqueue_backward() {
     phase(kAttention);
     if (rope_.rot_dim > 0 && !rope_in_qk_norm_)
       kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
-    if (c.qk_layernorm)  // in place: dwide becomes d(qkv before the norm); TP: finalize_grads sums the norms' part
+    // dwide becomes d(qkv before the norm), in place (from dsplit_ with split rows); TP: finalize_grads sums the norms' part
+    if (c.qk_layernorm)
       kc::qk_rmsnorm_backward(split ? dsplit_ : dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_,
                               G(W.q_norm), G(W.k_norm), reduce_scratch_, T, c.heads, c.query_groups, D,
                               c.zero_centered_gamma, stream_, rope_in_qk_norm_ ? &rope_ : nullptr, s_, qkv_rows_);

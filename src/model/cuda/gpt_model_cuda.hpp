@@ -160,6 +160,8 @@ class CudaGptModel {
 
   // "cudnn", "flash" or "unfused": the attention path in use.
   const char* attention_path() const;
+  // How q, k and v reach cuDNN's attention: split rows (GQA with the QK norm) or fused.
+  kernels::cuda::QkvRows qkv_rows() const { return qkv_rows_; }
   // Bytes of device memory this model holds.
   size_t device_bytes() const;
 
@@ -208,7 +210,7 @@ class CudaGptModel {
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
-  kernels::cuda::QkvRows cudnn_rows() const;  // the rows cuDNN's attention reads (split where it can)
+  void make_cudnn_attention(const kernels::cuda::AttentionShape& shape);  // cuDNN's, over split rows where it can
   // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
   void enqueue_forward(bool with_loss_grad);
   void enqueue_layer_forward(int64_t l);
