@@ -83,6 +83,13 @@ int start_training(config::Resolved& r) {
   if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
+  // Megatron reads torch.cuda.memory_stats(): a device's memory, which the CPU backend does not hold.
+  if (r.cfg.logger.log_memory_to_tensorboard && !backend.cuda) {
+    std::fprintf(stderr, "laoyao: cannot train this configuration on the CPU backend: memory scalars in TensorBoard "
+                         "(--log-memory-to-tensorboard / logger.log_memory_to_tensorboard) are the CUDA backend's "
+                         "device memory. Nothing was written.\n");
+    return 2;
+  }
   // bf16 main gradients (Bridge's mixed_precision grad_reduce_in_fp32=false, the Qwen3 cohort's):
   // laoyao accumulates and reduces them in fp32, which changes their rounding only.
   if (r.cfg.model.bf16 && !r.cfg.ddp.grad_reduce_in_fp32)

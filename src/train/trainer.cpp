@@ -46,16 +46,21 @@ double as_float32(double v) { return static_cast<double>(static_cast<float>(v));
 // Forward (and, when training, backward) of one micro-batch. The gradient of each token's loss is
 // mask / num_tokens / num_microbatches: the per-micro-batch token mean, averaged over micro-batches;
 // with per_token (--calculate-per-token-loss) the mask alone, the trainer dividing the step's
-// summed gradients by its tokens afterwards (Megatron-Core's finalize_model_grads).
-void run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::DropoutKey& key, int64_t num_microbatches,
-                     bool backward, std::vector<float>& dloss, bool per_token = false) {
-  if (!backward) return engine.run_micro_batch(mb, key, nullptr);
+// summed gradients by its tokens afterwards (Megatron-Core's finalize_model_grads). Returns the
+// micro-batch's loss tokens (the mask's sum; 0 without a backward).
+double run_micro_batch(Engine& engine, const MicroBatchData& mb, const model::DropoutKey& key, int64_t num_microbatches,
+                       bool backward, std::vector<float>& dloss, bool per_token = false) {
+  if (!backward) {
+    engine.run_micro_batch(mb, key, nullptr);
+    return 0;
+  }
   double count = 0;
   for (float m : mb.loss_mask) count += m;
   const double scale = per_token ? 1.0 : 1.0 / std::max(count, 1.0) / static_cast<double>(num_microbatches);
   dloss.resize(mb.loss_mask.size());
   for (size_t t = 0; t < dloss.size(); ++t) dloss[t] = static_cast<float>(mb.loss_mask[t] * scale);
   engine.run_micro_batch(mb, key, dloss.data());
+  return count;
 }
 
 // Training micro-batches, with one read ahead: the next micro-batch is read from the dataset while
@@ -390,6 +395,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // to undo the division by the step's tokens.
     engine->set_moe_aux_loss_scale(per_token ? router_tokens : 1.0 / static_cast<double>(M));  // a no-op unless it changed
     engine->zero_grads();
+    double step_tokens = 0;  // this rank's loss tokens in the step
     for (int64_t m = 0; m < M; ++m) {
       MicroBatchData mb = next_batch.take(consumed, m);
       // Keyed by the micro-batch's index in the global batch (its samples' place), so data-parallel
@@ -399,7 +405,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                             dropout};
       // --overlap-grad-reduce: the last micro-batch's backward starts the gradient reduction.
       if (m + 1 == M && c.ddp.overlap_grad_reduce && dp_size > 1) engine->start_grad_sync(*dp, dp_scale);
-      run_micro_batch(*engine, mb, key, M, true, dloss, per_token);
+      step_tokens += run_micro_batch(*engine, mb, key, M, true, dloss, per_token);
       // Read the next micro-batch while the device works on this one.
       if (m + 1 < M)
         next_batch.prefetch(consumed, m + 1);
@@ -410,7 +416,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
-    if (group || per_token) {  // gradients reduced over the data-parallel ranks, then the norm
+    if (group) {  // gradients reduced over the data-parallel ranks, then the norm
       iter_loss = reduce_loss(engine->take_loss_sum());
       if (dp_size > 1) engine->all_reduce_grads(*dp, dp_scale);
       // A per-token loss: the summed gradients over every data-parallel rank's tokens (none:
@@ -418,6 +424,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       if (per_token && iter_loss.count > 0) engine->scale_grads(1.0 / iter_loss.count);
       norm = engine->grad_norm();
     } else {
+      // One process: the step's tokens are the host's mask sums (the count the engine would
+      // report), so the per-token division goes before the fused loss-and-norm read.
+      if (per_token && step_tokens > 0) engine->scale_grads(1.0 / step_tokens);
       std::tie(iter_loss, norm) = engine->take_loss_sum_and_grad_norm();
     }
     const double lm_loss = iter_loss.sum / std::max(iter_loss.count, 1.0);
@@ -488,6 +497,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       if (c.optimizer.clip_grad > 0) s.grad_norm = as_float32(norm);
       if (c.logger.log_num_zeros_in_grad) s.num_zeros = as_float32(static_cast<double>(zeros));
       s.params_norm = params_norm;
+      if (c.logger.log_memory_to_tensorboard)
+        if (const size_t bytes = engine->peak_device_bytes()) s.device_memory_bytes = static_cast<double>(bytes);
       const auto& m = model_cfg.moe;
       if (moe_layers > 0) {
         if (m.aux_loss_coeff > 0) s.moe_losses.push_back({"load_balancing_loss", iter_moe.aux});

@@ -201,6 +201,23 @@ TEST(Cli, ProfileStartsAndStopsTheCaptureRangeAtMegatronsIterations) {
   EXPECT_EQ(r.output.find("cudaProfiler"), std::string::npos) << r.output;
 }
 
+// --log-memory-to-tensorboard writes the CUDA backend's device memory; on the CPU backend it is
+// refused by name (exit 2) before anything is written.
+TEST(Cli, MemoryScalarsInTensorBoardAreRefusedOnTheCpuBackend) {
+  std::string dir = fresh_dir("memory_tb");
+  const std::string tb = dir + "/tb";
+  const std::vector<std::string> run = {
+      "pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+      "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2",
+      "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
+      "--tensorboard-dir", tb, "--log-memory-to-tensorboard"};
+  auto r = run_laoyao(run, dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--log-memory-to-tensorboard"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(" iteration "), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(tb)) << "nothing written";
+}
+
 // --async-save: the checkpoints a thread writes while training goes on are the synchronous save's,
 // byte for byte, with Megatron's lines (scheduled, then successfully saved once written, each
 // save finalized before the next). A write that fails on its thread: tests/train/async_save_test.

@@ -75,6 +75,33 @@ TEST(TensorBoardWriter, WritesReadableRecords) {
   fs::remove_all(dir.parent_path());
 }
 
+// --log-memory-to-tensorboard's scalars, Megatron's tags at the iteration (no "vs samples" twins),
+// only when the device memory is given.
+TEST(TensorBoardWriter, DeviceMemoryScalarsFollowMegatronsTags) {
+  const fs::path dir = fs::temp_directory_path() / ("laoyao_tb_mem_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string path;
+  {
+    train::TensorBoardWriter w(dir.string());
+    path = w.path();
+    train::IterationScalars s;
+    s.iteration = 7, s.consumed_samples = 112, s.batch_size = 16;
+    s.losses.push_back({"lm loss", 3.0});
+    train::write_iteration_scalars(w, s);  // without: none of the memory tags
+    s.iteration = 8, s.device_memory_bytes = 41452345678.0;
+    train::write_iteration_scalars(w, s);
+  }
+  std::vector<std::string> mem;
+  for (const auto& e : read_events(path))
+    if (e.tag.rfind("mem-", 0) == 0) {
+      mem.push_back(e.tag);
+      EXPECT_EQ(e.step, 8) << e.tag;
+      EXPECT_EQ(e.value, 41452345678.0f) << e.tag;
+    }
+  EXPECT_EQ(mem, (std::vector<std::string>{"mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes"}));
+  fs::remove_all(dir);
+}
+
 TEST(TensorBoardWriter, AnUnwritableDirectoryIsNamed) {
   try {
     train::TensorBoardWriter w("/proc/laoyao_no_such_dir/tb");
@@ -107,6 +134,7 @@ TEST(TensorBoardReader, ReadsMegatronsScalarsAsALog) {
       s.losses.push_back({"lm loss", 10.0 - static_cast<double>(it)});
       s.loss_scale = 1.0, s.grad_norm = 2.5;
       s.moe_losses.push_back({"load_balancing_loss", 1.25});
+      if (it == 2) s.device_memory_bytes = 41452345678.0;
       train::write_iteration_scalars(w, s);
       w.add_scalar("some-other-tag", 7.0, it);
     }
