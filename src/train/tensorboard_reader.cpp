@@ -172,7 +172,10 @@ ParsedLog parse_tensorboard_events(const std::string& path) {
   for (const auto& f : files) read_file_scalars(f, scalars);
 
   std::map<int64_t, IterationRecord> its;
-  std::map<int64_t, ValidationRecord> vals;
+  // Several evaluations can write the same tags at one step: Megatron's final validation and test
+  // evaluations write "<key> validation" at the last iteration, after any evaluation during
+  // training there. A value for a key the step's last record already has starts a new record.
+  std::map<int64_t, std::vector<ValidationRecord>> vals;
   const std::string kValidation = " validation", kPpl = " validation ppl";
   auto ends_with = [](const std::string& s, const std::string& suffix) {
     return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -182,9 +185,18 @@ ParsedLog parse_tensorboard_events(const std::string& path) {
     if (ends_with(sc.tag, kPpl) || ends_with(sc.tag, kValidation)) {
       const bool ppl = ends_with(sc.tag, kPpl);
       const std::string key = sc.tag.substr(0, sc.tag.size() - (ppl ? kPpl : kValidation).size());
-      ValidationRecord& r = vals[sc.step];
-      r.iteration = sc.step;
-      auto it = std::find_if(r.losses.begin(), r.losses.end(), [&](const auto& l) { return l.name == key; });
+      std::vector<ValidationRecord>& at = vals[sc.step];
+      auto find = [&](ValidationRecord& r) {
+        return std::find_if(r.losses.begin(), r.losses.end(), [&](const auto& l) { return l.name == key; });
+      };
+      // A ppl belongs to the latest record holding the key's value; a value to the latest record
+      // without one (a new record when it has it).
+      if (at.empty() || (!ppl && find(at.back()) != at.back().losses.end() && find(at.back())->value)) {
+        at.emplace_back();
+        at.back().iteration = sc.step;
+      }
+      ValidationRecord& r = at.back();
+      auto it = find(r);
       if (it == r.losses.end()) it = r.losses.insert(r.losses.end(), ValidationLoss{key, std::nullopt, std::nullopt});
       (ppl ? it->ppl : it->value) = v;
       continue;
@@ -208,7 +220,18 @@ ParsedLog parse_tensorboard_events(const std::string& path) {
   log.per_iteration = true;
   for (auto& [it, r] : its)
     if (r.loss("lm loss")) log.iterations.push_back(std::move(r));  // the timer-only steps are not iterations
-  for (auto& [it, r] : vals) log.validations.push_back(std::move(r));
+  // Records after the first at the last evaluated step are the end of training's: the test set's
+  // last, the validation set's before it (what the text log calls "on validation set" / "on test
+  // set"); the step's first record is an evaluation during training when three are there.
+  for (auto& [step, records] : vals) {
+    const bool last_step = step == vals.rbegin()->first;
+    const size_t n = records.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (last_step && n >= 2 && i + 1 == n) records[i].set = EvalSet::kTestSet;
+      else if (last_step && n >= 2 && i + 2 == n) records[i].set = EvalSet::kValidationSet;
+      log.validations.push_back(std::move(records[i]));
+    }
+  }
   return log;
 }
 

@@ -16,7 +16,10 @@ namespace laoyao::train {
 // An events.out.tfevents.* file, or a directory holding at least one.
 bool is_tensorboard_path(const std::string& path);
 // Reads the file, or the directory's event files in name order (a resumed run's later values of
-// an iteration replace the earlier). laoyao::UsageError naming the file for a corrupt record (a
+// an iteration replace the earlier). Evaluations: one record for each time a step's validation
+// tags were written; at the last evaluated step, the last record is taken for the test set's and
+// the one before it for the validation set's end-of-training evaluation (Megatron writes both to
+// the validation tags after any evaluation during training there). laoyao::UsageError naming the file for a corrupt record (a
 // CRC that does not match); a record cut short at the end of a file (a run still writing) ends
 // that file.
 ParsedLog parse_tensorboard_events(const std::string& path);

@@ -258,7 +258,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       std::fputs(format_validation_block(v).c_str(), opt.out);
       std::fflush(opt.out);
     }
-    if (tb && set == EvalSet::kDuringTraining)
+    // The end of training's evaluations too, to the same tags at the last iteration (Megatron's
+    // write_to_tensorboard = not skip_train).
+    if (tb)
       write_validation_scalars(*tb, "lm loss", v.losses[0].value, iteration, consumed,
                                c.logger.log_validation_ppl_to_tensorboard);
     write_metrics({{"iteration", iteration},

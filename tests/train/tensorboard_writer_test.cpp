@@ -192,3 +192,34 @@ TEST(TensorBoardReader, ReadsMegatronsScalarsAsALog) {
   }
   fs::remove_all(dir);
 }
+
+// Megatron's evaluations as its event files hold them: one during training at 2, then at 4 one
+// during training and the end of training's validation and test sets' under the same tags (each
+// value with its ppl); with two at the last step, the validation and test sets'.
+TEST(TensorBoardReader, EvaluationsAtOneStepAreTheEndOfTrainingsSets) {
+  const fs::path dir = fresh_dir("reader_final_evals");
+  auto read = [&](const std::vector<std::pair<int64_t, double>>& evals) {
+    fs::remove_all(dir);
+    {
+      train::TensorBoardWriter w(dir.string());
+      for (const auto& [step, loss] : evals) train::write_validation_scalars(w, "lm loss", loss, step, 8 * step, true);
+    }
+    return train::parse_tensorboard_events(dir.string()).validations;
+  };
+  const auto v = read({{2, 6.0}, {4, 5.0}, {4, 5.1}, {4, 5.2}});
+  ASSERT_EQ(v.size(), 4u);
+  const train::EvalSet want[] = {train::EvalSet::kDuringTraining, train::EvalSet::kDuringTraining,
+                                 train::EvalSet::kValidationSet, train::EvalSet::kTestSet};
+  const double loss[] = {6.0, 5.0, 5.1, 5.2};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(v[i].set, want[i]) << i;
+    EXPECT_EQ(v[i].loss("lm loss"), static_cast<float>(loss[i])) << i;
+    EXPECT_NEAR(*v[i].losses[0].ppl, std::exp(loss[i]), 1e-3 * std::exp(loss[i])) << "its own ppl, " << i;
+  }
+  const auto two = read({{2, 6.0}, {3, 5.5}, {3, 5.4}});
+  ASSERT_EQ(two.size(), 3u);
+  EXPECT_EQ(two[0].set, train::EvalSet::kDuringTraining);
+  EXPECT_EQ(two[1].set, train::EvalSet::kValidationSet);
+  EXPECT_EQ(two[2].set, train::EvalSet::kTestSet);
+  fs::remove_all(dir);
+}

@@ -667,9 +667,13 @@ TEST(Trainer, TensorBoardScalarsFollowMegatronsTags) {
   EXPECT_EQ(steps_of("batch-size")[0].second, 4.0f);
   EXPECT_TRUE(steps_of("world-size").empty()) << "only with --log-world-size-to-tensorboard";
   const auto valid = steps_of("lm loss validation");
-  ASSERT_EQ(valid.size(), 2u) << "iterations 4 and 8 (not the final evaluation)";
+  ASSERT_EQ(valid.size(), 4u) << "iterations 4 and 8, then the validation and test sets' at 8";
   EXPECT_EQ(valid[0].first, 4);
   EXPECT_EQ(valid[1].second, static_cast<float>(s.valid_loss[1]));
+  EXPECT_EQ(valid[2].first, 8);
+  EXPECT_EQ(valid[2].second, static_cast<float>(s.valid_loss[2])) << "the validation set's, at the end";
+  EXPECT_EQ(valid[3].first, 8);
+  EXPECT_EQ(valid[3].second, static_cast<float>(s.test_loss)) << "the test set's, under the validation tag";
   EXPECT_EQ(steps_of("lm loss validation vs samples")[0].first, 16);
   EXPECT_NEAR(steps_of("lm loss validation ppl")[0].second, std::exp(s.valid_loss[0]), 1e-3 * std::exp(s.valid_loss[0]));
   const auto times = steps_of("iteration-time");
@@ -686,14 +690,15 @@ TEST(Trainer, TensorBoardEventsCompareWithTheTextLog) {
   run(config::resolve_mlm(with(tiny_args(6, 1), {"--tensorboard-dir", dir, "--eval-interval", "3"}), 1), &log);
   const train::ParsedLog text = train::parse_training_log(log), events = train::parse_tensorboard_events(dir);
   ASSERT_EQ(events.iterations.size(), 6u);
-  ASSERT_EQ(events.validations.size(), 2u);
+  ASSERT_EQ(events.validations.size(), 4u) << "at 3 and 6, then the validation and test sets' at 6";
   const train::LogComparison cmp = train::compare_logs(text, events, train::CompareTolerances{});
   EXPECT_TRUE(cmp.within_tolerance());
   EXPECT_EQ(cmp.loss_rows_compared, 6u);
   EXPECT_LT(cmp.max_loss_rel, 1e-6) << "float32 scalars against 7 printed digits (iteration 2: the mean of 1 and 2)";
-  int64_t both = 0;  // the final evaluations are in the text log only
-  for (const auto& v : cmp.validation) both += v.loss_a && v.loss_b && v.set == train::EvalSet::kDuringTraining;
-  EXPECT_EQ(both, 2);
+  int64_t both = 0;  // at 3 and 6 during training, then the validation and test sets' at 6
+  for (const auto& v : cmp.validation) both += v.loss_a && v.loss_b;
+  EXPECT_EQ(both, 4);
+  EXPECT_EQ(cmp.validation.size(), 4u) << "each evaluation paired, none in one log only";
   std::filesystem::remove_all(dir);
 }
 
