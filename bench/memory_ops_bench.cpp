@@ -4,9 +4,10 @@
 // GPT-2 124M's LayerNorm both ways and its bias gradients at 16384 x 768 and x 3072; the QK norm
 // with RoPE both ways), the permutation (the device sort, permute, combine with the residual, and
 // their backward), SwiGLU both ways, the residual add, the optimizer's gradient norm and AdamW
-// over fp32 parameters, and the cross entropy's training form (the flagship's and GPT-2's logits). Each is timed with CUDA events (3
-// warm-up calls, median of 20) and its traffic counted as each tensor read or written once (rows a
-// kernel gathers several times are counted once: what a perfect kernel would move). Beside each,
+// over fp32 parameters, and the cross entropy's training form (the flagship's and GPT-2's
+// logits). Each is timed with CUDA events (3 warm-up calls, median of 20) and its traffic counted
+// as each tensor read or written once (rows a kernel gathers several times are counted once: what
+// a perfect kernel would move). Beside each,
 // a device-to-device cudaMemcpyAsync moving the same bytes (half read, half written) in the same
 // process: the ratio says how far the kernel is from the memory's speed. The model's phase timings
 // (LAOYAO_MODEL_PHASES) run without CUDA graphs and include launch gaps; these do not.

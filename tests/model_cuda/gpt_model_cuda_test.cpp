@@ -259,7 +259,8 @@ TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
   for (int fused = 0; fused < 2; ++fused) {
     setenv("LAOYAO_QKV_SPLIT", fused ? "0" : "1", 1);
     CpuAndGpuModels models(c);
-    EXPECT_EQ(models.gpu.qkv_rows(), fused ? laoyao::kernels::cuda::QkvRows::Fused : laoyao::kernels::cuda::QkvRows::Split);
+    using laoyao::kernels::cuda::QkvRows;
+    EXPECT_EQ(models.gpu.qkv_rows(), fused ? QkvRows::Fused : QkvRows::Split);
     training_calls(models.gpu, models.x, 1, losses[fused], grads[fused]);
   }
   unsetenv("LAOYAO_QKV_SPLIT");

@@ -1548,7 +1548,9 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
     const int64_t V = c.V;
     SCOPED_TRACE("V=" + std::to_string(V) + (c.cluster ? "" : ", LAOYAO_CE_CLUSTER=0"));
     if (!c.cluster) setenv("LAOYAO_CE_CLUSTER", "0", 1);
-    const int want_blocks = !c.cluster || V % 8 != 0 || V > 409600 ? 0 : V <= 51200 ? 1 : V <= 102400 ? 2 : V <= 153600 ? 3 : 8;
+    // 100 KB (51200 logits) a block, at most 8 blocks; 0: one block a row.
+    const int want_blocks =
+        !c.cluster || V % 8 != 0 || V > 409600 ? 0 : V <= 51200 ? 1 : V <= 102400 ? 2 : V <= 153600 ? 3 : 8;
     EXPECT_EQ(cuda::cross_entropy_cluster_blocks(V), want_blocks) << "the path this case runs";
     const int64_t T = V > 10000 ? 7 : 29;
     const auto logits = randn_bf16(T * V, 72, "ce.logits", 2.0);

@@ -219,7 +219,8 @@ void launch_cluster(const ClusterPlan& plan, bf16* logits, const int64_t* target
                     float* lse, int64_t T, int64_t V, cudaStream_t stream) {
   static SmemSite site;
   site.once([] { allow_smem(cross_entropy_cluster_kernel, size_t(kSliceBytes)); });
-  if (T * plan.blocks > int64_t(0x7fffffff)) throw Error("cross_entropy_forward_backward: too many rows for one launch");
+  if (T * plan.blocks > int64_t(0x7fffffff))
+    throw Error("cross_entropy_forward_backward: too many rows for one launch");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(T * plan.blocks));
   cfg.blockDim = dim3(kThreads);

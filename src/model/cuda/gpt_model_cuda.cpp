@@ -1017,7 +1017,8 @@ void CudaGptModel::enqueue_backward() {
     phase(kAttention);
     if (rope_.rot_dim > 0 && !rope_in_qk_norm_)
       kc::rope_backward_qkv(dwide_, rope_, b_, s_, c.heads, c.query_groups, D, stream_);
-    // dwide becomes d(qkv before the norm), in place (from dsplit_ with split rows); TP: finalize_grads sums the norms' part
+    // dwide becomes d(qkv before the norm), in place (from dsplit_ with split rows); TP:
+    // finalize_grads sums the norms' part.
     if (c.qk_layernorm)
       kc::qk_rmsnorm_backward(split ? dsplit_ : dwide_, a.qkv, P(W.q_norm), P(W.k_norm), a.qk_rstd, dwide_,
                               G(W.q_norm), G(W.k_norm), reduce_scratch_, T, c.heads, c.query_groups, D,
