@@ -552,9 +552,13 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
           std::fputs((format_memory_report(iteration, global_rank, held_bytes, opt.flavor) + "\n").c_str(), opt.out);
           std::fflush(opt.out);
         }
-      if (tb && c.logger.log_timers_to_tensorboard && !first) {  // seconds per iteration, TFLOP/s per GPU
+      // Seconds per iteration (and Megatron-LM's TFLOP/s per GPU): Megatron-LM skips its
+      // first-iteration line; Bridge writes at every log line and has no "throughput" tag.
+      const bool bridge = opt.flavor == LogFlavor::kBridge;
+      if (tb && c.logger.log_timers_to_tensorboard && (bridge || !first)) {
         tb->add_scalar("iteration-time", elapsed_ms / 1000.0, iteration);
-        if (v.throughput_tflops_per_gpu) tb->add_scalar("throughput", *v.throughput_tflops_per_gpu, iteration);
+        if (!bridge && v.throughput_tflops_per_gpu)
+          tb->add_scalar("throughput", *v.throughput_tflops_per_gpu, iteration);
         tb->flush();
       }
       write_metrics({{"iteration", iteration},

@@ -682,6 +682,32 @@ TEST(Trainer, TensorBoardScalarsFollowMegatronsTags) {
   std::filesystem::remove_all(dir);
 }
 
+// Bridge's timer scalars: "iteration-time" at every log line, iteration 1 included at
+// logger.log_interval 1, and no "throughput" tag (Megatron-LM's).
+TEST(Trainer, BridgeTensorBoardTimersFollowBridge) {
+  const std::string dir = temp_dir("tensorboard_bridge");
+  config::Conversion conv = config::convert_mlm_args(
+      with(tiny_args(3, 1), {"--tensorboard-dir", dir, "--log-timers-to-tensorboard", "--log-throughput"}), 1);
+  config::RecipeInvocation inv;
+  inv.recipe = conv.recipe;
+  inv.mode = "pretrain";
+  inv.overrides = conv.overrides;
+  const auto bridge = config::resolve_recipe(inv, 1);
+  ASSERT_EQ(bridge.front_end, config::FrontEnd::Bridge);
+  run(bridge);
+  std::vector<int64_t> times;
+  bool throughput = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      for (const auto& ev : test::read_events(e.path().string())) {
+        if (ev.tag == "iteration-time") times.push_back(ev.step);
+        throughput = throughput || ev.tag == "throughput";
+      }
+  EXPECT_EQ(times, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_FALSE(throughput);
+  std::filesystem::remove_all(dir);
+}
+
 // compare-logs reads a --tensorboard-dir as a log: a run's text log (every iteration logged) and
 // its event files agree, iteration by iteration and at the evaluations.
 TEST(Trainer, TensorBoardEventsCompareWithTheTextLog) {
