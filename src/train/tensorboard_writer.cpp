@@ -94,9 +94,7 @@ void write_iteration_scalars(TensorBoardWriter& tb, const IterationScalars& s) {
   if (s.grad_norm) both("grad-norm", *s.grad_norm);
   if (s.num_zeros) both("num-zeros", *s.num_zeros);
   if (s.params_norm) both("params-norm", *s.params_norm);
-  if (s.device_memory_bytes)
-    for (const char* tag : {"mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes"})
-      tb.add_scalar(tag, *s.device_memory_bytes, s.iteration);
+  for (const auto& [tag, v] : s.memory) tb.add_scalar(tag, v, s.iteration);
   for (const auto& [name, v] : s.moe_losses) tb.add_scalar(name, v, s.iteration);
   tb.flush();
 }

@@ -46,10 +46,8 @@ struct IterationScalars {
   std::vector<std::pair<std::string, double>> losses;
   std::optional<double> loss_scale, world_size, grad_norm, num_zeros, params_norm;
   std::vector<std::pair<std::string, double>> moe_losses;
-  // --log-memory-to-tensorboard: the device bytes held, as Megatron's "mem-reserved-bytes",
-  // "mem-allocated-bytes" and "mem-max-allocated-bytes" (laoyao allocates up front: all the same;
-  // torch's "mem-allocated-count" has no counterpart here and is not written).
-  std::optional<double> device_memory_bytes;
+  // --log-memory-to-tensorboard: (tag, value) at the iteration (training_log.hpp memory_scalars).
+  std::vector<std::pair<std::string, double>> memory;
 };
 void write_iteration_scalars(TensorBoardWriter& tb, const IterationScalars& s);
 // An evaluation during training (evaluate_and_print_results): "<key> validation" at the iteration

@@ -500,7 +500,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       if (c.logger.log_num_zeros_in_grad) s.num_zeros = as_float32(static_cast<double>(zeros));
       s.params_norm = params_norm;
       if (c.logger.log_memory_to_tensorboard)
-        if (const size_t bytes = engine->peak_device_bytes()) s.device_memory_bytes = static_cast<double>(bytes);
+        if (const size_t bytes = engine->peak_device_bytes()) s.memory = memory_scalars(bytes, opt.flavor);
       const auto& m = model_cfg.moe;
       if (moe_layers > 0) {
         if (m.aux_loss_coeff > 0) s.moe_losses.push_back({"load_balancing_loss", iter_moe.aux});

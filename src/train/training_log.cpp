@@ -199,6 +199,15 @@ double round_5_significant(double x) {
 
 }  // namespace
 
+namespace {
+
+// Bridge's report_memory keys laoyao can fill (its MEMORY_KEYS order, "bytes" named "gigabytes").
+constexpr const char* kBridgeMemoryKeys[] = {"mem-allocated-gigabytes",     "mem-active-gigabytes",
+                                             "mem-reserved-gigabytes",      "mem-max-allocated-gigabytes",
+                                             "mem-max-active-gigabytes",    "mem-max-reserved-gigabytes"};
+
+}  // namespace
+
 std::string format_memory_report(int64_t iteration, int64_t rank, size_t held_bytes, LogFlavor flavor) {
   std::string s = "[Rank " + std::to_string(rank) + "] (after " + std::to_string(iteration) + " iterations) memory ";
   const double bytes = static_cast<double>(held_bytes);
@@ -208,10 +217,21 @@ std::string format_memory_report(int64_t iteration, int64_t rank, size_t held_by
   }
   const std::string gb = pyfmt::float_str(round_5_significant(bytes / 1.0e9));
   s += "(GB)";
-  for (const char* key : {"mem-allocated-gigabytes", "mem-active-gigabytes", "mem-reserved-gigabytes",
-                          "mem-max-allocated-gigabytes", "mem-max-active-gigabytes", "mem-max-reserved-gigabytes"})
-    s += std::string(" | ") + key + ": " + gb;
+  for (const char* key : kBridgeMemoryKeys) s += std::string(" | ") + key + ": " + gb;
   return s;
+}
+
+std::vector<std::pair<std::string, double>> memory_scalars(size_t held_bytes, LogFlavor flavor) {
+  const double bytes = static_cast<double>(held_bytes);
+  std::vector<std::pair<std::string, double>> out;
+  if (flavor == LogFlavor::kMegatronLM) {
+    for (const char* tag : {"mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes"})
+      out.emplace_back(tag, bytes);
+    return out;
+  }
+  for (const char* key : kBridgeMemoryKeys)
+    out.emplace_back(std::string("memory/") + key, round_5_significant(bytes / 1.0e9));
+  return out;
 }
 
 double tflops_per_gpu(double flops_per_iteration, double elapsed_s_per_iteration, int64_t world_size,

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace laoyao::train {
@@ -87,6 +88,13 @@ double tflops_per_gpu(double flops_per_iteration, double elapsed_s_per_iteration
 //                          Bridge prints only the allocator's keys it finds: laoyao has no
 //                          inactive blocks, allocation retries or allocation count to report).
 std::string format_memory_report(int64_t iteration, int64_t rank, size_t held_bytes, LogFlavor flavor);
+
+// --log-memory-to-tensorboard's scalars for `held_bytes` (tag, value), in Megatron's order:
+//   MLM:    "mem-reserved-bytes", "mem-allocated-bytes", "mem-max-allocated-bytes" (bytes; torch's
+//           "mem-allocated-count" has no counterpart here)
+//   Bridge: "memory/mem-allocated-gigabytes", ... the memory line's six keys under "memory/", its
+//           values (GB to 5 significant digits).
+std::vector<std::pair<std::string, double>> memory_scalars(size_t held_bytes, LogFlavor flavor);
 
 // When that line follows a training line (Megatron's report_memory_flag): at the first logged
 // line, and again at the next one if the first was the run's first iteration, so that a report

@@ -14,6 +14,7 @@
 #include "core/file_io.hpp"
 #include "train/tensorboard_reader.hpp"
 #include "train/tensorboard_writer.hpp"
+#include "train/training_log.hpp"
 #include "tfevents_reader.hpp"
 
 using namespace laoyao;
@@ -88,7 +89,7 @@ TEST(TensorBoardWriter, DeviceMemoryScalarsFollowMegatronsTags) {
     s.iteration = 7, s.consumed_samples = 112, s.batch_size = 16;
     s.losses.push_back({"lm loss", 3.0});
     train::write_iteration_scalars(w, s);  // without: none of the memory tags
-    s.iteration = 8, s.device_memory_bytes = 41452345678.0;
+    s.iteration = 8, s.memory = train::memory_scalars(41452345678, train::LogFlavor::kMegatronLM);
     train::write_iteration_scalars(w, s);
   }
   std::vector<std::string> mem;
@@ -134,7 +135,7 @@ TEST(TensorBoardReader, ReadsMegatronsScalarsAsALog) {
       s.losses.push_back({"lm loss", 10.0 - static_cast<double>(it)});
       s.loss_scale = 1.0, s.grad_norm = 2.5;
       s.moe_losses.push_back({"load_balancing_loss", 1.25});
-      if (it == 2) s.device_memory_bytes = 41452345678.0;
+      if (it == 2) s.memory = {{"mem-allocated-bytes", 41452345678.0}};
       train::write_iteration_scalars(w, s);
       w.add_scalar("some-other-tag", 7.0, it);
     }

@@ -347,6 +347,18 @@ TEST(MemoryReport, MegatronLmAndBridgeLines) {
             std::string::npos);
 }
 
+// --log-memory-to-tensorboard: Megatron-LM's byte tags, Bridge's memory line under "memory/".
+TEST(MemoryReport, TensorBoardScalarsPerFlavor) {
+  const auto mlm = memory_scalars(41452345678, LogFlavor::kMegatronLM);
+  ASSERT_EQ(mlm.size(), 3u);
+  EXPECT_EQ(mlm[0], (std::pair<std::string, double>{"mem-reserved-bytes", 41452345678.0}));
+  EXPECT_EQ(mlm[2].first, "mem-max-allocated-bytes");
+  const auto bridge = memory_scalars(41452345678, LogFlavor::kBridge);
+  ASSERT_EQ(bridge.size(), 6u);
+  EXPECT_EQ(bridge[0], (std::pair<std::string, double>{"memory/mem-allocated-gigabytes", 41.452}));
+  EXPECT_EQ(bridge[5].first, "memory/mem-max-reserved-gigabytes");
+}
+
 // report_memory_flag: Megatron-LM reports at its first-iteration line and at the next (the first
 // interval's), Bridge at its first line only unless that was iteration 1; a Megatron-LM run
 // resumed from iteration 100 reports once, at its first line.
