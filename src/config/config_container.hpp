@@ -294,7 +294,7 @@ struct LoggerConfig {
   int64_t log_interval = 100;
   bool log_params_norm = false;
   bool log_throughput = false;
-  bool log_throughput_to_tensorboard = false;  // Bridge's throughput/* scalars (refused when true)
+  bool log_throughput_to_tensorboard = false;  // Bridge's throughput/* scalars
   int64_t throughput_window_size = 100;
   bool log_progress = false;
   int64_t timing_log_level = 0;

@@ -490,7 +490,11 @@ struct Checker {
     if (k.save_interval && *k.save_interval <= 0) fail(n("checkpoint.save_interval") + " must be > 0");
   }
 
-  void logger() { positive("logger.log_interval", c.logger.log_interval); }
+  void logger() {
+    positive("logger.log_interval", c.logger.log_interval);
+    if (c.logger.log_throughput_to_tensorboard)  // Bridge's rolling window of iterations
+      positive("logger.throughput_window_size", c.logger.throughput_window_size);
+  }
 
   void run() {
     if (opt.world_size <= 0) fail("world size must be positive");

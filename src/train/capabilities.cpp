@@ -105,8 +105,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     out.push_back("restarting the random state on resume (--no-load-rng): dropout masks follow (seed, iteration, "
                   "micro-batch), as if the state were loaded");
   if (c.logger.log_energy) out.push_back("energy logging (--log-energy)");
-  if (c.logger.log_throughput_to_tensorboard)
-    out.push_back("throughput scalars in TensorBoard (logger.log_throughput_to_tensorboard)");
   if (c.logger.log_l2_norm_grad_to_tensorboard)
     out.push_back("per-parameter gradient norms in TensorBoard (logger.log_l2_norm_grad_to_tensorboard)");
   if (c.logger.wandb_project && !c.logger.wandb_project->empty())

@@ -85,6 +85,7 @@ void write_iteration_scalars(TensorBoardWriter& tb, const IterationScalars& s) {
     tb.add_scalar(tag, v, s.iteration);
     tb.add_scalar(tag + " vs samples", v, s.consumed_samples);
   };
+  for (const auto& [tag, v] : s.throughput) tb.add_scalar(tag, v, s.iteration);
   both("learning-rate", s.learning_rate);
   if (s.decoupled_learning_rate) tb.add_scalar("decoupled-learning-rate", *s.decoupled_learning_rate, s.iteration);
   both("batch-size", s.batch_size);

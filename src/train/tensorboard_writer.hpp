@@ -46,6 +46,9 @@ struct IterationScalars {
   std::vector<std::pair<std::string, double>> losses;
   std::optional<double> loss_scale, world_size, grad_norm, num_zeros, params_norm;
   std::vector<std::pair<std::string, double>> moe_losses;
+  // Bridge's logger.log_throughput_to_tensorboard: (tag, value) at the iteration (training_log.hpp
+  // throughput_report).
+  std::vector<std::pair<std::string, double>> throughput;
   // --log-memory-to-tensorboard: (tag, value) at the iteration (training_log.hpp memory_scalars).
   std::vector<std::pair<std::string, double>> memory;
 };

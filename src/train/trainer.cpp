@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -376,6 +377,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const double router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
                                static_cast<double>(model.tp_size());
   MemoryReportSchedule memory_report(opt.flavor, std::max<int64_t>(resumed_from, 0));
+  // Bridge's history_wct: seconds since the start after each of the latest window + 1 steps.
+  std::deque<double> history_wct;
   while (iteration < train_iters) {
     async_save.finalize(false);  // a save in flight that has finished: reported
     if (profiling && iteration == prof.profile_step_start) {
@@ -465,6 +468,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                     "iteration " + std::to_string(iteration) + "); lower the learning rate or check the data");
     }
     consumed += gbs;  // consumed samples advance even for a skipped iteration
+    if (c.logger.log_throughput_to_tensorboard) {
+      history_wct.push_back(std::chrono::duration<double>(Clock::now() - train_start).count());
+      if (static_cast<int64_t>(history_wct.size()) > c.logger.throughput_window_size + 1) history_wct.pop_front();
+    }
     flops_so_far += num_floating_point_operations(flops_shape);
     ++iters_since_print;
     interval_ms += std::chrono::duration<double, std::milli>(Clock::now() - step_start).count();
@@ -490,6 +497,16 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (tb && tb_step) {
       IterationScalars s;
       s.iteration = iteration, s.consumed_samples = consumed;
+      if (c.logger.log_throughput_to_tensorboard) {
+        const auto report = throughput_report({history_wct.begin(), history_wct.end()},
+                                              c.logger.throughput_window_size, c.train.global_batch_size.value_or(gbs),
+                                              data.train_layout.micro_batch_size, data.seq_length, d.world_size);
+        if (report)
+          s.throughput = *report;
+        else
+          print_line("Warning: elapsed_wct is " + pyfmt::float_str(history_wct.back() - history_wct.front()) +
+                     ", skipping throughput calculation at iteration " + std::to_string(iteration));
+      }
       s.learning_rate = logged_lr;  // the value the log line prints
       s.decoupled_learning_rate = logged_decoupled_lr;
       s.batch_size = static_cast<double>(gbs);

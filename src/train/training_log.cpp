@@ -234,6 +234,31 @@ std::vector<std::pair<std::string, double>> memory_scalars(size_t held_bytes, Lo
   return out;
 }
 
+std::optional<std::vector<std::pair<std::string, double>>> throughput_report(const std::vector<double>& history,
+                                                                              int64_t window_size,
+                                                                              int64_t global_batch_size,
+                                                                              int64_t micro_batch_size,
+                                                                              int64_t seq_length, int64_t world_size) {
+  std::vector<std::pair<std::string, double>> out;
+  if (window_size <= 0 || static_cast<int64_t>(history.size()) < window_size) return out;
+  const double batches = static_cast<double>(window_size - 1);
+  const double samples = batches * static_cast<double>(global_batch_size);
+  const double tokens = samples * static_cast<double>(seq_length);
+  const double wct = history.back() - history.front(), world = static_cast<double>(world_size);
+  if (!(wct > 0)) return std::nullopt;
+  out = {{"throughput/batches_per_sec", batches / wct},
+         {"throughput/samples_per_sec", samples / wct},
+         {"throughput/device/batches_per_sec", batches / wct / world},
+         {"throughput/device/samples_per_sec", samples / wct / world},
+         {"throughput/micro_batch_size", static_cast<double>(micro_batch_size)},
+         {"throughput/global_batch_size", static_cast<double>(global_batch_size)}};
+  if (tokens > 0) {
+    out.emplace_back("throughput/tokens_per_sec", tokens / wct);
+    out.emplace_back("throughput/device/tokens_per_sec", tokens / wct / world);
+  }
+  return out;
+}
+
 double tflops_per_gpu(double flops_per_iteration, double elapsed_s_per_iteration, int64_t world_size,
                       LogFlavor flavor) {
   const double w = static_cast<double>(world_size);

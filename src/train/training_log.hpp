@@ -96,6 +96,20 @@ std::string format_memory_report(int64_t iteration, int64_t rank, size_t held_by
 //           values (GB to 5 significant digits).
 std::vector<std::pair<std::string, double>> memory_scalars(size_t held_bytes, LogFlavor flavor);
 
+// Bridge's report_throughput (logger.log_throughput_to_tensorboard), from `history`: the
+// wall-clock seconds after each of the latest iterations, oldest first, up to window_size + 1 of
+// them (Bridge's deque). Once window_size are there: "throughput/batches_per_sec",
+// "throughput/samples_per_sec", "throughput/device/batches_per_sec", "throughput/device/
+// samples_per_sec", "throughput/micro_batch_size", "throughput/global_batch_size",
+// "throughput/tokens_per_sec", "throughput/device/tokens_per_sec" (Bridge's order: window_size - 1
+// batches over the history's whole span, per device over the world size). Empty before that;
+// nullopt when the span is not positive (Bridge skips the scalars with a warning).
+std::optional<std::vector<std::pair<std::string, double>>> throughput_report(const std::vector<double>& history,
+                                                                              int64_t window_size,
+                                                                              int64_t global_batch_size,
+                                                                              int64_t micro_batch_size,
+                                                                              int64_t seq_length, int64_t world_size);
+
 // When that line follows a training line (Megatron's report_memory_flag): at the first logged
 // line, and again at the next one if the first was the run's first iteration, so that a report
 // counts the optimizer's state (`iteration > loaded_iteration + 1` turns it off). Megatron-LM's

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "config/convert_args.hpp"
 #include "core/error.hpp"
@@ -705,6 +706,33 @@ TEST(Trainer, BridgeTensorBoardTimersFollowBridge) {
       }
   EXPECT_EQ(times, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_FALSE(throughput);
+  std::filesystem::remove_all(dir);
+}
+
+// logger.log_throughput_to_tensorboard (Bridge): the throughput/* scalars once the window of
+// iterations is full (window 2: from iteration 2 on), with the configured batch sizes.
+TEST(Trainer, BridgeThroughputScalarsOnceTheWindowIsFull) {
+  const std::string dir = temp_dir("tensorboard_throughput");
+  config::Conversion conv = config::convert_mlm_args(with(tiny_args(4, 1), {"--tensorboard-dir", dir}), 1);
+  config::RecipeInvocation inv;
+  inv.recipe = conv.recipe;
+  inv.mode = "pretrain";
+  inv.overrides = conv.overrides;
+  inv.overrides.push_back("logger.log_throughput_to_tensorboard=true");
+  inv.overrides.push_back("logger.throughput_window_size=2");
+  run(config::resolve_recipe(inv, 1));
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> tags;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      for (const auto& ev : test::read_events(e.path().string()))
+        if (ev.tag.rfind("throughput/", 0) == 0) tags[ev.tag].push_back({ev.step, ev.value});
+  EXPECT_EQ(tags.size(), 8u);
+  for (const auto& [tag, points] : tags) {
+    ASSERT_EQ(points.size(), 3u) << tag;
+    EXPECT_EQ(points[0].first, 2) << tag;
+    EXPECT_GT(points[0].second, 0.0f) << tag;
+  }
+  EXPECT_EQ(tags["throughput/global_batch_size"][0].second, 4.0f);
   std::filesystem::remove_all(dir);
 }
 

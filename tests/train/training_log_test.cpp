@@ -359,6 +359,22 @@ TEST(MemoryReport, TensorBoardScalarsPerFlavor) {
   EXPECT_EQ(bridge[5].first, "memory/mem-max-reserved-gigabytes");
 }
 
+// Bridge's report_throughput: nothing until the window is full; then window - 1 batches over the
+// history's whole span (Bridge keeps window + 1 times), per device over the world size; a span
+// that does not advance is skipped.
+TEST(ThroughputReport, BridgesRollingWindow) {
+  EXPECT_TRUE(throughput_report({1.0, 2.0}, 3, 16, 2, 128, 4)->empty()) << "two of three";
+  const auto r = throughput_report({1.0, 2.0, 3.0, 5.0}, 3, 16, 2, 128, 4);
+  ASSERT_TRUE(r);
+  const std::vector<std::pair<std::string, double>> want = {
+      {"throughput/batches_per_sec", 2.0 / 4.0},           {"throughput/samples_per_sec", 32.0 / 4.0},
+      {"throughput/device/batches_per_sec", 2.0 / 16.0},   {"throughput/device/samples_per_sec", 32.0 / 16.0},
+      {"throughput/micro_batch_size", 2.0},                {"throughput/global_batch_size", 16.0},
+      {"throughput/tokens_per_sec", 32.0 * 128.0 / 4.0},   {"throughput/device/tokens_per_sec", 32.0 * 128.0 / 16.0}};
+  EXPECT_EQ(*r, want);
+  EXPECT_FALSE(throughput_report({2.0, 2.0, 2.0}, 3, 16, 2, 128, 4)) << "no time passed";
+}
+
 // report_memory_flag: Megatron-LM reports at its first-iteration line and at the next (the first
 // interval's), Bridge at its first line only unless that was iteration 1; a Megatron-LM run
 // resumed from iteration 100 reports once, at its first line.
