@@ -219,6 +219,16 @@ TEST(Recipes, BridgePostProcessingRules) {
     EXPECT_NE(m.find("lr_decay_steps must be > 0, got 0"), std::string::npos) << m;
     EXPECT_NE(m.find("scheduler.lr_decay_iters"), std::string::npos) << m;
   }
+  // Bridge's throughput window must hold an iteration.
+  try {
+    run("vanilla_gpt_pretrain_config", {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
+                                        "logger.log_throughput_to_tensorboard=true", "logger.throughput_window_size=0"});
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("logger.throughput_window_size must be a positive integer, got 0"),
+              std::string::npos)
+        << e.what();
+  }
   // model/dataset seq_length mismatch can only come from a YAML file or code; validate catches it.
   ConfigContainer c = find_recipe("llama32_1b_pretrain_config").build();
   c.model.seq_length = 4096;
