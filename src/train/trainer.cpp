@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
