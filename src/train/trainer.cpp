@@ -30,6 +30,7 @@
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
 #include "train/tensorboard_writer.hpp"
+#include "train/theoretical_memory.hpp"
 #include "train/tp_state.hpp"
 
 namespace laoyao::train {
@@ -563,10 +564,15 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                                                 d.world_size, opt.flavor)));
       print_line(format_training_line(v, now_timestamp(), opt.flavor));
       // Megatron's memory report after the first logged iterations, on each rank of data-parallel
-      // rank 0. CUDA only: the CPU backend holds no device memory.
-      if (memory_report.at_log_line(iteration) && dp_rank == 0)
+      // rank 0 (Bridge's theoretical estimate first, on rank 0). CUDA only: the CPU backend holds
+      // no device memory.
+      if (memory_report.at_log_line(iteration))
         if (const size_t held_bytes = engine->peak_device_bytes()) {
-          std::fputs((format_memory_report(iteration, global_rank, held_bytes, opt.flavor) + "\n").c_str(), opt.out);
+          if (global_rank == 0 && opt.flavor == LogFlavor::kBridge)
+            for (const std::string& line : bridge_theoretical_memory_lines(c, d))
+              std::fprintf(opt.out, "%s\n", line.c_str());
+          if (dp_rank == 0)
+            std::fprintf(opt.out, "%s\n", format_memory_report(iteration, global_rank, held_bytes, opt.flavor).c_str());
           std::fflush(opt.out);
         }
       // Seconds per iteration (and Megatron-LM's TFLOP/s per GPU): Megatron-LM skips its
