@@ -191,7 +191,11 @@ ParsedLog parse_tensorboard_events(const std::string& path) {
       };
       // A ppl belongs to the latest record holding the key's value; a value to the latest record
       // without one (a new record when it has it).
-      if (at.empty() || (!ppl && find(at.back()) != at.back().losses.end() && find(at.back())->value)) {
+      const auto has_value = [&](ValidationRecord& r) {
+        const auto it = find(r);
+        return it != r.losses.end() && it->value.has_value();
+      };
+      if (at.empty() || (!ppl && has_value(at.back()))) {
         at.emplace_back();
         at.back().iteration = sc.step;
       }

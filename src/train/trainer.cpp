@@ -499,8 +499,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       IterationScalars s;
       s.iteration = iteration, s.consumed_samples = consumed;
       if (c.logger.log_throughput_to_tensorboard) {
-        const auto report = throughput_report({history_wct.begin(), history_wct.end()},
-                                              c.logger.throughput_window_size, c.train.global_batch_size.value_or(gbs),
+        const auto report = throughput_report(history_wct, c.logger.throughput_window_size,
+                                              c.train.global_batch_size.value_or(gbs),
                                               data.train_layout.micro_batch_size, data.seq_length, d.world_size);
         if (report)
           s.throughput = *report;

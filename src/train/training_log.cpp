@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <deque>
 #include <string>
 
 namespace laoyao::train {
@@ -197,10 +198,6 @@ double round_5_significant(double x) {
   return std::strtod(buf, nullptr);
 }
 
-}  // namespace
-
-namespace {
-
 // Bridge's report_memory keys laoyao can fill (its MEMORY_KEYS order, "bytes" named "gigabytes").
 constexpr const char* kBridgeMemoryKeys[] = {"mem-allocated-gigabytes",     "mem-active-gigabytes",
                                              "mem-reserved-gigabytes",      "mem-max-allocated-gigabytes",
@@ -234,7 +231,7 @@ std::vector<std::pair<std::string, double>> memory_scalars(size_t held_bytes, Lo
   return out;
 }
 
-std::optional<std::vector<std::pair<std::string, double>>> throughput_report(const std::vector<double>& history,
+std::optional<std::vector<std::pair<std::string, double>>> throughput_report(const std::deque<double>& history,
                                                                               int64_t window_size,
                                                                               int64_t global_batch_size,
                                                                               int64_t micro_batch_size,

@@ -11,6 +11,7 @@
 // "nan"/"NAN", never "-nan".
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -104,7 +105,7 @@ std::vector<std::pair<std::string, double>> memory_scalars(size_t held_bytes, Lo
 // "throughput/tokens_per_sec", "throughput/device/tokens_per_sec" (Bridge's order: window_size - 1
 // batches over the history's whole span, per device over the world size). Empty before that;
 // nullopt when the span is not positive (Bridge skips the scalars with a warning).
-std::optional<std::vector<std::pair<std::string, double>>> throughput_report(const std::vector<double>& history,
+std::optional<std::vector<std::pair<std::string, double>>> throughput_report(const std::deque<double>& history,
                                                                               int64_t window_size,
                                                                               int64_t global_batch_size,
                                                                               int64_t micro_batch_size,

@@ -382,12 +382,12 @@ size_t CudaGptModel::device_bytes() const {
 // in its pass), the norm writing q, k and v where cuDNN reads them in place (qkv_rows.hpp) and
 // reading cuDNN's gradient there, with no gather or scatter of the query heads. A cuDNN without an
 // engine for the split strides gets the fused rows instead. Sets qkv_rows_; throws what cuDNN says
-// when neither layout has an engine. LAOYAO_QKV_SPLIT=0 keeps the fused rows (to measure the
-// difference; read before any cuDNN call, so a bad value is its own error).
-void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape) {
+// when neither layout has an engine. allow_split: LAOYAO_QKV_SPLIT is not 0 (init_attention reads
+// it before any cuDNN call, so a bad value is its own error, not a missing backend).
+void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape, bool allow_split) {
   const GptConfig& c = lc_;
-  const bool split = c.qk_layernorm && c.heads != c.query_groups && (rope_.rot_dim == 0 || rope_in_qk_norm_) &&
-                     kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"}) == 0;
+  const bool split =
+      allow_split && c.qk_layernorm && c.heads != c.query_groups && (rope_.rot_dim == 0 || rope_in_qk_norm_);
   if (split) {
     try {
       cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Split);
@@ -405,7 +405,8 @@ void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape) {
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const GptConfig& c = lc_;
   const std::string D = std::to_string(c.kv_channels);
-  (void)kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"});  // a bad value: its own error, not a backend's absence
+  // LAOYAO_QKV_SPLIT=0 keeps cuDNN on the fused rows (to measure the split rows' difference).
+  const bool allow_split = kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"}) == 0;
   if (c.document_attention && c.attention_backend == AttentionBackend::Fused)
     throw UsageError("--attention-backend fused: cuDNN's fused attention is built here for whole sequences, not for "
                      "the documents of a packed sequence (--reset-attention-mask); use --attention-backend flash, "
@@ -428,13 +429,13 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       if (!kc::CudnnAttention::supports(shape))
         throw UsageError("--attention-backend fused: cuDNN's fused attention takes head dims that are multiples of 8 "
                          "up to 128, not " + D + " (--attention-backend unfused works for any)");
-      make_cudnn_attention(shape);
+      make_cudnn_attention(shape, allow_split);
       attention_ = AttentionPath::Cudnn;
       return;
     case AttentionBackend::Auto:  // cuDNN's unless dropout or documents need ours
       if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
         try {
-          make_cudnn_attention(shape);
+          make_cudnn_attention(shape, allow_split);
           attention_ = AttentionPath::Cudnn;
           return;
         } catch (const Error& e) {  // an older cuDNN, say: our own kernels serve instead

@@ -210,7 +210,8 @@ class CudaGptModel {
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
-  void make_cudnn_attention(const kernels::cuda::AttentionShape& shape);  // cuDNN's, over split rows where it can
+  // cuDNN's attention, over split rows where it can (and allow_split).
+  void make_cudnn_attention(const kernels::cuda::AttentionShape& shape, bool allow_split);
   // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
   void enqueue_forward(bool with_loss_grad);
   void enqueue_layer_forward(int64_t l);
