@@ -479,11 +479,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (finite) interval_loss += lm_loss, ++interval_iters;
     summary.lm_loss.push_back(lm_loss);
     summary.grad_norm.push_back(norm);
-    // Megatron logs every log_interval iterations. Megatron-LM also logs iteration 1 (`iteration
-    // == 1`: a resumed run has no such line) without resetting anything (its next line averages
-    // from iteration 1 on, and times it too); Megatron-Bridge has no first-iteration line.
+    // Megatron logs every log_interval iterations. Megatron-LM (core 0.20, the reference's
+    // snapshot: `is_first_iteration`) also logs the first iteration this process runs, a resumed
+    // run's included, without resetting anything (its next line averages from that iteration on,
+    // and times it too); Megatron-Bridge has no first-iteration line.
     const bool at_interval = iteration % log_interval == 0;
-    const bool first = iteration == 1;
+    const bool first = iteration == std::max<int64_t>(resumed_from, 0) + 1;
     const bool log_line = at_interval || (first && opt.flavor == LogFlavor::kMegatronLM);
     // The post-step rates the log and TensorBoard show, as Megatron's training_log gets them: through
     // reduce_max_stat_across_model_parallel_group, a float32 tensor (the grad norm and zero count too).
