@@ -75,6 +75,9 @@ class Engine {
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).
   virtual size_t peak_device_bytes() const { return 0; }
+  // Waits until the device has done all the work queued so far (Megatron's timers' CUDA
+  // synchronize; nothing to wait for on the CPU).
+  virtual void synchronize() {}
 };
 
 // shards: the distributed optimizer's shares of this rank (train/dist_optimizer.hpp; adam then is

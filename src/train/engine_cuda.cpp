@@ -277,6 +277,7 @@ class CudaEngine final : public Engine {
   void scale_grads(double s) override {
     kc::scale_inplace(gpu_.main_grads(), static_cast<float>(s), gpu_.num_parameters(), gpu_.stream());
   }
+  void synchronize() override { LAOYAO_CUDA_CHECK(cudaDeviceSynchronize()); }
   void cuda_profiler(bool start) override {
     if (start) {
       LAOYAO_CUDA_CHECK(cudaProfilerStart());

@@ -29,6 +29,7 @@
 #include "train/engine.hpp"
 #include "train/run_checkpoint.hpp"
 #include "train/run_setup.hpp"
+#include "train/step_timers.hpp"
 #include "train/tensorboard_writer.hpp"
 #include "train/theoretical_memory.hpp"
 #include "train/tp_state.hpp"
@@ -378,6 +379,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const double router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
                                static_cast<double>(model.tp_size());
   MemoryReportSchedule memory_report(opt.flavor, std::max<int64_t>(resumed_from, 0));
+  // Megatron's timers (--timing-log-level 1 or 2), each start and stop waiting for the device.
+  const std::vector<std::string> timer_names = megatron_timers_to_log(c.logger.timing_log_level);
+  const TimingLogOption timing_option = parse_timing_log_option(c.logger.timing_log_option);
+  StepTimers timers(c.logger.timing_log_level, [&] { engine->synchronize(); });
   // Bridge's history_wct: seconds since the start after each of the latest window + 1 steps.
   std::deque<double> history_wct;
   while (iteration < train_iters) {
@@ -401,9 +406,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // to undo the division by the step's tokens.
     engine->set_moe_aux_loss_scale(per_token ? router_tokens : 1.0 / static_cast<double>(M));  // a no-op unless it changed
     engine->zero_grads();
+    timers.start("forward-backward");
     double step_tokens = 0;  // this rank's loss tokens in the step
     for (int64_t m = 0; m < M; ++m) {
+      timers.start("batch-generator");
       MicroBatchData mb = next_batch.take(consumed, m);
+      timers.stop("batch-generator");
       // Keyed by the micro-batch's index in the global batch (its samples' place), so data-parallel
       // ranks draw the masks a single rank would for the same samples.
       const int64_t global_m = m * dp_size + dp_rank;
@@ -418,13 +426,22 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       else if (iteration < train_iters)
         next_batch.prefetch(consumed + gbs, 0);  // (a ramp's next batch starts there too)
     }
+    timers.start("layernorm-grads-all-reduce");
     engine->finalize_grads();
+    timers.stop("layernorm-grads-all-reduce");
     engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
-    if (group) {  // gradients reduced over the data-parallel ranks, then the norm
+    // The data-parallel reduction (none with one rank, timed all the same, as Megatron's).
+    timers.start("all-grads-sync");
+    if (group) {
       iter_loss = reduce_loss(engine->take_loss_sum());
       if (dp_size > 1) engine->all_reduce_grads(*dp, dp_scale);
+    }
+    timers.stop("all-grads-sync");
+    timers.stop("forward-backward");
+    timers.start("optimizer");  // the norm, the clip and the update
+    if (group) {  // gradients reduced over the data-parallel ranks, then the norm
       // A per-token loss: the summed gradients over every data-parallel rank's tokens (none:
       // left as they are, as Megatron's finalize_model_grads does).
       if (per_token && iter_loss.count > 0) engine->scale_grads(1.0 / iter_loss.count);
@@ -457,8 +474,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     int64_t zeros = 0;
     if (c.logger.log_num_zeros_in_grad) zeros = engine->count_zero_grads();
     if (finite) {
+      timers.start("optimizer-inner-step");
       engine->clip_and_step(norm, c.optimizer.clip_grad, optim::lr_at(schedule, sched_n),
                             optim::wd_at(schedule, sched_n), decoupled_lr_at(sched_n));
+      timers.stop("optimizer-inner-step");
       sched_n += gbs;  // the scheduler steps only after a successful update
       consecutive_nan = 0;
     } else {
@@ -468,6 +487,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         throw Error("training stopped: the loss or the gradients were NaN/Inf in 10 consecutive iterations (last: "
                     "iteration " + std::to_string(iteration) + "); lower the learning rate or check the data");
     }
+    timers.stop("optimizer");
     consumed += gbs;  // consumed samples advance even for a skipped iteration
     if (c.logger.log_throughput_to_tensorboard) {
       history_wct.push_back(std::chrono::duration<double>(Clock::now() - train_start).count());
@@ -529,6 +549,18 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       }
       write_iteration_scalars(*tb, s);
     }
+    // Bridge writes its timers to TensorBoard at every TensorBoard step, per iteration since the last
+    // log line, and (through its W&B writer, called with or without W&B) resets them there: its
+    // printed block then covers the iterations since (one, at the recipes' tensorboard_log_interval 1).
+    if (opt.flavor == LogFlavor::kBridge && !timer_names.empty() && c.logger.log_timers_to_tensorboard &&
+        iteration % std::max<int64_t>(c.logger.tensorboard_log_interval, 1) == 0) {
+      const auto seconds = gather_timer_seconds(timers.elapsed(timer_names, true), group);
+      if (tb) {
+        for (const auto& [tag, value] : timer_scalars(timer_names, seconds, static_cast<double>(iters_since_print)))
+          tb->add_scalar(tag, value, iteration);
+        tb->flush();
+      }
+    }
 
     if (log_line) {
       const double elapsed_ms = interval_ms / static_cast<double>(iters_since_print);
@@ -576,6 +608,19 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
             std::fprintf(opt.out, "%s\n", format_memory_report(iteration, global_rank, held_bytes, opt.flavor).c_str());
           std::fflush(opt.out);
         }
+      // Megatron's timer block (per iteration of the interval), printed by the last rank;
+      // Megatron-LM writes the same values to TensorBoard first. Both keep their sums where the
+      // interval's sums are kept (Megatron-LM's first line).
+      if (!timer_names.empty()) {
+        const bool keep = first && opt.flavor == LogFlavor::kMegatronLM;
+        const auto seconds = gather_timer_seconds(timers.elapsed(timer_names, !keep), group);
+        const double per = static_cast<double>(log_interval);
+        if (tb && opt.flavor == LogFlavor::kMegatronLM && c.logger.log_timers_to_tensorboard) {
+          for (const auto& [tag, value] : timer_scalars(timer_names, seconds, per)) tb->add_scalar(tag, value, iteration);
+          tb->flush();
+        }
+        if (const auto block = format_timers_block(timer_names, seconds, per, timing_option)) print_line(*block);
+      }
       // Seconds per iteration (and Megatron-LM's TFLOP/s per GPU): Megatron-LM skips its
       // first-iteration line; Bridge writes at every log line and has no "throughput" tag.
       const bool bridge = opt.flavor == LogFlavor::kBridge;

@@ -189,6 +189,12 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   e = usage_error(with(args, {"--num-experts", "4", "--expert-tensor-parallel-size", "0"}));
   EXPECT_NE(e.find("--expert-tensor-parallel-size must be a positive integer, got 0"), std::string::npos) << e;
   EXPECT_EQ(usage_error(with(args, {"--num-experts", "4", "--expert-tensor-parallel-size", "1"})), "");
+  // --timing-log-level and --timing-log-option: Megatron-LM's argparse choices.
+  e = usage_error(with(args, {"--timing-log-level", "3"}));
+  EXPECT_NE(e.find("--timing-log-level must be 0, 1 or 2, got 3"), std::string::npos) << e;
+  e = usage_error(with(args, {"--timing-log-option", "median"}));
+  EXPECT_NE(e.find("bad value 'median' for --timing-log-option: choose from max, minmax, all"), std::string::npos) << e;
+  EXPECT_EQ(usage_error(with(args, {"--timing-log-level", "2", "--timing-log-option", "all"})), "");
   // Megatron-LM's own refusals (validate_args, the scheduler's assertion).
   e = usage_error(with(args, {"--lr-decay-style", "WSD"}));
   EXPECT_NE(e.find("the WSD learning-rate schedule needs --lr-wsd-decay-iters"), std::string::npos) << e;

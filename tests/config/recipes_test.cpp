@@ -229,6 +229,20 @@ TEST(Recipes, BridgePostProcessingRules) {
               std::string::npos)
         << e.what();
   }
+  // Bridge's timing levels go down to -1 (no timers); its options are Megatron's choices.
+  for (const auto& [override_, want] :
+       {std::pair<std::string, std::string>{"logger.timing_log_level=3", "logger.timing_log_level must be -1, 0, 1 or 2, got 3"},
+        {"logger.timing_log_option=median", "bad value 'median' for logger.timing_log_option: choose from max, minmax, all"}}) {
+    try {
+      run("vanilla_gpt_pretrain_config", {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
+                                          override_});
+      ADD_FAILURE() << override_;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(run("vanilla_gpt_pretrain_config", {"model.num_layers=2", "model.hidden_size=64",
+                                                      "model.num_attention_heads=4", "logger.timing_log_level=-1"}));
   // model/dataset seq_length mismatch can only come from a YAML file or code; validate catches it.
   ConfigContainer c = find_recipe("llama32_1b_pretrain_config").build();
   c.model.seq_length = 4096;

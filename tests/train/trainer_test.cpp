@@ -683,6 +683,61 @@ TEST(Trainer, TensorBoardScalarsFollowMegatronsTags) {
   std::filesystem::remove_all(dir);
 }
 
+// --timing-log-level: Megatron's timer block after each log line (the names laoyao times, in
+// Megatron-LM's order; batch-generator only at level 2), none at level 0; with
+// --log-timers-to-tensorboard each as "<name>-time" at the log lines.
+TEST(Trainer, TimingLogLevelPrintsMegatronsTimerBlock) {
+  const std::string dir = temp_dir("timers");
+  std::string log1, log2, log0;
+  run(config::resolve_mlm(with(tiny_args(4, 2), {"--timing-log-level", "1", "--tensorboard-dir", dir,
+                                                 "--log-timers-to-tensorboard"}),
+                          1),
+      &log1);
+  const auto r2 = config::resolve_mlm(with(tiny_args(4, 2), {"--timing-log-level", "2", "--timing-log-option", "max"}), 1);
+  run(r2, &log2);
+  run(config::resolve_mlm(tiny_args(4, 2), 1), &log0);
+  EXPECT_EQ(log0.find("time across ranks"), std::string::npos) << "level 0: no block";
+  auto block_after = [](const std::string& log, const std::string& line) {
+    const size_t at = log.find(line);
+    if (at == std::string::npos) return std::string();
+    const size_t start = log.find('\n', at) + 1;
+    size_t end = start;
+    while (end < log.size() && (log.compare(end, 4, "    ") == 0 || log.compare(end, 5, "(min,") == 0 ||
+                                log.compare(end, 4, "max ") == 0))
+      end = log.find('\n', end) + 1;
+    return log.substr(start, end - start);
+  };
+  for (const char* line : {"iteration        1/", "iteration        2/", "iteration        4/"}) {
+    const std::string b = block_after(log1, line);
+    ASSERT_EQ(b.rfind("(min, max) time across ranks (ms):\n", 0), 0u) << line << "\n" << log1;
+    size_t at = 0;
+    for (const char* name : {"forward-backward ...", "layernorm-grads-all-reduce ...", "all-grads-sync ...",
+                             "optimizer-inner-step ...", "optimizer ..."}) {
+      const size_t next = b.find(std::string("\n    ") + name, at);
+      EXPECT_NE(next, std::string::npos) << name << " in order after " << at << ":\n" << b;
+      at = next == std::string::npos ? at : next + 1;
+    }
+    EXPECT_EQ(b.find("batch-generator"), std::string::npos) << "a level-2 timer";
+  }
+  const std::string b2 = block_after(log2, "iteration        2/");
+  EXPECT_EQ(b2.rfind("max time across ranks (ms):\n", 0), 0u) << log2;
+  EXPECT_NE(b2.find("\n    batch-generator ................................: "), std::string::npos) << b2;
+  bool said = false;  // what is timed, said once when the run starts
+  for (const auto& note : r2.validated.notes) said = said || note.rfind("laoyao: timers at level 2: ", 0) == 0;
+  EXPECT_TRUE(said);
+  std::vector<int64_t> steps;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      for (const auto& ev : test::read_events(e.path().string()))
+        if (ev.tag == "forward-backward-time") {
+          steps.push_back(ev.step);
+          EXPECT_GT(ev.value, 0.0f);
+          EXPECT_LT(ev.value, 60.0f) << "seconds per iteration";
+        }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 4})) << "at each log line, the first included";
+  std::filesystem::remove_all(dir);
+}
+
 // Bridge's timer scalars: "iteration-time" at every log line, iteration 1 included at
 // logger.log_interval 1, and no "throughput" tag (Megatron-LM's).
 TEST(Trainer, BridgeTensorBoardTimersFollowBridge) {

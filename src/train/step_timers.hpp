@@ -1,0 +1,81 @@
+// Megatron's timers (megatron/core/timers.py) as training_log uses them with --timing-log-level 1
+// or 2 (logger.timing_log_level): named regions of a step timed on the wall clock with the device
+// synchronized at each start and stop (Megatron's Timer synchronizes CUDA there too), summed until
+// read with a reset; after the log line, the last rank prints Megatron's block
+//   (min, max) time across ranks (ms):
+//       forward-backward ...............................: (12.34, 12.56)
+// and --log-timers-to-tensorboard writes each as the scalar "<name>-time" (the maximum over ranks,
+// seconds per iteration).
+//
+// Which regions laoyao times (the names of Megatron-LM core 0.20's training_log list that have a
+// counterpart here): forward-backward (the micro-batches' forward and backward through the
+// gradient reductions, as Megatron's schedule times finalize_model_grads inside it),
+// layernorm-grads-all-reduce (the tensor-parallel gradient sums), all-grads-sync (the
+// data-parallel reduction), optimizer (the gradient norm, clip and update) and optimizer-inner-step
+// (the update), and at level 2 batch-generator (reading a micro-batch). Megatron's other names have
+// nothing that corresponds: the gradients already are the fp32 main gradients
+// (optimizer-copy-to-main-grad), the update writes the bf16 weights itself
+// (optimizer-copy-main-to-model-params), one pipeline stage has no embedding reduction, and one
+// CUDA graph runs a micro-batch's forward and backward (forward-compute, backward-compute).
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.hpp"
+
+namespace laoyao::train {
+
+// --timing-log-option: which ranks' times the block shows.
+enum class TimingLogOption { kMax, kMinMax, kAll };
+// "max", "minmax" or "all"; anything else is a UsageError naming the flag.
+TimingLogOption parse_timing_log_option(const std::string& s);
+
+// The timer names training_log logs at `level` (Megatron-LM core 0.20's timers_to_log: level 1's
+// names, then level 2's), in its order. Empty at level 0 or below.
+std::vector<std::string> megatron_timers_to_log(int64_t level);
+
+class StepTimers {
+ public:
+  // level: --timing-log-level; a timer whose Megatron log level is above it is never started.
+  // sync: waits for the device's queued work (nothing on the CPU backend).
+  StepTimers(int64_t level, std::function<void()> sync);
+  bool enabled(const std::string& name) const;  // timed at this level
+  void start(const std::string& name);
+  void stop(const std::string& name);
+  // Seconds summed per name (0 for one never stopped), zeroed afterwards when reset.
+  std::vector<double> elapsed(const std::vector<std::string>& names, bool reset);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Timer {
+    double seconds = 0.0;
+    std::optional<Clock::time_point> started;
+  };
+  int64_t level_;
+  std::function<void()> sync_;
+  std::map<std::string, Timer> timers_;
+};
+
+// Every rank's seconds, rank-major, as Megatron's timers all-gather them: a collective over `world`
+// that every rank calls (without a group, this rank's alone).
+std::vector<std::vector<double>> gather_timer_seconds(const std::vector<double>& mine, dist::ProcessGroup* world);
+
+// The block Timers.log prints: seconds[r][i] is rank r's time for names[i]; each shown divided by
+// `normalizer` (--log-interval) in ms, names without time on any rank left out. nullopt when none
+// has any (Megatron then prints nothing).
+std::optional<std::string> format_timers_block(const std::vector<std::string>& names,
+                                               const std::vector<std::vector<double>>& seconds, double normalizer,
+                                               TimingLogOption option);
+
+// Timers.write's scalars: ("<name>-time", the maximum over ranks / normalizer, in seconds) for each
+// name with time on some rank.
+std::vector<std::pair<std::string, double>> timer_scalars(const std::vector<std::string>& names,
+                                                          const std::vector<std::vector<double>>& seconds,
+                                                          double normalizer);
+
+}  // namespace laoyao::train
