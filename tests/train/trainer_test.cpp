@@ -764,6 +764,44 @@ TEST(Trainer, BridgeTensorBoardTimersFollowBridge) {
   std::filesystem::remove_all(dir);
 }
 
+// Bridge's timers: written to TensorBoard at every TensorBoard step (here every iteration) and
+// restarted there (Bridge's W&B write resets them, with or without W&B), so that the block of the
+// log line, which comes after, has nothing to print; without the TensorBoard timers it prints at
+// the log lines (no first-iteration line).
+TEST(Trainer, BridgeTimersFollowBridgesSchedule) {
+  const std::string dir = temp_dir("timers_bridge");
+  auto blocks_in = [](bool tb_timers, const std::string& tb_dir) {
+    auto args = with(tiny_args(4, 2), {"--tensorboard-dir", tb_dir, "--timing-log-level", "1"});
+    if (tb_timers) args.push_back("--log-timers-to-tensorboard");
+    config::Conversion conv = config::convert_mlm_args(args, 1);
+    config::RecipeInvocation inv;
+    inv.recipe = conv.recipe;
+    inv.mode = "pretrain";
+    inv.overrides = conv.overrides;
+    const auto bridge = config::resolve_recipe(inv, 1);
+    EXPECT_EQ(bridge.front_end, config::FrontEnd::Bridge);
+    EXPECT_EQ(bridge.cfg.logger.timing_log_level, 1);
+    EXPECT_EQ(bridge.cfg.logger.log_timers_to_tensorboard, tb_timers);
+    std::string log;
+    run(bridge, &log);
+    size_t blocks = 0;
+    for (size_t at = log.find("(min, max) time across ranks (ms):"); at != std::string::npos;
+         at = log.find("(min, max) time across ranks (ms):", at + 1))
+      ++blocks;
+    return blocks;
+  };
+  EXPECT_EQ(blocks_in(true, dir), 0u);
+  std::vector<int64_t> steps;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      for (const auto& ev : test::read_events(e.path().string()))
+        if (ev.tag == "optimizer-time") steps.push_back(ev.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(blocks_in(false, dir), 2u) << "iterations 2 and 4";
+  std::filesystem::remove_all(dir);
+}
+
 // logger.log_throughput_to_tensorboard (Bridge): the throughput/* scalars once the window of
 // iterations is full (window 2: from iteration 2 on), with the configured batch sizes.
 TEST(Trainer, BridgeThroughputScalarsOnceTheWindowIsFull) {
