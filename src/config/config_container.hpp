@@ -306,6 +306,7 @@ struct LoggerConfig {
   bool log_loss_scale_to_tensorboard = true;
   bool log_validation_ppl_to_tensorboard = false;
   bool log_memory_to_tensorboard = false;
+  OptInt log_memory_interval;  // the memory line also at log lines that are multiples of it
   bool log_l2_norm_grad_to_tensorboard = false;
   bool log_num_zeros_in_grad = false;
   bool log_world_size_to_tensorboard = false;

@@ -256,6 +256,7 @@ template <class V> void LoggerConfig::visit(V& v) {
   v.field("log_loss_scale_to_tensorboard", log_loss_scale_to_tensorboard);
   v.field("log_validation_ppl_to_tensorboard", log_validation_ppl_to_tensorboard);
   v.field("log_memory_to_tensorboard", log_memory_to_tensorboard);
+  v.field("log_memory_interval", log_memory_interval);
   v.field("log_l2_norm_grad_to_tensorboard", log_l2_norm_grad_to_tensorboard);
   v.field("log_num_zeros_in_grad", log_num_zeros_in_grad);
   v.field("log_world_size_to_tensorboard", log_world_size_to_tensorboard);

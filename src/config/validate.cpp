@@ -492,6 +492,7 @@ struct Checker {
 
   void logger() {
     positive("logger.log_interval", c.logger.log_interval);
+    if (c.logger.log_memory_interval) positive("logger.log_memory_interval", *c.logger.log_memory_interval);
     const int64_t level = c.logger.timing_log_level, lowest = mlm() ? 0 : -1;  // Bridge's -1: no timers
     if (level < lowest || level > 2)
       fail(n("logger.timing_log_level") + " must be " + (mlm() ? "0, 1 or 2" : "-1, 0, 1 or 2") + ", got " +

@@ -599,9 +599,13 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       // Megatron's memory report after the first logged iterations, on each rank of data-parallel
       // rank 0 (Bridge's theoretical estimate first, on rank 0). CUDA only: the CPU backend holds
       // no device memory.
-      if (memory_report.at_log_line(iteration))
+      // --log-memory-interval: the same line at the log lines that are its multiples, once.
+      const bool at_memory_report = memory_report.at_log_line(iteration);
+      const bool at_memory_interval =
+          c.logger.log_memory_interval && iteration % *c.logger.log_memory_interval == 0;
+      if (at_memory_report || at_memory_interval)
         if (const size_t held_bytes = engine->peak_device_bytes()) {
-          if (global_rank == 0 && opt.flavor == LogFlavor::kBridge)
+          if (at_memory_report && global_rank == 0 && opt.flavor == LogFlavor::kBridge)
             for (const std::string& line : bridge_theoretical_memory_lines(c, d))
               std::fprintf(opt.out, "%s\n", line.c_str());
           if (dp_rank == 0)

@@ -189,6 +189,11 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   e = usage_error(with(args, {"--num-experts", "4", "--expert-tensor-parallel-size", "0"}));
   EXPECT_NE(e.find("--expert-tensor-parallel-size must be a positive integer, got 0"), std::string::npos) << e;
   EXPECT_EQ(usage_error(with(args, {"--num-experts", "4", "--expert-tensor-parallel-size", "1"})), "");
+  // --log-memory-interval: a positive number of iterations.
+  e = usage_error(with(args, {"--log-memory-interval", "0"}));
+  EXPECT_NE(e.find("--log-memory-interval must be a positive integer, got 0"), std::string::npos) << e;
+  EXPECT_EQ(usage_error(with(args, {"--log-memory-interval", "50"})), "");
+  EXPECT_EQ(config::resolve_mlm(with(args, {"--log-memory-interval", "50"}), 1).cfg.logger.log_memory_interval, 50);
   // --timing-log-level and --timing-log-option: Megatron-LM's argparse choices.
   e = usage_error(with(args, {"--timing-log-level", "3"}));
   EXPECT_NE(e.find("--timing-log-level must be 0, 1 or 2, got 3"), std::string::npos) << e;
