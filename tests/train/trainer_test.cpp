@@ -57,6 +57,17 @@ train::TrainSummary run(const config::Resolved& r, std::string* log = nullptr) {
   }
 }
 
+// The Bridge twin of an MLM command line (convert-args' recipe and overrides), with extra overrides.
+config::Resolved bridge_twin(const std::vector<std::string>& mlm_args, const std::vector<std::string>& extra = {}) {
+  config::Conversion conv = config::convert_mlm_args(mlm_args, 1);
+  config::RecipeInvocation inv;
+  inv.recipe = conv.recipe;
+  inv.mode = "pretrain";
+  inv.overrides = conv.overrides;
+  inv.overrides.insert(inv.overrides.end(), extra.begin(), extra.end());
+  return config::resolve_recipe(inv, 1);
+}
+
 // The log line of training iteration `it` ("" when there is none).
 std::string iteration_line(const std::string& log, int it) {
   char key[32];
@@ -299,12 +310,7 @@ TEST(Trainer, LearningRateIsPrintedAsMegatronsFloat32) {
 TEST(Trainer, FrontEndParity) {
   auto args = tiny_args(5, 1);
   auto mlm = config::resolve_mlm(args, 1);
-  config::Conversion conv = config::convert_mlm_args(args, 1);
-  config::RecipeInvocation inv;
-  inv.recipe = conv.recipe;
-  inv.mode = "pretrain";
-  inv.overrides = conv.overrides;
-  auto bridge = config::resolve_recipe(inv, 1);
+  auto bridge = bridge_twin(args);
   bridge.front_end = config::FrontEnd::MegatronLM;  // same log flavour, to compare the text too
   std::string la, lb;
   auto a = run(mlm, &la), b = run(bridge, &lb);
@@ -742,13 +748,8 @@ TEST(Trainer, TimingLogLevelPrintsMegatronsTimerBlock) {
 // logger.log_interval 1, and no "throughput" tag (Megatron-LM's).
 TEST(Trainer, BridgeTensorBoardTimersFollowBridge) {
   const std::string dir = temp_dir("tensorboard_bridge");
-  config::Conversion conv = config::convert_mlm_args(
-      with(tiny_args(3, 1), {"--tensorboard-dir", dir, "--log-timers-to-tensorboard", "--log-throughput"}), 1);
-  config::RecipeInvocation inv;
-  inv.recipe = conv.recipe;
-  inv.mode = "pretrain";
-  inv.overrides = conv.overrides;
-  const auto bridge = config::resolve_recipe(inv, 1);
+  const auto bridge =
+      bridge_twin(with(tiny_args(3, 1), {"--tensorboard-dir", dir, "--log-timers-to-tensorboard", "--log-throughput"}));
   ASSERT_EQ(bridge.front_end, config::FrontEnd::Bridge);
   run(bridge);
   std::vector<int64_t> times;
@@ -773,12 +774,7 @@ TEST(Trainer, BridgeTimersFollowBridgesSchedule) {
   auto blocks_in = [](bool tb_timers, const std::string& tb_dir) {
     auto args = with(tiny_args(4, 2), {"--tensorboard-dir", tb_dir, "--timing-log-level", "1"});
     if (tb_timers) args.push_back("--log-timers-to-tensorboard");
-    config::Conversion conv = config::convert_mlm_args(args, 1);
-    config::RecipeInvocation inv;
-    inv.recipe = conv.recipe;
-    inv.mode = "pretrain";
-    inv.overrides = conv.overrides;
-    const auto bridge = config::resolve_recipe(inv, 1);
+    const auto bridge = bridge_twin(args);
     EXPECT_EQ(bridge.front_end, config::FrontEnd::Bridge);
     EXPECT_EQ(bridge.cfg.logger.timing_log_level, 1);
     EXPECT_EQ(bridge.cfg.logger.log_timers_to_tensorboard, tb_timers);
@@ -806,14 +802,8 @@ TEST(Trainer, BridgeTimersFollowBridgesSchedule) {
 // iterations is full (window 2: from iteration 2 on), with the configured batch sizes.
 TEST(Trainer, BridgeThroughputScalarsOnceTheWindowIsFull) {
   const std::string dir = temp_dir("tensorboard_throughput");
-  config::Conversion conv = config::convert_mlm_args(with(tiny_args(4, 1), {"--tensorboard-dir", dir}), 1);
-  config::RecipeInvocation inv;
-  inv.recipe = conv.recipe;
-  inv.mode = "pretrain";
-  inv.overrides = conv.overrides;
-  inv.overrides.push_back("logger.log_throughput_to_tensorboard=true");
-  inv.overrides.push_back("logger.throughput_window_size=2");
-  run(config::resolve_recipe(inv, 1));
+  run(bridge_twin(with(tiny_args(4, 1), {"--tensorboard-dir", dir}),
+                  {"logger.log_throughput_to_tensorboard=true", "logger.throughput_window_size=2"}));
   std::map<std::string, std::vector<std::pair<int64_t, float>>> tags;
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
