@@ -32,17 +32,18 @@ struct Indexed {
   int64_t interval = 1;             // most common gap between logged iterations
   size_t duplicates = 0;
   bool per_iteration = false;       // each record is its own iteration's (TensorBoard)
-  // Megatron-LM's first-iteration line (its timestamps carry microseconds) does not reset the
-  // running sums, even at --log-interval 1: the next line's mean starts at iteration 1 too.
-  bool mlm_first_line = false;
+  // Megatron-LM's first line (its timestamps carry microseconds), iteration 1 or a resumed run's
+  // first, covers its own iteration and resets nothing, even at --log-interval 1: the next line's
+  // mean starts there too. 0: no such line (Bridge logs, TensorBoard).
+  int64_t mlm_first_line = 0;
 };
 
 Indexed index_log(const ParsedLog& log) {
   Indexed x;
   x.per_iteration = log.per_iteration;
+  if (!log.per_iteration && !log.iterations.empty() && log.iterations.front().timestamp.find('.') != std::string::npos)
+    x.mlm_first_line = log.iterations.front().iteration;
   for (const auto& r : log.iterations) {
-    if (r.iteration == 1 && !log.per_iteration && r.timestamp.find('.') != std::string::npos)
-      x.mlm_first_line = true;
     if (x.by_iteration.count(r.iteration)) ++x.duplicates;
     x.by_iteration[r.iteration] = &r;
   }
@@ -63,7 +64,9 @@ std::pair<int64_t, int64_t> window(const Indexed& x, int64_t iteration) {
   auto pos = std::lower_bound(x.iterations.begin(), x.iterations.end(), iteration);
   int64_t prev = pos == x.iterations.begin() ? 0 : *(pos - 1);
   int64_t lo = x.interval > 0 && iteration % x.interval == 0 ? std::max<int64_t>(iteration - x.interval, 0) : prev;
-  if (x.mlm_first_line && lo == 1 && iteration > 1) lo = 0;  // the first line reset nothing
+  const int64_t first = x.mlm_first_line;
+  if (first > 0 && (iteration == first || (lo == first && iteration > first)))
+    lo = first - 1;  // the first line is its own iteration's, and reset nothing
   return {lo, iteration};
 }
 

@@ -28,6 +28,7 @@ struct Curve {
   std::function<double(int64_t)> grad_norm = [](int64_t it) { return 0.65 - 0.005 * static_cast<double>(it); };
   int64_t gbs = 32;
   bool validation = true;
+  int64_t loaded = 0;  // a resumed run's log starts at loaded + 1
 };
 
 // Megatron's log text of a run: loss averaged over each log window as training_log does.
@@ -36,10 +37,10 @@ struct Curve {
 std::string log_text(const Curve& c, LogFlavor flavor) {
   std::string text = "some startup output\n";
   Timestamp t;
-  int64_t last = 0;
+  int64_t last = c.loaded;
   const bool mlm = flavor == LogFlavor::kMegatronLM;
-  for (int64_t it = 1; it <= c.iterations; ++it) {
-    const bool first_line = mlm && it == 1;
+  for (int64_t it = c.loaded + 1; it <= c.iterations; ++it) {
+    const bool first_line = mlm && it == c.loaded + 1;
     if (it % c.log_interval != 0 && !first_line) continue;
     TrainingLogValues v;
     v.iteration = it;
@@ -162,6 +163,25 @@ TEST(CompareLogs, DifferentLogIntervalsAreRebinned) {
   r = compare(a, b);
   ASSERT_FALSE(r.within_tolerance());
   EXPECT_EQ(r.first_divergence->iteration, 10);
+}
+
+// A resumed Megatron-LM run's first line (iteration 11 here) resets nothing either (core 0.20's
+// is_first_iteration): at log interval 1 its iteration-12 line is the mean of 11 and 12. Rebinned
+// into an uninterrupted run's windows of 5, with a spike at 11 that a wrong window would count
+// twice or not at all.
+TEST(CompareLogs, ResumedRunsFirstLineIsRebinnedAsMegatronWroteIt) {
+  Curve a, b;
+  a.loaded = 10;
+  b.log_interval = 5;
+  a.loss = b.loss = [](int64_t it) { return reference_loss(it) + (it == 11 ? 3.0 : 0.0); };
+  LogComparison r = compare(a, b);
+  EXPECT_TRUE(r.within_tolerance()) << r.first_divergence->message;
+  ASSERT_EQ(r.rows.size(), 4u);  // 15, 20, 25, 30
+  EXPECT_EQ(r.rows[0].iteration, 15);
+  EXPECT_TRUE(r.rows[0].loss_a_rebinned);
+  double sum = 0;
+  for (int64_t it = 11; it <= 15; ++it) sum += b.loss(it);
+  EXPECT_NEAR(*r.rows[0].loss_a, sum / 5, 1e-5);
 }
 
 TEST(CompareLogs, LogsWithoutCommonIterationsAreBadInput) {
