@@ -597,7 +597,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                                                 d.world_size, opt.flavor)));
       print_line(format_training_line(v, now_timestamp(), opt.flavor));
       // Megatron's memory report after the first logged iterations, on each rank of data-parallel
-      // rank 0 (Bridge's theoretical estimate first, on rank 0). CUDA only: the CPU backend holds
+      // rank 0 (the theoretical estimate first, Bridge's or Megatron-LM's, on rank 0). CUDA only: the CPU backend holds
       // no device memory.
       // --log-memory-interval: the same line at the log lines that are its multiples, once.
       const bool at_memory_report = memory_report.at_log_line(iteration);
@@ -605,8 +605,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
           c.logger.log_memory_interval && iteration % *c.logger.log_memory_interval == 0;
       if (at_memory_report || at_memory_interval)
         if (const size_t held_bytes = engine->peak_device_bytes()) {
-          if (at_memory_report && global_rank == 0 && opt.flavor == LogFlavor::kBridge)
-            for (const std::string& line : bridge_theoretical_memory_lines(c, d))
+          if (at_memory_report && global_rank == 0)
+            for (const std::string& line : opt.flavor == LogFlavor::kBridge
+                                               ? bridge_theoretical_memory_lines(c, d)
+                                               : mlm_theoretical_memory_lines(c, d, model_cfg))
               std::fprintf(opt.out, "%s\n", line.c_str());
           if (dp_rank == 0)
             std::fprintf(opt.out, "%s\n", format_memory_report(iteration, global_rank, held_bytes, opt.flavor).c_str());
