@@ -6,52 +6,97 @@
 #include "train/training_log.hpp"
 
 namespace laoyao::train {
+namespace {
 
-// Each expression in Bridge's order of operations (Python floats), so the printed digits agree.
-std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigContainer& c, const config::Derived& d) {
+constexpr double kMegabyte = 1024.0 * 1024.0;
+
+// The model's sizes as both reports read them, in doubles (Python's ints are exact there).
+struct Dims {
+  double h, H, G, kv, V, L;
+  Dims(const model::GptConfig& g, const config::Derived& d)
+      : h(static_cast<double>(g.hidden)), H(static_cast<double>(g.heads)), G(static_cast<double>(g.query_groups)),
+        kv(static_cast<double>(g.kv_channels)), V(static_cast<double>(d.padded_vocab_size)),
+        L(static_cast<double>(g.num_layers)) {}
+  // A layer's attention parameters (QKV and the projection, no biases) in both reports' order.
+  double attention() const { return 2.0 * h * h * ((1.0 + (G / H)) * ((kv * H) / h)); }
+};
+
+// The report's last line, with activations (its f-string ends in a newline).
+std::string footprints_line(double weights_mb, double activation_mb) {
   using pyfmt::fixed;
-  constexpr double kMegabyte = 1024.0 * 1024.0;
+  return "Theoretical memory footprints: weight and optimizer=" + fixed(weights_mb, 2) + " MB, activation=" +
+         fixed(activation_mb, 2) + " MB, total=" + fixed(weights_mb + activation_mb, 2) + " MB\n";
+}
+
+}  // namespace
+
+// Bridge's (utils/theoretical_memory_utils.py since its PR #3910), each expression in its order of
+// operations.
+std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigContainer& c, const config::Derived& d,
+                                                         const model::GptConfig& g) {
+  using pyfmt::fixed;
   const auto& m = c.model;
-  const double L = static_cast<double>(m.num_layers), h = static_cast<double>(m.hidden_size);
-  const double H = static_cast<double>(m.num_attention_heads);
-  const double kv = static_cast<double>(m.kv_channels.value_or(m.hidden_size / m.num_attention_heads));
-  const double G = static_cast<double>(m.num_query_groups.value_or(m.num_attention_heads));
-  const double ffn = static_cast<double>(m.ffn_hidden_size.value_or(4 * m.hidden_size));
-  const double experts = static_cast<double>(m.num_moe_experts.value_or(1));
-  const double gated = m.gated_linear_unit && m.activation_func == "silu" ? 3.0 / 2.0 : 1.0;
-  const double V = static_cast<double>(d.padded_vocab_size), tp = static_cast<double>(m.tensor_model_parallel_size);
-  const double pp = 1.0;
-  const double query_ratio = (kv * H) / h;
-  const double layers = static_cast<double>(2 * m.num_layers * m.hidden_size * m.hidden_size) *
-                        ((1.0 + G / H) * query_ratio + (ffn / h) * experts * gated + 2.0 / h + 1.0 / (L * h));
-  const double embedding = h * V;
-  const double embeddings = m.share_embeddings_and_output_weights ? embedding : 2.0 * embedding;
-  std::vector<std::string> out = {
-      "Number of parameters in transformer layers in billions:  " + fixed(layers / 1e9, 2),
-      "Number of parameters in embedding layers in billions: " + fixed(embeddings / 1e9, 2),
-      "Total number of parameters in billions: " + fixed((layers + embeddings) / 1e9, 2)};
-  double most_loaded = (layers / pp + embedding) / tp;
-  if (!m.share_embeddings_and_output_weights) most_loaded += embedding / tp;
-  out.push_back("Number of parameters in most loaded shard in billions: " + fixed(most_loaded / 1e9, 4));
-  const double bytes_per_parameter =
-      c.optimizer.use_distributed_optimizer ? 6.0 + 12.0 / static_cast<double>(d.data_parallel_size) : 18.0;
-  const double weights = most_loaded * bytes_per_parameter / kMegabyte;
+  const Dims dims(g, d);
+  const double h = dims.h, V = dims.V, L = dims.L, ffn = static_cast<double>(g.ffn);
+  const int64_t tp = m.tensor_model_parallel_size, ep = m.expert_model_parallel_size;
+  const int64_t etp = m.expert_tensor_parallel_size.value_or(tp), pp = 1, cp = 1;
+  const bool moe = g.moe.num_experts > 0;
+  const double factor = g.activation == model::Activation::SwiGLU ? 3.0 : 2.0;  // SwiGLU: three projections
+  const double attention = dims.attention();
+  const double layernorms = 4.0 * h, final_layernorm = 2.0 * h;  // LayerNorms with biases, whatever the norm
+  const double dense_mlp = factor * h * ffn;
+  const double shared_expert = factor * h * static_cast<double>(g.moe.shared_ffn);
+  const bool any_moe = moe && std::find(g.moe.layers.begin(), g.moe.layers.end(), true) != g.moe.layers.end();
+  const double routed = any_moe ? factor * h * static_cast<double>(g.moe.ffn) * static_cast<double>(g.moe.num_experts)
+                                : 0.0;
+  double dense_transformer = 0.0, routed_experts = 0.0;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < g.num_layers; ++l) {
+    const bool is_moe = g.is_moe_layer(l);
+    moe_layers += is_moe;
+    dense_transformer += attention + layernorms + (is_moe ? shared_expert : dense_mlp);
+    routed_experts += is_moe ? routed : 0.0;
+  }
+  dense_transformer += final_layernorm;
+  const double embedding_size = h * V;
+  const double embeddings = g.tied_embeddings ? embedding_size : embedding_size + embedding_size;
+  const double total = dense_transformer + routed_experts + embeddings;
+  double embedding_shard = embedding_size / static_cast<double>(tp);
+  if (!g.tied_embeddings) embedding_shard += embedding_size / static_cast<double>(tp);
+  const double dense_shard = dense_transformer / static_cast<double>(pp * tp) + embedding_shard;
+  auto bytes_per_parameter = [&](int64_t optimizer_shard) {
+    return c.optimizer.use_distributed_optimizer ? 6.0 + (12.0 / static_cast<double>(std::max<int64_t>(1, optimizer_shard)))
+                                                 : 18.0;
+  };
+  double weights = dense_shard * bytes_per_parameter(d.data_parallel_size * cp);
+  std::vector<std::string> out = {"Number of dense and embedding parameters in billions: " +
+                                  fixed((dense_transformer + embeddings) / 1e9, 2)};
+  if (routed_experts > 0) out.push_back("Number of routed expert parameters in billions: " + fixed(routed_experts / 1e9, 2));
+  out.push_back("Total number of parameters in billions: " + fixed(total / 1e9, 2));
+  out.push_back("Number of dense and embedding parameters in most loaded shard in billions: " + fixed(dense_shard / 1e9, 4));
+  if (routed_experts > 0) {
+    const double routed_shard = routed_experts / static_cast<double>(pp * ep * etp);
+    const int64_t expert_optimizer_shard = std::max<int64_t>(1, (d.data_parallel_size * tp * cp) / std::max<int64_t>(1, ep * etp));
+    weights += routed_shard * bytes_per_parameter(expert_optimizer_shard);
+    out.push_back("Number of routed expert parameters in most loaded shard in billions: " + fixed(routed_shard / 1e9, 4));
+  }
+  weights /= kMegabyte;
   if (!m.sequence_parallel || m.recompute_granularity.value_or("") != "selective") {
     out.push_back("Theoretical memory footprints: weight and optimizer=" + fixed(weights, 2) + " MB");
     return out;
   }
-  // Table 2 of Korthikanti et al. (2022), as Bridge's compute_activation_memory (first stage).
+  // Table 2 of Korthikanti et al. (2022), the MLP's width the layers' mean (an MoE layer's its top-k
+  // experts' and shared expert's), first pipeline stage.
+  const double moe_width = moe && moe_layers > 0 ? static_cast<double>(moe_layers * (g.moe.ffn * g.moe.topk + g.moe.shared_ffn)) : 0.0;
+  const double ffn_ratio = (static_cast<double>((g.num_layers - moe_layers) * g.ffn) + moe_width) / (L * h);
   const double s = static_cast<double>(m.seq_length), b = static_cast<double>(c.train.micro_batch_size.value_or(1));
-  const int64_t sbh = m.seq_length * c.train.micro_batch_size.value_or(1) * m.hidden_size;
-  double activation = static_cast<double>(sbh) * (18.0 + 4.0 * (ffn / h));
-  out.push_back("Activation memory footprint per transformer layer: " + fixed(activation / kMegabyte / tp, 1) + " MB");
+  double activation = s * b * h * (18.0 + (4.0 * ffn_ratio));
   activation *= L;
-  activation += 8.0 * s * b * pp;                                     // the embedding's input
-  activation += s * b * h * pp;                                       // its dropout
-  activation += static_cast<double>(sbh) * 4.0 * (1.0 + V / h);       // the output layer's input, the loss
-  const double activations = activation / tp / kMegabyte;
-  out.push_back("Theoretical memory footprints: weight and optimizer=" + fixed(weights, 2) + " MB, activation=" +
-                fixed(activations, 2) + " MB, total=" + fixed(weights + activations, 2) + " MB\n");
+  activation += 8.0 * s * b * static_cast<double>(pp);                  // the embedding's input
+  activation += s * b * h * static_cast<double>(pp);                    // its dropout
+  activation += s * b * h * 4.0 * (1.0 + (V / h));                      // the output layer's input, the loss
+  activation = activation / static_cast<double>(tp * cp) / kMegabyte;
+  out.push_back(footprints_line(weights, activation));
   return out;
 }
 
@@ -59,11 +104,9 @@ std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigCon
 std::vector<std::string> mlm_theoretical_memory_lines(const config::ConfigContainer& c, const config::Derived& d,
                                                       const model::GptConfig& g) {
   using pyfmt::fixed;
-  constexpr double kMegabyte = 1024.0 * 1024.0;
   const auto& m = c.model;
-  const double h = static_cast<double>(g.hidden), H = static_cast<double>(g.heads);
-  const double G = static_cast<double>(g.query_groups), kv = static_cast<double>(g.kv_channels);
-  const double V = static_cast<double>(d.padded_vocab_size), L = static_cast<double>(g.num_layers);
+  const Dims dims(g, d);
+  const double h = dims.h, V = dims.V, L = dims.L;
   const double tp = static_cast<double>(m.tensor_model_parallel_size), pp = 1.0;
   const bool moe = g.moe.num_experts > 0;
   const double experts = moe ? static_cast<double>(g.moe.num_experts) : 1.0;
@@ -73,8 +116,7 @@ std::vector<std::string> mlm_theoretical_memory_lines(const config::ConfigContai
   const double dense_layers = L - moe_layers, moe_ffn = moe ? static_cast<double>(g.moe.ffn) : 0.0;
   const double norm_size = g.norm == model::Norm::RMSNorm ? 1.0 : 2.0;  // RMSNorm has no bias
 
-  const double query_ratio = (kv * H) / h;
-  const double attention = 2.0 * h * h * ((1.0 + (G / H)) * query_ratio);
+  const double attention = dims.attention();
   const double embedding_size = h * V, final_layernorm = norm_size * h;
   const double embedding_layers = g.tied_embeddings ? embedding_size : 2.0 * embedding_size;
   const double dense_mlp = 2.0 * h * static_cast<double>(g.ffn) * gated;
@@ -141,8 +183,7 @@ std::vector<std::string> mlm_theoretical_memory_lines(const config::ConfigContai
     activation *= 1.05;  // its allowance for temporaries
   }
   activation /= kMegabyte;
-  out.push_back("Theoretical memory footprints: weight and optimizer=" + fixed(weights, 2) + " MB, activation=" +
-                fixed(activation, 2) + " MB, total=" + fixed(weights + activation, 2) + " MB\n");
+  out.push_back(footprints_line(weights, activation));
   return out;
 }
 

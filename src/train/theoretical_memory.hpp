@@ -1,9 +1,12 @@
-// Megatron-Bridge's theoretical memory report (report_theoretical_memory, verbose), printed on
-// rank 0 before the first memory lines: its parameter counts and its estimate of the weights' and
-// optimizer's memory (and, with sequence parallelism and selective recomputation, the
-// activations'), by its own formulas as they are. They are Bridge's estimate, not laoyao's: the
-// MLP term counts ffn_hidden_size once per expert (moe_ffn_hidden_size and shared experts are not
-// in it), the norms count as LayerNorms with biases, the pipeline size is 1 here.
+// The theoretical memory reports printed on rank 0 before the first memory lines, each front end's
+// by its own formulas as they are (they are their estimates, not laoyao's).
+//
+// Megatron-Bridge (since its PR #3910, mid-2026): the dense and embedding parameters and the routed
+// experts' apart, in all and on the most loaded rank (the experts over EP x ETP, their optimizer
+// state over the expert data-parallel ranks), the weights' and optimizer's memory, and with sequence
+// parallelism and selective recomputation Table 2's activations (the MLP width each layer's mean: an
+// MoE layer's top-k experts' and shared expert's). Its norms count as LayerNorms with biases and its
+// routers not at all.
 //
 // Megatron-LM (core 0.20, megatron/training/theoretical_memory_usage.py) prints its own report at
 // the same place: parameter counts by its formulas (RMSNorm's single weight, the MoE layers of
@@ -22,8 +25,10 @@
 
 namespace laoyao::train {
 
-// The lines as Bridge prints them (the full form's last line ends in "\n", as its f-string does).
-std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigContainer& c, const config::Derived& d);
+// The lines as Bridge prints them (the full form's last line ends in "\n", as its f-string does);
+// g: the run's model (whole, not a rank's share).
+std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigContainer& c, const config::Derived& d,
+                                                         const model::GptConfig& g);
 
 // The lines as Megatron-LM prints them (the last ends in "\n"); g: the run's model (whole, not a
 // rank's share).

@@ -607,7 +607,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         if (const size_t held_bytes = engine->peak_device_bytes()) {
           if (at_memory_report && global_rank == 0)
             for (const std::string& line : opt.flavor == LogFlavor::kBridge
-                                               ? bridge_theoretical_memory_lines(c, d)
+                                               ? bridge_theoretical_memory_lines(c, d, model_cfg)
                                                : mlm_theoretical_memory_lines(c, d, model_cfg))
               std::fprintf(opt.out, "%s\n", line.c_str());
           if (dp_rank == 0)

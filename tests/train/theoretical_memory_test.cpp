@@ -1,6 +1,6 @@
-// The theoretical memory reports: Bridge's lines for two shapes, Megatron-LM's for four, the
+// The theoretical memory reports: Bridge's lines for three shapes, Megatron-LM's for four, the
 // expected text computed with each one's formulas in Python floats (report_theoretical_memory,
-// verbose; Megatron-LM's as core 0.20 has them).
+// verbose; Megatron-LM's as core 0.20 has them, Bridge's as its PR #3910 does).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -13,6 +13,11 @@
 
 using namespace laoyao;
 
+// Bridge's lines for a config (the model built as the run builds it).
+std::vector<std::string> bridge_lines(const config::ConfigContainer& c, const config::Derived& d) {
+  return train::bridge_theoretical_memory_lines(c, d, train::model_config(c, d));
+}
+
 // A Llama-3.2-1B shape (tied embeddings, SwiGLU, GQA): the short form, without sequence
 // parallelism and selective recomputation.
 TEST(TheoreticalMemory, BridgeShortFormForALlamaShape) {
@@ -23,22 +28,22 @@ TEST(TheoreticalMemory, BridgeShortFormForALlamaShape) {
   c.model.share_embeddings_and_output_weights = true, c.model.seq_length = 8192;
   config::Derived d;
   d.padded_vocab_size = 128256;
-  EXPECT_EQ(train::bridge_theoretical_memory_lines(c, d),
-            (std::vector<std::string>{"Number of parameters in transformer layers in billions:  0.97",
-                                      "Number of parameters in embedding layers in billions: 0.26",
+  EXPECT_EQ(bridge_lines(c, d),
+            (std::vector<std::string>{"Number of dense and embedding parameters in billions: 1.24",
                                       "Total number of parameters in billions: 1.24",
-                                      "Number of parameters in most loaded shard in billions: 1.2359",
+                                      "Number of dense and embedding parameters in most loaded shard in billions: 1.2359",
                                       "Theoretical memory footprints: weight and optimizer=21215.32 MB"}));
 }
 
-// The flagship's shape at TP=2 with sequence parallelism, selective recomputation and the
-// distributed optimizer over 4 data-parallel ranks: the activations too (Bridge's MLP term
-// counts ffn_hidden_size once per expert).
+// 64 experts as wide as --ffn-hidden-size (top-2) at TP=2 with sequence parallelism, selective
+// recomputation and the distributed optimizer over 4 data-parallel ranks: the routed experts apart
+// (over ETP = TP, their optimizer state over 4 ranks), the activations with the top-k width.
 TEST(TheoreticalMemory, BridgeFullFormWithActivations) {
   config::ConfigContainer c;
   c.model.num_layers = 24, c.model.hidden_size = 1024, c.model.num_attention_heads = 16;
   c.model.kv_channels = 64, c.model.num_query_groups = 4, c.model.ffn_hidden_size = 3072;
   c.model.num_moe_experts = 64, c.model.gated_linear_unit = true, c.model.activation_func = "silu";
+  c.model.add_bias_linear = false;
   c.model.share_embeddings_and_output_weights = false, c.model.seq_length = 4096;
   c.model.tensor_model_parallel_size = 2, c.model.sequence_parallel = true;
   c.model.recompute_granularity = "selective";
@@ -46,14 +51,25 @@ TEST(TheoreticalMemory, BridgeFullFormWithActivations) {
   c.optimizer.use_distributed_optimizer = true;
   config::Derived d;
   d.padded_vocab_size = 151936, d.data_parallel_size = 4;
-  EXPECT_EQ(train::bridge_theoretical_memory_lines(c, d),
-            (std::vector<std::string>{"Number of parameters in transformer layers in billions:  14.56",
-                                      "Number of parameters in embedding layers in billions: 0.31",
+  EXPECT_EQ(bridge_lines(c, d),
+            (std::vector<std::string>{"Number of dense and embedding parameters in billions: 0.37",
+                                      "Number of routed expert parameters in billions: 14.50",
                                       "Total number of parameters in billions: 14.87",
-                                      "Number of parameters in most loaded shard in billions: 7.4348",
-                                      "Activation memory footprint per transformer layer: 120.0 MB",
+                                      "Number of dense and embedding parameters in most loaded shard in billions: 0.1871",
+                                      "Number of routed expert parameters in most loaded shard in billions: 7.2478",
                                       "Theoretical memory footprints: weight and optimizer=63813.81 MB, "
-                                      "activation=5274.03 MB, total=69087.84 MB\n"}));
+                                      "activation=6426.03 MB, total=70239.84 MB\n"}));
+  // The flagship's experts (384 wide, top-8) over EP=2 too: their optimizer state over 2 ranks.
+  c.model.moe_ffn_hidden_size = 384, c.model.moe_router_topk = 8, c.model.expert_model_parallel_size = 2;
+  d.padded_vocab_size = 152064;
+  EXPECT_EQ(bridge_lines(c, d),
+            (std::vector<std::string>{"Number of dense and embedding parameters in billions: 0.37",
+                                      "Number of routed expert parameters in billions: 1.81",
+                                      "Total number of parameters in billions: 2.19",
+                                      "Number of dense and embedding parameters in most loaded shard in billions: 0.1872",
+                                      "Number of routed expert parameters in most loaded shard in billions: 0.4530",
+                                      "Theoretical memory footprints: weight and optimizer=6790.93 MB, "
+                                      "activation=5276.03 MB, total=12066.96 MB\n"}));
 }
 
 namespace {
