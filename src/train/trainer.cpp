@@ -551,7 +551,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     }
     // Bridge writes its timers to TensorBoard at every TensorBoard step, per iteration since the last
     // log line, and (through its W&B writer, called with or without W&B) resets them there: its
-    // printed block then covers the iterations since (one, at the recipes' tensorboard_log_interval 1).
+    // printed block then shows only what ran after the last TensorBoard step (nothing at the
+    // recipes' tensorboard_log_interval 1).
     if (opt.flavor == LogFlavor::kBridge && !timer_names.empty() && c.logger.log_timers_to_tensorboard &&
         iteration % std::max<int64_t>(c.logger.tensorboard_log_interval, 1) == 0) {
       const auto seconds = gather_timer_seconds(timers.elapsed(timer_names, true), group);
@@ -597,9 +598,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
                                                 d.world_size, opt.flavor)));
       print_line(format_training_line(v, now_timestamp(), opt.flavor));
       // Megatron's memory report after the first logged iterations, on each rank of data-parallel
-      // rank 0 (the theoretical estimate first, Bridge's or Megatron-LM's, on rank 0). CUDA only: the CPU backend holds
-      // no device memory.
-      // --log-memory-interval: the same line at the log lines that are its multiples, once.
+      // rank 0 (the theoretical estimate first, Bridge's or Megatron-LM's, on rank 0); with
+      // --log-memory-interval also at the log lines that are its multiples, once. CUDA only: the
+      // CPU backend holds no device memory.
       const bool at_memory_report = memory_report.at_log_line(iteration);
       const bool at_memory_interval =
           c.logger.log_memory_interval && iteration % *c.logger.log_memory_interval == 0;
