@@ -32,18 +32,24 @@ struct Indexed {
   int64_t interval = 1;             // most common gap between logged iterations
   size_t duplicates = 0;
   bool per_iteration = false;       // each record is its own iteration's (TensorBoard)
-  // Megatron-LM's first line (its timestamps carry microseconds), iteration 1 or a resumed run's
-  // first, covers its own iteration and resets nothing, even at --log-interval 1: the next line's
-  // mean starts there too. 0: no such line (Bridge logs, TensorBoard).
-  int64_t mlm_first_line = 0;
+  // Megatron-LM's first lines (its timestamps carry microseconds), ascending: each process's first,
+  // iteration 1 or a resumed run's (in a log that goes on from an earlier iteration than the line
+  // before it), covers its own iteration and resets nothing, even at --log-interval 1: the next
+  // line's mean starts there too. None in Bridge logs and TensorBoard.
+  std::vector<int64_t> mlm_first_lines;
 };
 
 Indexed index_log(const ParsedLog& log) {
   Indexed x;
   x.per_iteration = log.per_iteration;
-  if (!log.per_iteration && !log.iterations.empty() && log.iterations.front().timestamp.find('.') != std::string::npos)
-    x.mlm_first_line = log.iterations.front().iteration;
+  int64_t last = 0;  // the previous record's iteration, in the file's order
   for (const auto& r : log.iterations) {
+    if (!log.per_iteration && r.timestamp.find('.') != std::string::npos && (last == 0 || r.iteration <= last)) {
+      // a resumed run's lines replace what they repeat, its first line the earlier ones' from there
+      while (!x.mlm_first_lines.empty() && x.mlm_first_lines.back() >= r.iteration) x.mlm_first_lines.pop_back();
+      x.mlm_first_lines.push_back(r.iteration);
+    }
+    last = r.iteration;
     if (x.by_iteration.count(r.iteration)) ++x.duplicates;
     x.by_iteration[r.iteration] = &r;
   }
@@ -64,9 +70,9 @@ std::pair<int64_t, int64_t> window(const Indexed& x, int64_t iteration) {
   auto pos = std::lower_bound(x.iterations.begin(), x.iterations.end(), iteration);
   int64_t prev = pos == x.iterations.begin() ? 0 : *(pos - 1);
   int64_t lo = x.interval > 0 && iteration % x.interval == 0 ? std::max<int64_t>(iteration - x.interval, 0) : prev;
-  const int64_t first = x.mlm_first_line;
-  if (first > 0 && (iteration == first || (lo == first && iteration > first)))
-    lo = first - 1;  // the first line is its own iteration's, and reset nothing
+  // The last first line at or before this one: its own iteration's, and it reset nothing.
+  const auto first = std::upper_bound(x.mlm_first_lines.begin(), x.mlm_first_lines.end(), iteration);
+  if (first != x.mlm_first_lines.begin() && lo <= *(first - 1)) lo = *(first - 1) - 1;
   return {lo, iteration};
 }
 

@@ -184,6 +184,33 @@ TEST(CompareLogs, ResumedRunsFirstLineIsRebinnedAsMegatronWroteIt) {
   EXPECT_NEAR(*r.rows[0].loss_a, sum / 5, 1e-5);
 }
 
+// The same where the resumed run's first line (iteration 8) is off the interval (5): its next line,
+// at 10, averages 8-10; and a resumed run appended to the log of the run it resumed (iterations 9
+// and 10 printed twice) has two first lines, each resetting nothing.
+TEST(CompareLogs, FirstLinesOffTheIntervalAndInAnAppendedLog) {
+  Curve a, b;
+  a.loaded = 7;
+  a.log_interval = b.log_interval = 5;
+  a.loss = b.loss = [](int64_t it) { return reference_loss(it) + (it == 8 ? 3.0 : 0.0); };
+  b.log_interval = 1;
+  LogComparison r = compare(a, b);
+  EXPECT_TRUE(r.within_tolerance()) << r.first_divergence->message;
+  ASSERT_FALSE(r.rows.empty());
+  EXPECT_EQ(r.rows[0].iteration, 8);
+  // Appended: the first run logged 1..10 at interval 1, the resumed one (from 8) 9..30.
+  Curve first_run = a, resumed = a;
+  first_run.loaded = 0, first_run.iterations = 10, first_run.log_interval = 1;
+  resumed.loaded = 8, resumed.log_interval = 1;
+  resumed.loss = [](int64_t it) { return reference_loss(it) + (it == 9 ? 3.0 : 0.0); };
+  const std::string text = log_text(first_run, LogFlavor::kMegatronLM) + log_text(resumed, LogFlavor::kMegatronLM);
+  Curve whole = resumed;  // the same losses from 9 on, uninterrupted, every 5 (Bridge's: no first line)
+  whole.loaded = 0, whole.log_interval = 5;
+  whole.loss = [](int64_t it) { return it <= 8 ? reference_loss(it) + (it == 8 ? 3.0 : 0.0) : reference_loss(it) + (it == 9 ? 3.0 : 0.0); };
+  r = compare_logs(parse_training_log(text), parse_training_log(log_text(whole, LogFlavor::kBridge)), {});
+  EXPECT_TRUE(r.within_tolerance()) << r.first_divergence->message;
+  EXPECT_GT(r.rows.size(), 4u);
+}
+
 TEST(CompareLogs, LogsWithoutCommonIterationsAreBadInput) {
   Curve a, b;
   ParsedLog la = parse_training_log(log_text(a, LogFlavor::kMegatronLM));
