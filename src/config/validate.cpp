@@ -492,7 +492,12 @@ struct Checker {
 
   void logger() {
     positive("logger.log_interval", c.logger.log_interval);
-    if (c.logger.log_memory_interval) positive("logger.log_memory_interval", *c.logger.log_memory_interval);
+    if (c.logger.log_memory_interval) {
+      positive("logger.log_memory_interval", *c.logger.log_memory_interval);
+      if (mlm() && *c.logger.log_memory_interval % c.logger.log_interval != 0)  // Megatron-LM asserts it
+        fail("--log-memory-interval (" + std::to_string(*c.logger.log_memory_interval) +
+             ") must be a multiple of --log-interval (" + std::to_string(c.logger.log_interval) + ")");
+    }
     const int64_t level = c.logger.timing_log_level, lowest = mlm() ? 0 : -1;  // Bridge's -1: no timers
     if (level < lowest || level > 2)
       fail(n("logger.timing_log_level") + " must be " + (mlm() ? "0, 1 or 2" : "-1, 0, 1 or 2") + ", got " +
@@ -500,11 +505,13 @@ struct Checker {
     if (level >= 1)
       out.notes.push_back(
           "laoyao: timers at level " + std::to_string(level) +
-          ": forward-backward, layernorm-grads-all-reduce, all-grads-sync, optimizer-inner-step, optimizer" +
+          ": forward-backward, embedding-grads-all-reduce, all-grads-sync, optimizer-copy-to-main-grad, "
+          "optimizer-inner-step, optimizer" +
           (level >= 2 ? ", batch-generator" : "") +
-          "; Megatron's others have no counterpart here (the gradients are the fp32 main gradients, the update "
-          "writes the bf16 weights" +
-          (level >= 2 ? ", one graph runs a micro-batch's forward and backward" : "") + ")");
+          "; not optimizer-copy-main-to-model-params or params-all-gather (the update writes the bf16 weights" +
+          (level >= 2 ? "; nor forward-compute, backward-compute: one graph runs a micro-batch's forward and backward"
+                      : "") +
+          ")");
     if (c.logger.log_throughput_to_tensorboard)  // Bridge's rolling window of iterations
       positive("logger.throughput_window_size", c.logger.throughput_window_size);
   }

@@ -64,7 +64,8 @@ std::vector<std::string> megatron_timers_to_log(int64_t level) {
   return names;
 }
 
-StepTimers::StepTimers(int64_t level, std::function<void()> sync) : level_(level), sync_(std::move(sync)) {}
+StepTimers::StepTimers(int64_t level, std::function<void()> sync, std::function<void()> barrier)
+    : level_(level), sync_(std::move(sync)), barrier_(std::move(barrier)) {}
 
 bool StepTimers::enabled(const std::string& name) const { return level_of(name) <= level_; }
 
@@ -72,6 +73,7 @@ void StepTimers::start(const std::string& name) {
   if (!enabled(name)) return;
   Timer& t = timers_[name];
   if (t.started) throw Error("StepTimers: timer '" + name + "' started twice");
+  if (barrier_ && level_of(name) == 1) barrier_();
   if (sync_) sync_();
   t.started = Clock::now();
 }

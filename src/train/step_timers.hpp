@@ -7,16 +7,18 @@
 // and --log-timers-to-tensorboard writes each as the scalar "<name>-time" (the maximum over ranks,
 // seconds per iteration).
 //
-// Which regions laoyao times (the names of Megatron-LM core 0.20's training_log list that have a
-// counterpart here): forward-backward (the micro-batches' forward and backward through the
-// gradient reductions, as Megatron's schedule times finalize_model_grads inside it),
-// layernorm-grads-all-reduce (the tensor-parallel gradient sums), all-grads-sync (the
-// data-parallel reduction), optimizer (the gradient norm, clip and update) and optimizer-inner-step
-// (the update), and at level 2 batch-generator (reading a micro-batch). Megatron's other names have
-// nothing that corresponds: the gradients already are the fp32 main gradients
-// (optimizer-copy-to-main-grad), the update writes the bf16 weights itself
-// (optimizer-copy-main-to-model-params), one pipeline stage has no embedding reduction, and one
-// CUDA graph runs a micro-batch's forward and backward (forward-compute, backward-compute).
+// Which regions laoyao times (the names of Megatron-LM core 0.20's training_log list whose step
+// exists here): forward-backward (the micro-batches' forward and backward through the gradient
+// reductions, as Megatron's schedule times finalize_model_grads inside it), all-grads-sync (the
+// data-parallel reduction), embedding-grads-all-reduce (nothing to do with one pipeline stage, as
+// in Megatron, which times its no-op too), optimizer (the gradient norm, clip and update),
+// optimizer-copy-to-main-grad (nothing: the gradients are the fp32 main gradients, as Megatron's
+// main_grad is) and optimizer-inner-step (the update), and at level 2 batch-generator (reading a
+// micro-batch). Megatron's tensor-parallel sums are its non-tensor-parallel-grads-all-reduce, which
+// its log leaves out (so does this one). Not printed, as nothing here corresponds:
+// optimizer-copy-main-to-model-params (the update writes the bf16 weights itself),
+// params-all-gather (inside the distributed optimizer's update), forward-compute and
+// backward-compute (one CUDA graph runs a micro-batch's forward and backward).
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -42,8 +44,10 @@ std::vector<std::string> megatron_timers_to_log(int64_t level);
 class StepTimers {
  public:
   // level: --timing-log-level; a timer whose Megatron log level is above it is never started.
-  // sync: waits for the device's queued work (nothing on the CPU backend).
-  StepTimers(int64_t level, std::function<void()> sync);
+  // sync: waits for the device's queued work (nothing on the CPU backend); barrier: waits for every
+  // rank, at the start of level-1 timers (Megatron's barrier_with_L1_time, on by default). Every
+  // rank must start the same timers in the same order.
+  StepTimers(int64_t level, std::function<void()> sync, std::function<void()> barrier = nullptr);
   bool enabled(const std::string& name) const;  // timed at this level
   void start(const std::string& name);
   void stop(const std::string& name);
@@ -57,7 +61,7 @@ class StepTimers {
     std::optional<Clock::time_point> started;
   };
   int64_t level_;
-  std::function<void()> sync_;
+  std::function<void()> sync_, barrier_;
   std::map<std::string, Timer> timers_;
 };
 

@@ -382,7 +382,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   // Megatron's timers (--timing-log-level 1 or 2), each start and stop waiting for the device.
   const std::vector<std::string> timer_names = megatron_timers_to_log(c.logger.timing_log_level);
   const TimingLogOption timing_option = parse_timing_log_option(c.logger.timing_log_option);
-  StepTimers timers(c.logger.timing_log_level, [&] { engine->synchronize(); });
+  StepTimers timers(c.logger.timing_log_level, [&] { engine->synchronize(); }, [&] {
+    if (group) group->barrier();
+  });
   // Bridge's history_wct: seconds since the start after each of the latest window + 1 steps.
   std::deque<double> history_wct;
   while (iteration < train_iters) {
@@ -426,9 +428,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       else if (iteration < train_iters)
         next_batch.prefetch(consumed + gbs, 0);  // (a ramp's next batch starts there too)
     }
-    timers.start("layernorm-grads-all-reduce");
+    // The tensor-parallel sums: Megatron's non-tensor-parallel-grads-all-reduce, which its log omits.
     engine->finalize_grads();
-    timers.stop("layernorm-grads-all-reduce");
+    // Megatron's reduction of the embeddings between the first and last pipeline stages: nothing to
+    // do with one stage, here as there (timed all the same, as Megatron times its no-op).
+    timers.start("embedding-grads-all-reduce");
+    timers.stop("embedding-grads-all-reduce");
     engine->finish_moe_step(dp_size > 1 ? dp : nullptr);
     LossSum iter_loss;
     double norm = 0;
@@ -441,6 +446,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     timers.stop("all-grads-sync");
     timers.stop("forward-backward");
     timers.start("optimizer");  // the norm, the clip and the update
+    // Megatron's copy of the model's gradients to the fp32 main gradients: they are the same here
+    // (as there, where main_grad already is fp32 and the copy hands the tensor over).
+    timers.start("optimizer-copy-to-main-grad");
+    timers.stop("optimizer-copy-to-main-grad");
     if (group) {  // gradients reduced over the data-parallel ranks, then the norm
       // A per-token loss: the summed gradients over every data-parallel rank's tokens (none:
       // left as they are, as Megatron's finalize_model_grads does).
@@ -602,8 +611,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
       // --log-memory-interval also at the log lines that are its multiples, once. CUDA only: the
       // CPU backend holds no device memory.
       const bool at_memory_report = memory_report.at_log_line(iteration);
-      const bool at_memory_interval =
-          c.logger.log_memory_interval && iteration % *c.logger.log_memory_interval == 0;
+      const bool at_memory_interval = opt.flavor == LogFlavor::kMegatronLM && c.logger.log_memory_interval &&
+                                      iteration % *c.logger.log_memory_interval == 0;  // Bridge ignores it
       if (at_memory_report || at_memory_interval)
         if (const size_t held_bytes = engine->peak_device_bytes()) {
           if (at_memory_report && global_rank == 0)
@@ -628,11 +637,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
         }
         if (const auto block = format_timers_block(timer_names, seconds, per, timing_option)) print_line(*block);
       }
-      // Seconds per iteration (and Megatron-LM's TFLOP/s per GPU): Megatron-LM skips its
-      // first-iteration line; Bridge writes at every log line and has no "throughput" tag.
+      // Seconds per iteration (and Megatron-LM's TFLOP/s per GPU): Megatron-LM writes no
+      // iteration time at its first line (its throughput it does); Bridge writes the iteration time
+      // at every log line and has no "throughput" tag.
       const bool bridge = opt.flavor == LogFlavor::kBridge;
-      if (tb && c.logger.log_timers_to_tensorboard && (bridge || !first)) {
-        tb->add_scalar("iteration-time", elapsed_ms / 1000.0, iteration);
+      if (tb && c.logger.log_timers_to_tensorboard) {
+        if (bridge || !first) tb->add_scalar("iteration-time", elapsed_ms / 1000.0, iteration);
         if (!bridge && v.throughput_tflops_per_gpu)
           tb->add_scalar("throughput", *v.throughput_tflops_per_gpu, iteration);
         tb->flush();

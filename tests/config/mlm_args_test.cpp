@@ -193,6 +193,8 @@ TEST(MlmArgs, ValidationErrorsUseFlagNames) {
   e = usage_error(with(args, {"--log-memory-interval", "0"}));
   EXPECT_NE(e.find("--log-memory-interval must be a positive integer, got 0"), std::string::npos) << e;
   EXPECT_EQ(usage_error(with(args, {"--log-memory-interval", "50"})), "");
+  e = usage_error(with(args, {"--log-interval", "10", "--log-memory-interval", "25"}));
+  EXPECT_NE(e.find("--log-memory-interval (25) must be a multiple of --log-interval (10)"), std::string::npos) << e;
   EXPECT_EQ(config::resolve_mlm(with(args, {"--log-memory-interval", "50"}), 1).cfg.logger.log_memory_interval, 50);
   // --timing-log-level and --timing-log-option: Megatron-LM's argparse choices.
   e = usage_error(with(args, {"--timing-log-level", "3"}));

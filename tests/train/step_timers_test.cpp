@@ -93,6 +93,21 @@ TEST(StepTimers, TimersAboveTheLevelNeverRunAndOthersWaitForTheDevice) {
   EXPECT_EQ(t.elapsed(names, false)[0], 0.0) << "zeroed by the reset";
 }
 
+// Megatron's level-1 timers wait for every rank at their start (barrier_with_L1_time); level-2
+// ones and stops do not.
+TEST(StepTimers, LevelOneStartsWaitForEveryRank) {
+  int barriers = 0;
+  train::StepTimers t(2, nullptr, [&] { ++barriers; });
+  t.start("forward-backward");
+  t.start("batch-generator");
+  t.stop("batch-generator");
+  t.stop("forward-backward");
+  EXPECT_EQ(barriers, 1);
+  t.start("optimizer");
+  t.stop("optimizer");
+  EXPECT_EQ(barriers, 2);
+}
+
 TEST(StepTimers, MisuseIsAnError) {
   train::StepTimers t(2, nullptr);
   EXPECT_THROW(t.stop("optimizer"), Error);
