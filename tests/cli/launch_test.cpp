@@ -102,6 +102,26 @@ std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
   return a;
 }
 
+// Megatron's timers over two data-parallel CPU ranks: each level-1 start waits for both ranks, the
+// last rank prints every rank's time (--timing-log-option all) for the regions with work in them.
+TEST(Launch, TimersGatherEveryRanksTimes) {
+  const std::string dir = laoyao::test::fresh_dir("launch_timers");
+  std::vector<std::string> a = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+  const auto run = tiny_run({"--train-iters", "3", "--timing-log-level", "2", "--timing-log-option", "all"});
+  a.insert(a.end(), run.begin(), run.end());
+  const auto r = run_laoyao(a, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  // (The launcher prefixes each rank's lines with "[rankN]: ".)
+  const size_t at = r.output.find("[rank1]: times across ranks (ms):\n[rank1]:   forward-backward:\n"
+                                  "[rank1]:      rank  0: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string block = r.output.substr(at, r.output.find("iteration ", at) - at);
+  EXPECT_NE(block.find("\n[rank1]:      rank  1: "), std::string::npos) << block;
+  EXPECT_NE(block.find("\n[rank1]:   optimizer:\n[rank1]:      rank  0: "), std::string::npos) << block;
+  EXPECT_NE(block.find("\n[rank1]:   batch-generator:"), std::string::npos) << block;
+  EXPECT_EQ(r.output.find("[rank0]: times across ranks"), std::string::npos) << "the last rank prints";
+}
+
 // A run resumed from a checkpoint saved after iteration 2 of 3: its iteration 3 and the evaluations
 // after it (which see step 3: the restored moments) are the uninterrupted run's `want` from its
 // fourth value on, to `rel`.
