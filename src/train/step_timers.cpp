@@ -35,10 +35,10 @@ constexpr NamedLevel kTimersToLog[] = {
     {"backward-compute", 2},
 };
 
-int64_t level_of(const std::string& name) {
+int64_t level_of(std::string_view name) {
   for (const auto& t : kTimersToLog)
     if (name == t.name) return t.level;
-  throw Error("StepTimers: no Megatron timer named '" + name + "'");
+  throw Error("StepTimers: no Megatron timer named '" + std::string(name) + "'");
 }
 
 // Python's (name + ' ').ljust(48, '.').
@@ -67,21 +67,26 @@ std::vector<std::string> megatron_timers_to_log(int64_t level) {
 StepTimers::StepTimers(int64_t level, std::function<void()> sync, std::function<void()> barrier)
     : level_(level), sync_(std::move(sync)), barrier_(std::move(barrier)) {}
 
-bool StepTimers::enabled(const std::string& name) const { return level_of(name) <= level_; }
+bool StepTimers::enabled(std::string_view name) const { return level_ >= 1 && level_of(name) <= level_; }
 
-void StepTimers::start(const std::string& name) {
+StepTimers::Timer& StepTimers::timer(std::string_view name) {
+  auto it = timers_.find(name);
+  return it != timers_.end() ? it->second : timers_.emplace(std::string(name), Timer{}).first->second;
+}
+
+void StepTimers::start(std::string_view name) {
   if (!enabled(name)) return;
-  Timer& t = timers_[name];
-  if (t.started) throw Error("StepTimers: timer '" + name + "' started twice");
+  Timer& t = timer(name);
+  if (t.started) throw Error("StepTimers: timer '" + std::string(name) + "' started twice");
   if (barrier_ && level_of(name) == 1) barrier_();
   if (sync_) sync_();
   t.started = Clock::now();
 }
 
-void StepTimers::stop(const std::string& name) {
+void StepTimers::stop(std::string_view name) {
   if (!enabled(name)) return;
-  Timer& t = timers_[name];
-  if (!t.started) throw Error("StepTimers: timer '" + name + "' stopped without a start");
+  Timer& t = timer(name);
+  if (!t.started) throw Error("StepTimers: timer '" + std::string(name) + "' stopped without a start");
   if (sync_) sync_();
   t.seconds += std::chrono::duration<double>(Clock::now() - *t.started).count();
   t.started.reset();

@@ -13,10 +13,13 @@ constexpr double kMegabyte = 1024.0 * 1024.0;
 // The model's sizes as both reports read them, in doubles (Python's ints are exact there).
 struct Dims {
   double h, H, G, kv, V, L;
+  int64_t moe_layers = 0;  // the MoE layers of --moe-layer-freq
   Dims(const model::GptConfig& g, const config::Derived& d)
       : h(static_cast<double>(g.hidden)), H(static_cast<double>(g.heads)), G(static_cast<double>(g.query_groups)),
         kv(static_cast<double>(g.kv_channels)), V(static_cast<double>(d.padded_vocab_size)),
-        L(static_cast<double>(g.num_layers)) {}
+        L(static_cast<double>(g.num_layers)) {
+    for (int64_t l = 0; l < g.num_layers; ++l) moe_layers += g.is_moe_layer(l);
+  }
   // A layer's attention parameters (QKV and the projection, no biases) in both reports' order.
   double attention() const { return 2.0 * h * h * ((1.0 + (G / H)) * ((kv * H) / h)); }
 };
@@ -40,20 +43,15 @@ std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigCon
   const double h = dims.h, V = dims.V, L = dims.L, ffn = static_cast<double>(g.ffn);
   const int64_t tp = m.tensor_model_parallel_size, ep = m.expert_model_parallel_size;
   const int64_t etp = m.expert_tensor_parallel_size.value_or(tp), pp = 1, cp = 1;
-  const bool moe = g.moe.num_experts > 0;
   const double factor = g.activation == model::Activation::SwiGLU ? 3.0 : 2.0;  // SwiGLU: three projections
   const double attention = dims.attention();
   const double layernorms = 4.0 * h, final_layernorm = 2.0 * h;  // LayerNorms with biases, whatever the norm
   const double dense_mlp = factor * h * ffn;
   const double shared_expert = factor * h * static_cast<double>(g.moe.shared_ffn);
-  const bool any_moe = moe && std::find(g.moe.layers.begin(), g.moe.layers.end(), true) != g.moe.layers.end();
-  const double routed = any_moe ? factor * h * static_cast<double>(g.moe.ffn) * static_cast<double>(g.moe.num_experts)
-                                : 0.0;
-  double dense_transformer = 0.0, routed_experts = 0.0;
-  int64_t moe_layers = 0;
+  const double routed = factor * h * static_cast<double>(g.moe.ffn) * static_cast<double>(g.moe.num_experts);
+  double dense_transformer = 0.0, routed_experts = 0.0;  // summed layer by layer, as Python's sum()
   for (int64_t l = 0; l < g.num_layers; ++l) {
     const bool is_moe = g.is_moe_layer(l);
-    moe_layers += is_moe;
     dense_transformer += attention + layernorms + (is_moe ? shared_expert : dense_mlp);
     routed_experts += is_moe ? routed : 0.0;
   }
@@ -87,7 +85,8 @@ std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigCon
   }
   // Table 2 of Korthikanti et al. (2022), the MLP's width the layers' mean (an MoE layer's its top-k
   // experts' and shared expert's), first pipeline stage.
-  const double moe_width = moe && moe_layers > 0 ? static_cast<double>(moe_layers * (g.moe.ffn * g.moe.topk + g.moe.shared_ffn)) : 0.0;
+  const int64_t moe_layers = dims.moe_layers;
+  const double moe_width = static_cast<double>(moe_layers * (g.moe.ffn * g.moe.topk + g.moe.shared_ffn));
   const double ffn_ratio = (static_cast<double>((g.num_layers - moe_layers) * g.ffn) + moe_width) / (L * h);
   const double s = static_cast<double>(m.seq_length), b = static_cast<double>(c.train.micro_batch_size.value_or(1));
   double activation = s * b * h * (18.0 + (4.0 * ffn_ratio));
@@ -112,7 +111,7 @@ std::vector<std::string> mlm_theoretical_memory_lines(const config::ConfigContai
   const double experts = moe ? static_cast<double>(g.moe.num_experts) : 1.0;
   const double gated = g.activation == model::Activation::SwiGLU ? 3.0 / 2.0 : 1.0;
   const double shared_ffn = static_cast<double>(g.moe.shared_ffn);
-  const double moe_layers = moe ? static_cast<double>(std::count(g.moe.layers.begin(), g.moe.layers.end(), true)) : 0.0;
+  const double moe_layers = static_cast<double>(dims.moe_layers);
   const double dense_layers = L - moe_layers, moe_ffn = moe ? static_cast<double>(g.moe.ffn) : 0.0;
   const double norm_size = g.norm == model::Norm::RMSNorm ? 1.0 : 2.0;  // RMSNorm has no bias
 
