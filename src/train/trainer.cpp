@@ -378,7 +378,8 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   // The tokens a Megatron router sees in a micro-batch: its sequence-parallel share under TP.
   const double router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
                                static_cast<double>(model.tp_size());
-  MemoryReportSchedule memory_report(opt.flavor, std::max<int64_t>(resumed_from, 0));
+  const int64_t loaded_iteration = std::max<int64_t>(resumed_from, 0);  // 0: a fresh run
+  MemoryReportSchedule memory_report(opt.flavor, loaded_iteration);
   // Megatron's timers (--timing-log-level 1 or 2), each start and stop waiting for the device.
   const std::vector<std::string> timer_names = megatron_timers_to_log(c.logger.timing_log_level);
   const TimingLogOption timing_option = parse_timing_log_option(c.logger.timing_log_option);
@@ -513,7 +514,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     // run's included, without resetting anything (its next line averages from that iteration on,
     // and times it too); Megatron-Bridge has no first-iteration line.
     const bool at_interval = iteration % log_interval == 0;
-    const bool first = iteration == std::max<int64_t>(resumed_from, 0) + 1;
+    const bool first = iteration == loaded_iteration + 1;
     const bool log_line = at_interval || (first && opt.flavor == LogFlavor::kMegatronLM);
     // The post-step rates the log and TensorBoard show, as Megatron's training_log gets them: through
     // reduce_max_stat_across_model_parallel_group, a float32 tensor (the grad norm and zero count too).
