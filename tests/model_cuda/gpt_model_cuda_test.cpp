@@ -270,6 +270,59 @@ TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
   for (size_t t = 0; t < losses[0][0].size(); ++t) ASSERT_NEAR(losses[0][0][t], losses[1][0][t], 1e-5) << t;
 }
 
+// The projection's and fc2's bias gradients are the column sums of the residual stream's gradient;
+// without hidden dropout the norms' backward kernels sum them as they write it (the default), else
+// bias_grad reads it again (LAOYAO_BIAS_GRAD_IN_NORM=0): the same bf16 values summed in another
+// fixed order. LayerNorm with the GeLU epilogues, and RMSNorm with SwiGLU and biases (the RMSNorm
+// kernel's sums, fc2's bias through linear_backward); eager and graph-captured calls; against the
+// CPU model too. A bad value is refused by name.
+TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
+  GptConfig rms = small_config(4, 4);
+  rms.norm = Norm::RMSNorm;
+  rms.activation = Activation::SwiGLU;
+  for (const GptConfig& c : {small_config(4, 4), rms}) {
+    SCOPED_TRACE(c.norm == Norm::RMSNorm ? "RMSNorm, SwiGLU" : "LayerNorm, GeLU");
+    ASSERT_TRUE(c.add_bias_linear);
+    compare(c, false);
+    std::vector<std::vector<float>> losses[2], grads[2];
+    setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);  // the same GEMM algorithms in both models
+    for (int reread = 0; reread < 2; ++reread) {
+      setenv("LAOYAO_BIAS_GRAD_IN_NORM", reread ? "0" : "1", 1);
+      CpuAndGpuModels models(c);
+      training_calls(models.gpu, models.x, 2, losses[reread], grads[reread]);
+    }
+    unsetenv("LAOYAO_BIAS_GRAD_IN_NORM");
+    unsetenv("LAOYAO_GEMM_AUTOTUNE");
+    const GptModel shapes(c);
+    int summed = 0;
+    for (size_t call = 0; call < 2; ++call) {
+      EXPECT_EQ(losses[0][call], losses[1][call]) << "call " << call;  // the backward changes no loss
+      for (const auto& p : shapes.table().specs) {
+        const float* a = grads[0][call].data() + p.offset;
+        const float* b = grads[1][call].data() + p.offset;
+        if (p.name.find("linear_proj.bias") == std::string::npos && p.name.find("linear_fc2.bias") == std::string::npos) {
+          // Every other gradient is computed the same way in both: the same bits.
+          EXPECT_TRUE(std::equal(a, a + p.numel, b)) << p.name << ", call " << call;
+          continue;
+        }
+        ++summed;
+        EXPECT_GT(std::count_if(a, a + p.numel, [](float v) { return v != 0.0f; }), 0) << p.name;  // written
+        EXPECT_LT(rel_err(a, b, p.numel), 1e-5) << p.name << ", call " << call;
+      }
+    }
+    EXPECT_EQ(summed, 2 * 2 * 2);  // two calls, two layers, two biases
+  }
+  setenv("LAOYAO_BIAS_GRAD_IN_NORM", "yes", 1);
+  try {
+    CudaGptModel m(small_config(2, 2), 1, 16);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LAOYAO_BIAS_GRAD_IN_NORM must be 1 or 0, got 'yes'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("LAOYAO_BIAS_GRAD_IN_NORM");
+}
+
 // Without dropout the second call of a shape captures a CUDA graph and later calls replay it: the
 // losses and gradients of the eager, captured and replayed steps are the same bits.
 TEST(CudaGptModel, GraphReplayGivesTheEagerStepsBits) {

@@ -985,6 +985,20 @@ TEST_F(CudaKernels, AdamWStepOnAShardStartingAnywhereMatchesTheWholeStep) {
 
 // ---------------------------------------------------------------- layernorm
 
+// A norm backward's dx_colsum: got[c] == base[c] + sum over t of dx[t, c] (the bf16 values the
+// kernel wrote, summed in fp64 here), within fp32 summation's error.
+void expect_column_sums(const std::vector<float>& got, const std::vector<float>& base, const std::vector<float>& dx,
+                        int64_t T, int64_t C, const char* what) {
+  std::vector<double> want(C), tol(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double sum = base[c], mag = std::abs(base[c]);
+    for (int64_t t = 0; t < T; ++t) sum += dx[t * C + c], mag += std::abs(dx[t * C + c]);
+    want[c] = sum;
+    tol[c] = kFp32Sum * mag;
+  }
+  expect_within(got, want, tol, what);
+}
+
 TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
   const float eps = 1e-5f;
   // C = 1003: the block-per-row kernels; C = 768: the warp-per-row, 16-byte-vector kernels, whose
@@ -1030,11 +1044,15 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
     std::vector<float> dx(T * C), dgamma = dgamma0, dbeta = dbeta0;
     cpu::layernorm_backward(dyv.data(), x.data(), gamma.data(), mean_gpu.data(), rstd_gpu.data(), dx.data(),
                             dgamma.data(), dbeta.data(), T, C, zc);
+    const auto colsum0 = randn(C, seed, "ln.colsum0");
+    auto dcs = to_device(colsum0);
     cuda::layernorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), dmean.as<float>(), drstd.as<float>(),
                              ddx.as<bf16>(), ddg.as<float>(), ddb.as<float>(), scratch.as<float>(), T, C, zc,
-                             stream_);
+                             stream_, false, dcs.as<float>());
     sync();
-    expect_bf16_close(from_device_bf16(ddx, T * C), to_double(dx), 1e-4, "dx");
+    const auto dx_gpu = from_device_bf16(ddx, T * C);
+    expect_bf16_close(dx_gpu, to_double(dx), 1e-4, "dx");
+    expect_column_sums(from_device<float>(dcs, C), colsum0, dx_gpu, T, C, "colsum0 + column sums of dx");
     std::vector<double> tg(C), tb(C);
     for (int64_t c = 0; c < C; ++c) {
       double ag = std::abs(dgamma0[c]), ab = std::abs(dbeta0[c]);
@@ -1051,13 +1069,16 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
     if (C % 8 == 0) {  // accumulate_dx: dx = residual gradient + the norm's, rounded once
       const auto r = randn_bf16(T * C, seed, "ln.residual_grad");
       auto dacc = to_device_bf16(r);
+      auto dcs_acc = to_device(colsum0);
       cuda::layernorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), dmean.as<float>(),
                                drstd.as<float>(), dacc.as<bf16>(), ddg.as<float>(), ddb.as<float>(),
-                               scratch.as<float>(), T, C, zc, stream_, true);
+                               scratch.as<float>(), T, C, zc, stream_, true, dcs_acc.as<float>());
       sync();
       std::vector<double> want_acc(T * C);
       for (int64_t i = 0; i < T * C; ++i) want_acc[i] = double(r[i]) + dx[i];
-      expect_bf16_close(from_device_bf16(dacc, T * C), want_acc, 1e-4, "residual grad + dx");
+      const auto acc_gpu = from_device_bf16(dacc, T * C);
+      expect_bf16_close(acc_gpu, want_acc, 1e-4, "residual grad + dx");
+      expect_column_sums(from_device<float>(dcs_acc, C), colsum0, acc_gpu, T, C, "column sums of the summed dx");
     }
   }
 }
@@ -1092,10 +1113,14 @@ TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
 
     std::vector<float> dx(T * C), dgamma = dgamma0;
     cpu::rmsnorm_backward(dyv.data(), x.data(), gamma.data(), rstd_gpu.data(), dx.data(), dgamma.data(), T, C, false);
+    const auto colsum0 = randn(C, 80, "rms.colsum0");
+    auto dcs = to_device(colsum0);
     cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), ddx.as<bf16>(),
-                           ddg.as<float>(), scratch.as<float>(), T, C, false, stream_);
+                           ddg.as<float>(), scratch.as<float>(), T, C, false, stream_, false, dcs.as<float>());
     sync();
-    expect_bf16_close(from_device_bf16(ddx, T * C), to_double(dx), 1e-4, "dx");
+    const auto dx_gpu = from_device_bf16(ddx, T * C);
+    expect_bf16_close(dx_gpu, to_double(dx), 1e-4, "dx");
+    expect_column_sums(from_device<float>(dcs, C), colsum0, dx_gpu, T, C, "colsum0 + column sums of dx");
     std::vector<double> tg(C);
     for (int64_t c = 0; c < C; ++c) {
       double a = std::abs(dgamma0[c]);
@@ -1106,12 +1131,15 @@ TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
     // accumulate_dx: the residual stream's gradient plus the norm's.
     const auto r = randn_bf16(T * C, 80, "rms.residual_grad");
     auto dacc = to_device_bf16(r);
+    auto dcs_acc = to_device(colsum0);
     cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), dacc.as<bf16>(),
-                           ddg.as<float>(), scratch.as<float>(), T, C, false, stream_, true);
+                           ddg.as<float>(), scratch.as<float>(), T, C, false, stream_, true, dcs_acc.as<float>());
     sync();
     std::vector<double> want(T * C);
     for (int64_t i = 0; i < T * C; ++i) want[i] = double(r[i]) + dx[i];
-    expect_bf16_close(from_device_bf16(dacc, T * C), want, 1e-4, "residual grad + dx");
+    const auto acc_gpu = from_device_bf16(dacc, T * C);
+    expect_bf16_close(acc_gpu, want, 1e-4, "residual grad + dx");
+    expect_column_sums(from_device<float>(dcs_acc, C), colsum0, acc_gpu, T, C, "column sums of the summed dx");
     // The weight gradient is the same bits on every call (fixed-order reductions, no atomics).
     std::vector<std::vector<float>> bits;
     for (int rep = 0; rep < 2; ++rep) {

@@ -13,21 +13,23 @@ constexpr int kTile = 32;  // columns per block (one warp wide: coalesced rows)
 constexpr int kRows = 32;  // thread rows per block
 constexpr int kAcc = 8;    // accumulators (loads in flight) per thread
 
+template <int kOuts>
 __global__ void __launch_bounds__(kTile * kRows)
     add_chunk_partials_kernel(const float* __restrict__ partial, float* __restrict__ out0, float* __restrict__ out1,
-                              int64_t chunks, int64_t C) {
-  __shared__ float sums[2][kRows][kTile];
+                              float* __restrict__ out2, int64_t chunks, int64_t C) {
+  __shared__ float sums[kOuts][kRows][kTile];
   const int64_t c = int64_t(blockIdx.x) * kTile + threadIdx.x;
-  for (int which = 0; which < 2; ++which) {
+  float* const outs[3] = {out0, out1, out2};
+  for (int which = 0; which < kOuts; ++which) {
     float acc[kAcc] = {};
-    if (c < C && (which == 0 ? out0 : out1)) {  // a null output's row is not read
+    if (c < C && outs[which]) {  // a null output's row is not read
       int64_t k = threadIdx.y;
       for (; k + (kAcc - 1) * kRows < chunks; k += kAcc * kRows)
 #pragma unroll
-        for (int j = 0; j < kAcc; ++j) acc[j] += partial[((k + j * kRows) * 2 + which) * C + c];
+        for (int j = 0; j < kAcc; ++j) acc[j] += partial[((k + j * kRows) * kOuts + which) * C + c];
 #pragma unroll
       for (int j = 0; j < kAcc; ++j)  // the last, partial round
-        if (k + j * kRows < chunks) acc[j] += partial[((k + j * kRows) * 2 + which) * C + c];
+        if (k + j * kRows < chunks) acc[j] += partial[((k + j * kRows) * kOuts + which) * C + c];
     }
     float s = 0.0f;
 #pragma unroll
@@ -35,8 +37,8 @@ __global__ void __launch_bounds__(kTile * kRows)
     sums[which][threadIdx.y][threadIdx.x] = s;
   }
   __syncthreads();
-  if (threadIdx.y >= 2 || c >= C) return;
-  float* out = threadIdx.y == 0 ? out0 : out1;
+  if (threadIdx.y >= kOuts || c >= C) return;
+  float* out = outs[threadIdx.y];
   if (!out) return;
   float s = 0.0f;
   for (int y = 0; y < kRows; ++y) s += sums[threadIdx.y][y][threadIdx.x];  // fixed order
@@ -48,8 +50,16 @@ __global__ void __launch_bounds__(kTile * kRows)
 void add_chunk_partials(const float* partial, float* out0, float* out1, int64_t chunks, int64_t C,
                         cudaStream_t stream) {
   if (chunks <= 0 || C <= 0 || (!out0 && !out1)) return;
-  add_chunk_partials_kernel<<<unsigned((C + kTile - 1) / kTile), dim3(kTile, kRows), 0, stream>>>(partial, out0, out1,
-                                                                                                 chunks, C);
+  add_chunk_partials_kernel<2><<<unsigned((C + kTile - 1) / kTile), dim3(kTile, kRows), 0, stream>>>(
+      partial, out0, out1, nullptr, chunks, C);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_chunk_partials3(const float* partial, float* out0, float* out1, float* out2, int64_t chunks, int64_t C,
+                         cudaStream_t stream) {
+  if (chunks <= 0 || C <= 0 || (!out0 && !out1 && !out2)) return;
+  add_chunk_partials_kernel<3><<<unsigned((C + kTile - 1) / kTile), dim3(kTile, kRows), 0, stream>>>(
+      partial, out0, out1, out2, chunks, C);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 // warp's registers (RMSNorm up to 2048 wide, LayerNorm up to 1024) the partials come from the dx
 // kernel itself (one read of x and dy for both); otherwise a [column tile x row chunk] grid reads
 // them again. Every reduction has a fixed order, so results do not vary between runs.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "kernels/cuda/chunk_reduce.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
 
@@ -204,12 +206,14 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
 // mean(g*dy*xhat)), + dx's old value with accumulate. With kAcc, also adds dy * xhat into ga and
 // (kBeta) dy into ba, this warp's rows of C floats in shared memory (each lane its own columns:
 // no other lane touches them). Kept there, not in registers: 32 more registers a lane held the
-// fused kernel to one block an SM (165 registers at 1024 wide).
-template <int kPacks, bool kAcc, bool kBeta>
+// fused kernel to one block an SM (165 registers at 1024 wide). kSum adds the bf16 dx written
+// into sa likewise (a bias gradient: layernorm.hpp's dx_colsum).
+template <int kPacks, bool kAcc, bool kBeta, bool kSum = false>
 __device__ __forceinline__ void norm_dx_row(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                             const bf16* __restrict__ gamma, const float* __restrict__ mean,
                                             const float* __restrict__ rstd, bf16* __restrict__ dx, int64_t t, int C,
-                                            bool zero_centered, bool accumulate, float* ga, float* ba) {
+                                            bool zero_centered, bool accumulate, float* ga, float* ba,
+                                            float* sa = nullptr) {
   const int lane = threadIdx.x & 31, packs = C / 8;
   const bool rms = mean == nullptr;  // RMSNorm: xhat = x * rstd and no mean(dxhat) term
   const float m = rms ? 0.0f : mean[t], r = rstd[t];
@@ -266,6 +270,13 @@ __device__ __forceinline__ void norm_dx_row(const bf16* __restrict__ dy, const b
       out.v[e] = __float2bfloat16(accumulate ? __bfloat162float(old.v[e]) + v : v);
     }
     reinterpret_cast<Pack8*>(dx + t * C)[p] = out;
+    if constexpr (kSum) {
+      float ssum[8];
+      load8(sa + p * 8, ssum);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ssum[e] += __bfloat162float(out.v[e]);
+      store8(sa + p * 8, ssum);
+    }
   }
 }
 
@@ -280,9 +291,10 @@ __global__ void layernorm_dx_warp_kernel(const bf16* __restrict__ dy, const bf16
 }
 
 // dx as above, and the parameter-gradient partials of its chunk of kFusedWarps * rows_per_warp
-// rows (partial[chunk][0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm): each warp
-// adds its rows into its own rows of shared memory, the block then adds its warps in order
-// (dynamic shared memory: (kBeta ? 2 : 1) * kFusedWarps * C floats). Many warps a block, for more
+// rows (partial[chunk][0][c] = sum dy*xhat, [1][c] = sum dy, not written for RMSNorm; with kSum,
+// partial[chunk][3][C] and [2][c] = sum of the dx written): each warp adds its rows into its own
+// rows of shared memory, the block then adds its warps in order (dynamic shared memory:
+// kSums * kFusedWarps * C floats). Many warps a block, for more
 // rows' loads in flight. With the sums in registers (eleventh session) the kernel took 165
 // registers a lane at 1024 wide, one block an SM: 0.45 of cudaMemcpy's speed
 // (bench/memory_ops_bench.cpp).
@@ -311,34 +323,42 @@ int64_t fused_rows_per_warp(int64_t T) {
   return rows > kFusedMinRowsPerWarp ? rows : kFusedMinRowsPerWarp;
 }
 
-template <int kPacks, bool kBeta>
+template <bool kBeta, bool kSum>
+constexpr int kSums = 1 + int(kBeta) + int(kSum);  // shared-memory sums: dy*xhat, dy, dx
+
+template <int kPacks, bool kBeta, bool kSum>
 __global__ void __launch_bounds__(kFusedWarps * 32, kPacks <= 4 ? 2 : 1)
     norm_backward_fused_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x,
                                const bf16* __restrict__ gamma, const float* __restrict__ mean,
                                const float* __restrict__ rstd, bf16* __restrict__ dx, float* __restrict__ partial,
                                int64_t T, int C, bool zero_centered, bool accumulate, int rows_per_warp) {
-  extern __shared__ float red[];  // [kBeta ? 2 : 1][kFusedWarps][C]: sums of dy*xhat, then of dy
+  extern __shared__ float red[];  // [kSums][kFusedWarps][C]: sums of dy*xhat, of dy (kBeta), of dx (kSum)
+  constexpr int kOut = kSum ? 3 : 2;  // partial rows a chunk (add_chunk_partials3 or add_chunk_partials)
   const int warp = threadIdx.x >> 5;
   const int64_t chunk = blockIdx.x;
   float* ga = red + warp * C;
   float* ba = red + (kFusedWarps + warp) * C;
+  float* sa = red + ((kBeta ? 2 : 1) * kFusedWarps + warp) * C;
   for (int c = threadIdx.x & 31; c < C; c += 32) {  // a warp's own rows: no barrier needed
     ga[c] = 0.0f;
     if constexpr (kBeta) ba[c] = 0.0f;
+    if constexpr (kSum) sa[c] = 0.0f;
   }
   __syncwarp();
   for (int rr = 0; rr < rows_per_warp; ++rr) {
     const int64_t t = (chunk * rows_per_warp + rr) * kFusedWarps + warp;
     if (t >= T) break;
-    norm_dx_row<kPacks, true, kBeta>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, ga, ba);
+    norm_dx_row<kPacks, true, kBeta, kSum>(dy, x, gamma, mean, rstd, dx, t, C, zero_centered, accumulate, ga, ba, sa);
   }
   __syncthreads();
-  for (int which = 0; which < (kBeta ? 2 : 1); ++which)
+  for (int which = 0; which < kSums<kBeta, kSum>; ++which) {
+    const int row = kSum && which == kSums<kBeta, kSum> - 1 ? 2 : which;  // the dx sums go to row 2
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       float v = 0.0f;
       for (int w = 0; w < kFusedWarps; ++w) v += red[(which * kFusedWarps + w) * C + c];  // fixed order
-      partial[(chunk * 2 + which) * C + c] = v;
+      partial[(chunk * kOut + row) * C + c] = v;
     }
+  }
 }
 
 // Packs per lane for the warp kernels (0: use the block kernels).
@@ -383,22 +403,35 @@ struct LaunchDx {
   }
 };
 
-template <int P, bool kBeta>
+template <int P, bool kBeta, bool kSum>
 void launch_fused(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd, bf16* dx,
-                  float* dgamma, float* dbeta, float* partial, int64_t T, int C, bool zc, bool accumulate,
-                  cudaStream_t stream) {
+                  float* dgamma, float* dbeta, float* dx_colsum, float* partial, int64_t T, int C, bool zc,
+                  bool accumulate, cudaStream_t stream) {
   const int64_t rows_per_warp = fused_rows_per_warp(T), rows = kFusedWarps * rows_per_warp;
   const int64_t chunks = (T + rows - 1) / rows;
-  const size_t smem = sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * size_t(C);
+  constexpr size_t kSmemRow = sizeof(float) * kSums<kBeta, kSum> * kFusedWarps;  // bytes a column
   static SmemSite site;  // one per instantiation: the attribute is the kernel's
-  site.once([&] {
-    allow_smem(norm_backward_fused_kernel<P, kBeta>, sizeof(float) * (kBeta ? 2 : 1) * kFusedWarps * 32 * 8 * P);
-  });
-  norm_backward_fused_kernel<P, kBeta><<<unsigned(chunks), kFusedWarps * 32, smem, stream>>>(
+  site.once([&] { allow_smem(norm_backward_fused_kernel<P, kBeta, kSum>, kSmemRow * 32 * 8 * P); });
+  norm_backward_fused_kernel<P, kBeta, kSum><<<unsigned(chunks), kFusedWarps * 32, kSmemRow * size_t(C), stream>>>(
       dy, x, gamma, mean, rstd, dx, partial, T, C, zc, accumulate, int(rows_per_warp));
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   // Without a mean (RMSNorm) the kernel writes no dbeta partials: none are read.
-  add_chunk_partials(partial, dgamma, kBeta ? dbeta : nullptr, chunks, C, stream);
+  if constexpr (kSum)
+    add_chunk_partials3(partial, dgamma, kBeta ? dbeta : nullptr, dx_colsum, chunks, C, stream);
+  else
+    add_chunk_partials(partial, dgamma, kBeta ? dbeta : nullptr, chunks, C, stream);
+}
+
+using LaunchFused = void (*)(const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*, float*, float*,
+                             float*, float*, int64_t, int, bool, bool, cudaStream_t);
+template <int P>
+LaunchFused pick_fused(bool beta, bool sum) {
+  if constexpr (P > 4) {  // RMSNorm only (fused_packs)
+    return sum ? launch_fused<P, false, true> : launch_fused<P, false, false>;
+  } else {
+    if (beta) return sum ? launch_fused<P, true, true> : launch_fused<P, true, false>;
+    return sum ? launch_fused<P, false, true> : launch_fused<P, false, false>;
+  }
 }
 
 // The fused backward serves up to 8 packs a lane for RMSNorm (2048 wide) and 4 for LayerNorm (1024;
@@ -427,14 +460,16 @@ void layernorm_forward(const bf16* x, const bf16* gamma, const bf16* beta, bf16*
 }
 
 size_t layernorm_backward_scratch_floats(int64_t T, int64_t C) {
-  // The fused kernel's chunks are the smaller: at least kFusedWarps * kFusedMinRowsPerWarp rows.
+  // The fused kernel's chunks are the smaller: at least kFusedWarps * kFusedMinRowsPerWarp rows,
+  // three partial rows each with dx_colsum; the other paths sum dx_colsum with bias_grad.
   const int64_t rows = kFusedWarps * kFusedMinRowsPerWarp;
-  return T <= 0 || C <= 0 ? 0 : size_t((T + rows - 1) / rows) * 2 * size_t(C);
+  if (T <= 0 || C <= 0) return 0;
+  return std::max(size_t((T + rows - 1) / rows) * 3 * size_t(C), bias_grad_scratch_floats(T, C));
 }
 
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const float* mean, const float* rstd,
                         bf16* dx, float* dgamma, float* dbeta, float* scratch, int64_t T, int64_t C,
-                        bool zero_centered_gamma, cudaStream_t stream, bool accumulate_dx) {
+                        bool zero_centered_gamma, cudaStream_t stream, bool accumulate_dx, float* dx_colsum) {
   if (T <= 0 || C <= 0) return;
   check_rows(T, "layernorm_backward");
   const int64_t chunks = chunks_for(T);
@@ -442,19 +477,13 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   const int packs = warp_packs(C, dy, x, gamma, dx);
   const bool beta = mean != nullptr;
   if (const int fp = fused_packs(packs, beta)) {
-    using Launch = void (*)(const bf16*, const bf16*, const bf16*, const float*, const float*, bf16*, float*, float*,
-                            float*, int64_t, int, bool, bool, cudaStream_t);
-    Launch launch = launch_fused<8, false>;
-    switch (fp * 2 + (beta ? 1 : 0)) {
-      case 2: launch = launch_fused<1, false>; break;
-      case 3: launch = launch_fused<1, true>; break;
-      case 4: launch = launch_fused<2, false>; break;
-      case 5: launch = launch_fused<2, true>; break;
-      case 8: launch = launch_fused<4, false>; break;
-      case 9: launch = launch_fused<4, true>; break;
-      default: break;
-    }
-    launch(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, scratch, T, int(C), zero_centered_gamma, accumulate_dx, stream);
+    const bool sum = dx_colsum != nullptr;
+    const LaunchFused launch = fp == 1   ? pick_fused<1>(beta, sum)
+                               : fp == 2 ? pick_fused<2>(beta, sum)
+                               : fp == 4 ? pick_fused<4>(beta, sum)
+                                         : pick_fused<8>(beta, sum);
+    launch(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, dx_colsum, scratch, T, int(C), zero_centered_gamma,
+           accumulate_dx, stream);
     return;
   }
   if (packs) {
@@ -471,6 +500,7 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const 
   layernorm_param_partial_kernel<<<grid, dim3(kColTile, kColRows), 0, stream>>>(dy, x, mean, rstd, scratch, T, C);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
   add_chunk_partials(scratch, dgamma, dbeta, chunks, C, stream);
+  if (dx_colsum) bias_grad(dx, dx_colsum, scratch, T, C, stream);  // after the partials above (same scratch)
 }
 
 void rmsnorm_forward(const bf16* x, const bf16* gamma, bf16* y, float* rstd, int64_t T, int64_t C, float eps,
@@ -486,10 +516,10 @@ void rmsnorm_forward(const bf16* x, const bf16* gamma, bf16* y, float* rstd, int
 
 void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* gamma, const float* rstd, bf16* dx, float* dgamma,
                       float* scratch, int64_t T, int64_t C, bool zero_centered_gamma, cudaStream_t stream,
-                      bool accumulate_dx) {
+                      bool accumulate_dx, float* dx_colsum) {
   if (T <= 0 || C <= 0) return;
   layernorm_backward(dy, x, gamma, nullptr, rstd, dx, dgamma, nullptr, scratch, T, C, zero_centered_gamma, stream,
-                     accumulate_dx);
+                     accumulate_dx, dx_colsum);
 }
 
 }  // namespace laoyao::kernels::cuda

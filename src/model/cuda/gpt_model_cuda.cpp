@@ -350,6 +350,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
                    !(gelu_epilogue && std::string(gelu_epilogue) == "0");
+  bias_grad_in_norm_ =
+      kc::env_choice("LAOYAO_BIAS_GRAD_IN_NORM", {"1", "0"}) == 0 && !(lc_.hidden_dropout > 0) && !sp_;
 
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
   writers_ = gradient_writers(layout_);
@@ -649,28 +651,38 @@ void CudaGptModel::norm_forward(const bf16* x, int64_t w, int64_t b, bf16* y, fl
 }
 
 void CudaGptModel::layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
-                                      const float* rstd, bf16* dx, bool accumulate) {
+                                      const float* rstd, bf16* dx, bool accumulate, float* dx_colsum) {
   const auto& c = lc_;
   if (c.norm == Norm::RMSNorm)
     kc::rmsnorm_backward(dy, x, P(w), rstd, dx, G(w), reduce_scratch_, rows_, c.hidden, c.zero_centered_gamma,
-                         stream_, accumulate);
+                         stream_, accumulate, dx_colsum);
   else
     kc::layernorm_backward(dy, x, P(w), mean, rstd, dx, G(w), G(b), reduce_scratch_, rows_, c.hidden,
-                           c.zero_centered_gamma, stream_, accumulate);
+                           c.zero_centered_gamma, stream_, accumulate, dx_colsum);
 }
 
 void CudaGptModel::layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b,
-                                                    const float* mean, const float* rstd) {
+                                                    const float* mean, const float* rstd, float* dx_colsum) {
   const int64_t h = lc_.hidden;
   auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // The fused form needs layernorm.hpp's accumulate_dx conditions (the activations are 256-byte
   // aligned with rows of h elements; the norm weights sit at their table offsets).
   if (h % 8 == 0 && h <= 4096 && aligned16(P(w)) && (b < 0 || aligned16(P(b)))) {
-    layernorm_backward(dy, x, w, b, mean, rstd, dx_, true);
+    layernorm_backward(dy, x, w, b, mean, rstd, dx_, true, dx_colsum);
   } else {
     layernorm_backward(dy, x, w, b, mean, rstd, dtmp_);
     kc::add_inplace(dx_, dtmp_, rows_ * h, stream_);
+    if (dx_colsum) kc::bias_grad(dx_, dx_colsum, reduce_scratch_, rows_, h, stream_);
   }
+}
+
+float* CudaGptModel::proj_bias_in_norm(int64_t l) {
+  return bias_grad_in_norm_ ? G(layout_.layers[static_cast<size_t>(l)].proj_b) : nullptr;
+}
+
+float* CudaGptModel::fc2_bias_in_norm(int64_t l) {
+  return bias_grad_in_norm_ && l >= 0 && !lc_.is_moe_layer(l) ? G(layout_.layers[static_cast<size_t>(l)].fc2_b)
+                                                                : nullptr;
 }
 
 void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const DropoutKey& key, const float* dloss) {
@@ -946,7 +958,8 @@ void CudaGptModel::enqueue_backward() {
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
   phase(kHead);
-  layernorm_backward(sum_input_grad(), x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_);
+  layernorm_backward(sum_input_grad(), x_final_, layout_.final_w, layout_.final_b, xf_mean_, xf_rstd_, dx_, false,
+                     fc2_bias_in_norm(c.num_layers - 1));
   phase(kNorms);
   for (const auto& r : head_ranges_) report_grads_ready(r);
 
@@ -977,10 +990,10 @@ void CudaGptModel::enqueue_backward() {
     } else if (gelu_epilogue_) {  // d(fc1 output) = (dbranch @ fc2_w) * gelu'(u) in one GEMM
       gemm_.linear_backward_input_dgelu(dbranch, P(W.fc2_w), a.u, dwide_, T, c.ffn, h, stream_);
       gemm_.linear_backward_weight(dbranch, a.g, G(W.fc2_w), T, c.ffn, h, stream_, accumulates(W.fc2_w));
-      if (W.fc2_b >= 0) kc::bias_grad(dbranch, G(W.fc2_b), reduce_scratch_, T, h, stream_);
+      if (W.fc2_b >= 0 && !fc2_bias_in_norm(l)) kc::bias_grad(dbranch, G(W.fc2_b), reduce_scratch_, T, h, stream_);
       phase(kMlpGemms);
     } else {
-      linear_backward(a.g, W.fc2_w, W.fc2_b, dbranch, dg_, c.ffn, h);
+      linear_backward(a.g, W.fc2_w, fc2_bias_in_norm(l) ? -1 : W.fc2_b, dbranch, dg_, c.ffn, h);
       phase(kMlpGemms);
       if (c.activation == Activation::SwiGLU)
         kc::swiglu_backward(a.u, dg_, dwide_, T, c.ffn, stream_);
@@ -996,7 +1009,8 @@ void CudaGptModel::enqueue_backward() {
       phase(kMlpGemms);
     }
     // dx = d(x_mid)
-    layernorm_backward_into_residual(sum_input_grad(), a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd);
+    layernorm_backward_into_residual(sum_input_grad(), a.x_mid, W.ln2_w, W.ln2_b, a.ln2_mean, a.ln2_rstd,
+                                     proj_bias_in_norm(l));
     phase(kNorms);
     // Attention block.
     const auto drop1 = hidden_dropout(site + "attention." + call);
@@ -1004,7 +1018,7 @@ void CudaGptModel::enqueue_backward() {
     if (drop1.p > 0) kc::dropout_apply(dx_, dbranch_, rows_ * h, drop1, stream_), dbranch = dbranch_;
     phase(kResidual);
     if (sp_) dbranch = whole_rows(dbranch), phase(kCommunication);
-    linear_backward(a.ctx, W.proj_w, W.proj_b, dbranch, dctx_, c.heads * D, h);
+    linear_backward(a.ctx, W.proj_w, proj_bias_in_norm(l) ? -1 : W.proj_b, dbranch, dctx_, c.heads * D, h);
     phase(kAttentionGemms);
     const auto attn_drop = attention_dropout(site + "probs." + call);
     // Split rows: cuDNN's gradient lands in dsplit_, and the QK norm's backward reads it there.
@@ -1028,7 +1042,8 @@ void CudaGptModel::enqueue_backward() {
     linear_backward(a.ln1, W.qkv_w, W.qkv_b, dwide_, dnorm_, h, c.qkv_width());
     phase(kAttentionGemms);
     // dx = d(x_in)
-    layernorm_backward_into_residual(sum_input_grad(), a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd);
+    layernorm_backward_into_residual(sum_input_grad(), a.x_in, W.ln1_w, W.ln1_b, a.ln1_mean, a.ln1_rstd,
+                                     fc2_bias_in_norm(l - 1));
     phase(kNorms);
     report_grads_ready(layer_ranges_[static_cast<size_t>(l)]);
   }

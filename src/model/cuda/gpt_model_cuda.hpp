@@ -224,11 +224,17 @@ class CudaGptModel {
   void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
   // The configured norm (LayerNorm, or RMSNorm without bias and mean) forward and backward.
   void norm_forward(const bf16* x, int64_t w, int64_t b, bf16* y, float* mean, float* rstd);
+  // dx_colsum: a bias gradient summed from the dx written (kernels/cuda/layernorm.hpp).
   void layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean, const float* rstd,
-                          bf16* dx, bool accumulate = false);
+                          bf16* dx, bool accumulate = false, float* dx_colsum = nullptr);
   // dx_ += the norm's input gradient (the residual stream's two paths summed).
   void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
-                                        const float* rstd);
+                                        const float* rstd, float* dx_colsum = nullptr);
+  // The main gradients of the biases whose output gradient is the residual stream's, dx_ as a norm's
+  // backward writes it (bias_grad_in_norm_; null otherwise): layer l's projection bias, summed by
+  // its ln2's backward, and its fc2 bias, by the next layer's ln1 (the final norm's for the last).
+  float* proj_bias_in_norm(int64_t l);
+  float* fc2_bias_in_norm(int64_t l);
 
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
@@ -301,6 +307,10 @@ class CudaGptModel {
   // input-gradient GEMM applies its derivative (DGELU); LAOYAO_GELU_EPILOGUE=0 runs our fused
   // bias-GeLU kernels instead.
   bool gelu_epilogue_ = false;
+  // The projection's and fc2's bias gradients are the column sums of the residual stream's gradient
+  // (no hidden dropout, whole rows: no sequence parallelism), which the norms' backward kernels sum
+  // as they write it, instead of bias_grad reading it again. LAOYAO_BIAS_GRAD_IN_NORM=0 reads again.
+  bool bias_grad_in_norm_ = false;
   // Keyed by (sequences, with backward, the backward writes the gradients: the step's first).
   std::map<std::tuple<int64_t, bool, bool>, cudaGraphExec_t> graphs_;
   // zero_grads() was called and no backward has run since; writing_grads_: the backward being
