@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,23 @@ void training_calls(CudaGptModel& gpu, const Batch& x, int n, std::vector<std::v
     gpu.download_grads(grads.back().data());
     (void)gpu.take_loss_sum();
   }
+}
+
+// One model for each of two values of the environment variable `var` (LAOYAO_GEMM_AUTOTUNE=0 in
+// both: the same GEMM algorithms, so only the variable differs), n training calls each; `check`
+// sees each model after its calls.
+void calls_under_env(const GptConfig& c, const char* var, const char* const (&values)[2], int n,
+                     std::vector<std::vector<float>> (&losses)[2], std::vector<std::vector<float>> (&grads)[2],
+                     const std::function<void(const CudaGptModel&, int)>& check = nullptr) {
+  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
+  for (int i = 0; i < 2; ++i) {
+    setenv(var, values[i], 1);
+    CpuAndGpuModels models(c);
+    training_calls(models.gpu, models.x, n, losses[i], grads[i]);
+    if (check) check(models.gpu, i);
+  }
+  unsetenv(var);
+  unsetenv("LAOYAO_GEMM_AUTOTUNE");
 }
 
 GptConfig with_attention(GptConfig c, AttentionBackend a) {
@@ -255,16 +273,10 @@ TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare(c, false);
   std::vector<std::vector<float>> losses[2], grads[2];
-  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);  // the same GEMM algorithms in both models
-  for (int fused = 0; fused < 2; ++fused) {
-    setenv("LAOYAO_QKV_SPLIT", fused ? "0" : "1", 1);
-    CpuAndGpuModels models(c);
+  calls_under_env(c, "LAOYAO_QKV_SPLIT", {"1", "0"}, 1, losses, grads, [](const CudaGptModel& gpu, int fused) {
     using laoyao::kernels::cuda::QkvRows;
-    EXPECT_EQ(models.gpu.qkv_rows(), fused ? QkvRows::Fused : QkvRows::Split);
-    training_calls(models.gpu, models.x, 1, losses[fused], grads[fused]);
-  }
-  unsetenv("LAOYAO_QKV_SPLIT");
-  unsetenv("LAOYAO_GEMM_AUTOTUNE");
+    EXPECT_EQ(gpu.qkv_rows(), fused ? QkvRows::Fused : QkvRows::Split);
+  });
   const int64_t n = static_cast<int64_t>(grads[0][0].size());
   EXPECT_LT(rel_err(grads[0][0].data(), grads[1][0].data(), n), 1e-5);
   for (size_t t = 0; t < losses[0][0].size(); ++t) ASSERT_NEAR(losses[0][0][t], losses[1][0][t], 1e-5) << t;
@@ -285,14 +297,7 @@ TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
     ASSERT_TRUE(c.add_bias_linear);
     compare(c, false);
     std::vector<std::vector<float>> losses[2], grads[2];
-    setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);  // the same GEMM algorithms in both models
-    for (int reread = 0; reread < 2; ++reread) {
-      setenv("LAOYAO_BIAS_GRAD_IN_NORM", reread ? "0" : "1", 1);
-      CpuAndGpuModels models(c);
-      training_calls(models.gpu, models.x, 2, losses[reread], grads[reread]);
-    }
-    unsetenv("LAOYAO_BIAS_GRAD_IN_NORM");
-    unsetenv("LAOYAO_GEMM_AUTOTUNE");
+    calls_under_env(c, "LAOYAO_BIAS_GRAD_IN_NORM", {"1", "0"}, 2, losses, grads);
     const GptModel shapes(c);
     int summed = 0;
     for (size_t call = 0; call < 2; ++call) {
