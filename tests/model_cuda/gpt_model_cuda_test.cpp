@@ -297,7 +297,8 @@ TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
     ASSERT_TRUE(c.add_bias_linear);
     compare(c, false);
     std::vector<std::vector<float>> losses[2], grads[2];
-    calls_under_env(c, "LAOYAO_BIAS_GRAD_IN_NORM", {"1", "0"}, 2, losses, grads);
+    calls_under_env(c, "LAOYAO_BIAS_GRAD_IN_NORM", {"1", "0"}, 2, losses, grads,
+                    [](const CudaGptModel& gpu, int reread) { EXPECT_EQ(gpu.bias_grad_in_norm(), reread == 0); });
     const GptModel shapes(c);
     int summed = 0;
     for (size_t call = 0; call < 2; ++call) {
@@ -317,6 +318,9 @@ TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
     }
     EXPECT_EQ(summed, 2 * 2 * 2);  // two calls, two layers, two biases
   }
+  GptConfig dropout = small_config(2, 2);  // hidden dropout: the residual gradient is not the biases'
+  dropout.hidden_dropout = 0.1;
+  EXPECT_FALSE(CudaGptModel(dropout, 1, 16).bias_grad_in_norm());
   setenv("LAOYAO_BIAS_GRAD_IN_NORM", "yes", 1);
   try {
     CudaGptModel m(small_config(2, 2), 1, 16);

@@ -1066,6 +1066,17 @@ TEST_F(CudaKernels, LayerNormForwardBackwardMatchCpu) {
     }
     expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
     expect_within(from_device<float>(ddb, C), to_double(dbeta), tb, "dbeta0 + dbeta");
+    {  // Without dx_colsum (its own kernel instantiations): the same dx, dgamma and dbeta bits.
+      auto ddx2 = to_device_bf16(std::vector<float>(T * C, 0.0f));
+      auto ddg2 = to_device(dgamma0), ddb2 = to_device(dbeta0);
+      cuda::layernorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), dmean.as<float>(),
+                               drstd.as<float>(), ddx2.as<bf16>(), ddg2.as<float>(), ddb2.as<float>(),
+                               scratch.as<float>(), T, C, zc, stream_);
+      sync();
+      expect_equal(from_device_bf16(ddx2, T * C), dx_gpu, "dx without dx_colsum");
+      expect_equal(from_device<float>(ddg2, C), from_device<float>(ddg, C), "dgamma without dx_colsum");
+      expect_equal(from_device<float>(ddb2, C), from_device<float>(ddb, C), "dbeta without dx_colsum");
+    }
     if (C % 8 == 0) {  // accumulate_dx: dx = residual gradient + the norm's, rounded once
       const auto r = randn_bf16(T * C, seed, "ln.residual_grad");
       auto dacc = to_device_bf16(r);
@@ -1128,6 +1139,15 @@ TEST_F(CudaKernels, RmsNormForwardBackwardMatchCpu) {
       tg[c] = kFp32Sum * a;
     }
     expect_within(from_device<float>(ddg, C), to_double(dgamma), tg, "dgamma0 + dgamma");
+    {  // Without dx_colsum (its own kernel instantiations): the same dx and dgamma bits.
+      auto ddx2 = to_device_bf16(std::vector<float>(T * C, 0.0f));
+      auto ddg2 = to_device(dgamma0);
+      cuda::rmsnorm_backward(ddy.as<bf16>(), dx_in.as<bf16>(), dgam.as<bf16>(), drstd.as<float>(), ddx2.as<bf16>(),
+                             ddg2.as<float>(), scratch.as<float>(), T, C, false, stream_);
+      sync();
+      expect_equal(from_device_bf16(ddx2, T * C), dx_gpu, "dx without dx_colsum");
+      expect_equal(from_device<float>(ddg2, C), from_device<float>(ddg, C), "dgamma without dx_colsum");
+    }
     // accumulate_dx: the residual stream's gradient plus the norm's.
     const auto r = randn_bf16(T * C, 80, "rms.residual_grad");
     auto dacc = to_device_bf16(r);

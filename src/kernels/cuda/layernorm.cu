@@ -302,7 +302,7 @@ constexpr int kFusedWarps = 8;
 // Rows a warp: at least 2, and enough that the grid is at most kFusedBlocks blocks (about two an
 // SM of an H200, one wave): each block's fixed work (zeroing and adding its warps' sums, writing
 // a partial row) and the partials' traffic then shrink as T grows. A function of T alone, so a
-// result does not depend on the GPU. LAOYAO_NORM_ROWS_PER_WARP (a positive integer) fixes it,
+// result does not depend on the GPU. LAOYAO_NORM_ROWS_PER_WARP (2 to 4096) fixes it,
 // for benchmarks.
 constexpr int64_t kFusedBlocks = 256;
 constexpr int64_t kFusedMinRowsPerWarp = 2;
@@ -313,8 +313,9 @@ int64_t fused_rows_per_warp(int64_t T) {
     if (!v || !*v) return int64_t(0);
     char* end = nullptr;
     const long long n = std::strtoll(v, &end, 10);
-    if (*end != '\0' || n <= 0 || n > 4096)
-      throw Error(std::string("LAOYAO_NORM_ROWS_PER_WARP must be a positive integer up to 4096, got '") + v + "'");
+    // At least kFusedMinRowsPerWarp: layernorm_backward_scratch_floats sizes the partials for it.
+    if (*end != '\0' || n < kFusedMinRowsPerWarp || n > 4096)
+      throw Error(std::string("LAOYAO_NORM_ROWS_PER_WARP must be an integer from 2 to 4096, got '") + v + "'");
     return int64_t(n);
   }();
   if (fixed > 0) return fixed;

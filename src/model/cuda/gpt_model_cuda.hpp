@@ -162,6 +162,8 @@ class CudaGptModel {
   const char* attention_path() const;
   // How q, k and v reach cuDNN's attention: split rows (GQA with the QK norm) or fused.
   kernels::cuda::QkvRows qkv_rows() const { return qkv_rows_; }
+  // The projection's and fc2's bias gradients come from the norms' backward (bias_grad_in_norm_).
+  bool bias_grad_in_norm() const { return bias_grad_in_norm_; }
   // Bytes of device memory this model holds.
   size_t device_bytes() const;
 
@@ -232,7 +234,8 @@ class CudaGptModel {
                                         const float* rstd, float* dx_colsum = nullptr);
   // The main gradients of the biases whose output gradient is the residual stream's, dx_ as a norm's
   // backward writes it (bias_grad_in_norm_; null otherwise): layer l's projection bias, summed by
-  // its ln2's backward, and its fc2 bias, by the next layer's ln1 (the final norm's for the last).
+  // its ln2's backward, and its fc2 bias, by the next layer's ln1 (the final norm's for the last;
+  // null for an MoE layer, whose experts have no biases, and for l < 0).
   float* proj_bias_in_norm(int64_t l);
   float* fc2_bias_in_norm(int64_t l);
 
