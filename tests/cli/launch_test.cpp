@@ -409,8 +409,12 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
     for (const char* f : fields) {
       const auto w = values(single.output, f), g = values(r.output, f);
       ASSERT_EQ(g.size(), w.size()) << f << r.output;
-      for (size_t i = 0; i < w.size(); ++i)  // (the norms print 3 decimals)
-        EXPECT_NEAR(g[i], w[i], 1e-4 * w[i] + 1.5e-3) << f << "iteration " << i + 1;
+      // The norms print 3 decimals. The zero count may differ by a gradient element that is zero
+      // in exact arithmetic and lands on 0.0f in one summation order only (tests/model/
+      // tensor_parallel_test.cpp checks the counts exactly up to such elements): 1 against 0 at
+      // iteration 3 with the distributed optimizer on one build machine, equal on others.
+      const double slack = std::string(f) == "num zeros: " ? 2.0 : 1.5e-3;
+      for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(g[i], w[i], 1e-4 * w[i] + slack) << f << "iteration " << i + 1;
     }
   }
   const std::vector<std::pair<const char*, std::vector<std::string>>> saves = {
