@@ -9,7 +9,7 @@
 #   scripts/gpu_check.sh run [PARTS]         there (device tool, carry ["build/gpu-carry"]); PARTS is
 #                                            any of doctor tests parity parity_llama parity_fused
 #                                            attention gemm profile attention_candidates memory_ops ncu
-#                                            kernel_profile clocks phases
+#                                            kernel_profile graph_gaps clocks phases
 #                                            bench moe moe_quick grouped recipes
 #                                            moe_dp2 moe_ep_speed dp2 dp2_speed tp2 four four_moe
 #                                            (default: the first eight and bench; moe_dp2, moe_ep_speed, dp2* and tp2 need
@@ -635,6 +635,24 @@ PY
             python3 bench/kernel_profile_summary.py "$OUT/kprof_peer_$c.csv" 2 > "$OUT/kprof_peer_$c.txt" 2>&1
             note "kernel profile, peer $c (exit $?):"
             while read -r line; do note "  $line"; done < <(head -16 "$OUT/kprof_peer_$c.txt")
+          done
+          ;;
+        graph_gaps)
+          # How much of a CUDA-graph step is gaps between its kernels (GAPS_CASES, default
+          # gpt2_124m): ncu on 6 iterations, each graph replay as one result, then each kernel alone
+          # (clocks and caches left alone); bench/graph_gaps_summary.py compares the two.
+          nm=(--metrics gpu__time_duration.sum --clock-control none --cache-control none --csv --print-units base)
+          for c in ${GAPS_CASES:-gpt2_124m}; do
+            read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
+            for mode in graph node; do
+              LAOYAO_DEVICE=cuda timeout 200 ncu --graph-profiling $mode "${nm[@]}" "$C/laoyao" pretrain-gpt --mock-data \
+                --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 --log-interval 1 \
+                "${shape[@]}" --train-iters 6 > "$OUT/gaps_${c}_$mode.csv" 2>&1
+            done
+            python3 bench/graph_gaps_summary.py "$OUT/gaps_${c}_graph.csv" "$OUT/gaps_${c}_node.csv" \
+              > "$OUT/gaps_$c.txt" 2>&1
+            note "graph gaps $c (exit $?):"
+            while read -r line; do note "  $line"; done < "$OUT/gaps_$c.txt"
           done
           ;;
         clocks)
