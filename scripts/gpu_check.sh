@@ -52,6 +52,8 @@ case "${1:-}" in
     [ -n "$parts" ] || parts="doctor tests parity parity_llama parity_fused attention gemm profile bench"
     summary=()
     note() { summary+=("$1"); echo "$1"; }  # printed as it happens (a run cut short keeps what it has)
+    # Nsight Compute's duration of each kernel (or graph), clocks and caches left alone, as CSV.
+    nm=(--metrics gpu__time_duration.sum --clock-control none --cache-control none --csv --print-units base)
     # The small MoE model of the multi-GPU MoE parts (dropout off; a later repeat of a flag wins).
     moe_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 2 --group-query-attention
               --num-query-groups 1 --ffn-hidden-size 256 --normalization RMSNorm --swiglu
@@ -614,7 +616,6 @@ PY
           # Ours: iterations 3 and 4, CUDA graphs off (a 2-iteration run counts the kernels to skip:
           # set-up and the GEMMs' timing runs); the peer: 2 steps inside bench/peer_profile_step.py's
           # NVTX range. Tables in $OUT/kprof_*.txt.
-          nm=(--metrics gpu__time_duration.sum --clock-control none --cache-control none --csv --print-units base)
           for c in ${KPROF_CASES:-gpt2_124m}; do
             read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
             run_ours() {
@@ -641,7 +642,6 @@ PY
           # How much of a CUDA-graph step is gaps between its kernels (GAPS_CASES, default
           # gpt2_124m): ncu on 6 iterations, each graph replay as one result, then each kernel alone
           # (clocks and caches left alone); bench/graph_gaps_summary.py compares the two.
-          nm=(--metrics gpu__time_duration.sum --clock-control none --cache-control none --csv --print-units base)
           for c in ${GAPS_CASES:-gpt2_124m}; do
             read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
             for mode in graph node; do

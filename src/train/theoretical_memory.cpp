@@ -31,6 +31,19 @@ std::string footprints_line(double weights_mb, double activation_mb) {
          fixed(activation_mb, 2) + " MB, total=" + fixed(weights_mb + activation_mb, 2) + " MB\n";
 }
 
+// Table 2 of Korthikanti et al. (2022) with sequence parallelism and selective recomputation, as
+// both reports' compute_activation_memory sums it for the first pipeline stage (before the split
+// over the ranks): `per_layer` bytes for each of L layers, the embedding's input and its dropout,
+// the output layer's input and the loss. Each term in their order of operations.
+double sp_activation_bytes(double per_layer, double L, double s, double b, double h, double V) {
+  constexpr double pp = 1.0;
+  double activation = per_layer * L;
+  activation += 8.0 * s * b * pp;                // the embedding's input
+  activation += s * b * h * pp;                  // its dropout
+  activation += s * b * h * 4.0 * (1.0 + (V / h));  // the output layer's input, the loss
+  return activation;
+}
+
 }  // namespace
 
 // Bridge's (utils/theoretical_memory_utils.py since its PR #3910), each expression in its order of
@@ -89,11 +102,7 @@ std::vector<std::string> bridge_theoretical_memory_lines(const config::ConfigCon
   const double moe_width = static_cast<double>(moe_layers * (g.moe.ffn * g.moe.topk + g.moe.shared_ffn));
   const double ffn_ratio = (static_cast<double>((g.num_layers - moe_layers) * g.ffn) + moe_width) / (L * h);
   const double s = static_cast<double>(m.seq_length), b = static_cast<double>(c.train.micro_batch_size.value_or(1));
-  double activation = s * b * h * (18.0 + (4.0 * ffn_ratio));
-  activation *= L;
-  activation += 8.0 * s * b * static_cast<double>(pp);                  // the embedding's input
-  activation += s * b * h * static_cast<double>(pp);                    // its dropout
-  activation += s * b * h * 4.0 * (1.0 + (V / h));                      // the output layer's input, the loss
+  double activation = sp_activation_bytes(s * b * h * (18.0 + (4.0 * ffn_ratio)), L, s, b, h, V);
   activation = activation / static_cast<double>(tp * cp) / kMegabyte;
   out.push_back(footprints_line(weights, activation));
   return out;
@@ -161,14 +170,10 @@ std::vector<std::string> mlm_theoretical_memory_lines(const config::ConfigContai
   double activation = 0.0;
   if (m.sequence_parallel && m.recompute_granularity.value_or("") == "selective") {
     out.push_back("compute_activation_memory with SP");
-    activation = (s * b * h) * (18.0 + (4.0 * (static_cast<double>(g.ffn) / h)));
-    out.push_back("Activation memory footprint per transformer layer: " + fixed(activation / kMegabyte / tp, 1) +
+    const double per_layer = (s * b * h) * (18.0 + (4.0 * (static_cast<double>(g.ffn) / h)));
+    out.push_back("Activation memory footprint per transformer layer: " + fixed(per_layer / kMegabyte / tp, 1) +
                   " MB");
-    activation *= L;
-    activation += 8.0 * s * b * pp;                   // the embedding's input
-    activation += s * b * h * pp;                     // its dropout
-    activation += s * b * h * 4.0 * (1.0 + (V / h)); // the output layer's input and the loss
-    activation /= tp;
+    activation = sp_activation_bytes(per_layer, L, s, b, h, V) / tp;
   } else {
     out.push_back("compute_activation_memory_without_sp");
     const double per_layer = s * b * h * (10.0 + (24.0 / tp));
