@@ -15,10 +15,15 @@
 namespace laoyao {
 
 std::string read_file(const std::string& path) {
+  // An ifstream opens a directory and reads it as empty: say what it is instead.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError("'" + path + "' is a directory; a file was expected there");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("cannot read file '" + path + "': " + std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) throw UsageError("cannot read file '" + path + "': " + std::strerror(errno));
   return ss.str();
 }
 

@@ -5,7 +5,7 @@
 
 namespace laoyao {
 
-std::string read_file(const std::string& path);  // throws UsageError naming the path
+std::string read_file(const std::string& path);  // UsageError naming the path (missing, a directory, unreadable)
 void write_file_atomic(const std::string& path, const std::string& contents);
 bool file_exists(const std::string& path);
 void make_dirs(const std::string& path);  // mkdir -p

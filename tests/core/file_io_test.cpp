@@ -29,3 +29,17 @@ TEST(FileIo, ReadingAMissingFileIsAUsageErrorNamingIt) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/laoyao.yaml"), std::string::npos);
   }
 }
+
+TEST(FileIo, ReadingADirectoryIsAUsageErrorSayingSo) {
+  auto dir = std::filesystem::temp_directory_path() / ("laoyao_file_io_dir_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  try {
+    read_file(dir.string());
+    FAIL() << "a directory was read as a file";
+  } catch (const UsageError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(dir.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("is a directory"), std::string::npos) << m;
+  }
+  std::filesystem::remove_all(dir);
+}
