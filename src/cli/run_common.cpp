@@ -15,6 +15,7 @@
 #include "dist/rank_env.hpp"
 #include "train/capabilities.hpp"
 #include "train/engine.hpp"
+#include "train/memory_estimate.hpp"
 #include "train/run_setup.hpp"
 #include "train/trainer.hpp"
 
@@ -83,6 +84,8 @@ int start_training(config::Resolved& r) {
   if (shape.padded_vocab_size <= 0) shape.padded_vocab_size = 1;
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
+  // Absurd sizes are refused here, naming the settings, before the datasets or the model allocate.
+  train::check_memory_fits(r.cfg, shape, r.front_end, backend.cuda, train::physical_memory_bytes());
   // Megatron reads torch.cuda.memory_stats(): a device's memory, which the CPU backend does not hold.
   if (r.cfg.logger.log_memory_to_tensorboard && !backend.cuda) {
     std::fprintf(stderr, "laoyao: cannot train this configuration on the CPU backend: memory scalars in TensorBoard "
@@ -166,12 +169,9 @@ int start_training(config::Resolved& r) {
       });
     }
   }
-  std::string path = run_config_path(r.cfg);
-  if (!path.empty() && rank == 0) {
-    write_file_atomic(path, config::to_yaml(r.cfg));
-    std::printf("resolved configuration written to %s\n", path.c_str());
-  }
+  const std::string path = run_config_path(r.cfg);
   train::TrainOptions opt;
+  if (!path.empty()) opt.run_config_path = path, opt.run_config_yaml = config::to_yaml(r.cfg);
   opt.use_cuda = backend.cuda;
   opt.group = group.get();
   opt.tp_group = tp_group.get();

@@ -1,6 +1,8 @@
 #include "train/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +124,30 @@ StateMap state_map(const json& j, const std::string& file, const char* key) {
   return m;
 }
 
+// The counters a save writes can only be what a run reaches: none negative, none of the
+// per-iteration counts above the iteration. (The SHA-256s cover the tensors, not this file: a value
+// edited by hand would otherwise surface later as a NaN or a data error blamed on training.)
+void check_counters(const TrainStateRecord& r, const std::string& file) {
+  const std::pair<const char*, int64_t> counters[] = {
+      {"iteration", r.iteration},
+      {"consumed_train_samples", r.consumed_train_samples},
+      {"consumed_valid_samples", r.consumed_valid_samples},
+      {"skipped_train_samples", r.skipped_train_samples},
+      {"skipped_iterations", r.skipped_iterations},
+      {"nan_iterations", r.nan_iterations},
+      {"scheduler_num_steps", r.scheduler_num_steps},
+      {"optimizer_steps", r.optimizer_steps}};
+  for (const auto& [key, v] : counters)
+    if (v < 0) bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + "; it counts, so it is >= 0");
+  for (const auto& [key, v] : {counters[4], counters[5], counters[7]})
+    if (v > r.iteration)
+      bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + ", more than the " +
+                          std::to_string(r.iteration) + " iterations the checkpoint says were run (at most one a iteration)");
+  if (!std::isfinite(r.floating_point_operations_so_far) || r.floating_point_operations_so_far < 0)
+    bad_state(file, "field 'floating_point_operations_so_far' must be a finite number >= 0, found " +
+                        json(r.floating_point_operations_so_far).dump());
+}
+
 struct FileSum {
   uint64_t bytes = 0;
   std::string sha256;
@@ -158,6 +184,7 @@ StateFile read_state_file(const std::string& dir) {
   if (!j.contains("floating_point_operations_so_far") || !j.at("floating_point_operations_so_far").is_number())
     bad_state(file, "missing or non-numeric field 'floating_point_operations_so_far'");
   r.floating_point_operations_so_far = j.at("floating_point_operations_so_far").get<double>();
+  check_counters(r, file);
   r.rng = state_map(j, file, "rng");
   r.model_shape = state_map(j, file, "model_shape");
   r.scheduler = state_map(j, file, "scheduler");
@@ -468,6 +495,63 @@ std::string save_checkpoint(const std::string& save_dir, int64_t iteration, cons
   return final_dir;
 }
 
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown host";
+  return buf;
+}
+
+// Whether `fd` is still the file at `path` (not one a holder removed after this process opened it).
+bool same_file(int fd, const std::string& path) {
+  struct stat a {}, b {};
+  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+SaveDirLock::SaveDirLock(const std::string& save_dir) : dir_(save_dir), path_(join_path(save_dir, ".laoyao_save.lock")) {
+  std::error_code ec;
+  created_dir_ = !fs::exists(save_dir, ec);
+  make_dirs(save_dir);
+  for (;;) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error("cannot create the lock file '" + path_ + "': " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      char holder[512] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      if (e != EWOULDBLOCK) throw Error("cannot lock '" + path_ + "': " + std::strerror(e));
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "a run that has not said who it is";
+      while (!who.empty() && std::isspace(static_cast<unsigned char>(who.back()))) who.pop_back();
+      throw UsageError("checkpoint.save / --save '" + save_dir + "' is in use by another run (" + who +
+                       "): two runs writing one save directory would replace each other's checkpoints. Give this "
+                       "run another --save, or stop that run first");
+    }
+    if (same_file(fd_, path_)) break;
+    ::close(fd_);  // the holder removed the file between our open and lock: take the new one
+    fd_ = -1;
+  }
+  const std::string me = "host " + host_name() + ", pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    const int e = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error("cannot write the lock file '" + path_ + "': " + std::strerror(e));
+  }
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still holding it: a waiting run re-checks which file it locked
+  ::close(fd_);
+  std::error_code ec;
+  if (created_dir_ && fs::is_empty(dir_, ec)) fs::remove(dir_, ec);
+}
+
 void LoadedCheckpoint::read_model(const std::string& name, float* out, size_t n) const {
   read_named(model, name, out, n);
 }
@@ -480,6 +564,7 @@ void LoadedCheckpoint::read_optimizer(const std::string& name, float* out, size_
 LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step) {
   const std::string dir = resolve_iteration_dir(load_dir, step);
   StateFile sf = read_state_file(dir);
+  sf.state.loaded_from = join_path(dir, kStateFile);
   const std::string name = fs::path(dir).filename().string();
   if (name.rfind("iter_", 0) == 0 && name != iteration_dir_name(sf.state.iteration))
     throw UsageError("checkpoint '" + dir + "' holds iteration " + std::to_string(sf.state.iteration) +

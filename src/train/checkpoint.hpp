@@ -68,6 +68,8 @@ struct TrainStateRecord {
   // lr_warmup_steps, lr_decay_steps, lr_decay_style, start_wd, end_wd, wd_incr_steps,
   // wd_incr_style), checked on resume; empty in checkpoints of laoyao before 2026-12-02.
   StateMap scheduler;
+  // Set by load_checkpoint, never saved: the train_state.json these values came from (for messages).
+  std::string loaded_from;
 };
 
 struct CheckpointWrite {
@@ -97,6 +99,24 @@ bool checkpoint_exists(const std::string& load_dir);
 // Removes the "iter_*.tmp.*" folders that interrupted saves left in `save_dir`; returns their
 // names (for a log line). save_checkpoint calls it; callers may too, at startup.
 std::vector<std::string> remove_incomplete_checkpoints(const std::string& save_dir);
+
+// Holds "<save_dir>/.laoyao_save.lock" (an flock) while a run may write checkpoints there: two
+// runs given one --save would rename their iteration directories over each other. A second run's
+// lock is a UsageError naming the holder's host and pid. The lock goes with the process (a killed
+// run leaves a file no one holds); the destructor removes the file, and the folder when the lock
+// created it and nothing else was written.
+class SaveDirLock {
+ public:
+  explicit SaveDirLock(const std::string& save_dir);
+  ~SaveDirLock();
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+
+ private:
+  std::string dir_, path_;
+  int fd_ = -1;
+  bool created_dir_ = false;
+};
 
 struct LoadedCheckpoint {
   std::string dir;  // the iteration directory read

@@ -1,5 +1,6 @@
 #include "train/data_pipeline.hpp"
 
+#include <algorithm>
 #include <memory>
 
 #include "core/error.hpp"
@@ -149,6 +150,58 @@ std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int
 int64_t eval_round_samples(const RunData& d, int64_t eval_iters) {
   const auto& L = d.eval_layout;
   return eval_iters * L.micro_batch_size * L.data_parallel_size * L.num_microbatches;
+}
+
+namespace {
+
+// Evaluations during training at iterations (from, to], as the loop runs them, plus the final one.
+int64_t evaluations_left(const config::ConfigContainer& c, int64_t from, int64_t to) {
+  int64_t n = 1;
+  if (const auto& every = c.validation.eval_interval; every && *every > 0) {
+    const int64_t first = std::max(c.validation.start_eval_at_iter.value_or(0), from + 1);
+    if (first <= to) n += to / *every - (first - 1) / *every;
+  }
+  return n;
+}
+
+}  // namespace
+
+void check_data_covers_run(const RunData& d, const config::ConfigContainer& c, int64_t train_iters,
+                           const DataPosition& from) {
+  const std::string source = from.state_file.empty() ? "" : " (from '" + from.state_file + "')";
+  if (const auto& train = d.datasets[0]; train && from.iteration < train_iters && from.consumed_train >= train->size())
+    throw UsageError("consumed_train_samples " + std::to_string(from.consumed_train) + source +
+                     " is at or past the end of the training dataset (" + std::to_string(train->size()) +
+                     " samples): no samples left to consume. The checkpoint was not written by a run on this data");
+  const int64_t eval_iters = c.validation.eval_iters;
+  if (eval_iters <= 0) return;
+  const int64_t round = eval_round_samples(d, eval_iters);
+  const std::string per_round = std::to_string(eval_iters) + " iterations (validation.eval_iters / --eval-iters) of " +
+                                std::to_string(round / eval_iters) + " samples";
+  if (const auto& valid = d.datasets[1]) {
+    if (from.consumed_valid >= valid->size())
+      throw UsageError("consumed_valid_samples " + std::to_string(from.consumed_valid) + source +
+                       " is at or past the end of the validation dataset (" + std::to_string(valid->size()) +
+                       " samples). The checkpoint was not written by a run on this data");
+    const int64_t evals = evaluations_left(c, from.iteration, train_iters);
+    const int64_t needed = from.consumed_valid + evals * round;
+    if (needed > valid->size()) {
+      std::string why = "the validation dataset has " + std::to_string(valid->size()) + " samples, but this run's " +
+                        std::to_string(evals) + " evaluation(s) of " + per_round + " read up to sample " +
+                        std::to_string(needed);
+      if (from.consumed_valid > 0) why += " (" + std::to_string(from.consumed_valid) + " of them read before" + source + ")";
+      if (!c.validation.eval_interval)
+        why += "; without validation.eval_interval / --eval-interval the split is sized for no evaluation during "
+               "training, yet the end of training evaluates it";
+      throw UsageError(why + ". Lower validation.eval_iters / --eval-iters, set validation.eval_interval / "
+                             "--eval-interval, or give the validation split more data (dataset.split / --split)");
+    }
+  }
+  if (const auto& test = d.datasets[2]; test && round > test->size())
+    throw UsageError("the test dataset has " + std::to_string(test->size()) + " samples, but the end of training's "
+                     "test evaluation of " + per_round + " reads " + std::to_string(round) +
+                     ". Lower validation.eval_iters / --eval-iters or give the test split more data (dataset.split / "
+                     "--split)");
 }
 
 }  // namespace laoyao::train

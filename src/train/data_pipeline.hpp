@@ -3,6 +3,7 @@
 // iteration takes from them, in MegatronPretrainingSampler's order.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "config/config_container.hpp"
@@ -44,5 +45,19 @@ std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, in
 std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank = 0);
 // Samples one evaluation round (eval_iters iterations of eval micro-batches) reads.
 int64_t eval_round_samples(const RunData& d, int64_t eval_iters);
+
+// Where a run starts reading: 0 for a new run, a checkpoint's counters for a resumed one.
+struct DataPosition {
+  int64_t iteration = 0;
+  int64_t consumed_train = 0, consumed_valid = 0;
+  std::string state_file;  // the train_state.json they came from ("" for a new run)
+};
+
+// Refuses (UsageError), before training, a run its datasets cannot serve to the end: a resumed
+// position at or past the end of the training split (Megatron's sampler asserts "no samples left to
+// consume"), or evaluations that would read past the end of the validation or test split (Megatron
+// stops there with a StopIteration, after training). Names the counts and the settings behind them.
+void check_data_covers_run(const RunData& d, const config::ConfigContainer& c, int64_t train_iters,
+                           const DataPosition& from);
 
 }  // namespace laoyao::train

@@ -308,6 +308,28 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     total_nan = resumed->nan_iterations;
     flops_so_far = resumed->floating_point_operations_so_far;
   }
+  check_data_covers_run(data, c, train_iters,
+                        {iteration, consumed, consumed_valid, resumed ? resumed->loaded_from : std::string()});
+  // The save folder is this run's until it ends (the first rank holds the lock for the run): every
+  // rank stops when another run holds it.
+  std::optional<SaveDirLock> save_lock;
+  std::string lock_error;
+  if (c.checkpoint.save && (!group || group->rank() == 0)) {
+    try {
+      save_lock.emplace(*c.checkpoint.save);
+    } catch (const UsageError& e) {
+      lock_error = e.what();
+    }
+  }
+  if (on_any_rank(!lock_error.empty()))
+    throw UsageError(lock_error.empty() ? "another run holds checkpoint.save / --save '" + *c.checkpoint.save +
+                                              "' (rank 0 names it)"
+                                        : lock_error);
+  if (!opt.run_config_path.empty() && (!group || group->rank() == 0)) {
+    write_file_atomic(opt.run_config_path, opt.run_config_yaml);
+    std::fprintf(opt.out, "resolved configuration written to %s\n", opt.run_config_path.c_str());
+    std::fflush(opt.out);
+  }
   if (!opt.metrics_path.empty() && log_rank) {
     std::string dir = opt.metrics_path.substr(0, opt.metrics_path.find_last_of('/'));
     if (dir != opt.metrics_path) make_dirs(dir);

@@ -20,6 +20,9 @@ struct TrainOptions {
   // A JSON-lines metrics file written beside the log ("" = none): one object per logged
   // iteration and per evaluation.
   std::string metrics_path;
+  // The resolved config, written by the first rank to this path ("" = none) once the run has
+  // passed its checks and holds its save folder, so that a refused run writes nothing.
+  std::string run_config_path, run_config_yaml;
   // Train on the CUDA backend (the current device); the CLI decides (train/engine.hpp choose_backend).
   bool use_cuda = false;
   // Data-parallel ranks (null: one rank). Each rank reads its slice of every global batch; the

@@ -511,3 +511,64 @@ TEST_F(Checkpoint, PretrainedFromALaoyaoCheckpointRootOrIterationDirectory) {
   expect_has(usage_error([&] { load_pretrained_weights(odd, {{"decoder.final_layernorm.weight", {4}}}); }),
              "dtype I32 (expected F32, BF16 or F16");
 }
+
+// train_state.json is not covered by the SHA-256s: every counter is checked on load, and a bad one
+// is named with the file (issue: optimizer_steps -1 loaded and surfaced later as a NaN).
+TEST_F(Checkpoint, ImpossibleCountersInTrainStateAreNamedWithTheFile) {
+  Model mdl(6);
+  const std::string it_dir = save_checkpoint(save_, 10, mdl.write(10));
+  const std::string state = it_dir + "/train_state.json";
+  const std::string good = read_file(state);
+  auto with = [&](const std::string& field, const std::string& value) {
+    const size_t at = good.find("\"" + field + "\": ");
+    EXPECT_NE(at, std::string::npos) << field;
+    const size_t from = at + field.size() + 4, to = good.find_first_of(",\n", from);
+    std::ofstream(state, std::ios::trunc) << good.substr(0, from) + value + good.substr(to);
+    return usage_error([&] { load_checkpoint(save_); });
+  };
+  for (const char* field : {"iteration", "consumed_train_samples", "consumed_valid_samples", "skipped_train_samples",
+                            "skipped_iterations", "nan_iterations", "scheduler_num_steps", "optimizer_steps"}) {
+    const std::string msg = with(field, "-1");
+    expect_has(msg, state);
+    expect_has(msg, std::string("field '") + field + "' is -1");
+  }
+  for (const char* field : {"skipped_iterations", "nan_iterations", "optimizer_steps"}) {
+    const std::string msg = with(field, "11");
+    expect_has(msg, state);
+    expect_has(msg, std::string("field '") + field + "' is 11, more than the 10 iterations");
+  }
+  expect_has(with("floating_point_operations_so_far", "-5.0"), "'floating_point_operations_so_far' must be a finite");
+  expect_has(with("consumed_train_samples", "1.5"), "must be an integer, found 1.5");
+  std::ofstream(state, std::ios::trunc) << good;
+  EXPECT_EQ(load_checkpoint(save_).state.optimizer_steps, 9);
+  EXPECT_EQ(load_checkpoint(save_).state.loaded_from, state);
+}
+
+TEST_F(Checkpoint, ASaveDirectoryHeldByAnotherRunIsRefusedNamingIt) {
+  {
+    SaveDirLock mine(save_);
+    ASSERT_TRUE(fs::exists(save_ + "/.laoyao_save.lock"));
+    EXPECT_NE(read_file(save_ + "/.laoyao_save.lock").find("pid " + std::to_string(::getpid())), std::string::npos);
+    // Another run (here another open file description, as another process would have) is refused.
+    const std::string msg = usage_error([&] { SaveDirLock theirs(save_); });
+    expect_has(msg, "'" + save_ + "' is in use by another run (host ");
+    expect_has(msg, "pid " + std::to_string(::getpid()));
+    save_checkpoint(save_, 1, Model(7).write(1));  // the holder saves as usual
+  }
+  // Released with its holder: the file is gone, the checkpoint stays, and the next run takes it.
+  EXPECT_FALSE(fs::exists(save_ + "/.laoyao_save.lock"));
+  EXPECT_TRUE(fs::exists(save_ + "/iter_0000001/train_state.json"));
+  { SaveDirLock next(save_); }
+  // A lock that created the folder and saved nothing leaves no folder behind.
+  const std::string fresh = (dir_ / "never_saved").string();
+  { SaveDirLock l(fresh); }
+  EXPECT_FALSE(fs::exists(fresh));
+}
+
+// A killed holder's file stays behind, unlocked: it does not stop the next run.
+TEST_F(Checkpoint, AStaleLockFileFromAKilledRunIsTakenOver) {
+  fs::create_directories(save_);
+  std::ofstream(save_ + "/.laoyao_save.lock") << "host elsewhere, pid 1\n";
+  SaveDirLock l(save_);
+  EXPECT_NE(read_file(save_ + "/.laoyao_save.lock").find("pid " + std::to_string(::getpid())), std::string::npos);
+}
