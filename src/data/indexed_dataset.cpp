@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "core/error.hpp"
 
@@ -125,8 +127,18 @@ bool mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t& out) {
   return true;
 }
 
-void append_converted(TokenDType dtype, const unsigned char* p, int64_t n,
-                      std::vector<int64_t>& out) {
+// A token id stored as a float: its integer value, or nullopt when it has none in int64 (NaN, a
+// fraction, out of range), where a cast would be undefined.
+template <class F>
+std::optional<int64_t> float_token(F v) {
+  constexpr F kLimit = static_cast<F>(9223372036854775808.0);  // 2^63
+  if (!(v >= -kLimit && v < kLimit) || std::trunc(v) != v) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+// Appends n ids of `dtype` from p; returns the index of the first float that is no token id, or -1.
+int64_t append_converted(TokenDType dtype, const unsigned char* p, int64_t n,
+                         std::vector<int64_t>& out) {
   size_t base = out.size();
   out.resize(base + static_cast<size_t>(n));
   int64_t* dst = out.data() + base;
@@ -150,12 +162,21 @@ void append_converted(TokenDType dtype, const unsigned char* p, int64_t n,
       std::memcpy(dst, p, static_cast<size_t>(n) * 8);
       break;
     case TokenDType::kFloat32:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<int64_t>(load<float>(p + 4 * i));
+      for (int64_t i = 0; i < n; ++i) {
+        const auto v = float_token(load<float>(p + 4 * i));
+        if (!v) return i;
+        dst[i] = *v;
+      }
       break;
     case TokenDType::kFloat64:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<int64_t>(load<double>(p + 8 * i));
+      for (int64_t i = 0; i < n; ++i) {
+        const auto v = float_token(load<double>(p + 8 * i));
+        if (!v) return i;
+        dst[i] = *v;
+      }
       break;
   }
+  return -1;
 }
 
 }  // namespace
@@ -235,6 +256,14 @@ void IndexedDataset::validate(const IndexedDatasetOptions& options) {
 
   const uint64_t item = dtype_size(dtype_);
   const uint64_t bsize = bin_map_.size;
+  // Megatron's _IndexWriter lays the sequences back to back from byte 0 (pointer[i] = the bytes
+  // of all sequences before i) and its reader trusts the pointers blindly; without a checksum,
+  // holding the index to that layout is what catches a wrong dtype byte or a mismatched .bin.
+  uint64_t total_tokens = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    total_tokens += static_cast<uint64_t>(std::max(0, load<int32_t>(lengths_ + 4 * i)));  // < 0 is refused below
+  }
+  uint64_t next = 0;  // where sequence i must start: the end of sequence i-1
   for (uint64_t i = 0; i < n; ++i) {
     const int32_t len = load<int32_t>(lengths_ + 4 * i);
     const int64_t ptr = load<int64_t>(pointers_ + 8 * i);
@@ -248,7 +277,17 @@ void IndexedDataset::validate(const IndexedDatasetOptions& options) {
                        " past the end of '" + bpath + "' (" + std::to_string(bsize) +
                        " bytes): the .bin is truncated or does not belong to this .idx");
     }
+    if (static_cast<uint64_t>(ptr) % item != 0) {
+      throw bad("sequence " + std::to_string(i) + " has pointer " + std::to_string(ptr) +
+                ", not a multiple of the " + std::to_string(item) + "-byte size of its dtype " +
+                dtype_name(dtype_));
+    }
+    if (static_cast<uint64_t>(ptr) != next) {
+      throw bad(misplaced_sequence(i, static_cast<uint64_t>(ptr), next, total_tokens));
+    }
+    next = end;
   }
+  if (next != bsize) throw UsageError(bin_size_mismatch(next / item, bsize));
   int64_t prev = 0;
   for (uint64_t i = 0; i < d; ++i) {
     const int64_t v = load<int64_t>(doc_indices_ + 8 * i);
@@ -268,6 +307,46 @@ void IndexedDataset::validate(const IndexedDatasetOptions& options) {
               ", found " + std::to_string(prev));
   }
   if (options.check_vocab_size > 0) check_vocab(options.check_vocab_size);
+}
+
+// The bytes per token that `bytes` over `tokens` suggests, when it is a dtype size other than
+// this index's, else 0: the likely cause of a layout that does not add up.
+static uint64_t implied_item_size(uint64_t bytes, uint64_t tokens, uint64_t item) {
+  if (tokens == 0 || bytes % tokens != 0) return 0;
+  const uint64_t k = bytes / tokens;
+  return (k == 1 || k == 2 || k == 4 || k == 8) && k != item ? k : 0;
+}
+
+std::string IndexedDataset::dtype_hint(uint64_t implied) const {
+  if (implied == 0) return "";
+  return "; that is " + std::to_string(implied) + " bytes per token, so the .idx's dtype code " +
+         std::to_string(static_cast<int>(dtype_)) + " (" + dtype_name(dtype_) + ", " +
+         std::to_string(dtype_size(dtype_)) + " byte" + (dtype_size(dtype_) == 1 ? "" : "s") +
+         ") probably does not match the dtype the .bin was written with";
+}
+
+std::string IndexedDataset::misplaced_sequence(uint64_t seq, uint64_t ptr, uint64_t expected,
+                                               uint64_t total_tokens) const {
+  const uint64_t item = dtype_size(dtype_);
+  std::string msg = "sequence " + std::to_string(seq) + " starts at byte " + std::to_string(ptr) + " of the .bin";
+  if (seq == 0) return msg + ", not 0 (Megatron's writer starts the first sequence at byte 0)";
+  const uint64_t tokens = expected / item;
+  // Blame the dtype only when another item size explains this pointer and the .bin's size both.
+  uint64_t implied = implied_item_size(ptr, tokens, item);
+  if (implied && bin_map_.size != total_tokens * implied) implied = 0;
+  return msg + ", but the " + std::to_string(tokens) + " tokens of " + dtype_name(dtype_) + " before it end at byte " +
+         std::to_string(expected) +
+         " (Megatron's writer lays sequences back to back: pointer[i+1] = pointer[i] + length[i] * itemsize)" +
+         dtype_hint(implied);
+}
+
+std::string IndexedDataset::bin_size_mismatch(uint64_t tokens, uint64_t bsize) const {
+  const uint64_t item = dtype_size(dtype_);
+  std::string msg = "indexed dataset '" + bin_path(prefix_) + "' is " + std::to_string(bsize) + " bytes, but '" +
+                    idx_path(prefix_) + "' describes " + std::to_string(tokens) + " tokens of " + dtype_name(dtype_) +
+                    " = " + std::to_string(tokens * item) + " bytes";
+  const uint64_t implied = implied_item_size(bsize, tokens, item);
+  return msg + (implied ? dtype_hint(implied) : "; the .bin does not belong to this .idx or is damaged");
 }
 
 void IndexedDataset::check_vocab(int64_t vocab_size) const {
@@ -344,7 +423,14 @@ void IndexedDataset::read_tokens(int64_t doc, int64_t offset, int64_t length,
   if (length == 0) return;
   const size_t item = dtype_size(dtype_);
   const int64_t ptr = load<int64_t>(pointers_ + 8 * static_cast<size_t>(doc));
-  append_converted(dtype_, bin_ + ptr + static_cast<int64_t>(item) * offset, length, out);
+  const size_t before = out.size();
+  const int64_t bad = append_converted(dtype_, bin_ + ptr + static_cast<int64_t>(item) * offset, length, out);
+  if (bad >= 0) {
+    out.resize(before);
+    throw UsageError("indexed dataset '" + bin_path(prefix_) + "': token " + std::to_string(offset + bad) +
+                     " of sequence " + std::to_string(doc) + " is a " + dtype_name(dtype_) +
+                     " with no integer value (NaN, a fraction or out of int64's range): not a token id");
+  }
 }
 
 std::vector<int64_t> IndexedDataset::sequence(int64_t seq) const {

@@ -56,7 +56,9 @@ struct IndexedDatasetOptions {
 
 // A read-only, memory-mapped view of `prefix.idx` + `prefix.bin`. Opening validates the whole
 // index (magic, version, dtype, sizes, every length/pointer against the .bin's size, the
-// document indices); any inconsistency is a laoyao::UsageError naming the file.
+// pointers laid out back to back from byte 0 as Megatron's writer lays them, the .bin exactly
+// as large as the lengths say, the document indices); any inconsistency is a
+// laoyao::UsageError naming the file (and the sequence at fault).
 //
 // For GPTDataset (as in Megatron) a "document" of the LowLevelDataset interface is a *sequence*
 // of the indexed dataset: num_documents() = sequence_count() and document_length(i) =
@@ -100,6 +102,10 @@ class IndexedDataset final : public LowLevelDataset {
   };
   void validate(const IndexedDatasetOptions& options);
   void check_vocab(int64_t vocab_size) const;
+  // Messages for an index whose layout does not add up (see validate()).
+  std::string dtype_hint(uint64_t implied_item_size) const;
+  std::string misplaced_sequence(uint64_t seq, uint64_t ptr, uint64_t expected, uint64_t total_tokens) const;
+  std::string bin_size_mismatch(uint64_t tokens, uint64_t bin_size) const;
 
   std::string prefix_;
   Mapping idx_map_, bin_map_;

@@ -1,7 +1,8 @@
 // `laoyao preprocess-data` run as a user runs it: a JSON-lines file of fortunes (Debian's
 // `fortunes` package), the built binary, then the .bin/.idx read back with laoyao's reader and
 // compared with tokenizing the same text directly; byte-exact output for a hand-computed case;
-// bad input gives exit status 2, the line number, and no files.
+// bad input (a bad line, a malformed tokenizer file) gives exit status 2, the line number or file
+// name, and no files.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "run_binary.hpp"
 #include "core/file_io.hpp"
 #include "data/indexed_dataset.hpp"
+#include "data/tokenizer/byte_level.hpp"
 #include "data/tokenizer/gpt2_bpe_tokenizer.hpp"
 #include "data/tokenizer/hf_tokenizer.hpp"
 
@@ -259,4 +261,67 @@ TEST(PreprocessData, BadArgumentsAreRefusedByName) {
   r = run_laoyao({"preprocess-data", "--help"}, dir);
   EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.output.find("--json-keys"), std::string::npos);
+}
+
+TEST(PreprocessData, MalformedTokenizerFilesStopWithTheFileNameAndWriteNothing) {
+  const std::string dir = fresh_dir("preprocess_bad_tokenizer");
+  write_lines(dir + "/in.jsonl", {json{{"text", "hello world"}}, json{{"text", "more text"}}});
+  // A GPT-2 byte-level vocabulary of the 256 byte characters, "ll" and the end-of-document token.
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[tokenizer::byte_level_char(static_cast<unsigned char>(b))] = b;
+  vocab["ll"] = 256;
+  vocab["<|endoftext|>"] = 257;
+  fs::create_directories(dir + "/tok/empty_vocab");
+  fs::create_directories(dir + "/tok/no_json");
+  fs::create_directories(dir + "/out");
+  auto write = [&](const std::string& rel, const std::string& text) {
+    std::ofstream(dir + "/" + rel, std::ios::binary) << text;
+    return dir + "/" + rel;
+  };
+  const std::string v = write("tok/vocab.json", vocab.dump());
+  std::string random(3000, '\0');
+  for (size_t i = 0; i < random.size(); ++i) random[i] = static_cast<char>((i * 2654435761u) >> 13);
+  const std::string hf_empty = write(
+      "tok/empty_vocab/tokenizer.json",
+      R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "added_tokens": [{"id": 0, "content": "<eos>"}],
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}})");
+  write("tok/empty_vocab/tokenizer_config.json", R"({"eos_token": "<eos>"})");
+
+  struct Case {
+    std::vector<std::string> tokenizer_args;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {{"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", v, "--merge-file",
+        write("tok/one_field.txt", "#version: 0.2\nl l\nll\n")},
+       {"merge file '" + dir + "/tok/one_field.txt' line 3", "has 1 field"}},
+      {{"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", v, "--merge-file",
+        write("tok/four_fields.txt", "#version: 0.2\nl l l l\n")},
+       {"merge file '" + dir + "/tok/four_fields.txt' line 2", "has 4 fields"}},
+      {{"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", v, "--merge-file", write("tok/random.txt", random)},
+       {"merge file '" + dir + "/tok/random.txt' line "}},
+      {{"--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", dir + "/tok", "--merge-file",
+        write("tok/ok.txt", "#version: 0.2\nl l\n")},
+       {"--vocab-file", "'" + dir + "/tok' is a directory"}},
+      {{"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", dir + "/tok/empty_vocab"},
+       {"HuggingFaceTokenizer file '" + hf_empty + "'", "model.vocab is empty"}},
+      {{"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", dir + "/tok/no_json"},
+       {"directory '" + dir + "/tok/no_json' has no tokenizer.json"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args{"preprocess-data", "--input", "in.jsonl", "--output-prefix", "out/p", "--append-eod"};
+    args.insert(args.end(), c.tokenizer_args.begin(), c.tokenizer_args.end());
+    auto r = run_laoyao(args, dir);
+    EXPECT_EQ(r.status, 2) << c.expect[0] << "\n" << r.output;
+    for (const auto& e : c.expect) EXPECT_NE(r.output.find(e), std::string::npos) << "lacks '" << e << "':\n" << r.output;
+    EXPECT_EQ(r.output.find("Done"), std::string::npos) << r.output;
+    EXPECT_EQ(count_entries(dir + "/out"), 0u) << "files written for a bad tokenizer: " << c.expect[0];
+  }
+  // The same command with a good merges file works (the fixture itself is sound).
+  auto r = run_laoyao({"preprocess-data", "--input", "in.jsonl", "--output-prefix", "out/p", "--append-eod",
+                       "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", v, "--merge-file", dir + "/tok/ok.txt"},
+                      dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  data::IndexedDataset ds(dir + "/out/p_text_document");
+  EXPECT_EQ(ds.sequence(0).back(), 257);
 }

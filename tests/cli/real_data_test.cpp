@@ -81,7 +81,7 @@ TEST(RealData, PreprocessedFortunesTrainWithTheGpt2Tokenizer) {
   // The GPT-2 ids do not fit a NullTokenizer of 1000 tokens: a clear error naming an id, exit 2.
   auto mismatch = run_laoyao({"pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads",
                               "2", "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "1",
-                              "--data-path", "fortunes_text_document", "--tokenizer-type", "NullTokenizer",
+                              "--eval-interval", "1", "--eval-iters", "1", "--data-path", "fortunes_text_document", "--tokenizer-type", "NullTokenizer",
                               "--vocab-size", "1000", "--lr", "1e-3", "--split", "98,2,0"},
                              dir);
   EXPECT_EQ(mismatch.status, 2) << mismatch.output;

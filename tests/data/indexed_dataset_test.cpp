@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -364,4 +366,107 @@ TEST(IndexedDataset, VocabCheckReportsTheOffendingToken) {
   write_pair(t.prefix("s"), kSentenceIdx, kSentenceBin);
   expect_usage_error(t.prefix("s"), {"-1", "sequence 0", "position 1"},
                      IndexedDatasetOptions{.check_vocab_size = 1000000});
+}
+
+// Megatron's writer lays the sequences back to back from byte 0 and the .bin ends right after
+// the last one; the reader holds every index to that, so a wrong dtype byte or a .bin that does
+// not belong to the .idx is refused instead of read as garbage.
+
+TEST(IndexedDataset, MisalignedPointerIsRefusedNamingTheSequence) {
+  TempDir t;
+  write_pair(t.prefix(), with_byte(kHandIdx, 50, 0x05), kHandBin);  // pointer[1] = 5 (uint16)
+  expect_usage_error(t.prefix(), {idx_path(t.prefix()), "sequence 1 has pointer 5",
+                                  "not a multiple of the 2-byte size of its dtype uint16"});
+}
+
+TEST(IndexedDataset, PointersThatAreNotBackToBackAreRefused) {
+  TempDir t;
+  // kSentenceIdx (int32): lengths [2, 1, 0] at 34..45, pointers [0, 8, 12] at 46.., 54.., 62...
+  write_pair(t.prefix(), with_byte(kSentenceIdx, 54, 0x04), kSentenceBin);  // pointer[1] = 4
+  expect_usage_error(t.prefix(), {idx_path(t.prefix()), "sequence 1 starts at byte 4",
+                                  "2 tokens of int32 before it end at byte 8", "back to back"});
+  try {
+    IndexedDataset ds(t.prefix());
+  } catch (const UsageError& e) {
+    // No dtype explains a pointer moved back: the message must not blame one.
+    EXPECT_EQ(std::string(e.what()).find("bytes per token"), std::string::npos) << e.what();
+  }
+  write_pair(t.prefix(), with_byte(kSentenceIdx, 46, 0x04), kSentenceBin);  // pointer[0] = 4
+  expect_usage_error(t.prefix(), {idx_path(t.prefix()), "sequence 0 starts at byte 4", "not 0"});
+  write_pair(t.prefix(), with_byte(kSentenceIdx, 62, 0x08), kSentenceBin);  // pointer[2] = 8 (empty)
+  expect_usage_error(t.prefix(), {idx_path(t.prefix()), "sequence 2 starts at byte 8"});
+}
+
+TEST(IndexedDataset, DtypeByteThatDoesNotMatchThePointersIsRefused) {
+  TempDir t;
+  // The hand-made uint16 index with its dtype byte turned into uint8: the pointers [0, 6] say
+  // 2 bytes per token, the dtype 1.
+  write_pair(t.prefix(), with_byte(kHandIdx, 17, 1), kHandBin);
+  expect_usage_error(t.prefix(), {idx_path(t.prefix()), "sequence 1 starts at byte 6",
+                                  "2 bytes per token", "dtype code 1 (uint8, 1 byte)", "probably does not match"});
+}
+
+TEST(IndexedDataset, BinOfTheWrongSizeIsRefusedWithTheLikelyCause) {
+  TempDir t;
+  // A self-consistent uint8 index of [1, 2, 3], [255] (4 bytes) over the uint16 .bin of the same
+  // tokens (8 bytes): the .bin is twice what the index describes.
+  const std::vector<int32_t> lengths{3, 1};
+  const std::vector<int64_t> docs{0, 1, 2};
+  write_pair(t.prefix(), encode_index(TokenDType::kUInt8, lengths, docs), kHandBin);
+  expect_usage_error(t.prefix(), {bin_path(t.prefix()), idx_path(t.prefix()), "is 8 bytes",
+                                  "4 tokens of uint8 = 4 bytes", "2 bytes per token",
+                                  "dtype code 1 (uint8, 1 byte) probably does not match"});
+  // A stray trailing byte: no dtype explains it.
+  write_pair(t.prefix(), kHandIdx, kHandBin + "x");
+  expect_usage_error(t.prefix(), {bin_path(t.prefix()), "is 9 bytes", "4 tokens of uint16 = 8 bytes",
+                                  "does not belong to this .idx or is damaged"});
+  // An index of no tokens over a non-empty .bin.
+  write_pair(t.prefix(), encode_index(TokenDType::kUInt16, std::vector<int32_t>{0},
+                                      std::vector<int64_t>{0, 1}), kHandBin);
+  expect_usage_error(t.prefix(), {bin_path(t.prefix()), "0 tokens of uint16 = 0 bytes"});
+  // The same uint8 index over its own 4-byte .bin reads fine.
+  write_pair(t.prefix(), encode_index(TokenDType::kUInt8, lengths, docs), bytes({1, 2, 3, 255}));
+  IndexedDataset ds(t.prefix());
+  EXPECT_EQ(ds.sequence(1), (std::vector<int64_t>{255}));
+}
+
+// A float dtype's token must hold an integer: NaN, fractions and values past int64 were cast
+// (undefined behaviour; found by fuzz/fuzz_indexed_dataset.cpp).
+TEST(IndexedDataset, FloatTokensWithNoIntegerValueAreRefusedNamingTheSequence) {
+  TempDir t;
+  for (TokenDType dtype : {TokenDType::kFloat32, TokenDType::kFloat64}) {
+    for (double bad : {std::nan(""), 2.5, 1e300, -1e19}) {
+      {
+        IndexedDatasetBuilder b(t.prefix(), dtype);
+        const std::vector<int64_t> first = {1, 2, 3}, second = {4, 5, 6};
+        b.add_item(first);
+        b.add_item(second);
+        b.end_document();
+        b.finalize();
+      }
+      {  // the second sequence's middle token becomes `bad`
+        std::fstream f(bin_path(t.prefix()), std::ios::in | std::ios::out | std::ios::binary);
+        const size_t item = dtype_size(dtype);
+        f.seekp(static_cast<std::streamoff>(4 * item));
+        if (dtype == TokenDType::kFloat32) {
+          const float v = static_cast<float>(bad);
+          f.write(reinterpret_cast<const char*>(&v), sizeof v);
+        } else {
+          f.write(reinterpret_cast<const char*>(&bad), sizeof bad);
+        }
+      }
+      IndexedDataset ds(t.prefix());
+      EXPECT_EQ(ds.sequence(0), (std::vector<int64_t>{1, 2, 3}));
+      std::vector<int64_t> out = {7};
+      try {
+        ds.read_tokens(1, 0, 3, out);
+        ADD_FAILURE() << "accepted " << bad;
+      } catch (const UsageError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(bin_path(t.prefix())), std::string::npos) << m;
+        EXPECT_NE(m.find("token 1 of sequence 1"), std::string::npos) << m;
+      }
+      EXPECT_EQ(out, std::vector<int64_t>{7});  // nothing half-appended
+    }
+  }
 }

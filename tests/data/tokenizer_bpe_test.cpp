@@ -2,7 +2,13 @@
 // Megatron's merges-file reading), HF's BPE model and tokenizer.json pipeline, NFC, the regex.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "core/error.hpp"
@@ -100,15 +106,15 @@ TEST(Gpt2Bpe, MergesInRankOrderNotLeftToRight) {
 
 TEST(Gpt2Bpe, ReadsTheMergesFileAsMegatronDoes) {
   json vocab = byte_vocab({"ll", "he", "ab", "bc", "<|endoftext|>"});
-  // The first line is always skipped: without a header the first merge is lost.
-  auto no_header = GPT2BPETokenizer::from_strings(vocab.dump(), "l l\nh e\n");
-  EXPECT_EQ(no_header->bpe("hello"), (std::vector<std::string>{"he", "l", "l", "o"}));
-  // The text after the last newline is dropped too.
-  auto no_final_newline = GPT2BPETokenizer::from_strings(vocab.dump(), "#version: 0.2\nl l\nh e");
-  EXPECT_EQ(no_final_newline->bpe("hello"), (std::vector<std::string>{"h", "e", "ll", "o"}));
   // A repeated pair takes its last rank (dict(zip(...)) in Python).
   auto dup = GPT2BPETokenizer::from_strings(vocab.dump(), "#version: 0.2\na b\nb c\na b\n");
   EXPECT_EQ(dup->bpe("abc"), (std::vector<std::string>{"a", "bc"}));
+  // Fields are split as str.split() splits them; blank lines are no merges; CRLF is fine.
+  auto loose = GPT2BPETokenizer::from_strings(vocab.dump(), "#version: 0.2\r\nl\tl\r\n\n  \nh  e\r\n");
+  EXPECT_EQ(loose->bpe("hello"), (std::vector<std::string>{"he", "ll", "o"}));
+  // Only a header: byte-level tokens, no merges.
+  auto header_only = GPT2BPETokenizer::from_strings(vocab.dump(), "#version: 0.2");
+  EXPECT_EQ(header_only->bpe("hello"), (std::vector<std::string>{"h", "e", "l", "l", "o"}));
 }
 
 TEST(Gpt2Bpe, EveryOccurrenceOfTheBestPairMergesLeftToRight) {
@@ -131,13 +137,128 @@ TEST(Gpt2Bpe, ByteLevelTextRoundTripsAndSpecialTextIsNotSpecial) {
 
 TEST(Gpt2Bpe, BadFilesAreUsageErrors) {
   json vocab = byte_vocab({"<|endoftext|>"});
-  EXPECT_THROW(GPT2BPETokenizer::from_strings("{not json", "#v\n"), UsageError);
-  EXPECT_THROW(GPT2BPETokenizer::from_strings("[1, 2]", "#v\n"), UsageError);
-  EXPECT_THROW(GPT2BPETokenizer::from_strings(byte_vocab({}).dump(), "#v\n"), UsageError);  // no EOD
+  const std::string header = "#version: 0.2\n";
+  EXPECT_THROW(GPT2BPETokenizer::from_strings("{not json", header), UsageError);
+  EXPECT_THROW(GPT2BPETokenizer::from_strings("[1, 2]", header), UsageError);
+  EXPECT_THROW(GPT2BPETokenizer::from_strings(byte_vocab({}).dump(), header), UsageError);  // no EOD
   EXPECT_THROW(GPT2BPETokenizer("/nonexistent/vocab.json", "/nonexistent/merges.txt"), UsageError);
-  // A merge whose result is not in the vocab.
-  auto t = GPT2BPETokenizer::from_strings(vocab.dump(), "#v\nx y\n");
-  EXPECT_THROW(t->tokenize("xy"), UsageError);
+  // A merge whose result is not in the vocab is refused on loading, not when it first applies.
+  EXPECT_THROW(GPT2BPETokenizer::from_strings(vocab.dump(), header + "x y\n"), UsageError);
+}
+
+namespace {
+
+// A scratch directory per test, for tokenizer files read by path.
+struct TokDir {
+  std::filesystem::path dir;
+  TokDir() {
+    dir = std::filesystem::temp_directory_path() /
+          ("laoyao_tok_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  ~TokDir() { std::filesystem::remove_all(dir); }
+  std::string write(const std::string& name, const std::string& contents) const {
+    const std::string p = (dir / name).string();
+    std::filesystem::create_directories(std::filesystem::path(p).parent_path());
+    std::ofstream(p, std::ios::binary) << contents;
+    return p;
+  }
+};
+
+// Runs `make`, which must throw a UsageError whose message contains every fragment.
+template <typename F>
+void expect_refused(F make, const std::vector<std::string>& fragments, const std::string& label) {
+  try {
+    make();
+    ADD_FAILURE() << label << ": accepted";
+  } catch (const UsageError& e) {
+    const std::string msg = e.what();
+    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << label << ": '" << msg << "' lacks '" << f << "'";
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << label << ": the message is not one line: " << msg;
+  }
+}
+
+std::string random_bytes(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng() & 0xFF);
+  return s;
+}
+
+}  // namespace
+
+TEST(Gpt2Bpe, MalformedMergesFilesAreRefusedNamingFileAndLine) {
+  TokDir d;
+  const std::string v = d.write("vocab.json", byte_vocab({"ll", "he", "<|endoftext|>"}).dump());
+  struct Case {
+    std::string merges;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"#version: 0.2\nl l\nhe\n", {"line 3", "'he' has 1 field;"}},
+      {"#version: 0.2\nl l\nh e l l\n", {"line 3", "has 4 fields"}},
+      {"l l\nh e\n", {"line 1", "'l l' is not the '#version: ...' header"}},
+      {"#version: 0.2\nl l\nh e", {"line 3", "'h e' does not end with a newline"}},
+      {"#version: 0.2\nl l\n\xC3\x28 e\n", {"line 3", "not valid UTF-8", "'\\xC3( e'"}},
+      {"#version: 0.2\nl l\nq z\n", {"line 3", "uses 'qz'", v}},
+      {"#version: 0.2\nh \xC4\xA0\n", {"line 2", "uses 'h\xC4\xA0'"}},
+      {"", {"is empty"}},
+      {random_bytes(4096, 1), {"line "}},
+      {random_bytes(4096, 2), {"line "}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string m = d.write("merges" + std::to_string(i) + ".txt", cases[i].merges);
+    auto want = cases[i].expect;
+    want.push_back("GPT2BPETokenizer merge file '" + m + "'");
+    expect_refused([&] { (void)GPT2BPETokenizer(v, m); }, want, "case " + std::to_string(i));
+  }
+  // Random bytes, however they happen to be, never load.
+  for (unsigned seed = 3; seed < 40; ++seed) {
+    const std::string m = d.write("random.txt", random_bytes(2000, seed));
+    EXPECT_THROW(GPT2BPETokenizer(v, m), UsageError) << "seed " << seed;
+  }
+}
+
+TEST(Gpt2Bpe, MalformedVocabFilesAreRefusedNamingTheFile) {
+  TokDir d;
+  const std::string m = d.write("merges.txt", "#version: 0.2\n");
+  json dup_id = byte_vocab({"<|endoftext|>"});
+  dup_id["extra"] = 5;
+  json no_newline_byte = byte_vocab({"<|endoftext|>"});
+  no_newline_byte.erase(byte_level_char('\n'));
+  struct Case {
+    std::string vocab;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"{}", {"is an empty JSON object"}},
+      {"[\"a\"]", {"must be a JSON object of token -> id", "not array"}},
+      {"{\"a\": 1,}", {"is not valid JSON"}},
+      {"{\"a\xFF\": 1}", {"is not valid JSON"}},  // invalid UTF-8 in a token
+      {R"({"a": -1})", {"the id of token 'a' is -1", "[0, 2^31)"}},
+      {R"({"a": "1"})", {"the id of token 'a' is \"1\""}},
+      {R"({"a": 1.5})", {"the id of token 'a' is 1.5"}},
+      {R"({"a": 4294967296})", {"the id of token 'a' is 4294967296"}},
+      {dup_id.dump(), {"both have id 5", "'extra'"}},
+      {no_newline_byte.dump(), {"no token for byte 0x0A"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string v = d.write("vocab" + std::to_string(i) + ".json", cases[i].vocab);
+    auto want = cases[i].expect;
+    want.push_back("GPT2BPETokenizer vocab file '" + v + "'");
+    expect_refused([&] { (void)GPT2BPETokenizer(v, m); }, want, "case " + std::to_string(i));
+  }
+}
+
+TEST(Gpt2Bpe, DirectoriesAreRefusedByFlagAndPath) {
+  TokDir d;
+  const std::string v = d.write("vocab.json", byte_vocab({"<|endoftext|>"}).dump());
+  const std::string m = d.write("merges.txt", "#version: 0.2\n");
+  const std::string dir = d.dir.string();
+  expect_refused([&] { (void)GPT2BPETokenizer(dir, m); }, {"--vocab-file", "'" + dir + "' is a directory"}, "vocab");
+  expect_refused([&] { (void)GPT2BPETokenizer(v, dir); }, {"--merge-file", "'" + dir + "' is a directory"}, "merges");
 }
 
 // --- HF BPE model -------------------------------------------------------------------------------
@@ -308,6 +429,102 @@ TEST(HfTokenizer, UnsupportedOrBrokenFilesAreUsageErrors) {
   j = byte_level_tokenizer(vocab, json::array(), gpt2_pre());
   EXPECT_THROW(HuggingFaceTokenizer::from_json(j.dump(), R"({"eos_token": "<nope>"})"), UsageError);
   EXPECT_THROW(HuggingFaceTokenizer("/nonexistent/dir"), UsageError);
+}
+
+TEST(HfTokenizer, MalformedFilesAreRefusedNamingTheFile) {
+  TokDir d;
+  const json vocab = byte_vocab({"ll", "<|eos|>"});  // ll = 256, <|eos|> = 257
+  auto file_with = [&](const std::function<void(json&)>& edit) {
+    json j = byte_level_tokenizer(vocab, json{"l l"}, gpt2_pre());
+    edit(j);
+    return j.dump();
+  };
+  auto added = [](json id, const std::string& content) {
+    return json::array({{{"id", id}, {"content", content}, {"special", true}}});
+  };
+  struct Case {
+    std::string text;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"{", {"is not valid JSON"}},
+      {R"({"model": 5})", {"has no \"model\" object"}},
+      {file_with([](json& j) { j["model"]["vocab"] = json::object(); }), {"model.vocab is empty"}},
+      {file_with([](json& j) { j["model"]["vocab"] = json::array(); }), {"model.vocab must be an object"}},
+      {file_with([](json& j) { j["model"]["vocab"]["x"] = -1; }), {"model.vocab gives token 'x' the id -1"}},
+      {file_with([](json& j) { j["model"]["vocab"]["x"] = "7"; }), {"model.vocab gives token 'x' the id \"7\""}},
+      {file_with([](json& j) { j["model"]["vocab"]["x"] = 3; }), {"'x'", "the same id 3"}},
+      {file_with([](json& j) { j["model"]["merges"] = json{"l l", "ll"}; }), {"model.merges[1] is '\"ll\"'", "\"a b\""}},
+      {file_with([](json& j) { j["model"]["merges"] = json{"l l l"}; }), {"model.merges[0] is '\"l l l\"'"}},
+      {file_with([](json& j) { j["model"]["merges"] = json{"l  l"}; }), {"model.merges[0]"}},
+      {file_with([](json& j) { j["model"]["merges"] = json{"l "}; }), {"model.merges[0]"}},
+      {file_with([](json& j) { j["model"]["merges"] = json::array({json::array({"l", "l", "l"})}); }), {"model.merges[0]"}},
+      {file_with([](json& j) { j["model"]["merges"] = json::array({5}); }), {"model.merges[0] is '5'"}},
+      {file_with([](json& j) { j["model"]["merges"] = "l l"; }), {"model.merges must be a list"}},
+      {file_with([](json& j) { j["model"]["merges"] = json{"q z"}; }), {"merge 0", "uses 'qz'"}},
+      {file_with([](json& j) { j["model"]["vocab"].erase(byte_level_char('\n')); }),
+       {"model.vocab has no token for byte 0x0A", "ByteLevel"}},
+      {file_with([&](json& j) { j["added_tokens"] = added(999, "<|eos|>"); }),
+       {"added_tokens[0] '<|eos|>' has id 999, but model.vocab gives that token id 257"}},
+      {file_with([&](json& j) { j["added_tokens"] = added(5, "<new>"); }),
+       {"added_tokens[0] '<new>' has id 5, which model.vocab gives to"}},
+      {file_with([&](json& j) { j["added_tokens"] = added(300, ""); }), {"added_tokens[0] has an empty \"content\""}},
+      {file_with([&](json& j) { j["added_tokens"] = added(-3, "<x>"); }), {"added_tokens[0] '<x>' has id -3"}},
+      {file_with([](json& j) { j["added_tokens"] = json::array({{{"content", "<x>"}}}); }), {"'<x>' has id null"}},
+      {file_with([](json& j) { j["added_tokens"] = json::object(); }), {"added_tokens must be a list"}},
+      {file_with([&](json& j) {
+         json two = added(300, "<a>");
+         two.push_back(added(300, "<b>")[0]);
+         j["added_tokens"] = two;
+       }),
+       {"added_tokens[1] '<b>' has id 300, as has the added token '<a>'"}},
+      {file_with([](json& j) {
+         j["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 4000}}, {"sep", {"</s>", 257}}};
+       }),
+       {"post_processor adds token id 4000"}},
+      {file_with([](json& j) { j["model"]["type"] = 5; }), {"unexpected JSON structure"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string f = d.write("case" + std::to_string(i) + "/tokenizer.json", cases[i].text);
+    auto want = cases[i].expect;
+    want.push_back("HuggingFaceTokenizer file '" + f + "'");
+    expect_refused([&] { (void)HuggingFaceTokenizer(std::filesystem::path(f).parent_path().string()); }, want,
+                   "case " + std::to_string(i));
+  }
+  // HF skips "#version" lines among string merges, and so do we.
+  auto t = HuggingFaceTokenizer::from_json(byte_level_tokenizer(vocab, json{"#version: 0.2", "l l"}, gpt2_pre()).dump());
+  EXPECT_EQ(t->tokenize("ll"), (std::vector<TokenId>{256}));
+}
+
+TEST(HfTokenizer, PathsAndConfigFilesAreCheckedByName) {
+  TokDir d;
+  const std::string good = byte_level_tokenizer(byte_vocab({"<|eos|>"}), json::array(), gpt2_pre()).dump();
+  const std::string root = d.dir.string();
+  expect_refused([&] { (void)HuggingFaceTokenizer(root + "/missing"); }, {"'" + root + "/missing' does not exist"}, "missing");
+  std::filesystem::create_directories(root + "/empty");
+  expect_refused([&] { (void)HuggingFaceTokenizer(root + "/empty"); },
+                 {"directory '" + root + "/empty' has no tokenizer.json"}, "empty dir");
+  std::filesystem::create_directories(root + "/nested/tokenizer.json");
+  expect_refused([&] { (void)HuggingFaceTokenizer(root + "/nested"); },
+                 {"'" + root + "/nested/tokenizer.json' is a directory"}, "tokenizer.json is a directory");
+
+  d.write("ok/tokenizer.json", good);
+  d.write("ok/tokenizer_config.json", R"({"eos_token": "<|eos|>"})");
+  EXPECT_EQ(HuggingFaceTokenizer(root + "/ok").eod(), 256);
+  EXPECT_EQ(HuggingFaceTokenizer(root + "/ok/tokenizer.json").eod(), 256);
+
+  d.write("badcfg/tokenizer.json", good);
+  d.write("badcfg/tokenizer_config.json", R"({"eos_token": "<|eos|>",})");
+  expect_refused([&] { (void)HuggingFaceTokenizer(root + "/badcfg"); },
+                 {"'" + root + "/badcfg/tokenizer_config.json' is not valid JSON"}, "bad config");
+  d.write("badeos/tokenizer.json", good);
+  d.write("badeos/special_tokens_map.json", R"({"eos_token": 5})");
+  expect_refused([&] { (void)HuggingFaceTokenizer(root + "/badeos"); },
+                 {"'" + root + "/badeos/special_tokens_map.json'", "eos_token is '5'"}, "bad eos");
+  d.write("unknown_eos/tokenizer.json", good);
+  d.write("unknown_eos/tokenizer_config.json", R"({"eos_token": "</s>"})");
+  expect_refused([&] { (void)HuggingFaceTokenizer(root + "/unknown_eos"); },
+                 {root + "/unknown_eos/tokenizer.json", "eos_token '</s>' is not in the vocabulary"}, "unknown eos");
 }
 
 TEST(HfTokenizer, ConcurrentTokenizeGivesTheSameIds) {

@@ -3,7 +3,12 @@
 // user-defined symbols, unigram Viterbi, unknowns and byte fallback, Megatron's three flavours.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.hpp"
 #include "data/tokenizer/sentencepiece_tokenizer.hpp"
@@ -75,6 +80,31 @@ std::vector<P> base() {
   return {{"<unk>", 0, 2}, {"<s>", 0, 3}, {"</s>", 0, 3}, {kWs, -1, 1}, {"a", -2, 1}, {"b", -2, 1}, {"c", -2, 1}};
 }
 
+// `pieces` followed by the 256 byte pieces <0x00>..<0xFF> a byte_fallback model has.
+std::vector<P> with_byte_pieces(std::vector<P> pieces) {
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    pieces.push_back({name, 0, 6});
+  }
+  return pieces;
+}
+
+// Loading the model from a file must fail with a UsageError naming the file and each fragment.
+void expect_refused(const std::string& bytes, const std::vector<std::string>& fragments, const std::string& label) {
+  const auto path = std::filesystem::temp_directory_path() / ("laoyao_spm_" + std::to_string(::getpid()) + ".model");
+  std::ofstream(path, std::ios::binary) << bytes;
+  try {
+    SentencePieceTokenizer t(path.string());
+    ADD_FAILURE() << label << ": accepted";
+  } catch (const UsageError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path.string()), std::string::npos) << label << ": " << msg;
+    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << label << ": '" << msg << "' lacks '" << f << "'";
+  }
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 
 TEST(SentencePieceModel, ParsesPiecesAndSpecs) {
@@ -107,6 +137,35 @@ TEST(SentencePieceModel, CorruptModelsAreUsageErrors) {
   dup.push_back({"a", -3, 1});
   EXPECT_THROW(SentencePieceTokenizer::from_bytes(model(dup, 2)), UsageError);
   EXPECT_THROW(SentencePieceTokenizer("/nonexistent/tokenizer.model"), UsageError);
+}
+
+TEST(SentencePieceModel, PiecesSentencePieceWouldRefuseAreRefusedByIndex) {
+  auto with = [](size_t at, P piece, bool byte_fallback = false) {
+    auto p = byte_fallback ? with_byte_pieces(base()) : base();
+    p.insert(p.begin() + static_cast<std::ptrdiff_t>(at), piece);
+    return model(p, 2, byte_fallback);
+  };
+  expect_refused(with(4, {"", 0, 1}), {"piece 4 is empty"}, "empty");
+  expect_refused(with(5, {std::string("a\0b", 3), 0, 1}), {"piece 5", "contains a NUL byte"}, "NUL");
+  expect_refused(with(5, {std::string(8000, 'x'), 0, 1}), {"piece 5 is 8000 bytes long"}, "too long");
+  expect_refused(with(6, {"\xC3\x28", 0, 1}), {"piece 6", "not valid UTF-8"}, "invalid UTF-8");
+  expect_refused(with(3, {"q", 0, 9}), {"piece 3 'q' has type 9"}, "bad type");
+  expect_refused(with(7, {"<0x7a>", 0, 6}, true), {"byte piece '<0x7a>' is not of the form <0xNN>"}, "lowercase byte");
+  expect_refused(with(7, {"<0x100>", 0, 6}, true), {"byte piece '<0x100>'"}, "long byte");
+  auto missing = with_byte_pieces(base());
+  missing.erase(missing.begin() + 7 + 0x41);
+  expect_refused(model(missing, 2, true), {"no byte piece <0x41>"}, "missing byte");
+  expect_refused("", {"no pieces"}, "empty file");
+  // A directory is not a model file.
+  const auto dir = std::filesystem::temp_directory_path() / ("laoyao_spm_dir_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  try {
+    SentencePieceTokenizer t(dir.string());
+    ADD_FAILURE() << "a directory was accepted as a model";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + dir.string() + "' is a directory"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SentencePieceBpe, HighestScoringPairMergesFirst) {
@@ -149,11 +208,10 @@ TEST(SentencePieceBpe, UnknownsMergeOrFallBackToBytes) {
   auto t = SentencePieceTokenizer::from_bytes(model(base(), 2));
   // "xy" are two unknown symbols, reported as one <unk>.
   EXPECT_EQ(t->encode_as_ids("axyb"), (std::vector<TokenId>{3, 4, 0, 5}));
-  auto p = base();
-  p.push_back({"<0x78>", 0, 6});  // 'x'
+  auto p = with_byte_pieces(base());  // <0xNN> has id 7 + NN
   auto f = SentencePieceTokenizer::from_bytes(model(p, 2, /*byte_fallback=*/true));
-  EXPECT_EQ(f->encode_as_ids("axyb"), (std::vector<TokenId>{3, 4, 7, 0, 5}));  // y has no byte piece
-  EXPECT_EQ(f->decode_ids(std::vector<TokenId>{3, 4, 7, 5}), "axb");
+  EXPECT_EQ(f->encode_as_ids("axyb"), (std::vector<TokenId>{3, 4, 7 + 'x', 7 + 'y', 5}));
+  EXPECT_EQ(f->decode_ids(std::vector<TokenId>{3, 4, 7 + 'x', 5}), "axb");
   // A byte piece in a model without byte_fallback is refused, as SentencePiece does.
   EXPECT_THROW(SentencePieceTokenizer::from_bytes(model(p, 2, false)), UsageError);
 }

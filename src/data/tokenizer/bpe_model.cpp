@@ -39,14 +39,14 @@ BpeModel::BpeModel(BpeModelConfig config, const std::string& what)
       ignore_merges_(config.ignore_merges) {
   for (const auto& [tok, id] : vocab_) {
     if (id < 0 || id > INT32_MAX) {
-      throw UsageError(what + ": token '" + tok + "' has id " + std::to_string(id) + " outside [0, 2^31)");
+      throw UsageError(what + ": token " + quote_text(tok) + " has id " + std::to_string(id) + " outside [0, 2^31)");
     }
     vocab_r_[id] = tok;
   }
   if (config.unk_token) {
     auto it = vocab_.find(*config.unk_token);
     if (it == vocab_.end()) {
-      throw UsageError(what + ": the unk_token '" + *config.unk_token + "' is not in the vocab");
+      throw UsageError(what + ": the unk_token " + quote_text(*config.unk_token) + " is not in the vocab");
     }
     unk_id_ = it->second;
   }
@@ -55,8 +55,8 @@ BpeModel::BpeModel(BpeModelConfig config, const std::string& what)
     auto ia = vocab_.find(a), ib = vocab_.find(b), inew = vocab_.find(a + b);
     if (ia == vocab_.end() || ib == vocab_.end() || inew == vocab_.end()) {
       const std::string& missing = ia == vocab_.end() ? a : ib == vocab_.end() ? b : a + b;
-      throw UsageError(what + ": merge " + std::to_string(rank) + " ('" + a + "', '" + b +
-                       "') uses '" + missing + "', which is not in the vocab");
+      throw UsageError(what + ": merge " + std::to_string(rank) + " (" + quote_text(a) + ", " + quote_text(b) +
+                       ") uses " + quote_text(missing) + ", which is not in the vocab");
     }
     // A later duplicate replaces the earlier one (HF collects the merges into a map).
     merges_[pair_key(ia->second, ib->second)] = {rank, inew->second};

@@ -1,5 +1,6 @@
 #include "data/tokenizer/gpt2_bpe_tokenizer.hpp"
 
+#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -26,10 +27,125 @@ std::vector<std::string> split_ws(std::string_view s) {
   return parts;
 }
 
+// Reads one of the two files, saying which flag it came from when it cannot be read (a
+// directory, a missing file).
+std::string read_tokenizer_file(const std::string& path, const char* what) {
+  try {
+    return read_file(path);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("GPT2BPETokenizer ") + what + ": " + e.what());
+  }
+}
+
+// vocab.json: a non-empty JSON object of token -> id, ids unique and in [0, 2^31).
+std::unordered_map<std::string, TokenId> parse_vocab(const std::string& text, const std::string& file) {
+  const std::string where = "GPT2BPETokenizer vocab file '" + file + "'";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw UsageError(where + " is not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) {
+    throw UsageError(where + " must be a JSON object of token -> id (GPT-2's vocab.json / encoder.json), not " +
+                     std::string(j.type_name()));
+  }
+  if (j.empty()) throw UsageError(where + " is an empty JSON object (expected token -> id entries)");
+  std::unordered_map<std::string, TokenId> vocab;
+  std::unordered_map<TokenId, std::string> by_id;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const auto& v = it.value();
+    const bool in_range = (v.is_number_unsigned() && v.get<uint64_t>() <= INT32_MAX) ||
+                          (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX);
+    if (!in_range) {
+      throw UsageError(where + ": the id of token " + quote_text(it.key()) + " is " + v.dump() +
+                       " (expected an integer in [0, 2^31))");
+    }
+    const TokenId id = v.get<TokenId>();
+    if (auto [other, fresh] = by_id.emplace(id, it.key()); !fresh) {
+      throw UsageError(where + ": tokens " + quote_text(other->second) + " and " + quote_text(it.key()) +
+                       " both have id " + std::to_string(id) + " (ids must be unique)");
+    }
+    vocab.emplace(it.key(), id);
+  }
+  // Byte-level BPE spells every text with these 256 characters; without one of them a byte of the
+  // input has no token (Megatron would fail with a KeyError in the middle of preprocessing).
+  for (int b = 0; b < 256; ++b) {
+    const std::string& ch = byte_level_char(static_cast<unsigned char>(b));
+    if (!vocab.contains(ch)) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", b);
+      throw UsageError(where + " has no token for byte " + hex + " (byte-level character " + quote_text(ch) +
+                       "); a GPT-2 byte-level vocabulary has one for each of the 256 bytes");
+    }
+  }
+  return vocab;
+}
+
+// merges.txt as gpt2_tokenization.py reads it (read().split('\n')[1:-1], then str.split() per
+// line), refusing what that reader would silently misread: the first line must be the
+// "#version" header (it is skipped unread), the file must end with a newline (the text after
+// the last one is dropped), and each other non-blank line is one merge "a b" whose halves and
+// concatenation are all tokens of vocab.json (HF refuses a merge outside the vocab).
+std::unordered_map<std::string, int64_t> parse_merges(const std::string& text, const std::string& file,
+                                                      const std::unordered_map<std::string, TokenId>& vocab,
+                                                      const std::string& vocab_file) {
+  const std::string where = "GPT2BPETokenizer merge file '" + file + "'";
+  const auto at_line = [&](size_t n) { return where + " line " + std::to_string(n) + ": "; };
+  if (text.empty()) {
+    throw UsageError(where + " is empty (expected a '#version' header line, then one 'a b' merge per line)");
+  }
+  std::vector<std::string_view> lines;
+  std::string_view all(text);
+  for (size_t start = 0;;) {
+    const size_t nl = all.find('\n', start);
+    lines.push_back(all.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start));
+    if (nl == std::string_view::npos) break;
+    start = nl + 1;
+  }
+  // Python decodes the whole file as UTF-8 first.
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (size_t bad = first_invalid_utf8(lines[i]); bad != std::string_view::npos) {
+      throw UsageError(at_line(i + 1) + "not valid UTF-8 (byte " + std::to_string(bad + 1) + " of the line; " +
+                       quote_text(lines[i]) + "); a merges file is UTF-8 text");
+    }
+  }
+  if (!lines[0].starts_with("#version")) {
+    throw UsageError(at_line(1) + quote_text(lines[0]) +
+                     " is not the '#version: ...' header (Megatron skips the first line unread, so "
+                     "a merges file without the header would silently lose its first merge)");
+  }
+  if (lines.size() > 1 && !split_ws(lines.back()).empty()) {
+    throw UsageError(at_line(lines.size()) + quote_text(lines.back()) +
+                     " does not end with a newline (Megatron drops a last line without one; end the "
+                     "file with a newline)");
+  }
+  std::unordered_map<std::string, int64_t> ranks;
+  for (size_t i = 1; i + 1 < lines.size(); ++i) {
+    const auto parts = split_ws(lines[i]);
+    if (parts.empty()) continue;  // a blank line is no merge (its tuple never matches a pair)
+    if (parts.size() != 2) {
+      throw UsageError(at_line(i + 1) + quote_text(lines[i]) + " has " + std::to_string(parts.size()) +
+                       " field" + (parts.size() == 1 ? "" : "s") + "; expected one merge 'a b' (two tokens)");
+    }
+    for (const std::string& tok : {parts[0], parts[1], parts[0] + parts[1]}) {
+      if (!vocab.contains(tok)) {
+        throw UsageError(at_line(i + 1) + "merge " + quote_text(lines[i]) + " uses " + quote_text(tok) +
+                         ", which is not a token of vocab file '" + vocab_file +
+                         "' (the merges and vocab files do not belong together)");
+      }
+    }
+    // dict(zip(merges, range(len(merges)))): a later duplicate pair overwrites the earlier rank.
+    ranks[parts[0] + " " + parts[1]] = static_cast<int64_t>(i - 1);
+  }
+  return ranks;
+}
+
 }  // namespace
 
 GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_file, const std::string& merge_file) {
-  load(read_file(vocab_file), read_file(merge_file), vocab_file, merge_file);
+  load(read_tokenizer_file(vocab_file, "vocab file (--vocab-file)"),
+       read_tokenizer_file(merge_file, "merge file (--merge-file)"), vocab_file, merge_file);
 }
 
 std::unique_ptr<GPT2BPETokenizer> GPT2BPETokenizer::from_strings(const std::string& vocab_json,
@@ -41,48 +157,9 @@ std::unique_ptr<GPT2BPETokenizer> GPT2BPETokenizer::from_strings(const std::stri
 
 void GPT2BPETokenizer::load(const std::string& vocab_json, const std::string& merges_txt,
                             const std::string& vocab_name, const std::string& merges_name) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(vocab_json);
-  } catch (const std::exception& e) {
-    throw UsageError("GPT2BPETokenizer vocab file '" + vocab_name + "' is not valid JSON: " + e.what());
-  }
-  if (!j.is_object()) {
-    throw UsageError("GPT2BPETokenizer vocab file '" + vocab_name +
-                     "' must be a JSON object of token -> id (GPT-2's vocab.json / encoder.json)");
-  }
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!it.value().is_number_integer()) {
-      throw UsageError("GPT2BPETokenizer vocab file '" + vocab_name + "': the id of token '" +
-                       it.key() + "' is not an integer");
-    }
-    const TokenId id = it.value().get<TokenId>();
-    encoder_[it.key()] = id;
-    decoder_[id] = it.key();
-  }
-  // gpt2_tokenization.py: merges = read().split('\n')[1:-1]; ranks = dict(zip(merges, range())):
-  // the first line is skipped, and a later duplicate pair overwrites the earlier rank.
-  std::vector<std::string_view> lines;
-  std::string_view all(merges_txt);
-  size_t start = 0;
-  while (true) {
-    size_t nl = all.find('\n', start);
-    if (nl == std::string_view::npos) {
-      lines.push_back(all.substr(start));
-      break;
-    }
-    lines.push_back(all.substr(start, nl - start));
-    start = nl + 1;
-  }
-  if (lines.size() < 2) {
-    throw UsageError("GPT2BPETokenizer merge file '" + merges_name +
-                     "' has no merges (expected a '#version' line, then one 'a b' pair per line)");
-  }
-  for (size_t i = 1; i + 1 < lines.size(); ++i) {
-    auto parts = split_ws(lines[i]);
-    if (parts.size() != 2) continue;  // such a tuple never equals a pair in Python either
-    ranks_[parts[0] + " " + parts[1]] = static_cast<int64_t>(i - 1);
-  }
+  encoder_ = parse_vocab(vocab_json, vocab_name);
+  for (const auto& [tok, id] : encoder_) decoder_.emplace(id, tok);
+  ranks_ = parse_merges(merges_txt, merges_name, encoder_, vocab_name);
   auto eod = encoder_.find("<|endoftext|>");
   if (eod == encoder_.end()) {
     throw UsageError("GPT2BPETokenizer vocab file '" + vocab_name +

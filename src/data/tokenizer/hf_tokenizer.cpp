@@ -1,9 +1,10 @@
 #include "data/tokenizer/hf_tokenizer.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <unordered_set>
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
@@ -179,6 +180,87 @@ std::optional<std::string> token_name(const json& v) {
   return std::nullopt;
 }
 
+// A token id as HF stores it: an integer in [0, 2^31).
+std::optional<TokenId> json_token_id(const json& v) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() <= INT32_MAX) return static_cast<TokenId>(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i >= 0 && i <= INT32_MAX) return static_cast<TokenId>(i);
+  }
+  return std::nullopt;
+}
+
+// model.vocab: a non-empty object of token -> id with unique ids.
+std::unordered_map<std::string, TokenId> parse_model_vocab(const json& model, const std::string& where) {
+  if (!model.contains("vocab") || !model["vocab"].is_object()) {
+    throw UsageError(where + ": model.vocab must be an object of token -> id");
+  }
+  const json& v = model["vocab"];
+  if (v.empty()) throw UsageError(where + ": model.vocab is empty (expected token -> id entries)");
+  std::unordered_map<std::string, TokenId> vocab;
+  std::unordered_map<TokenId, std::string> by_id;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const auto id = json_token_id(it.value());
+    if (!id) {
+      throw UsageError(where + ": model.vocab gives token " + quote_text(it.key()) + " the id " + it.value().dump() +
+                       " (expected an integer in [0, 2^31))");
+    }
+    if (auto [other, fresh] = by_id.emplace(*id, it.key()); !fresh) {
+      throw UsageError(where + ": model.vocab gives tokens " + quote_text(other->second) + " and " +
+                       quote_text(it.key()) + " the same id " + std::to_string(*id) + " (ids must be unique)");
+    }
+    vocab.emplace(it.key(), *id);
+  }
+  return vocab;
+}
+
+// model.merges: "a b" strings (HF's legacy form: exactly one space; "#version" lines skipped) or
+// ["a", "b"] pairs, in rank order.
+std::vector<std::pair<std::string, std::string>> parse_model_merges(const json& model, const std::string& where) {
+  std::vector<std::pair<std::string, std::string>> merges;
+  if (!model.contains("merges") || model["merges"].is_null()) return merges;
+  const json& list = model["merges"];
+  if (!list.is_array()) throw UsageError(where + ": model.merges must be a list");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& m = list[i];
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      if (s.starts_with("#version")) continue;
+      const size_t sp = s.find(' ');
+      if (sp != std::string::npos && s.find(' ', sp + 1) == std::string::npos) {
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      }
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    }
+    if (a.empty() || b.empty()) {
+      throw UsageError(where + ": model.merges[" + std::to_string(i) + "] is " + quote_text(m.dump()) +
+                       "; expected \"a b\" (two tokens separated by one space) or [\"a\", \"b\"]");
+    }
+    merges.emplace_back(std::move(a), std::move(b));
+  }
+  return merges;
+}
+
+// The eos_token a tokenizer_config.json / special_tokens_map.json names, if any.
+std::optional<std::string> config_eos_token(const std::string& text, const std::string& file) {
+  json cj;
+  try {
+    cj = json::parse(text);
+  } catch (const json::exception& e) {
+    throw UsageError("HuggingFaceTokenizer: '" + file + "' is not valid JSON: " + e.what());
+  }
+  if (!cj.is_object()) throw UsageError("HuggingFaceTokenizer: '" + file + "' must be a JSON object");
+  if (!cj.contains("eos_token") || cj["eos_token"].is_null()) return std::nullopt;
+  if (auto name = token_name(cj["eos_token"])) return name;
+  throw UsageError("HuggingFaceTokenizer: '" + file + "': eos_token is " + quote_text(cj["eos_token"].dump()) +
+                   "; expected a string or {\"content\": \"...\"}");
+}
+
 }  // namespace
 
 struct HuggingFaceTokenizer::Impl {
@@ -194,13 +276,18 @@ struct HuggingFaceTokenizer::Impl {
   std::vector<DecodeStep> decoders;
   std::string decoder_error;  // set when the file's decoder is not supported
   bool add_special_tokens = true;
+  bool drops_unknown_chars = false;  // the model has neither an unk token nor byte fallback
   TokenId eod = -1;
   int64_t vocab_size = 0;
 
+  void parse_model(const json& spec);
+  void parse_added_tokens(const json& list);
   void parse_normalizer(const json& j);
   void parse_pre_tokenizer(const json& j);
   void parse_post_processor(const json& j);
   void parse_decoder(const json& j);
+  // What holds between the parts: the byte-level alphabet, the post-processor's ids.
+  void check_consistency() const;
   std::string normalize(std::string s) const;
   void encode_segment(std::string_view seg, std::vector<TokenId>& ids) const;
 };
@@ -253,8 +340,10 @@ void HuggingFaceTokenizer::Impl::parse_post_processor(const json& j) {
   const std::string type = str_field(j, "type", what);
   auto special_id = [&](const json& pair) -> TokenId {
     // Roberta/Bert: ["</s>", 2]
-    if (pair.is_array() && pair.size() == 2 && pair[1].is_number_integer()) return pair[1].get<TokenId>();
-    throw UsageError(what + ": expected [token, id] pairs");
+    if (pair.is_array() && pair.size() == 2) {
+      if (auto id = json_token_id(pair[1])) return *id;
+    }
+    throw UsageError(what + ": expected [token, id] pairs with an id in [0, 2^31), got " + quote_text(pair.dump()));
   };
   if (type == "Sequence") {
     for (const auto& p : j.value("processors", json::array())) parse_post_processor(p);
@@ -274,7 +363,14 @@ void HuggingFaceTokenizer::Impl::parse_post_processor(const json& j) {
       if (!specials.contains(name) || !specials[name].contains("ids")) {
         throw UsageError(what + ": template names special token '" + name + "' without ids");
       }
-      for (const auto& id : specials[name]["ids"]) (seen_a ? post_suffix : post_prefix).push_back(id.get<TokenId>());
+      for (const auto& v : specials[name]["ids"]) {
+        const auto id = json_token_id(v);
+        if (!id) {
+          throw UsageError(what + ": special token '" + name + "' has id " + v.dump() +
+                           "; expected an integer in [0, 2^31)");
+        }
+        (seen_a ? post_suffix : post_prefix).push_back(*id);
+      }
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     post_prefix.push_back(special_id(j.value("cls", json())));
@@ -364,118 +460,169 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path, HuggingFaceT
   namespace fs = std::filesystem;
   fs::path file = path;
   std::error_code ec;
-  if (fs::is_directory(file, ec)) file /= "tokenizer.json";
-  if (!fs::is_regular_file(file, ec)) {
-    throw UsageError("HuggingFaceTokenizer: '" + path +
-                     "' is neither a tokenizer.json file nor a directory containing one");
+  const char* kAccepted = "(expected a tokenizer.json file or a directory holding one)";
+  if (!fs::exists(file, ec)) throw UsageError("HuggingFaceTokenizer: '" + path + "' does not exist " + kAccepted);
+  if (fs::is_directory(file, ec)) {
+    file /= "tokenizer.json";
+    if (!fs::exists(file, ec)) {
+      throw UsageError("HuggingFaceTokenizer: directory '" + path + "' has no tokenizer.json " + kAccepted);
+    }
   }
+  // The eos_token comes from the first of these beside tokenizer.json that names one; a file
+  // that is there but broken is refused rather than skipped (the eod would silently change).
   std::string config;
   for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
     fs::path c = file.parent_path() / name;
-    if (fs::is_regular_file(c, ec)) {
-      std::string text = read_file(c.string());
-      json cj = json::parse(text, nullptr, false);
-      if (!cj.is_discarded() && cj.contains("eos_token") && token_name(cj["eos_token"])) {
-        config = text;
-        break;
-      }
+    if (!fs::is_regular_file(c, ec)) continue;
+    std::string text = read_file(c.string());
+    if (config_eos_token(text, c.string())) {
+      config = std::move(text);
+      break;
     }
   }
-  auto t = from_json(read_file(file.string()), config, options);
+  auto t = parse(read_file(file.string()), config, options, file.string());
   impl_ = std::move(t->impl_);
-  impl_->source = file.string();
 }
 
 std::unique_ptr<HuggingFaceTokenizer> HuggingFaceTokenizer::from_json(const std::string& tokenizer_json,
                                                                       const std::string& config_json,
                                                                       HuggingFaceTokenizerOptions options) {
+  return parse(tokenizer_json, config_json, options, "tokenizer.json");
+}
+
+void HuggingFaceTokenizer::Impl::parse_model(const json& spec) {
+  const std::string mtype = spec.value("type", "BPE");
+  if (mtype != "BPE") {
+    throw UsageError(source + ": model type '" + mtype +
+                     "' is not supported (only BPE; use SentencePieceTokenizer for .model files)");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (spec.contains(key) && spec[key].is_string() && !spec[key].get<std::string>().empty()) {
+      throw UsageError(source + ": BPE " + key + " is not supported");
+    }
+  }
+  if (spec.contains("dropout") && !spec["dropout"].is_null() && spec["dropout"].get<double>() != 0.0) {
+    throw UsageError(source + ": BPE dropout is not supported (it makes tokenization random)");
+  }
+  BpeModelConfig cfg;
+  cfg.vocab = parse_model_vocab(spec, source);
+  cfg.merges = parse_model_merges(spec, source);
+  if (spec.contains("unk_token") && spec["unk_token"].is_string()) cfg.unk_token = spec["unk_token"].get<std::string>();
+  cfg.fuse_unk = bool_field(spec, "fuse_unk", false);
+  cfg.byte_fallback = bool_field(spec, "byte_fallback", false);
+  cfg.ignore_merges = bool_field(spec, "ignore_merges", false);
+  drops_unknown_chars = !cfg.unk_token && !cfg.byte_fallback;
+  model = std::make_unique<BpeModel>(std::move(cfg), source + " model");
+}
+
+void HuggingFaceTokenizer::Impl::parse_added_tokens(const json& list) {
+  if (list.is_null()) return;
+  if (!list.is_array()) throw UsageError(source + ": added_tokens must be a list");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& a = list[i];
+    const std::string what = source + ": added_tokens[" + std::to_string(i) + "]";
+    if (!a.is_object()) throw UsageError(what + " is " + quote_text(a.dump()) + "; expected an object");
+    AddedToken tok{str_field(a, "content", what), 0, bool_field(a, "single_word", false),
+                   bool_field(a, "lstrip", false), bool_field(a, "rstrip", false)};
+    if (tok.content.empty()) throw UsageError(what + " has an empty \"content\"");
+    const auto id = json_token_id(a.value("id", json()));
+    if (!id) {
+      throw UsageError(what + " " + quote_text(tok.content) + " has id " + a.value("id", json()).dump() +
+                       "; expected an integer in [0, 2^31)");
+    }
+    tok.id = *id;
+    // One id, one token: an added token may repeat a model token, but with the model's id.
+    if (auto mid = model->token_to_id(tok.content); mid && *mid != tok.id) {
+      throw UsageError(what + " " + quote_text(tok.content) + " has id " + std::to_string(tok.id) +
+                       ", but model.vocab gives that token id " + std::to_string(*mid));
+    }
+    if (const std::string* other = model->id_to_token(tok.id); other && *other != tok.content) {
+      throw UsageError(what + " " + quote_text(tok.content) + " has id " + std::to_string(tok.id) +
+                       ", which model.vocab gives to " + quote_text(*other));
+    }
+    if (auto it = added_by_id.find(tok.id); it != added_by_id.end() && it->second != tok.content) {
+      throw UsageError(what + " " + quote_text(tok.content) + " has id " + std::to_string(tok.id) +
+                       ", as has the added token " + quote_text(it->second));
+    }
+    added_by_id[tok.id] = tok.content;
+    added_by_content[tok.content] = tok.id;
+    added.push_back(std::move(tok));
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    added_by_first[static_cast<unsigned char>(added[i].content[0])].push_back(i);
+  }
+  for (auto& v : added_by_first) {
+    std::stable_sort(v.begin(), v.end(),
+                     [&](size_t a, size_t b) { return added[a].content.size() > added[b].content.size(); });
+  }
+}
+
+void HuggingFaceTokenizer::Impl::check_consistency() const {
+  // A ByteLevel pre-tokenizer spells all text with 256 characters; a vocabulary lacking one (with
+  // no unk token or byte fallback to catch it) would silently drop those bytes from the data.
+  const bool byte_level =
+      std::any_of(pre.begin(), pre.end(), [](const PreStep& p) { return p.kind == PreStep::kByteLevel; });
+  if (byte_level && drops_unknown_chars) {
+    for (int b = 0; b < 256; ++b) {
+      const std::string& ch = byte_level_char(static_cast<unsigned char>(b));
+      if (!model->token_to_id(ch)) {
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "0x%02X", b);
+        throw UsageError(source + ": model.vocab has no token for byte " + hex + " (byte-level character " +
+                         quote_text(ch) + "), which its ByteLevel pre-tokenizer produces, and no unk_token or "
+                         "byte_fallback (that byte would be dropped from the data)");
+      }
+    }
+  }
+  for (const auto* ids : {&post_prefix, &post_suffix}) {
+    for (TokenId id : *ids) {
+      if (!added_by_id.contains(id) && !model->id_to_token(id)) {
+        throw UsageError(source + ": post_processor adds token id " + std::to_string(id) +
+                         ", which is neither in model.vocab nor in added_tokens");
+      }
+    }
+  }
+}
+
+std::unique_ptr<HuggingFaceTokenizer> HuggingFaceTokenizer::parse(const std::string& tokenizer_json,
+                                                                  const std::string& config_json,
+                                                                  HuggingFaceTokenizerOptions options,
+                                                                  const std::string& file) {
   std::unique_ptr<HuggingFaceTokenizer> t(new HuggingFaceTokenizer());
   t->impl_ = std::make_unique<Impl>();
   Impl& im = *t->impl_;
-  im.source = "tokenizer.json";
+  im.source = "HuggingFaceTokenizer file '" + file + "'";
   im.add_special_tokens = options.add_special_tokens;
   json root;
   try {
     root = json::parse(tokenizer_json);
-  } catch (const std::exception& e) {
-    throw UsageError("HuggingFaceTokenizer: tokenizer.json is not valid JSON: " + std::string(e.what()));
+  } catch (const json::exception& e) {
+    throw UsageError(im.source + " is not valid JSON: " + e.what());
   }
-  if (!root.is_object() || !root.contains("model")) {
-    throw UsageError("HuggingFaceTokenizer: tokenizer.json has no \"model\" (is it a HF tokenizers file?)");
+  if (!root.is_object() || !root.contains("model") || !root["model"].is_object()) {
+    throw UsageError(im.source + " has no \"model\" object (is it a HF tokenizers tokenizer.json?)");
   }
-  const json& model = root["model"];
-  const std::string mtype = model.value("type", "BPE");
-  if (mtype != "BPE") {
-    throw UsageError("HuggingFaceTokenizer: model type '" + mtype +
-                     "' is not supported (only BPE; use SentencePieceTokenizer for .model files)");
+  try {
+    im.parse_model(root["model"]);
+    im.parse_added_tokens(root.value("added_tokens", json()));
+    im.parse_normalizer(root.value("normalizer", json()));
+    im.parse_pre_tokenizer(root.value("pre_tokenizer", json()));
+    im.parse_post_processor(root.value("post_processor", json()));
+    im.parse_decoder(root.value("decoder", json()));
+  } catch (const json::exception& e) {
+    // A field of an unexpected JSON type that no check above names.
+    throw UsageError(im.source + ": unexpected JSON structure (" + e.what() + ")");
   }
-  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty()) {
-      throw UsageError(std::string("HuggingFaceTokenizer: BPE ") + key + " is not supported");
-    }
-  }
-  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
-    throw UsageError("HuggingFaceTokenizer: BPE dropout is not supported (it makes tokenization random)");
-  }
-  BpeModelConfig cfg;
-  if (!model.contains("vocab") || !model["vocab"].is_object()) {
-    throw UsageError("HuggingFaceTokenizer: model.vocab must be an object of token -> id");
-  }
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) cfg.vocab[it.key()] = it.value().get<TokenId>();
-  for (const auto& m : model.value("merges", json::array())) {
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos) throw UsageError("HuggingFaceTokenizer: merge '" + s + "' is not 'a b'");
-      cfg.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      cfg.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-    } else {
-      throw UsageError("HuggingFaceTokenizer: merge " + m.dump() + " is neither \"a b\" nor [\"a\", \"b\"]");
-    }
-  }
-  if (model.contains("unk_token") && model["unk_token"].is_string()) cfg.unk_token = model["unk_token"].get<std::string>();
-  cfg.fuse_unk = bool_field(model, "fuse_unk", false);
-  cfg.byte_fallback = bool_field(model, "byte_fallback", false);
-  cfg.ignore_merges = bool_field(model, "ignore_merges", false);
-  std::unordered_set<std::string> all_tokens;
-  for (const auto& [tok, id] : cfg.vocab) all_tokens.insert(tok);
-  im.model = std::make_unique<BpeModel>(std::move(cfg), "HuggingFaceTokenizer model");
-
-  for (const auto& a : root.value("added_tokens", json::array())) {
-    AddedToken tok{str_field(a, "content", "added_tokens"), a.value("id", TokenId{-1}),
-                   bool_field(a, "single_word", false), bool_field(a, "lstrip", false),
-                   bool_field(a, "rstrip", false)};
-    if (tok.content.empty() || tok.id < 0) continue;
-    all_tokens.insert(tok.content);
-    im.added_by_id[tok.id] = tok.content;
-    im.added_by_content[tok.content] = tok.id;
-    im.added.push_back(std::move(tok));
-  }
-  for (size_t i = 0; i < im.added.size(); ++i) {
-    im.added_by_first[static_cast<unsigned char>(im.added[i].content[0])].push_back(i);
-  }
-  for (auto& v : im.added_by_first) {
-    std::stable_sort(v.begin(), v.end(), [&](size_t a, size_t b) {
-      return im.added[a].content.size() > im.added[b].content.size();
-    });
-  }
-  // len(tokenizer): the model vocab together with the added tokens.
-  im.vocab_size = static_cast<int64_t>(all_tokens.size());
-
-  im.parse_normalizer(root.value("normalizer", json()));
-  im.parse_pre_tokenizer(root.value("pre_tokenizer", json()));
-  im.parse_post_processor(root.value("post_processor", json()));
-  im.parse_decoder(root.value("decoder", json()));
+  im.check_consistency();
+  // len(tokenizer): the model vocab together with the added tokens not already in it.
+  im.vocab_size = static_cast<int64_t>(im.model->vocab().size());
+  for (const auto& [content, id] : im.added_by_content) im.vocab_size += im.model->token_to_id(content) ? 0 : 1;
 
   std::optional<std::string> eos = options.eos_token;
-  if (!eos && !config_json.empty()) {
-    json cj = json::parse(config_json, nullptr, false);
-    if (!cj.is_discarded() && cj.is_object() && cj.contains("eos_token")) eos = token_name(cj["eos_token"]);
-  }
+  if (!eos && !config_json.empty()) eos = config_eos_token(config_json, "tokenizer_config.json");
   if (eos) {
     auto id = t->token_to_id(*eos);
-    if (!id) throw UsageError("HuggingFaceTokenizer: eos_token '" + *eos + "' is not in the vocabulary");
+    if (!id) throw UsageError(im.source + ": eos_token " + quote_text(*eos) + " is not in the vocabulary");
     im.eod = *id;
   }
   return t;

@@ -49,6 +49,9 @@ class HuggingFaceTokenizer final : public Tokenizer {
 
  private:
   HuggingFaceTokenizer() = default;
+  // `file` names the source in error messages.
+  static std::unique_ptr<HuggingFaceTokenizer> parse(const std::string& tokenizer_json, const std::string& config_json,
+                                                     HuggingFaceTokenizerOptions options, const std::string& file);
   std::unique_ptr<Impl> impl_;
 };
 

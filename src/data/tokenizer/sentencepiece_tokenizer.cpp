@@ -21,13 +21,48 @@ size_t one_char_len(unsigned char c) {
   return kLen[c >> 4];
 }
 
+// The byte a "<0xNN>" piece stands for (SentencePiece writes NN as two uppercase hex digits and
+// accepts only that spelling), or -1.
+int byte_piece_value(std::string_view piece) {
+  auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+  if (piece.size() != 6 || !piece.starts_with("<0x") || piece[5] != '>') return -1;
+  const int hi = hex(piece[3]), lo = hex(piece[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+// What SentencePiece's ModelInterface requires of each piece, plus UTF-8 (pieces are text: an
+// invalid one could never match normalized input and would only hide a corrupt file).
+void check_piece(const SentencePieceModelProto::Piece& p, size_t i, const std::string& what) {
+  const std::string where = what + ": piece " + std::to_string(i);
+  if (p.piece.empty()) throw UsageError(where + " is empty");
+  if (p.piece.size() >= 8000) {
+    throw UsageError(where + " is " + std::to_string(p.piece.size()) + " bytes long (SentencePiece's limit is 7999)");
+  }
+  if (p.piece.find('\0') != std::string::npos) {
+    throw UsageError(where + " " + quote_text(p.piece) + " contains a NUL byte");
+  }
+  if (size_t bad = first_invalid_utf8(p.piece); bad != std::string::npos) {
+    throw UsageError(where + " " + quote_text(p.piece) + " is not valid UTF-8 (byte " + std::to_string(bad + 1) + ")");
+  }
+  if (p.type < SentencePieceModelProto::kNormal || p.type > SentencePieceModelProto::kByte) {
+    throw UsageError(where + " " + quote_text(p.piece) + " has type " + std::to_string(p.type) +
+                     " (accepted: 1 NORMAL, 2 UNKNOWN, 3 CONTROL, 4 USER_DEFINED, 5 UNUSED, 6 BYTE)");
+  }
+}
+
 }  // namespace
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, SentencePieceFlavor flavor,
                                                int vocab_extra_ids) {
-  init(read_file(model_file), "SentencePiece model '" + model_file + "'", flavor, vocab_extra_ids);
+  std::string bytes;
+  try {
+    bytes = read_file(model_file);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("SentencePiece model (--tokenizer-model): ") + e.what());
+  }
+  init(bytes, "SentencePiece model '" + model_file + "'", flavor, vocab_extra_ids);
 }
 
 std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_bytes(std::string_view model_proto,
@@ -63,7 +98,7 @@ void SentencePieceTokenizer::init(std::string_view bytes, const std::string& wha
   for (size_t i = 0; i < model_.pieces.size(); ++i) {
     const auto& p = model_.pieces[i];
     const TokenId id = static_cast<TokenId>(i);
-    if (p.piece.empty()) throw UsageError(what + ": piece " + std::to_string(i) + " is empty");
+    check_piece(p, i, what);
     const bool normal = p.type == SentencePieceModelProto::kNormal || p.type == SentencePieceModelProto::kUserDefined ||
                         p.type == SentencePieceModelProto::kUnused;
     Map& m = normal ? pieces_ : reserved_;
@@ -81,11 +116,25 @@ void SentencePieceTokenizer::init(std::string_view bytes, const std::string& wha
     }
     if (p.type == SentencePieceModelProto::kByte) {
       if (!model_.byte_fallback) throw UsageError(what + ": byte piece '" + p.piece + "' found but byte_fallback is off");
-      unsigned v;
-      if (p.piece.size() == 6 && std::sscanf(p.piece.c_str(), "<0x%2X>", &v) == 1) byte_ids_[v & 0xFF] = id;
+      const int b = byte_piece_value(p.piece);
+      if (b < 0) {
+        throw UsageError(what + ": byte piece " + quote_text(p.piece) + " is not of the form <0xNN> (NN: uppercase hex)");
+      }
+      byte_ids_[b] = id;
     }
   }
   if (!have_unk) throw UsageError(what + ": the model defines no unknown piece");
+  // SentencePiece refuses a byte_fallback model that cannot spell every byte.
+  if (model_.byte_fallback) {
+    for (int b = 0; b < 256; ++b) {
+      if (byte_ids_[b] < 0) {
+        char name[8];
+        std::snprintf(name, sizeof(name), "<0x%02X>", b);
+        throw UsageError(what + ": byte_fallback is on but there is no byte piece " + name +
+                         " (such a model has all 256)");
+      }
+    }
+  }
   std::stable_sort(user_defined.begin(), user_defined.end(),
                    [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   user_defined_ = user_defined;

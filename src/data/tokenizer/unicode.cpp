@@ -67,14 +67,37 @@ void append_utf8(std::string& out, char32_t c) {
   }
 }
 
-bool is_valid_utf8(std::string_view s) {
+bool is_valid_utf8(std::string_view s) { return first_invalid_utf8(s) == std::string_view::npos; }
+
+size_t first_invalid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     char32_t cp;
     size_t n = decode_valid(s, i, cp);
-    if (!n) return false;
+    if (!n) return i;
     i += n;
   }
-  return true;
+  return std::string_view::npos;
+}
+
+std::string quote_text(std::string_view s, size_t max_bytes) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out = "'";
+  size_t i = 0;
+  while (i < s.size() && i < max_bytes) {
+    char32_t cp;
+    const size_t n = decode_valid(s, i, cp);
+    if (n > 1 || (n == 1 && cp >= 0x20 && cp != 0x7F)) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    const auto b = static_cast<unsigned char>(s[i++]);
+    out += "\\x";
+    out += kHex[b >> 4];
+    out += kHex[b & 0xF];
+  }
+  if (i < s.size()) out += "...";
+  return out + "'";
 }
 
 std::string utf8_replace_invalid(std::string_view s) {

@@ -17,5 +17,11 @@ void append_utf8(std::string& out, char32_t c);
 bool is_valid_utf8(std::string_view s);
 // Python's bytes.decode('utf-8', errors='replace'): each maximal invalid subpart becomes U+FFFD.
 std::string utf8_replace_invalid(std::string_view s);
+// Offset of the first byte of `s` that does not start a valid UTF-8 character, or npos.
+size_t first_invalid_utf8(std::string_view s);
+// `s` for a one-line error message, between single quotes: control characters and bytes that
+// are not valid UTF-8 written as \xNN, and cut after `max_bytes` with "..." (a line of random
+// bytes must not flood the terminal or break the message across lines).
+std::string quote_text(std::string_view s, size_t max_bytes = 60);
 
 }  // namespace laoyao::tokenizer
