@@ -106,7 +106,7 @@ template <class T> struct Conv<std::vector<T>> {
 template <> struct Conv<std::map<std::string, std::string>> {
   static std::string type() { return "a mapping of names to strings"; }
   static Value to(const std::map<std::string, std::string>& x) {
-    std::vector<std::pair<std::string, Value>> out;
+    std::vector<Value::Entry> out;
     for (const auto& [k, s] : x) out.emplace_back(k, Value::string(s));
     return Value::make_map(std::move(out));
   }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <map>
 
 #include "config/fields.hpp"
+#include "config/validate.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
 
@@ -23,6 +25,7 @@ struct Pending {
   bool swiglu = false;
   bool bias_gelu_fusion = true;
   bool bias_swiglu_fusion = true;
+  bool bf16 = false, fp16 = false;  // --bf16, --fp16: both is validate_args' conflict
 };
 
 struct State {
@@ -34,6 +37,9 @@ struct State {
   void set(const std::string& path, const Value& v, const std::string& text) {
     Field* f = find_field(fields, path);
     if (!f) throw Error("internal: flag " + flag + " maps to unknown field " + path);
+    // Here the flag the user typed is known (--layernorm-epsilon, not its alias --norm-epsilon).
+    if (const auto bad = forbidden_non_finite(path, v))
+      throw UsageError(flag + " must be a finite number, got " + format_double(*bad));
     try {
       f->set(v);
     } catch (const UsageError& e) {
@@ -68,12 +74,25 @@ struct FlagSpec {
 // --moe-layer-freq takes an int or a Python list expression such as "([0]+[1]*26)" or
 // "([1]*3+[0]*1)*3"; Megatron eval()s it. We evaluate that small grammar: lists of ints,
 // '+' concatenation, '*' repetition, parentheses.
+// The list is one entry per layer: its length and nesting are bounded far above any model's, so
+// "[1]*999999999999" or a million parentheses is a message, not an exhausted memory or stack.
 struct ListExpr {
+  static constexpr size_t kMaxEntries = 100000;
+  static constexpr int kMaxDepth = 64;
   std::string t;
   size_t p = 0;
+  int depth = 0;
   [[noreturn]] void fail() {
-    throw UsageError("bad value '" + t + "' for --moe-layer-freq: expected an integer or a list expression such as "
-                     "\"([0]+[1]*26)\"");
+    throw UsageError("bad value '" + t.substr(0, 80) + (t.size() > 80 ? "..." : "") +
+                     "' for --moe-layer-freq: expected an integer or a list expression such as \"([0]+[1]*26)\"");
+  }
+  [[noreturn]] void too_large() {
+    throw UsageError("bad value for --moe-layer-freq: the list expression has more than " +
+                     std::to_string(kMaxEntries) + " entries or " + std::to_string(kMaxDepth) +
+                     " levels of parentheses (it lists one 0/1 per layer)");
+  }
+  void grown(size_t size) {
+    if (size > kMaxEntries) too_large();
   }
   void ws() { while (p < t.size() && t[p] == ' ') ++p; }
   int64_t number() {
@@ -81,13 +100,17 @@ struct ListExpr {
     size_t s = p;
     while (p < t.size() && std::isdigit(static_cast<unsigned char>(t[p]))) ++p;
     if (s == p) fail();
-    return std::stoll(t.substr(s, p - s));
+    int64_t v = 0;
+    if (std::from_chars(t.data() + s, t.data() + p, v).ec != std::errc()) too_large();
+    return v;
   }
   std::vector<int64_t> atom() {
     ws();
     if (p < t.size() && t[p] == '(') {
       ++p;
+      if (++depth > kMaxDepth) too_large();
       auto v = sum();
+      --depth;
       ws();
       if (p >= t.size() || t[p] != ')') fail();
       ++p;
@@ -100,6 +123,7 @@ struct ListExpr {
     if (p < t.size() && t[p] == ']') return ++p, v;
     while (true) {
       v.push_back(number());
+      grown(v.size());
       ws();
       if (p < t.size() && t[p] == ',') { ++p; continue; }
       if (p < t.size() && t[p] == ']') { ++p; break; }
@@ -114,6 +138,11 @@ struct ListExpr {
       if (p >= t.size() || t[p] != '*') return v;
       ++p;
       int64_t n = number();
+      if (v.empty() || n == 0) {  // (no loop: "[]*10**12" would spin)
+        v.clear();
+        continue;
+      }
+      if (static_cast<size_t>(n) > kMaxEntries / v.size()) too_large();
       std::vector<int64_t> r;
       for (int64_t k = 0; k < n; ++k) r.insert(r.end(), v.begin(), v.end());
       v = std::move(r);
@@ -127,6 +156,7 @@ struct ListExpr {
       ++p;
       auto w = product();
       v.insert(v.end(), w.begin(), w.end());
+      grown(v.size());
     }
   }
 };
@@ -390,9 +420,15 @@ const std::vector<FlagSpec>& flag_table() {
       {"--override-opt_param-scheduler", Kind::True, "scheduler.override_opt_param_scheduler"},
       {"--use-checkpoint-opt_param-scheduler", Kind::True, "scheduler.use_checkpoint_opt_param_scheduler"},
       {"--bf16", Kind::True, nullptr, nullptr,
-       [](State& s, const std::vector<std::string>&) { s.set_text("mixed_precision", "bf16_mixed"); }},
+       [](State& s, const std::vector<std::string>&) {
+         s.pending.bf16 = true;
+         s.set_text("mixed_precision", "bf16_mixed");
+       }},
       {"--fp16", Kind::True, nullptr, nullptr,
-       [](State& s, const std::vector<std::string>&) { s.set_text("mixed_precision", "fp16_mixed"); }},
+       [](State& s, const std::vector<std::string>&) {
+         s.pending.fp16 = true;
+         s.set_text("mixed_precision", "fp16_mixed");
+       }},
       {"--fp8-format", Kind::Refuse, nullptr, "FP8 training is not implemented"},
       {"--fp8-recipe", Kind::Refuse, nullptr, "FP8 training is not implemented"},
       {"--fp8-margin", Kind::Refuse, nullptr, "FP8 training is not implemented"},
@@ -600,6 +636,8 @@ ConfigContainer parse_mlm_args(const std::vector<std::string>& args) {
     }
   }
   // Megatron-LM's validate_args: decisions that depend on several flags.
+  if (s.pending.bf16 && s.pending.fp16)  // its assert, ahead of anything a half precision would change
+    throw UsageError("cannot specify both fp16 and bf16: --fp16 and --bf16 are exclusive; choose one");
   auto& m = s.cfg.model;
   if (s.pending.group_query_attention && s.pending.num_query_groups) {
     s.flag = "--num-query-groups";

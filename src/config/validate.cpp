@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
 
+#include "config/fields.hpp"
 #include "config/mlm_args.hpp"
 #include "data/gpt_dataset_budget.hpp"
 #include "core/error.hpp"
@@ -51,6 +55,43 @@ std::vector<std::string> mixed_precision_presets() {
 
 namespace {
 
+// The kernels hold a dimension in a 32-bit int (GEMM sizes, token ids, attention's positions and
+// heads), so a larger one can never be built; capping them also keeps every product of a few of
+// them (parameter counts, tokens) inside 64 bits.
+constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
+constexpr int64_t kMaxCount = std::numeric_limits<int64_t>::max();
+
+// a x b x ..., or nullopt where the product leaves int64 (all factors are positive).
+OptInt checked_product(std::initializer_list<int64_t> factors) {
+  int64_t out = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(out, f, &out)) return std::nullopt;
+  return out;
+}
+
+// The first NaN or infinity in a value (lists and mappings searched too), or nullptr.
+const double* non_finite(const Value& v) {
+  if (v.kind == Value::Kind::Float) return std::isfinite(v.f) ? nullptr : &v.f;
+  for (const auto& e : v.list)
+    if (const double* bad = non_finite(e)) return bad;
+  for (const auto& e : v.map)
+    if (const double* bad = non_finite(e.second)) return bad;
+  return nullptr;
+}
+
+}  // namespace
+
+// NaN fails every comparison, so a NaN would slip past the rules or make an unrelated one fail:
+// no float setting may be NaN or infinite. Only clip_grad may be +inf (no clipping, the norm still
+// computed, as torch's clip_grad_norm_ with max_norm inf).
+std::optional<double> forbidden_non_finite(const std::string& path, const Value& v) {
+  const double* bad = non_finite(v);
+  if (!bad || (path == "optimizer.clip_grad" && *bad > 0)) return std::nullopt;
+  return *bad;
+}
+
+namespace {
+
 // A sample count as Python prints it: 16000 for a whole number, 8.4 otherwise.
 std::string number(double v) {
   if (v == std::floor(v) && std::abs(v) < 9e15) return std::to_string(static_cast<int64_t>(v));
@@ -67,6 +108,40 @@ struct Checker {
   [[noreturn]] void fail(const std::string& msg) const { throw UsageError(msg); }
   void positive(const std::string& path, int64_t v) const {
     if (v <= 0) fail(n(path) + " must be a positive integer, got " + std::to_string(v));
+  }
+  void dimension(const std::string& path, int64_t v) const {
+    if (v > kMaxDimension)
+      fail(n(path) + " (" + std::to_string(v) + ") is too large: at most " + std::to_string(kMaxDimension) +
+           " (laoyao's kernels take 32-bit sizes)");
+  }
+  // A length in iterations as samples (x the global batch size), refused before it wraps around.
+  int64_t samples_of(const std::string& path, int64_t iters, int64_t gbs) const {
+    const OptInt samples = checked_product({iters, gbs});
+    if (!samples)
+      fail(n(path) + " (" + std::to_string(iters) + ") is too large: " + n(path) + " x " +
+           n("train.global_batch_size") + " (" + std::to_string(gbs) + ") overflows a 64-bit count of samples");
+    return *samples;
+  }
+
+  // Checked once, before any rule reads the numbers (forbidden_non_finite says why).
+  void finite_numbers() {
+    for (auto& f : fields_of(c)) {
+      if (f.derived) continue;
+      if (const auto bad = forbidden_non_finite(f.path, f.get()))
+        fail(n(f.path) + " must be a finite number, got " + format_double(*bad));
+    }
+  }
+
+  // Megatron-LM's validate_args asserts not (args.fp16 and args.bf16); Bridge's mixed precision
+  // copies both switches onto the model (and optimizer), so either front end meets it here.
+  void one_half_precision() {
+    auto refuse_both = [&](bool bf16, bool fp16, const std::string& section) {
+      if (bf16 && fp16)
+        fail("cannot specify both fp16 and bf16: " + n(section + ".fp16") + " and " + n(section + ".bf16") +
+             " are both true; choose one");
+    };
+    refuse_both(c.model.bf16, c.model.fp16, "model");
+    refuse_both(c.optimizer.bf16, c.optimizer.fp16, "optimizer");
   }
 
   void mixed_precision() {
@@ -92,7 +167,9 @@ struct Checker {
     } else if (mp.kind == Value::Kind::Map) {
       static const Choices keys = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "autocast_enabled",
                                    "grad_reduce_in_fp32", "fp8", "fp8_recipe", "fp4"};
-      for (const auto& [k, v] : mp.map) {
+      for (const auto& entry : mp.map) {
+        const std::string& k = entry.first;  // not a structured binding: clang 14's lambdas cannot capture one
+        const Value& v = entry.second;
         if (std::find(keys.begin(), keys.end(), k) == keys.end())
           fail("unknown mixed_precision field '" + k + "'" + did_you_mean(k, keys) + "; fields: " + join(keys, ", "));
         auto flag = [&](bool& out) {
@@ -108,7 +185,9 @@ struct Checker {
           params_dtype = v.s;
         }
       }
-      if (bf16 && fp16) fail("mixed_precision: bf16 and fp16 cannot both be true");
+      if (bf16 && fp16)
+        fail("cannot specify both fp16 and bf16: mixed_precision.fp16 and mixed_precision.bf16 are both true; "
+             "choose one");
     } else {
       fail("mixed_precision must be a preset name (" + join(mixed_precision_presets(), ", ") +
            ") or a mapping of its fields");
@@ -125,6 +204,19 @@ struct Checker {
     positive("model.num_layers", m.num_layers);
     positive("model.hidden_size", m.hidden_size);
     positive("model.num_attention_heads", m.num_attention_heads);
+    dimension("model.num_layers", m.num_layers);
+    dimension("model.hidden_size", m.hidden_size);
+    dimension("model.num_attention_heads", m.num_attention_heads);
+    if (m.kv_channels) dimension("model.kv_channels", *m.kv_channels);
+    if (m.ffn_hidden_size) dimension("model.ffn_hidden_size", *m.ffn_hidden_size);
+    if (m.num_query_groups) dimension("model.num_query_groups", *m.num_query_groups);
+    if (m.num_moe_experts) dimension("model.num_moe_experts", *m.num_moe_experts);
+    if (m.moe_ffn_hidden_size) dimension("model.moe_ffn_hidden_size", *m.moe_ffn_hidden_size);
+    if (m.moe_shared_expert_intermediate_size)
+      dimension("model.moe_shared_expert_intermediate_size", *m.moe_shared_expert_intermediate_size);
+    dimension("model.moe_router_topk", m.moe_router_topk);
+    dimension("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+    if (m.vocab_size) dimension("model.vocab_size", *m.vocab_size);
     if (!m.kv_channels) {
       if (m.hidden_size % m.num_attention_heads != 0)
         fail(n("model.hidden_size") + " (" + std::to_string(m.hidden_size) + ") must be divisible by " +
@@ -133,7 +225,13 @@ struct Checker {
       m.kv_channels = m.hidden_size / m.num_attention_heads;
     }
     positive("model.kv_channels", *m.kv_channels);
-    if (!m.ffn_hidden_size) m.ffn_hidden_size = 4 * m.hidden_size;
+    if (!m.ffn_hidden_size) {
+      if (4 * m.hidden_size > kMaxDimension)
+        fail(n("model.ffn_hidden_size") + " defaults to 4 x " + n("model.hidden_size") + " (" +
+             std::to_string(4 * m.hidden_size) + "), too large: at most " + std::to_string(kMaxDimension) +
+             " (laoyao's kernels take 32-bit sizes)");
+      m.ffn_hidden_size = 4 * m.hidden_size;
+    }
     positive("model.ffn_hidden_size", *m.ffn_hidden_size);
     if (!m.num_query_groups) m.num_query_groups = m.num_attention_heads;
     positive("model.num_query_groups", *m.num_query_groups);
@@ -153,10 +251,12 @@ struct Checker {
     auto& d = c.dataset;
     if (!d.seq_length) fail(n("dataset.seq_length") + " must be set");
     positive("dataset.seq_length", *d.seq_length);
+    dimension("dataset.seq_length", *d.seq_length);
     if (m.seq_length != *d.seq_length)
       fail("Please ensure sequence length configuration in model config and dataset config match.\n"
            "Sequence length in model config: " + std::to_string(m.seq_length) +
            ", Sequence length in dataset config: " + std::to_string(*d.seq_length));
+    if (m.max_position_embeddings) dimension("model.max_position_embeddings", *m.max_position_embeddings);
     if (m.max_position_embeddings && *m.max_position_embeddings < m.seq_length)
       fail(n("model.max_position_embeddings") + " (" + std::to_string(*m.max_position_embeddings) +
            ") must be >= " + n("model.seq_length") + " (" + std::to_string(m.seq_length) + ")");
@@ -172,11 +272,14 @@ struct Checker {
     positive("model.context_parallel_size", m.context_parallel_size);
     positive("model.expert_model_parallel_size", m.expert_model_parallel_size);
     if (m.expert_tensor_parallel_size) positive("model.expert_tensor_parallel_size", *m.expert_tensor_parallel_size);
-    int64_t mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size;
-    if (opt.world_size % mp != 0)
+    // (Checked: three absurd sizes could wrap around to 0 and divide by it.)
+    const OptInt product = checked_product(
+        {m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size});
+    if (!product || opt.world_size % *product != 0)
       fail("world size (" + std::to_string(opt.world_size) + ") is not divisible by " +
            n("model.tensor_model_parallel_size") + " x " + n("model.pipeline_model_parallel_size") + " x " +
-           n("model.context_parallel_size") + " (" + std::to_string(mp) + ")");
+           n("model.context_parallel_size") + " (" + (product ? std::to_string(*product) : "more than 2^63") + ")");
+    const int64_t mp = *product;
     out.derived.world_size = opt.world_size;
     out.derived.data_parallel_size = opt.world_size / mp;
     if (m.sequence_parallel && m.tensor_model_parallel_size == 1) {
@@ -224,6 +327,7 @@ struct Checker {
     auto& t = c.train;
     if (!t.micro_batch_size) fail(n("train.micro_batch_size") + " must be set");
     positive("train.micro_batch_size", *t.micro_batch_size);
+    dimension("train.micro_batch_size", *t.micro_batch_size);
     int64_t dp = out.derived.data_parallel_size;
     if (!t.global_batch_size) t.global_batch_size = *t.micro_batch_size * dp;
     positive("train.global_batch_size", *t.global_batch_size);
@@ -245,6 +349,7 @@ struct Checker {
     if (t.exit_duration_in_mins && *t.exit_duration_in_mins < 0)
       fail(n("train.exit_duration_in_mins") + " must be >= 0 (0 = off)");
     if (t.train_samples) positive("train.train_samples", *t.train_samples);
+    training_budget();
     const data::BatchRampup ramp = batch_rampup(c, out.derived);
     if (ramp.ramps()) {
       // Megatron-LM: "expected no batch-size rampup for iteration-based training".
@@ -266,6 +371,35 @@ struct Checker {
            n("train.global_batch_size") + " " + std::to_string(*t.global_batch_size) + "): no iteration to train");
   }
 
+  // The datasets count the tokens a run reads in 64 bits (samples x seq_length) and the scheduler
+  // its samples (iterations x global batch size): refuse a length whose count leaves them, before a
+  // product wraps around into a negative decay or an index too large.
+  void training_budget() {
+    const auto& t = c.train;
+    const int64_t gbs = *t.global_batch_size, seq = *c.dataset.seq_length;
+    const std::string tokens = n("dataset.seq_length") + " (" + std::to_string(seq) + ")";
+    if (t.train_iters && !checked_product({*t.train_iters, gbs, seq}))
+      fail(n("train.train_iters") + " (" + std::to_string(*t.train_iters) + ") is too large: " + n("train.train_iters") +
+           " x " + n("train.global_batch_size") + " (" + std::to_string(gbs) + ") x " + tokens +
+           ", the tokens the run reads, overflows a 64-bit integer; at most " + std::to_string(kMaxCount / gbs / seq) +
+           " iterations");
+    if (t.train_samples && !checked_product({*t.train_samples, seq}))
+      fail(n("train.train_samples") + " (" + std::to_string(*t.train_samples) + ") is too large: " +
+           n("train.train_samples") + " x " + tokens + ", the tokens the run reads, overflows a 64-bit integer; at most " +
+           std::to_string(kMaxCount / seq) + " samples");
+  }
+
+  // The validation and test budgets (Megatron's get_train_valid_test_num_samples) in 64 bits.
+  void validation_budget(int64_t egbs) {
+    const auto& v = c.validation;
+    const int64_t evals = v.eval_interval ? out.derived.train_iters / *v.eval_interval + 1 : 1;
+    if (!checked_product({evals, v.eval_iters, egbs, *c.dataset.seq_length}))
+      fail(n("validation.eval_iters") + " (" + std::to_string(v.eval_iters) + ") is too large: " + std::to_string(evals) +
+           " evaluations x " + n("validation.eval_iters") + " x the global batch (" + std::to_string(egbs) + ") x " +
+           n("dataset.seq_length") + " (" + std::to_string(*c.dataset.seq_length) +
+           "), the tokens validation reads, overflows a 64-bit integer");
+  }
+
   void validation() {
     auto& v = c.validation;
     auto& t = c.train;
@@ -284,6 +418,10 @@ struct Checker {
     }
     if (v.eval_iters < 0) fail(n("validation.eval_iters") + " must be >= 0");
     if (v.eval_interval) positive("validation.eval_interval", *v.eval_interval);
+    // (A zero would divide by zero below.)
+    if (v.eval_global_batch_size) positive("validation.eval_global_batch_size", *v.eval_global_batch_size);
+    if (v.eval_micro_batch_size) positive("validation.eval_micro_batch_size", *v.eval_micro_batch_size);
+    if (v.eval_micro_batch_size) dimension("validation.eval_micro_batch_size", *v.eval_micro_batch_size);
     int64_t dp = out.derived.data_parallel_size;
     int64_t egbs = v.eval_global_batch_size.value_or(*t.global_batch_size);
     int64_t embs = v.eval_micro_batch_size.value_or(*t.micro_batch_size);
@@ -291,6 +429,7 @@ struct Checker {
       fail(n("validation.eval_global_batch_size") + " (" + std::to_string(egbs) + ") must be a multiple of " +
            n("validation.eval_micro_batch_size") + " x data-parallel size (" + std::to_string(embs) + " x " +
            std::to_string(dp) + ")");
+    validation_budget(egbs);
     // Sample budgets: MLM training.py get_train_valid_test_num_samples, as the datasets use them.
     data::SampleBudgetParams bp;
     bp.train_iters = out.derived.train_iters;
@@ -323,7 +462,7 @@ struct Checker {
   void scheduler() {
     auto& s = c.scheduler;
     auto& t = c.train;
-    int64_t gbs = *t.global_batch_size;
+    const int64_t gbs = *t.global_batch_size;
     const double wd = c.optimizer.weight_decay;
     const bool constant_wd = s.weight_decay_incr_style == "constant";
     // Megatron-LM's validate_args: the constant style takes --weight-decay (start and end unset; a
@@ -376,11 +515,16 @@ struct Checker {
       if (s.lr_decay_style == "WSD" && !s.lr_wsd_decay_iters && mlm())
         fail("the WSD learning-rate schedule needs " + n("scheduler.lr_wsd_decay_iters"));
       if (s.lr_decay_style == "WSD" && !s.lr_wsd_decay_iters) s.lr_wsd_decay_iters = s.lr_decay_iters;
-      s.lr_decay_steps = *s.lr_decay_iters * gbs;
-      s.wd_incr_steps = s.max_steps.value_or(*t.train_iters) * gbs;
-      s.wsd_decay_steps = s.lr_wsd_decay_iters ? OptInt(*s.lr_wsd_decay_iters * gbs) : std::nullopt;
-      s.lr_warmup_steps = s.lr_warmup_fraction ? *s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps)
-                                               : static_cast<double>(s.lr_warmup_iters * gbs);
+      s.lr_decay_steps =
+          samples_of(s.max_steps ? "scheduler.max_steps" : "scheduler.lr_decay_iters", *s.lr_decay_iters, gbs);
+      s.wd_incr_steps = s.max_steps ? samples_of("scheduler.max_steps", *s.max_steps, gbs)
+                                    : samples_of("train.train_iters", *t.train_iters, gbs);
+      s.wsd_decay_steps = s.lr_wsd_decay_iters
+                              ? OptInt(samples_of("scheduler.lr_wsd_decay_iters", *s.lr_wsd_decay_iters, gbs))
+                              : std::nullopt;
+      s.lr_warmup_steps = s.lr_warmup_fraction
+                              ? *s.lr_warmup_fraction * static_cast<double>(*s.lr_decay_steps)
+                              : static_cast<double>(samples_of("scheduler.lr_warmup_iters", s.lr_warmup_iters, gbs));
     } else {
       if (s.lr_decay_iters)
         fail("Use " + n("scheduler.lr_decay_samples") + " for sample-based training, not " +
@@ -463,6 +607,7 @@ struct Checker {
     if (*k.tokenizer_type == "NullTokenizer") {
       if (!k.vocab_size) fail(n("tokenizer.vocab_size") + " must be set for the NullTokenizer");
       positive("tokenizer.vocab_size", *k.vocab_size);
+      dimension("tokenizer.vocab_size", *k.vocab_size);
       int64_t v = k.null_vocab_includes_eod ? *k.vocab_size : *k.vocab_size + 1;
       out.derived.tokenizer_vocab_size = v;
       out.derived.eod_id = v - 1;
@@ -481,6 +626,10 @@ struct Checker {
       return;
     }
     apply_vocab_rule(c, out.derived, out.derived.tokenizer_vocab_size, out.derived.eod_id, opt.front_end);
+    if (out.derived.padded_vocab_size > kMaxDimension)
+      fail("the vocabulary padded to a multiple of " + n("model.make_vocab_size_divisible_by") + " (" +
+           std::to_string(out.derived.padded_vocab_size) + ") is too large: at most " + std::to_string(kMaxDimension) +
+           " (token ids are 32-bit); lower " + n("tokenizer.vocab_size"));
   }
 
   void checkpoint() {
@@ -519,7 +668,9 @@ struct Checker {
   void run() {
     if (opt.world_size <= 0) fail("world size must be positive");
     if (c.rng.seed <= 0) fail(n("rng.seed") + " must be > 0, got " + std::to_string(c.rng.seed));
+    finite_numbers();
     mixed_precision();
+    one_half_precision();
     model_shape();
     seq_length();
     parallelism();

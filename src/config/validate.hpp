@@ -5,6 +5,7 @@
 // one UsageError that names the setting the way the user's front end spells it.
 // validate() is idempotent: validating a validated config changes nothing.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,11 @@ data::BatchRampup batch_rampup(const ConfigContainer& c, const Derived& d);
 
 // Megatron's padded vocabulary: ceil(v / (divisor * tp)) * divisor * tp.
 int64_t padded_vocab_size(int64_t vocab, int64_t divisor, int64_t tp);
+
+// The NaN or infinity that field `path` may not hold in `v` (every float setting must be finite;
+// optimizer.clip_grad may be +inf), or nullopt. validate() refuses them; the Megatron-LM front end
+// names the flag the user typed.
+std::optional<double> forbidden_non_finite(const std::string& path, const Value& v);
 
 // The mixed-precision presets Bridge registers (names with '_'; '-' aliases are accepted).
 std::vector<std::string> mixed_precision_presets();

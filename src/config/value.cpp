@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -90,14 +91,27 @@ Value parse_scalar(std::string_view text) {
 
 namespace {
 
+// Far deeper than any config value (blend_per_split, the deepest, has three levels).
+constexpr int kMaxOverrideDepth = 64;
+
 struct OverrideParser {
   std::string_view t;
   std::string_view what;
   size_t p = 0;
 
+  int depth = 0;  // lists and dicts open around the current position
+
   [[noreturn]] void fail(const std::string& msg) {
-    throw UsageError("cannot parse the value of " + std::string(what) + ": " + msg + " in '" +
-                     std::string(t) + "'");
+    // A hostile value can be megabytes long: quote its start only.
+    constexpr size_t kShown = 80;
+    std::string shown(t.substr(0, kShown));
+    if (t.size() > kShown) shown += "...";
+    throw UsageError("cannot parse the value of " + std::string(what) + ": " + msg + " in '" + shown + "'");
+  }
+  // The parser recurses once per level: a bound keeps `a.b=[[[[...` off the end of the stack.
+  void enter() {
+    if (++depth > kMaxOverrideDepth)
+      fail("lists and dicts nest deeper than " + std::to_string(kMaxOverrideDepth) + " levels");
   }
   void ws() {
     while (p < t.size() && (t[p] == ' ' || t[p] == '\t')) ++p;
@@ -132,9 +146,10 @@ struct OverrideParser {
   }
   Value parse_list() {
     ++p;
+    enter();
     std::vector<Value> items;
     ws();
-    if (p < t.size() && t[p] == ']') return ++p, Value::make_list({});
+    if (p < t.size() && t[p] == ']') return ++p, --depth, Value::make_list({});
     while (true) {
       items.push_back(parse_value(true));
       ws();
@@ -143,13 +158,15 @@ struct OverrideParser {
       if (t[p] == ']') { ++p; break; }
       fail(std::string("unexpected '") + t[p] + "'");
     }
+    --depth;
     return Value::make_list(std::move(items));
   }
   Value parse_dict() {
     ++p;
-    std::vector<std::pair<std::string, Value>> items;
+    enter();
+    std::vector<Value::Entry> items;
     ws();
-    if (p < t.size() && t[p] == '}') return ++p, Value::make_map({});
+    if (p < t.size() && t[p] == '}') return ++p, --depth, Value::make_map({});
     while (true) {
       ws();
       size_t start = p;
@@ -165,6 +182,7 @@ struct OverrideParser {
       if (t[p] == '}') { ++p; break; }
       fail(std::string("unexpected '") + t[p] + "'");
     }
+    --depth;
     return Value::make_map(std::move(items));
   }
 };

@@ -17,21 +17,40 @@ struct Value {
   double f = 0;
   std::string s;
   std::vector<Value> list;
-  std::vector<std::pair<std::string, Value>> map;  // insertion order kept
+  struct Entry;            // a key and its value (defined below: Value is complete there)
+  std::vector<Entry> map;  // insertion order kept
 
-  static Value null() { return {}; }
-  static Value boolean(bool v) { Value x; x.kind = Kind::Bool; x.b = v; return x; }
-  static Value integer(int64_t v) { Value x; x.kind = Kind::Int; x.i = v; return x; }
-  static Value real(double v) { Value x; x.kind = Kind::Float; x.f = v; return x; }
-  static Value string(std::string v) { Value x; x.kind = Kind::String; x.s = std::move(v); return x; }
-  static Value make_list(std::vector<Value> v) { Value x; x.kind = Kind::List; x.list = std::move(v); return x; }
-  static Value make_map(std::vector<std::pair<std::string, Value>> v) {
-    Value x; x.kind = Kind::Map; x.map = std::move(v); return x;
-  }
+  // Defined below the class (as Entry is): clang with libstdc++ instantiates a vector's destructor
+  // where a body builds a Value, which needs its element type complete.
+  static Value null();
+  static Value boolean(bool v);
+  static Value integer(int64_t v);
+  static Value real(double v);
+  static Value string(std::string v);
+  static Value make_list(std::vector<Value> v);
+  static Value make_map(std::vector<Entry> v);
 
   bool is_null() const { return kind == Kind::Null; }
   bool operator==(const Value& o) const;
 };
+
+// A std::pair here would be instantiated while Value is incomplete, which clang refuses.
+struct Value::Entry {
+  std::string first;
+  Value second;
+  Entry(std::string key, Value value) : first(std::move(key)), second(std::move(value)) {}
+  bool operator==(const Entry& o) const { return first == o.first && second == o.second; }
+};
+
+inline Value Value::null() { return {}; }
+inline Value Value::boolean(bool v) { Value x; x.kind = Kind::Bool; x.b = v; return x; }
+inline Value Value::integer(int64_t v) { Value x; x.kind = Kind::Int; x.i = v; return x; }
+inline Value Value::real(double v) { Value x; x.kind = Kind::Float; x.f = v; return x; }
+inline Value Value::string(std::string v) { Value x; x.kind = Kind::String; x.s = std::move(v); return x; }
+inline Value Value::make_list(std::vector<Value> v) { Value x; x.kind = Kind::List; x.list = std::move(v); return x; }
+inline Value Value::make_map(std::vector<Entry> v) {
+  Value x; x.kind = Kind::Map; x.map = std::move(v); return x;
+}
 
 const char* kind_name(Value::Kind k);
 

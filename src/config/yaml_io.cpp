@@ -2,6 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
+#include <string>
+
 #include "config/fields.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
@@ -36,27 +39,45 @@ std::string flow(const Value& v) {
   return scalar_text(v);
 }
 
-Value node_to_value(const YAML::Node& n) {
-  switch (n.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return Value::null();
-    case YAML::NodeType::Scalar:
-      // yaml-cpp tags quoted scalars "!" and plain ones "?": only plain ones get typed.
-      if (n.Tag() == "!") return Value::string(n.Scalar());
-      return parse_scalar(n.Scalar());
-    case YAML::NodeType::Sequence: {
-      std::vector<Value> items;
-      for (const auto& e : n) items.push_back(node_to_value(e));
-      return Value::make_list(std::move(items));
+// yaml-cpp keeps an alias as the very node it names, so a document is a graph: an alias inside
+// its own anchor is a cycle, and aliases of aliases ("billion laughs") expand exponentially when
+// copied out. Both limits are far above any real config (a resolved config is a few hundred
+// fields) and stop such a document before it exhausts the stack or the memory.
+constexpr int kMaxYamlDepth = 64;
+constexpr int64_t kMaxYamlNodes = 100000;
+
+struct NodeConverter {
+  const std::string& source;
+  int64_t nodes = 0;
+
+  Value convert(const YAML::Node& n, int depth) {
+    if (depth > kMaxYamlDepth)
+      throw UsageError("YAML file '" + source + "' nests deeper than " + std::to_string(kMaxYamlDepth) +
+                       " levels (an alias that refers to itself?)");
+    if (++nodes > kMaxYamlNodes)
+      throw UsageError("YAML file '" + source + "' expands to more than " + std::to_string(kMaxYamlNodes) +
+                       " nodes (YAML aliases of aliases?); a config has a few hundred");
+    switch (n.Type()) {
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined: return Value::null();
+      case YAML::NodeType::Scalar:
+        // yaml-cpp tags quoted scalars "!" and plain ones "?": only plain ones get typed.
+        if (n.Tag() == "!") return Value::string(n.Scalar());
+        return parse_scalar(n.Scalar());
+      case YAML::NodeType::Sequence: {
+        std::vector<Value> items;
+        for (const auto& e : n) items.push_back(convert(e, depth + 1));
+        return Value::make_list(std::move(items));
+      }
+      case YAML::NodeType::Map: {
+        std::vector<Value::Entry> items;
+        for (const auto& kv : n) items.emplace_back(kv.first.as<std::string>(), convert(kv.second, depth + 1));
+        return Value::make_map(std::move(items));
+      }
     }
-    case YAML::NodeType::Map: {
-      std::vector<std::pair<std::string, Value>> items;
-      for (const auto& kv : n) items.emplace_back(kv.first.as<std::string>(), node_to_value(kv.second));
-      return Value::make_map(std::move(items));
-    }
+    return Value::null();
   }
-  return Value::null();
-}
+};
 
 }  // namespace
 
@@ -88,7 +109,7 @@ std::string to_yaml(ConfigContainer& c) {
 
 Value yaml_to_value(const std::string& yaml_text, const std::string& source) {
   try {
-    return node_to_value(YAML::Load(yaml_text));
+    return NodeConverter{source}.convert(YAML::Load(yaml_text), 0);
   } catch (const YAML::Exception& e) {
     throw UsageError("cannot parse YAML file '" + source + "': " + e.what());
   }

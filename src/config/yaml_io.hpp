@@ -15,7 +15,8 @@ std::string to_yaml(ConfigContainer& c);
 void apply_yaml(ConfigContainer& c, const std::string& yaml_text, const std::string& source);
 
 // Converts YAML text to a Value tree (scalars typed as Hydra types them; quoted scalars stay
-// strings). Used by compare-logs' config diff too.
+// strings). Used by compare-logs' config diff too. A document nesting deeper than 64 levels or
+// expanding (through aliases) to more than 100000 nodes is a UsageError naming `source`.
 Value yaml_to_value(const std::string& yaml_text, const std::string& source);
 
 }  // namespace laoyao::config

@@ -311,3 +311,79 @@ TEST(MlmArgs, EveryFlagIsKnownOnce) {
   EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end());
   EXPECT_GT(names.size(), 200u);
 }
+
+static bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// NaN fails every comparison: --weight-decay nan once blamed the constant weight-decay style.
+TEST(MlmArgs, NonFiniteNumbersNameTheFlag) {
+  for (const char* flag : {"--weight-decay", "--lr", "--min-lr", "--adam-beta1", "--adam-beta2", "--adam-eps",
+                           "--init-method-std", "--hidden-dropout", "--attention-dropout", "--norm-epsilon",
+                           "--layernorm-epsilon", "--loss-scale", "--initial-loss-scale", "--lr-warmup-init",
+                           "--clip-grad", "--moe-aux-loss-coeff", "--rotary-base"}) {
+    std::string m = usage_error(with(seed_mlm_args(), {flag, "nan"}));
+    EXPECT_TRUE(has(m, std::string(flag) + " must be a finite number, got nan")) << flag << ": " << m;
+  }
+  std::string m = usage_error(with(seed_mlm_args(), {"--lr", "inf"}));
+  EXPECT_TRUE(has(m, "--lr must be a finite number, got inf")) << m;
+  m = usage_error(with(seed_mlm_args(), {"--weight-decay=-inf"}));
+  EXPECT_TRUE(has(m, "--weight-decay must be a finite number, got -inf")) << m;
+  // torch's clip_grad_norm_ with max_norm inf: no clipping, the norm still computed.
+  EXPECT_EQ(usage_error(with(seed_mlm_args(), {"--clip-grad", "inf"})), "");
+}
+
+// Megatron-LM's arguments.py asserts not (args.fp16 and args.bf16): the conflict, not fp16's
+// absence from this build, is what the user hears.
+TEST(MlmArgs, Bf16AndFp16TogetherAreAConflict) {
+  for (auto extra : {std::vector<std::string>{"--fp16"}, std::vector<std::string>{"--fp16", "--bf16"}}) {
+    std::string m = usage_error(with(seed_mlm_args(), extra));  // the seed command has --bf16
+    EXPECT_TRUE(has(m, "cannot specify both fp16 and bf16: --fp16 and --bf16")) << m;
+  }
+}
+
+// 2^63 - 1 iterations x the global batch once wrapped around into "lr_decay_steps must be > 0, got -4".
+TEST(MlmArgs, LengthsThatOverflowNameTheFlag) {
+  std::string m = usage_error(with(seed_mlm_args(), {"--train-iters", "9223372036854775807"}));
+  EXPECT_TRUE(has(m, "--train-iters (9223372036854775807) is too large: --train-iters x --global-batch-size (32) x "
+                     "--seq-length (512), the tokens the run reads, overflows a 64-bit integer; at most "
+                     "562949953421311 iterations"))
+      << m;
+  EXPECT_FALSE(has(m, "lr_decay_steps")) << m;
+  m = usage_error(with(seed_mlm_args(), {"--lr-decay-iters", "4611686018427387904"}));
+  EXPECT_TRUE(has(m, "--lr-decay-iters (4611686018427387904) is too large: --lr-decay-iters x --global-batch-size (32) "
+                     "overflows a 64-bit count of samples"))
+      << m;
+  m = usage_error(with(seed_mlm_args(), {"--lr-warmup-iters", "4611686018427387904"}));
+  EXPECT_TRUE(has(m, "--lr-warmup-iters (4611686018427387904) is too large")) << m;
+  m = usage_error(with(seed_mlm_args(), {"--eval-iters", "4611686018427387904"}));
+  EXPECT_TRUE(has(m, "--eval-iters (4611686018427387904) is too large")) << m;
+}
+
+// Sizes no 32-bit kernel can take are refused by validation, before any allocation is tried.
+TEST(MlmArgs, DimensionsBeyond32BitsNameTheFlag) {
+  for (const char* flag : {"--hidden-size", "--num-layers", "--ffn-hidden-size", "--num-attention-heads",
+                           "--kv-channels", "--micro-batch-size", "--vocab-size", "--num-experts",
+                           "--moe-ffn-hidden-size", "--make-vocab-size-divisible-by"}) {
+    std::string m = usage_error(with(seed_mlm_args(), {flag, "4294967296"}));
+    EXPECT_TRUE(has(m, std::string(flag) + " (4294967296) is too large: at most 2147483647")) << flag << ": " << m;
+  }
+  std::string m = usage_error(with(seed_mlm_args(), {"--vocab-size", "3000000000"}));
+  EXPECT_TRUE(has(m, "--vocab-size (3000000000) is too large")) << m;
+  m = usage_error(with(seed_mlm_args(), {"--seq-length", "4294967296", "--max-position-embeddings", "4294967296"}));
+  EXPECT_TRUE(has(m, "--seq-length (4294967296) is too large")) << m;
+  // 2^31 - 1 itself is accepted by validation (the memory check at the start of a run judges it).
+  EXPECT_EQ(usage_error(with(seed_mlm_args(), {"--seq-length", "2147483647", "--max-position-embeddings",
+                                               "2147483647"})),
+            "");
+}
+
+// --moe-layer-freq's list expressions are evaluated: their size and nesting are bounded.
+TEST(MlmArgs, MoeLayerFreqExpressionsAreBounded) {
+  for (const std::string& expr : {std::string("[1]*99999999999999999999"), std::string("[1]*1000000"),
+                                  std::string("([1]*1000+[0]*1000)*1000"), std::string(100000, '(') + "[1]"}) {
+    std::string m = usage_error(with(seed_mlm_args(), {"--moe-layer-freq", expr}));
+    EXPECT_TRUE(has(m, "--moe-layer-freq")) << m.substr(0, 300);
+    EXPECT_LT(m.size(), 400u);
+  }
+  std::string m = usage_error(with(seed_mlm_args(), {"--moe-layer-freq", "[]*99999999999999"}));
+  EXPECT_FALSE(has(m, "--moe-layer-freq")) << "an empty list repeated is empty, at once: " << m;
+}

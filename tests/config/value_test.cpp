@@ -60,3 +60,25 @@ TEST(Value, OverrideTextRoundTrips) {
   EXPECT_EQ(format_double(1.0), "1.0");
   EXPECT_EQ(format_double(500000), "500000.0");
 }
+
+// The parser recurses once per list or dict: `a.b=[[[[...` 100k deep once could run off the stack.
+TEST(Value, OverrideValuesNestingDeeperThan64LevelsAreRefused) {
+  for (const std::string& text : {std::string(100000, '['), std::string(65, '[') + "1" + std::string(65, ']')}) {
+    try {
+      parse_override_value(text, "model.x");
+      FAIL() << text.size();
+    } catch (const UsageError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("cannot parse the value of model.x: lists and dicts nest deeper than 64 levels"),
+                std::string::npos)
+          << m;
+      EXPECT_LT(m.size(), 300u) << "the message quotes the value's start only";
+    }
+  }
+  std::string dicts;
+  for (int k = 0; k < 100000; ++k) dicts += "{a:";
+  EXPECT_THROW(parse_override_value(dicts, "model.x"), UsageError);
+  // 64 levels still parse.
+  Value v = parse_override_value(std::string(64, '[') + "1" + std::string(64, ']'), "model.x");
+  EXPECT_EQ(v.kind, Value::Kind::List);
+}
