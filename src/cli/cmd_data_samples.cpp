@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "train/data_pipeline.hpp"
+#include "train/memory_estimate.hpp"
 #include "train/run_setup.hpp"
 
 namespace laoyao::cli {
@@ -79,6 +80,9 @@ int cmd_data_samples(const Args& args) {
   int64_t world = config::world_size_from_env();
   config::Resolved r = recipe ? config::resolve_recipe(config::parse_run_recipe_args(rest), world)
                               : config::resolve_mlm(rest, world);
+  // The datasets' indices only: this command builds no model, so a model too big for this machine
+  // may still have its data order inspected here.
+  train::check_dataset_indices_fit(r.cfg, r.validated.derived, r.front_end, train::physical_memory_bytes());
   train::load_tokenizer_vocab(r.cfg, r.validated.derived, r.front_end);
   train::RunData data = train::build_run_data(r.cfg, r.validated.derived);
   const int64_t train_iters = r.validated.derived.train_iters;

@@ -121,10 +121,8 @@ int start_training(config::Resolved& r) {
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
   std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group, ep_group, expert_dp_group;
   GpuWaitDeadline deadline;  // after the groups: cleared before they go
-  int64_t rank = 0;
   if (r.validated.derived.world_size > 1) {
     const dist::RankEnv env = dist::rank_env_from_environment();
-    rank = env.rank;
     const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
     const dist::ParallelLayout layout(env.world_size, {r.cfg.model.tensor_model_parallel_size, 1, 1});
     if (backend.cuda) {
