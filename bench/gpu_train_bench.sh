@@ -16,7 +16,7 @@ LOGS="${OUT:-/tmp/out}"
 mkdir -p "$LOGS"
 
 common=(pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
-        --eval-iters 0 --log-interval 10 --log-throughput)
+        --eval-iters 0 --eval-interval 100000 --log-interval 10 --log-throughput)
 shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no dropout like the peer
   case "$1" in
     vanilla_seed) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \

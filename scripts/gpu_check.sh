@@ -301,7 +301,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # micro-batches), two GPUs data-parallel, two GPUs expert-parallel (EP=2, DP=2).
           read -r -a flagship <<< "$(bash bench/gpu_train_bench.sh --shape-args moe_2b)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
-                --eval-iters 0 --log-interval 5 --log-throughput "${flagship[@]}" --global-batch-size 4)
+                --eval-iters 0 --eval-interval 100000 --log-interval 5 --log-throughput "${flagship[@]}" --global-batch-size 4)
           # The same with --moe-router-force-load-balancing (random router logits, as Megatron's
           # benchmarks): an untrained router sends most tokens of a layer to a few experts, which
           # under EP leaves one rank waiting for the other. Each with --overlap-grad-reduce,
@@ -397,7 +397,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           export LAOYAO_STEP_PHASES=1
           read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
-                --eval-iters 0 --log-interval 5 --log-throughput "${llama[@]}")
+                --eval-iters 0 --eval-interval 100000 --log-interval 5 --log-throughput "${llama[@]}")
           LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" --global-batch-size 1 > "$OUT/dp1_llama.log" 2>&1
           LAOYAO_DEVICE=cuda "$C/laoyao" launch --nproc-per-node 2 -- "$C/laoyao" pretrain-gpt "${tput[@]}" \
             --global-batch-size 2 > "$OUT/dp2_llama.log" 2>&1
@@ -444,7 +444,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           [ "${FOUR_SPEED:-1}" = 0 ] && continue
           export LAOYAO_STEP_PHASES=1
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
-                --eval-iters 0 --log-interval 5 --log-throughput "${llama[@]}")
+                --eval-iters 0 --eval-interval 100000 --log-interval 5 --log-throughput "${llama[@]}")
           LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" --global-batch-size 1 > "$OUT/four_speed_1gpu.log" 2>&1
           for run in "dp4 4" "dp4_overlap 4 --overlap-grad-reduce" "dp4_distopt 4 --use-distributed-optimizer" \
                      "tp2dp2 2 ${tp2dp2[*]}"; do
@@ -536,7 +536,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           # Throughput: the Llama-3.2-1B shape at seq 8192, one sequence a step, TP=1 vs TP=2 (+SP).
           read -r -a llama <<< "$(bash bench/gpu_train_bench.sh --shape-args llama32_1b_s8k)"
           tput=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234
-                --eval-iters 0 --log-interval 5 --log-throughput --global-batch-size 1 "${llama[@]}")
+                --eval-iters 0 --eval-interval 100000 --log-interval 5 --log-throughput --global-batch-size 1 "${llama[@]}")
           LAOYAO_DEVICE=cuda "$C/laoyao" pretrain-gpt "${tput[@]}" > "$OUT/tp1_llama.log" 2>&1
           LAOYAO_DEVICE=cuda "${L2[@]}" pretrain-gpt "${tput[@]}" --tensor-model-parallel-size 2 \
             --sequence-parallel > "$OUT/tp2_llama.log" 2>&1
@@ -620,7 +620,7 @@ PY
             read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
             run_ours() {
               LAOYAO_CUDA_GRAPHS=0 LAOYAO_DEVICE=cuda timeout 240 ncu "${nm[@]}" "${@:2}" "$C/laoyao" pretrain-gpt \
-                --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 \
+                --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 --eval-interval 100000 \
                 --log-interval 1 "${shape[@]}" --train-iters "$1"
             }
             run_ours 2 > "$OUT/kprof_${c}_setup.csv" 2>&1
@@ -646,7 +646,7 @@ PY
             read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
             for mode in graph node; do
               LAOYAO_DEVICE=cuda timeout 200 ncu --graph-profiling $mode "${nm[@]}" "$C/laoyao" pretrain-gpt --mock-data \
-                --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 --log-interval 1 \
+                --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 --eval-interval 100000 --log-interval 1 \
                 "${shape[@]}" --train-iters 6 > "$OUT/gaps_${c}_$mode.csv" 2>&1
             done
             python3 bench/graph_gaps_summary.py "$OUT/gaps_${c}_graph.csv" "$OUT/gaps_${c}_node.csv" \
@@ -668,7 +668,7 @@ PY
               smi=$!
               if [ $who = laoyao ]; then
                 LAOYAO_DEVICE=cuda timeout 300 "$C/laoyao" pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer \
-                  --lr 3e-4 --seed 1234 --eval-iters 0 --log-interval 10 "${shape[@]}" --train-iters 200 \
+                  --lr 3e-4 --seed 1234 --eval-iters 0 --eval-interval 100000 --log-interval 10 "${shape[@]}" --train-iters 200 \
                   > "$OUT/clocks_run_${who}_$c.log" 2>&1
               else
                 timeout 300 python3 bench/peer_profile_step.py "$C/peers/pytorch_gpt.py" "$c" --compile --steps 300 \
@@ -687,7 +687,7 @@ PY
           for c in ${PHASES_CASES:-moe_2b llama32_1b_s8k gpt2_124m}; do
             read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
             LAOYAO_DEVICE=cuda LAOYAO_MODEL_PHASES=1 LAOYAO_MOE_PHASES=1 LAOYAO_STEP_PHASES=1 "$C/laoyao" \
-              pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 \
+              pretrain-gpt --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 --eval-interval 100000 \
               --log-interval 1 "${shape[@]}" --train-iters 6 > "$OUT/phases_$c.log" 2>&1
             note "phases $c (exit $?):"
             while read -r line; do note "  $line"; done < <(grep -E 'laoyao: (model|MoE|step) phases' "$OUT/phases_$c.log" | tail -3)

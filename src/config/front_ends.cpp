@@ -31,6 +31,16 @@ Resolved resolve_mlm(const std::vector<std::string>& args, int64_t world_size) {
   r.front_end = FrontEnd::MegatronLM;
   r.cfg = parse_mlm_args(args);
   r.validated = validate(r.cfg, {FrontEnd::MegatronLM, world_size});
+  // Megatron-LM sizes the validation data as (train_iters // eval_interval + 1) * eval_iters
+  // batches (training.py's get_train_valid_test_num_samples), a TypeError before any data is read
+  // when --eval-interval is unset. (Bridge's recipes may leave it unset: no evaluation then until
+  // the end of training.)
+  const ValidationConfig& v = r.cfg.validation;
+  if (!v.eval_interval && !v.skip_train && !v.full_validation)
+    throw UsageError("--eval-interval is required: Megatron-LM sizes the validation data as (--train-iters // "
+                     "--eval-interval + 1) x --eval-iters batches and stops with a TypeError without it. Give "
+                     "--eval-interval N (an evaluation every N iterations; more than --train-iters evaluates at the "
+                     "end only)");
   return r;
 }
 

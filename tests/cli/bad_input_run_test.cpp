@@ -137,3 +137,17 @@ TEST(BadInputRun, EvaluationsTheValidationSplitCannotServeAreRefusedBeforeTraini
   EXPECT_EQ(ok.status, 0) << ok.output;
   expect_has(ok.output, "validation loss at iteration 2 on validation set");
 }
+
+// Megatron-LM stops with a TypeError when --eval-interval is unset (its validation budget divides
+// by it), so pretrain-gpt refuses the command line by name; the Bridge front end leaves it unset by
+// default (no evaluation until the end), as the test above shows.
+TEST(BadInputRun, MegatronLmFlagsWithoutAnEvalIntervalAreRefusedByName) {
+  const std::string dir = fresh_dir("no_eval_interval");
+  auto r = run_laoyao(tiny({"--mock-data", "--train-iters", "2", "--save", "ckpt", "--save-interval", "1"}), dir, kCpu);
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "--eval-interval is required");
+  EXPECT_EQ(count_entries(dir), 0u) << r.output;
+  auto ok = run_laoyao(tiny({"--mock-data", "--train-iters", "2", "--eval-interval", "5"}), dir, kCpu);
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  expect_has(ok.output, "validation loss at iteration 2 on validation set");
+}

@@ -180,7 +180,8 @@ TEST(Cli, ProfileStartsAndStopsTheCaptureRangeAtMegatronsIterations) {
   const std::vector<std::string> run = {
       "pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
       "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "4",
-      "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
+      "--eval-iters", "0", "--eval-interval", "4",
+      "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
       "--log-interval", "1", "--profile", "--profile-step-start", "1", "--profile-step-end", "3"};
   auto r = run_laoyao(run, dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(r.status, 0) << r.output;
@@ -209,7 +210,8 @@ TEST(Cli, MemoryScalarsInTensorBoardAreRefusedOnTheCpuBackend) {
   const std::vector<std::string> run = {
       "pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
       "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "2",
-      "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
+      "--eval-iters", "0", "--eval-interval", "2",
+      "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
       "--tensorboard-dir", tb, "--log-memory-to-tensorboard"};
   auto r = run_laoyao(run, dir, "LAOYAO_DEVICE=cpu");
   EXPECT_EQ(r.status, 2) << r.output;
@@ -227,8 +229,9 @@ TEST(Cli, AsyncSaveWritesTheSynchronousCheckpoints) {
     std::vector<std::string> a = {"pretrain-gpt", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads",
                                   "2", "--seq-length", "32", "--max-position-embeddings", "32", "--micro-batch-size",
                                   "2", "--global-batch-size", "2", "--train-iters", "4", "--eval-iters", "0",
-                                  "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr",
-                                  "1e-3", "--log-interval", "1", "--save", save, "--save-interval", "2"};
+                                  "--eval-interval", "4", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                  "--vocab-size", "64", "--lr", "1e-3", "--log-interval", "1", "--save", save,
+                                  "--save-interval", "2"};
     if (async) a.push_back("--async-save");
     return run_laoyao(a, dir, "LAOYAO_DEVICE=cpu");
   };
@@ -298,8 +301,8 @@ TEST(Cli, RecomputeFlagsFollowMegatronsRules) {
   const std::vector<std::string> args = {"pretrain-gpt", "--num-layers", "2", "--hidden-size", "64",
                                          "--num-attention-heads", "2", "--seq-length", "32", "--micro-batch-size", "2",
                                          "--global-batch-size", "2", "--train-iters", "1", "--eval-iters", "0",
-                                         "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
-                                         "--lr", "1e-3"};
+                                         "--eval-interval", "1", "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                         "--vocab-size", "128", "--lr", "1e-3"};
   auto with = [&](std::vector<std::string> extra) {
     auto a = args;
     a.insert(a.end(), extra.begin(), extra.end());

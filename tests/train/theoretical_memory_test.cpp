@@ -77,7 +77,7 @@ namespace {
 // Megatron-LM's lines for a command line's model, run on `world` ranks.
 std::vector<std::string> mlm_lines(std::vector<std::string> args, int64_t world = 1) {
   const std::vector<std::string> common = {"--mock-data", "--tokenizer-type", "NullTokenizer", "--bf16", "--lr", "1e-4",
-                                           "--train-iters", "1", "--position-embedding-type", "rope"};
+                                           "--train-iters", "1", "--eval-interval", "1", "--position-embedding-type", "rope"};
   args.insert(args.end(), common.begin(), common.end());
   const config::Resolved r = config::resolve_mlm(args, world);
   return train::mlm_theoretical_memory_lines(r.cfg, r.validated.derived,
