@@ -379,14 +379,15 @@ struct Checker {
     const int64_t gbs = *t.global_batch_size, seq = *c.dataset.seq_length;
     const std::string tokens = n("dataset.seq_length") + " (" + std::to_string(seq) + ")";
     if (t.train_iters && !checked_product({*t.train_iters, gbs, seq}))
-      fail(n("train.train_iters") + " (" + std::to_string(*t.train_iters) + ") is too large: " + n("train.train_iters") +
-           " x " + n("train.global_batch_size") + " (" + std::to_string(gbs) + ") x " + tokens +
-           ", the tokens the run reads, overflows a 64-bit integer; at most " + std::to_string(kMaxCount / gbs / seq) +
-           " iterations");
+      fail(n("train.train_iters") + " (" + std::to_string(*t.train_iters) +
+           ") is too large: " + n("train.train_iters") + " x " + n("train.global_batch_size") + " (" +
+           std::to_string(gbs) + ") x " + tokens + ", the tokens the run reads, overflows a 64-bit integer; at most " +
+           std::to_string(kMaxCount / gbs / seq) + " iterations");
     if (t.train_samples && !checked_product({*t.train_samples, seq}))
-      fail(n("train.train_samples") + " (" + std::to_string(*t.train_samples) + ") is too large: " +
-           n("train.train_samples") + " x " + tokens + ", the tokens the run reads, overflows a 64-bit integer; at most " +
-           std::to_string(kMaxCount / seq) + " samples");
+      fail(n("train.train_samples") + " (" + std::to_string(*t.train_samples) +
+           ") is too large: " + n("train.train_samples") + " x " + tokens +
+           ", the tokens the run reads, overflows a 64-bit integer; at most " + std::to_string(kMaxCount / seq) +
+           " samples");
   }
 
   // The validation and test budgets (Megatron's get_train_valid_test_num_samples) in 64 bits.
@@ -394,10 +395,10 @@ struct Checker {
     const auto& v = c.validation;
     const int64_t evals = v.eval_interval ? out.derived.train_iters / *v.eval_interval + 1 : 1;
     if (!checked_product({evals, v.eval_iters, egbs, *c.dataset.seq_length}))
-      fail(n("validation.eval_iters") + " (" + std::to_string(v.eval_iters) + ") is too large: " + std::to_string(evals) +
-           " evaluations x " + n("validation.eval_iters") + " x the global batch (" + std::to_string(egbs) + ") x " +
-           n("dataset.seq_length") + " (" + std::to_string(*c.dataset.seq_length) +
-           "), the tokens validation reads, overflows a 64-bit integer");
+      fail(n("validation.eval_iters") + " (" + std::to_string(v.eval_iters) +
+           ") is too large: " + std::to_string(evals) + " evaluations x " + n("validation.eval_iters") +
+           " x the global batch (" + std::to_string(egbs) + ") x " + n("dataset.seq_length") + " (" +
+           std::to_string(*c.dataset.seq_length) + "), the tokens validation reads, overflows a 64-bit integer");
   }
 
   void validation() {

@@ -138,11 +138,13 @@ void check_counters(const TrainStateRecord& r, const std::string& file) {
       {"scheduler_num_steps", r.scheduler_num_steps},
       {"optimizer_steps", r.optimizer_steps}};
   for (const auto& [key, v] : counters)
-    if (v < 0) bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + "; it counts, so it is >= 0");
+    if (v < 0)
+      bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + "; it counts, so it is >= 0");
   for (const auto& [key, v] : {counters[4], counters[5], counters[7]})
     if (v > r.iteration)
       bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + ", more than the " +
-                          std::to_string(r.iteration) + " iterations the checkpoint says were run (at most one a iteration)");
+                          std::to_string(r.iteration) +
+                          " iterations the checkpoint says were run (at most one per iteration)");
   if (!std::isfinite(r.floating_point_operations_so_far) || r.floating_point_operations_so_far < 0)
     bad_state(file, "field 'floating_point_operations_so_far' must be a finite number >= 0, found " +
                         json(r.floating_point_operations_so_far).dump());
@@ -511,7 +513,8 @@ bool same_file(int fd, const std::string& path) {
 
 }  // namespace
 
-SaveDirLock::SaveDirLock(const std::string& save_dir) : dir_(save_dir), path_(join_path(save_dir, ".laoyao_save.lock")) {
+SaveDirLock::SaveDirLock(const std::string& save_dir)
+    : dir_(save_dir), path_(join_path(save_dir, ".laoyao_save.lock")) {
   std::error_code ec;
   created_dir_ = !fs::exists(save_dir, ec);
   make_dirs(save_dir);

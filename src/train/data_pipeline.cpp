@@ -189,7 +189,8 @@ void check_data_covers_run(const RunData& d, const config::ConfigContainer& c, i
       std::string why = "the validation dataset has " + std::to_string(valid->size()) + " samples, but this run's " +
                         std::to_string(evals) + " evaluation(s) of " + per_round + " read up to sample " +
                         std::to_string(needed);
-      if (from.consumed_valid > 0) why += " (" + std::to_string(from.consumed_valid) + " of them read before" + source + ")";
+      if (from.consumed_valid > 0)
+        why += " (" + std::to_string(from.consumed_valid) + " of them read before" + source + ")";
       if (!c.validation.eval_interval)
         why += "; without validation.eval_interval / --eval-interval the split is sized for no evaluation during "
                "training, yet the end of training evaluates it";

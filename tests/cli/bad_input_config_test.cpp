@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../config/test_util.hpp"
 #include "run_binary.hpp"
 
 using laoyao::test::count_entries;
@@ -117,14 +118,7 @@ TEST(BadInputConfig, AYamlAliasCycleIsRefusedNamingTheFile) {
 // 342 bytes of aliases of aliases once grew past 3 GB; refused at once (exit 2).
 TEST(BadInputConfig, YamlAliasesOfAliasesAreRefusedNamingTheFile) {
   const std::string dir = fresh_dir("bad_yaml_laughs");
-  std::string text = "a: &a [x,x,x,x,x,x,x,x,x]\n";
-  std::string prev = "a";
-  for (char k = 'b'; k <= 'i'; ++k) {
-    text += std::string(1, k) + ": &" + k + " [";
-    for (int r = 0; r < 9; ++r) text += (r ? ",*" : "*") + prev;
-    text += "]\n";
-    prev = std::string(1, k);
-  }
+  const std::string text = laoyao::config::test::billion_laughs_yaml();
   std::ofstream(dir + "/laughs.yaml") << text;
   expect_recipe_refused(dir, with(tiny_recipe(), {"--config-file", "laughs.yaml"}),
                         {"YAML file 'laughs.yaml' expands to more than 100000 nodes (YAML aliases of aliases?)"}, 1);

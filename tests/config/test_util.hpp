@@ -24,6 +24,20 @@ inline Value get(ConfigContainer& c, const std::string& path) {
   return f->get();
 }
 
+// "Billion laughs": nine levels of aliases of aliases (a: &a [x,...], b: &b [*a,...], ...), 342
+// bytes that are 9^9 scalars when copied out.
+inline std::string billion_laughs_yaml() {
+  std::string text = "a: &a [x,x,x,x,x,x,x,x,x]\n";
+  std::string prev = "a";
+  for (char k = 'b'; k <= 'i'; ++k) {
+    text += std::string(1, k) + ": &" + k + " [";
+    for (int r = 0; r < 9; ++r) text += (r ? ",*" : "*") + prev;
+    text += "]\n";
+    prev = std::string(1, k);
+  }
+  return text;
+}
+
 // The seed command lines of the issue (shared/reference/megatron-bridge.md §4.2).
 inline std::vector<std::string> seed_mlm_args() {
   return {"--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--ffn-hidden-size", "1024",

@@ -108,14 +108,7 @@ TEST(Yaml, AnAliasCycleIsAUsageErrorNamingTheFile) {
 // "Billion laughs": nine levels of aliases of aliases, 9^9 scalars if copied out (it once grew
 // past 3 GB); refused once the copy passes the node limit.
 TEST(Yaml, AliasesOfAliasesAreRefusedBeforeTheyExpand) {
-  std::string text = "a: &a [x,x,x,x,x,x,x,x,x]\n";
-  std::string prev = "a";
-  for (char k = 'b'; k <= 'i'; ++k) {
-    text += std::string(1, k) + ": &" + k + " [";
-    for (int r = 0; r < 9; ++r) text += (r ? ",*" : "*") + prev;
-    text += "]\n";
-    prev = std::string(1, k);
-  }
+  const std::string text = laoyao::config::test::billion_laughs_yaml();
   ASSERT_LT(text.size(), 400u);
   std::string m = yaml_error(text, "laughs.yaml");
   EXPECT_NE(m.find("YAML file 'laughs.yaml' expands to more than 100000 nodes (YAML aliases of aliases?)"),

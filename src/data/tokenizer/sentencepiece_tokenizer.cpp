@@ -118,7 +118,8 @@ void SentencePieceTokenizer::init(std::string_view bytes, const std::string& wha
       if (!model_.byte_fallback) throw UsageError(what + ": byte piece '" + p.piece + "' found but byte_fallback is off");
       const int b = byte_piece_value(p.piece);
       if (b < 0) {
-        throw UsageError(what + ": byte piece " + quote_text(p.piece) + " is not of the form <0xNN> (NN: uppercase hex)");
+        throw UsageError(what + ": byte piece " + quote_text(p.piece) +
+                         " is not of the form <0xNN> (NN: uppercase hex)");
       }
       byte_ids_[b] = id;
     }
