@@ -12,6 +12,10 @@ if [ "${LAOYAO_TEST_DEPS:-0}" = 1 ]; then
   PACKAGES+=(fortunes)
   command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)  # a node from elsewhere brings its own npm
 fi
+# Only scripts/fuzz.sh needs these: clang with libFuzzer and the sanitizers' runtimes, and its OpenMP.
+if [ "${LAOYAO_FUZZ_DEPS:-0}" = 1 ]; then
+  PACKAGES+=(clang libclang-rt-14-dev libomp-dev)
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
