@@ -141,6 +141,7 @@ void Sha256::reset() {
 }
 
 void Sha256::update(const void* data, size_t n) {
+  if (n == 0) return;  // an empty tensor's data may be null, which memcpy may not be given
   const uint8_t* p = static_cast<const uint8_t*>(data);
   total_ += n;
   if (buf_len_ > 0) {
