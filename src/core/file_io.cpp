@@ -17,8 +17,14 @@ namespace laoyao {
 std::string read_file(const std::string& path) {
   // An ifstream opens a directory and reads it as empty: say what it is instead.
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
+  const auto kind = std::filesystem::status(path, ec).type();
+  if (kind == std::filesystem::file_type::directory)
     throw UsageError("'" + path + "' is a directory; a file was expected there");
+  // A device never ends (/dev/zero, /dev/urandom): read whole, it would fill the memory. A pipe
+  // (bash's <(...)) is read as the file it stands for.
+  if (kind == std::filesystem::file_type::character || kind == std::filesystem::file_type::block ||
+      kind == std::filesystem::file_type::socket)
+    throw UsageError("'" + path + "' is a device or socket; a file was expected there");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("cannot read file '" + path + "': " + std::strerror(errno));
   std::ostringstream ss;

@@ -43,3 +43,12 @@ TEST(FileIo, ReadingADirectoryIsAUsageErrorSayingSo) {
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST(FileIo, ReadingADeviceIsAUsageErrorNotAnEndlessRead) {
+  try {
+    read_file("/dev/zero");
+    FAIL() << "/dev/zero was read";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'/dev/zero' is a device or socket"), std::string::npos) << e.what();
+  }
+}
