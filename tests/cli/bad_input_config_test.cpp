@@ -148,3 +148,11 @@ TEST(BadInputConfig, RecipeRunsMeetTheSameRules) {
   expect_recipe_refused(dir, with(tiny_recipe(), {"mixed_precision=null", "model.bf16=true", "model.fp16=true"}),
                         {"cannot specify both fp16 and bf16: model.fp16 and model.bf16 are both true"});
 }
+
+// A directory given as --config-file was read as an empty config and the run went on.
+TEST(BadInputConfig, ADirectoryAsTheConfigFileIsRefusedByName) {
+  const std::string dir = fresh_dir("bad_yaml_dir");
+  std::filesystem::create_directories(dir + "/conf.yaml");
+  expect_recipe_refused(dir, with(tiny_recipe(), {"--config-file", "conf.yaml"}),
+                        {"'conf.yaml' is a directory; a file was expected there"}, 1);
+}

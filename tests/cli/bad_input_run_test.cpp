@@ -151,3 +151,31 @@ TEST(BadInputRun, MegatronLmFlagsWithoutAnEvalIntervalAreRefusedByName) {
   EXPECT_EQ(ok.status, 0) << ok.output;
   expect_has(ok.output, "validation loss at iteration 2 on validation set");
 }
+
+// An .idx whose dtype byte says uint8 over a .bin of uint16 ids trained on garbage; refused, with
+// the likely cause, before anything is written.
+TEST(BadInputRun, AnIndexWhoseDtypeDoesNotMatchItsBinIsRefused) {
+  const std::string dir = fresh_dir("idx_dtype");
+  {
+    laoyao::data::IndexedDatasetBuilder b(dir + "/corpus", laoyao::data::TokenDType::kUInt16);
+    for (int64_t d = 0; d < 50; ++d) {
+      const std::vector<int64_t> doc(40, d % 60 + 1);
+      b.add_item(doc);
+      b.end_document();
+    }
+    b.finalize();
+  }
+  {  // the dtype byte follows the 9-byte magic and the 8-byte version
+    std::fstream f(dir + "/corpus.idx", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(17);
+    f.put(static_cast<char>(laoyao::data::TokenDType::kUInt8));
+  }
+  const size_t before = count_entries(dir);
+  auto r = run_laoyao(tiny({"--data-path", "corpus", "--split", "90,5,5", "--train-iters", "2", "--eval-interval",
+                            "2", "--save", "ckpt", "--save-interval", "1"}),
+                      dir, kCpu);
+  EXPECT_EQ(r.status, 2) << r.output;
+  expect_has(r.output, "corpus.idx");
+  expect_has(r.output, "probably does not match the dtype the .bin was written with");
+  EXPECT_EQ(count_entries(dir), before) << r.output;
+}
