@@ -169,7 +169,7 @@ json parse_header(const std::string& path, std::string_view text) {
   json h;
   try {
     h = json::parse(text.begin(), text.end(), cb);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past a double
     bad_file(path, std::string("the header is not valid JSON: ") + e.what());
   }
   if (!duplicate.empty()) bad_file(path, "the header has the key '" + duplicate + "' twice (duplicate keys are not allowed)");

@@ -165,7 +165,7 @@ StateFile read_state_file(const std::string& dir) {
   json j;
   try {
     j = json::parse(read_file(file));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past a double
     bad_state(file, std::string("not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object() || j.value("format", "") != kFormat) bad_state(file, "not a laoyao train_state.json");
