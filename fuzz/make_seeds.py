@@ -139,8 +139,29 @@ def tokenizer_seeds():
     put("tokenizer_files", "sentencepiece_unigram", b"\x05" + sentencepiece_model(1) + SEP + SEP + b"ab ca A")
 
 
+def run_records_seeds(laoyao):
+    """A training log, a checkpoint's train_state.json and a tracker, from a tiny CPU run."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        args = [laoyao, "pretrain-gpt", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+                "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "1",
+                "--global-batch-size", "2", "--train-iters", "3", "--eval-interval", "2", "--eval-iters", "1",
+                "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "64", "--lr", "1e-3",
+                "--log-interval", "1", "--save", os.path.join(d, "ckpt"), "--save-interval", "3"]
+        log = subprocess.run(args, check=True, capture_output=True, text=True, cwd=d,
+                             env=dict(os.environ, LAOYAO_DEVICE="cpu")).stdout
+        with open(os.path.join(d, "ckpt", "iter_0000003", "train_state.json"), "rb") as f:
+            state = f.read()
+    put("run_records", "log", b"\x00" + log.encode())
+    put("run_records", "train_state", b"\x01" + state)
+    put("run_records", "tracker", b"\x02" + b"3")
+
+
 if __name__ == "__main__":
-    config_seeds(sys.argv[1] if len(sys.argv) > 1 else None)
+    binary = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
+    config_seeds(binary)
     indexed_dataset_seeds()
     safetensors_seed()
     tokenizer_seeds()
+    if binary:
+        run_records_seeds(binary)

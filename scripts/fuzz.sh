@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Fuzzes the readers of untrusted input (config front ends, .idx/.bin, safetensors, tokenizer
-# files) with libFuzzer under AddressSanitizer and UBSan, each for a bounded time, starting from the
-# seed corpus in fuzz/corpus/. Installs clang if needed and builds the `fuzz` preset (build/fuzz).
-# Exit status non-zero on any crash, sanitizer report, escaped exception, leak or timeout; the input
-# that caused it is kept as build/fuzz/findings/<target>-crash-* (reproduce: build/fuzz/laoyao_fuzz_<target> FILE).
+# files, training logs and checkpoint metadata) with libFuzzer under AddressSanitizer and UBSan,
+# each for a bounded time, starting from the seed corpus in fuzz/corpus/. Installs clang if needed
+# and builds the `fuzz` preset (build/fuzz). Exit status non-zero on any crash, sanitizer report,
+# escaped exception, leak or timeout; the input that caused it is kept as
+# build/fuzz/findings/<target>-crash-* (replay: build/fuzz/laoyao_fuzz_<target> FILE).
 # Usage: scripts/fuzz.sh [seconds per target, default 60] [target ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 per_target=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config indexed_dataset safetensors tokenizer_files)
+[ ${#targets[@]} -gt 0 ] || targets=(config indexed_dataset safetensors tokenizer_files run_records)
 
 LAOYAO_FUZZ_DEPS=1 scripts/setup.sh fuzz
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
