@@ -390,15 +390,13 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir) {
   size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   s = s.substr(i);
-  int64_t it = 0;
-  bool ok = !s.empty() && s.size() <= 18;
-  for (char c : s) {
-    if (c < '0' || c > '9') ok = false;
-    else it = it * 10 + (c - '0');
-  }
-  if (!ok)
-    throw UsageError("checkpoint tracker '" + path + "' holds '" + s + "', expected an iteration number" +
+  // At most 18 digits: the number then fits int64 (checked before it is computed).
+  if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
+    throw UsageError("checkpoint tracker '" + path + "' holds '" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) +
+                     "', expected an iteration number" +
                      (s == "release" ? " (Megatron release checkpoints are not supported)" : ""));
+  int64_t it = 0;
+  for (char c : s) it = it * 10 + (c - '0');
   return it;
 }
 

@@ -362,6 +362,11 @@ TEST_F(Checkpoint, MissingOrBrokenTrackersAreClearErrors) {
   expect_has(usage_error([&] { latest_iteration(save_); }), "release checkpoints are not supported");
   write_file_atomic(tracker_path(save_), "12abc");
   expect_has(usage_error([&] { latest_iteration(save_); }), tracker_path(save_));
+  // Too many digits for int64: refused before the number is computed (it overflowed; found by fuzzing).
+  write_file_atomic(tracker_path(save_), "26464128111000561690");
+  expect_has(usage_error([&] { latest_iteration(save_); }), "holds '26464128111000561690', expected an iteration");
+  write_file_atomic(tracker_path(save_), "999999999999999999");
+  EXPECT_EQ(latest_iteration(save_), 999999999999999999);
   write_file_atomic(tracker_path(save_), "7\n");  // a newline is tolerated
   EXPECT_EQ(latest_iteration(save_), 7);
   const std::string msg = usage_error([&] { load_checkpoint(save_); });
