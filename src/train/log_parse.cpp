@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -46,22 +47,24 @@ std::optional<int64_t> to_int(std::string_view s) {
   long long v = std::strtoll(buf.c_str(), &end, 10);
   if (end == buf.c_str() || *end != '\0' || errno == ERANGE) {
     // Some forks print counters as floats ("0.0"); accept whole numbers.
+    // (In int64's range first: casting a double past it is undefined.)
     auto d = to_double(s);
-    if (d && *d == static_cast<double>(static_cast<int64_t>(*d))) return static_cast<int64_t>(*d);
+    if (d && *d >= -9.2e18 && *d <= 9.2e18 && *d == std::trunc(*d)) return static_cast<int64_t>(*d);
     return std::nullopt;
   }
   return static_cast<int64_t>(v);
 }
 
-// Reads digits at s[*i]; advances *i. False when there are none.
+// Reads digits at s[*i]; advances *i. False when there are none, or more than int64 holds.
 bool read_digits(std::string_view s, size_t* i, int64_t* out) {
   size_t start = *i;
   int64_t v = 0;
+  bool fits = true;
   while (*i < s.size() && is_digit(s[*i])) {
-    v = v * 10 + (s[*i] - '0');
+    fits = fits && !__builtin_mul_overflow(v, 10, &v) && !__builtin_add_overflow(v, s[*i] - '0', &v);
     ++*i;
   }
-  if (*i == start) return false;
+  if (*i == start || !fits) return false;
   *out = v;
   return true;
 }
