@@ -1,7 +1,7 @@
-// Hostile or absurd configurations through the built binary (issue #33): each is refused with
-// exit status 2 and one message naming the flag, field or file, and nothing is written — not
-// the --save directory, not Bridge's nemo_experiments/ — where it once crashed (an alias cycle),
-// exhausted the memory (aliases of aliases, sizes no machine holds) or blamed an unrelated rule.
+// Hostile or absurd configurations through the built binary: each is refused with exit status 2
+// and one message naming the flag, field or file, and nothing is written — not the --save
+// directory, not Bridge's nemo_experiments/ — rather than crashing (an alias cycle), exhausting the
+// memory (aliases of aliases, sizes no machine holds) or blaming an unrelated rule.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -115,7 +115,7 @@ TEST(BadInputConfig, AYamlAliasCycleIsRefusedNamingTheFile) {
                         {"YAML file 'cycle.yaml' nests deeper than 64 levels (an alias that refers to itself?)"}, 1);
 }
 
-// 342 bytes of aliases of aliases once grew past 3 GB; refused at once (exit 2).
+// 342 bytes of aliases of aliases (9^9 scalars copied out): refused at once (exit 2).
 TEST(BadInputConfig, YamlAliasesOfAliasesAreRefusedNamingTheFile) {
   const std::string dir = fresh_dir("bad_yaml_laughs");
   const std::string text = laoyao::config::test::billion_laughs_yaml();
@@ -149,7 +149,7 @@ TEST(BadInputConfig, RecipeRunsMeetTheSameRules) {
                         {"cannot specify both fp16 and bf16: model.fp16 and model.bf16 are both true"});
 }
 
-// A directory given as --config-file was read as an empty config and the run went on.
+// A directory given as --config-file is refused by name, not read as an empty config.
 TEST(BadInputConfig, ADirectoryAsTheConfigFileIsRefusedByName) {
   const std::string dir = fresh_dir("bad_yaml_dir");
   std::filesystem::create_directories(dir + "/conf.yaml");

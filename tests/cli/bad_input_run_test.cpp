@@ -100,8 +100,7 @@ TEST(BadInputRun, ASecondRunOnOneSaveFolderIsRefusedNamingTheFirst) {
 
 // Bridge's budget for a run without validation.eval_interval asks no validation samples, so a real
 // corpus's validation split is one epoch of its documents, while the end of training still
-// evaluates validation.eval_iters batches. That is refused before training (it used to train, save,
-// then fail on "sample 13 is past the end").
+// evaluates validation.eval_iters batches. That is refused before training, not found out after it.
 TEST(BadInputRun, EvaluationsTheValidationSplitCannotServeAreRefusedBeforeTraining) {
   const std::string dir = fresh_dir("eval_budget");
   {

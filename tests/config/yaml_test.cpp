@@ -105,8 +105,8 @@ TEST(Yaml, AnAliasCycleIsAUsageErrorNamingTheFile) {
   EXPECT_THROW(apply_yaml(c, "model: &m\n  self: *m\n", "cycle.yaml"), UsageError);
 }
 
-// "Billion laughs": nine levels of aliases of aliases, 9^9 scalars if copied out (it once grew
-// past 3 GB); refused once the copy passes the node limit.
+// "Billion laughs": nine levels of aliases of aliases, 9^9 scalars if copied out; refused once
+// the copy passes the node limit.
 TEST(Yaml, AliasesOfAliasesAreRefusedBeforeTheyExpand) {
   const std::string text = laoyao::config::test::billion_laughs_yaml();
   ASSERT_LT(text.size(), 400u);

@@ -265,7 +265,7 @@ TEST_F(Safetensors, CorruptFilesAreUsageErrorsNamingTheFileAndProblem) {
   expect_bad(craft("json", R"({"x":{"dtype":"F32",)", f32x2), "not valid JSON");
   expect_bad(craft("utf8", "{\"x\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", f32x2),
              "not valid JSON");
-  // A number past a double's range is nlohmann's out_of_range, not a parse_error (found by fuzzing).
+  // A number past a double's range is nlohmann's out_of_range, not a parse_error.
   expect_bad(craft("overflow", R"({"x":{"dtype":"F32","shape":[2.2e4444],"data_offsets":[0,8]}})", f32x2),
              "not valid JSON");
   expect_bad(craft("array", "[1]", ""), "does not start with '{'");

@@ -430,8 +430,8 @@ TEST(IndexedDataset, BinOfTheWrongSizeIsRefusedWithTheLikelyCause) {
   EXPECT_EQ(ds.sequence(1), (std::vector<int64_t>{255}));
 }
 
-// A float dtype's token must hold an integer: NaN, fractions and values past int64 were cast
-// (undefined behaviour; found by fuzz/fuzz_indexed_dataset.cpp).
+// A float dtype's token must hold an integer: NaN, fractions and values past int64 have none
+// (casting them would be undefined behaviour).
 TEST(IndexedDataset, FloatTokensWithNoIntegerValueAreRefusedNamingTheSequence) {
   TempDir t;
   for (TokenDType dtype : {TokenDType::kFloat32, TokenDType::kFloat64}) {

@@ -362,7 +362,7 @@ TEST_F(Checkpoint, MissingOrBrokenTrackersAreClearErrors) {
   expect_has(usage_error([&] { latest_iteration(save_); }), "release checkpoints are not supported");
   write_file_atomic(tracker_path(save_), "12abc");
   expect_has(usage_error([&] { latest_iteration(save_); }), tracker_path(save_));
-  // Too many digits for int64: refused before the number is computed (it overflowed; found by fuzzing).
+  // Too many digits for int64: refused before the number is computed.
   write_file_atomic(tracker_path(save_), "26464128111000561690");
   expect_has(usage_error([&] { latest_iteration(save_); }), "holds '26464128111000561690', expected an iteration");
   write_file_atomic(tracker_path(save_), "999999999999999999");
@@ -518,7 +518,7 @@ TEST_F(Checkpoint, PretrainedFromALaoyaoCheckpointRootOrIterationDirectory) {
 }
 
 // train_state.json is not covered by the SHA-256s: every counter is checked on load, and a bad one
-// is named with the file (issue: optimizer_steps -1 loaded and surfaced later as a NaN).
+// is named with the file (an optimizer_steps of -1 would surface later as a NaN).
 TEST_F(Checkpoint, ImpossibleCountersInTrainStateAreNamedWithTheFile) {
   Model mdl(6);
   const std::string it_dir = save_checkpoint(save_, 10, mdl.write(10));

@@ -140,7 +140,7 @@ TEST(LogParse, OtherLinesAreNotTrainingLines) {
   EXPECT_FALSE(parse_training_line("Evaluating iter 1/2"));
   EXPECT_FALSE(parse_training_line("subiteration 3/4"));
   EXPECT_FALSE(parse_training_line(""));
-  // An iteration number past int64 is no iteration (it overflowed; found by fuzzing).
+  // An iteration number past int64 is no iteration.
   EXPECT_FALSE(parse_training_line(" iteration 34444444444444444444/ 10 | consumed samples: 1 | lm loss: 1.0 |"));
   // A counter printed as a float past int64 (some forks print floats) is no count.
   const auto huge = parse_training_line(" iteration 3/ 10 | consumed samples: 1e300 | lm loss: 1.0 |");
