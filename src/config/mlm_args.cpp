@@ -83,7 +83,7 @@ struct ListExpr {
   size_t p = 0;
   int depth = 0;
   [[noreturn]] void fail() {
-    throw UsageError("bad value '" + t.substr(0, 80) + (t.size() > 80 ? "..." : "") +
+    throw UsageError("bad value '" + shorten(t, 80) +
                      "' for --moe-layer-freq: expected an integer or a list expression such as \"([0]+[1]*26)\"");
   }
   [[noreturn]] void too_large() {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 namespace laoyao::config {
 
@@ -102,11 +103,7 @@ struct OverrideParser {
   int depth = 0;  // lists and dicts open around the current position
 
   [[noreturn]] void fail(const std::string& msg) {
-    // A hostile value can be megabytes long: quote its start only.
-    constexpr size_t kShown = 80;
-    std::string shown(t.substr(0, kShown));
-    if (t.size() > kShown) shown += "...";
-    throw UsageError("cannot parse the value of " + std::string(what) + ": " + msg + " in '" + shown + "'");
+    throw UsageError("cannot parse the value of " + std::string(what) + ": " + msg + " in '" + shorten(t, 80) + "'");
   }
   // The parser recurses once per level: a bound keeps `a.b=[[[[...` off the end of the stack.
   void enter() {

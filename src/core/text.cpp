@@ -34,6 +34,10 @@ std::string did_you_mean(std::string_view name, const std::vector<std::string>& 
   return n.empty() ? std::string() : " (did you mean " + n + "?)";
 }
 
+std::string shorten(std::string_view s, size_t max) {
+  return s.size() > max ? std::string(s.substr(0, max)) + "..." : std::string(s);
+}
+
 std::string trim(std::string_view s) {
   size_t b = 0, e = s.size();
   while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\n' || s[b] == '\r')) ++b;

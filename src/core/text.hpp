@@ -21,5 +21,8 @@ std::vector<std::string> split(std::string_view s, char sep);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+// The first `max` bytes of `s`, and "..." when there was more: hostile input quoted in a message
+// can be megabytes long.
+std::string shorten(std::string_view s, size_t max);
 
 }  // namespace laoyao

@@ -16,10 +16,12 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
 #include "core/sha256.hpp"
+#include "core/text.hpp"
 #include "model/parameters.hpp"
 
 namespace laoyao::train {
@@ -128,19 +130,20 @@ StateMap state_map(const json& j, const std::string& file, const char* key) {
 // per-iteration counts above the iteration. (The SHA-256s cover the tensors, not this file: a value
 // edited by hand would otherwise surface later as a NaN or a data error blamed on training.)
 void check_counters(const TrainStateRecord& r, const std::string& file) {
-  const std::pair<const char*, int64_t> counters[] = {
-      {"iteration", r.iteration},
-      {"consumed_train_samples", r.consumed_train_samples},
-      {"consumed_valid_samples", r.consumed_valid_samples},
-      {"skipped_train_samples", r.skipped_train_samples},
-      {"skipped_iterations", r.skipped_iterations},
-      {"nan_iterations", r.nan_iterations},
-      {"scheduler_num_steps", r.scheduler_num_steps},
-      {"optimizer_steps", r.optimizer_steps}};
-  for (const auto& [key, v] : counters)
-    if (v < 0)
-      bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + "; it counts, so it is >= 0");
-  for (const auto& [key, v] : {counters[4], counters[5], counters[7]})
+  using Counter = std::pair<const char*, int64_t>;
+  const Counter per_iteration[] = {{"skipped_iterations", r.skipped_iterations},
+                                   {"nan_iterations", r.nan_iterations},
+                                   {"optimizer_steps", r.optimizer_steps}};
+  const Counter others[] = {{"iteration", r.iteration},
+                            {"consumed_train_samples", r.consumed_train_samples},
+                            {"consumed_valid_samples", r.consumed_valid_samples},
+                            {"skipped_train_samples", r.skipped_train_samples},
+                            {"scheduler_num_steps", r.scheduler_num_steps}};
+  for (const auto& counters : {std::span<const Counter>(others), std::span<const Counter>(per_iteration)})
+    for (const auto& [key, v] : counters)
+      if (v < 0)
+        bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + "; it counts, so it is >= 0");
+  for (const auto& [key, v] : per_iteration)
     if (v > r.iteration)
       bad_state(file, std::string("field '") + key + "' is " + std::to_string(v) + ", more than the " +
                           std::to_string(r.iteration) +
@@ -392,7 +395,7 @@ std::optional<int64_t> latest_iteration(const std::string& load_dir) {
   s = s.substr(i);
   // At most 18 digits: the number then fits int64 (checked before it is computed).
   if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos)
-    throw UsageError("checkpoint tracker '" + path + "' holds '" + (s.size() > 40 ? s.substr(0, 40) + "..." : s) +
+    throw UsageError("checkpoint tracker '" + path + "' holds '" + shorten(s, 40) +
                      "', expected an iteration number" +
                      (s == "release" ? " (Megatron release checkpoints are not supported)" : ""));
   int64_t it = 0;

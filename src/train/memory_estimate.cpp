@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "train/run_setup.hpp"
 
 namespace laoyao::train {
 namespace {
@@ -45,14 +46,10 @@ struct Namer {
   }
 };
 
-// The MoE layers of model.moe_layer_freq (an int N: every N-th layer; a list: its ones).
 int64_t moe_layer_count(const config::ModelConfig& m) {
   if (!m.num_moe_experts || *m.num_moe_experts <= 0) return 0;
-  const config::Value& f = m.moe_layer_freq;
-  if (f.kind == config::Value::Kind::Int) return f.i >= 1 ? (m.num_layers + f.i - 1) / f.i : 0;
-  int64_t n = 0;
-  for (const auto& v : f.list) n += v.kind == config::Value::Kind::Int && v.i == 1;
-  return std::min(n, m.num_layers);
+  const std::vector<bool> layers = moe_layer_pattern(m);
+  return std::count(layers.begin(), layers.end(), true);
 }
 
 struct Shape {

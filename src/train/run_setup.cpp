@@ -160,30 +160,34 @@ std::vector<std::pair<std::string, double>> load_balancing(const config::ModelCo
 
 }  // namespace
 
-model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g) {
-  const auto& m = c.model;
-  model::MoeConfig moe;
-  moe.num_experts = *m.num_moe_experts;
-  // --moe-layer-freq: an int N (layer l is MoE iff l % N == 0) or one 0/1 per layer.
+std::vector<bool> moe_layer_pattern(const config::ModelConfig& m) {
   const config::Value& freq = m.moe_layer_freq;
-  moe.layers.assign(static_cast<size_t>(g.num_layers), false);
+  std::vector<bool> layers(static_cast<size_t>(m.num_layers), false);
   if (freq.kind == config::Value::Kind::Int) {
     if (freq.i < 1) throw UsageError("model.moe_layer_freq (--moe-layer-freq) " + std::to_string(freq.i) +
                                      " must be a positive integer or a list of 0/1 per layer");
-    for (int64_t l = 0; l < g.num_layers; ++l) moe.layers[l] = l % freq.i == 0;
+    for (int64_t l = 0; l < m.num_layers; ++l) layers[l] = l % freq.i == 0;
   } else if (freq.kind == config::Value::Kind::List) {
-    if (static_cast<int64_t>(freq.list.size()) != g.num_layers)
+    if (static_cast<int64_t>(freq.list.size()) != m.num_layers)
       throw UsageError("model.moe_layer_freq (--moe-layer-freq) lists " + std::to_string(freq.list.size()) +
-                       " layers, the model has " + std::to_string(g.num_layers));
-    for (int64_t l = 0; l < g.num_layers; ++l) {
+                       " layers, the model has " + std::to_string(m.num_layers));
+    for (int64_t l = 0; l < m.num_layers; ++l) {
       const config::Value& v = freq.list[static_cast<size_t>(l)];
       if (v.kind != config::Value::Kind::Int || (v.i != 0 && v.i != 1))
         throw UsageError("model.moe_layer_freq (--moe-layer-freq): every entry must be 0 or 1");
-      moe.layers[l] = v.i == 1;
+      layers[l] = v.i == 1;
     }
   } else {
     throw UsageError("model.moe_layer_freq (--moe-layer-freq) must be an integer or a list of 0/1 per layer");
   }
+  return layers;
+}
+
+model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g) {
+  const auto& m = c.model;
+  model::MoeConfig moe;
+  moe.num_experts = *m.num_moe_experts;
+  moe.layers = moe_layer_pattern(m);
   moe.ffn = m.moe_ffn_hidden_size.value_or(g.ffn);
   moe.topk = m.moe_router_topk;
   if (moe.topk < 1 || moe.topk > moe.num_experts)

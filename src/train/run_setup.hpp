@@ -31,6 +31,9 @@ DocumentMask document_mask(const config::ConfigContainer& c);
 // The MoE part of model_config (model.num_moe_experts > 0; g: the dense part): UsageError naming
 // a setting laoyao's MoE layers do not support yet.
 model::MoeConfig moe_config(const config::ConfigContainer& c, const model::GptConfig& g);
+// --moe-layer-freq as one flag per layer (an int N: layer l is MoE iff l % N == 0; or one 0/1 per
+// layer); UsageError naming it when malformed.
+std::vector<bool> moe_layer_pattern(const config::ModelConfig& m);
 optim::ParamSchedule param_schedule(const config::ConfigContainer& c);
 FlopShape flop_shape(const config::ConfigContainer& c, const config::Derived& d);
 

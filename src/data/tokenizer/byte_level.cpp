@@ -1,6 +1,7 @@
 #include "data/tokenizer/byte_level.hpp"
 
 #include <array>
+#include <cstdio>
 
 #include "data/tokenizer/unicode.hpp"
 
@@ -54,6 +55,17 @@ bool from_byte_level(std::string_view s, std::string& bytes, bool strict) {
     }
   }
   return true;
+}
+
+std::optional<std::string> byte_without_token(const std::function<bool(const std::string&)>& has_token) {
+  for (int b = 0; b < 256; ++b) {
+    const std::string& ch = byte_level_char(static_cast<unsigned char>(b));
+    if (has_token(ch)) continue;
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02X", b);
+    return std::string(hex) + " (byte-level character " + quote_text(ch) + ")";
+  }
+  return std::nullopt;
 }
 
 }  // namespace laoyao::tokenizer

@@ -1,6 +1,5 @@
 #include "data/tokenizer/gpt2_bpe_tokenizer.hpp"
 
-#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -70,15 +69,9 @@ std::unordered_map<std::string, TokenId> parse_vocab(const std::string& text, co
   }
   // Byte-level BPE spells every text with these 256 characters; without one of them a byte of the
   // input has no token (Megatron would fail with a KeyError in the middle of preprocessing).
-  for (int b = 0; b < 256; ++b) {
-    const std::string& ch = byte_level_char(static_cast<unsigned char>(b));
-    if (!vocab.contains(ch)) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "0x%02X", b);
-      throw UsageError(where + " has no token for byte " + hex + " (byte-level character " + quote_text(ch) +
-                       "); a GPT-2 byte-level vocabulary has one for each of the 256 bytes");
-    }
-  }
+  if (const auto missing = byte_without_token([&](const std::string& ch) { return vocab.contains(ch); }))
+    throw UsageError(where + " has no token for byte " + *missing +
+                     "; a GPT-2 byte-level vocabulary has one for each of the 256 bytes");
   return vocab;
 }
 

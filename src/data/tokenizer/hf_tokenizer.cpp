@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -563,16 +562,11 @@ void HuggingFaceTokenizer::Impl::check_consistency() const {
   const bool byte_level =
       std::any_of(pre.begin(), pre.end(), [](const PreStep& p) { return p.kind == PreStep::kByteLevel; });
   if (byte_level && drops_unknown_chars) {
-    for (int b = 0; b < 256; ++b) {
-      const std::string& ch = byte_level_char(static_cast<unsigned char>(b));
-      if (!model->token_to_id(ch)) {
-        char hex[8];
-        std::snprintf(hex, sizeof(hex), "0x%02X", b);
-        throw UsageError(source + ": model.vocab has no token for byte " + hex + " (byte-level character " +
-                         quote_text(ch) + "), which its ByteLevel pre-tokenizer produces, and no unk_token or "
-                         "byte_fallback (that byte would be dropped from the data)");
-      }
-    }
+    if (const auto missing =
+            byte_without_token([&](const std::string& ch) { return model->token_to_id(ch).has_value(); }))
+      throw UsageError(source + ": model.vocab has no token for byte " + *missing +
+                       ", which its ByteLevel pre-tokenizer produces, and no unk_token or byte_fallback (that byte "
+                       "would be dropped from the data)");
   }
   for (const auto* ids : {&post_prefix, &post_suffix}) {
     for (TokenId id : *ids) {
