@@ -171,7 +171,9 @@ StateFile read_state_file(const std::string& dir) {
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past a double
     bad_state(file, std::string("not valid JSON (") + e.what() + ")");
   }
-  if (!j.is_object() || j.value("format", "") != kFormat) bad_state(file, "not a laoyao train_state.json");
+  // (json::value would throw a type_error for a "format" that is not a string.)
+  if (!j.is_object() || !j.contains("format") || j.at("format") != kFormat)
+    bad_state(file, "not a laoyao train_state.json");
   const int64_t version = get_int(j, file, "version");
   if (version != kVersion)
     bad_state(file, "format version " + std::to_string(version) + "; this laoyao reads version " +

@@ -545,6 +545,7 @@ TEST_F(Checkpoint, ImpossibleCountersInTrainStateAreNamedWithTheFile) {
   expect_has(with("floating_point_operations_so_far", "-5.0"), "'floating_point_operations_so_far' must be a finite");
   expect_has(with("consumed_train_samples", "1.5"), "must be an integer, found 1.5");
   expect_has(with("consumed_train_samples", "1e999"), "not valid JSON");  // nlohmann's out_of_range
+  expect_has(with("format", "7"), "not a laoyao train_state.json");  // not a string: no type_error
   std::ofstream(state, std::ios::trunc) << good;
   EXPECT_EQ(load_checkpoint(save_).state.optimizer_steps, 9);
   EXPECT_EQ(load_checkpoint(save_).state.loaded_from, state);
