@@ -24,25 +24,22 @@
 using namespace laoyao;
 using namespace laoyao::kernels::cuda;
 
-int main() {
+int main(int argc, char** argv) {
   // G: query groups (G < H: grouped-query attention, the cuDNN path only; printed with G= so
   // bench/gpu_train_bench.sh's MHA rows beside SDPA stay as they were): the flagship MoE's and
-  // Llama-3.2-1B's shapes after the MHA ones. LAOYAO_ATTN_BENCH_CUDNN_ONLY=1 skips our flash kernels.
+  // Llama-3.2-1B's shapes after the MHA ones.
   struct Case { int64_t b, H, G, s, D; };
   const Case cases[] = {{16, 16, 16, 1024, 128}, {2, 16, 16, 8192, 128}, {16, 32, 32, 1024, 64},
                         {2, 32, 32, 8192, 64},   {2, 16, 4, 4096, 64},    {1, 32, 8, 8192, 64},
                         // The flagship at micro-batch 8, the same with every head its own k and v,
                         // and at micro-batch 4.
                         {8, 16, 4, 4096, 64},    {8, 16, 16, 4096, 64},   {4, 16, 4, 4096, 64}};
-  const char* only_env = std::getenv("LAOYAO_ATTN_BENCH_CUDNN_ONLY");
-  const bool cudnn_only = only_env && std::string(only_env) == "1";
   cudaStream_t stream;
   LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
-  // LAOYAO_ATTN_BENCH_UNDER_LOAD=1: the cuDNN calls also timed one by one after an 8192^3 GEMM
+  // --under-load: the cuDNN calls also timed one by one after an 8192^3 GEMM
   // (cudnn_after_gemm rows), to tell the GPU's state inside a step (clocks under sustained GEMM
   // load, caches) from the attention itself: the model's attention runs 10-12% under this bench.
-  const char* load_env = std::getenv("LAOYAO_ATTN_BENCH_UNDER_LOAD");
-  const bool under_load = load_env && std::string(load_env) == "1";
+  const bool under_load = argc > 1 && std::string(argv[1]) == "--under-load";
   constexpr int64_t kLoad = 8192;
   DeviceBuffer load_a = under_load ? laoyao::bench::random_bf16(kLoad * kLoad, "load.a") : DeviceBuffer();
   DeviceBuffer load_b = under_load ? laoyao::bench::random_bf16(kLoad * kLoad, "load.b", 0.01) : DeviceBuffer();
@@ -68,7 +65,7 @@ int main() {
                                lse.as<float>(), delta.as<float>(), dqkv.as<__nv_bfloat16>(), a, {}, stream);
     };
     const double fwd_flops = 4.0 * c.b * c.H * double(c.s) * c.s * c.D / 2;
-    if (!cudnn_only && c.G == c.H) {
+    if (c.G == c.H) {
       const float f_ms = laoyao::bench::median_ms(fwd, stream, 20);
       const float fb_ms = laoyao::bench::median_ms([&] { fwd(); bwd(); }, stream, 20);
       std::printf("ATTN laoyao b=%lld H=%lld s=%lld D=%lld fwd_TFLOPs=%.1f fwdbwd_TFLOPs=%.1f\n", (long long)c.b,

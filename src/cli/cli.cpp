@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "core/text.hpp"
 
 namespace laoyao::cli {
@@ -56,6 +57,8 @@ int main(int argc, char** argv) {
     names.emplace_back(s.name);
     if (name != s.name) continue;
     try {
+      // laoyao's LAOYAO_* switches, read once: a bad value stops every command.
+      set_runtime_options(runtime_options_from_environment());
       return s.run(args);
     } catch (const UsageError& e) {
       std::fprintf(stderr, "laoyao %s: error: %s\n", s.name, e.what());

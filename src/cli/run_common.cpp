@@ -10,6 +10,7 @@
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "core/runtime_options.hpp"
 #include "dist/parallel_layout.hpp"
 #include "dist/process_group.hpp"
 #include "dist/rank_env.hpp"
@@ -169,7 +170,9 @@ int start_training(config::Resolved& r) {
   }
   const std::string path = run_config_path(r.cfg);
   train::TrainOptions opt;
-  if (!path.empty()) opt.run_config_path = path, opt.run_config_yaml = config::to_yaml(r.cfg);
+  if (!path.empty())
+    opt.run_config_path = path,
+    opt.run_config_yaml = config::to_yaml(r.cfg) + runtime_options_yaml_comment(runtime_options());
   opt.use_cuda = backend.cuda;
   opt.group = group.get();
   opt.tp_group = tp_group.get();
@@ -178,6 +181,7 @@ int start_training(config::Resolved& r) {
   opt.expert_dp_group = expert_dp_group.get();
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
+  std::printf("laoyao: runtime options: %s\n", describe_runtime_options(runtime_options()).c_str());
   train::train(r.cfg, r.validated.derived, opt);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 
 namespace laoyao::dist {
 namespace {
@@ -91,8 +92,7 @@ int launch(const LaunchOptions& o) {
   // CPU ranks meet through a file store: a fresh directory per job on one node (several nodes need
   // one they share, given as LAOYAO_RENDEZVOUS_DIR), removed when the job ends.
   std::string rendezvous;
-  const char* given = std::getenv("LAOYAO_RENDEZVOUS_DIR");
-  if ((!given || !*given) && o.nnodes == 1) {
+  if (runtime_options().rendezvous_dir.empty() && o.nnodes == 1) {
     char tmpl[] = "/tmp/laoyao_rendezvous_XXXXXX";
     if (!mkdtemp(tmpl)) throw Error(std::string("laoyao launch: cannot create a rendezvous directory: ") +
                                     std::strerror(errno));

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "dist/process_group.hpp"
 
 #if LAOYAO_HAVE_GLOO
@@ -82,8 +83,8 @@ namespace {
 
 std::unique_ptr<ProcessGroup> connect(const RankEnv& env, double timeout_minutes, int rank, int size,
                                       const std::string& prefix, const std::string& what) {
-  const char* dir = std::getenv("LAOYAO_RENDEZVOUS_DIR");
-  if (!dir || !*dir)
+  const std::string& dir = runtime_options().rendezvous_dir;
+  if (dir.empty())
     throw UsageError("CPU ranks meet through a directory they share: set LAOYAO_RENDEZVOUS_DIR (laoyao launch "
                      "sets it for the ranks it starts)");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_minutes * 60000.0));

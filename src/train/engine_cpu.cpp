@@ -6,6 +6,7 @@
 
 #include "core/device.hpp"
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "train/engine.hpp"
 
 namespace laoyao::train {
@@ -94,11 +95,10 @@ std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& ad
 }
 
 BackendChoice choose_backend(const model::GptConfig& model) {
-  const char* env = std::getenv("LAOYAO_DEVICE");
-  const std::string want = env ? env : "";
-  if (want == "cpu") return {false, ""};
-  if (!want.empty() && want != "cuda") throw UsageError("LAOYAO_DEVICE=" + want + ": accepted values are cpu and cuda");
-  if (!want.empty()) {
+  using Device = RuntimeOptions::Device;
+  const Device want = runtime_options().device;
+  if (want == Device::kCpu) return {false, ""};
+  if (want == Device::kCuda) {
     if (!cuda_backend_built()) throw UsageError("LAOYAO_DEVICE=cuda: this laoyao was built without the CUDA backend");
     if (cuda_device_count() == 0) throw UsageError("LAOYAO_DEVICE=cuda: no CUDA device is visible");
   } else if (cuda_device_count() == 0) {
@@ -106,7 +106,7 @@ BackendChoice choose_backend(const model::GptConfig& model) {
   }
   const std::string gaps = cuda_backend_gaps(model);
   if (gaps.empty()) return {true, ""};
-  if (!want.empty())
+  if (want == Device::kCuda)
     throw UsageError("LAOYAO_DEVICE=cuda: the CUDA backend cannot train this model yet: " + gaps +
                      " (LAOYAO_DEVICE=cpu trains it on the CPU)");
   return {false, "laoyao: a GPU is visible, but the CUDA backend cannot train this model yet (" + gaps +

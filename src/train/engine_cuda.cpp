@@ -16,6 +16,7 @@
 
 #include "core/device.hpp"
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "train/engine.hpp"
 
 #if LAOYAO_HAVE_CUDA
@@ -46,8 +47,7 @@ class StepPhases {
  public:
   enum Mark { kBegin, kBackwardDone, kReduceEnqueued, kReduced, kStepped, kMarks };
   StepPhases() {
-    const char* env = std::getenv("LAOYAO_STEP_PHASES");
-    if (!env || std::string(env) != "1") return;
+    if (!runtime_options().step_phases) return;
     for (auto& e : events_) LAOYAO_CUDA_CHECK(cudaEventCreate(&e));
   }
   ~StepPhases() {

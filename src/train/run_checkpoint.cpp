@@ -6,6 +6,7 @@
 
 #include "config/yaml_io.hpp"
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "train/run_setup.hpp"
 #include "train/training_log.hpp"
 
@@ -118,7 +119,7 @@ CheckpointWrite run_checkpoint_write(const config::ConfigContainer& c, const con
   state.rng = {{"seed", c.rng.seed}, {"dropout_streams", std::string("keyed by (seed, iteration, micro-batch)")}};
   config::ConfigContainer copy = c;
   w.state = std::move(state);
-  w.run_config_yaml = config::to_yaml(copy);
+  w.run_config_yaml = config::to_yaml(copy) + runtime_options_yaml_comment(runtime_options());
   return w;
 }
 

@@ -178,3 +178,25 @@ TEST(BadInputRun, AnIndexWhoseDtypeDoesNotMatchItsBinIsRefused) {
   expect_has(r.output, "probably does not match the dtype the .bin was written with");
   EXPECT_EQ(count_entries(dir), before) << r.output;
 }
+
+// laoyao's LAOYAO_* switches are read once at the start of every command: a bad value stops it by
+// name before anything runs; a run prints the switches and writes them into run_config.yaml.
+TEST(BadInputRun, ABadRuntimeOptionStopsTheCommandAndARunRecordsTheOptions) {
+  const std::string dir = fresh_dir("runtime_options");
+  const auto args =
+      tiny({"--mock-data", "--train-iters", "1", "--eval-interval", "1", "--save", "ckpt", "--save-interval", "1"});
+  auto bad = run_laoyao(args, dir, kCpu + " LAOYAO_CUDA_GRAPHS=off");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  expect_has(bad.output, "environment variable LAOYAO_CUDA_GRAPHS='off': accepted values are 0 or 1");
+  EXPECT_FALSE(fs::exists(dir + "/ckpt"));
+  auto recipes = run_laoyao({"recipes"}, dir, "LAOYAO_DEVICE=gpu");
+  EXPECT_EQ(recipes.status, 2) << recipes.output;
+  expect_has(recipes.output, "LAOYAO_DEVICE='gpu': accepted values are auto, cpu or cuda");
+
+  auto run = run_laoyao(args, dir, kCpu + " LAOYAO_GEMM_AUTOTUNE=0");
+  ASSERT_EQ(run.status, 0) << run.output;
+  expect_has(run.output, "laoyao: runtime options: LAOYAO_DEVICE=cpu LAOYAO_CUDA_GRAPHS=1 LAOYAO_GEMM_AUTOTUNE=0");
+  const std::string yaml = laoyao::read_file(dir + "/ckpt/run_config.yaml");
+  expect_has(yaml, "#   LAOYAO_DEVICE: cpu\n#   LAOYAO_RENDEZVOUS_DIR: \n#   LAOYAO_CUDA_GRAPHS: 1\n");
+  expect_has(yaml, "#   LAOYAO_GEMM_AUTOTUNE: 0\n");
+}

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "dist/parallel_layout.hpp"
 #include "dist/process_group.hpp"
 
@@ -19,7 +20,7 @@ TEST(ProcessGroup, SubgroupsReduceOverTheirMembersOnly) {
   const auto dir = std::filesystem::temp_directory_path() / ("laoyao_pg_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  setenv("LAOYAO_RENDEZVOUS_DIR", dir.c_str(), 1);
+  const laoyao::ScopedRuntimeOptions rendezvous([&](laoyao::RuntimeOptions& o) { o.rendezvous_dir = dir.string(); });
   const int world = 4;
   const ParallelLayout layout(world, {2, 1, 1});
   std::vector<std::string> errors(world);
@@ -43,7 +44,6 @@ TEST(ProcessGroup, SubgroupsReduceOverTheirMembersOnly) {
       }
     });
   for (auto& t : ranks) t.join();
-  unsetenv("LAOYAO_RENDEZVOUS_DIR");
   std::filesystem::remove_all(dir);
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(errors[r], "") << "rank " << r;

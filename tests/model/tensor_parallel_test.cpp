@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "core/error.hpp"
 #include "core/rng.hpp"
 #include "dist/parallel_layout.hpp"
@@ -61,7 +62,7 @@ void run_ranks(int ranks, const std::function<void(int, dist::ProcessGroup*)>& f
                    ("laoyao_tp_test_" + std::to_string(::getpid()) + "_" + std::to_string(ranks));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  setenv("LAOYAO_RENDEZVOUS_DIR", dir.c_str(), 1);
+  const ScopedRuntimeOptions rendezvous([&](RuntimeOptions& o) { o.rendezvous_dir = dir.string(); });
   std::vector<std::string> errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
@@ -76,7 +77,6 @@ void run_ranks(int ranks, const std::function<void(int, dist::ProcessGroup*)>& f
       }
     });
   for (auto& t : threads) t.join();
-  unsetenv("LAOYAO_RENDEZVOUS_DIR");
   std::filesystem::remove_all(dir);
   for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }

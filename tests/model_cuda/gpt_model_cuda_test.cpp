@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
@@ -76,21 +78,21 @@ void training_calls(CudaGptModel& gpu, const Batch& x, int n, std::vector<std::v
   }
 }
 
-// One model for each of two values of the environment variable `var` (LAOYAO_GEMM_AUTOTUNE=0 in
-// both: the same GEMM algorithms, so only the variable differs), n training calls each; `check`
+// One model for each of two runtime options, choose(o, 0) and choose(o, 1) (gemm_autotune off in
+// both: the same GEMM algorithms, so only the option differs), n training calls each; `check`
 // sees each model after its calls.
-void calls_under_env(const GptConfig& c, const char* var, const char* const (&values)[2], int n,
-                     std::vector<std::vector<float>> (&losses)[2], std::vector<std::vector<float>> (&grads)[2],
-                     const std::function<void(const CudaGptModel&, int)>& check = nullptr) {
-  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
+void calls_under_options(const GptConfig& c, const std::function<void(RuntimeOptions&, int)>& choose, int n,
+                         std::vector<std::vector<float>> (&losses)[2], std::vector<std::vector<float>> (&grads)[2],
+                         const std::function<void(const CudaGptModel&, int)>& check = nullptr) {
   for (int i = 0; i < 2; ++i) {
-    setenv(var, values[i], 1);
+    const ScopedRuntimeOptions options([&](RuntimeOptions& o) {
+      o.gemm_autotune = false;
+      choose(o, i);
+    });
     CpuAndGpuModels models(c);
     training_calls(models.gpu, models.x, n, losses[i], grads[i]);
     if (check) check(models.gpu, i);
   }
-  unsetenv(var);
-  unsetenv("LAOYAO_GEMM_AUTOTUNE");
 }
 
 GptConfig with_attention(GptConfig c, AttentionBackend a) {
@@ -107,9 +109,8 @@ TEST(CudaGptModel, UnfusedMatchesCpuModelWithoutDropout) {
 // GeLU MLPs run fc1's GELU_AUX epilogue and fc2's DGELU epilogue by default; the fused bias-GeLU
 // kernels with LAOYAO_GELU_EPILOGUE=0.
 TEST(CudaGptModel, BiasGeluKernelPathMatchesCpuModel) {
-  setenv("LAOYAO_GELU_EPILOGUE", "0", 1);
+  const ScopedRuntimeOptions kernels([](RuntimeOptions& o) { o.gelu_epilogue = false; });
   compare(small_config(2, 2), true);
-  unsetenv("LAOYAO_GELU_EPILOGUE");
 }
 TEST(CudaGptModel, FusedMatchesCpuModelWithoutDropout) {
   compare(with_attention(small_config(2, 2), AttentionBackend::Fused), false);
@@ -273,7 +274,8 @@ TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare(c, false);
   std::vector<std::vector<float>> losses[2], grads[2];
-  calls_under_env(c, "LAOYAO_QKV_SPLIT", {"1", "0"}, 1, losses, grads, [](const CudaGptModel& gpu, int fused) {
+  const auto split_then_fused = [](RuntimeOptions& o, int fused) { o.qkv_split = fused == 0; };
+  calls_under_options(c, split_then_fused, 1, losses, grads, [](const CudaGptModel& gpu, int fused) {
     using laoyao::kernels::cuda::QkvRows;
     EXPECT_EQ(gpu.qkv_rows(), fused ? QkvRows::Fused : QkvRows::Split);
   });
@@ -287,7 +289,7 @@ TEST(CudaGptModel, Qwen3CudnnSplitRowsMatchCpuAndFusedRows) {
 // bias_grad reads it again (LAOYAO_BIAS_GRAD_IN_NORM=0): the same bf16 values summed in another
 // fixed order. LayerNorm with the GeLU epilogues, and RMSNorm with SwiGLU and biases (the RMSNorm
 // kernel's sums, fc2's bias through linear_backward); eager and graph-captured calls; against the
-// CPU model too. A bad value is refused by name.
+// CPU model too.
 TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
   GptConfig rms = small_config(4, 4);
   rms.norm = Norm::RMSNorm;
@@ -297,8 +299,9 @@ TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
     ASSERT_TRUE(c.add_bias_linear);
     compare(c, false);
     std::vector<std::vector<float>> losses[2], grads[2];
-    calls_under_env(c, "LAOYAO_BIAS_GRAD_IN_NORM", {"1", "0"}, 2, losses, grads,
-                    [](const CudaGptModel& gpu, int reread) { EXPECT_EQ(gpu.bias_grad_in_norm(), reread == 0); });
+    const auto in_norm_then_reread = [](RuntimeOptions& o, int reread) { o.bias_grad_in_norm = reread == 0; };
+    calls_under_options(c, in_norm_then_reread, 2, losses, grads,
+                        [](const CudaGptModel& gpu, int reread) { EXPECT_EQ(gpu.bias_grad_in_norm(), reread == 0); });
     const GptModel shapes(c);
     int summed = 0;
     for (size_t call = 0; call < 2; ++call) {
@@ -321,15 +324,6 @@ TEST(CudaGptModel, BiasGradientsSummedInTheNormsMatchBiasGradKernel) {
   GptConfig dropout = small_config(2, 2);  // hidden dropout: the residual gradient is not the biases'
   dropout.hidden_dropout = 0.1;
   EXPECT_FALSE(CudaGptModel(dropout, 1, 16).bias_grad_in_norm());
-  setenv("LAOYAO_BIAS_GRAD_IN_NORM", "yes", 1);
-  try {
-    CudaGptModel m(small_config(2, 2), 1, 16);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("LAOYAO_BIAS_GRAD_IN_NORM must be 1 or 0, got 'yes'"), std::string::npos)
-        << e.what();
-  }
-  unsetenv("LAOYAO_BIAS_GRAD_IN_NORM");
 }
 
 // Without dropout the second call of a shape captures a CUDA graph and later calls replay it: the
@@ -383,12 +377,13 @@ TEST(CudaGptModel, DocumentsChangingBetweenGraphReplaysGiveTheEagerBits) {
   };
   // Two models that must give the same bits: both take cuBLASLt's first heuristic choice, not the
   // fastest-timed one.
-  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
-  setenv("LAOYAO_CUDA_GRAPHS", "0", 1);
-  CudaGptModel eager(c, 2, 48);
-  unsetenv("LAOYAO_CUDA_GRAPHS");
+  const ScopedRuntimeOptions same_algorithms([](RuntimeOptions& o) { o.gemm_autotune = false; });
+  const auto eager_model = [&] {
+    const ScopedRuntimeOptions no_graphs([](RuntimeOptions& o) { o.cuda_graphs = false; });
+    return std::make_unique<CudaGptModel>(c, 2, 48);
+  }();
+  CudaGptModel& eager = *eager_model;
   CudaGptModel graphed(c, 2, 48);
-  unsetenv("LAOYAO_GEMM_AUTOTUNE");
   eager.upload_weights(cpu.weights());
   graphed.upload_weights(cpu.weights());
   const auto want0 = step(eager, docs[0]), want1 = step(eager, docs[1]);

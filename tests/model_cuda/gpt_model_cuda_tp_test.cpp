@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "core/device.hpp"
 #include "dist/process_group.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
@@ -67,7 +68,7 @@ void compare_tp(TpCase k) {
   const auto dir = std::filesystem::temp_directory_path() / ("laoyao_tp_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  setenv("LAOYAO_RENDEZVOUS_DIR", dir.c_str(), 1);
+  const ScopedRuntimeOptions rendezvous([&](RuntimeOptions& o) { o.rendezvous_dir = dir.string(); });
   std::vector<std::vector<float>> losses(tp), grads(tp);
   std::vector<std::string> errors(tp);
   std::vector<std::string> paths(tp);
@@ -102,7 +103,6 @@ void compare_tp(TpCase k) {
       }
     });
   for (auto& t : ranks) t.join();
-  unsetenv("LAOYAO_RENDEZVOUS_DIR");
   std::filesystem::remove_all(dir);
   for (int r = 0; r < tp; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
   SCOPED_TRACE(std::string("attention: ") + paths[0]);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "core/device.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -24,7 +25,7 @@ TEST(NcclGraph, ForkedCollectivesReplayWithTheirBuffersContents) {
   const auto dir = std::filesystem::temp_directory_path() / ("laoyao_nccl_graph_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  setenv("LAOYAO_RENDEZVOUS_DIR", dir.c_str(), 1);
+  const ScopedRuntimeOptions rendezvous([&](RuntimeOptions& o) { o.rendezvous_dir = dir.string(); });
   dist::RankEnv env;
   env.rank = 0, env.world_size = 1, env.local_rank = 0, env.local_world_size = 1;
   auto group = dist::make_gpu_process_group(env, 1.0);
@@ -68,6 +69,5 @@ TEST(NcclGraph, ForkedCollectivesReplayWithTheirBuffersContents) {
   LAOYAO_CUDA_CHECK(cudaGraphDestroy(graph));
   for (cudaEvent_t e : {fork, join}) LAOYAO_CUDA_CHECK(cudaEventDestroy(e));
   for (cudaStream_t s : {main, comm}) LAOYAO_CUDA_CHECK(cudaStreamDestroy(s));
-  unsetenv("LAOYAO_RENDEZVOUS_DIR");
   std::filesystem::remove_all(dir);
 }

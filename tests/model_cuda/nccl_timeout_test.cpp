@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "dist/process_group.hpp"
@@ -30,7 +31,7 @@ TEST(NcclTimeout, AWaitOnACollectiveNobodyJoinsGivesUpAndAborts) {
   const auto dir = std::filesystem::temp_directory_path() / ("laoyao_nccl_timeout_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  setenv("LAOYAO_RENDEZVOUS_DIR", dir.c_str(), 1);
+  const ScopedRuntimeOptions rendezvous([&](RuntimeOptions& o) { o.rendezvous_dir = dir.string(); });
   std::promise<void> gave_up;
   std::shared_future<void> gave_up_seen = gave_up.get_future().share();
   std::string message, errors[2];
@@ -83,7 +84,6 @@ TEST(NcclTimeout, AWaitOnACollectiveNobodyJoinsGivesUpAndAborts) {
       }
     });
   for (auto& t : ranks) t.join();
-  unsetenv("LAOYAO_RENDEZVOUS_DIR");
   std::filesystem::remove_all(dir);
   ASSERT_EQ(errors[0], "");
   ASSERT_EQ(errors[1], "");

@@ -9,6 +9,7 @@
 
 #include "config/convert_args.hpp"
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "config/front_ends.hpp"
 #include "core/device.hpp"
 #include "train/engine.hpp"
@@ -996,20 +997,24 @@ TEST(Backend, LaoyaoDeviceChoosesOrRefusesByName) {
   laoyao::model::GptConfig m;
   m.num_layers = 1, m.hidden = 8, m.heads = 2, m.query_groups = 2, m.kv_channels = 4, m.ffn = 16, m.vocab = 8;
   m.max_positions = 8;
-  setenv("LAOYAO_DEVICE", "cpu", 1);
-  EXPECT_FALSE(laoyao::train::choose_backend(m).cuda);
-  setenv("LAOYAO_DEVICE", "tpu", 1);
-  try {
-    laoyao::train::choose_backend(m);
-    ADD_FAILURE() << "LAOYAO_DEVICE=tpu accepted";
-  } catch (const laoyao::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("accepted values are cpu and cuda"), std::string::npos) << e.what();
+  using laoyao::RuntimeOptions;
+  using Device = RuntimeOptions::Device;
+  auto device = [](Device d) { return [d](RuntimeOptions& o) { o.device = d; }; };
+  {
+    const laoyao::ScopedRuntimeOptions cpu(device(Device::kCpu));
+    EXPECT_FALSE(laoyao::train::choose_backend(m).cuda);
   }
   if (laoyao::cuda_device_count() == 0) {
-    setenv("LAOYAO_DEVICE", "cuda", 1);
-    EXPECT_THROW(laoyao::train::choose_backend(m), laoyao::UsageError);
-    unsetenv("LAOYAO_DEVICE");
+    {
+      const laoyao::ScopedRuntimeOptions cuda(device(Device::kCuda));
+      try {
+        laoyao::train::choose_backend(m);
+        ADD_FAILURE() << "LAOYAO_DEVICE=cuda accepted without a GPU";
+      } catch (const laoyao::UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find("LAOYAO_DEVICE=cuda"), std::string::npos) << e.what();
+      }
+    }
+    const laoyao::ScopedRuntimeOptions automatic(device(Device::kAuto));
     EXPECT_FALSE(laoyao::train::choose_backend(m).cuda) << "no GPU: the CPU, silently";
   }
-  unsetenv("LAOYAO_DEVICE");
 }

@@ -18,7 +18,7 @@
 
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/env_choice.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
 
 namespace laoyao::kernels::cuda {
@@ -207,7 +207,7 @@ struct ClusterPlan {
 
 ClusterPlan cluster_plan(int64_t V, const void* logits) {
   if (V % 8 != 0 || reinterpret_cast<uintptr_t>(logits) % 16 != 0) return {};
-  if (env_choice("LAOYAO_CE_CLUSTER", {"1", "0"}) != 0) return {};
+  if (!runtime_options().ce_cluster) return {};
   const int64_t packs = V / 8, per_block = kSliceBytes / 16;
   const int64_t blocks = (packs + per_block - 1) / per_block;
   if (blocks > kMaxCluster) return {};

@@ -1,10 +1,6 @@
 // cuDNN backend descriptors, the graph builder and execution plans (see cudnn_graph.hpp).
 #include "kernels/cuda/cudnn_graph.hpp"
 
-#include <cstdio>
-#include <cstdlib>
-#include <optional>
-
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace laoyao::kernels::cuda {
@@ -190,21 +186,8 @@ CudnnPlan CudnnGraph::plan(cudnnHandle_t handle, const char* what) {
       .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   graph.finalize((name + " operation graph").c_str());
 
-  // Heuristic mode A first; the fallback list where A offers nothing that finalizes. For
-  // measuring cuDNN's alternatives: LAOYAO_CUDNN_CANDIDATE=k takes the k-th engine config that
-  // finalizes instead of the first (counting over both lists), LAOYAO_CUDNN_LIST=1 prints them.
-  const char* pick_env = std::getenv("LAOYAO_CUDNN_CANDIDATE");
-  const char* list_env = std::getenv("LAOYAO_CUDNN_LIST");
-  int64_t pick = 0;
-  if (pick_env && *pick_env) {
-    char* end = nullptr;
-    pick = std::strtoll(pick_env, &end, 10);
-    if (*end != '\0' || pick < 0)
-      throw Error(std::string("LAOYAO_CUDNN_CANDIDATE=") + pick_env + ": expected a non-negative integer");
-  }
-  const bool list = list_env && std::string(list_env) == "1";
-  int64_t finalized = 0;
-  std::optional<CudnnPlan> chosen;
+  // Heuristic mode A first; the fallback list where A offers nothing that finalizes. The first
+  // engine config that finalizes is taken.
   std::string refusals;
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     CudnnDescriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -248,22 +231,12 @@ CudnnPlan CudnnGraph::plan(cudnnHandle_t handle, const char* what) {
           cudnnBackendGetAttribute(eng_raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
               CUDNN_STATUS_SUCCESS)
         engine.append(" ").append(std::to_string(index));  // (not " " + string: GCC 12's -Wrestrict false alarm)
-      if (list)
-        std::fprintf(stderr, "laoyao: cuDNN %s: heuristics mode %d config %lld finalizes: %s, workspace %lld B%s\n",
-                     name.c_str(), int(mode), static_cast<long long>(i), engine.c_str(), static_cast<long long>(ws),
-                     finalized == pick ? " (taken)" : "");
-      if (finalized++ != pick) continue;
       std::vector<int64_t> uids;
       for (const Tensor& t : tensors_)
         if (!t.is_virtual) uids.push_back(t.uid);
-      chosen = CudnnPlan(std::move(plan), std::move(uids), ws, engine);
-      if (!list) return std::move(*chosen);
+      return CudnnPlan(std::move(plan), std::move(uids), ws, engine);
     }
   }
-  if (chosen) return std::move(*chosen);
-  if (pick > 0)
-    throw Error("LAOYAO_CUDNN_CANDIDATE=" + std::to_string(pick) + ": cuDNN offers " + std::to_string(finalized) +
-                " engine configs for the " + name + " graph (0.." + std::to_string(finalized - 1) + ")");
   throw Error("cuDNN offers no engine for the " + name + " graph on this GPU:" + refusals);
 }
 

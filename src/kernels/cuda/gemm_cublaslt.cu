@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
 
@@ -63,8 +64,7 @@ GemmProblem linear_backward_input_problem(int64_t T, int64_t K, int64_t N) {
 
 CublasLtGemm::CublasLtGemm(size_t workspace_bytes) : workspace_(workspace_bytes) {
   LAOYAO_CUDA_CHECK(cublasLtCreate(&handle_));
-  const char* env = std::getenv("LAOYAO_GEMM_AUTOTUNE");
-  autotune_ = !(env && std::string(env) == "0");
+  autotune_ = runtime_options().gemm_autotune;
 }
 
 std::vector<CublasLtGemm::Tuning> CublasLtGemm::tunings() const {

@@ -38,7 +38,7 @@
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/env_choice.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
 #include "kernels/cuda/grouped_gemm_tma.hpp"
@@ -242,20 +242,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, [] { __syncthreads(); });
 }
 
-// LAOYAO_GROUPED_GEMM picks the kernels: unset or "tma" the TMA-fed ones with 128 x 256 tiles walked
-// by one block an SM where the output's columns are a multiple of 256 (128 x 128 tiles, a block
-// each, elsewhere and for the weight gradients), "tma_grid" the 128 x 256 tiles a block each too,
-// "tma128" 128 x 128 tiles everywhere, "cp_async" these.
-enum class Kernels { Tma, TmaGrid, Tma128, CpAsync };
-Kernels kernels() {  // in the enum's order
-  static const Kernels k =
-      static_cast<Kernels>(env_choice("LAOYAO_GROUPED_GEMM", {"tma", "tma_grid", "tma128", "cp_async"}));
-  return k;
-}
-bool wide_tiles(int64_t cols) {
-  return (kernels() == Kernels::Tma || kernels() == Kernels::TmaGrid) && cols % 256 == 0;
-}
-bool persistent() { return kernels() == Kernels::Tma; }
+// LAOYAO_GROUPED_GEMM (core/runtime_options.hpp) picks the kernels: "tma" (the default) the
+// TMA-fed ones with 128 x 256 tiles walked by one block an SM where the output's columns are a
+// multiple of 256 (128 x 128 tiles, a block each, elsewhere and for the weight gradients),
+// "cp_async" these.
+bool tma_kernels() { return runtime_options().grouped_gemm == RuntimeOptions::GroupedGemm::kTma; }
+bool wide_tiles(int64_t cols) { return cols % 256 == 0; }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -312,7 +304,7 @@ void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& gro
                      cudaStream_t stream) {
   check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
   if (rows_done(Y, groups, N, K, stream)) return;
-  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), persistent(), stream);
+  if (tma_kernels()) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), stream);
   launch_rows(true, X, W, Y, groups, N, K, stream);
 }
 
@@ -320,7 +312,7 @@ void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& g
                      cudaStream_t stream) {
   check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
   if (rows_done(dX, groups, K, N, stream)) return;
-  if (kernels() != Kernels::CpAsync) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), persistent(), stream);
+  if (tma_kernels()) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), stream);
   launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
 
@@ -333,7 +325,7 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
       LAOYAO_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(groups.weights * N * K) * sizeof(float), stream));
     return;
   }
-  if (kernels() != Kernels::CpAsync) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
+  if (tma_kernels()) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = groups.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");

@@ -19,8 +19,8 @@
 // ceil(K / 128) tiles for wgrad. No host synchronisation, no allocation: every call is one kernel
 // on `stream`.
 // Two sets of kernels do the work: TMA-fed ones (grouped_gemm_tma.cu), the default, with 128 x 256
-// tiles where the output's columns are a multiple of 256 (LAOYAO_GROUPED_GEMM=tma128: 128 x 128
-// only), and cp.async-fed ones (grouped_gemm.cu, LAOYAO_GROUPED_GEMM=cp_async);
+// tiles where the output's columns are a multiple of 256, and cp.async-fed ones (grouped_gemm.cu,
+// LAOYAO_GROUPED_GEMM=cp_async, core/runtime_options.hpp);
 // `scripts/gpu_check.sh run grouped` tests and times each.
 #pragma once
 #include <cuda_bf16.h>

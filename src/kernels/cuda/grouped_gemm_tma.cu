@@ -24,9 +24,9 @@
 // fc2 fwd / fc2 dgrad / fc1 dgrad / fc1 wgrad / fc2 wgrad; cuBLASLt on one dense GEMM of the same
 // work: ~720 / 620 / 620 / 720 / 710 / 630):
 //   these (persistent 256-wide, bulk epilogues): 617-621 / 491-492 / 490-500 / 604-610 / 396-401 / 369-371
-//   a block a tile, bulk epilogues (tma_grid):   579-582 / 390-391 / 496-500 / 548-556 / 396-401 / 369-371
+//   a block a tile, bulk epilogues:              579-582 / 390-391 / 496-500 / 548-556 / 396-401 / 369-371
 //   a block a tile, the threads' epilogues:       562-576 / 386-388 / 480-491 / 542-546 / 367-376 / 324-326
-//   128 x 128 tiles only (tma128):             523-540 / 390-401 / 478-495 / 489-521 / 353-373 / 317-330
+//   128 x 128 tiles only:                      523-540 / 390-401 / 478-495 / 489-521 / 353-373 / 317-330
 //   the cp.async kernels, same calls:          462-474 / 356-366 / 423-433 / 432-451 / 313-328 / 286-303
 // The wgrad blocks longest first (fifteenth session; same bench, 64 experts, one hot expert at 8x
 // the mean rows as the flagship's busiest on mock data, fc1 / fc2 wgrad, matrix order -> longest
@@ -52,7 +52,6 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
-#include "kernels/cuda/env_choice.hpp"
 #include "kernels/cuda/grouped_gemm_tiles.cuh"
 #include "kernels/cuda/grouped_gemm_tma.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
@@ -570,18 +569,6 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   }
 }
 
-// LAOYAO_GROUPED_EPILOGUE: "bulk" (unset or empty: the default) stores whole output tiles with TMA
-// bulk copies (dW: bulk reductions), "threads" has every computing thread store its part.
-bool bulk_epilogue() {
-  static const bool bulk = env_choice("LAOYAO_GROUPED_EPILOGUE", {"bulk", "threads"}) == 0;
-  return bulk;
-}
-// LAOYAO_GROUPED_WGRAD_ORDER: "longest" (unset or empty: the default) starts the wgrad blocks of
-// the matrices with the most rows first, "index" in matrix order (to time one against the other).
-bool wgrad_longest_first() {
-  static const bool longest = env_choice("LAOYAO_GROUPED_WGRAD_ORDER", {"longest", "index"}) == 0;
-  return longest;
-}
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 
@@ -597,7 +584,7 @@ void launch_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGr
   const int G = int(g.groups);
   // C's map (whole tiles' boxes of 64 columns); C is 16-byte aligned (grouped_gemm.cu's checks)
   // and its rows are 16-byte multiples (cols % 8 == 0).
-  const bool bulk = bulk_epilogue();
+  const bool bulk = true;  // whole output tiles leave through TMA bulk stores
   const CUtensorMap tc = bulk ? bf16_tensor_map(C, {uint64_t(cols), extent}, {uint64_t(cols) * 2}, {64, BM}) : ta;
   if (nt) {
     const CUtensorMap tb = bf16_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw},
@@ -663,8 +650,8 @@ bool launch_rows_tma_persistent(bool nt, const bf16* A, const bf16* B, bf16* C, 
 }  // namespace
 
 void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
-                      bool wide, bool persistent, cudaStream_t stream) {
-  if (wide && persistent && bulk_epilogue() && launch_rows_tma_persistent(nt, A, B, C, g, cols, red, stream)) return;
+                      bool wide, cudaStream_t stream) {
+  if (wide && launch_rows_tma_persistent(nt, A, B, C, g, cols, red, stream)) return;
   if (wide)
     launch_rows_tma<256>(nt, A, B, C, g, cols, red, stream);
   else
@@ -680,7 +667,7 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
   const CUtensorMap ta = bf16_tensor_map(dY, {uint64_t(N), extent}, {uint64_t(N) * 2}, {64, 64});
   const CUtensorMap tb = bf16_tensor_map(X, {uint64_t(K), extent}, {uint64_t(K) * 2}, {64, 64});
   // dW's map [Gw][N][K] fp32 (boxes of 32 columns): needs a 16-byte aligned dW (K % 8 == 0 already).
-  const bool bulk = bulk_epilogue() && aligned16(dW);
+  const bool bulk = aligned16(dW);  // bulk reductions of whole tiles where dW's map allows
   const CUtensorMap tw =
       bulk ? f32_tensor_map(dW, {uint64_t(K), uint64_t(N), uint64_t(g.weights)},
                             {uint64_t(K) * 4, uint64_t(N * K) * 4}, {32, BM, 1})
@@ -688,7 +675,7 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();
   static SmemSite site;
   site.once([&] { allow_smem(wgrad_kernel_tma, smem); });
-  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots && wgrad_longest_first();
+  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots;  // the longest matrices' blocks first
   wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
                                                                  int(g.weights), int(m_tiles), int(n_tiles), N, K,
                                                                  accumulate, lpt);

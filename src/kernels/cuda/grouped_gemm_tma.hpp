@@ -15,7 +15,7 @@
 namespace laoyao::kernels::cuda {
 
 void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups& groups, int64_t cols,
-                      int64_t red, bool wide, bool persistent, cudaStream_t stream);
+                      int64_t red, bool wide, cudaStream_t stream);
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream);
 

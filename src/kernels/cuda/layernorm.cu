@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/cuda/chunk_reduce.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/layernorm.hpp"
@@ -308,17 +309,8 @@ constexpr int64_t kFusedBlocks = 256;
 constexpr int64_t kFusedMinRowsPerWarp = 2;
 
 int64_t fused_rows_per_warp(int64_t T) {
-  static const int64_t fixed = [] {
-    const char* v = std::getenv("LAOYAO_NORM_ROWS_PER_WARP");
-    if (!v || !*v) return int64_t(0);
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    // At least kFusedMinRowsPerWarp: layernorm_backward_scratch_floats sizes the partials for it.
-    if (*end != '\0' || n < kFusedMinRowsPerWarp || n > 4096)
-      throw Error(std::string("LAOYAO_NORM_ROWS_PER_WARP must be an integer from 2 to 4096, got '") + v + "'");
-    return int64_t(n);
-  }();
-  if (fixed > 0) return fixed;
+  // At least kFusedMinRowsPerWarp (runtime_options refuses less): the scratch is sized for it.
+  if (const int64_t fixed = runtime_options().norm_rows_per_warp; fixed > 0) return fixed;
   const int64_t per_block = (T + kFusedBlocks - 1) / kFusedBlocks;
   const int64_t rows = (per_block + kFusedWarps - 1) / kFusedWarps;
   return rows > kFusedMinRowsPerWarp ? rows : kFusedMinRowsPerWarp;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "core/rng.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
@@ -17,7 +18,6 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/embedding.hpp"
-#include "kernels/cuda/env_choice.hpp"
 #include "kernels/cuda/layernorm.hpp"
 #include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/optimizer.hpp"
@@ -338,20 +338,17 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     for (const auto& p : layout_.table.specs)
       if (is_routed_expert(p.name)) same_experts_summed_.push_back({p.offset, p.numel});
 
-  const char* graphs = std::getenv("LAOYAO_CUDA_GRAPHS");
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
   // expert-parallel step with the all-to-all dispatcher reads the token counts on the host inside
   // the step (the all-gather dispatcher's does not, moe_->graph_safe()); global_aux_loss's running
   // counts give each forward its own kernel argument; a graph's replay is not timed by
   // LAOYAO_MODEL_PHASES.
-  graphs_enabled_ = !(graphs && std::string(graphs) == "0") && !tensor_parallel() &&
+  const RuntimeOptions& options = runtime_options();
+  graphs_enabled_ = options.cuda_graphs && !tensor_parallel() &&
                     (!ep_ || (moe_ && moe_->graph_safe())) && !(cfg.moe.global_aux_loss_coeff > 0) &&
                     !phases_.enabled();
-  const char* gelu_epilogue = std::getenv("LAOYAO_GELU_EPILOGUE");
-  gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 &&
-                   !(gelu_epilogue && std::string(gelu_epilogue) == "0");
-  bias_grad_in_norm_ =
-      kc::env_choice("LAOYAO_BIAS_GRAD_IN_NORM", {"1", "0"}) == 0 && !(lc_.hidden_dropout > 0) && !sp_;
+  gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 && options.gelu_epilogue;
+  bias_grad_in_norm_ = options.bias_grad_in_norm && !(lc_.hidden_dropout > 0) && !sp_;
 
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
   writers_ = gradient_writers(layout_);
@@ -408,7 +405,7 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const GptConfig& c = lc_;
   const std::string D = std::to_string(c.kv_channels);
   // LAOYAO_QKV_SPLIT=0 keeps cuDNN on the fused rows (to measure the split rows' difference).
-  const bool allow_split = kc::env_choice("LAOYAO_QKV_SPLIT", {"1", "0"}) == 0;
+  const bool allow_split = runtime_options().qkv_split;
   if (c.document_attention && c.attention_backend == AttentionBackend::Fused)
     throw UsageError("--attention-backend fused: cuDNN's fused attention is built here for whole sequences, not for "
                      "the documents of a packed sequence (--reset-attention-mask); use --attention-backend flash, "

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_unfused.hpp"
@@ -330,7 +331,7 @@ class CudaGptModel {
   std::unique_ptr<CudaMoeLayers> moe_;
   bool training_forward_ = false, recomputing_ = false;
   float moe_aux_loss_scale_ = 1.0f;
-  StreamTimeline phases_{"LAOYAO_MODEL_PHASES", 2 * kPhaseKinds};
+  StreamTimeline phases_{runtime_options().model_phases, 2 * kPhaseKinds};
   bool backward_phase_ = false;
   // --overlap-grad-reduce: the hook, and the parameter ranges it is given: the head's (final norm,
   // untied output layer) then each layer's, as index ranges into sync_ranges_.

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
@@ -262,7 +263,7 @@ class CudaMoeLayers {
   // expert's and the weight-gradient GEMMs) and its events.
   cudaStream_t comm_ = nullptr;
   cudaEvent_t comm_start_ = nullptr, comm_done_ = nullptr;
-  StreamTimeline phases_{"LAOYAO_MOE_PHASES", kPhases};
+  StreamTimeline phases_{runtime_options().moe_phases, kPhases};
   int64_t min_rows_ = -1, max_rows_ = -1;  // this step's fewest and most rows of a layer's experts here
   // With the phases on: each MoE layer's tokens per expert (this rank's routing, all E experts) in
   // its last timed training forward, copied on load_stream_ (null: nothing copied since the last

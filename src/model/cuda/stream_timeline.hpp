@@ -1,7 +1,7 @@
 // Where a stream's time goes, by category, for finding overheads (LAOYAO_MOE_PHASES=1 for the MoE
 // layers): mark(c) records an event, and the time from the previous mark to it counts to category
 // c. take() waits for the last event and returns the sums since the last take. Off (no events,
-// nothing recorded) unless the environment variable given is "1".
+// nothing recorded) unless enabled (core/runtime_options.hpp: LAOYAO_MODEL_PHASES and the like).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,10 +16,7 @@ namespace laoyao::model {
 
 class StreamTimeline {
  public:
-  StreamTimeline(const char* env_var, int categories) : sums_(static_cast<size_t>(categories), 0.0) {
-    const char* env = std::getenv(env_var);
-    enabled_ = env && std::string(env) == "1";
-  }
+  StreamTimeline(bool enabled, int categories) : enabled_(enabled), sums_(static_cast<size_t>(categories), 0.0) {}
   ~StreamTimeline() {
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
   }

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/rng.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/qkv_layout.hpp"
 #include "kernels/cuda/attention_reference.hpp"
@@ -211,9 +212,8 @@ TEST_F(CudaKernels, LinearBackwardWeightAccumulatesIntoFp32) {
 }
 
 TEST_F(CudaKernels, GemmAutotuneOffKeepsTheHeuristicsFirstChoice) {
-  setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
+  const ScopedRuntimeOptions no_autotune([](RuntimeOptions& o) { o.gemm_autotune = false; });
   cuda::CublasLtGemm gemm;
-  unsetenv("LAOYAO_GEMM_AUTOTUNE");
   const int64_t T = 64, K = 128, N = 96;
   auto dx = to_device_bf16(randn_bf16(T * K, 14, "linear.x"));
   auto dw = to_device_bf16(randn_bf16(N * K, 14, "linear.w", 0.05));
@@ -1595,7 +1595,7 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
                        Case{409608, true}, Case{5008, false}, Case{5003, true}}) {
     const int64_t V = c.V;
     SCOPED_TRACE("V=" + std::to_string(V) + (c.cluster ? "" : ", LAOYAO_CE_CLUSTER=0"));
-    if (!c.cluster) setenv("LAOYAO_CE_CLUSTER", "0", 1);
+    const ScopedRuntimeOptions cluster_choice([&](RuntimeOptions& o) { o.ce_cluster = c.cluster; });
     // 100 KB (51200 logits) a block, at most 8 blocks; 0: one block a row.
     const int want_blocks =
         !c.cluster || V % 8 != 0 || V > 409600 ? 0 : V <= 51200 ? 1 : V <= 102400 ? 2 : V <= 153600 ? 3 : 8;
@@ -1612,7 +1612,6 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardFusedMatchesCpu) {
     cuda::cross_entropy_forward_backward(dz.as<bf16>(), dt.as<int64_t>(), ddl.as<float>(), dloss_out.as<float>(),
                                          dlse.as<float>(), T, V, stream_);
     sync();
-    unsetenv("LAOYAO_CE_CLUSTER");
     std::vector<double> tol(T);
     for (int64_t t = 0; t < T; ++t) tol[t] = 1e-5 * (1.0 + std::abs(loss[t]));
     expect_within(from_device<float>(dloss_out, T), to_double(loss), tol, "loss");
