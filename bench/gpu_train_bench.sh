@@ -2,8 +2,13 @@
 # laoyao against the PyTorch peer (shared/peers/pytorch_gpt.py: bf16 autocast, fused AdamW, SDPA
 # flash attention, torch.compile) on the same GPU in the same call, on the same shapes and tokens per
 # optimizer step. Prints one table: tokens/s of each, the ratio, laoyao's Megatron-formula TFLOP/s
-# and MFU against 989 TFLOP/s, and memory (laoyao: device memory held; peer: torch's peak allocated).
-#   bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
+# and MFU against 989 TFLOP/s, memory (laoyao: device memory held; peer: torch's peak allocated) and
+# laoyao's host memory (the process's peak resident set, and per parameter of the rank: a GPU rank
+# keeps its state on the GPU, at most 0.5 bytes a parameter + 3 GB is the target).
+# With BASELINE=ANOTHER_LAOYAO_BINARY (the previous code) it runs each case on that binary too, in
+# the same call, and adds its tokens/s, the ratio to it, its device and host memory.
+# NO_PEER=1 leaves the peer out (its columns n/a).
+#   [BASELINE=BIN] bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
 # Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
 # moe_2b_mbsM_gbsG (default: the first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT;
@@ -74,25 +79,50 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
   esac
 }
 field() { sed -n "s|.*$1 *\([0-9.]*\).*|\1|p" | tail -1; }
+# laoyao_run BIN NAME CASE: one run of a case, its log and metrics under $LOGS/NAME_CASE*; prints
+# "ms tflops device_GB host_bytes parameters" (the host's peak resident set, measured from outside
+# so that any binary can be measured; the rank's parameters from Megatron's line).
+laoyao_run() {
+  local bin=$1 name=$2 c=$3 log="$LOGS/$2_$3.log" shape
+  read -r -a shape <<< "$(shape_args "$c")"
+  rm -rf "$LOGS/tb_${name}_$c"
+  LAOYAO_DEVICE=cuda python3 -c 'import resource, subprocess, sys
+rc = subprocess.call(sys.argv[2:], stdout=open(sys.argv[1], "w"), stderr=subprocess.STDOUT)
+open(sys.argv[1] + ".rss", "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+sys.exit(rc)' "$log" "$bin" "${common[@]}" "${shape[@]}" --tensorboard-dir "$LOGS/tb_${name}_$c" ||
+    { echo "$name failed on $c:" >&2; tail -5 "$log" >&2; return 1; }
+  # The last logged interval's time per iteration, unrounded (metrics.jsonl beside the run config).
+  local ms tf mem params
+  ms=$(python3 -c "import json;print(round([json.loads(l) for l in open('$LOGS/tb_${name}_$c/metrics.jsonl')][-1]['elapsed_ms_per_iteration'],3))")
+  tf=$(grep 'elapsed time per iteration' "$log" | field 'throughput per GPU (TFLOP/s/GPU):')
+  mem=$(field 'device memory held:' < "$log")
+  params=$(sed -n 's/.*number of parameters on (tensor, gtp_remat, pipeline) model parallel rank ([0-9, ]*): \([0-9]*\).*/\1/p' "$log" | head -1)
+  echo "$ms $tf $mem $(cat "$log.rss") $params"
+}
+# "GB (B/param, ok|over)": host bytes against the target of 0.5 bytes a parameter + 3 GB.
+host_cell() {
+  python3 -c "h,p=$1,$2;print(f'{h/1e9:.2f} ({h/p:.2f}, {\"ok\" if h <= 0.5*p + 3e9 else \"over\"})')"
+}
 # `--shape-args CASE`: print a case's flags and stop (scripts/gpu_check.sh's dp2 part uses them).
 [ "$BIN" = --shape-args ] && { shape_args "$PEER"; exit 0; }
 
-echo "| case | laoyao tokens/s | peer tokens/s (compiled) | ratio | laoyao ms/step | laoyao TFLOP/s | MFU | laoyao mem GB | peer mem GB |"
+header="| case | laoyao tokens/s | peer tokens/s (compiled) | ratio | laoyao ms/step | laoyao TFLOP/s | MFU | laoyao mem GB | peer mem GB | laoyao host GB (B/param, target) |"
+rule="|---|---|---|---|---|---|---|---|---|---|"
+if [ -n "${BASELINE:-}" ]; then
+  header+=" baseline tokens/s | vs baseline | baseline mem GB | baseline host GB (B/param) |"
+  rule+="---|---|---|---|"
+fi
+echo "$header"
 rows=()
 for c in $cases; do
   read -r -a shape <<< "$(shape_args "$c")"
-  rm -rf "$LOGS/tb_$c"
-  LAOYAO_DEVICE=cuda "$BIN" "${common[@]}" "${shape[@]}" --tensorboard-dir "$LOGS/tb_$c" > "$LOGS/bench_$c.log" 2>&1 ||
-    { echo "laoyao failed on $c:"; tail -5 "$LOGS/bench_$c.log"; continue; }
-  # The last logged interval's time per iteration, unrounded (metrics.jsonl beside the run config).
-  ms=$(python3 -c "import json;print(round([json.loads(l) for l in open('$LOGS/tb_$c/metrics.jsonl')][-1]['elapsed_ms_per_iteration'],3))")
-  tf=$(grep 'elapsed time per iteration' "$LOGS/bench_$c.log" | field 'throughput per GPU (TFLOP/s/GPU):')
-  mem=$(field 'device memory held:' < "$LOGS/bench_$c.log")
+  read -r ms tf mem host params <<< "$(laoyao_run "$BIN" bench "$c")" || continue
+  [ -n "${ms:-}" ] || continue
   gbs=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --global-batch-size | tail -1)
   seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
-  if [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ]; then
+  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ]; then
     peer="$PEER"
     [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
     PYTHONUNBUFFERED=1 python3 "$peer" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
@@ -101,9 +131,18 @@ for c in $cases; do
     [ -n "$peer_tok" ] && ratio=$(python3 -c "print(f'{$tok/$peer_tok:.2f}x')")
   fi
   mfu=$(python3 -c "print(f'{100*$tf/989:.1f}%')")
-  rows+=("| $c | $tok | ${peer_tok:-n/a} | $ratio | $ms | $tf | $mfu | $mem | ${peer_mem:-n/a} |")
+  row="| $c | $tok | ${peer_tok:-n/a} | $ratio | $ms | $tf | $mfu | $mem | ${peer_mem:-n/a} | $(host_cell "$host" "$params") |"
+  if [ -n "${BASELINE:-}" ]; then
+    if read -r bms _ bmem bhost bparams <<< "$(laoyao_run "$BASELINE" baseline "$c")" && [ -n "${bms:-}" ]; then
+      btok=$(python3 -c "print(round($gbs*$seq/($bms/1000)))")
+      row+=" $btok | $(python3 -c "print(f'{$tok/$btok:.3f}x')") | $bmem | $(host_cell "$bhost" "$bparams") |"
+    else
+      row+=" failed | n/a | n/a | n/a |"
+    fi
+  fi
+  rows+=("$row")
 done
 echo
-echo "| case | laoyao tokens/s | peer tokens/s (compiled) | ratio | laoyao ms/step | laoyao TFLOP/s | MFU | laoyao mem GB | peer mem GB |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "$header"
+echo "$rule"
 printf '%s\n' "${rows[@]}"

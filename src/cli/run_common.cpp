@@ -86,7 +86,9 @@ int start_training(config::Resolved& r) {
   const train::BackendChoice backend = train::choose_backend(train::model_config(r.cfg, shape));
   if (!backend.note.empty()) std::printf("%s\n", backend.note.c_str());
   // Absurd sizes are refused here, naming the settings, before the datasets or the model allocate.
-  train::check_memory_fits(r.cfg, shape, r.front_end, backend.cuda, train::physical_memory_bytes());
+  train::MemoryLimits limits{train::physical_memory_bytes(), 0};
+  if (backend.cuda) limits.device = static_cast<long double>(cuda_device_memory_bytes(0));  // every rank's GPU alike
+  train::check_memory_fits(r.cfg, shape, r.front_end, backend.cuda, limits);
   // Megatron reads torch.cuda.memory_stats(): a device's memory, which the CPU backend does not hold.
   if (r.cfg.logger.log_memory_to_tensorboard && !backend.cuda) {
     std::fprintf(stderr, "laoyao: cannot train this configuration on the CPU backend: memory scalars in TensorBoard "

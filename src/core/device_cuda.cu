@@ -33,6 +33,15 @@ std::string cuda_device_summary(int i) {
   return buf;
 }
 
+size_t cuda_device_memory_bytes(int i) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return p.totalGlobalMem;
+}
+
 void cuda_set_device(int i) {
   const cudaError_t st = cudaSetDevice(i);
   if (st != cudaSuccess) {

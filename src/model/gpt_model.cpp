@@ -20,7 +20,7 @@ namespace laoyao::model {
 namespace k = laoyao::kernels::cpu;
 
 GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGroup* ep,
-                   dist::ProcessGroup* expert_dp)
+                   dist::ProcessGroup* expert_dp, bool host_state)
     : cfg_(cfg), tp_(tp), ep_(ep), expert_dp_(expert_dp && expert_dp->size() > 1 ? expert_dp : nullptr) {
   if (tp_ && tp_->size() > 1) tp_size_ = tp_->size(), tp_rank_ = tp_->rank();
   if (cfg.moe.num_experts > 0 && tp_size_ > 1) check_moe_tensor_parallel(cfg);
@@ -55,8 +55,10 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     rp.seq_len_interpolation_factor = cfg.seq_len_interpolation_factor;
     rope_ = k::rope_table(cfg.kv_channels, cfg.max_positions, rp);
   }
-  weights_.assign(static_cast<size_t>(table_.total), 0.0f);
-  grads_.assign(static_cast<size_t>(table_.total), 0.0f);
+  if (host_state) {
+    weights_.assign(static_cast<size_t>(table_.total), 0.0f);
+    grads_.assign(static_cast<size_t>(table_.total), 0.0f);
+  }
   if (cfg.moe.num_experts > 0) {
     namespace k = kernels::cpu;
     const MoeConfig& m = cfg.moe;
@@ -265,6 +267,13 @@ void GptModel::build_parameter_table() {
 }
 
 void GptModel::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+void GptModel::hold_host_weights(bool hold) {
+  if (hold)
+    weights_.assign(static_cast<size_t>(table_.total), 0.0f);
+  else
+    std::vector<float>().swap(weights_);
+}
 
 int64_t GptModel::count_zero_grads() const {
   double zeros[4] = {0.0, 0.0, 0.0, 0.0};  // by split_kind

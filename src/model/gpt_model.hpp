@@ -66,8 +66,11 @@ class GptModel {
   // expert-parallel group, of cfg.moe.expert_parallel ranks when that is > 1 (else unused);
   // expert_dp: the ranks that hold the same experts (Megatron's expert data-parallel group,
   // nullptr for one), over which the trainer averages the experts' gradients.
+  // host_state: fp32 weights and gradients in host memory (the CPU backend computes on them); a
+  // GPU rank's model has none (its engine holds them on the device), and holds the weights alone
+  // while a checkpoint passes through the host (hold_host_weights).
   explicit GptModel(const GptConfig& cfg, dist::ProcessGroup* tp = nullptr, dist::ProcessGroup* ep = nullptr,
-                    dist::ProcessGroup* expert_dp = nullptr);
+                    dist::ProcessGroup* expert_dp = nullptr, bool host_state = true);
   ~GptModel();
 
   const GptConfig& config() const { return cfg_; }
@@ -108,6 +111,9 @@ class GptModel {
   float* grads() { return grads_.data(); }
   int64_t num_parameters() const { return table_.total; }
   void zero_grads();
+  bool holds_host_weights() const { return static_cast<int64_t>(weights_.size()) == table_.total; }
+  // Allocates the host weights (zeros) or frees them; the gradients are left as they are.
+  void hold_host_weights(bool hold);
 
   // Per-token losses [b*s] (fp32, unmasked: the caller applies the loss mask). train_step: a
   // training micro-batch, whose backward follows (MoE's global_aux_loss counts only those tokens).

@@ -39,6 +39,26 @@ bool ParameterTable::has_buffers() const {
   return false;
 }
 
+ParameterInit::ParameterInit(const ParamSpec& p, uint64_t seed, bool round_bf16)
+    : p_(p), round_bf16_(round_bf16), rng_(seed, p.name) {}
+
+void ParameterInit::next(float* w, int64_t n) {
+  switch (p_.init) {
+    case Init::Zeros:
+      for (int64_t i = 0; i < n; ++i) w[i] = 0.0f;
+      break;
+    case Init::Ones:
+      for (int64_t i = 0; i < n; ++i) w[i] = 1.0f;
+      break;
+    case Init::Normal:
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(rng_.normal() * p_.std);
+        w[i] = round_bf16_ ? round_to_bf16(v) : v;
+      }
+      break;
+  }
+}
+
 void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16) {
   // Each parameter draws from its own stream, so the parameters can be filled in any order (here in
   // parallel, largest first in practice) and the values stay the same.
@@ -46,23 +66,7 @@ void init_parameters(const ParameterTable& table, float* weights, uint64_t seed,
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t k = 0; k < n; ++k) {
     const ParamSpec& p = table.specs[static_cast<size_t>(k)];
-    float* w = weights + p.offset;
-    switch (p.init) {
-      case Init::Zeros:
-        for (int64_t i = 0; i < p.numel; ++i) w[i] = 0.0f;
-        break;
-      case Init::Ones:
-        for (int64_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
-        break;
-      case Init::Normal: {
-        Rng rng(seed, p.name);
-        for (int64_t i = 0; i < p.numel; ++i) {
-          float v = static_cast<float>(rng.normal() * p.std);
-          w[i] = round_bf16 ? round_to_bf16(v) : v;
-        }
-        break;
-      }
-    }
+    ParameterInit(p, seed, round_bf16).next(weights + p.offset, p.numel);
   }
 }
 

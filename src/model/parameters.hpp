@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.hpp"
+
 namespace laoyao::model {
 
 enum class Init { Normal, Zeros, Ones };
@@ -49,5 +51,17 @@ struct ParameterTable {
 // generator keyed by (seed, parameter name). With round_bf16, values are rounded to bf16 (the
 // bf16 model's weights, which the fp32 main copy starts from).
 void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16);
+// One parameter's initial values in order, a chunk at a time (a device engine fills its memory
+// through a bounded host buffer): the values init_parameters gives it.
+class ParameterInit {
+ public:
+  ParameterInit(const ParamSpec& p, uint64_t seed, bool round_bf16);
+  void next(float* w, int64_t n);  // the next n values
+
+ private:
+  const ParamSpec& p_;
+  bool round_bf16_;
+  Rng rng_;
+};
 
 }  // namespace laoyao::model

@@ -6,8 +6,9 @@
 
 namespace laoyao::optim {
 
-AdamW::AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s)
-    : ranges_(std::move(ranges)), s_(s), m_(static_cast<size_t>(num_params), 0.0f), v_(m_) {
+AdamW::AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s, bool hold_moments)
+    : ranges_(std::move(ranges)), s_(s), n_(num_params) {
+  if (hold_moments) allocate_moments();
   int64_t covered = 0;
   for (const auto& r : ranges_) {
     if (r.offset != covered || r.numel <= 0) throw Error("AdamW: parameter ranges must tile the buffer in order");
@@ -16,7 +17,18 @@ AdamW::AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s
   if (covered != num_params) throw Error("AdamW: parameter ranges do not cover the buffer");
 }
 
+void AdamW::allocate_moments() {
+  m_.assign(static_cast<size_t>(n_), 0.0f);
+  v_.assign(static_cast<size_t>(n_), 0.0f);
+}
+
+void AdamW::free_moments() {
+  std::vector<float>().swap(m_);
+  std::vector<float>().swap(v_);
+}
+
 void AdamW::step(float* params, const float* grads, double lr, double wd, std::optional<double> decoupled_lr) {
+  if (!holds_moments()) throw Error("AdamW::step: the moments are not held on the host");
   ++step_;
   const double bc1 = 1.0 - std::pow(s_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(s_.beta2, static_cast<double>(step_));

@@ -23,7 +23,9 @@ struct ParamRange {
 
 class AdamW {
  public:
-  AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s);
+  // hold_moments false: the moments are not allocated (an engine holds them elsewhere, on a GPU);
+  // allocate_moments() gives zeros when a checkpoint passes through the host.
+  AdamW(int64_t num_params, std::vector<ParamRange> ranges, AdamWSettings s, bool hold_moments = true);
   // One step with learning rate `lr` and weight decay `wd` (times each range's multiplier):
   //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
   //   p -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)        (t counts steps from 1)
@@ -36,10 +38,15 @@ class AdamW {
   const std::vector<float>& exp_avg() const { return m_; }
   const std::vector<float>& exp_avg_sq() const { return v_; }
   void set_steps(int64_t t) { step_ = t; }
+  int64_t num_params() const { return n_; }
+  bool holds_moments() const { return static_cast<int64_t>(m_.size()) == n_; }
+  void allocate_moments();  // zeros
+  void free_moments();
 
  private:
   std::vector<ParamRange> ranges_;
   AdamWSettings s_;
+  int64_t n_ = 0;
   std::vector<float> m_, v_;
   int64_t step_ = 0;
 };

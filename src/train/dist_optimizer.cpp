@@ -80,7 +80,7 @@ std::vector<int64_t> overlap_bucket_cuts(const model::ParameterTable& table) {
 }
 
 std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, const OptimizerShards& shards,
-                                              const optim::AdamWSettings& s) {
+                                              const optim::AdamWSettings& s, bool hold_moments) {
   std::vector<optim::ParamRange> ranges;
   size_t first = 0;  // specs and segments are both in buffer order
   int64_t covered = 0;
@@ -99,7 +99,7 @@ std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table
     }
   }
   if (shards.owned_total > covered) ranges.push_back({covered, shards.owned_total - covered, 0.0});
-  return std::make_unique<optim::AdamW>(shards.owned_total, ranges, s);
+  return std::make_unique<optim::AdamW>(shards.owned_total, ranges, s, hold_moments);
 }
 
 void step_owned(optim::AdamW& adam, const OptimizerShards& shards, float* weights, float* grads, double norm,
@@ -166,8 +166,9 @@ std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table) {
   return ranges;
 }
 
-std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s) {
-  return std::make_unique<optim::AdamW>(table.total, adam_ranges(table), s);
+std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s,
+                                              bool hold_moments) {
+  return std::make_unique<optim::AdamW>(table.total, adam_ranges(table), s, hold_moments);
 }
 
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,

@@ -75,9 +75,10 @@ std::vector<int64_t> overlap_bucket_cuts(const model::ParameterTable& table);
 // Not sharded: one segment, the whole model.
 inline OptimizerShards whole_model_shards(int64_t n) { return plan_optimizer_shards(n, {}, {}, {}); }
 
-// AdamW over the owned segments of `table`'s parameters (weight decay kept).
+// AdamW over the owned segments of `table`'s parameters (weight decay kept). hold_moments: as
+// AdamW's (false where the engine keeps them on its device).
 std::unique_ptr<optim::AdamW> make_shard_adam(const model::ParameterTable& table, const OptimizerShards& shards,
-                                              const optim::AdamWSettings& s);
+                                              const optim::AdamWSettings& s, bool hold_moments = true);
 
 // One AdamW step (Megatron's clip first) of the owned segments of weights/grads on the host
 // (decoupled_lr: the embedding and output layer's rate, --decoupled-lr). scratch: the caller's,
@@ -103,7 +104,8 @@ std::vector<StepRun> plan_step_runs(const OptimizerShards& shards, const std::ve
 // embedding or output layer (--decoupled-lr).
 std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table);
 // A whole-size AdamW over `table` with zero moments (every parameter, weight decay kept).
-std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s);
+std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s,
+                                              bool hold_moments = true);
 // A whole-size AdamW holding every rank's moments (collective), for a checkpoint.
 std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
                                              const OptimizerShards& shards, const optim::AdamWSettings& s);

@@ -1,8 +1,8 @@
 // What the training loop asks of a backend: run micro-batches, report the loss, norm and update.
-// The CPU engine computes in place on the host GptModel and AdamW; the CUDA engine keeps its own
-// device copy of the parameters, gradients and Adam state, and moves them to and from the host
-// model/AdamW only around checkpoints: push_state before the first step (after init or a restore),
-// pull_state before a save.
+// The CPU engine computes in place on the host GptModel and AdamW. The CUDA engine keeps the
+// parameters, gradients and Adam state on its device only: it initialises them there, and the host
+// model/AdamW hold them only while a checkpoint passes through (train/tp_state.hpp HostStateHold):
+// push_state after a restore, pull_state before a save.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -71,6 +71,9 @@ class Engine {
   // cudaProfilerStop (false), Nsight Systems' capture range (nsys --capture-range=cudaProfilerApi).
   // The CPU engine has nothing to capture.
   virtual void cuda_profiler(bool /*start*/) {}
+  // The run's initial weights (train/tp_state.hpp init_model_weights' values) and zero moments,
+  // where the engine keeps them: the start of a run that restores nothing.
+  virtual void initialize_weights(uint64_t seed, bool bf16) = 0;
   virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).

@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/runtime_options.hpp"
 #include "train/engine.hpp"
+#include "train/tp_state.hpp"
 
 namespace laoyao::train {
 namespace {
@@ -17,6 +18,7 @@ class CpuEngine final : public Engine {
   CpuEngine(model::GptModel& m, optim::AdamW& a, OptimizerShards shards)
       : model_(m), adam_(a), shards_(std::move(shards)) {}
   std::string name() const override { return "cpu"; }
+  void initialize_weights(uint64_t seed, bool bf16) override { init_model_weights(model_, seed, bf16); }
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }
   void set_moe_aux_loss_scale(double scale) override { model_.set_moe_aux_loss_scale(static_cast<float>(scale)); }

@@ -29,6 +29,8 @@
 #include "kernels/cuda/stream_wait.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
 #include "model/gpt_ep.hpp"
+#include "model/parameters.hpp"
+#include "train/tp_state.hpp"
 #endif
 
 namespace laoyao::train {
@@ -97,17 +99,15 @@ class CudaEngine final : public Engine {
         gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group(), host.folded_expert_dp_group()) {
     gpu_.set_data_parallel_group(host.data_parallel_group());
     const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
-    if (static_cast<int64_t>(adam_.exp_avg().size()) != n)
-      throw Error("CudaEngine: the AdamW's moments do not match the optimizer shares");
+    if (adam_.num_params() != n) throw Error("CudaEngine: the AdamW's moments do not match the optimizer shares");
     m_ = kc::DeviceBuffer(sizeof(float) * n);
     v_ = kc::DeviceBuffer(sizeof(float) * n);
     decay_ = kc::DeviceBuffer(static_cast<size_t>(n));
     // The host AdamW's ranges tile its moments with their weight-decay multipliers (make_shard_adam's
-    // for a share): one flag per moment.
-    std::vector<uint8_t> decay(static_cast<size_t>(n), 0);
+    // for a share): one flag per moment, set range by range on the device (no host copy of the size
+    // of the model).
     for (const optim::ParamRange& r : adam_.ranges())
-      std::fill_n(decay.begin() + r.offset, r.numel, r.wd_mult != 0.0 ? 1 : 0);
-    decay_.upload(decay.data(), decay.size());
+      kc::fill_bytes(decay_.as<uint8_t>() + r.offset, r.wd_mult != 0.0 ? 1 : 0, r.numel);
     if (shards_.sharded()) count_owned();
     step_runs_ = plan_step_runs(shards_, adam_.ranges());
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
@@ -286,10 +286,59 @@ class CudaEngine final : public Engine {
       LAOYAO_CUDA_CHECK(cudaProfilerStop());
     }
   }
+  // A split model's parts are cut from the whole model's tensors, one at a time on the host
+  // (train/tp_state.hpp); a whole model's parameters come in chunks through a bounded host buffer
+  // per thread.
+  void initialize_weights(uint64_t seed, bool bf16) override {
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    const int64_t n = gpu_.num_parameters();
+    kc::fill_bytes(gpu_.main_params(), 0, n * static_cast<int64_t>(sizeof(float)));  // the tables' gaps too
+    kc::fill_bytes(gpu_.params(), 0, n * static_cast<int64_t>(sizeof(*gpu_.params())));
+    if (split_model(host_)) {
+      for_each_initial_part(host_, seed, bf16, [&](const model::ParamSpec& p, const float* values) {
+        gpu_.upload_weights(values, p.offset, p.numel);
+      });
+    } else {
+      constexpr int64_t kChunk = int64_t(1) << 22;  // 16 MB of fp32 a thread
+      const auto& specs = gpu_.table().specs;
+      int device = 0;
+      LAOYAO_CUDA_CHECK(cudaGetDevice(&device));
+      std::vector<std::string> errors(specs.size());
+#pragma omp parallel
+      {
+        (void)cudaSetDevice(device);  // each thread's current device: this rank's
+        std::vector<float> chunk;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t k = 0; k < static_cast<int64_t>(specs.size()); ++k) {
+          const model::ParamSpec& p = specs[static_cast<size_t>(k)];
+          try {
+            model::ParameterInit values(p, seed, bf16);
+            for (int64_t done = 0; done < p.numel;) {
+              const int64_t count = std::min(p.numel - done, kChunk);
+              chunk.resize(static_cast<size_t>(count));
+              values.next(chunk.data(), count);
+              gpu_.upload_weights(chunk.data(), p.offset + done, count);
+              done += count;
+            }
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(k)] = e.what();
+          }
+        }
+      }
+      for (const std::string& e : errors)
+        if (!e.empty()) throw Error("initialising the weights on the GPU: " + e);
+    }
+    kc::fill_bytes(m_.ptr, 0, static_cast<int64_t>(m_.bytes));
+    kc::fill_bytes(v_.ptr, 0, static_cast<int64_t>(v_.bytes));
+    steps_ = 0;
+  }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
     if (shards_.sharded())  // the device holds this rank's share of the main parameters up to date
+    {
       gather_shares(host_.weights(), shards_, gather_);
+      std::vector<float>().swap(gather_);  // held only while a checkpoint passes through
+    }
     m_.download(adam_.exp_avg().data(), m_.bytes);
     v_.download(adam_.exp_avg_sq().data(), v_.bytes);
     adam_.set_steps(steps_);
@@ -321,9 +370,10 @@ class CudaEngine final : public Engine {
     counted_begin_ = counted.front()->offset;
     counted_end_ = counted.back()->offset + counted.back()->count;
     if (counted.size() == 1 && !gpu_.tp_group() && !gpu_.table().has_buffers()) return;
-    std::vector<uint8_t> flags(static_cast<size_t>(counted_end_ - counted_begin_), 0);
-    for (const OwnedSegment* seg : counted)
-      std::fill_n(flags.begin() + (seg->offset - counted_begin_), seg->count, 1);
+    counted_ = kc::DeviceBuffer(static_cast<size_t>(counted_end_ - counted_begin_));
+    uint8_t* flags = counted_.as<uint8_t>() - counted_begin_;  // indexed by the flat buffer's offsets
+    kc::fill_bytes(flags + counted_begin_, 0, counted_end_ - counted_begin_);
+    for (const OwnedSegment* seg : counted) kc::fill_bytes(flags + seg->offset, 1, seg->count);
     // And the model's own rule within the tensor-parallel group (which leaves the buffers out too);
     // the data-parallel sum counts every EP rank's experts already. Whole experts with EP groups
     // inside a TP group are whole on every data-parallel rank (finalize_grads sums them over the
@@ -332,10 +382,8 @@ class CudaEngine final : public Engine {
     for (const auto& p : gpu_.table().specs) {
       if (gpu_.counts(p, false) && !(leave_out_experts && model::is_routed_expert(p.name))) continue;
       const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
-      if (lo < hi) std::fill(flags.begin() + (lo - counted_begin_), flags.begin() + (hi - counted_begin_), 0);
+      if (lo < hi) kc::fill_bytes(flags + lo, 0, hi - lo);
     }
-    counted_ = kc::DeviceBuffer(flags.size());
-    counted_.upload(flags.data(), flags.size());
   }
   // The distributed optimizer's reduction: each run's gradients averaged over its group into the
   // ranks' pieces (and the tail whole); a run of one rank (its experts) only takes the scale.

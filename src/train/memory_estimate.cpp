@@ -1,5 +1,6 @@
 #include "train/memory_estimate.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -170,6 +171,12 @@ MemoryEstimate estimate_memory(const config::ConfigContainer& c, const config::D
   return e;
 }
 
+long double peak_resident_bytes() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return static_cast<ld>(u.ru_maxrss) * 1024;  // kilobytes on Linux
+}
+
 long double physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<ld>(pages) * static_cast<ld>(page) : 0;
@@ -201,13 +208,16 @@ void check_dataset_indices_fit(const config::ConfigContainer& c, const config::D
 }
 
 void check_memory_fits(const config::ConfigContainer& c, const config::Derived& d, config::FrontEnd fe, bool cuda,
-                       long double memory_bytes) {
-  if (memory_bytes <= 0) return;
+                       MemoryLimits limits) {
   const Namer name{fe};
   const Shape x(c, d);
   const MemoryEstimate e = estimate_memory(c, d, cuda);
-  const std::string machine = ": more than this machine's " + gib(memory_bytes) + " of memory";
-  if (e.state_bytes > memory_bytes) {
+  // The model's state and a micro-batch's activations are the GPU's on the CUDA backend, the host's
+  // (with the indices) on the CPU.
+  const long double memory_bytes = cuda ? limits.device : limits.host;
+  const std::string machine = (cuda ? ": more than this GPU's " : ": more than this machine's ") + gib(memory_bytes) +
+                              " of memory";
+  if (memory_bytes > 0 && e.state_bytes > memory_bytes) {
     const Part top = largest(parameter_parts(c, d, x, name));
     throw UsageError("the model needs at least " + figure(e.state_bytes) +
                      " bytes for its weights, gradients and optimizer state (" + figure(e.parameters) +
@@ -216,13 +226,18 @@ void check_memory_fits(const config::ConfigContainer& c, const config::Derived& 
   }
   const std::string tokens = name("train.micro_batch_size", c.train.micro_batch_size.value_or(1)) + " x " +
                              name("model.seq_length", c.model.seq_length) + " tokens";
-  if (e.activation_bytes > memory_bytes) {
+  if (memory_bytes > 0 && e.activation_bytes > memory_bytes) {
     const Part top = largest(activation_parts(c, d, x, cuda, name));
     throw UsageError("one micro-batch needs at least " + figure(e.activation_bytes) + " bytes of activations (" +
                      tokens + "; most of it " + top.drivers + ")" + machine);
   }
-  check_indices(c, d, fe, e.index_bytes, memory_bytes);
-  if (e.total() > memory_bytes)
+  if (limits.host > 0) check_indices(c, d, fe, e.index_bytes, limits.host);
+  if (memory_bytes <= 0) return;
+  if (cuda && e.state_bytes + e.activation_bytes > memory_bytes)
+    throw UsageError("the run needs at least " + figure(e.state_bytes + e.activation_bytes) + " bytes: " +
+                     figure(e.state_bytes) + " for the model's weights, gradients and optimizer state and " +
+                     figure(e.activation_bytes) + " for one micro-batch's activations (" + tokens + ")" + machine);
+  if (!cuda && e.total() > memory_bytes)
     throw UsageError("the run needs at least " + figure(e.total()) + " bytes: " + figure(e.state_bytes) +
                      " for the model's weights, gradients and optimizer state, " + figure(e.activation_bytes) +
                      " for one micro-batch's activations (" + tokens + ") and " + figure(e.index_bytes) +

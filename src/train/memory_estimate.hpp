@@ -14,7 +14,8 @@
 //                 floats a layer, and the logits, b x s x V/TP values;
 //   indices     = the GPT datasets' sample and shuffle indices, 24 bytes a sample of the train,
 //                 validation and test budgets (none for the fine-tuning datasets).
-// A term alone, or their sum, larger than the memory is a UsageError.
+// A term alone, or their sum, larger than the memory that holds it is a UsageError: on the CUDA
+// backend the state and activations are the GPU's, the indices the host's.
 #pragma once
 #include "config/config_container.hpp"
 #include "config/validate.hpp"
@@ -35,11 +36,18 @@ MemoryEstimate estimate_memory(const config::ConfigContainer& c, const config::D
 
 // The host's physical memory in bytes (sysconf), 0 when unknown.
 long double physical_memory_bytes();
+// This process's peak resident memory so far in bytes (getrusage), 0 when unknown.
+long double peak_resident_bytes();
+
+// The memory a rank has: the host's, and the GPU's with the CUDA backend (0: unknown, not checked).
+struct MemoryLimits {
+  long double host = 0, device = 0;
+};
 
 // Refuses (UsageError naming the settings behind the largest term and the figures) a run whose
-// estimate exceeds `memory_bytes`; nothing when it is 0 (unknown).
+// estimate exceeds the memory that holds it.
 void check_memory_fits(const config::ConfigContainer& c, const config::Derived& d, config::FrontEnd fe, bool cuda,
-                       long double memory_bytes);
+                       MemoryLimits limits);
 
 // The indices term alone, for what builds the datasets without a model (`laoyao data-samples`).
 void check_dataset_indices_fit(const config::ConfigContainer& c, const config::Derived& d, config::FrontEnd fe,

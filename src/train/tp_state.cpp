@@ -2,12 +2,14 @@
 #include "train/tp_state.hpp"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "model/gpt_ep.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_tp.hpp"
+#include "model/parameters.hpp"
 #include "train/dist_optimizer.hpp"
 
 namespace laoyao::train {
@@ -114,6 +116,75 @@ void keep_shards(const WholeState& whole, model::GptModel& local, optim::AdamW& 
   keep_part(full, whole.adam->exp_avg().data(), local, adam.exp_avg().data());
   keep_part(full, whole.adam->exp_avg_sq().data(), local, adam.exp_avg_sq().data());
   adam.set_steps(whole.adam->steps());
+}
+
+namespace {
+
+// A table of one parameter, at offset 0 (tp_shard of one tensor).
+model::ParameterTable one_spec(const model::ParamSpec& p) {
+  model::ParameterTable t;
+  t.specs.push_back(p);
+  t.specs.back().offset = 0;
+  t.total = p.numel;
+  return t;
+}
+
+}  // namespace
+
+void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf16,
+                           const std::function<void(const model::ParamSpec&, const float*)>& fill) {
+  const model::ParameterTable& lt = local.table();
+  const bool tp = local.tp_size() > 1, ep = local.ep_size() > 1;
+  // Spec by spec, what this rank's parameter is cut from (as keep_part cuts it): under TP the
+  // tensor at full shape (the whole model's, or under EP too the rank's expert's), else itself; that
+  // tensor's values are the whole model's tensor of its name (under EP the expert of its global
+  // index).
+  const model::ParameterTable full = !tp ? lt : ep ? experts_at_full_shape(local)
+                                                   : model::build_gpt_parameters(local.config()).table;
+  const model::ParameterTable whole =
+      ep ? model::build_gpt_parameters(model::ep_whole_config(local.config())).table : model::ParameterTable{};
+  std::vector<float> values, part;
+  for (size_t i = 0; i < lt.specs.size(); ++i) {
+    const model::ParamSpec &l = lt.specs[i], &f = full.specs[i];
+    const model::ParamSpec* w = &f;
+    if (ep) {
+      const std::string name = model::ep_whole_name(f.name, local.ep_rank(), local.config().moe.local_experts());
+      w = whole.find(name);
+      if (!w || w->numel != f.numel) throw Error("init: the whole model has no parameter " + name);
+    }
+    values.resize(static_cast<size_t>(w->numel));
+    model::ParameterInit(*w, seed, bf16).next(values.data(), w->numel);
+    if (!tp) {
+      fill(l, values.data());
+      continue;
+    }
+    part.resize(static_cast<size_t>(l.numel));
+    model::tp_shard(local.config(), one_spec(f), values.data(), one_spec(l), part.data(), local.tp_rank(),
+                    local.tp_size());
+    fill(l, part.data());
+  }
+}
+
+void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16) {
+  if (!split_model(model)) {
+    model::init_parameters(model.table(), model.weights(), seed, bf16);
+    return;
+  }
+  float* w = model.weights();
+  for_each_initial_part(model, seed, bf16, [w](const model::ParamSpec& p, const float* values) {
+    std::copy(values, values + p.numel, w + p.offset);
+  });
+}
+
+HostStateHold::HostStateHold(model::GptModel& model, optim::AdamW& adam)
+    : model_(model), adam_(adam), took_weights_(!model.holds_host_weights()), took_moments_(!adam.holds_moments()) {
+  if (took_weights_) model_.hold_host_weights(true);
+  if (took_moments_) adam_.allocate_moments();
+}
+
+HostStateHold::~HostStateHold() {
+  if (took_weights_) model_.hold_host_weights(false);
+  if (took_moments_) adam_.free_moments();
 }
 
 }  // namespace laoyao::train

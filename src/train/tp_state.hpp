@@ -7,6 +7,8 @@
 // (model/gpt_ep.hpp), and keeps them from a whole model. Both together: the TP group's shards make
 // the rank's experts whole first, then the EP group's experts the whole model.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "model/gpt_model.hpp"
@@ -31,5 +33,31 @@ void keep_part(const model::ParameterTable& whole_table, const float* whole_w, c
                float* local_w);
 // Whether the model is split over a model-parallel group (tensor or expert parallelism).
 inline bool split_model(const model::GptModel& m) { return m.tp_size() > 1 || m.ep_size() > 1; }
+
+// The run's initial weights into model.weights() (held on the host). bf16 runs start from
+// bf16-rounded weights (Megatron initialises the bf16 params; the fp32 main copy is made from
+// them). A split model's rank initialises the whole model from the same seed and keeps its part
+// (Megatron's --use-cpu-initialization): the weights do not depend on the TP or EP size.
+void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16);
+// The same for a split model a parameter at a time: fill(p, values) for each of local's
+// parameters, in table order, with its p.numel initial values (the host holds one whole tensor at
+// a time, not the whole model).
+void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf16,
+                           const std::function<void(const model::ParamSpec&, const float*)>& fill);
+
+// Holds the host weights of `model` and the moments of `adam` for its lifetime, where they are not
+// held already (a GPU rank's, while a checkpoint passes through the host), and frees what it took.
+class HostStateHold {
+ public:
+  HostStateHold(model::GptModel& model, optim::AdamW& adam);
+  ~HostStateHold();
+  HostStateHold(const HostStateHold&) = delete;
+  HostStateHold& operator=(const HostStateHold&) = delete;
+
+ private:
+  model::GptModel& model_;
+  optim::AdamW& adam_;
+  bool took_weights_, took_moments_;
+};
 
 }  // namespace laoyao::train

@@ -12,8 +12,7 @@
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
-#include "model/gpt_ep.hpp"
-#include "model/gpt_layout.hpp"
+#include "train/memory_estimate.hpp"
 #include "train/run_setup.hpp"
 #include "train/tp_state.hpp"
 #include "train/training_run.hpp"
@@ -26,21 +25,6 @@ using Clock = std::chrono::steady_clock;
 // --exit-signal-handler: SIGTERM asks the loop to stop after the current iteration.
 std::atomic<bool> g_sigterm{false};
 extern "C" void on_sigterm(int) { g_sigterm.store(true); }
-
-// The model's initial weights. bf16 runs start from bf16-rounded weights (Megatron initialises the
-// bf16 params; the fp32 main copy is made from them). With tensor or expert parallelism every rank
-// initialises the whole model from the same seed and keeps its part (Megatron's
-// --use-cpu-initialization): the weights do not depend on the TP or EP size.
-void init_weights(model::GptModel& model, const model::GptConfig& cfg, uint64_t seed, bool bf16) {
-  if (split_model(model)) {
-    const model::GptParameterLayout full = model::build_gpt_parameters(model::ep_whole_config(cfg));
-    std::vector<float> w(static_cast<size_t>(full.table.total));
-    model::init_parameters(full.table, w.data(), seed, bf16);
-    keep_part(full.table, w.data(), model, model.weights());
-  } else {
-    model::init_parameters(model.table(), model.weights(), seed, bf16);
-  }
-}
 
 }  // namespace
 
@@ -57,10 +41,12 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   print_line("> finished creating GPT datasets ...");
 
   model_cfg = model_config(c, d);
-  model = std::make_unique<model::GptModel>(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group);
+  // A GPU rank's weights, gradients and moments live on its GPU: the host model and AdamW then hold
+  // none (HostStateHold below, while a checkpoint passes through).
+  const bool host_state = !opt.use_cuda;
+  model = std::make_unique<model::GptModel>(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group, host_state);
   model->set_data_parallel_group(dp);
   seed = static_cast<uint64_t>(c.rng.seed);
-  init_weights(*model, model_cfg, seed, c.model.bf16);
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
              std::to_string(model->tp_rank()) + ", 0, 0): " +
              std::to_string(model->num_parameters() - model->num_buffer_elements()));
@@ -83,8 +69,8 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
                                             c.ddp.overlap_grad_reduce ? overlap_bucket_cuts(model->table())
                                                                       : std::vector<int64_t>{})
                     : whole_model_shards(model->num_parameters());
-  adam = dist_opt ? make_shard_adam(model->table(), shards, adam_settings)
-                  : make_whole_adam(model->table(), adam_settings);
+  adam = dist_opt ? make_shard_adam(model->table(), shards, adam_settings, host_state)
+                  : make_whole_adam(model->table(), adam_settings, host_state);
   if (opt.use_cuda)
     engine = make_cuda_engine(*model, *adam, adam_settings,
                               std::max(data.train_layout.micro_batch_size, data.eval_layout.micro_batch_size),
@@ -110,8 +96,15 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
                   static_cast<double>(model->tp_size());
 
-  load_checkpoint(*this);
-  engine->push_state();  // initial, pretrained or resumed weights (and Adam state) to the device
+  if (c.checkpoint.load || c.checkpoint.pretrained_checkpoint) {
+    // The checkpoint's state over the run's initial weights, through the host, to the engine.
+    const HostStateHold hold(*model, *adam);
+    init_model_weights(*model, seed, c.model.bf16);
+    load_checkpoint(*this);
+    engine->push_state();
+  } else {
+    engine->initialize_weights(seed, c.model.bf16);
+  }
   if (resumed) {
     progress.iteration = progress.last_saved = progress.resumed_from = resumed->iteration;
     progress.consumed = resumed->consumed_train_samples;
@@ -287,6 +280,12 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   }
   if (const size_t bytes = engine.peak_device_bytes())
     run.print_line("> laoyao device memory held: " + pyfmt::fixed(static_cast<double>(bytes) / 1e9, 2) + " GB");
+  // The host's share (a GPU rank keeps its state on the GPU): the process's peak, per parameter of
+  // this rank (ranks as threads of one process share it).
+  if (const long double host = peak_resident_bytes(); host > 0)
+    run.print_line("> laoyao host memory peak: " + pyfmt::fixed(static_cast<double>(host) / 1e9, 2) + " GB, " +
+                   pyfmt::fixed(static_cast<double>(host) / static_cast<double>(run.model->num_parameters()), 2) +
+                   " bytes a parameter of this rank");
   run.summary.iterations = p.iteration;
   run.summary.consumed_samples = p.consumed;
   run.summary.nan_iterations = p.total_nan;

@@ -55,8 +55,10 @@ void save_checkpoint(TrainingRun& run) {
   TrainProgress& p = run.progress;
   if (!run.c.checkpoint.save || p.last_saved == p.iteration) return;
   const model::GptModel& model = *run.model;
-  // The device's state to the host model and AdamW, on every rank: with the distributed
-  // optimizer on GPUs this gathers the main parameters over the data-parallel group.
+  // The device's state to the host model and AdamW, on every rank, for the save (an engine that
+  // keeps it on its device gets it back after): with the distributed optimizer on GPUs this gathers
+  // the main parameters over the data-parallel group.
+  const HostStateHold hold(*run.model, *run.adam);
   run.engine->pull_state();
   // The distributed optimizer's moments are spread over the data-parallel ranks: all of them
   // gather the whole, rank 0 writes it.

@@ -182,7 +182,7 @@ void training_log(TrainingRun& run, const StepResult& step);
 double evaluate(TrainingRun& run, const data::SampleDataset* ds, int64_t& consumed_eval, EvalSet set);
 
 // Restores what the config asks for (--load, --pretrained-checkpoint) into the host model and
-// AdamW: called once, before the state goes to the device.
+// AdamW, which hold the run's initial weights: called once, before the state goes to the engine.
 void load_checkpoint(TrainingRun& run);
 // Writes the checkpoint of the current iteration to checkpoint.save (nothing without one, or
 // when this iteration was just saved). Every rank calls it: the state may be gathered.

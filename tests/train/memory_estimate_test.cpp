@@ -62,10 +62,10 @@ TEST(MemoryEstimate, ARunLargerThanTheMemoryIsRefusedNamingItsFlags) {
   const train::MemoryEstimate e = train::estimate_memory(r.cfg, r.validated.derived, false);
   const auto& c = r.cfg;
   const auto& d = r.validated.derived;
-  EXPECT_NO_THROW(train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, e.total() * 1.01L));
-  EXPECT_NO_THROW(train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, 0));  // unknown: no check
+  EXPECT_NO_THROW(train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, {e.total() * 1.01L}));
+  EXPECT_NO_THROW(train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, {}));  // unknown: no check
   try {
-    train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, e.state_bytes * 0.5L);
+    train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, {e.state_bytes * 0.5L});
     FAIL() << "fitted in half its state";
   } catch (const UsageError& err) {
     const std::string m = err.what();
@@ -76,18 +76,45 @@ TEST(MemoryEstimate, ARunLargerThanTheMemoryIsRefusedNamingItsFlags) {
   }
   // Bridge spells the same setting by its field.
   try {
-    train::check_memory_fits(c, d, config::FrontEnd::Bridge, false, e.state_bytes * 0.5L);
+    train::check_memory_fits(c, d, config::FrontEnd::Bridge, false, {e.state_bytes * 0.5L});
     FAIL();
   } catch (const UsageError& err) {
     EXPECT_NE(std::string(err.what()).find("model.ffn_hidden_size=65536"), std::string::npos) << err.what();
   }
   // Just over the state, under the total: the sum is what is refused.
   try {
-    train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, e.total() * 0.999L);
+    train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, false, {e.total() * 0.999L});
     FAIL();
   } catch (const UsageError& err) {
     EXPECT_NE(std::string(err.what()).find("the run needs at least"), std::string::npos) << err.what();
   }
+}
+
+// On the CUDA backend the state and activations are the GPU's: a model larger than the host's memory
+// but not the GPU's runs; one larger than the GPU's is refused naming the GPU. The indices stay the
+// host's.
+TEST(MemoryEstimate, OnTheGpuTheStateIsCheckedAgainstTheGpusMemory) {
+  const config::Resolved r = mlm({"--num-layers", "2", "--hidden-size", "1024", "--num-attention-heads", "8",
+                                  "--ffn-hidden-size", "65536", "--vocab-size", "1000", "--bf16"});
+  const auto& c = r.cfg;
+  const auto& d = r.validated.derived;
+  const train::MemoryEstimate e = train::estimate_memory(c, d, true);
+  const long double gpu = e.state_bytes + e.activation_bytes;
+  EXPECT_NO_THROW(train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, true, {e.index_bytes * 2, gpu * 1.01L}));
+  try {
+    train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, true, {gpu * 100, e.state_bytes * 0.5L});
+    FAIL() << "fitted on a GPU of half its state";
+  } catch (const UsageError& err) {
+    EXPECT_NE(std::string(err.what()).find("more than this GPU's"), std::string::npos) << err.what();
+  }
+  try {
+    train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, true, {gpu * 100, e.state_bytes + e.activation_bytes * 0.5L});
+    FAIL() << "state and activations fitted in less than their sum";
+  } catch (const UsageError& err) {
+    EXPECT_NE(std::string(err.what()).find("the run needs at least"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(train::check_memory_fits(c, d, config::FrontEnd::MegatronLM, true, {e.index_bytes * 0.5L, gpu * 2}),
+               UsageError);
 }
 
 // data-samples builds no model: only the datasets' indices count.

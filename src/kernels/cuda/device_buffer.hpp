@@ -74,6 +74,14 @@ struct DeviceBuffer {
   }
 };
 
+// Sets n bytes of device memory at p to `value` and waits for it (set-up only: flags filled range
+// by range on the device, where a host copy would be the size of the model).
+inline void fill_bytes(void* p, int value, int64_t n) {
+  if (n <= 0) return;
+  LAOYAO_CUDA_CHECK(cudaMemset(p, value, static_cast<size_t>(n)));
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
+
 // Page-locked host memory (cudaMallocHost), so that a cudaMemcpyAsync from it is a real
 // asynchronous DMA in stream order (from pageable memory the driver stages and may block).
 struct PinnedHostBuffer {

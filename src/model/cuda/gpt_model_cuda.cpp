@@ -163,11 +163,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     if (ep_) split_groups_.push_back(ep_);
   }
   if (!split_groups_.empty() || layout_.table.has_buffers()) {
-    std::vector<uint8_t> flags(static_cast<size_t>(N), 0);
+    counted_ = kc::DeviceBuffer(static_cast<size_t>(N));
+    kc::fill_bytes(counted_.as<uint8_t>(), 0, N);  // the tables' alignment gaps too
     for (const auto& p : layout_.table.specs)
-      std::fill(flags.begin() + p.offset, flags.begin() + p.offset + p.numel, counts(p, true) ? 1 : 0);
-    counted_ = kc::DeviceBuffer(flags.size());
-    counted_.upload(flags.data(), flags.size());
+      kc::fill_bytes(counted_.as<uint8_t>() + p.offset, counts(p, true) ? 1 : 0, p.numel);
   }
 
   const auto& c = lc_;
@@ -456,9 +455,15 @@ const char* CudaGptModel::attention_path() const {
   return "unfused";
 }
 
-void CudaGptModel::upload_weights(const float* host) {
-  main_.upload(host, sizeof(float) * num_parameters());
-  kc::cast_to_bf16(main_params(), params(), num_parameters(), stream_);
+void CudaGptModel::upload_weights(const float* host) { upload_weights(host, 0, num_parameters()); }
+
+void CudaGptModel::upload_weights(const float* host, int64_t offset, int64_t count) {
+  if (offset < 0 || count < 0 || offset + count > num_parameters())
+    throw Error("CudaGptModel::upload_weights: " + std::to_string(count) + " weights at " + std::to_string(offset) +
+                " of " + std::to_string(num_parameters()));
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(main_params() + offset, host, sizeof(float) * static_cast<size_t>(count),
+                                    cudaMemcpyHostToDevice, stream_));
+  kc::cast_to_bf16(main_params() + offset, params() + offset, count, stream_);
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

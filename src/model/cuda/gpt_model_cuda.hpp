@@ -122,8 +122,10 @@ class CudaGptModel {
   float* main_grads() { return grads_.as<float>(); }
   bf16* params() { return params_.as<bf16>(); }
 
-  // Copies host fp32 weights in as the main parameters and makes the bf16 copy (synchronous).
+  // Copies host fp32 weights in as the main parameters and makes the bf16 copy (synchronous): all
+  // of them, or `count` of them at `offset` (a model filled a piece at a time).
   void upload_weights(const float* host);
+  void upload_weights(const float* host, int64_t offset, int64_t count);
   void download_weights(float* host) const;
   void download_grads(float* host) const;
   // Starts a step's gradients at zero. Lazily: the next backward writes the weight gradients its

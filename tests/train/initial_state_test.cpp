@@ -1,0 +1,152 @@
+// Where a run's initial state comes from and where it is held (train/tp_state.hpp): a split rank's
+// initial weights cut one whole tensor at a time are the whole model's initial weights' part (as
+// keep_part cuts a whole buffer), for tensor, expert, and both parallelisms, split or whole experts;
+// a parameter's init in chunks is its init at once; the host model and AdamW hold storage only when
+// asked, and HostStateHold gives back what it took.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dist/process_group.hpp"
+#include "model/gpt_ep.hpp"
+#include "model/gpt_layout.hpp"
+#include "model/gpt_model.hpp"
+#include "model/parameters.hpp"
+#include "optim/adamw.hpp"
+#include "train/dist_optimizer.hpp"
+#include "train/tp_state.hpp"
+
+using namespace laoyao;
+using namespace laoyao::model;
+
+namespace {
+
+// A group that only says who is in it: building a model's shards takes no collective.
+class PositionOnlyGroup final : public dist::ProcessGroup {
+ public:
+  PositionOnlyGroup(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce_sum(float*, size_t) override { throw Error("no collective expected"); }
+  void all_reduce_sum(double*, size_t) override { throw Error("no collective expected"); }
+  void all_reduce_max(float*, size_t) override { throw Error("no collective expected"); }
+  void barrier() override { throw Error("no collective expected"); }
+
+ private:
+  int rank_, size_;
+};
+
+GptConfig dense() {
+  GptConfig c;
+  c.num_layers = 2, c.hidden = 32, c.heads = 4, c.query_groups = 2, c.kv_channels = 8, c.ffn = 64, c.vocab = 64;
+  c.max_positions = 16, c.tied_embeddings = false;
+  return c;
+}
+
+GptConfig moe(int64_t ep, bool whole_experts) {
+  GptConfig c = dense();
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
+  c.add_bias_linear = false, c.add_qkv_bias = false, c.sequence_parallel = true;
+  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn = 16, c.moe.shared_ffn = 8, c.moe.layers = {false, true};
+  c.moe.expert_parallel = ep;
+  if (whole_experts) c.moe.expert_tensor_parallel = 1;
+  return c;
+}
+
+// keep_part's cut of the whole model's initial buffer: what every rank held before.
+std::vector<float> cut_from_whole(const GptModel& local, uint64_t seed, bool bf16) {
+  const ParameterTable whole = build_gpt_parameters(ep_whole_config(local.config())).table;
+  std::vector<float> w(static_cast<size_t>(whole.total));
+  init_parameters(whole, w.data(), seed, bf16);
+  std::vector<float> part(static_cast<size_t>(local.num_parameters()));
+  train::keep_part(whole, w.data(), local, part.data());
+  return part;
+}
+
+}  // namespace
+
+TEST(InitialState, ASplitRanksInitialWeightsAreItsPartOfTheWholeModels) {
+  struct Case {
+    std::string name;
+    GptConfig cfg;
+    int tp, ep;
+  };
+  GptConfig tp_moe = moe(2, false);
+  tp_moe.moe.tensor_parallel = 2;
+  const Case cases[] = {{"TP=2, dense", dense(), 2, 1},
+                        {"EP=2", moe(2, false), 1, 2},
+                        {"TP=2 x EP=2, experts split by TP", tp_moe, 2, 2},
+                        {"TP=2 x EP=2, whole experts", moe(2, true), 2, 2}};
+  for (const Case& k : cases) {
+    for (int tp_rank = 0; tp_rank < k.tp; ++tp_rank)
+      for (int ep_rank = 0; ep_rank < k.ep; ++ep_rank)
+        for (const bool bf16 : {true, false}) {
+          SCOPED_TRACE(k.name + ", TP rank " + std::to_string(tp_rank) + ", EP rank " + std::to_string(ep_rank) +
+                       (bf16 ? ", bf16" : ", fp32"));
+          PositionOnlyGroup tp(tp_rank, k.tp), ep(ep_rank, k.ep);
+          GptModel local(k.cfg, k.tp > 1 ? &tp : nullptr, k.ep > 1 ? &ep : nullptr);
+          ASSERT_TRUE(train::split_model(local));
+          train::init_model_weights(local, 99, bf16);
+          const std::vector<float> want = cut_from_whole(local, 99, bf16);
+          ASSERT_EQ(std::vector<float>(local.weights(), local.weights() + local.num_parameters()), want);
+          // What for_each_initial_part hands out is each parameter at its place, in table order.
+          int64_t next = 0;
+          train::for_each_initial_part(local, 99, bf16, [&](const ParamSpec& p, const float* values) {
+            EXPECT_GE(p.offset, next) << p.name;
+            next = p.offset + p.numel;
+            EXPECT_TRUE(std::equal(values, values + p.numel, want.begin() + p.offset)) << p.name;
+          });
+          EXPECT_EQ(next, local.table().specs.back().offset + local.table().specs.back().numel);
+        }
+  }
+}
+
+TEST(InitialState, AParametersInitInChunksIsItsInitAtOnce) {
+  const ParameterTable table = build_gpt_parameters(dense()).table;
+  std::vector<float> at_once(static_cast<size_t>(table.total));
+  init_parameters(table, at_once.data(), 5, true);
+  int normal = 0;
+  for (const ParamSpec& p : table.specs) {
+    normal += p.init == Init::Normal;
+    ParameterInit init(p, 5, true);
+    std::vector<float> chunked(static_cast<size_t>(p.numel));
+    for (int64_t done = 0; done < p.numel;) {  // uneven chunks: 7, 1, 7, 1, ...
+      const int64_t n = std::min<int64_t>(p.numel - done, done % 2 == 0 ? 7 : 1);
+      init.next(chunked.data() + done, n);
+      done += n;
+    }
+    EXPECT_TRUE(std::equal(chunked.begin(), chunked.end(), at_once.begin() + p.offset)) << p.name;
+  }
+  EXPECT_GT(normal, 4);
+}
+
+TEST(InitialState, HostStorageIsHeldOnlyWhenAskedAndTheHoldGivesBackWhatItTook) {
+  const GptConfig c = dense();
+  const optim::AdamWSettings s;
+  GptModel bare(c, nullptr, nullptr, nullptr, /*host_state=*/false);
+  EXPECT_FALSE(bare.holds_host_weights());
+  EXPECT_EQ(bare.weights(), nullptr);
+  auto bare_adam = train::make_whole_adam(bare.table(), s, /*hold_moments=*/false);
+  EXPECT_FALSE(bare_adam->holds_moments());
+  EXPECT_EQ(bare_adam->num_params(), bare.num_parameters());
+  std::vector<float> g(static_cast<size_t>(bare.num_parameters()), 0.1f);
+  EXPECT_THROW(bare_adam->step(g.data(), g.data(), 1e-3, 0.0), Error) << "no moments to step";
+  {
+    const train::HostStateHold hold(bare, *bare_adam);
+    ASSERT_TRUE(bare.holds_host_weights() && bare_adam->holds_moments());
+    EXPECT_TRUE(std::all_of(bare.weights(), bare.weights() + bare.num_parameters(), [](float v) { return v == 0; }));
+    EXPECT_EQ(bare_adam->exp_avg().size(), static_cast<size_t>(bare.num_parameters()));
+  }
+  EXPECT_FALSE(bare.holds_host_weights());
+  EXPECT_FALSE(bare_adam->holds_moments());
+
+  GptModel held(c);  // the CPU backend's: always held, and a hold leaves it so
+  auto adam = train::make_whole_adam(held.table(), s);
+  held.weights()[3] = 1.5f;
+  { const train::HostStateHold hold(held, *adam); }
+  EXPECT_TRUE(held.holds_host_weights() && adam->holds_moments());
+  EXPECT_EQ(held.weights()[3], 1.5f) << "a hold of what is held touches nothing";
+}
