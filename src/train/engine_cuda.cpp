@@ -334,8 +334,7 @@ class CudaEngine final : public Engine {
   }
   void pull_state() override {
     gpu_.download_weights(host_.weights());
-    if (shards_.sharded())  // the device holds this rank's share of the main parameters up to date
-    {
+    if (shards_.sharded()) {  // the device holds this rank's share of the main parameters up to date
       gather_shares(host_.weights(), shards_, gather_);
       std::vector<float>().swap(gather_);  // held only while a checkpoint passes through
     }
@@ -371,9 +370,9 @@ class CudaEngine final : public Engine {
     counted_end_ = counted.back()->offset + counted.back()->count;
     if (counted.size() == 1 && !gpu_.tp_group() && !gpu_.table().has_buffers()) return;
     counted_ = kc::DeviceBuffer(static_cast<size_t>(counted_end_ - counted_begin_));
-    uint8_t* flags = counted_.as<uint8_t>() - counted_begin_;  // indexed by the flat buffer's offsets
-    kc::fill_bytes(flags + counted_begin_, 0, counted_end_ - counted_begin_);
-    for (const OwnedSegment* seg : counted) kc::fill_bytes(flags + seg->offset, 1, seg->count);
+    auto flag_at = [&](int64_t offset) { return counted_.as<uint8_t>() + (offset - counted_begin_); };
+    kc::fill_bytes(flag_at(counted_begin_), 0, counted_end_ - counted_begin_);
+    for (const OwnedSegment* seg : counted) kc::fill_bytes(flag_at(seg->offset), 1, seg->count);
     // And the model's own rule within the tensor-parallel group (which leaves the buffers out too);
     // the data-parallel sum counts every EP rank's experts already. Whole experts with EP groups
     // inside a TP group are whole on every data-parallel rank (finalize_grads sums them over the
@@ -382,7 +381,7 @@ class CudaEngine final : public Engine {
     for (const auto& p : gpu_.table().specs) {
       if (gpu_.counts(p, false) && !(leave_out_experts && model::is_routed_expert(p.name))) continue;
       const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
-      if (lo < hi) kc::fill_bytes(flags + lo, 0, hi - lo);
+      if (lo < hi) kc::fill_bytes(flag_at(lo), 0, hi - lo);
     }
   }
   // The distributed optimizer's reduction: each run's gradients averaged over its group into the
