@@ -133,6 +133,16 @@ void expect_resumed_tail(const std::string& output, const std::vector<double>& w
     EXPECT_NEAR(tail[i], want[3 + i], rel * want[3 + i]) << "value " << i << " " << what << "\n" << output;
 }
 
+// The tiny MoE model the tensor- and expert-parallel tests train: 4 experts, top-2, a shared expert.
+std::vector<std::string> tiny_moe_run(const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {"--train-iters", "3", "--num-attention-heads", "4", "--num-experts", "4",
+                                "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001",
+                                "--moe-shared-expert-intermediate-size", "32", "--disable-bias-linear", "--swiglu",
+                                "--normalization", "RMSNorm"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return tiny_run(a);
+}
+
 // `laoyao launch --nproc-per-node n -- laoyao` + the training command `one` + `extra` flags.
 std::vector<std::string> on_ranks(const char* n, const std::vector<std::string>& one,
                                   const std::vector<std::string>& extra = {}) {
@@ -359,11 +369,7 @@ TEST(Launch, ExpertParallelCpuRanksReproduceOneRank) {
 // parallelism the run is refused as Megatron-Core's MoELayer refuses it, before anything is written.
 TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_tp_moe");
-  const std::vector<std::string> one =
-      tiny_run({"--train-iters", "3", "--num-attention-heads", "4", "--num-experts", "4", "--moe-router-topk", "2",
-                "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001", "--moe-shared-expert-intermediate-size",
-                "32", "--disable-bias-linear", "--swiglu", "--normalization", "RMSNorm", "--log-num-zeros-in-grad",
-                "--log-params-norm"});
+  const std::vector<std::string> one = tiny_moe_run({"--log-num-zeros-in-grad", "--log-params-norm"});
   const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(single.status, 0) << single.output;
   const auto want = losses_in(single.output);
@@ -525,5 +531,42 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
     ASSERT_EQ(resumed.status, 0) << resumed.output;
     expect_resumed_tail(resumed.output, want, 1e-4,
                         std::string("resumed on ") + n + " rank(s)" + (extra.empty() ? "" : " with " + extra[0]));
+  }
+}
+
+// A run's parallel layout is its own, not its checkpoint's: a checkpoint saved by four CPU ranks as
+// TP=2 x DP=2 resumes on one rank and as EP=2 (two data-parallel ranks sharing out the experts),
+// and one saved as EP=2 resumes as TP=2 x DP=2, each continuing the single rank's losses.
+TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_ckpt_layouts");
+  const std::vector<std::string> one = tiny_moe_run();
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto want = losses_in(single.output);
+  const std::vector<std::string> tp2dp2 = {"--tensor-model-parallel-size", "2", "--sequence-parallel"};
+  const std::vector<std::string> ep2 = {"--expert-model-parallel-size", "2"};
+  struct Layout {
+    const char* ranks;
+    std::vector<std::string> flags;
+    std::string name;
+  };
+  const Layout one_rank{"1", {}, "1 rank"}, tp_dp{"4", tp2dp2, "TP=2 x DP=2"}, ep{"2", ep2, "EP=2"};
+  const std::vector<std::pair<Layout, std::vector<Layout>>> moves = {{tp_dp, {one_rank, ep}}, {ep, {tp_dp}}};
+  int saved_runs = 0;
+  for (const auto& [saver, loaders] : moves) {
+    const std::string ckpt = dir + "/ckpt" + std::to_string(saved_runs++);
+    std::vector<std::string> save = saver.flags;
+    for (const char* f : {"--exit-interval", "2", "--save-interval", "2", "--save"}) save.push_back(f);
+    save.push_back(ckpt);
+    const auto saved = run_laoyao(on_ranks(saver.ranks, one, save), dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(saved.status, 0) << saved.output;
+    for (const Layout& loader : loaders) {
+      std::vector<std::string> load = loader.flags;
+      load.push_back("--load");
+      load.push_back(ckpt);
+      const auto resumed = run_laoyao(on_ranks(loader.ranks, one, load), dir, "LAOYAO_DEVICE=cpu");
+      ASSERT_EQ(resumed.status, 0) << resumed.output;
+      expect_resumed_tail(resumed.output, want, 1e-4, "saved as " + saver.name + ", resumed as " + loader.name);
+    }
   }
 }
