@@ -69,6 +69,28 @@ TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
   return TpSplit::Replicated;
 }
 
+std::vector<Box> tp_boxes(TpSplit split, const std::vector<int64_t>& full_shape, int64_t rank, int64_t tp) {
+  Box b = whole_box(full_shape);
+  switch (split) {
+    case TpSplit::Replicated:
+      return {b};
+    case TpSplit::Rows:
+      b.size[0] /= tp, b.start[0] = rank * b.size[0];
+      return {b};
+    case TpSplit::SwigluRows: {  // [gate; up], each half split on its own
+      const int64_t half = full_shape[0] / 2, n = half / tp;
+      b.size[0] = n, b.start[0] = rank * n;
+      Box up = b;
+      up.start[0] = half + rank * n;
+      return {b, up};
+    }
+    case TpSplit::Cols:
+      b.size[1] /= tp, b.start[1] = rank * b.size[1];
+      return {b};
+  }
+  return {b};
+}
+
 void check_moe_tensor_parallel(const GptConfig& c) {
   if (!c.sequence_parallel)
     throw UsageError("Mixture-of-Experts layers with tensor parallelism need sequence parallelism "

@@ -13,6 +13,7 @@
 
 #include "model/gpt_config.hpp"
 #include "model/parameters.hpp"
+#include "model/tensor_box.hpp"
 
 namespace laoyao::model {
 
@@ -20,6 +21,10 @@ enum class TpSplit { Replicated, Rows, Cols, SwigluRows };
 
 // How Megatron-Core splits the parameter called `name` (a GPT model's Megatron-Core name).
 TpSplit tp_split_of(const std::string& name, const GptConfig& full);
+
+// The boxes of a full-shape tensor that TP rank `rank` of `tp` holds under `split`, in the order of
+// its data (SwiGLU's: its gate rows, then its up rows).
+std::vector<Box> tp_boxes(TpSplit split, const std::vector<int64_t>& full_shape, int64_t rank, int64_t tp);
 
 // A vocabulary shard looks up zeros for another shard's ids, so an id outside every shard would
 // pass unseen: an Error naming it (`who`: the model) for any of tokens[0, T) outside [0, vocab).

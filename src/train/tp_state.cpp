@@ -118,49 +118,44 @@ void keep_shards(const WholeState& whole, model::GptModel& local, optim::AdamW& 
   adam.set_steps(whole.adam->steps());
 }
 
-namespace {
-
-// A table of one parameter, at offset 0 (tp_shard of one tensor).
-model::ParameterTable one_spec(const model::ParamSpec& p) {
-  model::ParameterTable t;
-  t.specs.push_back(p);
-  t.specs.back().offset = 0;
-  t.total = p.numel;
-  return t;
-}
-
-}  // namespace
-
-void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf16,
-                           const std::function<void(const model::ParamSpec&, const float*)>& fill) {
+std::vector<model::TensorPart> rank_parts(const model::GptModel& local) {
   const model::ParameterTable& lt = local.table();
   const bool tp = local.tp_size() > 1, ep = local.ep_size() > 1;
   // Spec by spec, what this rank's parameter is cut from (as keep_part cuts it): under TP the
-  // tensor at full shape (the whole model's, or under EP too the rank's expert's), else itself; that
-  // tensor's values are the whole model's tensor of its name (under EP the expert of its global
-  // index).
+  // tensor at full shape (the whole model's, or under EP too the rank's expert's), else itself;
+  // under EP a routed expert is the whole model's expert of its global index.
   const model::ParameterTable full = !tp ? lt : ep ? experts_at_full_shape(local)
                                                    : model::build_gpt_parameters(local.config()).table;
-  const model::ParameterTable whole =
-      ep ? model::build_gpt_parameters(model::ep_whole_config(local.config())).table : model::ParameterTable{};
-  std::vector<float> values, part;
+  std::vector<model::TensorPart> parts;
   for (size_t i = 0; i < lt.specs.size(); ++i) {
-    const model::ParamSpec &l = lt.specs[i], &f = full.specs[i];
-    const model::ParamSpec* w = &f;
-    if (ep) {
-      const std::string name = model::ep_whole_name(f.name, local.ep_rank(), local.config().moe.local_experts());
-      w = whole.find(name);
-      if (!w || w->numel != f.numel) throw Error("init: the whole model has no parameter " + name);
-    }
+    const model::ParamSpec& f = full.specs[i];
+    model::TensorPart part;
+    part.name = ep ? model::ep_whole_name(f.name, local.ep_rank(), local.config().moe.local_experts()) : f.name;
+    part.shape = f.shape;
+    part.boxes = tp ? model::tp_boxes(model::tp_split_of(f.name, local.config()), f.shape, local.tp_rank(),
+                                      local.tp_size())
+                    : std::vector<model::Box>{model::whole_box(f.shape)};
+    if (part.numel() != lt.specs[i].numel)
+      throw Error("the parts of " + part.name + ": " + std::to_string(part.numel()) + " elements for a parameter of " +
+                  std::to_string(lt.specs[i].numel));
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf16,
+                           const std::function<void(const model::ParamSpec&, const float*)>& fill) {
+  const std::vector<model::TensorPart> parts = rank_parts(local);
+  const model::ParameterTable whole = model::build_gpt_parameters(model::ep_whole_config(local.config())).table;
+  std::vector<float> values, part;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const model::ParamSpec& l = local.table().specs[i];
+    const model::ParamSpec* w = whole.find(parts[i].name);
+    if (!w || w->shape != parts[i].shape) throw Error("init: the whole model has no parameter " + parts[i].name);
     values.resize(static_cast<size_t>(w->numel));
     model::ParameterInit(*w, seed, bf16).next(values.data(), w->numel);
-    if (!tp) {
-      fill(l, values.data());
-      continue;
-    }
     part.resize(static_cast<size_t>(l.numel));
-    model::tp_shard(local.config(), one_spec(f), values.data(), one_spec(l), part.data(), local.tp_rank(),
-                    local.tp_size());
+    model::copy_overlap({w->name, w->shape, {model::whole_box(w->shape)}}, values.data(), parts[i], part.data());
     fill(l, part.data());
   }
 }

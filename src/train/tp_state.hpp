@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "model/gpt_model.hpp"
+#include "model/tensor_box.hpp"
 #include "optim/adamw.hpp"
 
 namespace laoyao::train {
@@ -39,6 +40,11 @@ inline bool split_model(const model::GptModel& m) { return m.tp_size() > 1 || m.
 // them). A split model's rank initialises the whole model from the same seed and keeps its part
 // (Megatron's --use-cpu-initialization): the weights do not depend on the TP or EP size.
 void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16);
+// Where each of local's parameters lies in the whole model (Megatron-Core names at full shape): the
+// whole tensor (under EP a routed expert's global index) and the boxes of it this rank holds, in
+// table order. A replicated parameter is its whole tensor.
+std::vector<model::TensorPart> rank_parts(const model::GptModel& local);
+
 // The same for a split model a parameter at a time: fill(p, values) for each of local's
 // parameters, in table order, with its p.numel initial values (the host holds one whole tensor at
 // a time, not the whole model).

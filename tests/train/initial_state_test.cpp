@@ -6,15 +6,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/rng.hpp"
 #include "dist/process_group.hpp"
 #include "model/gpt_ep.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
 #include "model/parameters.hpp"
+#include "model/tensor_box.hpp"
 #include "optim/adamw.hpp"
 #include "train/dist_optimizer.hpp"
 #include "train/tp_state.hpp"
@@ -149,4 +154,80 @@ TEST(InitialState, HostStorageIsHeldOnlyWhenAskedAndTheHoldGivesBackWhatItTook) 
   { const train::HostStateHold hold(held, *adam); }
   EXPECT_TRUE(held.holds_host_weights() && adam->holds_moments());
   EXPECT_EQ(held.weights()[3], 1.5f) << "a hold of what is held touches nothing";
+}
+
+// Checkpoints by part: each rank's parameters as parts of the whole tensors (rank_parts), so that
+// what the ranks of one layout hold fills the parts of any other's, whatever the two sizes. Each
+// layout's data here is keep_part's cut of one random whole model.
+namespace {
+
+struct Layout {
+  std::string name;
+  GptConfig cfg;
+  int tp, ep;
+};
+
+struct RankState {
+  std::unique_ptr<PositionOnlyGroup> tp, ep;
+  std::unique_ptr<GptModel> model;
+  std::vector<float> data;
+  std::vector<TensorPart> parts;
+};
+
+std::vector<RankState> ranks_of(const Layout& l, const ParameterTable& whole, const std::vector<float>& whole_w) {
+  std::vector<RankState> out;
+  for (int t = 0; t < l.tp; ++t)
+    for (int e = 0; e < l.ep; ++e) {
+      RankState r;
+      r.tp = std::make_unique<PositionOnlyGroup>(t, l.tp);
+      r.ep = std::make_unique<PositionOnlyGroup>(e, l.ep);
+      r.model = std::make_unique<GptModel>(l.cfg, l.tp > 1 ? r.tp.get() : nullptr, l.ep > 1 ? r.ep.get() : nullptr,
+                                           nullptr, false);
+      r.data.resize(static_cast<size_t>(r.model->num_parameters()));
+      train::keep_part(whole, whole_w.data(), *r.model, r.data.data());
+      r.parts = train::rank_parts(*r.model);
+      out.push_back(std::move(r));
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST(InitialState, PartsHeldAtOneLayoutFillThePartsOfAnother) {
+  GptConfig dense4 = dense();
+  dense4.query_groups = 4;
+  GptConfig tp_moe = moe(2, false);
+  tp_moe.moe.tensor_parallel = 2;
+  GptConfig one_moe = moe(1, false);
+  const std::vector<std::pair<Layout, Layout>> moves = {
+      {{"TP=2", dense4, 2, 1}, {"TP=4", dense4, 4, 1}},
+      {{"TP=4", dense4, 4, 1}, {"one rank", dense4, 1, 1}},
+      {{"TP=2 x EP=2", tp_moe, 2, 2}, {"EP=2", moe(2, false), 1, 2}},
+      {{"EP=2", moe(2, false), 1, 2}, {"TP=2 x EP=2, whole experts", moe(2, true), 2, 2}},
+      {{"TP=2 x EP=2, whole experts", moe(2, true), 2, 2}, {"one rank", one_moe, 1, 1}}};
+  for (const auto& [from, to] : moves) {
+    SCOPED_TRACE(from.name + " to " + to.name);
+    const ParameterTable whole = build_gpt_parameters(ep_whole_config(from.cfg)).table;
+    ASSERT_EQ(whole.total, build_gpt_parameters(ep_whole_config(to.cfg)).table.total);
+    std::vector<float> whole_w(static_cast<size_t>(whole.total));
+    Rng rng(11, "parts");
+    for (float& v : whole_w) v = static_cast<float>(rng.normal());
+    const std::vector<RankState> savers = ranks_of(from, whole, whole_w), loaders = ranks_of(to, whole, whole_w);
+    for (const RankState& l : loaders) {
+      std::vector<float> got(l.data.size(), std::numeric_limits<float>::quiet_NaN());
+      const auto& lspecs = l.model->table().specs;
+      for (size_t i = 0; i < lspecs.size(); ++i)
+        for (const RankState& s : savers) {
+          const auto& sspecs = s.model->table().specs;
+          for (size_t j = 0; j < sspecs.size(); ++j)
+            if (s.parts[j].name == l.parts[i].name)
+              copy_overlap(s.parts[j], s.data.data() + sspecs[j].offset, l.parts[i], got.data() + lspecs[i].offset);
+        }
+      for (const auto& p : lspecs) {
+        const auto first = got.begin() + p.offset, last = first + p.numel;
+        EXPECT_TRUE(std::none_of(first, last, [](float v) { return std::isnan(v); })) << p.name << ": not covered";
+        EXPECT_TRUE(std::equal(first, last, l.data.begin() + p.offset)) << p.name;
+      }
+    }
+  }
 }

@@ -1,0 +1,80 @@
+#include "model/tensor_box.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace laoyao::model {
+
+int64_t Box::numel() const {
+  int64_t n = 1;
+  for (int64_t s : size) n *= s;
+  return n;
+}
+
+Box whole_box(const std::vector<int64_t>& shape) { return {std::vector<int64_t>(shape.size(), 0), shape}; }
+
+int64_t TensorPart::numel() const {
+  int64_t n = 0;
+  for (const Box& b : boxes) n += b.numel();
+  return n;
+}
+
+namespace {
+
+// Copies the intersection of boxes a and b: from data laid out as a (row-major within a) to data
+// laid out as b. Walks the intersection's rows (all dimensions but the last), one contiguous run
+// each.
+int64_t copy_box_overlap(const Box& a, const float* a_data, const Box& b, float* b_data) {
+  const size_t dims = a.start.size();
+  if (dims == 0) {  // scalars
+    b_data[0] = a_data[0];
+    return 1;
+  }
+  std::vector<int64_t> lo(dims), hi(dims);
+  for (size_t d = 0; d < dims; ++d) {
+    lo[d] = std::max(a.start[d], b.start[d]);
+    hi[d] = std::min(a.start[d] + a.size[d], b.start[d] + b.size[d]);
+    if (lo[d] >= hi[d]) return 0;
+  }
+  // Row-major strides of each box.
+  std::vector<int64_t> sa(dims, 1), sb(dims, 1);
+  for (size_t d = dims - 1; d > 0; --d) sa[d - 1] = sa[d] * a.size[d], sb[d - 1] = sb[d] * b.size[d];
+  const int64_t run = hi[dims - 1] - lo[dims - 1];
+  std::vector<int64_t> at = lo;  // the current row's index in the whole tensor
+  int64_t copied = 0;
+  while (true) {
+    int64_t oa = 0, ob = 0;
+    for (size_t d = 0; d < dims; ++d) oa += (at[d] - a.start[d]) * sa[d], ob += (at[d] - b.start[d]) * sb[d];
+    std::copy(a_data + oa, a_data + oa + run, b_data + ob);
+    copied += run;
+    // The next row: the last-but-one dimension first.
+    size_t d = dims - 1;
+    while (d > 0) {
+      --d;
+      if (++at[d] < hi[d]) break;
+      at[d] = lo[d];
+      if (d == 0) return copied;
+    }
+    if (dims == 1) return copied;
+  }
+}
+
+}  // namespace
+
+int64_t copy_overlap(const TensorPart& src, const float* src_data, const TensorPart& dst, float* dst_data) {
+  if (src.name != dst.name || src.shape != dst.shape)
+    throw Error("tensor parts of different tensors: " + src.name + " and " + dst.name);
+  int64_t copied = 0, src_at = 0;
+  for (const Box& a : src.boxes) {
+    int64_t dst_at = 0;
+    for (const Box& b : dst.boxes) {
+      copied += copy_box_overlap(a, src_data + src_at, b, dst_data + dst_at);
+      dst_at += b.numel();
+    }
+    src_at += a.numel();
+  }
+  return copied;
+}
+
+}  // namespace laoyao::model
