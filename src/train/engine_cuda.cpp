@@ -106,8 +106,10 @@ class CudaEngine final : public Engine {
     // The host AdamW's ranges tile its moments with their weight-decay multipliers (make_shard_adam's
     // for a share): one flag per moment, set range by range on the device (no host copy of the size
     // of the model).
+    std::vector<kc::ByteRun> decay;
     for (const optim::ParamRange& r : adam_.ranges())
-      kc::fill_bytes(decay_.as<uint8_t>() + r.offset, r.wd_mult != 0.0 ? 1 : 0, r.numel);
+      if (r.wd_mult != 0.0) decay.push_back({r.offset, r.numel, 1});
+    kc::upload_byte_runs(decay_.as<uint8_t>(), n, decay);
     if (shards_.sharded()) count_owned();
     step_runs_ = plan_step_runs(shards_, adam_.ranges());
     scratch_ = kc::DeviceBuffer(sizeof(double) * (kc::kReduceBlocks + 1));
@@ -370,9 +372,8 @@ class CudaEngine final : public Engine {
     counted_end_ = counted.back()->offset + counted.back()->count;
     if (counted.size() == 1 && !gpu_.tp_group() && !gpu_.table().has_buffers()) return;
     counted_ = kc::DeviceBuffer(static_cast<size_t>(counted_end_ - counted_begin_));
-    auto flag_at = [&](int64_t offset) { return counted_.as<uint8_t>() + (offset - counted_begin_); };
-    kc::fill_bytes(flag_at(counted_begin_), 0, counted_end_ - counted_begin_);
-    for (const OwnedSegment* seg : counted) kc::fill_bytes(flag_at(seg->offset), 1, seg->count);
+    std::vector<kc::ByteRun> flags;  // offsets from counted_begin_
+    for (const OwnedSegment* seg : counted) flags.push_back({seg->offset - counted_begin_, seg->count, 1});
     // And the model's own rule within the tensor-parallel group (which leaves the buffers out too);
     // the data-parallel sum counts every EP rank's experts already. Whole experts with EP groups
     // inside a TP group are whole on every data-parallel rank (finalize_grads sums them over the
@@ -381,8 +382,9 @@ class CudaEngine final : public Engine {
     for (const auto& p : gpu_.table().specs) {
       if (gpu_.counts(p, false) && !(leave_out_experts && model::is_routed_expert(p.name))) continue;
       const int64_t lo = std::max(p.offset, counted_begin_), hi = std::min(p.offset + p.numel, counted_end_);
-      if (lo < hi) kc::fill_bytes(flag_at(lo), 0, hi - lo);
+      if (lo < hi) flags.push_back({lo - counted_begin_, hi - lo, 0});
     }
+    kc::upload_byte_runs(counted_.as<uint8_t>(), counted_end_ - counted_begin_, flags);
   }
   // The distributed optimizer's reduction: each run's gradients averaged over its group into the
   // ranks' pieces (and the tail whole); a run of one rank (its experts) only takes the scale.

@@ -164,9 +164,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   }
   if (!split_groups_.empty() || layout_.table.has_buffers()) {
     counted_ = kc::DeviceBuffer(static_cast<size_t>(N));
-    kc::fill_bytes(counted_.as<uint8_t>(), 0, N);  // the tables' alignment gaps too
+    std::vector<kc::ByteRun> flags;  // zeros elsewhere: the tables' alignment gaps too
     for (const auto& p : layout_.table.specs)
-      kc::fill_bytes(counted_.as<uint8_t>() + p.offset, counts(p, true) ? 1 : 0, p.numel);
+      if (counts(p, true)) flags.push_back({p.offset, p.numel, 1});
+    kc::upload_byte_runs(counted_.as<uint8_t>(), N, flags);
   }
 
   const auto& c = lc_;
