@@ -46,13 +46,14 @@ RuntimeOptions runtime_options_from_environment(const GetEnvironment& getenv_in)
   o.bias_grad_in_norm = on_off(env, "LAOYAO_BIAS_GRAD_IN_NORM", o.bias_grad_in_norm);
   o.qkv_split = on_off(env, "LAOYAO_QKV_SPLIT", o.qkv_split);
   o.ce_cluster = on_off(env, "LAOYAO_CE_CLUSTER", o.ce_cluster);
-  if (const char* v = env("LAOYAO_NORM_ROWS_PER_WARP"); v && *v) {
+  if (const char* v = env("LAOYAO_NORM_ROWS_PER_WARP"); v && *v && std::string(v) != "auto") {
     char* end = nullptr;
     const long long n = std::strtoll(v, &end, 10);
     // At least 2: the fused norm backward's scratch is sized for it.
     if (*end != '\0' || n < 2 || n > 4096)
       throw UsageError(std::string("environment variable LAOYAO_NORM_ROWS_PER_WARP='") + v +
-                       "': accepted values are integers from 2 to 4096 (unset or empty: chosen by size)");
+                       "': accepted values are integers from 2 to 4096, or auto (unset or empty too: chosen by "
+                       "size)");
     o.norm_rows_per_warp = static_cast<int>(n);
   }
   o.grouped_gemm = static_cast<RuntimeOptions::GroupedGemm>(choice(env, "LAOYAO_GROUPED_GEMM", {"tma", "cp_async"}, 0));

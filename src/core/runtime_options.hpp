@@ -27,7 +27,7 @@ struct RuntimeOptions {
   bool bias_grad_in_norm = true;  // LAOYAO_BIAS_GRAD_IN_NORM: bias gradients summed by the norms' backward
   bool qkv_split = true;          // LAOYAO_QKV_SPLIT: split q/k/v rows for cuDNN with GQA and the QK norm
   bool ce_cluster = true;         // LAOYAO_CE_CLUSTER: the cross entropy's row in a cluster's shared memory
-  int norm_rows_per_warp = 0;     // LAOYAO_NORM_ROWS_PER_WARP: 0 by size, else fixed (2 to 4096)
+  int norm_rows_per_warp = 0;     // LAOYAO_NORM_ROWS_PER_WARP: 0 (auto) by size, else fixed (2 to 4096)
   GroupedGemm grouped_gemm = GroupedGemm::kTma;  // LAOYAO_GROUPED_GEMM: the experts' grouped GEMMs
 
   // Where the time goes, on stderr (CUDA events; graphs off while a model's phases are timed).

@@ -68,9 +68,10 @@ TEST(RuntimeOptions, EveryVariableSetsItsField) {
   EXPECT_EQ(from({{"LAOYAO_DEVICE", "cuda"}}).device, RuntimeOptions::Device::kCuda);
   // Every variable the options print is one the reader knows: each value printed reads back.
   const auto printed = runtime_option_values(o);
-  std::map<std::string, std::string> env(printed.begin(), printed.end());
-  env["LAOYAO_NORM_ROWS_PER_WARP"] = "16";
+  const std::map<std::string, std::string> env(printed.begin(), printed.end());
   EXPECT_EQ(runtime_option_values(from(env)), printed);
+  const auto defaults = runtime_option_values(RuntimeOptions{});
+  EXPECT_EQ(runtime_option_values(from({defaults.begin(), defaults.end()})), defaults) << "auto reads back";
 }
 
 TEST(RuntimeOptions, BadValuesAreRefusedNamingTheVariableAndWhatItAccepts) {
