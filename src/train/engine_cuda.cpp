@@ -106,7 +106,7 @@ class CudaEngine final : public Engine {
     // The host AdamW's ranges tile its moments with their weight-decay multipliers (make_shard_adam's
     // for a share): one flag per moment, set range by range on the device (no host copy of the size
     // of the model).
-    std::vector<kc::ByteRun> decay;
+    std::vector<ByteRun> decay;
     for (const optim::ParamRange& r : adam_.ranges())
       if (r.wd_mult != 0.0) decay.push_back({r.offset, r.numel, 1});
     kc::upload_byte_runs(decay_.as<uint8_t>(), n, decay);
@@ -372,7 +372,7 @@ class CudaEngine final : public Engine {
     counted_end_ = counted.back()->offset + counted.back()->count;
     if (counted.size() == 1 && !gpu_.tp_group() && !gpu_.table().has_buffers()) return;
     counted_ = kc::DeviceBuffer(static_cast<size_t>(counted_end_ - counted_begin_));
-    std::vector<kc::ByteRun> flags;  // offsets from counted_begin_
+    std::vector<ByteRun> flags;  // offsets from counted_begin_
     for (const OwnedSegment* seg : counted) flags.push_back({seg->offset - counted_begin_, seg->count, 1});
     // And the model's own rule within the tensor-parallel group (which leaves the buffers out too);
     // the data-parallel sum counts every EP rank's experts already. Whole experts with EP groups

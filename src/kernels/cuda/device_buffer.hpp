@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/byte_runs.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace laoyao::kernels::cuda {
@@ -84,27 +85,17 @@ inline void fill_bytes(void* p, int value, int64_t n) {
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
-// A run of equal bytes: `count` bytes of `value` from `offset`.
-struct ByteRun {
-  int64_t offset = 0, count = 0;
-  uint8_t value = 0;
-};
-
 // Writes n flag bytes at device memory p: zeros, then each run's value over its bytes in order (a
-// later run wins), built on the host a window of at most 16 MB at a time and copied in (set-up only;
-// a host copy of the whole would be the size of the model). Not one cudaMemset a run: the GPU step
-// that followed ran 3% slower at GPT-2's smallest shapes when the weight-decay flags were set that
-// way (bisected on an H200, cause unknown).
+// later run wins; core/byte_runs.hpp), built on the host a window of at most 16 MB at a time and
+// copied in (set-up only; a host copy of the whole would be the size of the model). Not one
+// cudaMemset a run: the steps that followed ran 3% slower at the smallest bench shape (vanilla_seed)
+// when the weight-decay flags were set that way (bisected on an H200; cause unknown).
 inline void upload_byte_runs(uint8_t* p, int64_t n, const std::vector<ByteRun>& runs) {
   constexpr int64_t kWindow = int64_t(1) << 24;
   std::vector<uint8_t> host;
   for (int64_t w0 = 0; w0 < n; w0 += kWindow) {
-    const int64_t w1 = std::min(n, w0 + kWindow);
-    host.assign(static_cast<size_t>(w1 - w0), 0);
-    for (const ByteRun& r : runs) {
-      const int64_t lo = std::max(r.offset, w0), hi = std::min(r.offset + r.count, w1);
-      if (lo < hi) std::fill(host.begin() + (lo - w0), host.begin() + (hi - w0), r.value);
-    }
+    host.resize(static_cast<size_t>(std::min(n - w0, kWindow)));
+    paint_byte_runs(host.data(), w0, static_cast<int64_t>(host.size()), runs);
     LAOYAO_CUDA_CHECK(cudaMemcpy(p + w0, host.data(), host.size(), cudaMemcpyHostToDevice));
     LAOYAO_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // as DeviceBuffer::upload
   }

@@ -164,7 +164,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   }
   if (!split_groups_.empty() || layout_.table.has_buffers()) {
     counted_ = kc::DeviceBuffer(static_cast<size_t>(N));
-    std::vector<kc::ByteRun> flags;  // zeros elsewhere: the tables' alignment gaps too
+    std::vector<ByteRun> flags;  // zeros elsewhere: the tables' alignment gaps too
     for (const auto& p : layout_.table.specs)
       if (counts(p, true)) flags.push_back({p.offset, p.numel, 1});
     kc::upload_byte_runs(counted_.as<uint8_t>(), N, flags);
