@@ -25,6 +25,7 @@ using namespace laoyao;
 using namespace laoyao::kernels::cuda;
 
 int main(int argc, char** argv) {
+  laoyao::bench::read_runtime_options();
   // G: query groups (G < H: grouped-query attention, the cuDNN path only; printed with G= so
   // bench/gpu_train_bench.sh's MHA rows beside SDPA stay as they were): the flagship MoE's and
   // Llama-3.2-1B's shapes after the MHA ones.

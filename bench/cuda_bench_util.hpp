@@ -10,10 +10,15 @@
 #include <vector>
 
 #include "core/rng.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 
 namespace laoyao::bench {
+
+// laoyao's LAOYAO_* switches from the environment, as `laoyao` reads them (a bench's first call):
+// LAOYAO_GROUPED_GEMM=cp_async laoyao_bench_grouped_gemm times the cp.async kernels.
+inline void read_runtime_options() { set_runtime_options(runtime_options_from_environment()); }
 
 // n values of N(0, stddev) from laoyao's stream `name`, rounded to bf16, on the device.
 inline kernels::cuda::DeviceBuffer random_bf16(int64_t n, const char* name, double stddev = 1.0) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "bench/cuda_bench_util.hpp"
@@ -22,6 +23,7 @@ using laoyao::bench::median_ms;
 using laoyao::bench::random_bf16;
 
 int main() {
+  laoyao::bench::read_runtime_options();
   struct Layer { const char* model; const char* name; int64_t T, K, N; };
   // Llama-3-8B at seq 8192 (SwiGLU fc1 is 2 x 14336 wide), and GPT-2 124M's 16 x 1024 tokens.
   const Layer layers[] = {{"llama3_8b", "qkv", 8192, 4096, 6144},    {"llama3_8b", "proj", 8192, 4096, 4096},
@@ -55,9 +57,11 @@ int main() {
     for (const Kind& k : kinds) {
       CublasLtGemm tuned;  // a fresh cache: the first call below chooses
       const float ms = median_ms([&] { k.call(tuned); }, stream, 20);
-      setenv("LAOYAO_GEMM_AUTOTUNE", "0", 1);
-      CublasLtGemm first;
-      unsetenv("LAOYAO_GEMM_AUTOTUNE");
+      const auto first_choice = [] {
+        const laoyao::ScopedRuntimeOptions no_autotune([](laoyao::RuntimeOptions& o) { o.gemm_autotune = false; });
+        return std::make_unique<CublasLtGemm>();
+      }();
+      CublasLtGemm& first = *first_choice;
       const float first_ms = median_ms([&] { k.call(first); }, stream, 20);
       const auto t = tuned.tunings().at(0);
       std::printf("| %s %s (T=%lld K=%lld N=%lld) | %s | %.0f | %.0f | %.2f | %d | #%d |\n", l.model, l.name,

@@ -95,6 +95,7 @@ sys.exit(rc)' "$log" "$bin" "${common[@]}" "${shape[@]}" --tensorboard-dir "$LOG
   local ms tf mem params
   ms=$(python3 -c "import json;print(round([json.loads(l) for l in open('$LOGS/tb_${name}_$c/metrics.jsonl')][-1]['elapsed_ms_per_iteration'],3))")
   tf=$(grep 'elapsed time per iteration' "$log" | field 'throughput per GPU (TFLOP/s/GPU):')
+  [ -n "$ms" ] || { echo "$name: no metrics for $c" >&2; return 1; }
   mem=$(field 'device memory held:' < "$log")
   params=$(sed -n 's/.*number of parameters on (tensor, gtp_remat, pipeline) model parallel rank ([0-9, ]*): \([0-9]*\).*/\1/p' "$log" | head -1)
   echo "$ms $tf $mem $(cat "$log.rss") $params"

@@ -92,6 +92,7 @@ double rel_diff(const DeviceBuffer& a, const DeviceBuffer& b, int64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  laoyao::bench::read_runtime_options();
   const bool ours_only = argc > 1 && std::string(argv[1]) == "--ours-only";
   struct Shape { const char* name; Kind kind; int64_t N, K; };
   const Shape shapes[] = {{"fc1 fwd (nt)", Kind::Nt, 768, 1024},       {"fc2 fwd (nt)", Kind::Nt, 1024, 384},

@@ -81,6 +81,7 @@ DeviceBuffer upload(const std::vector<T>& v) {
 }  // namespace
 
 int main() {
+  laoyao::bench::read_runtime_options();
   cudaStream_t stream = nullptr;
   LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
   const int64_t slots = kHeads + 2 * kGroups, qkv_width = slots * kD;
@@ -233,14 +234,13 @@ int main() {
     LAOYAO_CUDA_CHECK(cudaMemset(ce_targets.ptr, 0, ce_targets.bytes));
     LAOYAO_CUDA_CHECK(cudaMemset(ce_dloss.ptr, 0, ce_dloss.bytes));
     for (const bool cluster : {true, false}) {
-      setenv("LAOYAO_CE_CLUSTER", cluster ? "1" : "0", 1);
+      const laoyao::ScopedRuntimeOptions path([&](laoyao::RuntimeOptions& o) { o.ce_cluster = cluster; });
       time(std::string("cross entropy + gradient, ") + name + (cluster ? " (cluster)" : " (one block a row)"),
            2.0 * sizeof(bf16) * rows_ce * vocab, [&] {
              cross_entropy_forward_backward(logits.as<bf16>(), ce_targets.as<int64_t>(), ce_dloss.as<float>(),
                                             ce_loss.as<float>(), ce_lse.as<float>(), rows_ce, vocab, stream);
            });
     }
-    unsetenv("LAOYAO_CE_CLUSTER");
   }
   time("residual add", 3 * act_bytes,
        [&] { residual_dropout_add(dy.as<bf16>(), x.as<bf16>(), y.as<bf16>(), kT * kH, DropoutSpec{}, stream); });

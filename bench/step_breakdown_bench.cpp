@@ -53,6 +53,7 @@ void add(const std::string& op, int64_t per_step, double flops, const std::funct
 }  // namespace
 
 int main(int argc, char** argv) {
+  laoyao::bench::read_runtime_options();
   int64_t L = 12, h = 768, H = 12, F = 3072, V = 50304, s = 1024, b = 16;
   if (argc == 8)
     L = std::atoll(argv[1]), h = std::atoll(argv[2]), H = std::atoll(argv[3]), F = std::atoll(argv[4]),

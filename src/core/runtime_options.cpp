@@ -8,7 +8,12 @@
 namespace laoyao {
 namespace {
 
-RuntimeOptions g_options;
+// A function's static, so that a static initializer of another file (a test binary's reading of the
+// environment) finds it constructed.
+RuntimeOptions& options() {
+  static RuntimeOptions o;
+  return o;
+}
 
 // The index of the variable's value among `choices` (unset or empty: `unset`); anything else is
 // refused by name.
@@ -98,7 +103,7 @@ std::string runtime_options_yaml_comment(const RuntimeOptions& o) {
   return s;
 }
 
-const RuntimeOptions& runtime_options() { return g_options; }
-void set_runtime_options(const RuntimeOptions& o) { g_options = o; }
+const RuntimeOptions& runtime_options() { return options(); }
+void set_runtime_options(const RuntimeOptions& o) { options() = o; }
 
 }  // namespace laoyao

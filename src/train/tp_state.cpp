@@ -174,7 +174,12 @@ void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16) {
 HostStateHold::HostStateHold(model::GptModel& model, optim::AdamW& adam)
     : model_(model), adam_(adam), took_weights_(!model.holds_host_weights()), took_moments_(!adam.holds_moments()) {
   if (took_weights_) model_.hold_host_weights(true);
-  if (took_moments_) adam_.allocate_moments();
+  try {
+    if (took_moments_) adam_.allocate_moments();
+  } catch (...) {  // (no destructor runs for a constructor that throws)
+    if (took_weights_) model_.hold_host_weights(false);
+    throw;
+  }
 }
 
 HostStateHold::~HostStateHold() {

@@ -37,6 +37,7 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
@@ -299,6 +300,15 @@ TEST_F(CudaGroupedGemm, RandomGroupSizes) {
   for (auto& c : counts) c = rng.uniform() < 0.25 ? 0 : static_cast<int>(rng.next_u64() % 300);
   counts.back() = 0;  // an empty last group
   check_all(counts, 136, 264, 3);
+}
+
+// The cp.async-fed kernels (LAOYAO_GROUPED_GEMM=cp_async), which the whole set also runs under in
+// scripts/gpu_check.sh's grouped part: mixed and wide groups through both of them.
+TEST_F(CudaGroupedGemm, CpAsyncKernelsMixedGroupSizes) {
+  const ScopedRuntimeOptions cp_async([](RuntimeOptions& o) { o.grouped_gemm = RuntimeOptions::GroupedGemm::kCpAsync; });
+  const std::vector<int> counts = {0, 1, 37, 128, 130, 0, 255, 64};
+  check_all(counts, 72, 200, 11);
+  check_all(counts, 512, 72, 12);
 }
 
 TEST_F(CudaGroupedGemm, SingleGroup) {
