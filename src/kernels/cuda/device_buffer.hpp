@@ -88,8 +88,8 @@ inline void fill_bytes(void* p, int value, int64_t n) {
 // Writes n flag bytes at device memory p: zeros, then each run's value over its bytes in order (a
 // later run wins; core/byte_runs.hpp), built on the host a window of at most 16 MB at a time and
 // copied in (set-up only; a host copy of the whole would be the size of the model). Not one
-// cudaMemset a run: the steps that followed ran 3% slower at the smallest bench shape (vanilla_seed)
-// when the weight-decay flags were set that way (bisected on an H200; cause unknown).
+// cudaMemset a run: weight-decay flags set that way made every later step of the smallest bench
+// shape 3% slower (docs/benchmarks.md), for a reason not found.
 inline void upload_byte_runs(uint8_t* p, int64_t n, const std::vector<ByteRun>& runs) {
   constexpr int64_t kWindow = int64_t(1) << 24;
   std::vector<uint8_t> host;
