@@ -544,6 +544,41 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
           ms1=$(ms "$OUT/tp1_llama.log"); ms2=$(ms "$OUT/tp2_llama.log")
           note "Llama-3.2-1B s8k, 1 x 8192 tokens a step: TP=1 ${ms1:-?} ms/step, TP=2+SP ${ms2:-?} ms/step: $(python3 -c "print(f'{$ms1/$ms2:.2f}x tokens/s')" 2>/dev/null || echo n/a)"
           ;;
+        ckpt)
+          # Checkpoints on one GPU: a dense GPT and the small MoE model saved at iteration 20 (plain
+          # and --async-save) and resumed to 23 give iterations 21-23 bit for bit as the run that
+          # never stopped: the logged grad norms and MoE losses, and lm loss at 21 and 23 (a resumed
+          # run's line 22 shows the mean of 21 and 22: Megatron-LM's first-interval quirk, #6237).
+          dense_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
+                      --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
+                      --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
+                      --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-iters 40 --seed 1234
+                      --log-interval 1 --attention-dropout 0 --hidden-dropout 0)
+          tail_numbers() {
+            grep -E ' iteration +2[123]/' "$1" | while read -r line; do
+              it=$(echo "$line" | sed -n 's|.* iteration *\([0-9]*\)/.*|\1|p')
+              echo "$it $(echo "$line" | grep -oE '(lm loss|grad norm|load_balancing_loss|z_loss): [^|]*' |
+                { if [ "$it" = 22 ]; then grep -v 'lm loss'; else cat; fi; } | tr '\n' ' ')"
+            done
+          }
+          for model in dense moe; do
+            if [ $model = dense ]; then args=("${dense_args[@]}"); else args=("${moe_args[@]}"); fi
+            LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" --train-iters 23 > "$OUT/ckpt_${model}_23.log" 2>&1
+            for mode in sync async; do
+              extra=(); [ $mode = async ] && extra=(--async-save)
+              rm -rf "/tmp/ckpt_${model}_$mode"
+              LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" --train-iters 23 --exit-interval 20 --save-interval 20 \
+                --save "/tmp/ckpt_${model}_$mode" "${extra[@]}" > "$OUT/ckpt_${model}_$mode.log" 2>&1
+              note "$model saved at 20 ($mode): exit $?: $(ls "/tmp/ckpt_${model}_$mode/iter_0000020" 2>&1 | tr '\n' ' ')"
+              LAOYAO_DEVICE=cuda "$C/laoyao" "${args[@]}" --train-iters 23 --load "/tmp/ckpt_${model}_$mode" \
+                > "$OUT/ckpt_${model}_${mode}_resumed.log" 2>&1
+              status=$?
+              want=$(tail_numbers "$OUT/ckpt_${model}_23.log"); got=$(tail_numbers "$OUT/ckpt_${model}_${mode}_resumed.log")
+              if [ -n "$want" ] && [ "$want" = "$got" ]; then verdict="bit-identical"; else verdict="DIFFER"; fi
+              note "$model resumed ($mode): exit $status, iterations 21-23 $verdict ($(echo $got | head -c 100))"
+            done
+          done
+          ;;
         attention)
           # Flash attention alone against PyTorch's SDPA, fwd+bwd, same shapes (device.md's).
           { "$C/laoyao_bench_attention" ${ATTN_BENCH_UNDER_LOAD:+--under-load}; python3 bench/attention_sdpa.py; } > "$OUT/attention.txt" 2>&1

@@ -22,6 +22,35 @@ int64_t TensorPart::numel() const {
 
 namespace {
 
+// Appends the boxes of elements [lo, hi) of `box` (row-major within it), from dimension `dim` in:
+// the dimensions before it are already fixed to one index each (size 1).
+void range_boxes(Box box, size_t dim, int64_t lo, int64_t hi, std::vector<Box>& out) {
+  if (lo >= hi) return;
+  if (dim == box.size.size()) {  // a scalar, or every dimension fixed
+    out.push_back(std::move(box));
+    return;
+  }
+  int64_t inner = 1;  // elements under one index of `dim`
+  for (size_t d = dim + 1; d < box.size.size(); ++d) inner *= box.size[d];
+  const int64_t first = lo / inner, last = (hi - 1) / inner;  // the indices of `dim` the range meets
+  auto row = [&](int64_t i, int64_t a, int64_t b) {  // index i of `dim`, its elements [a, b)
+    Box r = box;
+    r.start[dim] += i, r.size[dim] = 1;
+    range_boxes(std::move(r), dim + 1, a, b, out);
+  };
+  if (first == last) return row(first, lo - first * inner, hi - first * inner);
+  int64_t whole_from = first, whole_to = last + 1;  // the indices whose elements are all in range
+  if (lo % inner != 0) row(first, lo % inner, inner), ++whole_from;
+  const bool partial_last = hi % inner != 0;
+  if (partial_last) --whole_to;
+  if (whole_from < whole_to) {
+    Box r = box;
+    r.start[dim] += whole_from, r.size[dim] = whole_to - whole_from;
+    out.push_back(std::move(r));
+  }
+  if (partial_last) row(last, 0, hi % inner);
+}
+
 // Copies the intersection of boxes a and b: from data laid out as a (row-major within a) to data
 // laid out as b. Walks the intersection's rows (all dimensions but the last), one contiguous run
 // each.
@@ -61,6 +90,26 @@ int64_t copy_box_overlap(const Box& a, const float* a_data, const Box& b, float*
 }
 
 }  // namespace
+
+TensorPart sub_part(const TensorPart& part, int64_t lo, int64_t hi) {
+  if (lo < 0 || hi < lo || hi > part.numel())
+    throw Error("sub_part of " + part.name + ": elements [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                ") of " + std::to_string(part.numel()));
+  TensorPart out{part.name, part.shape, {}};
+  int64_t at = 0;  // the current box's first element in the part's data
+  for (const Box& b : part.boxes) {
+    const int64_t n = b.numel();
+    range_boxes(b, 0, std::max<int64_t>(lo - at, 0), std::min(hi - at, n), out.boxes);
+    at += n;
+  }
+  return out;
+}
+
+bool boxes_meet(const Box& a, const Box& b) {
+  for (size_t d = 0; d < a.start.size(); ++d)
+    if (std::max(a.start[d], b.start[d]) >= std::min(a.start[d] + a.size[d], b.start[d] + b.size[d])) return false;
+  return true;
+}
 
 int64_t copy_overlap(const TensorPart& src, const float* src_data, const TensorPart& dst, float* dst_data) {
   if (src.name != dst.name || src.shape != dst.shape)

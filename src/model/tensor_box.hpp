@@ -25,6 +25,14 @@ struct TensorPart {
   int64_t numel() const;  // the holder's elements: the boxes' sum
 };
 
+// The elements [lo, hi) of a part's data (its boxes' elements one box after another) as a part of
+// their own: boxes of the whole tensor, in the same data order. A flat range of a box is a partial
+// first row, whole rows, a partial last row, each split the same way a dimension further in.
+TensorPart sub_part(const TensorPart& part, int64_t lo, int64_t hi);
+
+// Whether two boxes of one tensor share an element.
+bool boxes_meet(const Box& a, const Box& b);
+
 // Copies into dst_data (laid out as dst's boxes) every element of src_data (laid out as src's boxes)
 // that lies in both; the two parts must be of the same tensor and shape (Error otherwise). Returns
 // the number of elements copied.

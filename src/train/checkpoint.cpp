@@ -31,9 +31,10 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 constexpr const char* kFormat = "laoyao-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 added the parts (several writing ranks); version 1 (whole tensors in model.safetensors
+// and optimizer.safetensors) reads as a checkpoint of one writer.
+constexpr int kVersion = 2;
 constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kConfigFile = "run_config.yaml";
 constexpr const char* kStateFile = "train_state.json";
 constexpr size_t kMaxListed = 50;  // problems listed in one message before "... and N more"
@@ -63,16 +64,6 @@ bool is_scratch_name(const std::string& name, const char* kind) {
   if (name.rfind("iter_", 0) != 0) return false;
   const size_t dot = name.find('.');
   return dot != std::string::npos && name.compare(dot, std::strlen(kind), kind) == 0;
-}
-
-std::vector<TensorWrite> to_writes(const std::vector<TensorRef>& refs, const char* what) {
-  std::vector<TensorWrite> out;
-  out.reserve(refs.size());
-  for (const auto& r : refs) {
-    if (r.name.empty()) throw Error(std::string("checkpoint: a ") + what + " tensor has no name");
-    out.push_back({r.name, Dtype::F32, r.shape, r.data});
-  }
-  return out;
 }
 
 json value_json(const StateValue& v, const std::string& key) {
@@ -153,15 +144,86 @@ void check_counters(const TrainStateRecord& r, const std::string& file) {
                         json(r.floating_point_operations_so_far).dump());
 }
 
-struct FileSum {
-  uint64_t bytes = 0;
-  std::string sha256;
-};
+// A tensor file's kind by its name: model.safetensors / model.rankNNNNN.safetensors hold model
+// parts, optimizer[...].safetensors optimizer parts.
+bool tensor_file_of(const std::string& file, const std::string& kind) {
+  const std::string ext = ".safetensors";
+  return file.rfind(kind + ".", 0) == 0 && file.size() > ext.size() &&
+         file.compare(file.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+std::string shard_file(const char* kind, int64_t rank, int64_t world) {
+  if (world == 1) return std::string(kind) + ".safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s.rank%05lld.safetensors", kind, static_cast<long long>(rank));
+  return buf;
+}
+
+std::string shard_record(int64_t rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard.rank%05lld.json", static_cast<long long>(rank));
+  return buf;
+}
+
+// The parts record of one file: its entries that are not whole tensors, by entry name.
+using FileParts = std::map<std::string, model::TensorPart>;
+
+json ints_json(const std::vector<int64_t>& v) {
+  json a = json::array();
+  for (int64_t x : v) a.push_back(x);
+  return a;
+}
+
+json parts_json(const FileParts& parts) {
+  json j = json::object();
+  for (const auto& [key, p] : parts) {
+    json boxes = json::array();
+    for (const model::Box& b : p.boxes) boxes.push_back({{"start", ints_json(b.start)}, {"size", ints_json(b.size)}});
+    j[key] = {{"tensor", p.name}, {"shape", ints_json(p.shape)}, {"boxes", boxes}};
+  }
+  return j;
+}
 
 struct StateFile {
   TrainStateRecord state;
   std::map<std::string, FileSum> files;
+  std::map<std::string, FileParts> parts;  // by file
 };
+
+std::vector<int64_t> read_ints(const json& v, const std::string& file, const std::string& what) {
+  if (!v.is_array()) bad_state(file, what + " must be a list of integers, found " + v.dump());
+  std::vector<int64_t> out;
+  for (const json& x : v) {
+    if (!x.is_number_integer()) bad_state(file, what + " must be a list of integers, found " + v.dump());
+    out.push_back(x.get<int64_t>());
+  }
+  return out;
+}
+
+// "parts": {file: {entry: {"tensor": name, "shape": [...], "boxes": [{"start": [...], "size": [...]}]}}}
+std::map<std::string, FileParts> read_parts(const json& j, const std::string& file,
+                                            const std::map<std::string, FileSum>& files) {
+  if (!j.is_object()) bad_state(file, "field 'parts' must be an object");
+  std::map<std::string, FileParts> out;
+  for (const auto& [tensor_file, entries] : j.items()) {
+    if (!files.count(tensor_file)) bad_state(file, "parts." + tensor_file + ": no such file in 'files'");
+    if (!entries.is_object()) bad_state(file, "parts." + tensor_file + " must be an object");
+    for (const auto& [key, e] : entries.items()) {
+      const std::string at = "parts." + tensor_file + "." + key;
+      if (!e.is_object() || !e.contains("tensor") || !e.at("tensor").is_string() || !e.contains("shape") ||
+          !e.contains("boxes") || !e.at("boxes").is_array())
+        bad_state(file, at + " needs tensor, shape and boxes");
+      model::TensorPart p{e.at("tensor").get<std::string>(), read_ints(e.at("shape"), file, at + ".shape"), {}};
+      for (const json& b : e.at("boxes")) {
+        if (!b.is_object() || !b.contains("start") || !b.contains("size"))
+          bad_state(file, at + ".boxes needs start and size");
+        p.boxes.push_back({read_ints(b.at("start"), file, at + ".start"), read_ints(b.at("size"), file, at + ".size")});
+      }
+      out[tensor_file][key] = std::move(p);
+    }
+  }
+  return out;
+}
 
 StateFile read_state_file(const std::string& dir) {
   const std::string file = join_path(dir, kStateFile);
@@ -175,8 +237,8 @@ StateFile read_state_file(const std::string& dir) {
   if (!j.is_object() || !j.contains("format") || j.at("format") != kFormat)
     bad_state(file, "not a laoyao train_state.json");
   const int64_t version = get_int(j, file, "version");
-  if (version != kVersion)
-    bad_state(file, "format version " + std::to_string(version) + "; this laoyao reads version " +
+  if (version != 1 && version != kVersion)
+    bad_state(file, "format version " + std::to_string(version) + "; this laoyao reads versions 1 to " +
                         std::to_string(kVersion));
   StateFile s;
   TrainStateRecord& r = s.state;
@@ -201,39 +263,77 @@ StateFile read_state_file(const std::string& dir) {
       bad_state(file, "files." + name + " needs bytes and sha256");
     s.files[name] = {static_cast<uint64_t>(get_int(f, file, "bytes")), f.at("sha256").get<std::string>()};
   }
-  for (const char* required : {kModelFile, kConfigFile})
-    if (!s.files.count(required)) bad_state(file, std::string("files lists no ") + required);
+  if (!s.files.count(kConfigFile)) bad_state(file, std::string("files lists no ") + kConfigFile);
+  if (std::none_of(s.files.begin(), s.files.end(), [](const auto& f) { return tensor_file_of(f.first, "model"); }))
+    bad_state(file, std::string("files lists no model file (") + kModelFile + " or model.rankNNNNN.safetensors)");
+  if (j.contains("parts")) s.parts = read_parts(j.at("parts"), file, s.files);
   return s;
 }
 
-[[noreturn]] void corrupt(const std::string& path, const std::string& why) {
-  throw UsageError("checkpoint file '" + path + "' is corrupt: " + why +
-                   " (it does not match the checksum train_state.json recorded when it was saved)");
-}
-
 void verify_bytes(const std::string& path, const uint8_t* data, size_t n, const FileSum& want) {
-  if (n != want.bytes)
-    corrupt(path, "it is " + std::to_string(n) + " bytes, " + std::to_string(want.bytes) + " were written");
-  const std::string got = to_hex(sha256(data, n));
-  if (got != want.sha256) corrupt(path, "its SHA-256 is " + got + ", " + want.sha256 + " was written");
+  verify_file_sum(path, data, n, want);
 }
 
-// Opens a listed safetensors file and checks it against its recorded size and SHA-256.
-SafetensorsFile open_verified(const std::string& dir, const std::string& name, const FileSum& want) {
+// Opens a listed safetensors file after checking that it has its recorded size, and (verify) its
+// SHA-256.
+SafetensorsFile open_listed(const std::string& dir, const std::string& name, const FileSum& want, bool verify) {
   const std::string path = join_path(dir, name);
   if (!fs::exists(path)) throw UsageError("checkpoint file '" + path + "' is missing (train_state.json lists it)");
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
   if (!ec && size != want.bytes)  // a truncated or appended file: say so before parsing it
-    corrupt(path, "it is " + std::to_string(size) + " bytes, " + std::to_string(want.bytes) + " were written");
+    corrupt_file(path, "it is " + std::to_string(size) + " bytes, " + std::to_string(want.bytes) + " were written");
   std::optional<SafetensorsFile> f;
   try {
     f.emplace(path);
   } catch (const UsageError& e) {
     throw UsageError(std::string("checkpoint is corrupt: ") + e.what());
   }
-  verify_bytes(path, f->bytes().data(), f->bytes().size(), want);
+  if (verify) verify_bytes(path, f->bytes().data(), f->bytes().size(), want);
   return std::move(*f);
+}
+
+// The model or optimizer files of a checkpoint (`kind`) as one store: every entry a part (as the
+// parts record says) or a whole tensor. Files are opened in parallel (each hashed with kEveryFile).
+std::optional<TensorStore> open_store(const std::string& dir, const StateFile& sf, const std::string& kind,
+                                      CheckpointVerify verify) {
+  std::vector<std::string> names;
+  for (const auto& [file, sum] : sf.files)
+    if (tensor_file_of(file, kind)) names.push_back(file);
+  if (names.empty()) return std::nullopt;
+  const bool eager = verify == CheckpointVerify::kEveryFile;
+  std::vector<std::future<SafetensorsFile>> opening;
+  for (const std::string& n : names)
+    opening.push_back(std::async(std::launch::async, [&, n] { return open_listed(dir, n, sf.files.at(n), eager); }));
+  std::vector<SafetensorsFile> files;
+  std::exception_ptr error;
+  for (auto& f : opening) {
+    try {
+      files.push_back(f.get());
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  TensorStore store("checkpoint '" + dir + "'");
+  static const FileParts kNoParts;
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto p = sf.parts.find(names[i]);
+    const FileParts& parts = p == sf.parts.end() ? kNoParts : p->second;
+    std::vector<std::pair<std::string, model::TensorPart>> entries;
+    for (const SafetensorsTensor& t : files[i].tensors()) {
+      auto rec = parts.find(t.name);
+      entries.emplace_back(t.name, rec == parts.end() ? model::TensorPart{t.name, t.shape, {model::whole_box(t.shape)}}
+                                                      : rec->second);
+    }
+    for (const auto& [key, rec] : parts)
+      if (!files[i].find(key))
+        throw UsageError("checkpoint file '" + files[i].path() + "' has no tensor '" + key +
+                         "' (train_state.json lists it)");
+    const size_t at = store.add_file(std::move(files[i]), eager ? std::nullopt : std::optional(sf.files.at(names[i])));
+    for (auto& [key, part] : entries) store.add(at, key, std::move(part));
+  }
+  return store;
 }
 
 bool has_megatron_files(const std::string& dir) {
@@ -329,23 +429,56 @@ bool same_value(const StateValue& a, const StateValue& b) {
   return x && y && *x == *y;
 }
 
-// Problems of one safetensors file against the names and shapes it should hold.
-void compare_tensors(const SafetensorsFile& f, const std::vector<std::pair<std::string, const ParamShape*>>& want,
-                     std::vector<std::string>& problems) {
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Problems of a store against the names and shapes it should hold: each there, of its shape, in
+// the dtypes allowed, its parts holding each element once (by count: a read finds overlaps).
+void compare_tensors(const TensorStore& store, const std::vector<std::pair<std::string, const ParamShape*>>& want,
+                     bool f32_only, std::vector<std::string>& problems) {
   std::set<std::string> expected;
   for (const auto& [name, p] : want) {
     expected.insert(name);
-    const SafetensorsTensor* t = f.find(name);
-    if (!t) {
+    const auto* parts = store.find(name);
+    if (!parts) {
       problems.push_back("missing: " + name + " " + shape_string(p->shape));
-    } else if (t->shape != p->shape) {
-      problems.push_back(name + ": checkpoint " + shape_string(t->shape) + ", model " + shape_string(p->shape));
-    } else if (t->dtype != Dtype::F32) {
-      problems.push_back(name + ": dtype " + std::string(dtype_name(t->dtype)) + " (checkpoints hold F32)");
+      continue;
+    }
+    const TensorStore::Stored& first = parts->front();
+    const std::string in = " (in '" + store.file(first.file).path() + "')";
+    if (first.part.shape != p->shape) {
+      problems.push_back(name + ": checkpoint " + shape_string(first.part.shape) + ", model " + shape_string(p->shape) + in);
+      continue;
+    }
+    for (const TensorStore::Stored& s : *parts) {
+      const Dtype d = store.entry(s).dtype;
+      if (f32_only && d != Dtype::F32) {
+        problems.push_back(name + ": dtype " + std::string(dtype_name(d)) + " (checkpoints hold F32; in '" +
+                           store.file(s.file).path() + "')");
+        break;
+      }
+      if (s.part.shape != p->shape) {
+        problems.push_back(name + ": its parts disagree on its shape, " + shape_string(first.part.shape) + " and " +
+                           shape_string(s.part.shape) + " (in '" + store.file(s.file).path() + "')");
+        break;
+      }
+    }
+    const int64_t held = store.stored_elements(name), whole = numel_of(p->shape);
+    if (held != whole) {
+      std::string files;
+      for (const TensorStore::Stored& s : *parts) files += "\n    '" + store.file(s.file).path() + "' " + part_string(s.part);
+      problems.push_back(name + " " + shape_string(p->shape) + ": its stored parts hold " + std::to_string(held) +
+                         " elements of " + std::to_string(whole) + (held < whole ? " (a part is missing)" : " (parts overlap)") +
+                         ":" + files);
     }
   }
-  for (const auto& t : f.tensors())
-    if (!expected.count(t.name)) problems.push_back("unexpected: " + t.name + " " + shape_string(t.shape));
+  for (const auto& [name, parts] : store.tensors())
+    if (!expected.count(name))
+      problems.push_back("unexpected: " + name + " " + shape_string(parts.front().part.shape) + " (in '" +
+                         store.file(parts.front().file).path() + "')");
 }
 
 void check_unique(const std::vector<ParamShape>& expected) {
@@ -354,10 +487,15 @@ void check_unique(const std::vector<ParamShape>& expected) {
     if (!seen.insert(p.name).second) throw Error("checkpoint: parameter '" + p.name + "' expected twice");
 }
 
-void read_named(const SafetensorsFile& f, const std::string& name, float* out, size_t n) {
-  const SafetensorsTensor* t = f.find(name);
-  if (!t) throw UsageError("checkpoint file '" + f.path() + "' has no tensor '" + name + "'");
-  f.read_f32(*t, out, n);
+void read_whole(const TensorStore& store, const std::string& name, float* out, size_t n) {
+  const auto* parts = store.find(name);
+  if (!parts) store.no_tensor(name);
+  const std::vector<int64_t>& shape = parts->front().part.shape;
+  if (numel_of(shape) != static_cast<int64_t>(n))
+    throw UsageError(store.where() + ": tensor '" + name + "' has " + std::to_string(numel_of(shape)) + " elements " +
+                     shape_string(shape) + " (in '" + store.file(parts->front().file).path() + "'), expected " +
+                     std::to_string(n));
+  store.read({name, shape, {model::whole_box(shape)}}, out);
 }
 
 }  // namespace
@@ -432,44 +570,103 @@ std::vector<std::string> remove_incomplete_checkpoints(const std::string& save_d
   return removed;
 }
 
-std::string save_checkpoint(const std::string& save_dir, int64_t iteration, const CheckpointWrite& w) {
-  if (iteration < 0) throw Error("checkpoint: negative iteration " + std::to_string(iteration));
-  if (w.state.iteration != iteration)
-    throw Error("checkpoint: train state says iteration " + std::to_string(w.state.iteration) + ", saving " +
-                std::to_string(iteration));
-  if (w.model.empty()) throw Error("checkpoint: no model tensors to save");
+std::string checkpoint_scratch_dir(const std::string& save_dir, int64_t iteration, int64_t token) {
+  return join_path(save_dir, iteration_dir_name(iteration)) + ".tmp." + std::to_string(token);
+}
+
+void begin_checkpoint(const std::string& save_dir, const std::string& scratch) {
   make_dirs(save_dir);
   remove_incomplete_checkpoints(save_dir);
-  const std::string final_dir = join_path(save_dir, iteration_dir_name(iteration));
-  const std::string tmp = final_dir + ".tmp." + std::to_string(::getpid());
-  try {
-    fs::remove_all(tmp);
-    fs::create_directory(tmp);
-    json files = json::object();
-    // The two big files are written concurrently: each is hashed as it streams out.
-    auto opt = std::async(std::launch::async, [&]() -> std::optional<SafetensorsWriteResult> {
-      if (w.optimizer.empty()) return std::nullopt;
-      return write_safetensors(join_path(tmp, kOptimizerFile), to_writes(w.optimizer, "optimizer"), {{"format", "pt"}});
-    });
-    SafetensorsWriteResult model;
-    try {
-      model = write_safetensors(join_path(tmp, kModelFile), to_writes(w.model, "model"), {{"format", "pt"}});
-    } catch (...) {
-      try {
-        opt.get();
-      } catch (...) {
-      }
-      throw;
-    }
-    const auto optimizer = opt.get();
-    files[kModelFile] = {{"bytes", model.file_bytes}, {"sha256", model.sha256}};
-    if (optimizer) files[kOptimizerFile] = {{"bytes", optimizer->file_bytes}, {"sha256", optimizer->sha256}};
-    write_file_atomic(join_path(tmp, kConfigFile), w.run_config_yaml);
-    files[kConfigFile] = {{"bytes", w.run_config_yaml.size()}, {"sha256", sha256_hex(w.run_config_yaml)}};
+  fs::remove_all(scratch);
+  fs::create_directory(scratch);
+}
 
-    const TrainStateRecord& s = w.state;
+void abandon_checkpoint(const std::string& scratch) {
+  std::error_code ec;
+  fs::remove_all(scratch, ec);
+}
+
+namespace {
+
+// The safetensors entries of a rank's parts (each under its tensor's name: a rank holds one part of
+// a tensor), and the parts record of those that are not whole: the whole shape and the boxes. An
+// entry of one box has the box's shape; of several, one dimension.
+std::vector<TensorWrite> part_writes(const std::vector<PartRef>& refs, const char* what, FileParts& parts) {
+  std::vector<TensorWrite> out;
+  out.reserve(refs.size());
+  for (const PartRef& r : refs) {
+    const model::TensorPart& p = r.part;
+    if (p.name.empty()) throw Error(std::string("checkpoint: a ") + what + " tensor has no name");
+    const bool whole = p.boxes.size() == 1 && p.boxes[0].start == std::vector<int64_t>(p.shape.size(), 0) &&
+                       p.boxes[0].size == p.shape;
+    std::vector<int64_t> shape = whole ? p.shape : p.boxes.size() == 1 ? p.boxes[0].size : std::vector<int64_t>{p.numel()};
+    out.push_back({p.name, Dtype::F32, std::move(shape), r.data});
+    if (!whole) parts[p.name] = p;
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_checkpoint_shard(const std::string& scratch, int64_t rank, int64_t world, const ShardWrite& w) {
+  json record = {{"files", json::object()}, {"parts", json::object()}};
+  // The two big files are written concurrently: each is hashed as it streams out.
+  auto write = [&](const std::vector<PartRef>& refs, const char* kind) -> std::optional<std::pair<std::string, json>> {
+    if (refs.empty()) return std::nullopt;
+    FileParts parts;
+    const std::vector<TensorWrite> writes = part_writes(refs, kind, parts);
+    const std::string file = shard_file(kind, rank, world);
+    const SafetensorsWriteResult r = write_safetensors(join_path(scratch, file), writes, {{"format", "pt"}});
+    json entry = {{"sum", {{"bytes", r.file_bytes}, {"sha256", r.sha256}}}};
+    if (!parts.empty()) entry["parts"] = parts_json(parts);
+    return std::make_pair(file, entry);
+  };
+  auto opt = std::async(std::launch::async, [&] { return write(w.optimizer, "optimizer"); });
+  std::optional<std::pair<std::string, json>> model;
+  try {
+    model = write(w.model, "model");
+  } catch (...) {
+    try {
+      opt.get();
+    } catch (...) {
+    }
+    throw;
+  }
+  auto optimizer = opt.get();
+  for (const auto* f : {&model, &optimizer}) {
+    if (!*f) continue;
+    record["files"][(*f)->first] = (*f)->second.at("sum");
+    if ((*f)->second.contains("parts")) record["parts"][(*f)->first] = (*f)->second.at("parts");
+  }
+  write_file_atomic(join_path(scratch, shard_record(rank)), record.dump() + "\n");
+}
+
+std::string finish_checkpoint(const std::string& save_dir, const std::string& scratch, int64_t iteration,
+                              int64_t world, const TrainStateRecord& s, const std::string& run_config_yaml) {
+  const std::string final_dir = join_path(save_dir, iteration_dir_name(iteration));
+  try {
+    if (iteration < 0) throw Error("checkpoint: negative iteration " + std::to_string(iteration));
+    if (s.iteration != iteration)
+      throw Error("checkpoint: train state says iteration " + std::to_string(s.iteration) + ", saving " +
+                  std::to_string(iteration));
     if (!std::isfinite(s.floating_point_operations_so_far))
       throw Error("checkpoint: floating_point_operations_so_far is not finite");
+    // The ranks' records, merged; then gone (train_state.json holds them).
+    json files = json::object(), parts = json::object();
+    for (int64_t r = 0; r < world; ++r) {
+      const std::string path = join_path(scratch, shard_record(r));
+      if (!fs::exists(path)) throw Error("checkpoint: rank " + std::to_string(r) + " wrote no shard record " + path);
+      const json rec = json::parse(read_file(path));
+      for (const auto& [file, sum] : rec.at("files").items()) files[file] = sum;
+      for (const auto& [file, p] : rec.at("parts").items()) parts[file] = p;
+      fs::remove(path);
+    }
+    bool has_model = false;
+    for (const auto& [file, sum] : files.items()) has_model = has_model || tensor_file_of(file, "model");
+    if (!has_model) throw Error("checkpoint: no model tensors to save");
+    write_file_atomic(join_path(scratch, kConfigFile), run_config_yaml);
+    files[kConfigFile] = {{"bytes", run_config_yaml.size()}, {"sha256", sha256_hex(run_config_yaml)}};
+
     json j = json::object();
     j["format"] = kFormat;
     j["version"] = kVersion;
@@ -486,18 +683,39 @@ std::string save_checkpoint(const std::string& save_dir, int64_t iteration, cons
     j["model_shape"] = map_json(s.model_shape, "model_shape");
     if (!s.scheduler.empty()) j["scheduler"] = map_json(s.scheduler, "scheduler");
     j["files"] = files;
-    write_file_atomic(join_path(tmp, kStateFile), j.dump(2) + "\n");  // last: its presence marks completeness
-    fsync_dir(tmp);
-    install_dir(tmp, final_dir);
+    if (!parts.empty()) j["parts"] = parts;
+    write_file_atomic(join_path(scratch, kStateFile), j.dump(2) + "\n");  // last: its presence marks completeness
+    fsync_dir(scratch);
+    install_dir(scratch, final_dir);
     fsync_dir(save_dir);
   } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    abandon_checkpoint(scratch);
     throw;
   }
   // Megatron writes the bare number, no newline.
   write_file_atomic(tracker_path(save_dir), std::to_string(iteration));
   return final_dir;
+}
+
+std::string save_checkpoint(const std::string& save_dir, int64_t iteration, const CheckpointWrite& w) {
+  if (iteration < 0) throw Error("checkpoint: negative iteration " + std::to_string(iteration));
+  if (w.state.iteration != iteration)
+    throw Error("checkpoint: train state says iteration " + std::to_string(w.state.iteration) + ", saving " +
+                std::to_string(iteration));
+  if (w.model.empty()) throw Error("checkpoint: no model tensors to save");
+  ShardWrite shard;
+  for (const auto* refs : {&w.model, &w.optimizer})
+    for (const TensorRef& r : *refs)
+      (refs == &w.model ? shard.model : shard.optimizer).push_back({{r.name, r.shape, {model::whole_box(r.shape)}}, r.data});
+  const std::string scratch = checkpoint_scratch_dir(save_dir, iteration, ::getpid());
+  begin_checkpoint(save_dir, scratch);
+  try {
+    write_checkpoint_shard(scratch, 0, 1, shard);
+  } catch (...) {
+    abandon_checkpoint(scratch);
+    throw;
+  }
+  return finish_checkpoint(save_dir, scratch, iteration, 1, w.state, w.run_config_yaml);
 }
 
 namespace {
@@ -559,15 +777,15 @@ SaveDirLock::~SaveDirLock() {
 }
 
 void LoadedCheckpoint::read_model(const std::string& name, float* out, size_t n) const {
-  read_named(model, name, out, n);
+  read_whole(model, name, out, n);
 }
 
 void LoadedCheckpoint::read_optimizer(const std::string& name, float* out, size_t n) const {
   if (!optimizer) throw UsageError("checkpoint '" + dir + "' was saved without optimizer state");
-  read_named(*optimizer, name, out, n);
+  read_whole(*optimizer, name, out, n);
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step) {
+LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step, CheckpointVerify verify) {
   const std::string dir = resolve_iteration_dir(load_dir, step);
   StateFile sf = read_state_file(dir);
   sf.state.loaded_from = join_path(dir, kStateFile);
@@ -575,15 +793,11 @@ LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int6
   if (name.rfind("iter_", 0) == 0 && name != iteration_dir_name(sf.state.iteration))
     throw UsageError("checkpoint '" + dir + "' holds iteration " + std::to_string(sf.state.iteration) +
                      " (train_state.json), which does not match its name");
-  // The optimizer file (the larger) is opened and hashed alongside the model file.
-  auto opt = std::async(std::launch::async, [&]() -> std::optional<SafetensorsFile> {
-    auto it = sf.files.find(kOptimizerFile);
-    if (it == sf.files.end()) return std::nullopt;
-    return open_verified(dir, kOptimizerFile, it->second);
-  });
-  std::optional<SafetensorsFile> model;
+  // The optimizer files (the larger) are opened and hashed alongside the model files.
+  auto opt = std::async(std::launch::async, [&] { return open_store(dir, sf, "optimizer", verify); });
+  std::optional<TensorStore> model;
   try {
-    model.emplace(open_verified(dir, kModelFile, sf.files.at(kModelFile)));
+    model = open_store(dir, sf, "model", verify);
   } catch (...) {
     try {
       opt.get();
@@ -591,14 +805,14 @@ LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int6
     }
     throw;
   }
-  std::optional<SafetensorsFile> optimizer = opt.get();
+  std::optional<TensorStore> optimizer = opt.get();
   const std::string config_path = join_path(dir, kConfigFile);
   if (!fs::exists(config_path))
     throw UsageError("checkpoint file '" + config_path + "' is missing (train_state.json lists it)");
   std::string yaml = read_file(config_path);
   verify_bytes(config_path, reinterpret_cast<const uint8_t*>(yaml.data()), yaml.size(), sf.files.at(kConfigFile));
   for (const auto& [file, sum] : sf.files) {  // files a later version may add: present and intact
-    if (file == kModelFile || file == kOptimizerFile || file == kConfigFile) continue;
+    if (tensor_file_of(file, "model") || tensor_file_of(file, "optimizer") || file == kConfigFile) continue;
     const std::string p = join_path(dir, file);
     if (!fs::exists(p)) throw UsageError("checkpoint file '" + p + "' is missing (train_state.json lists it)");
     const std::string bytes = read_file(p);
@@ -631,14 +845,14 @@ void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape
   std::vector<std::string> problems;
   std::vector<std::pair<std::string, const ParamShape*>> want;
   for (const auto& p : expected) want.emplace_back(p.name, &p);
-  compare_tensors(ckpt.model, want, problems);
+  compare_tensors(ckpt.model, want, true, problems);
   if (ckpt.optimizer) {
     want.clear();
     for (const auto& p : expected) {
       want.emplace_back(exp_avg_name(p.name), &p);
       want.emplace_back(exp_avg_sq_name(p.name), &p);
     }
-    compare_tensors(*ckpt.optimizer, want, problems);
+    compare_tensors(*ckpt.optimizer, want, true, problems);
   }
   if (problems.empty()) return;
   throw UsageError("checkpoint '" + ckpt.dir + "' does not match the model's parameters:" + list_problems(problems) +
@@ -673,20 +887,30 @@ std::string local_spec_name(const std::string& name) {
   return name;
 }
 
-PretrainedWeights load_pretrained_weights(const std::string& path, const std::vector<ParamShape>& expected,
-                                          bool allow_unexpected) {
+PretrainedSource open_pretrained(const std::string& path, const std::vector<ParamShape>& expected,
+                                 bool allow_unexpected) {
   check_unique(expected);
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UsageError("pretrained checkpoint '" + path + "' does not exist");
+  if (fs::exists(tracker_path(path)) || fs::exists(join_path(path, kStateFile))) {
+    // A laoyao checkpoint: its model parts as they are (names as saved; each file hashed before it is read).
+    LoadedCheckpoint ckpt = load_checkpoint(path, std::nullopt, CheckpointVerify::kFilesRead);
+    std::vector<std::string> problems;
+    std::vector<std::pair<std::string, const ParamShape*>> want;
+    for (const auto& p : expected) want.emplace_back(p.name, &p);
+    compare_tensors(ckpt.model, want, false, problems);
+    if (!problems.empty())
+      throw UsageError("pretrained checkpoint '" + path + "' does not match the model's parameters:" +
+                       list_problems(problems));
+    PretrainedSource out{std::move(ckpt.model), {}, {}};
+    for (size_t i = 0; i < out.store.num_files(); ++i) out.files.push_back(out.store.file(i).path());
+    return out;
+  }
   std::vector<SafetensorsFile> files;
   if (fs::is_regular_file(path, ec)) {
     if (fs::path(path).extension() != ".safetensors")
       throw UsageError("pretrained checkpoint '" + path + "' is not a .safetensors file or a directory");
     files.emplace_back(path);
-  } else if (fs::exists(tracker_path(path)) || fs::exists(join_path(path, kStateFile))) {
-    const std::string dir = resolve_iteration_dir(path, std::nullopt);
-    const StateFile sf = read_state_file(dir);
-    files.push_back(open_verified(dir, kModelFile, sf.files.at(kModelFile)));
   } else {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(path, ec))
@@ -702,17 +926,17 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
     for (const auto& n : names) files.emplace_back(n);
   }
 
-  std::map<std::string, std::pair<const SafetensorsFile*, const SafetensorsTensor*>> found;
-  for (const auto& f : files)
-    for (const auto& t : f.tensors()) {
-      auto [it, fresh] = found.emplace(local_spec_name(t.name), std::make_pair(&f, &t));
+  std::map<std::string, std::pair<size_t, const SafetensorsTensor*>> found;  // local-spec name: file, entry
+  for (size_t i = 0; i < files.size(); ++i)
+    for (const auto& t : files[i].tensors()) {
+      auto [it, fresh] = found.emplace(local_spec_name(t.name), std::make_pair(i, &t));
       if (!fresh)
         throw UsageError("pretrained checkpoint '" + path + "': tensor '" + t.name + "' is in both '" +
-                         it->second.first->path() + "' and '" + f.path() + "' (Transformer Engine and local-spec "
-                         "names count as the same parameter)");
+                         files[it->second.first].path() + "' and '" + files[i].path() + "' (Transformer Engine and "
+                         "local-spec names count as the same parameter)");
     }
 
-  PretrainedWeights out;
+  PretrainedSource out{TensorStore("pretrained checkpoint '" + path + "'"), {}, {}};
   for (const auto& f : files) out.files.push_back(f.path());
   std::vector<std::string> problems;
   std::set<std::string> expected_names;
@@ -724,12 +948,13 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
       continue;
     }
     const SafetensorsTensor& t = *it->second.second;
+    const std::string& in = files[it->second.first].path();
     if (t.shape != p.shape)
       problems.push_back(p.name + ": checkpoint " + shape_string(t.shape) + ", model " + shape_string(p.shape) + " (in '" +
-                         it->second.first->path() + "')");
+                         in + "')");
     else if (t.dtype != Dtype::F32 && t.dtype != Dtype::BF16 && t.dtype != Dtype::F16)
       problems.push_back(p.name + ": dtype " + std::string(dtype_name(t.dtype)) + " (expected F32, BF16 or F16; in '" +
-                         it->second.first->path() + "')");
+                         in + "')");
   }
   for (const auto& [name, where] : found) {
     if (expected_names.count(name)) continue;
@@ -739,14 +964,32 @@ PretrainedWeights load_pretrained_weights(const std::string& path, const std::ve
       out.ignored.push_back(name);
     else
       problems.push_back("unexpected: " + name + " " + shape_string(where.second->shape) + " (in '" +
-                         where.first->path() + "')");
+                         files[where.first].path() + "')");
   }
   if (!problems.empty())
     throw UsageError("pretrained checkpoint '" + path + "' does not match the model's parameters:" +
                      list_problems(problems));
+  // The expected tensors under the model's names, each whole (keys as the files spell them).
+  std::vector<std::vector<std::pair<std::string, model::TensorPart>>> per_file(files.size());
   for (const auto& p : expected) {
-    const auto& [f, t] = found.at(local_spec_name(p.name));
-    out.tensors.emplace(p.name, f->read_f32(*t));
+    const auto& [file, t] = found.at(local_spec_name(p.name));
+    per_file[file].emplace_back(t->name, model::TensorPart{p.name, p.shape, {model::whole_box(p.shape)}});
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    const size_t at = out.store.add_file(std::move(files[i]), std::nullopt);
+    for (auto& [key, part] : per_file[i]) out.store.add(at, key, std::move(part));
+  }
+  return out;
+}
+
+PretrainedWeights load_pretrained_weights(const std::string& path, const std::vector<ParamShape>& expected,
+                                          bool allow_unexpected) {
+  const PretrainedSource src = open_pretrained(path, expected, allow_unexpected);
+  PretrainedWeights out{{}, src.files, src.ignored};
+  for (const auto& p : expected) {
+    std::vector<float>& t = out.tensors[p.name];
+    t.resize(static_cast<size_t>(numel_of(p.shape)));
+    src.store.read({p.name, p.shape, {model::whole_box(p.shape)}}, t.data());
   }
   return out;
 }

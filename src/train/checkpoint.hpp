@@ -4,14 +4,23 @@
 //   <save>/latest_checkpointed_iteration.txt   the iteration number (Megatron's tracker), written
 //                                              atomically and only after the directory is complete
 //   <save>/iter_0000010/
-//     model.safetensors       fp32 main parameters under Megatron-Core names
-//     optimizer.safetensors   Adam moments: optimizer.state.exp_avg.<param>, .exp_avg_sq.<param>
-//                             (absent when saved without optimizer state)
+//     model.safetensors       fp32 main parameters under Megatron-Core names (one writing rank), or
+//     model.rank00003.safetensors ...   each writing rank's parts of them (several)
+//     optimizer[.rankNNNNN].safetensors  Adam moments: optimizer.state.exp_avg.<param>,
+//                             .exp_avg_sq.<param> (absent when saved without optimizer state)
 //     run_config.yaml         the resolved config, as the caller serialised it
-//     train_state.json        counters, scheduler/optimizer steps, RNG state, model-shape fields and
-//                             the size and SHA-256 of each file above (checked on load)
+//     train_state.json        counters, scheduler/optimizer steps, RNG state, model-shape fields, the
+//                             size and SHA-256 of each file above (checked on load), and the parts:
+//                             for each file's entries that are not whole tensors, the whole tensor's
+//                             shape and the boxes of it the entry holds (its data: the boxes in order)
 //
-// A save writes "iter_0000010.tmp.<pid>", fsyncs every file and the folder, then renames it into
+// Each rank writes the parts of the tensors it holds that no lower rank holds (replicas are written
+// once), so a checkpoint is written by every rank at once and is the same whatever the parallel
+// layout, but for how it is cut; a rank of any layout reads its parts from the entries they meet.
+// A one-rank checkpoint's model.safetensors is a plain Megatron-Core state dict.
+//
+// A save writes "iter_0000010.tmp.<pid>" (the ranks' files, then from the first rank
+// run_config.yaml and train_state.json), fsyncs every file and the folder, then renames it into
 // place (atomically exchanging it with an existing iter_0000010, so a complete directory of that
 // number exists at every instant) and only then rewrites the tracker. A crash leaves at most a
 // "*.tmp.*" folder, which loads never read and the next save removes.
@@ -27,6 +36,8 @@
 #include <vector>
 
 #include "core/safetensors.hpp"
+#include "model/tensor_box.hpp"
+#include "train/tensor_store.hpp"
 
 namespace laoyao::model {
 struct ParameterTable;
@@ -84,9 +95,33 @@ std::string exp_avg_sq_name(const std::string& param);  // "optimizer.state.exp_
 std::string iteration_dir_name(int64_t iteration);      // "iter_0000010" (Megatron's iter_{:07d})
 std::string tracker_path(const std::string& dir);       // <dir>/latest_checkpointed_iteration.txt
 
-// Writes <save_dir>/iter_NNNNNNN and then the tracker; returns the iteration directory.
-// I/O failures are laoyao::Error naming the path; the previous checkpoint and tracker are intact.
+// Writes <save_dir>/iter_NNNNNNN (one writer, whole tensors) and then the tracker; returns the
+// iteration directory. I/O failures are laoyao::Error naming the path; the previous checkpoint and
+// tracker are intact.
 std::string save_checkpoint(const std::string& save_dir, int64_t iteration, const CheckpointWrite& w);
+
+// A part of a whole tensor a rank writes: the part, and its data (the boxes' elements in order).
+struct PartRef {
+  model::TensorPart part;
+  const float* data = nullptr;
+};
+// What one rank writes: its parts of the model (Megatron-Core names) and of the optimizer state
+// (exp_avg_name / exp_avg_sq_name); either may be empty.
+struct ShardWrite {
+  std::vector<PartRef> model, optimizer;
+};
+
+// The same save by `world` ranks in three steps. The first rank begins it (the folder the ranks
+// write into, `scratch`, made fresh: every rank names it alike from `token`, the first rank's pid);
+// then each rank writes its shard (its files and a record of them); then the first rank, once every
+// rank has written, finishes it (the records merged into train_state.json, the folder installed,
+// the tracker). abandon_checkpoint removes the scratch folder of a save that failed on some rank.
+std::string checkpoint_scratch_dir(const std::string& save_dir, int64_t iteration, int64_t token);
+void begin_checkpoint(const std::string& save_dir, const std::string& scratch);
+void write_checkpoint_shard(const std::string& scratch, int64_t rank, int64_t world, const ShardWrite& w);
+std::string finish_checkpoint(const std::string& save_dir, const std::string& scratch, int64_t iteration,
+                              int64_t world, const TrainStateRecord& state, const std::string& run_config_yaml);
+void abandon_checkpoint(const std::string& scratch);
 
 // The tracker's iteration; nullopt when `load_dir` has no tracker. A tracker that holds anything
 // but a non-negative integer is a UsageError naming it.
@@ -122,25 +157,32 @@ struct LoadedCheckpoint {
   std::string dir;  // the iteration directory read
   TrainStateRecord state;
   std::string run_config_yaml;
-  SafetensorsFile model;
-  std::optional<SafetensorsFile> optimizer;
+  TensorStore model;                     // Megatron-Core names
+  std::optional<TensorStore> optimizer;  // exp_avg_name / exp_avg_sq_name; none when saved without
 
-  // Copies a tensor's fp32 values; UsageError naming the file when absent or of another size.
+  // Copies a whole tensor's fp32 values; UsageError naming the file when absent or of another size.
   void read_model(const std::string& name, float* out, size_t n) const;
   void read_optimizer(const std::string& name, float* out, size_t n) const;
 };
 
-// Opens and verifies a checkpoint (sizes and SHA-256 of every file train_state.json lists).
-// `load_dir` is a save root or an iteration directory itself. With `step`, reads iter_<step>
-// (a missing one is a UsageError, as Bridge's ckpt_step); without, the tracker's iteration (no
-// tracker: UsageError; use latest_iteration first to decide whether to load at all).
-LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step = std::nullopt);
+// Which files a load checks against their SHA-256 at once: every file (a checkpoint read whole), or
+// only the tensor files it then reads from, each before its first read (a rank reading its parts).
+// Either way every listed file must exist with its recorded size, and the small files are checked.
+enum class CheckpointVerify { kEveryFile, kFilesRead };
+
+// Opens and verifies a checkpoint. `load_dir` is a save root or an iteration directory itself.
+// With `step`, reads iter_<step> (a missing one is a UsageError, as Bridge's ckpt_step); without,
+// the tracker's iteration (no tracker: UsageError; use latest_iteration first to decide whether to
+// load at all).
+LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int64_t> step = std::nullopt,
+                                 CheckpointVerify verify = CheckpointVerify::kEveryFile);
 
 // Resuming a different model is the "stale nemo_experiments" trap (megatron-bridge.md §6): these
 // say exactly what differs, as UsageErrors. check_model_shape compares the saved model-shape
 // fields with the current ones (each differing, missing or extra field named with both values);
-// check_parameters requires every expected parameter with its shape, fp32, and no others (and the
-// same of the optimizer state, when present), naming each problem with both shapes.
+// check_parameters requires every expected parameter (whole shapes) with its shape, fp32, its stored
+// parts covering it, and no others (and the same of the optimizer state, when present), naming each
+// problem with both shapes.
 void check_model_shape(const LoadedCheckpoint& ckpt, const StateMap& current);
 void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape>& expected);
 
@@ -156,11 +198,20 @@ void check_parameters(const LoadedCheckpoint& ckpt, const std::vector<ParamShape
 // linear_fc1.weight`); other names are unchanged.
 std::string local_spec_name(const std::string& name);
 
+struct PretrainedSource {
+  TensorStore store;                 // the expected names (local spec), as stored
+  std::vector<std::string> files;    // what holds them
+  std::vector<std::string> ignored;  // unexpected names skipped
+};
+PretrainedSource open_pretrained(const std::string& path, const std::vector<ParamShape>& expected,
+                                 bool allow_unexpected = false);
+
 struct PretrainedWeights {
   std::map<std::string, std::vector<float>> tensors;  // exactly the expected names
   std::vector<std::string> files;                      // what was read
   std::vector<std::string> ignored;                    // unexpected names skipped
 };
+// open_pretrained, every tensor read whole.
 PretrainedWeights load_pretrained_weights(const std::string& path, const std::vector<ParamShape>& expected,
                                           bool allow_unexpected = false);
 

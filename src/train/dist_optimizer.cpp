@@ -171,30 +171,4 @@ std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table
   return std::make_unique<optim::AdamW>(table.total, adam_ranges(table), s, hold_moments);
 }
 
-std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
-                                             const OptimizerShards& shards, const optim::AdamWSettings& s) {
-  auto whole = make_whole_adam(table, s);
-  for (const OwnedSegment& seg : shards.owned) {
-    if (!seg.counted) continue;  // a tail another rank of the group contributes
-    for (auto [from, to] : {std::pair{&shard_adam.exp_avg(), &whole->exp_avg()},
-                            std::pair{&shard_adam.exp_avg_sq(), &whole->exp_avg_sq()}})
-      std::copy(from->begin() + seg.moment, from->begin() + seg.moment + seg.count, to->begin() + seg.offset);
-  }
-  for (const ShardRun& run : shards.runs) {
-    if (run.over.size <= 1) continue;
-    run.over.group->all_reduce_sum(whole->exp_avg().data() + run.offset, static_cast<size_t>(run.count));
-    run.over.group->all_reduce_sum(whole->exp_avg_sq().data() + run.offset, static_cast<size_t>(run.count));
-  }
-  whole->set_steps(shard_adam.steps());
-  return whole;
-}
-
-void keep_moment_share(const optim::AdamW& whole, const OptimizerShards& shards, optim::AdamW& shard_adam) {
-  for (const OwnedSegment& seg : shards.owned)
-    for (auto [from, to] : {std::pair{&whole.exp_avg(), &shard_adam.exp_avg()},
-                            std::pair{&whole.exp_avg_sq(), &shard_adam.exp_avg_sq()}})
-      std::copy(from->begin() + seg.offset, from->begin() + seg.offset + seg.count, to->begin() + seg.moment);
-  shard_adam.set_steps(whole.steps());
-}
-
 }  // namespace laoyao::train

@@ -16,7 +16,8 @@
 // so that each run can be reduce-scattered as soon as its part is final (Megatron's buckets, each
 // sharded over the ranks).
 //
-// Checkpoints hold the whole moments: a save gathers them over the groups, a load keeps the share.
+// Checkpoints hold each rank's share as parts of the moments (train/rank_checkpoint.hpp): a save
+// gathers nothing, and a load at another layout reads each share from the parts it meets.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -106,10 +107,4 @@ std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table);
 // A whole-size AdamW over `table` with zero moments (every parameter, weight decay kept).
 std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s,
                                               bool hold_moments = true);
-// A whole-size AdamW holding every rank's moments (collective), for a checkpoint.
-std::unique_ptr<optim::AdamW> gather_moments(const model::ParameterTable& table, const optim::AdamW& shard_adam,
-                                             const OptimizerShards& shards, const optim::AdamWSettings& s);
-// The owned share of whole-size moments (a checkpoint's) into the shard's AdamW.
-void keep_moment_share(const optim::AdamW& whole, const OptimizerShards& shards, optim::AdamW& shard_adam);
-
 }  // namespace laoyao::train

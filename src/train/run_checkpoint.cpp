@@ -1,7 +1,8 @@
 #include "train/run_checkpoint.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 
 #include "config/yaml_io.hpp"
@@ -99,28 +100,43 @@ void check_scheduler(const StateMap& saved, const StateMap& current, bool overri
   std::fflush(out);
 }
 
-// The checkpoint at `iteration` whose tensors are read from weights / exp_avg / exp_avg_sq at the
-// table's offsets (the moments only with checkpoint.save_optim).
-CheckpointWrite run_checkpoint_write(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
-                                     const model::ParameterTable& table, const float* weights, const float* exp_avg,
-                                     const float* exp_avg_sq, int64_t optimizer_steps, TrainStateRecord state) {
-  CheckpointWrite w;
-  for (const auto& p : table.specs) w.model.push_back({p.name, p.shape, weights + p.offset});
-  if (c.checkpoint.save_optim) {
-    for (const auto& p : table.specs) {
-      w.optimizer.push_back({exp_avg_name(p.name), p.shape, exp_avg + p.offset});
-      w.optimizer.push_back({exp_avg_sq_name(p.name), p.shape, exp_avg_sq + p.offset});
-    }
-  }
+// The train state and run_config.yaml of the checkpoint at `iteration`.
+void describe_run(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
+                  int64_t optimizer_steps, TrainStateRecord& state, std::string& run_config_yaml) {
   state.iteration = iteration;
   state.optimizer_steps = optimizer_steps;
   state.model_shape = model_shape_fields(c, d);
   state.scheduler = scheduler_fields(c);
   state.rng = {{"seed", c.rng.seed}, {"dropout_streams", std::string("keyed by (seed, iteration, micro-batch)")}};
   config::ConfigContainer copy = c;
-  w.state = std::move(state);
-  w.run_config_yaml = config::to_yaml(copy) + runtime_options_yaml_comment(runtime_options());
-  return w;
+  run_config_yaml = config::to_yaml(copy) + runtime_options_yaml_comment(runtime_options());
+}
+
+// Whether any rank failed (collective over `world`; null: this rank alone).
+bool failed_anywhere(dist::ProcessGroup* world, bool failed) {
+  if (!world || world->size() == 1) return failed;
+  double n = failed ? 1.0 : 0.0;
+  world->all_reduce_sum(&n, 1);
+  return n > 0;
+}
+
+// Runs `step` (on this rank when `here`), then agrees with every rank on whether it failed anywhere:
+// this rank's own error is rethrown, another's is an Error saying where to look.
+template <class F>
+void on_every_rank(dist::ProcessGroup* world, bool here, const char* what, F&& step,
+                   const std::string& scratch) {
+  std::exception_ptr error;
+  if (here) {
+    try {
+      step();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (!failed_anywhere(world, error != nullptr)) return;
+  abandon_checkpoint(scratch);
+  if (error) std::rethrow_exception(error);
+  throw Error(std::string("checkpoint save: ") + what + " failed on another rank (its log says why)");
 }
 
 void print_saving(const std::string& save, int64_t iteration, std::FILE* out) {
@@ -153,53 +169,72 @@ void report_saved_checkpoint(const std::string& save, int64_t iteration, std::FI
   std::fflush(out);
 }
 
+std::unique_ptr<RunCheckpointSave> begin_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
+                                                        int64_t iteration, const RankState& r, TrainStateRecord state,
+                                                        bool copy, std::FILE* out) {
+  auto s = std::make_unique<RunCheckpointSave>();
+  s->save_dir = *c.checkpoint.save;
+  s->iteration = iteration;
+  s->most_recent_k = c.checkpoint.most_recent_k;
+  s->world = r.world;
+  s->rank = r.world ? r.world->rank() : 0;
+  s->world_size = r.world ? r.world->size() : 1;
+  if (s->rank == 0) print_saving(s->save_dir, iteration, out);
+  // Every rank writes into one folder, named by the first rank's pid.
+  double token = s->rank == 0 ? static_cast<double>(::getpid()) : 0.0;
+  if (r.world && r.world->size() > 1) r.world->all_reduce_sum(&token, 1);
+  s->scratch = checkpoint_scratch_dir(s->save_dir, iteration, static_cast<int64_t>(token));
+  on_every_rank(r.world, s->rank == 0, "making the checkpoint folder", [&] { begin_checkpoint(s->save_dir, s->scratch); },
+                s->scratch);
+  const float* weights = r.model.weights();
+  const float* exp_avg = c.checkpoint.save_optim ? r.adam.exp_avg().data() : nullptr;
+  const float* exp_avg_sq = r.adam.exp_avg_sq().data();
+  if (copy) {
+    s->weights.assign(weights, weights + r.model.num_parameters());
+    weights = s->weights.data();
+    if (exp_avg) {
+      s->exp_avg = r.adam.exp_avg(), s->exp_avg_sq = r.adam.exp_avg_sq();
+      exp_avg = s->exp_avg.data(), exp_avg_sq = s->exp_avg_sq.data();
+    }
+  }
+  s->shard = rank_shard(r, weights, exp_avg, exp_avg_sq);
+  describe_run(c, d, iteration, r.adam.steps(), state, s->run_config_yaml);
+  s->state = std::move(state);
+  return s;
+}
+
+void write_run_checkpoint(const RunCheckpointSave& s) {
+  write_checkpoint_shard(s.scratch, s.rank, s.world_size, s.shard);
+}
+
+void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_error, std::FILE* out) {
+  on_every_rank(s.world, true, "writing a shard", [&] {
+    if (write_error) std::rethrow_exception(write_error);
+  }, s.scratch);
+  on_every_rank(s.world, s.rank == 0, "finishing the checkpoint", [&] {
+    finish_checkpoint(s.save_dir, s.scratch, s.iteration, s.world_size, s.state, s.run_config_yaml);
+    keep_most_recent(s.save_dir, s.most_recent_k);
+  }, s.scratch);
+  if (s.rank == 0) report_saved_checkpoint(s.save_dir, s.iteration, out);
+}
+
 void save_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
-                         const model::GptModel& model, const optim::AdamW& adam, TrainStateRecord state,
-                         std::FILE* out) {
-  const std::string& save = *c.checkpoint.save;
-  print_saving(save, iteration, out);
-  const CheckpointWrite w = run_checkpoint_write(c, d, iteration, model.table(), model.weights(),
-                                                 adam.exp_avg().data(), adam.exp_avg_sq().data(), adam.steps(),
-                                                 std::move(state));
-  save_checkpoint(save, iteration, w);
-  keep_most_recent(save, c.checkpoint.most_recent_k);
-  report_saved_checkpoint(save, iteration, out);
+                         const RankState& r, TrainStateRecord state, std::FILE* out) {
+  const auto s = begin_run_checkpoint(c, d, iteration, r, std::move(state), false, out);
+  std::exception_ptr error;
+  try {
+    write_run_checkpoint(*s);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  finish_run_checkpoint(*s, error, out);
 }
-
-std::unique_ptr<RunCheckpointCopy> copy_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
-                                                       int64_t iteration, const model::GptModel& model,
-                                                       const optim::AdamW& adam, TrainStateRecord state,
-                                                       std::FILE* out) {
-  auto copy = std::make_unique<RunCheckpointCopy>();
-  copy->save_dir = *c.checkpoint.save;
-  copy->iteration = iteration;
-  copy->most_recent_k = c.checkpoint.most_recent_k;
-  print_saving(copy->save_dir, iteration, out);
-  copy->weights.assign(model.weights(), model.weights() + model.num_parameters());
-  if (c.checkpoint.save_optim) copy->exp_avg = adam.exp_avg(), copy->exp_avg_sq = adam.exp_avg_sq();
-  copy->write = run_checkpoint_write(c, d, iteration, model.table(), copy->weights.data(), copy->exp_avg.data(),
-                                     copy->exp_avg_sq.data(), adam.steps(), std::move(state));
-  return copy;
-}
-
-void write_run_checkpoint(const RunCheckpointCopy& copy) {
-  save_checkpoint(copy.save_dir, copy.iteration, copy.write);
-  keep_most_recent(copy.save_dir, copy.most_recent_k);
-}
-
-namespace {
-
-void copy_weights(const LoadedCheckpoint& ckpt, model::GptModel& model) {
-  for (const auto& p : model.table().specs)
-    ckpt.read_model(p.name, model.weights() + p.offset, static_cast<size_t>(p.numel));
-}
-
-}  // namespace
 
 std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
-                                                       model::GptModel& model, optim::AdamW& adam, std::FILE* out) {
+                                                       model::GptModel& model, optim::AdamW& adam,
+                                                       const OptimizerShards& shards, std::FILE* out) {
   const auto& k = c.checkpoint;
-  const auto expected = param_shapes(model.table());
+  const auto expected = whole_param_shapes(model);
   if (k.load) {
     if (!checkpoint_exists(*k.load)) {
       if (k.exit_on_missing_checkpoint)
@@ -207,22 +242,18 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
       std::fprintf(out, "WARNING: could not find the metadata file %s\n    will not load any checkpoints and will "
                    "start from random\n", tracker_path(*k.load).c_str());
     } else {
-      LoadedCheckpoint ckpt = load_checkpoint(*k.load, k.ckpt_step);
+      LoadedCheckpoint ckpt = load_checkpoint(*k.load, k.ckpt_step, CheckpointVerify::kFilesRead);
       // A checkpoint of another model shape is refused with the differing fields named: the
       // "stale nemo_experiments" trap, made safe.
       check_model_shape(ckpt, model_shape_fields(c, d));
       check_parameters(ckpt, expected);
-      copy_weights(ckpt, model);
+      read_rank_weights(ckpt.model, model, model.weights());
       const bool resume = !k.finetune;
       if (resume && k.load_optim) {
         if (!ckpt.optimizer)
           throw UsageError("checkpoint " + ckpt.dir + " has no optimizer state; set checkpoint.load_optim=false "
                            "(--no-load-optim) to load the weights alone");
-        for (const auto& p : model.table().specs) {
-          ckpt.read_optimizer(exp_avg_name(p.name), adam.exp_avg().data() + p.offset, static_cast<size_t>(p.numel));
-          ckpt.read_optimizer(exp_avg_sq_name(p.name), adam.exp_avg_sq().data() + p.offset,
-                              static_cast<size_t>(p.numel));
-        }
+        read_rank_moments(*ckpt.optimizer, model, shards, adam);
         adam.set_steps(ckpt.state.optimizer_steps);
         check_scheduler(ckpt.state.scheduler, scheduler_fields(c), c.scheduler.override_opt_param_scheduler, out);
       }
@@ -235,11 +266,8 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
     }
   }
   if (k.pretrained_checkpoint) {
-    PretrainedWeights w = load_pretrained_weights(*k.pretrained_checkpoint, expected);
-    for (const auto& p : model.table().specs) {
-      const auto& t = w.tensors.at(p.name);
-      std::memcpy(model.weights() + p.offset, t.data(), sizeof(float) * static_cast<size_t>(p.numel));
-    }
+    const PretrainedSource w = open_pretrained(*k.pretrained_checkpoint, expected);
+    read_rank_weights(w.store, model, model.weights());
     std::fprintf(out, "  loaded pretrained weights from %s (%zu file%s): weights only, starting at iteration 0\n",
                  k.pretrained_checkpoint->c_str(), w.files.size(), w.files.size() == 1 ? "" : "s");
     std::fflush(out);

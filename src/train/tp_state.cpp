@@ -1,4 +1,4 @@
-// Whole-model checkpoints under tensor or expert parallelism (see tp_state.hpp).
+// A split model's parts of the whole model (see tp_state.hpp).
 #include "train/tp_state.hpp"
 
 #include <algorithm>
@@ -14,13 +14,6 @@
 
 namespace laoyao::train {
 
-WholeState make_whole_state(const model::GptModel& local, const optim::AdamWSettings& settings) {
-  WholeState w;
-  w.model = std::make_unique<model::GptModel>(model::ep_whole_config(local.config()));
-  w.adam = make_whole_adam(w.model->table(), settings);
-  return w;
-}
-
 namespace {
 
 // Both kinds of split at once: EP picks a rank's experts out of the whole model, then TP splits
@@ -31,70 +24,7 @@ model::ParameterTable experts_at_full_shape(const model::GptModel& local) {
   return model::build_gpt_parameters(local.config()).table;
 }
 
-// Whole experts under TP (expert TP size 1): the routed experts are TP-replicated by name but each
-// rank of a TP group holds its own. Copies them by name from one table's buffer to the other's
-// (zeros when `from` is null).
-void copy_routed(const model::ParameterTable& from_table, const float* from, const model::ParameterTable& to_table,
-                 float* to) {
-  for (const auto& p : to_table.specs) {
-    if (!model::is_routed_expert(p.name)) continue;
-    if (!from) {
-      std::fill(to + p.offset, to + p.offset + p.numel, 0.0f);
-      continue;
-    }
-    const model::ParamSpec* f = from_table.find(p.name);
-    if (!f || f->numel != p.numel) throw Error("whole experts: no local tensor " + p.name);
-    std::copy(from + f->offset, from + f->offset + p.numel, to + p.offset);
-  }
-}
-
-// Writes local's places into whole (its replicated tensors too when `replicated`): one kind of
-// split.
-void place(const model::GptModel& local, const model::ParameterTable& full, float* whole, const float* local_buf,
-           bool replicated) {
-  if (local.ep_size() > 1)
-    model::ep_place(full, whole, local.table(), local_buf, local.ep_rank(),
-                    local.config().moe.local_experts(), replicated);
-  else
-    model::tp_place(local.config(), full, whole, local.table(), local_buf, local.tp_rank(), local.tp_size(),
-                    replicated);
-}
-
-// whole (zeros, laid out by full) = the whole model's buffer of which every rank holds local_buf
-// (collective over the TP and EP groups). Each rank contributes its places, zeros elsewhere, the
-// replicated tensors from a group's first rank only: the sum over the group is the whole.
-void gather_buffer(const model::GptModel& local, const model::ParameterTable& full, float* whole,
-                   const float* local_buf) {
-  if (tp_and_ep(local)) {
-    const model::ParameterTable mid = experts_at_full_shape(local);
-    std::vector<float> experts(static_cast<size_t>(mid.total), 0.0f);
-    model::tp_place(local.config(), mid, experts.data(), local.table(), local_buf, local.tp_rank(), local.tp_size(),
-                    local.tp_rank() == 0);
-    if (local.experts_folded()) copy_routed(local.table(), nullptr, mid, experts.data());  // not TP rank 0's only
-    local.tp_group()->all_reduce_sum(experts.data(), experts.size());
-    if (local.experts_folded()) copy_routed(local.table(), local_buf, mid, experts.data());  // this rank's own
-    model::ep_place(full, whole, mid, experts.data(), local.ep_rank(), local.config().moe.local_experts(),
-                    local.ep_rank() == 0);
-    local.ep_group()->all_reduce_sum(whole, static_cast<size_t>(full.total));
-    return;
-  }
-  dist::ProcessGroup* g = local.ep_size() > 1 ? local.ep_group() : local.tp_group();
-  place(local, full, whole, local_buf, !g || g->rank() == 0);
-  if (g && g->size() > 1) g->all_reduce_sum(whole, static_cast<size_t>(full.total));
-}
-
 }  // namespace
-
-WholeState gather_whole_state(const model::GptModel& local, const optim::AdamW& adam,
-                              const optim::AdamWSettings& settings) {
-  WholeState w = make_whole_state(local, settings);
-  const auto& full = w.model->table();
-  gather_buffer(local, full, w.model->weights(), local.weights());
-  gather_buffer(local, full, w.adam->exp_avg().data(), adam.exp_avg().data());
-  gather_buffer(local, full, w.adam->exp_avg_sq().data(), adam.exp_avg_sq().data());
-  w.adam->set_steps(adam.steps());
-  return w;
-}
 
 void keep_part(const model::ParameterTable& whole_table, const float* whole_w, const model::GptModel& local,
                float* local_w) {
@@ -108,14 +38,6 @@ void keep_part(const model::ParameterTable& whole_table, const float* whole_w, c
   } else {
     model::tp_shard(local.config(), whole_table, whole_w, local.table(), local_w, local.tp_rank(), local.tp_size());
   }
-}
-
-void keep_shards(const WholeState& whole, model::GptModel& local, optim::AdamW& adam) {
-  const auto& full = whole.model->table();
-  keep_part(full, whole.model->weights(), local, local.weights());
-  keep_part(full, whole.adam->exp_avg().data(), local, adam.exp_avg().data());
-  keep_part(full, whole.adam->exp_avg_sq().data(), local, adam.exp_avg_sq().data());
-  adam.set_steps(whole.adam->steps());
 }
 
 std::vector<model::TensorPart> rank_parts(const model::GptModel& local) {

@@ -1,11 +1,6 @@
-// Checkpoints hold whole tensors (Megatron-Core names, full shapes), whatever the tensor-parallel
-// size: with tensor parallelism a save first gathers the ranks' shards of the weights and of
-// Adam's moments into a whole model (an all-reduce over the TP group, each rank contributing its
-// places and zeros elsewhere), and a load restores the whole model and keeps this rank's shards.
-// A checkpoint saved at TP=2 so resumes at TP=1 or any other TP size, and the other way round.
-// Expert parallelism the same way over its group: each rank contributes its experts
-// (model/gpt_ep.hpp), and keeps them from a whole model. Both together: the TP group's shards make
-// the rank's experts whole first, then the EP group's experts the whole model.
+// A split model's rank and the whole model: which parts of the whole (Megatron-Core-named,
+// full-shape) tensors this rank's parameters are, its initial weights (the same whatever the TP or
+// EP size), and the host state a GPU rank holds only while a checkpoint passes through the host.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,18 +12,6 @@
 
 namespace laoyao::train {
 
-struct WholeState {
-  std::unique_ptr<model::GptModel> model;  // one rank's model at full size
-  std::unique_ptr<optim::AdamW> adam;
-};
-
-// An empty whole model (zero weights and moments) of local's full configuration.
-WholeState make_whole_state(const model::GptModel& local, const optim::AdamWSettings& settings);
-// Every rank of local's TP and EP groups gets the whole weights, moments and step count (collective).
-WholeState gather_whole_state(const model::GptModel& local, const optim::AdamW& adam,
-                              const optim::AdamWSettings& settings);
-// This rank's shards of a whole state into local/adam.
-void keep_shards(const WholeState& whole, model::GptModel& local, optim::AdamW& adam);
 // This rank's part (TP shards or EP experts) of whole-model weights laid out by whole_table.
 void keep_part(const model::ParameterTable& whole_table, const float* whole_w, const model::GptModel& local,
                float* local_w);

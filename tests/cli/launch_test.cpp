@@ -535,8 +535,9 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
 }
 
 // A run's parallel layout is its own, not its checkpoint's: a checkpoint saved by four CPU ranks as
-// TP=2 x DP=2 resumes on one rank and as EP=2 (two data-parallel ranks sharing out the experts),
-// and one saved as EP=2 resumes as TP=2 x DP=2, each continuing the single rank's losses.
+// TP=2 x DP=2 (plain, or with the distributed optimizer) resumes on one rank and as EP=2 (two
+// data-parallel ranks sharing out the experts), and those saved as EP=2 or on one rank resume as
+// TP=2 x DP=2, each continuing the single rank's losses. Each rank writes its own parts.
 TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_ckpt_layouts");
   const std::vector<std::string> one = tiny_moe_run();
@@ -550,16 +551,45 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
     std::vector<std::string> flags;
     std::string name;
   };
-  const Layout one_rank{"1", {}, "1 rank"}, tp_dp{"4", tp2dp2, "TP=2 x DP=2"}, ep{"2", ep2, "EP=2"};
-  const std::vector<std::pair<Layout, std::vector<Layout>>> moves = {{tp_dp, {one_rank, ep}}, {ep, {tp_dp}}};
+  std::vector<std::string> tp2dp2_dist = tp2dp2;
+  tp2dp2_dist.push_back("--use-distributed-optimizer");
+  const Layout one_rank{"1", {}, "1 rank"}, tp_dp{"4", tp2dp2, "TP=2 x DP=2"}, ep{"2", ep2, "EP=2"},
+      tp_dp_dist{"4", tp2dp2_dist, "TP=2 x DP=2 with the distributed optimizer"};
+  // Each rank writes the parts no lower rank holds: at TP=2 x DP=2 the two TP ranks of the first
+  // data-parallel rank hold every weight and moment (the second's are replicas); with the
+  // distributed optimizer each rank writes its share of the moments.
+  struct Saved {
+    Layout saver;
+    std::vector<Layout> loaders;
+    std::vector<std::string> files;  // the iteration folder's
+  };
+  const std::vector<std::string> two_tp_ranks = {"model.rank00000.safetensors", "model.rank00001.safetensors",
+                                                 "optimizer.rank00000.safetensors", "optimizer.rank00001.safetensors",
+                                                 "run_config.yaml", "train_state.json"};
+  const std::vector<Saved> moves = {
+      {tp_dp, {one_rank, ep}, two_tp_ranks},
+      {ep, {tp_dp}, {}},
+      {one_rank, {tp_dp_dist}, {"model.safetensors", "optimizer.safetensors", "run_config.yaml", "train_state.json"}},
+      {tp_dp_dist, {one_rank, ep}, {}}};
   int saved_runs = 0;
-  for (const auto& [saver, loaders] : moves) {
+  for (const auto& [saver, loaders, files] : moves) {
     const std::string ckpt = dir + "/ckpt" + std::to_string(saved_runs++);
     std::vector<std::string> save = saver.flags;
     for (const char* f : {"--exit-interval", "2", "--save-interval", "2", "--save"}) save.push_back(f);
     save.push_back(ckpt);
     const auto saved = run_laoyao(on_ranks(saver.ranks, one, save), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(saved.status, 0) << saved.output;
+    std::vector<std::string> written;
+    for (const auto& e : std::filesystem::directory_iterator(ckpt + "/iter_0000002"))
+      written.push_back(e.path().filename().string());
+    std::sort(written.begin(), written.end());
+    if (!files.empty()) {
+      EXPECT_EQ(written, files) << saver.name;
+    }
+    if (saver.name == tp_dp_dist.name) {  // every rank its share of the moments
+      for (const char* f : {"optimizer.rank00002.safetensors", "optimizer.rank00003.safetensors"})
+        EXPECT_NE(std::find(written.begin(), written.end(), f), written.end()) << f;
+    }
     for (const Layout& loader : loaders) {
       std::vector<std::string> load = loader.flags;
       load.push_back("--load");

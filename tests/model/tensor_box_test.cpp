@@ -102,3 +102,42 @@ TEST(TensorBox, TensorParallelBoxesTileTheWholeTensorOnce) {
   EXPECT_EQ(b[0].start[0], 2);
   EXPECT_EQ(b[1].start[0], 6);
 }
+
+// A flat range of a part's data as boxes: every element of [lo, hi), in order, once. The part's
+// data holds each element's own position, so the sub-part's data read through copy_overlap must be
+// lo, lo + 1, ..., hi - 1 (the parts' boxes are disjoint here: rows of a tensor, as TP cuts them).
+TEST(TensorBox, SubPartIsTheFlatRangeOfThePartsData) {
+  Rng rng(5, "sub_part");
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t dims = trial % 4;  // scalars too
+    std::vector<int64_t> shape;
+    for (size_t d = 0; d < dims; ++d) shape.push_back(1 + static_cast<int64_t>(rng.next_u64() % 6));
+    TensorPart part{"t", shape, {}};
+    if (dims == 0 || trial % 2 == 0) {
+      part.boxes.push_back(whole_box(shape));
+    } else {  // two disjoint row blocks, the later first
+      const int64_t cut = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(shape[0] + 1));
+      Box a = whole_box(shape), b = whole_box(shape);
+      a.size[0] = cut, b.start[0] = cut, b.size[0] = shape[0] - cut;
+      part.boxes = {b, a};
+    }
+    const int64_t n = part.numel();
+    const int64_t lo = static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(n + 1));
+    const int64_t hi = lo + static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(n - lo + 1));
+    const TensorPart sub = sub_part(part, lo, hi);
+    ASSERT_EQ(sub.numel(), hi - lo) << "trial " << trial;
+    for (const Box& b : sub.boxes) ASSERT_GT(b.numel(), 0) << "trial " << trial;
+    std::vector<float> data(static_cast<size_t>(n)), got(static_cast<size_t>(hi - lo), -1.0f), want;
+    for (int64_t i = 0; i < n; ++i) data[static_cast<size_t>(i)] = static_cast<float>(i);
+    for (int64_t i = lo; i < hi; ++i) want.push_back(static_cast<float>(i));
+    EXPECT_EQ(copy_overlap(part, data.data(), sub, got.data()), hi - lo) << "trial " << trial;
+    ASSERT_EQ(got, want) << "trial " << trial << " [" << lo << ", " << hi << ")";
+  }
+  // A range of rows is one box; a range that starts and ends inside rows is three.
+  const TensorPart m{"m", {4, 5}, {whole_box({4, 5})}};
+  EXPECT_EQ(sub_part(m, 5, 15).boxes.size(), 1u);
+  EXPECT_EQ(sub_part(m, 3, 17).boxes.size(), 3u);
+  EXPECT_THROW(sub_part(m, 3, 21), Error);
+  EXPECT_TRUE(boxes_meet(m.boxes[0], sub_part(m, 3, 4).boxes[0]));
+  EXPECT_FALSE(boxes_meet(sub_part(m, 0, 5).boxes[0], sub_part(m, 5, 10).boxes[0]));
+}

@@ -1,4 +1,4 @@
-// --async-save's writer (train/async_save.hpp): the copy is written on a thread, the lines come in
+// --async-save's writer (train/async_save.hpp): the shard is written on a thread, the lines come in
 // Megatron's order, and a write that fails there fails the run where it is finalized.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,15 +17,18 @@ using namespace laoyao;
 
 namespace {
 
-std::unique_ptr<train::RunCheckpointCopy> tiny_copy(const std::string& dir, int64_t iteration) {
-  auto c = std::make_unique<train::RunCheckpointCopy>();
-  c->save_dir = dir;
-  c->iteration = iteration;
-  c->weights = {1.5f, -2.0f, 0.25f, 4.0f, 8.0f, -0.5f};
-  c->write.model.push_back({"decoder.final_layernorm.weight", {2, 3}, c->weights.data()});
-  c->write.state.iteration = iteration;
-  c->write.run_config_yaml = "model: {}\n";
-  return c;
+// One rank's save of one tensor, begun (its scratch folder made) unless the save folder cannot be.
+std::unique_ptr<train::RunCheckpointSave> tiny_save(const std::string& dir, int64_t iteration, bool begin = true) {
+  auto s = std::make_unique<train::RunCheckpointSave>();
+  s->save_dir = dir;
+  s->iteration = iteration;
+  s->scratch = train::checkpoint_scratch_dir(dir, iteration, ::getpid());
+  if (begin) train::begin_checkpoint(dir, s->scratch);
+  s->weights = {1.5f, -2.0f, 0.25f, 4.0f, 8.0f, -0.5f};
+  s->shard.model.push_back({{"decoder.final_layernorm.weight", {2, 3}, {model::whole_box({2, 3})}}, s->weights.data()});
+  s->state.iteration = iteration;
+  s->run_config_yaml = "model: {}\n";
+  return s;
 }
 
 std::string read_text(std::FILE* f) {
@@ -51,9 +54,9 @@ TEST(AsyncCheckpointSave, WritesOnItsThreadAndReportsWhenFinalized) {
   std::FILE* out = std::tmpfile();
   {
     train::AsyncCheckpointSave save;
-    save.start(tiny_copy(dir, 3), out);
+    save.start(tiny_save(dir, 3), out);
     EXPECT_TRUE(save.in_flight());
-    save.start(tiny_copy(dir, 6), out);  // the first is finalized before the second starts
+    save.start(tiny_save(dir, 6), out);  // the first is finalized before the second starts
     save.finalize(true);
     EXPECT_FALSE(save.in_flight());
     save.finalize(true);  // nothing in flight: nothing to do
@@ -83,7 +86,7 @@ TEST(AsyncCheckpointSave, AWriteThatFailsOnItsThreadFailsTheFinalize) {
   std::ofstream(dir + "/file") << "x";  // a save directory under a regular file cannot be made
   std::FILE* out = std::tmpfile();
   train::AsyncCheckpointSave save;
-  save.start(tiny_copy(dir + "/file/ckpt", 2), out);
+  save.start(tiny_save(dir + "/file/ckpt", 2, /*begin=*/false), out);
   try {
     save.finalize(true);
     ADD_FAILURE() << "the failed write was not reported";

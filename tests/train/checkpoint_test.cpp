@@ -579,3 +579,127 @@ TEST_F(Checkpoint, AStaleLockFileFromAKilledRunIsTakenOver) {
   SaveDirLock l(save_);
   EXPECT_NE(read_file(save_ + "/.laoyao_save.lock").find("pid " + std::to_string(::getpid())), std::string::npos);
 }
+
+namespace {
+
+model::TensorPart whole_part(const ParamShape& p) { return {p.name, p.shape, {model::whole_box(p.shape)}}; }
+
+model::TensorPart rows(const ParamShape& p, int64_t from, int64_t to) {
+  model::Box b = model::whole_box(p.shape);
+  b.start[0] = from, b.size[0] = to - from;
+  return {p.name, p.shape, {b}};
+}
+
+model::TensorPart moment(const std::string& name, const model::TensorPart& p) { return {name, p.shape, p.boxes}; }
+
+// Model a's state as three ranks write it: rank 0 the embedding's first rows and the QKV and its
+// norm whole, rank 1 the embedding's last rows and the final norm (rank_one_writes: else nothing);
+// the embedding's moments cut mid-row (a distributed optimizer's share), the rest whole from rank 0.
+// Rank 2 writes nothing.
+std::string save_sharded(const std::string& save, const Model& a, bool rank_one_writes = true) {
+  const auto& s = a.shapes;
+  std::vector<ShardWrite> ranks(3);
+  ranks[0].model = {{rows(s[0], 0, 4), a.values[0].data()}, {whole_part(s[1]), a.values[1].data()},
+                    {whole_part(s[2]), a.values[2].data()}};
+  if (rank_one_writes) ranks[1].model = {{rows(s[0], 4, 8), a.values[0].data() + 16}, {whole_part(s[3]), a.values[3].data()}};
+  const model::TensorPart head = model::sub_part(whole_part(s[0]), 0, 14), tail = model::sub_part(whole_part(s[0]), 14, 32);
+  ranks[0].optimizer = {{moment(exp_avg_name(s[0].name), head), a.m[0].data()},
+                        {moment(exp_avg_sq_name(s[0].name), head), a.v[0].data()}};
+  if (rank_one_writes)
+    ranks[1].optimizer = {{moment(exp_avg_name(s[0].name), tail), a.m[0].data() + 14},
+                          {moment(exp_avg_sq_name(s[0].name), tail), a.v[0].data() + 14}};
+  for (size_t i = 1; i < s.size(); ++i) {
+    ranks[0].optimizer.push_back({moment(exp_avg_name(s[i].name), whole_part(s[i])), a.m[i].data()});
+    ranks[0].optimizer.push_back({moment(exp_avg_sq_name(s[i].name), whole_part(s[i])), a.v[i].data()});
+  }
+  const CheckpointWrite w = a.write(10);
+  const std::string scratch = checkpoint_scratch_dir(save, 10, 4242);
+  begin_checkpoint(save, scratch);
+  for (int64_t r = 0; r < 3; ++r) write_checkpoint_shard(scratch, r, 3, ranks[static_cast<size_t>(r)]);
+  return finish_checkpoint(save, scratch, 10, 3, w.state, w.run_config_yaml);
+}
+
+}  // namespace
+
+// Three ranks' shards make one checkpoint: each file holds its writer's parts, train_state.json
+// their boxes; whole tensors and any other part of them read back bit for bit.
+TEST_F(Checkpoint, ShardsOfSeveralRanksReadBackWholeAndInOtherParts) {
+  Model a(1);
+  const std::string it_dir = save_sharded(save_, a);
+  EXPECT_EQ(entries(it_dir), (std::vector<std::string>{"model.rank00000.safetensors", "model.rank00001.safetensors",
+                                                       "optimizer.rank00000.safetensors",
+                                                       "optimizer.rank00001.safetensors", "run_config.yaml",
+                                                       "train_state.json"}));
+  EXPECT_EQ(entries(save_), (std::vector<std::string>{"iter_0000010", "latest_checkpointed_iteration.txt"}));
+  const LoadedCheckpoint c = load_checkpoint(save_);
+  EXPECT_NO_THROW(check_parameters(c, a.shapes));
+  for (size_t i = 0; i < a.shapes.size(); ++i) {
+    const std::string& n = a.shapes[i].name;
+    EXPECT_TRUE(bits_equal(read(c, n, a.values[i].size()), a.values[i])) << n;
+    EXPECT_TRUE(bits_equal(read(c, exp_avg_name(n), a.m[i].size(), true), a.m[i])) << n;
+    EXPECT_TRUE(bits_equal(read(c, exp_avg_sq_name(n), a.v[i].size(), true), a.v[i])) << n;
+  }
+  // Columns 1:3 of the embedding (a part no rank wrote) from both ranks' rows.
+  const model::TensorPart cols{a.shapes[0].name, {8, 4}, {{{0, 1}, {8, 2}}}};
+  std::vector<float> got(16), want;
+  c.model.read(cols, got.data());
+  for (int64_t r = 0; r < 8; ++r)
+    for (int64_t k = 1; k < 3; ++k) want.push_back(a.values[0][static_cast<size_t>(r * 4 + k)]);
+  EXPECT_TRUE(bits_equal(got, want));
+  // The rows are entries of their own shape; the moments cut mid-row are flat.
+  SafetensorsFile rank1(it_dir + "/model.rank00001.safetensors");
+  EXPECT_EQ(rank1.find(a.shapes[0].name)->shape, (std::vector<int64_t>{4, 4}));
+  SafetensorsFile opt1(it_dir + "/optimizer.rank00001.safetensors");
+  EXPECT_EQ(opt1.find(exp_avg_name(a.shapes[0].name))->shape, (std::vector<int64_t>{18}));
+}
+
+// A shard file missing, truncated or flipped, or a part no rank wrote: one UsageError naming the
+// file (and the tensor and its slice), before anything is read where it can be known then.
+TEST_F(Checkpoint, AMissingTruncatedOrCorruptShardNamesTheFileAndTheSlice) {
+  Model a(1);
+  const std::string it_dir = save_sharded(save_, a);
+  const std::string rank1 = it_dir + "/model.rank00001.safetensors";
+  const auto size = static_cast<std::streamoff>(fs::file_size(rank1));
+  // Read lazily, a flipped byte in rank 1's file fails only the reads that need it.
+  flip_byte(rank1, size - 3);
+  const LoadedCheckpoint lazy = load_checkpoint(save_, std::nullopt, CheckpointVerify::kFilesRead);
+  EXPECT_TRUE(bits_equal(read(lazy, a.shapes[1].name, a.values[1].size()), a.values[1]));
+  std::string msg = usage_error([&] { read(lazy, a.shapes[0].name, a.values[0].size()); });
+  expect_has(msg, "'" + rank1 + "' is corrupt");
+  expect_has(usage_error([&] { load_checkpoint(save_); }), "'" + rank1 + "' is corrupt");
+  flip_byte(rank1, size - 3);
+
+  const std::string opt1 = it_dir + "/optimizer.rank00001.safetensors";
+  const auto opt_size = fs::file_size(opt1);
+  fs::resize_file(opt1, opt_size - 8);
+  expect_has(usage_error([&] { load_checkpoint(save_, std::nullopt, CheckpointVerify::kFilesRead); }),
+             "'" + opt1 + "' is corrupt: it is " + std::to_string(opt_size - 8) + " bytes");
+  fs::remove(opt1);
+  expect_has(usage_error([&] { load_checkpoint(save_, std::nullopt, CheckpointVerify::kFilesRead); }),
+             "'" + opt1 + "' is missing");
+
+  // A part no rank wrote: the check names the tensor, what is held and where; a read of it too.
+  fs::remove_all(save_);
+  save_sharded(save_, a, /*rank_one_writes=*/false);
+  const LoadedCheckpoint gap = load_checkpoint(save_);
+  msg = usage_error([&] { check_parameters(gap, a.shapes); });
+  expect_has(msg, "embedding.word_embeddings.weight [8, 4]: its stored parts hold 16 elements of 32 (a part is missing)");
+  expect_has(msg, "model.rank00000.safetensors' embedding.word_embeddings.weight [0:4, 0:4] of [8, 4]");
+  expect_has(msg, "missing: decoder.final_layernorm.weight [4]");
+  msg = usage_error([&] { read(gap, a.shapes[0].name, a.values[0].size()); });
+  expect_has(msg, "hold 16 elements of the 32 of embedding.word_embeddings.weight [0:8, 0:4] of [8, 4] (a part is missing)");
+}
+
+// A save whose ranks did not all write is refused by the first rank, and leaves nothing behind.
+TEST_F(Checkpoint, FinishingBeforeEveryRankWroteFailsAndRemovesTheScratchFolder) {
+  Model a(1);
+  const CheckpointWrite w = a.write(10);
+  const std::string scratch = checkpoint_scratch_dir(save_, 10, 7);
+  begin_checkpoint(save_, scratch);
+  ShardWrite mine;
+  mine.model.push_back({whole_part(a.shapes[0]), a.values[0].data()});
+  write_checkpoint_shard(scratch, 0, 2, mine);
+  EXPECT_THROW(finish_checkpoint(save_, scratch, 10, 2, w.state, w.run_config_yaml), Error);
+  EXPECT_FALSE(fs::exists(scratch));
+  EXPECT_FALSE(checkpoint_exists(save_));
+}

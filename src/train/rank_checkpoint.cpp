@@ -1,0 +1,121 @@
+#include "train/rank_checkpoint.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "model/gpt_ep.hpp"
+#include "model/gpt_layout.hpp"
+#include "train/tensor_store.hpp"
+#include "train/tp_state.hpp"
+
+namespace laoyao::train {
+namespace {
+
+// FNV-1a, 64 bits: the same on every rank for the same key.
+uint64_t key_hash(const std::string& key) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::vector<MomentPart> moment_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
+                                     const OptimizerShards& shards, bool counted_only) {
+  if (parts.size() != table.specs.size()) throw Error("moment_parts: one part per parameter expected");
+  std::vector<MomentPart> out;
+  size_t first = 0;  // specs and segments are both in buffer order
+  for (const OwnedSegment& seg : shards.owned) {
+    if (counted_only && !seg.counted) continue;
+    const int64_t end = seg.offset + seg.count;
+    while (first < table.specs.size() && table.specs[first].offset + table.specs[first].numel <= seg.offset) ++first;
+    for (size_t i = first; i < table.specs.size() && table.specs[i].offset < end; ++i) {
+      const model::ParamSpec& p = table.specs[i];
+      const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, end);
+      if (lo < hi)
+        out.push_back({i, model::sub_part(parts[i], lo - p.offset, hi - p.offset), seg.moment + (lo - seg.offset)});
+    }
+  }
+  return out;
+}
+
+std::string part_key(const model::TensorPart& p) { return part_string(p); }
+
+std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::ProcessGroup* world) {
+  const size_t n = keys.size();
+  std::vector<bool> first(n);
+  for (size_t i = 0; i < n; ++i) first[i] = !keys[i].empty();
+  if (!world || world->size() == 1) return first;
+  // [rank][key][2]: each rank its keys' hashes in 32-bit halves (exact in a double), zeros elsewhere;
+  // summed, every rank has every rank's. An empty key hashes to (0, 0) here and never matches.
+  const size_t ranks = static_cast<size_t>(world->size()), me = static_cast<size_t>(world->rank());
+  std::vector<double> h(ranks * n * 2 + ranks, 0.0);
+  h[ranks * n * 2 + me] = static_cast<double>(n);  // each rank's count, checked below
+  for (size_t i = 0; i < n; ++i) {
+    if (keys[i].empty()) continue;
+    const uint64_t k = key_hash(keys[i]) | 1;  // never (0, 0)
+    h[(me * n + i) * 2] = static_cast<double>(k >> 32);
+    h[(me * n + i) * 2 + 1] = static_cast<double>(k & 0xffffffffu);
+  }
+  world->all_reduce_sum(h.data(), h.size());
+  for (size_t r = 0; r < ranks; ++r)
+    if (h[ranks * n * 2 + r] != static_cast<double>(n))
+      throw Error("checkpoint: rank " + std::to_string(r) + " holds " + std::to_string(h[ranks * n * 2 + r]) +
+                  " parts, this rank " + std::to_string(n) + " (the ranks' models differ)");
+  for (size_t i = 0; i < n; ++i) {
+    if (!first[i]) continue;
+    const double* mine = &h[(me * n + i) * 2];
+    for (size_t r = 0; r < me && first[i]; ++r) {
+      const double* other = &h[(r * n + i) * 2];
+      if (other[0] == mine[0] && other[1] == mine[1]) first[i] = false;
+    }
+  }
+  return first;
+}
+
+ShardWrite rank_shard(const RankState& r, const float* weights, const float* exp_avg, const float* exp_avg_sq) {
+  const model::ParameterTable& table = r.model.table();
+  const std::vector<model::TensorPart> parts = rank_parts(r.model);
+  const size_t n = parts.size();
+  // The weights' keys, then the counted moments' (at most one counted range of a parameter per rank:
+  // a parameter lies in one run, where the rank owns one piece, its group's last rank the tail too).
+  std::vector<std::string> keys(exp_avg ? 2 * n : n);
+  for (size_t i = 0; i < n; ++i) keys[i] = part_key(parts[i]);
+  std::vector<MomentPart> moments;
+  if (exp_avg) {
+    moments = moment_parts(parts, table, r.shards, true);
+    for (const MomentPart& m : moments) {
+      if (!keys[n + m.param].empty()) throw Error("checkpoint: two counted moment ranges of " + m.part.name);
+      keys[n + m.param] = part_key(m.part);
+    }
+  }
+  const std::vector<bool> first = first_holders(keys, r.world);
+  ShardWrite w;
+  for (size_t i = 0; i < n; ++i)
+    if (first[i]) w.model.push_back({parts[i], weights + table.specs[i].offset});
+  for (const MomentPart& m : moments) {
+    if (!first[n + m.param]) continue;
+    w.optimizer.push_back({{exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, exp_avg + m.moment});
+    w.optimizer.push_back({{exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, exp_avg_sq + m.moment});
+  }
+  return w;
+}
+
+std::vector<ParamShape> whole_param_shapes(const model::GptModel& local) {
+  return param_shapes(model::build_gpt_parameters(model::ep_whole_config(local.config())).table);
+}
+
+void read_rank_weights(const TensorStore& store, const model::GptModel& local, float* weights) {
+  const std::vector<model::TensorPart> parts = rank_parts(local);
+  for (size_t i = 0; i < parts.size(); ++i) store.read(parts[i], weights + local.table().specs[i].offset);
+}
+
+void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,
+                       optim::AdamW& adam) {
+  for (const MomentPart& m : moment_parts(rank_parts(local), local.table(), shards, false)) {
+    store.read({exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, adam.exp_avg().data() + m.moment);
+    store.read({exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, adam.exp_avg_sq().data() + m.moment);
+  }
+}
+
+}  // namespace laoyao::train

@@ -1,0 +1,65 @@
+// A rank's share of a checkpoint: which parts of the whole (Megatron-Core-named, full-shape)
+// tensors its weights and Adam moments are, which of them it writes, and reading them back.
+//
+// A rank's weights are rank_parts(model) (its TP boxes, its EP experts). Its moments are the same
+// parts, or under the distributed optimizer the sub-parts its owned segments cover. A part held by
+// several ranks (data-parallel replicas, tensors every TP rank holds whole, the moments of those)
+// is written by the first of them only: every rank compares the i-th of its parts with the i-th of
+// every other rank's (ranks hold equally many, in one order) through one all-reduce of their hashes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.hpp"
+#include "model/gpt_model.hpp"
+#include "model/tensor_box.hpp"
+#include "optim/adamw.hpp"
+#include "train/checkpoint.hpp"
+#include "train/dist_optimizer.hpp"
+
+namespace laoyao::train {
+
+// A rank in a save or a load: its model (its table; its host weights where it writes or reads
+// them), its AdamW (moments laid out by `shards`), and the world the parts are compared over
+// (null: one rank).
+struct RankState {
+  const model::GptModel& model;
+  const optim::AdamW& adam;
+  const OptimizerShards& shards;
+  dist::ProcessGroup* world = nullptr;
+};
+
+// Part of a parameter's moments: the sub-part of the parameter's part and where its moments start
+// in the moment buffers.
+struct MomentPart {
+  size_t param = 0;  // index in the table
+  model::TensorPart part;
+  int64_t moment = 0;
+};
+// The moments of `parts` (rank_parts, table order) as the owned segments hold them: each segment
+// cut at the parameters it meets. counted_only: the segments a gather counts (a tail once per group).
+std::vector<MomentPart> moment_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
+                                     const OptimizerShards& shards, bool counted_only);
+
+// "name [0:4, 0:16] ...": equal for two ranks exactly when they hold the same elements in one order.
+std::string part_key(const model::TensorPart& p);
+// Whether this rank is the first of the world's ranks holding each key (the i-th against the i-th;
+// an empty key is held by no one). Collective over `world`; every rank passes equally many keys.
+std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::ProcessGroup* world);
+
+// The parts this rank writes: its weights (from `weights`, laid out as the model's table) and, when
+// exp_avg is not null, its moments (from exp_avg / exp_avg_sq, laid out as the AdamW's), each
+// where no lower rank holds it. Collective over the world.
+ShardWrite rank_shard(const RankState& r, const float* weights, const float* exp_avg, const float* exp_avg_sq);
+
+// The whole model's parameter shapes (every rank's experts): what a checkpoint of this run holds.
+std::vector<ParamShape> whole_param_shapes(const model::GptModel& local);
+
+// This rank's weights into `weights` (the model's layout) from `store`, a tensor at a time.
+void read_rank_weights(const TensorStore& store, const model::GptModel& local, float* weights);
+// This rank's moments (every owned segment, tails too) into `adam` from a checkpoint's optimizer store.
+void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,
+                       optim::AdamW& adam);
+
+}  // namespace laoyao::train
