@@ -599,4 +599,20 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
       expect_resumed_tail(resumed.output, want, 1e-4, "saved as " + saver.name + ", resumed as " + loader.name);
     }
   }
+  // A shard of the TP=2 x DP=2 checkpoint truncated, then missing: the resume stops before training
+  // (exit 2; `launch` exits 1 when a rank fails, as torchrun does), naming the file.
+  const std::string it_dir = dir + "/ckpt0/iter_0000002";
+  const std::string shard = it_dir + "/model.rank00001.safetensors";
+  std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 16);
+  std::vector<std::string> alone = one;
+  alone.insert(alone.end(), {"--load", dir + "/ckpt0"});
+  const auto truncated = run_laoyao(alone, dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(truncated.status, 2) << truncated.output;
+  EXPECT_NE(truncated.output.find("'" + shard + "' is corrupt: it is"), std::string::npos) << truncated.output;
+  EXPECT_EQ(truncated.output.find(" iteration        3/"), std::string::npos) << truncated.output;
+  std::filesystem::remove(shard);
+  const auto missing = run_laoyao(on_ranks("2", one, {"--load", dir + "/ckpt0", "--expert-model-parallel-size", "2"}),
+                                  dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_NE(missing.status, 0) << missing.output;
+  EXPECT_NE(missing.output.find("'" + shard + "' is missing"), std::string::npos) << missing.output;
 }
