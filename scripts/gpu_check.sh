@@ -547,8 +547,8 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
         ckpt)
           # Checkpoints on one GPU: a dense GPT and the small MoE model saved at iteration 20 (plain
           # and --async-save) and resumed to 23 give iterations 21-23 bit for bit as the run that
-          # never stopped: the logged grad norms and MoE losses, and lm loss at 21 and 23 (a resumed
-          # run's line 22 shows the mean of 21 and 22: Megatron-LM's first-interval quirk, #6237).
+          # never stopped: the logged losses at 21 and 23, the grad norms at 21-23 (a resumed run's
+          # line 22 shows the losses' mean over 21 and 22: Megatron-LM's first-interval quirk, #6237).
           dense_args=(pretrain-gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
                       --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16
                       --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer
@@ -558,7 +558,7 @@ $(grep -c "^\[  FAILED  \] CudaGptModelTp" "$OUT/gpu_tests_tp_repeat.txt") FAILE
             grep -E ' iteration +2[123]/' "$1" | while read -r line; do
               it=$(echo "$line" | sed -n 's|.* iteration *\([0-9]*\)/.*|\1|p')
               echo "$it $(echo "$line" | grep -oE '(lm loss|grad norm|load_balancing_loss|z_loss): [^|]*' |
-                { if [ "$it" = 22 ]; then grep -v 'lm loss'; else cat; fi; } | tr '\n' ' ')"
+                { if [ "$it" = 22 ]; then grep 'grad norm'; else cat; fi; } | tr '\n' ' ')"
             done
           }
           for model in dense moe; do
