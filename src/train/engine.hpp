@@ -74,7 +74,13 @@ class Engine {
   // The run's initial weights (train/tp_state.hpp init_model_weights' values) and zero moments,
   // where the engine keeps them: the start of a run that restores nothing.
   virtual void initialize_weights(uint64_t seed, bool bf16) = 0;
-  virtual void pull_state() {}
+  // The engine's state into the host model's weights and AdamW's moments and step count. Under the
+  // distributed optimizer each rank's fp32 main parameters are up to date in its owned segments
+  // only: `whole` gathers the rest over the groups (collective); without it the other elements are
+  // stale (a save writes the owned segments only).
+  virtual void pull_state(bool /*whole*/ = true) {}
+  // AdamW's step count (bias correction), wherever the engine keeps it.
+  virtual int64_t optimizer_steps() const = 0;
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).
   virtual size_t peak_device_bytes() const { return 0; }

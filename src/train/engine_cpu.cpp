@@ -18,6 +18,7 @@ class CpuEngine final : public Engine {
   CpuEngine(model::GptModel& m, optim::AdamW& a, OptimizerShards shards)
       : model_(m), adam_(a), shards_(std::move(shards)) {}
   std::string name() const override { return "cpu"; }
+  int64_t optimizer_steps() const override { return adam_.steps(); }
   void initialize_weights(uint64_t seed, bool bf16) override { init_model_weights(model_, seed, bf16); }
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }

@@ -334,9 +334,10 @@ class CudaEngine final : public Engine {
     kc::fill_bytes(v_.ptr, 0, static_cast<int64_t>(v_.bytes));
     steps_ = 0;
   }
-  void pull_state() override {
+  int64_t optimizer_steps() const override { return steps_; }
+  void pull_state(bool whole) override {
     gpu_.download_weights(host_.weights());
-    if (shards_.sharded()) {  // the device holds this rank's share of the main parameters up to date
+    if (whole && shards_.sharded()) {  // the device holds this rank's share of the main parameters up to date
       gather_shares(host_.weights(), shards_, gather_);
       std::vector<float>().swap(gather_);  // held only while a checkpoint passes through
     }

@@ -20,10 +20,10 @@ uint64_t key_hash(const std::string& key) {
 
 }  // namespace
 
-std::vector<MomentPart> moment_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
-                                     const OptimizerShards& shards, bool counted_only) {
-  if (parts.size() != table.specs.size()) throw Error("moment_parts: one part per parameter expected");
-  std::vector<MomentPart> out;
+std::vector<StatePart> owned_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
+                                   const OptimizerShards& shards, bool counted_only) {
+  if (parts.size() != table.specs.size()) throw Error("owned_parts: one part per parameter expected");
+  std::vector<StatePart> out;
   size_t first = 0;  // specs and segments are both in buffer order
   for (const OwnedSegment& seg : shards.owned) {
     if (counted_only && !seg.counted) continue;
@@ -33,7 +33,7 @@ std::vector<MomentPart> moment_parts(const std::vector<model::TensorPart>& parts
       const model::ParamSpec& p = table.specs[i];
       const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, end);
       if (lo < hi)
-        out.push_back({i, model::sub_part(parts[i], lo - p.offset, hi - p.offset), seg.moment + (lo - seg.offset)});
+        out.push_back({i, model::sub_part(parts[i], lo - p.offset, hi - p.offset), lo, seg.moment + (lo - seg.offset)});
     }
   }
   return out;
@@ -73,30 +73,31 @@ std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::Proc
   return first;
 }
 
-ShardWrite rank_shard(const RankState& r, const float* weights, const float* exp_avg, const float* exp_avg_sq) {
+std::vector<StatePart> parts_to_write(const RankState& r) {
   const model::ParameterTable& table = r.model.table();
-  const std::vector<model::TensorPart> parts = rank_parts(r.model);
-  const size_t n = parts.size();
-  // The weights' keys, then the counted moments' (at most one counted range of a parameter per rank:
-  // a parameter lies in one run, where the rank owns one piece, its group's last rank the tail too).
-  std::vector<std::string> keys(exp_avg ? 2 * n : n);
-  for (size_t i = 0; i < n; ++i) keys[i] = part_key(parts[i]);
-  std::vector<MomentPart> moments;
-  if (exp_avg) {
-    moments = moment_parts(parts, table, r.shards, true);
-    for (const MomentPart& m : moments) {
-      if (!keys[n + m.param].empty()) throw Error("checkpoint: two counted moment ranges of " + m.part.name);
-      keys[n + m.param] = part_key(m.part);
-    }
+  // At most one counted range of a parameter per rank: a parameter lies in one run, where the rank
+  // owns one piece (its group's last rank the tail too).
+  std::vector<StatePart> owned = owned_parts(rank_parts(r.model), table, r.shards, true);
+  std::vector<std::string> keys(table.specs.size());
+  for (const StatePart& p : owned) {
+    if (!keys[p.param].empty()) throw Error("checkpoint: two counted ranges of " + p.part.name);
+    keys[p.param] = part_key(p.part);
   }
   const std::vector<bool> first = first_holders(keys, r.world);
+  std::vector<StatePart> out;
+  for (StatePart& p : owned)
+    if (first[p.param]) out.push_back(std::move(p));
+  return out;
+}
+
+ShardWrite rank_shard(const std::vector<StatePart>& parts, const float* weights, const float* exp_avg,
+                      const float* exp_avg_sq) {
   ShardWrite w;
-  for (size_t i = 0; i < n; ++i)
-    if (first[i]) w.model.push_back({parts[i], weights + table.specs[i].offset});
-  for (const MomentPart& m : moments) {
-    if (!first[n + m.param]) continue;
-    w.optimizer.push_back({{exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, exp_avg + m.moment});
-    w.optimizer.push_back({{exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, exp_avg_sq + m.moment});
+  for (const StatePart& p : parts) {
+    w.model.push_back({p.part, weights + p.offset});
+    if (!exp_avg) continue;
+    w.optimizer.push_back({{exp_avg_name(p.part.name), p.part.shape, p.part.boxes}, exp_avg + p.moment});
+    w.optimizer.push_back({{exp_avg_sq_name(p.part.name), p.part.shape, p.part.boxes}, exp_avg_sq + p.moment});
   }
   return w;
 }
@@ -112,7 +113,7 @@ void read_rank_weights(const TensorStore& store, const model::GptModel& local, f
 
 void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,
                        optim::AdamW& adam) {
-  for (const MomentPart& m : moment_parts(rank_parts(local), local.table(), shards, false)) {
+  for (const StatePart& m : owned_parts(rank_parts(local), local.table(), shards, false)) {
     store.read({exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, adam.exp_avg().data() + m.moment);
     store.read({exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, adam.exp_avg_sq().data() + m.moment);
   }

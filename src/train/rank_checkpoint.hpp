@@ -1,11 +1,13 @@
 // A rank's share of a checkpoint: which parts of the whole (Megatron-Core-named, full-shape)
 // tensors its weights and Adam moments are, which of them it writes, and reading them back.
 //
-// A rank's weights are rank_parts(model) (its TP boxes, its EP experts). Its moments are the same
-// parts, or under the distributed optimizer the sub-parts its owned segments cover. A part held by
-// several ranks (data-parallel replicas, tensors every TP rank holds whole, the moments of those)
-// is written by the first of them only: every rank compares the i-th of its parts with the i-th of
-// every other rank's (ranks hold equally many, in one order) through one all-reduce of their hashes.
+// A rank's weights are rank_parts(model) (its TP boxes, its EP experts). What it writes of them and
+// of their moments are the sub-parts its owned segments cover: all of them without the distributed
+// optimizer, its share with it (Megatron's fully sharded optimizer state: the fp32 main parameters
+// up to date there, nothing gathered). A part held by several ranks (data-parallel replicas, tensors
+// every TP rank holds whole) is written by the first of them only: every rank compares the i-th of
+// its parts with the i-th of every other rank's (ranks hold equally many, in one order) through one
+// all-reduce of their hashes. A load reads all of a rank's weights and its owned segments' moments.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,17 +32,17 @@ struct RankState {
   dist::ProcessGroup* world = nullptr;
 };
 
-// Part of a parameter's moments: the sub-part of the parameter's part and where its moments start
-// in the moment buffers.
-struct MomentPart {
+// Part of a parameter's state: the sub-part of the parameter's part, where its weights start in the
+// model's buffer and where its moments start in the moment buffers.
+struct StatePart {
   size_t param = 0;  // index in the table
   model::TensorPart part;
-  int64_t moment = 0;
+  int64_t offset = 0, moment = 0;
 };
-// The moments of `parts` (rank_parts, table order) as the owned segments hold them: each segment
-// cut at the parameters it meets. counted_only: the segments a gather counts (a tail once per group).
-std::vector<MomentPart> moment_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
-                                     const OptimizerShards& shards, bool counted_only);
+// The state of `parts` (rank_parts, table order) as the owned segments hold it: each segment cut at
+// the parameters it meets. counted_only: the segments a gather counts (a tail once per group).
+std::vector<StatePart> owned_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
+                                   const OptimizerShards& shards, bool counted_only);
 
 // "name [0:4, 0:16] ...": equal for two ranks exactly when they hold the same elements in one order.
 std::string part_key(const model::TensorPart& p);
@@ -48,10 +50,13 @@ std::string part_key(const model::TensorPart& p);
 // an empty key is held by no one). Collective over `world`; every rank passes equally many keys.
 std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::ProcessGroup* world);
 
-// The parts this rank writes: its weights (from `weights`, laid out as the model's table) and, when
-// exp_avg is not null, its moments (from exp_avg / exp_avg_sq, laid out as the AdamW's), each
-// where no lower rank holds it. Collective over the world.
-ShardWrite rank_shard(const RankState& r, const float* weights, const float* exp_avg, const float* exp_avg_sq);
+// The parts this rank writes, of the weights and the moments alike: its counted owned segments'
+// parts that no lower rank holds (none: it needs no host state to save). Collective over the world.
+std::vector<StatePart> parts_to_write(const RankState& r);
+// Those parts' data: the weights from `weights` (laid out as the model's table) and, when exp_avg is
+// not null, the moments from exp_avg / exp_avg_sq (laid out as the AdamW's).
+ShardWrite rank_shard(const std::vector<StatePart>& parts, const float* weights, const float* exp_avg,
+                      const float* exp_avg_sq);
 
 // The whole model's parameter shapes (every rank's experts): what a checkpoint of this run holds.
 std::vector<ParamShape> whole_param_shapes(const model::GptModel& local);

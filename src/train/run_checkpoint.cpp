@@ -102,9 +102,8 @@ void check_scheduler(const StateMap& saved, const StateMap& current, bool overri
 
 // The train state and run_config.yaml of the checkpoint at `iteration`.
 void describe_run(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
-                  int64_t optimizer_steps, TrainStateRecord& state, std::string& run_config_yaml) {
+                  TrainStateRecord& state, std::string& run_config_yaml) {
   state.iteration = iteration;
-  state.optimizer_steps = optimizer_steps;
   state.model_shape = model_shape_fields(c, d);
   state.scheduler = scheduler_fields(c);
   state.rng = {{"seed", c.rng.seed}, {"dropout_streams", std::string("keyed by (seed, iteration, micro-batch)")}};
@@ -171,11 +170,12 @@ void report_saved_checkpoint(const std::string& save, int64_t iteration, std::FI
 
 std::unique_ptr<RunCheckpointSave> begin_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
                                                         int64_t iteration, const RankState& r, TrainStateRecord state,
-                                                        bool copy, std::FILE* out) {
+                                                        std::FILE* out) {
   auto s = std::make_unique<RunCheckpointSave>();
   s->save_dir = *c.checkpoint.save;
   s->iteration = iteration;
   s->most_recent_k = c.checkpoint.most_recent_k;
+  s->save_optim = c.checkpoint.save_optim;
   s->world = r.world;
   s->rank = r.world ? r.world->rank() : 0;
   s->world_size = r.world ? r.world->size() : 1;
@@ -186,21 +186,33 @@ std::unique_ptr<RunCheckpointSave> begin_run_checkpoint(const config::ConfigCont
   s->scratch = checkpoint_scratch_dir(s->save_dir, iteration, static_cast<int64_t>(token));
   on_every_rank(r.world, s->rank == 0, "making the checkpoint folder", [&] { begin_checkpoint(s->save_dir, s->scratch); },
                 s->scratch);
-  const float* weights = r.model.weights();
-  const float* exp_avg = c.checkpoint.save_optim ? r.adam.exp_avg().data() : nullptr;
-  const float* exp_avg_sq = r.adam.exp_avg_sq().data();
-  if (copy) {
-    s->weights.assign(weights, weights + r.model.num_parameters());
-    weights = s->weights.data();
-    if (exp_avg) {
-      s->exp_avg = r.adam.exp_avg(), s->exp_avg_sq = r.adam.exp_avg_sq();
-      exp_avg = s->exp_avg.data(), exp_avg_sq = s->exp_avg_sq.data();
-    }
-  }
-  s->shard = rank_shard(r, weights, exp_avg, exp_avg_sq);
-  describe_run(c, d, iteration, r.adam.steps(), state, s->run_config_yaml);
+  s->parts = parts_to_write(r);
+  describe_run(c, d, iteration, state, s->run_config_yaml);
   s->state = std::move(state);
   return s;
+}
+
+void attach_run_checkpoint_state(RunCheckpointSave& s, const float* weights, const float* exp_avg,
+                                 const float* exp_avg_sq, bool copy) {
+  if (!s.save_optim) exp_avg = exp_avg_sq = nullptr;
+  if (!copy) {
+    s.shard = rank_shard(s.parts, weights, exp_avg, exp_avg_sq);
+    return;
+  }
+  // The parts one after another in the copies; the shard then reads them at the same places.
+  std::vector<StatePart> packed = s.parts;
+  int64_t at = 0;
+  for (StatePart& p : packed) {
+    const int64_t n = p.part.numel();
+    s.weights.insert(s.weights.end(), weights + p.offset, weights + p.offset + n);
+    if (exp_avg) {
+      s.exp_avg.insert(s.exp_avg.end(), exp_avg + p.moment, exp_avg + p.moment + n);
+      s.exp_avg_sq.insert(s.exp_avg_sq.end(), exp_avg_sq + p.moment, exp_avg_sq + p.moment + n);
+    }
+    p.offset = p.moment = at;
+    at += n;
+  }
+  s.shard = rank_shard(packed, s.weights.data(), exp_avg ? s.exp_avg.data() : nullptr, s.exp_avg_sq.data());
 }
 
 void write_run_checkpoint(const RunCheckpointSave& s) {
@@ -216,18 +228,6 @@ void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_
     keep_most_recent(s.save_dir, s.most_recent_k);
   }, s.scratch);
   if (s.rank == 0) report_saved_checkpoint(s.save_dir, s.iteration, out);
-}
-
-void save_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
-                         const RankState& r, TrainStateRecord state, std::FILE* out) {
-  const auto s = begin_run_checkpoint(c, d, iteration, r, std::move(state), false, out);
-  std::exception_ptr error;
-  try {
-    write_run_checkpoint(*s);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  finish_run_checkpoint(*s, error, out);
 }
 
 std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,

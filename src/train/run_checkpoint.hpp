@@ -21,26 +21,32 @@ namespace laoyao::train {
 // The fields a checkpoint's model must share with the config to be resumed.
 StateMap model_shape_fields(const config::ConfigContainer& c, const config::Derived& d);
 
-// A save on one rank (every rank of the run makes one): where the ranks write, this rank's shard
-// (pointing into the copies below for --async-save, else into the live state), and what the first
-// rank finishes it with.
+// A save on one rank (every rank of the run makes one): where the ranks write, the parts this rank
+// writes and their data (pointing into the copies below for --async-save, else into the live
+// state), and what the first rank finishes it with.
 struct RunCheckpointSave {
   std::string save_dir, scratch;
   int64_t iteration = 0, most_recent_k = -1;
+  bool save_optim = true;
   dist::ProcessGroup* world = nullptr;  // null: one rank
   int64_t rank = 0, world_size = 1;
-  std::vector<float> weights, exp_avg, exp_avg_sq;  // the copies (--async-save)
+  std::vector<StatePart> parts;                     // what this rank writes (maybe nothing)
+  std::vector<float> weights, exp_avg, exp_avg_sq;  // the parts' data, copied (--async-save)
   ShardWrite shard;
   TrainStateRecord state;
   std::string run_config_yaml;
 };
 
-// Collective: Megatron's first line (first rank), the scratch folder agreed and made, this rank's
-// shard built: of a copy of the state when `copy` (training may change it while the shard is
-// written), else of the live state (model's host weights; adam's moments with save_optim).
+// Collective: Megatron's first line (first rank), the scratch folder agreed and made, the parts
+// this rank writes chosen. Its state is needed on the host only when it writes any. `state` holds
+// the run's counters (its optimizer_steps the engine's).
 std::unique_ptr<RunCheckpointSave> begin_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
                                                         int64_t iteration, const RankState& r, TrainStateRecord state,
-                                                        bool copy, std::FILE* out);
+                                                        std::FILE* out);
+// The parts' data: the weights laid out as the model's table, the moments as the AdamW's (read only
+// with save_optim), copied when `copy` (training may change them while the shard is written).
+void attach_run_checkpoint_state(RunCheckpointSave& s, const float* weights, const float* exp_avg,
+                                 const float* exp_avg_sq, bool copy);
 // This rank's files (from any thread).
 void write_run_checkpoint(const RunCheckpointSave& s);
 // Collective, once every rank has written (write_error: this rank's failure, or null): the first
@@ -48,9 +54,6 @@ void write_run_checkpoint(const RunCheckpointSave& s);
 // and prints Megatron's second line. A failure on any rank removes the scratch folder and throws on
 // every rank (the failing rank its own error).
 void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_error, std::FILE* out);
-// The three at once, without copies.
-void save_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d, int64_t iteration,
-                         const RankState& r, TrainStateRecord state, std::FILE* out);
 
 // Loads what the config asks for into this rank's model (host weights) and adam (moments laid out
 // by `shards`): only its parts, from the checkpoint's files that hold them. Returns the saved

@@ -1,5 +1,8 @@
 // The training loop's load_checkpoint and save_checkpoint: every rank restores and writes its own
 // parts of the state (run_checkpoint.hpp holds the files' side, rank_checkpoint.hpp the parts).
+#include <exception>
+#include <optional>
+
 #include "train/run_checkpoint.hpp"
 #include "train/tp_state.hpp"
 #include "train/training_run.hpp"
@@ -13,23 +16,40 @@ void load_checkpoint(TrainingRun& run) {
 void save_checkpoint(TrainingRun& run) {
   TrainProgress& p = run.progress;
   if (!run.c.checkpoint.save || p.last_saved == p.iteration) return;
-  // The device's state to the host model and AdamW, on every rank, for the save (an engine that
-  // keeps it on its device gets it back after): with the distributed optimizer on GPUs this gathers
-  // the main parameters over the data-parallel group.
-  const HostStateHold hold(*run.model, *run.adam);
-  run.engine->pull_state();
+  const bool async = run.c.checkpoint.async_save;
+  if (async) run.async_save.finalize(true);  // one save in flight: the last one is finished and reported first
   TrainStateRecord st;
   st.consumed_train_samples = p.consumed;
   st.consumed_valid_samples = p.consumed_valid;
   st.scheduler_num_steps = p.sched_n;
   st.nan_iterations = p.total_nan;
   st.floating_point_operations_so_far = p.flops_so_far;
-  const RankState rank{*run.model, *run.adam, run.shards, run.group};
-  if (run.c.checkpoint.async_save) {
-    run.async_save.finalize(true);  // one save in flight: the last one is finished and reported first
-    run.async_save.start(begin_run_checkpoint(run.c, run.d, p.iteration, rank, st, true, run.opt.out), run.opt.out);
+  st.optimizer_steps = run.engine->optimizer_steps();
+  std::unique_ptr<RunCheckpointSave> save =
+      begin_run_checkpoint(run.c, run.d, p.iteration, {*run.model, *run.adam, run.shards, run.group}, st, run.opt.out);
+  // The device's state to the host model and AdamW, where this rank writes anything (an engine that
+  // keeps it on its device holds it there only while the save reads it): its owned segments' fp32
+  // main parameters and moments are what it writes.
+  std::optional<HostStateHold> hold;
+  if (!save->parts.empty()) {
+    hold.emplace(*run.model, *run.adam);
+    run.engine->pull_state(/*whole=*/false);
+  }
+  const float* w = run.model->weights();
+  const float* m = run.adam->exp_avg().data();
+  const float* v = run.adam->exp_avg_sq().data();
+  attach_run_checkpoint_state(*save, w, m, v, async);
+  if (async) {
+    hold.reset();  // the shard reads the copy
+    run.async_save.start(std::move(save), run.opt.out);
   } else {
-    save_run_checkpoint(run.c, run.d, p.iteration, rank, st, run.opt.out);
+    std::exception_ptr error;
+    try {
+      write_run_checkpoint(*save);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    finish_run_checkpoint(*save, error, run.opt.out);
   }
   p.last_saved = p.iteration;
 }

@@ -557,7 +557,7 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
       tp_dp_dist{"4", tp2dp2_dist, "TP=2 x DP=2 with the distributed optimizer"};
   // Each rank writes the parts no lower rank holds: at TP=2 x DP=2 the two TP ranks of the first
   // data-parallel rank hold every weight and moment (the second's are replicas); with the
-  // distributed optimizer each rank writes its share of the moments.
+  // distributed optimizer each rank writes its share of the main parameters and moments.
   struct Saved {
     Layout saver;
     std::vector<Layout> loaders;
@@ -586,8 +586,9 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
     if (!files.empty()) {
       EXPECT_EQ(written, files) << saver.name;
     }
-    if (saver.name == tp_dp_dist.name) {  // every rank its share of the moments
-      for (const char* f : {"optimizer.rank00002.safetensors", "optimizer.rank00003.safetensors"})
+    if (saver.name == tp_dp_dist.name) {  // every rank its share of the main parameters and moments
+      for (const char* f : {"model.rank00002.safetensors", "model.rank00003.safetensors",
+                            "optimizer.rank00002.safetensors", "optimizer.rank00003.safetensors"})
         EXPECT_NE(std::find(written.begin(), written.end(), f), written.end()) << f;
     }
     for (const Layout& loader : loaders) {

@@ -3,9 +3,11 @@
 // train/dist_optimizer.hpp) as soon as the backward reports all of it, on a stream of its own. Two
 // data-parallel ranks as threads on one GPU (SharedDeviceGroup); the step must end with the same
 // gradient norm and the same parameters, bit for bit, as the step that reduces after the backward,
-// and the ranks with the same parameters. GPU only.
+// and the ranks with the same parameters; a save's pull (owned segments only, nothing gathered) the
+// whole pull's owned segments. GPU only.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +30,8 @@ namespace {
 struct StepResult {
   std::vector<float> weights;
   double norm = 0;
+  // pull_state(false) (a save's) gave the owned segments as the whole pull does.
+  bool owned_as_whole = false;
 };
 
 // One step of two micro-batches on each of two data-parallel ranks (each its own tokens).
@@ -58,8 +62,15 @@ std::vector<StepResult> step_two_ranks(const GptConfig& c, bool overlap) {
     engine->all_reduce_grads(group, 1.0 / dp);
     out[r].norm = engine->grad_norm();
     engine->clip_and_step(out[r].norm, 1.0, 1e-3, 0.1);
+    engine->pull_state(/*whole=*/false);
+    const std::vector<float> owned(host.weights(), host.weights() + host.num_parameters());
     engine->pull_state();
     out[r].weights.assign(host.weights(), host.weights() + host.num_parameters());
+    out[r].owned_as_whole = true;
+    for (const train::OwnedSegment& seg : shards.owned)
+      out[r].owned_as_whole = out[r].owned_as_whole &&
+                              std::equal(owned.begin() + seg.offset, owned.begin() + seg.offset + seg.count,
+                                         out[r].weights.begin() + seg.offset);
   });
   for (int r = 0; r < dp; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
@@ -77,6 +88,7 @@ TEST(CudaDistOptimizer, OverlappedReductionGivesTheStepOfTheReductionAfterTheBac
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(overlapped[r].norm, after[r].norm) << "rank " << r;
     EXPECT_EQ(overlapped[r].weights, after[r].weights) << "rank " << r;
+    EXPECT_TRUE(after[r].owned_as_whole && overlapped[r].owned_as_whole) << "rank " << r;
   }
   EXPECT_EQ(after[0].weights, after[1].weights) << "the ranks' parameters after the step";
 }

@@ -2,7 +2,7 @@
 // initial weights cut one whole tensor at a time are the whole model's initial weights' part (as
 // keep_part cuts a whole buffer), for tensor, expert, and both parallelisms, split or whole experts;
 // a parameter's init in chunks is its init at once; the host model and AdamW hold storage only when
-// asked, and HostStateHold gives back what it took.
+// asked, and HostStateHold gives back what it took; what a rank writes of a checkpoint tiles its state.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "model/tensor_box.hpp"
 #include "optim/adamw.hpp"
 #include "train/dist_optimizer.hpp"
+#include "train/rank_checkpoint.hpp"
 #include "train/tp_state.hpp"
 
 using namespace laoyao;
@@ -228,6 +229,55 @@ TEST(InitialState, PartsHeldAtOneLayoutFillThePartsOfAnother) {
         EXPECT_TRUE(std::none_of(first, last, [](float v) { return std::isnan(v); })) << p.name << ": not covered";
         EXPECT_TRUE(std::equal(first, last, l.data.begin() + p.offset)) << p.name;
       }
+    }
+  }
+}
+
+// What a rank writes of a checkpoint (train/rank_checkpoint.hpp): its owned segments' parts. Over
+// the data-parallel ranks of a distributed optimizer (runs cut at the model's parts, tails on the
+// last rank) the counted parts tile the rank's TP part of every tensor once; each part's weights sit
+// at its offset and its moments at its moment offset, element for element; a load's parts (tails
+// on every rank) cover the moments each rank steps.
+TEST(RankCheckpoint, OwnedPartsTileTheTensorsOverTheDataParallelRanks) {
+  for (const int tp_rank : {0, 1}) {
+    PositionOnlyGroup tp(tp_rank, 2);
+    GptModel local(dense(), &tp, nullptr);
+    const ParameterTable& table = local.table();
+    std::vector<float> weights(static_cast<size_t>(table.total));
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<float>(i) + 0.5f;
+    const std::vector<TensorPart> parts = train::rank_parts(local);
+    std::vector<std::vector<float>> rebuilt(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) rebuilt[i].assign(static_cast<size_t>(parts[i].numel()), -1.0f);
+    std::vector<int64_t> covered(parts.size(), 0);
+    for (int dp_rank = 0; dp_rank < 3; ++dp_rank) {
+      SCOPED_TRACE("TP rank " + std::to_string(tp_rank) + ", DP rank " + std::to_string(dp_rank) + " of 3");
+      PositionOnlyGroup dp(dp_rank, 3);
+      const train::OptimizerShards shards = train::plan_optimizer_shards(
+          table.total, {}, train::shard_group(&dp), {}, train::overlap_bucket_cuts(table));
+      // Moments laid out as the rank's AdamW holds them: each owned element's weight, to check against.
+      std::vector<float> moments(static_cast<size_t>(shards.owned_total), -2.0f);
+      for (const train::OwnedSegment& seg : shards.owned)
+        std::copy(weights.begin() + seg.offset, weights.begin() + seg.offset + seg.count, moments.begin() + seg.moment);
+      for (const bool counted : {true, false}) {
+        int64_t total = 0;
+        for (const train::StatePart& p : train::owned_parts(parts, table, shards, counted)) {
+          const int64_t n = p.part.numel();
+          total += n;
+          ASSERT_TRUE(std::equal(moments.begin() + p.moment, moments.begin() + p.moment + n, weights.begin() + p.offset))
+              << p.part.name;
+          if (!counted) continue;
+          covered[p.param] += n;
+          copy_overlap(p.part, weights.data() + p.offset, parts[p.param], rebuilt[p.param].data());
+        }
+        int64_t owned = 0;
+        for (const train::OwnedSegment& seg : shards.owned) owned += counted && !seg.counted ? 0 : seg.count;
+        EXPECT_EQ(total, owned) << (counted ? "counted" : "every owned segment");
+      }
+    }
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const ParamSpec& p = table.specs[i];
+      EXPECT_EQ(covered[i], p.numel) << p.name;
+      EXPECT_TRUE(std::equal(rebuilt[i].begin(), rebuilt[i].end(), weights.begin() + p.offset)) << p.name;
     }
   }
 }
