@@ -7,7 +7,8 @@
 # keeps its state on the GPU, at most 0.5 bytes a parameter + 3 GB is the target).
 # With BASELINE=ANOTHER_LAOYAO_BINARY (the previous code) it runs each case on that binary too, in
 # the same call, and adds its tokens/s, the ratio to it, its device and host memory.
-# NO_PEER=1 leaves the peer out (its columns n/a).
+# NO_PEER=1 leaves the peer out (its columns n/a). LAOYAO_ARGS adds flags to laoyao's runs only (a
+# checkpoint save or load: its host memory then shows in the host column).
 #   [BASELINE=BIN] bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
 # Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
@@ -89,7 +90,7 @@ laoyao_run() {
   LAOYAO_DEVICE=cuda python3 -c 'import resource, subprocess, sys
 rc = subprocess.call(sys.argv[2:], stdout=open(sys.argv[1], "w"), stderr=subprocess.STDOUT)
 open(sys.argv[1] + ".rss", "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
-sys.exit(rc)' "$log" "$bin" "${common[@]}" "${shape[@]}" --tensorboard-dir "$LOGS/tb_${name}_$c" ||
+sys.exit(rc)' "$log" "$bin" "${common[@]}" "${shape[@]}" ${LAOYAO_ARGS:-} --tensorboard-dir "$LOGS/tb_${name}_$c" ||
     { echo "$name failed on $c:" >&2; tail -5 "$log" >&2; return 1; }
   # The last logged interval's time per iteration, unrounded (metrics.jsonl beside the run config).
   local ms tf mem params

@@ -255,10 +255,11 @@ std::string safetensors_header(const std::vector<TensorWrite>& tensors,
 }
 
 SafetensorsWriteResult write_safetensors(const std::string& path, const std::vector<TensorWrite>& tensors,
-                                         const std::map<std::string, std::string>& metadata) {
+                                         const std::map<std::string, std::string>& metadata, const TensorFill& fill) {
   const std::string header = safetensors_header(tensors, metadata);
   for (const auto& t : tensors)
-    if (t.data == nullptr && write_nbytes(t) > 0) throw Error("safetensors: tensor '" + t.name + "' has no data");
+    if (t.data == nullptr && !fill && write_nbytes(t) > 0)
+      throw Error("safetensors: tensor '" + t.name + "' has no data");
 
   std::filesystem::path p(path);
   const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
@@ -271,7 +272,17 @@ SafetensorsWriteResult write_safetensors(const std::string& path, const std::vec
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
     out.write(len, 8);
     out.write(header.data(), header.size());
-    for (size_t i : write_order(tensors)) out.write(tensors[i].data, write_nbytes(tensors[i]));
+    std::vector<uint8_t> filled;
+    for (size_t i : write_order(tensors)) {
+      const TensorWrite& t = tensors[i];
+      if (t.data || write_nbytes(t) == 0) {
+        out.write(t.data, write_nbytes(t));
+        continue;
+      }
+      filled.resize(write_nbytes(t));
+      fill(i, filled.data());
+      out.write(filled.data(), filled.size());
+    }
     r.file_bytes = out.bytes();
     r.sha256 = out.close();
     if (::rename(tmp.c_str(), path.c_str()) != 0)

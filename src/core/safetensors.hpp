@@ -21,6 +21,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -55,6 +56,10 @@ struct TensorWrite {
   const void* data = nullptr;  // dtype_size * prod(shape) bytes, little-endian, row-major
 };
 
+// For tensors[i] without data: writes its bytes into `dst` when the writer reaches it (one tensor's
+// bytes held at a time: state streamed from where it lives, a device).
+using TensorFill = std::function<void(size_t i, void* dst)>;
+
 struct SafetensorsWriteResult {
   uint64_t file_bytes = 0;
   std::string sha256;  // of the whole file, lowercase hex (what `sha256sum` prints)
@@ -69,7 +74,8 @@ std::string safetensors_header(const std::vector<TensorWrite>& tensors,
 // "__metadata__" key. Bad input (duplicate names, a null data pointer) is laoyao::Error (a bug in
 // the caller); I/O failures are laoyao::Error naming the file.
 SafetensorsWriteResult write_safetensors(const std::string& path, const std::vector<TensorWrite>& tensors,
-                                         const std::map<std::string, std::string>& metadata = {});
+                                         const std::map<std::string, std::string>& metadata = {},
+                                         const TensorFill& fill = {});
 
 // ---- reading ----
 

@@ -616,7 +616,10 @@ void write_checkpoint_shard(const std::string& scratch, int64_t rank, int64_t wo
     FileParts parts;
     const std::vector<TensorWrite> writes = part_writes(refs, kind, parts);
     const std::string file = shard_file(kind, rank, world);
-    const SafetensorsWriteResult r = write_safetensors(join_path(scratch, file), writes, {{"format", "pt"}});
+    const bool optimizer = &refs == &w.optimizer;
+    TensorFill fill;
+    if (w.fill) fill = [&](size_t i, void* dst) { w.fill(optimizer, i, static_cast<float*>(dst)); };
+    const SafetensorsWriteResult r = write_safetensors(join_path(scratch, file), writes, {{"format", "pt"}}, fill);
     json entry = {{"sum", {{"bytes", r.file_bytes}, {"sha256", r.sha256}}}};
     if (!parts.empty()) entry["parts"] = parts_json(parts);
     return std::make_pair(file, entry);

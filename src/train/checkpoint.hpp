@@ -29,6 +29,7 @@
 // the tracker does not name may be one a crashed save left (Megatron-Bridge PR #5964).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -106,9 +107,12 @@ struct PartRef {
   const float* data = nullptr;
 };
 // What one rank writes: its parts of the model (Megatron-Core names) and of the optimizer state
-// (exp_avg_name / exp_avg_sq_name); either may be empty.
+// (exp_avg_name / exp_avg_sq_name); either may be empty. For a part without data, `fill` writes it
+// into dst when its file reaches it (the model's and the optimizer's files are written at once, on
+// two threads).
 struct ShardWrite {
   std::vector<PartRef> model, optimizer;
+  std::function<void(bool optimizer, size_t i, float* dst)> fill;
 };
 
 // The same save by `world` ranks in three steps. The first rank begins it (the folder the ranks

@@ -1,8 +1,8 @@
 // What the training loop asks of a backend: run micro-batches, report the loss, norm and update.
 // The CPU engine computes in place on the host GptModel and AdamW. The CUDA engine keeps the
 // parameters, gradients and Adam state on its device only: it initialises them there, and the host
-// model/AdamW hold them only while a checkpoint passes through (train/tp_state.hpp HostStateHold):
-// push_state after a restore, pull_state before a save.
+// model/AdamW hold no copy: checkpoints stream the state through the host a part at a time
+// (download_state / upload_state).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -74,13 +74,19 @@ class Engine {
   // The run's initial weights (train/tp_state.hpp init_model_weights' values) and zero moments,
   // where the engine keeps them: the start of a run that restores nothing.
   virtual void initialize_weights(uint64_t seed, bool bf16) = 0;
-  // The engine's state into the host model's weights and AdamW's moments and step count. Under the
-  // distributed optimizer each rank's fp32 main parameters are up to date in its owned segments
-  // only: `whole` gathers the rest over the groups (collective); without it the other elements are
-  // stale (a save writes the owned segments only).
-  virtual void pull_state(bool /*whole*/ = true) {}
+  // A range of the state, through the host a part at a time (checkpoints): the fp32 main parameters
+  // at offsets of the model's buffer (an upload refreshes their bf16 copies; under the distributed
+  // optimizer a rank's are up to date in its owned segments only), Adam's moments at offsets of
+  // AdamW's buffers. Downloads may come from several threads at once.
+  enum class StateBuffer { kWeights, kExpAvg, kExpAvgSq };
+  virtual void download_state(StateBuffer b, int64_t offset, int64_t count, float* out) = 0;
+  virtual void upload_state(StateBuffer b, int64_t offset, int64_t count, const float* in) = 0;
   // AdamW's step count (bias correction), wherever the engine keeps it.
   virtual int64_t optimizer_steps() const = 0;
+  virtual void set_optimizer_steps(int64_t t) = 0;
+  // The whole state at once into the host model and AdamW (held: tp_state.hpp HostStateHold) and
+  // back (tests; under the distributed optimizer pull_state gathers the weights, collective).
+  virtual void pull_state() {}
   virtual void push_state() {}
   // Peak device memory in bytes (0 on the CPU).
   virtual size_t peak_device_bytes() const { return 0; }

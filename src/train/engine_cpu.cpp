@@ -1,4 +1,5 @@
 // The CPU reference engine: the host GptModel and AdamW do the work.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -19,6 +20,14 @@ class CpuEngine final : public Engine {
       : model_(m), adam_(a), shards_(std::move(shards)) {}
   std::string name() const override { return "cpu"; }
   int64_t optimizer_steps() const override { return adam_.steps(); }
+  void set_optimizer_steps(int64_t t) override { adam_.set_steps(t); }
+  void download_state(StateBuffer b, int64_t offset, int64_t count, float* out) override {
+    const float* from = buffer(b) + offset;
+    std::copy(from, from + count, out);
+  }
+  void upload_state(StateBuffer b, int64_t offset, int64_t count, const float* in) override {
+    std::copy(in, in + count, buffer(b) + offset);
+  }
   void initialize_weights(uint64_t seed, bool bf16) override { init_model_weights(model_, seed, bf16); }
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }
@@ -83,6 +92,10 @@ class CpuEngine final : public Engine {
   }
 
  private:
+  float* buffer(StateBuffer b) {
+    if (b == StateBuffer::kWeights) return model_.weights();
+    return b == StateBuffer::kExpAvg ? adam_.exp_avg().data() : adam_.exp_avg_sq().data();
+  }
   model::GptModel& model_;
   optim::AdamW& adam_;
   OptimizerShards shards_;

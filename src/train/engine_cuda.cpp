@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -335,9 +336,28 @@ class CudaEngine final : public Engine {
     steps_ = 0;
   }
   int64_t optimizer_steps() const override { return steps_; }
-  void pull_state(bool whole) override {
+  void set_optimizer_steps(int64_t t) override { steps_ = t; }
+  void download_state(StateBuffer b, int64_t offset, int64_t count, float* out) override {
+    const std::lock_guard<std::mutex> lock(state_io_);
+    LAOYAO_CUDA_CHECK(cudaSetDevice(m_.device));  // (a checkpoint writer's thread may not have it current)
+    kc::stream_wait(gpu_.stream(), "the step before the state is read");
+    LAOYAO_CUDA_CHECK(cudaMemcpy(out, device_state(b, offset, count), sizeof(float) * static_cast<size_t>(count),
+                                 cudaMemcpyDeviceToHost));
+  }
+  void upload_state(StateBuffer b, int64_t offset, int64_t count, const float* in) override {
+    const std::lock_guard<std::mutex> lock(state_io_);
+    LAOYAO_CUDA_CHECK(cudaSetDevice(m_.device));
+    if (b == StateBuffer::kWeights) {  // with their bf16 copies
+      gpu_.upload_weights(in, offset, count);
+      return;
+    }
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
+    LAOYAO_CUDA_CHECK(cudaMemcpy(device_state(b, offset, count), in, sizeof(float) * static_cast<size_t>(count),
+                                 cudaMemcpyHostToDevice));
+  }
+  void pull_state() override {
     gpu_.download_weights(host_.weights());
-    if (whole && shards_.sharded()) {  // the device holds this rank's share of the main parameters up to date
+    if (shards_.sharded()) {  // the device holds this rank's share of the main parameters up to date
       gather_shares(host_.weights(), shards_, gather_);
       std::vector<float>().swap(gather_);  // held only while a checkpoint passes through
     }
@@ -360,6 +380,16 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
+  float* device_state(StateBuffer b, int64_t offset, int64_t count) {
+    float* base = b == StateBuffer::kWeights ? gpu_.main_params()
+                  : b == StateBuffer::kExpAvg ? m_.as<float>()
+                                              : v_.as<float>();
+    const int64_t n = b == StateBuffer::kWeights ? gpu_.num_parameters() : static_cast<int64_t>(m_.bytes / sizeof(float));
+    if (offset < 0 || count < 0 || offset + count > n)
+      throw Error("CudaEngine: state elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
+                  ") of " + std::to_string(n));
+    return base + offset;
+  }
   // The distributed optimizer's model-wide sums: over the span of this rank's counted segments,
   // with a flag per element when they are several (expert parallelism) or when tensor parallelism
   // counts a replicated tensor on one rank of its group only; summed over the data-parallel group
@@ -500,6 +530,7 @@ class CudaEngine final : public Engine {
   // to come this step, and whether its reduction has started.
   std::vector<int64_t> run_reported_, run_left_;
   std::vector<bool> run_started_;
+  std::mutex state_io_;  // download_state / upload_state (a checkpoint's writers run in parallel)
   int64_t steps_ = 0;
   std::string name_;
   StepPhases phases_;

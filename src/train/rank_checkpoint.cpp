@@ -90,14 +90,44 @@ std::vector<StatePart> parts_to_write(const RankState& r) {
   return out;
 }
 
-ShardWrite rank_shard(const std::vector<StatePart>& parts, const float* weights, const float* exp_avg,
-                      const float* exp_avg_sq) {
+namespace {
+
+using Buffer = Engine::StateBuffer;
+
+// A part's three entries: its weights under the tensor's name, its moments under the optimizer's.
+template <class Source>
+void add_entries(ShardWrite& w, const StatePart& p, bool moments, Source&& source) {
+  w.model.push_back(source(p.part, Buffer::kWeights));
+  if (!moments) return;
+  w.optimizer.push_back(source({exp_avg_name(p.part.name), p.part.shape, p.part.boxes}, Buffer::kExpAvg));
+  w.optimizer.push_back(source({exp_avg_sq_name(p.part.name), p.part.shape, p.part.boxes}, Buffer::kExpAvgSq));
+}
+
+}  // namespace
+
+ShardWrite rank_shard(const std::vector<StatePart>& parts, Engine& engine, bool moments) {
   ShardWrite w;
+  for (const StatePart& p : parts)
+    add_entries(w, p, moments, [](model::TensorPart part, Buffer) { return PartRef{std::move(part), nullptr}; });
+  // The model file's i-th part is parts[i]'s weights; the optimizer file's 2i-th and 2i+1-th its moments.
+  w.fill = [&parts, &engine](bool optimizer, size_t i, float* dst) {
+    const StatePart& p = parts[optimizer ? i / 2 : i];
+    const Buffer b = !optimizer ? Buffer::kWeights : i % 2 == 0 ? Buffer::kExpAvg : Buffer::kExpAvgSq;
+    engine.download_state(b, optimizer ? p.moment : p.offset, p.part.numel(), dst);
+  };
+  return w;
+}
+
+ShardWrite rank_shard(const std::vector<StatePart>& parts, const std::vector<float>& weights,
+                      const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq) {
+  ShardWrite w;
+  int64_t at = 0;
   for (const StatePart& p : parts) {
-    w.model.push_back({p.part, weights + p.offset});
-    if (!exp_avg) continue;
-    w.optimizer.push_back({{exp_avg_name(p.part.name), p.part.shape, p.part.boxes}, exp_avg + p.moment});
-    w.optimizer.push_back({{exp_avg_sq_name(p.part.name), p.part.shape, p.part.boxes}, exp_avg_sq + p.moment});
+    add_entries(w, p, !exp_avg.empty(), [&](model::TensorPart part, Buffer b) {
+      const std::vector<float>& from = b == Buffer::kWeights ? weights : b == Buffer::kExpAvg ? exp_avg : exp_avg_sq;
+      return PartRef{std::move(part), from.data() + at};
+    });
+    at += p.part.numel();
   }
   return w;
 }
@@ -106,16 +136,25 @@ std::vector<ParamShape> whole_param_shapes(const model::GptModel& local) {
   return param_shapes(model::build_gpt_parameters(model::ep_whole_config(local.config())).table);
 }
 
-void read_rank_weights(const TensorStore& store, const model::GptModel& local, float* weights) {
+void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine) {
   const std::vector<model::TensorPart> parts = rank_parts(local);
-  for (size_t i = 0; i < parts.size(); ++i) store.read(parts[i], weights + local.table().specs[i].offset);
+  std::vector<float> buf;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    buf.resize(static_cast<size_t>(parts[i].numel()));
+    store.read(parts[i], buf.data());
+    engine.upload_state(Buffer::kWeights, local.table().specs[i].offset, parts[i].numel(), buf.data());
+  }
 }
 
 void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,
-                       optim::AdamW& adam) {
+                       Engine& engine) {
+  std::vector<float> buf;
   for (const StatePart& m : owned_parts(rank_parts(local), local.table(), shards, false)) {
-    store.read({exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, adam.exp_avg().data() + m.moment);
-    store.read({exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, adam.exp_avg_sq().data() + m.moment);
+    buf.resize(static_cast<size_t>(m.part.numel()));
+    store.read({exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, buf.data());
+    engine.upload_state(Buffer::kExpAvg, m.moment, m.part.numel(), buf.data());
+    store.read({exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, buf.data());
+    engine.upload_state(Buffer::kExpAvgSq, m.moment, m.part.numel(), buf.data());
   }
 }
 

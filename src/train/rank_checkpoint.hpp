@@ -19,15 +19,14 @@
 #include "optim/adamw.hpp"
 #include "train/checkpoint.hpp"
 #include "train/dist_optimizer.hpp"
+#include "train/engine.hpp"
 
 namespace laoyao::train {
 
-// A rank in a save or a load: its model (its table; its host weights where it writes or reads
-// them), its AdamW (moments laid out by `shards`), and the world the parts are compared over
-// (null: one rank).
+// A rank in a save: its model (its table, its TP/EP place), how its moments are laid out
+// (`shards`), and the world the parts are compared over (null: one rank).
 struct RankState {
   const model::GptModel& model;
-  const optim::AdamW& adam;
   const OptimizerShards& shards;
   dist::ProcessGroup* world = nullptr;
 };
@@ -53,18 +52,22 @@ std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::Proc
 // The parts this rank writes, of the weights and the moments alike: its counted owned segments'
 // parts that no lower rank holds (none: it needs no host state to save). Collective over the world.
 std::vector<StatePart> parts_to_write(const RankState& r);
-// Those parts' data: the weights from `weights` (laid out as the model's table) and, when exp_avg is
-// not null, the moments from exp_avg / exp_avg_sq (laid out as the AdamW's).
-ShardWrite rank_shard(const std::vector<StatePart>& parts, const float* weights, const float* exp_avg,
-                      const float* exp_avg_sq);
+// Those parts' weights and (with moments) moments, each streamed from the engine as its file
+// reaches it: the host holds one part at a time. `parts` and `engine` must outlive the shard.
+ShardWrite rank_shard(const std::vector<StatePart>& parts, Engine& engine, bool moments);
+// The same from copies: the parts' weights one after another in `weights`, their moments likewise
+// in exp_avg / exp_avg_sq (empty: none written).
+ShardWrite rank_shard(const std::vector<StatePart>& parts, const std::vector<float>& weights,
+                      const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
 
 // The whole model's parameter shapes (every rank's experts): what a checkpoint of this run holds.
 std::vector<ParamShape> whole_param_shapes(const model::GptModel& local);
 
-// This rank's weights into `weights` (the model's layout) from `store`, a tensor at a time.
-void read_rank_weights(const TensorStore& store, const model::GptModel& local, float* weights);
-// This rank's moments (every owned segment, tails too) into `adam` from a checkpoint's optimizer store.
+// This rank's weights from `store` into the engine, a tensor at a time.
+void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine);
+// This rank's moments (every owned segment, tails too) from a checkpoint's optimizer store into the
+// engine, a part at a time.
 void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,
-                       optim::AdamW& adam);
+                       Engine& engine);
 
 }  // namespace laoyao::train

@@ -192,27 +192,27 @@ std::unique_ptr<RunCheckpointSave> begin_run_checkpoint(const config::ConfigCont
   return s;
 }
 
-void attach_run_checkpoint_state(RunCheckpointSave& s, const float* weights, const float* exp_avg,
-                                 const float* exp_avg_sq, bool copy) {
-  if (!s.save_optim) exp_avg = exp_avg_sq = nullptr;
+void attach_run_checkpoint_state(RunCheckpointSave& s, Engine& engine, bool copy) {
   if (!copy) {
-    s.shard = rank_shard(s.parts, weights, exp_avg, exp_avg_sq);
+    s.shard = rank_shard(s.parts, engine, s.save_optim);
     return;
   }
-  // The parts one after another in the copies; the shard then reads them at the same places.
-  std::vector<StatePart> packed = s.parts;
+  // The parts one after another in the copies.
+  int64_t total = 0;
+  for (const StatePart& p : s.parts) total += p.part.numel();
+  s.weights.resize(static_cast<size_t>(total));
+  if (s.save_optim) s.exp_avg.resize(s.weights.size()), s.exp_avg_sq.resize(s.weights.size());
   int64_t at = 0;
-  for (StatePart& p : packed) {
+  for (const StatePart& p : s.parts) {
     const int64_t n = p.part.numel();
-    s.weights.insert(s.weights.end(), weights + p.offset, weights + p.offset + n);
-    if (exp_avg) {
-      s.exp_avg.insert(s.exp_avg.end(), exp_avg + p.moment, exp_avg + p.moment + n);
-      s.exp_avg_sq.insert(s.exp_avg_sq.end(), exp_avg_sq + p.moment, exp_avg_sq + p.moment + n);
+    engine.download_state(Engine::StateBuffer::kWeights, p.offset, n, s.weights.data() + at);
+    if (s.save_optim) {
+      engine.download_state(Engine::StateBuffer::kExpAvg, p.moment, n, s.exp_avg.data() + at);
+      engine.download_state(Engine::StateBuffer::kExpAvgSq, p.moment, n, s.exp_avg_sq.data() + at);
     }
-    p.offset = p.moment = at;
     at += n;
   }
-  s.shard = rank_shard(packed, s.weights.data(), exp_avg ? s.exp_avg.data() : nullptr, s.exp_avg_sq.data());
+  s.shard = rank_shard(s.parts, s.weights, s.exp_avg, s.exp_avg_sq);
 }
 
 void write_run_checkpoint(const RunCheckpointSave& s) {
@@ -231,8 +231,8 @@ void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_
 }
 
 std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
-                                                       model::GptModel& model, optim::AdamW& adam,
-                                                       const OptimizerShards& shards, std::FILE* out) {
+                                                       const model::GptModel& model, const OptimizerShards& shards,
+                                                       Engine& engine, std::FILE* out) {
   const auto& k = c.checkpoint;
   const auto expected = whole_param_shapes(model);
   if (k.load) {
@@ -247,14 +247,14 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
       // "stale nemo_experiments" trap, made safe.
       check_model_shape(ckpt, model_shape_fields(c, d));
       check_parameters(ckpt, expected);
-      read_rank_weights(ckpt.model, model, model.weights());
+      read_rank_weights(ckpt.model, model, engine);
       const bool resume = !k.finetune;
       if (resume && k.load_optim) {
         if (!ckpt.optimizer)
           throw UsageError("checkpoint " + ckpt.dir + " has no optimizer state; set checkpoint.load_optim=false "
                            "(--no-load-optim) to load the weights alone");
-        read_rank_moments(*ckpt.optimizer, model, shards, adam);
-        adam.set_steps(ckpt.state.optimizer_steps);
+        read_rank_moments(*ckpt.optimizer, model, shards, engine);
+        engine.set_optimizer_steps(ckpt.state.optimizer_steps);
         check_scheduler(ckpt.state.scheduler, scheduler_fields(c), c.scheduler.override_opt_param_scheduler, out);
       }
       std::fprintf(out, "  successfully loaded checkpoint from %s [ t 1/1, p 1/1 ] at iteration %lld%s\n",
@@ -267,7 +267,7 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
   }
   if (k.pretrained_checkpoint) {
     const PretrainedSource w = open_pretrained(*k.pretrained_checkpoint, expected);
-    read_rank_weights(w.store, model, model.weights());
+    read_rank_weights(w.store, model, engine);
     std::fprintf(out, "  loaded pretrained weights from %s (%zu file%s): weights only, starting at iteration 0\n",
                  k.pretrained_checkpoint->c_str(), w.files.size(), w.files.size() == 1 ? "" : "s");
     std::fflush(out);

@@ -14,6 +14,7 @@
 #include "model/gpt_model.hpp"
 #include "optim/adamw.hpp"
 #include "train/checkpoint.hpp"
+#include "train/engine.hpp"
 #include "train/rank_checkpoint.hpp"
 
 namespace laoyao::train {
@@ -43,10 +44,10 @@ struct RunCheckpointSave {
 std::unique_ptr<RunCheckpointSave> begin_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
                                                         int64_t iteration, const RankState& r, TrainStateRecord state,
                                                         std::FILE* out);
-// The parts' data: the weights laid out as the model's table, the moments as the AdamW's (read only
-// with save_optim), copied when `copy` (training may change them while the shard is written).
-void attach_run_checkpoint_state(RunCheckpointSave& s, const float* weights, const float* exp_avg,
-                                 const float* exp_avg_sq, bool copy);
+// The parts' data from the engine: streamed a part at a time as the files are written, or with
+// `copy` (--async-save: training changes the state while the shard is written) copied to the host
+// now. The moments only with save_optim.
+void attach_run_checkpoint_state(RunCheckpointSave& s, Engine& engine, bool copy);
 // This rank's files (from any thread).
 void write_run_checkpoint(const RunCheckpointSave& s);
 // Collective, once every rank has written (write_error: this rank's failure, or null): the first
@@ -55,12 +56,13 @@ void write_run_checkpoint(const RunCheckpointSave& s);
 // every rank (the failing rank its own error).
 void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_error, std::FILE* out);
 
-// Loads what the config asks for into this rank's model (host weights) and adam (moments laid out
-// by `shards`): only its parts, from the checkpoint's files that hold them. Returns the saved
-// training state when a run is resumed (--load with a checkpoint there, not --finetune); nullopt
-// when the run starts at iteration 0 (from scratch, pretrained weights or a fine-tuning load).
+// Loads what the config asks for into the engine, which holds the run's initial state: this rank's
+// parts only (its weights, its owned segments' moments laid out by `shards`), from the
+// checkpoint's files that hold them, a part at a time. Returns the saved training state when a run
+// is resumed (--load with a checkpoint there, not --finetune); nullopt when the run starts at
+// iteration 0 (from scratch, pretrained weights or a fine-tuning load).
 std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
-                                                       model::GptModel& model, optim::AdamW& adam,
-                                                       const OptimizerShards& shards, std::FILE* out);
+                                                       const model::GptModel& model, const OptimizerShards& shards,
+                                                       Engine& engine, std::FILE* out);
 
 }  // namespace laoyao::train

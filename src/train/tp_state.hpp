@@ -1,6 +1,6 @@
 // A split model's rank and the whole model: which parts of the whole (Megatron-Core-named,
 // full-shape) tensors this rank's parameters are, its initial weights (the same whatever the TP or
-// EP size), and the host state a GPU rank holds only while a checkpoint passes through the host.
+// EP size), and a hold of host state for pulling a GPU rank's whole state (tests).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -35,7 +35,7 @@ void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf1
                            const std::function<void(const model::ParamSpec&, const float*)>& fill);
 
 // Holds the host weights of `model` and the moments of `adam` for its lifetime, where they are not
-// held already (a GPU rank's, while a checkpoint passes through the host), and frees what it took.
+// held already (a GPU rank's, to pull or push its whole state), and frees what it took.
 class HostStateHold {
  public:
   HostStateHold(model::GptModel& model, optim::AdamW& adam);

@@ -42,7 +42,7 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
 
   model_cfg = model_config(c, d);
   // A GPU rank's weights, gradients and moments live on its GPU: the host model and AdamW then hold
-  // none (HostStateHold below, while a checkpoint passes through).
+  // none (checkpoints stream them through the host a part at a time).
   const bool host_state = !opt.use_cuda;
   model = std::make_unique<model::GptModel>(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group, host_state);
   model->set_data_parallel_group(dp);
@@ -96,15 +96,9 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
                   static_cast<double>(model->tp_size());
 
-  if (c.checkpoint.load || c.checkpoint.pretrained_checkpoint) {
-    // The checkpoint's state over the run's initial weights, through the host, to the engine.
-    const HostStateHold hold(*model, *adam);
-    init_model_weights(*model, seed, c.model.bf16);
-    load_checkpoint(*this);
-    engine->push_state();
-  } else {
-    engine->initialize_weights(seed, c.model.bf16);
-  }
+  // The run's initial state where the engine keeps it; a checkpoint's parts over it (streamed).
+  engine->initialize_weights(seed, c.model.bf16);
+  if (c.checkpoint.load || c.checkpoint.pretrained_checkpoint) load_checkpoint(*this);
   if (resumed) {
     progress.iteration = progress.last_saved = progress.resumed_from = resumed->iteration;
     progress.consumed = resumed->consumed_train_samples;

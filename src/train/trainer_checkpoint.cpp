@@ -1,16 +1,15 @@
 // The training loop's load_checkpoint and save_checkpoint: every rank restores and writes its own
-// parts of the state (run_checkpoint.hpp holds the files' side, rank_checkpoint.hpp the parts).
+// parts of the state, streamed between the engine and the files a part at a time
+// (run_checkpoint.hpp holds the files' side, rank_checkpoint.hpp the parts).
 #include <exception>
-#include <optional>
 
 #include "train/run_checkpoint.hpp"
-#include "train/tp_state.hpp"
 #include "train/training_run.hpp"
 
 namespace laoyao::train {
 
 void load_checkpoint(TrainingRun& run) {
-  run.resumed = restore_run_checkpoint(run.c, run.d, *run.model, *run.adam, run.shards, run.opt.out);
+  run.resumed = restore_run_checkpoint(run.c, run.d, *run.model, run.shards, *run.engine, run.opt.out);
 }
 
 void save_checkpoint(TrainingRun& run) {
@@ -26,21 +25,9 @@ void save_checkpoint(TrainingRun& run) {
   st.floating_point_operations_so_far = p.flops_so_far;
   st.optimizer_steps = run.engine->optimizer_steps();
   std::unique_ptr<RunCheckpointSave> save =
-      begin_run_checkpoint(run.c, run.d, p.iteration, {*run.model, *run.adam, run.shards, run.group}, st, run.opt.out);
-  // The device's state to the host model and AdamW, where this rank writes anything (an engine that
-  // keeps it on its device holds it there only while the save reads it): its owned segments' fp32
-  // main parameters and moments are what it writes.
-  std::optional<HostStateHold> hold;
-  if (!save->parts.empty()) {
-    hold.emplace(*run.model, *run.adam);
-    run.engine->pull_state(/*whole=*/false);
-  }
-  const float* w = run.model->weights();
-  const float* m = run.adam->exp_avg().data();
-  const float* v = run.adam->exp_avg_sq().data();
-  attach_run_checkpoint_state(*save, w, m, v, async);
+      begin_run_checkpoint(run.c, run.d, p.iteration, {*run.model, run.shards, run.group}, st, run.opt.out);
+  attach_run_checkpoint_state(*save, *run.engine, async);
   if (async) {
-    hold.reset();  // the shard reads the copy
     run.async_save.start(std::move(save), run.opt.out);
   } else {
     std::exception_ptr error;

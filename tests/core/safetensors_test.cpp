@@ -326,3 +326,20 @@ TEST_F(Safetensors, ReaderAcceptsUnpaddedHeadersAndAnyEntryOrder) {
   EXPECT_EQ(g.read_f32(*g.find("y")), std::vector<float>{3.0f});
   EXPECT_EQ(g.path(), p);
 }
+
+// A tensor given by the fill callback (streamed from elsewhere, one tensor at a time) is written as
+// the same bytes as one given by its data, in the writer's order.
+TEST_F(Safetensors, FilledTensorsWriteTheSameBytesAsGivenOnes) {
+  std::vector<float> a = {1.5f, -2.0f, 3.25f}, b = {7.0f, 8.0f};
+  write_safetensors(path("given.safetensors"), {{"b", Dtype::F32, {2}, b.data()}, {"a", Dtype::F32, {3}, a.data()}});
+  std::vector<size_t> order;
+  const std::vector<const std::vector<float>*> values = {&b, &a};
+  write_safetensors(path("filled.safetensors"), {{"b", Dtype::F32, {2}, nullptr}, {"a", Dtype::F32, {3}, nullptr}}, {},
+                    [&](size_t i, void* dst) {
+                      order.push_back(i);
+                      std::memcpy(dst, values[i]->data(), values[i]->size() * sizeof(float));
+                    });
+  EXPECT_EQ(read_file(path("filled.safetensors")), read_file(path("given.safetensors")));
+  EXPECT_EQ(order, (std::vector<size_t>{1, 0})) << "each filled once, in the file's order";
+  EXPECT_THROW(write_safetensors(path("none.safetensors"), {{"c", Dtype::F32, {1}, nullptr}}), Error);
+}

@@ -3,8 +3,8 @@
 // train/dist_optimizer.hpp) as soon as the backward reports all of it, on a stream of its own. Two
 // data-parallel ranks as threads on one GPU (SharedDeviceGroup); the step must end with the same
 // gradient norm and the same parameters, bit for bit, as the step that reduces after the backward,
-// and the ranks with the same parameters; a save's pull (owned segments only, nothing gathered) the
-// whole pull's owned segments. GPU only.
+// and the ranks with the same parameters; a save's download_state of the owned segments the whole
+// pull's. GPU only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +30,8 @@ namespace {
 struct StepResult {
   std::vector<float> weights;
   double norm = 0;
-  // pull_state(false) (a save's) gave the owned segments as the whole pull does.
+  // download_state (a save's, a part at a time) gave the owned segments' weights and moments as
+  // the whole pull does.
   bool owned_as_whole = false;
 };
 
@@ -62,15 +63,21 @@ std::vector<StepResult> step_two_ranks(const GptConfig& c, bool overlap) {
     engine->all_reduce_grads(group, 1.0 / dp);
     out[r].norm = engine->grad_norm();
     engine->clip_and_step(out[r].norm, 1.0, 1e-3, 0.1);
-    engine->pull_state(/*whole=*/false);
-    const std::vector<float> owned(host.weights(), host.weights() + host.num_parameters());
+    using Buffer = train::Engine::StateBuffer;
+    std::vector<std::vector<float>> owned;  // per segment: weights, exp_avg, exp_avg_sq
+    for (const train::OwnedSegment& seg : shards.owned)
+      for (const Buffer b : {Buffer::kWeights, Buffer::kExpAvg, Buffer::kExpAvgSq}) {
+        owned.emplace_back(static_cast<size_t>(seg.count));
+        engine->download_state(b, b == Buffer::kWeights ? seg.offset : seg.moment, seg.count, owned.back().data());
+      }
     engine->pull_state();
     out[r].weights.assign(host.weights(), host.weights() + host.num_parameters());
     out[r].owned_as_whole = true;
+    size_t k = 0;
     for (const train::OwnedSegment& seg : shards.owned)
-      out[r].owned_as_whole = out[r].owned_as_whole &&
-                              std::equal(owned.begin() + seg.offset, owned.begin() + seg.offset + seg.count,
-                                         out[r].weights.begin() + seg.offset);
+      for (const float* whole : {host.weights() + seg.offset, adam->exp_avg().data() + seg.moment,
+                                 adam->exp_avg_sq().data() + seg.moment})
+        out[r].owned_as_whole = out[r].owned_as_whole && std::equal(owned[k].begin(), owned[k].end(), whole), ++k;
   });
   for (int r = 0; r < dp; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
