@@ -453,6 +453,24 @@ void SafetensorsFile::unmap() {
   size_ = 0;
 }
 
+Sha256Digest SafetensorsFile::sha256() const {
+  constexpr size_t kWindow = size_t{64} << 20;
+  Sha256 h;
+  for (size_t at = 0; at < size_; at += kWindow) {
+    const size_t n = std::min(kWindow, size_ - at);
+    h.update(base_ + at, n);
+    release(base_ + at, n);
+  }
+  return h.finish();
+}
+
+void SafetensorsFile::release(const uint8_t* data, size_t n) const {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t from = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t to = (reinterpret_cast<uintptr_t>(data) + n) / page * page;
+  if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);  // (advice: failure is harmless)
+}
+
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
   auto it = index_.find(std::string(name));
   return it == index_.end() ? nullptr : &tensors_[it->second];

@@ -30,6 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/sha256.hpp"
+
 namespace laoyao {
 
 // "[8, 4]": a shape as the error messages print it.
@@ -104,6 +106,11 @@ class SafetensorsFile {
   const SafetensorsTensor* find(std::string_view name) const;
   // The whole file as mapped (for checksums).
   std::span<const uint8_t> bytes() const { return {base_, size_}; }
+  // The whole file's SHA-256, read a window at a time, each window's pages given back after.
+  Sha256Digest sha256() const;
+  // Gives back the mapping's pages within [data, data + n) (touched again, they are read again from
+  // the file): a large file read a piece at a time then keeps the resident set to a piece.
+  void release(const uint8_t* data, size_t n) const;
 
   // The tensor's values as fp32 (F32 copied bit for bit; BF16 and F16 widened exactly).
   // UsageError naming the file and tensor when its dtype is not F32/BF16/F16 or `n` differs from

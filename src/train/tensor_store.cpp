@@ -37,6 +37,14 @@ void verify_file_sum(const std::string& path, const uint8_t* data, size_t n, con
   if (got != want.sha256) corrupt_file(path, "its SHA-256 is " + got + ", " + want.sha256 + " was written");
 }
 
+void verify_file_sum(const SafetensorsFile& f, const FileSum& want) {
+  if (f.bytes().size() != want.bytes)
+    corrupt_file(f.path(), "it is " + std::to_string(f.bytes().size()) + " bytes, " + std::to_string(want.bytes) +
+                               " were written");
+  const std::string got = to_hex(f.sha256());
+  if (got != want.sha256) corrupt_file(f.path(), "its SHA-256 is " + got + ", " + want.sha256 + " was written");
+}
+
 std::string box_string(const model::Box& b) {
   std::string s = "[";
   for (size_t d = 0; d < b.start.size(); ++d) {
@@ -108,7 +116,7 @@ void TensorStore::no_tensor(const std::string& name) const {
 
 void TensorStore::verify(File& f) const {
   if (f.verified || !f.sum) return;
-  verify_file_sum(f.file.path(), f.file.bytes().data(), f.file.bytes().size(), *f.sum);
+  verify_file_sum(f.file, *f.sum);
   f.verified = true;
 }
 
@@ -127,13 +135,16 @@ void TensorStore::read(const model::TensorPart& want, float* out) const {
     verify(f);
     const SafetensorsTensor& t = *f.file.find(s.key);
     read_from.push_back("'" + f.file.path() + "' " + part_string(s.part));
+    // (Each entry's pages given back once read: the files stay mapped, the resident set small.)
     if (same_boxes(s.part, want)) {  // the stored part is the one wanted: straight in
       f.file.read_f32(t, out, static_cast<size_t>(want.numel()));
+      f.file.release(t.data, t.nbytes);
       copied += want.numel();
       continue;
     }
     buf.resize(static_cast<size_t>(t.numel()));
     f.file.read_f32(t, buf.data(), buf.size());
+    f.file.release(t.data, t.nbytes);
     copied += model::copy_overlap(s.part, buf.data(), want, out);
   }
   if (copied == want.numel()) return;

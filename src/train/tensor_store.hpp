@@ -27,6 +27,8 @@ struct FileSum {
 [[noreturn]] void corrupt_file(const std::string& path, const std::string& why);
 // A UsageError naming `path` unless its n bytes are the recorded size and SHA-256.
 void verify_file_sum(const std::string& path, const uint8_t* data, size_t n, const FileSum& want);
+// The same of a mapped file, read a window at a time (SafetensorsFile::sha256).
+void verify_file_sum(const SafetensorsFile& f, const FileSum& want);
 
 // "[0:4, 0:16]": a box as the messages print it (start:end per dimension).
 std::string box_string(const model::Box& b);

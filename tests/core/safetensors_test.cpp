@@ -343,3 +343,17 @@ TEST_F(Safetensors, FilledTensorsWriteTheSameBytesAsGivenOnes) {
   EXPECT_EQ(order, (std::vector<size_t>{1, 0})) << "each filled once, in the file's order";
   EXPECT_THROW(write_safetensors(path("none.safetensors"), {{"c", Dtype::F32, {1}, nullptr}}), Error);
 }
+
+// The file's SHA-256 read a window at a time is sha256sum's; pages given back read again the same.
+TEST_F(Safetensors, HashAndReleaseLeaveTheMappedBytesAsTheFileHolds) {
+  std::vector<float> big(3u << 20);  // 12 MB: several pages, not one window
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1000) * 0.25f;
+  write_safetensors(path("big.safetensors"), {{"w", Dtype::F32, {static_cast<int64_t>(big.size())}, big.data()}});
+  const SafetensorsFile f(path("big.safetensors"));
+  EXPECT_EQ(to_hex(f.sha256()), sha256_hex(read_file(path("big.safetensors"))));
+  const SafetensorsTensor& t = *f.find("w");
+  f.release(t.data, t.nbytes);
+  EXPECT_EQ(f.read_f32(t), big);
+  f.release(f.bytes().data(), f.bytes().size());
+  EXPECT_EQ(to_hex(sha256(f.bytes().data(), f.bytes().size())), sha256_hex(read_file(path("big.safetensors"))));
+}
