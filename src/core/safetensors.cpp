@@ -279,9 +279,13 @@ SafetensorsWriteResult write_safetensors(const std::string& path, const std::vec
         out.write(t.data, write_nbytes(t));
         continue;
       }
-      filled.resize(write_nbytes(t));
-      fill(i, filled.data());
-      out.write(filled.data(), filled.size());
+      const size_t total = write_nbytes(t);
+      filled.resize(std::min(total, kFillWindow));
+      for (size_t at = 0; at < total; at += kFillWindow) {
+        const size_t n = std::min(kFillWindow, total - at);
+        fill(i, at, n, filled.data());
+        out.write(filled.data(), n);
+      }
     }
     r.file_bytes = out.bytes();
     r.sha256 = out.close();

@@ -58,9 +58,11 @@ struct TensorWrite {
   const void* data = nullptr;  // dtype_size * prod(shape) bytes, little-endian, row-major
 };
 
-// For tensors[i] without data: writes its bytes into `dst` when the writer reaches it (one tensor's
-// bytes held at a time: state streamed from where it lives, a device).
-using TensorFill = std::function<void(size_t i, void* dst)>;
+// For tensors[i] without data: writes its bytes [offset, offset + n) into `dst` when the writer
+// reaches them, a window of at most kFillWindow bytes (a multiple of 8) at a time: state streamed
+// from where it lives, a device, through a small host buffer.
+using TensorFill = std::function<void(size_t i, size_t offset, size_t n, void* dst)>;
+inline constexpr size_t kFillWindow = size_t{64} << 20;
 
 struct SafetensorsWriteResult {
   uint64_t file_bytes = 0;

@@ -618,7 +618,11 @@ void write_checkpoint_shard(const std::string& scratch, int64_t rank, int64_t wo
     const std::string file = shard_file(kind, rank, world);
     const bool optimizer = &refs == &w.optimizer;
     TensorFill fill;
-    if (w.fill) fill = [&](size_t i, void* dst) { w.fill(optimizer, i, static_cast<float*>(dst)); };
+    if (w.fill)
+      fill = [&](size_t i, size_t offset, size_t n, void* dst) {
+        w.fill(optimizer, i, static_cast<int64_t>(offset / sizeof(float)), static_cast<int64_t>(n / sizeof(float)),
+               static_cast<float*>(dst));
+      };
     const SafetensorsWriteResult r = write_safetensors(join_path(scratch, file), writes, {{"format", "pt"}}, fill);
     json entry = {{"sum", {{"bytes", r.file_bytes}, {"sha256", r.sha256}}}};
     if (!parts.empty()) entry["parts"] = parts_json(parts);

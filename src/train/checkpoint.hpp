@@ -107,12 +107,12 @@ struct PartRef {
   const float* data = nullptr;
 };
 // What one rank writes: its parts of the model (Megatron-Core names) and of the optimizer state
-// (exp_avg_name / exp_avg_sq_name); either may be empty. For a part without data, `fill` writes it
-// into dst when its file reaches it (the model's and the optimizer's files are written at once, on
-// two threads).
+// (exp_avg_name / exp_avg_sq_name); either may be empty. For a part without data, `fill` writes its
+// elements [from, from + count) into dst when its file reaches them, a window at a time (the
+// model's and the optimizer's files are written at once, on two threads).
 struct ShardWrite {
   std::vector<PartRef> model, optimizer;
-  std::function<void(bool optimizer, size_t i, float* dst)> fill;
+  std::function<void(bool optimizer, size_t i, int64_t from, int64_t count, float* dst)> fill;
 };
 
 // The same save by `world` ranks in three steps. The first rank begins it (the folder the ranks

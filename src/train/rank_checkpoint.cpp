@@ -110,10 +110,10 @@ ShardWrite rank_shard(const std::vector<StatePart>& parts, Engine& engine, bool 
   for (const StatePart& p : parts)
     add_entries(w, p, moments, [](model::TensorPart part, Buffer) { return PartRef{std::move(part), nullptr}; });
   // The model file's i-th part is parts[i]'s weights; the optimizer file's 2i-th and 2i+1-th its moments.
-  w.fill = [&parts, &engine](bool optimizer, size_t i, float* dst) {
+  w.fill = [&parts, &engine](bool optimizer, size_t i, int64_t from, int64_t count, float* dst) {
     const StatePart& p = parts[optimizer ? i / 2 : i];
     const Buffer b = !optimizer ? Buffer::kWeights : i % 2 == 0 ? Buffer::kExpAvg : Buffer::kExpAvgSq;
-    engine.download_state(b, optimizer ? p.moment : p.offset, p.part.numel(), dst);
+    engine.download_state(b, (optimizer ? p.moment : p.offset) + from, count, dst);
   };
   return w;
 }
@@ -136,25 +136,39 @@ std::vector<ParamShape> whole_param_shapes(const model::GptModel& local) {
   return param_shapes(model::build_gpt_parameters(model::ep_whole_config(local.config())).table);
 }
 
+namespace {
+
+// Reads `part` from `store` into the engine's buffer b at `at`, a window of rows at a time (the host
+// holds one window; a window of a stored entry reads only what it meets).
+void read_in_windows(const TensorStore& store, const model::TensorPart& part, Buffer b, int64_t at, Engine& engine,
+                     std::vector<float>& buf) {
+  constexpr int64_t kWindow = int64_t{16} << 20;  // elements: 64 MB
+  const int64_t n = part.numel();
+  buf.resize(static_cast<size_t>(std::min(n, kWindow)));
+  for (int64_t lo = 0; lo < n; lo += kWindow) {
+    const int64_t hi = std::min(n, lo + kWindow);
+    store.read(n <= kWindow ? part : model::sub_part(part, lo, hi), buf.data());
+    engine.upload_state(b, at + lo, hi - lo, buf.data());
+  }
+}
+
+model::TensorPart renamed(const model::TensorPart& p, std::string name) { return {std::move(name), p.shape, p.boxes}; }
+
+}  // namespace
+
 void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine) {
   const std::vector<model::TensorPart> parts = rank_parts(local);
   std::vector<float> buf;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    buf.resize(static_cast<size_t>(parts[i].numel()));
-    store.read(parts[i], buf.data());
-    engine.upload_state(Buffer::kWeights, local.table().specs[i].offset, parts[i].numel(), buf.data());
-  }
+  for (size_t i = 0; i < parts.size(); ++i)
+    read_in_windows(store, parts[i], Buffer::kWeights, local.table().specs[i].offset, engine, buf);
 }
 
 void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,
                        Engine& engine) {
   std::vector<float> buf;
   for (const StatePart& m : owned_parts(rank_parts(local), local.table(), shards, false)) {
-    buf.resize(static_cast<size_t>(m.part.numel()));
-    store.read({exp_avg_name(m.part.name), m.part.shape, m.part.boxes}, buf.data());
-    engine.upload_state(Buffer::kExpAvg, m.moment, m.part.numel(), buf.data());
-    store.read({exp_avg_sq_name(m.part.name), m.part.shape, m.part.boxes}, buf.data());
-    engine.upload_state(Buffer::kExpAvgSq, m.moment, m.part.numel(), buf.data());
+    read_in_windows(store, renamed(m.part, exp_avg_name(m.part.name)), Buffer::kExpAvg, m.moment, engine, buf);
+    read_in_windows(store, renamed(m.part, exp_avg_sq_name(m.part.name)), Buffer::kExpAvgSq, m.moment, engine, buf);
   }
 }
 

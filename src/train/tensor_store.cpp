@@ -138,14 +138,16 @@ void TensorStore::read(const model::TensorPart& want, float* out) const {
     // (Each entry's pages given back once read: the files stay mapped, the resident set small.)
     if (same_boxes(s.part, want)) {  // the stored part is the one wanted: straight in
       f.file.read_f32(t, out, static_cast<size_t>(want.numel()));
-      f.file.release(t.data, t.nbytes);
       copied += want.numel();
-      continue;
+    } else if (t.dtype == Dtype::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
+      // What meets the wanted part, from the mapping itself (a window of a large entry reads only it).
+      copied += model::copy_overlap(s.part, reinterpret_cast<const float*>(t.data), want, out);
+    } else {  // other dtypes widened whole first
+      buf.resize(static_cast<size_t>(t.numel()));
+      f.file.read_f32(t, buf.data(), buf.size());
+      copied += model::copy_overlap(s.part, buf.data(), want, out);
     }
-    buf.resize(static_cast<size_t>(t.numel()));
-    f.file.read_f32(t, buf.data(), buf.size());
     f.file.release(t.data, t.nbytes);
-    copied += model::copy_overlap(s.part, buf.data(), want, out);
   }
   if (copied == want.numel()) return;
   std::string from = read_from.empty() ? " (no stored part meets it)" : " (read from:";

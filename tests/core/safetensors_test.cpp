@@ -335,12 +335,24 @@ TEST_F(Safetensors, FilledTensorsWriteTheSameBytesAsGivenOnes) {
   std::vector<size_t> order;
   const std::vector<const std::vector<float>*> values = {&b, &a};
   write_safetensors(path("filled.safetensors"), {{"b", Dtype::F32, {2}, nullptr}, {"a", Dtype::F32, {3}, nullptr}}, {},
-                    [&](size_t i, void* dst) {
+                    [&](size_t i, size_t offset, size_t n, void* dst) {
                       order.push_back(i);
-                      std::memcpy(dst, values[i]->data(), values[i]->size() * sizeof(float));
+                      std::memcpy(dst, reinterpret_cast<const uint8_t*>(values[i]->data()) + offset, n);
                     });
   EXPECT_EQ(read_file(path("filled.safetensors")), read_file(path("given.safetensors")));
   EXPECT_EQ(order, (std::vector<size_t>{1, 0})) << "each filled once, in the file's order";
+  // A tensor larger than the fill window comes in windows, each asked for once, in order.
+  std::vector<float> big(kFillWindow / sizeof(float) + 3);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  write_safetensors(path("big_given.safetensors"), {{"big", Dtype::F32, {static_cast<int64_t>(big.size())}, big.data()}});
+  std::vector<std::pair<size_t, size_t>> windows;
+  write_safetensors(path("big_filled.safetensors"), {{"big", Dtype::F32, {static_cast<int64_t>(big.size())}, nullptr}},
+                    {}, [&](size_t, size_t offset, size_t n, void* dst) {
+                      windows.emplace_back(offset, n);
+                      std::memcpy(dst, reinterpret_cast<const uint8_t*>(big.data()) + offset, n);
+                    });
+  EXPECT_EQ(sha256_hex(read_file(path("big_filled.safetensors"))), sha256_hex(read_file(path("big_given.safetensors"))));
+  EXPECT_EQ(windows, (std::vector<std::pair<size_t, size_t>>{{0, kFillWindow}, {kFillWindow, 12}}));
   EXPECT_THROW(write_safetensors(path("none.safetensors"), {{"c", Dtype::F32, {1}, nullptr}}), Error);
 }
 

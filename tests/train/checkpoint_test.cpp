@@ -646,6 +646,14 @@ TEST_F(Checkpoint, ShardsOfSeveralRanksReadBackWholeAndInOtherParts) {
   for (int64_t r = 0; r < 8; ++r)
     for (int64_t k = 1; k < 3; ++k) want.push_back(a.values[0][static_cast<size_t>(r * 4 + k)]);
   EXPECT_TRUE(bits_equal(got, want));
+  // Read in windows of the flat data (as a restore reads a large tensor): each from the entries it meets.
+  for (const int64_t window : {5, 7, 32}) {
+    std::vector<float> whole(32);
+    const model::TensorPart all = whole_part(a.shapes[0]);
+    for (int64_t lo = 0; lo < 32; lo += window)
+      c.model.read(model::sub_part(all, lo, std::min<int64_t>(32, lo + window)), whole.data() + lo);
+    EXPECT_TRUE(bits_equal(whole, a.values[0])) << "window " << window;
+  }
   // The rows are entries of their own shape; the moments cut mid-row are flat.
   SafetensorsFile rank1(it_dir + "/model.rank00001.safetensors");
   EXPECT_EQ(rank1.find(a.shapes[0].name)->shape, (std::vector<int64_t>{4, 4}));
