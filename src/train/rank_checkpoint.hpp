@@ -16,7 +16,6 @@
 #include "dist/process_group.hpp"
 #include "model/gpt_model.hpp"
 #include "model/tensor_box.hpp"
-#include "optim/adamw.hpp"
 #include "train/checkpoint.hpp"
 #include "train/dist_optimizer.hpp"
 #include "train/engine.hpp"

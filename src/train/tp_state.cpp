@@ -10,7 +10,6 @@
 #include "model/gpt_layout.hpp"
 #include "model/gpt_tp.hpp"
 #include "model/parameters.hpp"
-#include "train/dist_optimizer.hpp"
 
 namespace laoyao::train {
 
