@@ -214,10 +214,22 @@ std::map<std::string, FileParts> read_parts(const json& j, const std::string& fi
           !e.contains("boxes") || !e.at("boxes").is_array())
         bad_state(file, at + " needs tensor, shape and boxes");
       model::TensorPart p{e.at("tensor").get<std::string>(), read_ints(e.at("shape"), file, at + ".shape"), {}};
+      // Dimensions a tensor can have (their products stay far inside int64), boxes inside them.
+      constexpr int64_t kMaxDim = int64_t{1} << 40;
+      auto within = [&](int64_t v, int64_t hi) { return v >= 0 && v <= hi; };
+      if (p.shape.size() > 8 || !std::all_of(p.shape.begin(), p.shape.end(), [&](int64_t d) { return within(d, kMaxDim); }))
+        bad_state(file, at + ".shape " + shape_string(p.shape) + " is not a tensor's shape");
       for (const json& b : e.at("boxes")) {
         if (!b.is_object() || !b.contains("start") || !b.contains("size"))
           bad_state(file, at + ".boxes needs start and size");
-        p.boxes.push_back({read_ints(b.at("start"), file, at + ".start"), read_ints(b.at("size"), file, at + ".size")});
+        model::Box box{read_ints(b.at("start"), file, at + ".start"), read_ints(b.at("size"), file, at + ".size")};
+        bool inside = box.start.size() == p.shape.size() && box.size.size() == p.shape.size();
+        for (size_t d = 0; inside && d < p.shape.size(); ++d)
+          inside = within(box.start[d], p.shape[d]) && within(box.size[d], p.shape[d] - box.start[d]) && box.size[d] > 0;
+        if (!inside)
+          bad_state(file, at + ": box " + shape_string(box.start) + " + " + shape_string(box.size) +
+                              " is not inside the shape " + shape_string(p.shape));
+        p.boxes.push_back(std::move(box));
       }
       out[tensor_file][key] = std::move(p);
     }

@@ -686,6 +686,21 @@ TEST_F(Checkpoint, AMissingTruncatedOrCorruptShardNamesTheFileAndTheSlice) {
   expect_has(usage_error([&] { load_checkpoint(save_, std::nullopt, CheckpointVerify::kFilesRead); }),
              "'" + opt1 + "' is missing");
 
+  // A parts record whose box leaves the tensor's shape is refused by name before any file is read.
+  const std::string state = it_dir + "/train_state.json";
+  const std::string good = read_file(state);
+  std::string bad = good;
+  const std::string key = "\"size\": [";
+  const size_t size_at = bad.find(key, bad.find("\"parts\""));  // the first box's first size: past the rows
+  ASSERT_NE(size_at, std::string::npos);
+  const size_t from = bad.find_first_of("0123456789", size_at + key.size());
+  bad.replace(from, bad.find_first_not_of("0123456789", from) - from, "9999999");
+  std::ofstream(state, std::ios::trunc) << bad;
+  msg = usage_error([&] { load_checkpoint(save_, std::nullopt, CheckpointVerify::kFilesRead); });
+  expect_has(msg, "train_state.json");
+  expect_has(msg, "is not inside the shape");
+  std::ofstream(state, std::ios::trunc) << good;
+
   // A part no rank wrote: the check names the tensor, what is held and where; a read of it too.
   fs::remove_all(save_);
   save_sharded(save_, a, /*rank_one_writes=*/false);
