@@ -535,7 +535,8 @@ TEST(Launch, TensorParallelCpuRanksReproduceOneRank) {
 }
 
 // A run's parallel layout is its own, not its checkpoint's: a checkpoint saved by four CPU ranks as
-// TP=2 x DP=2 (plain, or with the distributed optimizer) resumes on one rank and as EP=2 (two
+// TP=2 x DP=2 (plain, or with the distributed optimizer, also saved asynchronously at iterations 1
+// and 2) resumes on one rank and as EP=2 (two
 // data-parallel ranks sharing out the experts), and those saved as EP=2 or on one rank resume as
 // TP=2 x DP=2, each continuing the single rank's losses. Each rank writes its own parts.
 TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
@@ -553,8 +554,11 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
   };
   std::vector<std::string> tp2dp2_dist = tp2dp2;
   tp2dp2_dist.push_back("--use-distributed-optimizer");
+  std::vector<std::string> tp2dp2_dist_async = tp2dp2_dist;
+  tp2dp2_dist_async.push_back("--async-save");
   const Layout one_rank{"1", {}, "1 rank"}, tp_dp{"4", tp2dp2, "TP=2 x DP=2"}, ep{"2", ep2, "EP=2"},
-      tp_dp_dist{"4", tp2dp2_dist, "TP=2 x DP=2 with the distributed optimizer"};
+      tp_dp_dist{"4", tp2dp2_dist, "TP=2 x DP=2 with the distributed optimizer"},
+      tp_dp_async{"4", tp2dp2_dist_async, "TP=2 x DP=2, distributed optimizer, --async-save"};
   // Each rank writes the parts no lower rank holds: at TP=2 x DP=2 the two TP ranks of the first
   // data-parallel rank hold every weight and moment (the second's are replicas); with the
   // distributed optimizer each rank writes its share of the main parameters and moments.
@@ -570,13 +574,16 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
       {tp_dp, {one_rank, ep}, two_tp_ranks},
       {ep, {tp_dp}, {}},
       {one_rank, {tp_dp_dist}, {"model.safetensors", "optimizer.safetensors", "run_config.yaml", "train_state.json"}},
-      {tp_dp_dist, {one_rank, ep}, {}}};
+      {tp_dp_dist, {one_rank, ep}, {}},
+      {tp_dp_async, {one_rank}, {}}};
   int saved_runs = 0;
   for (const auto& [saver, loaders, files] : moves) {
     const std::string ckpt = dir + "/ckpt" + std::to_string(saved_runs++);
     std::vector<std::string> save = saver.flags;
     for (const char* f : {"--exit-interval", "2", "--save-interval", "2", "--save"}) save.push_back(f);
     save.push_back(ckpt);
+    // Asynchronous saves at 1 and 2: the first finalized by all ranks together while training goes on.
+    if (saver.name == tp_dp_async.name) save.insert(save.end(), {"--save-interval", "1"});
     const auto saved = run_laoyao(on_ranks(saver.ranks, one, save), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(saved.status, 0) << saved.output;
     std::vector<std::string> written;
@@ -586,7 +593,14 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
     if (!files.empty()) {
       EXPECT_EQ(written, files) << saver.name;
     }
-    if (saver.name == tp_dp_dist.name) {  // every rank its share of the main parameters and moments
+    if (saver.name == tp_dp_async.name) {
+      for (const char* it : {"1", "2"}) {
+        EXPECT_NE(saved.output.find(std::string("successfully saved checkpoint from iteration       ") + it),
+                  std::string::npos)
+            << saved.output;
+      }
+    }
+    if (saver.name == tp_dp_dist.name || saver.name == tp_dp_async.name) {  // every rank its share
       for (const char* f : {"model.rank00002.safetensors", "model.rank00003.safetensors",
                             "optimizer.rank00002.safetensors", "optimizer.rank00003.safetensors"})
         EXPECT_NE(std::find(written.begin(), written.end(), f), written.end()) << f;
