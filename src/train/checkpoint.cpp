@@ -282,10 +282,6 @@ StateFile read_state_file(const std::string& dir) {
   return s;
 }
 
-void verify_bytes(const std::string& path, const uint8_t* data, size_t n, const FileSum& want) {
-  verify_file_sum(path, data, n, want);
-}
-
 // Opens a listed safetensors file after checking that it has its recorded size, and (verify) its
 // SHA-256.
 SafetensorsFile open_listed(const std::string& dir, const std::string& name, const FileSum& want, bool verify) {
@@ -829,13 +825,13 @@ LoadedCheckpoint load_checkpoint(const std::string& load_dir, std::optional<int6
   if (!fs::exists(config_path))
     throw UsageError("checkpoint file '" + config_path + "' is missing (train_state.json lists it)");
   std::string yaml = read_file(config_path);
-  verify_bytes(config_path, reinterpret_cast<const uint8_t*>(yaml.data()), yaml.size(), sf.files.at(kConfigFile));
+  verify_file_sum(config_path, reinterpret_cast<const uint8_t*>(yaml.data()), yaml.size(), sf.files.at(kConfigFile));
   for (const auto& [file, sum] : sf.files) {  // files a later version may add: present and intact
     if (tensor_file_of(file, "model") || tensor_file_of(file, "optimizer") || file == kConfigFile) continue;
     const std::string p = join_path(dir, file);
     if (!fs::exists(p)) throw UsageError("checkpoint file '" + p + "' is missing (train_state.json lists it)");
     const std::string bytes = read_file(p);
-    verify_bytes(p, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), sum);
+    verify_file_sum(p, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), sum);
   }
   return LoadedCheckpoint{dir, std::move(sf.state), std::move(yaml), std::move(*model), std::move(optimizer)};
 }

@@ -39,8 +39,6 @@ std::vector<StatePart> owned_parts(const std::vector<model::TensorPart>& parts, 
   return out;
 }
 
-std::string part_key(const model::TensorPart& p) { return part_string(p); }
-
 std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::ProcessGroup* world) {
   const size_t n = keys.size();
   std::vector<bool> first(n);
@@ -81,7 +79,7 @@ std::vector<StatePart> parts_to_write(const RankState& r) {
   std::vector<std::string> keys(table.specs.size());
   for (const StatePart& p : owned) {
     if (!keys[p.param].empty()) throw Error("checkpoint: two counted ranges of " + p.part.name);
-    keys[p.param] = part_key(p.part);
+    keys[p.param] = part_string(p.part);  // equal for two ranks exactly when they hold the same elements
   }
   const std::vector<bool> first = first_holders(keys, r.world);
   std::vector<StatePart> out;

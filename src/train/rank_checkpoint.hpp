@@ -42,8 +42,6 @@ struct StatePart {
 std::vector<StatePart> owned_parts(const std::vector<model::TensorPart>& parts, const model::ParameterTable& table,
                                    const OptimizerShards& shards, bool counted_only);
 
-// "name [0:4, 0:16] ...": equal for two ranks exactly when they hold the same elements in one order.
-std::string part_key(const model::TensorPart& p);
 // Whether this rank is the first of the world's ranks holding each key (the i-th against the i-th;
 // an empty key is held by no one). Collective over `world`; every rank passes equally many keys.
 std::vector<bool> first_holders(const std::vector<std::string>& keys, dist::ProcessGroup* world);
