@@ -1,14 +1,15 @@
-// Megatron-Core's GPTModel on the CPU reference backend: embedding (word + learned positions),
-// pre-norm TransformerLayers (fused-QKV causal attention, MLP), final norm, output layer (tied to
-// the word embedding by default), per-token cross entropy over the padded vocabulary. Forward
-// keeps what backward needs; backward is hand-written and accumulates into the gradient buffer.
+// Megatron-Core's GPTModel on the CPU reference backend: the parameter table, the fp32 weights and
+// gradients, the parallel groups and what is computed over them (norms, zero counts, the gradient
+// sums of finalize_grads). Forward and backward run the module tree (model/mcore/gpt_model.hpp)
+// over the CPU backend's ops (model/cpu/cpu_backend.hpp), which keep what backward needs and
+// accumulate into the gradients.
 //
 // Tensor parallelism (a group of several ranks): each rank holds Megatron-Core's shards of the
 // parameters (model/gpt_tp.hpp) and runs its heads, ffn columns and vocabulary rows, summing over
-// the group where Megatron-Core's layers do (model/tensor_parallel.hpp): every rank then sees
-// every token's loss, and the shards' gradients are the single rank's, split. With sequence
-// parallelism (config.sequence_parallel) the norms, dropout and residuals run on each rank's share
-// of every sequence, between an all-gather and a reduce-scatter around the parallel layers.
+// the group where Megatron-Core's layers do: every rank then sees every token's loss, and the
+// shards' gradients are the single rank's, split. With sequence parallelism
+// (config.sequence_parallel) the norms, dropout and residuals run on each rank's share of every
+// sequence, between an all-gather and a reduce-scatter around the parallel layers.
 //
 // Expert parallelism (model/gpt_ep.hpp, an expert-parallel group of config.moe.expert_parallel
 // ranks): each rank holds its share of every MoE layer's routed experts, and the routed tokens go
@@ -22,10 +23,11 @@
 
 #include "core/rng.hpp"
 #include "dist/process_group.hpp"
-#include "kernels/cpu/moe.hpp"
-#include "kernels/cpu/ops.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
+#include "model/cpu/cpu_backend.hpp"
+#include "model/cpu/moe_layers_cpu.hpp"
+#include "model/mcore/gpt_model.hpp"
 #include "model/parameters.hpp"
 
 namespace laoyao::model {
@@ -56,8 +58,7 @@ struct DropoutKey {
 // The stream of layer l's random router logits in a micro-batch (--moe-router-force-load-balancing),
 // the same on both backends.
 inline uint64_t random_logits_key(const DropoutKey& key, int64_t layer) {
-  const std::string stream = "router.layer" + std::to_string(layer) + ".random_logits." + std::to_string(key.call);
-  return rng_stream_key(key.seed, stream);
+  return mcore::random_logits_key(key.seed, key.call, layer);
 }
 
 class GptModel {
@@ -126,11 +127,9 @@ class GptModel {
   // Mixture of Experts: the load-balancing, sequence load-balancing and z losses, each divided by
   // its coefficient (as Megatron logs them) and summed over the MoE layers: of the last forward,
   // and of every forward that a backward followed (training) since the last take, which resets.
-  struct MoeLosses {
-    double aux = 0, seq_aux = 0, z = 0, global_aux = 0;
-  };
-  MoeLosses last_moe_losses() const;
-  MoeLosses take_moe_losses() { return std::exchange(moe_losses_, MoeLosses{}); }
+  using MoeLosses = model::MoeLosses;
+  MoeLosses last_moe_losses() const { return moe_ ? moe_->last_losses() : MoeLosses{}; }
+  MoeLosses take_moe_losses() { return moe_ ? moe_->take_losses() : MoeLosses{}; }
   int64_t num_moe_layers() const;
   // The parameters one token uses: all but the routed experts', and topk / num_experts of those
   // (the shared experts and the routers whole); num_parameters() for a dense model.
@@ -154,39 +153,18 @@ class GptModel {
   std::vector<double> expert_load(int64_t layer) const;
 
  private:
-  using LayerParams = GptLayerOffsets;
-  struct LayerActs {  // offsets into acts_
-    int64_t x_in, ln1, ln1_mean, ln1_rstd, qkv, qkv_attn, qk_rstd, probs, attn_mask, ctx, drop1, x_mid, ln2, ln2_mean,
-        ln2_rstd, u, g, drop2;
-  };
-  void build_parameter_table();
-  void allocate_activations(int64_t b, int64_t s);
-  float* P(int64_t off) { return weights_.data() + off; }
-  float* G(int64_t off) { return grads_.data() + off; }
-  float* A(int64_t off) { return acts_.data() + off; }
-  // An optional parameter (a bias, a LayerNorm beta): offset -1 when the model has none.
-  float* opt(int64_t off) { return off >= 0 ? P(off) : nullptr; }
-  float* gopt(int64_t off) { return off >= 0 ? G(off) : nullptr; }
-
-  bool tensor_parallel() const { return tp_size_ > 1; }
   void build_routed_ranges();
+  float* G(int64_t off) { return grads_.data() + off; }
+  bool tensor_parallel() const { return tp_size_ > 1; }
+  bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
   // How a parameter is split over the model-parallel groups (its norm's and zero count's share is
   // summed over them): by expert parallelism, by both, by tensor parallelism, or whole here.
   enum SplitKind { kSplitEp = 0, kSplitBoth = 1, kSplitTp = 2, kWhole = 3 };
   int split_kind(const std::string& name) const;
   void sum_split_parts(double (&parts)[4]) const;
   double model_norm(const float* buf) const;  // over the whole model: see grad_norm
-  bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
-  // Sequence parallelism, in place on a [T, h] buffer: its first T/tp rows (this rank's tokens)
-  // become the whole sequence's (all-gather), or the whole buffer's partial sums become this
-  // rank's rows of their sum (reduce-scatter).
-  void gather_sequence(float* buf);
-  void reduce_scatter_sequence(float* buf);
-  // The hidden dropout mask of this rank's tokens (the whole model's mask, sliced) into mask.
-  void hidden_dropout_mask(float* mask, double p, uint64_t seed, const std::string& stream);
-  void sum_over_tp(float* data, int64_t n) {
-    if (tensor_parallel()) tp_->all_reduce_sum(data, static_cast<size_t>(n));
-  }
+  // The module tree's step of the last forward (its inputs point into the copies below).
+  mcore::Step step(const MicroBatch& mb, const DropoutKey& key, bool train_step);
 
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
@@ -199,38 +177,21 @@ class GptModel {
   bool folded_ = false;
   dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
-  ParameterTable table_;
+  GptParameterLayout layout_;
+  const ParameterTable& table_ = layout_.table;
   std::vector<float> weights_, grads_;
-  int64_t word_emb_ = -1, pos_emb_ = -1, final_w_ = -1, final_b_ = -1, output_w_ = -1;
-  std::vector<LayerParams> layers_;
-
-  // Activations of the last forward (allocated once per micro-batch shape).
-  int64_t b_ = 0, s_ = 0;
-  std::vector<float> acts_;
-  std::vector<LayerActs> layer_acts_;
-  int64_t emb_drop_ = 0, x_final_in_ = 0, xf_ = 0, xf_mean_ = 0, xf_rstd_ = 0, logits_ = 0, lse_ = 0;
-  std::vector<float> work_;  // backward scratch
-  std::vector<int64_t> tokens_, labels_, positions_, rope_positions_;
-  std::vector<int32_t> key_start_;  // the micro-batch's documents (empty: plain causal)
-  const int32_t* key_start() const { return key_start_.empty() ? nullptr : key_start_.data(); }
-  std::vector<float> full_mask_;  // tensor parallel: all heads' attention dropout mask, sliced per rank
-  std::vector<float> sp_full_, sp_local_;  // sequence parallel: [T, h] and [T/tp, h] scratch
-  std::vector<float> dqk_scratch_;         // tensor parallel: one micro-batch's q/k norm gradients
-  kernels::cpu::RopeTable rope_;
-  bool training_ = false;
-  // Mixture of Experts: the layer's shape and math, its weights and gradients in the table, and
-  // each MoE layer's saved state.
-  kernels::cpu::MoeLayerConfig moe_cfg_;
-  std::vector<kernels::cpu::MoeLayerState> moe_states_;  // per layer (empty for dense layers)
-  // Each MoE layer's routed-experts stage under expert parallelism or with whole experts under TP
-  // (null for dense layers, or neither: kernels/cpu/moe runs the experts itself).
-  std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> ep_stages_;
   std::vector<std::pair<int64_t, int64_t>> routed_ranges_;  // see routed_expert_ranges (built once)
-  std::vector<std::vector<double>> expert_load_;  // per layer [E]: tokens since update_expert_bias
-  kernels::cpu::MoeLayerWeights moe_weights(const LayerParams& L);
-  kernels::cpu::MoeLayerGrads moe_grads(const LayerParams& L);
+
+  // The module tree over the CPU backend's ops, and the MoE layers' state (null for a dense model).
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<CpuMoeLayers> moe_;
+  std::unique_ptr<mcore::GPTModel> net_;
+  // The last forward's micro-batch (the backward reads it again) and its step.
+  std::vector<int64_t> tokens_, labels_, positions_;
+  std::vector<int32_t> key_start_;  // the micro-batch's documents (empty: plain causal)
+  mcore::Step step_;
+  bool forwarded_ = false;
   float moe_aux_loss_scale_ = 1.0f;
-  MoeLosses moe_losses_;
 };
 
 }  // namespace laoyao::model

@@ -1,0 +1,142 @@
+// The ops a backend offers the model (model/mcore): the one module tree of Megatron-Core's GPT is
+// written once over this interface, and each backend supplies the ops (CPU: the fp32 reference ops
+// of kernels/cpu; a fused op is one the backend offers whole, not a branch in the model).
+//
+// Conventions. Activations are row-major [rows, C] buffers of the backend's activation type (Act;
+// fp32 on the CPU), statistics (norm mean/rstd, losses) fp32. A parameter is named by its offset in
+// the model's flat table (model/gpt_layout.hpp; -1: the model has none); the backend reads its
+// weight and accumulates (+=) its gradient. Input gradients are overwritten. Ops run in order on
+// the backend's stream; none waits for the host.
+//
+// Parallelism: ops whose math spans a tensor-parallel group (the vocabulary-parallel cross entropy)
+// communicate inside; the modules call the collectives below where Megatron-Core's layers do.
+#pragma once
+#include <cstdint>
+
+#include "model/dropout_spec.hpp"
+#include "model/tensor_parallel.hpp"
+
+namespace laoyao::model {
+
+// An activation buffer (or a position in one) in the backend's memory and type.
+struct Act {
+  void* p = nullptr;
+};
+
+// The micro-batch the ops of a forward or backward work on: b sequences of s tokens (T = b * s,
+// batch-major), rows of them on this rank outside the tensor-parallel regions (T, or T / tp under
+// sequence parallelism), and the documents of a packed sequence (key_start: backend memory, null
+// for plain causal attention).
+struct BatchShape {
+  int64_t b = 0, s = 0, T = 0, rows = 0;
+  const int32_t* key_start = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- memory: the activations live in one arena of this many bytes (contents undefined),
+  // handed out by ActivationCarver below; an element of an activation is activation_bytes().
+  virtual size_t activation_bytes() const = 0;
+  virtual void* reserve_activations(size_t bytes) = 0;
+
+  // ---- embeddings: out[T, h] = table rows of ids (vocab: this rank's rows of the table; ids
+  // outside it give zeros); accumulate adds instead (the learned positions onto the words).
+  virtual void embedding(const int64_t* ids, int64_t table, Act out, int64_t T, int64_t h, tp::Shard vocab,
+                         bool accumulate) = 0;
+  virtual void embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h,
+                                  tp::Shard vocab) = 0;
+
+  // ---- linear layers: y[rows, N] = x[rows, K] @ w[N, K]^T (+ b).
+  virtual void linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) = 0;
+  // dx = dy @ w (dx.p null: skipped), dw += dy^T x, db += column sums of dy.
+  virtual void linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) = 0;
+  // out = residual + dropout(x @ w^T + b): a layer's last linear and its bias-dropout-add.
+  virtual void linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
+                                       int64_t N, const DropoutSpec& drop) = 0;
+  // out = residual + dropout(x + b) (out may be x): the bias-dropout-add after a reduction.
+  virtual void bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
+                                const DropoutSpec& drop) = 0;
+  // y = x * mask (y may be x): a dropout's forward or backward alone.
+  virtual void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) = 0;
+  virtual void add(Act y, Act x, int64_t n) = 0;  // y += x
+  virtual void copy(Act dst, Act src, int64_t n) = 0;
+
+  // ---- the configured norm (LayerNorm with bias, or RMSNorm) over rows of width h; mean/rstd [rows]
+  // saved. The backward overwrites dx, or adds to it (accumulate: the residual stream's gradient).
+  virtual void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) = 0;
+  virtual void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
+                             int64_t rows, bool accumulate) = 0;
+
+  // ---- the MLP's fc1 and its activation (GeLU or SwiGLU): u = x @ fc1^T + b (kept for the
+  // backward), g = act(u); and back through fc2 and the activation: dfc2 += dy^T g (+ bias), du =
+  // act'(u) * (dy @ fc2).
+  virtual void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) = 0;
+  virtual void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
+                                int64_t ffn) = 0;
+
+  // ---- attention on Megatron-Core's fused QKV rows (kernels/cpu/ops.hpp's layout).
+  // q and k made ready for attention: the QK layernorm (q_norm, k_norm >= 0) into qkv_attn (rstd
+  // saved), then RoPE (if the model has it) on qkv_attn; without the norm qkv_attn is qkv.
+  virtual void qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
+                           const BatchShape& batch) = 0;
+  // In place on dqkv: the gradient at qkv_attn becomes the gradient at qkv.
+  virtual void qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
+                                    const BatchShape& batch) = 0;
+  // Causal (or per-document) softmax attention of layer `layer`; what its backward needs the
+  // backend keeps per layer.
+  virtual void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch,
+                              const DropoutSpec& drop) = 0;
+  virtual void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
+                                       const DropoutSpec& drop) = 0;
+
+  // ---- Mixture of Experts: layer `layer`'s MoELayer (router, dispatcher, experts, shared experts)
+  // on x[T, h] into y[T, h] (this rank's share of every expert's output under tensor parallelism).
+  // train_step: a training forward, whose backward follows. random_logits_key: the stream of
+  // --moe-router-force-load-balancing's logits.
+  virtual void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
+                         uint64_t random_logits_key) = 0;
+  // dx = the gradient at x; aux_loss_scale: what each load-balancing and z loss's gradient is scaled by.
+  virtual void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
+                                  float aux_loss_scale) = 0;
+
+  // ---- the output: per-token cross entropy of logits [T, vocab.size] (this rank's vocabulary
+  // rows; the whole vocabulary's loss, communicating over the tensor-parallel group), stats [2T]
+  // saved; the backward overwrites the logits with their gradient (dloss[T]: each loss's weight).
+  virtual void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
+                             tp::Shard vocab) = 0;
+  virtual void cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss,
+                                      int64_t T, tp::Shard vocab) = 0;
+
+  // ---- collectives over the tensor-parallel group on [T, h] activations: the sum in place;
+  // sequence parallelism's all-gather of every rank's rows into the whole sequence (batch-major:
+  // each rank's rows are b runs of s / tp), the reduce-scatter of every rank's whole partial sums
+  // into this rank's rows (full clobbered), and this rank's rows of a whole buffer.
+  virtual void tp_all_reduce(Act x, int64_t n) = 0;
+  virtual void sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) = 0;
+  virtual void sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) = 0;
+  virtual void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) = 0;
+};
+
+// Carves the activation arena: run the same take() calls once to measure (base null), reserve,
+// then again over the arena to hand out the buffers (256-byte aligned).
+class ActivationCarver {
+ public:
+  explicit ActivationCarver(size_t act_bytes, char* base = nullptr) : act_bytes_(act_bytes), base_(base) {}
+  Act act(int64_t count) { return Act{take(count, act_bytes_)}; }
+  float* f32(int64_t count) { return static_cast<float*>(take(count, sizeof(float))); }
+  size_t used() const { return used_; }
+
+ private:
+  void* take(int64_t count, size_t element) {
+    const size_t off = used_;
+    used_ += (static_cast<size_t>(count > 0 ? count : 0) * element + 255) / 256 * 256;
+    return base_ ? base_ + off : nullptr;
+  }
+  size_t act_bytes_;
+  char* base_;
+  size_t used_ = 0;
+};
+
+}  // namespace laoyao::model

@@ -1,0 +1,242 @@
+#include "model/cpu/cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace laoyao::model {
+
+namespace k = kernels::cpu;
+
+namespace {
+
+k::Gelu gelu_kind(Activation a) { return a == Activation::GeluErf ? k::Gelu::Erf : k::Gelu::Tanh; }
+
+void apply_dropout(float* y, int64_t n, const DropoutSpec& drop) {
+  if (drop.p <= 0) return;
+  for (int64_t i = 0; i < n; ++i) y[i] *= dropout_factor(drop, static_cast<uint64_t>(i));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const GptConfig& local, dist::ProcessGroup* tp, int64_t tp_rank, int64_t tp_size)
+    : lc_(local), tp_(tp_size > 1 ? tp : nullptr), tp_rank_(tp_rank), tp_size_(tp_size) {
+  if (local.positions == Positions::Rope) {
+    if (local.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
+    k::RopeParams rp;
+    rp.rotary_base = local.rotary_base;
+    rp.rotary_percent = local.rotary_percent;
+    rp.rope_scaling = local.rope_scaling;
+    rp.rope_scaling_factor = local.rope_scaling_factor;
+    rp.seq_len_interpolation_factor = local.seq_len_interpolation_factor;
+    rope_ = k::rope_table(local.kv_channels, local.max_positions, rp);
+  }
+  probs_.resize(static_cast<size_t>(local.num_layers));
+}
+
+void* CpuBackend::reserve_activations(size_t bytes) {
+  arena_.assign(bytes / sizeof(float) + 1, 0.0f);
+  return arena_.data();
+}
+
+float* CpuBackend::scratch(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+void CpuBackend::embedding(const int64_t* ids, int64_t table, Act out, int64_t T, int64_t h, tp::Shard vocab,
+                           bool accumulate) {
+  if (tp_size_ > 1 && !accumulate)  // this rank's vocabulary rows; the caller sums over the group
+    return tp::vocab_parallel_embedding_forward(ids, W(table), F(out), T, h, vocab, nullptr);
+  k::embedding_forward(ids, W(table), F(out), T, h, vocab.size, accumulate);
+}
+
+void CpuBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h,
+                                    tp::Shard vocab) {
+  if (vocab.start != 0 || tp_size_ > 1)
+    tp::vocab_parallel_embedding_backward(ids, F(dout), G(table), T, h, vocab);
+  else
+    k::embedding_backward(ids, F(dout), G(table), T, h);
+}
+
+void CpuBackend::linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) {
+  k::linear_forward(F(x), W(w), W(b), F(y), rows, K, N);
+}
+
+void CpuBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) {
+  k::linear_backward(F(x), W(w), F(dy), F(dx), G(w), G(b), rows, K, N);
+}
+
+void CpuBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
+                                         int64_t N, const DropoutSpec& drop) {
+  k::linear_forward(F(x), W(w), W(b), F(out), rows, K, N);
+  apply_dropout(F(out), rows * N, drop);
+  k::add_inplace(F(out), F(residual), rows * N);
+}
+
+void CpuBackend::bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
+                                  const DropoutSpec& drop) {
+  if (out.p != x.p) std::memcpy(out.p, x.p, sizeof(float) * static_cast<size_t>(rows * N));
+  if (b >= 0) k::add_bias_inplace(F(out), W(b), rows, N);
+  apply_dropout(F(out), rows * N, drop);
+  k::add_inplace(F(out), F(residual), rows * N);
+}
+
+void CpuBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {
+  if (y.p != x.p) std::memcpy(y.p, x.p, sizeof(float) * static_cast<size_t>(n));
+  apply_dropout(F(y), n, drop);
+}
+
+void CpuBackend::add(Act y, Act x, int64_t n) { k::add_inplace(F(y), F(x), n); }
+
+void CpuBackend::copy(Act dst, Act src, int64_t n) {
+  std::memcpy(dst.p, src.p, sizeof(float) * static_cast<size_t>(n));
+}
+
+void CpuBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) {
+  const GptConfig& c = lc_;
+  if (c.norm == Norm::LayerNorm)
+    k::layernorm_forward(F(x), W(w), W(b), F(y), mean, rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma);
+  else
+    k::rmsnorm_forward(F(x), W(w), F(y), rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma);
+}
+
+void CpuBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
+                               int64_t rows, bool accumulate) {
+  const GptConfig& c = lc_;
+  float* out = accumulate ? scratch(norm_dx_, rows * c.hidden) : F(dx);
+  if (c.norm == Norm::LayerNorm)
+    k::layernorm_backward(F(dy), F(x), W(w), mean, rstd, out, G(w), G(b), rows, c.hidden, c.zero_centered_gamma);
+  else
+    k::rmsnorm_backward(F(dy), F(x), W(w), rstd, out, G(w), rows, c.hidden, c.zero_centered_gamma);
+  if (accumulate) k::add_inplace(F(dx), out, rows * c.hidden);
+}
+
+void CpuBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) {
+  k::linear_forward(F(x), W(fc1_w), W(fc1_b), F(u), rows, lc_.hidden, lc_.fc1_rows(ffn));
+  if (lc_.activation == Activation::SwiGLU)
+    k::swiglu_forward(F(u), F(g), rows, ffn);
+  else
+    k::gelu_forward(F(u), F(g), rows * ffn, gelu_kind(lc_.activation));
+}
+
+void CpuBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
+                                  int64_t ffn) {
+  float* dg = scratch(dg_, rows * ffn);
+  k::linear_backward(F(g), W(fc2_w), F(dy), dg, G(fc2_w), G(fc2_b), rows, ffn, lc_.hidden);
+  if (lc_.activation == Activation::SwiGLU)
+    k::swiglu_backward(F(u), dg, F(du), rows, ffn);
+  else
+    k::gelu_backward(F(u), dg, F(du), rows * ffn, gelu_kind(lc_.activation));
+}
+
+const int64_t* CpuBackend::rope_positions(const BatchShape& batch) {
+  rope_positions_.resize(static_cast<size_t>(batch.T));
+  for (int64_t t = 0; t < batch.T; ++t) rope_positions_[static_cast<size_t>(t)] = t % batch.s;
+  return rope_positions_.data();
+}
+
+void CpuBackend::qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
+                             const BatchShape& batch) {
+  const GptConfig& c = lc_;
+  if (c.qk_layernorm)
+    k::qk_rmsnorm_forward(F(qkv), W(q_norm), W(k_norm), F(qkv_attn), qk_rstd, batch.T, c.heads, c.query_groups,
+                          c.kv_channels, c.norm_eps, c.zero_centered_gamma);
+  if (c.positions == Positions::Rope)
+    k::rope_forward_qkv(F(qkv_attn), rope_positions(batch), rope_, batch.T, c.heads, c.query_groups, c.kv_channels);
+}
+
+void CpuBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
+                                      const BatchShape& batch) {
+  const GptConfig& c = lc_;
+  const int64_t D = c.kv_channels;
+  if (c.positions == Positions::Rope)
+    k::rope_backward_qkv(F(dqkv), rope_positions(batch), rope_, batch.T, c.heads, c.query_groups, D);
+  if (!c.qk_layernorm) return;
+  if (tp_size_ > 1) {
+    // The replicated q/k norm weights serve every head: their gradient is this rank's heads'
+    // share, summed over the group (this micro-batch's alone: the gradients hold earlier ones too).
+    float* dqk = scratch(dqk_, 2 * D);
+    std::fill(dqk, dqk + 2 * D, 0.0f);
+    k::qk_rmsnorm_backward(F(dqkv), F(qkv), W(q_norm), W(k_norm), qk_rstd, F(dqkv), dqk, dqk + D, batch.T, c.heads,
+                           c.query_groups, D, c.zero_centered_gamma);
+    tp_->all_reduce_sum(dqk, static_cast<size_t>(2 * D));
+    k::add_inplace(G(q_norm), dqk, D);
+    k::add_inplace(G(k_norm), dqk + D, D);
+  } else {
+    k::qk_rmsnorm_backward(F(dqkv), F(qkv), W(q_norm), W(k_norm), qk_rstd, F(dqkv), G(q_norm), G(k_norm), batch.T,
+                           c.heads, c.query_groups, D, c.zero_centered_gamma);
+  }
+}
+
+const float* CpuBackend::attention_mask(const DropoutSpec& drop, const BatchShape& batch) {
+  if (drop.p <= 0) return nullptr;
+  const int64_t n = batch.b * lc_.heads * batch.s * batch.s;
+  float* mask = scratch(mask_, n);
+  for (int64_t i = 0; i < n; ++i) mask[i] = dropout_factor(drop, static_cast<uint64_t>(i));
+  return mask;
+}
+
+void CpuBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch,
+                                const DropoutSpec& drop) {
+  const GptConfig& c = lc_;
+  std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
+  probs.resize(static_cast<size_t>(batch.b * c.heads * batch.s * batch.s));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
+  k::attention_forward(F(qkv_attn), F(ctx), probs.data(), batch.b, batch.s, c.heads, c.query_groups, c.kv_channels,
+                       scale, attention_mask(drop, batch), batch.key_start);
+}
+
+void CpuBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
+                                         const DropoutSpec& drop) {
+  const GptConfig& c = lc_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
+  k::attention_backward(F(qkv_attn), probs_.at(static_cast<size_t>(layer)).data(), F(dctx), F(dqkv), batch.b, batch.s,
+                        c.heads, c.query_groups, c.kv_channels, scale, attention_mask(drop, batch), batch.key_start);
+}
+
+void CpuBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
+                           uint64_t random_logits_key) {
+  moe_->forward(layer, w_, F(x), F(y), batch.T, batch.s, train_step, random_logits_key);
+}
+
+void CpuBackend::moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
+                                    float aux_loss_scale) {
+  moe_->backward(layer, w_, g_, F(x), F(dy), F(dx), batch.T, aux_loss_scale);
+}
+
+void CpuBackend::cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
+                               tp::Shard vocab) {
+  if (tp_size_ > 1)
+    tp::vocab_parallel_cross_entropy_forward(F(logits), labels, losses, stats, T, vocab, tp_);
+  else
+    k::cross_entropy_forward(F(logits), labels, losses, stats, T, vocab.size);
+}
+
+void CpuBackend::cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss,
+                                        int64_t T, tp::Shard vocab) {
+  if (tp_size_ > 1)
+    tp::vocab_parallel_cross_entropy_backward(F(logits), labels, stats, dloss, T, vocab);
+  else
+    k::cross_entropy_backward(F(logits), labels, stats, dloss, T, vocab.size);
+}
+
+void CpuBackend::tp_all_reduce(Act x, int64_t n) {
+  if (tp_) tp_->all_reduce_sum(F(x), static_cast<size_t>(n));
+}
+
+void CpuBackend::sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) {
+  tp::sequence_gather(F(local), F(full), batch.b, batch.s, h, tp_);
+}
+
+void CpuBackend::sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) {
+  tp::sequence_reduce_scatter(F(full), F(local), batch.b, batch.s, h, tp_);
+}
+
+void CpuBackend::sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) {
+  tp::sequence_slice(F(full), F(local), batch.b, batch.s, h, tp_rank_, tp_size_);
+}
+
+}  // namespace laoyao::model

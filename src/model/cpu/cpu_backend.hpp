@@ -1,0 +1,90 @@
+// The CPU backend of the model's ops (model/backend.hpp): fp32 activations, the reference ops of
+// kernels/cpu (each checked against an fp64 twin and by finite differences), the tensor-parallel
+// collectives over a Gloo group (model/tensor_parallel.hpp). What an op's backward needs beyond
+// its arguments (attention's probabilities, per layer) it keeps here.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/process_group.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "model/backend.hpp"
+#include "model/cpu/moe_layers_cpu.hpp"
+#include "model/gpt_config.hpp"
+
+namespace laoyao::model {
+
+class CpuBackend final : public Backend {
+ public:
+  // local: this rank's shapes; tp: the tensor-parallel group (null for one rank).
+  CpuBackend(const GptConfig& local, dist::ProcessGroup* tp, int64_t tp_rank, int64_t tp_size);
+  // The table's weights and gradients the ops read and accumulate into (again after they move).
+  void bind(const float* weights, float* grads) { w_ = weights, g_ = grads; }
+  // The MoE layers' ops (null for a dense model).
+  void set_moe(CpuMoeLayers* moe) { moe_ = moe; }
+
+  size_t activation_bytes() const override { return sizeof(float); }
+  void* reserve_activations(size_t bytes) override;
+
+  void embedding(const int64_t* ids, int64_t table, Act out, int64_t T, int64_t h, tp::Shard vocab,
+                 bool accumulate) override;
+  void embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h, tp::Shard vocab) override;
+  void linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) override;
+  void linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) override;
+  void linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K, int64_t N,
+                               const DropoutSpec& drop) override;
+  void bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
+                        const DropoutSpec& drop) override;
+  void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) override;
+  void add(Act y, Act x, int64_t n) override;
+  void copy(Act dst, Act src, int64_t n) override;
+  void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) override;
+  void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx, int64_t rows,
+                     bool accumulate) override;
+  void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) override;
+  void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
+                        int64_t ffn) override;
+  void qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
+                   const BatchShape& batch) override;
+  void qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
+                            const BatchShape& batch) override;
+  void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch, const DropoutSpec& drop) override;
+  void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
+                               const DropoutSpec& drop) override;
+  void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
+                 uint64_t random_logits_key) override;
+  void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
+                          float aux_loss_scale) override;
+  void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
+                     tp::Shard vocab) override;
+  void cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss, int64_t T,
+                              tp::Shard vocab) override;
+  void tp_all_reduce(Act x, int64_t n) override;
+  void sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) override;
+  void sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) override;
+  void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) override;
+
+ private:
+  const float* W(int64_t off) const { return off >= 0 ? w_ + off : nullptr; }
+  float* G(int64_t off) const { return off >= 0 ? g_ + off : nullptr; }
+  static float* F(Act a) { return static_cast<float*>(a.p); }
+  float* scratch(std::vector<float>& v, int64_t n);
+  // The attention dropout mask of this shape (0 or 1/(1-p) per probability), or null without dropout.
+  const float* attention_mask(const DropoutSpec& drop, const BatchShape& batch);
+  const int64_t* rope_positions(const BatchShape& batch);
+
+  const GptConfig& lc_;
+  dist::ProcessGroup* tp_;
+  int64_t tp_rank_, tp_size_;
+  const float* w_ = nullptr;
+  float* g_ = nullptr;
+  CpuMoeLayers* moe_ = nullptr;
+  std::vector<float> arena_;
+  kernels::cpu::RopeTable rope_;
+  std::vector<int64_t> rope_positions_;           // t % s: Megatron builds RoPE for positions 0..s-1
+  std::vector<std::vector<float>> probs_;         // per layer [b, heads, s, s]
+  std::vector<float> mask_, norm_dx_, dg_, dqk_;  // scratch
+};
+
+}  // namespace laoyao::model

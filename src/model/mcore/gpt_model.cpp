@@ -1,0 +1,115 @@
+// GPTModel: the embedding, the transformer block's layers, the final norm, the output layer and
+// the loss (model/mcore/gpt_model.hpp).
+#include "model/mcore/gpt_model.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "model/mcore/parallel_linear.hpp"
+
+namespace laoyao::model::mcore {
+
+void Scratch::carve(ActivationCarver& c, const GptConfig& lc, int64_t T, int64_t rows) {
+  const int64_t h = lc.hidden;
+  const int64_t wide = std::max({lc.qkv_width(), lc.fc1_width(), lc.heads * lc.kv_channels, h});
+  dx = c.act(rows * h);
+  dbranch = c.act(T * h);
+  dnorm = c.act(T * h);
+  dwide = c.act(T * wide);
+  dctx = c.act(T * lc.heads * lc.kv_channels);
+  branch = c.act(T * h);
+  local = c.act(rows * h);
+}
+
+GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
+                   TensorParallel tp, Backend& backend)
+    : ctx_{whole, local, params, tp, backend} {
+  layers_.reserve(static_cast<size_t>(local.num_layers));
+  for (int64_t l = 0; l < local.num_layers; ++l) layers_.emplace_back(ctx_, l);
+}
+
+void GPTModel::allocate(int64_t b, int64_t s) {
+  if (b == b_ && s == s_) return;
+  const int64_t T = b * s, h = ctx_.local.hidden;
+  if (ctx_.sp() && s % ctx_.tp.size != 0)
+    throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
+                     "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
+                     std::to_string(ctx_.tp.size) + ")");
+  const int64_t R = rows(T);
+  auto carve = [&](ActivationCarver& c) {
+    emb_full_ = c.act(ctx_.sp() ? T * h : 0);
+    for (auto& layer : layers_) layer.carve(c, T, R);
+    x_final_ = c.act(R * h);
+    xf_ = c.act(T * h);
+    xf_mean_ = c.f32(R), xf_rstd_ = c.f32(R);
+    logits_ = c.act(T * ctx_.local.vocab);
+    ce_stats_ = c.f32(2 * T);
+    w_.carve(c, ctx_.local, T, R);
+  };
+  ActivationCarver measure(ctx_.backend.activation_bytes());
+  carve(measure);
+  ActivationCarver cut(ctx_.backend.activation_bytes(),
+                       static_cast<char*>(ctx_.backend.reserve_activations(measure.used())));
+  carve(cut);
+  b_ = b, s_ = s;
+}
+
+void GPTModel::embedding_forward(const Step& st, Act out) {
+  // LanguageModelEmbedding: word (vocabulary-parallel: each rank its rows, summed) + learned
+  // positions, then the embedding dropout. Under sequence parallelism it is built whole and each
+  // rank keeps its share of the sequence (Megatron's scatter to the sequence-parallel region).
+  Backend& be = ctx_.backend;
+  const int64_t T = st.batch.T, h = ctx_.local.hidden;
+  const Act x = ctx_.sp() ? emb_full_ : out;
+  be.embedding(st.tokens, ctx_.params.word_emb, x, T, h, vocab(), false);
+  if (ctx_.tensor_parallel()) be.tp_all_reduce(x, T * h);
+  if (ctx_.params.pos_emb >= 0) {
+    if (!st.positions) throw Error("GPTModel: learned positions need position ids");
+    be.embedding(st.positions, ctx_.params.pos_emb, x, T, h, {0, ctx_.local.max_positions}, true);
+  }
+  be.dropout(x, x, T * h, st.dropout(ctx_.local.hidden_dropout, "dropout.embedding"));
+  if (ctx_.sp()) be.sp_slice(x, out, st.batch, h);
+}
+
+void GPTModel::embedding_backward(const Step& st, Act dx) {
+  Backend& be = ctx_.backend;
+  const int64_t T = st.batch.T, h = ctx_.local.hidden;
+  Act d = dx;
+  if (ctx_.sp()) {  // the embedding was scattered: its gradient is gathered
+    be.sp_gather(dx, emb_full_, st.batch, h);
+    d = emb_full_;
+  }
+  be.dropout(d, d, T * h, st.dropout(ctx_.local.hidden_dropout, "dropout.embedding"));
+  be.embedding_backward(st.tokens, d, ctx_.params.word_emb, T, h, vocab());
+  if (ctx_.params.pos_emb >= 0)
+    be.embedding_backward(st.positions, d, ctx_.params.pos_emb, T, h, {0, ctx_.local.max_positions});
+}
+
+void GPTModel::forward(const Step& st, float* losses) {
+  Backend& be = ctx_.backend;
+  const GptConfig& lc = ctx_.local;
+  const int64_t T = st.batch.T;
+  embedding_forward(st, layers_.empty() ? x_final_ : layers_[0].input());
+  for (size_t l = 0; l < layers_.size(); ++l)
+    layers_[l].forward(st, l + 1 < layers_.size() ? layers_[l + 1].input() : x_final_, w_);
+  const GptParameterLayout& P = ctx_.params;
+  norm_whole_sequence(ctx_, st, x_final_, P.final_w, P.final_b, xf_, xf_mean_, xf_rstd_, w_);
+  be.linear(xf_, P.output_w, -1, logits_, T, lc.hidden, lc.vocab);
+  be.cross_entropy(logits_, st.labels, losses, ce_stats_, T, vocab());
+}
+
+void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_scale) {
+  Backend& be = ctx_.backend;
+  const GptConfig& lc = ctx_.local;
+  const GptParameterLayout& P = ctx_.params;
+  const int64_t T = st.batch.T;
+  // The loss and the output layer (column-parallel; tied: its gradient lands in the word embedding).
+  be.cross_entropy_backward(logits_, st.labels, ce_stats_, dloss, T, vocab());
+  be.linear_backward(xf_, P.output_w, -1, logits_, w_.dnorm, T, lc.hidden, lc.vocab);
+  be.norm_backward(sum_input_grad(ctx_, st, w_), x_final_, P.final_w, P.final_b, xf_mean_, xf_rstd_, w_.dx,
+                   st.batch.rows, false);
+  for (size_t l = layers_.size(); l-- > 0;) layers_[l].backward(st, w_, moe_aux_loss_scale);
+  embedding_backward(st, w_.dx);
+}
+
+}  // namespace laoyao::model::mcore

@@ -1,0 +1,167 @@
+// Megatron-Core's GPT as one module tree over a backend's ops (model/backend.hpp): GPTModel ->
+// LanguageModelEmbedding, TransformerBlock -> TransformerLayer (input_layernorm, SelfAttention with
+// linear_qkv, core_attention, linear_proj; pre_mlp_layernorm; MLP with linear_fc1, linear_fc2, or
+// MoELayer), final_layernorm, output_layer and the loss. Each module's forward and backward is
+// written here once; what differs between the CPU and the GPU is the backend's ops.
+//
+// Tensor parallelism: the modules run this rank's shards (its heads, ffn columns, vocabulary rows)
+// and reduce where Megatron-Core's layers do: a row-parallel linear's output (all-reduce, or under
+// sequence parallelism a reduce-scatter into this rank's share of every sequence), a
+// column-parallel linear's input gradient (the same in reverse). Under sequence parallelism the
+// norms, dropouts and residual adds run on this rank's rows, all-gathered before the parallel
+// layers. Dropout masks are the whole model's, sliced (model/dropout_spec.hpp), so any TP size
+// draws one rank's masks.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/backend.hpp"
+#include "model/gpt_config.hpp"
+#include "model/gpt_layout.hpp"
+
+namespace laoyao::model::mcore {
+
+// The stream of layer l's random router logits in a micro-batch (--moe-router-force-load-balancing),
+// the same on every backend.
+uint64_t random_logits_key(uint64_t seed, uint64_t call, int64_t layer);
+
+// Where this rank sits in the tensor-parallel group.
+struct TensorParallel {
+  int64_t rank = 0, size = 1;
+  bool sequence_parallel = false;  // only with size > 1
+};
+
+// The micro-batch being run, as every module sees it: its shape, its inputs (backend memory),
+// and where its dropout masks come from.
+struct Step {
+  BatchShape batch;
+  const int64_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;
+  uint64_t seed = 0, call = 0;
+  bool training = false;    // dropout on
+  bool train_step = false;  // a training micro-batch, whose backward follows
+  // The mask of dropout site `site` (e.g. "dropout.layer0.attention"), this call's.
+  DropoutSpec dropout(double p, const std::string& site) const;
+};
+
+// What a module needs to run: the model (whole and this rank's), the parameters, the backend.
+struct ModuleContext {
+  const GptConfig& whole;
+  const GptConfig& local;
+  const GptParameterLayout& params;
+  TensorParallel tp;
+  Backend& backend;
+  bool tensor_parallel() const { return tp.size > 1; }
+  bool sp() const { return tp.sequence_parallel && tp.size > 1; }
+};
+
+// Backward scratch shared by the layers, and the sequence-parallel staging ([T, h] each but wide).
+struct Scratch {
+  Act dx;       // [rows, h]: the residual stream's gradient
+  Act dbranch;  // [T, h]: a branch's output gradient (whole rows)
+  Act dnorm;    // [T, h]: the gradient at a norm's output (a column-parallel layer's input)
+  Act dwide;    // [T, max(qkv, fc1, heads * D, h)]: d(qkv), d(fc1 output)
+  Act dctx;     // [T, heads * D]
+  Act branch;   // [T, h]: a row-parallel layer's partial sums before the reduction
+  Act local;    // [rows, h]: this rank's rows of a reduction or a norm under sequence parallelism
+  void carve(ActivationCarver& c, const GptConfig& lc, int64_t T, int64_t rows);
+};
+
+class SelfAttention {
+ public:
+  SelfAttention(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
+  void carve(ActivationCarver& c, int64_t T);
+  // out = residual + dropout(linear_proj(attention(linear_qkv(x)))): x the whole sequence's norm
+  // output, residual and out this rank's rows.
+  void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
+  // dout: the gradient at out (this rank's rows); the gradient at x lands in w.dnorm (this rank's
+  // part: the caller sums it over the group).
+  void backward(const Step& st, Act x, Act dout, Scratch& w);
+
+ private:
+  const GptLayerOffsets& W() const { return m_.params.layers[static_cast<size_t>(layer_)]; }
+  const ModuleContext& m_;
+  int64_t layer_;
+  Act qkv_, qkv_attn_, ctx_;
+  float* qk_rstd_ = nullptr;
+};
+
+class MLP {
+ public:
+  MLP(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
+  void carve(ActivationCarver& c, int64_t T);
+  void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
+  void backward(const Step& st, Act x, Act dout, Scratch& w);
+
+ private:
+  const GptLayerOffsets& W() const { return m_.params.layers[static_cast<size_t>(layer_)]; }
+  const ModuleContext& m_;
+  int64_t layer_;
+  Act u_, g_;
+};
+
+// Megatron-Core's MoELayer in place of the MLP: the backend's router, token dispatcher, experts
+// and shared experts (model/backend.hpp's moe_layer), then the residual.
+class MoELayer {
+ public:
+  MoELayer(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
+  void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
+  void backward(const Step& st, Act x, Act dout, Scratch& w, float aux_loss_scale);
+
+ private:
+  const ModuleContext& m_;
+  int64_t layer_;
+};
+
+class TransformerLayer {
+ public:
+  TransformerLayer(const ModuleContext& m, int64_t layer);
+  void carve(ActivationCarver& c, int64_t T, int64_t rows);
+  Act input() const { return x_in_; }
+  // out = the layer applied to input() (this rank's rows).
+  void forward(const Step& st, Act out, Scratch& w);
+  // w.dx: the gradient at out in, at input() out.
+  void backward(const Step& st, Scratch& w, float moe_aux_loss_scale);
+
+ private:
+  const GptLayerOffsets& W() const { return m_.params.layers[static_cast<size_t>(layer_)]; }
+  bool moe() const { return m_.whole.is_moe_layer(layer_); }
+  const ModuleContext& m_;
+  int64_t layer_;
+  SelfAttention self_attention_;
+  MLP mlp_;
+  MoELayer moe_;
+  Act x_in_, ln1_, x_mid_, ln2_;
+  float *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr;
+};
+
+class GPTModel {
+ public:
+  // local: this rank's shapes (heads, groups, ffn and vocabulary divided by the TP size);
+  // params: their offsets.
+  GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params, TensorParallel tp,
+           Backend& backend);
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
+  // Activations for micro-batches of b sequences of s tokens (again only when the shape changes).
+  void allocate(int64_t b, int64_t s);
+  // Per-token losses [T] (unmasked) of st's micro-batch.
+  void forward(const Step& st, float* losses);
+  // d(sum_t dloss[t] * loss[t]) accumulated into the gradients; right after forward(st).
+  void backward(const Step& st, const float* dloss, float moe_aux_loss_scale);
+  int64_t rows(int64_t T) const { return ctx_.sp() ? T / ctx_.tp.size : T; }
+
+ private:
+  tp::Shard vocab() const { return {ctx_.tp.rank * ctx_.local.vocab, ctx_.local.vocab}; }
+  void embedding_forward(const Step& st, Act out);
+  void embedding_backward(const Step& st, Act dx);
+
+  ModuleContext ctx_;
+  std::vector<TransformerLayer> layers_;
+  int64_t b_ = 0, s_ = 0;
+  Scratch w_;
+  Act emb_full_, x_final_, xf_, logits_;
+  float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *ce_stats_ = nullptr;
+};
+
+}  // namespace laoyao::model::mcore

@@ -1,0 +1,141 @@
+// TransformerLayer and its submodules: SelfAttention, MLP, MoELayer (model/mcore/gpt_model.hpp).
+#include <algorithm>
+#include <string>
+
+#include "model/mcore/gpt_model.hpp"
+#include "model/mcore/parallel_linear.hpp"
+
+namespace laoyao::model::mcore {
+
+namespace {
+
+std::string site(int64_t layer, const char* what) { return "dropout.layer" + std::to_string(layer) + "." + what; }
+
+}  // namespace
+
+// ---- SelfAttention
+
+void SelfAttention::carve(ActivationCarver& c, int64_t T) {
+  const GptConfig& lc = m_.local;
+  qkv_ = c.act(T * lc.qkv_width());
+  // What attention reads: q and k normalised (QK layernorm) and rotated (RoPE). Without the norm
+  // RoPE rotates qkv in place (nothing needs the unrotated values); with it, qkv keeps the pre-norm
+  // values the norm's backward needs.
+  qkv_attn_ = lc.qk_layernorm ? c.act(T * lc.qkv_width()) : qkv_;
+  qk_rstd_ = c.f32(lc.qk_layernorm ? T * (lc.heads + lc.query_groups) : 0);
+  ctx_ = c.act(T * lc.heads * lc.kv_channels);
+}
+
+void SelfAttention::forward(const Step& st, Act x, Act residual, Act out, Scratch& w) {
+  const GptConfig& lc = m_.local;
+  const int64_t T = st.batch.T;
+  Backend& be = m_.backend;
+  be.linear(x, W().qkv_w, W().qkv_b, qkv_, T, lc.hidden, lc.qkv_width());
+  be.qkv_prepare(qkv_, W().q_norm, W().k_norm, qkv_attn_, qk_rstd_, st.batch);
+  // This rank's heads of the whole model's attention dropout mask.
+  const uint64_t whole_run = static_cast<uint64_t>(m_.whole.heads * st.batch.s * st.batch.s);
+  const DropoutSpec attn_drop = sliced(st.dropout(lc.attention_dropout, site(layer_, "probs")), whole_run,
+                                       static_cast<uint64_t>(m_.tp.rank), static_cast<uint64_t>(m_.tp.size));
+  be.core_attention(layer_, qkv_attn_, ctx_, st.batch, attn_drop);
+  row_parallel_bias_dropout_add(m_, st, ctx_, W().proj_w, W().proj_b, lc.heads * lc.kv_channels, residual, out,
+                                hidden_dropout(m_, st, site(layer_, "attention")), w);
+}
+
+void SelfAttention::backward(const Step& st, Act x, Act dout, Scratch& w) {
+  const GptConfig& lc = m_.local;
+  const int64_t T = st.batch.T, D = lc.kv_channels;
+  Backend& be = m_.backend;
+  const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "attention")), w);
+  be.linear_backward(ctx_, W().proj_w, W().proj_b, dbranch, w.dctx, T, lc.heads * D, lc.hidden);
+  const uint64_t whole_run = static_cast<uint64_t>(m_.whole.heads * st.batch.s * st.batch.s);
+  const DropoutSpec attn_drop = sliced(st.dropout(lc.attention_dropout, site(layer_, "probs")), whole_run,
+                                       static_cast<uint64_t>(m_.tp.rank), static_cast<uint64_t>(m_.tp.size));
+  be.core_attention_backward(layer_, qkv_attn_, w.dctx, w.dwide, st.batch, attn_drop);
+  be.qkv_prepare_backward(w.dwide, qkv_, W().q_norm, W().k_norm, qk_rstd_, st.batch);
+  be.linear_backward(x, W().qkv_w, W().qkv_b, w.dwide, w.dnorm, T, lc.hidden, lc.qkv_width());
+}
+
+// ---- MLP
+
+void MLP::carve(ActivationCarver& c, int64_t T) {
+  u_ = c.act(T * m_.local.fc1_width());
+  g_ = c.act(T * m_.local.ffn);
+}
+
+void MLP::forward(const Step& st, Act x, Act residual, Act out, Scratch& w) {
+  const GptConfig& lc = m_.local;
+  m_.backend.mlp_fc1(x, W().fc1_w, W().fc1_b, u_, g_, st.batch.T, lc.ffn);
+  row_parallel_bias_dropout_add(m_, st, g_, W().fc2_w, W().fc2_b, lc.ffn, residual, out,
+                                hidden_dropout(m_, st, site(layer_, "mlp")), w);
+}
+
+void MLP::backward(const Step& st, Act x, Act dout, Scratch& w) {
+  const GptConfig& lc = m_.local;
+  const int64_t T = st.batch.T;
+  const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "mlp")), w);
+  m_.backend.mlp_fc2_backward(dbranch, g_, u_, W().fc2_w, W().fc2_b, w.dwide, T, lc.ffn);
+  m_.backend.linear_backward(x, W().fc1_w, W().fc1_b, w.dwide, w.dnorm, T, lc.hidden, lc.fc1_width());
+}
+
+// ---- MoELayer
+
+void MoELayer::forward(const Step& st, Act x, Act residual, Act out, Scratch& w) {
+  // Under tensor parallelism every rank routes the whole gathered sequence, as Megatron's
+  // dispatcher gathers the tokens and their routing over the group, and runs its share of each
+  // expert: the outputs are partial sums, reduced like linear_fc2's (the experts have no bias).
+  const uint64_t logits_key = random_logits_key(st.seed, st.call, layer_);
+  m_.backend.moe_layer(layer_, x, w.branch, st.batch, st.train_step, logits_key);
+  reduce_bias_dropout_add(m_, st, -1, residual, out, hidden_dropout(m_, st, site(layer_, "mlp")), w);
+}
+
+void MoELayer::backward(const Step& st, Act x, Act dout, Scratch& w, float aux_loss_scale) {
+  const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "mlp")), w);
+  // Under tensor parallelism each rank's router gradient is a share that the model's
+  // finalize_grads sums (and its input gradient is summed with the experts'): the aux and z losses,
+  // which every rank computes whole, add 1/tp of theirs on each.
+  m_.backend.moe_layer_backward(layer_, x, dbranch, w.dnorm, st.batch,
+                                aux_loss_scale / static_cast<float>(m_.tp.size));
+}
+
+// ---- TransformerLayer
+
+TransformerLayer::TransformerLayer(const ModuleContext& m, int64_t layer)
+    : m_(m), layer_(layer), self_attention_(m, layer), mlp_(m, layer), moe_(m, layer) {}
+
+void TransformerLayer::carve(ActivationCarver& c, int64_t T, int64_t rows) {
+  const int64_t h = m_.local.hidden;
+  x_in_ = c.act(rows * h);
+  ln1_ = c.act(T * h);  // the whole sequence's (sequence parallel: all-gathered)
+  ln1_mean_ = c.f32(rows), ln1_rstd_ = c.f32(rows);
+  self_attention_.carve(c, T);
+  x_mid_ = c.act(rows * h);
+  ln2_ = c.act(T * h);
+  ln2_mean_ = c.f32(rows), ln2_rstd_ = c.f32(rows);
+  if (!moe()) mlp_.carve(c, T);
+}
+
+void TransformerLayer::forward(const Step& st, Act out, Scratch& w) {
+  // input_layernorm -> self_attention -> + residual; pre_mlp_layernorm -> mlp (or MoE) -> + residual.
+  norm_whole_sequence(m_, st, x_in_, W().ln1_w, W().ln1_b, ln1_, ln1_mean_, ln1_rstd_, w);
+  self_attention_.forward(st, ln1_, x_in_, x_mid_, w);
+  norm_whole_sequence(m_, st, x_mid_, W().ln2_w, W().ln2_b, ln2_, ln2_mean_, ln2_rstd_, w);
+  if (moe())
+    moe_.forward(st, ln2_, x_mid_, out, w);
+  else
+    mlp_.forward(st, ln2_, x_mid_, out, w);
+}
+
+void TransformerLayer::backward(const Step& st, Scratch& w, float moe_aux_loss_scale) {
+  const int64_t rows = st.batch.rows;
+  Backend& be = m_.backend;
+  // w.dx holds d(out); the residual passes it to x_mid unchanged, and the branch adds its part.
+  if (moe())
+    moe_.backward(st, ln2_, w.dx, w, moe_aux_loss_scale);
+  else
+    mlp_.backward(st, ln2_, w.dx, w);
+  be.norm_backward(sum_input_grad(m_, st, w), x_mid_, W().ln2_w, W().ln2_b, ln2_mean_, ln2_rstd_, w.dx, rows, true);
+  self_attention_.backward(st, ln1_, w.dx, w);
+  be.norm_backward(sum_input_grad(m_, st, w), x_in_, W().ln1_w, W().ln1_b, ln1_mean_, ln1_rstd_, w.dx, rows, true);
+}
+
+}  // namespace laoyao::model::mcore
