@@ -20,5 +20,6 @@ int cmd_data_samples(const Args& args);
 int cmd_preprocess_data(const Args& args);
 int cmd_doctor(const Args& args);
 int cmd_launch(const Args& args);
+int cmd_checkpoint(const Args& args);
 
 }  // namespace laoyao::cli

@@ -1,0 +1,337 @@
+#include "train/hf_import.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/safetensors.hpp"
+
+namespace laoyao::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Kind = HfTensorMap::Kind;
+
+// The tokenizer files a Hugging Face folder may hold beside the weights.
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                           "special_tokens_map.json", "vocab.json", "merges.txt",
+                                           "generation_config.json"};
+
+// Every safetensors file of the folder (through the index when there is one), opened once, and
+// which of them holds each tensor.
+struct HfTensors {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, const SafetensorsTensor*> by_name;
+  std::map<std::string, size_t> file_of;
+};
+
+HfTensors open_tensors(const std::string& dir) {
+  HfTensors out;
+  std::vector<std::string> names;
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(index_path)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(index_path));
+    } catch (const nlohmann::json::exception& e) {
+      throw UsageError(index_path + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw UsageError(index_path + ": no \"weight_map\" object");
+    std::set<std::string> shards;
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      if (!file.is_string()) throw UsageError(index_path + ": tensor '" + tensor + "' maps to " + file.dump());
+      const std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f == ".." || f.empty())
+        throw UsageError(index_path + ": tensor '" + tensor + "' maps to '" + f + "', not a file in the folder");
+      weight_map[tensor] = f;
+      shards.insert(f);
+    }
+    for (const auto& f : shards) {
+      const std::string path = (fs::path(dir) / f).string();
+      if (!fs::is_regular_file(path))
+        throw UsageError(index_path + " names the shard '" + f + "', which is not in " + dir);
+      names.push_back(path);
+    }
+  } else {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") names.push_back(e.path().string());
+    std::sort(names.begin(), names.end());
+  }
+  if (names.empty()) throw UsageError(dir + " holds no *.safetensors files");
+  for (const auto& n : names) {
+    out.files.push_back(std::make_unique<SafetensorsFile>(n));
+    const size_t i = out.files.size() - 1;
+    for (const auto& t : out.files[i]->tensors()) {
+      auto [it, fresh] = out.by_name.emplace(t.name, &t);
+      if (!fresh)
+        throw UsageError("tensor '" + t.name + "' is in both " + out.files[out.file_of[t.name]]->path() + " and " + n);
+      out.file_of[t.name] = i;
+    }
+  }
+  for (const auto& [tensor, file] : weight_map) {
+    auto it = out.file_of.find(tensor);
+    if (it == out.file_of.end() || fs::path(out.files[it->second]->path()).filename() != file)
+      throw UsageError(index_path + " puts '" + tensor + "' in " + file + ", which does not hold it");
+  }
+  return out;
+}
+
+// A mapping's sources, found and checked against the parameter's shape.
+struct Sources {
+  std::vector<const SafetensorsTensor*> t;
+  Dtype dtype = Dtype::F32;
+};
+
+[[noreturn]] void bad_shape(const HfTensorMap& m, const SafetensorsTensor& t, const std::string& want) {
+  throw UsageError("tensor '" + t.name + "' has shape " + shape_string(t.shape) + "; config.json's model needs " +
+                   want + " (for " + m.mcore + " " + shape_string(m.shape) + ")");
+}
+
+void check_shapes(const HfTensorMap& m, const Sources& s, const HfModel& hf) {
+  const auto& out = m.shape;
+  const std::vector<int64_t> tail(out.begin() + 1, out.end());
+  auto rows_of = [&](const SafetensorsTensor& t, int64_t rows) {
+    std::vector<int64_t> want = {rows};
+    want.insert(want.end(), tail.begin(), tail.end());
+    if (t.shape != want) bad_shape(m, t, shape_string(want));
+  };
+  const model::GptConfig& g = hf.gpt;
+  switch (m.kind) {
+    case Kind::Copy:
+      if (s.t[0]->shape != out) bad_shape(m, *s.t[0], shape_string(out));
+      break;
+    case Kind::Transpose:
+      if (s.t[0]->shape != std::vector<int64_t>{out[1], out[0]}) bad_shape(m, *s.t[0], shape_string({out[1], out[0]}));
+      break;
+    case Kind::Qkv:
+      rows_of(*s.t[0], g.heads * g.kv_channels);
+      rows_of(*s.t[1], g.query_groups * g.kv_channels);
+      rows_of(*s.t[2], g.query_groups * g.kv_channels);
+      break;
+    case Kind::Gpt2Qkv:
+      if (out.size() == 2) {
+        if (s.t[0]->shape != std::vector<int64_t>{out[1], out[0]}) bad_shape(m, *s.t[0], shape_string({out[1], out[0]}));
+      } else if (s.t[0]->shape != out) {
+        bad_shape(m, *s.t[0], shape_string(out));
+      }
+      break;
+    case Kind::GateUp:
+      rows_of(*s.t[0], out[0] / 2);
+      rows_of(*s.t[1], out[0] / 2);
+      break;
+  }
+}
+
+// The parameter's bytes, assembled from its sources (each kind a rearrangement of rows).
+void assemble(const HfTensorMap& m, const Sources& s, const HfModel& hf, std::vector<uint8_t>& dst) {
+  const size_t es = dtype_size(s.dtype);
+  int64_t numel = 1;
+  for (int64_t d : m.shape) numel *= d;
+  dst.resize(static_cast<size_t>(numel) * es);
+  const int64_t row = m.shape.size() > 1 ? numel / m.shape[0] : 1;  // elements per row
+  const size_t row_bytes = static_cast<size_t>(row) * es;
+  uint8_t* out = dst.data();
+  auto rows = [&](const SafetensorsTensor& t, int64_t first, int64_t count) {
+    std::memcpy(out, t.data + static_cast<size_t>(first) * row_bytes, static_cast<size_t>(count) * row_bytes);
+    out += static_cast<size_t>(count) * row_bytes;
+  };
+  auto transpose = [&](const uint8_t* src, int64_t in_rows, int64_t in_cols, uint8_t* to) {
+    // src [in_rows, in_cols] -> to [in_cols, in_rows]
+    for (int64_t r = 0; r < in_rows; ++r)
+      for (int64_t c = 0; c < in_cols; ++c)
+        std::memcpy(to + static_cast<size_t>(c * in_rows + r) * es, src + static_cast<size_t>(r * in_cols + c) * es, es);
+  };
+  const model::GptConfig& g = hf.gpt;
+  const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups;
+  switch (m.kind) {
+    case Kind::Copy:
+      rows(*s.t[0], 0, m.shape.empty() ? 1 : m.shape[0]);
+      break;
+    case Kind::Transpose:
+      transpose(s.t[0]->data, m.shape[1], m.shape[0], out);
+      break;
+    case Kind::Qkv:  // [q heads of g; k_g; v_g] for each query group g
+      for (int64_t grp = 0; grp < g.query_groups; ++grp) {
+        rows(*s.t[0], grp * per_group * D, per_group * D);
+        rows(*s.t[1], grp * D, D);
+        rows(*s.t[2], grp * D, D);
+      }
+      break;
+    case Kind::Gpt2Qkv: {
+      // c_attn's output columns are [q | k | v], each heads x D; as rows (transposed weight):
+      // head h's q, k, v rows.
+      const int64_t h = g.hidden;
+      std::vector<uint8_t> t;
+      const uint8_t* src = s.t[0]->data;
+      if (m.shape.size() == 2) {
+        t.resize(dst.size());
+        transpose(s.t[0]->data, h, 3 * h, t.data());
+        src = t.data();
+      }
+      for (int64_t head = 0; head < g.heads; ++head)
+        for (int64_t part = 0; part < 3; ++part) {
+          const size_t first = static_cast<size_t>(part * h + head * D) * row_bytes;
+          std::memcpy(out, src + first, static_cast<size_t>(D) * row_bytes);
+          out += static_cast<size_t>(D) * row_bytes;
+        }
+      break;
+    }
+    case Kind::GateUp:
+      rows(*s.t[0], 0, m.shape[0] / 2);
+      rows(*s.t[1], 0, m.shape[0] / 2);
+      break;
+  }
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// Removes the scratch folder unless released (the import finished).
+struct ScratchDir {
+  std::string path;
+  bool keep = false;
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!keep && !path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, const HfProgress& progress) {
+  std::error_code ec;
+  if (!fs::is_directory(hf_dir, ec)) throw UsageError("Hugging Face folder '" + hf_dir + "' is not a directory");
+  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
+  if (!fs::is_regular_file(config_path, ec))
+    throw UsageError("'" + hf_dir + "' has no config.json: not a Hugging Face model folder");
+  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
+    throw UsageError("output folder '" + out_dir + "' already exists and is not empty (choose a new one)");
+
+  HfImportResult result;
+  result.model = parse_hf_config(read_file(config_path), config_path);
+  const HfModel& hf = result.model;
+  const HfTensors tensors = open_tensors(hf_dir);
+  const std::vector<HfTensorMap> maps = hf_tensor_maps(hf);
+
+  // Find every parameter's sources (GPT-2 folders saved without the "transformer." prefix too).
+  auto find = [&](const std::string& name) -> const SafetensorsTensor* {
+    auto it = tensors.by_name.find(name);
+    if (it == tensors.by_name.end() && name.rfind("transformer.", 0) == 0) it = tensors.by_name.find(name.substr(12));
+    return it == tensors.by_name.end() ? nullptr : it->second;
+  };
+  std::vector<Sources> sources(maps.size());
+  std::set<std::string> used;
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < maps.size(); ++i) {
+    for (const auto& name : maps[i].hf) {
+      const SafetensorsTensor* t = find(name);
+      if (!t) {
+        missing.push_back(name);
+        continue;
+      }
+      sources[i].t.push_back(t);
+      used.insert(t->name);
+    }
+  }
+  if (!missing.empty())
+    throw UsageError("'" + hf_dir + "' (" + hf.arch_name + ") lacks tensor" + (missing.size() > 1 ? "s " : " ") +
+                     join(missing, ", "));
+  std::vector<std::string> extra;
+  for (const auto& [name, t] : tensors.by_name)
+    if (!used.count(name) && !hf_ignored_tensor(hf, name)) extra.push_back(name);
+  if (!extra.empty())
+    throw UsageError("'" + hf_dir + "' holds tensor" + (extra.size() > 1 ? "s" : "") + " that " + hf.arch_name +
+                     " with this config.json does not have: " + join(extra, ", "));
+  for (size_t i = 0; i < maps.size(); ++i) {
+    Sources& s = sources[i];
+    s.dtype = s.t[0]->dtype;
+    for (const auto* t : s.t) {
+      if (t->dtype != Dtype::F32 && t->dtype != Dtype::BF16 && t->dtype != Dtype::F16)
+        throw UsageError("tensor '" + t->name + "' is " + std::string(dtype_name(t->dtype)) +
+                         " (import-hf reads F32, BF16 and F16)");
+      if (t->dtype != s.dtype)
+        throw UsageError("tensors '" + s.t[0]->name + "' and '" + t->name + "' differ in dtype (" +
+                         std::string(dtype_name(s.dtype)) + ", " + std::string(dtype_name(t->dtype)) +
+                         "), and both make " + maps[i].mcore);
+    }
+    check_shapes(maps[i], s, hf);
+  }
+
+  // Written into a scratch folder beside out_dir, renamed at the end.
+  const fs::path final_dir = fs::absolute(out_dir);
+  ScratchDir scratch{final_dir.string() + ".tmp." + std::to_string(::getpid())};
+  fs::remove_all(scratch.path, ec);
+  make_dirs(scratch.path);
+
+  std::vector<TensorWrite> writes;
+  for (size_t i = 0; i < maps.size(); ++i) writes.push_back({maps[i].mcore, sources[i].dtype, maps[i].shape, nullptr});
+  // The writer asks for each tensor's bytes a window at a time, in order: one tensor is assembled
+  // at a time, and its sources' pages given back once it is done.
+  size_t current = SIZE_MAX;
+  std::vector<uint8_t> buffer;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_report = start;
+  auto fill = [&](size_t i, size_t offset, size_t n, void* dst) {
+    if (i != current) {
+      if (current != SIZE_MAX)
+        for (const auto* t : sources[current].t) tensors.files[tensors.file_of.at(t->name)]->release(t->data, t->nbytes);
+      assemble(maps[i], sources[i], hf, buffer);
+      current = i;
+      result.bytes += buffer.size();
+      result.tensors = static_cast<int64_t>(i) + 1;
+      const auto now = std::chrono::steady_clock::now();
+      if (progress && now - last_report > std::chrono::seconds(5)) {
+        progress(result.tensors, static_cast<int64_t>(maps.size()), result.bytes);
+        last_report = now;
+      }
+    }
+    std::memcpy(dst, buffer.data() + offset, n);
+  };
+  write_safetensors((fs::path(scratch.path) / "model.safetensors").string(), writes,
+                    {{"format", "pt"}, {"source", hf.arch_name}}, fill);
+  result.tensors = static_cast<int64_t>(maps.size());
+
+  // The tokenizer files, and the flags that name them.
+  for (const char* f : kTokenizerFiles) {
+    const fs::path src = fs::path(hf_dir) / f;
+    if (!fs::is_regular_file(src, ec)) continue;
+    fs::copy_file(src, fs::path(scratch.path) / f, fs::copy_options::overwrite_existing);
+    result.tokenizer.push_back(f);
+  }
+  std::vector<std::string> flags = hf_megatron_flags(hf);
+  std::vector<std::string> overrides = hf_bridge_overrides(hf);
+  const bool hf_tokenizer = fs::is_regular_file(fs::path(hf_dir) / "tokenizer.json", ec);
+  if (hf_tokenizer) {
+    flags.insert(flags.end(), {"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", final_dir.string()});
+    overrides.push_back("tokenizer.tokenizer_type=HuggingFaceTokenizer");
+    overrides.push_back("tokenizer.tokenizer_model=" + final_dir.string());
+  }
+  flags.insert(flags.end(), {"--pretrained-checkpoint", final_dir.string()});
+  overrides.push_back("checkpoint.pretrained_checkpoint=" + final_dir.string());
+  result.flags = join(flags, " ");
+  result.overrides = join(overrides, " ");
+  write_file_atomic((fs::path(scratch.path) / "model_flags.txt").string(), result.flags + "\n");
+  write_file_atomic((fs::path(scratch.path) / "model_overrides.txt").string(), result.overrides + "\n");
+
+  if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // (empty: checked above)
+  fs::rename(scratch.path, final_dir, ec);
+  if (ec) throw Error("cannot rename " + scratch.path + " to " + final_dir.string() + ": " + ec.message());
+  scratch.keep = true;
+  return result;
+}
+
+}  // namespace laoyao::train

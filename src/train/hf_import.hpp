@@ -1,0 +1,33 @@
+// `laoyao checkpoint import-hf`: a Hugging Face folder (config.json, one or many *.safetensors with
+// model.safetensors.index.json, tokenizer files) into a folder that --pretrained-checkpoint reads:
+// Megatron-Core-named safetensors in the source's dtype (every tensor only rearranged, so bit for
+// bit), model_flags.txt (the Megatron-LM model flags, one line) and model_overrides.txt (the same
+// as Megatron-Bridge overrides, with checkpoint.pretrained_checkpoint), and the tokenizer files.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "train/hf_model.hpp"
+
+namespace laoyao::train {
+
+struct HfImportResult {
+  HfModel model;
+  int64_t tensors = 0;
+  uint64_t bytes = 0;                  // of tensor data written
+  std::vector<std::string> tokenizer;  // tokenizer files copied
+  std::string flags, overrides;        // what model_flags.txt and model_overrides.txt hold
+};
+
+// Progress as the tensors go (tensors done of all, bytes written); called at most every few seconds.
+using HfProgress = std::function<void(int64_t done, int64_t total, uint64_t bytes)>;
+
+// UsageError (and nothing left at out_dir) for a folder that is not a supported Hugging Face model:
+// no config.json, an unknown architecture, a missing, extra, duplicated or misshapen tensor, mixed
+// or non-float dtypes, an index naming an absent shard, a truncated file; out_dir must not exist
+// (or be empty). Written to a scratch folder beside it, renamed at the end.
+HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, const HfProgress& progress = {});
+
+}  // namespace laoyao::train

@@ -1,0 +1,418 @@
+#include "train/hf_model.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "model/gpt_layout.hpp"
+
+namespace laoyao::train {
+
+namespace {
+
+using nlohmann::json;
+
+struct Arch {
+  const char* name;
+  HfArchitecture arch;
+};
+constexpr Arch kArchitectures[] = {{"GPT2LMHeadModel", HfArchitecture::Gpt2},
+                                   {"LlamaForCausalLM", HfArchitecture::Llama},
+                                   {"Qwen2ForCausalLM", HfArchitecture::Qwen2},
+                                   {"Qwen3ForCausalLM", HfArchitecture::Qwen3},
+                                   {"Qwen3MoeForCausalLM", HfArchitecture::Qwen3Moe}};
+
+std::string supported_list() {
+  std::string out;
+  for (const auto& a : kArchitectures) out += (out.empty() ? "" : ", ") + std::string(a.name);
+  return out;
+}
+
+// config.json's fields, each read with a message naming it.
+class Fields {
+ public:
+  Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  int64_t integer(const char* key) const {
+    if (!has(key)) fail(key, "is missing");
+    const json& v = j_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) fail(key, "must be a positive integer, not " + v.dump());
+    return v.get<int64_t>();
+  }
+  int64_t integer(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    if (!v.is_number() || !(v.get<double>() > 0)) fail(key, "must be a positive number, not " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_boolean()) fail(key, "must be true or false, not " + j_[key].dump());
+    return j_[key].get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_string()) fail(key, "must be a string, not " + j_[key].dump());
+    return j_[key].get<std::string>();
+  }
+  const json& raw(const char* key) const { return j_[key]; }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw UsageError(source_ + ": \"" + key + "\" " + what);
+  }
+
+ private:
+  const json& j_;
+  std::string source_;
+};
+
+// Llama's and Qwen's common fields: RMSNorm, SwiGLU (silu), RoPE, GQA.
+void parse_llama_like(const Fields& f, HfModel& m) {
+  model::GptConfig& g = m.gpt;
+  g.num_layers = f.integer("num_hidden_layers");
+  g.hidden = f.integer("hidden_size");
+  g.heads = f.integer("num_attention_heads");
+  g.query_groups = f.integer("num_key_value_heads", g.heads);
+  if (g.hidden % g.heads != 0 && !f.has("head_dim"))
+    f.fail("head_dim", "is missing and hidden_size is not a multiple of num_attention_heads");
+  g.kv_channels = f.integer("head_dim", g.hidden / g.heads);
+  if (g.heads % g.query_groups != 0)
+    f.fail("num_key_value_heads", std::to_string(g.query_groups) + " must divide num_attention_heads, " +
+                                      std::to_string(g.heads));
+  g.ffn = f.integer("intermediate_size");
+  g.vocab = f.integer("vocab_size");
+  g.max_positions = f.integer("max_position_embeddings");
+  g.norm = model::Norm::RMSNorm;
+  m.norm_eps = f.number("rms_norm_eps", 1e-6);
+  g.norm_eps = static_cast<float>(m.norm_eps);
+  g.activation = model::Activation::SwiGLU;
+  const std::string act = f.string("hidden_act", "silu");
+  if (act != "silu") f.fail("hidden_act", "is \"" + act + "\"; Megatron's SwiGLU is silu");
+  g.positions = model::Positions::Rope;
+  g.rotary_base = f.number("rope_theta", 10000.0);
+  g.init_std = g.embedding_init_std = f.number("initializer_range", 0.02);
+  if (f.integer("pretraining_tp", 1) != 1) f.fail("pretraining_tp", "must be 1");
+  if (f.has("rope_scaling")) {
+    const json& rs = f.raw("rope_scaling");
+    const std::string type = rs.value("rope_type", rs.value("type", std::string()));
+    if (type != "llama3")
+      f.fail("rope_scaling", "of type \"" + type + "\" is not supported (Megatron's Llama 3 scaling: \"llama3\")");
+    // Megatron's _apply_scaling fixes these; a checkpoint with others would compute other angles.
+    auto fixed = [&](const char* key, double want) {
+      if (!rs.contains(key) || !rs[key].is_number() || rs[key].get<double>() != want)
+        f.fail(std::string("rope_scaling.") + key, "must be " + std::to_string(want).substr(0, 6) +
+                                                       " (Megatron's Llama 3 scaling constant)");
+    };
+    fixed("low_freq_factor", 1.0);
+    fixed("high_freq_factor", 4.0);
+    fixed("original_max_position_embeddings", 8192.0);
+    if (!rs.contains("factor") || !rs["factor"].is_number() || !(rs["factor"].get<double>() > 0))
+      f.fail("rope_scaling.factor", "must be a positive number");
+    g.rope_scaling = true;
+    g.rope_scaling_factor = rs["factor"].get<double>();
+    m.llama3_rope = true;
+  }
+  if (f.boolean("use_sliding_window", false) || (f.has("sliding_window") && m.arch == HfArchitecture::Llama))
+    f.fail("sliding_window", "is set: sliding-window attention is not supported");
+  g.tied_embeddings = f.boolean("tie_word_embeddings", false);
+}
+
+void parse_gpt2(const Fields& f, HfModel& m) {
+  model::GptConfig& g = m.gpt;
+  g.num_layers = f.integer("n_layer");
+  g.hidden = f.integer("n_embd");
+  g.heads = g.query_groups = f.integer("n_head");
+  if (g.hidden % g.heads != 0) f.fail("n_head", "must divide n_embd");
+  g.kv_channels = g.hidden / g.heads;
+  g.ffn = f.integer("n_inner", 4 * g.hidden);
+  g.vocab = f.integer("vocab_size");
+  g.max_positions = f.integer("n_positions");
+  g.norm = model::Norm::LayerNorm;
+  m.norm_eps = f.number("layer_norm_epsilon", 1e-5);
+  g.norm_eps = static_cast<float>(m.norm_eps);
+  const std::string act = f.string("activation_function", "gelu_new");
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh")
+    g.activation = model::Activation::GeluTanh;  // Megatron's fused bias-GeLU (tanh form)
+  else if (act == "gelu")
+    g.activation = model::Activation::GeluErf;
+  else
+    f.fail("activation_function", "is \"" + act + "\" (supported: gelu_new, gelu_pytorch_tanh, gelu)");
+  g.positions = model::Positions::LearnedAbsolute;
+  g.init_std = g.embedding_init_std = f.number("initializer_range", 0.02);
+  g.tied_embeddings = f.boolean("tie_word_embeddings", true);
+  if (f.boolean("scale_attn_by_inverse_layer_idx", false))
+    f.fail("scale_attn_by_inverse_layer_idx", "is true: Megatron scales attention by 1/sqrt(head dim) only");
+  if (!f.boolean("scale_attn_weights", true)) f.fail("scale_attn_weights", "is false");
+}
+
+}  // namespace
+
+std::vector<std::string> hf_architecture_names() {
+  std::vector<std::string> out;
+  for (const auto& a : kArchitectures) out.emplace_back(a.name);
+  return out;
+}
+
+HfModel parse_hf_config(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw UsageError(source + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw UsageError(source + ": not a JSON object");
+  const Fields f(j, source);
+  if (!f.has("architectures") || !j["architectures"].is_array() || j["architectures"].size() != 1 ||
+      !j["architectures"][0].is_string())
+    f.fail("architectures", "must list one architecture (supported: " + supported_list() + ")");
+  HfModel m;
+  m.arch_name = j["architectures"][0].get<std::string>();
+  bool known = false;
+  for (const auto& a : kArchitectures)
+    if (m.arch_name == a.name) m.arch = a.arch, known = true;
+  if (!known)
+    throw UsageError(source + ": architecture \"" + m.arch_name + "\" is not supported (supported: " +
+                     supported_list() + ")");
+  m.torch_dtype = f.string("torch_dtype", f.string("dtype", ""));
+  model::GptConfig& g = m.gpt;
+  g.bf16 = true;
+  switch (m.arch) {
+    case HfArchitecture::Gpt2:
+      parse_gpt2(f, m);
+      break;
+    case HfArchitecture::Llama:
+      parse_llama_like(f, m);
+      g.add_qkv_bias = f.boolean("attention_bias", false);
+      g.add_bias_linear = f.boolean("mlp_bias", false);
+      if (g.add_qkv_bias != g.add_bias_linear)
+        f.fail("attention_bias", "and \"mlp_bias\" differ: Megatron's add_bias_linear covers both (with "
+                                 "add_qkv_bias for the QKV alone: attention_bias without mlp_bias is not a Llama "
+                                 "Megatron-Core builds, as o_proj would have a bias)");
+      break;
+    case HfArchitecture::Qwen2:
+      parse_llama_like(f, m);
+      g.add_qkv_bias = true;  // Qwen2's q/k/v projections have biases, o_proj and the MLP none
+      g.add_bias_linear = false;
+      break;
+    case HfArchitecture::Qwen3:
+    case HfArchitecture::Qwen3Moe:
+      parse_llama_like(f, m);
+      g.qk_layernorm = true;
+      g.add_qkv_bias = f.boolean("attention_bias", false);
+      if (g.add_qkv_bias) f.fail("attention_bias", "is true: Qwen3 with QKV biases is not supported");
+      g.add_bias_linear = false;
+      break;
+  }
+  if (m.arch == HfArchitecture::Qwen3Moe) {
+    model::MoeConfig& moe = g.moe;
+    moe.num_experts = f.integer("num_experts");
+    moe.topk = f.integer("num_experts_per_tok");
+    moe.ffn = f.integer("moe_intermediate_size");
+    // Qwen3-MoE's router: softmax over every expert, the top k, renormalised (norm_topk_prob) -- that
+    // is Megatron's top k of the logits then their softmax; without renormalising, Megatron's pre-softmax.
+    moe.pre_softmax = !f.boolean("norm_topk_prob", true);
+    moe.aux_loss_coeff = f.has("router_aux_loss_coef") ? f.number("router_aux_loss_coef", 0.0) : 0.0;
+    const int64_t step = f.integer("decoder_sparse_step", 1);
+    std::vector<bool> dense(static_cast<size_t>(g.num_layers), false);
+    if (f.has("mlp_only_layers")) {
+      const json& only = f.raw("mlp_only_layers");
+      if (!only.is_array()) f.fail("mlp_only_layers", "must be a list of layer numbers");
+      for (const auto& v : only) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= g.num_layers)
+          f.fail("mlp_only_layers", "holds " + v.dump() + ", not a layer number");
+        dense[static_cast<size_t>(v.get<int64_t>())] = true;
+      }
+    }
+    moe.layers.assign(static_cast<size_t>(g.num_layers), false);
+    for (int64_t l = 0; l < g.num_layers; ++l)
+      moe.layers[static_cast<size_t>(l)] = !dense[static_cast<size_t>(l)] && (l + 1) % step == 0;
+    for (bool is_moe : moe.layers)
+      if (!is_moe) f.fail("mlp_only_layers", "or \"decoder_sparse_step\" make dense layers, whose intermediate_size "
+                                             "MLP is not supported next to MoE layers yet");
+  }
+  return m;
+}
+
+int64_t hf_vocab_divisor(int64_t vocab) {
+  int64_t d = 1;
+  while (d < 128 && vocab % (2 * d) == 0) d *= 2;
+  return d;
+}
+
+namespace {
+
+// The shortest text that reads back as x, whole numbers in full (1e-05, 500000, 0.02).
+std::string num(double x) {
+  if (x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
+// The model's settings as (Megatron-LM flag, value or "" for a switch, Bridge override).
+struct Setting {
+  std::string flag, value, field, field_value;
+};
+
+std::vector<Setting> settings(const HfModel& m) {
+  const model::GptConfig& g = m.gpt;
+  const bool rope = g.positions == model::Positions::Rope;
+  std::vector<Setting> s = {
+      {"--num-layers", std::to_string(g.num_layers), "num_layers", std::to_string(g.num_layers)},
+      {"--hidden-size", std::to_string(g.hidden), "hidden_size", std::to_string(g.hidden)},
+      {"--ffn-hidden-size", std::to_string(g.ffn), "ffn_hidden_size", std::to_string(g.ffn)},
+      {"--num-attention-heads", std::to_string(g.heads), "num_attention_heads", std::to_string(g.heads)},
+  };
+  if (g.query_groups != g.heads) {
+    s.push_back({"--group-query-attention", "", "", ""});
+    s.push_back({"--num-query-groups", std::to_string(g.query_groups), "num_query_groups",
+                 std::to_string(g.query_groups)});
+  }
+  s.push_back({"--kv-channels", std::to_string(g.kv_channels), "kv_channels", std::to_string(g.kv_channels)});
+  s.push_back({"--max-position-embeddings", std::to_string(g.max_positions), "max_position_embeddings",
+               std::to_string(g.max_positions)});
+  s.push_back({"--position-embedding-type", rope ? "rope" : "learned_absolute", "position_embedding_type",
+               rope ? "rope" : "learned_absolute"});
+  if (rope) s.push_back({"--rotary-base", num(g.rotary_base), "rotary_base", num(g.rotary_base)});
+  if (g.rope_scaling) {
+    s.push_back({"--use-rope-scaling", "", "rope_scaling", "true"});
+    s.push_back({"--rope-scaling-factor", num(g.rope_scaling_factor), "rope_scaling_factor",
+                 num(g.rope_scaling_factor)});
+  }
+  const bool rms = g.norm == model::Norm::RMSNorm;
+  s.push_back({"--normalization", rms ? "RMSNorm" : "LayerNorm", "normalization", rms ? "RMSNorm" : "LayerNorm"});
+  s.push_back({"--norm-epsilon", num(m.norm_eps), "layernorm_epsilon", num(m.norm_eps)});
+  if (g.activation == model::Activation::SwiGLU) {
+    s.push_back({"--swiglu", "", "gated_linear_unit", "true"});
+    s.push_back({"", "", "activation_func", "silu"});
+  }
+  if (g.activation == model::Activation::GeluErf) s.push_back({"--no-bias-gelu-fusion", "", "bias_activation_fusion", "false"});
+  if (!g.add_bias_linear) s.push_back({"--disable-bias-linear", "", "add_bias_linear", "false"});
+  if (g.add_qkv_bias && !g.add_bias_linear) s.push_back({"--add-qkv-bias", "", "add_qkv_bias", "true"});
+  if (g.qk_layernorm) s.push_back({"--qk-layernorm", "", "qk_layernorm", "true"});
+  if (!g.tied_embeddings)
+    s.push_back({"--untie-embeddings-and-output-weights", "", "share_embeddings_and_output_weights", "false"});
+  s.push_back({"--init-method-std", num(g.init_std), "init_method_std", num(g.init_std)});
+  const std::string divisor = std::to_string(hf_vocab_divisor(g.vocab));
+  s.push_back({"--make-vocab-size-divisible-by", divisor, "make_vocab_size_divisible_by", divisor});
+  s.push_back({"", "", "vocab_size", std::to_string(g.vocab)});
+  if (g.moe.num_experts > 0) {
+    const model::MoeConfig& moe = g.moe;
+    s.push_back({"--num-experts", std::to_string(moe.num_experts), "num_moe_experts", std::to_string(moe.num_experts)});
+    s.push_back({"--moe-router-topk", std::to_string(moe.topk), "moe_router_topk", std::to_string(moe.topk)});
+    s.push_back({"--moe-ffn-hidden-size", std::to_string(moe.ffn), "moe_ffn_hidden_size", std::to_string(moe.ffn)});
+    if (moe.pre_softmax) s.push_back({"--moe-router-pre-softmax", "", "moe_router_pre_softmax", "true"});
+    if (moe.aux_loss_coeff > 0)
+      s.push_back({"--moe-aux-loss-coeff", num(moe.aux_loss_coeff), "moe_aux_loss_coeff", num(moe.aux_loss_coeff)});
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> hf_megatron_flags(const HfModel& m) {
+  std::vector<std::string> out;
+  for (const auto& s : settings(m)) {
+    if (s.flag.empty()) continue;
+    out.push_back(s.flag);
+    if (!s.value.empty()) out.push_back(s.value);
+  }
+  return out;
+}
+
+std::vector<std::string> hf_bridge_overrides(const HfModel& m) {
+  std::vector<std::string> out;
+  for (const auto& s : settings(m))
+    if (!s.field.empty()) out.push_back("model." + s.field + "=" + s.field_value);
+  return out;
+}
+
+std::vector<HfTensorMap> hf_tensor_maps(const HfModel& m) {
+  using Kind = HfTensorMap::Kind;
+  const model::GptParameterLayout layout = model::build_gpt_parameters(m.gpt);
+  const bool gpt2 = m.arch == HfArchitecture::Gpt2;
+  std::vector<HfTensorMap> out;
+  for (const auto& p : layout.table.specs) {
+    if (p.buffer) continue;  // (the router's expert bias: no Hugging Face model here has one)
+    HfTensorMap t{p.name, p.shape, Kind::Copy, {}};
+    const std::string& n = p.name;
+    auto ends = [&](const std::string& suffix) {
+      return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const std::string wb = ends(".bias") ? "bias" : "weight";
+    if (n == "embedding.word_embeddings.weight") {
+      t.hf = {gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight"};
+    } else if (n == "embedding.position_embeddings.weight") {
+      t.hf = {"transformer.wpe.weight"};
+    } else if (n == "output_layer.weight") {
+      t.hf = {"lm_head.weight"};
+    } else if (n.rfind("decoder.final_layernorm.", 0) == 0) {
+      t.hf = {gpt2 ? "transformer.ln_f." + wb : "model.norm." + wb};
+    } else {
+      // decoder.layers.L.<rest>
+      const size_t dot = n.find('.', 15);
+      const std::string layer = n.substr(15, dot - 15), rest = n.substr(dot + 1);
+      const std::string h = gpt2 ? "transformer.h." + layer + "." : "model.layers." + layer + ".";
+      if (rest.rfind("input_layernorm.", 0) == 0) {
+        t.hf = {h + (gpt2 ? "ln_1." : "input_layernorm.") + wb};
+      } else if (rest.rfind("pre_mlp_layernorm.", 0) == 0) {
+        t.hf = {h + (gpt2 ? "ln_2." : "post_attention_layernorm.") + wb};
+      } else if (rest.rfind("self_attention.linear_qkv.", 0) == 0) {
+        if (gpt2) {
+          t.kind = Kind::Gpt2Qkv;
+          t.hf = {h + "attn.c_attn." + wb};
+        } else {
+          t.kind = Kind::Qkv;
+          t.hf = {h + "self_attn.q_proj." + wb, h + "self_attn.k_proj." + wb, h + "self_attn.v_proj." + wb};
+        }
+      } else if (rest.rfind("self_attention.linear_proj.", 0) == 0) {
+        t.kind = gpt2 && wb == "weight" ? Kind::Transpose : Kind::Copy;
+        t.hf = {h + (gpt2 ? "attn.c_proj." : "self_attn.o_proj.") + wb};
+      } else if (rest == "self_attention.q_layernorm.weight") {
+        t.hf = {h + "self_attn.q_norm.weight"};
+      } else if (rest == "self_attention.k_layernorm.weight") {
+        t.hf = {h + "self_attn.k_norm.weight"};
+      } else if (rest.rfind("mlp.linear_fc1.", 0) == 0) {
+        if (gpt2) {
+          t.kind = wb == "weight" ? Kind::Transpose : Kind::Copy;
+          t.hf = {h + "mlp.c_fc." + wb};
+        } else {
+          t.kind = Kind::GateUp;
+          t.hf = {h + "mlp.gate_proj." + wb, h + "mlp.up_proj." + wb};
+        }
+      } else if (rest.rfind("mlp.linear_fc2.", 0) == 0) {
+        t.kind = gpt2 && wb == "weight" ? Kind::Transpose : Kind::Copy;
+        t.hf = {h + (gpt2 ? "mlp.c_proj." : "mlp.down_proj.") + wb};
+      } else if (rest == "mlp.router.weight") {
+        t.hf = {h + "mlp.gate.weight"};
+      } else if (rest.rfind("mlp.experts.local_experts.", 0) == 0) {
+        // mlp.experts.local_experts.E.linear_fc1.weight
+        const std::string tail = rest.substr(26);
+        const std::string e = tail.substr(0, tail.find('.'));
+        const std::string x = h + "mlp.experts." + e + ".";
+        if (ends(".linear_fc1.weight")) {
+          t.kind = Kind::GateUp;
+          t.hf = {x + "gate_proj.weight", x + "up_proj.weight"};
+        } else {
+          t.hf = {x + "down_proj.weight"};
+        }
+      } else {
+        throw Error("hf_tensor_maps: no Hugging Face source for " + n);
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+bool hf_ignored_tensor(const HfModel& m, const std::string& name) {
+  auto ends = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (m.arch == HfArchitecture::Gpt2) return ends(".attn.bias") || ends(".attn.masked_bias");
+  return ends(".rotary_emb.inv_freq");
+}
+
+}  // namespace laoyao::train

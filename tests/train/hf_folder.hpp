@@ -1,0 +1,102 @@
+// Hugging Face model folders written by tests: config.json and *.safetensors under Hugging Face's
+// names, with random values (exact in BF16), for import-hf's tests.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/file_io.hpp"
+#include "core/rng.hpp"
+#include "core/safetensors.hpp"
+
+namespace laoyao::test {
+
+// A Hugging Face folder being written: tensors by name with random values.
+struct HfFolder {
+  std::string dir;
+  std::map<std::string, std::vector<int64_t>> shape;
+  std::map<std::string, std::vector<float>> value;
+
+  void add(const std::string& name, std::vector<int64_t> s) {
+    int64_t n = 1;
+    for (int64_t d : s) n *= d;
+    Rng rng(7, name);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = round_to_bf16(static_cast<float>(rng.normal()));  // exact in BF16 too
+    shape[name] = std::move(s);
+    value[name] = std::move(v);
+  }
+  // Writes config.json and the tensors, in `shards` files with an index when more than one.
+  void write(const std::string& config, Dtype dtype = Dtype::F32, int shards = 1) {
+    write_file_atomic(dir + "/config.json", config);
+    std::vector<std::vector<TensorWrite>> files(static_cast<size_t>(shards));
+    std::vector<std::vector<uint16_t>> bf16;
+    bf16.reserve(value.size());
+    std::string index = "{\"metadata\": {}, \"weight_map\": {";
+    size_t i = 0;
+    for (const auto& [name, v] : value) {
+      const size_t f = i++ % static_cast<size_t>(shards);
+      const void* data = v.data();
+      if (dtype == Dtype::BF16) {
+        bf16.emplace_back();
+        for (float x : v) bf16.back().push_back(f32_to_bf16(x));
+        data = bf16.back().data();
+      }
+      files[f].push_back({name, dtype, shape[name], data});
+      index += std::string(i > 1 ? ", " : "") + "\"" + name + "\": \"model-" + std::to_string(f) + ".safetensors\"";
+    }
+    for (size_t f = 0; f < files.size(); ++f)
+      write_safetensors(dir + (shards == 1 ? "/model.safetensors" : "/model-" + std::to_string(f) + ".safetensors"),
+                        files[f]);
+    if (shards > 1) write_file_atomic(dir + "/model.safetensors.index.json", index + "}}");
+  }
+  float at(const std::string& name, int64_t r, int64_t c) const {
+    const auto& s = shape.at(name);
+    return value.at(name)[static_cast<size_t>(s.size() > 1 ? r * s[1] + c : r)];
+  }
+};
+
+// Llama-style layer tensors (prefix "model.layers.L."), GQA with q heads H, groups G, head dim D.
+inline void add_llama_layer(HfFolder& hf, int l, int64_t h, int64_t H, int64_t G, int64_t D, int64_t ffn, bool qkv_bias,
+                     bool qk_norm) {
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  hf.add(p + "input_layernorm.weight", {h});
+  hf.add(p + "self_attn.q_proj.weight", {H * D, h});
+  hf.add(p + "self_attn.k_proj.weight", {G * D, h});
+  hf.add(p + "self_attn.v_proj.weight", {G * D, h});
+  if (qkv_bias) {
+    hf.add(p + "self_attn.q_proj.bias", {H * D});
+    hf.add(p + "self_attn.k_proj.bias", {G * D});
+    hf.add(p + "self_attn.v_proj.bias", {G * D});
+  }
+  if (qk_norm) {
+    hf.add(p + "self_attn.q_norm.weight", {D});
+    hf.add(p + "self_attn.k_norm.weight", {D});
+  }
+  hf.add(p + "self_attn.o_proj.weight", {h, H * D});
+  hf.add(p + "post_attention_layernorm.weight", {h});
+  if (ffn > 0) {
+    hf.add(p + "mlp.gate_proj.weight", {ffn, h});
+    hf.add(p + "mlp.up_proj.weight", {ffn, h});
+    hf.add(p + "mlp.down_proj.weight", {h, ffn});
+  }
+}
+
+inline std::string llama_config(const std::string& arch, const std::string& extra = "") {
+  return "{\"architectures\": [\"" + arch + "\"], \"hidden_size\": 16, \"intermediate_size\": 24, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, "
+         "\"vocab_size\": 64, \"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
+         "\"hidden_act\": \"silu\", \"torch_dtype\": \"bfloat16\"" + extra + "}";
+}
+
+inline HfFolder llama_folder(const std::string& dir, bool tied) {
+  HfFolder hf{dir, {}, {}};
+  hf.add("model.embed_tokens.weight", {64, 16});
+  for (int l = 0; l < 2; ++l) add_llama_layer(hf, l, 16, 4, 2, 8, 24, false, false);
+  hf.add("model.norm.weight", {16});
+  if (!tied) hf.add("lm_head.weight", {64, 16});
+  return hf;
+}
+
+}  // namespace laoyao::test
