@@ -30,7 +30,7 @@ const Subcommand kSubcommands[] = {
      "print, as JSON lines, the samples and token ids a run with those flags feeds the model"},
     {"preprocess-data", cmd_preprocess_data, "tokenize a JSON-lines file into a Megatron .bin/.idx dataset"},
     {"doctor", cmd_doctor, "run a GEMM, attention, a fused kernel and an all-reduce on every GPU; check them"},
-    {"checkpoint", cmd_checkpoint, "convert checkpoints: `checkpoint import-hf HF_DIR OUT_DIR` (Hugging Face in)"},
+    {"checkpoint", cmd_checkpoint, "Hugging Face checkpoints in and out: `checkpoint import-hf HF_DIR OUT` / `export-hf CKPT OUT`"},
     {"launch", cmd_launch, "start N ranks of a command on this node (torchrun): --nproc-per-node N -- laoyao ..."},
 };
 

@@ -1,13 +1,16 @@
 // laoyao checkpoint import-hf HF_DIR OUT_DIR
+// laoyao checkpoint export-hf CKPT OUT_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]
 // Checkpoint conversions. import-hf: a Hugging Face model folder into a folder that
 // --pretrained-checkpoint (checkpoint.pretrained_checkpoint) reads, with the model's Megatron-LM
-// flags and Bridge overrides beside it (train/hf_import.hpp).
+// flags and Bridge overrides beside it (train/hf_import.hpp); export-hf: a laoyao checkpoint or an
+// imported folder back into a Hugging Face folder (train/hf_export.hpp).
 #include <cstdio>
 #include <string>
 
 #include "cli/cli.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "train/hf_export.hpp"
 #include "train/hf_import.hpp"
 
 namespace laoyao::cli {
@@ -18,6 +21,7 @@ void print_help() {
   for (const auto& a : train::hf_architecture_names()) archs += (archs.empty() ? "" : ", ") + a;
   std::printf(
       "usage: laoyao checkpoint import-hf HF_DIR OUT_DIR\n"
+      "       laoyao checkpoint export-hf CKPT OUT_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
       "\n"
       "import-hf  converts a Hugging Face model folder (config.json, *.safetensors with or without\n"
       "           model.safetensors.index.json, F32/BF16/F16) into OUT_DIR, a new folder holding:\n"
@@ -30,7 +34,14 @@ void print_help() {
       "                                   checkpoint.pretrained_checkpoint) for run-recipe\n"
       "             tokenizer files       copied (with tokenizer.json the flags name OUT_DIR as a\n"
       "                                   HuggingFaceTokenizer)\n"
-      "           Architectures: %s.\n",
+      "           Architectures: %s.\n"
+      "\n"
+      "export-hf  writes a laoyao checkpoint (a --save folder or one of its iter_NNNNNNN folders,\n"
+      "           saved at any TP/DP/EP size) or an import-hf folder as a new Hugging Face folder:\n"
+      "           config.json (an imported folder's own), the weights under Hugging Face's names in\n"
+      "           safetensors files of at most --max-shard-size (default 5GB; several: with\n"
+      "           model.safetensors.index.json), and the run's tokenizer files. --dtype: bf16 (the\n"
+      "           fp32 main weights rounded to nearest even) or fp32; default: the run's.\n",
       archs.c_str());
 }
 
@@ -49,6 +60,49 @@ int import_hf(const Args& args) {
   return 0;
 }
 
+// "5GB", "200MB", "4096": bytes (decimal units, as transformers' max_shard_size).
+uint64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit == "GB" ? 1e9 : unit == "MB" ? 1e6 : unit == "KB" ? 1e3 : unit.empty() ? 1 : -1;
+  if (used == 0 || scale < 0 || !(value * scale >= 1))
+    throw UsageError("--max-shard-size '" + text + "': expected a size such as 5GB, 200MB or 4096 (bytes)");
+  return static_cast<uint64_t>(value * scale);
+}
+
+int export_hf(const Args& args) {
+  std::vector<std::string> paths;
+  train::HfExportOptions options;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--dtype" || a == "--max-shard-size") {
+      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+      if (a == "--dtype") options.dtype = args[++i];
+      else options.max_shard_bytes = parse_size(args[++i]);
+    } else if (a.rfind("--", 0) == 0) {
+      throw UsageError("export-hf: unknown option '" + a + "'" + did_you_mean(a, {"--dtype", "--max-shard-size"}));
+    } else {
+      paths.push_back(a);
+    }
+  }
+  if (paths.size() != 2)
+    throw UsageError("export-hf takes CKPT OUT_DIR (" + std::to_string(paths.size()) + " paths given)");
+  const train::HfExportResult r = train::export_hf(paths[0], paths[1], options, [](int64_t done, int64_t total, uint64_t bytes) {
+    std::fprintf(stderr, "export-hf: %lld of %lld tensors, %.2f GB\n", static_cast<long long>(done),
+                 static_cast<long long>(total), static_cast<double>(bytes) / 1e9);
+  });
+  std::printf("exported %s (%s): %lld tensors, %.3f GB in %zu file%s into %s\n", r.model.arch_name.c_str(),
+              r.dtype.c_str(), static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1e9, r.files.size(),
+              r.files.size() == 1 ? "" : "s", paths[1].c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_checkpoint(const Args& args) {
@@ -62,8 +116,9 @@ int cmd_checkpoint(const Args& args) {
     return 0;
   }
   if (args[0] == "import-hf") return import_hf(rest);
-  throw UsageError("unknown checkpoint command '" + args[0] + "'" + did_you_mean(args[0], {"import-hf"}) +
-                   " (known: import-hf)");
+  if (args[0] == "export-hf") return export_hf(rest);
+  throw UsageError("unknown checkpoint command '" + args[0] + "'" + did_you_mean(args[0], {"import-hf", "export-hf"}) +
+                   " (known: import-hf, export-hf)");
 }
 
 }  // namespace laoyao::cli

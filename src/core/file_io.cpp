@@ -82,3 +82,36 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
 }
 
 }  // namespace laoyao
+
+namespace laoyao {
+
+ScratchFolder::ScratchFolder(const std::string& final_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  final_ = fs::absolute(final_path).lexically_normal().string();
+  if (!final_.empty() && final_.back() == '/') final_.pop_back();
+  if (fs::exists(final_, ec) && !(fs::is_directory(final_, ec) && fs::is_empty(final_, ec)))
+    throw UsageError("output folder '" + final_path + "' already exists and is not empty (choose a new one)");
+  scratch_ = final_ + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(scratch_, ec);
+  make_dirs(scratch_);
+}
+
+ScratchFolder::~ScratchFolder() {
+  std::error_code ec;
+  if (!committed_) std::filesystem::remove_all(scratch_, ec);
+}
+
+void ScratchFolder::commit() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fsync_path(scratch_, O_RDONLY | O_DIRECTORY);
+  if (fs::exists(final_, ec)) fs::remove(final_, ec);  // an empty folder (the constructor checked)
+  if (::rename(scratch_.c_str(), final_.c_str()) != 0)
+    throw Error("cannot rename '" + scratch_ + "' to '" + final_ + "': " + std::strerror(errno));
+  const std::string parent = fs::path(final_).parent_path().string();
+  fsync_path(parent.empty() ? "." : parent, O_RDONLY | O_DIRECTORY);
+  committed_ = true;
+}
+
+}  // namespace laoyao

@@ -1,7 +1,5 @@
 #include "train/hf_import.hpp"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -200,16 +198,6 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
-// Removes the scratch folder unless released (the import finished).
-struct ScratchDir {
-  std::string path;
-  bool keep = false;
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!keep && !path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 }  // namespace
 
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, const HfProgress& progress) {
@@ -218,8 +206,6 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, 
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::is_regular_file(config_path, ec))
     throw UsageError("'" + hf_dir + "' has no config.json: not a Hugging Face model folder");
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
-    throw UsageError("output folder '" + out_dir + "' already exists and is not empty (choose a new one)");
 
   HfImportResult result;
   result.model = parse_hf_config(read_file(config_path), config_path);
@@ -271,11 +257,8 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, 
     check_shapes(maps[i], s, hf);
   }
 
-  // Written into a scratch folder beside out_dir, renamed at the end.
-  const fs::path final_dir = fs::absolute(out_dir);
-  ScratchDir scratch{final_dir.string() + ".tmp." + std::to_string(::getpid())};
-  fs::remove_all(scratch.path, ec);
-  make_dirs(scratch.path);
+  ScratchFolder scratch(out_dir);  // written beside out_dir, moved into place at the end
+  const fs::path final_dir = scratch.final_path();
 
   std::vector<TensorWrite> writes;
   for (size_t i = 0; i < maps.size(); ++i) writes.push_back({maps[i].mcore, sources[i].dtype, maps[i].shape, nullptr});
@@ -301,15 +284,18 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, 
     }
     std::memcpy(dst, buffer.data() + offset, n);
   };
-  write_safetensors((fs::path(scratch.path) / "model.safetensors").string(), writes,
+  write_safetensors(scratch.file("model.safetensors"), writes,
                     {{"format", "pt"}, {"source", hf.arch_name}}, fill);
   result.tensors = static_cast<int64_t>(maps.size());
 
+  // config.json itself, under another name (the folder is not a Hugging Face one): export-hf
+  // writes it back.
+  fs::copy_file(config_path, scratch.file("hf_config.json"));
   // The tokenizer files, and the flags that name them.
   for (const char* f : kTokenizerFiles) {
     const fs::path src = fs::path(hf_dir) / f;
     if (!fs::is_regular_file(src, ec)) continue;
-    fs::copy_file(src, fs::path(scratch.path) / f, fs::copy_options::overwrite_existing);
+    fs::copy_file(src, scratch.file(f), fs::copy_options::overwrite_existing);
     result.tokenizer.push_back(f);
   }
   std::vector<std::string> flags = hf_megatron_flags(hf);
@@ -324,13 +310,10 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, 
   overrides.push_back("checkpoint.pretrained_checkpoint=" + final_dir.string());
   result.flags = join(flags, " ");
   result.overrides = join(overrides, " ");
-  write_file_atomic((fs::path(scratch.path) / "model_flags.txt").string(), result.flags + "\n");
-  write_file_atomic((fs::path(scratch.path) / "model_overrides.txt").string(), result.overrides + "\n");
+  write_file_atomic(scratch.file("model_flags.txt"), result.flags + "\n");
+  write_file_atomic(scratch.file("model_overrides.txt"), result.overrides + "\n");
 
-  if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // (empty: checked above)
-  fs::rename(scratch.path, final_dir, ec);
-  if (ec) throw Error("cannot rename " + scratch.path + " to " + final_dir.string() + ": " + ec.message());
-  scratch.keep = true;
+  scratch.commit();
   return result;
 }
 

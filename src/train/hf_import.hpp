@@ -2,7 +2,8 @@
 // model.safetensors.index.json, tokenizer files) into a folder that --pretrained-checkpoint reads:
 // Megatron-Core-named safetensors in the source's dtype (every tensor only rearranged, so bit for
 // bit), model_flags.txt (the Megatron-LM model flags, one line) and model_overrides.txt (the same
-// as Megatron-Bridge overrides, with checkpoint.pretrained_checkpoint), and the tokenizer files.
+// as Megatron-Bridge overrides, with checkpoint.pretrained_checkpoint), hf_config.json (config.json
+// as it was, for export-hf) and the tokenizer files.
 #pragma once
 #include <cstdint>
 #include <functional>

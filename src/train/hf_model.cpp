@@ -416,3 +416,112 @@ bool hf_ignored_tensor(const HfModel& m, const std::string& name) {
 }
 
 }  // namespace laoyao::train
+
+namespace laoyao::train {
+
+HfModel hf_model_of(const model::GptConfig& whole, double norm_eps, double init_std) {
+  HfModel m;
+  m.gpt = whole;
+  m.norm_eps = norm_eps;
+  m.gpt.init_std = m.gpt.embedding_init_std = init_std;
+  const model::GptConfig& g = whole;
+  auto refuse = [](const std::string& what) {
+    throw UsageError("no Hugging Face architecture here expresses this model: " + what + " (supported: " +
+                     supported_list() + ")");
+  };
+  const bool rope = g.positions == model::Positions::Rope;
+  if (g.norm == model::Norm::LayerNorm) {
+    if (rope || g.positions == model::Positions::None) refuse("LayerNorm with rotary or no positions");
+    if (g.activation == model::Activation::SwiGLU) refuse("LayerNorm with SwiGLU");
+    if (!g.add_bias_linear) refuse("GPT-2 without biases (--disable-bias-linear)");
+    if (g.heads != g.query_groups) refuse("GPT-2 with grouped-query attention");
+    if (g.kv_channels * g.heads != g.hidden) refuse("GPT-2 whose heads x head dim is not the hidden size");
+    if (g.qk_layernorm || g.moe.num_experts > 0 || !g.tied_embeddings)
+      refuse("GPT-2 with QK layernorm, experts or an untied output layer");
+    m.arch = HfArchitecture::Gpt2;
+  } else {
+    if (!rope) refuse("RMSNorm without rotary positions");
+    if (g.activation != model::Activation::SwiGLU) refuse("RMSNorm with GeLU (Llama and Qwen are SwiGLU)");
+    if (g.rotary_percent != 1.0 || g.seq_len_interpolation_factor) refuse("partial or interpolated RoPE");
+    if (g.moe.num_experts > 0) {
+      if (!g.qk_layernorm) refuse("experts without QK layernorm (Qwen3-MoE has it)");
+      if (g.moe.shared_ffn > 0) refuse("a shared expert");
+      for (int64_t l = 0; l < g.num_layers; ++l)
+        if (!g.is_moe_layer(l)) refuse("dense layers beside MoE layers");
+      if (g.moe.sigmoid || g.moe.expert_bias || g.moe.num_groups > 0 || g.moe.topk_scaling_factor)
+        refuse("a router other than Qwen3-MoE's softmax top k");
+      m.arch = HfArchitecture::Qwen3Moe;
+    } else if (g.qk_layernorm) {
+      m.arch = HfArchitecture::Qwen3;
+    } else if (g.add_qkv_bias && !g.add_bias_linear) {
+      m.arch = HfArchitecture::Qwen2;
+    } else {
+      m.arch = HfArchitecture::Llama;
+    }
+    if (g.qk_layernorm && g.add_qkv_bias) refuse("QK layernorm with QKV biases");
+  }
+  if (g.zero_centered_gamma) refuse("zero-centred norm weights (--apply-layernorm-1p)");
+  for (const auto& a : kArchitectures)
+    if (a.arch == m.arch) m.arch_name = a.name;
+  m.llama3_rope = g.rope_scaling;
+  return m;
+}
+
+std::string hf_config_json(const HfModel& m, const std::string& dtype) {
+  const model::GptConfig& g = m.gpt;
+  json j;
+  j["architectures"] = json::array({m.arch_name});
+  j["torch_dtype"] = dtype;
+  j["vocab_size"] = g.vocab;
+  j["initializer_range"] = g.init_std;
+  j["tie_word_embeddings"] = g.tied_embeddings;
+  if (m.arch == HfArchitecture::Gpt2) {
+    j["model_type"] = "gpt2";
+    j["n_embd"] = g.hidden;
+    j["n_layer"] = g.num_layers;
+    j["n_head"] = g.heads;
+    j["n_inner"] = g.ffn;
+    j["n_positions"] = g.max_positions;
+    j["n_ctx"] = g.max_positions;
+    j["layer_norm_epsilon"] = m.norm_eps;
+    j["activation_function"] = g.activation == model::Activation::GeluErf ? "gelu" : "gelu_new";
+    j["resid_pdrop"] = j["embd_pdrop"] = j["attn_pdrop"] = 0.0;
+    return j.dump(2) + "\n";
+  }
+  static const char* kModelTypes[] = {"gpt2", "llama", "qwen2", "qwen3", "qwen3_moe"};
+  j["model_type"] = kModelTypes[static_cast<int>(m.arch)];
+  j["hidden_size"] = g.hidden;
+  j["intermediate_size"] = g.ffn;
+  j["num_hidden_layers"] = g.num_layers;
+  j["num_attention_heads"] = g.heads;
+  j["num_key_value_heads"] = g.query_groups;
+  j["head_dim"] = g.kv_channels;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = g.max_positions;
+  j["rms_norm_eps"] = m.norm_eps;
+  j["rope_theta"] = g.rotary_base;
+  j["rope_scaling"] = nullptr;
+  if (g.rope_scaling)
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", g.rope_scaling_factor}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  j["attention_dropout"] = 0.0;
+  if (m.arch == HfArchitecture::Llama) {
+    j["attention_bias"] = g.add_bias_linear;
+    j["mlp_bias"] = g.add_bias_linear;
+  } else {
+    j["use_sliding_window"] = false;
+    if (m.arch != HfArchitecture::Qwen2) j["attention_bias"] = false;
+  }
+  if (m.arch == HfArchitecture::Qwen3Moe) {
+    j["num_experts"] = g.moe.num_experts;
+    j["num_experts_per_tok"] = g.moe.topk;
+    j["moe_intermediate_size"] = g.moe.ffn;
+    j["norm_topk_prob"] = !g.moe.pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+    j["router_aux_loss_coef"] = g.moe.aux_loss_coeff;
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace laoyao::train

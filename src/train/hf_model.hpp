@@ -59,6 +59,17 @@ struct HfTensorMap {
 // Every parameter of the model, in the table's order, with its Hugging Face sources.
 std::vector<HfTensorMap> hf_tensor_maps(const HfModel& m);
 
+// The other way: the Hugging Face architecture of a Megatron-Core GPT (the whole model; norm_eps
+// and init_std as the run's config gives them, in double): GPT-2 for LayerNorm with learned
+// positions, Qwen3 (or Qwen3-MoE) with QK layernorm, Qwen2 with QKV biases alone, else Llama.
+// UsageError naming what no supported architecture has (a shared expert, MoE beside dense layers,
+// biases on o_proj alone, GeLU with RoPE, ...).
+HfModel hf_model_of(const model::GptConfig& whole, double norm_eps, double init_std);
+
+// config.json for that model (model_type, the architecture's field names), its weights in `dtype`
+// ("bfloat16" or "float32").
+std::string hf_config_json(const HfModel& m, const std::string& dtype);
+
 // Hugging Face tensors a checkpoint may hold that are not parameters (GPT-2's causal mask
 // buffers, rotary inv_freq): skipped on import.
 bool hf_ignored_tensor(const HfModel& m, const std::string& name);

@@ -8,6 +8,7 @@
 
 #include "../train/hf_folder.hpp"
 #include "core/file_io.hpp"
+#include "core/safetensors.hpp"
 #include "run_binary.hpp"
 
 using namespace laoyao::test;
@@ -80,5 +81,61 @@ TEST(CheckpointCli, BadArgumentsAndFoldersExitTwoWritingNothing) {
   EXPECT_TRUE(contains(r.output, "\"FalconForCausalLM\" is not supported")) << r.output;
   EXPECT_TRUE(contains(r.output, "LlamaForCausalLM")) << r.output;
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "hf");  // nothing written
+  fs::remove_all(dir);
+}
+
+// Train from an import, save, export the checkpoint: the Hugging Face folder holds the run's fp32
+// main weights (bit for bit with --dtype fp32, rounded to BF16 by default after a --bf16 run) under
+// Llama's names, with a config.json of its shape, and imports again to the same tensors.
+TEST(CheckpointCli, ATrainedCheckpointExportsAsTheHuggingFaceModelItCameFrom) {
+  const std::string dir = fresh_dir("export_hf"), in = dir + "/hf", imported = dir + "/imported";
+  fs::create_directories(in);
+  llama_folder(in, false).write(llama_config("LlamaForCausalLM"));
+  ASSERT_EQ(run_laoyao({"checkpoint", "import-hf", in, imported}, dir).status, 0);
+  std::vector<std::string> mlm = {"pretrain-gpt"};
+  for (auto& w : words(laoyao::read_file(imported + "/model_flags.txt"))) mlm.push_back(w);
+  mlm = tiny_run(mlm);
+  for (const char* a : {"--bf16", "--save", "saved", "--save-interval", "2"}) mlm.emplace_back(a);
+  auto r = run_laoyao(mlm, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+
+  r = run_laoyao({"checkpoint", "export-hf", dir + "/saved", dir + "/fp32", "--dtype", "fp32"}, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "exported LlamaForCausalLM (fp32): 21 tensors")) << r.output;
+  const std::string config = laoyao::read_file(dir + "/fp32/config.json");
+  for (const char* want : {"\"LlamaForCausalLM\"", "\"num_key_value_heads\": 2", "\"rope_theta\": 500000",
+                           "\"tie_word_embeddings\": false", "\"torch_dtype\": \"float32\""})
+    EXPECT_TRUE(contains(config, want)) << want << " in " << config;
+  ASSERT_EQ(run_laoyao({"checkpoint", "import-hf", dir + "/fp32", dir + "/again"}, dir).status, 0);
+  laoyao::SafetensorsFile saved(dir + "/saved/iter_0000002/model.safetensors"), again(dir + "/again/model.safetensors");
+  ASSERT_EQ(saved.tensors().size(), again.tensors().size());
+  for (const auto& t : saved.tensors()) {
+    const auto* u = again.find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(saved.read_f32(t), again.read_f32(*u)) << t.name;
+  }
+
+  r = run_laoyao({"checkpoint", "export-hf", dir + "/saved/iter_0000002", dir + "/bf16"}, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "(bf16)")) << r.output;
+  laoyao::SafetensorsFile bf16(dir + "/bf16/model.safetensors");
+  const auto* emb = bf16.find("model.embed_tokens.weight");
+  ASSERT_NE(emb, nullptr);
+  ASSERT_EQ(emb->dtype, laoyao::Dtype::BF16);
+  const auto want = saved.read_f32(*saved.find("embedding.word_embeddings.weight"));
+  const auto* got = reinterpret_cast<const uint16_t*>(emb->data);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], laoyao::f32_to_bf16(want[i])) << i;
+
+  // Bad arguments: exit 2, nothing written.
+  r = run_laoyao({"checkpoint", "export-hf", dir + "/saved", dir + "/x", "--dtype", "fp16"}, dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "expected bf16 or fp32")) << r.output;
+  r = run_laoyao({"checkpoint", "export-hf", dir + "/nothing", dir + "/x"}, dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "nothing")) << r.output;
+  r = run_laoyao({"checkpoint", "export-hf", dir + "/saved", dir + "/x", "--max-shard-size", "5XB"}, dir);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "--max-shard-size '5XB'")) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/x"));
   fs::remove_all(dir);
 }

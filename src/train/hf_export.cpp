@@ -1,0 +1,258 @@
+#include "train/hf_export.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "config/yaml_io.hpp"
+#include "core/error.hpp"
+#include "core/file_io.hpp"
+#include "core/safetensors.hpp"
+#include "model/gpt_ep.hpp"
+#include "model/gpt_layout.hpp"
+#include "train/checkpoint.hpp"
+#include "train/run_setup.hpp"
+
+namespace laoyao::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Kind = HfTensorMap::Kind;
+
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                           "special_tokens_map.json", "vocab.json", "merges.txt",
+                                           "generation_config.json"};
+
+// What is exported: the model, its weights (Megatron-Core names, read whole as fp32), the config.json
+// to write, the dtype by default and where the tokenizer files are.
+struct Source {
+  HfModel model;
+  std::optional<LoadedCheckpoint> checkpoint;  // a laoyao checkpoint
+  std::optional<PretrainedSource> imported;    // an import-hf folder
+  std::string config_json;                     // an imported folder's own config.json ("" to write one)
+  std::string default_dtype;
+  std::string tokenizer_dir;
+  const TensorStore& store() const { return checkpoint ? checkpoint->model : imported->store; }
+};
+
+std::vector<ParamShape> expected_shapes(const HfModel& m) {
+  return param_shapes(model::build_gpt_parameters(m.gpt).table);
+}
+
+Source open_source(const std::string& path) {
+  std::error_code ec;
+  Source s;
+  if (fs::is_regular_file(fs::path(path) / "hf_config.json", ec)) {  // an import-hf folder
+    const std::string config_path = (fs::path(path) / "hf_config.json").string();
+    s.config_json = read_file(config_path);
+    s.model = parse_hf_config(s.config_json, config_path);
+    s.imported = open_pretrained(path, expected_shapes(s.model));
+    const SafetensorsTensor& first = s.imported->store.entry(s.imported->store.tensors().begin()->second.front());
+    s.default_dtype = first.dtype == Dtype::BF16 ? "bf16" : "fp32";
+    s.tokenizer_dir = path;
+    return s;
+  }
+  if (!fs::exists(path, ec)) throw UsageError("checkpoint '" + path + "' does not exist");
+  s.checkpoint = load_checkpoint(path, std::nullopt, CheckpointVerify::kFilesRead);
+  const LoadedCheckpoint& ck = *s.checkpoint;
+  config::ConfigContainer c;
+  config::apply_yaml(c, ck.run_config_yaml, ck.dir + "/run_config.yaml");
+  config::Derived d;
+  auto vocab = ck.state.model_shape.find("padded_vocab_size");
+  if (vocab == ck.state.model_shape.end() || !std::holds_alternative<int64_t>(vocab->second))
+    throw UsageError("checkpoint '" + ck.dir + "': train_state.json has no padded_vocab_size");
+  d.padded_vocab_size = std::get<int64_t>(vocab->second);
+  const model::GptConfig whole = model::ep_whole_config(model_config(c, d));
+  s.model = hf_model_of(whole, c.model.layernorm_epsilon, c.model.init_method_std);
+  check_parameters(ck, expected_shapes(s.model));
+  s.default_dtype = c.model.bf16 ? "bf16" : "fp32";  // (the mixed-precision preset has set it)
+  if (c.tokenizer.tokenizer_model && fs::is_directory(*c.tokenizer.tokenizer_model, ec))
+    s.tokenizer_dir = *c.tokenizer.tokenizer_model;
+  return s;
+}
+
+// Hugging Face tensor `k` of a map (map.hf[k]): its shape, and its values from the Megatron-Core
+// tensor's (the inverse of import-hf's rearrangement).
+std::vector<int64_t> hf_shape(const HfTensorMap& m, size_t k, const HfModel& hf) {
+  const model::GptConfig& g = hf.gpt;
+  std::vector<int64_t> tail(m.shape.begin() + 1, m.shape.end());
+  auto rows = [&](int64_t r) {
+    std::vector<int64_t> s = {r};
+    s.insert(s.end(), tail.begin(), tail.end());
+    return s;
+  };
+  switch (m.kind) {
+    case Kind::Copy: return m.shape;
+    case Kind::Transpose: return {m.shape[1], m.shape[0]};
+    case Kind::Qkv: return rows((k == 0 ? g.heads : g.query_groups) * g.kv_channels);
+    case Kind::Gpt2Qkv: return m.shape.size() == 2 ? std::vector<int64_t>{m.shape[1], m.shape[0]} : m.shape;
+    case Kind::GateUp: return rows(m.shape[0] / 2);
+  }
+  return m.shape;
+}
+
+void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const std::vector<float>& src,
+               std::vector<float>& out) {
+  const model::GptConfig& g = hf.gpt;
+  int64_t numel = 1;
+  for (int64_t d : hf_shape(m, k, hf)) numel *= d;
+  out.resize(static_cast<size_t>(numel));
+  const int64_t row = m.shape.size() > 1 ? m.shape[1] : 1;  // elements per Megatron-Core row
+  auto copy_rows = [&](int64_t src_row, int64_t dst_row, int64_t count) {
+    std::memcpy(out.data() + dst_row * row, src.data() + src_row * row, sizeof(float) * static_cast<size_t>(count * row));
+  };
+  const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups;
+  switch (m.kind) {
+    case Kind::Copy:
+      out = src;
+      return;
+    case Kind::Transpose:  // src [N, K] -> out [K, N]
+      for (int64_t r = 0; r < m.shape[0]; ++r)
+        for (int64_t c = 0; c < m.shape[1]; ++c) out[static_cast<size_t>(c * m.shape[0] + r)] = src[static_cast<size_t>(r * m.shape[1] + c)];
+      return;
+    case Kind::Qkv:
+      for (int64_t grp = 0; grp < g.query_groups; ++grp) {
+        const int64_t base = grp * (per_group + 2) * D;
+        if (k == 0) copy_rows(base, grp * per_group * D, per_group * D);
+        if (k == 1) copy_rows(base + per_group * D, grp * D, D);
+        if (k == 2) copy_rows(base + (per_group + 1) * D, grp * D, D);
+      }
+      return;
+    case Kind::Gpt2Qkv: {
+      const int64_t h = g.hidden, cols = m.shape.size() == 2 ? m.shape[1] : 1;
+      for (int64_t r = 0; r < 3 * h; ++r) {
+        const int64_t head = r / (3 * D), part = r % (3 * D) / D, d = r % D, col = part * h + head * D + d;
+        for (int64_t c = 0; c < cols; ++c)  // weight: out [h, 3h] (Conv1D), column col of row c
+          out[static_cast<size_t>(m.shape.size() == 2 ? c * 3 * h + col : col)] = src[static_cast<size_t>(r * cols + c)];
+      }
+      return;
+    }
+    case Kind::GateUp:
+      copy_rows(k == 0 ? 0 : m.shape[0] / 2, 0, m.shape[0] / 2);
+      return;
+  }
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+}  // namespace
+
+HfExportResult export_hf(const std::string& source, const std::string& out_dir, const HfExportOptions& options,
+                         const HfProgress& progress) {
+  if (!options.dtype.empty() && options.dtype != "bf16" && options.dtype != "fp32")
+    throw UsageError("--dtype '" + options.dtype + "': expected bf16 or fp32");
+  const Source src = open_source(source);
+  HfExportResult result;
+  result.model = src.model;
+  result.dtype = options.dtype.empty() ? src.default_dtype : options.dtype;
+  const Dtype dtype = result.dtype == "bf16" ? Dtype::BF16 : Dtype::F32;
+  const size_t es = dtype_size(dtype);
+
+  // Every Hugging Face tensor: its map, which of the map's sources, its shape; then the files.
+  struct Out {
+    size_t map, k;
+    std::vector<int64_t> shape;
+    uint64_t bytes;
+  };
+  const std::vector<HfTensorMap> maps = hf_tensor_maps(src.model);
+  std::vector<Out> outs;
+  for (size_t i = 0; i < maps.size(); ++i)
+    for (size_t k = 0; k < maps[i].hf.size(); ++k) {
+      Out o{i, k, hf_shape(maps[i], k, src.model), es};
+      for (int64_t d : o.shape) o.bytes *= static_cast<uint64_t>(d);
+      outs.push_back(std::move(o));
+    }
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t in_shard = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (in_shard > 0 && in_shard + outs[i].bytes > options.max_shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back().push_back(i);
+    in_shard += outs[i].bytes;
+  }
+
+  ScratchFolder scratch(out_dir);  // written beside out_dir, moved into place at the end
+  // One Megatron-Core tensor read at a time (its Hugging Face tensors all come from it), one
+  // Hugging Face tensor converted at a time.
+  size_t cached_map = SIZE_MAX, cached_out = SIZE_MAX;
+  std::vector<float> mcore, values;
+  std::vector<uint8_t> bytes;
+  const auto start = std::chrono::steady_clock::now();
+  auto last_report = start;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t f = 0; f < shards.size(); ++f) {
+    const std::string name = shards.size() == 1 ? "model.safetensors" : shard_name(f, shards.size());
+    std::vector<TensorWrite> writes;
+    for (size_t i : shards[f]) {
+      writes.push_back({maps[outs[i].map].hf[outs[i].k], dtype, outs[i].shape, nullptr});
+      weight_map[writes.back().name] = name;
+    }
+    auto fill = [&](size_t w, size_t offset, size_t n, void* dst) {
+      const size_t i = shards[f][w];
+      if (i != cached_out) {
+        const HfTensorMap& m = maps[outs[i].map];
+        if (outs[i].map != cached_map) {
+          int64_t numel = 1;
+          for (int64_t d : m.shape) numel *= d;
+          mcore.resize(static_cast<size_t>(numel));
+          src.store().read({m.mcore, m.shape, {model::whole_box(m.shape)}}, mcore.data());
+          cached_map = outs[i].map;
+        }
+        hf_values(m, outs[i].k, src.model, mcore, values);
+        bytes.resize(values.size() * es);
+        if (dtype == Dtype::F32) {
+          std::memcpy(bytes.data(), values.data(), bytes.size());
+        } else {
+          auto* b = reinterpret_cast<uint16_t*>(bytes.data());
+          for (size_t j = 0; j < values.size(); ++j) b[j] = f32_to_bf16(values[j]);
+        }
+        cached_out = i;
+        result.tensors += 1;
+        result.bytes += bytes.size();
+        const auto now = std::chrono::steady_clock::now();
+        if (progress && now - last_report > std::chrono::seconds(5)) {
+          progress(result.tensors, static_cast<int64_t>(outs.size()), result.bytes);
+          last_report = now;
+        }
+      }
+      std::memcpy(dst, bytes.data() + offset, n);
+    };
+    write_safetensors(scratch.file(name), writes, {{"format", "pt"}}, fill);
+    result.files.push_back(name);
+  }
+  if (shards.size() > 1) {
+    uint64_t total = 0;
+    for (const auto& o : outs) total += o.bytes;
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic(scratch.file("model.safetensors.index.json"), index.dump(2) + "\n");
+  }
+
+  // config.json: an imported folder's own (its dtype updated), else the architecture's.
+  const std::string torch_dtype = result.dtype == "bf16" ? "bfloat16" : "float32";
+  std::string config = hf_config_json(src.model, torch_dtype);
+  if (!src.config_json.empty()) {
+    nlohmann::json j = nlohmann::json::parse(src.config_json);
+    j["torch_dtype"] = torch_dtype;
+    config = j.dump(2) + "\n";
+  }
+  write_file_atomic(scratch.file("config.json"), config);
+  std::error_code ec;
+  for (const char* f : kTokenizerFiles) {
+    if (src.tokenizer_dir.empty()) break;
+    const fs::path from = fs::path(src.tokenizer_dir) / f;
+    if (!fs::is_regular_file(from, ec)) continue;
+    fs::copy_file(from, scratch.file(f));
+    result.tokenizer.push_back(f);
+  }
+  scratch.commit();
+  return result;
+}
+
+}  // namespace laoyao::train
