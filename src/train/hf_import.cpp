@@ -1,6 +1,9 @@
 #include "train/hf_import.hpp"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -10,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "core/hf_hub.hpp"
 #include "core/safetensors.hpp"
 
 namespace laoyao::train {
@@ -200,7 +204,8 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 }  // namespace
 
-HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, const HfProgress& progress) {
+HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir, const HfProgress& progress) {
+  const std::string hf_dir = resolve_hf_path(hf_path, "import-hf");
   std::error_code ec;
   if (!fs::is_directory(hf_dir, ec)) throw UsageError("Hugging Face folder '" + hf_dir + "' is not a directory");
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
@@ -315,6 +320,103 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, 
 
   scratch.commit();
   return result;
+}
+
+}  // namespace laoyao::train
+
+namespace laoyao::train {
+
+namespace {
+
+// The settings of the run's model that config.json fixes, as (flag, the run's value, config.json's
+// field, its value), for those that differ.
+std::vector<std::string> contradictions(const HfModel& hf, const model::GptConfig& run) {
+  const model::GptConfig& h = hf.gpt;
+  std::vector<std::string> out;
+  auto differ = [&](const std::string& flag, const std::string& ours, const std::string& field, const std::string& theirs) {
+    if (ours != theirs) out.push_back(flag + " " + ours + " (config.json: " + field + " " + theirs + ")");
+  };
+  auto n = [](auto v) { return hf_number(static_cast<double>(v)); };
+  auto b = [](bool v) { return std::string(v ? "on" : "off"); };
+  const bool gpt2 = hf.arch == HfArchitecture::Gpt2;
+  differ("--num-layers", n(run.num_layers), gpt2 ? "n_layer" : "num_hidden_layers", n(h.num_layers));
+  differ("--hidden-size", n(run.hidden), gpt2 ? "n_embd" : "hidden_size", n(h.hidden));
+  differ("--num-attention-heads", n(run.heads), gpt2 ? "n_head" : "num_attention_heads", n(h.heads));
+  differ("--num-query-groups", n(run.query_groups), "num_key_value_heads", n(h.query_groups));
+  differ("--kv-channels", n(run.kv_channels), "head_dim", n(h.kv_channels));
+  differ("--ffn-hidden-size", n(run.ffn), gpt2 ? "n_inner" : "intermediate_size", n(h.ffn));
+  differ("the padded vocabulary", n(run.vocab), "vocab_size", n(h.vocab));
+  differ("--normalization", run.norm == model::Norm::RMSNorm ? "RMSNorm" : "LayerNorm", "its norm",
+         h.norm == model::Norm::RMSNorm ? "RMSNorm" : "LayerNorm");
+  if (std::abs(run.norm_eps - h.norm_eps) > 1e-3f * h.norm_eps)
+    differ("--norm-epsilon", n(run.norm_eps), gpt2 ? "layer_norm_epsilon" : "rms_norm_eps", n(hf.norm_eps));
+  auto act = [](model::Activation a) {
+    return std::string(a == model::Activation::SwiGLU ? "swiglu" : a == model::Activation::GeluErf ? "gelu (erf)" : "gelu (tanh)");
+  };
+  differ("the activation", act(run.activation), gpt2 ? "activation_function" : "hidden_act", act(h.activation));
+  auto pos = [](model::Positions p) {
+    return std::string(p == model::Positions::Rope ? "rope" : p == model::Positions::LearnedAbsolute ? "learned_absolute" : "none");
+  };
+  differ("--position-embedding-type", pos(run.positions), "its positions", pos(h.positions));
+  if (h.positions == model::Positions::Rope && run.positions == model::Positions::Rope) {
+    if (run.rotary_base != h.rotary_base) differ("--rotary-base", n(run.rotary_base), "rope_theta", n(h.rotary_base));
+    differ("--use-rope-scaling", b(run.rope_scaling), "rope_scaling", b(h.rope_scaling));
+    if (run.rope_scaling && h.rope_scaling && run.rope_scaling_factor != h.rope_scaling_factor)
+      differ("--rope-scaling-factor", n(run.rope_scaling_factor), "rope_scaling.factor", n(h.rope_scaling_factor));
+  }
+  differ("--qk-layernorm", b(run.qk_layernorm), "q_norm/k_norm", b(h.qk_layernorm));
+  differ("the linear biases (--disable-bias-linear)", b(run.add_bias_linear), "mlp_bias", b(h.add_bias_linear));
+  differ("the QKV bias (--add-qkv-bias)", b(run.add_qkv_bias), "attention_bias", b(h.add_qkv_bias));
+  differ("tied embeddings (--untie-embeddings-and-output-weights)", b(run.tied_embeddings), "tie_word_embeddings",
+         b(h.tied_embeddings));
+  differ("--num-experts", n(run.moe.num_experts), "num_experts", n(h.moe.num_experts));
+  if (h.moe.num_experts > 0 && run.moe.num_experts > 0) {
+    differ("--moe-router-topk", n(run.moe.topk), "num_experts_per_tok", n(h.moe.topk));
+    differ("--moe-ffn-hidden-size", n(run.moe.ffn), "moe_intermediate_size", n(h.moe.ffn));
+    differ("--moe-router-pre-softmax", b(run.moe.pre_softmax), "norm_topk_prob (negated)", b(h.moe.pre_softmax));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool is_hf_folder(const std::string& path) {
+  std::error_code ec;
+  const std::string dir = resolve_hf_path(path, "checkpoint.pretrained_checkpoint");
+  return fs::is_regular_file(fs::path(dir) / "config.json", ec) && !fs::exists(fs::path(dir) / "hf_config.json", ec);
+}
+
+PretrainedSource open_hf_pretrained(const std::string& path, const model::GptConfig& run,
+                                    const std::vector<ParamShape>& expected) {
+  const std::string dir = resolve_hf_path(path, "checkpoint.pretrained_checkpoint");
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const HfModel hf = parse_hf_config(read_file(config_path), config_path);
+  const std::vector<std::string> bad = contradictions(hf, run);
+  if (!bad.empty()) {
+    std::string list;
+    for (const auto& x : bad) list += "\n  " + x;
+    throw UsageError("pretrained checkpoint '" + path + "' is a " + hf.arch_name +
+                     " whose config.json the run's model contradicts (`laoyao checkpoint import-hf` writes the "
+                     "flags that match it):" + list);
+  }
+  const std::string tmp = (fs::temp_directory_path() / ("laoyao_hf_pretrained." + std::to_string(::getpid()))).string();
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  PretrainedSource src = [&] {
+    struct Remove {
+      std::string path;
+      ~Remove() {
+        std::error_code e;
+        fs::remove_all(path, e);
+      }
+    } remove{tmp};
+    import_hf(dir, tmp);
+    return open_pretrained(tmp, expected);  // mapped: the files may go
+  }();
+  src.files.clear();
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") src.files.push_back(e.path().string());
+  return src;
 }
 
 }  // namespace laoyao::train

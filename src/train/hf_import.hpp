@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "train/checkpoint.hpp"
 #include "train/hf_model.hpp"
 
 namespace laoyao::train {
@@ -29,6 +30,17 @@ using HfProgress = std::function<void(int64_t done, int64_t total, uint64_t byte
 // no config.json, an unknown architecture, a missing, extra, duplicated or misshapen tensor, mixed
 // or non-float dtypes, an index naming an absent shard, a truncated file; out_dir must not exist
 // (or be empty). Written to a scratch folder beside it, renamed at the end.
+// hf_dir may be a hub id ("meta-llama/Llama-3.2-1B"), read from the local cache (core/hf_hub.hpp).
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, const HfProgress& progress = {});
+
+// --pretrained-checkpoint (checkpoint.pretrained_checkpoint) naming a Hugging Face folder (one with
+// config.json; a hub id is read from the local cache): whether `path` is one, and its weights
+// imported through a temporary folder in the system's temp folder (removed once its files are
+// mapped). Before anything is converted, every setting of the run's model (`run`, the whole model)
+// that contradicts config.json is refused by name: a UsageError listing each flag, its value and
+// config.json's.
+bool is_hf_folder(const std::string& path);
+PretrainedSource open_hf_pretrained(const std::string& path, const model::GptConfig& run,
+                                    const std::vector<ParamShape>& expected);
 
 }  // namespace laoyao::train

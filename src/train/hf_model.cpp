@@ -241,15 +241,14 @@ int64_t hf_vocab_divisor(int64_t vocab) {
   return d;
 }
 
-namespace {
-
-// The shortest text that reads back as x, whole numbers in full (1e-05, 500000, 0.02).
-std::string num(double x) {
+std::string hf_number(double x) {
   if (x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, x);
   return std::string(buf, r.ptr);
 }
+
+namespace {
 
 // The model's settings as (Megatron-LM flag, value or "" for a switch, Bridge override).
 struct Setting {
@@ -275,15 +274,15 @@ std::vector<Setting> settings(const HfModel& m) {
                std::to_string(g.max_positions)});
   s.push_back({"--position-embedding-type", rope ? "rope" : "learned_absolute", "position_embedding_type",
                rope ? "rope" : "learned_absolute"});
-  if (rope) s.push_back({"--rotary-base", num(g.rotary_base), "rotary_base", num(g.rotary_base)});
+  if (rope) s.push_back({"--rotary-base", hf_number(g.rotary_base), "rotary_base", hf_number(g.rotary_base)});
   if (g.rope_scaling) {
     s.push_back({"--use-rope-scaling", "", "rope_scaling", "true"});
-    s.push_back({"--rope-scaling-factor", num(g.rope_scaling_factor), "rope_scaling_factor",
-                 num(g.rope_scaling_factor)});
+    s.push_back({"--rope-scaling-factor", hf_number(g.rope_scaling_factor), "rope_scaling_factor",
+                 hf_number(g.rope_scaling_factor)});
   }
   const bool rms = g.norm == model::Norm::RMSNorm;
   s.push_back({"--normalization", rms ? "RMSNorm" : "LayerNorm", "normalization", rms ? "RMSNorm" : "LayerNorm"});
-  s.push_back({"--norm-epsilon", num(m.norm_eps), "layernorm_epsilon", num(m.norm_eps)});
+  s.push_back({"--norm-epsilon", hf_number(m.norm_eps), "layernorm_epsilon", hf_number(m.norm_eps)});
   if (g.activation == model::Activation::SwiGLU) {
     s.push_back({"--swiglu", "", "gated_linear_unit", "true"});
     s.push_back({"", "", "activation_func", "silu"});
@@ -294,7 +293,7 @@ std::vector<Setting> settings(const HfModel& m) {
   if (g.qk_layernorm) s.push_back({"--qk-layernorm", "", "qk_layernorm", "true"});
   if (!g.tied_embeddings)
     s.push_back({"--untie-embeddings-and-output-weights", "", "share_embeddings_and_output_weights", "false"});
-  s.push_back({"--init-method-std", num(g.init_std), "init_method_std", num(g.init_std)});
+  s.push_back({"--init-method-std", hf_number(g.init_std), "init_method_std", hf_number(g.init_std)});
   const std::string divisor = std::to_string(hf_vocab_divisor(g.vocab));
   s.push_back({"--make-vocab-size-divisible-by", divisor, "make_vocab_size_divisible_by", divisor});
   s.push_back({"", "", "vocab_size", std::to_string(g.vocab)});
@@ -305,7 +304,7 @@ std::vector<Setting> settings(const HfModel& m) {
     s.push_back({"--moe-ffn-hidden-size", std::to_string(moe.ffn), "moe_ffn_hidden_size", std::to_string(moe.ffn)});
     if (moe.pre_softmax) s.push_back({"--moe-router-pre-softmax", "", "moe_router_pre_softmax", "true"});
     if (moe.aux_loss_coeff > 0)
-      s.push_back({"--moe-aux-loss-coeff", num(moe.aux_loss_coeff), "moe_aux_loss_coeff", num(moe.aux_loss_coeff)});
+      s.push_back({"--moe-aux-loss-coeff", hf_number(moe.aux_loss_coeff), "moe_aux_loss_coeff", hf_number(moe.aux_loss_coeff)});
   }
   return s;
 }

@@ -31,6 +31,10 @@ struct HfModel {
 // Megatron-Core's GPT here does not have (sliding windows, other rope scalings, shared expert gates).
 HfModel parse_hf_config(const std::string& json_text, const std::string& source);
 
+// The shortest text that reads back as x, whole numbers in full (1e-05, 500000, 0.02): how the
+// flags, overrides and messages print config.json's numbers.
+std::string hf_number(double x);
+
 // Megatron-Bridge's make_vocab_size_divisible_by for an imported vocabulary: the largest power of
 // two up to 128 that divides it (so the model's padded vocabulary is the checkpoint's).
 int64_t hf_vocab_divisor(int64_t vocab);

@@ -7,7 +7,9 @@
 
 #include "config/yaml_io.hpp"
 #include "core/error.hpp"
+#include "core/hf_hub.hpp"
 #include "core/runtime_options.hpp"
+#include "train/hf_import.hpp"
 #include "train/run_setup.hpp"
 #include "train/training_log.hpp"
 
@@ -266,7 +268,13 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
     }
   }
   if (k.pretrained_checkpoint) {
-    const PretrainedSource w = open_pretrained(*k.pretrained_checkpoint, expected);
+    // A Hugging Face folder (or hub id) is converted as import-hf would, its config.json checked
+    // against the run's model first.
+    const PretrainedSource w = is_hf_folder(*k.pretrained_checkpoint)
+                                   ? open_hf_pretrained(*k.pretrained_checkpoint, model.config(), expected)
+                                   : open_pretrained(resolve_hf_path(*k.pretrained_checkpoint,
+                                                                     "checkpoint.pretrained_checkpoint"),
+                                                     expected);
     read_rank_weights(w.store, model, engine);
     std::fprintf(out, "  loaded pretrained weights from %s (%zu file%s): weights only, starting at iteration 0\n",
                  k.pretrained_checkpoint->c_str(), w.files.size(), w.files.size() == 1 ? "" : "s");

@@ -139,3 +139,68 @@ TEST(CheckpointCli, ATrainedCheckpointExportsAsTheHuggingFaceModelItCameFrom) {
   EXPECT_FALSE(fs::exists(dir + "/x"));
   fs::remove_all(dir);
 }
+
+namespace {
+
+// The "lm loss" values of a log's iteration lines.
+std::vector<std::string> losses(const std::string& log) {
+  std::vector<std::string> out;
+  for (size_t at = log.find("lm loss: "); at != std::string::npos; at = log.find("lm loss: ", at + 1))
+    out.push_back(log.substr(at, log.find('|', at) - at));
+  return out;
+}
+
+}  // namespace
+
+// --pretrained-checkpoint naming the Hugging Face folder itself, or its hub id in a local cache,
+// trains exactly as from its import; a flag that contradicts config.json is refused by name.
+TEST(CheckpointCli, APretrainedHuggingFaceFolderOrHubIdLoadsAsItsImport) {
+  const std::string dir = fresh_dir("pretrained_hf"), in = dir + "/hf", imported = dir + "/imported";
+  fs::create_directories(in);
+  llama_folder(in, false).write(llama_config("LlamaForCausalLM"));
+  ASSERT_EQ(run_laoyao({"checkpoint", "import-hf", in, imported}, dir).status, 0);
+  std::vector<std::string> flags = words(laoyao::read_file(imported + "/model_flags.txt"));
+  auto from = [&](const std::string& pretrained, const std::string& env = "", std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"pretrain-gpt"};
+    for (size_t i = 0; i < flags.size(); ++i) {
+      if (flags[i] == "--pretrained-checkpoint") ++i;
+      else args.push_back(flags[i]);
+    }
+    args = tiny_run(args);
+    args.insert(args.end(), {"--pretrained-checkpoint", pretrained});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_laoyao(args, dir, env);
+  };
+  const auto base = from(imported);
+  ASSERT_EQ(base.status, 0) << base.output;
+  ASSERT_EQ(losses(base.output).size(), 2u) << base.output;  // the 2 iterations
+
+  const auto direct = from(in);
+  ASSERT_EQ(direct.status, 0) << direct.output;
+  EXPECT_TRUE(contains(direct.output, "loaded pretrained weights from " + in)) << direct.output;
+  EXPECT_EQ(losses(direct.output), losses(base.output));
+
+  // The same folder as a hub id in a cache (HF_HUB_CACHE), as the recipes name models.
+  const std::string snapshot = dir + "/cache/models--tiny--llama/snapshots/abc123";
+  fs::create_directories(snapshot);
+  fs::create_directories(dir + "/cache/models--tiny--llama/refs");
+  laoyao::write_file_atomic(dir + "/cache/models--tiny--llama/refs/main", "abc123");
+  for (const auto& e : fs::directory_iterator(in)) fs::copy_file(e.path(), snapshot + "/" + e.path().filename().string());
+  const auto hub = from("tiny/llama", "HF_HUB_CACHE=" + shell_word(dir + "/cache"));
+  ASSERT_EQ(hub.status, 0) << hub.output;
+  EXPECT_EQ(losses(hub.output), losses(base.output));
+  auto r = run_laoyao({"checkpoint", "import-hf", "tiny/llama", dir + "/from_hub"}, dir,
+                      "HF_HUB_CACHE=" + shell_word(dir + "/cache"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  r = run_laoyao({"checkpoint", "import-hf", "tiny/other", dir + "/missing"}, dir,
+                 "HF_HUB_CACHE=" + shell_word(dir + "/cache"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "models--tiny--other")) << r.output;
+
+  // Flags that contradict config.json: each named with both values, before anything is read.
+  r = from(in, "", {"--num-layers", "3", "--rotary-base", "10000"});
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--num-layers 3 (config.json: num_hidden_layers 2)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "--rotary-base 10000 (config.json: rope_theta 500000)")) << r.output;
+  fs::remove_all(dir);
+}

@@ -1,6 +1,7 @@
 #include "data/tokenizer/tokenizer_factory.hpp"
 
 #include "core/error.hpp"
+#include "core/hf_hub.hpp"
 #include "core/text.hpp"
 #include "data/tokenizer/gpt2_bpe_tokenizer.hpp"
 #include "data/tokenizer/hf_tokenizer.hpp"
@@ -26,7 +27,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
   }
   if (s.type == "HuggingFaceTokenizer") {
     need(s.model, "--tokenizer-model (a directory with tokenizer.json, or the file itself)");
-    return std::make_unique<HuggingFaceTokenizer>(s.model);
+    // A hub id (the recipes name "Qwen/Qwen3-8B") is read from the local Hugging Face cache.
+    return std::make_unique<HuggingFaceTokenizer>(resolve_hf_path(s.model, "--tokenizer-model"));
   }
   if (s.type == "SentencePieceTokenizer" || s.type == "GPTSentencePieceTokenizer" || s.type == "Llama2Tokenizer") {
     need(s.model, "--tokenizer-model (a SentencePiece .model file)");
