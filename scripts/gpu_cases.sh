@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 
 declare_parts doctor tests parity parity_llama parity_fused moe moe_quick grouped recipes moe_dp2 \
   moe_ep_speed dp2 dp2_speed four four_moe tp2 ckpt attention gemm profile memory_ops ncu \
-  kernel_profile graph_gaps clocks phases bench
+  kernel_profile graph_gaps clocks phases bench hf
 # shellcheck disable=SC2034  # read by scripts/gpu_check.sh
 DEFAULT_PARTS=(doctor tests parity parity_llama parity_fused attention gemm profile bench)
 
@@ -584,3 +584,11 @@ figures_phases() {
 declare_case bench bench MEASUREMENT 1 3600 bench:bench.txt -- bench_run bench.txt ${BENCH_CASES:-}
 
 check_declarations
+
+# ---- hf: Hugging Face checkpoints against transformers itself
+
+# Small random models of each architecture saved by transformers: import-hf, laoyao's first loss on
+# the CPU (1e-4) and the GPU (bf16) against transformers' on the same tokens, export-hf loaded back by
+# from_pretrained with no missing or unexpected keys and the same logits.
+declare_case hf hf_transformers TEST 1 900 exit -- run_to "$OUT/hf_transformers.txt" python3 \
+  tests/gpu/hf_transformers_check.py "$C/laoyao" "$OUT"
