@@ -13,7 +13,7 @@
 #pragma once
 #include <cstdint>
 
-#include "model/dropout_spec.hpp"
+#include "core/dropout_spec.hpp"
 #include "model/tensor_parallel.hpp"
 
 namespace laoyao::model {

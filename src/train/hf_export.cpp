@@ -23,9 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using Kind = HfTensorMap::Kind;
 
-constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                                           "special_tokens_map.json", "vocab.json", "merges.txt",
-                                           "generation_config.json"};
 
 // What is exported: the model, its weights (Megatron-Core names, read whole as fp32), the config.json
 // to write, the dtype by default and where the tokenizer files are.
@@ -244,7 +241,7 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
   }
   write_file_atomic(scratch.file("config.json"), config);
   std::error_code ec;
-  for (const char* f : kTokenizerFiles) {
+  for (const char* f : kHfTokenizerFiles) {
     if (src.tokenizer_dir.empty()) break;
     const fs::path from = fs::path(src.tokenizer_dir) / f;
     if (!fs::is_regular_file(from, ec)) continue;

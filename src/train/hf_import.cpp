@@ -23,10 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using Kind = HfTensorMap::Kind;
 
-// The tokenizer files a Hugging Face folder may hold beside the weights.
-constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                                           "special_tokens_map.json", "vocab.json", "merges.txt",
-                                           "generation_config.json"};
 
 // Every safetensors file of the folder (through the index when there is one), opened once, and
 // which of them holds each tensor.
@@ -297,7 +293,7 @@ HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir,
   // writes it back.
   fs::copy_file(config_path, scratch.file("hf_config.json"));
   // The tokenizer files, and the flags that name them.
-  for (const char* f : kTokenizerFiles) {
+  for (const char* f : kHfTokenizerFiles) {
     const fs::path src = fs::path(hf_dir) / f;
     if (!fs::is_regular_file(src, ec)) continue;
     fs::copy_file(src, scratch.file(f), fs::copy_options::overwrite_existing);

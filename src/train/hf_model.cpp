@@ -35,10 +35,13 @@ class Fields {
  public:
   Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  // A positive integer, at most 2^24 (no model has more layers, heads or width; larger values are a
+  // malformed file, not a model to allocate).
   int64_t integer(const char* key) const {
     if (!has(key)) fail(key, "is missing");
     const json& v = j_[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) fail(key, "must be a positive integer, not " + v.dump());
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t{1} << 24))
+      fail(key, "must be a positive integer up to 2^24, not " + v.dump());
     return v.get<int64_t>();
   }
   int64_t integer(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
@@ -96,7 +99,9 @@ void parse_llama_like(const Fields& f, HfModel& m) {
   if (f.integer("pretraining_tp", 1) != 1) f.fail("pretraining_tp", "must be 1");
   if (f.has("rope_scaling")) {
     const json& rs = f.raw("rope_scaling");
-    const std::string type = rs.value("rope_type", rs.value("type", std::string()));
+    if (!rs.is_object()) f.fail("rope_scaling", "must be an object or null, not " + rs.dump());
+    auto text = [&](const char* k) { return rs.contains(k) && rs[k].is_string() ? rs[k].get<std::string>() : ""; };
+    const std::string type = !text("rope_type").empty() ? text("rope_type") : text("type");
     if (type != "llama3")
       f.fail("rope_scaling", "of type \"" + type + "\" is not supported (Megatron's Llama 3 scaling: \"llama3\")");
     // Megatron's _apply_scaling fixes these; a checkpoint with others would compute other angles.
@@ -205,9 +210,12 @@ HfModel parse_hf_config(const std::string& json_text, const std::string& source)
       g.add_bias_linear = false;
       break;
   }
+  if (g.num_layers > 4096) f.fail("num_hidden_layers", "is " + std::to_string(g.num_layers) + " (at most 4096)");
   if (m.arch == HfArchitecture::Qwen3Moe) {
     model::MoeConfig& moe = g.moe;
     moe.num_experts = f.integer("num_experts");
+    if (moe.num_experts * g.num_layers > (int64_t{1} << 20))
+      f.fail("num_experts", "times num_hidden_layers is over 2^20 experts (a malformed file)");
     moe.topk = f.integer("num_experts_per_tok");
     moe.ffn = f.integer("moe_intermediate_size");
     // Qwen3-MoE's router: softmax over every expert, the top k, renormalised (norm_topk_prob) -- that

@@ -74,6 +74,11 @@ HfModel hf_model_of(const model::GptConfig& whole, double norm_eps, double init_
 // ("bfloat16" or "float32").
 std::string hf_config_json(const HfModel& m, const std::string& dtype);
 
+// The tokenizer files a Hugging Face folder may hold beside its weights (copied both ways).
+inline constexpr const char* kHfTokenizerFiles[] = {"tokenizer.json",          "tokenizer_config.json", "tokenizer.model",
+                                                    "special_tokens_map.json", "vocab.json",            "merges.txt",
+                                                    "generation_config.json"};
+
 // Hugging Face tensors a checkpoint may hold that are not parameters (GPT-2's causal mask
 // buffers, rotary inv_freq): skipped on import.
 bool hf_ignored_tensor(const HfModel& m, const std::string& name);

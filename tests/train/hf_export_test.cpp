@@ -21,13 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("laoyao_hfx_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
-
 // Every tensor of a Hugging Face folder (through its index or all its files): name -> (dtype,
 // shape, bytes).
 struct Stored {
@@ -86,7 +79,7 @@ HfFolder qwen3_moe_folder(const std::string& dir) {
 }  // namespace
 
 TEST(HfExport, EveryArchitectureRoundTripsBitForBit) {
-  const std::string root = fresh("roundtrip");
+  const std::string root = fresh_hf_dir("roundtrip");
   struct Case {
     std::string name, config;
     std::function<HfFolder(const std::string&)> folder;

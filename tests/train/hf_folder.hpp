@@ -1,7 +1,10 @@
 // Hugging Face model folders written by tests: config.json and *.safetensors under Hugging Face's
 // names, with random values (exact in BF16), for import-hf's tests.
 #pragma once
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -11,6 +14,15 @@
 #include "core/safetensors.hpp"
 
 namespace laoyao::test {
+
+// A fresh empty folder under the system temp folder, private to this process.
+inline std::string fresh_hf_dir(const std::string& name) {
+  const std::filesystem::path d =
+      std::filesystem::temp_directory_path() / ("laoyao_hf_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
+}
 
 // A Hugging Face folder being written: tensors by name with random values.
 struct HfFolder {

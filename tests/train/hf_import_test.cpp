@@ -20,8 +20,8 @@
 #include "core/safetensors.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
-#include "train/checkpoint.hpp"
 #include "hf_folder.hpp"
+#include "train/checkpoint.hpp"
 
 using namespace laoyao;
 using namespace laoyao::train;
@@ -30,15 +30,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("laoyao_hf_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
-
 // The imported checkpoint's tensors, as fp32.
-std::map<std::string, std::vector<float>> read_out(const std::string& dir, std::map<std::string, std::vector<int64_t>>* shapes = nullptr) {
+std::map<std::string, std::vector<float>> read_out(const std::string& dir,
+                                                   std::map<std::string, std::vector<int64_t>>* shapes = nullptr) {
   SafetensorsFile f(dir + "/model.safetensors");
   std::map<std::string, std::vector<float>> out;
   for (const auto& t : f.tensors()) {
@@ -69,7 +63,7 @@ void expect_pretrained_reads(const std::string& out, const HfModel& m) {
 }  // namespace
 
 TEST(HfImport, LlamaGqaBecomesMegatronCoreNamesElementByElement) {
-  const std::string root = fresh("llama");
+  const std::string root = fresh_hf_dir("llama");
   for (Dtype dtype : {Dtype::F32, Dtype::BF16}) {
     const std::string in = root + "/in" + std::string(dtype_name(dtype)), out = root + "/out" + std::string(dtype_name(dtype));
     fs::create_directories(in);
@@ -128,7 +122,7 @@ TEST(HfImport, LlamaGqaBecomesMegatronCoreNamesElementByElement) {
 }
 
 TEST(HfImport, Gpt2ConvWeightsAreTransposedAndItsFusedQkvInterleavedPerHead) {
-  const std::string root = fresh("gpt2"), in = root + "/in", out = root + "/out";
+  const std::string root = fresh_hf_dir("gpt2"), in = root + "/in", out = root + "/out";
   fs::create_directories(in);
   HfFolder hf{in, {}, {}};
   const int64_t h = 12, H = 3, D = h / H, P = 32, V = 50;
@@ -175,7 +169,7 @@ TEST(HfImport, Gpt2ConvWeightsAreTransposedAndItsFusedQkvInterleavedPerHead) {
 }
 
 TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
-  const std::string root = fresh("qwen");
+  const std::string root = fresh_hf_dir("qwen");
   {  // Qwen2: q/k/v biases interleaved like the weights; tied
     const std::string in = root + "/q2", out = root + "/q2out";
     fs::create_directories(in);
@@ -253,7 +247,7 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
 }
 
 TEST(HfImport, BadFoldersAreRefusedByNameAndLeaveNothing) {
-  const std::string root = fresh("bad");
+  const std::string root = fresh_hf_dir("bad");
   auto refused = [&](const std::string& in, const std::string& needle) {
     const std::string out = root + "/out";
     try {
@@ -409,7 +403,7 @@ std::vector<double> hf_llama_losses(const HfFolder& hf, const model::GptConfig& 
 // losses computed here in fp64 from the Hugging Face tensors: the mapping keeps the model's meaning
 // (query groups, rotate-half RoPE, gate before up), not only its numbers.
 TEST(HfImport, AnImportedLlamaComputesHuggingFacesLosses) {
-  const std::string root = fresh("llama_loss"), in = root + "/in", out = root + "/out";
+  const std::string root = fresh_hf_dir("llama_loss"), in = root + "/in", out = root + "/out";
   fs::create_directories(in);
   HfFolder hf = llama_folder(in, false);
   for (auto& [name, v] : hf.value)  // weights of a trained model's size, so that the losses differ by token

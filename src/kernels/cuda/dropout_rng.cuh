@@ -4,31 +4,13 @@
 #pragma once
 #include <cstdint>
 
+#include "core/dropout_spec.hpp"
 #include "core/rng.hpp"
 
 namespace laoyao::kernels::cuda {
 
-// p == 0 means no dropout: kernels skip the mask entirely.
-struct DropoutSpec {
-  uint64_t key = 0;  // laoyao::rng_stream_key(seed, stream name)
-  double p = 0.0;  // compared in double, as the CPU compares
-  float keep_scale = 1.0f;  // float(1 / (1 - p)), computed on the host in double like the CPU's
-  // A kernel's element i is element `map(i)` of the whole model's mask, so that a tensor-parallel
-  // rank draws its slice of what one rank would: runs of `run` elements, run k starting at
-  // k * stride + offset (this rank's heads of every sequence, or its share of every sequence under
-  // sequence parallelism). run == 0: the identity.
-  uint64_t run = 0, stride = 0, offset = 0;
-};
-
-// A rank's slice of a whole mask made of runs of `whole_run` elements (per sequence: all heads, or
-// all positions x hidden): it holds the `part`-th of `parts` equal pieces of every run.
-inline DropoutSpec sliced(DropoutSpec d, uint64_t whole_run, uint64_t part, uint64_t parts) {
-  if (parts <= 1) return d;
-  d.run = whole_run / parts;
-  d.stride = whole_run;
-  d.offset = part * d.run;
-  return d;
-}
+using laoyao::DropoutSpec;  // core/dropout_spec.hpp: the spec every backend draws a mask from
+using laoyao::sliced;
 
 __device__ __forceinline__ float dropout_factor(const DropoutSpec& d, uint64_t i) {
   if (d.run) i = i / d.run * d.stride + d.offset + i % d.run;

@@ -16,7 +16,7 @@ k::Gelu gelu_kind(Activation a) { return a == Activation::GeluErf ? k::Gelu::Erf
 
 void apply_dropout(float* y, int64_t n, const DropoutSpec& drop) {
   if (drop.p <= 0) return;
-  for (int64_t i = 0; i < n; ++i) y[i] *= dropout_factor(drop, static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < n; ++i) y[i] *= dropout_factor_host(drop, static_cast<uint64_t>(i));
 }
 
 }  // namespace
@@ -175,7 +175,7 @@ const float* CpuBackend::attention_mask(const DropoutSpec& drop, const BatchShap
   if (drop.p <= 0) return nullptr;
   const int64_t n = batch.b * lc_.heads * batch.s * batch.s;
   float* mask = scratch(mask_, n);
-  for (int64_t i = 0; i < n; ++i) mask[i] = dropout_factor(drop, static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < n; ++i) mask[i] = dropout_factor_host(drop, static_cast<uint64_t>(i));
   return mask;
 }
 

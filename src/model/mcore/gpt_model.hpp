@@ -9,7 +9,7 @@
 // sequence parallelism a reduce-scatter into this rank's share of every sequence), a
 // column-parallel linear's input gradient (the same in reverse). Under sequence parallelism the
 // norms, dropouts and residual adds run on this rank's rows, all-gathered before the parallel
-// layers. Dropout masks are the whole model's, sliced (model/dropout_spec.hpp), so any TP size
+// layers. Dropout masks are the whole model's, sliced (core/dropout_spec.hpp), so any TP size
 // draws one rank's masks.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,5 @@
-// Which dropout mask an op applies, as every backend draws it: element i of a site's mask is
+// Which dropout mask an op applies, as every backend draws it (the CUDA kernels by
+// kernels/cuda/dropout_rng.cuh's device twin of dropout_factor): element i of a site's mask is
 // element i of the counter-based stream (seed, site name) (core/rng.hpp), 0 with probability p and
 // 1 / (1 - p) otherwise, so the CPU and the GPU draw the same masks, and a tensor-parallel rank its
 // slice of what one rank would draw.
@@ -7,7 +8,7 @@
 
 #include "core/rng.hpp"
 
-namespace laoyao::model {
+namespace laoyao {
 
 // p == 0 means no dropout: ops skip the mask entirely.
 struct DropoutSpec {
@@ -40,7 +41,7 @@ inline DropoutSpec sliced(DropoutSpec d, uint64_t whole_run, uint64_t part, uint
 }
 
 // The mask's value at element i (core/rng.cpp's SplitMix64 step, as Rng::uniform).
-inline float dropout_factor(const DropoutSpec& d, uint64_t i) {
+inline float dropout_factor_host(const DropoutSpec& d, uint64_t i) {
   if (d.run) i = i / d.run * d.stride + d.offset + i % d.run;
   uint64_t z = d.key + (i + 1) * kSplitMixGamma;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -50,4 +51,4 @@ inline float dropout_factor(const DropoutSpec& d, uint64_t i) {
   return u < d.p ? 0.0f : d.keep_scale;
 }
 
-}  // namespace laoyao::model
+}  // namespace laoyao
