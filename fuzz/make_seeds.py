@@ -157,11 +157,29 @@ def run_records_seeds(laoyao):
     put("run_records", "tracker", b"\x02" + b"3")
 
 
+def hf_folder_seeds():
+    llama = {"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 24,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+             "vocab_size": 64, "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+             "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192}, "tie_word_embeddings": True}
+    moe = dict(llama, architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=8, norm_topk_prob=True, mlp_only_layers=[], rope_scaling=None)
+    gpt2 = {"architectures": ["GPT2LMHeadModel"], "n_embd": 12, "n_layer": 1, "n_head": 3, "n_positions": 32,
+            "vocab_size": 50, "activation_function": "gelu_new"}
+    index = {"metadata": {"total_size": 100}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+                                                             "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    put("hf_folder", "llama", json.dumps(llama).encode())
+    put("hf_folder", "qwen3_moe", json.dumps(moe).encode() + SEP + json.dumps(index).encode())
+    put("hf_folder", "gpt2", json.dumps(gpt2).encode() + SEP + json.dumps(index).encode())
+
+
 if __name__ == "__main__":
     binary = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
     config_seeds(binary)
     indexed_dataset_seeds()
     safetensors_seed()
     tokenizer_seeds()
+    hf_folder_seeds()
     if binary:
         run_records_seeds(binary)
