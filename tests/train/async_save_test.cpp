@@ -56,7 +56,11 @@ TEST(AsyncCheckpointSave, WritesOnItsThreadAndReportsWhenFinalized) {
     train::AsyncCheckpointSave save;
     save.start(tiny_save(dir, 3), out);
     EXPECT_TRUE(save.in_flight());
-    save.start(tiny_save(dir, 6), out);  // the first is finalized before the second starts
+    // As the trainer does: the save in flight is finalized before the next one begins (beginning a
+    // save removes unfinished scratch folders, the one still being written included).
+    save.finalize(true);
+    EXPECT_FALSE(save.in_flight());
+    save.start(tiny_save(dir, 6), out);
     save.finalize(true);
     EXPECT_FALSE(save.in_flight());
     save.finalize(true);  // nothing in flight: nothing to do
