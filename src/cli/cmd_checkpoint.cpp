@@ -4,6 +4,7 @@
 // --pretrained-checkpoint (checkpoint.pretrained_checkpoint) reads, with the model's Megatron-LM
 // flags and Bridge overrides beside it (train/hf_import.hpp); export-hf: a laoyao checkpoint or an
 // imported folder back into a Hugging Face folder (train/hf_export.hpp).
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -45,15 +46,31 @@ void print_help() {
       archs.c_str());
 }
 
+// "import-hf: 120 of 291 tensors, 6.20 GB, 1.84 GB/s" on stderr as a long conversion goes.
+train::HfProgress progress_line(const char* what) {
+  return [what](int64_t done, int64_t total, uint64_t bytes, double seconds) {
+    const double gb = static_cast<double>(bytes) / 1e9;
+    std::fprintf(stderr, "%s: %lld of %lld tensors, %.2f GB, %.2f GB/s\n", what, static_cast<long long>(done),
+                 static_cast<long long>(total), gb, seconds > 0 ? gb / seconds : 0.0);
+  };
+}
+
+// "3.2 s, 1.84 GB/s": a conversion's time and rate.
+std::string rate(uint64_t bytes, std::chrono::steady_clock::time_point start) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f s, %.2f GB/s", s, s > 0 ? static_cast<double>(bytes) / 1e9 / s : 0.0);
+  return buf;
+}
+
 int import_hf(const Args& args) {
   if (args.size() != 2)
     throw UsageError("import-hf takes HF_DIR OUT_DIR (" + std::to_string(args.size()) + " arguments given)");
-  const train::HfImportResult r = train::import_hf(args[0], args[1], [](int64_t done, int64_t total, uint64_t bytes) {
-    std::fprintf(stderr, "import-hf: %lld of %lld tensors, %.2f GB\n", static_cast<long long>(done),
-                 static_cast<long long>(total), static_cast<double>(bytes) / 1e9);
-  });
-  std::printf("imported %s: %lld tensors, %.3f GB into %s\n", r.model.arch_name.c_str(),
-              static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1e9, args[1].c_str());
+  const auto start = std::chrono::steady_clock::now();
+  const train::HfImportResult r = train::import_hf(args[0], args[1], progress_line("import-hf"));
+  std::printf("imported %s: %lld tensors, %.3f GB into %s (%s)\n", r.model.arch_name.c_str(),
+              static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1e9, args[1].c_str(),
+              rate(r.bytes, start).c_str());
   if (r.tokenizer.empty())
     std::printf("no tokenizer files beside the weights: give the run a --tokenizer-type of its own\n");
   std::printf("model flags: %s\n", r.flags.c_str());
@@ -93,13 +110,11 @@ int export_hf(const Args& args) {
   }
   if (paths.size() != 2)
     throw UsageError("export-hf takes CKPT OUT_DIR (" + std::to_string(paths.size()) + " paths given)");
-  const train::HfExportResult r = train::export_hf(paths[0], paths[1], options, [](int64_t done, int64_t total, uint64_t bytes) {
-    std::fprintf(stderr, "export-hf: %lld of %lld tensors, %.2f GB\n", static_cast<long long>(done),
-                 static_cast<long long>(total), static_cast<double>(bytes) / 1e9);
-  });
-  std::printf("exported %s (%s): %lld tensors, %.3f GB in %zu file%s into %s\n", r.model.arch_name.c_str(),
+  const auto start = std::chrono::steady_clock::now();
+  const train::HfExportResult r = train::export_hf(paths[0], paths[1], options, progress_line("export-hf"));
+  std::printf("exported %s (%s): %lld tensors, %.3f GB in %zu file%s into %s (%s)\n", r.model.arch_name.c_str(),
               r.dtype.c_str(), static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1e9, r.files.size(),
-              r.files.size() == 1 ? "" : "s", paths[1].c_str());
+              r.files.size() == 1 ? "" : "s", paths[1].c_str(), rate(r.bytes, start).c_str());
   return 0;
 }
 

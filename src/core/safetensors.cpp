@@ -79,10 +79,11 @@ std::string json_string(const std::string& s, const char* what) {
   }
 }
 
-// Writes through a buffer (small tensors) or directly (large ones), hashing what it writes.
+// Writes through a buffer (small tensors) or directly (large ones), hashing what it writes (when
+// asked to).
 class FileSink {
  public:
-  FileSink(std::string path) : path_(std::move(path)) {
+  FileSink(std::string path, bool hash) : path_(std::move(path)), hash_(hash) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error("cannot write '" + path_ + "': " + std::strerror(errno));
     buf_.reserve(kBuf);
@@ -91,7 +92,7 @@ class FileSink {
     if (fd_ >= 0) ::close(fd_);
   }
   void write(const void* p, size_t n) {
-    sha_.update(p, n);
+    if (hash_) sha_.update(p, n);
     bytes_ += n;
     if (buf_.size() + n <= kBuf) {
       const auto* c = static_cast<const uint8_t*>(p);
@@ -108,7 +109,7 @@ class FileSink {
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) throw Error("cannot close '" + path_ + "': " + std::strerror(errno));
-    return to_hex(sha_.finish());
+    return hash_ ? to_hex(sha_.finish()) : std::string();
   }
   uint64_t bytes() const { return bytes_; }
 
@@ -132,6 +133,7 @@ class FileSink {
     }
   }
   std::string path_;
+  bool hash_;
   int fd_ = -1;
   std::vector<uint8_t> buf_;
   Sha256 sha_;
@@ -207,12 +209,6 @@ float f16_to_f32(uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
-uint16_t f32_to_bf16(float x) {
-  const uint32_t b = std::bit_cast<uint32_t>(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);  // quiet NaN
-  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
-}
-
 std::string safetensors_header(const std::vector<TensorWrite>& tensors,
                                const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> names;
@@ -255,7 +251,8 @@ std::string safetensors_header(const std::vector<TensorWrite>& tensors,
 }
 
 SafetensorsWriteResult write_safetensors(const std::string& path, const std::vector<TensorWrite>& tensors,
-                                         const std::map<std::string, std::string>& metadata, const TensorFill& fill) {
+                                         const std::map<std::string, std::string>& metadata, const TensorFill& fill,
+                                         bool hash) {
   const std::string header = safetensors_header(tensors, metadata);
   for (const auto& t : tensors)
     if (t.data == nullptr && !fill && write_nbytes(t) > 0)
@@ -267,7 +264,7 @@ SafetensorsWriteResult write_safetensors(const std::string& path, const std::vec
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   SafetensorsWriteResult r;
   try {
-    FileSink out(tmp);
+    FileSink out(tmp, hash);
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
     out.write(len, 8);

@@ -19,6 +19,7 @@
 // the reference does not enforce (no duplicate keys, __metadata__ values are strings). Any problem
 // is a laoyao::UsageError that names the file and the problem.
 #pragma once
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,7 +48,12 @@ std::optional<Dtype> parse_dtype(std::string_view s);  // nullopt for names we d
 // Element conversions (bit patterns as stored in the file).
 float bf16_to_f32(uint16_t bits);
 float f16_to_f32(uint16_t bits);  // IEEE binary16 (subnormals, Inf, NaN)
-uint16_t f32_to_bf16(float x);    // round to nearest even; NaN stays NaN
+// Round to nearest even; NaN stays NaN (inline: bulk conversions vectorise).
+inline uint16_t f32_to_bf16(float x) {
+  const uint32_t b = std::bit_cast<uint32_t>(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((b >> 16) | 0x40);  // quiet NaN
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
+}
 
 // ---- writing ----
 
@@ -66,7 +72,7 @@ inline constexpr size_t kFillWindow = size_t{64} << 20;
 
 struct SafetensorsWriteResult {
   uint64_t file_bytes = 0;
-  std::string sha256;  // of the whole file, lowercase hex (what `sha256sum` prints)
+  std::string sha256;  // of the whole file, lowercase hex (what `sha256sum` prints); empty unless hashed
 };
 
 // The header JSON (with its padding) the writer puts after the length prefix.
@@ -76,10 +82,11 @@ std::string safetensors_header(const std::vector<TensorWrite>& tensors,
 // Streams the file to "<path>.tmp.<pid>", fsyncs it, renames it over `path` and fsyncs the folder:
 // readers see the old file or the new one, never half of one. An empty `metadata` writes no
 // "__metadata__" key. Bad input (duplicate names, a null data pointer) is laoyao::Error (a bug in
-// the caller); I/O failures are laoyao::Error naming the file.
+// the caller); I/O failures are laoyao::Error naming the file. hash: the SHA-256 is computed as the
+// bytes go (a checkpoint records it; a conversion that records nothing skips the cost).
 SafetensorsWriteResult write_safetensors(const std::string& path, const std::vector<TensorWrite>& tensors,
                                          const std::map<std::string, std::string>& metadata = {},
-                                         const TensorFill& fill = {});
+                                         const TensorFill& fill = {}, bool hash = true);
 
 // ---- reading ----
 

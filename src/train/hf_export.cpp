@@ -104,7 +104,7 @@ void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const std::vec
   };
   const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups;
   switch (m.kind) {
-    case Kind::Copy:
+    case Kind::Copy:  // (export_hf converts these from src itself)
       out = src;
       return;
     case Kind::Transpose:  // src [N, K] -> out [K, N]
@@ -202,26 +202,29 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
           src.store().read({m.mcore, m.shape, {model::whole_box(m.shape)}}, mcore.data());
           cached_map = outs[i].map;
         }
-        hf_values(m, outs[i].k, src.model, mcore, values);
-        bytes.resize(values.size() * es);
+        // A copied tensor is converted from the read values themselves (no third copy of it).
+        if (m.kind != Kind::Copy) hf_values(m, outs[i].k, src.model, mcore, values);
+        const std::vector<float>& v = m.kind == Kind::Copy ? mcore : values;
+        bytes.resize(v.size() * es);
         if (dtype == Dtype::F32) {
-          std::memcpy(bytes.data(), values.data(), bytes.size());
+          std::memcpy(bytes.data(), v.data(), bytes.size());
         } else {
           auto* b = reinterpret_cast<uint16_t*>(bytes.data());
-          for (size_t j = 0; j < values.size(); ++j) b[j] = f32_to_bf16(values[j]);
+          for (size_t j = 0; j < v.size(); ++j) b[j] = f32_to_bf16(v[j]);
         }
         cached_out = i;
         result.tensors += 1;
         result.bytes += bytes.size();
         const auto now = std::chrono::steady_clock::now();
         if (progress && now - last_report > std::chrono::seconds(5)) {
-          progress(result.tensors, static_cast<int64_t>(outs.size()), result.bytes);
+          progress(result.tensors, static_cast<int64_t>(outs.size()), result.bytes,
+                   std::chrono::duration<double>(now - start).count());
           last_report = now;
         }
       }
       std::memcpy(dst, bytes.data() + offset, n);
     };
-    write_safetensors(scratch.file(name), writes, {{"format", "pt"}}, fill);
+    write_safetensors(scratch.file(name), writes, {{"format", "pt"}}, fill, /*hash=*/false);
     result.files.push_back(name);
   }
   if (shards.size() > 1) {

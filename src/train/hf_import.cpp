@@ -279,14 +279,15 @@ HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir,
       result.tensors = static_cast<int64_t>(i) + 1;
       const auto now = std::chrono::steady_clock::now();
       if (progress && now - last_report > std::chrono::seconds(5)) {
-        progress(result.tensors, static_cast<int64_t>(maps.size()), result.bytes);
+        progress(result.tensors, static_cast<int64_t>(maps.size()), result.bytes,
+                   std::chrono::duration<double>(now - start).count());
         last_report = now;
       }
     }
     std::memcpy(dst, buffer.data() + offset, n);
   };
   write_safetensors(scratch.file("model.safetensors"), writes,
-                    {{"format", "pt"}, {"source", hf.arch_name}}, fill);
+                    {{"format", "pt"}, {"source", hf.arch_name}}, fill, /*hash=*/false);
   result.tensors = static_cast<int64_t>(maps.size());
 
   // config.json itself, under another name (the folder is not a Hugging Face one): export-hf

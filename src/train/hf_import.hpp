@@ -23,8 +23,9 @@ struct HfImportResult {
   std::string flags, overrides;        // what model_flags.txt and model_overrides.txt hold
 };
 
-// Progress as the tensors go (tensors done of all, bytes written); called at most every few seconds.
-using HfProgress = std::function<void(int64_t done, int64_t total, uint64_t bytes)>;
+// Progress as the tensors go (tensors done of all, bytes written, seconds since the start); called
+// at most every few seconds.
+using HfProgress = std::function<void(int64_t done, int64_t total, uint64_t bytes, double seconds)>;
 
 // UsageError (and nothing left at out_dir) for a folder that is not a supported Hugging Face model:
 // no config.json, an unknown architecture, a missing, extra, duplicated or misshapen tensor, mixed
