@@ -263,7 +263,10 @@ struct DatasetConfig {
   bool pin_memory = true;
   bool drop_last = true;
   bool persistent_workers = true;
-  // Fine-tuning datasets (SFT/PEFT recipes): null for pretraining.
+  // Fine-tuning datasets (SFT/PEFT recipes): null for pretraining. dataset_root: the folder of
+  // training.jsonl / validation.jsonl / test.jsonl (Bridge's GPTSFTDatasetConfig.dataset_root);
+  // dataset_name: the hub dataset a recipe names (nothing is downloaded: dataset_root gives it).
+  OptString dataset_root;
   OptString dataset_name;
   bool packed_sequence = false;
   int64_t pad_seq_to_mult = 1;

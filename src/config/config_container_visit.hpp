@@ -220,6 +220,7 @@ template <class V> void DatasetConfig::visit(V& v) {
   v.field("pin_memory", pin_memory);
   v.field("drop_last", drop_last);
   v.field("persistent_workers", persistent_workers);
+  v.field("dataset_root", dataset_root);
   v.field("dataset_name", dataset_name);
   v.field("packed_sequence", packed_sequence);
   v.field("pad_seq_to_mult", pad_seq_to_mult);

@@ -574,10 +574,10 @@ struct Checker {
       fail("mock data was requested together with data paths; choose one (" + n("dataset.mock") + " or " +
            n("dataset.data_path") + ")");
     if (!d.mock) {
-      d.mock = !has_blend && !d.dataset_name;
+      d.mock = !has_blend && !d.dataset_name && !d.dataset_root;
       if (*d.mock) out.notes.push_back("Let mock = True, as both blend and blend_per_split are None");
     }
-    if (!*d.mock && !has_blend && !d.dataset_name)
+    if (!*d.mock && !has_blend && !d.dataset_name && !d.dataset_root)
       fail("no training data: set " + n("dataset.data_path") + " (a Megatron .bin/.idx prefix) or use mock data (" +
            n("dataset.mock") + ")");
     if (*d.mock && d.split != std::string("1,1,1")) {

@@ -79,7 +79,22 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (!c.checkpoint.pretrained_checkpoint)
       out.push_back("PEFT requires a pretrained checkpoint path (checkpoint.pretrained_checkpoint)");
   }
-  if (c.dataset.dataset_name) out.push_back("fine-tuning datasets (dataset.dataset_name=" + *c.dataset.dataset_name + ")");
+  const auto& ds = c.dataset;
+  if (ds.dataset_name && !ds.dataset_root)
+    out.push_back("downloading the fine-tuning dataset '" + *ds.dataset_name + "' (nothing is downloaded: give "
+                  "dataset.dataset_root=DIR holding training.jsonl and validation.jsonl of {\"input\": ..., "
+                  "\"output\": ...} rows, as Megatron-Bridge writes them: docs/fine-tuning.md)");
+  if (ds.dataset_root) {
+    if (ds.packed_sequence && c.train.micro_batch_size.value_or(1) != 1)
+      out.push_back("packed fine-tuning rows with train.micro_batch_size " +
+                    std::to_string(*c.train.micro_batch_size) + " (Megatron-Bridge packs one row a micro-batch: 1)");
+    if (ds.pad_seq_to_mult != 1)
+      out.push_back("dataset.pad_seq_to_mult " + std::to_string(ds.pad_seq_to_mult) +
+                    " (packing with examples padded to a multiple; accepted: 1)");
+    if (!c.tokenizer.tokenizer_type || *c.tokenizer.tokenizer_type != "HuggingFaceTokenizer")
+      out.push_back("fine-tuning data with tokenizer.tokenizer_type " + c.tokenizer.tokenizer_type.value_or("(none)") +
+                    " (accepted: HuggingFaceTokenizer)");
+  }
   const config::Value& mp = c.mixed_precision;
   const std::string preset = mp.kind == config::Value::Kind::String ? mp.s : "";
   bool fp8 = preset.find("fp8") != std::string::npos, fp4 = preset.find("fp4") != std::string::npos;

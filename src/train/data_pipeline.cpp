@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <memory>
 
+#include <filesystem>
+
 #include "core/error.hpp"
+#include "core/hf_hub.hpp"
 #include "core/text.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/mock_dataset.hpp"
+#include "data/sft_dataset.hpp"
 #include "train/run_setup.hpp"
 
 namespace laoyao::train {
@@ -37,6 +41,35 @@ data::Blend blend_from_value(const config::Value& v) {
   return b;
 }
 
+// Megatron-Bridge's fine-tuning splits: dataset_root's training.jsonl, validation.jsonl and
+// test.jsonl (a split without its file: none, as Bridge warns and goes on; test only when
+// evaluated), tokenised by the run's Hugging Face tokenizer, packed or a row each.
+data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const data::SplitSizes& sizes) {
+  const auto& ds = c.dataset;
+  const std::string root = *ds.dataset_root;
+  if (!std::filesystem::is_directory(root))
+    throw UsageError("dataset.dataset_root '" + root + "' is not a directory (it holds training.jsonl, validation.jsonl)");
+  const auto tok = data::hf_sft_tokenizer(resolve_hf_path(c.tokenizer.tokenizer_model.value_or(""), "tokenizer.tokenizer_model"));
+  data::SplitDatasets out;
+  const char* files[3] = {"training.jsonl", "validation.jsonl", "test.jsonl"};
+  const int64_t wanted[3] = {sizes[0].value_or(0), sizes[1].value_or(0), sizes[2].value_or(0)};
+  for (int k = 0; k < 3; ++k) {
+    const std::string path = (std::filesystem::path(root) / files[k]).string();
+    if (wanted[k] <= 0) continue;
+    if (!std::filesystem::exists(path)) {
+      if (k == 0) throw UsageError("dataset.dataset_root '" + root + "' has no training.jsonl");
+      continue;
+    }
+    data::SftSplitConfig sc;
+    sc.seq_length = *ds.seq_length;
+    sc.packed = ds.packed_sequence && k < 2;  // Bridge packs training and validation, never test
+    sc.seed = ds.random_seed;
+    sc.num_samples = wanted[k];
+    out[static_cast<size_t>(k)] = std::make_shared<data::SftDataset>(path, *tok, sc);
+  }
+  return out;
+}
+
 }  // namespace
 
 RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d) {
@@ -60,6 +93,10 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   gc.create_attention_mask = !ds.skip_getting_attention_mask_from_dataset;
   gc.eod_mask_loss = ds.eod_mask_loss;
   data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};
+  if (ds.dataset_root) {
+    r.datasets = build_sft_datasets(c, sizes);
+    return r;
+  }
   if (ds.mock.value_or(false)) {
     auto corpus = std::make_shared<data::MockGptLowLevelDataset>(d.tokenizer_vocab_size, d.eod_id);
     r.datasets = data::build_mock_gpt_datasets(corpus, sizes, gc);

@@ -166,7 +166,7 @@ MemoryEstimate estimate_memory(const config::ConfigContainer& c, const config::D
   e.bytes_per_parameter = bytes_per_parameter(c, d, cuda);
   e.state_bytes = e.parameters * e.bytes_per_parameter;
   e.activation_bytes = sum(activation_parts(c, d, x, cuda, name));
-  if (!c.dataset.dataset_name)
+  if (!c.dataset.dataset_name && !c.dataset.dataset_root)
     e.index_bytes = 24.0L * static_cast<ld>(d.train_samples + d.valid_samples + d.test_samples);
   return e;
 }

@@ -1,0 +1,45 @@
+#include "data/sft_dataset.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace laoyao::data {
+
+SftDataset::SftDataset(const std::string& path, const SftTokenizer& tok, const SftSplitConfig& cfg)
+    : cfg_(cfg), eos_(tok.eos()) {
+  if (cfg.seq_length < 2) throw UsageError("fine-tuning needs a sequence length of at least 2");
+  // Bridge tokenises to max_seq_length = the sequence length (packed: the pack size, with
+  // pad_seq_to_mult 1), so an example's row (its ids but the last) always fits.
+  examples_ = read_prompt_completion_jsonl(path, tok, cfg.format, cfg.seq_length);
+  if (cfg.packed) {
+    packs_ = pack_first_fit_shuffle(examples_, cfg.seq_length, cfg.seed, &stats_);
+    std::vector<SftExample>().swap(examples_);
+  }
+}
+
+int64_t SftDataset::rows() const {
+  return static_cast<int64_t>(cfg_.packed ? packs_.size() : examples_.size());
+}
+
+int64_t SftDataset::size() const { return std::max(rows(), cfg_.num_samples); }
+
+GptSample SftDataset::get(int64_t index) const {
+  if (index < 0 || index >= size())
+    throw Error("fine-tuning sample " + std::to_string(index) + " of " + std::to_string(size()));
+  const size_t i = static_cast<size_t>(index % rows());
+  GptSample s;
+  if (cfg_.packed) {
+    PackedRow r = packed_row(packs_[i], cfg_.seq_length, eos_);
+    s.tokens = std::move(r.tokens), s.labels = std::move(r.labels), s.loss_mask = std::move(r.loss_mask);
+    s.position_ids = std::move(r.positions), s.key_start = std::move(r.key_start);
+  } else {
+    SftRow r = sft_row(examples_[i], cfg_.seq_length, eos_);
+    s.tokens = std::move(r.tokens), s.labels = std::move(r.labels), s.loss_mask = std::move(r.loss_mask);
+    s.position_ids.resize(static_cast<size_t>(cfg_.seq_length));
+    for (int64_t t = 0; t < cfg_.seq_length; ++t) s.position_ids[static_cast<size_t>(t)] = t;
+  }
+  return s;
+}
+
+}  // namespace laoyao::data

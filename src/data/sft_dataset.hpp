@@ -1,0 +1,42 @@
+// A fine-tuning split as the training loop reads it: Megatron-Bridge's examples of one JSONL file
+// (data/sft_example.hpp), as packs (data/sft_packing.hpp) or one example a row, each served as a
+// row of seq_length tokens. Indices past the rows wrap around (the run reads the split again, as
+// Bridge's cyclic loader does).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/gpt_dataset.hpp"
+#include "data/sft_packing.hpp"
+
+namespace laoyao::data {
+
+struct SftSplitConfig {
+  int64_t seq_length = 0;  // each row's tokens; with packing, the pack size too
+  bool packed = false;
+  int64_t seed = 1234;         // the packing's np.random.seed
+  int64_t num_samples = 0;     // the samples the run reads (size() covers them)
+  PromptCompletionConfig format;
+};
+
+class SftDataset final : public SampleDataset {
+ public:
+  // The examples of `path` tokenised by `tok`; UsageError naming the file (and line) when it cannot
+  // be read or holds no example that fits.
+  SftDataset(const std::string& path, const SftTokenizer& tok, const SftSplitConfig& cfg);
+  int64_t size() const override;
+  GptSample get(int64_t index) const override;
+  int64_t rows() const;  // packs, or examples unpacked
+  const PackingStats& packing() const { return stats_; }
+
+ private:
+  SftSplitConfig cfg_;
+  tokenizer::TokenId eos_;
+  std::vector<SftExample> examples_;  // unpacked
+  std::vector<SftPack> packs_;        // packed
+  PackingStats stats_;
+};
+
+}  // namespace laoyao::data

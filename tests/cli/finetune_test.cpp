@@ -1,0 +1,100 @@
+// Fine-tuning as a Megatron-Bridge user runs it: the llama32_1b_sft_config recipe, shrunk, on local
+// JSONL of Bridge's SQuAD rows (packed, and unpacked), from a Hugging Face import, tokenised by a
+// real Llama 3 tokenizer; the recipe's dataset without dataset_root is refused by name.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../train/hf_folder.hpp"
+#include "core/file_io.hpp"
+#include "run_binary.hpp"
+
+using namespace laoyao::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string vocab_dir() {
+  const char* env = std::getenv("LAOYAO_TEST_VOCABS");
+  return (env && *env ? std::string(env) : std::string(LAOYAO_SOURCE_DIR) + "/build/test-vocabs") + "/llama3";
+}
+
+// SQuAD rows as Bridge writes them: {"input": "Context: ... Question: ... Answer:", "output": ...}.
+std::string squad_rows(int n, int salt) {
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const std::string context = "The river " + std::to_string(i * 7 + salt) + " flows north past " +
+                                std::string(static_cast<size_t>(i % 5 + 1), 'a') + " hills.";
+    out += "{\"input\": \"Context: " + context + " Question: Where does river " + std::to_string(i * 7 + salt) +
+           " flow? Answer:\", \"output\": \"north\", \"original_answers\": [\"north\"]}\n";
+  }
+  return out;
+}
+
+std::vector<std::string> words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+}  // namespace
+
+TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
+  if (!fs::exists(vocab_dir() + "/tokenizer.json")) {
+    ADD_FAILURE() << "test vocabulary " << vocab_dir() << " is missing: run scripts/fetch_test_vocabs.sh";
+    return;
+  }
+  const std::string dir = fresh_dir("finetune"), hf = dir + "/hf", imported = dir + "/imported", data = dir + "/squad";
+  fs::create_directories(hf);
+  fs::create_directories(data);
+  // A tiny Llama with Llama 3's vocabulary, imported as the pretrained checkpoint.
+  HfFolder model{hf, {}, {}};
+  model.add("model.embed_tokens.weight", {128256, 16});
+  for (int l = 0; l < 2; ++l) add_llama_layer(model, l, 16, 4, 2, 8, 24, false, false);
+  model.add("model.norm.weight", {16});
+  model.add("lm_head.weight", {128256, 16});
+  std::string config = llama_config("LlamaForCausalLM");
+  config.replace(config.find("\"vocab_size\": 64"), 16, "\"vocab_size\": 128256");
+  model.write(config, laoyao::Dtype::BF16);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(vocab_dir() + "/" + f, hf + "/" + f);
+  auto r = run_laoyao({"checkpoint", "import-hf", hf, imported}, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  laoyao::write_file_atomic(data + "/training.jsonl", squad_rows(24, 1));
+  laoyao::write_file_atomic(data + "/validation.jsonl", squad_rows(8, 500));
+
+  std::vector<std::string> base = {"run-recipe", "--recipe", "llama32_1b_sft_config"};
+  for (auto& w : words(laoyao::read_file(imported + "/model_overrides.txt"))) base.push_back(w);
+  base.push_back("dataset.dataset_root=" + data);
+  for (const char* a : {"dataset.seq_length=64", "model.seq_length=64",
+                              "train.train_iters=3", "train.global_batch_size=2", "validation.eval_interval=3",
+                              "validation.eval_iters=1", "scheduler.lr_warmup_iters=1", "checkpoint.save=null",
+                              "checkpoint.load=null", "logger.tensorboard_dir=null"})
+    base.push_back(a);
+  r = run_laoyao(base, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "loaded pretrained weights from " + fs::absolute(imported).string())) << r.output;
+  EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+  EXPECT_TRUE(contains(r.output, "validation loss at iteration 3")) << r.output;
+
+  std::vector<std::string> unpacked = base;
+  unpacked.push_back("dataset.packed_sequence=false");
+  r = run_laoyao(unpacked, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+
+  // The recipe's own dataset (SQuAD from the hub) is not downloaded: refused, naming what to give.
+  std::vector<std::string> hub = {"run-recipe", "--recipe", "llama32_1b_sft_config", "model.num_layers=2",
+                                  "model.hidden_size=16", "model.num_attention_heads=4", "model.num_query_groups=2",
+                                  "model.ffn_hidden_size=24", "tokenizer.tokenizer_model=" + vocab_dir()};
+  r = run_laoyao(hub, dir);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "dataset.dataset_root")) << r.output;
+  fs::remove_all(dir);
+}
