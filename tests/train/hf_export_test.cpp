@@ -59,22 +59,6 @@ const char* kGpt2Config =
     "{\"architectures\": [\"GPT2LMHeadModel\"], \"model_type\": \"gpt2\", \"n_embd\": 12, \"n_layer\": 2, "
     "\"n_head\": 3, \"n_positions\": 32, \"vocab_size\": 50, \"bos_token_id\": 49, \"torch_dtype\": \"float32\"}";
 
-HfFolder qwen3_moe_folder(const std::string& dir) {
-  HfFolder hf{dir, {}, {}};
-  hf.add("model.embed_tokens.weight", {64, 16});
-  for (int l = 0; l < 2; ++l) {
-    add_llama_layer(hf, l, 16, 4, 2, 8, 0, false, true);
-    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
-    hf.add(p + "gate.weight", {4, 16});
-    for (int e = 0; e < 4; ++e) {
-      const std::string x = p + "experts." + std::to_string(e) + ".";
-      hf.add(x + "gate_proj.weight", {8, 16}), hf.add(x + "up_proj.weight", {8, 16}), hf.add(x + "down_proj.weight", {16, 8});
-    }
-  }
-  hf.add("model.norm.weight", {16});
-  hf.add("lm_head.weight", {64, 16});
-  return hf;
-}
 
 }  // namespace
 

@@ -111,4 +111,22 @@ inline HfFolder llama_folder(const std::string& dir, bool tied) {
   return hf;
 }
 
+// A Qwen3-MoE folder: 2 layers, 4 experts of width 8, QK norms, untied.
+inline HfFolder qwen3_moe_folder(const std::string& dir) {
+  HfFolder hf{dir, {}, {}};
+  hf.add("model.embed_tokens.weight", {64, 16});
+  for (int l = 0; l < 2; ++l) {
+    add_llama_layer(hf, l, 16, 4, 2, 8, 0, false, true);
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+    hf.add(p + "gate.weight", {4, 16});
+    for (int e = 0; e < 4; ++e) {
+      const std::string x = p + "experts." + std::to_string(e) + ".";
+      hf.add(x + "gate_proj.weight", {8, 16}), hf.add(x + "up_proj.weight", {8, 16}), hf.add(x + "down_proj.weight", {16, 8});
+    }
+  }
+  hf.add("model.norm.weight", {16});
+  hf.add("lm_head.weight", {64, 16});
+  return hf;
+}
+
 }  // namespace laoyao::test

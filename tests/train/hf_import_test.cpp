@@ -209,21 +209,7 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
   {  // Qwen3-MoE: router and experts one by one
     const std::string in = root + "/moe", out = root + "/moeout";
     fs::create_directories(in);
-    HfFolder hf{in, {}, {}};
-    hf.add("model.embed_tokens.weight", {64, 16});
-    for (int l = 0; l < 2; ++l) {
-      add_llama_layer(hf, l, 16, 4, 2, 8, 0, false, true);
-      const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
-      hf.add(p + "gate.weight", {4, 16});
-      for (int e = 0; e < 4; ++e) {
-        const std::string x = p + "experts." + std::to_string(e) + ".";
-        hf.add(x + "gate_proj.weight", {8, 16});
-        hf.add(x + "up_proj.weight", {8, 16});
-        hf.add(x + "down_proj.weight", {16, 8});
-      }
-    }
-    hf.add("model.norm.weight", {16});
-    hf.add("lm_head.weight", {64, 16});
+    HfFolder hf = qwen3_moe_folder(in);
     hf.write(llama_config("Qwen3MoeForCausalLM", ", \"num_experts\": 4, \"num_experts_per_tok\": 2, "
                                                  "\"moe_intermediate_size\": 8, \"norm_topk_prob\": true, "
                                                  "\"router_aux_loss_coef\": 0.001"));
