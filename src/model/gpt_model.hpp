@@ -73,6 +73,9 @@ class GptModel {
   explicit GptModel(const GptConfig& cfg, dist::ProcessGroup* tp = nullptr, dist::ProcessGroup* ep = nullptr,
                     dist::ProcessGroup* expert_dp = nullptr, bool host_state = true);
   ~GptModel();
+  // (The module tree and the backend hold references into it: not copied or moved.)
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
 
   const GptConfig& config() const { return cfg_; }
   // This rank's shapes: heads, query groups, ffn and vocabulary divided by the TP size.
