@@ -21,12 +21,35 @@ void Scratch::carve(ActivationCarver& c, const GptConfig& lc, int64_t T, int64_t
   local = c.act(rows * h);
 }
 
+TransformerBlock::TransformerBlock(const ModuleContext& m) : m_(m) {
+  layers_.reserve(static_cast<size_t>(m.local.num_layers));
+  for (int64_t l = 0; l < m.local.num_layers; ++l) layers_.emplace_back(m, l);
+}
+
+void TransformerBlock::carve(ActivationCarver& c, int64_t T, int64_t rows) {
+  for (auto& layer : layers_) layer.carve(c, T, rows);
+  x_final_ = c.act(rows * m_.local.hidden);
+  xf_ = c.act(T * m_.local.hidden);
+  xf_mean_ = c.f32(rows), xf_rstd_ = c.f32(rows);
+}
+
+void TransformerBlock::forward(const Step& st, Scratch& w) {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    layers_[l].forward(st, l + 1 < layers_.size() ? layers_[l + 1].input() : x_final_, w);
+  const GptParameterLayout& P = m_.params;
+  norm_whole_sequence(m_, st, x_final_, P.final_w, P.final_b, xf_, xf_mean_, xf_rstd_, w);
+}
+
+void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_scale) {
+  const GptParameterLayout& P = m_.params;
+  m_.backend.norm_backward(sum_input_grad(m_, st, w), x_final_, P.final_w, P.final_b, xf_mean_, xf_rstd_, w.dx,
+                           st.batch.rows, false);
+  for (size_t l = layers_.size(); l-- > 0;) layers_[l].backward(st, w, moe_aux_loss_scale);
+}
+
 GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
                    TensorParallel tp, Backend& backend)
-    : ctx_{whole, local, params, tp, backend} {
-  layers_.reserve(static_cast<size_t>(local.num_layers));
-  for (int64_t l = 0; l < local.num_layers; ++l) layers_.emplace_back(ctx_, l);
-}
+    : ctx_{whole, local, params, tp, backend}, decoder_(ctx_) {}
 
 void GPTModel::allocate(int64_t b, int64_t s) {
   if (b == b_ && s == s_) return;
@@ -38,10 +61,7 @@ void GPTModel::allocate(int64_t b, int64_t s) {
   const int64_t R = rows(T);
   auto carve = [&](ActivationCarver& c) {
     emb_full_ = c.act(ctx_.sp() ? T * h : 0);
-    for (auto& layer : layers_) layer.carve(c, T, R);
-    x_final_ = c.act(R * h);
-    xf_ = c.act(T * h);
-    xf_mean_ = c.f32(R), xf_rstd_ = c.f32(R);
+    decoder_.carve(c, T, R);
     logits_ = c.act(T * ctx_.local.vocab);
     ce_stats_ = c.f32(2 * T);
     w_.carve(c, ctx_.local, T, R);
@@ -89,12 +109,9 @@ void GPTModel::forward(const Step& st, float* losses) {
   Backend& be = ctx_.backend;
   const GptConfig& lc = ctx_.local;
   const int64_t T = st.batch.T;
-  embedding_forward(st, layers_.empty() ? x_final_ : layers_[0].input());
-  for (size_t l = 0; l < layers_.size(); ++l)
-    layers_[l].forward(st, l + 1 < layers_.size() ? layers_[l + 1].input() : x_final_, w_);
-  const GptParameterLayout& P = ctx_.params;
-  norm_whole_sequence(ctx_, st, x_final_, P.final_w, P.final_b, xf_, xf_mean_, xf_rstd_, w_);
-  be.linear(xf_, P.output_w, -1, logits_, T, lc.hidden, lc.vocab);
+  embedding_forward(st, decoder_.input());
+  decoder_.forward(st, w_);
+  be.linear(decoder_.output(), ctx_.params.output_w, -1, logits_, T, lc.hidden, lc.vocab);
   be.cross_entropy(logits_, st.labels, losses, ce_stats_, T, vocab());
 }
 
@@ -105,10 +122,8 @@ void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_s
   const int64_t T = st.batch.T;
   // The loss and the output layer (column-parallel; tied: its gradient lands in the word embedding).
   be.cross_entropy_backward(logits_, st.labels, ce_stats_, dloss, T, vocab());
-  be.linear_backward(xf_, P.output_w, -1, logits_, w_.dnorm, T, lc.hidden, lc.vocab);
-  be.norm_backward(sum_input_grad(ctx_, st, w_), x_final_, P.final_w, P.final_b, xf_mean_, xf_rstd_, w_.dx,
-                   st.batch.rows, false);
-  for (size_t l = layers_.size(); l-- > 0;) layers_[l].backward(st, w_, moe_aux_loss_scale);
+  be.linear_backward(decoder_.output(), P.output_w, -1, logits_, w_.dnorm, T, lc.hidden, lc.vocab);
+  decoder_.backward(st, w_, moe_aux_loss_scale);
   embedding_backward(st, w_.dx);
 }
 

@@ -1,5 +1,5 @@
 // Megatron-Core's GPT as one module tree over a backend's ops (model/backend.hpp): GPTModel ->
-// LanguageModelEmbedding, TransformerBlock -> TransformerLayer (input_layernorm, SelfAttention with
+// embedding, TransformerBlock (decoder) -> TransformerLayer (input_layernorm, SelfAttention with
 // linear_qkv, core_attention, linear_proj; pre_mlp_layernorm; MLP with linear_fc1, linear_fc2, or
 // MoELayer), final_layernorm, output_layer and the loss. Each module's forward and backward is
 // written here once; what differs between the CPU and the GPU is the backend's ops.
@@ -135,6 +135,26 @@ class TransformerLayer {
   float *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr, *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr;
 };
 
+// Megatron-Core's TransformerBlock (GPTModel.decoder): the layers, then final_layernorm, whose
+// output the output layer reads whole (all-gathered under sequence parallelism).
+class TransformerBlock {
+ public:
+  explicit TransformerBlock(const ModuleContext& m);
+  void carve(ActivationCarver& c, int64_t T, int64_t rows);
+  Act input() const { return layers_.empty() ? x_final_ : layers_[0].input(); }
+  Act output() const { return xf_; }  // [T, h]
+  void forward(const Step& st, Scratch& w);
+  // w.dnorm: the gradient at output(), this rank's part (summed over the group here); the gradient
+  // at input() lands in w.dx.
+  void backward(const Step& st, Scratch& w, float moe_aux_loss_scale);
+
+ private:
+  const ModuleContext& m_;
+  std::vector<TransformerLayer> layers_;
+  Act x_final_, xf_;  // final_layernorm's input (this rank's rows) and output (whole)
+  float *xf_mean_ = nullptr, *xf_rstd_ = nullptr;
+};
+
 class GPTModel {
  public:
   // local: this rank's shapes (heads, groups, ffn and vocabulary divided by the TP size);
@@ -157,11 +177,11 @@ class GPTModel {
   void embedding_backward(const Step& st, Act dx);
 
   ModuleContext ctx_;
-  std::vector<TransformerLayer> layers_;
+  TransformerBlock decoder_;
   int64_t b_ = 0, s_ = 0;
   Scratch w_;
-  Act emb_full_, x_final_, xf_, logits_;
-  float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *ce_stats_ = nullptr;
+  Act emb_full_, logits_;
+  float* ce_stats_ = nullptr;
 };
 
 }  // namespace laoyao::model::mcore
