@@ -13,7 +13,7 @@ SftDataset::SftDataset(const std::string& path, const SftTokenizer& tok, const S
   // pad_seq_to_mult 1), so an example's row (its ids but the last) always fits.
   examples_ = read_prompt_completion_jsonl(path, tok, cfg.format, cfg.seq_length);
   if (cfg.packed) {
-    packs_ = pack_first_fit_shuffle(examples_, cfg.seq_length, cfg.seed, &stats_);
+    packs_ = pack_first_fit_shuffle(examples_, cfg.seq_length, cfg.seed);
     std::vector<SftExample>().swap(examples_);
   }
 }

@@ -29,14 +29,12 @@ class SftDataset final : public SampleDataset {
   int64_t size() const override;
   GptSample get(int64_t index) const override;
   int64_t rows() const;  // packs, or examples unpacked
-  const PackingStats& packing() const { return stats_; }
 
  private:
   SftSplitConfig cfg_;
   tokenizer::TokenId eos_;
   std::vector<SftExample> examples_;  // unpacked
   std::vector<SftPack> packs_;        // packed
-  PackingStats stats_;
 };
 
 }  // namespace laoyao::data

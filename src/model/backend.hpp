@@ -60,8 +60,6 @@ class Backend {
                                 const DropoutSpec& drop) = 0;
   // y = x * mask (y may be x): a dropout's forward or backward alone.
   virtual void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) = 0;
-  virtual void add(Act y, Act x, int64_t n) = 0;  // y += x
-  virtual void copy(Act dst, Act src, int64_t n) = 0;
 
   // ---- the configured norm (LayerNorm with bias, or RMSNorm) over rows of width h; mean/rstd [rows]
   // saved. The backward overwrites dx, or adds to it (accumulate: the residual stream's gradient).

@@ -104,9 +104,8 @@ void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const std::vec
   };
   const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups;
   switch (m.kind) {
-    case Kind::Copy:  // (export_hf converts these from src itself)
-      out = src;
-      return;
+    case Kind::Copy:  // export_hf converts these from src itself
+      throw Error("hf_values: a copied tensor has no values of its own");
     case Kind::Transpose:  // src [N, K] -> out [K, N]
       for (int64_t r = 0; r < m.shape[0]; ++r)
         for (int64_t c = 0; c < m.shape[1]; ++c) out[static_cast<size_t>(c * m.shape[0] + r)] = src[static_cast<size_t>(r * m.shape[1] + c)];

@@ -117,7 +117,6 @@ void parse_llama_like(const Fields& f, HfModel& m) {
       f.fail("rope_scaling.factor", "must be a positive number");
     g.rope_scaling = true;
     g.rope_scaling_factor = rs["factor"].get<double>();
-    m.llama3_rope = true;
   }
   if (f.boolean("use_sliding_window", false) || (f.has("sliding_window") && m.arch == HfArchitecture::Llama))
     f.fail("sliding_window", "is set: sliding-window attention is not supported");
@@ -180,7 +179,6 @@ HfModel parse_hf_config(const std::string& json_text, const std::string& source)
   if (!known)
     throw UsageError(source + ": architecture \"" + m.arch_name + "\" is not supported (supported: " +
                      supported_list() + ")");
-  m.torch_dtype = f.string("torch_dtype", f.string("dtype", ""));
   model::GptConfig& g = m.gpt;
   g.bf16 = true;
   switch (m.arch) {
@@ -470,7 +468,6 @@ HfModel hf_model_of(const model::GptConfig& whole, double norm_eps, double init_
   if (g.zero_centered_gamma) refuse("zero-centred norm weights (--apply-layernorm-1p)");
   for (const auto& a : kArchitectures)
     if (a.arch == m.arch) m.arch_name = a.name;
-  m.llama3_rope = g.rope_scaling;
   return m;
 }
 

@@ -22,8 +22,6 @@ struct HfModel {
   std::string arch_name;     // as config.json names it
   model::GptConfig gpt;      // the Megatron-Core shape (vocab: config.json's vocab_size, unpadded)
   double norm_eps = 1e-5;    // as config.json gives it (the model's field is a float)
-  bool llama3_rope = false;  // rope_scaling {"rope_type": "llama3"} (Megatron's fixed constants)
-  std::string torch_dtype;   // config.json's, when given
 };
 
 // config.json's text (`source` names it in messages) as a GPT; UsageError naming the field for an

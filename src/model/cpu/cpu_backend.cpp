@@ -89,12 +89,6 @@ void CpuBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {
   apply_dropout(F(y), n, drop);
 }
 
-void CpuBackend::add(Act y, Act x, int64_t n) { k::add_inplace(F(y), F(x), n); }
-
-void CpuBackend::copy(Act dst, Act src, int64_t n) {
-  std::memcpy(dst.p, src.p, sizeof(float) * static_cast<size_t>(n));
-}
-
 void CpuBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) {
   const GptConfig& c = lc_;
   if (c.norm == Norm::LayerNorm)

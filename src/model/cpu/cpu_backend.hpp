@@ -37,8 +37,6 @@ class CpuBackend final : public Backend {
   void bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
                         const DropoutSpec& drop) override;
   void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) override;
-  void add(Act y, Act x, int64_t n) override;
-  void copy(Act dst, Act src, int64_t n) override;
   void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) override;
   void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx, int64_t rows,
                      bool accumulate) override;
