@@ -211,9 +211,11 @@ HfModel parse_hf_config(const std::string& json_text, const std::string& source)
   if (g.num_layers > 4096) f.fail("num_hidden_layers", "is " + std::to_string(g.num_layers) + " (at most 4096)");
   if (m.arch == HfArchitecture::Qwen3Moe) {
     model::MoeConfig& moe = g.moe;
-    moe.num_experts = f.integer("num_experts");
+    // transformers 5 writes the count under its attribute_map's name, num_local_experts.
+    const char* experts = f.has("num_experts") || !f.has("num_local_experts") ? "num_experts" : "num_local_experts";
+    moe.num_experts = f.integer(experts);
     if (moe.num_experts * g.num_layers > (int64_t{1} << 20))
-      f.fail("num_experts", "times num_hidden_layers is over 2^20 experts (a malformed file)");
+      f.fail(experts, "times num_hidden_layers is over 2^20 experts (a malformed file)");
     moe.topk = f.integer("num_experts_per_tok");
     moe.ffn = f.integer("moe_intermediate_size");
     // Qwen3-MoE's router: softmax over every expert, the top k, renormalised (norm_topk_prob) -- that

@@ -206,11 +206,14 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
     expect_pretrained_reads(out, r.model);
     EXPECT_NE(r.flags.find("--qk-layernorm"), std::string::npos);
   }
-  {  // Qwen3-MoE: router and experts one by one
-    const std::string in = root + "/moe", out = root + "/moeout";
+  // Qwen3-MoE: router and experts one by one; the expert count as the hub's configs name it and as
+  // transformers 5 saves it (its attribute_map's num_local_experts).
+  for (const std::string experts : {"num_experts", "num_local_experts"}) {
+    SCOPED_TRACE(experts);
+    const std::string in = root + "/moe_" + experts, out = root + "/moeout_" + experts;
     fs::create_directories(in);
     HfFolder hf = qwen3_moe_folder(in);
-    hf.write(llama_config("Qwen3MoeForCausalLM", ", \"num_experts\": 4, \"num_experts_per_tok\": 2, "
+    hf.write(llama_config("Qwen3MoeForCausalLM", ", \"" + experts + "\": 4, \"num_experts_per_tok\": 2, "
                                                  "\"moe_intermediate_size\": 8, \"norm_topk_prob\": true, "
                                                  "\"router_aux_loss_coef\": 0.001"));
     const HfImportResult r = import_hf(in, out);
