@@ -63,9 +63,12 @@ class Backend {
 
   // ---- the configured norm (LayerNorm with bias, or RMSNorm) over rows of width h; mean/rstd [rows]
   // saved. The backward overwrites dx, or adds to it (accumulate: the residual stream's gradient).
+  // dx_bias >= 0 (only where sums_bias_grad_in_norm()): that bias's gradient += the column sums of
+  // the dx it leaves (a linear layer's bias whose output gradient is the residual stream's).
   virtual void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) = 0;
   virtual void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
-                             int64_t rows, bool accumulate) = 0;
+                             int64_t rows, bool accumulate, int64_t dx_bias) = 0;
+  virtual bool sums_bias_grad_in_norm() const = 0;
 
   // ---- the MLP's fc1 and its activation (GeLU or SwiGLU): u = x @ fc1^T + b (kept for the
   // backward), g = act(u); and back through fc2 and the activation: dfc2 += dy^T g (+ bias), du =
@@ -102,8 +105,10 @@ class Backend {
   // ---- the output: per-token cross entropy of logits [T, vocab.size] (this rank's vocabulary
   // rows; the whole vocabulary's loss, communicating over the tensor-parallel group), stats [2T]
   // saved; the backward overwrites the logits with their gradient (dloss[T]: each loss's weight).
+  // Given dloss already (a training micro-batch's weights are known before its forward), the
+  // forward writes the gradient too, and the backward is not called.
   virtual void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
-                             tp::Shard vocab) = 0;
+                             tp::Shard vocab, const float* dloss) = 0;
   virtual void cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss,
                                       int64_t T, tp::Shard vocab) = 0;
 

@@ -49,7 +49,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
   }
   net_ = std::make_unique<mcore::GPTModel>(cfg_, lc_, layout_,
                                            mcore::TensorParallel{tp_rank_, tp_size_, cfg_.sequence_parallel},
-                                           *backend_);
+                                           *backend_, /*recompute=*/false);  // the CPU keeps every activation
 }
 
 GptModel::~GptModel() = default;

@@ -98,7 +98,8 @@ void CpuBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rs
 }
 
 void CpuBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
-                               int64_t rows, bool accumulate) {
+                               int64_t rows, bool accumulate, int64_t dx_bias) {
+  if (dx_bias >= 0) throw Error("CpuBackend: the norms' backward does not sum bias gradients here");
   const GptConfig& c = lc_;
   float* out = accumulate ? scratch(norm_dx_, rows * c.hidden) : F(dx);
   if (c.norm == Norm::LayerNorm)
@@ -202,11 +203,12 @@ void CpuBackend::moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const 
 }
 
 void CpuBackend::cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
-                               tp::Shard vocab) {
+                               tp::Shard vocab, const float* dloss) {
   if (tp_size_ > 1)
     tp::vocab_parallel_cross_entropy_forward(F(logits), labels, losses, stats, T, vocab, tp_);
   else
     k::cross_entropy_forward(F(logits), labels, losses, stats, T, vocab.size);
+  if (dloss) cross_entropy_backward(logits, labels, stats, dloss, T, vocab);
 }
 
 void CpuBackend::cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss,

@@ -39,7 +39,8 @@ class CpuBackend final : public Backend {
   void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) override;
   void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) override;
   void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx, int64_t rows,
-                     bool accumulate) override;
+                     bool accumulate, int64_t dx_bias) override;
+  bool sums_bias_grad_in_norm() const override { return false; }  // linear_backward sums them
   void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) override;
   void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                         int64_t ffn) override;
@@ -54,8 +55,8 @@ class CpuBackend final : public Backend {
                  uint64_t random_logits_key) override;
   void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
                           float aux_loss_scale) override;
-  void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
-                     tp::Shard vocab) override;
+  void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T, tp::Shard vocab,
+                     const float* dloss) override;
   void cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss, int64_t T,
                               tp::Shard vocab) override;
   void tp_all_reduce(Act x, int64_t n) override;

@@ -176,6 +176,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const kc::AttentionShape shape{max_b, s, c.heads, c.query_groups, c.kv_channels,
                                  1.0f / std::sqrt(static_cast<float>(c.kv_channels))};
   init_attention(shape);
+  // The module tree over the CUDA backend runs the model where the backend serves it; it carves
+  // its own activations and scratch (the layers' and the backward's below are then not needed).
+  use_tree_ = cuda_backend_unsupported(lc_, tp_size_).empty() && !phases_.enabled();
+  const int64_t own = use_tree_ ? 0 : 1;
   const bool flash = attention_ == AttentionPath::Flash, fused = attention_ != AttentionPath::Unfused;
   // The unfused path keeps s x s probabilities per layer; the fused paths keep only the lse.
   const int64_t heads_elems = fused ? 0 : kc::attention_heads_elems(shape);
@@ -235,10 +239,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
 
   auto carve = [&](Carver& a) {
     layers_.assign(static_cast<size_t>(c.num_layers), LayerActs{});
-    emb_out_ = a.take<bf16>(T * h);
-    std::vector<LayerActs> pool(static_cast<size_t>(pool_layers));
+    emb_out_ = a.take<bf16>(own * (T * h));
+    std::vector<LayerActs> pool(static_cast<size_t>(own * pool_layers));
     for (auto& P : pool) carve_layer(a, P, any_dense);
-    for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (int64_t l = 0; l < own * c.num_layers; ++l) {
       LayerActs& L = layers_[l];
       if (chunk_start_[l] < 0) {
         carve_layer(a, L, !c.is_moe_layer(l));
@@ -247,34 +251,34 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
         if (l == chunk_start_[l]) L.x_in = a.take<bf16>(Tr * h);  // the chunk's input, kept
       }
     }
-    x_final_ = a.take<bf16>(Tr * h);
-    xf_ = a.take<bf16>(T * h);
-    xf_mean_ = a.take<float>(Tr);
-    xf_rstd_ = a.take<float>(Tr);
-    logits_ = a.take<bf16>(T * c.vocab);
+    x_final_ = a.take<bf16>(own * (Tr * h));
+    xf_ = a.take<bf16>(own * (T * h));
+    xf_mean_ = a.take<float>(own * Tr);
+    xf_rstd_ = a.take<float>(own * Tr);
+    logits_ = a.take<bf16>(own * (T * c.vocab));
     losses_ = a.take<float>(T);
-    lse_ = a.take<float>(T);
-    branch_ = a.take<bf16>(T * h);
-    attn_scratch_.scores = a.take<float>(probs_elems);
-    attn_scratch_.heads = a.take<bf16>(heads_elems);
-    attn_scratch_.dq = a.take<bf16>(heads_elems);
-    attn_scratch_.dk = a.take<bf16>(heads_elems);
-    attn_scratch_.dv = a.take<bf16>(heads_elems);
-    delta_ = flash ? a.take<float>(lse_elems) : nullptr;
-    dx_ = a.take<bf16>(T * h);
-    dbranch_ = a.take<bf16>(T * h);
-    dnorm_ = a.take<bf16>(T * h);
-    dtmp_ = a.take<bf16>(T * h);
-    dwide_ = a.take<bf16>(T * wide);
-    dsplit_ = a.take<bf16>(qkv_rows_ == kc::QkvRows::Split ? T * c.qkv_width() : 0);
-    dg_ = a.take<bf16>(T * c.ffn);
-    dctx_ = a.take<bf16>(T * HD);
-    reduce_scratch_ = a.take<float>(static_cast<int64_t>(reduce_floats));
+    lse_ = a.take<float>(own * T);
+    branch_ = a.take<bf16>(own * (T * h));
+    attn_scratch_.scores = a.take<float>(own * probs_elems);
+    attn_scratch_.heads = a.take<bf16>(own * heads_elems);
+    attn_scratch_.dq = a.take<bf16>(own * heads_elems);
+    attn_scratch_.dk = a.take<bf16>(own * heads_elems);
+    attn_scratch_.dv = a.take<bf16>(own * heads_elems);
+    delta_ = flash ? a.take<float>(own * lse_elems) : nullptr;
+    dx_ = a.take<bf16>(own * (T * h));
+    dbranch_ = a.take<bf16>(own * (T * h));
+    dnorm_ = a.take<bf16>(own * (T * h));
+    dtmp_ = a.take<bf16>(own * (T * h));
+    dwide_ = a.take<bf16>(own * (T * wide));
+    dsplit_ = a.take<bf16>(own * (qkv_rows_ == kc::QkvRows::Split ? T * c.qkv_width() : 0));
+    dg_ = a.take<bf16>(own * (T * c.ffn));
+    dctx_ = a.take<bf16>(own * (T * HD));
+    reduce_scratch_ = a.take<float>(own * static_cast<int64_t>(reduce_floats));
     sp_local_ = a.take<bf16>(sp_ ? Tr * h : 0);
     sp_staging_ = a.take<bf16>(sp_ && max_b > 1 ? T * h : 0);
     ce_stats_ = a.take<float>(tensor_parallel() ? 2 * T : 0);
     ce_gathered_ = a.take<float>(tensor_parallel() ? 2 * T * tp_size_ : 0);
-    emb_scratch_ = a.take<char>(static_cast<int64_t>(emb_scratch_bytes_));
+    emb_scratch_ = a.take<char>(own * static_cast<int64_t>(emb_scratch_bytes_));
     tokens_ = a.take<int64_t>(T);
     labels_ = a.take<int64_t>(T);
     positions_ = a.take<int64_t>(T);
@@ -353,6 +357,38 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
   writers_ = gradient_writers(layout_);
   zero_grads();
+  if (use_tree_) {
+    CudaBackendState state;
+    state.stream = stream_;
+    state.gemm = &gemm_;
+    state.params = params();
+    state.grads = main_grads();
+    state.writers = &writers_;
+    state.rope = rope_;
+    state.rope_in_qk_norm = rope_in_qk_norm_;
+    state.qkv_rows = qkv_rows_;
+    state.attention = attention_;
+    state.cudnn = cudnn_attention_.get();
+    state.gelu_epilogue = gelu_epilogue_;
+    // (bf16 weights: an offset that is a multiple of 8 elements is 16-byte aligned.)
+    bool aligned = lc_.hidden % 8 == 0 && lc_.hidden <= 4096;
+    auto check = [&](int64_t off) { aligned = aligned && (off < 0 || off % 8 == 0); };
+    for (const GptLayerOffsets& L : layout_.layers) check(L.ln1_w), check(L.ln1_b), check(L.ln2_w), check(L.ln2_b);
+    check(layout_.final_w), check(layout_.final_b);
+    state.norms_add_in_place = aligned;
+    state.bias_grad_in_norm = bias_grad_in_norm_;
+    backend_ = std::make_unique<CudaBackend>(lc_, state, max_b, s);
+    tree_ = std::make_unique<mcore::GPTModel>(cfg_, lc_, layout_, mcore::TensorParallel{}, *backend_,
+                                              /*recompute=*/true);
+    tree_->allocate(max_b, s);  // once: a captured step replays these addresses; smaller batches use a prefix
+    tree_->set_backward_hook([this](int64_t layer) {
+      if (!grads_ready_) return;
+      if (layer < 0)
+        for (const auto& r : head_ranges_) report_grads_ready(r);
+      else
+        report_grads_ready(layer_ranges_[static_cast<size_t>(layer)]);
+    });
+  }
 }
 
 CudaGptModel::~CudaGptModel() {
@@ -373,6 +409,7 @@ void CudaGptModel::drop_graphs() {
 
 size_t CudaGptModel::device_bytes() const {
   return main_.bytes + grads_.bytes + params_.bytes + acts_.bytes + loss_acc_.bytes + zero_bias_.bytes +
+         (backend_ ? backend_->device_bytes() : 0) +
          counted_.bytes + (cudnn_attention_ ? static_cast<size_t>(cudnn_attention_->device_bytes()) : 0) +
          (moe_ ? moe_->device_bytes() : 0);
 }
@@ -776,7 +813,45 @@ cudaGraphExec_t CudaGptModel::capture(const std::function<void()>& enqueue) {
   return exec;
 }
 
+mcore::Step CudaGptModel::tree_step(bool train_step) const {
+  mcore::Step st;
+  const int64_t T = b_ * s_;
+  st.batch = {b_, s_, T, rows_, lc_.document_attention ? key_start_ : nullptr};
+  st.tokens = tokens_;
+  st.labels = labels_;
+  st.positions = layout_.pos_emb >= 0 ? positions_ : nullptr;
+  st.seed = key_.seed;
+  st.call = key_.call;
+  st.training = key_.training;
+  st.train_step = train_step;
+  return st;
+}
+
+void CudaGptModel::enqueue_tree_forward(bool with_loss_grad) {
+  training_forward_ = with_loss_grad;
+  tree_->forward(tree_step(with_loss_grad), losses_, with_loss_grad ? dloss_ : nullptr);
+  kc::masked_loss_sum(losses_, mask_, b_ * s_, loss_acc_.as<double>(), stream_);
+}
+
+void CudaGptModel::enqueue_tree_backward() {
+  begin_backward();
+  backend_->set_writing_grads(writing_grads_);
+  tree_->backward(tree_step(true), dloss_, moe_aux_loss_scale_);
+  backend_->set_writing_grads(false);
+  writing_grads_ = false;
+}
+
+void CudaGptModel::begin_backward() {
+  // The step's first backward: the weight-gradient GEMMs write, everything else starts at zero.
+  writing_grads_ = fresh_grads_;
+  fresh_grads_ = false;
+  if (writing_grads_)
+    for (const GradientWriters::Range& r : writers_.zeroed)
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(G(r.offset), 0, sizeof(float) * static_cast<size_t>(r.count), stream_));
+}
+
 void CudaGptModel::enqueue_forward(bool with_loss_grad) {
+  if (use_tree_) return enqueue_tree_forward(with_loss_grad);
   const auto& c = lc_;
   const DropoutKey& key = key_;
   training_forward_ = with_loss_grad;
@@ -938,6 +1013,7 @@ void CudaGptModel::backward() {
 }
 
 void CudaGptModel::enqueue_backward() {
+  if (use_tree_) return enqueue_tree_backward();
   const auto& c = lc_;
   const int64_t T = b_ * s_, h = c.hidden, D = c.kv_channels;
   const std::string call = std::to_string(key_.call);
@@ -952,12 +1028,7 @@ void CudaGptModel::enqueue_backward() {
 
   backward_phase_ = true;
   phases_.begin(stream_);
-  // The step's first backward: the weight-gradient GEMMs write, everything else starts at zero.
-  writing_grads_ = fresh_grads_;
-  fresh_grads_ = false;
-  if (writing_grads_)
-    for (const GradientWriters::Range& r : writers_.zeroed)
-      LAOYAO_CUDA_CHECK(cudaMemsetAsync(G(r.offset), 0, sizeof(float) * static_cast<size_t>(r.count), stream_));
+  begin_backward();
   // The logits buffer holds the logits' gradient (written by the forward's cross entropy).
   linear_backward(xf_, layout_.output_w, -1, logits_, dnorm_, h, c.vocab);
   phase(kHead);

@@ -48,7 +48,9 @@
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
+#include "model/cuda/cuda_backend.hpp"
 #include "model/cuda/moe_layers_cuda.hpp"
+#include "model/mcore/gpt_model.hpp"
 #include "model/cuda/stream_timeline.hpp"
 
 namespace laoyao::model {
@@ -221,6 +223,12 @@ class CudaGptModel {
   void enqueue_forward(bool with_loss_grad);
   void enqueue_layer_forward(int64_t l);
   void enqueue_backward();
+  // The same on the module tree (model/mcore) over backend_, where it serves the model (use_tree_).
+  mcore::Step tree_step(bool train_step) const;
+  void enqueue_tree_forward(bool with_loss_grad);
+  void enqueue_tree_backward();
+  // A backward's start: the step's first (writing_grads_) zeroes what its GEMMs do not write.
+  void begin_backward();
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
   void drop_graphs();
   CudaMoeLayers::Context moe_context(const GptLayerOffsets& W);
@@ -271,7 +279,8 @@ class CudaGptModel {
   bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
   kernels::cuda::UnfusedAttentionScratch attn_scratch_;
-  enum class AttentionPath { Cudnn, Flash, Unfused } attention_ = AttentionPath::Unfused;
+  using AttentionPath = CudaAttentionPath;
+  AttentionPath attention_ = AttentionPath::Unfused;
   std::unique_ptr<kernels::cuda::CudnnAttention> cudnn_attention_;  // its plans and workspace
   float* delta_ = nullptr;          // flash backward scratch [b, H, s]
   // Backward scratch.
@@ -324,6 +333,12 @@ class CudaGptModel {
   // whose gradients the GEMMs write and the ranges a writing backward zeroes first.
   bool fresh_grads_ = true, writing_grads_ = false;
   GradientWriters writers_;
+  // The model written once (model/mcore) over the CUDA backend: what runs the forward and backward
+  // wherever the backend serves the model (cuda_backend_unsupported; and not under
+  // LAOYAO_MODEL_PHASES, whose marks are this class's); the kernels below enqueue_forward otherwise.
+  bool use_tree_ = false;
+  std::unique_ptr<CudaBackend> backend_;
+  std::unique_ptr<mcore::GPTModel> tree_;
   // The accumulate flag of the weight-gradient GEMM of parameter w in the backward being enqueued.
   bool accumulates(int64_t w) const;
   void zero_grads_now();

@@ -9,25 +9,49 @@
 
 namespace laoyao::model::mcore {
 
-void Scratch::carve(ActivationCarver& c, const GptConfig& lc, int64_t T, int64_t rows) {
+void Scratch::carve(ActivationCarver& c, const ModuleContext& m, int64_t T, int64_t rows) {
+  const GptConfig& lc = m.local;
   const int64_t h = lc.hidden;
+  bool any_moe = false;
+  for (int64_t l = 0; l < lc.num_layers; ++l) any_moe = any_moe || lc.is_moe_layer(l);
   const int64_t wide = std::max({lc.qkv_width(), lc.fc1_width(), lc.heads * lc.kv_channels, h});
   dx = c.act(rows * h);
   dbranch = c.act(T * h);
   dnorm = c.act(T * h);
   dwide = c.act(T * wide);
   dctx = c.act(T * lc.heads * lc.kv_channels);
-  branch = c.act(T * h);
-  local = c.act(rows * h);
+  branch = c.act(m.tensor_parallel() || any_moe ? T * h : 0);
+  local = c.act(m.sp() ? rows * h : 0);
 }
 
 TransformerBlock::TransformerBlock(const ModuleContext& m) : m_(m) {
-  layers_.reserve(static_cast<size_t>(m.local.num_layers));
-  for (int64_t l = 0; l < m.local.num_layers; ++l) layers_.emplace_back(m, l);
+  const GptConfig& lc = m.local;
+  const int64_t L = lc.num_layers;
+  layers_.reserve(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) layers_.emplace_back(m, l);
+  // Megatron's full recomputation: uniform chunks of n layers over the whole block, or block: each
+  // of the first n layers alone.
+  chunk_start_.assign(static_cast<size_t>(L), -1);
+  chunk_end_.assign(static_cast<size_t>(L), -1);
+  if (!m.recompute || lc.recompute == Recompute::None || lc.recompute_num_layers <= 0) return;
+  const bool block = lc.recompute == Recompute::Block;
+  const int64_t n = lc.recompute_num_layers, covered = block ? std::min(n, L) : L, chunk = block ? 1 : n;
+  for (int64_t l = 0; l < covered; ++l) {
+    if (lc.is_moe_layer(l))
+      throw Error("full recomputation of Mixture-of-Experts layers is not built on the module tree yet");
+    chunk_start_[l] = l / chunk * chunk;
+    chunk_end_[l] = std::min(chunk_start_[l] + chunk, covered) - 1;
+  }
 }
 
 void TransformerBlock::carve(ActivationCarver& c, int64_t T, int64_t rows) {
-  for (auto& layer : layers_) layer.carve(c, T, rows);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int64_t start = chunk_start_[l];
+    if (start <= 0)  // its own, or in the first chunk, whose activations the others share
+      layers_[l].carve(c, T, rows);
+    else
+      layers_[l].share_activations(c, layers_[l - static_cast<size_t>(start)], start == static_cast<int64_t>(l), rows);
+  }
   x_final_ = c.act(rows * m_.local.hidden);
   xf_ = c.act(T * m_.local.hidden);
   xf_mean_ = c.f32(rows), xf_rstd_ = c.f32(rows);
@@ -43,13 +67,22 @@ void TransformerBlock::forward(const Step& st, Scratch& w) {
 void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_scale) {
   const GptParameterLayout& P = m_.params;
   m_.backend.norm_backward(sum_input_grad(m_, st, w), x_final_, P.final_w, P.final_b, xf_mean_, xf_rstd_, w.dx,
-                           st.batch.rows, false);
-  for (size_t l = layers_.size(); l-- > 0;) layers_[l].backward(st, w, moe_aux_loss_scale);
+                           st.batch.rows, false, m_.fc2_bias_in_norm(static_cast<int64_t>(layers_.size()) - 1));
+  if (on_backward_done) on_backward_done(-1);
+  Step again = st;
+  again.recomputing = true;
+  for (size_t l = layers_.size(); l-- > 0;) {
+    if (chunk_end_[l] == static_cast<int64_t>(l))  // entering a chunk from its end: rebuild its activations
+      for (size_t j = static_cast<size_t>(chunk_start_[l]); j <= l; ++j)
+        layers_[j].forward(again, j + 1 < layers_.size() ? layers_[j + 1].input() : x_final_, w);
+    layers_[l].backward(st, w, moe_aux_loss_scale);
+    if (on_backward_done) on_backward_done(static_cast<int64_t>(l));
+  }
 }
 
 GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
-                   TensorParallel tp, Backend& backend)
-    : ctx_{whole, local, params, tp, backend}, decoder_(ctx_) {}
+                   TensorParallel tp, Backend& backend, bool recompute)
+    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_) {}
 
 void GPTModel::allocate(int64_t b, int64_t s) {
   if (b == b_ && s == s_) return;
@@ -64,7 +97,7 @@ void GPTModel::allocate(int64_t b, int64_t s) {
     decoder_.carve(c, T, R);
     logits_ = c.act(T * ctx_.local.vocab);
     ce_stats_ = c.f32(2 * T);
-    w_.carve(c, ctx_.local, T, R);
+    w_.carve(c, ctx_, T, R);
   };
   ActivationCarver measure(ctx_.backend.activation_bytes());
   carve(measure);
@@ -72,6 +105,7 @@ void GPTModel::allocate(int64_t b, int64_t s) {
                        static_cast<char*>(ctx_.backend.reserve_activations(measure.used())));
   carve(cut);
   b_ = b, s_ = s;
+  activation_bytes_ = measure.used();
 }
 
 void GPTModel::embedding_forward(const Step& st, Act out) {
@@ -105,14 +139,15 @@ void GPTModel::embedding_backward(const Step& st, Act dx) {
     be.embedding_backward(st.positions, d, ctx_.params.pos_emb, T, h, {0, ctx_.local.max_positions});
 }
 
-void GPTModel::forward(const Step& st, float* losses) {
+void GPTModel::forward(const Step& st, float* losses, const float* dloss) {
   Backend& be = ctx_.backend;
   const GptConfig& lc = ctx_.local;
   const int64_t T = st.batch.T;
   embedding_forward(st, decoder_.input());
   decoder_.forward(st, w_);
   be.linear(decoder_.output(), ctx_.params.output_w, -1, logits_, T, lc.hidden, lc.vocab);
-  be.cross_entropy(logits_, st.labels, losses, ce_stats_, T, vocab());
+  be.cross_entropy(logits_, st.labels, losses, ce_stats_, T, vocab(), dloss);
+  loss_grad_taken_ = dloss != nullptr;
 }
 
 void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_scale) {
@@ -121,7 +156,8 @@ void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_s
   const GptParameterLayout& P = ctx_.params;
   const int64_t T = st.batch.T;
   // The loss and the output layer (column-parallel; tied: its gradient lands in the word embedding).
-  be.cross_entropy_backward(logits_, st.labels, ce_stats_, dloss, T, vocab());
+  if (!loss_grad_taken_) be.cross_entropy_backward(logits_, st.labels, ce_stats_, dloss, T, vocab());
+  loss_grad_taken_ = false;
   be.linear_backward(decoder_.output(), P.output_w, -1, logits_, w_.dnorm, T, lc.hidden, lc.vocab);
   decoder_.backward(st, w_, moe_aux_loss_scale);
   embedding_backward(st, w_.dx);

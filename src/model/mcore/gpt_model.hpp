@@ -13,7 +13,9 @@
 // draws one rank's masks.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/backend.hpp"
@@ -40,6 +42,7 @@ struct Step {
   uint64_t seed = 0, call = 0;
   bool training = false;    // dropout on
   bool train_step = false;  // a training micro-batch, whose backward follows
+  bool recomputing = false;  // a layer's forward run again before its backward (full recomputation)
   // The mask of dropout site `site` (e.g. "dropout.layer0.attention"), this call's.
   DropoutSpec dropout(double p, const std::string& site) const;
 };
@@ -51,8 +54,20 @@ struct ModuleContext {
   const GptParameterLayout& params;
   TensorParallel tp;
   Backend& backend;
+  // Full activation recomputation as the config asks (--recompute-granularity full), or every
+  // activation kept (a backend with memory to spare: the CPU).
+  bool recompute = false;
   bool tensor_parallel() const { return tp.size > 1; }
   bool sp() const { return tp.sequence_parallel && tp.size > 1; }
+  // Whether the norms' backward sums the bias gradients of linear_proj and linear_fc2, whose output
+  // gradient is the residual stream's whole rows when there is no hidden dropout and no sequence
+  // parallelism (a backend's fusion; else linear_backward sums them).
+  bool bias_grad_in_norm() const { return backend.sums_bias_grad_in_norm() && !(local.hidden_dropout > 0) && !sp(); }
+  // Layer l's linear_fc2 bias where a norm's backward sums its gradient; else -1 (also for l < 0, an
+  // MoE layer, a model without biases).
+  int64_t fc2_bias_in_norm(int64_t l) const {
+    return bias_grad_in_norm() && l >= 0 && !local.is_moe_layer(l) ? params.layers[static_cast<size_t>(l)].fc2_b : -1;
+  }
 };
 
 // Backward scratch shared by the layers, and the sequence-parallel staging ([T, h] each but wide).
@@ -62,15 +77,16 @@ struct Scratch {
   Act dnorm;    // [T, h]: the gradient at a norm's output (a column-parallel layer's input)
   Act dwide;    // [T, max(qkv, fc1, heads * D, h)]: d(qkv), d(fc1 output)
   Act dctx;     // [T, heads * D]
-  Act branch;   // [T, h]: a row-parallel layer's partial sums before the reduction
+  Act branch;   // [T, h]: a row-parallel layer's (or an MoE layer's) partial sums before the reduction
   Act local;    // [rows, h]: this rank's rows of a reduction or a norm under sequence parallelism
-  void carve(ActivationCarver& c, const GptConfig& lc, int64_t T, int64_t rows);
+  void carve(ActivationCarver& c, const ModuleContext& m, int64_t T, int64_t rows);
 };
 
 class SelfAttention {
  public:
   SelfAttention(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
   void carve(ActivationCarver& c, int64_t T);
+  void share_activations(const SelfAttention& o) { qkv_ = o.qkv_, qkv_attn_ = o.qkv_attn_, ctx_ = o.ctx_, qk_rstd_ = o.qk_rstd_; }
   // out = residual + dropout(linear_proj(attention(linear_qkv(x)))): x the whole sequence's norm
   // output, residual and out this rank's rows.
   void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
@@ -90,6 +106,7 @@ class MLP {
  public:
   MLP(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
   void carve(ActivationCarver& c, int64_t T);
+  void share_activations(const MLP& o) { u_ = o.u_, g_ = o.g_; }
   void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
   void backward(const Step& st, Act x, Act dout, Scratch& w);
 
@@ -117,6 +134,9 @@ class TransformerLayer {
  public:
   TransformerLayer(const ModuleContext& m, int64_t layer);
   void carve(ActivationCarver& c, int64_t T, int64_t rows);
+  // Full recomputation: this layer's activations are o's (a layer at the same place of another
+  // chunk, rebuilt before each backward), except its input where it keeps its own (a chunk's first).
+  void share_activations(ActivationCarver& c, const TransformerLayer& o, bool own_input, int64_t rows);
   Act input() const { return x_in_; }
   // out = the layer applied to input() (this rank's rows).
   void forward(const Step& st, Act out, Scratch& w);
@@ -147,10 +167,16 @@ class TransformerBlock {
   // w.dnorm: the gradient at output(), this rank's part (summed over the group here); the gradient
   // at input() lands in w.dx.
   void backward(const Step& st, Scratch& w, float moe_aux_loss_scale);
+  // Called during backward(): with -1 once final_layernorm's gradients are done (and the output
+  // layer's, which runs before), then with l once layer l's are, last layer first.
+  std::function<void(int64_t layer)> on_backward_done;
 
  private:
   const ModuleContext& m_;
   std::vector<TransformerLayer> layers_;
+  // Full recomputation: the first and last layer of layer l's chunk, -1 where l keeps its own
+  // activations. A chunk keeps only its input; its layers share the first chunk's activations.
+  std::vector<int64_t> chunk_start_, chunk_end_;
   Act x_final_, xf_;  // final_layernorm's input (this rank's rows) and output (whole)
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr;
 };
@@ -160,16 +186,22 @@ class GPTModel {
   // local: this rank's shapes (heads, groups, ffn and vocabulary divided by the TP size);
   // params: their offsets.
   GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params, TensorParallel tp,
-           Backend& backend);
+           Backend& backend, bool recompute);
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
   // Activations for micro-batches of b sequences of s tokens (again only when the shape changes).
   void allocate(int64_t b, int64_t s);
-  // Per-token losses [T] (unmasked) of st's micro-batch.
-  void forward(const Step& st, float* losses);
-  // d(sum_t dloss[t] * loss[t]) accumulated into the gradients; right after forward(st).
+  // Per-token losses [T] (unmasked) of st's micro-batch; given the losses' weights dloss[T] (backend
+  // memory) already, the loss's gradient is taken in the same pass.
+  void forward(const Step& st, float* losses, const float* dloss = nullptr);
+  // d(sum_t dloss[t] * loss[t]) accumulated into the gradients; right after forward(st) (with the
+  // same dloss, if the forward had it).
   void backward(const Step& st, const float* dloss, float moe_aux_loss_scale);
   int64_t rows(int64_t T) const { return ctx_.sp() ? T / ctx_.tp.size : T; }
+  size_t activation_bytes() const { return activation_bytes_; }  // the arena allocate() reserved
+  // Where a backward's gradients become final, for reducing them while it runs (TransformerBlock::
+  // on_backward_done: -1 for the head, then each layer); the embeddings' are final at its end.
+  void set_backward_hook(std::function<void(int64_t layer)> hook) { decoder_.on_backward_done = std::move(hook); }
 
  private:
   tp::Shard vocab() const { return {ctx_.tp.rank * ctx_.local.vocab, ctx_.local.vocab}; }
@@ -179,9 +211,11 @@ class GPTModel {
   ModuleContext ctx_;
   TransformerBlock decoder_;
   int64_t b_ = 0, s_ = 0;
+  size_t activation_bytes_ = 0;
   Scratch w_;
   Act emb_full_, logits_;
   float* ce_stats_ = nullptr;
+  bool loss_grad_taken_ = false;  // the last forward was given dloss
 };
 
 }  // namespace laoyao::model::mcore

@@ -43,6 +43,7 @@ void row_parallel_bias_dropout_add(const ModuleContext& m, const Step& st, Act x
 Act branch_output_grad(const ModuleContext& m, const Step& st, Act dout, const DropoutSpec& drop, Scratch& s) {
   const int64_t h = m.local.hidden;
   if (!m.sp()) {
+    if (!(drop.p > 0)) return dout;  // read only, before the norm's backward adds to it
     m.backend.dropout(dout, s.dbranch, st.batch.rows * h, drop);
     return s.dbranch;
   }

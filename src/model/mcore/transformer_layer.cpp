@@ -46,7 +46,8 @@ void SelfAttention::backward(const Step& st, Act x, Act dout, Scratch& w) {
   const int64_t T = st.batch.T, D = lc.kv_channels;
   Backend& be = m_.backend;
   const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "attention")), w);
-  be.linear_backward(ctx_, W().proj_w, W().proj_b, dbranch, w.dctx, T, lc.heads * D, lc.hidden);
+  be.linear_backward(ctx_, W().proj_w, m_.bias_grad_in_norm() ? -1 : W().proj_b, dbranch, w.dctx, T, lc.heads * D,
+                     lc.hidden);
   const uint64_t whole_run = static_cast<uint64_t>(m_.whole.heads * st.batch.s * st.batch.s);
   const DropoutSpec attn_drop = sliced(st.dropout(lc.attention_dropout, site(layer_, "probs")), whole_run,
                                        static_cast<uint64_t>(m_.tp.rank), static_cast<uint64_t>(m_.tp.size));
@@ -73,7 +74,7 @@ void MLP::backward(const Step& st, Act x, Act dout, Scratch& w) {
   const GptConfig& lc = m_.local;
   const int64_t T = st.batch.T;
   const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "mlp")), w);
-  m_.backend.mlp_fc2_backward(dbranch, g_, u_, W().fc2_w, W().fc2_b, w.dwide, T, lc.ffn);
+  m_.backend.mlp_fc2_backward(dbranch, g_, u_, W().fc2_w, m_.bias_grad_in_norm() ? -1 : W().fc2_b, w.dwide, T, lc.ffn);
   m_.backend.linear_backward(x, W().fc1_w, W().fc1_b, w.dwide, w.dnorm, T, lc.hidden, lc.fc1_width());
 }
 
@@ -114,6 +115,15 @@ void TransformerLayer::carve(ActivationCarver& c, int64_t T, int64_t rows) {
   if (!moe()) mlp_.carve(c, T);
 }
 
+void TransformerLayer::share_activations(ActivationCarver& c, const TransformerLayer& o, bool own_input,
+                                         int64_t rows) {
+  x_in_ = own_input ? c.act(rows * m_.local.hidden) : o.x_in_;
+  ln1_ = o.ln1_, x_mid_ = o.x_mid_, ln2_ = o.ln2_;
+  ln1_mean_ = o.ln1_mean_, ln1_rstd_ = o.ln1_rstd_, ln2_mean_ = o.ln2_mean_, ln2_rstd_ = o.ln2_rstd_;
+  self_attention_.share_activations(o.self_attention_);
+  mlp_.share_activations(o.mlp_);
+}
+
 void TransformerLayer::forward(const Step& st, Act out, Scratch& w) {
   // input_layernorm -> self_attention -> + residual; pre_mlp_layernorm -> mlp (or MoE) -> + residual.
   norm_whole_sequence(m_, st, x_in_, W().ln1_w, W().ln1_b, ln1_, ln1_mean_, ln1_rstd_, w);
@@ -133,9 +143,13 @@ void TransformerLayer::backward(const Step& st, Scratch& w, float moe_aux_loss_s
     moe_.backward(st, ln2_, w.dx, w, moe_aux_loss_scale);
   else
     mlp_.backward(st, ln2_, w.dx, w);
-  be.norm_backward(sum_input_grad(m_, st, w), x_mid_, W().ln2_w, W().ln2_b, ln2_mean_, ln2_rstd_, w.dx, rows, true);
+  // (With the bias gradients summed in the norms: linear_proj's by pre_mlp_layernorm's backward, the
+  // previous layer's linear_fc2's by input_layernorm's.)
+  be.norm_backward(sum_input_grad(m_, st, w), x_mid_, W().ln2_w, W().ln2_b, ln2_mean_, ln2_rstd_, w.dx, rows, true,
+                   m_.bias_grad_in_norm() ? W().proj_b : -1);
   self_attention_.backward(st, ln1_, w.dx, w);
-  be.norm_backward(sum_input_grad(m_, st, w), x_in_, W().ln1_w, W().ln1_b, ln1_mean_, ln1_rstd_, w.dx, rows, true);
+  be.norm_backward(sum_input_grad(m_, st, w), x_in_, W().ln1_w, W().ln1_b, ln1_mean_, ln1_rstd_, w.dx, rows, true,
+                   m_.fc2_bias_in_norm(layer_ - 1));
 }
 
 }  // namespace laoyao::model::mcore

@@ -1,0 +1,321 @@
+// The CUDA backend of the model's ops (model/cuda/cuda_backend.hpp).
+#include "model/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.hpp"
+#include "kernels/cuda/attention_flash.hpp"
+#include "kernels/cuda/bias_gelu.hpp"
+#include "kernels/cuda/cross_entropy.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/qk_norm.hpp"
+#include "kernels/cuda/swiglu.hpp"
+#include "model/cuda/carver.hpp"
+
+namespace laoyao::model {
+
+namespace kc = kernels::cuda;
+
+std::string cuda_backend_unsupported(const GptConfig& local, int64_t tp_size) {
+  std::string missing;
+  auto add = [&](const char* what) { missing += (missing.empty() ? "" : ", ") + std::string(what); };
+  if (tp_size > 1) add("tensor parallelism");
+  if (local.moe.num_experts > 0) add("Mixture-of-Experts layers");
+  return missing;
+}
+
+CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, int64_t max_b, int64_t s)
+    : lc_(local), st_(state), max_b_(max_b), s_(s) {
+  const std::string missing = cuda_backend_unsupported(local, 1);
+  if (!missing.empty()) throw Error("CudaBackend: not built for " + missing + " yet");
+  const GptConfig& c = lc_;
+  const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels, L = c.num_layers;
+  const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
+  const kc::AttentionShape shape = attention_shape({max_b, s, T, T, nullptr});
+  const bool fused = st_.attention != CudaAttentionPath::Unfused;
+  const int64_t heads_elems = fused ? 0 : kc::attention_heads_elems(shape);
+  const int64_t probs_elems = fused ? 0 : kc::attention_probs_elems(shape);
+  const int64_t lse_elems = max_b * c.heads * s;
+  emb_scratch_bytes_ = std::max(kc::embedding_backward_scratch_bytes(T, c.vocab),
+                                kc::embedding_backward_scratch_bytes(T, std::max<int64_t>(c.max_positions, 1)));
+  const size_t reduce_floats =
+      std::max({kc::bias_grad_scratch_floats(T, wide), kc::layernorm_backward_scratch_floats(T, h),
+                c.qk_layernorm ? kc::qk_rmsnorm_backward_scratch_floats(T, c.heads, c.query_groups, c.kv_channels)
+                               : size_t{0}});
+  lse_.assign(static_cast<size_t>(L), nullptr);
+  unfused_.assign(static_cast<size_t>(L), kc::UnfusedAttentionBuffers{});
+  ctx_.assign(static_cast<size_t>(L), nullptr);
+  bf16* zeros = nullptr;
+  auto carve = [&](Carver& a) {
+    branch_ = a.take<bf16>(c.hidden_dropout > 0 ? T * h : 0);
+    dtmp_ = a.take<bf16>(st_.norms_add_in_place ? 0 : T * h);
+    pos_ = a.take<bf16>(c.positions == Positions::LearnedAbsolute ? T * h : 0);
+    dg_ = a.take<bf16>(T * c.ffn);
+    dsplit_ = a.take<bf16>(st_.qkv_rows == kc::QkvRows::Split ? T * c.qkv_width() : 0);
+    zeros = a.take<bf16>(c.ffn);
+    reduce_scratch_ = a.take<float>(static_cast<int64_t>(reduce_floats));
+    emb_scratch_ = a.take<char>(static_cast<int64_t>(emb_scratch_bytes_));
+    delta_ = a.take<float>(st_.attention == CudaAttentionPath::Flash ? lse_elems : 0);
+    unfused_scratch_.scores = a.take<float>(probs_elems);
+    unfused_scratch_.heads = a.take<bf16>(heads_elems);
+    unfused_scratch_.dq = a.take<bf16>(heads_elems);
+    unfused_scratch_.dk = a.take<bf16>(heads_elems);
+    unfused_scratch_.dv = a.take<bf16>(heads_elems);
+    const bool attn_drop = c.attention_dropout > 0 && !fused;
+    for (int64_t l = 0; l < L; ++l) {
+      lse_[l] = a.take<float>(fused ? lse_elems : 0);
+      kc::UnfusedAttentionBuffers& u = unfused_[l];
+      u.q = a.take<bf16>(heads_elems);
+      u.k = a.take<bf16>(heads_elems);
+      u.v = a.take<bf16>(heads_elems);
+      u.probs = a.take<bf16>(probs_elems);
+      u.probs_dropped = attn_drop ? a.take<bf16>(probs_elems) : nullptr;
+    }
+  };
+  Carver measure;
+  carve(measure);
+  scratch_ = kc::DeviceBuffer(measure.used);
+  Carver real{static_cast<char*>(scratch_.ptr), 0};
+  carve(real);
+  zero_bias_ = zeros;
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(zeros, 0, sizeof(bf16) * static_cast<size_t>(c.ffn), st_.stream));
+}
+
+size_t CudaBackend::device_bytes() const { return arena_.bytes + scratch_.bytes; }
+
+void* CudaBackend::reserve_activations(size_t bytes) {
+  if (bytes > arena_.bytes) arena_ = kc::DeviceBuffer(bytes);
+  return arena_.ptr;
+}
+
+bool CudaBackend::accumulates(int64_t w) const {
+  const std::vector<int64_t>& written = st_.writers->gemm_written;
+  return !writing_grads_ || !std::binary_search(written.begin(), written.end(), w);
+}
+
+kc::AttentionShape CudaBackend::attention_shape(const BatchShape& batch) const {
+  const int64_t D = lc_.kv_channels;
+  return {batch.b, batch.s, lc_.heads, lc_.query_groups, D, 1.0f / std::sqrt(static_cast<float>(D)), batch.key_start};
+}
+
+CudaBackend::bf16* CudaBackend::attention_grad(Act dqkv) const {
+  return st_.qkv_rows == kc::QkvRows::Split ? dsplit_ : B(dqkv);
+}
+
+// ---- embeddings
+
+void CudaBackend::embedding(const int64_t* ids, int64_t table, Act out, int64_t T, int64_t h, tp::Shard vocab,
+                            bool accumulate) {
+  if (!accumulate) return kc::embedding_forward(ids, P(table), nullptr, nullptr, B(out), T, h, vocab.size, 0, st_.stream);
+  // The learned positions onto the words: bf16(word + position) either way, both being bf16.
+  kc::embedding_forward(ids, P(table), nullptr, nullptr, pos_, T, h, vocab.size, 0, st_.stream);
+  kc::add_inplace(B(out), pos_, T * h, st_.stream);
+}
+
+void CudaBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h,
+                                     tp::Shard vocab) {
+  kc::embedding_backward(ids, B(dout), G(table), T, h, vocab.size, emb_scratch_, emb_scratch_bytes_, st_.stream,
+                         vocab.start);
+}
+
+// ---- linear layers
+
+void CudaBackend::linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) {
+  st_.gemm->linear_forward(B(x), P(w), P(b), B(y), rows, K, N, st_.stream);
+}
+
+void CudaBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) {
+  if (dx.p) st_.gemm->linear_backward_input(B(dy), P(w), B(dx), rows, K, N, st_.stream);
+  st_.gemm->linear_backward_weight(B(dy), B(x), G(w), rows, K, N, st_.stream, accumulates(w));
+  if (b >= 0) kc::bias_grad(B(dy), G(b), reduce_scratch_, rows, N, st_.stream);
+}
+
+void CudaBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
+                                          int64_t N, const DropoutSpec& drop) {
+  if (drop.p > 0) {
+    st_.gemm->linear_forward(B(x), P(w), P(b), branch_, rows, K, N, st_.stream);
+    return kc::residual_dropout_add(branch_, B(residual), B(out), rows * N, drop, st_.stream);
+  }
+  st_.gemm->linear_forward(B(x), P(w), P(b), B(out), rows, K, N, st_.stream, B(residual));  // residual as C
+}
+
+void CudaBackend::bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
+                                   const DropoutSpec& drop) {
+  if (b >= 0) throw Error("CudaBackend: a bias added after a tensor-parallel reduction is not built yet");
+  kc::residual_dropout_add(B(x), B(residual), B(out), rows * N, drop, st_.stream);
+}
+
+void CudaBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {
+  if (drop.p > 0) return kc::dropout_apply(B(x), B(y), n, drop, st_.stream);
+  if (x.p != y.p)
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(y.p, x.p, sizeof(bf16) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice,
+                                      st_.stream));
+}
+
+// ---- norms
+
+void CudaBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) {
+  const GptConfig& c = lc_;
+  if (c.norm == Norm::RMSNorm)
+    kc::rmsnorm_forward(B(x), P(w), B(y), rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma, st_.stream);
+  else
+    kc::layernorm_forward(B(x), P(w), P(b), B(y), mean, rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma,
+                          st_.stream);
+}
+
+void CudaBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
+                                int64_t rows, bool accumulate, int64_t dx_bias) {
+  const GptConfig& c = lc_;
+  const int64_t h = c.hidden;
+  if (dx_bias >= 0 && !st_.bias_grad_in_norm) throw Error("CudaBackend: asked to sum a bias gradient in a norm");
+  // The kernels add into dx (and sum the bias from what they write) where they can
+  // (norms_add_in_place); else the gradient goes to scratch, is added, and the bias read after.
+  const bool in_place = !accumulate || st_.norms_add_in_place;
+  bf16* out = in_place ? B(dx) : dtmp_;
+  const bool add = accumulate && in_place;
+  float* colsum = in_place ? G(dx_bias) : nullptr;
+  if (c.norm == Norm::RMSNorm)
+    kc::rmsnorm_backward(B(dy), B(x), P(w), rstd, out, G(w), reduce_scratch_, rows, h, c.zero_centered_gamma,
+                         st_.stream, add, colsum);
+  else
+    kc::layernorm_backward(B(dy), B(x), P(w), mean, rstd, out, G(w), G(b), reduce_scratch_, rows, h,
+                           c.zero_centered_gamma, st_.stream, add, colsum);
+  if (in_place) return;
+  kc::add_inplace(B(dx), dtmp_, rows * h, st_.stream);
+  if (dx_bias >= 0) kc::bias_grad(B(dx), G(dx_bias), reduce_scratch_, rows, h, st_.stream);
+}
+
+// ---- the MLP
+
+void CudaBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) {
+  const GptConfig& c = lc_;
+  if (c.activation == Activation::SwiGLU) {
+    st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, 2 * ffn, st_.stream);
+    return kc::swiglu_forward(B(u), B(g), rows, ffn, st_.stream);
+  }
+  if (st_.gelu_epilogue)  // u = fc1's output with its bias, g = gelu(u), in one GEMM
+    return st_.gemm->linear_forward_gelu(B(x), P(fc1_w), P(fc1_b), B(g), B(u), rows, c.hidden, ffn, st_.stream);
+  // The GEMM adds the bias, so the (bias-)GeLU kernels get zeros for theirs.
+  st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, ffn, st_.stream);
+  kc::bias_gelu_forward(B(u), zero_bias_, B(g), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
+}
+
+void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
+                                   int64_t ffn) {
+  const GptConfig& c = lc_;
+  const int64_t h = c.hidden;
+  if (st_.gelu_epilogue) {  // d(fc1 output) = (dy @ fc2_w) * gelu'(u) in one GEMM
+    st_.gemm->linear_backward_input_dgelu(B(dy), P(fc2_w), B(u), B(du), rows, ffn, h, st_.stream);
+  } else {
+    st_.gemm->linear_backward_input(B(dy), P(fc2_w), dg_, rows, ffn, h, st_.stream);
+    if (c.activation == Activation::SwiGLU)
+      kc::swiglu_backward(B(u), dg_, B(du), rows, ffn, st_.stream);
+    else
+      kc::bias_gelu_backward(dg_, B(u), zero_bias_, B(du), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
+  }
+  st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
+  if (fc2_b >= 0) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);
+}
+
+// ---- attention
+
+void CudaBackend::qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
+                              const BatchShape& batch) {
+  const GptConfig& c = lc_;
+  // QK layernorm (Qwen3) into qkv_attn, RoPE in the same pass where the pack kernels serve the
+  // table, written in the layout cuDNN reads (split rows for GQA).
+  if (c.qk_layernorm)
+    kc::qk_rmsnorm_forward(B(qkv), P(q_norm), P(k_norm), B(qkv_attn), qk_rstd, batch.T, c.heads, c.query_groups,
+                           c.kv_channels, c.norm_eps, c.zero_centered_gamma, st_.stream,
+                           st_.rope_in_qk_norm ? &st_.rope : nullptr, batch.s, st_.qkv_rows);
+  if (st_.rope.rot_dim > 0 && !st_.rope_in_qk_norm)
+    kc::rope_forward_qkv(B(qkv_attn), st_.rope, batch.b, batch.s, c.heads, c.query_groups, c.kv_channels, st_.stream);
+}
+
+void CudaBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
+                                       const BatchShape& batch) {
+  const GptConfig& c = lc_;
+  if (st_.rope.rot_dim > 0 && !st_.rope_in_qk_norm)  // (split rows only come with RoPE in the norm's pass)
+    kc::rope_backward_qkv(B(dqkv), st_.rope, batch.b, batch.s, c.heads, c.query_groups, c.kv_channels, st_.stream);
+  if (c.qk_layernorm)
+    kc::qk_rmsnorm_backward(attention_grad(dqkv), B(qkv), P(q_norm), P(k_norm), qk_rstd, B(dqkv), G(q_norm),
+                            G(k_norm), reduce_scratch_, batch.T, c.heads, c.query_groups, c.kv_channels,
+                            c.zero_centered_gamma, st_.stream, st_.rope_in_qk_norm ? &st_.rope : nullptr, batch.s,
+                            st_.qkv_rows);
+}
+
+void CudaBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch,
+                                 const DropoutSpec& drop) {
+  const size_t l = static_cast<size_t>(layer);
+  ctx_[l] = B(ctx);
+  switch (st_.attention) {
+    case CudaAttentionPath::Cudnn:
+      return st_.cudnn->forward(B(qkv_attn), B(ctx), lse_[l], batch.b);
+    case CudaAttentionPath::Flash:
+      return kc::attention_flash_forward(B(qkv_attn), B(ctx), lse_[l], attention_shape(batch), drop, st_.stream);
+    case CudaAttentionPath::Unfused:
+      return kc::attention_unfused_forward(*st_.gemm, B(qkv_attn), B(ctx), unfused_[l], unfused_scratch_,
+                                           attention_shape(batch), drop, st_.stream);
+  }
+}
+
+void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
+                                          const DropoutSpec& drop) {
+  const size_t l = static_cast<size_t>(layer);
+  switch (st_.attention) {
+    case CudaAttentionPath::Cudnn:
+      return st_.cudnn->backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b);
+    case CudaAttentionPath::Flash:
+      return kc::attention_flash_backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], delta_, B(dqkv),
+                                          attention_shape(batch), drop, st_.stream);
+    case CudaAttentionPath::Unfused:
+      return kc::attention_unfused_backward(*st_.gemm, B(dctx), B(dqkv), unfused_[l], unfused_scratch_,
+                                            attention_shape(batch), drop, st_.stream);
+  }
+}
+
+// ---- what is not built here yet (cuda_backend_unsupported refuses the models that need it)
+
+void CudaBackend::moe_layer(int64_t, Act, Act, const BatchShape&, bool, uint64_t) {
+  throw Error("CudaBackend: Mixture-of-Experts layers are not built on the CUDA backend yet");
+}
+
+void CudaBackend::moe_layer_backward(int64_t, Act, Act, Act, const BatchShape&, float) {
+  throw Error("CudaBackend: Mixture-of-Experts layers are not built on the CUDA backend yet");
+}
+
+void CudaBackend::tp_all_reduce(Act, int64_t) {
+  throw Error("CudaBackend: tensor parallelism is not built on the CUDA backend yet");
+}
+
+void CudaBackend::sp_gather(Act, Act, const BatchShape&, int64_t) {
+  throw Error("CudaBackend: sequence parallelism is not built on the CUDA backend yet");
+}
+
+void CudaBackend::sp_reduce_scatter(Act, Act, const BatchShape&, int64_t) {
+  throw Error("CudaBackend: sequence parallelism is not built on the CUDA backend yet");
+}
+
+void CudaBackend::sp_slice(Act, Act, const BatchShape&, int64_t) {
+  throw Error("CudaBackend: sequence parallelism is not built on the CUDA backend yet");
+}
+
+// ---- the loss
+
+void CudaBackend::cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
+                                tp::Shard vocab, const float* dloss) {
+  if (dloss)  // the training form: the gradient over the logits in the same kernel
+    return kc::cross_entropy_forward_backward(B(logits), labels, dloss, losses, stats, T, vocab.size, st_.stream);
+  kc::cross_entropy_forward(B(logits), labels, losses, stats, T, vocab.size, st_.stream);
+}
+
+void CudaBackend::cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss,
+                                         int64_t T, tp::Shard vocab) {
+  kc::cross_entropy_backward(B(logits), labels, stats, dloss, T, vocab.size, st_.stream, vocab.start);
+}
+
+}  // namespace laoyao::model

@@ -1,0 +1,145 @@
+// The CUDA backend of the model's ops (model/backend.hpp): bf16 activations, fp32 statistics,
+// Megatron's --bf16 numerics, every op enqueued on the rank's stream with nothing waiting for the
+// host (so a step can be captured as a CUDA graph). Its fusions are ops the interface offers: the
+// residual added by the last linear's GEMM (no dropout), GeLU in fc1's epilogue and its derivative
+// in fc2's input-gradient GEMM, the QK norm with RoPE in one pass, cuDNN's fused attention (over
+// split QKV rows for GQA with the QK norm), the cross entropy's gradient written by its forward.
+//
+// It runs on the state of a CudaGptModel (model/cuda/gpt_model_cuda.hpp), which owns the weights,
+// the gradients, the cuBLASLt plans, the RoPE table and cuDNN's plans, and tells it when a backward
+// writes the GEMM-written gradients instead of adding to them (set_writing_grads). What an op's
+// backward needs beyond its arguments (attention's log-sum-exp or probabilities, per layer) and
+// its own scratch it keeps here, allocated once for micro-batches of up to max_b sequences.
+//
+// Built so far: one tensor-parallel rank, dense layers. cuda_backend_unsupported() names the rest
+// (the CudaGptModel keeps its own path for those).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention_cudnn.hpp"
+#include "kernels/cuda/attention_unfused.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/qkv_rows.hpp"
+#include "kernels/cuda/rope.hpp"
+#include "model/backend.hpp"
+#include "model/gpt_config.hpp"
+#include "model/gpt_layout.hpp"
+
+namespace laoyao::model {
+
+enum class CudaAttentionPath { Cudnn, Flash, Unfused };
+
+// What the backend runs on, owned by the model.
+struct CudaBackendState {
+  cudaStream_t stream = nullptr;
+  kernels::cuda::CublasLtGemm* gemm = nullptr;
+  const __nv_bfloat16* params = nullptr;  // bf16 weights at table offsets
+  float* grads = nullptr;                 // fp32 main gradients at table offsets
+  const GradientWriters* writers = nullptr;
+  kernels::cuda::RopeDeviceTable rope;  // rot_dim 0: no rotary embeddings
+  bool rope_in_qk_norm = false;         // the QK norm applies RoPE in its pass
+  kernels::cuda::QkvRows qkv_rows = kernels::cuda::QkvRows::Fused;
+  CudaAttentionPath attention = CudaAttentionPath::Unfused;
+  kernels::cuda::CudnnAttention* cudnn = nullptr;  // with CudaAttentionPath::Cudnn
+  bool gelu_epilogue = false;  // tanh-GeLU through cuBLASLt's GELU_AUX / DGELU epilogues
+  // The norms' backward kernels can add into the residual stream's gradient (layernorm.hpp's
+  // accumulate_dx conditions: hidden a multiple of 8 up to 4096, the norms' weights 16-byte aligned).
+  bool norms_add_in_place = false;
+  // The norms' backward kernels sum the bias gradients the model asks them to (sums_bias_grad_in_norm).
+  bool bias_grad_in_norm = false;
+};
+
+// Why the backend cannot run this rank's model yet ("" when it can).
+std::string cuda_backend_unsupported(const GptConfig& local, int64_t tp_size);
+
+class CudaBackend final : public Backend {
+ public:
+  using bf16 = __nv_bfloat16;
+  CudaBackend(const GptConfig& local, const CudaBackendState& state, int64_t max_b, int64_t s);
+
+  // The next backward is a step's first: the gradients gradient_writers() names as GEMM-written
+  // are written (beta 0), not added to (the model zeroed the rest).
+  void set_writing_grads(bool writing) { writing_grads_ = writing; }
+  size_t device_bytes() const;
+
+  size_t activation_bytes() const override { return sizeof(bf16); }
+  void* reserve_activations(size_t bytes) override;
+
+  void embedding(const int64_t* ids, int64_t table, Act out, int64_t T, int64_t h, tp::Shard vocab,
+                 bool accumulate) override;
+  void embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h, tp::Shard vocab) override;
+  void linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) override;
+  void linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) override;
+  void linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K, int64_t N,
+                               const DropoutSpec& drop) override;
+  void bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
+                        const DropoutSpec& drop) override;
+  void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) override;
+  void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) override;
+  void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx, int64_t rows,
+                     bool accumulate, int64_t dx_bias) override;
+  bool sums_bias_grad_in_norm() const override { return st_.bias_grad_in_norm; }
+  void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) override;
+  void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
+                        int64_t ffn) override;
+  void qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
+                   const BatchShape& batch) override;
+  void qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
+                            const BatchShape& batch) override;
+  void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch, const DropoutSpec& drop) override;
+  void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
+                               const DropoutSpec& drop) override;
+  void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
+                 uint64_t random_logits_key) override;
+  void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
+                          float aux_loss_scale) override;
+  void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T, tp::Shard vocab,
+                     const float* dloss) override;
+  void cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss, int64_t T,
+                              tp::Shard vocab) override;
+  void tp_all_reduce(Act x, int64_t n) override;
+  void sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) override;
+  void sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) override;
+  void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) override;
+
+ private:
+  const bf16* P(int64_t off) const { return off >= 0 ? st_.params + off : nullptr; }
+  float* G(int64_t off) const { return off >= 0 ? st_.grads + off : nullptr; }
+  static bf16* B(Act a) { return static_cast<bf16*>(a.p); }
+  // The accumulate flag of parameter w's weight-gradient GEMM in the backward being enqueued.
+  bool accumulates(int64_t w) const;
+  kernels::cuda::AttentionShape attention_shape(const BatchShape& batch) const;
+  // Where attention's backward leaves d(qkv_attn): dqkv, or with split rows the split scratch the
+  // QK norm's backward reads.
+  bf16* attention_grad(Act dqkv) const;
+
+  const GptConfig& lc_;
+  CudaBackendState st_;
+  int64_t max_b_, s_;
+  bool writing_grads_ = false;
+  kernels::cuda::DeviceBuffer arena_, scratch_;
+  // Carved from scratch_: a branch before its dropout-add [T, h], a norm's input gradient before
+  // it is added [T, h], the positions' embedding [T, h], fc2's input gradient [T, ffn], split rows'
+  // attention gradient [T, qkv], reductions' partial sums, the embedding gradient's sort, the
+  // flash backward's row sums and the unfused path's per-call scratch.
+  bf16 *branch_ = nullptr, *dtmp_ = nullptr, *pos_ = nullptr, *dg_ = nullptr, *dsplit_ = nullptr;
+  const bf16* zero_bias_ = nullptr;  // [ffn] zeros: the bias-GeLU kernels after a GEMM that added it
+  float* reduce_scratch_ = nullptr;
+  void* emb_scratch_ = nullptr;
+  size_t emb_scratch_bytes_ = 0;
+  float* delta_ = nullptr;
+  kernels::cuda::UnfusedAttentionScratch unfused_scratch_;
+  // Per layer: the log-sum-exp [b, H, s] (cuDNN, flash) or the unfused path's saved tensors, and
+  // the context its forward wrote (cuDNN's and flash's backward read it).
+  std::vector<float*> lse_;
+  std::vector<kernels::cuda::UnfusedAttentionBuffers> unfused_;
+  std::vector<const bf16*> ctx_;
+};
+
+}  // namespace laoyao::model
