@@ -374,6 +374,32 @@ TEST_F(CudaKernels, ResidualDropoutAddMatchesCpuMask) {
   expect_equal(from_device_bf16(db, n), exact, "p = 0: residual + branch");
 }
 
+// With a bias of rows of N (the bias of a row-parallel linear, added after the tensor-parallel
+// reduction): residual + dropout(branch + bias), against the CPU's fp64 sum of the same values.
+TEST_F(CudaKernels, ResidualDropoutAddWithABiasMatchesCpu) {
+  const int64_t rows = 37, N = 96, n = rows * N;
+  const uint64_t seed = 99;
+  const auto branch = randn_bf16(n, seed, "rdab.branch", 1.0);
+  const auto residual = randn_bf16(n, seed, "rdab.residual", 0.5);
+  const auto bias = randn_bf16(N, seed, "rdab.bias", 0.5);
+  auto db = to_device_bf16(branch), dr = to_device_bf16(residual), dbias = to_device_bf16(bias);
+  DeviceBuffer dout(n * sizeof(bf16));
+  for (const double p : {0.0, 0.2}) {
+    SCOPED_TRACE(p);
+    const auto mask = p > 0 ? cpu_dropout_mask(n, p, seed, "bias.stream") : std::vector<float>(n, 1.0f);
+    cuda::residual_dropout_add(db.as<bf16>(), dr.as<bf16>(), dout.as<bf16>(), n, dropout_spec(p, seed, "bias.stream"),
+                               stream_, dbias.as<bf16>(), N);
+    sync();
+    std::vector<double> want(n), tol(n);
+    for (int64_t i = 0; i < n; ++i) {
+      want[i] = double(residual[i]) + (double(branch[i]) + double(bias[i % N])) * mask[i];
+      tol[i] = kBf16Rel * (std::abs(double(residual[i])) + std::abs(double(branch[i]) + double(bias[i % N])) * mask[i]) +
+               1e-30;
+    }
+    expect_within(from_device_bf16(dout, n), want, tol, "residual + (branch + bias) * mask");
+  }
+}
+
 TEST_F(CudaKernels, DropoutApplyMatchesCpuMaskExactly) {
   const int64_t n = 10007;
   const uint64_t seed = 4321;

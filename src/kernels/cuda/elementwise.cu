@@ -17,9 +17,10 @@ unsigned blocks_for(int64_t n) {
 }
 
 __global__ void residual_dropout_add_kernel(const bf16* branch, const bf16* residual, bf16* out, int64_t n,
-                                            DropoutSpec drop) {
+                                            DropoutSpec drop, const bf16* bias, int64_t N) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float b = __bfloat162float(branch[i]);
+    if (bias) b += __bfloat162float(bias[i % N]);
     if (drop.p > 0) b *= dropout_factor(drop, static_cast<uint64_t>(i));
     out[i] = __float2bfloat16(__bfloat162float(residual[i]) + b);
   }
@@ -97,9 +98,11 @@ __global__ void column_partial_vec_kernel(const bf16* __restrict__ dy, float* __
 }  // namespace
 
 void residual_dropout_add(const bf16* branch, const bf16* residual, bf16* out, int64_t n, const DropoutSpec& drop,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const bf16* bias, int64_t N) {
   if (n <= 0) return;
-  residual_dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(branch, residual, out, n, drop);
+  if (bias && (N <= 0 || n % N != 0)) throw Error("residual_dropout_add: a bias of " + std::to_string(N) +
+                                                  " columns over " + std::to_string(n) + " elements");
+  residual_dropout_add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(branch, residual, out, n, drop, bias, N);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

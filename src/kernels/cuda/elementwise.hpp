@@ -11,10 +11,12 @@
 
 namespace laoyao::kernels::cuda {
 
-// out[i] = bf16(residual[i] + branch[i] * mask(i)) over n elements (mask from `drop`; none when
-// drop.p == 0). out may alias branch or residual.
+// out[i] = bf16(residual[i] + (branch[i] + bias[i % N]) * mask(i)) over n elements (mask from
+// `drop`, none when drop.p == 0; the bias of rows of N, none when null; the sum in fp32). out may
+// alias branch or residual.
 void residual_dropout_add(const __nv_bfloat16* branch, const __nv_bfloat16* residual, __nv_bfloat16* out, int64_t n,
-                          const DropoutSpec& drop, cudaStream_t stream);
+                          const DropoutSpec& drop, cudaStream_t stream, const __nv_bfloat16* bias = nullptr,
+                          int64_t N = 0);
 
 // y[i] = bf16(x[i] * mask(i)); y may alias x. Forward dropout and its backward are the same op.
 void dropout_apply(const __nv_bfloat16* x, __nv_bfloat16* y, int64_t n, const DropoutSpec& drop, cudaStream_t stream);
