@@ -18,6 +18,11 @@
 
 namespace laoyao::model {
 
+// What an MoE layer's forward is: a training one (its losses count in the step's sums), its
+// recomputation before the backward (the same losses' gradients, nothing counted again), or an
+// evaluation (no global_aux_loss: Megatron applies it in training only).
+enum class MoePass { Training, Recompute, Evaluation };
+
 // An activation buffer (or a position in one) in the backend's memory and type.
 struct Act {
   void* p = nullptr;
@@ -93,11 +98,11 @@ class Backend {
                                        const DropoutSpec& drop) = 0;
 
   // ---- Mixture of Experts: layer `layer`'s MoELayer (router, dispatcher, experts, shared experts)
-  // on x[T, h] into y[T, h] (this rank's share of every expert's output under tensor parallelism).
-  // train_step: a training forward, whose backward follows. random_logits_key: the stream of
-  // --moe-router-force-load-balancing's logits.
-  virtual void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
-                         uint64_t random_logits_key) = 0;
+  // on x[T, h] into y[T, h] (this rank's share of every expert's output under tensor parallelism),
+  // plus residual where given (one rank, no dropout: the residual add in the combine).
+  // random_logits_key: the stream of --moe-router-force-load-balancing's logits.
+  virtual void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass,
+                         uint64_t random_logits_key, Act residual) = 0;
   // dx = the gradient at x; aux_loss_scale: what each load-balancing and z loss's gradient is scaled by.
   virtual void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
                                   float aux_loss_scale) = 0;

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
 #include "model/cpu/cpu_backend.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/mcore/gpt_model.hpp"
@@ -82,23 +81,5 @@ TEST(ModuleTree, FullRecomputationAndTheFusedLossGradientChangeMemoryNotNumbers)
       EXPECT_EQ(again.activation_bytes, keep.activation_bytes);
     else
       EXPECT_LT(again.activation_bytes, keep.activation_bytes);
-  }
-}
-
-// Recomputing an MoE layer is refused by name until the MoE layers' passes are on the tree.
-TEST(ModuleTree, RecomputingMixtureOfExpertsLayersIsRefusedByName) {
-  GptConfig c;
-  c.num_layers = 2, c.hidden = 16, c.heads = 2, c.query_groups = 2, c.kv_channels = 8, c.ffn = 24;
-  c.vocab = 37, c.max_positions = 8;
-  c.add_bias_linear = false;
-  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn = 8, c.moe.layers = {true, true};
-  c.recompute = Recompute::Uniform, c.recompute_num_layers = 1;
-  const GptParameterLayout layout = build_gpt_parameters(c);
-  CpuBackend be(c, nullptr, 0, 1);
-  try {
-    mcore::GPTModel net(c, c, layout, mcore::TensorParallel{}, be, true);
-    ADD_FAILURE() << "accepted";
-  } catch (const laoyao::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Mixture-of-Experts"), std::string::npos) << e.what();
   }
 }

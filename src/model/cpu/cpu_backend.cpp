@@ -192,9 +192,12 @@ void CpuBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, 
                         c.heads, c.query_groups, c.kv_channels, scale, attention_mask(drop, batch), batch.key_start);
 }
 
-void CpuBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
-                           uint64_t random_logits_key) {
-  moe_->forward(layer, w_, F(x), F(y), batch.T, batch.s, train_step, random_logits_key);
+void CpuBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass,
+                           uint64_t random_logits_key, Act residual) {
+  if (pass == MoePass::Recompute)  // (the CPU keeps every activation: model/gpt_model.cpp)
+    throw Error("CpuBackend: an MoE layer's recomputation is not built on the CPU");
+  moe_->forward(layer, w_, F(x), F(y), batch.T, batch.s, pass == MoePass::Training, random_logits_key);
+  if (residual.p) k::add_inplace(F(y), F(residual), batch.T * lc_.hidden);
 }
 
 void CpuBackend::moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,

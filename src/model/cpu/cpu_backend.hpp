@@ -51,8 +51,8 @@ class CpuBackend final : public Backend {
   void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch, const DropoutSpec& drop) override;
   void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
                                const DropoutSpec& drop) override;
-  void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
-                 uint64_t random_logits_key) override;
+  void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass, uint64_t random_logits_key,
+                 Act residual) override;
   void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
                           float aux_loss_scale) override;
   void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T, tp::Shard vocab,

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
+#include "core/runtime_options.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
@@ -20,18 +21,11 @@ namespace laoyao::model {
 
 namespace kc = kernels::cuda;
 
-std::string cuda_backend_unsupported(const GptConfig& local, int64_t tp_size) {
-  std::string missing;
-  auto add = [&](const char* what) { missing += (missing.empty() ? "" : ", ") + std::string(what); };
-  if (tp_size > 1) add("tensor parallelism");
-  if (local.moe.num_experts > 0) add("Mixture-of-Experts layers");
-  return missing;
-}
-
 CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, int64_t max_b, int64_t s)
-    : lc_(local), st_(state), max_b_(max_b), s_(s) {
-  const std::string missing = cuda_backend_unsupported(local, 1);
-  if (!missing.empty()) throw Error("CudaBackend: not built for " + missing + " yet");
+    : lc_(local), st_(state), max_b_(max_b), s_(s), phases_(runtime_options().model_phases, 2 * kPhaseKinds) {
+  if (st_.tp_size > 1 && !st_.tp) throw Error("CudaBackend: tensor parallelism without its group");
+  if (local.moe.num_experts > 0 && !(st_.moe && st_.layout && st_.logit_keys))
+    throw Error("CudaBackend: an MoE model needs its MoE layers, its layout and the logit keys");
   const GptConfig& c = lc_;
   const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels, L = c.num_layers;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
@@ -54,9 +48,11 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
     branch_ = a.take<bf16>(c.hidden_dropout > 0 ? T * h : 0);
     dtmp_ = a.take<bf16>(st_.norms_add_in_place ? 0 : T * h);
     pos_ = a.take<bf16>(c.positions == Positions::LearnedAbsolute ? T * h : 0);
-    dg_ = a.take<bf16>(T * c.ffn);
+    dg_ = a.take<bf16>(st_.gelu_epilogue ? 0 : T * c.ffn);
     dsplit_ = a.take<bf16>(st_.qkv_rows == kc::QkvRows::Split ? T * c.qkv_width() : 0);
     zeros = a.take<bf16>(c.ffn);
+    sp_staging_ = a.take<bf16>(st_.sequence_parallel && st_.tp_size > 1 && max_b > 1 ? T * h : 0);
+    ce_gathered_ = a.take<float>(st_.tp_size > 1 ? 2 * T * st_.tp_size : 0);
     reduce_scratch_ = a.take<float>(static_cast<int64_t>(reduce_floats));
     emb_scratch_ = a.take<char>(static_cast<int64_t>(emb_scratch_bytes_));
     delta_ = a.take<float>(st_.attention == CudaAttentionPath::Flash ? lse_elems : 0);
@@ -106,54 +102,101 @@ CudaBackend::bf16* CudaBackend::attention_grad(Act dqkv) const {
   return st_.qkv_rows == kc::QkvRows::Split ? dsplit_ : B(dqkv);
 }
 
+// ---- where the time goes (LAOYAO_MODEL_PHASES)
+
+void CudaBackend::begin_phases(bool backward) {
+  backward_ = backward;
+  phases_.begin(st_.stream);
+}
+
+void CudaBackend::phase(Phase p) { phases_.mark(p + (backward_ ? kPhaseKinds : 0), st_.stream); }
+
+CudaBackend::Phase CudaBackend::gemm_phase(int64_t w) const {
+  if (!phases_.enabled() || !st_.layout) return kHead;  // (unused)
+  for (const GptLayerOffsets& L : st_.layout->layers) {
+    if (w == L.qkv_w || w == L.proj_w) return kAttentionGemms;
+    if (w == L.fc1_w || w == L.fc2_w) return kMlpGemms;
+  }
+  return kHead;  // the output layer
+}
+
+void CudaBackend::report_phases() {
+  const std::vector<double> ms = phases_.take();
+  if (!phases_.enabled()) return;
+  static const char* names[kPhaseKinds] = {
+      "embedding",   "norms",      "attention GEMMs",   "QK norm+RoPE",     "attention",          "MLP GEMMs",
+      "activations", "MoE layers", "output layer+loss", "residual/dropout", "TP/SP communication"};
+  std::string line = "laoyao: model phases (ms, forward / backward):";
+  double fwd = 0, bwd = 0;
+  for (int p = 0; p < kPhaseKinds; ++p) {
+    const double f = ms[static_cast<size_t>(p)], b = ms[static_cast<size_t>(p + kPhaseKinds)];
+    fwd += f, bwd += b;
+    if (f == 0 && b == 0) continue;
+    char part[96];
+    std::snprintf(part, sizeof part, " %s %.2f / %.2f |", names[p], f, b);
+    line += part;
+  }
+  char total[64];
+  std::snprintf(total, sizeof total, " total %.2f / %.2f", fwd, bwd);
+  std::fprintf(stderr, "%s%s\n", line.c_str(), total);
+}
+
 // ---- embeddings
 
 void CudaBackend::embedding(const int64_t* ids, int64_t table, Act out, int64_t T, int64_t h, tp::Shard vocab,
                             bool accumulate) {
-  if (!accumulate) return kc::embedding_forward(ids, P(table), nullptr, nullptr, B(out), T, h, vocab.size, 0, st_.stream);
-  // The learned positions onto the words: bf16(word + position) either way, both being bf16.
-  kc::embedding_forward(ids, P(table), nullptr, nullptr, pos_, T, h, vocab.size, 0, st_.stream);
-  kc::add_inplace(B(out), pos_, T * h, st_.stream);
+  if (!accumulate) {  // (vocabulary-parallel: this rank's rows, zeros for the others' ids)
+    kc::embedding_forward(ids, P(table), nullptr, nullptr, B(out), T, h, vocab.size, 0, st_.stream,
+                          st_.tp_size > 1 ? vocab.start : -1);
+  } else {  // the learned positions onto the words: bf16(word + position) either way, both being bf16
+    kc::embedding_forward(ids, P(table), nullptr, nullptr, pos_, T, h, vocab.size, 0, st_.stream);
+    kc::add_inplace(B(out), pos_, T * h, st_.stream);
+  }
+  phase(kEmbedding);
 }
 
 void CudaBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h,
                                      tp::Shard vocab) {
   kc::embedding_backward(ids, B(dout), G(table), T, h, vocab.size, emb_scratch_, emb_scratch_bytes_, st_.stream,
                          vocab.start);
+  phase(kEmbedding);
 }
 
 // ---- linear layers
 
 void CudaBackend::linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) {
   st_.gemm->linear_forward(B(x), P(w), P(b), B(y), rows, K, N, st_.stream);
+  phase(gemm_phase(w));
 }
 
 void CudaBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) {
   if (dx.p) st_.gemm->linear_backward_input(B(dy), P(w), B(dx), rows, K, N, st_.stream);
   st_.gemm->linear_backward_weight(B(dy), B(x), G(w), rows, K, N, st_.stream, accumulates(w));
   if (b >= 0) kc::bias_grad(B(dy), G(b), reduce_scratch_, rows, N, st_.stream);
+  phase(gemm_phase(w));
 }
 
 void CudaBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
                                           int64_t N, const DropoutSpec& drop) {
-  if (drop.p > 0) {
-    st_.gemm->linear_forward(B(x), P(w), P(b), branch_, rows, K, N, st_.stream);
-    return kc::residual_dropout_add(branch_, B(residual), B(out), rows * N, drop, st_.stream);
+  if (!(drop.p > 0)) {
+    st_.gemm->linear_forward(B(x), P(w), P(b), B(out), rows, K, N, st_.stream, B(residual));  // residual as C
+    return phase(gemm_phase(w));
   }
-  st_.gemm->linear_forward(B(x), P(w), P(b), B(out), rows, K, N, st_.stream, B(residual));  // residual as C
+  st_.gemm->linear_forward(B(x), P(w), P(b), branch_, rows, K, N, st_.stream);
+  phase(gemm_phase(w));
+  kc::residual_dropout_add(branch_, B(residual), B(out), rows * N, drop, st_.stream);
+  phase(kResidual);
 }
 
 void CudaBackend::bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
                                    const DropoutSpec& drop) {
-  if (b >= 0) throw Error("CudaBackend: a bias added after a tensor-parallel reduction is not built yet");
-  kc::residual_dropout_add(B(x), B(residual), B(out), rows * N, drop, st_.stream);
+  kc::residual_dropout_add(B(x), B(residual), B(out), rows * N, drop, st_.stream, P(b), N);
+  phase(kResidual);
 }
 
 void CudaBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {
-  if (drop.p > 0) return kc::dropout_apply(B(x), B(y), n, drop, st_.stream);
-  if (x.p != y.p)
-    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(y.p, x.p, sizeof(bf16) * static_cast<size_t>(n), cudaMemcpyDeviceToDevice,
-                                      st_.stream));
+  kc::dropout_apply(B(x), B(y), n, drop, st_.stream);  // (p = 0: a copy, or nothing in place)
+  phase(kResidual);
 }
 
 // ---- norms
@@ -165,6 +208,7 @@ void CudaBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* r
   else
     kc::layernorm_forward(B(x), P(w), P(b), B(y), mean, rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma,
                           st_.stream);
+  phase(kNorms);
 }
 
 void CudaBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
@@ -184,24 +228,28 @@ void CudaBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float
   else
     kc::layernorm_backward(B(dy), B(x), P(w), mean, rstd, out, G(w), G(b), reduce_scratch_, rows, h,
                            c.zero_centered_gamma, st_.stream, add, colsum);
-  if (in_place) return;
-  kc::add_inplace(B(dx), dtmp_, rows * h, st_.stream);
-  if (dx_bias >= 0) kc::bias_grad(B(dx), G(dx_bias), reduce_scratch_, rows, h, st_.stream);
+  if (!in_place) {
+    kc::add_inplace(B(dx), dtmp_, rows * h, st_.stream);
+    if (dx_bias >= 0) kc::bias_grad(B(dx), G(dx_bias), reduce_scratch_, rows, h, st_.stream);
+  }
+  phase(kNorms);
 }
 
 // ---- the MLP
 
 void CudaBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) {
   const GptConfig& c = lc_;
-  if (c.activation == Activation::SwiGLU) {
-    st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, 2 * ffn, st_.stream);
-    return kc::swiglu_forward(B(u), B(g), rows, ffn, st_.stream);
+  if (st_.gelu_epilogue) {  // u = fc1's output with its bias, g = gelu(u), in one GEMM
+    st_.gemm->linear_forward_gelu(B(x), P(fc1_w), P(fc1_b), B(g), B(u), rows, c.hidden, ffn, st_.stream);
+    return phase(kMlpGemms);
   }
-  if (st_.gelu_epilogue)  // u = fc1's output with its bias, g = gelu(u), in one GEMM
-    return st_.gemm->linear_forward_gelu(B(x), P(fc1_w), P(fc1_b), B(g), B(u), rows, c.hidden, ffn, st_.stream);
-  // The GEMM adds the bias, so the (bias-)GeLU kernels get zeros for theirs.
-  st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, ffn, st_.stream);
-  kc::bias_gelu_forward(B(u), zero_bias_, B(g), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
+  st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, c.fc1_rows(ffn), st_.stream);
+  phase(kMlpGemms);
+  if (c.activation == Activation::SwiGLU)
+    kc::swiglu_forward(B(u), B(g), rows, ffn, st_.stream);
+  else  // the GEMM added the bias, so the (bias-)GeLU kernel gets zeros for its own
+    kc::bias_gelu_forward(B(u), zero_bias_, B(g), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
+  phase(kActivations);
 }
 
 void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
@@ -212,13 +260,16 @@ void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t 
     st_.gemm->linear_backward_input_dgelu(B(dy), P(fc2_w), B(u), B(du), rows, ffn, h, st_.stream);
   } else {
     st_.gemm->linear_backward_input(B(dy), P(fc2_w), dg_, rows, ffn, h, st_.stream);
+    phase(kMlpGemms);
     if (c.activation == Activation::SwiGLU)
       kc::swiglu_backward(B(u), dg_, B(du), rows, ffn, st_.stream);
     else
       kc::bias_gelu_backward(dg_, B(u), zero_bias_, B(du), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
+    phase(kActivations);
   }
   st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
   if (fc2_b >= 0) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);
+  phase(kMlpGemms);
 }
 
 // ---- attention
@@ -234,6 +285,7 @@ void CudaBackend::qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_a
                            st_.rope_in_qk_norm ? &st_.rope : nullptr, batch.s, st_.qkv_rows);
   if (st_.rope.rot_dim > 0 && !st_.rope_in_qk_norm)
     kc::rope_forward_qkv(B(qkv_attn), st_.rope, batch.b, batch.s, c.heads, c.query_groups, c.kv_channels, st_.stream);
+  phase(kQkNormRope);
 }
 
 void CudaBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
@@ -246,6 +298,7 @@ void CudaBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_
                             G(k_norm), reduce_scratch_, batch.T, c.heads, c.query_groups, c.kv_channels,
                             c.zero_centered_gamma, st_.stream, st_.rope_in_qk_norm ? &st_.rope : nullptr, batch.s,
                             st_.qkv_rows);
+  phase(kQkNormRope);
 }
 
 void CudaBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch,
@@ -254,13 +307,17 @@ void CudaBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Bat
   ctx_[l] = B(ctx);
   switch (st_.attention) {
     case CudaAttentionPath::Cudnn:
-      return st_.cudnn->forward(B(qkv_attn), B(ctx), lse_[l], batch.b);
+      st_.cudnn->forward(B(qkv_attn), B(ctx), lse_[l], batch.b);
+      break;
     case CudaAttentionPath::Flash:
-      return kc::attention_flash_forward(B(qkv_attn), B(ctx), lse_[l], attention_shape(batch), drop, st_.stream);
+      kc::attention_flash_forward(B(qkv_attn), B(ctx), lse_[l], attention_shape(batch), drop, st_.stream);
+      break;
     case CudaAttentionPath::Unfused:
-      return kc::attention_unfused_forward(*st_.gemm, B(qkv_attn), B(ctx), unfused_[l], unfused_scratch_,
-                                           attention_shape(batch), drop, st_.stream);
+      kc::attention_unfused_forward(*st_.gemm, B(qkv_attn), B(ctx), unfused_[l], unfused_scratch_,
+                                    attention_shape(batch), drop, st_.stream);
+      break;
   }
+  phase(kAttention);
 }
 
 void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
@@ -268,54 +325,113 @@ void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx,
   const size_t l = static_cast<size_t>(layer);
   switch (st_.attention) {
     case CudaAttentionPath::Cudnn:
-      return st_.cudnn->backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b);
+      st_.cudnn->backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b);
+      break;
     case CudaAttentionPath::Flash:
-      return kc::attention_flash_backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], delta_, B(dqkv),
-                                          attention_shape(batch), drop, st_.stream);
+      kc::attention_flash_backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], delta_, B(dqkv), attention_shape(batch),
+                                   drop, st_.stream);
+      break;
     case CudaAttentionPath::Unfused:
-      return kc::attention_unfused_backward(*st_.gemm, B(dctx), B(dqkv), unfused_[l], unfused_scratch_,
-                                            attention_shape(batch), drop, st_.stream);
+      kc::attention_unfused_backward(*st_.gemm, B(dctx), B(dqkv), unfused_[l], unfused_scratch_,
+                                     attention_shape(batch), drop, st_.stream);
+      break;
   }
+  phase(kAttention);
 }
 
-// ---- what is not built here yet (cuda_backend_unsupported refuses the models that need it)
+// ---- Mixture of Experts (model/cuda/moe_layers_cuda.hpp)
 
-void CudaBackend::moe_layer(int64_t, Act, Act, const BatchShape&, bool, uint64_t) {
-  throw Error("CudaBackend: Mixture-of-Experts layers are not built on the CUDA backend yet");
+CudaMoeLayers::Context CudaBackend::moe_context(int64_t layer) const {
+  // The router, the routed experts and the shared expert are all GEMM-written (gradient_writers).
+  return {st_.layout->layers[static_cast<size_t>(layer)], st_.params, st_.grads, *st_.gemm, st_.stream, st_.main,
+          !writing_grads_};
 }
 
-void CudaBackend::moe_layer_backward(int64_t, Act, Act, Act, const BatchShape&, float) {
-  throw Error("CudaBackend: Mixture-of-Experts layers are not built on the CUDA backend yet");
+void CudaBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass, uint64_t,
+                            Act residual) {
+  using Pass = CudaMoeLayers::Pass;
+  const Pass p = pass == MoePass::Training ? Pass::Training : pass == MoePass::Recompute ? Pass::Recompute
+                                                                                          : Pass::Evaluation;
+  // The random logits' stream is read on the device (st_.logit_keys), the same value as the host's.
+  st_.moe->forward(layer, moe_context(layer), B(x), B(y), batch.T, p, st_.logit_keys + layer,
+                   residual.p ? B(residual) : nullptr);
+  phase(kMoe);
 }
 
-void CudaBackend::tp_all_reduce(Act, int64_t) {
-  throw Error("CudaBackend: tensor parallelism is not built on the CUDA backend yet");
+void CudaBackend::moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
+                                     float aux_loss_scale) {
+  st_.moe->backward(layer, moe_context(layer), B(x), B(dy), B(dx), batch.T, aux_loss_scale);
+  phase(kMoe);
 }
 
-void CudaBackend::sp_gather(Act, Act, const BatchShape&, int64_t) {
-  throw Error("CudaBackend: sequence parallelism is not built on the CUDA backend yet");
+// ---- tensor and sequence parallelism
+
+void CudaBackend::tp_all_reduce(Act x, int64_t n) {
+  st_.tp->all_reduce_device(x.p, static_cast<size_t>(n), dist::DeviceType::BF16, st_.stream);
+  phase(kCommunication);
 }
 
-void CudaBackend::sp_reduce_scatter(Act, Act, const BatchShape&, int64_t) {
-  throw Error("CudaBackend: sequence parallelism is not built on the CUDA backend yet");
+// A rank's rows are b runs of s / tp (tokens are batch-major), while the collectives put the
+// ranks' blocks one after another: with b > 1 the rows pass through sp_staging_ by strided copies.
+void CudaBackend::sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) {
+  const int64_t b = batch.b, s = batch.s, tp = st_.tp_size, run = s / tp * h, n = b * run;
+  if (b == 1) {
+    st_.tp->all_gather_device(local.p, full.p, static_cast<size_t>(n), dist::DeviceType::BF16, st_.stream);
+  } else {
+    st_.tp->all_gather_device(local.p, sp_staging_, static_cast<size_t>(n), dist::DeviceType::BF16, st_.stream);
+    for (int64_t r = 0; r < tp; ++r)
+      LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(B(full) + r * run, sizeof(bf16) * s * h, sp_staging_ + r * n,
+                                          sizeof(bf16) * run, sizeof(bf16) * run, b, cudaMemcpyDeviceToDevice,
+                                          st_.stream));
+  }
+  phase(kCommunication);
 }
 
-void CudaBackend::sp_slice(Act, Act, const BatchShape&, int64_t) {
-  throw Error("CudaBackend: sequence parallelism is not built on the CUDA backend yet");
+void CudaBackend::sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) {
+  const int64_t b = batch.b, s = batch.s, tp = st_.tp_size, run = s / tp * h, n = b * run;
+  const void* send = full.p;
+  if (b > 1) {
+    for (int64_t r = 0; r < tp; ++r)
+      LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(sp_staging_ + r * n, sizeof(bf16) * run, B(full) + r * run,
+                                          sizeof(bf16) * s * h, sizeof(bf16) * run, b, cudaMemcpyDeviceToDevice,
+                                          st_.stream));
+    send = sp_staging_;
+  }
+  st_.tp->reduce_scatter_device(send, local.p, static_cast<size_t>(n), dist::DeviceType::BF16, st_.stream);
+  phase(kCommunication);
+}
+
+void CudaBackend::sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) {
+  const int64_t s = batch.s, run = s / st_.tp_size * h;
+  LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(local.p, sizeof(bf16) * run, B(full) + st_.tp_rank * run, sizeof(bf16) * s * h,
+                                      sizeof(bf16) * run, batch.b, cudaMemcpyDeviceToDevice, st_.stream));
+  phase(kCommunication);
 }
 
 // ---- the loss
 
 void CudaBackend::cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T,
                                 tp::Shard vocab, const float* dloss) {
-  if (dloss)  // the training form: the gradient over the logits in the same kernel
-    return kc::cross_entropy_forward_backward(B(logits), labels, dloss, losses, stats, T, vocab.size, st_.stream);
-  kc::cross_entropy_forward(B(logits), labels, losses, stats, T, vocab.size, st_.stream);
+  if (st_.tp_size > 1) {
+    // Vocabulary-parallel: every rank gets every token's loss from the shards' log-sum-exp and
+    // target logit; the log-sum-exp (what the backward needs) then replaces this rank's in stats.
+    const int tp = static_cast<int>(st_.tp_size);
+    kc::cross_entropy_shard_stats(B(logits), labels, stats, T, vocab.size, vocab.start, st_.stream);
+    st_.tp->all_gather_device(stats, ce_gathered_, static_cast<size_t>(2 * T), dist::DeviceType::F32, st_.stream);
+    kc::cross_entropy_combine_shards(ce_gathered_, labels, losses, stats, T, vocab.size * tp, tp, st_.stream);
+    if (dloss) kc::cross_entropy_backward(B(logits), labels, stats, dloss, T, vocab.size, st_.stream, vocab.start);
+  } else if (dloss) {  // the training form: the gradient over the logits in the same kernel
+    kc::cross_entropy_forward_backward(B(logits), labels, dloss, losses, stats, T, vocab.size, st_.stream);
+  } else {
+    kc::cross_entropy_forward(B(logits), labels, losses, stats, T, vocab.size, st_.stream);
+  }
+  phase(kHead);
 }
 
 void CudaBackend::cross_entropy_backward(Act logits, const int64_t* labels, const float* stats, const float* dloss,
                                          int64_t T, tp::Shard vocab) {
   kc::cross_entropy_backward(B(logits), labels, stats, dloss, T, vocab.size, st_.stream, vocab.start);
+  phase(kHead);
 }
 
 }  // namespace laoyao::model

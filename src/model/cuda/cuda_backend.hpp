@@ -11,8 +11,10 @@
 // backward needs beyond its arguments (attention's log-sum-exp or probabilities, per layer) and
 // its own scratch it keeps here, allocated once for micro-batches of up to max_b sequences.
 //
-// Built so far: one tensor-parallel rank, dense layers. cuda_backend_unsupported() names the rest
-// (the CudaGptModel keeps its own path for those).
+// Tensor parallelism: the collectives over the group's NCCL communicator, bf16 sums; sequence
+// parallelism's rows (b runs of s / tp per rank) rearranged around the collectives, which put the
+// ranks' blocks one after another; the vocabulary-parallel cross entropy from each shard's
+// log-sum-exp and target logit, all-gathered. Expert parallelism lives inside the MoE layers.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/process_group.hpp"
 #include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
@@ -28,6 +31,8 @@
 #include "kernels/cuda/qkv_rows.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "model/backend.hpp"
+#include "model/cuda/moe_layers_cuda.hpp"
+#include "model/cuda/stream_timeline.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 
@@ -41,7 +46,17 @@ struct CudaBackendState {
   kernels::cuda::CublasLtGemm* gemm = nullptr;
   const __nv_bfloat16* params = nullptr;  // bf16 weights at table offsets
   float* grads = nullptr;                 // fp32 main gradients at table offsets
+  const float* main = nullptr;            // fp32 main weights (an MoE router's expert_bias)
+  const GptParameterLayout* layout = nullptr;
   const GradientWriters* writers = nullptr;
+  // The MoE layers (null for a dense model), and each layer's stream of random router logits for
+  // this micro-batch (device memory, staged with its inputs so a captured step reads the new ones).
+  CudaMoeLayers* moe = nullptr;
+  const uint64_t* logit_keys = nullptr;
+  // The tensor-parallel group over NCCL (null for one rank) and this rank's place in it.
+  dist::ProcessGroup* tp = nullptr;
+  int64_t tp_rank = 0, tp_size = 1;
+  bool sequence_parallel = false;
   kernels::cuda::RopeDeviceTable rope;  // rot_dim 0: no rotary embeddings
   bool rope_in_qk_norm = false;         // the QK norm applies RoPE in its pass
   kernels::cuda::QkvRows qkv_rows = kernels::cuda::QkvRows::Fused;
@@ -55,8 +70,6 @@ struct CudaBackendState {
   bool bias_grad_in_norm = false;
 };
 
-// Why the backend cannot run this rank's model yet ("" when it can).
-std::string cuda_backend_unsupported(const GptConfig& local, int64_t tp_size);
 
 class CudaBackend final : public Backend {
  public:
@@ -67,6 +80,11 @@ class CudaBackend final : public Backend {
   // are written (beta 0), not added to (the model zeroed the rest).
   void set_writing_grads(bool writing) { writing_grads_ = writing; }
   size_t device_bytes() const;
+  // LAOYAO_MODEL_PHASES=1: each forward's and backward's GPU time by kind of op (CUDA events after
+  // the ops, not in captured graphs), printed on stderr by report_phases (when the step's loss is
+  // taken). For finding where a model's time goes (LAOYAO_MOE_PHASES splits the MoE layers further).
+  void begin_phases(bool backward);
+  void report_phases();
 
   size_t activation_bytes() const override { return sizeof(bf16); }
   void* reserve_activations(size_t bytes) override;
@@ -95,8 +113,8 @@ class CudaBackend final : public Backend {
   void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch, const DropoutSpec& drop) override;
   void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
                                const DropoutSpec& drop) override;
-  void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, bool train_step,
-                 uint64_t random_logits_key) override;
+  void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass, uint64_t random_logits_key,
+                 Act residual) override;
   void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,
                           float aux_loss_scale) override;
   void cross_entropy(Act logits, const int64_t* labels, float* losses, float* stats, int64_t T, tp::Shard vocab,
@@ -109,6 +127,10 @@ class CudaBackend final : public Backend {
   void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) override;
 
  private:
+  enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
+               kResidual, kCommunication, kPhaseKinds };
+  void phase(Phase p);
+  Phase gemm_phase(int64_t w) const;  // which kind a linear layer's GEMMs count to
   const bf16* P(int64_t off) const { return off >= 0 ? st_.params + off : nullptr; }
   float* G(int64_t off) const { return off >= 0 ? st_.grads + off : nullptr; }
   static bf16* B(Act a) { return static_cast<bf16*>(a.p); }
@@ -118,6 +140,7 @@ class CudaBackend final : public Backend {
   // Where attention's backward leaves d(qkv_attn): dqkv, or with split rows the split scratch the
   // QK norm's backward reads.
   bf16* attention_grad(Act dqkv) const;
+  CudaMoeLayers::Context moe_context(int64_t layer) const;
 
   const GptConfig& lc_;
   CudaBackendState st_;
@@ -127,8 +150,11 @@ class CudaBackend final : public Backend {
   // Carved from scratch_: a branch before its dropout-add [T, h], a norm's input gradient before
   // it is added [T, h], the positions' embedding [T, h], fc2's input gradient [T, ffn], split rows'
   // attention gradient [T, qkv], reductions' partial sums, the embedding gradient's sort, the
-  // flash backward's row sums and the unfused path's per-call scratch.
+  // flash backward's row sums and the unfused path's per-call scratch; under TP the sequence-parallel
+  // staging [T, h] and every rank's cross-entropy statistics [tp, 2T].
   bf16 *branch_ = nullptr, *dtmp_ = nullptr, *pos_ = nullptr, *dg_ = nullptr, *dsplit_ = nullptr;
+  bf16* sp_staging_ = nullptr;
+  float* ce_gathered_ = nullptr;
   const bf16* zero_bias_ = nullptr;  // [ffn] zeros: the bias-GeLU kernels after a GEMM that added it
   float* reduce_scratch_ = nullptr;
   void* emb_scratch_ = nullptr;
@@ -140,6 +166,8 @@ class CudaBackend final : public Backend {
   std::vector<float*> lse_;
   std::vector<kernels::cuda::UnfusedAttentionBuffers> unfused_;
   std::vector<const bf16*> ctx_;
+  StreamTimeline phases_;
+  bool backward_ = false;  // the ops being enqueued are a backward's (recomputed forwards included)
 };
 
 }  // namespace laoyao::model

@@ -1,11 +1,15 @@
-// Megatron-Core's GPTModel on the CUDA backend with Megatron's --bf16 numerics: bf16 weights and
-// activations, fp32 main parameters and fp32 gradient accumulation (main_grad), LayerNorm
-// statistics, softmax and cross entropy in fp32. The same parameters at the same offsets as the
-// CPU model (model/gpt_layout.hpp), the same dropout masks (drawn per element from the same
-// streams), the same math; one stream, no host synchronisation inside forward/backward.
+// Megatron-Core's GPTModel on a GPU rank, with Megatron's --bf16 numerics: the rank's state on its
+// device (bf16 weights, fp32 main parameters and fp32 gradient accumulation (main_grad), at the
+// same offsets as the CPU model's, model/gpt_layout.hpp), and the module tree written once
+// (model/mcore) run over the CUDA backend (model/cuda/cuda_backend.hpp) for each micro-batch. This
+// class is what a step needs around the tree: the micro-batch's inputs staged in one copy, CUDA
+// graphs of dropout-free steps, the step's first backward writing its GEMMs' gradients instead of
+// zeroing them first, the --overlap-grad-reduce hook, finalize_grads, the MoE losses. One stream,
+// no host synchronisation inside forward/backward; the same dropout masks as the CPU model (drawn
+// per element from the same streams).
 //
 // Everything is allocated once, in the constructor, for micro-batches of up to max_b sequences of
-// s tokens: the step itself allocates nothing. Steps without dropout replay a CUDA graph.
+// s tokens: the step itself allocates nothing.
 //
 // Supported so far: LayerNorm or RMSNorm, tanh-GeLU (Megatron's fused bias-GeLU), erf-GeLU (F.gelu)
 // or SwiGLU, learned absolute or rotary positions (Llama 3 scaling included), QK layernorm with
@@ -41,7 +45,6 @@
 #include "core/runtime_options.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cuda/attention_cudnn.hpp"
-#include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/rope.hpp"
@@ -51,7 +54,6 @@
 #include "model/cuda/cuda_backend.hpp"
 #include "model/cuda/moe_layers_cuda.hpp"
 #include "model/mcore/gpt_model.hpp"
-#include "model/cuda/stream_timeline.hpp"
 
 namespace laoyao::model {
 
@@ -173,82 +175,25 @@ class CudaGptModel {
   size_t device_bytes() const;
 
  private:
-  struct LayerActs {
-    bf16 *x_in, *ln1, *qkv, *ctx, *x_mid, *ln2, *u, *g;
-    bf16* qkv_attn;  // what RoPE and attention read: the QK-normed copy of qkv, or qkv itself
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-    float* qk_rstd;  // [T, H + G], QK layernorm only
-    kernels::cuda::UnfusedAttentionBuffers attn;  // unfused path only
-    float* lse;                                   // [b, H, s], cuDNN and flash paths
-  };
-  bf16* P(int64_t off) { return off >= 0 ? params() + off : nullptr; }
   bool tensor_parallel() const { return tp_size_ > 1; }
-  // LAOYAO_MODEL_PHASES=1: each step's forward and backward GPU time by kind of op (CUDA events on
-  // stream_), printed on stderr when the step's loss is taken; CUDA graphs are off while it is on.
-  // For finding where a model's time goes (LAOYAO_MOE_PHASES splits the MoE layers further).
-  enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
-               kResidual, kCommunication, kPhaseKinds };
-  void phase(Phase p) { phases_.mark(p + (backward_phase_ ? kPhaseKinds : 0), stream_); }
-  void report_phases();
-  // Tensor parallelism on [T, h] activations (bf16, on stream_): the sum over the group in place;
-  // sequence parallelism: this rank's rows (b runs of s/tp) of `full` made whole from every rank's
-  // `local`, the group's sum of every rank's `full` reduced into this rank's rows of `local`, and
-  // this rank's rows of a whole `full` copied out.
-  void tp_all_reduce(bf16* x, int64_t n);
-  void sp_gather(const bf16* local, bf16* full);
-  void sp_reduce_scatter(const bf16* full, bf16* local);
-  void sp_slice(const bf16* full, bf16* local);
-  // A row-parallel layer (linear_proj, linear_fc2) and the residual after it: out = residual +
-  // dropout(sum over the group of x @ w^T, + b), on this rank's rows.
-  // (gemm: the phase its GEMM counts to.)
-  // out = residual + dropout(the group's sum of branch_, this rank's rows under SP): a row-parallel
-  // output's (or an MoE layer's) partial sums, reduce-scattered (SP) or all-reduced.
-  void sum_partial_residual(const bf16* residual, bf16* out, const kernels::cuda::DropoutSpec& drop);
-  void row_parallel_residual(const bf16* x, int64_t w, int64_t b, int64_t K, const bf16* residual, bf16* out,
-                             const kernels::cuda::DropoutSpec& drop, Phase gemm);
-  // A column-parallel layer's input gradient dnorm_ (this rank's part, all T rows) summed over the
-  // group; returns where the sum is (this rank's rows under sequence parallelism).
-  bf16* sum_input_grad();
   float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
-  kernels::cuda::DropoutSpec dropout(double p, uint64_t seed, const std::string& stream) const;
-  // The hidden and attention dropout of this rank's slice of the whole model's masks.
-  kernels::cuda::DropoutSpec hidden_dropout(const std::string& stream) const;
-  kernels::cuda::DropoutSpec attention_dropout(const std::string& stream) const;
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
   // cuDNN's attention, over split rows where it can (and allow_split).
   void make_cudnn_attention(const kernels::cuda::AttentionShape& shape, bool allow_split);
-  // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_.
-  void enqueue_forward(bool with_loss_grad);
-  void enqueue_layer_forward(int64_t l);
-  void enqueue_backward();
-  // The same on the module tree (model/mcore) over backend_, where it serves the model (use_tree_).
+  // The staged micro-batch as the module tree sees it.
   mcore::Step tree_step(bool train_step) const;
-  void enqueue_tree_forward(bool with_loss_grad);
-  void enqueue_tree_backward();
+  // Every kernel of the forward (and the backward) of the staged micro-batch, on stream_: the
+  // module tree (model/mcore) over backend_.
+  void enqueue_forward(bool with_loss_grad);
+  void enqueue_backward();
   // A backward's start: the step's first (writing_grads_) zeroes what its GEMMs do not write.
   void begin_backward();
   cudaGraphExec_t capture(const std::function<void()>& enqueue);
   void drop_graphs();
-  CudaMoeLayers::Context moe_context(const GptLayerOffsets& W);
-  void linear_forward(const bf16* x, int64_t w, int64_t b, bf16* y, int64_t K, int64_t N,
-                      const bf16* residual = nullptr);
-  void linear_backward(const bf16* x, int64_t w, int64_t b, const bf16* dy, bf16* dx, int64_t K, int64_t N);
-  // The configured norm (LayerNorm, or RMSNorm without bias and mean) forward and backward.
-  void norm_forward(const bf16* x, int64_t w, int64_t b, bf16* y, float* mean, float* rstd);
-  // dx_colsum: a bias gradient summed from the dx written (kernels/cuda/layernorm.hpp).
-  void layernorm_backward(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean, const float* rstd,
-                          bf16* dx, bool accumulate = false, float* dx_colsum = nullptr);
-  // dx_ += the norm's input gradient (the residual stream's two paths summed).
-  void layernorm_backward_into_residual(const bf16* dy, const bf16* x, int64_t w, int64_t b, const float* mean,
-                                        const float* rstd, float* dx_colsum = nullptr);
-  // The main gradients of the biases whose output gradient is the residual stream's, dx_ as a norm's
-  // backward writes it (bias_grad_in_norm_; null otherwise): layer l's projection bias, summed by
-  // its ln2's backward, and its fc2 bias, by the next layer's ln1 (the final norm's for the last;
-  // null for an MoE layer, whose experts have no biases, and for l < 0).
-  float* proj_bias_in_norm(int64_t l);
-  float* fc2_bias_in_norm(int64_t l);
+  void zero_grads_now();
+  void report_grads_ready(std::pair<size_t, size_t> ranges) const;
 
   GptConfig cfg_, lc_;  // the model, and this rank's part of it
   dist::ProcessGroup* tp_ = nullptr;
@@ -263,35 +208,18 @@ class CudaGptModel {
   cudaStream_t stream_ = nullptr;
   kernels::cuda::CublasLtGemm gemm_;
   kernels::cuda::DeviceBuffer main_, grads_, params_;
-  kernels::cuda::DeviceBuffer acts_;      // every activation, carved below
+  kernels::cuda::DeviceBuffer acts_;      // the losses and the inputs, carved below
   kernels::cuda::DeviceBuffer loss_acc_;  // 2 doubles
-  kernels::cuda::DeviceBuffer zero_bias_; // fp32 -> bf16 zeros for the bias-GeLU kernel without fc1 bias
   kernels::cuda::DeviceBuffer rope_table_;  // cos then sin, [max_positions, rot_dim / 2] each
   kernels::cuda::RopeDeviceTable rope_;     // rot_dim 0: no rotary embeddings
   bool rope_in_qk_norm_ = false;            // the QK norm applies RoPE in its pass (rope_pack.cuh)
-  // How qkv_attn holds q, k and v: fused as the QKV GEMM writes them, or split for cuDNN's GQA
-  // (written by the QK norm; cudnn_rows()).
+  // How the QK norm hands q, k and v to cuDNN: fused as the QKV GEMM writes them, or split for
+  // cuDNN's GQA.
   kernels::cuda::QkvRows qkv_rows_ = kernels::cuda::QkvRows::Fused;
-  std::vector<LayerActs> layers_;
-  // Full recomputation: the first and last layer of layer l's chunk, or -1 where l keeps its own
-  // activations (then layers_[l] aliases the shared pool, all but the chunk's input).
-  std::vector<int64_t> chunk_start_, chunk_end_;
-  bf16 *emb_out_ = nullptr, *x_final_ = nullptr, *xf_ = nullptr, *logits_ = nullptr, *branch_ = nullptr;
-  float *xf_mean_ = nullptr, *xf_rstd_ = nullptr, *losses_ = nullptr, *lse_ = nullptr;
-  kernels::cuda::UnfusedAttentionScratch attn_scratch_;
+  float* losses_ = nullptr;
   using AttentionPath = CudaAttentionPath;
   AttentionPath attention_ = AttentionPath::Unfused;
   std::unique_ptr<kernels::cuda::CudnnAttention> cudnn_attention_;  // its plans and workspace
-  float* delta_ = nullptr;          // flash backward scratch [b, H, s]
-  // Backward scratch.
-  bf16 *dx_ = nullptr, *dbranch_ = nullptr, *dnorm_ = nullptr, *dtmp_ = nullptr, *dwide_ = nullptr, *dg_ = nullptr,
-       *dctx_ = nullptr;
-  bf16* dsplit_ = nullptr;  // split rows: cuDNN's dq, dk, dv before the QK norm's backward
-  float* reduce_scratch_ = nullptr;  // bias and LayerNorm parameter-gradient partial sums
-  // Tensor parallelism: sequence-parallel rows and the rank-major all-gather/reduce-scatter staging
-  // ([T, h] each), the cross entropy's shard statistics [2T] and every rank's [tp, 2T].
-  bf16 *sp_local_ = nullptr, *sp_staging_ = nullptr;
-  float *ce_stats_ = nullptr, *ce_gathered_ = nullptr;
   kernels::cuda::DeviceBuffer counted_;
   std::vector<Range> tp_summed_;  // the gradients finalize_grads sums over the TP group
   // Whole experts whose other holders share this rank's TP group (without EP: the TP group; with
@@ -299,8 +227,6 @@ class CudaGptModel {
   // finalize_grads sums over them.
   dist::ProcessGroup* same_experts_ = nullptr;
   std::vector<Range> same_experts_summed_;
-  void* emb_scratch_ = nullptr;
-  size_t emb_scratch_bytes_ = 0;
   // The micro-batch inputs, one contiguous device span (tokens, labels, positions, key_start, mask, dloss)
   // filled by one copy from one of two pinned host slots; a slot is rewritten only once the copy
   // from it (two micro-batches back) has run, so the host never waits on the current step.
@@ -333,30 +259,19 @@ class CudaGptModel {
   // whose gradients the GEMMs write and the ranges a writing backward zeroes first.
   bool fresh_grads_ = true, writing_grads_ = false;
   GradientWriters writers_;
-  // The model written once (model/mcore) over the CUDA backend: what runs the forward and backward
-  // wherever the backend serves the model (cuda_backend_unsupported; and not under
-  // LAOYAO_MODEL_PHASES, whose marks are this class's); the kernels below enqueue_forward otherwise.
-  bool use_tree_ = false;
+  // Mixture of Experts: the MoE layers' kernels and buffers (null for a dense model).
+  std::unique_ptr<CudaMoeLayers> moe_;
+  float moe_aux_loss_scale_ = 1.0f;
+  // The model written once (model/mcore) over the CUDA backend, which runs its ops on the state
+  // above (declared last: built last, destroyed first).
   std::unique_ptr<CudaBackend> backend_;
   std::unique_ptr<mcore::GPTModel> tree_;
-  // The accumulate flag of the weight-gradient GEMM of parameter w in the backward being enqueued.
-  bool accumulates(int64_t w) const;
-  void zero_grads_now();
-  // Mixture of Experts: the MoE layers' kernels and buffers (null for a dense model); whether the
-  // forward being enqueued is a training one, and whether the backward is recomputing layers (the
-  // MoE losses count once, in a training forward).
-  std::unique_ptr<CudaMoeLayers> moe_;
-  bool training_forward_ = false, recomputing_ = false;
-  float moe_aux_loss_scale_ = 1.0f;
-  StreamTimeline phases_{runtime_options().model_phases, 2 * kPhaseKinds};
-  bool backward_phase_ = false;
   // --overlap-grad-reduce: the hook, and the parameter ranges it is given: the head's (final norm,
   // untied output layer) then each layer's, as index ranges into sync_ranges_.
   GradsReady grads_ready_;
   std::vector<Range> sync_ranges_;
   std::vector<std::pair<size_t, size_t>> head_ranges_;   // [begin, end) into sync_ranges_
   std::vector<std::pair<size_t, size_t>> layer_ranges_;  // per layer
-  void report_grads_ready(std::pair<size_t, size_t> ranges) const;
 };
 
 }  // namespace laoyao::model

@@ -106,7 +106,7 @@ class MLP {
  public:
   MLP(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
   void carve(ActivationCarver& c, int64_t T);
-  void share_activations(const MLP& o) { u_ = o.u_, g_ = o.g_; }
+  void share_activations(const MLP& o) { u_ = o.u_, g_ = o.g_; }  // (an MoE layer's live in the backend)
   void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
   void backward(const Step& st, Act x, Act dout, Scratch& w);
 

@@ -85,8 +85,12 @@ void MoELayer::forward(const Step& st, Act x, Act residual, Act out, Scratch& w)
   // dispatcher gathers the tokens and their routing over the group, and runs its share of each
   // expert: the outputs are partial sums, reduced like linear_fc2's (the experts have no bias).
   const uint64_t logits_key = random_logits_key(st.seed, st.call, layer_);
-  m_.backend.moe_layer(layer_, x, w.branch, st.batch, st.train_step, logits_key);
-  reduce_bias_dropout_add(m_, st, -1, residual, out, hidden_dropout(m_, st, site(layer_, "mlp")), w);
+  const MoePass pass = !st.train_step ? MoePass::Evaluation : st.recomputing ? MoePass::Recompute : MoePass::Training;
+  const DropoutSpec drop = hidden_dropout(m_, st, site(layer_, "mlp"));
+  if (!m_.tensor_parallel() && !(drop.p > 0))  // nothing between the experts' sum and the residual add
+    return m_.backend.moe_layer(layer_, x, out, st.batch, pass, logits_key, residual);
+  m_.backend.moe_layer(layer_, x, w.branch, st.batch, pass, logits_key, Act{});
+  reduce_bias_dropout_add(m_, st, -1, residual, out, drop, w);
 }
 
 void MoELayer::backward(const Step& st, Act x, Act dout, Scratch& w, float aux_loss_scale) {
