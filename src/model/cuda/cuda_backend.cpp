@@ -13,6 +13,7 @@
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "model/cuda/carver.hpp"
@@ -20,6 +21,44 @@
 namespace laoyao::model {
 
 namespace kc = kernels::cuda;
+
+bool norms_add_in_place(const GptConfig& c, const GptParameterLayout& layout) {
+  bool aligned = c.hidden % 8 == 0 && c.hidden <= 4096;
+  auto check = [&](int64_t off) { aligned = aligned && (off < 0 || off % 8 == 0); };  // bf16: 8 elements, 16 bytes
+  for (const GptLayerOffsets& L : layout.layers) check(L.ln1_w), check(L.ln1_b), check(L.ln2_w), check(L.ln2_b);
+  check(layout.final_w), check(layout.final_b);
+  return aligned;
+}
+
+std::string cuda_unsupported_features(const GptConfig& c) {
+  std::vector<std::string> missing;
+  if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
+  if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
+  if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
+    missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
+  // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
+  // groups or lie inside one (the norms then sum over the larger of the two groups alone).
+  const int64_t ep = c.moe.expert_parallel, tp = c.moe.tensor_parallel;
+  if (c.moe.num_experts > 0 && tp > 1 && !c.moe.experts_split_by_tp() && ep > 1 && ep % tp != 0 && tp % ep != 0)
+    missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size "
+                      "1) and an expert-parallel size (" + std::to_string(ep) + ") that is neither a multiple nor "
+                      "a divisor of the tensor-parallel size (" + std::to_string(tp) + ")");
+  // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
+  if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
+    missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
+                      ") that is not a multiple of 8 up to 256");
+  if (c.norm == Norm::RMSNorm) {
+    // The RMSNorm kernels read 16-byte rows: the width and every norm weight's offset must allow it.
+    const bool shaped = c.num_layers > 0 && c.heads > 0 && c.query_groups > 0 && c.heads % c.query_groups == 0;
+    const bool aligned =
+        shaped ? norms_add_in_place(c, build_gpt_parameters(c)) : c.hidden % 8 == 0 && c.hidden <= 4096;
+    if (!aligned) missing.push_back("RMSNorm with a hidden size that is not a multiple of 8 up to 4096 (or parameter "
+                                    "sizes that leave a norm weight off 16-byte alignment)");
+  }
+  std::string out;
+  for (const auto& m : missing) out += (out.empty() ? "" : ", ") + m;
+  return out;
+}
 
 CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, int64_t max_b, int64_t s)
     : lc_(local), st_(state), max_b_(max_b), s_(s), phases_(runtime_options().model_phases, 2 * kPhaseKinds) {

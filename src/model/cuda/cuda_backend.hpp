@@ -40,6 +40,15 @@ namespace laoyao::model {
 
 enum class CudaAttentionPath { Cudnn, Flash, Unfused };
 
+// The features of `cfg` this backend cannot train yet ("" when it can all be trained): the one place
+// that says what the CUDA backend supports (the trainer refuses the rest before building anything).
+std::string cuda_unsupported_features(const GptConfig& cfg);
+
+// Whether the norms' backward kernels can add into the residual stream's gradient: layernorm.hpp's
+// accumulate_dx conditions (hidden a multiple of 8 up to 4096, every norm weight and bias 16-byte
+// aligned in the bf16 table). RMSNorm needs it; LayerNorm goes through scratch without.
+bool norms_add_in_place(const GptConfig& cfg, const GptParameterLayout& layout);
+
 // What the backend runs on, owned by the model.
 struct CudaBackendState {
   cudaStream_t stream = nullptr;
@@ -63,9 +72,7 @@ struct CudaBackendState {
   CudaAttentionPath attention = CudaAttentionPath::Unfused;
   kernels::cuda::CudnnAttention* cudnn = nullptr;  // with CudaAttentionPath::Cudnn
   bool gelu_epilogue = false;  // tanh-GeLU through cuBLASLt's GELU_AUX / DGELU epilogues
-  // The norms' backward kernels can add into the residual stream's gradient (layernorm.hpp's
-  // accumulate_dx conditions: hidden a multiple of 8 up to 4096, the norms' weights 16-byte aligned).
-  bool norms_add_in_place = false;
+  bool norms_add_in_place = false;  // norms_add_in_place() of the model
   // The norms' backward kernels sum the bias gradients the model asks them to (sums_bias_grad_in_norm).
   bool bias_grad_in_norm = false;
 };

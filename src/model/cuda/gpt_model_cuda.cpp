@@ -12,7 +12,6 @@
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/elementwise.hpp"
-#include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "kernels/cuda/stream_wait.hpp"
@@ -24,39 +23,6 @@
 namespace laoyao::model {
 
 namespace kc = laoyao::kernels::cuda;
-
-std::string cuda_unsupported_features(const GptConfig& c) {
-  std::vector<std::string> missing;
-  if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
-  if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
-  if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
-    missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
-  // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
-  // groups or lie inside one (the norms then sum over the larger of the two groups alone).
-  const int64_t ep = c.moe.expert_parallel, tp = c.moe.tensor_parallel;
-  if (c.moe.num_experts > 0 && tp > 1 && !c.moe.experts_split_by_tp() && ep > 1 && ep % tp != 0 && tp % ep != 0)
-    missing.push_back("Mixture of Experts with whole experts under tensor parallelism (--expert-tensor-parallel-size "
-                      "1) and an expert-parallel size (" + std::to_string(ep) + ") that is neither a multiple nor "
-                      "a divisor of the tensor-parallel size (" + std::to_string(tp) + ")");
-  // The QK-norm kernels hold one head per lane group in 16-byte packs (kernels/cuda/qk_norm.hpp).
-  if (c.qk_layernorm && (c.kv_channels % 8 != 0 || c.kv_channels > 256))
-    missing.push_back("QK layernorm with a head dim (kv_channels " + std::to_string(c.kv_channels) +
-                      ") that is not a multiple of 8 up to 256");
-  if (c.norm == Norm::RMSNorm) {
-    // The RMSNorm kernels read 16-byte rows: the width and every norm weight's offset must allow it.
-    bool aligned = c.hidden % 8 == 0 && c.hidden <= 4096;
-    if (aligned && c.num_layers > 0 && c.heads > 0 && c.query_groups > 0 && c.heads % c.query_groups == 0) {
-      const GptParameterLayout layout = build_gpt_parameters(c);
-      aligned = layout.final_w % 8 == 0;
-      for (const auto& L : layout.layers) aligned = aligned && L.ln1_w % 8 == 0 && L.ln2_w % 8 == 0;
-    }
-    if (!aligned) missing.push_back("RMSNorm with a hidden size that is not a multiple of 8 up to 4096 (or parameter "
-                                    "sizes that leave a norm weight off 16-byte alignment)");
-  }
-  std::string out;
-  for (const auto& m : missing) out += (out.empty() ? "" : ", ") + m;
-  return out;
-}
 
 namespace {
 
@@ -161,7 +127,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
 
   const auto& c = lc_;
   const int64_t T = max_b * s, h = c.hidden;
-  init_attention({max_b, s, c.heads, c.query_groups, c.kv_channels, 1.0f / std::sqrt(static_cast<float>(c.kv_channels))});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
+  init_attention({max_b, s, c.heads, c.query_groups, c.kv_channels, scale});
   // The activations are the module tree's (carved from backend_'s arena); here the per-token losses
   // and the micro-batch's inputs, one span staged by one copy.
   auto carve = [&](Carver& a) {
@@ -264,12 +231,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     state.attention = attention_;
     state.cudnn = cudnn_attention_.get();
     state.gelu_epilogue = gelu_epilogue_;
-    // (bf16 weights: an offset that is a multiple of 8 elements is 16-byte aligned.)
-    bool aligned = lc_.hidden % 8 == 0 && lc_.hidden <= 4096;
-    auto check = [&](int64_t off) { aligned = aligned && (off < 0 || off % 8 == 0); };
-    for (const GptLayerOffsets& L : layout_.layers) check(L.ln1_w), check(L.ln1_b), check(L.ln2_w), check(L.ln2_b);
-    check(layout_.final_w), check(layout_.final_b);
-    state.norms_add_in_place = aligned;
+    state.norms_add_in_place = norms_add_in_place(lc_, layout_);
     state.bias_grad_in_norm = bias_grad_in_norm_;
     backend_ = std::make_unique<CudaBackend>(lc_, state, max_b, s);
     tree_ = std::make_unique<mcore::GPTModel>(cfg_, lc_, layout_, mcore::TensorParallel{tp_rank_, tp_size_, sp_},

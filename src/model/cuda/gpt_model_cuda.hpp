@@ -18,7 +18,7 @@
 // or the unfused path, by --attention-backend (gpt_config.hpp); Mixture-of-Experts layers
 // (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, with or without tensor
 // parallelism).
-// cuda_unsupported_features() names what is not (QK-norm head dims and RMSNorm widths its kernels
+// cuda_unsupported_features() (model/cuda/cuda_backend.hpp) names what is not (QK-norm head dims and RMSNorm widths its kernels
 // cannot pack).
 //
 // Tensor parallelism (a group of several GPU ranks, NCCL): each rank holds Megatron-Core's shards
@@ -57,8 +57,6 @@
 
 namespace laoyao::model {
 
-// The features of `cfg` this backend cannot train yet ("" when it can all be trained).
-std::string cuda_unsupported_features(const GptConfig& cfg);
 
 class CudaGptModel {
  public:

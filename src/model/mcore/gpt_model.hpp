@@ -86,7 +86,9 @@ class SelfAttention {
  public:
   SelfAttention(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
   void carve(ActivationCarver& c, int64_t T);
-  void share_activations(const SelfAttention& o) { qkv_ = o.qkv_, qkv_attn_ = o.qkv_attn_, ctx_ = o.ctx_, qk_rstd_ = o.qk_rstd_; }
+  void share_activations(const SelfAttention& o) {
+    qkv_ = o.qkv_, qkv_attn_ = o.qkv_attn_, ctx_ = o.ctx_, qk_rstd_ = o.qk_rstd_;
+  }
   // out = residual + dropout(linear_proj(attention(linear_qkv(x)))): x the whole sequence's norm
   // output, residual and out this rank's rows.
   void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
