@@ -17,10 +17,15 @@
 #                                            skipped (moe_dp2, moe_ep_speed, dp2*, tp2: nvidia-h200-x2;
 #                                            four, four_moe: nvidia-h200-x4). Each result is printed
 #                                            as the case finishes, then a table: tests, then
-#                                            measurements. Full logs in $OUT (default /tmp/out): each
-#                                            case's own in case_NAME.txt, the results in
-#                                            00_results.txt, the table in 00_summary.txt. Exit 1
-#                                            when a test failed, 2 for an unknown part.
+#                                            measurements. In $OUT (default /tmp/out): the results in
+#                                            00_results.txt, the table in 00_summary.txt, every other
+#                                            log (each case's own case_NAME.txt among them) packed into
+#                                            logs.tgz at the end (the device tool returns at most 8
+#                                            files). The cases share RUN_SECONDS (default 540: a device
+#                                            call's 600 less the packing): each runs under its own limit
+#                                            or what is left, whichever is less; once none is left the
+#                                            rest are reported as not started. Exit 1 when a test
+#                                            failed, 2 for an unknown part.
 #   DRY_RUN=1 scripts/gpu_check.sh run [PARTS]   each case's commands, printed, nothing run
 #   scripts/gpu_check.sh list [PARTS]        the declared cases (all parts when none): part, name,
 #                                            kind, GPUs, limit, rule
@@ -106,9 +111,22 @@ run_cases() {
   export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared hosts (.library/device/KINDS.md)
   mkdir -p "$OUT"
   : > "$OUT/00_results.txt"
+  RUN_END=$((SECONDS + ${RUN_SECONDS:-540}))
   for name in "${SELECTED[@]}"; do run_case "$name"; done
   summary_table | tee "$OUT/00_summary.txt"
+  pack_logs
   ! any_test_failed
+}
+
+# Every file of $OUT but the results and the table into $OUT/logs.tgz (then removed).
+pack_logs() {
+  (
+    cd "$OUT" || exit 1
+    local files
+    mapfile -t files < <(find . -mindepth 1 -maxdepth 1 ! -name 00_results.txt ! -name 00_summary.txt ! -name logs.tgz)
+    [ ${#files[@]} -gt 0 ] || exit 0
+    tar czf logs.tgz.part "${files[@]}" && rm -rf "${files[@]}" && mv logs.tgz.part logs.tgz
+  ) || echo "could not pack the logs in $OUT" >&2
 }
 any_test_failed() {
   local name
@@ -130,12 +148,15 @@ rule ${CASE_RULE[$name]}${why:+; skipped here: $why}"
 # run_case NAME: the case under its time limit, its output in $OUT/case_NAME.txt, then judged.
 declare -A VERDICT_OF=() SECONDS_OF=() FIGURE_OF=()
 run_case() {
-  local name=$1 why start status
+  local name=$1 why start status limit
   why=$(skip_reason "$name")
   if [ -n "$why" ]; then record "$name" "skipped ($why)" "" ""; return; fi
+  limit=$((RUN_END - SECONDS))
+  if [ "$limit" -le 0 ]; then record "$name" "not started (RUN_SECONDS spent)" "" ""; return; fi
+  [ "${CASE_LIMIT[$name]}" -lt "$limit" ] && limit=${CASE_LIMIT[$name]}
   start=$SECONDS
   # shellcheck disable=SC2016  # expanded by the case's own shell
-  timeout -k 30 "${CASE_LIMIT[$name]}" bash -c 'set -uo pipefail; source "$0" && run_declared_case "$1"' \
+  timeout -k 30 "$limit" bash -c 'set -uo pipefail; source "$0" && run_declared_case "$1"' \
     "$SCRIPTS/gpu_cases.sh" "$name" > "$OUT/case_$name.txt" 2>&1
   status=$?
   judge "$name" "$status" $((SECONDS - start))

@@ -64,6 +64,22 @@ grep -q 'skipped (needs 4 GPUs)' <<< "$run_output" || fail "a four-GPU case was 
 ! grep -qE '^(PASS|ran) ' <<< "$run_output" || fail "a case passed or ran with no GPU visible"
 grep -q '^==== tests' <<< "$run_output" || fail "the run printed no table of tests"
 
+# The run's time budget and its packed logs, with one GPU faked: RUN_SECONDS=0 starts nothing (each
+# case reported as not started, none passed), and everything in $OUT but the results and the table
+# ends up in logs.tgz.
+mkdir -p "$work/fakebin"
+printf '#!/bin/sh\necho "GPU 0: NVIDIA H200 (fake)"\n' > "$work/fakebin/nvidia-smi"
+chmod +x "$work/fakebin/nvidia-smi"
+rm -rf "$OUT" && mkdir -p "$OUT" && echo "an earlier log" > "$OUT/leftover.txt"
+budget_output=$(PATH="$work/fakebin:$PATH" CUDA_VISIBLE_DEVICES=0 RUN_SECONDS=0 gpu_check run doctor ckpt) ||
+  fail "gpu_check.sh run with RUN_SECONDS=0 exited $?"
+[ "$(grep -c 'not started (RUN_SECONDS spent)' <<< "$budget_output")" -ge 2 ] ||
+  fail "with RUN_SECONDS=0 the cases were not reported as not started"
+! grep -qE '^(PASS|ran) ' <<< "$budget_output" || fail "a case passed or ran with RUN_SECONDS=0"
+[ "$(cd "$OUT" && ls | tr '\n' ' ')" = "00_results.txt 00_summary.txt logs.tgz " ] ||
+  fail "after a run \$OUT holds $(cd "$OUT" && ls | tr '\n' ' '), not the results, the table and logs.tgz"
+tar tzf "$OUT/logs.tgz" 2> /dev/null | grep -q 'leftover.txt' || fail "logs.tgz does not hold the other logs"
+
 # An unknown part: exit 2, the part named, the known parts listed.
 for command in run list; do
   message=$(gpu_check $command doctor no_such_part 2>&1)
