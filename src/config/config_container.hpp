@@ -132,6 +132,8 @@ struct ModelConfig {
   int64_t original_max_position_embeddings = 4096;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
+  // YaRN's correction range rounded to whole dims (Megatron-LM's --[no-]yarn-correction-range-round-to-int)
+  bool yarn_correction_range_round_to_int = true;
   // Multi-token prediction
   OptInt mtp_num_layers;
   double mtp_loss_scaling_factor = 0.1;

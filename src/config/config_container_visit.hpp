@@ -102,6 +102,7 @@ template <class V> void ModelConfig::visit(V& v) {
   v.field("original_max_position_embeddings", original_max_position_embeddings);
   v.field("beta_fast", beta_fast);
   v.field("beta_slow", beta_slow);
+  v.field("yarn_correction_range_round_to_int", yarn_correction_range_round_to_int);
   v.field("mtp_num_layers", mtp_num_layers);
   v.field("mtp_loss_scaling_factor", mtp_loss_scaling_factor);
 }

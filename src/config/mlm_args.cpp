@@ -302,6 +302,11 @@ const std::vector<FlagSpec>& flag_table() {
       {"--rotary-scaling-factor", Kind::Value, "model.rotary_scaling_factor"},
       {"--mscale", Kind::Value, "model.mscale"},
       {"--mscale-all-dim", Kind::Value, "model.mscale_all_dim"},
+      {"--yarn-original-max-position-embeddings", Kind::Value, "model.original_max_position_embeddings"},
+      {"--yarn-beta-fast", Kind::Value, "model.beta_fast"},
+      {"--yarn-beta-slow", Kind::Value, "model.beta_slow"},
+      {"--yarn-correction-range-round-to-int", Kind::True, "model.yarn_correction_range_round_to_int"},
+      {"--no-yarn-correction-range-round-to-int", Kind::False, "model.yarn_correction_range_round_to_int"},
       {"--mtp-num-layers", Kind::Value, "model.mtp_num_layers"},
       {"--mtp-loss-scaling-factor", Kind::Value, "model.mtp_loss_scaling_factor"},
       // ---- parallelism
@@ -574,6 +579,7 @@ ConfigContainer mlm_default_config() {
   c.tokenizer.null_vocab_includes_eod = true;       // NullTokenizer since 2026-04-22
   c.optimizer.min_lr = 0.0;
   c.model.rope_scaling_factor = 8.0;  // --rope-scaling-factor's default
+  c.model.rotary_scaling_factor = 1.0;  // --rotary-scaling-factor's (Bridge's MLA config has 40)
   c.profiling.memory_snapshot_path = "snapshot.pickle";
   c.dataset.dataloader_type = "single";
   c.dataset.skip_getting_attention_mask_from_dataset = false;  // mask created in the dataloader

@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/cpu/yarn.hpp"
+
 namespace laoyao::model {
 
 enum class Norm { LayerNorm, RMSNorm };
@@ -102,6 +104,8 @@ struct GptConfig {
   bool rope_scaling = false;  // Llama 3.x frequency scaling
   double rope_scaling_factor = 8.0;
   std::optional<double> seq_len_interpolation_factor;
+  // YaRN's frequencies and scale instead (--position-embedding-type yarn), as YarnRotaryEmbedding.
+  std::optional<kernels::cpu::YarnParams> yarn;
   bool qk_layernorm = false;  // RMSNorm over each head's q and k (Qwen3), before RoPE
   // Weight decay on the q/k layernorm weights (--apply-wd-to-qk-layernorm; an optimizer setting
   // that lives here because the parameter table carries each parameter's weight-decay flag).

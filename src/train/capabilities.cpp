@@ -38,8 +38,10 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   }
   if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
   if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&
-      m.position_embedding_type != "none")
-    out.push_back("position embeddings of type '" + m.position_embedding_type + "' (learned_absolute, rope, none)");
+      m.position_embedding_type != "yarn" && m.position_embedding_type != "none")
+    out.push_back("position embeddings of type '" + m.position_embedding_type + "' (learned_absolute, rope, yarn, none)");
+  if (m.position_embedding_type == "yarn" && m.rope_scaling)
+    out.push_back("YaRN positions with Llama 3 rope scaling (model.rope_scaling)");
   if (m.qk_layernorm && m.normalization != "RMSNorm") out.push_back("QK layernorm with LayerNorm (RMSNorm only)");
   if (m.mtp_num_layers) out.push_back("multi-token prediction (model.mtp_num_layers)");
   if (m.apply_query_key_layer_scaling) out.push_back("query-key layer scaling (model.apply_query_key_layer_scaling)");

@@ -75,9 +75,13 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     g.activation = (m.bias_activation_fusion && m.add_bias_linear) ? model::Activation::GeluTanh
                                                                     : model::Activation::GeluErf;
   }
-  g.positions = m.position_embedding_type == "learned_absolute" ? model::Positions::LearnedAbsolute
-                 : m.position_embedding_type == "rope"           ? model::Positions::Rope
-                                                                  : model::Positions::None;
+  const bool yarn = m.position_embedding_type == "yarn";
+  g.positions = m.position_embedding_type == "learned_absolute"   ? model::Positions::LearnedAbsolute
+                 : m.position_embedding_type == "rope" || yarn ? model::Positions::Rope
+                                                                : model::Positions::None;
+  if (yarn)  // Megatron-LM's --rotary-scaling-factor, --yarn-*, --mscale, --mscale-all-dim
+    g.yarn = kernels::cpu::YarnParams{m.rotary_scaling_factor, m.original_max_position_embeddings, m.beta_fast,
+                                      m.beta_slow, m.mscale, m.mscale_all_dim, m.yarn_correction_range_round_to_int};
   g.rotary_base = m.rotary_base;
   g.rotary_percent = m.rotary_percent;
   g.rope_scaling = m.rope_scaling;

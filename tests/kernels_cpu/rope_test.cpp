@@ -5,8 +5,10 @@
 // past rot_dim), finite differences of the backward, and RoPE's defining properties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -213,6 +215,61 @@ TEST(RopeTable, InterpolationFactorDividesThePositions) {
     }
 }
 
+// YaRN (YarnRotaryEmbedding): the frequencies against its formula in fp64 (DeepSeek-V2-Lite's values:
+// factor 40 over an original 4096 positions, betas 32 and 1), the bands exactly (the fast dims keep
+// the original frequencies, the slow ones are the interpolated ones), cos and sin scaled by the
+// concentration factor (1 when mscale equals mscale_all_dim; 1 + 0.1 ln 40 with Megatron-LM's
+// defaults mscale 1, mscale_all_dim 0).
+TEST(RopeTable, YarnFollowsMegatronsFormula) {
+  const int64_t D = 64;
+  const double base = 10000.0, factor = 40.0, original = 4096.0;
+  auto correction_dim = [&](double rotations) {
+    return D * std::log(original / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+  };
+  const double low = std::floor(correction_dim(32.0)), high = std::ceil(correction_dim(1.0));
+  ASSERT_EQ(low, 10.0);
+  ASSERT_EQ(high, 23.0);
+  RopeParams plain;
+  plain.rotary_base = base;
+  const RopeTable original_table = rope_table(D, 2, plain);
+  for (const auto& [mscale, all_dim, concentration] :
+       {std::tuple{0.707, 0.707, 1.0}, std::tuple{1.0, 0.0, 1.0 + 0.1 * std::log(40.0)}}) {
+    SCOPED_TRACE(mscale);
+    RopeParams p = plain;
+    p.rotary_percent = 0.5;  // not read: YaRN's frequencies span the whole head
+    p.yarn = YarnParams{factor, 4096, 32.0, 1.0, mscale, all_dim, true};
+    EXPECT_NEAR(yarn_concentration_factor(*p.yarn), concentration, 1e-12);
+    const int64_t positions = 300;
+    const RopeTable tb = rope_table(D, positions, p);
+    ASSERT_EQ(tb.rot_dim, D);
+    ASSERT_EQ(tb.inv_freq.size(), size_t(D / 2));
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double extra = std::pow(base, -2.0 * static_cast<double>(i) / D), inter = extra / factor;
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double want = inter * ramp + extra * (1.0 - ramp);
+      // (1 - mask and mask are fp32 values near 1 apart: up to an ulp of 1 of extra's weight is lost)
+      EXPECT_LE(std::abs(tb.inv_freq[i] - want), 4e-7 * want + 1.2e-7 * extra) << "inv_freq[" << i << "]";
+      if (i <= low) EXPECT_EQ(tb.inv_freq[i], original_table.inv_freq[i]) << i;  // the original frequencies
+      if (i >= high) {
+        const float pw = 1.0f / original_table.inv_freq[i];  // (the fp32 ops Megatron's are, not their value)
+        EXPECT_NEAR(tb.inv_freq[i], 1.0 / (factor * pw), 1e-6 / (factor * pw)) << i;
+      }
+    }
+    for (int64_t pos : {int64_t{0}, int64_t{1}, int64_t{77}, positions - 1})
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double angle = static_cast<double>(static_cast<float>(pos * static_cast<double>(tb.inv_freq[i])));
+        EXPECT_NEAR(tb.cos[pos * (D / 2) + i], std::cos(angle) * concentration, 2e-6) << pos << "," << i;
+        EXPECT_NEAR(tb.sin[pos * (D / 2) + i], std::sin(angle) * concentration, 2e-6) << pos << "," << i;
+      }
+  }
+  // Without rounding the correction range the ramp starts and ends between dims.
+  RopeParams unrounded = plain;
+  unrounded.yarn = YarnParams{factor, 4096, 32.0, 1.0, 1.0, 1.0, false};
+  RopeParams rounded = unrounded;
+  rounded.yarn->correction_range_round_to_int = true;
+  EXPECT_NE(rope_table(D, 2, unrounded).inv_freq[12], rope_table(D, 2, rounded).inv_freq[12]);
+}
+
 TEST(RopeTable, BadParametersAreRefused) {
   RopeParams p;
   EXPECT_THROW(rope_table(0, 4, p), laoyao::Error);
@@ -228,6 +285,15 @@ TEST(RopeTable, BadParametersAreRefused) {
   q = p;
   q.seq_len_interpolation_factor = 0.0;
   EXPECT_THROW(rope_table(8, 4, q), laoyao::Error);
+  q = p;
+  q.yarn = YarnParams{};
+  EXPECT_NO_THROW(rope_table(8, 4, q));
+  EXPECT_THROW(rope_table(7, 4, q), laoyao::Error);  // YaRN's ramp needs an even head dim
+  q.yarn->scaling_factor = 0.0;
+  EXPECT_THROW(rope_table(8, 4, q), laoyao::Error);
+  q.yarn = YarnParams{};
+  q.rope_scaling = true;
+  EXPECT_THROW(rope_table(8, 4, q), laoyao::Error);  // YaRN and Llama 3 scaling
 }
 
 // ---- the rotation on fused QKV rows

@@ -95,6 +95,10 @@ std::vector<Case> cases() {
   qwen.positions = Positions::Rope, qwen.qk_layernorm = true, qwen.kv_channels = 4, qwen.max_positions = 5;
   qwen.rotary_base = 500000, qwen.rope_scaling = true, qwen.rope_scaling_factor = 32;
   out.push_back({"rope_qk_layernorm_gqa", qwen, false});
+  GptConfig yarn = qwen;  // YaRN's frequencies, cos and sin scaled by 1 + 0.1 ln 4
+  yarn.rope_scaling = false;
+  yarn.yarn = laoyao::kernels::cpu::YarnParams{4.0, 2, 32.0, 1.0, 1.0, 0.0, true};
+  out.push_back({"yarn_qk_layernorm_gqa", yarn, false});
   GptConfig rope_half = base;
   rope_half.positions = Positions::Rope, rope_half.rotary_percent = 0.5, rope_half.max_positions = 5;
   out.push_back({"rope_half_with_dropout", rope_half, true});

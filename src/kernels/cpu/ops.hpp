@@ -11,6 +11,8 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/cpu/yarn.hpp"
+
 namespace laoyao::kernels::cpu {
 
 // ---- linear: y[T,N] = x[T,K] @ w[N,K]^T (+ bias[N])
@@ -79,6 +81,10 @@ struct RopeParams {
   double high_freq_factor = 4.0;
   double original_max_position_embeddings = 8192.0;
   std::optional<double> seq_len_interpolation_factor;  // linear interpolation: position / factor
+  // YaRN instead of the plain (or Llama 3) frequencies: then dim is the whole kv_channels
+  // (rotary_percent and seq_len_interpolation_factor are not read, as YarnRotaryEmbedding's
+  // get_emb does not) and cos and sin are scaled by yarn_concentration_factor.
+  std::optional<YarnParams> yarn;
 };
 
 // The fp32 tables Megatron builds, with every torch op's fp32 rounding reproduced (rope.cpp says

@@ -18,6 +18,11 @@
 //       medium    = !(wavelen < old/high) && !(wavelen > old/low): f_llama replaced by smoothed
 //   seq = arange(max_seq_len, fp32); seq *= 1 / seq_len_interpolation_factor (fp32 mul by
 //       fl32(1/factor)); freqs = outer(seq, inv_freq) in fp32; cos/sin in fp32.
+//   YaRN (YarnRotaryEmbedding, dim = kv_channels):
+//       extra = inv_freq above; inter = 1.0 / (factor * base ** t) = recip(fl(fl32(factor) * pw))
+//       low, high = the correction range in double (floor / ceil when rounding), clamped to [0, dim-1]
+//       ramp = clamp((arange(dim // 2, fp32) - low) * fl32(1 / (high - low)), 0, 1); mask = 1 - ramp
+//       inv_freq = inter * (1 - mask) + extra * mask (each op fl); cos/sin = fl(fl(cos) * fl32(mscale))
 // Each fp32 op is reproduced exactly here by computing it in double and rounding once (for + - * /
 // the double result rounded to fp32 is the correctly rounded fp32 result). pow, cos and sin are
 // computed in double and rounded: correctly rounded (barring ties), where CUDA's powf/cosf/sinf may
@@ -30,6 +35,7 @@
 // (Megatron casts cos/sin to the activation dtype first: bf16 in bf16 training on the unfused
 // path; TE's fused kernel, which the Llama bridge enables, keeps them in fp32. The CPU reference
 // runs in fp32, where the cast is a no-op.)
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
@@ -101,13 +107,19 @@ RopeTable rope_table(int64_t kv_channels, int64_t max_positions, const RopeParam
   if (p.seq_len_interpolation_factor && !(*p.seq_len_interpolation_factor > 0.0))
     fail("seq_len_interpolation_factor must be positive, got " + std::to_string(*p.seq_len_interpolation_factor));
 
+  if (p.yarn && (!(p.yarn->scaling_factor > 0.0) || p.yarn->original_max_position_embeddings < 1 ||
+                 !(p.yarn->beta_fast > 0.0) || !(p.yarn->beta_slow > 0.0) || kv_channels % 2 != 0))
+    fail("YaRN needs a positive scaling factor, original max positions and betas, and an even kv_channels");
+  if (p.yarn && p.rope_scaling) fail("YaRN and Llama 3 rope scaling exclude each other");
+
   RopeTable tb;
   tb.kv_channels = kv_channels;
   tb.max_positions = max_positions;
   // dim = kv_channels; if rotary_percent < 1.0: dim = int(dim * rotary_percent) (Python float product,
-  // truncated).
+  // truncated). YaRN's frequencies span the whole head.
   tb.dim = kv_channels;
-  if (p.rotary_percent < 1.0) tb.dim = static_cast<int64_t>(static_cast<double>(kv_channels) * p.rotary_percent);
+  if (p.rotary_percent < 1.0 && !p.yarn)
+    tb.dim = static_cast<int64_t>(static_cast<double>(kv_channels) * p.rotary_percent);
   if (tb.dim < 1)
     fail("rotary_percent " + std::to_string(p.rotary_percent) + " of kv_channels " + std::to_string(kv_channels) +
          " leaves no rotary dims");
@@ -146,18 +158,48 @@ RopeTable rope_table(int64_t kv_channels, int64_t max_positions, const RopeParam
     }
   }
 
+  float scale = 1.0f;  // of cos and sin: YaRN's concentration factor
+  if (p.yarn) {
+    const YarnParams& y = *p.yarn;
+    const double dim = static_cast<double>(tb.dim), base_d = p.rotary_base;
+    const double two_pi = 2.0 * std::numbers::pi;
+    auto correction_dim = [&](double rotations) {  // _yarn_find_correction_dim
+      return dim * std::log(static_cast<double>(y.original_max_position_embeddings) / (rotations * two_pi)) /
+             (2.0 * std::log(base_d));
+    };
+    double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+    if (y.correction_range_round_to_int) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, dim - 1.0);
+    if (low == high) high += 0.001;  // _yarn_linear_ramp_mask's guard against a zero span
+    const float low_f = f32(low), inv_span = f32(1.0 / (high - low)), factor = f32(y.scaling_factor);
+    for (int64_t i = 0; i < n; ++i) {
+      const float extra = tb.inv_freq[i];
+      const float pw = f32(std::pow(static_cast<double>(base), static_cast<double>(mul(f32(2.0 * i), inv_dim))));
+      const float inter = recip(mul(factor, pw));  // 1 / (factor * base ** t)
+      const float ramp = std::clamp(mul(sub(f32(static_cast<double>(i)), low_f), inv_span), 0.0f, 1.0f);
+      const float mask = sub(1.0f, ramp);
+      tb.inv_freq[i] = add(mul(inter, sub(1.0f, mask)), mul(extra, mask));
+    }
+    scale = f32(yarn_concentration_factor(y));
+  }
+
   // seq = arange(max_positions) (* fl32(1 / interpolation factor)); freqs = outer(seq, inv_freq).
-  const float interp = p.seq_len_interpolation_factor ? f32(1.0 / *p.seq_len_interpolation_factor) : 1.0f;
+  const bool interpolate = p.seq_len_interpolation_factor && !p.yarn;
+  const float interp = interpolate ? f32(1.0 / *p.seq_len_interpolation_factor) : 1.0f;
   tb.cos.resize(max_positions * n);
   tb.sin.resize(max_positions * n);
 #pragma omp parallel for schedule(static)
   for (int64_t pos = 0; pos < max_positions; ++pos) {
     float seq = f32(static_cast<double>(pos));
-    if (p.seq_len_interpolation_factor) seq = mul(seq, interp);
+    if (interpolate) seq = mul(seq, interp);
     for (int64_t i = 0; i < n; ++i) {
       const double angle = mul(seq, tb.inv_freq[i]);  // the fp32 angle, exactly as torch.outer rounds it
       tb.cos[pos * n + i] = f32(std::cos(angle));
       tb.sin[pos * n + i] = f32(std::sin(angle));
+      if (p.yarn) {
+        tb.cos[pos * n + i] = mul(tb.cos[pos * n + i], scale);
+        tb.sin[pos * n + i] = mul(tb.sin[pos * n + i], scale);
+      }
     }
   }
   return tb;

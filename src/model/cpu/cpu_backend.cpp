@@ -1,4 +1,5 @@
 #include "model/cpu/cpu_backend.hpp"
+#include "model/rotary.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -25,13 +26,7 @@ CpuBackend::CpuBackend(const GptConfig& local, dist::ProcessGroup* tp, int64_t t
     : lc_(local), tp_(tp_size > 1 ? tp : nullptr), tp_rank_(tp_rank), tp_size_(tp_size) {
   if (local.positions == Positions::Rope) {
     if (local.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
-    k::RopeParams rp;
-    rp.rotary_base = local.rotary_base;
-    rp.rotary_percent = local.rotary_percent;
-    rp.rope_scaling = local.rope_scaling;
-    rp.rope_scaling_factor = local.rope_scaling_factor;
-    rp.seq_len_interpolation_factor = local.seq_len_interpolation_factor;
-    rope_ = k::rope_table(local.kv_channels, local.max_positions, rp);
+    rope_ = rotary_table(local);
   }
   probs_.resize(static_cast<size_t>(local.num_layers));
 }

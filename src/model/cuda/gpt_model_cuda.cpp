@@ -19,6 +19,7 @@
 #include "model/cuda/carver.hpp"
 #include "model/gpt_ep.hpp"
 #include "model/gpt_tp.hpp"
+#include "model/rotary.hpp"
 
 namespace laoyao::model {
 
@@ -74,14 +75,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     throw Error("CudaGptModel: sequence length " + std::to_string(s) + " exceeds the " +
                 std::to_string(cfg.max_positions) + " positions of the position table");
   LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  if (cfg.positions == Positions::Rope) {  // the CPU's table (Llama 3 scaling and all), uploaded once
-    kernels::cpu::RopeParams rp;
-    rp.rotary_base = cfg.rotary_base;
-    rp.rotary_percent = cfg.rotary_percent;
-    rp.rope_scaling = cfg.rope_scaling;
-    rp.rope_scaling_factor = cfg.rope_scaling_factor;
-    rp.seq_len_interpolation_factor = cfg.seq_len_interpolation_factor;
-    const kernels::cpu::RopeTable table = kernels::cpu::rope_table(cfg.kv_channels, cfg.max_positions, rp);
+  if (cfg.positions == Positions::Rope) {  // the CPU's table (Llama 3 scaling, YaRN and all), uploaded once
+    const kernels::cpu::RopeTable table = rotary_table(cfg);
     std::vector<float> cos_sin = table.cos;
     cos_sin.insert(cos_sin.end(), table.sin.begin(), table.sin.end());
     rope_table_ = kc::DeviceBuffer(sizeof(float) * cos_sin.size());
