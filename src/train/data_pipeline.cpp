@@ -95,6 +95,13 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};
   if (ds.dataset_root) {
     r.datasets = build_sft_datasets(c, sizes);
+    if (ds.dataloader_type.value_or("") == "batch" && r.datasets[0]) {
+      const auto& sft = dynamic_cast<const data::SftDataset&>(*r.datasets[0]);
+      const auto& L = r.train_layout;
+      r.train_batch_sampler = data::BatchSampler{sft.rows(), L.micro_batch_size, L.data_parallel_size,
+                                                 L.micro_batch_size * L.data_parallel_size * L.num_microbatches,
+                                                 static_cast<uint64_t>(ds.random_seed)};
+    }
     return r;
   }
   if (ds.mock.value_or(false)) {
@@ -177,6 +184,7 @@ std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, i
 }  // namespace
 
 std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank) {
+  if (d.train_batch_sampler) return d.train_batch_sampler->micro_batch(consumed, microbatch, dp_rank);
   return micro_batch_indices(d.train_layout, consumed, microbatch, dp_rank);
 }
 

@@ -3,10 +3,12 @@
 // iteration takes from them, in MegatronPretrainingSampler's order.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/config_container.hpp"
+#include "data/batch_sampler.hpp"
 #include "data/blended_dataset_builder.hpp"
 #include "data/gpt_dataset_budget.hpp"
 
@@ -18,6 +20,9 @@ struct RunData {
   data::MicroBatchLayout train_layout, eval_layout;
   int64_t seq_length = 0;
   int64_t vocab = 0;  // padded vocabulary: every token id the model reads must be below it
+  // Fine-tuning with dataloader_type "batch" (Bridge's recipes): the training rows in
+  // MegatronPretrainingBatchSampler's order; else MegatronPretrainingSampler's.
+  std::optional<data::BatchSampler> train_batch_sampler;
 };
 
 RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d);

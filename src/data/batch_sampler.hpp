@@ -1,0 +1,26 @@
+// Megatron-Bridge's MegatronPretrainingBatchSampler (data/samplers.py; dataloader_type "batch", what
+// its fine-tuning recipes use), the training side: every epoch a permutation of the dataset's rows,
+// torch.randperm(rows) from torch.Generator().manual_seed(seed + epoch); epochs of the rows a whole
+// number of global batches covers (drop_last); each global batch dealt to the data-parallel ranks
+// interleaved (rank r takes its positions r, r + dp, ...), then cut into its micro-batches.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace laoyao::data {
+
+// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on the CPU: PyTorch's mt19937
+// (seeded with the seed's low 32 bits) drawn once per position, i from 0: swap i with
+// i + random() % (n - i) (randperm_cpu in ATen's TensorFactories.cpp).
+std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed);
+
+struct BatchSampler {
+  int64_t rows = 0;  // the dataset's
+  int64_t micro_batch_size = 1, data_parallel_size = 1, global_batch_size = 1;
+  uint64_t seed = 0;  // Bridge's sampler seed: dataset.seed
+  // The rows of micro-batch `microbatch` of rank `dp_rank` in the global batch that starts after
+  // `consumed` samples (a multiple of the global batch size).
+  std::vector<int64_t> micro_batch(int64_t consumed, int64_t microbatch, int64_t dp_rank) const;
+};
+
+}  // namespace laoyao::data
