@@ -94,6 +94,12 @@ declare_case parity_llama parity_qwen3_documents TEST 1 900 compare:parity_qwen3
   parity_run parity_qwen3_documents "${small_llama[@]}" --rotary-base 1000000 --qk-layernorm "${untied[@]}" \
   --reset-attention-mask --transformer-impl local --no-masked-softmax-fusion --train-iters 20
 
+# YaRN positions (--position-embedding-type yarn): its frequencies and concentration factor in the
+# table both backends use.
+declare_case parity_llama parity_yarn TEST 1 900 compare:parity_yarn_compare.txt -- \
+  parity_run parity_yarn "${small_llama[@]}" --position-embedding-type yarn --rotary-scaling-factor 4 \
+  --yarn-original-max-position-embeddings 32 "${untied[@]}" --train-iters 20
+
 # The Llama-style config without attention dropout: auto picks cuDNN's fused attention (query heads
 # gathered: 2 heads share one group), hidden dropout still on.
 declare_case parity_fused parity_fused TEST 1 900 compare:parity_fused_compare.txt -- \
@@ -583,8 +589,6 @@ figures_phases() {
 # shellcheck disable=SC2086  # BENCH_CASES: several words
 declare_case bench bench MEASUREMENT 1 3600 bench:bench.txt -- bench_run bench.txt ${BENCH_CASES:-}
 
-check_declarations
-
 # ---- hf: Hugging Face checkpoints against transformers itself
 
 # Small random models of each architecture saved by transformers: import-hf, laoyao's first loss on
@@ -592,3 +596,10 @@ check_declarations
 # from_pretrained with no missing or unexpected keys and the same logits.
 declare_case hf hf_transformers TEST 1 900 exit -- run_to "$OUT/hf_transformers.txt" python3 \
   tests/gpu/hf_transformers_check.py "$C/laoyao" "$OUT"
+# torch.randperm's own permutations (torch.Generator().manual_seed(seed)) for the fine-tuning batch
+# sampler's unit test (tests/data/batch_sampler_test.cpp reproduces them without torch).
+declare_case hf torch_randperm_answers MEASUREMENT 1 120 head:torch_randperm_answers.txt,4 -- \
+  run_to "$OUT/torch_randperm_answers.txt" python3 -c 'import torch; [print(n, s, torch.randperm(n, \
+generator=torch.Generator().manual_seed(s)).tolist()[:12]) for n, s in ((10, 0), (20, 1234), (7, 5678), (1000, 42))]'
+
+check_declarations
