@@ -249,7 +249,9 @@ TEST(RopeTable, YarnFollowsMegatronsFormula) {
       const double want = inter * ramp + extra * (1.0 - ramp);
       // (1 - mask and mask are fp32 values near 1 apart: up to an ulp of 1 of extra's weight is lost)
       EXPECT_LE(std::abs(tb.inv_freq[i] - want), 4e-7 * want + 1.2e-7 * extra) << "inv_freq[" << i << "]";
-      if (i <= low) EXPECT_EQ(tb.inv_freq[i], original_table.inv_freq[i]) << i;  // the original frequencies
+      if (i <= low) {  // the original frequencies
+        EXPECT_EQ(tb.inv_freq[i], original_table.inv_freq[i]) << i;
+      }
       if (i >= high) {
         const float pw = 1.0f / original_table.inv_freq[i];  // (the fp32 ops Megatron's are, not their value)
         EXPECT_NEAR(tb.inv_freq[i], 1.0 / (factor * pw), 1e-6 / (factor * pw)) << i;

@@ -24,10 +24,12 @@ struct TreeRun {
 // dropout, through the tree over the CPU backend.
 TreeRun train(const GptConfig& c, bool recompute, bool loss_grad_in_forward) {
   const GptParameterLayout layout = build_gpt_parameters(c);
-  std::vector<float> w(static_cast<size_t>(layout.table.total)), g(w.size(), 0.0f);
+  TreeRun out;
+  std::vector<float> w(static_cast<size_t>(layout.table.total));
+  out.grads.assign(w.size(), 0.0f);
   init_parameters(layout.table, w.data(), 1234, false);
   CpuBackend be(c, nullptr, 0, 1);
-  be.bind(w.data(), g.data());
+  be.bind(w.data(), out.grads.data());
   mcore::GPTModel net(c, c, layout, mcore::TensorParallel{}, be, recompute);
   const int64_t b = 2, s = 6, T = b * s;
   net.allocate(b, s);
@@ -35,7 +37,6 @@ TreeRun train(const GptConfig& c, bool recompute, bool loss_grad_in_forward) {
   std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
   std::vector<int64_t> tokens(T), labels(T), positions(T);
   std::vector<float> dloss(T);
-  TreeRun out;
   out.losses.resize(2 * T);
   for (int call = 0; call < 2; ++call) {
     for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
@@ -47,7 +48,6 @@ TreeRun train(const GptConfig& c, bool recompute, bool loss_grad_in_forward) {
     net.forward(st, out.losses.data() + call * T, loss_grad_in_forward ? dloss.data() : nullptr);
     net.backward(st, dloss.data(), 1.0f);
   }
-  out.grads = g;
   out.activation_bytes = net.activation_bytes();
   return out;
 }
