@@ -29,10 +29,14 @@ std::vector<int64_t> BatchSampler::micro_batch(int64_t consumed, int64_t microba
     throw Error("BatchSampler: micro-batch " + std::to_string(microbatch) + " of rank " + std::to_string(dp_rank) +
                 " after " + std::to_string(consumed) + " samples");
   const int64_t epoch = consumed / per_epoch, start = consumed % per_epoch;
-  const std::vector<int64_t> order = torch_randperm(rows, seed + static_cast<uint64_t>(epoch));
+  std::lock_guard<std::mutex> lock(last_->mutex);
+  if (last_->epoch != epoch) {
+    last_->order = torch_randperm(rows, seed + static_cast<uint64_t>(epoch));
+    last_->epoch = epoch;
+  }
   std::vector<int64_t> out;
   for (int64_t k = 0; k < mbs; ++k)  // this rank's positions r, r + dp, ... of the global batch, mbs at a time
-    out.push_back(order[static_cast<size_t>(start + dp_rank + dp * (microbatch * mbs + k))]);
+    out.push_back(last_->order[static_cast<size_t>(start + dp_rank + dp * (microbatch * mbs + k))]);
   return out;
 }
 

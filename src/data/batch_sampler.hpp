@@ -5,6 +5,8 @@
 // interleaved (rank r takes its positions r, r + dp, ...), then cut into its micro-batches.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 namespace laoyao::data {
@@ -21,6 +23,15 @@ struct BatchSampler {
   // The rows of micro-batch `microbatch` of rank `dp_rank` in the global batch that starts after
   // `consumed` samples (a multiple of the global batch size).
   std::vector<int64_t> micro_batch(int64_t consumed, int64_t microbatch, int64_t dp_rank) const;
+
+  // The last epoch's order, drawn once for all of its micro-batches (copies share it; left to its
+  // default by the brace-initialisation above).
+  struct EpochOrder {
+    std::mutex mutex;
+    int64_t epoch = -1;
+    std::vector<int64_t> order;
+  };
+  std::shared_ptr<EpochOrder> last_ = std::make_shared<EpochOrder>();
 };
 
 }  // namespace laoyao::data

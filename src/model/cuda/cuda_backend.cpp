@@ -61,7 +61,7 @@ std::string cuda_unsupported_features(const GptConfig& c) {
 }
 
 CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, int64_t max_b, int64_t s)
-    : lc_(local), st_(state), max_b_(max_b), s_(s), phases_(runtime_options().model_phases, 2 * kPhaseKinds) {
+    : lc_(local), st_(state), phases_(runtime_options().model_phases, 2 * kPhaseKinds) {
   if (st_.tp_size > 1 && !st_.tp) throw Error("CudaBackend: tensor parallelism without its group");
   if (local.moe.num_experts > 0 && !(st_.moe && st_.layout && st_.logit_keys))
     throw Error("CudaBackend: an MoE model needs its MoE layers, its layout and the logit keys");

@@ -151,7 +151,6 @@ class CudaBackend final : public Backend {
 
   const GptConfig& lc_;
   CudaBackendState st_;
-  int64_t max_b_, s_;
   bool writing_grads_ = false;
   kernels::cuda::DeviceBuffer arena_, scratch_;
   // Carved from scratch_: a branch before its dropout-add [T, h], a norm's input gradient before

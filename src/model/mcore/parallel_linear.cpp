@@ -47,8 +47,9 @@ Act branch_output_grad(const ModuleContext& m, const Step& st, Act dout, const D
     m.backend.dropout(dout, s.dbranch, st.batch.rows * h, drop);
     return s.dbranch;
   }
-  m.backend.dropout(dout, s.local, st.batch.rows * h, drop);
-  m.backend.sp_gather(s.local, s.dbranch, st.batch, h);  // the bias gradient is the whole sequence's too
+  Act local = dout;
+  if (drop.p > 0) m.backend.dropout(dout, s.local, st.batch.rows * h, drop), local = s.local;
+  m.backend.sp_gather(local, s.dbranch, st.batch, h);  // the bias gradient is the whole sequence's too
   return s.dbranch;
 }
 

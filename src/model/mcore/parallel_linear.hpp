@@ -23,8 +23,8 @@ void reduce_bias_dropout_add(const ModuleContext& m, const Step& st, int64_t b, 
 void row_parallel_bias_dropout_add(const ModuleContext& m, const Step& st, Act x, int64_t w, int64_t b, int64_t K,
                                    Act residual, Act out, const DropoutSpec& drop, Scratch& s);
 // The gradient at a branch's output (whole rows) from the residual stream's gradient dout (this
-// rank's rows): through the dropout, all-gathered under sequence parallelism. In s.dbranch, or
-// without either dout itself (the caller only reads it before adding to dout).
+// rank's rows): through the dropout (if any), all-gathered under sequence parallelism. In s.dbranch,
+// or without either dout itself (the caller only reads it before adding to dout).
 Act branch_output_grad(const ModuleContext& m, const Step& st, Act dout, const DropoutSpec& drop, Scratch& s);
 // A column-parallel layer's input gradient s.dnorm (this rank's part, all T rows) summed over the
 // group; returns where the sum is (this rank's rows under sequence parallelism).

@@ -84,7 +84,7 @@ void MoELayer::forward(const Step& st, Act x, Act residual, Act out, Scratch& w)
   // Under tensor parallelism every rank routes the whole gathered sequence, as Megatron's
   // dispatcher gathers the tokens and their routing over the group, and runs its share of each
   // expert: the outputs are partial sums, reduced like linear_fc2's (the experts have no bias).
-  const uint64_t logits_key = random_logits_key(st.seed, st.call, layer_);
+  const uint64_t logits_key = m_.local.moe.force_load_balancing ? random_logits_key(st.seed, st.call, layer_) : 0;
   const MoePass pass = !st.train_step ? MoePass::Evaluation : st.recomputing ? MoePass::Recompute : MoePass::Training;
   const DropoutSpec drop = hidden_dropout(m_, st, site(layer_, "mlp"));
   if (!m_.tensor_parallel() && !(drop.p > 0))  // nothing between the experts' sum and the residual add
