@@ -51,6 +51,12 @@ class Fields {
     if (!v.is_number() || !(v.get<double>() > 0)) fail(key, "must be a positive number, not " + v.dump());
     return v.get<double>();
   }
+  double non_negative(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = j_[key];
+    if (!v.is_number() || !(v.get<double>() >= 0)) fail(key, "must be a number >= 0, not " + v.dump());
+    return v.get<double>();
+  }
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     if (!j_[key].is_boolean()) fail(key, "must be true or false, not " + j_[key].dump());
@@ -221,7 +227,7 @@ HfModel parse_hf_config(const std::string& json_text, const std::string& source)
     // Qwen3-MoE's router: softmax over every expert, the top k, renormalised (norm_topk_prob) -- that
     // is Megatron's top k of the logits then their softmax; without renormalising, Megatron's pre-softmax.
     moe.pre_softmax = !f.boolean("norm_topk_prob", true);
-    moe.aux_loss_coeff = f.has("router_aux_loss_coef") ? f.number("router_aux_loss_coef", 0.0) : 0.0;
+    moe.aux_loss_coeff = f.non_negative("router_aux_loss_coef", 0.0);  // 0: no load-balancing loss
     const int64_t step = f.integer("decoder_sparse_step", 1);
     std::vector<bool> dense(static_cast<size_t>(g.num_layers), false);
     if (f.has("mlp_only_layers")) {

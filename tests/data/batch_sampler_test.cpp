@@ -30,6 +30,20 @@ TEST(TorchRandperm, IsASeededPermutationSwappingEachPositionWithARandomLaterOne)
   EXPECT_EQ(torch_randperm(4, 42), want);
 }
 
+TEST(TorchRandperm, GivesTorchsOwnPermutations) {
+  // torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() on the GPU machine
+  // (torch 2.x, the CPU generator; tests/gpu case torch_randperm_answers), the first values.
+  auto head = [](int64_t n, uint64_t seed, size_t k) {
+    std::vector<int64_t> p = torch_randperm(n, seed);
+    p.resize(std::min(k, p.size()));
+    return p;
+  };
+  EXPECT_EQ(head(10, 0, 10), (std::vector<int64_t>{4, 1, 7, 5, 3, 9, 0, 8, 6, 2}));
+  EXPECT_EQ(head(20, 1234, 12), (std::vector<int64_t>{15, 16, 14, 17, 1, 9, 12, 0, 7, 6, 13, 5}));
+  EXPECT_EQ(head(7, 5678, 7), (std::vector<int64_t>{4, 0, 2, 5, 3, 1, 6}));
+  EXPECT_EQ(head(1000, 42, 12), (std::vector<int64_t>{542, 618, 816, 68, 94, 215, 60, 585, 942, 165, 968, 829}));
+}
+
 TEST(BatchSampler, EachEpochIsAPermutationDealtToTheRanksInterleaved) {
   const BatchSampler s{20, 2, 2, 8, 1234};  // 20 rows, mbs 2, dp 2, gbs 8: epochs of 16 rows
   const std::vector<int64_t> first = torch_randperm(20, 1234), second = torch_randperm(20, 1235);

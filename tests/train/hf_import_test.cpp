@@ -207,15 +207,17 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
     EXPECT_NE(r.flags.find("--qk-layernorm"), std::string::npos);
   }
   // Qwen3-MoE: router and experts one by one; the expert count as the hub's configs name it and as
-  // transformers 5 saves it (its attribute_map's num_local_experts).
+  // transformers 5 saves it (its attribute_map's num_local_experts), the latter with no
+  // load-balancing loss (router_aux_loss_coef 0.0, as a small random config saves it).
   for (const std::string experts : {"num_experts", "num_local_experts"}) {
     SCOPED_TRACE(experts);
+    const bool aux = experts == "num_experts";
     const std::string in = root + "/moe_" + experts, out = root + "/moeout_" + experts;
     fs::create_directories(in);
     HfFolder hf = qwen3_moe_folder(in);
     hf.write(llama_config("Qwen3MoeForCausalLM", ", \"" + experts + "\": 4, \"num_experts_per_tok\": 2, "
                                                  "\"moe_intermediate_size\": 8, \"norm_topk_prob\": true, "
-                                                 "\"router_aux_loss_coef\": 0.001"));
+                                                 "\"router_aux_loss_coef\": " + (aux ? "0.001" : "0.0")));
     const HfImportResult r = import_hf(in, out);
     const auto got = read_out(out);
     EXPECT_EQ(got.at("decoder.layers.1.mlp.router.weight"), hf.value.at("model.layers.1.mlp.gate.weight"));
@@ -228,8 +230,10 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
     EXPECT_EQ(got.at("decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight"),
               hf.value.at("model.layers.0.mlp.experts.2.down_proj.weight"));
     expect_pretrained_reads(out, r.model);
-    for (const char* want : {"--num-experts 4", "--moe-router-topk 2", "--moe-ffn-hidden-size 8", "--moe-aux-loss-coeff 0.001"})
+    for (const char* want : {"--num-experts 4", "--moe-router-topk 2", "--moe-ffn-hidden-size 8"})
       EXPECT_NE(r.flags.find(want), std::string::npos) << want;
+    EXPECT_EQ(r.flags.find("--moe-aux-loss-coeff 0.001") != std::string::npos, aux);
+    EXPECT_EQ(r.model.gpt.moe.aux_loss_coeff, aux ? 0.001 : 0.0);
     EXPECT_EQ(r.flags.find("--moe-router-pre-softmax"), std::string::npos);  // renormalised top k
   }
   fs::remove_all(root);
