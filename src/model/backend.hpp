@@ -5,7 +5,8 @@
 // Conventions. Activations are row-major [rows, C] buffers of the backend's activation type (Act;
 // fp32 on the CPU), statistics (norm mean/rstd, losses) fp32. A parameter is named by its offset in
 // the model's flat table (model/gpt_layout.hpp; -1: the model has none); the backend reads its
-// weight and accumulates (+=) its gradient. Input gradients are overwritten. Ops run in order on
+// weight and accumulates (+=) its gradient, if it has one (a frozen parameter has none: PEFT's
+// base model, ParameterTable::trainable_offset). Input gradients are overwritten. Ops run in order on
 // the backend's stream; none waits for the host.
 //
 // Parallelism: ops whose math spans a tensor-parallel group (the vocabulary-parallel cross entropy)
@@ -81,6 +82,20 @@ class Backend {
   virtual void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) = 0;
   virtual void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                                 int64_t ffn) = 0;
+
+  // The activation alone, g = act(u), and its backward du = act'(u) * dg: for an MLP whose fc1
+  // output or fc2 input gradient a LoRA adapter adds to between the GEMM and the activation.
+  virtual void mlp_activation(Act u, Act g, int64_t rows, int64_t ffn) = 0;
+  virtual void mlp_activation_backward(Act dg, Act u, Act du, int64_t rows, int64_t ffn) = 0;
+
+  // ---- a LoRA adapter (PEFT) beside a linear layer: a = x[rows, K] @ A[r, K]^T (kept for the
+  // backward), y[rows, N] += scale * a @ B[N, r]^T.
+  virtual void lora_forward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act y, int64_t rows, int64_t K,
+                            int64_t r, int64_t N) = 0;
+  // da = scale * dy @ B (scratch [rows, r]); dB += scale * dy^T a; dA += da^T x; then dx = da @ A,
+  // or dx += it (accumulate: the base linear's input gradient is there). dx may be x.
+  virtual void lora_backward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act dy, Act da, Act dx,
+                             int64_t rows, int64_t K, int64_t r, int64_t N, bool accumulate) = 0;
 
   // ---- attention on Megatron-Core's fused QKV rows (kernels/cpu/ops.hpp's layout).
   // q and k made ready for attention: the QK layernorm (q_norm, k_norm >= 0) into qkv_attn (rstd

@@ -30,6 +30,19 @@ enum class Recompute { None, Uniform, Block };
 // `layers` marks: dropless top-k routing over num_experts experts of width ffn (the activation of
 // the dense MLP: SwiGLU or GeLU, no biases), an optional shared expert, the load-balancing and z
 // losses (each on when its coefficient is > 0).
+// Bridge's LoRA (peft.scheme lora, megatron-bridge.md §4.5): on each targeted linear layer,
+// y = base(x) + (alpha / dim) * linear_out(linear_in(dropout(x))), linear_in (A) [dim, in] and
+// linear_out (B) [out, dim], the base model frozen.
+enum class LoraInit { Xavier, Normal, Kaiming, Zero };
+struct LoraSpec {
+  int64_t dim = 32;
+  double alpha = 32;
+  double dropout = 0.0;  // on the adapter's input (dropout_position pre)
+  bool qkv = true, proj = true, fc1 = true, fc2 = true;  // target_modules
+  LoraInit a_init = LoraInit::Xavier, b_init = LoraInit::Zero;
+  float scale() const { return static_cast<float>(alpha / static_cast<double>(dim)); }
+};
+
 struct MoeConfig {
   int64_t num_experts = 0;   // 0: a dense model
   std::vector<bool> layers;  // [num_layers]: layer l is an MoE layer (--moe-layer-freq)
@@ -134,6 +147,7 @@ struct GptConfig {
   bool fp32_residual_connection = false;
 
   MoeConfig moe;
+  std::optional<LoraSpec> lora;  // PEFT: the base frozen, adapters trained
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
   int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }

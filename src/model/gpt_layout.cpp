@@ -8,6 +8,56 @@
 
 namespace laoyao::model {
 
+namespace {
+
+// Bridge's ParallelLinearAdapter init methods (peft/utils.py): xavier is torch's xavier_normal_,
+// normal N(0, 0.2), kaiming torch's kaiming_uniform_ with a = sqrt(5) (bound 1 / sqrt(fan_in)).
+void add_lora_weight(ParameterTable& t, const std::string& name, int64_t out, int64_t in, LoraInit init) {
+  switch (init) {
+    case LoraInit::Xavier:
+      t.add(name, {out, in}, Init::Normal, std::sqrt(2.0 / static_cast<double>(in + out)));
+      return;
+    case LoraInit::Normal:
+      t.add(name, {out, in}, Init::Normal, 0.2);
+      return;
+    case LoraInit::Kaiming:
+      t.add(name, {out, in}, Init::Uniform, 1.0 / std::sqrt(static_cast<double>(in)));
+      return;
+    case LoraInit::Zero:
+      t.add(name, {out, in}, Init::Zeros);
+      return;
+  }
+}
+
+LoraOffsets add_lora(ParameterTable& t, const LoraSpec& s, const std::string& linear, int64_t in, int64_t out) {
+  LoraOffsets o;
+  o.a = t.total;
+  add_lora_weight(t, linear + ".adapter.linear_in.weight", s.dim, in, s.a_init);
+  o.b = t.total;
+  add_lora_weight(t, linear + ".adapter.linear_out.weight", out, s.dim, s.b_init);
+  return o;
+}
+
+// PEFT: the base frozen, then each targeted linear's adapter (Megatron-Core's registration order
+// within a layer: linear_proj, linear_qkv, linear_fc1, linear_fc2).
+void add_lora_adapters(const GptConfig& c, GptParameterLayout& out) {
+  const LoraSpec& s = *c.lora;
+  if (s.dim <= 0) throw Error("GptModel: the LoRA dim must be positive");
+  out.table.freeze_all();
+  const int64_t h = c.hidden, attn = c.heads * c.kv_channels;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    GptLayerOffsets& L = out.layers[static_cast<size_t>(l)];
+    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    if (s.proj) L.proj_lora = add_lora(out.table, s, p + "self_attention.linear_proj", attn, h);
+    if (s.qkv) L.qkv_lora = add_lora(out.table, s, p + "self_attention.linear_qkv", h, c.qkv_width());
+    if (c.is_moe_layer(l)) continue;
+    if (s.fc1) L.fc1_lora = add_lora(out.table, s, p + "mlp.linear_fc1", h, c.fc1_width());
+    if (s.fc2) L.fc2_lora = add_lora(out.table, s, p + "mlp.linear_fc2", c.ffn, h);
+  }
+}
+
+}  // namespace
+
 GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   if (c.num_layers <= 0 || c.hidden <= 0 || c.heads <= 0 || c.kv_channels <= 0 || c.ffn <= 0 || c.vocab <= 0 ||
       c.query_groups <= 0 || c.heads % c.query_groups != 0)
@@ -87,6 +137,7 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   out.output_w = c.tied_embeddings ? out.word_emb
                                    : table.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
   if (!c.tied_embeddings) table.specs.back().embedding_or_output = true;
+  if (c.lora) add_lora_adapters(c, out);
   return out;
 }
 

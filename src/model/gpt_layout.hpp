@@ -10,6 +10,13 @@
 
 namespace laoyao::model {
 
+// A LoRA adapter on a linear layer (model/gpt_config.hpp LoraSpec): linear_in (A) [dim, in] and
+// linear_out (B) [out, dim]; -1 where the layer has none.
+struct LoraOffsets {
+  int64_t a = -1, b = -1;
+  bool on() const { return a >= 0; }
+};
+
 // Offsets into the flat buffers; -1 for a parameter the model does not have (a bias, a LayerNorm
 // beta, QK-norm weights).
 struct GptLayerOffsets {
@@ -18,6 +25,8 @@ struct GptLayerOffsets {
   // kind consecutive, expert after expert), the shared expert's (-1: none); -1 in a dense layer.
   int64_t router_w = -1, experts_fc1 = -1, experts_fc2 = -1, shared_fc1 = -1, shared_fc2 = -1;
   int64_t expert_bias = -1;  // the router's expert_bias buffer (aux-loss-free balancing)
+  // PEFT's adapters (after every base parameter in the table: the trained tail).
+  LoraOffsets qkv_lora, proj_lora, fc1_lora, fc2_lora;
 };
 
 struct GptParameterLayout {

@@ -34,11 +34,13 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     folded_edp_ = expert_dp_;
     expert_dp_ = nullptr;
   }
+  if (cfg.lora && cfg.moe.num_experts > 0)
+    throw UsageError("LoRA (peft.scheme lora) on a Mixture-of-Experts model is not built yet");
   lc_ = tp_local_config(cfg, tp_size_);
   layout_ = build_gpt_parameters(lc_);  // this rank's shapes, Megatron-Core's names
   if (host_state) {
     weights_.assign(static_cast<size_t>(table_.total), 0.0f);
-    grads_.assign(static_cast<size_t>(table_.total), 0.0f);
+    grads_.assign(static_cast<size_t>(table_.trainable()), 0.0f);  // none for a frozen base
   }
   backend_ = std::make_unique<CpuBackend>(lc_, tp_, tp_rank_, tp_size_);
   if (cfg.moe.num_experts > 0) {
@@ -148,21 +150,24 @@ void GptModel::hold_host_weights(bool hold) {
 int64_t GptModel::count_zero_grads() const {
   double zeros[4] = {0.0, 0.0, 0.0, 0.0};  // by split_kind
   for (const auto& p : table_.specs) {
-    if (p.buffer) continue;  // not a parameter: Megatron counts the gradients of parameters
+    // Not a parameter, or frozen: Megatron counts the gradients of the trained parameters.
+    if (p.buffer || p.frozen) continue;
+    const float* g = grads_.data() + (p.offset - table_.trainable_offset);
     int64_t z = 0;
-    for (int64_t i = 0; i < p.numel; ++i) z += grads_[p.offset + i] == 0.0f;
+    for (int64_t i = 0; i < p.numel; ++i) z += g[i] == 0.0f;
     zeros[split_kind(p.name)] += static_cast<double>(z);
   }
   sum_split_parts(zeros);
   return static_cast<int64_t>(zeros[0] + zeros[1] + zeros[2] + zeros[3]);
 }
 
-double GptModel::model_norm(const float* buf) const {
+double GptModel::model_norm(const float* buf, int64_t from) const {
   double sq[4] = {0.0, 0.0, 0.0, 0.0};  // by split_kind
   for (const auto& p : table_.specs) {
-    if (p.buffer) continue;  // not a parameter (and never given a gradient)
+    if (p.buffer || p.offset < from) continue;  // not a parameter (and never given a gradient)
+    const float* v = buf + (p.offset - from);
     double s = 0.0;
-    for (int64_t i = 0; i < p.numel; ++i) s += double(buf[p.offset + i]) * buf[p.offset + i];
+    for (int64_t i = 0; i < p.numel; ++i) s += double(v[i]) * v[i];
     sq[split_kind(p.name)] += s;
   }
   sum_split_parts(sq);
@@ -175,7 +180,7 @@ void GptModel::finalize_grads() {
   std::vector<int64_t> offs = {layout_.final_w, layout_.final_b};
   for (const auto& L : layout_.layers) offs.insert(offs.end(), {L.ln1_w, L.ln1_b, L.ln2_w, L.ln2_b});
   for (int64_t off : offs) {
-    if (off < 0) continue;
+    if (off < table_.trainable_offset) continue;  // none, or frozen
     tp_->all_reduce_sum(G(off), static_cast<size_t>(lc_.hidden));
   }
   // A router's gradient is each rank's share (its experts' columns' part of the probabilities'
@@ -223,7 +228,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   if (tensor_parallel()) check_token_ids(mb.tokens, mb.b * mb.s, cfg_.vocab, "GptModel");
   net_->allocate(mb.b, mb.s);
   step_ = step(mb, key, train_step);
-  backend_->bind(weights_.data(), grads_.data());
+  backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);
   net_->forward(step_, losses);
   forwarded_ = true;
 }
@@ -231,7 +236,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
 void GptModel::backward(const float* dloss) {
   if (!forwarded_) throw Error("GptModel::backward without a forward");
   if (moe_) moe_->count_training_forward();  // a training step's forward: its MoE losses are logged
-  backend_->bind(weights_.data(), grads_.data());
+  backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);
   net_->backward(step_, dloss, moe_aux_loss_scale_);
 }
 

@@ -101,8 +101,10 @@ class GptModel {
   // that split them (tensor-parallel shards over TP, routed experts over EP, experts under both
   // over TP then EP), the replicated ones (the same on every rank) counted once, as Megatron's
   // get_grad_norm_fp32. Every rank of the groups gets the same value.
-  double grad_norm() const { return model_norm(grads_.data()); }
-  double params_norm() const { return model_norm(weights_.data()); }
+  // (The trained parameters' gradients; every parameter's weights, frozen or not, as Megatron's
+  // calc_params_l2_norm.)
+  double grad_norm() const { return model_norm(grads_.data(), table_.trainable_offset); }
+  double params_norm() const { return model_norm(weights_.data(), 0); }
   // Zero gradients over the whole model, counted as grad_norm sums (Megatron's num_zeros_in_grad).
   int64_t count_zero_grads() const;
   // After a step's micro-batches: sums over the tensor-parallel group the gradients that each rank
@@ -112,8 +114,10 @@ class GptModel {
   const ParameterTable& table() const { return table_; }
   float* weights() { return weights_.data(); }
   const float* weights() const { return weights_.data(); }
+  // The trained parameters' gradients: table().trainable() of them, from trainable_offset on.
   float* grads() { return grads_.data(); }
   int64_t num_parameters() const { return table_.total; }
+  int64_t num_trainable() const { return table_.trainable(); }
   void zero_grads();
   bool holds_host_weights() const { return static_cast<int64_t>(weights_.size()) == table_.total; }
   // Allocates the host weights (zeros) or frees them; the gradients are left as they are.
@@ -157,7 +161,7 @@ class GptModel {
 
  private:
   void build_routed_ranges();
-  float* G(int64_t off) { return grads_.data() + off; }
+  float* G(int64_t off) { return grads_.data() + (off - table_.trainable_offset); }
   bool tensor_parallel() const { return tp_size_ > 1; }
   bool sequence_parallel() const { return tp_size_ > 1 && cfg_.sequence_parallel; }
   // How a parameter is split over the model-parallel groups (its norm's and zero count's share is
@@ -165,7 +169,8 @@ class GptModel {
   enum SplitKind { kSplitEp = 0, kSplitBoth = 1, kSplitTp = 2, kWhole = 3 };
   int split_kind(const std::string& name) const;
   void sum_split_parts(double (&parts)[4]) const;
-  double model_norm(const float* buf) const;  // over the whole model: see grad_norm
+  // Over the whole model (see grad_norm): buf holds the parameters from offset `from` on.
+  double model_norm(const float* buf, int64_t from) const;
   // The module tree's step of the last forward (its inputs point into the copies below).
   mcore::Step step(const MicroBatch& mb, const DropoutKey& key, bool train_step);
 

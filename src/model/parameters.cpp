@@ -33,6 +33,11 @@ const ParamSpec* ParameterTable::find(const std::string& name) const {
   return nullptr;
 }
 
+void ParameterTable::freeze_all() {
+  for (auto& p : specs) p.frozen = true;
+  trainable_offset = total;
+}
+
 bool ParameterTable::has_buffers() const {
   for (const auto& p : specs)
     if (p.buffer) return true;
@@ -53,6 +58,12 @@ void ParameterInit::next(float* w, int64_t n) {
     case Init::Normal:
       for (int64_t i = 0; i < n; ++i) {
         const float v = static_cast<float>(rng_.normal() * p_.std);
+        w[i] = round_bf16_ ? round_to_bf16(v) : v;
+      }
+      break;
+    case Init::Uniform:
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>((2.0 * rng_.uniform() - 1.0) * p_.std);
         w[i] = round_bf16_ ? round_to_bf16(v) : v;
       }
       break;

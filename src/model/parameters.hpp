@@ -9,7 +9,7 @@
 
 namespace laoyao::model {
 
-enum class Init { Normal, Zeros, Ones };
+enum class Init { Normal, Uniform, Zeros, Ones };
 
 struct ParamSpec {
   std::string name;             // "decoder.layers.0.self_attention.linear_qkv.weight"
@@ -17,7 +17,7 @@ struct ParamSpec {
   int64_t offset = 0;           // into the flat buffers
   int64_t numel = 0;
   Init init = Init::Zeros;
-  double std = 0;               // for Init::Normal
+  double std = 0;               // Init::Normal's std; Init::Uniform's bound (U(-std, std))
   bool weight_decay = true;     // false for biases and 1-D parameters (Megatron's wd_mult 0)
   // The word embeddings and the output layer (Megatron-Core's is_embedding_or_output_parameter:
   // --decoupled-lr's parameters).
@@ -26,6 +26,8 @@ struct ParamSpec {
   // checkpoints, never given a gradient (so the optimizer leaves it), not counted or normed as a
   // parameter.
   bool buffer = false;
+  // Not trained (PEFT's base model): read by the forward, given no gradient and no optimizer state.
+  bool frozen = false;
 };
 
 // Megatron's exceptions to "no weight decay for biases and 1-D parameters", by name as its
@@ -40,11 +42,19 @@ struct ParameterTable {
   std::vector<ParamSpec> specs;
   int64_t total = 0;
   WeightDecayRule weight_decay;  // set before the parameters are added
+  // The trained parameters are [trainable_offset, total): under PEFT the frozen base lies before
+  // them; the gradients, the optimizer's state and its ranges cover that tail only, at offset -
+  // trainable_offset (0 without PEFT: everything trains).
+  int64_t trainable_offset = 0;
 
   // Appends a parameter; returns its offset.
   int64_t add(std::string name, std::vector<int64_t> shape, Init init, double std = 0);
   const ParamSpec* find(const std::string& name) const;
   bool has_buffers() const;  // any spec with `buffer` (the norms and zero counts leave them out)
+  // Marks every parameter so far frozen: what is added next is all that trains.
+  void freeze_all();
+  int64_t trainable() const { return total - trainable_offset; }
+  bool has_frozen() const { return trainable_offset > 0; }
 };
 
 // Fills `weights` (size table.total) with Megatron's init distributions, drawing from laoyao's

@@ -106,5 +106,52 @@ TEST(Linear, LargerShapesMatchFp64Twin) {
   expect_close(db, dbw, kForwardTol, "dbias");
 }
 
+// A LoRA adapter's GEMMs: y += alpha * x w^T, and its scaled backward (dw accumulated, dx
+// overwritten or accumulated, dx aliasing x).
+TEST(Linear, AccumulateAddsTheScaledProduct) {
+  std::mt19937 rng(106);
+  const int64_t T = 6, K = 5, N = 9;
+  const float alpha = 0.625f;
+  auto x = randn(T * K, rng), w = randn(N * K, rng), y = randn(T * N, rng);
+  std::vector<double> want = linear_twin(to_double(x), to_double(w), nullptr, T, K, N);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = y[i] + alpha * want[i];
+  linear_accumulate(x.data(), w.data(), y.data(), T, K, N, alpha);
+  expect_close(y, want, kForwardTol, "y + alpha x w^T");
+}
+
+TEST(Linear, ScaledBackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(107);
+  const int64_t T = 6, K = 5, N = 9;
+  const float alpha = 1.75f;
+  auto x = randn(T * K, rng), w = randn(N * K, rng), r = randn(T * N, rng);
+  auto xd = to_double(x), wd = to_double(w);
+  const auto rd = to_double(r);
+  auto loss = [&] {
+    std::vector<double> y = linear_twin(xd, wd, nullptr, T, K, N);
+    for (auto& v : y) v *= alpha;
+    return project(rd, y);
+  };
+  const std::vector<double> want_dx = numeric_grad(loss, xd), want_dw = numeric_grad(loss, wd);
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate);
+    auto dx = accumulate ? randn(T * K, rng) : nans(T * K);
+    std::vector<double> want = want_dx;
+    if (accumulate)
+      for (size_t i = 0; i < want.size(); ++i) want[i] += dx[i];
+    auto dw = randn(N * K, rng);
+    std::vector<double> want_w = want_dw;
+    for (size_t i = 0; i < want_w.size(); ++i) want_w[i] += dw[i];
+    linear_backward_scaled(x.data(), w.data(), r.data(), dx.data(), dw.data(), T, K, N, alpha, accumulate);
+    expect_close(dx, want, kGradTol, "dx");
+    expect_close(dw, want_w, kGradTol, "dw");
+  }
+  // dx in x's place: dw is taken from x first.
+  auto inplace = x;
+  std::vector<float> dw(N * K, 0.0f);
+  linear_backward_scaled(inplace.data(), w.data(), r.data(), inplace.data(), dw.data(), T, K, N, alpha, false);
+  expect_close(inplace, want_dx, kGradTol, "dx over x");
+  expect_close(dw, want_dw, kGradTol, "dw with dx over x");
+}
+
 }  // namespace
 }  // namespace laoyao::kernels::cpu::test

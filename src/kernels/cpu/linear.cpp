@@ -40,4 +40,22 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
   if (dbias) bias_grad_accumulate(dy, dbias, T, N);
 }
 
+void linear_accumulate(const float* x, const float* w, float* y, int64_t T, int64_t K, int64_t N, float alpha) {
+  if (T > 0 && K > 0 && N > 0)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, alpha, x, K, w, K, 1.0f, y, N);
+}
+
+void linear_backward_scaled(const float* x, const float* w, const float* dy, float* dx, float* dw, int64_t T,
+                            int64_t K, int64_t N, float alpha, bool accumulate_dx) {
+  if (dw && T > 0 && K > 0 && N > 0)  // first: dx may be x
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, T, alpha, dy, N, x, K, 1.0f, dw, K);
+  if (!dx || T <= 0 || K <= 0) return;
+  if (N == 0) {
+    if (!accumulate_dx) std::memset(dx, 0, sizeof(float) * T * K);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, K, N, alpha, dy, N, w, K, accumulate_dx ? 1.0f : 0.0f,
+              dx, K);
+}
+
 }  // namespace laoyao::kernels::cpu

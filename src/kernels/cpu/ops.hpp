@@ -20,6 +20,12 @@ void linear_forward(const float* x, const float* w, const float* bias, float* y,
 // dx[T,K] = dy @ w (overwrite; nullptr to skip); dw[N,K] += dy^T @ x; dbias[N] += sum_t dy (nullptr to skip).
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* dbias,
                      int64_t T, int64_t K, int64_t N);
+// y[T,N] += alpha * x[T,K] @ w[N,K]^T.
+void linear_accumulate(const float* x, const float* w, float* y, int64_t T, int64_t K, int64_t N, float alpha);
+// dw[N,K] += alpha * dy^T @ x (nullptr to skip), then dx[T,K] = alpha * dy @ w, or += with
+// accumulate_dx (nullptr to skip; dx may be x, read before it is written).
+void linear_backward_scaled(const float* x, const float* w, const float* dy, float* dx, float* dw, int64_t T,
+                            int64_t K, int64_t N, float alpha, bool accumulate_dx);
 
 // ---- norms over the last dimension C, statistics in fp32. mean/rstd [T] are saved for backward.
 // zero_centered_gamma (Megatron --apply-layernorm-1p): the stored gamma is used as (1 + gamma).

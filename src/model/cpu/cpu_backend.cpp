@@ -50,6 +50,7 @@ void CpuBackend::embedding(const int64_t* ids, int64_t table, Act out, int64_t T
 
 void CpuBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h,
                                     tp::Shard vocab) {
+  if (!G(table)) return;  // frozen
   if (vocab.start != 0 || tp_size_ > 1)
     tp::vocab_parallel_embedding_backward(ids, F(dout), G(table), T, h, vocab);
   else
@@ -104,22 +105,42 @@ void CpuBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float*
   if (accumulate) k::add_inplace(F(dx), out, rows * c.hidden);
 }
 
-void CpuBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) {
-  k::linear_forward(F(x), W(fc1_w), W(fc1_b), F(u), rows, lc_.hidden, lc_.fc1_rows(ffn));
+void CpuBackend::mlp_activation(Act u, Act g, int64_t rows, int64_t ffn) {
   if (lc_.activation == Activation::SwiGLU)
     k::swiglu_forward(F(u), F(g), rows, ffn);
   else
     k::gelu_forward(F(u), F(g), rows * ffn, gelu_kind(lc_.activation));
 }
 
+void CpuBackend::mlp_activation_backward(Act dg, Act u, Act du, int64_t rows, int64_t ffn) {
+  if (lc_.activation == Activation::SwiGLU)
+    k::swiglu_backward(F(u), F(dg), F(du), rows, ffn);
+  else
+    k::gelu_backward(F(u), F(dg), F(du), rows * ffn, gelu_kind(lc_.activation));
+}
+
+void CpuBackend::lora_forward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act y, int64_t rows,
+                              int64_t K, int64_t r, int64_t N) {
+  k::linear_forward(F(x), W(lora_a), nullptr, F(a), rows, K, r);
+  k::linear_accumulate(F(a), W(lora_b), F(y), rows, r, N, scale);
+}
+
+void CpuBackend::lora_backward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act dy, Act da, Act dx,
+                               int64_t rows, int64_t K, int64_t r, int64_t N, bool accumulate) {
+  k::linear_backward_scaled(F(a), W(lora_b), F(dy), F(da), G(lora_b), rows, r, N, scale, false);
+  k::linear_backward_scaled(F(x), W(lora_a), F(da), F(dx), G(lora_a), rows, K, r, 1.0f, accumulate);
+}
+
+void CpuBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) {
+  k::linear_forward(F(x), W(fc1_w), W(fc1_b), F(u), rows, lc_.hidden, lc_.fc1_rows(ffn));
+  mlp_activation(u, g, rows, ffn);
+}
+
 void CpuBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                                   int64_t ffn) {
   float* dg = scratch(dg_, rows * ffn);
   k::linear_backward(F(g), W(fc2_w), F(dy), dg, G(fc2_w), G(fc2_b), rows, ffn, lc_.hidden);
-  if (lc_.activation == Activation::SwiGLU)
-    k::swiglu_backward(F(u), dg, F(du), rows, ffn);
-  else
-    k::gelu_backward(F(u), dg, F(du), rows * ffn, gelu_kind(lc_.activation));
+  mlp_activation_backward(Act{dg}, u, du, rows, ffn);
 }
 
 const int64_t* CpuBackend::rope_positions(const BatchShape& batch) {
@@ -153,8 +174,8 @@ void CpuBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t
     k::qk_rmsnorm_backward(F(dqkv), F(qkv), W(q_norm), W(k_norm), qk_rstd, F(dqkv), dqk, dqk + D, batch.T, c.heads,
                            c.query_groups, D, c.zero_centered_gamma);
     tp_->all_reduce_sum(dqk, static_cast<size_t>(2 * D));
-    k::add_inplace(G(q_norm), dqk, D);
-    k::add_inplace(G(k_norm), dqk + D, D);
+    if (G(q_norm)) k::add_inplace(G(q_norm), dqk, D);
+    if (G(k_norm)) k::add_inplace(G(k_norm), dqk + D, D);
   } else {
     k::qk_rmsnorm_backward(F(dqkv), F(qkv), W(q_norm), W(k_norm), qk_rstd, F(dqkv), G(q_norm), G(k_norm), batch.T,
                            c.heads, c.query_groups, D, c.zero_centered_gamma);

@@ -19,8 +19,12 @@ class CpuBackend final : public Backend {
  public:
   // local: this rank's shapes; tp: the tensor-parallel group (null for one rank).
   CpuBackend(const GptConfig& local, dist::ProcessGroup* tp, int64_t tp_rank, int64_t tp_size);
-  // The table's weights and gradients the ops read and accumulate into (again after they move).
-  void bind(const float* weights, float* grads) { w_ = weights, g_ = grads; }
+  // The table's weights and gradients the ops read and accumulate into (again after they move):
+  // grads holds the trained parameters from trainable_offset on (ParameterTable), the frozen ones
+  // before it have none.
+  void bind(const float* weights, float* grads, int64_t trainable_offset = 0) {
+    w_ = weights, g_ = grads, trainable_offset_ = trainable_offset;
+  }
   // The MoE layers' ops (null for a dense model).
   void set_moe(CpuMoeLayers* moe) { moe_ = moe; }
 
@@ -44,6 +48,12 @@ class CpuBackend final : public Backend {
   void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) override;
   void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                         int64_t ffn) override;
+  void mlp_activation(Act u, Act g, int64_t rows, int64_t ffn) override;
+  void mlp_activation_backward(Act dg, Act u, Act du, int64_t rows, int64_t ffn) override;
+  void lora_forward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act y, int64_t rows, int64_t K,
+                    int64_t r, int64_t N) override;
+  void lora_backward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act dy, Act da, Act dx, int64_t rows,
+                     int64_t K, int64_t r, int64_t N, bool accumulate) override;
   void qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
                    const BatchShape& batch) override;
   void qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
@@ -66,7 +76,7 @@ class CpuBackend final : public Backend {
 
  private:
   const float* W(int64_t off) const { return off >= 0 ? w_ + off : nullptr; }
-  float* G(int64_t off) const { return off >= 0 ? g_ + off : nullptr; }
+  float* G(int64_t off) const { return off >= trainable_offset_ ? g_ + (off - trainable_offset_) : nullptr; }
   static float* F(Act a) { return static_cast<float*>(a.p); }
   float* scratch(std::vector<float>& v, int64_t n);
   // The attention dropout mask of this shape (0 or 1/(1-p) per probability), or null without dropout.
@@ -78,6 +88,7 @@ class CpuBackend final : public Backend {
   int64_t tp_rank_, tp_size_;
   const float* w_ = nullptr;
   float* g_ = nullptr;
+  int64_t trainable_offset_ = 0;
   CpuMoeLayers* moe_ = nullptr;
   std::vector<float> arena_;
   kernels::cpu::RopeTable rope_;

@@ -34,6 +34,9 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
+  // The backend has LoRA's ops; the engine does not yet keep gradients and Adam state for the
+  // adapters alone.
+  if (c.lora) missing.push_back("LoRA (peft.scheme lora: the CUDA engine's frozen base is not built yet)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
@@ -164,7 +167,8 @@ void CudaBackend::report_phases() {
   if (!phases_.enabled()) return;
   static const char* names[kPhaseKinds] = {
       "embedding",   "norms",      "attention GEMMs",   "QK norm+RoPE",     "attention",          "MLP GEMMs",
-      "activations", "MoE layers", "output layer+loss", "residual/dropout", "TP/SP communication"};
+      "activations", "MoE layers", "output layer+loss", "residual/dropout", "TP/SP communication",
+      "LoRA adapters"};
   std::string line = "laoyao: model phases (ms, forward / backward):";
   double fwd = 0, bwd = 0;
   for (int p = 0; p < kPhaseKinds; ++p) {
@@ -284,11 +288,45 @@ void CudaBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int
   }
   st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, c.fc1_rows(ffn), st_.stream);
   phase(kMlpGemms);
+  mlp_activation(u, g, rows, ffn);
+}
+
+void CudaBackend::mlp_activation(Act u, Act g, int64_t rows, int64_t ffn) {
+  const GptConfig& c = lc_;
   if (c.activation == Activation::SwiGLU)
     kc::swiglu_forward(B(u), B(g), rows, ffn, st_.stream);
-  else  // the GEMM added the bias, so the (bias-)GeLU kernel gets zeros for its own
+  else  // u holds the bias already, so the (bias-)GeLU kernel gets zeros for its own
     kc::bias_gelu_forward(B(u), zero_bias_, B(g), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
   phase(kActivations);
+}
+
+void CudaBackend::mlp_activation_backward(Act dg, Act u, Act du, int64_t rows, int64_t ffn) {
+  const GptConfig& c = lc_;
+  if (c.activation == Activation::SwiGLU)
+    kc::swiglu_backward(B(u), B(dg), B(du), rows, ffn, st_.stream);
+  else
+    kc::bias_gelu_backward(B(dg), B(u), zero_bias_, B(du), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
+  phase(kActivations);
+}
+
+// Row-major products through matmul_rm (C[M, N] = alpha * op(X) op(Y) + beta * C): a LoRA adapter's
+// GEMMs are thin (r columns), so they take cuBLASLt's general path.
+void CudaBackend::lora_forward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act y, int64_t rows,
+                               int64_t K, int64_t r, int64_t N) {
+  st_.gemm->matmul_rm(B(x), false, P(lora_a), true, B(a), false, rows, r, K, scale, 0.0f, 1, st_.stream);
+  st_.gemm->matmul_rm(B(a), false, P(lora_b), true, B(y), false, rows, N, r, 1.0f, 1.0f, 1, st_.stream);
+  phase(kLora);
+}
+
+void CudaBackend::lora_backward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act dy, Act da, Act dx,
+                                int64_t rows, int64_t K, int64_t r, int64_t N, bool accumulate) {
+  // a = scale * x A^T: dB += dy^T a; da = scale * dy B; dA += da^T x; dx (+)= da A (after dA: dx may be x).
+  st_.gemm->matmul_rm(B(dy), true, B(a), false, G(lora_b), true, N, r, rows, 1.0f, 1.0f, 1, st_.stream);
+  st_.gemm->matmul_rm(B(dy), false, P(lora_b), false, B(da), false, rows, r, N, scale, 0.0f, 1, st_.stream);
+  st_.gemm->matmul_rm(B(da), true, B(x), false, G(lora_a), true, r, K, rows, 1.0f, 1.0f, 1, st_.stream);
+  st_.gemm->matmul_rm(B(da), false, P(lora_a), false, B(dx), false, rows, K, r, 1.0f, accumulate ? 1.0f : 0.0f, 1,
+                      st_.stream);
+  phase(kLora);
 }
 
 void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
@@ -300,11 +338,7 @@ void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t 
   } else {
     st_.gemm->linear_backward_input(B(dy), P(fc2_w), dg_, rows, ffn, h, st_.stream);
     phase(kMlpGemms);
-    if (c.activation == Activation::SwiGLU)
-      kc::swiglu_backward(B(u), dg_, B(du), rows, ffn, st_.stream);
-    else
-      kc::bias_gelu_backward(dg_, B(u), zero_bias_, B(du), rows, ffn, st_.stream, c.activation == Activation::GeluErf);
-    phase(kActivations);
+    mlp_activation_backward(Act{dg_}, u, du, rows, ffn);
   }
   st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
   if (fc2_b >= 0) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);

@@ -113,6 +113,13 @@ class CudaBackend final : public Backend {
   void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) override;
   void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                         int64_t ffn) override;
+  void mlp_activation(Act u, Act g, int64_t rows, int64_t ffn) override;
+  void mlp_activation_backward(Act dg, Act u, Act du, int64_t rows, int64_t ffn) override;
+  // (a is kept scaled: a = scale * x @ A^T.)
+  void lora_forward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act y, int64_t rows, int64_t K,
+                    int64_t r, int64_t N) override;
+  void lora_backward(Act x, int64_t lora_a, int64_t lora_b, float scale, Act a, Act dy, Act da, Act dx, int64_t rows,
+                     int64_t K, int64_t r, int64_t N, bool accumulate) override;
   void qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
                    const BatchShape& batch) override;
   void qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t k_norm, const float* qk_rstd,
@@ -135,7 +142,7 @@ class CudaBackend final : public Backend {
 
  private:
   enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
-               kResidual, kCommunication, kPhaseKinds };
+               kResidual, kCommunication, kLora, kPhaseKinds };
   void phase(Phase p);
   Phase gemm_phase(int64_t w) const;  // which kind a linear layer's GEMMs count to
   const bf16* P(int64_t off) const { return off >= 0 ? st_.params + off : nullptr; }

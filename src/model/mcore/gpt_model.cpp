@@ -20,8 +20,12 @@ void Scratch::carve(ActivationCarver& c, const ModuleContext& m, int64_t T, int6
   dnorm = c.act(T * h);
   dwide = c.act(T * wide);
   dctx = c.act(T * lc.heads * lc.kv_channels);
-  branch = c.act(m.tensor_parallel() || any_moe ? T * h : 0);
+  const bool lora = lc.lora.has_value();
+  branch = c.act(m.tensor_parallel() || any_moe || lora ? T * h : 0);
   local = c.act(m.sp() ? rows * h : 0);
+  lora_in = c.act(lora && lc.lora->dropout > 0 ? T * std::max({h, lc.heads * lc.kv_channels, lc.ffn}) : 0);
+  lora_da = c.act(lora ? T * lc.lora->dim : 0);
+  dg = c.act(lora && lc.lora->fc2 ? T * lc.ffn : 0);
 }
 
 TransformerBlock::TransformerBlock(const ModuleContext& m) : m_(m) {
@@ -80,7 +84,11 @@ void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_s
 
 GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
                    TensorParallel tp, Backend& backend, bool recompute)
-    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_) {}
+    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_) {
+  if (local.lora && tp.size > 1)
+    throw UsageError("LoRA (peft.scheme lora) with tensor parallelism is not built yet: train the adapters with "
+                     "tensor_model_parallel_size 1");
+}
 
 void GPTModel::allocate(int64_t b, int64_t s) {
   if (b == b_ && s == s_) return;

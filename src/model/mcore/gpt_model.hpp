@@ -79,15 +79,46 @@ struct Scratch {
   Act dctx;     // [T, heads * D]
   Act branch;   // [T, h]: a row-parallel layer's (or an MoE layer's) partial sums before the reduction
   Act local;    // [rows, h]: this rank's rows of a reduction or a norm under sequence parallelism
+  // PEFT: an adapter's dropped-out input and its gradient [T, widest input] (with LoRA dropout),
+  // the gradient at its low-rank activation [T, dim], and at linear_fc2's input [T, ffn].
+  Act lora_in, lora_da, dg;
   void carve(ActivationCarver& c, const ModuleContext& m, int64_t T, int64_t rows);
+};
+
+// Megatron-Bridge's LoRA adapter beside one linear layer (ParallelLinearAdapter, identity
+// activation): y += (alpha / dim) * linear_out(linear_in(dropout(x))). Off where the layer has none.
+class LoraAdapter {
+ public:
+  // in, out: the linear layer's input and output widths; name: its module ("linear_qkv").
+  LoraAdapter(const ModuleContext& m, int64_t layer, LoraOffsets w, const char* name, int64_t in, int64_t out);
+  bool on() const { return w_.on(); }
+  void carve(ActivationCarver& c, int64_t T);
+  void share_activations(const LoraAdapter& o) { a_ = o.a_; }
+  // y (the linear layer's output, whole rows) += the adapter's output on x.
+  void forward(const Step& st, Act x, Act y, Scratch& w);
+  // The adapter's gradients from dy (the gradient at y), and dx (the linear layer's input
+  // gradient, already there) += the adapter's share.
+  void backward(const Step& st, Act x, Act dy, Act dx, Scratch& w);
+
+ private:
+  // The adapter's input: x, or dropout(x) in w.lora_in.
+  Act input(const Step& st, Act x, Scratch& w) const;
+  DropoutSpec drop(const Step& st) const;
+  const ModuleContext& m_;
+  int64_t layer_;
+  LoraOffsets w_;
+  const char* name_;
+  int64_t in_, out_;
+  Act a_;  // [T, dim]: linear_in's output
 };
 
 class SelfAttention {
  public:
-  SelfAttention(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
+  SelfAttention(const ModuleContext& m, int64_t layer);
   void carve(ActivationCarver& c, int64_t T);
   void share_activations(const SelfAttention& o) {
     qkv_ = o.qkv_, qkv_attn_ = o.qkv_attn_, ctx_ = o.ctx_, qk_rstd_ = o.qk_rstd_;
+    qkv_lora_.share_activations(o.qkv_lora_), proj_lora_.share_activations(o.proj_lora_);
   }
   // out = residual + dropout(linear_proj(attention(linear_qkv(x)))): x the whole sequence's norm
   // output, residual and out this rank's rows.
@@ -102,13 +133,17 @@ class SelfAttention {
   int64_t layer_;
   Act qkv_, qkv_attn_, ctx_;
   float* qk_rstd_ = nullptr;
+  LoraAdapter qkv_lora_, proj_lora_;
 };
 
 class MLP {
  public:
-  MLP(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
+  MLP(const ModuleContext& m, int64_t layer);
   void carve(ActivationCarver& c, int64_t T);
-  void share_activations(const MLP& o) { u_ = o.u_, g_ = o.g_; }  // (an MoE layer's live in the backend)
+  void share_activations(const MLP& o) {  // (an MoE layer's live in the backend)
+    u_ = o.u_, g_ = o.g_;
+    fc1_lora_.share_activations(o.fc1_lora_), fc2_lora_.share_activations(o.fc2_lora_);
+  }
   void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
   void backward(const Step& st, Act x, Act dout, Scratch& w);
 
@@ -117,6 +152,7 @@ class MLP {
   const ModuleContext& m_;
   int64_t layer_;
   Act u_, g_;
+  LoraAdapter fc1_lora_, fc2_lora_;
 };
 
 // Megatron-Core's MoELayer in place of the MLP: the backend's router, token dispatcher, experts

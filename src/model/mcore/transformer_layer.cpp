@@ -15,6 +15,12 @@ std::string site(int64_t layer, const char* what) { return "dropout.layer" + std
 
 // ---- SelfAttention
 
+SelfAttention::SelfAttention(const ModuleContext& m, int64_t layer)
+    : m_(m),
+      layer_(layer),
+      qkv_lora_(m, layer, W().qkv_lora, "linear_qkv", m.local.hidden, m.local.qkv_width()),
+      proj_lora_(m, layer, W().proj_lora, "linear_proj", m.local.heads * m.local.kv_channels, m.local.hidden) {}
+
 void SelfAttention::carve(ActivationCarver& c, int64_t T) {
   const GptConfig& lc = m_.local;
   qkv_ = c.act(T * lc.qkv_width());
@@ -24,6 +30,8 @@ void SelfAttention::carve(ActivationCarver& c, int64_t T) {
   qkv_attn_ = lc.qk_layernorm ? c.act(T * lc.qkv_width()) : qkv_;
   qk_rstd_ = c.f32(lc.qk_layernorm ? T * (lc.heads + lc.query_groups) : 0);
   ctx_ = c.act(T * lc.heads * lc.kv_channels);
+  qkv_lora_.carve(c, T);
+  proj_lora_.carve(c, T);
 }
 
 void SelfAttention::forward(const Step& st, Act x, Act residual, Act out, Scratch& w) {
@@ -31,14 +39,21 @@ void SelfAttention::forward(const Step& st, Act x, Act residual, Act out, Scratc
   const int64_t T = st.batch.T;
   Backend& be = m_.backend;
   be.linear(x, W().qkv_w, W().qkv_b, qkv_, T, lc.hidden, lc.qkv_width());
+  qkv_lora_.forward(st, x, qkv_, w);
   be.qkv_prepare(qkv_, W().q_norm, W().k_norm, qkv_attn_, qk_rstd_, st.batch);
   // This rank's heads of the whole model's attention dropout mask.
   const uint64_t whole_run = static_cast<uint64_t>(m_.whole.heads * st.batch.s * st.batch.s);
   const DropoutSpec attn_drop = sliced(st.dropout(lc.attention_dropout, site(layer_, "probs")), whole_run,
                                        static_cast<uint64_t>(m_.tp.rank), static_cast<uint64_t>(m_.tp.size));
   be.core_attention(layer_, qkv_attn_, ctx_, st.batch, attn_drop);
-  row_parallel_bias_dropout_add(m_, st, ctx_, W().proj_w, W().proj_b, lc.heads * lc.kv_channels, residual, out,
-                                hidden_dropout(m_, st, site(layer_, "attention")), w);
+  const DropoutSpec drop = hidden_dropout(m_, st, site(layer_, "attention"));
+  if (!proj_lora_.on())
+    return row_parallel_bias_dropout_add(m_, st, ctx_, W().proj_w, W().proj_b, lc.heads * lc.kv_channels, residual,
+                                         out, drop, w);
+  // The adapter adds to the projection before its bias, dropout and residual.
+  be.linear(ctx_, W().proj_w, -1, w.branch, T, lc.heads * lc.kv_channels, lc.hidden);
+  proj_lora_.forward(st, ctx_, w.branch, w);
+  reduce_bias_dropout_add(m_, st, W().proj_b, residual, out, drop, w);
 }
 
 void SelfAttention::backward(const Step& st, Act x, Act dout, Scratch& w) {
@@ -48,34 +63,64 @@ void SelfAttention::backward(const Step& st, Act x, Act dout, Scratch& w) {
   const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "attention")), w);
   be.linear_backward(ctx_, W().proj_w, m_.bias_grad_in_norm() ? -1 : W().proj_b, dbranch, w.dctx, T, lc.heads * D,
                      lc.hidden);
+  proj_lora_.backward(st, ctx_, dbranch, w.dctx, w);
   const uint64_t whole_run = static_cast<uint64_t>(m_.whole.heads * st.batch.s * st.batch.s);
   const DropoutSpec attn_drop = sliced(st.dropout(lc.attention_dropout, site(layer_, "probs")), whole_run,
                                        static_cast<uint64_t>(m_.tp.rank), static_cast<uint64_t>(m_.tp.size));
   be.core_attention_backward(layer_, qkv_attn_, w.dctx, w.dwide, st.batch, attn_drop);
   be.qkv_prepare_backward(w.dwide, qkv_, W().q_norm, W().k_norm, qk_rstd_, st.batch);
   be.linear_backward(x, W().qkv_w, W().qkv_b, w.dwide, w.dnorm, T, lc.hidden, lc.qkv_width());
+  qkv_lora_.backward(st, x, w.dwide, w.dnorm, w);
 }
 
 // ---- MLP
 
+MLP::MLP(const ModuleContext& m, int64_t layer)
+    : m_(m),
+      layer_(layer),
+      fc1_lora_(m, layer, W().fc1_lora, "linear_fc1", m.local.hidden, m.local.fc1_width()),
+      fc2_lora_(m, layer, W().fc2_lora, "linear_fc2", m.local.ffn, m.local.hidden) {}
+
 void MLP::carve(ActivationCarver& c, int64_t T) {
   u_ = c.act(T * m_.local.fc1_width());
   g_ = c.act(T * m_.local.ffn);
+  fc1_lora_.carve(c, T);
+  fc2_lora_.carve(c, T);
 }
 
 void MLP::forward(const Step& st, Act x, Act residual, Act out, Scratch& w) {
   const GptConfig& lc = m_.local;
-  m_.backend.mlp_fc1(x, W().fc1_w, W().fc1_b, u_, g_, st.batch.T, lc.ffn);
-  row_parallel_bias_dropout_add(m_, st, g_, W().fc2_w, W().fc2_b, lc.ffn, residual, out,
-                                hidden_dropout(m_, st, site(layer_, "mlp")), w);
+  const int64_t T = st.batch.T;
+  Backend& be = m_.backend;
+  if (!fc1_lora_.on()) {
+    be.mlp_fc1(x, W().fc1_w, W().fc1_b, u_, g_, T, lc.ffn);
+  } else {  // the adapter adds to linear_fc1's output before the activation
+    be.linear(x, W().fc1_w, W().fc1_b, u_, T, lc.hidden, lc.fc1_width());
+    fc1_lora_.forward(st, x, u_, w);
+    be.mlp_activation(u_, g_, T, lc.ffn);
+  }
+  const DropoutSpec drop = hidden_dropout(m_, st, site(layer_, "mlp"));
+  if (!fc2_lora_.on()) return row_parallel_bias_dropout_add(m_, st, g_, W().fc2_w, W().fc2_b, lc.ffn, residual, out, drop, w);
+  be.linear(g_, W().fc2_w, -1, w.branch, T, lc.ffn, lc.hidden);
+  fc2_lora_.forward(st, g_, w.branch, w);
+  reduce_bias_dropout_add(m_, st, W().fc2_b, residual, out, drop, w);
 }
 
 void MLP::backward(const Step& st, Act x, Act dout, Scratch& w) {
   const GptConfig& lc = m_.local;
   const int64_t T = st.batch.T;
+  Backend& be = m_.backend;
   const Act dbranch = branch_output_grad(m_, st, dout, hidden_dropout(m_, st, site(layer_, "mlp")), w);
-  m_.backend.mlp_fc2_backward(dbranch, g_, u_, W().fc2_w, m_.bias_grad_in_norm() ? -1 : W().fc2_b, w.dwide, T, lc.ffn);
-  m_.backend.linear_backward(x, W().fc1_w, W().fc1_b, w.dwide, w.dnorm, T, lc.hidden, lc.fc1_width());
+  const int64_t fc2_b = m_.bias_grad_in_norm() ? -1 : W().fc2_b;
+  if (!fc2_lora_.on()) {
+    be.mlp_fc2_backward(dbranch, g_, u_, W().fc2_w, fc2_b, w.dwide, T, lc.ffn);
+  } else {  // the adapter's share of linear_fc2's input gradient joins before the activation's backward
+    be.linear_backward(g_, W().fc2_w, fc2_b, dbranch, w.dg, T, lc.ffn, lc.hidden);
+    fc2_lora_.backward(st, g_, dbranch, w.dg, w);
+    be.mlp_activation_backward(w.dg, u_, w.dwide, T, lc.ffn);
+  }
+  be.linear_backward(x, W().fc1_w, W().fc1_b, w.dwide, w.dnorm, T, lc.hidden, lc.fc1_width());
+  fc1_lora_.backward(st, x, w.dwide, w.dnorm, w);
 }
 
 // ---- MoELayer

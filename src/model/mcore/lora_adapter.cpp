@@ -1,0 +1,49 @@
+// LoraAdapter (model/mcore/gpt_model.hpp): Megatron-Bridge's LoRA beside a linear layer.
+#include <string>
+
+#include "model/mcore/gpt_model.hpp"
+
+namespace laoyao::model::mcore {
+
+LoraAdapter::LoraAdapter(const ModuleContext& m, int64_t layer, LoraOffsets w, const char* name, int64_t in,
+                         int64_t out)
+    : m_(m), layer_(layer), w_(w), name_(name), in_(in), out_(out) {}
+
+void LoraAdapter::carve(ActivationCarver& c, int64_t T) {
+  if (on()) a_ = c.act(T * m_.local.lora->dim);
+}
+
+DropoutSpec LoraAdapter::drop(const Step& st) const {
+  return st.dropout(m_.local.lora->dropout, "dropout.layer" + std::to_string(layer_) + "." + name_ + ".lora");
+}
+
+Act LoraAdapter::input(const Step& st, Act x, Scratch& w) const {
+  const DropoutSpec d = drop(st);
+  if (!(d.p > 0)) return x;
+  m_.backend.dropout(x, w.lora_in, st.batch.T * in_, d);
+  return w.lora_in;
+}
+
+void LoraAdapter::forward(const Step& st, Act x, Act y, Scratch& w) {
+  if (!on()) return;
+  const LoraSpec& s = *m_.local.lora;
+  m_.backend.lora_forward(input(st, x, w), w_.a, w_.b, s.scale(), a_, y, st.batch.T, in_, s.dim, out_);
+}
+
+void LoraAdapter::backward(const Step& st, Act x, Act dy, Act dx, Scratch& w) {
+  if (!on()) return;
+  const LoraSpec& s = *m_.local.lora;
+  const int64_t T = st.batch.T;
+  const DropoutSpec d = drop(st);
+  if (!(d.p > 0))
+    return m_.backend.lora_backward(x, w_.a, w_.b, s.scale(), a_, dy, w.lora_da, dx, T, in_, s.dim, out_, true);
+  // The dropped-out input again (the same mask), its gradient in its place, then through the mask
+  // and onto dx's: in = dx + dropout(d(input)) (bias_dropout_add's out may be its x, not its
+  // residual), copied back to dx.
+  const Act in = input(st, x, w);
+  m_.backend.lora_backward(in, w_.a, w_.b, s.scale(), a_, dy, w.lora_da, in, T, in_, s.dim, out_, false);
+  m_.backend.bias_dropout_add(in, -1, dx, in, T, in_, d);
+  m_.backend.dropout(in, dx, T * in_, DropoutSpec{});
+}
+
+}  // namespace laoyao::model::mcore
