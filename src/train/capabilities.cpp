@@ -77,9 +77,13 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (c.scheduler.use_checkpoint_opt_param_scheduler)
     out.push_back("taking the LR schedule from the checkpoint (scheduler.use_checkpoint_opt_param_scheduler)");
   if (c.peft.scheme) {
-    out.push_back("PEFT (" + *c.peft.scheme + ")");
+    if (*c.peft.scheme != "lora") out.push_back("PEFT '" + *c.peft.scheme + "' (peft.scheme; accepted: lora)");
     if (!c.checkpoint.pretrained_checkpoint)
       out.push_back("PEFT requires a pretrained checkpoint path (checkpoint.pretrained_checkpoint)");
+    const int64_t dp = world_size / std::max<int64_t>(c.model.tensor_model_parallel_size, 1);
+    if (c.ddp.use_distributed_optimizer && dp > 1)
+      out.push_back("LoRA with the distributed optimizer over " + std::to_string(dp) +
+                    " data-parallel ranks (ddp.use_distributed_optimizer: give false)");
   }
   const auto& ds = c.dataset;
   if (ds.dataset_name && !ds.dataset_root)

@@ -162,13 +162,14 @@ std::vector<StepRun> plan_step_runs(const OptimizerShards& shards, const std::ve
 std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table) {
   std::vector<optim::ParamRange> ranges;
   for (const auto& p : table.specs)
-    ranges.push_back({p.offset, p.numel, p.weight_decay ? 1.0 : 0.0, p.embedding_or_output});
+    if (!p.frozen)
+      ranges.push_back({p.offset - table.trainable_offset, p.numel, p.weight_decay ? 1.0 : 0.0, p.embedding_or_output});
   return ranges;
 }
 
 std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s,
                                               bool hold_moments) {
-  return std::make_unique<optim::AdamW>(table.total, adam_ranges(table), s, hold_moments);
+  return std::make_unique<optim::AdamW>(table.trainable(), adam_ranges(table), s, hold_moments);
 }
 
 }  // namespace laoyao::train

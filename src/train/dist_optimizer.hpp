@@ -39,7 +39,9 @@ struct ShardGroup {
 ShardGroup shard_group(dist::ProcessGroup* g);  // {} for null or a group of one
 
 struct ShardRun {
-  int64_t offset = 0, count = 0;  // in the flat buffer
+  // In the gradients' buffer: the trained parameters' (the model's buffer from the table's
+  // trainable_offset on; all of it without PEFT).
+  int64_t offset = 0, count = 0;
   ShardGroup over;
   int64_t piece() const { return count / over.size; }  // what each rank owns of the even part
   int64_t own_offset() const { return offset + over.rank * piece(); }
@@ -104,7 +106,8 @@ std::vector<StepRun> plan_step_runs(const OptimizerShards& shards, const std::ve
 // AdamW's ranges for `table`: each parameter with its weight-decay multiplier and whether it is an
 // embedding or output layer (--decoupled-lr).
 std::vector<optim::ParamRange> adam_ranges(const model::ParameterTable& table);
-// A whole-size AdamW over `table` with zero moments (every parameter, weight decay kept).
+// A whole-size AdamW over `table` with zero moments (every trained parameter, weight decay kept;
+// its offsets those of the gradients: from the table's trainable_offset).
 std::unique_ptr<optim::AdamW> make_whole_adam(const model::ParameterTable& table, const optim::AdamWSettings& s,
                                               bool hold_moments = true);
 }  // namespace laoyao::train

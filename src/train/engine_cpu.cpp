@@ -50,14 +50,14 @@ class CpuEngine final : public Engine {
   LossSum take_loss_sum() override { return std::exchange(acc_, LossSum{}); }
   double grad_norm() override {
     if (model_.tp_size() > 1 || model_.ep_size() > 1) return model_.grad_norm();  // parts summed over the group
-    return optim::grad_norm(model_.grads(), model_.num_parameters());
+    return optim::grad_norm(model_.grads(), model_.num_trainable());
   }
   int64_t count_zero_grads() override { return model_.count_zero_grads(); }
   // Over the parameters (buffers left out), split parts summed over their group.
   double params_norm() override { return model_.params_norm(); }
   void all_reduce_grads(dist::ProcessGroup& group, double scale) override {
     float* g = model_.grads();
-    const int64_t n = model_.num_parameters();
+    const int64_t n = model_.num_trainable();
     if (model_.ep_size() > 1) {
       // Expert parallelism: a rank's experts hold every rank's tokens already; they are summed
       // only over the ranks that hold the same experts (if any), the rest over all the
@@ -80,15 +80,17 @@ class CpuEngine final : public Engine {
     float* g = model_.grads();
     const float s = static_cast<float>(scale);
     if (s == 1.0f) return;  // a per-token loss's sum: nothing to scale
-    const int64_t n = model_.num_parameters();
+    const int64_t n = model_.num_trainable();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= s;
   }
   // With the distributed optimizer this rank steps its share (every rank holds the whole averaged
   // gradients here: the all-reduce above), then the shares are gathered.
   void clip_and_step(double norm, double max_norm, double lr, double wd, std::optional<double> decoupled_lr) override {
-    step_owned(adam_, shards_, model_.weights(), model_.grads(), norm, max_norm, lr, wd, decoupled_lr, step_scratch_);
-    if (shards_.sharded()) gather_shares(model_.weights(), shards_, gather_);
+    // (The shards cover the trained parameters: the weights from the table's trainable_offset on.)
+    float* trained = model_.weights() + model_.table().trainable_offset;
+    step_owned(adam_, shards_, trained, model_.grads(), norm, max_norm, lr, wd, decoupled_lr, step_scratch_);
+    if (shards_.sharded()) gather_shares(trained, shards_, gather_);
   }
 
  private:
@@ -107,7 +109,7 @@ class CpuEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_cpu_engine(model::GptModel& model, optim::AdamW& adam, const OptimizerShards* shards) {
-  return std::make_unique<CpuEngine>(model, adam, shards ? *shards : whole_model_shards(model.num_parameters()));
+  return std::make_unique<CpuEngine>(model, adam, shards ? *shards : whole_model_shards(model.num_trainable()));
 }
 
 BackendChoice choose_backend(const model::GptConfig& model) {

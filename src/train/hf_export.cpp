@@ -64,6 +64,10 @@ Source open_source(const std::string& path) {
     throw UsageError("checkpoint '" + ck.dir + "': train_state.json has no padded_vocab_size");
   d.padded_vocab_size = std::get<int64_t>(vocab->second);
   const model::GptConfig whole = model::ep_whole_config(model_config(c, d));
+  if (whole.lora)
+    throw UsageError("checkpoint '" + ck.dir + "' is a LoRA run's: it holds the adapters alone (the base is its "
+                     "checkpoint.pretrained_checkpoint); exporting them, merged into the base or as PEFT's "
+                     "adapter_model.safetensors, is not built yet");
   s.model = hf_model_of(whole, c.model.layernorm_epsilon, c.model.init_method_std);
   check_parameters(ck, expected_shapes(s.model));
   s.default_dtype = c.model.bf16 ? "bf16" : "fp32";  // (the mixed-precision preset has set it)

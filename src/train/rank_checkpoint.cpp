@@ -27,13 +27,14 @@ std::vector<StatePart> owned_parts(const std::vector<model::TensorPart>& parts, 
   size_t first = 0;  // specs and segments are both in buffer order
   for (const OwnedSegment& seg : shards.owned) {
     if (counted_only && !seg.counted) continue;
-    const int64_t end = seg.offset + seg.count;
-    while (first < table.specs.size() && table.specs[first].offset + table.specs[first].numel <= seg.offset) ++first;
+    // The segments cover the trained parameters (from the table's trainable_offset on).
+    const int64_t start = seg.offset + table.trainable_offset, end = start + seg.count;
+    while (first < table.specs.size() && table.specs[first].offset + table.specs[first].numel <= start) ++first;
     for (size_t i = first; i < table.specs.size() && table.specs[i].offset < end; ++i) {
       const model::ParamSpec& p = table.specs[i];
-      const int64_t lo = std::max(p.offset, seg.offset), hi = std::min(p.offset + p.numel, end);
+      const int64_t lo = std::max(p.offset, start), hi = std::min(p.offset + p.numel, end);
       if (lo < hi)
-        out.push_back({i, model::sub_part(parts[i], lo - p.offset, hi - p.offset), lo, seg.moment + (lo - seg.offset)});
+        out.push_back({i, model::sub_part(parts[i], lo - p.offset, hi - p.offset), lo, seg.moment + (lo - start)});
     }
   }
   return out;
@@ -130,8 +131,23 @@ ShardWrite rank_shard(const std::vector<StatePart>& parts, const std::vector<flo
   return w;
 }
 
-std::vector<ParamShape> whole_param_shapes(const model::GptModel& local) {
-  return param_shapes(model::build_gpt_parameters(model::ep_whole_config(local.config())).table);
+namespace {
+
+bool in_set(const model::ParamSpec& p, ParamSet which) {
+  return which == ParamSet::kAll || (which == ParamSet::kBase) == p.frozen;
+}
+
+}  // namespace
+
+ParamSet saved_params(const model::GptModel& local) {
+  return local.table().has_frozen() ? ParamSet::kTrained : ParamSet::kAll;
+}
+
+std::vector<ParamShape> whole_param_shapes(const model::GptModel& local, ParamSet which) {
+  model::ParameterTable whole = model::build_gpt_parameters(model::ep_whole_config(local.config())).table;
+  if (whole.has_frozen() && which != ParamSet::kAll)
+    std::erase_if(whole.specs, [&](const model::ParamSpec& p) { return !in_set(p, which); });
+  return param_shapes(whole);
 }
 
 namespace {
@@ -154,11 +170,15 @@ model::TensorPart renamed(const model::TensorPart& p, std::string name) { return
 
 }  // namespace
 
-void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine) {
+void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine, ParamSet which) {
   const std::vector<model::TensorPart> parts = rank_parts(local);
+  const bool peft = local.table().has_frozen();
   std::vector<float> buf;
-  for (size_t i = 0; i < parts.size(); ++i)
-    read_in_windows(store, parts[i], Buffer::kWeights, local.table().specs[i].offset, engine, buf);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const model::ParamSpec& p = local.table().specs[i];
+    if (peft && !in_set(p, which)) continue;
+    read_in_windows(store, parts[i], Buffer::kWeights, p.offset, engine, buf);
+  }
 }
 
 void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,

@@ -57,11 +57,20 @@ ShardWrite rank_shard(const std::vector<StatePart>& parts, Engine& engine, bool 
 ShardWrite rank_shard(const std::vector<StatePart>& parts, const std::vector<float>& weights,
                       const std::vector<float>& exp_avg, const std::vector<float>& exp_avg_sq);
 
-// The whole model's parameter shapes (every rank's experts): what a checkpoint of this run holds.
-std::vector<ParamShape> whole_param_shapes(const model::GptModel& local);
+// Which of a model's parameters: all of them, PEFT's frozen base (what its pretrained checkpoint
+// holds; all of them without PEFT), or the trained ones (PEFT's adapters: what its own checkpoints
+// hold, as Megatron-Bridge saves the adapters alone; all of them without PEFT).
+enum class ParamSet { kAll, kBase, kTrained };
+// The runs's checkpoint parameters: those that trained (the adapters alone under PEFT).
+ParamSet saved_params(const model::GptModel& local);
 
-// This rank's weights from `store` into the engine, a tensor at a time.
-void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine);
+// The whole model's parameter shapes (every rank's experts) of `which`.
+std::vector<ParamShape> whole_param_shapes(const model::GptModel& local, ParamSet which = ParamSet::kAll);
+
+// This rank's weights of `which` from `store` into the engine, a tensor at a time (under PEFT the
+// rest keep what they hold).
+void read_rank_weights(const TensorStore& store, const model::GptModel& local, Engine& engine,
+                       ParamSet which = ParamSet::kAll);
 // This rank's moments (every owned segment, tails too) from a checkpoint's optimizer store into the
 // engine, a part at a time.
 void read_rank_moments(const TensorStore& store, const model::GptModel& local, const OptimizerShards& shards,

@@ -232,11 +232,36 @@ void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_
   if (s.rank == 0) report_saved_checkpoint(s.save_dir, s.iteration, out);
 }
 
+namespace {
+
+// The pretrained checkpoint's weights (PEFT: the frozen base's; its adapters keep their initial
+// values). A Hugging Face folder (or hub id) is converted as import-hf would, its config.json
+// checked against the run's model first.
+void read_pretrained(const config::CheckpointConfig& k, const model::GptModel& model, Engine& engine, std::FILE* out) {
+  const auto base = whole_param_shapes(model, ParamSet::kBase);
+  const PretrainedSource w =
+      is_hf_folder(*k.pretrained_checkpoint)
+          ? open_hf_pretrained(*k.pretrained_checkpoint, model.config(), base)
+          : open_pretrained(resolve_hf_path(*k.pretrained_checkpoint, "checkpoint.pretrained_checkpoint"), base);
+  read_rank_weights(w.store, model, engine, ParamSet::kBase);
+  std::fprintf(out, "  loaded pretrained weights from %s (%zu file%s): weights only, starting at iteration 0\n",
+               k.pretrained_checkpoint->c_str(), w.files.size(), w.files.size() == 1 ? "" : "s");
+  std::fflush(out);
+}
+
+}  // namespace
+
 std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
                                                        const model::GptModel& model, const OptimizerShards& shards,
                                                        Engine& engine, std::FILE* out) {
   const auto& k = c.checkpoint;
-  const auto expected = whole_param_shapes(model);
+  // Under PEFT the pretrained checkpoint gives the frozen base, and the run's own checkpoints the
+  // adapters (and their moments); without PEFT a run's checkpoint holds everything and a pretrained
+  // one is read only when there is none to resume.
+  const ParamSet saved = saved_params(model);
+  const bool peft = saved == ParamSet::kTrained;
+  if (peft && k.pretrained_checkpoint) read_pretrained(k, model, engine, out);
+  const auto expected = whole_param_shapes(model, saved);
   if (k.load) {
     if (!checkpoint_exists(*k.load)) {
       if (k.exit_on_missing_checkpoint)
@@ -249,7 +274,7 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
       // "stale nemo_experiments" trap, made safe.
       check_model_shape(ckpt, model_shape_fields(c, d));
       check_parameters(ckpt, expected);
-      read_rank_weights(ckpt.model, model, engine);
+      read_rank_weights(ckpt.model, model, engine, saved);
       const bool resume = !k.finetune;
       if (resume && k.load_optim) {
         if (!ckpt.optimizer)
@@ -267,19 +292,7 @@ std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigConta
       return std::nullopt;
     }
   }
-  if (k.pretrained_checkpoint) {
-    // A Hugging Face folder (or hub id) is converted as import-hf would, its config.json checked
-    // against the run's model first.
-    const PretrainedSource w = is_hf_folder(*k.pretrained_checkpoint)
-                                   ? open_hf_pretrained(*k.pretrained_checkpoint, model.config(), expected)
-                                   : open_pretrained(resolve_hf_path(*k.pretrained_checkpoint,
-                                                                     "checkpoint.pretrained_checkpoint"),
-                                                     expected);
-    read_rank_weights(w.store, model, engine);
-    std::fprintf(out, "  loaded pretrained weights from %s (%zu file%s): weights only, starting at iteration 0\n",
-                 k.pretrained_checkpoint->c_str(), w.files.size(), w.files.size() == 1 ? "" : "s");
-    std::fflush(out);
-  }
+  if (!peft && k.pretrained_checkpoint) read_pretrained(k, model, engine, out);
   return std::nullopt;
 }
 

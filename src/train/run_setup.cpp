@@ -49,6 +49,53 @@ DocumentMask document_mask(const config::ConfigContainer& c) {
   return r;
 }
 
+namespace {
+
+model::LoraInit lora_init(const std::string& method, const char* field) {
+  if (method == "xavier") return model::LoraInit::Xavier;
+  if (method == "normal") return model::LoraInit::Normal;
+  if (method == "kaiming") return model::LoraInit::Kaiming;
+  if (method == "zero") return model::LoraInit::Zero;
+  throw UsageError(std::string("peft.") + field + " '" + method + "' (accepted: xavier, normal, kaiming, zero)");
+}
+
+// Bridge's LoRA settings (peft.*), where this build trains them.
+model::LoraSpec lora_spec(const config::ConfigContainer& c, const model::GptConfig& g) {
+  const config::PeftConfig& p = c.peft;
+  model::LoraSpec s;
+  if (p.dim <= 0) throw UsageError("peft.dim " + std::to_string(p.dim) + " (the LoRA rank must be positive)");
+  s.dim = p.dim;
+  s.alpha = p.alpha;
+  if (!(p.dropout >= 0 && p.dropout < 1)) throw UsageError("peft.dropout " + std::to_string(p.dropout) + " (accepted: 0 <= p < 1)");
+  s.dropout = p.dropout;
+  if (p.dropout_position != "pre" && p.dropout_position != "post")
+    throw UsageError("peft.dropout_position '" + p.dropout_position + "' (accepted: pre, post)");
+  if (p.dropout_position == "post" && p.dropout > 0)
+    throw UsageError("peft.dropout_position post with peft.dropout > 0: dropout after the adapter is not built yet "
+                     "(accepted: pre)");
+  s.qkv = s.proj = s.fc1 = s.fc2 = false;
+  for (const std::string& t : p.target_modules) {
+    if (t == "linear_qkv") s.qkv = true;
+    else if (t == "linear_proj") s.proj = true;
+    else if (t == "linear_fc1") s.fc1 = true;
+    else if (t == "linear_fc2") s.fc2 = true;
+    else
+      throw UsageError("peft.target_modules '" + t + "' (accepted: linear_qkv, linear_proj, linear_fc1, linear_fc2; "
+                       "patterns and other modules are not built yet)");
+  }
+  if (!(s.qkv || s.proj || s.fc1 || s.fc2)) throw UsageError("peft.target_modules is empty: LoRA would train nothing");
+  s.a_init = lora_init(p.lora_A_init_method, "lora_A_init_method");
+  s.b_init = lora_init(p.lora_B_init_method, "lora_B_init_method");
+  if (g.moe.num_experts > 0)
+    throw UsageError("LoRA (peft.scheme lora) on a Mixture-of-Experts model is not built yet");
+  if (c.model.tensor_model_parallel_size > 1)
+    throw UsageError("LoRA (peft.scheme lora) with tensor_model_parallel_size " +
+                     std::to_string(c.model.tensor_model_parallel_size) + " is not built yet (accepted: 1)");
+  return s;
+}
+
+}  // namespace
+
 model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d) {
   const auto& m = c.model;
   model::GptConfig g;
@@ -126,6 +173,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     g.moe.expert_tensor_parallel = m.expert_tensor_parallel_size.value_or(m.tensor_model_parallel_size);
     if (g.moe.tensor_parallel > 1) model::check_moe_tensor_parallel(g);
   }
+  if (c.peft.scheme && *c.peft.scheme == "lora") g.lora = lora_spec(c, g);
   return g;
 }
 

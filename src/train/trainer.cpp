@@ -68,7 +68,7 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
                                             shard_group(dp), shard_group(model->expert_dp_group()),
                                             c.ddp.overlap_grad_reduce ? overlap_bucket_cuts(model->table())
                                                                       : std::vector<int64_t>{})
-                    : whole_model_shards(model->num_parameters());
+                    : whole_model_shards(model->num_trainable());
   adam = dist_opt ? make_shard_adam(model->table(), shards, adam_settings, host_state)
                   : make_whole_adam(model->table(), adam_settings, host_state);
   if (opt.use_cuda)
