@@ -10,10 +10,12 @@
 #include "config/yaml_io.hpp"
 #include "core/error.hpp"
 #include "core/file_io.hpp"
+#include "core/hf_hub.hpp"
 #include "core/safetensors.hpp"
 #include "model/gpt_ep.hpp"
 #include "model/gpt_layout.hpp"
 #include "train/checkpoint.hpp"
+#include "train/hf_import.hpp"
 #include "train/run_setup.hpp"
 
 namespace laoyao::train {
@@ -25,19 +27,52 @@ using Kind = HfTensorMap::Kind;
 
 
 // What is exported: the model, its weights (Megatron-Core names, read whole as fp32), the config.json
-// to write, the dtype by default and where the tokenizer files are.
+// to write, the dtype by default and where the tokenizer files are. A LoRA run's checkpoint holds
+// the adapters alone: its base is the run's pretrained checkpoint, the adapters merged into it.
 struct Source {
   HfModel model;
   std::optional<LoadedCheckpoint> checkpoint;  // a laoyao checkpoint
-  std::optional<PretrainedSource> imported;    // an import-hf folder
+  std::optional<PretrainedSource> imported;    // an import-hf folder, or a LoRA run's base
   std::string config_json;                     // an imported folder's own config.json ("" to write one)
   std::string default_dtype;
   std::string tokenizer_dir;
-  const TensorStore& store() const { return checkpoint ? checkpoint->model : imported->store; }
+  std::optional<model::LoraSpec> lora;         // the checkpoint's adapters, merged on reading
+  const TensorStore& store() const { return checkpoint && !lora ? checkpoint->model : imported->store; }
+  // Megatron-Core tensor `name` whole into out; a LoRA-adapted linear's weight as W + (alpha/dim) B A.
+  void read(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& out) const;
 };
+
+void Source::read(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& out) const {
+  store().read({name, shape, {model::whole_box(shape)}}, out.data());
+  const std::string suffix = ".weight";
+  if (!lora || !name.ends_with(suffix)) return;
+  const std::string linear = name.substr(0, name.size() - suffix.size());
+  const TensorStore& adapters = checkpoint->model;
+  const std::string a_name = linear + ".adapter.linear_in.weight", b_name = linear + ".adapter.linear_out.weight";
+  if (!adapters.find(a_name)) return;
+  const int64_t rows = shape[0], cols = shape[1], r = lora->dim;
+  std::vector<float> A(static_cast<size_t>(r * cols)), B(static_cast<size_t>(rows * r));
+  adapters.read({a_name, {r, cols}, {model::whole_box({r, cols})}}, A.data());
+  adapters.read({b_name, {rows, r}, {model::whole_box({rows, r})}}, B.data());
+  const double scale = lora->alpha / static_cast<double>(r);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double d = 0;
+      for (int64_t k = 0; k < r; ++k) d += static_cast<double>(B[i * r + k]) * A[k * cols + j];
+      out[static_cast<size_t>(i * cols + j)] += static_cast<float>(scale * d);
+    }
+}
 
 std::vector<ParamShape> expected_shapes(const HfModel& m) {
   return param_shapes(model::build_gpt_parameters(m.gpt).table);
+}
+
+// A LoRA run's trained parameters: its adapters (what its checkpoints hold).
+std::vector<ParamShape> trained_shapes(const model::GptConfig& whole) {
+  model::ParameterTable t = model::build_gpt_parameters(whole).table;
+  std::erase_if(t.specs, [](const model::ParamSpec& p) { return p.frozen; });
+  return param_shapes(t);
 }
 
 Source open_source(const std::string& path) {
@@ -63,13 +98,21 @@ Source open_source(const std::string& path) {
   if (vocab == ck.state.model_shape.end() || !std::holds_alternative<int64_t>(vocab->second))
     throw UsageError("checkpoint '" + ck.dir + "': train_state.json has no padded_vocab_size");
   d.padded_vocab_size = std::get<int64_t>(vocab->second);
-  const model::GptConfig whole = model::ep_whole_config(model_config(c, d));
-  if (whole.lora)
-    throw UsageError("checkpoint '" + ck.dir + "' is a LoRA run's: it holds the adapters alone (the base is its "
-                     "checkpoint.pretrained_checkpoint); exporting them, merged into the base or as PEFT's "
-                     "adapter_model.safetensors, is not built yet");
+  model::GptConfig whole = model::ep_whole_config(model_config(c, d));
+  if (whole.lora) {  // the adapters alone: merged into the run's base
+    check_parameters(ck, trained_shapes(whole));
+    s.lora = whole.lora;
+    whole.lora.reset();
+    if (!c.checkpoint.pretrained_checkpoint)
+      throw UsageError("checkpoint '" + ck.dir + "' is a LoRA run's without checkpoint.pretrained_checkpoint in its "
+                       "run_config.yaml: its base is unknown");
+    const std::string& base = *c.checkpoint.pretrained_checkpoint;
+    const std::vector<ParamShape> shapes = param_shapes(model::build_gpt_parameters(whole).table);
+    s.imported = is_hf_folder(base) ? open_hf_pretrained(base, whole, shapes)
+                                    : open_pretrained(resolve_hf_path(base, "checkpoint.pretrained_checkpoint"), shapes);
+  }
   s.model = hf_model_of(whole, c.model.layernorm_epsilon, c.model.init_method_std);
-  check_parameters(ck, expected_shapes(s.model));
+  if (!s.lora) check_parameters(ck, expected_shapes(s.model));
   s.default_dtype = c.model.bf16 ? "bf16" : "fp32";  // (the mixed-precision preset has set it)
   if (c.tokenizer.tokenizer_model && fs::is_directory(*c.tokenizer.tokenizer_model, ec))
     s.tokenizer_dir = *c.tokenizer.tokenizer_model;
@@ -202,7 +245,7 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
           int64_t numel = 1;
           for (int64_t d : m.shape) numel *= d;
           mcore.resize(static_cast<size_t>(numel));
-          src.store().read({m.mcore, m.shape, {model::whole_box(m.shape)}}, mcore.data());
+          src.read(m.mcore, m.shape, mcore);
           cached_map = outs[i].map;
         }
         // A copied tensor is converted from the read values themselves (no third copy of it).

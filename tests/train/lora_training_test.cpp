@@ -12,6 +12,7 @@
 #include "train/capabilities.hpp"
 #include "train/checkpoint.hpp"
 #include "train/hf_export.hpp"
+#include "train/hf_import.hpp"
 #include "train/run_setup.hpp"
 #include "train/trainer.hpp"
 #include "train/training_run.hpp"
@@ -210,15 +211,6 @@ TEST(LoraTraining, CheckpointsHoldTheAdaptersAloneAndResumeExactly) {
     EXPECT_NE(name.find(".adapter.linear_"), std::string::npos) << name << ": the base is not the run's to save";
   ASSERT_TRUE(ckpt.optimizer.has_value());
   EXPECT_EQ(ckpt.optimizer->tensors().size(), 2 * ckpt.model.tensors().size()) << "exp_avg and exp_avg_sq each";
-  // Not yet exported (merged or as PEFT's adapter files): refused by name, nothing written.
-  const std::string hf = dir + "_hf";
-  try {
-    train::export_hf(dir, hf);
-    ADD_FAILURE() << "a LoRA checkpoint exported";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("a LoRA run's"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(fs::exists(hf));
   const std::vector<double> rest = run({"train.train_iters=6", "checkpoint.load=" + dir});
   ASSERT_EQ(whole.size(), 6u);
   ASSERT_EQ(first.size(), 3u);
@@ -228,4 +220,61 @@ TEST(LoraTraining, CheckpointsHoldTheAdaptersAloneAndResumeExactly) {
     EXPECT_EQ(rest[i], whole[3 + i]) << 3 + i;
   }
   fs::remove_all(dir);
+}
+
+namespace {
+
+// The weights of m's frozen parameters (frozen) or of the others, whole from `store`.
+void read_into(model::GptModel& m, const train::TensorStore& store, bool frozen) {
+  for (const auto& p : m.table().specs)
+    if (p.frozen == frozen)
+      store.read({p.name, p.shape, {model::whole_box(p.shape)}}, m.weights() + p.offset);
+}
+
+}  // namespace
+
+// export-hf of a LoRA checkpoint: the base (the run's pretrained checkpoint) with (alpha/dim) B A
+// merged into each adapted weight, as a Hugging Face folder whose model computes the adapted one's
+// losses.
+TEST(LoraTraining, ExportHfMergesTheAdaptersIntoTheBase) {
+  const std::string dir = (fs::temp_directory_path() / ("laoyao_lora_export." + std::to_string(::getpid()))).string();
+  const std::string hf = dir + "_hf";
+  fs::remove_all(dir), fs::remove_all(hf);
+  config::Resolved r = resolve("vanilla_gpt_pretrain_config",
+                               lora_run({"train.train_iters=3", "optimizer.lr=1e-2", "checkpoint.save=" + dir,
+                                         "checkpoint.save_interval=3"}));
+  train::TrainOptions opt = quiet();
+  train::train(r.cfg, r.validated.derived, opt);
+  std::fclose(opt.out);
+  train::HfExportOptions fp32;
+  fp32.dtype = "fp32";
+  train::export_hf(dir, hf, fp32);
+
+  const model::GptConfig adapted_cfg = train::model_config(r.cfg, r.validated.derived);
+  model::GptConfig plain_cfg = adapted_cfg;
+  plain_cfg.lora.reset();
+  model::GptModel adapted(adapted_cfg), plain(plain_cfg);
+  const std::vector<train::ParamShape> base_shapes = train::param_shapes(plain.table());
+  read_into(adapted, train::open_pretrained(pretrained_base(), base_shapes).store, true);
+  read_into(adapted, train::load_checkpoint(dir).model, false);
+  read_into(plain, train::open_hf_pretrained(hf, plain_cfg, base_shapes).store, false);
+
+  const int64_t b = 2, s = 32, T = b * s;
+  std::vector<int64_t> tokens(T), labels(T), positions(T);
+  for (int64_t t = 0; t < T; ++t) tokens[t] = (7 * t + 3) % 128, labels[t] = (5 * t + 1) % 128, positions[t] = t % s;
+  const model::MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  std::vector<float> la(T), lp(T);
+  adapted.forward(mb, {}, la.data());
+  plain.forward(mb, {}, lp.data());
+  double worst = 0, moved = 0;
+  for (int64_t t = 0; t < T; ++t) worst = std::max(worst, std::abs(double(la[t]) - lp[t]) / std::abs(double(la[t])));
+  EXPECT_LT(worst, 1e-5) << "the merged model's per-token losses against the adapted model's";
+  // (the adapters did train: the merged weights are not the base's)
+  model::GptModel base(plain_cfg);
+  read_into(base, train::open_pretrained(pretrained_base(), base_shapes).store, false);
+  std::vector<float> lb(T);
+  base.forward(mb, {}, lb.data());
+  for (int64_t t = 0; t < T; ++t) moved = std::max(moved, std::abs(double(lb[t]) - la[t]));
+  EXPECT_GT(moved, 1e-3);
+  fs::remove_all(dir), fs::remove_all(hf);
 }
