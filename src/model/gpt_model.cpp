@@ -175,6 +175,8 @@ double GptModel::model_norm(const float* buf, int64_t from) const {
 }
 
 void GptModel::finalize_grads() {
+  if (tensor_parallel())  // LoRA: each rank's part of the whole adapter halves' gradients
+    for (const auto& [off, n] : lora_tp_partial_grads(layout_)) tp_->all_reduce_sum(G(off), static_cast<size_t>(n));
   if (!sequence_parallel()) return;
   // Each rank's norm weights and biases saw only its share of the sequence.
   std::vector<int64_t> offs = {layout_.final_w, layout_.final_b};

@@ -108,8 +108,9 @@ class GptModel {
   // Zero gradients over the whole model, counted as grad_norm sums (Megatron's num_zeros_in_grad).
   int64_t count_zero_grads() const;
   // After a step's micro-batches: sums over the tensor-parallel group the gradients that each rank
-  // computed from its share of the sequence (sequence parallelism: the norms' weights and biases,
-  // Megatron's finalize_model_grads). Collective; nothing to do without sequence parallelism.
+  // computed a part of: from its share of the sequence (sequence parallelism: the norms' weights and
+  // biases, Megatron's finalize_model_grads), and LoRA's whole adapter halves from its share of the
+  // layer (lora_tp_partial_grads). Collective; nothing to do on one rank.
   void finalize_grads();
   const ParameterTable& table() const { return table_; }
   float* weights() { return weights_.data(); }

@@ -52,6 +52,15 @@ void check_same_names(const ParameterTable& full, const ParameterTable& local) {
 
 TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
   if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return TpSplit::Rows;
+  // LoRA: a column-parallel layer's linear_out split as the layer's rows, a row-parallel layer's
+  // linear_in as its columns; the other halves whole (lora_tp_partial_grads).
+  if (name.find(".adapter.linear_") != std::string::npos) {
+    const bool in = ends_with(name, ".adapter.linear_in.weight");
+    if (name.find("linear_qkv.adapter.") != std::string::npos) return in ? TpSplit::Replicated : TpSplit::Rows;
+    if (name.find("linear_fc1.adapter.") != std::string::npos)
+      return in ? TpSplit::Replicated : full.activation == Activation::SwiGLU ? TpSplit::SwigluRows : TpSplit::Rows;
+    return in ? TpSplit::Cols : TpSplit::Replicated;  // linear_proj, linear_fc2
+  }
   if (ends_with(name, "self_attention.linear_qkv.weight") || ends_with(name, "self_attention.linear_qkv.bias"))
     return TpSplit::Rows;
   // An MoE layer's experts (routed and shared) are MLPs split as the dense one (expert tensor
@@ -89,6 +98,17 @@ std::vector<Box> tp_boxes(TpSplit split, const std::vector<int64_t>& full_shape,
       return {b};
   }
   return {b};
+}
+
+std::vector<std::pair<int64_t, int64_t>> lora_tp_partial_grads(const GptParameterLayout& local) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  auto add = [&](int64_t off) {
+    if (off < 0) return;
+    for (const auto& p : local.table.specs)
+      if (p.offset == off) out.emplace_back(off, p.numel);
+  };
+  for (const GptLayerOffsets& L : local.layers) add(L.qkv_lora.a), add(L.fc1_lora.a), add(L.proj_lora.b), add(L.fc2_lora.b);
+  return out;
 }
 
 void check_moe_tensor_parallel(const GptConfig& c) {

@@ -9,9 +9,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gpt_config.hpp"
+#include "model/gpt_layout.hpp"
 #include "model/parameters.hpp"
 #include "model/tensor_box.hpp"
 
@@ -21,6 +23,12 @@ enum class TpSplit { Replicated, Rows, Cols, SwigluRows };
 
 // How Megatron-Core splits the parameter called `name` (a GPT model's Megatron-Core name).
 TpSplit tp_split_of(const std::string& name, const GptConfig& full);
+
+// LoRA under tensor parallelism: the whole adapter halves (a column-parallel layer's linear_in, a
+// row-parallel layer's linear_out), whose gradients each rank computes a part of from its share of
+// the layer (its output rows, its input columns): (offset, count) of each in this rank's table, for
+// finalize_grads to sum over the group.
+std::vector<std::pair<int64_t, int64_t>> lora_tp_partial_grads(const GptParameterLayout& local);
 
 // The boxes of a full-shape tensor that TP rank `rank` of `tp` holds under `split`, in the order of
 // its data (SwiGLU's: its gate rows, then its up rows).

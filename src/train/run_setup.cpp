@@ -88,9 +88,6 @@ model::LoraSpec lora_spec(const config::ConfigContainer& c, const model::GptConf
   s.b_init = lora_init(p.lora_B_init_method, "lora_B_init_method");
   if (g.moe.num_experts > 0)
     throw UsageError("LoRA (peft.scheme lora) on a Mixture-of-Experts model is not built yet");
-  if (c.model.tensor_model_parallel_size > 1)
-    throw UsageError("LoRA (peft.scheme lora) with tensor_model_parallel_size " +
-                     std::to_string(c.model.tensor_model_parallel_size) + " is not built yet (accepted: 1)");
   return s;
 }
 

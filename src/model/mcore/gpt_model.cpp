@@ -84,11 +84,7 @@ void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_s
 
 GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
                    TensorParallel tp, Backend& backend, bool recompute)
-    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_) {
-  if (local.lora && tp.size > 1)
-    throw UsageError("LoRA (peft.scheme lora) with tensor parallelism is not built yet: train the adapters with "
-                     "tensor_model_parallel_size 1");
-}
+    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_) {}
 
 void GPTModel::allocate(int64_t b, int64_t s) {
   if (b == b_ && s == s_) return;

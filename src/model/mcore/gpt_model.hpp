@@ -89,8 +89,11 @@ struct Scratch {
 // activation): y += (alpha / dim) * linear_out(linear_in(dropout(x))). Off where the layer has none.
 class LoraAdapter {
  public:
-  // in, out: the linear layer's input and output widths; name: its module ("linear_qkv").
-  LoraAdapter(const ModuleContext& m, int64_t layer, LoraOffsets w, const char* name, int64_t in, int64_t out);
+  // in, out: the linear layer's input and output widths (this rank's); name: its module
+  // ("linear_qkv"); row_parallel: linear_proj or linear_fc2, whose input (and linear_in) is split
+  // by columns under tensor parallelism.
+  LoraAdapter(const ModuleContext& m, int64_t layer, LoraOffsets w, const char* name, int64_t in, int64_t out,
+              bool row_parallel);
   bool on() const { return w_.on(); }
   void carve(ActivationCarver& c, int64_t T);
   void share_activations(const LoraAdapter& o) { a_ = o.a_; }
@@ -109,7 +112,8 @@ class LoraAdapter {
   LoraOffsets w_;
   const char* name_;
   int64_t in_, out_;
-  Act a_;  // [T, dim]: linear_in's output
+  bool row_parallel_;
+  Act a_;  // [T, dim]: linear_in's output (a row-parallel layer's: this rank's part of the sum)
 };
 
 class SelfAttention {

@@ -5,16 +5,27 @@
 
 namespace laoyao::model::mcore {
 
+// Under tensor parallelism (lora_tp_partial_grads): beside a column-parallel layer linear_in is
+// whole and reads the whole input, linear_out is this rank's rows of the output; beside a
+// row-parallel one linear_in is this rank's columns of the split input, and its output, summed
+// over the ranks by the layer's own reduction (the adapter adds to the partial sums), passes
+// through the whole linear_out on every rank. Either way the whole half's gradient is each rank's
+// part, summed by finalize_grads; the input gradient is the layer's (summed, or this rank's).
 LoraAdapter::LoraAdapter(const ModuleContext& m, int64_t layer, LoraOffsets w, const char* name, int64_t in,
-                         int64_t out)
-    : m_(m), layer_(layer), w_(w), name_(name), in_(in), out_(out) {}
+                         int64_t out, bool row_parallel)
+    : m_(m), layer_(layer), w_(w), name_(name), in_(in), out_(out), row_parallel_(row_parallel) {}
 
 void LoraAdapter::carve(ActivationCarver& c, int64_t T) {
   if (on()) a_ = c.act(T * m_.local.lora->dim);
 }
 
 DropoutSpec LoraAdapter::drop(const Step& st) const {
-  return st.dropout(m_.local.lora->dropout, "dropout.layer" + std::to_string(layer_) + "." + name_ + ".lora");
+  const DropoutSpec d =
+      st.dropout(m_.local.lora->dropout, "dropout.layer" + std::to_string(layer_) + "." + name_ + ".lora");
+  if (!row_parallel_ || !m_.tensor_parallel()) return d;
+  // The whole model's mask over the whole input rows: this rank's columns of each.
+  return sliced(d, static_cast<uint64_t>(in_ * m_.tp.size), static_cast<uint64_t>(m_.tp.rank),
+                static_cast<uint64_t>(m_.tp.size));
 }
 
 Act LoraAdapter::input(const Step& st, Act x, Scratch& w) const {

@@ -18,8 +18,8 @@ std::string site(int64_t layer, const char* what) { return "dropout.layer" + std
 SelfAttention::SelfAttention(const ModuleContext& m, int64_t layer)
     : m_(m),
       layer_(layer),
-      qkv_lora_(m, layer, W().qkv_lora, "linear_qkv", m.local.hidden, m.local.qkv_width()),
-      proj_lora_(m, layer, W().proj_lora, "linear_proj", m.local.heads * m.local.kv_channels, m.local.hidden) {}
+      qkv_lora_(m, layer, W().qkv_lora, "linear_qkv", m.local.hidden, m.local.qkv_width(), false),
+      proj_lora_(m, layer, W().proj_lora, "linear_proj", m.local.heads * m.local.kv_channels, m.local.hidden, true) {}
 
 void SelfAttention::carve(ActivationCarver& c, int64_t T) {
   const GptConfig& lc = m_.local;
@@ -78,8 +78,8 @@ void SelfAttention::backward(const Step& st, Act x, Act dout, Scratch& w) {
 MLP::MLP(const ModuleContext& m, int64_t layer)
     : m_(m),
       layer_(layer),
-      fc1_lora_(m, layer, W().fc1_lora, "linear_fc1", m.local.hidden, m.local.fc1_width()),
-      fc2_lora_(m, layer, W().fc2_lora, "linear_fc2", m.local.ffn, m.local.hidden) {}
+      fc1_lora_(m, layer, W().fc1_lora, "linear_fc1", m.local.hidden, m.local.fc1_width(), false),
+      fc2_lora_(m, layer, W().fc2_lora, "linear_fc2", m.local.ffn, m.local.hidden, true) {}
 
 void MLP::carve(ActivationCarver& c, int64_t T) {
   u_ = c.act(T * m_.local.fc1_width());
