@@ -100,6 +100,10 @@ declare_case parity_llama parity_yarn TEST 1 900 compare:parity_yarn_compare.txt
   parity_run parity_yarn "${small_llama[@]}" --position-embedding-type yarn --rotary-scaling-factor 4 \
   --yarn-original-max-position-embeddings 32 "${untied[@]}" --train-iters 20
 
+# LoRA (peft.scheme lora) from the same pretrained base: the adapters' GEMMs, the frozen base.
+declare_case parity_llama parity_lora TEST 1 900 compare:parity_lora_compare.txt -- \
+  lora_parity_run parity_lora "${small_llama[@]}" --rotary-base 500000 "${untied[@]}"
+
 # The Llama-style config without attention dropout: auto picks cuDNN's fused attention (query heads
 # gathered: 2 heads share one group), hidden dropout still on.
 declare_case parity_fused parity_fused TEST 1 900 compare:parity_fused_compare.txt -- \

@@ -144,13 +144,35 @@ train_and_compare() { train "$2" "$3" "${@:4}" && compare_logs "$1" "$2"; }
 
 # parity_run NAME MODEL-FLAG...: the config on the CPU and on the GPU (same initial weights), then
 # compare-logs, into $OUT/NAME_compare.txt.
+parity_args() {
+  echo "$@" --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4 --global-batch-size 16 \
+    --eval-iters 2 --eval-interval 10 --mock-data --bf16 --tokenizer-type NullTokenizer --vocab-size 4096 \
+    --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --seed 1234 --log-interval 1
+}
 parity_run() {
-  local name=$1
-  local args=(pretrain-gpt "${@:2}" --seq-length 128 --max-position-embeddings 128 --micro-batch-size 4
-              --global-batch-size 16 --eval-iters 2 --eval-interval 10 --mock-data --bf16
-              --tokenizer-type NullTokenizer --vocab-size 4096 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5
-              --seed 1234 --log-interval 1)
+  local name=$1 args
+  read -r -a args <<< "pretrain-gpt $(parity_args "${@:2}")"
   train "${name}_cpu" cpu "${args[@]}" && train "${name}_gpu" 1 "${args[@]}" &&
+    run_to "$OUT/${name}_compare.txt" "$C/laoyao" compare-logs "$OUT/${name}_cpu.log" "$OUT/${name}_gpu.log"
+}
+# lora_parity_run NAME ARG...: parity_run's model pretrained 10 iterations on the CPU and saved, then
+# LoRA from it (Bridge's run-recipe of the same model, convert-args', with peft.scheme lora) for 20
+# iterations on the CPU and on the GPU, their logs compared.
+lora_parity_run() {
+  local name=$1 base=/tmp/${1}_base args recipe
+  read -r -a args <<< "$(parity_args "${@:2}")"
+  x rm -rf "$base"
+  train "${name}_base" cpu pretrain-gpt "${args[@]}" --train-iters 10 --save "$base" --save-interval 10 || return
+  if dry; then  # (the binary may not be here)
+    x "$C/laoyao" convert-args --emit overrides "${args[@]}" --train-iters 20
+    recipe=(laoyao run-recipe --recipe vanilla_gpt_pretrain_config "(its overrides)")
+  else
+    recipe=$("$C/laoyao" convert-args --emit overrides "${args[@]}" --train-iters 20 | grep -v '^#' |
+             sed 's/ *\\$//' | tr '\n' ' ') || return
+    eval "recipe=($recipe)"
+  fi
+  local lora=(peft.scheme=lora peft.dim=8 peft.alpha=16 peft.dropout=0.1 "checkpoint.pretrained_checkpoint=$base")
+  train "${name}_cpu" cpu "${recipe[@]:1}" "${lora[@]}" && train "${name}_gpu" 1 "${recipe[@]:1}" "${lora[@]}" &&
     run_to "$OUT/${name}_compare.txt" "$C/laoyao" compare-logs "$OUT/${name}_cpu.log" "$OUT/${name}_gpu.log"
 }
 

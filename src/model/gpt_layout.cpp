@@ -142,6 +142,9 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
 }
 
 GradientWriters gradient_writers(const GptParameterLayout& layout) {
+  // PEFT: the frozen base has no gradients, and the adapters' GEMMs accumulate (their few
+  // gradients are all zeroed first).
+  if (layout.table.has_frozen()) return {{}, {{0, layout.table.trainable()}}};
   const auto& specs = layout.table.specs;  // in offset order
   auto index_of = [&](int64_t offset) {
     const auto it = std::lower_bound(specs.begin(), specs.end(), offset,

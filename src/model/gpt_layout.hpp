@@ -45,6 +45,8 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c);
 // layer, to whose gradient the embedding's backward adds), `zeroed` the ranges [offset, offset +
 // count) of everything else (norms, biases, embeddings, buffers). Together they cover every
 // parameter once. A backward that writes the former instead of adding to them zeroes the latter.
+// Offsets in the gradients' buffer: the table's, or under PEFT from its trainable_offset on (no
+// GEMM-written parameters then; all of the adapters zeroed).
 struct GradientWriters {
   struct Range {
     int64_t offset, count;

@@ -132,7 +132,7 @@ class CudaEngine final : public Engine {
       if (r.offset > at) rest_.push_back({at, r.offset - at});
       at = std::max(at, r.offset + r.count);
     }
-    if (at < gpu_.num_parameters()) rest_.push_back({at, gpu_.num_parameters() - at});
+    if (at < gpu_.num_trainable()) rest_.push_back({at, gpu_.num_trainable() - at});
     // The distributed optimizer's runs the backward reports whole (overlap_bucket_cuts made them
     // follow its parts): how many of each run's elements the reported ranges cover.
     run_reported_.assign(shards_.runs.size(), 0);
@@ -174,21 +174,21 @@ class CudaEngine final : public Engine {
     return {sum, count};
   }
   std::pair<LossSum, double> take_loss_sum_and_grad_norm() override {
-    model_sum(kc::sum_squares, gpu_.main_grads());
+    model_sum(kc::sum_squares, gpu_.main_grads(), gpu_.table().trainable_offset);
     double sum_sq = 0;
     const auto [sum, count] = gpu_.take_loss_sum(result(), &sum_sq);
     return {{sum, count}, std::sqrt(sum_sq)};
   }
   double grad_norm() override {
-    model_sum(kc::sum_squares, gpu_.main_grads());
+    model_sum(kc::sum_squares, gpu_.main_grads(), gpu_.table().trainable_offset);
     return std::sqrt(read_result());
   }
   int64_t count_zero_grads() override {
-    model_sum(kc::count_zeros, gpu_.main_grads());
+    model_sum(kc::count_zeros, gpu_.main_grads(), gpu_.table().trainable_offset);
     return static_cast<int64_t>(read_result());
   }
   double params_norm() override {
-    model_sum(kc::sum_squares, gpu_.main_params());
+    model_sum(kc::sum_squares, gpu_.main_params(), 0);
     return std::sqrt(read_result());
   }
   void finalize_grads() override {
@@ -211,9 +211,12 @@ class CudaEngine final : public Engine {
       const double coeff = max_norm / (norm + 1e-6);
       if (coeff < 1.0) s.grad_scale = static_cast<float>(coeff);
     }
+    // (Offsets in the gradients' buffer: the parameters' are trainable_offset further, PEFT's frozen
+    // base before them.)
+    const int64_t at = gpu_.table().trainable_offset;
     auto step = [&](int64_t offset, int64_t moment, int64_t count, const kc::AdamWStep& with) {
-      kc::adamw_step(gpu_.main_params() + offset, gpu_.main_grads() + offset, m_.as<float>() + moment,
-                     v_.as<float>() + moment, gpu_.params() + offset, decay_.as<uint8_t>() + moment, count, with,
+      kc::adamw_step(gpu_.main_params() + at + offset, gpu_.main_grads() + offset, m_.as<float>() + moment,
+                     v_.as<float>() + moment, gpu_.params() + at + offset, decay_.as<uint8_t>() + moment, count, with,
                      stream);
     };
     if (!decoupled_lr) {
@@ -252,7 +255,7 @@ class CudaEngine final : public Engine {
     } else if (host_.ep_size() > 1) {
       reduce_with_experts_apart(group, scale);
     } else {
-      group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_parameters()), gpu_.stream(), scale);
+      group.all_reduce_sum_device(gpu_.main_grads(), static_cast<size_t>(gpu_.num_trainable()), gpu_.stream(), scale);
     }
     phases_.mark(StepPhases::kReduced, gpu_.stream());
   }
@@ -278,7 +281,7 @@ class CudaEngine final : public Engine {
     }
   }
   void scale_grads(double s) override {
-    kc::scale_inplace(gpu_.main_grads(), static_cast<float>(s), gpu_.num_parameters(), gpu_.stream());
+    kc::scale_inplace(gpu_.main_grads(), static_cast<float>(s), gpu_.num_trainable(), gpu_.stream());
   }
   void synchronize() override { LAOYAO_CUDA_CHECK(cudaDeviceSynchronize()); }
   void cuda_profiler(bool start) override {
@@ -460,7 +463,7 @@ class CudaEngine final : public Engine {
       if (offset > at) group.all_reduce_sum_device(g + at, static_cast<size_t>(offset - at), st, scale);
       at = offset + count;
     }
-    const int64_t n = gpu_.num_parameters();
+    const int64_t n = gpu_.num_trainable();
     if (n > at) group.all_reduce_sum_device(g + at, static_cast<size_t>(n - at), st, scale);
     reduce_experts(st, scale);
   }
@@ -490,7 +493,9 @@ class CudaEngine final : public Engine {
   // groups;
   // with the distributed optimizer each rank's counted segments, summed over the data-parallel group.
   template <class Reduction>
-  void model_sum(Reduction reduce, const float* x) {
+  // x: the parameters (or their gradients) from table offset `from` on (the gradients: from the
+  // table's trainable_offset).
+  void model_sum(Reduction reduce, const float* x, int64_t from) {
     cudaStream_t stream = gpu_.stream();
     if (shards_.sharded()) {
       reduce(x + counted_begin_, counted_end_ - counted_begin_, scratch(), result(), stream,
@@ -499,7 +504,8 @@ class CudaEngine final : public Engine {
       if (dist::ProcessGroup* tp = gpu_.tp_group()) tp->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
       return;
     }
-    reduce(x, gpu_.num_parameters(), scratch(), result(), stream, gpu_.counted_flags());
+    const uint8_t* counted = gpu_.counted_flags();
+    reduce(x, gpu_.num_parameters() - from, scratch(), result(), stream, counted ? counted + from : nullptr);
     for (dist::ProcessGroup* split : gpu_.split_groups())
       split->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
   }
@@ -541,7 +547,7 @@ class CudaEngine final : public Engine {
 std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& adam, const optim::AdamWSettings& s,
                                          int64_t max_b, int64_t seq, const OptimizerShards* shards) {
   return std::make_unique<CudaEngine>(model, adam, s, max_b, seq,
-                                      shards ? *shards : whole_model_shards(model.num_parameters()));
+                                      shards ? *shards : whole_model_shards(model.num_trainable()));
 }
 
 std::string cuda_backend_gaps(const model::GptConfig& model) { return model::cuda_unsupported_features(model); }

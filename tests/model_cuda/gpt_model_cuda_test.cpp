@@ -54,11 +54,23 @@ void compare(GptConfig c, bool training, bool attention_dropout = true) {
   EXPECT_NEAR(sum / count, cpu_sum / cpu_count, 1e-2);
   EXPECT_EQ(gpu.take_loss_sum().second, 0.0) << "take_loss_sum resets the running sum";
 
-  std::vector<float> grads(static_cast<size_t>(gpu.num_parameters()));
+  // The trained parameters' gradients (PEFT: the adapters', from the table's trainable_offset on).
+  const int64_t from = cpu.table().trainable_offset;
+  ASSERT_EQ(gpu.num_trainable(), cpu.num_trainable());
+  std::vector<float> grads(static_cast<size_t>(gpu.num_trainable()));
   gpu.download_grads(grads.data());
-  EXPECT_LT(rel_err(grads.data(), cpu.grads(), gpu.num_parameters()), 2e-2);
-  for (const auto& p : cpu.table().specs)
-    EXPECT_LT(rel_err(grads.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+  EXPECT_LT(rel_err(grads.data(), cpu.grads(), gpu.num_trainable()), 2e-2);
+  for (const auto& p : cpu.table().specs) {
+    if (p.frozen) continue;
+    EXPECT_LT(rel_err(grads.data() + (p.offset - from), cpu.grads() + (p.offset - from), p.numel), 6e-2) << p.name;
+  }
+}
+
+GptConfig with_lora(GptConfig c, double dropout = 0.0) {
+  LoraSpec s;
+  s.dim = 8, s.alpha = 16, s.dropout = dropout;
+  c.lora = s;
+  return c;
 }
 
 }  // namespace
@@ -544,4 +556,13 @@ TEST(CudaGptModel, GradsReadyHookReportsFinalRangesInBackwardOrder) {
     if (!reported) embeddings += p.numel;
   }
   EXPECT_EQ(covered + embeddings, table.total);
+}
+
+// LoRA (peft.scheme lora): the adapters beside every linear, the base frozen (no gradients).
+TEST(CudaGptModel, LoraMatchesCpuModel) { compare(with_lora(small_config(4, 4)), false); }
+TEST(CudaGptModel, LoraLlamaWithDropoutMatchesCpuModel) { compare(with_lora(llama_config(), 0.1), true); }
+TEST(CudaGptModel, LoraOnAttentionAloneMatchesCpuModel) {
+  GptConfig c = with_lora(qwen3_config());
+  c.lora->fc1 = c.lora->fc2 = false;
+  compare(c, false);
 }

@@ -95,8 +95,9 @@ void compare_tp(TpCase k) {
         gpu.backward();
         gpu.finalize_grads();
         losses[r] = gpu.download_losses();
-        grads[r].resize(static_cast<size_t>(gpu.num_parameters()));
-        gpu.download_grads(grads[r].data());
+        // At table offsets (PEFT's frozen base has no gradients: zeros).
+        grads[r].assign(static_cast<size_t>(gpu.num_parameters()), 0.0f);
+        gpu.download_grads(grads[r].data() + gpu.table().trainable_offset);
       } catch (const std::exception& e) {
         errors[r] = e.what();
         meeting->break_off();  // the other rank gives up rather than wait
@@ -124,12 +125,15 @@ void compare_tp(TpCase k) {
   }
   std::vector<float> whole(static_cast<size_t>(cpu.num_parameters()));
   tp_unshard(c, cpu.table(), whole.data(), local, {grads[0].data(), grads[1].data()});
-  EXPECT_LT(rel_err(whole.data(), cpu.grads(), cpu.num_parameters()), k.routing_may_differ ? 0.1 : 2e-2);
+  // The trained parameters' (the CPU model's gradients start at its trainable_offset).
+  const int64_t from = cpu.table().trainable_offset;
+  EXPECT_LT(rel_err(whole.data() + from, cpu.grads(), cpu.num_trainable()), k.routing_may_differ ? 0.1 : 2e-2);
   // Where routing may differ, a token routed otherwise moves gradient between two experts: a few
   // routed tensors (an expert with few tokens) may be far off, not many; the rest stay close.
   int64_t routed = 0, routed_far = 0;
   for (const auto& p : cpu.table().specs) {
-    const double err = rel_err(whole.data() + p.offset, cpu.grads() + p.offset, p.numel);
+    if (p.frozen) continue;
+    const double err = rel_err(whole.data() + p.offset, cpu.grads() + (p.offset - from), p.numel);
     const bool is_routed =
         p.name.find(".mlp.experts.") != std::string::npos || p.name.find(".mlp.router.") != std::string::npos;
     if (k.routing_may_differ && is_routed) {
@@ -180,6 +184,15 @@ TEST(CudaGptModelTp, MoeTop2SharedExpertDenseFirstLayerWithDropout) {
   c.moe.layers = {false, true, true};
   c.moe.tensor_parallel = 2;
   compare_tp({c, true, true, 2, 48, true});
+}
+// LoRA beside every linear (the whole adapter halves' gradients summed by finalize_grads), with its
+// dropout on the sequence-parallel path.
+TEST(CudaGptModelTp, LoraLlamaSequenceParallelWithDropout) {
+  GptConfig c = llama_tp_config();
+  LoraSpec lora;
+  lora.dim = 8, lora.alpha = 16, lora.dropout = 0.1;
+  c.lora = lora;
+  compare_tp({c, true, true});
 }
 TEST(CudaGptModelTp, Qwen3QkLayernormWithFullRecomputation) {
   GptConfig c = qwen3_config();

@@ -34,9 +34,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
-  // The backend has LoRA's ops; the engine does not yet keep gradients and Adam state for the
-  // adapters alone.
-  if (c.lora) missing.push_back("LoRA (peft.scheme lora: the CUDA engine's frozen base is not built yet)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
@@ -200,6 +197,7 @@ void CudaBackend::embedding(const int64_t* ids, int64_t table, Act out, int64_t 
 
 void CudaBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table, int64_t T, int64_t h,
                                      tp::Shard vocab) {
+  if (!G(table)) return;  // frozen
   kc::embedding_backward(ids, B(dout), G(table), T, h, vocab.size, emb_scratch_, emb_scratch_bytes_, st_.stream,
                          vocab.start);
   phase(kEmbedding);
@@ -214,8 +212,8 @@ void CudaBackend::linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64
 
 void CudaBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) {
   if (dx.p) st_.gemm->linear_backward_input(B(dy), P(w), B(dx), rows, K, N, st_.stream);
-  st_.gemm->linear_backward_weight(B(dy), B(x), G(w), rows, K, N, st_.stream, accumulates(w));
-  if (b >= 0) kc::bias_grad(B(dy), G(b), reduce_scratch_, rows, N, st_.stream);
+  if (G(w)) st_.gemm->linear_backward_weight(B(dy), B(x), G(w), rows, K, N, st_.stream, accumulates(w));
+  if (G(b)) kc::bias_grad(B(dy), G(b), reduce_scratch_, rows, N, st_.stream);
   phase(gemm_phase(w));
 }
 
@@ -273,7 +271,7 @@ void CudaBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float
                            c.zero_centered_gamma, st_.stream, add, colsum);
   if (!in_place) {
     kc::add_inplace(B(dx), dtmp_, rows * h, st_.stream);
-    if (dx_bias >= 0) kc::bias_grad(B(dx), G(dx_bias), reduce_scratch_, rows, h, st_.stream);
+    if (G(dx_bias)) kc::bias_grad(B(dx), G(dx_bias), reduce_scratch_, rows, h, st_.stream);
   }
   phase(kNorms);
 }
@@ -340,8 +338,8 @@ void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t 
     phase(kMlpGemms);
     mlp_activation_backward(Act{dg_}, u, du, rows, ffn);
   }
-  st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
-  if (fc2_b >= 0) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);
+  if (G(fc2_w)) st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
+  if (G(fc2_b)) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);
   phase(kMlpGemms);
 }
 

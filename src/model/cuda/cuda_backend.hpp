@@ -54,7 +54,10 @@ struct CudaBackendState {
   cudaStream_t stream = nullptr;
   kernels::cuda::CublasLtGemm* gemm = nullptr;
   const __nv_bfloat16* params = nullptr;  // bf16 weights at table offsets
-  float* grads = nullptr;                 // fp32 main gradients at table offsets
+  // fp32 main gradients of the trained parameters: at table offset - trainable_offset (PEFT's frozen
+  // base, before trainable_offset, has none).
+  float* grads = nullptr;
+  int64_t trainable_offset = 0;
   const float* main = nullptr;            // fp32 main weights (an MoE router's expert_bias)
   const GptParameterLayout* layout = nullptr;
   const GradientWriters* writers = nullptr;
@@ -146,7 +149,9 @@ class CudaBackend final : public Backend {
   void phase(Phase p);
   Phase gemm_phase(int64_t w) const;  // which kind a linear layer's GEMMs count to
   const bf16* P(int64_t off) const { return off >= 0 ? st_.params + off : nullptr; }
-  float* G(int64_t off) const { return off >= 0 ? st_.grads + off : nullptr; }
+  float* G(int64_t off) const {
+    return off >= 0 && off >= st_.trainable_offset ? st_.grads + (off - st_.trainable_offset) : nullptr;
+  }
   static bf16* B(Act a) { return static_cast<bf16*>(a.p); }
   // The accumulate flag of parameter w's weight-gradient GEMM in the backward being enqueued.
   bool accumulates(int64_t w) const;

@@ -87,7 +87,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   }
   const int64_t N = num_parameters();
   main_ = kc::DeviceBuffer(sizeof(float) * N);
-  grads_ = kc::DeviceBuffer(sizeof(float) * N);
+  grads_ = kc::DeviceBuffer(sizeof(float) * num_trainable());  // none for PEFT's frozen base
   params_ = kc::DeviceBuffer(sizeof(bf16) * N);
   loss_acc_ = kc::DeviceBuffer(2 * sizeof(double));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, loss_acc_.bytes, stream_));
@@ -163,11 +163,15 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     append_ranges(layout_.table, prefix, ep_ != nullptr, sync_ranges_);
     return std::make_pair(begin, sync_ranges_.size());
   };
-  const size_t head_begin = sync_ranges_.size();
-  group("decoder.final_layernorm.");
-  if (layout_.output_w != layout_.word_emb) group("output_layer.");
-  head_ranges_.push_back({head_begin, sync_ranges_.size()});
-  for (int64_t l = 0; l < lc_.num_layers; ++l) layer_ranges_.push_back(group("decoder.layers." + std::to_string(l) + "."));
+  // (PEFT's few adapter gradients are reduced after the backward, whole.)
+  if (!layout_.table.has_frozen()) {
+    const size_t head_begin = sync_ranges_.size();
+    group("decoder.final_layernorm.");
+    if (layout_.output_w != layout_.word_emb) group("output_layer.");
+    head_ranges_.push_back({head_begin, sync_ranges_.size()});
+    for (int64_t l = 0; l < lc_.num_layers; ++l)
+      layer_ranges_.push_back(group("decoder.layers." + std::to_string(l) + "."));
+  }
 
   // What finalize_grads sums over the tensor-parallel group: the QK norms serve every head, each
   // rank's heads gave a part; under SP each rank's rows gave a part of every norm's gradient; an
@@ -183,6 +187,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
+    for (const auto& [off, n] : lora_tp_partial_grads(layout_)) sum(off, n);
     // Whole experts without EP: each rank's experts saw its share's rows, summed over the TP group
     // (with EP groups of whole TP groups they saw every share's: the trainer's reduction sums them).
     if (folded_ && !ep_) same_experts_ = tp_;
@@ -201,7 +206,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
                     (!ep_ || (moe_ && moe_->graph_safe())) && !(cfg.moe.global_aux_loss_coeff > 0) &&
                     !options.model_phases;
   gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 && options.gelu_epilogue;
-  bias_grad_in_norm_ = options.bias_grad_in_norm && !(lc_.hidden_dropout > 0) && !sp_;
+  bias_grad_in_norm_ = options.bias_grad_in_norm && !(lc_.hidden_dropout > 0) && !sp_ && !layout_.table.has_frozen();
 
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
   writers_ = gradient_writers(layout_);
@@ -212,6 +217,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     state.gemm = &gemm_;
     state.params = params();
     state.grads = main_grads();
+    state.trainable_offset = layout_.table.trainable_offset;
     state.main = main_params();
     state.layout = &layout_;
     state.writers = &writers_;
@@ -233,7 +239,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
                                               *backend_, /*recompute=*/true);
     tree_->allocate(max_b, s);  // once: a captured step replays these addresses; smaller batches use a prefix
     tree_->set_backward_hook([this](int64_t layer) {
-      if (!grads_ready_) return;
+      if (!grads_ready_ || layer_ranges_.empty()) return;
       if (layer < 0)
         for (const auto& r : head_ranges_) report_grads_ready(r);
       else
@@ -364,9 +370,9 @@ void CudaGptModel::download_weights(float* host) const {
 void CudaGptModel::download_grads(float* host) const {
   kc::stream_wait(stream_, "the step before the gradients are read");
   if (fresh_grads_)  // zeroed lazily, not yet written
-    std::fill(host, host + num_parameters(), 0.0f);
+    std::fill(host, host + num_trainable(), 0.0f);
   else
-    grads_.download(host, sizeof(float) * num_parameters());
+    grads_.download(host, sizeof(float) * num_trainable());
 }
 
 void CudaGptModel::zero_grads() { fresh_grads_ = true; }
@@ -469,7 +475,8 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   // A step without dropout is the same kernels with the same arguments every time: from the second
   // call of a shape on, it is one CUDA graph launch (forward, and backward when training) instead of
   // a hundred-odd kernel launches. The first call runs eagerly (cuBLASLt plans, kernel attributes).
-  const bool dropout_now = key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0);
+  const bool dropout_now =
+      key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0 || (c.lora && c.lora->dropout > 0));
   if (graphs_enabled_ && !dropout_now && !grads_ready_) {
     const auto graph_key = std::make_tuple(b_, dloss != nullptr, dloss != nullptr && fresh_grads_);
     auto it = graphs_.find(graph_key);
@@ -544,7 +551,8 @@ void CudaGptModel::begin_backward() {
   fresh_grads_ = false;
   if (writing_grads_)
     for (const GradientWriters::Range& r : writers_.zeroed)
-      LAOYAO_CUDA_CHECK(cudaMemsetAsync(G(r.offset), 0, sizeof(float) * static_cast<size_t>(r.count), stream_));
+      LAOYAO_CUDA_CHECK(
+          cudaMemsetAsync(main_grads() + r.offset, 0, sizeof(float) * static_cast<size_t>(r.count), stream_));
 }
 
 void CudaGptModel::backward() {

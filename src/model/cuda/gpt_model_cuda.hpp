@@ -117,9 +117,13 @@ class CudaGptModel {
   const std::vector<Range>& grad_sync_ranges() const { return sync_ranges_; }
   const ParameterTable& table() const { return layout_.table; }
   int64_t num_parameters() const { return layout_.table.total; }
+  // The trained parameters: all of them, or PEFT's adapters after the frozen base (the gradients'
+  // size; they start at the table's trainable_offset).
+  int64_t num_trainable() const { return layout_.table.trainable(); }
   cudaStream_t stream() const { return stream_; }
 
-  // fp32 main parameters and gradients, bf16 model parameters (device pointers, table offsets).
+  // fp32 main parameters and bf16 model parameters (device pointers, table offsets); fp32 main
+  // gradients of the trained parameters (at table offset - trainable_offset).
   float* main_params() { return main_.as<float>(); }
   float* main_grads() { return grads_.as<float>(); }
   bf16* params() { return params_.as<bf16>(); }
@@ -174,7 +178,10 @@ class CudaGptModel {
 
  private:
   bool tensor_parallel() const { return tp_size_ > 1; }
-  float* G(int64_t off) { return off >= 0 ? main_grads() + off : nullptr; }
+  float* G(int64_t off) {
+    return off >= 0 && off >= layout_.table.trainable_offset ? main_grads() + (off - layout_.table.trainable_offset)
+                                                               : nullptr;
+  }
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
