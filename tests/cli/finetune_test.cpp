@@ -1,6 +1,7 @@
 // Fine-tuning as a Megatron-Bridge user runs it: the llama32_1b_sft_config recipe, shrunk, on local
 // JSONL of Bridge's SQuAD rows (packed, and unpacked), from a Hugging Face import, tokenised by a
-// real Llama 3 tokenizer; the recipe's dataset without dataset_root is refused by name.
+// real Llama 3 tokenizer, and the Llama PEFT recipes (LoRA) on the same; the recipe's dataset
+// without dataset_root is refused by name.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -88,6 +89,20 @@ TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
   r = run_laoyao(unpacked, dir);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+
+  // The PEFT recipes: LoRA on the same rows from the same import (Llama 3 8B's at dim 8, alpha 16;
+  // single-GPU parallel sizes).
+  for (const char* recipe : {"llama32_1b_peft_config", "llama3_8b_peft_config"}) {
+    std::vector<std::string> peft = base;
+    peft[2] = recipe;
+    for (const char* a : {"model.tensor_model_parallel_size=1", "model.context_parallel_size=1",
+                          "model.sequence_parallel=false"})
+      peft.push_back(a);
+    r = run_laoyao(peft, dir);
+    ASSERT_EQ(r.status, 0) << recipe << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+    EXPECT_TRUE(contains(r.output, "validation loss at iteration 3")) << r.output;
+  }
 
   // The recipe's own dataset (SQuAD from the hub) is not downloaded: refused, naming what to give.
   std::vector<std::string> hub = {"run-recipe", "--recipe", "llama32_1b_sft_config", "model.num_layers=2",
