@@ -600,10 +600,10 @@ declare_case bench bench MEASUREMENT 1 3600 bench:bench.txt -- bench_run bench.t
 # from_pretrained with no missing or unexpected keys and the same logits.
 declare_case hf hf_transformers TEST 1 900 exit -- run_to "$OUT/hf_transformers.txt" python3 \
   tests/gpu/hf_transformers_check.py "$C/laoyao" "$OUT"
-# torch.randperm's own permutations (torch.Generator().manual_seed(seed)) for the fine-tuning batch
-# sampler's unit test (tests/data/batch_sampler_test.cpp reproduces them without torch).
-declare_case hf torch_randperm_answers MEASUREMENT 1 120 head:torch_randperm_answers.txt,4 -- \
-  run_to "$OUT/torch_randperm_answers.txt" python3 -c 'import torch; [print(n, s, torch.randperm(n, \
-generator=torch.Generator().manual_seed(s)).tolist()[:12]) for n, s in ((10, 0), (20, 1234), (7, 5678), (1000, 42))]'
+# LoRA against peft: a LoRA run on the GPU from an imported random Llama and Qwen3, its adapters
+# exported in PEFT's format loaded by peft onto the transformers model, whose logits equal the
+# merged export's.
+declare_case hf peft_lora TEST 1 600 exit -- run_to "$OUT/peft_lora.txt" python3 \
+  tests/gpu/peft_lora_check.py "$C/laoyao" "$OUT"
 
 check_declarations

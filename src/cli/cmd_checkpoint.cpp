@@ -1,5 +1,5 @@
 // laoyao checkpoint import-hf HF_DIR OUT_DIR
-// laoyao checkpoint export-hf CKPT OUT_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]
+// laoyao checkpoint export-hf CKPT OUT_DIR [--dtype bf16|fp32] [--max-shard-size SIZE] [--adapters]
 // Checkpoint conversions. import-hf: a Hugging Face model folder into a folder that
 // --pretrained-checkpoint (checkpoint.pretrained_checkpoint) reads, with the model's Megatron-LM
 // flags and Bridge overrides beside it (train/hf_import.hpp); export-hf: a laoyao checkpoint or an
@@ -22,7 +22,7 @@ void print_help() {
   for (const auto& a : train::hf_architecture_names()) archs += (archs.empty() ? "" : ", ") + a;
   std::printf(
       "usage: laoyao checkpoint import-hf HF_DIR OUT_DIR\n"
-      "       laoyao checkpoint export-hf CKPT OUT_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
+      "       laoyao checkpoint export-hf CKPT OUT_DIR [--dtype bf16|fp32] [--max-shard-size SIZE] [--adapters]\n"
       "\n"
       "import-hf  converts a Hugging Face model folder (config.json, *.safetensors with or without\n"
       "           model.safetensors.index.json, F32/BF16/F16) into OUT_DIR, a new folder holding:\n"
@@ -42,7 +42,10 @@ void print_help() {
       "           config.json (an imported folder's own), the weights under Hugging Face's names in\n"
       "           safetensors files of at most --max-shard-size (default 5GB; several: with\n"
       "           model.safetensors.index.json), and the run's tokenizer files. --dtype: bf16 (the\n"
-      "           fp32 main weights rounded to nearest even) or fp32; default: the run's.\n",
+      "           fp32 main weights rounded to nearest even) or fp32; default: the run's. A LoRA run's\n"
+      "           checkpoint (the adapters alone) is written merged into its base\n"
+      "           (checkpoint.pretrained_checkpoint), or with --adapters as PEFT's own files\n"
+      "           (adapter_model.safetensors, adapter_config.json).\n",
       archs.c_str());
 }
 
@@ -98,12 +101,14 @@ int export_hf(const Args& args) {
   train::HfExportOptions options;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--dtype" || a == "--max-shard-size") {
+    if (a == "--adapters") {
+      options.adapters = true;
+    } else if (a == "--dtype" || a == "--max-shard-size") {
       if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
       if (a == "--dtype") options.dtype = args[++i];
       else options.max_shard_bytes = parse_size(args[++i]);
     } else if (a.rfind("--", 0) == 0) {
-      throw UsageError("export-hf: unknown option '" + a + "'" + did_you_mean(a, {"--dtype", "--max-shard-size"}));
+      throw UsageError("export-hf: unknown option '" + a + "'" + did_you_mean(a, {"--dtype", "--max-shard-size", "--adapters"}));
     } else {
       paths.push_back(a);
     }

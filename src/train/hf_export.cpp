@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "config/yaml_io.hpp"
 #include "core/error.hpp"
@@ -37,6 +38,7 @@ struct Source {
   std::string default_dtype;
   std::string tokenizer_dir;
   std::optional<model::LoraSpec> lora;         // the checkpoint's adapters, merged on reading
+  std::string base_path;                       // a LoRA run's base (its checkpoint.pretrained_checkpoint)
   const TensorStore& store() const { return checkpoint && !lora ? checkpoint->model : imported->store; }
   // Megatron-Core tensor `name` whole into out; a LoRA-adapted linear's weight as W + (alpha/dim) B A.
   void read(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& out) const;
@@ -107,6 +109,7 @@ Source open_source(const std::string& path) {
       throw UsageError("checkpoint '" + ck.dir + "' is a LoRA run's without checkpoint.pretrained_checkpoint in its "
                        "run_config.yaml: its base is unknown");
     const std::string& base = *c.checkpoint.pretrained_checkpoint;
+    s.base_path = base;
     const std::vector<ParamShape> shapes = param_shapes(model::build_gpt_parameters(whole).table);
     s.imported = is_hf_folder(base) ? open_hf_pretrained(base, whole, shapes)
                                     : open_pretrained(resolve_hf_path(base, "checkpoint.pretrained_checkpoint"), shapes);
@@ -186,6 +189,92 @@ std::string shard_name(size_t i, size_t n) {
   return buf;
 }
 
+// values in `dtype`'s bytes (bf16: rounded to nearest even).
+std::vector<uint8_t> as_bytes(const std::vector<float>& v, Dtype dtype) {
+  std::vector<uint8_t> bytes(v.size() * dtype_size(dtype));
+  if (dtype == Dtype::F32) {
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+  } else {
+    auto* b = reinterpret_cast<uint16_t*>(bytes.data());
+    for (size_t j = 0; j < v.size(); ++j) b[j] = f32_to_bf16(v[j]);
+  }
+  return bytes;
+}
+
+// A LoRA run's adapters as PEFT writes them (HfExportOptions::adapters): adapter_model.safetensors
+// under PEFT's names (base_model.model.<Hugging Face module>.lora_A / lora_B.weight), linear_in as
+// the lora_A of each Hugging Face linear a Megatron-Core one fuses (q/k/v, gate/up: the same A for
+// each), linear_out's rows split as the layer's weight rows are; adapter_config.json with the
+// fields Megatron-Bridge's export writes.
+HfExportResult export_adapters(const Source& src, const std::string& out_dir, Dtype dtype, HfExportResult result) {
+  if (!src.lora)
+    throw UsageError("--adapters writes a LoRA run's adapters: '" + src.checkpoint->dir + "' is not a LoRA run's checkpoint");
+  if (src.model.arch == HfArchitecture::Gpt2)
+    throw UsageError("--adapters: GPT-2's Conv1D layers would need PEFT's fan_in_fan_out adapters, which are not "
+                     "written; export the merged model (without --adapters)");
+  const TensorStore& adapters = src.checkpoint->model;
+  const int64_t r = src.lora->dim;
+  struct Out {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Out> outs;
+  std::set<std::string> modules;
+  for (const HfTensorMap& m : hf_tensor_maps(src.model)) {
+    const std::string suffix = ".weight";
+    if (!m.mcore.ends_with(suffix) || m.shape.size() != 2) continue;
+    const std::string linear = m.mcore.substr(0, m.mcore.size() - suffix.size());
+    if (!adapters.find(linear + ".adapter.linear_in.weight")) continue;
+    std::vector<float> A(static_cast<size_t>(r * m.shape[1])), B(static_cast<size_t>(m.shape[0] * r)), part;
+    adapters.read({linear + ".adapter.linear_in.weight", {r, m.shape[1]}, {model::whole_box({r, m.shape[1]})}}, A.data());
+    adapters.read({linear + ".adapter.linear_out.weight", {m.shape[0], r}, {model::whole_box({m.shape[0], r})}},
+                  B.data());
+    HfTensorMap rows_of_b = m;  // linear_out's rows are the layer's: split the same way
+    rows_of_b.shape = {m.shape[0], r};
+    for (size_t k = 0; k < m.hf.size(); ++k) {
+      const std::string module = m.hf[k].substr(0, m.hf[k].size() - suffix.size());
+      modules.insert(module.substr(module.rfind('.') + 1));
+      outs.push_back({"base_model.model." + module + ".lora_A.weight", {r, m.shape[1]}, as_bytes(A, dtype)});
+      if (m.kind != Kind::Copy) hf_values(rows_of_b, k, src.model, B, part);
+      outs.push_back({"base_model.model." + module + ".lora_B.weight", hf_shape(rows_of_b, k, src.model),
+                      as_bytes(m.kind == Kind::Copy ? B : part, dtype)});
+    }
+  }
+  ScratchFolder scratch(out_dir);
+  std::vector<TensorWrite> writes;
+  for (const Out& o : outs) writes.push_back({o.name, dtype, o.shape, nullptr});
+  write_safetensors(scratch.file("adapter_model.safetensors"), writes, {{"format", "pt"}},
+                    [&](size_t w, size_t offset, size_t n, void* dst) { std::memcpy(dst, outs[w].bytes.data() + offset, n); },
+                    /*hash=*/false);
+  const model::LoraSpec& l = *src.lora;
+  const bool whole_alpha = l.alpha == static_cast<double>(static_cast<int64_t>(l.alpha));
+  const nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"auto_mapping", nullptr},
+      {"base_model_name_or_path", src.base_path},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"lora_alpha", whole_alpha ? nlohmann::json(static_cast<int64_t>(l.alpha)) : nlohmann::json(l.alpha)},
+      {"lora_dropout", l.dropout},
+      {"modules_to_save", nullptr},
+      {"r", r},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"target_modules", std::vector<std::string>(modules.begin(), modules.end())},
+      {"task_type", "CAUSAL_LM"},
+      {"use_dora", false},
+      {"use_rslora", false}};
+  write_file_atomic(scratch.file("adapter_config.json"), config.dump(2) + "\n");
+  scratch.commit();
+  for (const Out& o : outs) result.bytes += o.bytes.size();
+  result.tensors = static_cast<int64_t>(outs.size());
+  result.files = {"adapter_model.safetensors", "adapter_config.json"};
+  return result;
+}
+
 }  // namespace
 
 HfExportResult export_hf(const std::string& source, const std::string& out_dir, const HfExportOptions& options,
@@ -197,6 +286,7 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
   result.model = src.model;
   result.dtype = options.dtype.empty() ? src.default_dtype : options.dtype;
   const Dtype dtype = result.dtype == "bf16" ? Dtype::BF16 : Dtype::F32;
+  if (options.adapters) return export_adapters(src, out_dir, dtype, std::move(result));
   const size_t es = dtype_size(dtype);
 
   // Every Hugging Face tensor: its map, which of the map's sources, its shape; then the files.

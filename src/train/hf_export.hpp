@@ -3,7 +3,9 @@
 // config.json for the matching architecture (an imported folder's own, as it was), the weights under
 // Hugging Face's names in safetensors files of at most max_shard_bytes with
 // model.safetensors.index.json when there are several, and the tokenizer files the run had.
-// BF16 weights are the fp32 main weights rounded to nearest even, as Megatron's export does.
+// BF16 weights are the fp32 main weights rounded to nearest even, as Megatron's export does. A LoRA
+// run's checkpoint (the adapters alone) is exported merged into its base, or with `adapters` as
+// PEFT's adapter files.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,6 +18,9 @@ namespace laoyao::train {
 struct HfExportOptions {
   std::string dtype;  // "bf16" or "fp32"; empty: the run's (an imported folder: its weights')
   uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, "5GB"
+  // A LoRA run's checkpoint: its adapters alone in PEFT's format (adapter_model.safetensors and
+  // adapter_config.json, which peft's PeftModel.from_pretrained loads onto the base), not merged.
+  bool adapters = false;
 };
 
 struct HfExportResult {

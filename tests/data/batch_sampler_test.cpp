@@ -31,8 +31,9 @@ TEST(TorchRandperm, IsASeededPermutationSwappingEachPositionWithARandomLaterOne)
 }
 
 TEST(TorchRandperm, GivesTorchsOwnPermutations) {
-  // torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() on the GPU machine
-  // (torch 2.x, the CPU generator; tests/gpu case torch_randperm_answers), the first values.
+  // torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()[:12], printed by torch
+  // 2.x on the GPU machine (the CPU generator), for (n, seed) in ((10, 0), (20, 1234), (7, 5678),
+  // (1000, 42)).
   auto head = [](int64_t n, uint64_t seed, size_t k) {
     std::vector<int64_t> p = torch_randperm(n, seed);
     p.resize(std::min(k, p.size()));

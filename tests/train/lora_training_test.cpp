@@ -4,10 +4,14 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "config/front_ends.hpp"
+#include "core/file_io.hpp"
+#include "core/safetensors.hpp"
 #include "core/error.hpp"
 #include "train/capabilities.hpp"
 #include "train/checkpoint.hpp"
@@ -277,4 +281,92 @@ TEST(LoraTraining, ExportHfMergesTheAdaptersIntoTheBase) {
   for (int64_t t = 0; t < T; ++t) moved = std::max(moved, std::abs(double(lb[t]) - la[t]));
   EXPECT_GT(moved, 1e-3);
   fs::remove_all(dir), fs::remove_all(hf);
+}
+
+namespace {
+
+// Every tensor of a folder's safetensors files, as fp32.
+std::map<std::string, std::vector<float>> read_tensors(const std::string& dir) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") {
+      SafetensorsFile f(e.path().string());
+      for (const auto& t : f.tensors()) out[t.name] = f.read_f32(t);
+    }
+  return out;
+}
+
+}  // namespace
+
+// export-hf --adapters: PEFT's adapter_model.safetensors and adapter_config.json, each Hugging Face
+// linear's lora_B A (scaled by alpha / r) the same delta the merged export adds to its weight.
+TEST(LoraTraining, ExportHfAdaptersArePeftFilesOfTheMergedDelta) {
+  const std::string root = (fs::temp_directory_path() / ("laoyao_lora_peft." + std::to_string(::getpid()))).string();
+  fs::remove_all(root);
+  const std::vector<std::string> llama = {
+      "model.normalization=RMSNorm",          "model.gated_linear_unit=true",
+      "model.position_embedding_type=rope",   "model.add_bias_linear=false",
+      "model.share_embeddings_and_output_weights=false", "model.num_query_groups=2",
+      "model.hidden_dropout=0",               "model.attention_dropout=0"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), llama.begin(), llama.end());
+    return extra;
+  };
+  auto train_run = [&](const std::vector<std::string>& o) {
+    config::Resolved r = resolve("vanilla_gpt_pretrain_config", o);
+    train::TrainOptions opt = quiet();
+    train::train(r.cfg, r.validated.derived, opt);
+    std::fclose(opt.out);
+  };
+  const std::string base = root + "/base", ckpt = root + "/lora";
+  train_run(with({"train.train_iters=2", "checkpoint.save=" + base, "checkpoint.save_interval=2"}));
+  train_run(with({"train.train_iters=3", "optimizer.lr=1e-2", "peft.scheme=lora", "peft.dim=4", "peft.alpha=8",
+                  "checkpoint.pretrained_checkpoint=" + base, "checkpoint.save=" + ckpt, "checkpoint.save_interval=3"}));
+  train::HfExportOptions fp32;
+  fp32.dtype = "fp32";
+  train::export_hf(base, root + "/base_hf", fp32);
+  train::export_hf(ckpt, root + "/merged_hf", fp32);
+  train::HfExportOptions adapters = fp32;
+  adapters.adapters = true;
+  train::export_hf(ckpt, root + "/peft", adapters);
+
+  const nlohmann::json config = nlohmann::json::parse(read_file(root + "/peft/adapter_config.json"));
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8);
+  EXPECT_EQ(config["target_modules"],
+            (std::vector<std::string>{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"}));
+  const auto lora = read_tensors(root + "/peft"), merged = read_tensors(root + "/merged_hf"),
+             before = read_tensors(root + "/base_hf");
+  EXPECT_EQ(lora.size(), 2u * 7 * 2) << "lora_A and lora_B of seven linears in each of two layers";
+  for (const auto& [name, b] : lora) {
+    const std::string tail = ".lora_B.weight";
+    if (!name.ends_with(tail)) continue;
+    const std::string module = name.substr(0, name.size() - tail.size());
+    ASSERT_EQ(module.rfind("base_model.model.", 0), 0u) << name;
+    const std::string weight = module.substr(17) + ".weight";
+    const std::vector<float>& a = lora.at(module + ".lora_A.weight");
+    const std::vector<float>&w1 = merged.at(weight), &w0 = before.at(weight);
+    const size_t rows = b.size() / 4, cols = a.size() / 4;
+    ASSERT_EQ(w1.size(), rows * cols) << weight;
+    double err = 0, size = 0;
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t j = 0; j < cols; ++j) {
+        double d = 0;
+        for (size_t k = 0; k < 4; ++k) d += double(b[i * 4 + k]) * a[k * cols + j];
+        err = std::max(err, std::abs(2.0 * d - (double(w1[i * cols + j]) - w0[i * cols + j])));
+        size = std::max(size, std::abs(2.0 * d));
+      }
+    EXPECT_GT(size, 0.0) << weight << ": the adapter trained";
+    EXPECT_LT(err, 1e-6 + 1e-4 * size) << weight;
+  }
+  // Not a LoRA run's checkpoint: refused by name, nothing written.
+  try {
+    train::export_hf(base, root + "/not", adapters);
+    ADD_FAILURE() << "--adapters of a plain checkpoint";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a LoRA run's checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(root + "/not"));
+  fs::remove_all(root);
 }
