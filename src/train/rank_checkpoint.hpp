@@ -61,7 +61,7 @@ ShardWrite rank_shard(const std::vector<StatePart>& parts, const std::vector<flo
 // holds; all of them without PEFT), or the trained ones (PEFT's adapters: what its own checkpoints
 // hold, as Megatron-Bridge saves the adapters alone; all of them without PEFT).
 enum class ParamSet { kAll, kBase, kTrained };
-// The runs's checkpoint parameters: those that trained (the adapters alone under PEFT).
+// A run's checkpoint parameters: those that train (PEFT's adapters alone).
 ParamSet saved_params(const model::GptModel& local);
 
 // The whole model's parameter shapes (every rank's experts) of `which`.
