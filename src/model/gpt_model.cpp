@@ -34,8 +34,8 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     folded_edp_ = expert_dp_;
     expert_dp_ = nullptr;
   }
-  if (cfg.lora && cfg.moe.num_experts > 0)
-    throw UsageError("LoRA (peft.scheme lora) on a Mixture-of-Experts model is not built yet");
+  if (cfg.lora && cfg.moe.num_experts > 0 && cfg.moe.expert_parallel > 1)
+    throw UsageError("LoRA (peft.scheme lora) with expert parallelism is not built yet");
   lc_ = tp_local_config(cfg, tp_size_);
   layout_ = build_gpt_parameters(lc_);  // this rank's shapes, Megatron-Core's names
   if (host_state) {
@@ -187,14 +187,15 @@ void GptModel::finalize_grads() {
   }
   // A router's gradient is each rank's share (its experts' columns' part of the probabilities'
   // gradient): summed, as Megatron all-reduces the sequence-parallel router over the group.
-  for (const auto& L : layout_.layers)
-    if (L.router_w >= 0) tp_->all_reduce_sum(G(L.router_w), static_cast<size_t>(cfg_.moe.num_experts * lc_.hidden));
+  for (const auto& L : layout_.layers)  // (frozen under PEFT: no gradient)
+    if (L.router_w >= table_.trainable_offset)
+      tp_->all_reduce_sum(G(L.router_w), static_cast<size_t>(cfg_.moe.num_experts * lc_.hidden));
   // Whole experts (see the constructor): each rank's experts saw its share's rows (and its
   // expert-parallel group's); here the ranks holding the same experts sum them where the trainer
   // does not: over folded_edp_ with EP, over the TP group without.
   if (dist::ProcessGroup* same_experts = ep_size_ > 1 ? folded_edp_ : folded_ ? tp_ : nullptr)
     for (const auto& [offset, count] : routed_ranges_)
-      same_experts->all_reduce_sum(G(offset), static_cast<size_t>(count));
+      if (offset >= table_.trainable_offset) same_experts->all_reduce_sum(G(offset), static_cast<size_t>(count));
 }
 
 void check_key_start(const MicroBatch& mb) {

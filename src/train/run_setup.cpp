@@ -86,8 +86,12 @@ model::LoraSpec lora_spec(const config::ConfigContainer& c, const model::GptConf
   if (!(s.qkv || s.proj || s.fc1 || s.fc2)) throw UsageError("peft.target_modules is empty: LoRA would train nothing");
   s.a_init = lora_init(p.lora_A_init_method, "lora_A_init_method");
   s.b_init = lora_init(p.lora_B_init_method, "lora_B_init_method");
-  if (g.moe.num_experts > 0)
-    throw UsageError("LoRA (peft.scheme lora) on a Mixture-of-Experts model is not built yet");
+  if (g.moe.num_experts > 0 && (s.fc1 || s.fc2))
+    throw UsageError("peft.target_modules linear_fc1/linear_fc2 on a Mixture-of-Experts model: LoRA on the experts "
+                     "is not built yet (accepted there: linear_qkv, linear_proj)");
+  if (g.moe.num_experts > 0 && g.moe.expert_parallel > 1)
+    throw UsageError("LoRA (peft.scheme lora) with expert parallelism (expert_model_parallel_size " +
+                     std::to_string(g.moe.expert_parallel) + ") is not built yet (accepted: 1)");
   return s;
 }
 

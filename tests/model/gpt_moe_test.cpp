@@ -140,6 +140,42 @@ TEST(GptMoe, BackwardMatchesFiniteDifferencesOfLossAndMoeLosses) {
   }
 }
 
+// LoRA on an MoE model's attention (peft target_modules linear_qkv, linear_proj): the base, its
+// router and experts among it, frozen; the adapters' gradients, through the MoE layers and their
+// losses, against finite differences.
+TEST(GptMoe, LoraOnTheAttentionOfAnMoeModelMatchesFiniteDifferences) {
+  GptConfig c = moe_config();
+  LoraSpec lora;
+  lora.dim = 2, lora.alpha = 4, lora.fc1 = lora.fc2 = false;
+  c.lora = lora;
+  GptModel m(c);
+  init_parameters(m.table(), m.weights(), 7, false);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> N(0.0f, 0.1f);
+  for (const auto& p : m.table().specs)
+    if (!p.frozen)  // B too: its zero init would hide A's gradient
+      for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] = N(rng);
+  const int64_t b = 2, s = 5, T = b * s;
+  std::vector<int64_t> tokens(T), labels(T), positions(T);
+  std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
+  for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
+  std::vector<float> r(T, 1.0f), losses(T);
+  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  auto objective = [&] {
+    m.forward(mb, DropoutKey{}, losses.data());
+    double L = 0;
+    for (int64_t t = 0; t < T; ++t) L += losses[t];
+    const GptModel::MoeLosses moe = m.last_moe_losses();
+    return L + c.moe.aux_loss_coeff * moe.aux + c.moe.z_loss_coeff * moe.z;
+  };
+  objective();
+  m.zero_grads();
+  m.backward(r.data());
+  ASSERT_LT(m.num_trainable(), m.num_parameters() / 2);
+  std::vector<float> analytic(m.grads(), m.grads() + m.num_trainable());
+  test::expect_gradients_match_finite_differences(m, analytic, objective, rng);
+}
+
 // The MoE losses are logged for training steps only (a forward a backward follows), each divided
 // by its coefficient: with four experts chosen two at a time a balanced router gives about 1
 // (Megatron's aux / coeff).

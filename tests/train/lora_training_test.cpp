@@ -119,6 +119,10 @@ TEST(LoraConfig, WhatIsNotBuiltIsRefusedByName) {
       {{"peft.dropout_position=middle"}, "peft.dropout_position"},
       {{"peft.lora_A_init_method=orthogonal"}, "peft.lora_A_init_method 'orthogonal'"},
       {{"peft.dim=0"}, "peft.dim 0"},
+      {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false"}, "LoRA on the experts"},
+      {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false", "peft.target_modules=[linear_qkv]",
+        "model.expert_model_parallel_size=2"},
+       "expert parallelism"},
   };
   for (const auto& [extra, needle] : cases) {
     const std::string got = refusal(v, lora_run(extra));
@@ -126,6 +130,10 @@ TEST(LoraConfig, WhatIsNotBuiltIsRefusedByName) {
   }
   EXPECT_NE(refusal(v, {"peft.scheme=lora"}).find("PEFT requires a pretrained checkpoint"), std::string::npos);
   EXPECT_EQ(refusal(v, lora_run({})), "");
+  EXPECT_EQ(refusal(v, lora_run({"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false",
+                                 "peft.target_modules=[linear_qkv,linear_proj]"})),
+            "")
+      << "an MoE model's attention";
 }
 
 // The base read from the pretrained checkpoint stays as it was, bit for bit; the adapters train

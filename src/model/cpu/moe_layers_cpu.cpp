@@ -86,11 +86,14 @@ k::MoeLayerWeights CpuMoeLayers::weights_of(int64_t l, const float* weights) con
 
 k::MoeLayerGrads CpuMoeLayers::grads_of(int64_t l, float* grads) const {
   const GptLayerOffsets& L = layout_.layers[static_cast<size_t>(l)];
-  auto opt = [&](int64_t off) { return off >= 0 ? grads + off : nullptr; };
+  // (grads holds the trained parameters from the table's trainable_offset on: PEFT's frozen base,
+  // the MoE layer's weights among it, has none, and the kernels skip a null gradient.)
+  const int64_t from = layout_.table.trainable_offset;
+  auto opt = [&](int64_t off) { return off >= 0 && off >= from ? grads + (off - from) : nullptr; };
   k::MoeLayerGrads g;
-  g.router_weight = grads + L.router_w;
-  g.fc1_weight = grads + L.experts_fc1;
-  g.fc2_weight = grads + L.experts_fc2;
+  g.router_weight = opt(L.router_w);
+  g.fc1_weight = opt(L.experts_fc1);
+  g.fc2_weight = opt(L.experts_fc2);
   g.shared_fc1_weight = opt(L.shared_fc1);
   g.shared_fc2_weight = opt(L.shared_fc2);
   return g;

@@ -34,6 +34,8 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
+  if (c.lora && c.moe.num_experts > 0)  // (the MoE layers write every expert's gradient)
+    missing.push_back("LoRA on a Mixture-of-Experts model (peft.scheme lora)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
