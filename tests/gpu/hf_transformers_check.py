@@ -17,12 +17,12 @@ Prints one line per check and a table last; exit status 1 when a check fails.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import torch
 import transformers
+from check_common import Checks
 
 LAOYAO = sys.argv[1] if len(sys.argv) > 1 else "build/gpu-carry/laoyao"
 OUT = sys.argv[2] if len(sys.argv) > 2 else "/tmp/out"
@@ -49,25 +49,8 @@ MODELS = {
                                                        router_aux_loss_coef=0.0),
 }
 
-results = []
-
-
-def check(name, ok, detail):
-    results.append((name, "PASS" if ok else "FAIL", detail))
-    print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
-
-
-def run(args, device=None, log=None):
-    env = dict(os.environ)
-    if device:
-        env["LAOYAO_DEVICE"] = device
-    p = subprocess.run([LAOYAO] + args, capture_output=True, text=True, env=env)
-    if log:
-        with open(os.path.join(OUT, log), "w") as f:
-            f.write(p.stdout + p.stderr)
-    if p.returncode != 0:
-        raise RuntimeError(f"laoyao {' '.join(args[:3])} ... exit {p.returncode}: {(p.stdout + p.stderr)[-2000:]}")
-    return p.stdout + p.stderr
+CHECKS = Checks(LAOYAO, OUT)
+check, run = CHECKS.check, CHECKS.run
 
 
 def first_loss(log):
@@ -78,7 +61,6 @@ def first_loss(log):
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(1234)
     for label, cfg in MODELS.items():
         slug = label.split(" ")[0] + ("_" + label.split("(")[1].rstrip(")").replace(" ", "_").replace(",", "")
@@ -123,10 +105,7 @@ def main():
                   f"missing {info['missing_keys']}, unexpected {info['unexpected_keys']}, max |logit diff| {diff:.2e}")
         except Exception as e:  # noqa: BLE001 -- one architecture's failure must not hide the others'
             check(f"{label}", False, str(e)[-600:])
-    print("\n| check | verdict | detail |\n|---|---|---|")
-    for name, verdict, detail in results:
-        print(f"| {name} | {verdict} | {detail} |")
-    return 1 if any(v != "PASS" for _, v, _ in results) else 0
+    return CHECKS.finish()
 
 
 if __name__ == "__main__":

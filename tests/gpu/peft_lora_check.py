@@ -16,13 +16,13 @@ Prints one line per check and a table last; exit status 1 when a check fails.
 """
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 
 import peft
 import torch
 import transformers
+from check_common import Checks
 
 LAOYAO = sys.argv[1] if len(sys.argv) > 1 else "build/gpu-carry/laoyao"
 OUT = sys.argv[2] if len(sys.argv) > 2 else "/tmp/out"
@@ -34,29 +34,11 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden
               rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
 MODELS = {"LlamaForCausalLM": transformers.LlamaConfig(**COMMON), "Qwen3ForCausalLM": transformers.Qwen3Config(**COMMON)}
 
-results = []
-
-
-def check(name, ok, detail):
-    results.append((name, "PASS" if ok else "FAIL", detail))
-    print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
-
-
-def run(args, device=None, log=None):
-    env = dict(os.environ)
-    if device:
-        env["LAOYAO_DEVICE"] = device
-    p = subprocess.run([LAOYAO] + args, capture_output=True, text=True, env=env)
-    if log:
-        with open(os.path.join(OUT, log), "w") as f:
-            f.write(p.stdout + p.stderr)
-    if p.returncode != 0:
-        raise RuntimeError(f"laoyao {' '.join(args[:3])} ... exit {p.returncode}: {(p.stdout + p.stderr)[-2000:]}")
-    return p.stdout + p.stderr
+CHECKS = Checks(LAOYAO, OUT)
+check, run = CHECKS.check, CHECKS.run
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(4321)
     for label, cfg in MODELS.items():
         work = tempfile.mkdtemp(prefix=f"peftcheck_{label}_")
@@ -99,10 +81,7 @@ def main():
                   f"max |peft - merged| {diff:.2e}, max |peft - base| {moved:.2e}")
         except Exception as e:  # noqa: BLE001 -- one architecture's failure must not hide the other's
             check(label, False, str(e)[-600:])
-    print("\n| check | verdict | detail |\n|---|---|---|")
-    for name, verdict, detail in results:
-        print(f"| {name} | {verdict} | {detail} |")
-    return 1 if any(v != "PASS" for _, v, _ in results) else 0
+    return CHECKS.finish()
 
 
 if __name__ == "__main__":
