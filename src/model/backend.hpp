@@ -61,7 +61,8 @@ class Backend {
   // out = residual + dropout(x @ w^T + b): a layer's last linear and its bias-dropout-add.
   virtual void linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
                                        int64_t N, const DropoutSpec& drop) = 0;
-  // out = residual + dropout(x + b) (out may be x): the bias-dropout-add after a reduction.
+  // out = residual + dropout(x + b) (out may be x or residual): the bias-dropout-add after a
+  // reduction.
   virtual void bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
                                 const DropoutSpec& drop) = 0;
   // y = x * mask (y may be x): a dropout's forward or backward alone.

@@ -190,6 +190,7 @@ class GptModel {
   const ParameterTable& table_ = layout_.table;
   std::vector<float> weights_, grads_;
   std::vector<std::pair<int64_t, int64_t>> routed_ranges_;  // see routed_expert_ranges (built once)
+  std::vector<std::pair<int64_t, int64_t>> lora_tp_sums_;   // finalize_grads' (lora_tp_partial_grads)
 
   // The module tree over the CPU backend's ops, and the MoE layers' state (null for a dense model).
   std::unique_ptr<CpuBackend> backend_;

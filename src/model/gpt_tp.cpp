@@ -102,10 +102,12 @@ std::vector<Box> tp_boxes(TpSplit split, const std::vector<int64_t>& full_shape,
 
 std::vector<std::pair<int64_t, int64_t>> lora_tp_partial_grads(const GptParameterLayout& local) {
   std::vector<std::pair<int64_t, int64_t>> out;
+  const auto& specs = local.table.specs;  // in offset order
   auto add = [&](int64_t off) {
     if (off < 0) return;
-    for (const auto& p : local.table.specs)
-      if (p.offset == off) out.emplace_back(off, p.numel);
+    const auto it = std::lower_bound(specs.begin(), specs.end(), off,
+                                     [](const ParamSpec& p, int64_t o) { return p.offset < o; });
+    out.emplace_back(off, it->numel);
   };
   for (const GptLayerOffsets& L : local.layers) add(L.qkv_lora.a), add(L.fc1_lora.a), add(L.proj_lora.b), add(L.fc2_lora.b);
   return out;

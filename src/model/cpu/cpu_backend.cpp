@@ -74,10 +74,16 @@ void CpuBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residu
 
 void CpuBackend::bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
                                   const DropoutSpec& drop) {
-  if (out.p != x.p) std::memcpy(out.p, x.p, sizeof(float) * static_cast<size_t>(rows * N));
-  if (b >= 0) k::add_bias_inplace(F(out), W(b), rows, N);
-  apply_dropout(F(out), rows * N, drop);
-  k::add_inplace(F(out), F(residual), rows * N);
+  // Element by element, so that out may be x or residual.
+  const float *in = F(x), *res = F(residual), *bias = W(b);
+  float* o = F(out);
+  const bool masked = drop.p > 0;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows * N; ++i) {
+    float v = bias ? in[i] + bias[i % N] : in[i];
+    if (masked) v *= dropout_factor_host(drop, static_cast<uint64_t>(i));
+    o[i] = v + res[i];
+  }
 }
 
 void CpuBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {

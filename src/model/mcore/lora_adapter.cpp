@@ -49,12 +49,10 @@ void LoraAdapter::backward(const Step& st, Act x, Act dy, Act dx, Scratch& w) {
   if (!(d.p > 0))
     return m_.backend.lora_backward(x, w_.a, w_.b, s.scale(), a_, dy, w.lora_da, dx, T, in_, s.dim, out_, true);
   // The dropped-out input again (the same mask), its gradient in its place, then through the mask
-  // and onto dx's: in = dx + dropout(d(input)) (bias_dropout_add's out may be its x, not its
-  // residual), copied back to dx.
+  // onto dx: dx += dropout(d(input)).
   const Act in = input(st, x, w);
   m_.backend.lora_backward(in, w_.a, w_.b, s.scale(), a_, dy, w.lora_da, in, T, in_, s.dim, out_, false);
-  m_.backend.bias_dropout_add(in, -1, dx, in, T, in_, d);
-  m_.backend.dropout(in, dx, T * in_, DropoutSpec{});
+  m_.backend.bias_dropout_add(in, -1, dx, dx, T, in_, d);
 }
 
 }  // namespace laoyao::model::mcore
