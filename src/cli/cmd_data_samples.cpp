@@ -91,7 +91,8 @@ int cmd_data_samples(const Args& args) {
   const int64_t eval_iters = r.cfg.validation.eval_iters;
   const auto eval_interval = r.cfg.validation.eval_interval;
   int64_t consumed_valid = 0;
-  auto eval_round = [&](const data::SampleDataset* ds, int64_t& consumed, const char* split, nlohmann::ordered_json tag) {
+  auto eval_round = [&](int split_index, int64_t& consumed, const char* split, nlohmann::ordered_json tag) {
+    const data::SampleDataset* ds = data.datasets[static_cast<size_t>(split_index)].get();
     if (!ds || eval_iters <= 0) return;
     for (int64_t it = 0; it < eval_iters; ++it) {
       for (int64_t m = 0; m < data.eval_layout.num_microbatches; ++m) {
@@ -99,7 +100,7 @@ int cmd_data_samples(const Args& args) {
         line["split"] = split;
         line["eval_iteration"] = it + 1;
         line["microbatch"] = m;
-        emit(*ds, train::eval_sample_indices(data, consumed, m), line);
+        emit(*ds, train::eval_sample_indices(data, split_index, consumed, m), line);
       }
       consumed += train::eval_round_samples(data, 1);
     }
@@ -115,14 +116,14 @@ int cmd_data_samples(const Args& args) {
              {{"split", "train"}, {"iteration", k}, {"microbatch", m}});
     consumed_train += gbs;
     if (eval_interval && k % *eval_interval == 0) {
-      if (want("valid")) eval_round(data.datasets[1].get(), consumed_valid, "valid", {{"after_iteration", k}});
+      if (want("valid")) eval_round(1, consumed_valid, "valid", {{"after_iteration", k}});
       else consumed_valid += train::eval_round_samples(data, eval_iters);
     }
   }
   if (iterations == train_iters) {  // the evaluations after training
-    if (want("valid")) eval_round(data.datasets[1].get(), consumed_valid, "valid", {{"after_iteration", iterations}, {"final", true}});
+    if (want("valid")) eval_round(1, consumed_valid, "valid", {{"after_iteration", iterations}, {"final", true}});
     int64_t consumed_test = 0;
-    if (want("test")) eval_round(data.datasets[2].get(), consumed_test, "test", {{"after_iteration", iterations}, {"final", true}});
+    if (want("test")) eval_round(2, consumed_test, "test", {{"after_iteration", iterations}, {"final", true}});
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "data/batch_sampler.hpp"
 
 namespace laoyao::data {
 
@@ -25,9 +26,10 @@ int64_t SftDataset::rows() const {
 int64_t SftDataset::size() const { return std::max(rows(), cfg_.num_samples); }
 
 GptSample SftDataset::get(int64_t index) const {
-  if (index < 0 || index >= size())
+  const bool pad = index == kPadRow;  // Bridge's __getitem__(-1): the last row, its loss masked off
+  if ((index < 0 || index >= size()) && !pad)
     throw Error("fine-tuning sample " + std::to_string(index) + " of " + std::to_string(size()));
-  const size_t i = static_cast<size_t>(index % rows());
+  const size_t i = static_cast<size_t>(pad ? rows() - 1 : index % rows());
   GptSample s;
   if (cfg_.packed) {
     PackedRow r = packed_row(packs_[i], cfg_.seq_length, eos_);
@@ -39,6 +41,7 @@ GptSample SftDataset::get(int64_t index) const {
     s.position_ids.resize(static_cast<size_t>(cfg_.seq_length));
     for (int64_t t = 0; t < cfg_.seq_length; ++t) s.position_ids[static_cast<size_t>(t)] = t;
   }
+  if (pad) std::fill(s.loss_mask.begin(), s.loss_mask.end(), 0.0f);
   return s;
 }
 

@@ -1,7 +1,7 @@
 // A fine-tuning split as the training loop reads it: Megatron-Bridge's examples of one JSONL file
 // (data/sft_example.hpp), as packs (data/sft_packing.hpp) or one example a row, each served as a
 // row of seq_length tokens. Indices past the rows wrap around (the run reads the split again, as
-// Bridge's cyclic loader does).
+// Bridge's cyclic loader does); kPadRow (-1, the batch sampler's padding) is the last row with no loss.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -95,13 +95,15 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};
   if (ds.dataset_root) {
     r.datasets = build_sft_datasets(c, sizes);
-    if (ds.dataloader_type.value_or("") == "batch" && r.datasets[0]) {
-      const auto& sft = dynamic_cast<const data::SftDataset&>(*r.datasets[0]);
-      const auto& L = r.train_layout;
-      r.train_batch_sampler = data::BatchSampler{sft.rows(), L.micro_batch_size, L.data_parallel_size,
-                                                 L.micro_batch_size * L.data_parallel_size * L.num_microbatches,
-                                                 static_cast<uint64_t>(ds.random_seed)};
-    }
+    if (ds.dataloader_type.value_or("") == "batch")
+      for (int k = 0; k < 3; ++k)
+        if (const auto* sft = dynamic_cast<const data::SftDataset*>(r.datasets[static_cast<size_t>(k)].get())) {
+          const auto& L = k == 0 ? r.train_layout : r.eval_layout;
+          r.batch_samplers[static_cast<size_t>(k)] =
+              data::BatchSampler{sft->rows(), L.micro_batch_size, L.data_parallel_size,
+                                 L.micro_batch_size * L.data_parallel_size * L.num_microbatches,
+                                 static_cast<uint64_t>(ds.random_seed), /*drop_last=*/k == 0};
+        }
     return r;
   }
   if (ds.mock.value_or(false)) {
@@ -149,7 +151,7 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
   mb.b = static_cast<int64_t>(indices.size());
   mb.sample_indices = indices;
   for (int64_t idx : indices) {
-    if (idx < 0 || idx >= ds.size())
+    if ((idx < 0 || idx >= ds.size()) && idx != data::kPadRow)  // the dataset refuses kPadRow if it has none
       throw Error("sample " + std::to_string(idx) + " is past the end of a dataset of " + std::to_string(ds.size()) +
                   " samples");
     data::GptSample s = ds.get(idx);
@@ -184,11 +186,14 @@ std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, i
 }  // namespace
 
 std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank) {
-  if (d.train_batch_sampler) return d.train_batch_sampler->micro_batch(consumed, microbatch, dp_rank);
+  if (const auto& s = d.batch_samplers[0]) return s->micro_batch(consumed, microbatch, dp_rank);
   return micro_batch_indices(d.train_layout, consumed, microbatch, dp_rank);
 }
 
-std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank) {
+std::vector<int64_t> eval_sample_indices(const RunData& d, int split, int64_t consumed, int64_t microbatch,
+                                         int64_t dp_rank) {
+  if (split != 1 && split != 2) throw Error("eval_sample_indices: split " + std::to_string(split));
+  if (const auto& s = d.batch_samplers[static_cast<size_t>(split)]) return s->micro_batch(consumed, microbatch, dp_rank);
   return micro_batch_indices(d.eval_layout, consumed, microbatch, dp_rank);
 }
 
@@ -223,7 +228,8 @@ void check_data_covers_run(const RunData& d, const config::ConfigContainer& c, i
   const int64_t round = eval_round_samples(d, eval_iters);
   const std::string per_round = std::to_string(eval_iters) + " iterations (validation.eval_iters / --eval-iters) of " +
                                 std::to_string(round / eval_iters) + " samples";
-  if (const auto& valid = d.datasets[1]) {
+  // Batch-sampled splits (Bridge's fine-tuning) are read cyclically: they cannot run out.
+  if (const auto& valid = d.datasets[1]; valid && !d.batch_samplers[1]) {
     if (from.consumed_valid >= valid->size())
       throw UsageError("consumed_valid_samples " + std::to_string(from.consumed_valid) + source +
                        " is at or past the end of the validation dataset (" + std::to_string(valid->size()) +
@@ -243,7 +249,7 @@ void check_data_covers_run(const RunData& d, const config::ConfigContainer& c, i
                              "--eval-interval, or give the validation split more data (dataset.split / --split)");
     }
   }
-  if (const auto& test = d.datasets[2]; test && round > test->size())
+  if (const auto& test = d.datasets[2]; test && !d.batch_samplers[2] && round > test->size())
     throw UsageError("the test dataset has " + std::to_string(test->size()) + " samples, but the end of training's "
                      "test evaluation of " + per_round + " reads " + std::to_string(round) +
                      ". Lower validation.eval_iters / --eval-iters or give the test split more data (dataset.split / "

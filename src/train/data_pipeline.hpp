@@ -2,6 +2,7 @@
 // config (mock corpus or indexed .bin/.idx prefixes with a blend), and the micro-batches each
 // iteration takes from them, in MegatronPretrainingSampler's order.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,9 +21,10 @@ struct RunData {
   data::MicroBatchLayout train_layout, eval_layout;
   int64_t seq_length = 0;
   int64_t vocab = 0;  // padded vocabulary: every token id the model reads must be below it
-  // Fine-tuning with dataloader_type "batch" (Bridge's recipes): the training rows in
-  // MegatronPretrainingBatchSampler's order; else MegatronPretrainingSampler's.
-  std::optional<data::BatchSampler> train_batch_sampler;
+  // Fine-tuning with dataloader_type "batch" (Bridge's recipes): each split's rows in
+  // MegatronPretrainingBatchSampler's order (validation and test padded to whole global batches and
+  // read cyclically); else MegatronPretrainingSampler's, in sequence.
+  std::array<std::optional<data::BatchSampler>, 3> batch_samplers;
 };
 
 RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d);
@@ -46,8 +48,10 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
 // consumed-sample count, so a resumed run with another batch size reads on from where it was), or
 // on data-parallel rank `dp_rank`.
 std::vector<int64_t> train_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank = 0);
-// Dataset indices of an evaluation micro-batch once `consumed` samples of that split were read.
-std::vector<int64_t> eval_sample_indices(const RunData& d, int64_t consumed, int64_t microbatch, int64_t dp_rank = 0);
+// Dataset indices of an evaluation micro-batch of `split` (1 validation, 2 test) once `consumed`
+// samples of that split were read (data::kPadRow for the batch sampler's padding).
+std::vector<int64_t> eval_sample_indices(const RunData& d, int split, int64_t consumed, int64_t microbatch,
+                                         int64_t dp_rank = 0);
 // Samples one evaluation round (eval_iters iterations of eval micro-batches) reads.
 int64_t eval_round_samples(const RunData& d, int64_t eval_iters);
 

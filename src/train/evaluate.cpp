@@ -9,14 +9,16 @@
 
 namespace laoyao::train {
 
-double evaluate(TrainingRun& run, const data::SampleDataset* ds, int64_t& consumed_eval, EvalSet set) {
+double evaluate(TrainingRun& run, int64_t& consumed_eval, EvalSet set) {
   const config::ConfigContainer& c = run.c;
+  const int split = set == EvalSet::kTestSet ? 2 : 1;
+  const data::SampleDataset* ds = run.data.datasets[static_cast<size_t>(split)].get();
   if (!ds || c.validation.eval_iters <= 0) return NAN;
   const auto& L = run.data.eval_layout;
   for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
     for (int64_t m = 0; m < L.num_microbatches; ++m) {
       const MicroBatchData mb =
-          load_micro_batch(*ds, eval_sample_indices(run.data, consumed_eval, m, run.dp_rank), run.data.vocab);
+          load_micro_batch(*ds, eval_sample_indices(run.data, split, consumed_eval, m, run.dp_rank), run.data.vocab);
       run_micro_batch(*run.engine, mb, {run.seed, 0, false}, L.num_microbatches, false, run.dloss);
     }
     consumed_eval += eval_round_samples(run.data, 1);  // the validation stream continues across evaluations

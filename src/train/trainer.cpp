@@ -232,7 +232,7 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
     if (c.validation.eval_interval && p.iteration % *c.validation.eval_interval == 0 &&
         p.iteration >= c.validation.start_eval_at_iter.value_or(0))
       run.summary.valid_loss.push_back(
-          evaluate(run, run.data.datasets[1].get(), p.consumed_valid, EvalSet::kDuringTraining));
+          evaluate(run, p.consumed_valid, EvalSet::kDuringTraining));
     if (profiling && p.iteration == prof.profile_step_end) {
       engine.cuda_profiler(false);
       std::fprintf(opt.out, "laoyao: --profile: cudaProfilerStop after iteration %lld on rank %lld\n",
@@ -268,9 +268,9 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   // Megatron exits right after an early stop; the final evaluations run only after a full run.
   if (run.summary.exit_reason.empty()) {
     run.summary.valid_loss.push_back(
-        evaluate(run, run.data.datasets[1].get(), p.consumed_valid, EvalSet::kValidationSet));
+        evaluate(run, p.consumed_valid, EvalSet::kValidationSet));
     int64_t consumed_test = 0;
-    run.summary.test_loss = evaluate(run, run.data.datasets[2].get(), consumed_test, EvalSet::kTestSet);
+    run.summary.test_loss = evaluate(run, consumed_test, EvalSet::kTestSet);
   }
   if (const size_t bytes = engine.peak_device_bytes())
     run.print_line("> laoyao device memory held: " + pyfmt::fixed(static_cast<double>(bytes) / 1e9, 2) + " GB");

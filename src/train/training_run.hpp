@@ -177,9 +177,10 @@ StepResult train_step(TrainingRun& run);
 // report, TensorBoard scalars and the metrics file.
 void training_log(TrainingRun& run, const StepResult& step);
 
-// Megatron's evaluate_and_print_results on one split (null or --eval-iters 0: NaN, nothing
-// printed): the validation stream continues across evaluations through consumed_eval.
-double evaluate(TrainingRun& run, const data::SampleDataset* ds, int64_t& consumed_eval, EvalSet set);
+// Megatron's evaluate_and_print_results on the split `set` names (test for kTestSet, else
+// validation; none or --eval-iters 0: NaN, nothing printed): the stream continues across
+// evaluations through consumed_eval.
+double evaluate(TrainingRun& run, int64_t& consumed_eval, EvalSet set);
 
 // Restores what the config asks for (--load, --pretrained-checkpoint) into the host model and
 // AdamW, which hold the run's initial weights: called once, before the state goes to the engine.

@@ -4,9 +4,11 @@
 // without dataset_root is refused by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../train/hf_folder.hpp"
@@ -89,6 +91,43 @@ TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
   r = run_laoyao(unpacked, dir);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+
+  // Validation and test rows in Bridge's batch-sampler order: shuffled, the last partial global
+  // batch padded with -1 rows (the last row, no loss), read on cyclically into the next epoch.
+  laoyao::write_file_atomic(data + "/test.jsonl", squad_rows(5, 900));
+  std::vector<std::string> order = {"data-samples", "--splits", "valid,test"};
+  order.insert(order.end(), unpacked.begin() + 1, unpacked.end());  // the recipe line without "run-recipe"
+  for (const char* a : {"train.global_batch_size=3", "validation.eval_iters=2"}) order.push_back(a);
+  r = run_laoyao(order, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<std::vector<int64_t>> valid, test;
+  std::vector<bool> pad_has_no_loss;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto j = nlohmann::json::parse(line);
+    const auto idx = j["sample_indices"].get<std::vector<int64_t>>();
+    (j["split"] == "test" ? test : valid).push_back(idx);
+    if (idx[0] == -1) {
+      double mask = 0;
+      for (double m : j["loss_mask"][0].get<std::vector<double>>()) mask += m;
+      pad_has_no_loss.push_back(mask == 0);
+    }
+  }
+  // Iteration 3's evaluation and the final one, 2 iterations of 3 rows each: 12 rows of a stream
+  // whose first epoch is 8 rows and one pad.
+  ASSERT_EQ(valid.size(), 12u) << r.output;
+  std::vector<int64_t> epoch;
+  for (size_t k = 0; k < 8; ++k) epoch.push_back(valid[k][0]);
+  EXPECT_EQ(valid[8][0], -1);
+  std::vector<int64_t> sorted = epoch;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7})) << r.output;
+  EXPECT_NE(epoch, sorted) << "the validation rows are shuffled";
+  ASSERT_EQ(test.size(), 6u) << r.output;  // the end's test evaluation: rows 5 + a pad, then the next epoch
+  EXPECT_EQ(test[5][0], -1);
+  EXPECT_NE(test[0][0], -1);
+  EXPECT_EQ(pad_has_no_loss, (std::vector<bool>{true, true})) << r.output;
 
   // The PEFT recipes: LoRA on the same rows from the same import (Llama 3 8B's at dim 8, alpha 16;
   // single-GPU parallel sizes).

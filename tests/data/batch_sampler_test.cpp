@@ -1,5 +1,5 @@
-// Megatron-Bridge's fine-tuning batch sampler (MegatronPretrainingBatchSampler with shuffle, drop_last)
-// and the torch.randperm it draws each epoch's order from.
+// Megatron-Bridge's fine-tuning batch sampler (MegatronPretrainingBatchSampler with shuffle; drop_last
+// for training, padding for validation and test) and the torch.randperm it draws each epoch's order from.
 #include "data/batch_sampler.hpp"
 
 #include <gtest/gtest.h>
@@ -67,6 +67,61 @@ TEST(BatchSampler, EachEpochIsAPermutationDealtToTheRanksInterleaved) {
   EXPECT_EQ(s.micro_batch(40, 1, 1), (std::vector<int64_t>{third[8 + 5], third[8 + 7]}));
   // Fewer rows than one global batch: nothing to read (Bridge asserts the same).
   EXPECT_THROW((BatchSampler{7, 2, 2, 8, 1}.micro_batch(0, 0, 0)), UsageError);
+}
+
+// Bridge's sampler as its generator runs it, written out: an epoch's order from consumed_samples,
+// whole global batches dealt interleaved, the partial last one dealt the same way and padded with -1
+// to gbs / dp on each rank (consumed then advances by gbs), every yield one rank's global batch.
+std::vector<std::vector<int64_t>> bridge_padded_yields(int64_t rows, int64_t gbs, int64_t dp, int64_t rank,
+                                                       uint64_t seed, int64_t consumed, int64_t yields) {
+  std::vector<std::vector<int64_t>> out;
+  while (static_cast<int64_t>(out.size()) < yields) {  // cyclic_iter: iterate the sampler again
+    const int64_t active = (rows + gbs - 1) / gbs * gbs;
+    const int64_t epoch = consumed / active;
+    std::vector<int64_t> order = torch_randperm(rows, seed + static_cast<uint64_t>(epoch));
+    order.erase(order.begin(), order.begin() + consumed % active);
+    std::vector<int64_t> batch;
+    auto deal = [&] {
+      std::vector<int64_t> mine;
+      for (size_t i = static_cast<size_t>(rank); i < batch.size(); i += static_cast<size_t>(dp)) mine.push_back(batch[i]);
+      mine.resize(static_cast<size_t>(gbs / dp), -1);
+      out.push_back(mine);
+      consumed += gbs;
+      batch.clear();
+    };
+    for (int64_t idx : order) {
+      batch.push_back(idx);
+      if (static_cast<int64_t>(batch.size()) == gbs) deal();
+    }
+    if (!batch.empty()) deal();
+  }
+  out.resize(static_cast<size_t>(yields));
+  return out;
+}
+
+TEST(BatchSampler, ValidationKeepsTheLastPartialBatchPaddedAndReadsOnCyclically) {
+  // 21 rows, gbs 8 (mbs 2, dp 2, two micro-batches a rank): epochs of 3 batches, the third holding
+  // 5 rows: rank 0 takes 3 of them and one pad, rank 1 two and two pads.
+  for (int64_t consumed_at_start : {0, 16, 40}) {
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      const BatchSampler s{21, 2, 2, 8, 77, /*drop_last=*/false};
+      const auto want = bridge_padded_yields(21, 8, 2, rank, 77, consumed_at_start, 7);
+      for (int64_t y = 0; y < 7; ++y) {
+        std::vector<int64_t> got;
+        for (int64_t m = 0; m < 2; ++m)
+          for (int64_t row : s.micro_batch(consumed_at_start + 8 * y, m, rank)) got.push_back(row);
+        EXPECT_EQ(got, want[static_cast<size_t>(y)]) << "start " << consumed_at_start << " rank " << rank << " yield " << y;
+      }
+    }
+  }
+  const BatchSampler s{21, 2, 2, 8, 77, false};
+  const std::vector<int64_t> first = torch_randperm(21, 77);
+  EXPECT_EQ(s.micro_batch(16, 0, 0), (std::vector<int64_t>{first[16], first[18]}));
+  EXPECT_EQ(s.micro_batch(16, 1, 0), (std::vector<int64_t>{first[20], kPadRow}));
+  EXPECT_EQ(s.micro_batch(16, 1, 1), (std::vector<int64_t>{kPadRow, kPadRow}));
+  EXPECT_EQ(s.micro_batch(24, 0, 0)[0], torch_randperm(21, 78)[0]);  // the next epoch
+  // Fewer rows than one global batch still make one padded batch.
+  EXPECT_EQ((BatchSampler{3, 2, 2, 8, 5, false}.micro_batch(0, 1, 0)), (std::vector<int64_t>{kPadRow, kPadRow}));
 }
 
 }  // namespace
