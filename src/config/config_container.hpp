@@ -58,6 +58,9 @@ struct ModelConfig {
   bool parallel_output = true;
   // positions
   std::string position_embedding_type = "learned_absolute";
+  // Multi-latent attention's RoPE (Megatron-LM's --rope-type): rope or yarn; unset, MLA takes yarn
+  // (MLATransformerConfig's default), and yarn positions yarn.
+  OptString rope_type;
   double rotary_base = 10000;
   double rotary_percent = 1.0;
   bool rope_scaling = false;

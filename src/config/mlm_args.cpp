@@ -180,6 +180,7 @@ const std::vector<FlagSpec>& flag_table() {
        }},
       {"--max-position-embeddings", Kind::Value, "model.max_position_embeddings"},
       {"--position-embedding-type", Kind::Value, "model.position_embedding_type"},
+      {"--rope-type", Kind::Value, "model.rope_type"},
       {"--use-rotary-position-embeddings", Kind::True, nullptr, nullptr,
        [](State& s, const std::vector<std::string>&) { s.set_text("model.position_embedding_type", "rope"); }},
       {"--no-position-embedding", Kind::True, nullptr, nullptr,
@@ -580,6 +581,8 @@ ConfigContainer mlm_default_config() {
   c.optimizer.min_lr = 0.0;
   c.model.rope_scaling_factor = 8.0;  // --rope-scaling-factor's default
   c.model.rotary_scaling_factor = 1.0;  // --rotary-scaling-factor's (Bridge's MLA config has 40)
+  c.model.q_lora_rank.reset();         // --q-lora-rank's None and --kv-lora-rank's 32 (Bridge's: 512, 512)
+  c.model.kv_lora_rank = 32;
   c.profiling.memory_snapshot_path = "snapshot.pickle";
   c.dataset.dataloader_type = "single";
   c.dataset.skip_getting_attention_mask_from_dataset = false;  // mask created in the dataloader

@@ -68,14 +68,18 @@ class Backend {
   // y = x * mask (y may be x): a dropout's forward or backward alone.
   virtual void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) = 0;
 
-  // ---- the configured norm (LayerNorm with bias, or RMSNorm) over rows of width h; mean/rstd [rows]
-  // saved. The backward overwrites dx, or adds to it (accumulate: the residual stream's gradient).
+  // ---- the configured norm (LayerNorm with bias, or RMSNorm) over rows of `width` values (the
+  // hidden size, or a latent's: multi-latent attention's q and kv norms); mean/rstd [rows] saved.
+  // The backward overwrites dx, or adds to it (accumulate: the residual stream's gradient).
   // dx_bias >= 0 (only where sums_bias_grad_in_norm()): that bias's gradient += the column sums of
   // the dx it leaves (a linear layer's bias whose output gradient is the residual stream's).
-  virtual void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) = 0;
+  virtual void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows, int64_t width) = 0;
   virtual void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
-                             int64_t rows, bool accumulate, int64_t dx_bias) = 0;
+                             int64_t rows, int64_t width, bool accumulate, int64_t dx_bias) = 0;
   virtual bool sums_bias_grad_in_norm() const = 0;
+
+  // dst[r, 0:cols] = src[r, 0:cols], rows of src_ld and dst_ld elements: a column slice moved.
+  virtual void copy_columns(Act src, int64_t src_ld, Act dst, int64_t dst_ld, int64_t rows, int64_t cols) = 0;
 
   // ---- the MLP's fc1 and its activation (GeLU or SwiGLU): u = x @ fc1^T + b (kept for the
   // backward), g = act(u); and back through fc2 and the activation: dfc2 += dy^T g (+ bias), du =
@@ -112,6 +116,24 @@ class Backend {
                               const DropoutSpec& drop) = 0;
   virtual void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
                                        const DropoutSpec& drop) = 0;
+
+  // ---- multi-latent attention (GptConfig::mla; kernels/cpu/ops.hpp's mla_qkv_forward): the
+  // query, key and value of this rank's heads from the up projections' q [T, heads*(dqk+dr)] and kv
+  // [T, heads*(dqk+dv)] and the shared RoPE key k_pe (rows of k_pe_ld elements), RoPE'd at the
+  // batch's positions with the model's table for dr dims.
+  virtual void mla_prepare(Act q, Act kv, Act k_pe, int64_t k_pe_ld, Act query, Act key, Act value,
+                           const BatchShape& batch) = 0;
+  // Overwrites dq, dkv and dk_pe's dr columns (the heads' sum).
+  virtual void mla_prepare_backward(Act dquery, Act dkey, Act dvalue, Act dq, Act dkv, Act dk_pe, int64_t dk_pe_ld,
+                                    const BatchShape& batch) = 0;
+  // Causal (or per-document) attention of layer `layer` on separate query, key [T, heads*dqk] and
+  // value [T, heads*dv] into ctx [T, heads*dv], softmax scale `scale`; the backward overwrites
+  // dquery, dkey, dvalue.
+  virtual void separate_core_attention(int64_t layer, Act q, Act k, Act v, Act ctx, int64_t dqk, int64_t dv,
+                                       float scale, const BatchShape& batch, const DropoutSpec& drop) = 0;
+  virtual void separate_core_attention_backward(int64_t layer, Act q, Act k, Act v, Act dctx, Act dquery, Act dkey,
+                                                Act dvalue, int64_t dqk, int64_t dv, float scale,
+                                                const BatchShape& batch, const DropoutSpec& drop) = 0;
 
   // ---- Mixture of Experts: layer `layer`'s MoELayer (router, dispatcher, experts, shared experts)
   // on x[T, h] into y[T, h] (this rank's share of every expert's output under tensor parallelism),

@@ -43,6 +43,23 @@ struct LoraSpec {
   float scale() const { return static_cast<float>(alpha / static_cast<double>(dim)); }
 };
 
+// Megatron-Core's multi-latent attention (MLASelfAttention, DeepSeek-V2/V3) in place of the fused
+// QKV attention: q from linear_q_proj, or through a latent (linear_q_down_proj to q_lora_rank, its
+// q_layernorm, linear_q_up_proj); k and v from one latent (linear_kv_down_proj to kv_lora_rank plus
+// the qk_pos_emb_head_dim columns of the shared RoPE key, kv_layernorm, linear_kv_up_proj); per head
+// a q/k dim of qk_head_dim + qk_pos_emb_head_dim (RoPE on the latter only, interleaved) and a v dim
+// of v_head_dim. The model's kv_channels is v_head_dim (linear_proj's input is heads x v_head_dim);
+// the RoPE table is built for qk_pos_emb_head_dim.
+struct MlaSpec {
+  int64_t q_lora_rank = 0;  // 0: no query compression (linear_q_proj)
+  int64_t kv_lora_rank = 512, qk_head_dim = 128, qk_pos_emb_head_dim = 64, v_head_dim = 128;
+  bool latent_norms = true;  // qk_layernorm: q_layernorm and kv_layernorm (the model's norm)
+  // The softmax scale: mscale^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim), mscale = YaRN's
+  // get_mscale(rotary_scaling_factor, mscale_all_dim) (1 without scaling).
+  double softmax_scale = 0;
+  int64_t q_head_dim() const { return qk_head_dim + qk_pos_emb_head_dim; }
+};
+
 struct MoeConfig {
   int64_t num_experts = 0;   // 0: a dense model
   std::vector<bool> layers;  // [num_layers]: layer l is an MoE layer (--moe-layer-freq)
@@ -147,6 +164,7 @@ struct GptConfig {
   bool fp32_residual_connection = false;
 
   MoeConfig moe;
+  std::optional<MlaSpec> mla;    // multi-latent attention in every layer (else the fused QKV one)
   std::optional<LoraSpec> lora;  // PEFT: the base frozen, adapters trained
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }

@@ -56,6 +56,34 @@ void add_lora_adapters(const GptConfig& c, GptParameterLayout& out) {
   }
 }
 
+// MLASelfAttention's own parameters after linear_proj, in its registration order: linear_q_proj (or
+// linear_q_down_proj, linear_q_up_proj), linear_kv_down_proj, linear_kv_up_proj, q_layernorm (with
+// query compression), kv_layernorm; none has a bias, the norms follow the model's.
+void add_mla_attention(const GptConfig& c, ParameterTable& t, const std::string& p, Init gamma_init,
+                       GptLayerOffsets& L) {
+  const MlaSpec& m = *c.mla;
+  const int64_t h = c.hidden, q_rows = c.heads * m.q_head_dim();
+  const bool ln = c.norm == Norm::LayerNorm;
+  if (m.q_lora_rank > 0) {
+    L.q_down_w = t.add(p + "linear_q_down_proj.weight", {m.q_lora_rank, h}, Init::Normal, c.init_std);
+    L.q_up_w = t.add(p + "linear_q_up_proj.weight", {q_rows, m.q_lora_rank}, Init::Normal, c.init_std);
+  } else {
+    L.q_proj_w = t.add(p + "linear_q_proj.weight", {q_rows, h}, Init::Normal, c.init_std);
+  }
+  L.kv_down_w = t.add(p + "linear_kv_down_proj.weight", {m.kv_lora_rank + m.qk_pos_emb_head_dim, h}, Init::Normal,
+                      c.init_std);
+  L.kv_up_w = t.add(p + "linear_kv_up_proj.weight", {c.heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank},
+                    Init::Normal, c.init_std);
+  if (m.latent_norms && m.q_lora_rank > 0) {
+    L.q_ln_w = t.add(p + "q_layernorm.weight", {m.q_lora_rank}, gamma_init);
+    L.q_ln_b = ln ? t.add(p + "q_layernorm.bias", {m.q_lora_rank}, Init::Zeros) : -1;
+  }
+  if (m.latent_norms) {
+    L.kv_ln_w = t.add(p + "kv_layernorm.weight", {m.kv_lora_rank}, gamma_init);
+    L.kv_ln_b = ln ? t.add(p + "kv_layernorm.bias", {m.kv_lora_rank}, Init::Zeros) : -1;
+  }
+}
+
 }  // namespace
 
 GptParameterLayout build_gpt_parameters(const GptConfig& c) {
@@ -64,6 +92,13 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
     throw Error("GptModel: invalid shape");
   if (c.positions == Positions::LearnedAbsolute && c.max_positions <= 0)
     throw Error("GptModel: learned positions need max_positions > 0");
+  if (c.mla) {
+    const MlaSpec& m = *c.mla;
+    if (m.q_lora_rank < 0 || m.kv_lora_rank <= 0 || m.qk_head_dim <= 0 || m.qk_pos_emb_head_dim <= 0 ||
+        m.v_head_dim <= 0 || c.kv_channels != m.v_head_dim || c.query_groups != c.heads || c.qk_layernorm ||
+        c.positions != Positions::Rope)
+      throw Error("GptModel: invalid multi-latent attention shape");
+  }
   GptParameterLayout out;
   ParameterTable& table = out.table;
   const int64_t h = c.hidden;
@@ -84,13 +119,18 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
     // Megatron registers linear_proj (Attention.__init__) before linear_qkv (SelfAttention.__init__).
     L.proj_w = table.add(p + "self_attention.linear_proj.weight", {h, c.heads * c.kv_channels}, Init::Normal, out_std);
     L.proj_b = c.add_bias_linear ? table.add(p + "self_attention.linear_proj.bias", {h}, Init::Zeros) : -1;
-    L.qkv_w = table.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
-    L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
-                  ? table.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
-                  : -1;
-    // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
-    L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-    L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    if (c.mla) {
+      L.qkv_w = L.qkv_b = L.q_norm = L.k_norm = -1;
+      add_mla_attention(c, table, p + "self_attention.", gamma_init, L);
+    } else {
+      L.qkv_w = table.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
+      L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
+                    ? table.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
+                    : -1;
+      // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
+      L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+      L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    }
     L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
     L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
     if (c.is_moe_layer(l)) {
@@ -155,7 +195,8 @@ GradientWriters gradient_writers(const GptParameterLayout& layout) {
   };
   GradientWriters w;
   for (const GptLayerOffsets& L : layout.layers) {
-    for (int64_t o : {L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w, L.router_w, L.shared_fc1, L.shared_fc2})
+    for (int64_t o : {L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w, L.router_w, L.shared_fc1, L.shared_fc2, L.q_proj_w,
+                      L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w})
       if (o >= 0) w.gemm_written.push_back(o);
     if (L.experts_fc1 >= 0) {  // the local experts' linear_fc1 one after another, then their linear_fc2
       const size_t fc1 = index_of(L.experts_fc1), fc2 = index_of(L.experts_fc2);

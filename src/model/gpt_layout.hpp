@@ -21,6 +21,11 @@ struct LoraOffsets {
 // beta, QK-norm weights).
 struct GptLayerOffsets {
   int64_t ln1_w, ln1_b, qkv_w, qkv_b, q_norm, k_norm, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+  // Multi-latent attention (qkv_w, qkv_b, q_norm, k_norm -1): linear_q_proj, or linear_q_down_proj
+  // and linear_q_up_proj (q_proj_w then -1); linear_kv_down_proj, linear_kv_up_proj; the latent
+  // norms q_layernorm, kv_layernorm (weight, LayerNorm's bias).
+  int64_t q_proj_w = -1, q_down_w = -1, q_up_w = -1, kv_down_w = -1, kv_up_w = -1;
+  int64_t q_ln_w = -1, q_ln_b = -1, kv_ln_w = -1, kv_ln_b = -1;
   // An MoE layer (fc1/fc2 -1): the router, the experts' linear_fc1 then their linear_fc2 (each
   // kind consecutive, expert after expert), the shared expert's (-1: none); -1 in a dense layer.
   int64_t router_w = -1, experts_fc1 = -1, experts_fc2 = -1, shared_fc1 = -1, shared_fc2 = -1;

@@ -38,7 +38,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
     throw UsageError("LoRA (peft.scheme lora) with expert parallelism is not built yet");
   lc_ = tp_local_config(cfg, tp_size_);
   layout_ = build_gpt_parameters(lc_);  // this rank's shapes, Megatron-Core's names
-  if (tensor_parallel()) lora_tp_sums_ = lora_tp_partial_grads(layout_);
+  if (tensor_parallel()) tp_partial_sums_ = tp_partial_grads(layout_);
   if (host_state) {
     weights_.assign(static_cast<size_t>(table_.total), 0.0f);
     grads_.assign(static_cast<size_t>(table_.trainable()), 0.0f);  // none for a frozen base
@@ -176,8 +176,9 @@ double GptModel::model_norm(const float* buf, int64_t from) const {
 }
 
 void GptModel::finalize_grads() {
-  for (const auto& [off, n] : lora_tp_sums_)  // LoRA: each rank's part of the whole adapter halves' gradients
-    tp_->all_reduce_sum(G(off), static_cast<size_t>(n));
+  // Each rank's part of the whole LoRA adapter halves' and MLA down projections' gradients.
+  for (const auto& [off, n] : tp_partial_sums_)
+    if (off >= table_.trainable_offset) tp_->all_reduce_sum(G(off), static_cast<size_t>(n));
   if (!sequence_parallel()) return;
   // Each rank's norm weights and biases saw only its share of the sequence.
   std::vector<int64_t> offs = {layout_.final_w, layout_.final_b};

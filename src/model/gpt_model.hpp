@@ -109,8 +109,9 @@ class GptModel {
   int64_t count_zero_grads() const;
   // After a step's micro-batches: sums over the tensor-parallel group the gradients that each rank
   // computed a part of: from its share of the sequence (sequence parallelism: the norms' weights and
-  // biases, Megatron's finalize_model_grads), and LoRA's whole adapter halves from its share of the
-  // layer (lora_tp_partial_grads). Collective; nothing to do on one rank.
+  // biases, Megatron's finalize_model_grads), and LoRA's whole adapter halves and multi-latent
+  // attention's down projections from its share of the layer (tp_partial_grads). Collective;
+  // nothing to do on one rank.
   void finalize_grads();
   const ParameterTable& table() const { return table_; }
   float* weights() { return weights_.data(); }
@@ -190,7 +191,7 @@ class GptModel {
   const ParameterTable& table_ = layout_.table;
   std::vector<float> weights_, grads_;
   std::vector<std::pair<int64_t, int64_t>> routed_ranges_;  // see routed_expert_ranges (built once)
-  std::vector<std::pair<int64_t, int64_t>> lora_tp_sums_;   // finalize_grads' (lora_tp_partial_grads)
+  std::vector<std::pair<int64_t, int64_t>> tp_partial_sums_;   // finalize_grads' (tp_partial_grads)
 
   // The module tree over the CPU backend's ops, and the MoE layers' state (null for a dense model).
   std::unique_ptr<CpuBackend> backend_;

@@ -53,7 +53,7 @@ void check_same_names(const ParameterTable& full, const ParameterTable& local) {
 TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
   if (name == "embedding.word_embeddings.weight" || name == "output_layer.weight") return TpSplit::Rows;
   // LoRA: a column-parallel layer's linear_out split as the layer's rows, a row-parallel layer's
-  // linear_in as its columns; the other halves whole (lora_tp_partial_grads).
+  // linear_in as its columns; the other halves whole (tp_partial_grads).
   if (name.find(".adapter.linear_") != std::string::npos) {
     const bool in = ends_with(name, ".adapter.linear_in.weight");
     if (name.find("linear_qkv.adapter.") != std::string::npos) return in ? TpSplit::Replicated : TpSplit::Rows;
@@ -62,6 +62,11 @@ TpSplit tp_split_of(const std::string& name, const GptConfig& full) {
     return in ? TpSplit::Cols : TpSplit::Replicated;  // linear_proj, linear_fc2
   }
   if (ends_with(name, "self_attention.linear_qkv.weight") || ends_with(name, "self_attention.linear_qkv.bias"))
+    return TpSplit::Rows;
+  // Multi-latent attention: the up projections are column-parallel (rows by heads); the down
+  // projections and latent norms whole on every rank (tp_partial_grads).
+  if (ends_with(name, "self_attention.linear_q_proj.weight") || ends_with(name, "self_attention.linear_q_up_proj.weight") ||
+      ends_with(name, "self_attention.linear_kv_up_proj.weight"))
     return TpSplit::Rows;
   // An MoE layer's experts (routed and shared) are MLPs split as the dense one (expert tensor
   // parallelism = tensor parallelism); the router is replicated. With an expert TP size of 1 the
@@ -100,7 +105,7 @@ std::vector<Box> tp_boxes(TpSplit split, const std::vector<int64_t>& full_shape,
   return {b};
 }
 
-std::vector<std::pair<int64_t, int64_t>> lora_tp_partial_grads(const GptParameterLayout& local) {
+std::vector<std::pair<int64_t, int64_t>> tp_partial_grads(const GptParameterLayout& local) {
   std::vector<std::pair<int64_t, int64_t>> out;
   const auto& specs = local.table.specs;  // in offset order
   auto add = [&](int64_t off) {
@@ -109,7 +114,11 @@ std::vector<std::pair<int64_t, int64_t>> lora_tp_partial_grads(const GptParamete
                                      [](const ParamSpec& p, int64_t o) { return p.offset < o; });
     out.emplace_back(off, it->numel);
   };
-  for (const GptLayerOffsets& L : local.layers) add(L.qkv_lora.a), add(L.fc1_lora.a), add(L.proj_lora.b), add(L.fc2_lora.b);
+  for (const GptLayerOffsets& L : local.layers) {
+    add(L.qkv_lora.a), add(L.fc1_lora.a), add(L.proj_lora.b), add(L.fc2_lora.b);
+    for (int64_t off : {L.q_down_w, L.q_ln_w, L.q_ln_b, L.kv_down_w, L.kv_ln_w, L.kv_ln_b}) add(off);
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -24,11 +24,13 @@ enum class TpSplit { Replicated, Rows, Cols, SwigluRows };
 // How Megatron-Core splits the parameter called `name` (a GPT model's Megatron-Core name).
 TpSplit tp_split_of(const std::string& name, const GptConfig& full);
 
-// LoRA under tensor parallelism: the whole adapter halves (a column-parallel layer's linear_in, a
-// row-parallel layer's linear_out), whose gradients each rank computes a part of from its share of
-// the layer (its output rows, its input columns): (offset, count) of each in this rank's table, for
-// finalize_grads to sum over the group.
-std::vector<std::pair<int64_t, int64_t>> lora_tp_partial_grads(const GptParameterLayout& local);
+// The replicated parameters whose gradients each rank computes a part of under tensor parallelism,
+// from its share of the layer after them (its heads, output rows or input columns): LoRA's whole
+// adapter halves (a column-parallel layer's linear_in, a row-parallel layer's linear_out) and
+// multi-latent attention's down projections and latent norms (their outputs feed every head).
+// (offset, count) of each in this rank's table, in offset order, for finalize_grads to sum over the
+// group.
+std::vector<std::pair<int64_t, int64_t>> tp_partial_grads(const GptParameterLayout& local);
 
 // The boxes of a full-shape tensor that TP rank `rank` of `tp` holds under `split`, in the order of
 // its data (SwiGLU's: its gate rows, then its up rows).

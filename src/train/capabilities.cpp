@@ -36,7 +36,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
                     std::to_string(tp) + " (model.expert_tensor_parallel_size must be 1 or "
                     "model.tensor_model_parallel_size)");
   }
-  if (m.multi_latent_attention) out.push_back("multi-latent attention (model.multi_latent_attention)");
   if (m.position_embedding_type != "learned_absolute" && m.position_embedding_type != "rope" &&
       m.position_embedding_type != "yarn" && m.position_embedding_type != "none")
     out.push_back("position embeddings of type '" + m.position_embedding_type + "' (learned_absolute, rope, yarn, none)");

@@ -75,9 +75,18 @@ double num_floating_point_operations(const FlopShape& a) {
   const double s_attn =
       a.effective_seq_length ? *a.effective_seq_length : static_cast<double>(a.seq_length);
   const double core_attention = static_cast<double>(q) * s_attn / 2 * 2;  // causal half; QK^T and PV
-  const double standard_self_attn_term =
+  double standard_self_attn_term =
       static_cast<double>(fwd_bwd * fma) *
       (static_cast<double>(h * (q + k + v + gate)) + core_attention + static_cast<double>(q * h));
+  if (a.multi_latent_attention) {  // Megatron's MLA term, its integer part first as Python sums it
+    const int64_t qk = a.qk_head_dim + a.qk_pos_emb_head_dim;
+    const int64_t q_term = a.q_lora_rank > 0 ? a.q_lora_rank * (h + heads * qk + 1) : h * heads * qk;
+    const int64_t linear = q_term + a.kv_lora_rank * (h + heads * (a.qk_head_dim + a.v_head_dim) + 1) +
+                           h * a.qk_pos_emb_head_dim + heads * a.v_head_dim * h;
+    standard_self_attn_term =
+        static_cast<double>(fwd_bwd * fma) * (static_cast<double>(linear) + static_cast<double>(heads * qk) * s_attn / 2 +
+                                              static_cast<double>(heads * a.v_head_dim) * s_attn / 2);
+  }
   const double self_attn_term = standard_self_attn_term * static_cast<double>(num_layers);
 
   const int64_t mlp = fwd_bwd * fma * h *

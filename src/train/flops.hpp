@@ -9,7 +9,11 @@
 // with g = 3 for a gated MLP (SwiGLU) else 2, q = kv_channels*heads, kv = kv_channels*groups, the
 // core-attention term halved for the causal mask (the "/2*2"), router FLOPs not counted, and
 // s_eff = s unless Bridge's packed-sequence mean (sum s^2 / sum s) is given.
-// Not covered: MLA, linear-attention/hybrid (Mamba) layers, MoE latent projections.
+// Multi-latent attention replaces the attention term by Megatron's MLA one (n heads, q/kv latents
+// r_q (none: the q projection) and r_kv, per-head dims d_qk, d_rope, d_v):
+//   6*( q_term + r_kv*(h + n*(d_qk + d_v) + 1) + h*d_rope + n*d_v*h + n*(d_qk + d_rope)*s_eff/2 + n*d_v*s_eff/2 )
+//   q_term = h*n*(d_qk + d_rope), or r_q*(h + n*(d_qk + d_rope) + 1)
+// Not covered: linear-attention/hybrid (Mamba) layers, MoE latent projections.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -40,6 +44,9 @@ struct FlopShape {
   std::vector<int> moe_layer_pattern;
   int64_t mtp_num_layers = 0;  // multi-token prediction layers (counted like the last layer)
   std::optional<double> effective_seq_length;  // Bridge packed sequences: sum(s^2)/sum(s)
+  // Multi-latent attention (--multi-latent-attention): q_lora_rank 0 is none.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_head_dim = 0, qk_pos_emb_head_dim = 0, v_head_dim = 0;
 };
 
 // FLOPs for one iteration of the whole global batch (forward + backward), as a double in the

@@ -1,6 +1,7 @@
 #include "train/run_setup.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/error.hpp"
@@ -95,6 +96,59 @@ model::LoraSpec lora_spec(const config::ConfigContainer& c, const model::GptConf
   return s;
 }
 
+// Megatron-Core's MLA settings (MLATransformerConfig) onto g, refusing by name the shapes it cannot
+// build: RoPE on the decoupled dims (rope, or YaRN as --rope-type / rope_type says; learned positions
+// refused), its softmax scale with YaRN's mscale.
+void mla_spec(const config::ConfigContainer& c, model::GptConfig& g) {
+  const auto& m = c.model;
+  auto positive = [](int64_t v, const char* field, const char* flag) {
+    if (v <= 0)
+      throw UsageError(std::string("model.") + field + " (" + flag + ") " + std::to_string(v) +
+                       " for multi-latent attention (accepted: a positive size)");
+  };
+  model::MlaSpec s;
+  if (m.q_lora_rank) {
+    positive(*m.q_lora_rank, "q_lora_rank", "--q-lora-rank");
+    s.q_lora_rank = *m.q_lora_rank;
+  }
+  positive(m.kv_lora_rank, "kv_lora_rank", "--kv-lora-rank");
+  positive(m.qk_head_dim, "qk_head_dim", "--qk-head-dim");
+  positive(m.qk_pos_emb_head_dim, "qk_pos_emb_head_dim", "--qk-pos-emb-head-dim");
+  positive(m.v_head_dim, "v_head_dim", "--v-head-dim");
+  if (m.qk_pos_emb_head_dim % 2 != 0)
+    throw UsageError("model.qk_pos_emb_head_dim (--qk-pos-emb-head-dim) " + std::to_string(m.qk_pos_emb_head_dim) +
+                     " is odd: RoPE rotates pairs of dims (accepted: an even size)");
+  if (m.position_embedding_type == "learned_absolute")
+    throw UsageError("multi-latent attention with model.position_embedding_type learned_absolute "
+                     "(--position-embedding-type): MLA puts RoPE on its qk_pos_emb_head_dim dims, and learned "
+                     "positions beside it are not built (accepted: rope, yarn, none)");
+  if (m.qk_layernorm && m.normalization != "RMSNorm" && m.normalization != "LayerNorm")
+    throw UsageError("model.normalization '" + m.normalization + "' for MLA's q/kv layernorms");
+  s.kv_lora_rank = m.kv_lora_rank, s.qk_head_dim = m.qk_head_dim, s.qk_pos_emb_head_dim = m.qk_pos_emb_head_dim;
+  s.v_head_dim = m.v_head_dim;
+  s.latent_norms = m.qk_layernorm;  // MLA's qk_layernorm: the q and kv latents' norms
+  // softmax_scale = mscale^2 / sqrt(q head dim), mscale = _yarn_get_mscale(rotary_scaling_factor,
+  // mscale_all_dim), whatever the RoPE type (MultiLatentAttention.__init__).
+  const double f = m.rotary_scaling_factor;
+  const double mscale = f <= 1.0 ? 1.0 : 0.1 * m.mscale_all_dim * std::log(f) + 1.0;
+  s.softmax_scale = mscale * mscale / std::sqrt(static_cast<double>(s.q_head_dim()));
+  // The decoupled RoPE: yarn unless rope_type says rope (Megatron-LM's --rope-type; MLA's default).
+  const bool yarn = m.rope_type ? *m.rope_type == "yarn" : true;
+  g.positions = model::Positions::Rope;
+  if (yarn)
+    g.yarn = kernels::cpu::YarnParams{m.rotary_scaling_factor, m.original_max_position_embeddings, m.beta_fast,
+                                      m.beta_slow, m.mscale, m.mscale_all_dim, m.yarn_correction_range_round_to_int};
+  else
+    g.yarn.reset();
+  g.query_groups = g.heads;  // (MLA has a key and value per head)
+  g.kv_channels = s.v_head_dim;  // linear_proj reads heads x v_head_dim
+  g.qk_layernorm = false;        // (the per-head QK norm of the fused attention)
+  g.mla = s;
+  if (c.peft.scheme)
+    throw UsageError("PEFT (peft.scheme " + *c.peft.scheme + ") on multi-latent attention is not built yet: its "
+                     "targets (linear_q_proj, linear_kv_down_proj, ...) are not LoRA's linear_qkv");
+}
+
 }  // namespace
 
 model::GptConfig model_config(const config::ConfigContainer& c, const config::Derived& d) {
@@ -174,6 +228,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     g.moe.expert_tensor_parallel = m.expert_tensor_parallel_size.value_or(m.tensor_model_parallel_size);
     if (g.moe.tensor_parallel > 1) model::check_moe_tensor_parallel(g);
   }
+  if (m.multi_latent_attention) mla_spec(c, g);
   if (c.peft.scheme && *c.peft.scheme == "lora") g.lora = lora_spec(c, g);
   return g;
 }
@@ -336,6 +391,12 @@ FlopShape flop_shape(const config::ConfigContainer& c, const config::Derived& d)
   f.kv_channels = m.kv_channels.value_or(0);
   f.gated_linear_unit = m.gated_linear_unit;
   f.padded_vocab_size = d.padded_vocab_size;
+  if (m.multi_latent_attention) {
+    f.multi_latent_attention = true;
+    f.q_lora_rank = m.q_lora_rank.value_or(0);
+    f.kv_lora_rank = m.kv_lora_rank, f.qk_head_dim = m.qk_head_dim, f.qk_pos_emb_head_dim = m.qk_pos_emb_head_dim;
+    f.v_head_dim = m.v_head_dim;
+  }
   if (m.num_moe_experts && *m.num_moe_experts > 0) {
     f.num_experts = *m.num_moe_experts;
     f.moe_router_topk = m.moe_router_topk;

@@ -200,3 +200,34 @@ TEST(BadInputRun, ABadRuntimeOptionStopsTheCommandAndARunRecordsTheOptions) {
   expect_has(yaml, "#   LAOYAO_DEVICE: cpu\n#   LAOYAO_RENDEZVOUS_DIR: \n#   LAOYAO_CUDA_GRAPHS: 1\n");
   expect_has(yaml, "#   LAOYAO_GEMM_AUTOTUNE: 0\n");
 }
+
+// Multi-latent attention from Megatron-LM's flags: a model it can build trains (YaRN by default, as
+// MLATransformerConfig's rope_type; --rope-type rope too); the shapes it cannot are refused by name
+// before anything is written.
+TEST(BadInputRun, MultiLatentAttentionShapesItCannotBuildAreRefusedByName) {
+  const std::string dir = fresh_dir("bad_mla");
+  const std::vector<std::string> mla = {"--multi-latent-attention", "--kv-lora-rank", "8", "--qk-head-dim", "4",
+                                        "--qk-pos-emb-head-dim", "4", "--v-head-dim", "4", "--train-iters", "2", "--eval-interval", "2",
+                                        "--mock-data", "--normalization", "RMSNorm", "--qk-layernorm"};
+  for (const char* rope : {"yarn", "rope"}) {
+    std::vector<std::string> ok = tiny(mla);
+    ok.insert(ok.end(), {"--position-embedding-type", "rope", "--rope-type", rope, "--q-lora-rank", "6"});
+    const auto r = run_laoyao(ok, dir, kCpu);
+    ASSERT_EQ(r.status, 0) << r.output;
+    expect_has(r.output, "iteration        2/       2");
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--position-embedding-type", "rope", "--qk-pos-emb-head-dim", "3"}, "qk_pos_emb_head_dim (--qk-pos-emb-head-dim) 3 is odd"},
+      {{"--position-embedding-type", "learned_absolute"}, "learned positions beside it are not built"},
+      {{"--position-embedding-type", "rope", "--kv-lora-rank", "0"}, "model.kv_lora_rank (--kv-lora-rank) 0"},
+      {{"--position-embedding-type", "rope", "--v-head-dim", "-2"}, "model.v_head_dim (--v-head-dim) -2"}};
+  for (const auto& [extra, message] : bad) {
+    std::vector<std::string> a = tiny(mla);
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), {"--save", dir + "/ckpt", "--save-interval", "1"});
+    const auto r = run_laoyao(a, dir, kCpu);
+    EXPECT_EQ(r.status, 2) << r.output;
+    expect_has(r.output, message);
+    EXPECT_FALSE(fs::exists(dir + "/ckpt")) << message;
+  }
+}

@@ -631,3 +631,34 @@ TEST(Launch, ACheckpointMovesBetweenTp2Dp2AndEp2AndOneRank) {
   EXPECT_NE(missing.status, 0) << missing.output;
   EXPECT_NE(missing.output.find("'" + shard + "' is missing"), std::string::npos) << missing.output;
 }
+
+// The DeepSeek-V2-Lite recipe (multi-latent attention with YaRN, a dense first layer, then MoE
+// layers with shared experts and the sequence-level aux loss), shrunk: one rank, TP=2 with sequence
+// parallelism and EP=2 over CPU ranks print the same losses and grad norms. (A vocabulary that
+// pads alike at TP 1 and 2: Megatron pads to a multiple of make_vocab_size_divisible_by x TP.)
+TEST(Launch, TheDeepseekV2LiteRecipeTrainsShrunkAloneAndOverTpAndEpRanks) {
+  const std::string dir = laoyao::test::fresh_dir("launch_dsv2");
+  const std::vector<std::string> one = {
+      "run-recipe", "--recipe", "deepseek_v2_lite_pretrain_config", "model.num_layers=2", "model.hidden_size=32",
+      "model.ffn_hidden_size=64", "model.num_attention_heads=4", "model.num_query_groups=4", "model.kv_lora_rank=16", "model.qk_head_dim=8",
+      "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8", "model.num_moe_experts=4", "model.moe_router_topk=2",
+      "model.moe_ffn_hidden_size=16", "model.moe_shared_expert_intermediate_size=32", "model.moe_layer_freq=[0,1]",
+      "model.expert_model_parallel_size=1", "model.seq_length=64", "dataset.seq_length=64", "train.train_iters=4",
+      "train.global_batch_size=4", "train.micro_batch_size=2", "scheduler.lr_warmup_iters=1", "checkpoint.save=null",
+      "logger.log_interval=1", "model.make_vocab_size_divisible_by=64", "tokenizer.vocab_size=1023"};
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  EXPECT_NE(single.output.find("seq_load_balancing_loss"), std::string::npos) << single.output;
+  const auto want = losses_in(single.output), want_norms = grad_norms_in(single.output);
+  ASSERT_EQ(want.size(), 6u) << single.output;  // 4 iterations, the validation and test losses
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"model.tensor_model_parallel_size=2", "model.sequence_parallel=true"},
+        std::vector<std::string>{"model.expert_model_parallel_size=2"}}) {
+    const auto r = run_laoyao(on_ranks("2", one, extra), dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = losses_in(r.output);
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << extra[0] << " " << i;
+    EXPECT_EQ(grad_norms_in(r.output), want_norms) << extra[0];
+  }
+}

@@ -282,6 +282,24 @@ TEST(TensorParallel, SequenceParallelGptAndLlamaMatchOneRank) {
   check_tensor_parallel_model(c, {2});
 }
 
+// Multi-latent attention: the up projections split by heads, the down projections and latent norms
+// whole on every rank with their gradients summed over the group (finalize_grads).
+TEST(TensorParallel, MultiLatentAttentionMatchesOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_gpt();
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
+  c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
+  MlaSpec m;
+  m.q_lora_rank = 12, m.kv_lora_rank = 10, m.qk_head_dim = 6, m.qk_pos_emb_head_dim = 4, m.v_head_dim = 5;
+  m.softmax_scale = 0.3;
+  c.mla = m;
+  c.kv_channels = m.v_head_dim;
+  check_tensor_parallel_model(c, {2, 4});
+  c.mla->q_lora_rank = 0;
+  c.sequence_parallel = true;
+  check_tensor_parallel_model(c, {2});
+}
+
 // LoRA: the column-parallel layers' adapters with linear_in whole and linear_out split as the
 // layer's rows, the row-parallel ones' with linear_in split as the layer's columns and linear_out
 // whole; the whole adapters' gradients summed over the group (finalize_grads).

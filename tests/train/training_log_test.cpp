@@ -290,6 +290,24 @@ TEST(Flops, GqaGatedAndKvChannelsTerms) {
   EXPECT_DOUBLE_EQ(base - num_floating_point_operations(packed), tokens * 6 * 256 * 256 * 2);
 }
 
+// Multi-latent attention: Megatron's MLA attention term in place of the QKV one (DeepSeek-V2-Lite's
+// attention: 16 heads, no q latent, kv latent 512, 128 + 64 q/k and 128 v dims per head; and with a
+// q latent of 1536, V3's).
+TEST(Flops, MultiLatentAttentionCountsItsProjectionsAndUnequalHeadDims) {
+  FlopShape s = reference_run_shape();  // h 256, 2 layers, s 512, 32 sequences
+  const double tokens = 32.0 * 512, h = 256, n = 4, L = 2, sq = 512;
+  const double others = num_floating_point_operations(s) - tokens * L * 6 * (h * 3 * h + h * 512.0 / 2 * 2 + h * h);
+  FlopShape mla = s;
+  mla.multi_latent_attention = true;
+  mla.kv_lora_rank = 512, mla.qk_head_dim = 128, mla.qk_pos_emb_head_dim = 64, mla.v_head_dim = 128;
+  const double lite_attention = 6 * (h * n * 192 + 512 * (h + n * 256 + 1) + h * 64 + n * 128 * h + n * 192 * sq / 2 +
+                                     n * 128 * sq / 2);
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(mla), others + tokens * L * lite_attention);
+  mla.q_lora_rank = 1536;
+  const double v3_attention = lite_attention - 6 * h * n * 192 + 6 * 1536 * (h + n * 192 + 1);
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(mla), others + tokens * L * v3_attention);
+}
+
 TEST(Flops, MoeLayersReplaceFfnByRoutedTimesTopkPlusShared) {
   FlopShape dense = reference_run_shape();
   dense.ffn_hidden_size = 512 * 2 + 256;  // what an MoE layer with topk 2 + shared 256 counts

@@ -1,5 +1,6 @@
-// Causal self-attention on Megatron-Core's fused QKV layout (core attention of DotProductAttention:
-// baddbmm with alpha = scale, causal masked_fill(-10000), softmax, P @ V), with GQA read in place.
+// Causal self-attention (core attention of DotProductAttention: baddbmm with alpha = scale, causal
+// masked_fill(-10000), softmax, P @ V) on Megatron-Core's fused QKV layout, with GQA read in place,
+// or on separate q, k, v buffers whose head dims may differ (MLA's query and key of 192, value 128).
 // Per (batch, head) the two GEMMs go through OpenBLAS sgemm with leading dimensions that stride over
 // the fused row, so q/k/v/ctx are never copied. These sgemm calls run inside OpenMP regions;
 // OpenBLAS (pthread build) is safe to call concurrently and runs these small GEMMs on the calling
@@ -33,25 +34,36 @@ void check_key_start(const int32_t* key_start, int64_t b, int64_t s) {
                   " is outside [0, " + std::to_string(t % s) + "] (a query's first key is at or before it)");
 }
 
-}  // namespace
+// Where the heads live: q head h at q + row * q_ld + q_col(h), its group's k and v likewise, each
+// token's ctx at ctx + row * H * Dv + h * Dv. The fused QKV rows (one buffer, QkvLayout's columns)
+// and separate q, k, v buffers (MLA's, heads of unequal q/k and v dims) are two views of one kernel.
+struct HeadsView {
+  int64_t H, G, Dqk, Dv;
+  int64_t q_ld, k_ld, v_ld;
+  int64_t Q() const { return H / G; }
+  // fused: QkvLayout's columns; separate (G == H): head-major.
+  const QkvLayout* fused = nullptr;
+  int64_t q_col(int64_t h) const { return fused ? fused->q(h) : h * Dqk; }
+  int64_t k_col(int64_t g) const { return fused ? fused->k(g) : g * Dqk; }
+  int64_t v_col(int64_t g) const { return fused ? fused->v(g) : g * Dv; }
+};
 
-void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
-                       int64_t D, float scale, const float* dropout_mask, const int32_t* key_start) {
-  const QkvLayout L("attention", H, G, D);
+void attention_forward_view(const float* q, const float* k, const float* v, const HeadsView& V, float* ctx,
+                            float* probs, int64_t b, int64_t s, float scale, const float* dropout_mask,
+                            const int32_t* key_start) {
   if (b == 0 || s == 0) return;
   check_key_start(key_start, b, s);
-  const int64_t HD = H * D;
+  const int64_t H = V.H, HD = H * V.Dv;
 #pragma omp parallel
   {
   std::vector<float> dropped(dropout_mask ? s * s : 0);
 #pragma omp for schedule(static)
   for (int64_t bh = 0; bh < b * H; ++bh) {
-    const int64_t bi = bh / H, h = bh % H, g = L.group_of(h);
-    const float* base = qkv + bi * s * L.row;
+    const int64_t bi = bh / H, h = bh % H, g = h / V.Q();
     float* P = probs + bh * s * s;
     // S = scale * Q K^T (the scale in the GEMM's alpha, as baddbmm's).
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, D, scale, base + L.q(h), L.row, base + L.k(g),
-                L.row, 0.0f, P, s);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, V.Dqk, scale, q + bi * s * V.q_ld + V.q_col(h), V.q_ld,
+                k + bi * s * V.k_ld + V.k_col(g), V.k_ld, 0.0f, P, s);
     for (int64_t i = 0; i < s; ++i) {
       float* p = P + i * s;
       const int64_t j0 = key_start ? key_start[bi * s + i] : 0;
@@ -74,20 +86,20 @@ void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, in
       for (int64_t i = 0; i < s * s; ++i) dropped[i] = P[i] * mask[i];
       PV = dropped.data();
     }
-    // ctx[:, h*D:(h+1)*D] = P V
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, D, s, 1.0f, PV, s, base + L.v(g), L.row, 0.0f,
-                ctx + bi * s * HD + h * D, HD);
+    // ctx[:, h*Dv:(h+1)*Dv] = P V
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, V.Dv, s, 1.0f, PV, s, v + bi * s * V.v_ld + V.v_col(g),
+                V.v_ld, 0.0f, ctx + bi * s * HD + h * V.Dv, HD);
   }
   }
 }
 
-void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
-                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask,
-                        const int32_t* key_start) {
-  const QkvLayout L("attention", H, G, D);
+// dq, dk, dv: the gradients' buffers, in the view's layout (the fused one: all three one buffer).
+void attention_backward_view(const float* q, const float* k, const float* v, const HeadsView& V, const float* probs,
+                             const float* dctx, float* dq, float* dk, float* dv, int64_t b, int64_t s, float scale,
+                             const float* dropout_mask, const int32_t* key_start) {
   if (b == 0 || s == 0) return;
   check_key_start(key_start, b, s);
-  const int64_t HD = H * D;
+  const int64_t H = V.H, G = V.G, HD = H * V.Dv, Dqk = V.Dqk, Dv = V.Dv;
   // One work item per (batch, query group): the group's heads all add into the same dk/dv, so they
   // are summed by one thread, in head order (deterministic for any thread count).
 #pragma omp parallel
@@ -96,12 +108,14 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < b * G; ++bg) {
       const int64_t bi = bg / G, g = bg % G;
-      const float* base = qkv + bi * s * L.row;
-      float* dbase = dqkv + bi * s * L.row;
-      for (int64_t i = 0; i < L.Q; ++i) {
-        const int64_t h = g * L.Q + i;
+      const float* kg = k + bi * s * V.k_ld + V.k_col(g);
+      const float* vg = v + bi * s * V.v_ld + V.v_col(g);
+      float* dkg = dk + bi * s * V.k_ld + V.k_col(g);
+      float* dvg = dv + bi * s * V.v_ld + V.v_col(g);
+      for (int64_t i = 0; i < V.Q(); ++i) {
+        const int64_t h = g * V.Q() + i;
         const float* P = probs + (bi * H + h) * s * s;
-        const float* dC = dctx + bi * s * HD + h * D;
+        const float* dC = dctx + bi * s * HD + h * Dv;
         // The group's first head overwrites dk/dv (beta 0), the others add.
         const float beta = i == 0 ? 0.0f : 1.0f;
         const float* mask = dropout_mask ? dropout_mask + (bi * H + h) * s * s : nullptr;
@@ -111,12 +125,10 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
           PV = dropped.data();
         }
         // dV (+)= P^T dC
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, D, s, 1.0f, PV, s, dC, HD, beta, dbase + L.v(g),
-                    L.row);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, Dv, s, 1.0f, PV, s, dC, HD, beta, dvg, V.v_ld);
         // dP = dC V^T, then softmax backward dS = P * (dP - rowsum(P * dP)). Masked entries have
         // P = 0 and get dS = 0.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, D, 1.0f, dC, HD, base + L.v(g), L.row, 0.0f,
-                    dS.data(), s);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, Dv, 1.0f, dC, HD, vg, V.v_ld, 0.0f, dS.data(), s);
         if (mask)  // through the dropout: d(P) = d(P * mask) * mask
           for (int64_t e = 0; e < s * s; ++e) dS[e] *= mask[e];
         for (int64_t r = 0; r < s; ++r) {
@@ -131,13 +143,52 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
           for (int64_t j = r + 1; j < s; ++j) d[j] = 0.0f;
         }
         // dQ = scale * dS K (overwrite); dK (+)= scale * dS^T Q
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, D, s, scale, dS.data(), s, base + L.k(g), L.row,
-                    0.0f, dbase + L.q(h), L.row);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, D, s, scale, dS.data(), s, base + L.q(h), L.row,
-                    beta, dbase + L.k(g), L.row);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, Dqk, s, scale, dS.data(), s, kg, V.k_ld, 0.0f,
+                    dq + bi * s * V.q_ld + V.q_col(h), V.q_ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, Dqk, s, scale, dS.data(), s,
+                    q + bi * s * V.q_ld + V.q_col(h), V.q_ld, beta, dkg, V.k_ld);
       }
     }
   }
+}
+
+HeadsView fused_view(const QkvLayout& L) { return {L.H, L.G, L.D, L.D, L.row, L.row, L.row, &L}; }
+
+HeadsView separate_view(const char* what, int64_t H, int64_t Dqk, int64_t Dv) {
+  if (H <= 0 || Dqk <= 0 || Dv <= 0)
+    throw Error(std::string(what) + ": heads (" + std::to_string(H) + "), q/k head dim (" + std::to_string(Dqk) +
+                ") and v head dim (" + std::to_string(Dv) + ") must be positive");
+  return {H, H, Dqk, Dv, H * Dqk, H * Dqk, H * Dv, nullptr};
+}
+
+}  // namespace
+
+void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
+                       int64_t D, float scale, const float* dropout_mask, const int32_t* key_start) {
+  const QkvLayout L("attention", H, G, D);
+  attention_forward_view(qkv, qkv, qkv, fused_view(L), ctx, probs, b, s, scale, dropout_mask, key_start);
+}
+
+void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
+                        int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask,
+                        const int32_t* key_start) {
+  const QkvLayout L("attention", H, G, D);
+  attention_backward_view(qkv, qkv, qkv, fused_view(L), probs, dctx, dqkv, dqkv, dqkv, b, s, scale, dropout_mask,
+                          key_start);
+}
+
+void separate_attention_forward(const float* q, const float* k, const float* v, float* ctx, float* probs, int64_t b,
+                                int64_t s, int64_t H, int64_t Dqk, int64_t Dv, float scale, const float* dropout_mask,
+                                const int32_t* key_start) {
+  attention_forward_view(q, k, v, separate_view("separate_attention_forward", H, Dqk, Dv), ctx, probs, b, s, scale,
+                         dropout_mask, key_start);
+}
+
+void separate_attention_backward(const float* q, const float* k, const float* v, const float* probs, const float* dctx,
+                                 float* dq, float* dk, float* dv, int64_t b, int64_t s, int64_t H, int64_t Dqk,
+                                 int64_t Dv, float scale, const float* dropout_mask, const int32_t* key_start) {
+  attention_backward_view(q, k, v, separate_view("separate_attention_backward", H, Dqk, Dv), probs, dctx, dq, dk, dv,
+                          b, s, scale, dropout_mask, key_start);
 }
 
 }  // namespace laoyao::kernels::cpu

@@ -70,6 +70,17 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
                         int64_t H, int64_t G, int64_t D, float scale, const float* dropout_mask = nullptr,
                         const int32_t* key_start = nullptr);
 
+// ---- the same attention on separate q [T, H*Dqk], k [T, H*Dqk], v [T, H*Dv] (one k and v per
+// head) into ctx [T, H*Dv]: multi-latent attention's, whose q/k and v head dims differ. probs,
+// dropout_mask and key_start as above; the backward overwrites dq, dk, dv (shaped as q, k, v).
+void separate_attention_forward(const float* q, const float* k, const float* v, float* ctx, float* probs, int64_t b,
+                                int64_t s, int64_t H, int64_t Dqk, int64_t Dv, float scale,
+                                const float* dropout_mask = nullptr, const int32_t* key_start = nullptr);
+void separate_attention_backward(const float* q, const float* k, const float* v, const float* probs, const float* dctx,
+                                 float* dq, float* dk, float* dv, int64_t b, int64_t s, int64_t H, int64_t Dqk,
+                                 int64_t Dv, float scale, const float* dropout_mask = nullptr,
+                                 const int32_t* key_start = nullptr);
+
 // ---- rotary position embedding (Megatron-Core RotaryEmbedding + _apply_rotary_pos_emb_bshd,
 // non-interleaved "rotate_half" form), applied to the q heads and k of the fused QKV rows above.
 // Megatron's fields and defaults (RotaryEmbedding / GPTModel / Bridge GPTModelProvider):
@@ -129,6 +140,20 @@ void rope_forward_qkv(float* qkv, const int64_t* positions, const RopeTable& tab
 void rope_backward_qkv(float* dqkv, const int64_t* positions, const RopeTable& table, int64_t T, int64_t H, int64_t G,
                        int64_t D);
 
+// ---- multi-latent attention's query, key and value (kernels/cpu/mla.cpp says how, as Megatron-Core's
+// MLASelfAttention builds them): from q [T, H*(dqk+dr)] (linear_q_proj / linear_q_up_proj), kv
+// [T, H*(dqk+dv)] (linear_kv_up_proj) and k_pe (rows of k_pe_ld floats: linear_kv_down_proj's last
+// dr columns), query and key [T, H*(dqk+dr)] = [no-pe part, RoPE'd part] per head (k's RoPE'd part
+// shared by every head), value [T, H*dv]. The RoPE is MLA's interleaved form with the table's
+// angles (rot_dim <= dr; the rest passes through). Positions outside the table: laoyao::Error.
+void mla_qkv_forward(const float* q, const float* kv, const float* k_pe, int64_t k_pe_ld, const int64_t* positions,
+                     const RopeTable& table, float* query, float* key, float* value, int64_t T, int64_t H, int64_t dqk,
+                     int64_t dr, int64_t dv);
+// Overwrites dq, dkv and dk_pe (its dr columns of each row of dk_pe_ld floats; the heads' sum).
+void mla_qkv_backward(const float* dquery, const float* dkey, const float* dvalue, const int64_t* positions,
+                      const RopeTable& table, float* dq, float* dkv, float* dk_pe, int64_t dk_pe_ld, int64_t T,
+                      int64_t H, int64_t dqk, int64_t dr, int64_t dv);
+
 // ---- QK layernorm (Megatron --qk-layernorm with RMSNorm, as Qwen3): each q head and each k of
 // the fused rows is RMS-normalised over its own D (= kv_channels) values, eps = layernorm_epsilon,
 // with weights q_gamma[D] (self_attention.q_layernorm.weight) shared by all q heads and k_gamma[D]
@@ -167,6 +192,8 @@ void embedding_forward(const int64_t* ids, const float* table, float* y, int64_t
 void embedding_backward(const int64_t* ids, const float* dy, float* dtable, int64_t T, int64_t C);
 
 // ---- elementwise helpers
+// dst[r, 0:cols] = src[r, 0:cols] for rows of src_ld and dst_ld floats (a column slice copied).
+void copy_columns(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols);
 void add_inplace(float* y, const float* x, int64_t n);                     // y += x
 void add_bias_inplace(float* y, const float* bias, int64_t T, int64_t C);  // y[t,:] += bias
 void bias_grad_accumulate(const float* dy, float* dbias, int64_t T, int64_t C);  // dbias += sum_t dy[t,:]

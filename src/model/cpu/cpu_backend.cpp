@@ -91,24 +91,28 @@ void CpuBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {
   apply_dropout(F(y), n, drop);
 }
 
-void CpuBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) {
+void CpuBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows, int64_t width) {
   const GptConfig& c = lc_;
   if (c.norm == Norm::LayerNorm)
-    k::layernorm_forward(F(x), W(w), W(b), F(y), mean, rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma);
+    k::layernorm_forward(F(x), W(w), W(b), F(y), mean, rstd, rows, width, c.norm_eps, c.zero_centered_gamma);
   else
-    k::rmsnorm_forward(F(x), W(w), F(y), rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma);
+    k::rmsnorm_forward(F(x), W(w), F(y), rstd, rows, width, c.norm_eps, c.zero_centered_gamma);
 }
 
 void CpuBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
-                               int64_t rows, bool accumulate, int64_t dx_bias) {
+                               int64_t rows, int64_t width, bool accumulate, int64_t dx_bias) {
   if (dx_bias >= 0) throw Error("CpuBackend: the norms' backward does not sum bias gradients here");
   const GptConfig& c = lc_;
-  float* out = accumulate ? scratch(norm_dx_, rows * c.hidden) : F(dx);
+  float* out = accumulate ? scratch(norm_dx_, rows * width) : F(dx);
   if (c.norm == Norm::LayerNorm)
-    k::layernorm_backward(F(dy), F(x), W(w), mean, rstd, out, G(w), G(b), rows, c.hidden, c.zero_centered_gamma);
+    k::layernorm_backward(F(dy), F(x), W(w), mean, rstd, out, G(w), G(b), rows, width, c.zero_centered_gamma);
   else
-    k::rmsnorm_backward(F(dy), F(x), W(w), rstd, out, G(w), rows, c.hidden, c.zero_centered_gamma);
-  if (accumulate) k::add_inplace(F(dx), out, rows * c.hidden);
+    k::rmsnorm_backward(F(dy), F(x), W(w), rstd, out, G(w), rows, width, c.zero_centered_gamma);
+  if (accumulate) k::add_inplace(F(dx), out, rows * width);
+}
+
+void CpuBackend::copy_columns(Act src, int64_t src_ld, Act dst, int64_t dst_ld, int64_t rows, int64_t cols) {
+  k::copy_columns(F(src), src_ld, F(dst), dst_ld, rows, cols);
 }
 
 void CpuBackend::mlp_activation(Act u, Act g, int64_t rows, int64_t ffn) {
@@ -212,6 +216,36 @@ void CpuBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
   k::attention_backward(F(qkv_attn), probs_.at(static_cast<size_t>(layer)).data(), F(dctx), F(dqkv), batch.b, batch.s,
                         c.heads, c.query_groups, c.kv_channels, scale, attention_mask(drop, batch), batch.key_start);
+}
+
+void CpuBackend::mla_prepare(Act q, Act kv, Act k_pe, int64_t k_pe_ld, Act query, Act key, Act value,
+                             const BatchShape& batch) {
+  const MlaSpec& m = *lc_.mla;
+  k::mla_qkv_forward(F(q), F(kv), F(k_pe), k_pe_ld, rope_positions(batch), rope_, F(query), F(key), F(value), batch.T,
+                     lc_.heads, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim);
+}
+
+void CpuBackend::mla_prepare_backward(Act dquery, Act dkey, Act dvalue, Act dq, Act dkv, Act dk_pe, int64_t dk_pe_ld,
+                                      const BatchShape& batch) {
+  const MlaSpec& m = *lc_.mla;
+  k::mla_qkv_backward(F(dquery), F(dkey), F(dvalue), rope_positions(batch), rope_, F(dq), F(dkv), F(dk_pe), dk_pe_ld,
+                      batch.T, lc_.heads, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim);
+}
+
+void CpuBackend::separate_core_attention(int64_t layer, Act q, Act k, Act v, Act ctx, int64_t dqk, int64_t dv,
+                                         float scale, const BatchShape& batch, const DropoutSpec& drop) {
+  std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
+  probs.resize(static_cast<size_t>(batch.b * lc_.heads * batch.s * batch.s));
+  k::separate_attention_forward(F(q), F(k), F(v), F(ctx), probs.data(), batch.b, batch.s, lc_.heads, dqk, dv, scale,
+                                attention_mask(drop, batch), batch.key_start);
+}
+
+void CpuBackend::separate_core_attention_backward(int64_t layer, Act q, Act k, Act v, Act dctx, Act dquery, Act dkey,
+                                                  Act dvalue, int64_t dqk, int64_t dv, float scale,
+                                                  const BatchShape& batch, const DropoutSpec& drop) {
+  k::separate_attention_backward(F(q), F(k), F(v), probs_.at(static_cast<size_t>(layer)).data(), F(dctx), F(dquery),
+                                 F(dkey), F(dvalue), batch.b, batch.s, lc_.heads, dqk, dv, scale,
+                                 attention_mask(drop, batch), batch.key_start);
 }
 
 void CpuBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass,

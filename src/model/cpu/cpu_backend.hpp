@@ -41,10 +41,11 @@ class CpuBackend final : public Backend {
   void bias_dropout_add(Act x, int64_t b, Act residual, Act out, int64_t rows, int64_t N,
                         const DropoutSpec& drop) override;
   void dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) override;
-  void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) override;
+  void norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows, int64_t width) override;
   void norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx, int64_t rows,
-                     bool accumulate, int64_t dx_bias) override;
+                     int64_t width, bool accumulate, int64_t dx_bias) override;
   bool sums_bias_grad_in_norm() const override { return false; }  // linear_backward sums them
+  void copy_columns(Act src, int64_t src_ld, Act dst, int64_t dst_ld, int64_t rows, int64_t cols) override;
   void mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) override;
   void mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                         int64_t ffn) override;
@@ -61,6 +62,15 @@ class CpuBackend final : public Backend {
   void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch, const DropoutSpec& drop) override;
   void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
                                const DropoutSpec& drop) override;
+  void mla_prepare(Act q, Act kv, Act k_pe, int64_t k_pe_ld, Act query, Act key, Act value,
+                   const BatchShape& batch) override;
+  void mla_prepare_backward(Act dquery, Act dkey, Act dvalue, Act dq, Act dkv, Act dk_pe, int64_t dk_pe_ld,
+                            const BatchShape& batch) override;
+  void separate_core_attention(int64_t layer, Act q, Act k, Act v, Act ctx, int64_t dqk, int64_t dv, float scale,
+                               const BatchShape& batch, const DropoutSpec& drop) override;
+  void separate_core_attention_backward(int64_t layer, Act q, Act k, Act v, Act dctx, Act dquery, Act dkey,
+                                        Act dvalue, int64_t dqk, int64_t dv, float scale, const BatchShape& batch,
+                                        const DropoutSpec& drop) override;
   void moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass, uint64_t random_logits_key,
                  Act residual) override;
   void moe_layer_backward(int64_t layer, Act x, Act dy, Act dx, const BatchShape& batch,

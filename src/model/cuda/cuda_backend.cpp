@@ -36,6 +36,7 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.lora && c.moe.num_experts > 0)  // (the MoE layers write every expert's gradient)
     missing.push_back("LoRA on a Mixture-of-Experts model (peft.scheme lora)");
+  if (c.mla) missing.push_back("multi-latent attention (its CPU ops are built; the GPU's are not yet)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
@@ -244,20 +245,22 @@ void CudaBackend::dropout(Act x, Act y, int64_t n, const DropoutSpec& drop) {
 
 // ---- norms
 
-void CudaBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows) {
+void CudaBackend::norm(Act x, int64_t w, int64_t b, Act y, float* mean, float* rstd, int64_t rows, int64_t width) {
   const GptConfig& c = lc_;
   if (c.norm == Norm::RMSNorm)
-    kc::rmsnorm_forward(B(x), P(w), B(y), rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma, st_.stream);
+    kc::rmsnorm_forward(B(x), P(w), B(y), rstd, rows, width, c.norm_eps, c.zero_centered_gamma, st_.stream);
   else
-    kc::layernorm_forward(B(x), P(w), P(b), B(y), mean, rstd, rows, c.hidden, c.norm_eps, c.zero_centered_gamma,
+    kc::layernorm_forward(B(x), P(w), P(b), B(y), mean, rstd, rows, width, c.norm_eps, c.zero_centered_gamma,
                           st_.stream);
   phase(kNorms);
 }
 
 void CudaBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float* mean, const float* rstd, Act dx,
-                                int64_t rows, bool accumulate, int64_t dx_bias) {
+                                int64_t rows, int64_t width, bool accumulate, int64_t dx_bias) {
   const GptConfig& c = lc_;
-  const int64_t h = c.hidden;
+  const int64_t h = width;
+  if (accumulate && width != c.hidden) throw Error("CudaBackend: an accumulating norm backward of width " +
+                                                   std::to_string(width) + " (its scratch holds the hidden size's)");
   if (dx_bias >= 0 && !st_.bias_grad_in_norm) throw Error("CudaBackend: asked to sum a bias gradient in a norm");
   // The kernels add into dx (and sum the bias from what they write) where they can
   // (norms_add_in_place); else the gradient goes to scratch, is added, and the bias read after.
@@ -276,6 +279,32 @@ void CudaBackend::norm_backward(Act dy, Act x, int64_t w, int64_t b, const float
     if (G(dx_bias)) kc::bias_grad(B(dx), G(dx_bias), reduce_scratch_, rows, h, st_.stream);
   }
   phase(kNorms);
+}
+
+void CudaBackend::copy_columns(Act src, int64_t src_ld, Act dst, int64_t dst_ld, int64_t rows, int64_t cols) {
+  const size_t e = sizeof(bf16);
+  LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(dst.p, static_cast<size_t>(dst_ld) * e, src.p, static_cast<size_t>(src_ld) * e,
+                                      static_cast<size_t>(cols) * e, static_cast<size_t>(rows),
+                                      cudaMemcpyDeviceToDevice, st_.stream));
+}
+
+// ---- multi-latent attention: not built on the GPU yet
+
+namespace {
+[[noreturn]] void mla_not_built() {
+  throw Error("CudaBackend: multi-latent attention is not built on the GPU yet (it trains on the CPU backend)");
+}
+}  // namespace
+
+void CudaBackend::mla_prepare(Act, Act, Act, int64_t, Act, Act, Act, const BatchShape&) { mla_not_built(); }
+void CudaBackend::mla_prepare_backward(Act, Act, Act, Act, Act, Act, int64_t, const BatchShape&) { mla_not_built(); }
+void CudaBackend::separate_core_attention(int64_t, Act, Act, Act, Act, int64_t, int64_t, float, const BatchShape&,
+                                          const DropoutSpec&) {
+  mla_not_built();
+}
+void CudaBackend::separate_core_attention_backward(int64_t, Act, Act, Act, Act, Act, Act, Act, int64_t, int64_t, float,
+                                                   const BatchShape&, const DropoutSpec&) {
+  mla_not_built();
 }
 
 // ---- the MLP

@@ -187,7 +187,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
-    for (const auto& [off, n] : lora_tp_partial_grads(layout_)) sum(off, n);
+    for (const auto& [off, n] : tp_partial_grads(layout_)) sum(off, n);
     // Whole experts without EP: each rank's experts saw its share's rows, summed over the TP group
     // (with EP groups of whole TP groups they saw every share's: the trainer's reduction sums them).
     if (folded_ && !ep_) same_experts_ = tp_;

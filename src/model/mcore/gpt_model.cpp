@@ -26,6 +26,18 @@ void Scratch::carve(ActivationCarver& c, const ModuleContext& m, int64_t T, int6
   lora_in = c.act(lora && lc.lora->dropout > 0 ? T * std::max({h, lc.heads * lc.kv_channels, lc.ffn}) : 0);
   lora_da = c.act(lora ? T * lc.lora->dim : 0);
   dg = c.act(lora && lc.lora->fc2 ? T * lc.ffn : 0);
+  const int64_t n = lc.mla ? lc.heads : 0;  // (no multi-latent attention: nothing carved)
+  const MlaSpec mla = lc.mla.value_or(MlaSpec{});
+  const int64_t latent = std::max(mla.q_lora_rank, mla.kv_lora_rank);
+  mla_dquery = c.act(T * n * mla.q_head_dim());
+  mla_dkey = c.act(T * n * mla.q_head_dim());
+  mla_dvalue = c.act(T * n * mla.v_head_dim);
+  mla_dq = c.act(T * n * mla.q_head_dim());
+  mla_dkv = c.act(T * n * (mla.qk_head_dim + mla.v_head_dim));
+  mla_dkv_down = c.act(n ? T * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) : 0);
+  mla_dlatent = c.act(n ? T * latent : 0);
+  mla_dlatent_normed = c.act(n ? T * latent : 0);
+  mla_dx = c.act(n ? T * h : 0);
 }
 
 TransformerBlock::TransformerBlock(const ModuleContext& m) : m_(m) {
@@ -69,7 +81,7 @@ void TransformerBlock::forward(const Step& st, Scratch& w) {
 void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_scale) {
   const GptParameterLayout& P = m_.params;
   m_.backend.norm_backward(sum_input_grad(m_, st, w), x_final_, P.final_w, P.final_b, xf_mean_, xf_rstd_, w.dx,
-                           st.batch.rows, false, m_.fc2_bias_in_norm(static_cast<int64_t>(layers_.size()) - 1));
+                           st.batch.rows, m_.local.hidden, false, m_.fc2_bias_in_norm(static_cast<int64_t>(layers_.size()) - 1));
   if (on_backward_done) on_backward_done(-1);
   Step again = st;
   again.recomputing = true;

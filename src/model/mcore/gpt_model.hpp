@@ -82,6 +82,10 @@ struct Scratch {
   // PEFT: an adapter's dropped-out input and its gradient [T, widest input] (with LoRA dropout),
   // the gradient at its low-rank activation [T, dim], and at linear_fc2's input [T, ffn].
   Act lora_in, lora_da, dg;
+  // Multi-latent attention: the gradients at the query, key and value, at the up projections'
+  // outputs q and kv, at linear_kv_down_proj's output, at a latent before and after its norm, and
+  // the query path's share of the input gradient [T, h].
+  Act mla_dquery, mla_dkey, mla_dvalue, mla_dq, mla_dkv, mla_dkv_down, mla_dlatent, mla_dlatent_normed, mla_dx;
   void carve(ActivationCarver& c, const ModuleContext& m, int64_t T, int64_t rows);
 };
 
@@ -140,6 +144,40 @@ class SelfAttention {
   LoraAdapter qkv_lora_, proj_lora_;
 };
 
+// Megatron-Core's MLASelfAttention (GptConfig::mla) in place of SelfAttention: the query from
+// linear_q_proj, or linear_q_down_proj -> q_layernorm -> linear_q_up_proj; the key and value from
+// linear_kv_down_proj's latent -> kv_layernorm -> linear_kv_up_proj, and its last columns, the RoPE
+// key every head shares; core attention of q/k head dim qk_head_dim + qk_pos_emb_head_dim and v head
+// dim v_head_dim; linear_proj. Under tensor parallelism the up projections are column-parallel (this
+// rank's heads) and the down projections and latent norms whole on every rank: their gradients are
+// this rank's heads' part, which finalize_grads sums (model/gpt_tp.hpp's tp_partial_grads).
+class MLASelfAttention {
+ public:
+  MLASelfAttention(const ModuleContext& m, int64_t layer) : m_(m), layer_(layer) {}
+  void carve(ActivationCarver& c, int64_t T);
+  void share_activations(const MLASelfAttention& o) {
+    q_down_ = o.q_down_, q_latent_ = o.q_latent_, q_ = o.q_, kv_down_ = o.kv_down_, kv_c_ = o.kv_c_;
+    kv_latent_ = o.kv_latent_, kv_ = o.kv_, query_ = o.query_, key_ = o.key_, value_ = o.value_, ctx_ = o.ctx_;
+    q_mean_ = o.q_mean_, q_rstd_ = o.q_rstd_, kv_mean_ = o.kv_mean_, kv_rstd_ = o.kv_rstd_;
+  }
+  // As SelfAttention's: x the whole sequence's norm output, residual and out this rank's rows.
+  void forward(const Step& st, Act x, Act residual, Act out, Scratch& w);
+  // The gradient at x lands in w.dnorm (this rank's part: the caller sums it over the group).
+  void backward(const Step& st, Act x, Act dout, Scratch& w);
+
+ private:
+  const GptLayerOffsets& W() const { return m_.params.layers[static_cast<size_t>(layer_)]; }
+  const MlaSpec& spec() const { return *m_.local.mla; }
+  Act cols(Act a, int64_t n) const;  // a, n elements on
+  const ModuleContext& m_;
+  int64_t layer_;
+  // q_down_ [T, q_lora] and q_latent_ (normed; q_down_ without the norm); q_ [T, heads*(dqk+dr)];
+  // kv_down_ [T, kv_lora+dr], kv_c_ its latent columns, kv_latent_ normed; kv_ [T, heads*(dqk+dv)];
+  // query_, key_ [T, heads*(dqk+dr)], value_, ctx_ [T, heads*dv].
+  Act q_down_, q_latent_, q_, kv_down_, kv_c_, kv_latent_, kv_, query_, key_, value_, ctx_;
+  float *q_mean_ = nullptr, *q_rstd_ = nullptr, *kv_mean_ = nullptr, *kv_rstd_ = nullptr;
+};
+
 class MLP {
  public:
   MLP(const ModuleContext& m, int64_t layer);
@@ -188,9 +226,11 @@ class TransformerLayer {
  private:
   const GptLayerOffsets& W() const { return m_.params.layers[static_cast<size_t>(layer_)]; }
   bool moe() const { return m_.whole.is_moe_layer(layer_); }
+  bool mla() const { return m_.local.mla.has_value(); }
   const ModuleContext& m_;
   int64_t layer_;
   SelfAttention self_attention_;
+  MLASelfAttention mla_attention_;
   MLP mlp_;
   MoELayer moe_;
   Act x_in_, ln1_, x_mid_, ln2_;

@@ -5,7 +5,7 @@
 
 namespace laoyao::model::mcore {
 
-// Under tensor parallelism (lora_tp_partial_grads): beside a column-parallel layer linear_in is
+// Under tensor parallelism (tp_partial_grads): beside a column-parallel layer linear_in is
 // whole and reads the whole input, linear_out is this rank's rows of the output; beside a
 // row-parallel one linear_in is this rank's columns of the split input, and its output, summed
 // over the ranks by the layer's own reduction (the adapter adds to the partial sums), passes

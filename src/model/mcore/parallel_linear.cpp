@@ -9,6 +9,16 @@ DropoutSpec Step::dropout(double p, const std::string& site) const {
   return dropout_spec(p, seed, (site + "." + std::to_string(call)).c_str());
 }
 
+std::string dropout_site(int64_t layer, const char* what) {
+  return "dropout.layer" + std::to_string(layer) + "." + what;
+}
+
+DropoutSpec attention_dropout(const ModuleContext& m, const Step& st, int64_t layer) {
+  const uint64_t whole_run = static_cast<uint64_t>(m.whole.heads * st.batch.s * st.batch.s);
+  return sliced(st.dropout(m.local.attention_dropout, dropout_site(layer, "probs")), whole_run,
+                static_cast<uint64_t>(m.tp.rank), static_cast<uint64_t>(m.tp.size));
+}
+
 DropoutSpec hidden_dropout(const ModuleContext& m, const Step& st, const std::string& site) {
   const DropoutSpec d = st.dropout(m.local.hidden_dropout, site);
   if (!m.sp()) return d;
@@ -65,8 +75,8 @@ Act sum_input_grad(const ModuleContext& m, const Step& st, Scratch& s) {
 
 void norm_whole_sequence(const ModuleContext& m, const Step& st, Act x, int64_t w, int64_t b, Act y, float* mean,
                          float* rstd, Scratch& s) {
-  if (!m.sp()) return m.backend.norm(x, w, b, y, mean, rstd, st.batch.rows);
-  m.backend.norm(x, w, b, s.local, mean, rstd, st.batch.rows);
+  if (!m.sp()) return m.backend.norm(x, w, b, y, mean, rstd, st.batch.rows, m.local.hidden);
+  m.backend.norm(x, w, b, s.local, mean, rstd, st.batch.rows, m.local.hidden);
   m.backend.sp_gather(s.local, y, st.batch, m.local.hidden);
 }
 

@@ -9,6 +9,12 @@
 
 namespace laoyao::model::mcore {
 
+// The name of layer `layer`'s dropout site `what` ("dropout.layer3.attention"): its masks' stream.
+std::string dropout_site(int64_t layer, const char* what);
+
+// This rank's heads of the whole model's attention dropout mask of layer `layer`.
+DropoutSpec attention_dropout(const ModuleContext& m, const Step& st, int64_t layer);
+
 // The hidden dropout of `site` on this rank's rows (its share of every sequence under sequence
 // parallelism: the whole model's mask, sliced).
 DropoutSpec hidden_dropout(const ModuleContext& m, const Step& st, const std::string& site);
