@@ -371,6 +371,23 @@ std::vector<std::string> contradictions(const HfModel& hf, const model::GptConfi
     differ("--moe-router-topk", n(run.moe.topk), "num_experts_per_tok", n(h.moe.topk));
     differ("--moe-ffn-hidden-size", n(run.moe.ffn), "moe_intermediate_size", n(h.moe.ffn));
     differ("--moe-router-pre-softmax", b(run.moe.pre_softmax), "norm_topk_prob (negated)", b(h.moe.pre_softmax));
+    differ("--moe-shared-expert-intermediate-size", n(run.moe.shared_ffn), "n_shared_experts x moe_intermediate_size",
+           n(h.moe.shared_ffn));
+    auto layers = [](const model::GptConfig& g) {
+      std::string s;
+      for (int64_t l = 0; l < g.num_layers; ++l) s += g.is_moe_layer(l) ? '1' : '0';
+      return s;
+    };
+    differ("--moe-layer-freq", layers(run), "first_k_dense_replace", layers(h));
+  }
+  differ("--multi-latent-attention", b(run.mla.has_value()), "its attention", b(h.mla.has_value()));
+  if (run.mla && h.mla) {
+    differ("--q-lora-rank", n(run.mla->q_lora_rank), "q_lora_rank", n(h.mla->q_lora_rank));
+    differ("--kv-lora-rank", n(run.mla->kv_lora_rank), "kv_lora_rank", n(h.mla->kv_lora_rank));
+    differ("--qk-head-dim", n(run.mla->qk_head_dim), "qk_nope_head_dim", n(h.mla->qk_head_dim));
+    differ("--qk-pos-emb-head-dim", n(run.mla->qk_pos_emb_head_dim), "qk_rope_head_dim", n(h.mla->qk_pos_emb_head_dim));
+    differ("--v-head-dim", n(run.mla->v_head_dim), "v_head_dim", n(h.mla->v_head_dim));
+    differ("--rope-type", run.yarn ? "yarn" : "rope", "rope_scaling", h.yarn ? "yarn" : "rope");
   }
   return out;
 }

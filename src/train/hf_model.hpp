@@ -12,7 +12,7 @@
 
 namespace laoyao::train {
 
-enum class HfArchitecture { Gpt2, Llama, Qwen2, Qwen3, Qwen3Moe };
+enum class HfArchitecture { Gpt2, Llama, Qwen2, Qwen3, Qwen3Moe, DeepseekV2, DeepseekV3 };
 
 // The architectures import-hf knows, as config.json names them ("GPT2LMHeadModel", ...).
 std::vector<std::string> hf_architecture_names();

@@ -204,3 +204,79 @@ TEST(CheckpointCli, APretrainedHuggingFaceFolderOrHubIdLoadsAsItsImport) {
   EXPECT_TRUE(contains(r.output, "--rotary-base 10000 (config.json: rope_theta 500000)")) << r.output;
   fs::remove_all(dir);
 }
+
+// DeepSeek-V2 and V3 folders (multi-latent attention, a dense first layer, routed and shared
+// experts; V3's expert bias): imported, trained from the flags and the Bridge overrides import-hf
+// wrote (and from the folder itself), saved and exported back as the same architecture, whose
+// import holds the trained tensors.
+TEST(CheckpointCli, DeepseekFoldersTrainFromTheirFlagsAndExportAsDeepseek) {
+  for (const bool v3 : {false, true}) {
+    SCOPED_TRACE(v3 ? "V3" : "V2");
+    const std::string dir = fresh_dir(v3 ? "deepseek_v3" : "deepseek_v2"), in = dir + "/hf", out = dir + "/imported";
+    fs::create_directories(in);
+    deepseek_folder(in, v3).write(deepseek_config(v3), laoyao::Dtype::BF16);
+    auto r = run_laoyao({"checkpoint", "import-hf", in, out}, dir);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string arch = v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
+    EXPECT_TRUE(contains(r.output, "imported " + arch)) << r.output;
+    const std::string flags = laoyao::read_file(out + "/model_flags.txt");
+    for (const char* want : {"--multi-latent-attention", "--kv-lora-rank 8", "--qk-head-dim 4", "--v-head-dim 6",
+                             "--moe-layer-freq ([0]*1+[1]*1)", "--moe-shared-expert-intermediate-size 8",
+                             "--moe-router-topk-scaling-factor 2.5", "--moe-router-load-balancing-type seq_aux_loss"})
+      EXPECT_TRUE(contains(flags, want)) << want << " in " << flags;
+    EXPECT_EQ(contains(flags, "--moe-router-enable-expert-bias"), v3) << flags;
+    EXPECT_EQ(contains(flags, "--rope-type yarn --rotary-scaling-factor 40"), !v3) << flags;
+
+    std::vector<std::string> mlm = {"pretrain-gpt"};
+    for (auto& w : words(flags)) mlm.push_back(w);
+    mlm = tiny_run(mlm);
+    for (const char* a : {"--save", "saved", "--save-interval", "2"}) mlm.emplace_back(a);
+    r = run_laoyao(mlm, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "loaded pretrained weights from " + fs::absolute(out).string())) << r.output;
+    EXPECT_TRUE(contains(r.output, "iteration        2/       2")) << r.output;
+    const auto trained = losses(r.output);
+
+    // The folder itself as the pretrained checkpoint trains the same steps.
+    std::vector<std::string> direct = mlm;
+    for (auto& a : direct)
+      if (a == out) a = in;
+    direct.resize(direct.size() - 4);  // (no --save)
+    r = run_laoyao(direct, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(losses(r.output), trained);
+
+    // The Bridge overrides on the recipe.
+    std::vector<std::string> bridge = {"run-recipe", "--recipe", "deepseek_v2_lite_pretrain_config"};
+    for (auto& w : words(laoyao::read_file(out + "/model_overrides.txt"))) bridge.push_back(w);
+    for (const char* a : {"dataset.seq_length=16", "model.seq_length=16", "train.train_iters=2",
+                          "train.global_batch_size=2", "train.micro_batch_size=1", "validation.eval_interval=2",
+                          "validation.eval_iters=1", "scheduler.lr_warmup_iters=0", "tokenizer.vocab_size=63",
+                          "logger.log_interval=1", "model.expert_model_parallel_size=1", "checkpoint.save=null"})
+      bridge.emplace_back(a);
+    r = run_laoyao(bridge, dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "loaded pretrained weights from " + fs::absolute(out).string())) << r.output;
+
+    // Exported from the run's checkpoint: the architecture it came from, the trained tensors.
+    r = run_laoyao({"checkpoint", "export-hf", dir + "/saved", dir + "/exported", "--dtype", "fp32"}, dir);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "exported " + arch)) << r.output;
+    const std::string config = laoyao::read_file(dir + "/exported/config.json");
+    for (const std::string& want : std::vector<std::string>{"\"kv_lora_rank\": 8", "\"first_k_dense_replace\": 1",
+                                                            "\"n_shared_experts\": 1",
+                                                            std::string("\"topk_method\": \"") +
+                                                                (v3 ? "noaux_tc" : "greedy") + "\""})
+      EXPECT_TRUE(contains(config, want)) << want << " in " << config;
+    ASSERT_EQ(run_laoyao({"checkpoint", "import-hf", dir + "/exported", dir + "/again"}, dir).status, 0);
+    laoyao::SafetensorsFile saved(dir + "/saved/iter_0000002/model.safetensors"),
+        again(dir + "/again/model.safetensors");
+    ASSERT_EQ(saved.tensors().size(), again.tensors().size());
+    for (const auto& t : saved.tensors()) {
+      const auto* u = again.find(t.name);
+      ASSERT_NE(u, nullptr) << t.name;
+      EXPECT_EQ(saved.read_f32(t), again.read_f32(*u)) << t.name;
+    }
+    fs::remove_all(dir);
+  }
+}

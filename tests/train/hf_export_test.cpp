@@ -1,4 +1,4 @@
-// export-hf: Hugging Face folders of every architecture, imported and exported again, give back
+// export-hf: Hugging Face folders of every architecture (DeepSeek-V2/V3's too), imported and exported again, give back
 // their tensors bit for bit (BF16 and F32), in shards with an index when asked, with their own
 // config.json; the architecture of a Megatron config is found or refused by name.
 #include "train/hf_export.hpp"
@@ -91,6 +91,8 @@ TEST(HfExport, EveryArchitectureRoundTripsBitForBit) {
       {"qwen3moe", llama_config("Qwen3MoeForCausalLM", ", \"num_experts\": 4, \"num_experts_per_tok\": 2, "
                                                         "\"moe_intermediate_size\": 8"),
        qwen3_moe_folder},
+      {"deepseek_v2", deepseek_config(false), [](const std::string& d) { return deepseek_folder(d, false); }},
+      {"deepseek_v3", deepseek_config(true), [](const std::string& d) { return deepseek_folder(d, true); }},
   };
   for (const auto& c : cases)
     for (Dtype dtype : {Dtype::BF16, Dtype::F32}) {

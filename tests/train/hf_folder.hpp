@@ -129,4 +129,63 @@ inline HfFolder qwen3_moe_folder(const std::string& dir) {
   return hf;
 }
 
+// DeepSeek-V2 (no q latent, YaRN, softmax router) or V3 (a q latent, the sigmoid router with its
+// expert bias and groups): 2 layers, the first dense (width 24), then 4 experts of width 8 top-2
+// with one shared expert; 2 heads, kv latent 8, q/k dims 4 + 4 (RoPE'd), v 6; untied.
+inline std::string deepseek_config(bool v3) {
+  std::string c = std::string("{\"architectures\": [\"") + (v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM") +
+                  "\"], \"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2, "
+                  "\"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"vocab_size\": 64, "
+                  "\"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, "
+                  "\"hidden_act\": \"silu\", \"torch_dtype\": \"bfloat16\", \"kv_lora_rank\": 8, "
+                  "\"qk_nope_head_dim\": 4, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, \"n_routed_experts\": 4, "
+                  "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"n_shared_experts\": 1, "
+                  "\"first_k_dense_replace\": 1, \"moe_layer_freq\": 1, \"routed_scaling_factor\": 2.5, "
+                  "\"aux_loss_alpha\": 0.001, \"tie_word_embeddings\": false";
+  if (v3)
+    return c + ", \"q_lora_rank\": 12, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", "
+               "\"n_group\": 2, \"topk_group\": 1, \"norm_topk_prob\": true, \"rope_scaling\": null}";
+  return c + ", \"q_lora_rank\": null, \"scoring_func\": \"softmax\", \"topk_method\": \"greedy\", "
+             "\"norm_topk_prob\": false, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 40, "
+             "\"original_max_position_embeddings\": 16, \"beta_fast\": 32, \"beta_slow\": 1, \"mscale\": 0.707, "
+             "\"mscale_all_dim\": 0.707}}";
+}
+
+inline HfFolder deepseek_folder(const std::string& dir, bool v3) {
+  HfFolder hf{dir, {}, {}};
+  hf.add("model.embed_tokens.weight", {64, 16});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    hf.add(p + "input_layernorm.weight", {16});
+    hf.add(p + "post_attention_layernorm.weight", {16});
+    if (v3) {
+      hf.add(p + "self_attn.q_a_proj.weight", {12, 16});
+      hf.add(p + "self_attn.q_a_layernorm.weight", {12});
+      hf.add(p + "self_attn.q_b_proj.weight", {2 * 8, 12});
+    } else {
+      hf.add(p + "self_attn.q_proj.weight", {2 * 8, 16});
+    }
+    hf.add(p + "self_attn.kv_a_proj_with_mqa.weight", {8 + 4, 16});
+    hf.add(p + "self_attn.kv_a_layernorm.weight", {8});
+    hf.add(p + "self_attn.kv_b_proj.weight", {2 * (4 + 6), 8});
+    hf.add(p + "self_attn.o_proj.weight", {16, 2 * 6});
+    if (l == 0) {
+      hf.add(p + "mlp.gate_proj.weight", {24, 16}), hf.add(p + "mlp.up_proj.weight", {24, 16});
+      hf.add(p + "mlp.down_proj.weight", {16, 24});
+      continue;
+    }
+    hf.add(p + "mlp.gate.weight", {4, 16});
+    if (v3) hf.add(p + "mlp.gate.e_score_correction_bias", {4});
+    for (int e = 0; e < 4; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      hf.add(x + "gate_proj.weight", {8, 16}), hf.add(x + "up_proj.weight", {8, 16}), hf.add(x + "down_proj.weight", {16, 8});
+    }
+    const std::string sh = p + "mlp.shared_experts.";
+    hf.add(sh + "gate_proj.weight", {8, 16}), hf.add(sh + "up_proj.weight", {8, 16}), hf.add(sh + "down_proj.weight", {16, 8});
+  }
+  hf.add("model.norm.weight", {16});
+  hf.add("lm_head.weight", {64, 16});
+  return hf;
+}
+
 }  // namespace laoyao::test

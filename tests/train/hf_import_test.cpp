@@ -422,3 +422,36 @@ TEST(HfImport, AnImportedLlamaComputesHuggingFacesLosses) {
   for (int64_t t = 0; t < s; ++t) EXPECT_NEAR(loss[t], want[t], 1e-4 * std::abs(want[t])) << "token " << t;
   fs::remove_all(root);
 }
+
+// DeepSeek's config.json: what Megatron-Core's MLA and router cannot compute as transformers does
+// is refused naming the field.
+TEST(HfImport, DeepseekConfigsMegatronCannotMatchAreRefusedByField) {
+  auto with = [](bool v3, const std::string& field, const std::string& value) {
+    std::string c = deepseek_config(v3);
+    const std::string key = "\"" + field + "\": ";
+    const size_t at = c.find(key);
+    if (at == std::string::npos) return c.substr(0, c.size() - 1) + ", " + key + value + "}";
+    const size_t end = c.find_first_of(",}", at + key.size());
+    return c.substr(0, at + key.size()) + value + c.substr(end);
+  };
+  EXPECT_EQ(parse_hf_config(deepseek_config(false), "c").gpt.mla->softmax_scale,
+            std::pow(0.1 * 0.707 * std::log(40.0) + 1.0, 2) / std::sqrt(8.0));
+  const HfModel v3 = parse_hf_config(deepseek_config(true), "c");
+  EXPECT_TRUE(v3.gpt.moe.sigmoid && v3.gpt.moe.expert_bias);
+  EXPECT_EQ(v3.gpt.moe.num_groups, 2);
+  const std::vector<std::tuple<bool, std::string, std::string, std::string>> bad = {
+      {true, "num_nextn_predict_layers", "1", "multi-token prediction"},
+      {false, "qk_rope_head_dim", "3", "is odd"},
+      {false, "topk_method", "\"group_limited_greedy\", \"n_group\": 2, \"topk_group\": 1", "ranks groups by their best"},
+      {true, "norm_topk_prob", "false", "renormalises the top k"},
+      {true, "rope_scaling", "{\"type\": \"linear\", \"factor\": 2}", "not supported for multi-latent attention"},
+      {false, "num_key_value_heads", "1", "a key per head"}};
+  for (const auto& [v3_case, field, value, message] : bad) {
+    try {
+      parse_hf_config(with(v3_case, field, value), "config.json");
+      ADD_FAILURE() << field << " accepted";
+    } catch (const laoyao::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
