@@ -165,13 +165,22 @@ struct GptConfig {
 
   MoeConfig moe;
   std::optional<MlaSpec> mla;    // multi-latent attention in every layer (else the fused QKV one)
+  // Megatron-Core's multi-token prediction (--mtp-num-layers): after the decoder, layers that each
+  // predict one token further (model/mcore/gpt_model.hpp's MultiTokenPredictionBlock), their
+  // transformer layers numbered num_layers .. layer_count() - 1 and of the last decoder layer's
+  // kind (dense or MoE); their losses weighted mtp_loss_scaling_factor / mtp_num_layers.
+  int64_t mtp_num_layers = 0;
+  double mtp_loss_scaling_factor = 0.1;
   std::optional<LoraSpec> lora;  // PEFT: the base frozen, adapters trained
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
   int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }
   // The rows of an MLP's linear_fc1 of width f (SwiGLU: the gate and up halves).
   int64_t fc1_rows(int64_t f) const { return activation == Activation::SwiGLU ? 2 * f : f; }
+  // Every transformer layer: the decoder's, then the multi-token prediction layers'.
+  int64_t layer_count() const { return num_layers + mtp_num_layers; }
   bool is_moe_layer(int64_t l) const {
+    if (l >= num_layers && l < layer_count()) l = num_layers - 1;  // (an MTP layer: the last layer's kind)
     return moe.num_experts > 0 && l >= 0 && l < static_cast<int64_t>(moe.layers.size()) && moe.layers[l];
   }
 };

@@ -84,6 +84,74 @@ void add_mla_attention(const GptConfig& c, ParameterTable& t, const std::string&
   }
 }
 
+// Transformer layer l's parameters under `p` ("decoder.layers.3.", or an MTP layer's
+// "mtp.layers.0.mtp_model_layer."), in Megatron-Core's registration order.
+GptLayerOffsets add_transformer_layer(const GptConfig& c, ParameterTable& table, const std::string& p, int64_t l) {
+  const int64_t h = c.hidden;
+  // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
+  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
+  const bool ln = c.norm == Norm::LayerNorm;
+  GptLayerOffsets L{};
+  L.ln1_w = table.add(p + "input_layernorm.weight", {h}, gamma_init);
+  L.ln1_b = ln ? table.add(p + "input_layernorm.bias", {h}, Init::Zeros) : -1;
+  // Megatron registers linear_proj (Attention.__init__) before linear_qkv (SelfAttention.__init__).
+  L.proj_w = table.add(p + "self_attention.linear_proj.weight", {h, c.heads * c.kv_channels}, Init::Normal, out_std);
+  L.proj_b = c.add_bias_linear ? table.add(p + "self_attention.linear_proj.bias", {h}, Init::Zeros) : -1;
+  if (c.mla) {
+    L.qkv_w = L.qkv_b = L.q_norm = L.k_norm = -1;
+    add_mla_attention(c, table, p + "self_attention.", gamma_init, L);
+  } else {
+    L.qkv_w = table.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
+    L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
+                  ? table.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
+                  : -1;
+    // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
+    L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+    L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
+  }
+  L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
+  L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
+  if (c.is_moe_layer(l)) {
+    // Megatron-Core's MoELayer: router, experts, shared experts (its registration order). The
+    // experts' linear_fc1 are kept together, then their linear_fc2 (TEGroupedMLP's grouping),
+    // under SequentialMLP's names.
+    const auto& m = c.moe;
+    if (m.ffn <= 0 || m.topk < 1 || m.topk > m.num_experts || m.expert_parallel < 1 ||
+        m.num_experts % m.expert_parallel != 0)
+      throw Error("GptModel: invalid MoE shape");
+    if (c.add_bias_linear) throw Error("GptModel: MoE experts with biases are not supported");
+    L.fc1_w = L.fc1_b = L.fc2_w = L.fc2_b = -1;
+    L.router_w = table.add(p + "mlp.router.weight", {m.num_experts, h}, Init::Normal, c.init_std);
+    if (m.expert_bias) {  // TopKRouter's buffer, after its weight in the state dict
+      L.expert_bias = table.add(p + "mlp.router.expert_bias", {m.num_experts}, Init::Zeros);
+      table.specs.back().buffer = true;
+    }
+    // Under expert parallelism this rank's experts only, as local_experts.0 .. (model/gpt_ep.hpp).
+    const std::string e = p + "mlp.experts.local_experts.";
+    for (int64_t x = 0; x < m.local_experts(); ++x) {
+      const int64_t off = table.add(e + std::to_string(x) + ".linear_fc1.weight", {c.fc1_rows(m.ffn), h},
+                                    Init::Normal, c.init_std);
+      if (x == 0) L.experts_fc1 = off;
+    }
+    for (int64_t x = 0; x < m.local_experts(); ++x) {
+      const int64_t off = table.add(e + std::to_string(x) + ".linear_fc2.weight", {h, m.ffn}, Init::Normal, out_std);
+      if (x == 0) L.experts_fc2 = off;
+    }
+    if (m.shared_ffn > 0) {
+      L.shared_fc1 = table.add(p + "mlp.shared_experts.linear_fc1.weight", {c.fc1_rows(m.shared_ffn), h},
+                               Init::Normal, c.init_std);
+      L.shared_fc2 = table.add(p + "mlp.shared_experts.linear_fc2.weight", {h, m.shared_ffn}, Init::Normal, out_std);
+    }
+  } else {
+    L.fc1_w = table.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
+    L.fc1_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
+    L.fc2_w = table.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
+    L.fc2_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
+  }
+  return L;
+}
+
 }  // namespace
 
 GptParameterLayout build_gpt_parameters(const GptConfig& c) {
@@ -92,6 +160,7 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
     throw Error("GptModel: invalid shape");
   if (c.positions == Positions::LearnedAbsolute && c.max_positions <= 0)
     throw Error("GptModel: learned positions need max_positions > 0");
+  if (c.mtp_num_layers < 0) throw Error("GptModel: a negative number of multi-token prediction layers");
   if (c.mla) {
     const MlaSpec& m = *c.mla;
     if (m.q_lora_rank < 0 || m.kv_lora_rank <= 0 || m.qk_head_dim <= 0 || m.qk_pos_emb_head_dim <= 0 ||
@@ -102,8 +171,6 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
   GptParameterLayout out;
   ParameterTable& table = out.table;
   const int64_t h = c.hidden;
-  // Output layers (linear_proj, linear_fc2) are scaled by 1/sqrt(2L) (scaled_init_method_normal).
-  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   table.weight_decay = {c.apply_wd_to_qk_layernorm, c.skip_embedding_weight_decay};
   out.word_emb = table.add("embedding.word_embeddings.weight", {c.vocab, h}, Init::Normal, c.embedding_init_std);
   table.specs.back().embedding_or_output = true;
@@ -111,69 +178,25 @@ GptParameterLayout build_gpt_parameters(const GptConfig& c) {
     out.pos_emb = table.add("embedding.position_embeddings.weight", {c.max_positions, h}, Init::Normal, c.init_std);
   const Init gamma_init = c.zero_centered_gamma ? Init::Zeros : Init::Ones;
   const bool ln = c.norm == Norm::LayerNorm;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "decoder.layers." + std::to_string(l) + ".";
-    GptLayerOffsets L{};
-    L.ln1_w = table.add(p + "input_layernorm.weight", {h}, gamma_init);
-    L.ln1_b = ln ? table.add(p + "input_layernorm.bias", {h}, Init::Zeros) : -1;
-    // Megatron registers linear_proj (Attention.__init__) before linear_qkv (SelfAttention.__init__).
-    L.proj_w = table.add(p + "self_attention.linear_proj.weight", {h, c.heads * c.kv_channels}, Init::Normal, out_std);
-    L.proj_b = c.add_bias_linear ? table.add(p + "self_attention.linear_proj.bias", {h}, Init::Zeros) : -1;
-    if (c.mla) {
-      L.qkv_w = L.qkv_b = L.q_norm = L.k_norm = -1;
-      add_mla_attention(c, table, p + "self_attention.", gamma_init, L);
-    } else {
-      L.qkv_w = table.add(p + "self_attention.linear_qkv.weight", {c.qkv_width(), h}, Init::Normal, c.init_std);
-      L.qkv_b = (c.add_bias_linear || c.add_qkv_bias)
-                    ? table.add(p + "self_attention.linear_qkv.bias", {c.qkv_width()}, Init::Zeros)
-                    : -1;
-      // SelfAttention registers q_layernorm and k_layernorm after linear_qkv.
-      L.q_norm = c.qk_layernorm ? table.add(p + "self_attention.q_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-      L.k_norm = c.qk_layernorm ? table.add(p + "self_attention.k_layernorm.weight", {c.kv_channels}, gamma_init) : -1;
-    }
-    L.ln2_w = table.add(p + "pre_mlp_layernorm.weight", {h}, gamma_init);
-    L.ln2_b = ln ? table.add(p + "pre_mlp_layernorm.bias", {h}, Init::Zeros) : -1;
-    if (c.is_moe_layer(l)) {
-      // Megatron-Core's MoELayer: router, experts, shared experts (its registration order). The
-      // experts' linear_fc1 are kept together, then their linear_fc2 (TEGroupedMLP's grouping),
-      // under SequentialMLP's names.
-      const auto& m = c.moe;
-      if (m.ffn <= 0 || m.topk < 1 || m.topk > m.num_experts || m.expert_parallel < 1 ||
-          m.num_experts % m.expert_parallel != 0)
-        throw Error("GptModel: invalid MoE shape");
-      if (c.add_bias_linear) throw Error("GptModel: MoE experts with biases are not supported");
-      L.fc1_w = L.fc1_b = L.fc2_w = L.fc2_b = -1;
-      L.router_w = table.add(p + "mlp.router.weight", {m.num_experts, h}, Init::Normal, c.init_std);
-      if (m.expert_bias) {  // TopKRouter's buffer, after its weight in the state dict
-        L.expert_bias = table.add(p + "mlp.router.expert_bias", {m.num_experts}, Init::Zeros);
-        table.specs.back().buffer = true;
-      }
-      // Under expert parallelism this rank's experts only, as local_experts.0 .. (model/gpt_ep.hpp).
-      const std::string e = p + "mlp.experts.local_experts.";
-      for (int64_t x = 0; x < m.local_experts(); ++x) {
-        const int64_t off = table.add(e + std::to_string(x) + ".linear_fc1.weight", {c.fc1_rows(m.ffn), h},
-                                      Init::Normal, c.init_std);
-        if (x == 0) L.experts_fc1 = off;
-      }
-      for (int64_t x = 0; x < m.local_experts(); ++x) {
-        const int64_t off = table.add(e + std::to_string(x) + ".linear_fc2.weight", {h, m.ffn}, Init::Normal, out_std);
-        if (x == 0) L.experts_fc2 = off;
-      }
-      if (m.shared_ffn > 0) {
-        L.shared_fc1 = table.add(p + "mlp.shared_experts.linear_fc1.weight", {c.fc1_rows(m.shared_ffn), h},
-                                 Init::Normal, c.init_std);
-        L.shared_fc2 = table.add(p + "mlp.shared_experts.linear_fc2.weight", {h, m.shared_ffn}, Init::Normal, out_std);
-      }
-    } else {
-      L.fc1_w = table.add(p + "mlp.linear_fc1.weight", {c.fc1_width(), h}, Init::Normal, c.init_std);
-      L.fc1_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc1.bias", {c.fc1_width()}, Init::Zeros) : -1;
-      L.fc2_w = table.add(p + "mlp.linear_fc2.weight", {h, c.ffn}, Init::Normal, out_std);
-      L.fc2_b = c.add_bias_linear ? table.add(p + "mlp.linear_fc2.bias", {h}, Init::Zeros) : -1;
-    }
-    out.layers.push_back(L);
-  }
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    out.layers.push_back(add_transformer_layer(c, table, "decoder.layers." + std::to_string(l) + ".", l));
   out.final_w = table.add("decoder.final_layernorm.weight", {h}, gamma_init);
   out.final_b = ln ? table.add("decoder.final_layernorm.bias", {h}, Init::Zeros) : -1;
+  // Multi-token prediction (GPTModel.mtp, between the decoder and the output layer): per layer
+  // enorm, hnorm, eh_proj, its transformer layer (mtp_model_layer) and final_layernorm.
+  for (int64_t k = 0; k < c.mtp_num_layers; ++k) {
+    const std::string p = "mtp.layers." + std::to_string(k) + ".";
+    MtpOffsets M;
+    M.enorm_w = table.add(p + "enorm.weight", {h}, gamma_init);
+    M.enorm_b = ln ? table.add(p + "enorm.bias", {h}, Init::Zeros) : -1;
+    M.hnorm_w = table.add(p + "hnorm.weight", {h}, gamma_init);
+    M.hnorm_b = ln ? table.add(p + "hnorm.bias", {h}, Init::Zeros) : -1;
+    M.eh_proj = table.add(p + "eh_proj.weight", {h, 2 * h}, Init::Normal, c.init_std);
+    out.layers.push_back(add_transformer_layer(c, table, p + "mtp_model_layer.", c.num_layers + k));
+    M.final_w = table.add(p + "final_layernorm.weight", {h}, gamma_init);
+    M.final_b = ln ? table.add(p + "final_layernorm.bias", {h}, Init::Zeros) : -1;
+    out.mtp.push_back(M);
+  }
   out.output_w = c.tied_embeddings ? out.word_emb
                                    : table.add("output_layer.weight", {c.vocab, h}, Init::Normal, c.init_std);
   if (!c.tied_embeddings) table.specs.back().embedding_or_output = true;

@@ -34,11 +34,17 @@ struct GptLayerOffsets {
   LoraOffsets qkv_lora, proj_lora, fc1_lora, fc2_lora;
 };
 
+// A multi-token prediction layer's own parameters (its transformer layer's are in `layers`).
+struct MtpOffsets {
+  int64_t enorm_w = -1, enorm_b = -1, hnorm_w = -1, hnorm_b = -1, eh_proj = -1, final_w = -1, final_b = -1;
+};
+
 struct GptParameterLayout {
   ParameterTable table;
   int64_t word_emb = -1, pos_emb = -1, final_w = -1, final_b = -1;
   int64_t output_w = -1;  // == word_emb when the embeddings are tied
-  std::vector<GptLayerOffsets> layers;
+  std::vector<GptLayerOffsets> layers;  // the decoder's, then the MTP layers' (GptConfig::layer_count)
+  std::vector<MtpOffsets> mtp;
 };
 
 // Throws laoyao::Error for a shape no GPT model has.

@@ -39,6 +39,7 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
   lc_ = tp_local_config(cfg, tp_size_);
   layout_ = build_gpt_parameters(lc_);  // this rank's shapes, Megatron-Core's names
   if (tensor_parallel()) tp_partial_sums_ = tp_partial_grads(layout_);
+  mtp_losses_.assign(static_cast<size_t>(cfg.mtp_num_layers), 0.0);
   if (host_state) {
     weights_.assign(static_cast<size_t>(table_.total), 0.0f);
     grads_.assign(static_cast<size_t>(table_.trainable()), 0.0f);  // none for a frozen base
@@ -135,7 +136,7 @@ std::vector<double> GptModel::expert_load(int64_t layer) const {
 
 int64_t GptModel::num_moe_layers() const {
   int64_t n = 0;
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) n += cfg_.is_moe_layer(l);
+  for (int64_t l = 0; l < cfg_.layer_count(); ++l) n += cfg_.is_moe_layer(l);
   return n;
 }
 
@@ -225,6 +226,25 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   st.tokens = tokens_.data(), st.labels = labels_.data();
   st.positions = positions_.empty() ? nullptr : positions_.data();
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;
+  // Multi-token prediction: ids, positions, labels and mask rolled left once more per layer
+  // (Megatron's roll_tensor: torch.roll, then a zero at each sequence's end).
+  mtp_batches_.resize(static_cast<size_t>(cfg_.mtp_num_layers));
+  for (size_t k = 0; k < mtp_batches_.size(); ++k) {
+    MtpBatch& m = mtp_batches_[k];
+    const int64_t shift = static_cast<int64_t>(k) + 1;
+    auto rolled = [&](auto& out, const auto* in) {
+      out.assign(static_cast<size_t>(T), 0);
+      if (!in) return;
+      for (int64_t r = 0; r < mb.b; ++r)
+        for (int64_t i = 0; i + shift < mb.s; ++i) out[static_cast<size_t>(r * mb.s + i)] = in[r * mb.s + i + shift];
+    };
+    rolled(m.tokens, mb.tokens), rolled(m.labels, mb.labels), rolled(m.positions, mb.positions);
+    std::vector<float> ones;
+    if (!mb.loss_mask) ones.assign(static_cast<size_t>(T), 1.0f);
+    rolled(m.mask, mb.loss_mask ? mb.loss_mask : ones.data());
+    m.losses.assign(static_cast<size_t>(T), 0.0f);
+    st.mtp.push_back({m.tokens.data(), m.positions.data(), m.labels.data(), m.losses.data(), nullptr});
+  }
   return st;
 }
 
@@ -236,11 +256,31 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);
   net_->forward(step_, losses);
   forwarded_ = true;
+  // Megatron logs a training forward's MTP losses: the masked mean, scaled as the main loss is.
+  if (train_step && key.training)
+    for (size_t k = 0; k < mtp_batches_.size(); ++k) {
+      const MtpBatch& m = mtp_batches_[k];
+      double sum = 0, count = 0;
+      for (size_t t = 0; t < m.mask.size(); ++t) sum += static_cast<double>(m.losses[t]) * m.mask[t], count += m.mask[t];
+      mtp_losses_[k] += sum / std::max(count, 1.0) * static_cast<double>(moe_aux_loss_scale_);
+    }
 }
 
 void GptModel::backward(const float* dloss) {
   if (!forwarded_) throw Error("GptModel::backward without a forward");
   if (moe_) moe_->count_training_forward();  // a training step's forward: its MoE losses are logged
+  // Each MTP layer's loss weights: mtp_loss_scaling_factor / mtp_num_layers of its masked mean,
+  // scaled as the main loss (Megatron's MTPLossAutoScaler with the main loss's backward scale).
+  for (size_t k = 0; k < mtp_batches_.size(); ++k) {
+    MtpBatch& m = mtp_batches_[k];
+    double count = 0;
+    for (float x : m.mask) count += x;
+    const double scale = cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers) /
+                         std::max(count, 1.0) * static_cast<double>(moe_aux_loss_scale_);
+    m.dloss.resize(m.mask.size());
+    for (size_t t = 0; t < m.mask.size(); ++t) m.dloss[t] = static_cast<float>(m.mask[t] * scale);
+    step_.mtp[k].dloss = m.dloss.data();
+  }
   backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);
   net_->backward(step_, dloss, moe_aux_loss_scale_);
 }

@@ -41,6 +41,8 @@ struct MicroBatch {
   // [b*s] or null: the first key each query attends (documents of a packed sequence,
   // --reset-attention-mask); null is plain causal attention.
   const int32_t* key_start = nullptr;
+  // [b*s] or null (all ones): which labels count. Multi-token prediction rolls it with the labels.
+  const float* loss_mask = nullptr;
 };
 
 // Throws laoyao::Error unless mb.key_start (when set) is what documents give: along each sequence
@@ -139,6 +141,10 @@ class GptModel {
   using MoeLosses = model::MoeLosses;
   MoeLosses last_moe_losses() const { return moe_ ? moe_->last_losses() : MoeLosses{}; }
   MoeLosses take_moe_losses() { return moe_ ? moe_->take_losses() : MoeLosses{}; }
+  // Multi-token prediction: each layer's loss (its masked mean per micro-batch, scaled by the MoE
+  // aux-loss scale, as Megatron's MTPLossLoggingHelper sums them) over the training forwards since
+  // the last take, which resets; empty without MTP layers.
+  std::vector<double> take_mtp_losses() { return std::exchange(mtp_losses_, std::vector<double>(mtp_losses_.size())); }
   int64_t num_moe_layers() const;
   // The parameters one token uses: all but the routed experts', and topk / num_experts of those
   // (the shared experts and the routers whole); num_parameters() for a dense model.
@@ -200,6 +206,14 @@ class GptModel {
   // The last forward's micro-batch (the backward reads it again) and its step.
   std::vector<int64_t> tokens_, labels_, positions_;
   std::vector<int32_t> key_start_;  // the micro-batch's documents (empty: plain causal)
+  // Multi-token prediction layer k's rolled ids, positions, labels and loss mask, its losses and
+  // their weights; the logged losses' sums.
+  struct MtpBatch {
+    std::vector<int64_t> tokens, positions, labels;
+    std::vector<float> mask, losses, dloss;
+  };
+  std::vector<MtpBatch> mtp_batches_;
+  std::vector<double> mtp_losses_;
   mcore::Step step_;
   bool forwarded_ = false;
   float moe_aux_loss_scale_ = 1.0f;

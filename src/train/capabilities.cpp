@@ -42,7 +42,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (m.position_embedding_type == "yarn" && m.rope_scaling)
     out.push_back("YaRN positions with Llama 3 rope scaling (model.rope_scaling)");
   if (m.qk_layernorm && m.normalization != "RMSNorm") out.push_back("QK layernorm with LayerNorm (RMSNorm only)");
-  if (m.mtp_num_layers) out.push_back("multi-token prediction (model.mtp_num_layers)");
   if (m.apply_query_key_layer_scaling) out.push_back("query-key layer scaling (model.apply_query_key_layer_scaling)");
   if (m.activation_func != "gelu" && !(m.activation_func == "silu" && m.gated_linear_unit))
     out.push_back("activation '" + m.activation_func + "'" + (m.gated_linear_unit ? " with a gated linear unit" : ""));

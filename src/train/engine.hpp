@@ -63,6 +63,9 @@ class Engine {
   // since the last call (model::GptModel::take_moe_losses). Dense models: nothing.
   virtual void set_moe_aux_loss_scale(double /*scale*/) {}
   virtual model::GptModel::MoeLosses take_moe_losses() { return {}; }
+  // Multi-token prediction: each layer's logged loss since the last call
+  // (model::GptModel::take_mtp_losses); empty without MTP layers.
+  virtual std::vector<double> take_mtp_losses() { return {}; }
   // After a step's micro-batches (model::GptModel::finish_moe_step): aux-loss-free balancing moves
   // the experts' biases (dp: the data-parallel group whose tokens count), global_aux_loss's running
   // counts start over. Without them: nothing.

@@ -33,13 +33,14 @@ class CpuEngine final : public Engine {
   void finalize_grads() override { model_.finalize_grads(); }
   void set_moe_aux_loss_scale(double scale) override { model_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
   model::GptModel::MoeLosses take_moe_losses() override { return model_.take_moe_losses(); }
+  std::vector<double> take_mtp_losses() override { return model_.take_mtp_losses(); }
   void finish_moe_step(dist::ProcessGroup* dp) override { model_.finish_moe_step(dp); }
 
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     const int64_t T = mb.b * mb.s;
     losses_.resize(static_cast<size_t>(T));
     model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data(),
-                         mb.key_start_or_null()};
+                         mb.key_start_or_null(), mb.loss_mask.data()};
     model_.forward(in, key, losses_.data(), dloss != nullptr);
     for (int64_t t = 0; t < T; ++t) {
       acc_.sum += static_cast<double>(losses_[t]) * mb.loss_mask[t];

@@ -229,6 +229,24 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     if (g.moe.tensor_parallel > 1) model::check_moe_tensor_parallel(g);
   }
   if (m.multi_latent_attention) mla_spec(c, g);
+  if (m.mtp_num_layers && *m.mtp_num_layers > 0) {
+    // Megatron-Core's multi-token prediction, on one tensor-parallel rank for now.
+    g.mtp_num_layers = *m.mtp_num_layers;
+    g.mtp_loss_scaling_factor = m.mtp_loss_scaling_factor;
+    if (m.tensor_model_parallel_size > 1)
+      throw UsageError("model.mtp_num_layers (--mtp-num-layers) with tensor parallelism (tensor_model_parallel_size " +
+                       std::to_string(m.tensor_model_parallel_size) + ") is not built yet (accepted: 1)");
+    if (m.calculate_per_token_loss)
+      throw UsageError("model.mtp_num_layers (--mtp-num-layers) with model.calculate_per_token_loss "
+                       "(--calculate-per-token-loss) is not built yet");
+    if (c.peft.scheme) throw UsageError("PEFT (peft.scheme) with multi-token prediction is not built yet");
+    if (m.num_moe_experts && *m.num_moe_experts > 0 && m.expert_model_parallel_size > 1)
+      throw UsageError("model.mtp_num_layers (--mtp-num-layers) with expert parallelism is not built yet (accepted: "
+                       "expert_model_parallel_size 1)");
+  } else if (m.mtp_num_layers && *m.mtp_num_layers < 0) {
+    throw UsageError("model.mtp_num_layers (--mtp-num-layers) " + std::to_string(*m.mtp_num_layers) +
+                     " (accepted: a positive number, or none)");
+  }
   if (c.peft.scheme && *c.peft.scheme == "lora") g.lora = lora_spec(c, g);
   return g;
 }
@@ -391,6 +409,7 @@ FlopShape flop_shape(const config::ConfigContainer& c, const config::Derived& d)
   f.kv_channels = m.kv_channels.value_or(0);
   f.gated_linear_unit = m.gated_linear_unit;
   f.padded_vocab_size = d.padded_vocab_size;
+  f.mtp_num_layers = std::max<int64_t>(m.mtp_num_layers.value_or(0), 0);
   if (m.multi_latent_attention) {
     f.multi_latent_attention = true;
     f.q_lora_rank = m.q_lora_rank.value_or(0);

@@ -131,6 +131,13 @@ StepResult train_step(TrainingRun& run) {
     // Each rank's global aux loss already counts every data-parallel rank's tokens: summed, not averaged.
     r.moe.global_aux = v[3] * per * dp_size;
   }
+  // Megatron's MTP losses: each micro-batch's, summed and scaled as the main loss, averaged over
+  // the data-parallel ranks.
+  r.mtp = engine.take_mtp_losses();
+  if (!r.mtp.empty() && run.dp && run.dp_size > 1) {
+    run.dp->all_reduce_sum(r.mtp.data(), r.mtp.size());
+    for (double& x : r.mtp) x /= static_cast<double>(run.dp_size);
+  }
   r.finite = std::isfinite(r.lm_loss) && std::isfinite(r.norm);
   if (!r.finite && c.ddp.check_for_nan_in_grad)
     throw Error("NaN or Inf in the loss or the gradients at iteration " + std::to_string(p.iteration) + " (loss " +

@@ -14,6 +14,9 @@ namespace {
 // A value as Megatron logs it after a float32 tensor's all-reduce (.item() of a float32).
 double as_float32(double v) { return static_cast<double>(static_cast<float>(v)); }
 
+// Megatron's MTP tracker key of layer k (0-based): "mtp_1 loss", ...
+std::string mtp_loss_name(size_t k) { return "mtp_" + std::to_string(k + 1) + " loss"; }
+
 }  // namespace
 
 void training_log(TrainingRun& run, const StepResult& step) {
@@ -31,6 +34,8 @@ void training_log(TrainingRun& run, const StepResult& step) {
   }
   interval.moe.aux += step.moe.aux, interval.moe.seq_aux += step.moe.seq_aux, interval.moe.z += step.moe.z;
   interval.moe.global_aux += step.moe.global_aux;
+  interval.mtp.resize(step.mtp.size(), 0.0);
+  for (size_t k = 0; k < step.mtp.size(); ++k) interval.mtp[k] += step.mtp[k];
   // Megatron logs every log_interval iterations. Megatron-LM (core 0.20, the reference's
   // snapshot: `is_first_iteration`) also logs the first iteration this process runs, a resumed
   // run's included, without resetting anything (its next line averages from that iteration on,
@@ -82,6 +87,7 @@ void training_log(TrainingRun& run, const StepResult& step) {
       if (m.global_aux_loss_coeff > 0) s.moe_losses.push_back({"global_load_balancing_loss", step.moe.global_aux});
       if (m.z_loss_coeff > 0) s.moe_losses.push_back({"z_loss", step.moe.z});
     }
+    for (size_t k = 0; k < step.mtp.size(); ++k) s.moe_losses.push_back({mtp_loss_name(k), step.mtp[k]});
     write_iteration_scalars(*run.tb, s);
   }
   // Bridge writes its timers to TensorBoard at every TensorBoard step, per iteration since the last
@@ -120,6 +126,8 @@ void training_log(TrainingRun& run, const StepResult& step) {
     if (m.global_aux_loss_coeff > 0) v.losses.push_back({"global_load_balancing_loss", interval.moe.global_aux / n});
     if (m.z_loss_coeff > 0) v.losses.push_back({"z_loss", interval.moe.z / n});
   }
+  for (size_t k = 0; k < interval.mtp.size(); ++k)  // after the MoE losses, as Megatron's tracker order
+    v.losses.push_back({mtp_loss_name(k), interval.mtp[k] / static_cast<double>(std::max<int64_t>(interval.since_print, 1))});
   // Megatron computes no norm when clipping is off (clip_grad 0) and prints 0.000.
   v.grad_norm = c.optimizer.clip_grad > 0 ? as_float32(step.norm) : 0.0;
   if (c.logger.log_num_zeros_in_grad) v.num_zeros = as_float32(static_cast<double>(step.zeros));

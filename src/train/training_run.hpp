@@ -69,6 +69,7 @@ struct StepResult {
   bool finite = true;  // the update was made (else counted and skipped)
   int64_t zeros = 0;   // --log-num-zeros-in-grad
   model::GptModel::MoeLosses moe;  // this iteration's, averaged as the log line's
+  std::vector<double> mtp;         // each multi-token prediction layer's loss, the same way
   double elapsed_ms = 0;           // the step's time (the loop's, for the log)
 };
 
@@ -77,8 +78,9 @@ struct LogInterval {
   double loss = 0, ms = 0;  // training time only: evaluation is not counted
   int64_t iters = 0;        // finite iterations (the loss average's)
   int64_t since_print = 0, skipped = 0, nan_iters = 0;
-  // Megatron's MoE tracker values: each iteration's, summed.
+  // Megatron's MoE and MTP tracker values: each iteration's, summed.
   model::GptModel::MoeLosses moe;
+  std::vector<double> mtp;
 };
 
 struct TrainingRun {

@@ -662,3 +662,41 @@ TEST(Launch, TheDeepseekV2LiteRecipeTrainsShrunkAloneAndOverTpAndEpRanks) {
     EXPECT_EQ(grad_norms_in(r.output), want_norms) << extra[0];
   }
 }
+
+// Multi-token prediction (--mtp-num-layers 2): its losses printed after the lm loss as Megatron's
+// "mtp_1 loss" / "mtp_2 loss"; two data-parallel CPU ranks print one rank's; a checkpoint saved
+// after iteration 2 resumes to the same losses.
+TEST(Launch, MultiTokenPredictionLogsItsLossesAndDataParallelRanksReproduceOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_mtp");
+  const std::vector<std::string> one =
+      tiny_run({"--train-iters", "3", "--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"});
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  for (const char* key : {"| lm loss: ", "| mtp_1 loss: ", "| mtp_2 loss: "})
+    EXPECT_NE(single.output.find(key), std::string::npos) << key << "\n" << single.output;
+  auto mtp_losses = [](const std::string& log) {
+    std::vector<double> out;
+    for (size_t at = 0; (at = log.find(" loss: ", at)) != std::string::npos; at += 7)
+      if (log.compare(at - 5, 5, "mtp_1") == 0 || log.compare(at - 5, 5, "mtp_2") == 0)
+        out.push_back(std::stod(log.substr(at + 7)));
+    return out;
+  };
+  const auto want = losses_in(single.output), want_mtp = mtp_losses(single.output);
+  ASSERT_EQ(want_mtp.size(), 6u) << single.output;
+  const auto dp = run_laoyao(on_ranks("2", one), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(dp.status, 0) << dp.output;
+  const auto got = losses_in(dp.output), got_mtp = mtp_losses(dp.output);
+  ASSERT_EQ(got.size(), want.size()) << dp.output;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << i;
+  ASSERT_EQ(got_mtp.size(), want_mtp.size()) << dp.output;
+  for (size_t i = 0; i < want_mtp.size(); ++i) EXPECT_NEAR(got_mtp[i], want_mtp[i], 1e-5 * want_mtp[i]) << i;
+  // Saved after iteration 2, resumed for the rest.
+  std::vector<std::string> save = one;
+  save.insert(save.end(), {"--save", dir + "/ckpt", "--save-interval", "2", "--exit-interval", "2"});
+  ASSERT_EQ(run_laoyao(save, dir, "LAOYAO_DEVICE=cpu").status, 0);
+  std::vector<std::string> load = one;
+  load.insert(load.end(), {"--load", dir + "/ckpt"});
+  const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  expect_resumed_tail(resumed.output, want, 1e-6, "resumed with MTP layers");
+}

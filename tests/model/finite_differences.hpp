@@ -15,9 +15,11 @@ namespace laoyao::model::test {
 
 // `objective` runs the forward at the current weights; `analytic` is the gradient of the same
 // objective that backward() produced at those weights (the trained parameters', from the table's
-// trainable_offset on: a frozen base has none, and is not checked).
+// trainable_offset on: a frozen base has none, and is not checked). eps: the step (smaller where a
+// router's top k could flip within it: the objective is only piecewise smooth there).
 inline void expect_gradients_match_finite_differences(GptModel& m, const std::vector<float>& analytic,
-                                                      const std::function<double()>& objective, std::mt19937& rng) {
+                                                      const std::function<double()>& objective, std::mt19937& rng,
+                                                      float eps = 1e-2f) {
   ASSERT_EQ(static_cast<int64_t>(analytic.size()), m.table().trainable());
   for (const auto& p : m.table().specs) {
     if (p.frozen) continue;
@@ -25,7 +27,6 @@ inline void expect_gradients_match_finite_differences(GptModel& m, const std::ve
     for (int k = 0; k < 3; ++k) {
       const int64_t i = p.offset + pick(rng);
       const float keep = m.weights()[i];
-      const float eps = 1e-2f;
       m.weights()[i] = keep + eps;
       const double up = objective();
       m.weights()[i] = keep - eps;

@@ -28,7 +28,7 @@ CpuBackend::CpuBackend(const GptConfig& local, dist::ProcessGroup* tp, int64_t t
     if (local.max_positions <= 0) throw Error("GptModel: rotary positions need max_positions > 0");
     rope_ = rotary_table(local);
   }
-  probs_.resize(static_cast<size_t>(local.num_layers));
+  probs_.resize(static_cast<size_t>(local.layer_count()));
 }
 
 void* CpuBackend::reserve_activations(size_t bytes) {

@@ -41,12 +41,12 @@ CpuMoeLayers::CpuMoeLayers(const GptConfig& whole, const GptConfig& local, const
   cfg_.seq_aux_loss_coeff = static_cast<float>(m.seq_aux_loss_coeff);
   cfg_.global_aux_loss_coeff = static_cast<float>(m.global_aux_loss_coeff);
   cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
-  const size_t L = static_cast<size_t>(whole.num_layers);
+  const size_t L = static_cast<size_t>(whole.layer_count());  // (multi-token prediction layers too)
   states_.resize(L);
   expert_load_.assign(L, std::vector<double>(static_cast<size_t>(m.num_experts), 0.0));
   stages_.resize(L);
   const bool ep_split = ep && ep->size() > 1;
-  for (int64_t l = 0; l < whole.num_layers && (ep_split || folded); ++l) {
+  for (int64_t l = 0; l < whole.layer_count() && (ep_split || folded); ++l) {
     if (!whole.is_moe_layer(l)) continue;
     const GptLayerOffsets& W = layout.layers[static_cast<size_t>(l)];
     std::unique_ptr<k::MoeExpertsStage> experts;
@@ -118,7 +118,7 @@ void CpuMoeLayers::backward(int64_t l, const float* weights, float* grads, const
 MoeLosses CpuMoeLayers::last_losses() const {
   MoeLosses out;
   const auto& m = whole_.moe;
-  for (int64_t l = 0; l < whole_.num_layers; ++l) {
+  for (int64_t l = 0; l < whole_.layer_count(); ++l) {
     if (!whole_.is_moe_layer(l)) continue;
     const auto& st = states_[static_cast<size_t>(l)];
     if (m.aux_loss_coeff > 0) out.aux += st.aux_loss / m.aux_loss_coeff;
@@ -136,7 +136,7 @@ void CpuMoeLayers::count_training_forward() {
   if (!whole_.moe.expert_bias) return;
   // Aux-loss-free balancing counts the training tokens each expert got (Megatron's
   // local_tokens_per_expert), until update_expert_bias.
-  for (int64_t l = 0; l < whole_.num_layers; ++l) {
+  for (int64_t l = 0; l < whole_.layer_count(); ++l) {
     if (!whole_.is_moe_layer(l)) continue;
     const auto& tpe = states_[static_cast<size_t>(l)].tokens_per_expert;
     auto& load = expert_load_[static_cast<size_t>(l)];
@@ -150,7 +150,7 @@ MoeLosses CpuMoeLayers::take_losses() { return std::exchange(losses_, MoeLosses{
 void CpuMoeLayers::update_expert_bias(float* weights, dist::ProcessGroup* dp) {
   if (!whole_.moe.expert_bias) return;
   const float rate = static_cast<float>(whole_.moe.bias_update_rate);
-  for (int64_t l = 0; l < whole_.num_layers; ++l) {
+  for (int64_t l = 0; l < whole_.layer_count(); ++l) {
     if (!whole_.is_moe_layer(l)) continue;
     auto& load = expert_load_[static_cast<size_t>(l)];
     load.resize(static_cast<size_t>(whole_.moe.num_experts), 0.0);

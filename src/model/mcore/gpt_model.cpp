@@ -96,7 +96,7 @@ void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_s
 
 GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
                    TensorParallel tp, Backend& backend, bool recompute)
-    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_) {}
+    : ctx_{whole, local, params, tp, backend, recompute}, decoder_(ctx_), mtp_(ctx_) {}
 
 void GPTModel::allocate(int64_t b, int64_t s) {
   if (b == b_ && s == s_) return;
@@ -109,6 +109,7 @@ void GPTModel::allocate(int64_t b, int64_t s) {
   auto carve = [&](ActivationCarver& c) {
     emb_full_ = c.act(ctx_.sp() ? T * h : 0);
     decoder_.carve(c, T, R);
+    mtp_.carve(c, T);
     logits_ = c.act(T * ctx_.local.vocab);
     ce_stats_ = c.f32(2 * T);
     w_.carve(c, ctx_, T, R);
@@ -162,6 +163,7 @@ void GPTModel::forward(const Step& st, float* losses, const float* dloss) {
   be.linear(decoder_.output(), ctx_.params.output_w, -1, logits_, T, lc.hidden, lc.vocab);
   be.cross_entropy(logits_, st.labels, losses, ce_stats_, T, vocab(), dloss);
   loss_grad_taken_ = dloss != nullptr;
+  mtp_.forward(st, decoder_.output(), w_);
 }
 
 void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_scale) {
@@ -173,6 +175,7 @@ void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_s
   if (!loss_grad_taken_) be.cross_entropy_backward(logits_, st.labels, ce_stats_, dloss, T, vocab());
   loss_grad_taken_ = false;
   be.linear_backward(decoder_.output(), P.output_w, -1, logits_, w_.dnorm, T, lc.hidden, lc.vocab);
+  mtp_.backward(st, decoder_.output(), w_.dnorm, w_, moe_aux_loss_scale);
   decoder_.backward(st, w_, moe_aux_loss_scale);
   embedding_backward(st, w_.dx);
 }

@@ -43,6 +43,15 @@ struct Step {
   bool training = false;    // dropout on
   bool train_step = false;  // a training micro-batch, whose backward follows
   bool recomputing = false;  // a layer's forward run again before its backward (full recomputation)
+  // Multi-token prediction layer k's inputs: the ids, positions and labels rolled left k + 1
+  // times with zeros shifted in (each sequence on its own), in backend memory; its losses [T] (out,
+  // unmasked) and their weights [T] for the backward (null in the forward).
+  struct MtpInputs {
+    const int64_t *tokens = nullptr, *positions = nullptr, *labels = nullptr;
+    float* losses = nullptr;
+    const float* dloss = nullptr;
+  };
+  std::vector<MtpInputs> mtp;
   // The mask of dropout site `site` (e.g. "dropout.layer0.attention"), this call's.
   DropoutSpec dropout(double p, const std::string& site) const;
 };
@@ -263,6 +272,37 @@ class TransformerBlock {
   float *xf_mean_ = nullptr, *xf_rstd_ = nullptr;
 };
 
+// Megatron-Core's MultiTokenPredictionBlock (GptConfig::mtp_num_layers). Layer k reads the
+// previous layer's output h (for the first, the decoder's after final_layernorm) and the embedding
+// of the ids rolled k + 1 ahead: h_k = final_layernorm(TransformerLayer(eh_proj([enorm(embedding),
+// hnorm(h)]))), and its loss is the shared output layer's cross entropy on the labels rolled alike.
+// The embedding and output layer are GPTModel's (the word embedding shared, its gradient too).
+// One tensor-parallel rank only (model_config refuses the rest).
+class MultiTokenPredictionBlock {
+ public:
+  explicit MultiTokenPredictionBlock(const ModuleContext& m);
+  void carve(ActivationCarver& c, int64_t T);
+  // h0: the decoder's output [T, h]; st.mtp[k].losses receive each layer's per-token losses.
+  void forward(const Step& st, Act h0, Scratch& w);
+  // From st.mtp[k].dloss: the layers' gradients, and the gradient at h0 added to dh0 (which may be
+  // the scratch's: it is kept aside while the layers run).
+  void backward(const Step& st, Act h0, Act dh0, Scratch& w, float moe_aux_loss_scale);
+
+ private:
+  struct Layer {
+    Act e, en, hn, cat, y, h, logits;  // embedding, the two norms, [en, hn], layer output, final norm, logits
+    float *en_mean = nullptr, *en_rstd = nullptr, *hn_mean = nullptr, *hn_rstd = nullptr;
+    float *h_mean = nullptr, *h_rstd = nullptr, *ce_stats = nullptr;
+  };
+  const MtpOffsets& M(size_t k) const { return m_.params.mtp[k]; }
+  tp::Shard vocab() const { return {0, m_.local.vocab}; }
+  Act half(Act a) const;  // a, hidden-size elements on (the second half of a [.., 2h] row)
+  const ModuleContext& m_;
+  std::vector<TransformerLayer> layers_;
+  std::vector<Layer> acts_;
+  Act dh_, carry_, dcat_, den_, dhn_, de_, dh0_;  // backward: [T, h] each but dcat_ [T, 2h]
+};
+
 class GPTModel {
  public:
   // local: this rank's shapes (heads, groups, ffn and vocabulary divided by the TP size);
@@ -292,6 +332,7 @@ class GPTModel {
 
   ModuleContext ctx_;
   TransformerBlock decoder_;
+  MultiTokenPredictionBlock mtp_;
   int64_t b_ = 0, s_ = 0;
   size_t activation_bytes_ = 0;
   Scratch w_;

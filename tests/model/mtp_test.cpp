@@ -1,0 +1,109 @@
+// Multi-token prediction (Megatron-Core's MultiTokenPredictionBlock) in the whole model: its
+// parameters' names and order, and the backward of the main loss plus the MTP losses (weighted
+// mtp_loss_scaling_factor / mtp_num_layers, each its masked mean over the labels rolled ahead)
+// against finite differences of the forward, for dense and MoE layers, one and two MTP layers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "finite_differences.hpp"
+#include "model/gpt_model.hpp"
+
+using namespace laoyao::model;
+
+namespace {
+
+GptConfig tiny(int64_t mtp) {
+  GptConfig c;
+  c.num_layers = 2, c.hidden = 8, c.heads = 2, c.query_groups = 2, c.kv_channels = 4, c.ffn = 12, c.vocab = 11;
+  c.max_positions = 6, c.init_std = 0.4, c.embedding_init_std = 0.4;
+  c.mtp_num_layers = mtp, c.mtp_loss_scaling_factor = 0.3;
+  return c;
+}
+
+}  // namespace
+
+TEST(MtpModel, ParametersFollowTheDecoderAsMegatronCoreRegistersThem) {
+  const GptModel m(tiny(2));
+  std::vector<std::string> names;
+  for (const auto& p : m.table().specs)
+    if (p.name.rfind("mtp.layers.1.", 0) == 0) names.push_back(p.name.substr(13));
+  ASSERT_GE(names.size(), 5u);
+  EXPECT_EQ(names[0], "enorm.weight");
+  EXPECT_EQ(names[1], "enorm.bias");
+  EXPECT_EQ(names[2], "hnorm.weight");
+  EXPECT_EQ(names[3], "hnorm.bias");
+  EXPECT_EQ(names[4], "eh_proj.weight");
+  EXPECT_EQ(names[5], "mtp_model_layer.input_layernorm.weight");
+  EXPECT_EQ(names[names.size() - 2], "final_layernorm.weight");
+  EXPECT_EQ(m.table().find("mtp.layers.1.eh_proj.weight")->shape, (std::vector<int64_t>{8, 16}));
+  // After the decoder's final layernorm, before the (tied: absent) output layer.
+  const auto& s = m.table().specs;
+  size_t final_norm = 0, first_mtp = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i].name == "decoder.final_layernorm.bias") final_norm = i;
+    if (first_mtp == 0 && s[i].name.rfind("mtp.", 0) == 0) first_mtp = i;
+  }
+  EXPECT_EQ(first_mtp, final_norm + 1);
+  EXPECT_EQ(s.back().name, "mtp.layers.1.final_layernorm.bias");
+}
+
+// d(sum_t r_t * loss_t + f / D * sum_k mtp_k)/d(param), mtp_k the masked mean of layer k's losses
+// (GptModel::take_mtp_losses of a training forward), against central differences.
+TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
+  struct Case {
+    const char* name;
+    GptConfig cfg;
+  };
+  std::vector<Case> cases = {{"dense_one_layer", tiny(1)}, {"dense_two_layers", tiny(2)}};
+  GptConfig llama = tiny(2);
+  llama.norm = Norm::RMSNorm, llama.activation = Activation::SwiGLU, llama.add_bias_linear = false;
+  llama.add_qkv_bias = false, llama.tied_embeddings = false, llama.positions = Positions::Rope;
+  cases.push_back({"rope_untied", llama});
+  GptConfig moe = llama;  // the MTP layer repeats the last layer's kind: MoE
+  moe.moe.num_experts = 4, moe.moe.topk = 2, moe.moe.ffn = 6, moe.moe.layers = {false, true};
+  moe.moe.seq_aux_loss_coeff = 0.01, moe.moe.shared_ffn = 6;
+  cases.push_back({"moe_last_layer", moe});
+  for (const auto& tc : cases) {
+    SCOPED_TRACE(tc.name);
+    GptModel m(tc.cfg);
+    init_parameters(m.table(), m.weights(), 7, false);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> N(0.0f, 0.3f);
+    for (const auto& p : m.table().specs)
+      if (p.init != Init::Normal && !p.buffer)
+        for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] += N(rng);
+    const int64_t b = 2, s = 5, T = b * s;
+    std::vector<int64_t> tokens(T), labels(T), positions(T);
+    std::vector<float> mask(T);
+    std::uniform_int_distribution<int64_t> tok(0, tc.cfg.vocab - 1);
+    for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
+    for (int64_t t = 0; t < T; ++t) mask[t] = t % 4 == 3 ? 0.0f : 1.0f;  // some labels left out
+    std::vector<float> r(T), losses(T);
+    for (int64_t t = 0; t < T; ++t) r[t] = mask[t] * std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
+    MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data(), nullptr, mask.data()};
+    const DropoutKey key{99, 5, true};  // (a training forward, no dropout: its MTP losses are logged)
+    const double weight = tc.cfg.mtp_loss_scaling_factor / static_cast<double>(tc.cfg.mtp_num_layers);
+    auto objective = [&] {
+      m.forward(mb, key, losses.data(), true);
+      double L = 0;
+      for (int64_t t = 0; t < T; ++t) L += static_cast<double>(r[t]) * losses[t];
+      for (double x : m.take_mtp_losses()) {
+        EXPECT_TRUE(std::isfinite(x) && x > 0);
+        L += weight * x;
+      }
+      // (and the MoE layers' load-balancing loss, the MTP layer's included, whose gradient the
+      // backward adds too)
+      return L + tc.cfg.moe.seq_aux_loss_coeff * m.last_moe_losses().seq_aux;
+    };
+    objective();
+    m.zero_grads();
+    m.backward(r.data());
+    (void)m.take_moe_losses();
+    std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
+    // (Steps of 1e-2 flip a token's top 2 experts here: a kink, not a gradient.)
+    const float eps = tc.cfg.moe.num_experts > 0 ? 2e-3f : 1e-2f;
+    laoyao::model::test::expect_gradients_match_finite_differences(m, analytic, objective, rng, eps);
+  }
+}
