@@ -372,6 +372,75 @@ ConfigContainer deepseek_v2_lite_pretrain() {
   return c;
 }
 
+// DeepSeek-V3 (671B): the model Bridge's recipe builds with AutoBridge from the Hub's
+// deepseek-ai/DeepSeek-V3 config.json (DeepSeekV3Bridge: MLA with a q latent, YaRN x40, 3 dense
+// layers then 256 routed experts top-8 with one shared, the sigmoid router with its expert bias and
+// 8 groups of which 4, scaled 2.5, the sequence-level aux loss at aux_loss_alpha, one MTP layer),
+// and the recipe's own settings (deepseek_v3_pretrain_1024gpu_h100_bf16_config).
+void deepseek_v3_model(ModelConfig& m) {
+  m.num_layers = 61, m.hidden_size = 7168, m.ffn_hidden_size = 18432;
+  m.num_attention_heads = 128, m.num_query_groups = 128;
+  m.normalization = "RMSNorm";
+  m.layernorm_epsilon = 1e-6;
+  m.gated_linear_unit = true;
+  m.activation_func = "silu";
+  m.add_bias_linear = false;
+  m.hidden_dropout = m.attention_dropout = 0.0;
+  m.share_embeddings_and_output_weights = false;
+  m.qk_layernorm = true;
+  m.make_vocab_size_divisible_by = 1280;
+  m.init_method_std = 0.006;
+  m.multi_latent_attention = true;
+  m.q_lora_rank = 1536;
+  m.kv_lora_rank = 512, m.qk_head_dim = 128, m.qk_pos_emb_head_dim = 64, m.v_head_dim = 128;
+  m.position_embedding_type = "rope";
+  m.rope_type = "yarn";
+  m.rotary_base = 10000;
+  m.rotary_scaling_factor = 40.0, m.original_max_position_embeddings = 4096;
+  m.beta_fast = 32.0, m.beta_slow = 1.0, m.mscale = 1.0, m.mscale_all_dim = 1.0;
+  m.num_moe_experts = 256, m.moe_router_topk = 8, m.moe_ffn_hidden_size = 2048;
+  m.moe_shared_expert_intermediate_size = 2048;
+  std::vector<Value> freq;
+  for (int k = 0; k < 61; ++k) freq.push_back(Value::integer(k < 3 ? 0 : 1));
+  m.moe_layer_freq = Value::make_list(std::move(freq));
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_pre_softmax = true;
+  m.moe_router_load_balancing_type = Value::string("seq_aux_loss");
+  m.moe_aux_loss_coeff = Value::real(1e-3);  // config.json's aux_loss_alpha
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.moe_router_num_groups = 8, m.moe_router_group_topk = 4;
+  m.moe_router_dtype = "fp32";
+  m.moe_grouped_gemm = true;
+  m.moe_token_dispatcher_type = "alltoall";
+  m.moe_shared_expert_overlap = true;
+  m.moe_permute_fusion = true;
+  m.mtp_num_layers = 1;
+  m.mtp_loss_scaling_factor = 0.1;
+}
+
+ConfigContainer deepseek_v3_pretrain() {
+  ConfigContainer c = pretrain_common();
+  deepseek_v3_model(c.model);
+  c.model.cross_entropy_loss_fusion = true;
+  c.model.cross_entropy_fusion_impl = "te";
+  seq(c, 4096);
+  null_tokenizer_32000(c);
+  c.model.tensor_model_parallel_size = 2;
+  c.model.pipeline_model_parallel_size = 16;
+  c.model.expert_model_parallel_size = 64;
+  c.model.expert_tensor_parallel_size = 1;
+  c.model.sequence_parallel = true;
+  c.train.global_batch_size = 4096;
+  c.train.micro_batch_size = 1;
+  c.train.train_iters = 1000000;
+  c.train.manual_gc = true;
+  c.train.manual_gc_interval = 5;
+  c.scheduler.lr_warmup_iters = 2000;
+  c.validation.eval_interval = 2000;
+  return c;
+}
+
 // SFT / PEFT variants (bridge §4.5).
 struct FinetuneShape {
   int64_t tp, seq, gbs, iters, warmup;
@@ -449,6 +518,8 @@ const std::vector<Recipe>& all_recipes() {
        "Qwen3 8B, seq 4096, TP 4, GBS 32 (Bridge v0.5.1's default)", qwen3_8b_pretrain_4gpu},
       {"deepseek_v2_lite_pretrain_config", {"deepseek_v2_lite_pretrain_8gpu_h100_bf16_config"}, "pretrain",
        "DeepSeek-V2-Lite: MLA + 64-expert MoE, seq 4096, EP 8", deepseek_v2_lite_pretrain},
+      {"deepseek_v3_pretrain_config", {"deepseek_v3_pretrain_1024gpu_h100_bf16_config"}, "pretrain",
+       "DeepSeek-V3 671B: MLA + 256-expert MoE + MTP, seq 4096, TP 2 PP 16 EP 64", deepseek_v3_pretrain},
       {"moe_2b_pretrain_config", {}, "pretrain",
        "laoyao's flagship MoE: Qwen3-MoE style, 24 layers, 64 experts top-8, ~2.2B total / ~0.6B active, seq 4096",
        moe_2b_pretrain},

@@ -700,3 +700,26 @@ TEST(Launch, MultiTokenPredictionLogsItsLossesAndDataParallelRanksReproduceOneRa
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   expect_resumed_tail(resumed.output, want, 1e-6, "resumed with MTP layers");
 }
+
+// The DeepSeek-V3 recipe (MLA with a q latent, 3 dense layers then the sigmoid router with its
+// expert bias and groups, one MTP layer), shrunk to one rank: it trains and prints the MTP loss
+// beside the sequence-level load-balancing loss.
+TEST(Launch, TheDeepseekV3RecipeTrainsShrunk) {
+  const std::string dir = laoyao::test::fresh_dir("launch_dsv3");
+  const auto r = run_laoyao(
+      {"run-recipe", "--recipe", "deepseek_v3_pretrain_config", "model.num_layers=4", "model.hidden_size=32",
+       "model.ffn_hidden_size=64", "model.num_attention_heads=4", "model.num_query_groups=4", "model.q_lora_rank=24",
+       "model.kv_lora_rank=16", "model.qk_head_dim=8", "model.qk_pos_emb_head_dim=4", "model.v_head_dim=8",
+       "model.num_moe_experts=8", "model.moe_router_topk=2", "model.moe_router_num_groups=4",
+       "model.moe_router_group_topk=2", "model.moe_ffn_hidden_size=16", "model.moe_shared_expert_intermediate_size=16",
+       "model.moe_layer_freq=[0,0,0,1]", "model.tensor_model_parallel_size=1", "model.pipeline_model_parallel_size=1",
+       "model.expert_model_parallel_size=1", "model.sequence_parallel=false", "model.seq_length=32",
+       "dataset.seq_length=32", "train.train_iters=3", "train.global_batch_size=4", "train.micro_batch_size=2",
+       "scheduler.lr_warmup_iters=1", "checkpoint.save=null", "logger.log_interval=1"},
+      dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("iteration        3/       3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| seq_load_balancing_loss: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| mtp_1 loss: "), std::string::npos) << r.output;
+  EXPECT_EQ(losses_in(r.output).size(), 5u) << r.output;  // 3 iterations, the validation and test losses
+}

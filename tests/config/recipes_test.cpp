@@ -150,6 +150,26 @@ TEST(Recipes, DeepSeekV2LiteMoeFields) {
   EXPECT_EQ(*r.cfg.model.expert_tensor_parallel_size, 1) << "Bridge: ETP 1 when EP > 1";
 }
 
+TEST(Recipes, DeepSeekV3FromItsConfigAndTheRecipe) {
+  ConfigContainer d = find_recipe("deepseek_v3_pretrain_config").build();
+  EXPECT_EQ(d.model.num_layers, 61);
+  EXPECT_EQ(d.model.hidden_size, 7168);
+  EXPECT_EQ(*d.model.q_lora_rank, 1536);
+  EXPECT_EQ(*d.model.num_moe_experts, 256);
+  EXPECT_EQ(d.model.moe_router_topk, 8);
+  EXPECT_EQ(d.model.moe_layer_freq.list[2].i, 0);
+  EXPECT_EQ(d.model.moe_layer_freq.list[3].i, 1);
+  EXPECT_EQ(d.model.moe_router_score_function, "sigmoid");
+  EXPECT_TRUE(d.model.moe_router_enable_expert_bias);
+  EXPECT_EQ(*d.model.moe_router_num_groups, 8);
+  EXPECT_EQ(*d.model.mtp_num_layers, 1);
+  EXPECT_EQ(d.model.tensor_model_parallel_size, 2);
+  EXPECT_EQ(d.model.pipeline_model_parallel_size, 16);
+  EXPECT_EQ(d.model.expert_model_parallel_size, 64);
+  EXPECT_EQ(*d.train.global_batch_size, 4096);
+  EXPECT_EQ(find_recipe("deepseek_v3_pretrain_1024gpu_h100_bf16_config").name, "deepseek_v3_pretrain_config");
+}
+
 TEST(Recipes, FinetuneVariants) {
   ConfigContainer s = find_recipe("llama32_1b_sft_config").build();
   EXPECT_DOUBLE_EQ(*s.optimizer.lr, 5e-6);
@@ -307,7 +327,8 @@ TEST(Recipes, EveryRecipeResolvesOnItsGpuCountOnceTheShapeIsGiven) {
     if (r.name == "vanilla_gpt_pretrain_config")
       o = {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4", "train.train_iters=1000"};
     ConfigContainer c = r.build();
-    int64_t world = c.model.tensor_model_parallel_size * c.model.context_parallel_size;  // DP 1
+    int64_t world = c.model.tensor_model_parallel_size * c.model.pipeline_model_parallel_size *
+                    c.model.context_parallel_size;  // DP 1
     RecipeInvocation inv;
     inv.recipe = r.name;
     inv.mode = r.mode == "peft" ? "lora" : r.mode;
