@@ -89,8 +89,9 @@ pid_t start_rank(const LaunchOptions& o, Rank& r, int write_fd) {
 
 int launch(const LaunchOptions& o) {
   if (o.command.empty()) throw UsageError("launch: no command to run");
-  // CPU ranks meet through a file store: a fresh directory per job on one node (several nodes need
-  // one they share, given as LAOYAO_RENDEZVOUS_DIR), removed when the job ends.
+  // The ranks meet through a file store on one node (a fresh directory per job, removed when it
+  // ends); on several, through the TCP store rank 0 serves on --master-addr:--master-port (or a
+  // folder they share, given as LAOYAO_RENDEZVOUS_DIR).
   std::string rendezvous;
   if (runtime_options().rendezvous_dir.empty() && o.nnodes == 1) {
     char tmpl[] = "/tmp/laoyao_rendezvous_XXXXXX";

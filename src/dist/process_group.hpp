@@ -1,8 +1,9 @@
 // Collectives among the ranks of a job. Host values go through Gloo (Debian libgloo-dev; optional
 // at build time: without it a multi-rank run is refused by name), the ranks meeting through a file
 // store in a directory they share (LAOYAO_RENDEZVOUS_DIR, which `laoyao launch` creates fresh for
-// each job). GPU ranks also hold an NCCL communicator for device memory (the gradients), its
-// unique id passed over the Gloo group.
+// a one-node job) or, without one, through the TCP store rank 0 serves on MASTER_ADDR:MASTER_PORT
+// (dist/tcp_store.hpp: several hosts, torchrun, Slurm, OpenMPI). GPU ranks also hold an NCCL
+// communicator for device memory (the gradients), its unique id passed over the Gloo group.
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -53,8 +54,8 @@ class ProcessGroup {
 
 bool gloo_built();
 
-// Connects the ranks of `env` (a UsageError when Gloo is not built or LAOYAO_RENDEZVOUS_DIR is not
-// set). A collective that waits longer than `timeout_minutes` fails with an Error that says so.
+// Connects the ranks of `env` (a UsageError when Gloo is not built). A collective that waits longer
+// than `timeout_minutes` fails with an Error that says so; so does a rendezvous.
 std::unique_ptr<ProcessGroup> make_cpu_process_group(const RankEnv& env, double timeout_minutes);
 
 // A group of some of the world's ranks (a tensor- or data-parallel group of ParallelLayout), named

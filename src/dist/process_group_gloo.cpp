@@ -1,11 +1,15 @@
 // The Gloo process group (see process_group.hpp).
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/runtime_options.hpp"
 #include "dist/process_group.hpp"
+#include "dist/tcp_store.hpp"
 
 #if LAOYAO_HAVE_GLOO
 #include <gloo/allreduce.h>
@@ -21,16 +25,49 @@ namespace laoyao::dist {
 #if LAOYAO_HAVE_GLOO
 namespace {
 
+// Gloo's rendezvous over the TCP store (tcp_store.hpp).
+class TcpGlooStore final : public gloo::rendezvous::Store {
+ public:
+  explicit TcpGlooStore(std::shared_ptr<TcpStoreClient> client) : client_(std::move(client)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { client_->set(key, data); }
+  std::vector<char> get(const std::string& key) override { return client_->get(key); }
+  void wait(const std::vector<std::string>& keys) override { client_->wait(keys, client_->timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    client_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<TcpStoreClient> client_;
+};
+
+// The job's TCP store at MASTER_ADDR:MASTER_PORT: served by this process when it is rank 0, and
+// one connection to it per process, shared by its groups (ranks as threads of one process too).
+std::shared_ptr<TcpStoreClient> tcp_store(const RankEnv& env, std::chrono::milliseconds timeout) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, std::unique_ptr<TcpStoreServer>> servers;
+  static std::map<std::pair<std::string, int>, std::shared_ptr<TcpStoreClient>> clients;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(env.master_addr, env.master_port);
+  if (env.rank == 0 && !servers.count(key)) servers[key] = std::make_unique<TcpStoreServer>(env.master_port);
+  auto& client = clients[key];
+  if (!client) client = std::make_shared<TcpStoreClient>(env.master_addr, env.master_port, timeout);
+  return client;
+}
+
 class GlooGroup final : public ProcessGroup {
  public:
-  // `rank` of `size` members, meeting under `prefix` in the file store in `dir`.
-  GlooGroup(int rank, int size, const std::string& prefix_name, const std::string& dir,
-            std::chrono::milliseconds timeout)
+  // `rank` of `size` members, meeting under `prefix` in `store`; their sockets on `hostname`.
+  GlooGroup(int rank, int size, const std::string& prefix_name, gloo::rendezvous::Store& store,
+            const std::string& hostname, std::chrono::milliseconds timeout)
       : timeout_(timeout) {
     gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";  // CPU ranks of one machine (the file store is local too)
+    // GLOO_SOCKET_IFNAME names the interface, as for torch's Gloo; else the address this host
+    // reaches the rendezvous from (loopback for a one-machine job).
+    if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface)
+      attr.iface = iface;
+    else
+      attr.hostname = hostname;
     device_ = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore store(dir);
     gloo::rendezvous::PrefixStore prefix(prefix_name, store);
     context_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context_->setTimeout(timeout);
@@ -81,19 +118,26 @@ bool gloo_built() { return true; }
 
 namespace {
 
+// The ranks meet in the file store of LAOYAO_RENDEZVOUS_DIR when it is set (a folder they share),
+// else in the TCP store rank 0 serves on MASTER_ADDR:MASTER_PORT.
 std::unique_ptr<ProcessGroup> connect(const RankEnv& env, double timeout_minutes, int rank, int size,
                                       const std::string& prefix, const std::string& what) {
   const std::string& dir = runtime_options().rendezvous_dir;
-  if (dir.empty())
-    throw UsageError("CPU ranks meet through a directory they share: set LAOYAO_RENDEZVOUS_DIR (laoyao launch "
-                     "sets it for the ranks it starts)");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_minutes * 60000.0));
+  const std::string hostname = local_address_towards(env.master_addr, env.master_port);
+  const std::string where = dir.empty() ? env.master_addr + ":" + std::to_string(env.master_port) : dir;
   try {
-    return std::make_unique<GlooGroup>(rank, size, prefix, dir, timeout);
-  } catch (const Error&) {
-    throw;
+    if (!dir.empty()) {
+      gloo::rendezvous::FileStore store(dir);
+      return std::make_unique<GlooGroup>(rank, size, prefix, store, hostname, timeout);
+    }
+    TcpGlooStore store(tcp_store(env, timeout));
+    return std::make_unique<GlooGroup>(rank, size, prefix, store, hostname, timeout);
+  } catch (const Error& e) {
+    throw Error("rank " + std::to_string(env.rank) + ": could not connect " + what + " through " + where + ": " +
+                e.what());
   } catch (const std::exception& e) {
-    throw Error("rank " + std::to_string(env.rank) + ": could not connect " + what + " through " + dir + ": " +
+    throw Error("rank " + std::to_string(env.rank) + ": could not connect " + what + " through " + where + ": " +
                 e.what());
   }
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.hpp"
+#include "dist/tcp_store.hpp"
 #include "run_binary.hpp"
 
 using laoyao::test::run_laoyao;
@@ -722,4 +724,86 @@ TEST(Launch, TheDeepseekV3RecipeTrainsShrunk) {
   EXPECT_NE(r.output.find("| seq_load_balancing_loss: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| mtp_1 loss: "), std::string::npos) << r.output;
   EXPECT_EQ(losses_in(r.output).size(), 5u) << r.output;  // 3 iterations, the validation and test losses
+}
+
+namespace {
+
+// Runs a shell command line, its stdout and stderr together.
+laoyao::test::RunResult run_shell(const std::string& cmd) {
+  laoyao::test::RunResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+int free_port() {
+  laoyao::dist::TcpStoreServer probe(0);
+  return probe.port();
+}
+
+// `laoyao launch` of one node of `nnodes` at the loopback master, as a shell word list.
+std::string node_command(int node, int nnodes, int port, const std::vector<std::string>& run) {
+  // Appended piece by piece (GCC 12 misreads `"literal" + std::string&&` as an overlapping copy).
+  std::string cmd = "LAOYAO_DEVICE=cpu ";
+  cmd += laoyao::test::shell_word(LAOYAO_BINARY);
+  cmd += " launch --nproc-per-node 1 --nnodes ";
+  cmd += std::to_string(nnodes);
+  cmd += " --node-rank ";
+  cmd += std::to_string(node);
+  cmd += " --master-addr 127.0.0.1 --master-port ";
+  cmd += std::to_string(port);
+  cmd += " --";
+  for (const auto& a : run) {
+    cmd += ' ';
+    cmd += laoyao::test::shell_word(a);
+  }
+  return cmd;
+}
+
+}  // namespace
+
+// Two "nodes" on loopback sharing no folder (the TCP store rank 0 serves on the master port): they
+// train as one node's two ranks; a node whose rank dies mid-training stops the other within seconds,
+// which names its rank.
+TEST(Launch, TwoNodesMeetOverTheMasterPortWithoutASharedFolder) {
+  const std::string dir = laoyao::test::fresh_dir("launch_nodes");
+  const std::vector<std::string> one = tiny_run({"--train-iters", "3"});
+  const auto single = run_laoyao(on_ranks("2", one), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto want = losses_in(single.output);
+  std::vector<std::string> ranked = {"laoyao"};
+  ranked.insert(ranked.end(), one.begin(), one.end());
+  const std::string in_dir = "cd " + laoyao::test::shell_word(dir) + " && unset LAOYAO_RENDEZVOUS_DIR; ";
+  int port = free_port();
+  auto r = run_shell(in_dir + node_command(1, 2, port, ranked) + " > node1.txt 2>&1 & " +
+                     node_command(0, 2, port, ranked) + "; s=$?; wait; exit $s");
+  const std::string node1 = laoyao::read_file(dir + "/node1.txt");
+  ASSERT_EQ(r.status, 0) << r.output << "\nnode 1:\n" << node1;
+  const auto got = losses_in(node1);  // (the last rank prints: node 1's)
+  ASSERT_EQ(got.size(), want.size()) << node1;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << i;
+
+  // Node 1's rank is killed 4 seconds into a long run: node 0 stops soon after, naming its rank.
+  std::string long_run = laoyao::test::shell_word(LAOYAO_BINARY);
+  for (const auto& a : tiny_run({"--train-iters", "100000", "--eval-interval", "100000"})) {
+    long_run += ' ';
+    long_run += laoyao::test::shell_word(a);
+  }
+  std::vector<std::string> node0_run = {"laoyao"};
+  for (const auto& a : tiny_run({"--train-iters", "100000", "--eval-interval", "100000"})) node0_run.push_back(a);
+  port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  r = run_shell(in_dir + node_command(1, 2, port, {"sh", "-c", "timeout -s KILL 4 " + long_run}) +
+                " > node1_dies.txt 2>&1 & " + node_command(0, 2, port, node0_run) +
+                "; echo \"node 0 exit status $?\"; wait");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.output.find("node 0 exit status 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 "), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 30.0) << r.output;
+  std::filesystem::remove_all(dir);
 }
