@@ -122,12 +122,13 @@ int start_training(config::Resolved& r) {
                 "it changes memory, not the numbers)\n");
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
-  std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group, ep_group, expert_dp_group;
+  std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group, ep_group, expert_dp_group, cp_group;
   GpuWaitDeadline deadline;  // after the groups: cleared before they go
   if (r.validated.derived.world_size > 1) {
     const dist::RankEnv env = dist::rank_env_from_environment();
     const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
-    const dist::ParallelLayout layout(env.world_size, {r.cfg.model.tensor_model_parallel_size, 1, 1});
+    const dist::ParallelLayout layout(env.world_size,
+                                      {r.cfg.model.tensor_model_parallel_size, r.cfg.model.context_parallel_size, 1});
     if (backend.cuda) {
       const int gpus = cuda_device_count();
       if (env.local_rank >= gpus)
@@ -147,6 +148,10 @@ int start_training(config::Resolved& r) {
       tp_group = make_group(layout.tp_group(env.rank), "tp");
       dp_group = make_group(layout.dp_group(env.rank), "dp");
     }
+    if (layout.sizes().cp > 1) {  // then the losses and gradients go over Megatron's dp_cp group
+      cp_group = make_group(layout.cp_group(env.rank), "cp");
+      dp_group = make_group(layout.dp_cp_group(env.rank), "dp_cp");
+    }
     // Expert parallelism: consecutive data-parallel ranks share out the experts; the ranks
     // holding the same experts average their gradients. With whole experts under TP (expert TP
     // size 1) the groups fold across the TP ranks: consecutive ranks share out the experts.
@@ -163,7 +168,7 @@ int start_training(config::Resolved& r) {
     // as a Gloo collective does, aborting its NCCL communicators so that it can exit.
     if (backend.cuda) {
       std::vector<dist::ProcessGroup*> groups = {group.get(), tp_group.get(), dp_group.get(), ep_group.get(),
-                                                 expert_dp_group.get()};
+                                                 expert_dp_group.get(), cp_group.get()};
       deadline.set(timeout * 60.0, [groups] {
         for (dist::ProcessGroup* g : groups)
           if (g) g->abort();
@@ -181,6 +186,7 @@ int start_training(config::Resolved& r) {
   opt.dp_group = dp_group.get();
   opt.ep_group = ep_group.get();
   opt.expert_dp_group = expert_dp_group.get();
+  opt.cp_group = cp_group.get();
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   std::printf("laoyao: runtime options: %s\n", describe_runtime_options(runtime_options()).c_str());

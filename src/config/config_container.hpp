@@ -58,6 +58,9 @@ struct ModelConfig {
   bool parallel_output = true;
   // positions
   std::string position_embedding_type = "learned_absolute";
+  // Megatron's cp_comm_type: how context-parallel ranks meet the sequence's keys and values. The
+  // CPU backend gathers them whole either way (the same numbers as the ring).
+  std::string cp_comm_type = "p2p";
   // Multi-latent attention's RoPE (Megatron-LM's --rope-type): rope or yarn; unset, MLA takes yarn
   // (MLATransformerConfig's default), and yarn positions yarn.
   OptString rope_type;

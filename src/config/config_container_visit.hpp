@@ -37,6 +37,7 @@ template <class V> void ModelConfig::visit(V& v) {
   v.field("parallel_output", parallel_output);
   v.field("position_embedding_type", position_embedding_type, Choices{"learned_absolute", "rope", "yarn", "mrope", "relative", "none"});
   v.field("rope_type", rope_type, Choices{"rope", "yarn"});
+  v.field("cp_comm_type", cp_comm_type, Choices{"p2p", "all_gather", "a2a", "a2a+p2p"});
   v.field("rotary_base", rotary_base);
   v.field("rotary_percent", rotary_percent);
   v.field("rope_scaling", rope_scaling);

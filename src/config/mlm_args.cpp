@@ -181,6 +181,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"--max-position-embeddings", Kind::Value, "model.max_position_embeddings"},
       {"--position-embedding-type", Kind::Value, "model.position_embedding_type"},
       {"--rope-type", Kind::Value, "model.rope_type"},
+      {"--cp-comm-type", Kind::Value, "model.cp_comm_type"},
       {"--use-rotary-position-embeddings", Kind::True, nullptr, nullptr,
        [](State& s, const std::vector<std::string>&) { s.set_text("model.position_embedding_type", "rope"); }},
       {"--no-position-embedding", Kind::True, nullptr, nullptr,

@@ -51,6 +51,14 @@ std::vector<int64_t> ParallelLayout::cp_group(int64_t rank) const { return group
 std::vector<int64_t> ParallelLayout::dp_group(int64_t rank) const { return group_along(rank, Axis::Dp); }
 std::vector<int64_t> ParallelLayout::pp_group(int64_t rank) const { return group_along(rank, Axis::Pp); }
 
+std::vector<int64_t> ParallelLayout::dp_cp_group(int64_t rank) const {
+  RankCoords c = coords(rank);
+  std::vector<int64_t> members;
+  for (c.dp = 0; c.dp < dp_; ++c.dp)
+    for (c.cp = 0; c.cp < sizes_.cp; ++c.cp) members.push_back(rank_of(c));
+  return members;
+}
+
 namespace {
 
 void check_ep(const ParallelSizes& s, int64_t dp, int64_t ep) {

@@ -35,6 +35,10 @@ class ParallelLayout {
   std::vector<int64_t> cp_group(int64_t rank) const;
   std::vector<int64_t> dp_group(int64_t rank) const;
   std::vector<int64_t> pp_group(int64_t rank) const;
+  // Megatron's data-parallel group with context parallelism (dp_cp): the ranks of every data- and
+  // context-parallel coordinate at `rank`'s TP and PP coordinates, cp-minor (member dp * cp + cp),
+  // over which the gradients are averaged and the losses summed.
+  std::vector<int64_t> dp_cp_group(int64_t rank) const;
   // Expert parallelism over ep data-parallel ranks (context parallelism 1; Megatron's expert layout
   // "tp-ep-dp-pp" with expert TP = TP): `rank`'s expert-parallel group (ep consecutive data-parallel
   // ranks of its TP rank) and its expert data-parallel group (the ranks holding the same experts'

@@ -36,6 +36,10 @@ struct Act {
 struct BatchShape {
   int64_t b = 0, s = 0, T = 0, rows = 0;
   const int32_t* key_start = nullptr;
+  // Context parallelism: this rank holds chunks cp_rank and 2 cp_size - 1 - cp_rank of each
+  // sequence's 2 cp_size (s: their tokens, s * cp_size the sequence's); attention meets the whole
+  // sequence's keys, RoPE takes the tokens' places in it.
+  int64_t cp_rank = 0, cp_size = 1;
 };
 
 class Backend {

@@ -171,6 +171,9 @@ struct GptConfig {
   // kind (dense or MoE); their losses weighted mtp_loss_scaling_factor / mtp_num_layers.
   int64_t mtp_num_layers = 0;
   double mtp_loss_scaling_factor = 0.1;
+  // --context-parallel-size: each rank holds 2 of every sequence's 2 x context_parallel chunks
+  // (model/backend.hpp's BatchShape; the CPU backend's attention gathers the rest).
+  int64_t context_parallel = 1;
   std::optional<LoraSpec> lora;  // PEFT: the base frozen, adapters trained
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }

@@ -125,6 +125,16 @@ void GptModel::finish_moe_step(dist::ProcessGroup* dp) {
   moe_->reset_global_aux();
 }
 
+void GptModel::set_context_parallel_group(dist::ProcessGroup* cp) {
+  const bool on = cp && cp->size() > 1;
+  if (on && (tensor_parallel() || cfg_.moe.num_experts > 0 || cfg_.mla || cfg_.mtp_num_layers > 0 ||
+             cfg_.document_attention || cfg_.attention_dropout > 0))
+    throw Error("GptModel: context parallelism with tensor parallelism, experts, MLA, MTP, documents or attention "
+                "dropout is not built");
+  cp_rank_ = on ? cp->rank() : 0, cp_size_ = on ? cp->size() : 1;
+  backend_->set_context_parallel(on ? cp : nullptr);
+}
+
 void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
   dp_ = dp && dp->size() > 1 ? dp : nullptr;
   if (moe_) moe_->set_data_parallel_group(dp_);
@@ -222,7 +232,7 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   if (mb.key_start) key_start_.assign(mb.key_start, mb.key_start + T);
   else key_start_.clear();
   mcore::Step st;
-  st.batch = {mb.b, mb.s, T, net_->rows(T), key_start_.empty() ? nullptr : key_start_.data()};
+  st.batch = {mb.b, mb.s, T, net_->rows(T), key_start_.empty() ? nullptr : key_start_.data(), cp_rank_, cp_size_};
   st.tokens = tokens_.data(), st.labels = labels_.data();
   st.positions = positions_.empty() ? nullptr : positions_.data();
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;

@@ -163,6 +163,9 @@ class GptModel {
   void finish_moe_step(dist::ProcessGroup* dp);
   // The data-parallel group global_aux_loss sums its tokens per expert over (null: one rank).
   void set_data_parallel_group(dist::ProcessGroup* dp);
+  // Context parallelism (model/backend.hpp's BatchShape): the group of the ranks holding the other
+  // chunks of each sequence; micro-batches are then this rank's chunks. Null or one rank: none.
+  void set_context_parallel_group(dist::ProcessGroup* cp);
   dist::ProcessGroup* data_parallel_group() const { return dp_; }
   // Those counts for layer l (empty without an expert bias).
   std::vector<double> expert_load(int64_t layer) const;
@@ -193,6 +196,7 @@ class GptModel {
   bool folded_ = false;
   dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
+  int64_t cp_rank_ = 0, cp_size_ = 1;   // set_context_parallel_group's
   GptParameterLayout layout_;
   const ParameterTable& table_ = layout_.table;
   std::vector<float> weights_, grads_;

@@ -173,6 +173,29 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
   return mb;
 }
 
+MicroBatchData context_parallel_chunks(const MicroBatchData& mb, int64_t cp_rank, int64_t cp_size) {
+  if (mb.s % (2 * cp_size) != 0)
+    throw UsageError("context parallelism over " + std::to_string(cp_size) + " ranks splits each sequence into " +
+                     std::to_string(2 * cp_size) + " chunks: the sequence length " + std::to_string(mb.s) +
+                     " is not a multiple of it");
+  if (!mb.key_start.empty()) throw UsageError("context parallelism with documents kept apart is not built yet");
+  const int64_t c = mb.s / (2 * cp_size);
+  MicroBatchData out;
+  out.b = mb.b, out.s = 2 * c;
+  out.sample_indices = mb.sample_indices;
+  auto take = [&](const auto& in, auto& dst) {
+    if (in.empty()) return;
+    for (int64_t r = 0; r < mb.b; ++r)
+      for (const int64_t chunk : {cp_rank, 2 * cp_size - 1 - cp_rank}) {
+        const auto from = in.begin() + r * mb.s + chunk * c;
+        dst.insert(dst.end(), from, from + c);
+      }
+  };
+  take(mb.tokens, out.tokens), take(mb.labels, out.labels), take(mb.positions, out.positions);
+  take(mb.loss_mask, out.loss_mask);
+  return out;
+}
+
 namespace {
 
 std::vector<int64_t> micro_batch_indices(const data::MicroBatchLayout& layout, int64_t consumed, int64_t microbatch,

@@ -43,6 +43,11 @@ struct MicroBatchData {
 // tokenized with another vocabulary than the run's tokenizer.
 MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector<int64_t>& indices, int64_t vocab = 0);
 
+// Context parallelism: rank cp_rank's chunks of each sequence of mb (Megatron's
+// get_batch_on_this_cp_rank: the sequence in 2 cp_size chunks, this rank's chunks cp_rank and
+// 2 cp_size - 1 - cp_rank, in that order). A UsageError when the sequence does not split so.
+MicroBatchData context_parallel_chunks(const MicroBatchData& mb, int64_t cp_rank, int64_t cp_size);
+
 // Dataset indices of training micro-batch `microbatch` (0-based) of the iteration that starts after
 // `consumed` training samples, (MegatronPretrainingSampler starts at the
 // consumed-sample count, so a resumed run with another batch size reads on from where it was), or

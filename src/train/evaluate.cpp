@@ -17,8 +17,9 @@ double evaluate(TrainingRun& run, int64_t& consumed_eval, EvalSet set) {
   const auto& L = run.data.eval_layout;
   for (int64_t it = 0; it < c.validation.eval_iters; ++it) {
     for (int64_t m = 0; m < L.num_microbatches; ++m) {
-      const MicroBatchData mb =
-          load_micro_batch(*ds, eval_sample_indices(run.data, split, consumed_eval, m, run.dp_rank), run.data.vocab);
+      MicroBatchData mb =
+          load_micro_batch(*ds, eval_sample_indices(run.data, split, consumed_eval, m, run.data_rank), run.data.vocab);
+      if (run.cp_size > 1) mb = context_parallel_chunks(mb, run.cp_rank, run.cp_size);
       run_micro_batch(*run.engine, mb, {run.seed, 0, false}, L.num_microbatches, false, run.dloss);
     }
     consumed_eval += eval_round_samples(run.data, 1);  // the validation stream continues across evaluations

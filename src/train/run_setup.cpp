@@ -229,6 +229,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     if (g.moe.tensor_parallel > 1) model::check_moe_tensor_parallel(g);
   }
   if (m.multi_latent_attention) mla_spec(c, g);
+  g.context_parallel = m.context_parallel_size;
   if (m.mtp_num_layers && *m.mtp_num_layers > 0) {
     // Megatron-Core's multi-token prediction, on one tensor-parallel rank for now.
     g.mtp_num_layers = *m.mtp_num_layers;

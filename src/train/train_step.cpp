@@ -31,7 +31,9 @@ void TrainBatchReader::prefetch(int64_t consumed, int64_t m) {
 }
 
 MicroBatchData TrainBatchReader::read(int64_t consumed, int64_t m) const {
-  return load_micro_batch(*data_.datasets[0], train_sample_indices(data_, consumed, m, dp_rank_), data_.vocab);
+  MicroBatchData mb =
+      load_micro_batch(*data_.datasets[0], train_sample_indices(data_, consumed, m, dp_rank_), data_.vocab);
+  return cp_size_ > 1 ? context_parallel_chunks(mb, cp_rank_, cp_size_) : mb;
 }
 
 // The gradient of each token's loss is mask / num_tokens / num_microbatches: the per-micro-batch
@@ -74,7 +76,7 @@ StepResult train_step(TrainingRun& run) {
     timers.stop("batch-generator");
     // Keyed by the micro-batch's index in the global batch (its samples' place), so data-parallel
     // ranks draw the masks a single rank would for the same samples.
-    const int64_t global_m = m * run.dp_size + run.dp_rank;
+    const int64_t global_m = m * run.data_size + run.data_rank;
     const model::DropoutKey key{run.seed,
                                 static_cast<uint64_t>(p.iteration) * 1000003ull + static_cast<uint64_t>(global_m),
                                 run.dropout};

@@ -33,6 +33,9 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   group = opt.group;
   dp = opt.dp_group ? opt.dp_group : group;
   dp_rank = dp ? dp->rank() : 0, dp_size = dp ? dp->size() : 1;
+  cp = opt.cp_group && opt.cp_group->size() > 1 ? opt.cp_group : nullptr;
+  cp_rank = cp ? cp->rank() : 0, cp_size = cp ? cp->size() : 1;
+  data_rank = dp_rank / cp_size, data_size = dp_size / cp_size;  // (the dp_cp group is cp-minor)
   global_rank = group ? group->rank() : 0;
   log_rank = !group || group->rank() == group->size() - 1;
 
@@ -46,6 +49,7 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   const bool host_state = !opt.use_cuda;
   model = std::make_unique<model::GptModel>(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group, host_state);
   model->set_data_parallel_group(dp);
+  model->set_context_parallel_group(cp);
   seed = static_cast<uint64_t>(c.rng.seed);
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
              std::to_string(model->tp_rank()) + ", 0, 0): " +
@@ -139,7 +143,7 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   }
   if (c.logger.tensorboard_dir && log_rank) tb = std::make_unique<TensorBoardWriter>(*c.logger.tensorboard_dir);
 
-  next_batch = std::make_unique<TrainBatchReader>(data, dp_rank);
+  next_batch = std::make_unique<TrainBatchReader>(data, data_rank, cp_rank, cp_size);
   progress.M = ramp.running(progress.consumed) / ramp.micro_times_dp;
   memory_report.emplace(opt.flavor, loaded_iteration);
   timer_names = megatron_timers_to_log(c.logger.timing_log_level);

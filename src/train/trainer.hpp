@@ -38,6 +38,10 @@ struct TrainOptions {
   // expert data-parallel group (the ranks holding the same experts; nullptr when just one).
   dist::ProcessGroup* ep_group = nullptr;
   dist::ProcessGroup* expert_dp_group = nullptr;
+  // Context parallelism (--context-parallel-size > 1): the ranks holding the other chunks of this
+  // rank's sequences; dp_group is then Megatron's dp_cp group (data- and context-parallel ranks),
+  // cp-minor, over which the losses and gradients are reduced.
+  dist::ProcessGroup* cp_group = nullptr;
 };
 
 struct TrainSummary {

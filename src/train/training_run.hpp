@@ -38,14 +38,17 @@ namespace laoyao::train {
 // run fails at the same iteration as without the read-ahead.
 class TrainBatchReader {
  public:
-  TrainBatchReader(const RunData& data, int64_t dp_rank) : data_(data), dp_rank_(dp_rank) {}
+  // data_rank: the data-parallel rank whose samples this rank reads (its chunks of them under
+  // context parallelism: cp_rank of cp_size).
+  TrainBatchReader(const RunData& data, int64_t data_rank, int64_t cp_rank = 0, int64_t cp_size = 1)
+      : data_(data), dp_rank_(data_rank), cp_rank_(cp_rank), cp_size_(cp_size) {}
   MicroBatchData take(int64_t consumed, int64_t m);
   void prefetch(int64_t consumed, int64_t m);
 
  private:
   MicroBatchData read(int64_t consumed, int64_t m) const;
   const RunData& data_;
-  int64_t dp_rank_;
+  int64_t dp_rank_, cp_rank_, cp_size_;
   int64_t consumed_ = -1, m_ = -1;
   MicroBatchData mb_;
   std::exception_ptr error_;
@@ -101,6 +104,10 @@ struct TrainingRun {
   dist::ProcessGroup* group = nullptr;
   dist::ProcessGroup* dp = nullptr;
   int64_t dp_rank = 0, dp_size = 1, global_rank = 0;
+  // Under context parallelism dp is the dp_cp group: the samples are those of data-parallel rank
+  // data_rank of data_size, of which this rank reads its chunks (cp_rank of cp_size).
+  dist::ProcessGroup* cp = nullptr;
+  int64_t cp_rank = 0, cp_size = 1, data_rank = 0, data_size = 1;
   bool log_rank = true;
 
   // Output, on the rank that prints the log: the metrics lines and Megatron's TensorBoard scalars.

@@ -32,6 +32,11 @@ TEST(ParallelLayout, ContextParallelSitsBetweenTensorAndData) {
   EXPECT_EQ(L.cp_group(1), (V{1, 3}));
   EXPECT_EQ(L.dp_group(1), (V{1, 5}));
   for (int64_t r = 0; r < 8; ++r) EXPECT_EQ(L.rank_of(L.coords(r)), r);
+  // Megatron's dp_cp group: the data- and context-parallel ranks of a TP rank, cp-minor.
+  EXPECT_EQ(L.dp_cp_group(1), (V{1, 3, 5, 7}));
+  EXPECT_EQ(L.dp_cp_group(6), (V{0, 2, 4, 6}));
+  const ParallelLayout one(4, {1, 2, 1});  // DP=2
+  EXPECT_EQ(one.dp_cp_group(3), (V{0, 1, 2, 3}));
 }
 
 TEST(ParallelLayout, EveryRankIsInExactlyOneGroupOfEachKind) {

@@ -48,104 +48,115 @@ struct HeadsView {
   int64_t v_col(int64_t g) const { return fused ? fused->v(g) : g * Dv; }
 };
 
+// Queries: s rows per sequence; keys and values: sk rows (sk == s unless a context-parallel rank's
+// queries meet the whole sequence's keys); query i sees keys [key_start[i] (0), key_end[i] (i)].
+struct KeyRange {
+  int64_t sk;
+  const int32_t* key_start;
+  const int32_t* key_end;
+  int64_t first(int64_t t) const { return key_start ? key_start[t] : 0; }
+  int64_t last(int64_t t, int64_t i) const { return key_end ? key_end[t] : i; }
+};
+
 void attention_forward_view(const float* q, const float* k, const float* v, const HeadsView& V, float* ctx,
                             float* probs, int64_t b, int64_t s, float scale, const float* dropout_mask,
-                            const int32_t* key_start) {
+                            const KeyRange& keys) {
   if (b == 0 || s == 0) return;
-  check_key_start(key_start, b, s);
-  const int64_t H = V.H, HD = H * V.Dv;
+  if (keys.key_start) check_key_start(keys.key_start, b, s);
+  const int64_t H = V.H, HD = H * V.Dv, sk = keys.sk;
 #pragma omp parallel
   {
-  std::vector<float> dropped(dropout_mask ? s * s : 0);
+  std::vector<float> dropped(dropout_mask ? s * sk : 0);
 #pragma omp for schedule(static)
   for (int64_t bh = 0; bh < b * H; ++bh) {
     const int64_t bi = bh / H, h = bh % H, g = h / V.Q();
-    float* P = probs + bh * s * s;
+    float* P = probs + bh * s * sk;
     // S = scale * Q K^T (the scale in the GEMM's alpha, as baddbmm's).
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, V.Dqk, scale, q + bi * s * V.q_ld + V.q_col(h), V.q_ld,
-                k + bi * s * V.k_ld + V.k_col(g), V.k_ld, 0.0f, P, s);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, sk, V.Dqk, scale, q + bi * s * V.q_ld + V.q_col(h), V.q_ld,
+                k + bi * sk * V.k_ld + V.k_col(g), V.k_ld, 0.0f, P, sk);
     for (int64_t i = 0; i < s; ++i) {
-      float* p = P + i * s;
-      const int64_t j0 = key_start ? key_start[bi * s + i] : 0;
+      float* p = P + i * sk;
+      const int64_t j0 = keys.first(bi * s + i), j1 = keys.last(bi * s + i, i);
       float m = p[j0];
-      for (int64_t j = j0 + 1; j <= i; ++j) m = std::max(m, p[j]);
+      for (int64_t j = j0 + 1; j <= j1; ++j) m = std::max(m, p[j]);
       double sum = 0.0;  // the row sum in double: cheap, exact enough to leave only exp's rounding
-      for (int64_t j = j0; j <= i; ++j) {
+      for (int64_t j = j0; j <= j1; ++j) {
         p[j] = std::exp(p[j] - m);
         sum += p[j];
       }
       const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = j0; j <= i; ++j) p[j] *= inv;
-      for (int64_t j = 0; j < j0; ++j) p[j] = 0.0f;     // other documents' keys: zero probability
-      for (int64_t j = i + 1; j < s; ++j) p[j] = 0.0f;  // future keys: exactly zero probability
+      for (int64_t j = j0; j <= j1; ++j) p[j] *= inv;
+      for (int64_t j = 0; j < j0; ++j) p[j] = 0.0f;       // other documents' keys: zero probability
+      for (int64_t j = j1 + 1; j < sk; ++j) p[j] = 0.0f;  // future keys: exactly zero probability
     }
     // Attention dropout acts on the probabilities that multiply V; the saved probs stay undropped.
     const float* PV = P;
     if (dropout_mask) {
-      const float* mask = dropout_mask + bh * s * s;
-      for (int64_t i = 0; i < s * s; ++i) dropped[i] = P[i] * mask[i];
+      const float* mask = dropout_mask + bh * s * sk;
+      for (int64_t i = 0; i < s * sk; ++i) dropped[i] = P[i] * mask[i];
       PV = dropped.data();
     }
     // ctx[:, h*Dv:(h+1)*Dv] = P V
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, V.Dv, s, 1.0f, PV, s, v + bi * s * V.v_ld + V.v_col(g),
-                V.v_ld, 0.0f, ctx + bi * s * HD + h * V.Dv, HD);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, V.Dv, sk, 1.0f, PV, sk,
+                v + bi * sk * V.v_ld + V.v_col(g), V.v_ld, 0.0f, ctx + bi * s * HD + h * V.Dv, HD);
   }
   }
 }
 
-// dq, dk, dv: the gradients' buffers, in the view's layout (the fused one: all three one buffer).
+// dq, dk, dv: the gradients' buffers, in the view's layout (the fused one: all three one buffer,
+// unless the keys are another rank's rows too: context parallelism).
 void attention_backward_view(const float* q, const float* k, const float* v, const HeadsView& V, const float* probs,
                              const float* dctx, float* dq, float* dk, float* dv, int64_t b, int64_t s, float scale,
-                             const float* dropout_mask, const int32_t* key_start) {
+                             const float* dropout_mask, const KeyRange& keys) {
   if (b == 0 || s == 0) return;
-  check_key_start(key_start, b, s);
-  const int64_t H = V.H, G = V.G, HD = H * V.Dv, Dqk = V.Dqk, Dv = V.Dv;
+  if (keys.key_start) check_key_start(keys.key_start, b, s);
+  const int64_t H = V.H, G = V.G, HD = H * V.Dv, Dqk = V.Dqk, Dv = V.Dv, sk = keys.sk;
   // One work item per (batch, query group): the group's heads all add into the same dk/dv, so they
   // are summed by one thread, in head order (deterministic for any thread count).
 #pragma omp parallel
   {
-    std::vector<float> dS(s * s), dropped(dropout_mask ? s * s : 0);
+    std::vector<float> dS(s * sk), dropped(dropout_mask ? s * sk : 0);
 #pragma omp for schedule(static)
     for (int64_t bg = 0; bg < b * G; ++bg) {
       const int64_t bi = bg / G, g = bg % G;
-      const float* kg = k + bi * s * V.k_ld + V.k_col(g);
-      const float* vg = v + bi * s * V.v_ld + V.v_col(g);
-      float* dkg = dk + bi * s * V.k_ld + V.k_col(g);
-      float* dvg = dv + bi * s * V.v_ld + V.v_col(g);
+      const float* kg = k + bi * sk * V.k_ld + V.k_col(g);
+      const float* vg = v + bi * sk * V.v_ld + V.v_col(g);
+      float* dkg = dk + bi * sk * V.k_ld + V.k_col(g);
+      float* dvg = dv + bi * sk * V.v_ld + V.v_col(g);
       for (int64_t i = 0; i < V.Q(); ++i) {
         const int64_t h = g * V.Q() + i;
-        const float* P = probs + (bi * H + h) * s * s;
+        const float* P = probs + (bi * H + h) * s * sk;
         const float* dC = dctx + bi * s * HD + h * Dv;
         // The group's first head overwrites dk/dv (beta 0), the others add.
         const float beta = i == 0 ? 0.0f : 1.0f;
-        const float* mask = dropout_mask ? dropout_mask + (bi * H + h) * s * s : nullptr;
+        const float* mask = dropout_mask ? dropout_mask + (bi * H + h) * s * sk : nullptr;
         const float* PV = P;  // the probabilities V was multiplied by (after dropout)
         if (mask) {
-          for (int64_t e = 0; e < s * s; ++e) dropped[e] = P[e] * mask[e];
+          for (int64_t e = 0; e < s * sk; ++e) dropped[e] = P[e] * mask[e];
           PV = dropped.data();
         }
         // dV (+)= P^T dC
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, Dv, s, 1.0f, PV, s, dC, HD, beta, dvg, V.v_ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, sk, Dv, s, 1.0f, PV, sk, dC, HD, beta, dvg, V.v_ld);
         // dP = dC V^T, then softmax backward dS = P * (dP - rowsum(P * dP)). Masked entries have
         // P = 0 and get dS = 0.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, s, Dv, 1.0f, dC, HD, vg, V.v_ld, 0.0f, dS.data(), s);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s, sk, Dv, 1.0f, dC, HD, vg, V.v_ld, 0.0f, dS.data(), sk);
         if (mask)  // through the dropout: d(P) = d(P * mask) * mask
-          for (int64_t e = 0; e < s * s; ++e) dS[e] *= mask[e];
+          for (int64_t e = 0; e < s * sk; ++e) dS[e] *= mask[e];
         for (int64_t r = 0; r < s; ++r) {
-          const float* p = P + r * s;
-          float* d = dS.data() + r * s;
-          const int64_t j0 = key_start ? key_start[bi * s + r] : 0;
+          const float* p = P + r * sk;
+          float* d = dS.data() + r * sk;
+          const int64_t j0 = keys.first(bi * s + r), j1 = keys.last(bi * s + r, r);
           double dot = 0.0;
-          for (int64_t j = j0; j <= r; ++j) dot += static_cast<double>(p[j]) * d[j];
+          for (int64_t j = j0; j <= j1; ++j) dot += static_cast<double>(p[j]) * d[j];
           const float dotf = static_cast<float>(dot);
-          for (int64_t j = j0; j <= r; ++j) d[j] = p[j] * (d[j] - dotf);
+          for (int64_t j = j0; j <= j1; ++j) d[j] = p[j] * (d[j] - dotf);
           for (int64_t j = 0; j < j0; ++j) d[j] = 0.0f;
-          for (int64_t j = r + 1; j < s; ++j) d[j] = 0.0f;
+          for (int64_t j = j1 + 1; j < sk; ++j) d[j] = 0.0f;
         }
         // dQ = scale * dS K (overwrite); dK (+)= scale * dS^T Q
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, Dqk, s, scale, dS.data(), s, kg, V.k_ld, 0.0f,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, Dqk, sk, scale, dS.data(), sk, kg, V.k_ld, 0.0f,
                     dq + bi * s * V.q_ld + V.q_col(h), V.q_ld);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, s, Dqk, s, scale, dS.data(), s,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, sk, Dqk, s, scale, dS.data(), sk,
                     q + bi * s * V.q_ld + V.q_col(h), V.q_ld, beta, dkg, V.k_ld);
       }
     }
@@ -166,7 +177,7 @@ HeadsView separate_view(const char* what, int64_t H, int64_t Dqk, int64_t Dv) {
 void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
                        int64_t D, float scale, const float* dropout_mask, const int32_t* key_start) {
   const QkvLayout L("attention", H, G, D);
-  attention_forward_view(qkv, qkv, qkv, fused_view(L), ctx, probs, b, s, scale, dropout_mask, key_start);
+  attention_forward_view(qkv, qkv, qkv, fused_view(L), ctx, probs, b, s, scale, dropout_mask, {s, key_start, nullptr});
 }
 
 void attention_backward(const float* qkv, const float* probs, const float* dctx, float* dqkv, int64_t b, int64_t s,
@@ -174,21 +185,44 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
                         const int32_t* key_start) {
   const QkvLayout L("attention", H, G, D);
   attention_backward_view(qkv, qkv, qkv, fused_view(L), probs, dctx, dqkv, dqkv, dqkv, b, s, scale, dropout_mask,
-                          key_start);
+                          {s, key_start, nullptr});
 }
 
 void separate_attention_forward(const float* q, const float* k, const float* v, float* ctx, float* probs, int64_t b,
                                 int64_t s, int64_t H, int64_t Dqk, int64_t Dv, float scale, const float* dropout_mask,
                                 const int32_t* key_start) {
   attention_forward_view(q, k, v, separate_view("separate_attention_forward", H, Dqk, Dv), ctx, probs, b, s, scale,
-                         dropout_mask, key_start);
+                         dropout_mask, {s, key_start, nullptr});
 }
 
 void separate_attention_backward(const float* q, const float* k, const float* v, const float* probs, const float* dctx,
                                  float* dq, float* dk, float* dv, int64_t b, int64_t s, int64_t H, int64_t Dqk,
                                  int64_t Dv, float scale, const float* dropout_mask, const int32_t* key_start) {
   attention_backward_view(q, k, v, separate_view("separate_attention_backward", H, Dqk, Dv), probs, dctx, dq, dk, dv,
-                          b, s, scale, dropout_mask, key_start);
+                          b, s, scale, dropout_mask, {s, key_start, nullptr});
+}
+
+void context_parallel_attention_forward(const float* qkv, const float* qkv_full, float* ctx, float* probs, int64_t b,
+                                        int64_t s, int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
+                                        const int32_t* query_positions) {
+  const QkvLayout L("context_parallel_attention", H, G, D);
+  for (int64_t t = 0; t < b * s; ++t)
+    if (query_positions[t] < 0 || query_positions[t] >= sk)
+      throw Error("context_parallel_attention: query " + std::to_string(t) + " at position " +
+                  std::to_string(query_positions[t]) + " outside the sequence of " + std::to_string(sk));
+  attention_forward_view(qkv, qkv_full, qkv_full, fused_view(L), ctx, probs, b, s, scale, nullptr,
+                         {sk, nullptr, query_positions});
+}
+
+void context_parallel_attention_backward(const float* qkv, const float* qkv_full, const float* probs,
+                                         const float* dctx, float* dqkv, float* dqkv_full, int64_t b, int64_t s,
+                                         int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
+                                         const int32_t* query_positions) {
+  const QkvLayout L("context_parallel_attention", H, G, D);
+  std::fill(dqkv, dqkv + b * s * L.row, 0.0f);  // (k and v slots: written to dqkv_full)
+  std::fill(dqkv_full, dqkv_full + b * sk * L.row, 0.0f);  // (q slots: written to dqkv)
+  attention_backward_view(qkv, qkv_full, qkv_full, fused_view(L), probs, dctx, dqkv, dqkv_full, dqkv_full, b, s,
+                          scale, nullptr, {sk, nullptr, query_positions});
 }
 
 }  // namespace laoyao::kernels::cpu

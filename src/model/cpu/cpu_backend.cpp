@@ -155,8 +155,32 @@ void CpuBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t f
 
 const int64_t* CpuBackend::rope_positions(const BatchShape& batch) {
   rope_positions_.resize(static_cast<size_t>(batch.T));
-  for (int64_t t = 0; t < batch.T; ++t) rope_positions_[static_cast<size_t>(t)] = t % batch.s;
+  const int32_t* cp = batch.cp_size > 1 ? cp_positions(batch) : nullptr;  // (Megatron's RoPE of the rank's chunks)
+  for (int64_t t = 0; t < batch.T; ++t) rope_positions_[static_cast<size_t>(t)] = cp ? cp[t] : t % batch.s;
   return rope_positions_.data();
+}
+
+const int32_t* CpuBackend::cp_positions(const BatchShape& batch) {
+  const int64_t c = batch.s / 2, n = batch.cp_size;
+  cp_positions_.resize(static_cast<size_t>(batch.T));
+  for (int64_t t = 0; t < batch.T; ++t) {
+    const int64_t i = t % batch.s, chunk = i < c ? batch.cp_rank : 2 * n - 1 - batch.cp_rank;
+    cp_positions_[static_cast<size_t>(t)] = static_cast<int32_t>(chunk * c + i % c);
+  }
+  return cp_positions_.data();
+}
+
+void CpuBackend::cp_gather_rows(const float* local, float* full, const BatchShape& batch, int64_t row) {
+  if (!cp_ || cp_->size() != batch.cp_size) throw Error("CpuBackend: context parallelism without its group");
+  const int64_t S = batch.s * batch.cp_size;
+  const int32_t* pos = cp_positions(batch);
+  std::fill(full, full + batch.b * S * row, 0.0f);
+  for (int64_t t = 0; t < batch.T; ++t) {
+    const int64_t bi = t / batch.s;
+    std::copy(local + t * row, local + (t + 1) * row, full + (bi * S + pos[t]) * row);
+  }
+  // (Gloo here has no all-gather: every rank's rows in place of zeros, summed.)
+  cp_->all_reduce_sum(full, static_cast<size_t>(batch.b * S * row));
 }
 
 void CpuBackend::qkv_prepare(Act qkv, int64_t q_norm, int64_t k_norm, Act qkv_attn, float* qk_rstd,
@@ -204,6 +228,17 @@ void CpuBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Batc
                                 const DropoutSpec& drop) {
   const GptConfig& c = lc_;
   std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
+  if (batch.cp_size > 1) {  // this rank's queries against the whole sequences' keys
+    if (drop.p > 0 || batch.key_start) throw Error("CpuBackend: context parallelism with attention dropout or documents");
+    const int64_t row = c.qkv_width(), S = batch.s * batch.cp_size;
+    float* full = scratch(cp_full_, batch.b * S * row);
+    cp_gather_rows(F(qkv_attn), full, batch, row);
+    probs.resize(static_cast<size_t>(batch.b * c.heads * batch.s * S));
+    k::context_parallel_attention_forward(F(qkv_attn), full, F(ctx), probs.data(), batch.b, batch.s, S, c.heads,
+                                          c.query_groups, c.kv_channels,
+                                          1.0f / std::sqrt(static_cast<float>(c.kv_channels)), cp_positions(batch));
+    return;
+  }
   probs.resize(static_cast<size_t>(batch.b * c.heads * batch.s * batch.s));
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
   k::attention_forward(F(qkv_attn), F(ctx), probs.data(), batch.b, batch.s, c.heads, c.query_groups, c.kv_channels,
@@ -214,6 +249,21 @@ void CpuBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, 
                                          const DropoutSpec& drop) {
   const GptConfig& c = lc_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
+  if (batch.cp_size > 1) {
+    // The keys' and values' gradients from every rank's queries, summed; this rank keeps its rows.
+    const int64_t row = c.qkv_width(), S = batch.s * batch.cp_size;
+    float* full = scratch(cp_full_, batch.b * S * row);
+    float* dfull = scratch(cp_dfull_, batch.b * S * row);
+    cp_gather_rows(F(qkv_attn), full, batch, row);
+    const int32_t* pos = cp_positions(batch);
+    k::context_parallel_attention_backward(F(qkv_attn), full, probs_.at(static_cast<size_t>(layer)).data(), F(dctx),
+                                           F(dqkv), dfull, batch.b, batch.s, S, c.heads, c.query_groups,
+                                           c.kv_channels, scale, pos);
+    cp_->all_reduce_sum(dfull, static_cast<size_t>(batch.b * S * row));
+    for (int64_t t = 0; t < batch.T; ++t)
+      k::add_inplace(F(dqkv) + t * row, dfull + ((t / batch.s) * S + pos[t]) * row, row);
+    return;
+  }
   k::attention_backward(F(qkv_attn), probs_.at(static_cast<size_t>(layer)).data(), F(dctx), F(dqkv), batch.b, batch.s,
                         c.heads, c.query_groups, c.kv_channels, scale, attention_mask(drop, batch), batch.key_start);
 }

@@ -27,6 +27,8 @@ class CpuBackend final : public Backend {
   }
   // The MoE layers' ops (null for a dense model).
   void set_moe(CpuMoeLayers* moe) { moe_ = moe; }
+  // Context parallelism: the group whose ranks hold the other chunks of each sequence.
+  void set_context_parallel(dist::ProcessGroup* cp) { cp_ = cp; }
 
   size_t activation_bytes() const override { return sizeof(float); }
   void* reserve_activations(size_t bytes) override;
@@ -92,6 +94,10 @@ class CpuBackend final : public Backend {
   // The attention dropout mask of this shape (0 or 1/(1-p) per probability), or null without dropout.
   const float* attention_mask(const DropoutSpec& drop, const BatchShape& batch);
   const int64_t* rope_positions(const BatchShape& batch);
+  // Context parallelism: each local token's place in its sequence, and the whole sequences' fused
+  // QKV rows gathered from the group's ranks into full [b * s * cp, row].
+  const int32_t* cp_positions(const BatchShape& batch);
+  void cp_gather_rows(const float* local, float* full, const BatchShape& batch, int64_t row);
 
   const GptConfig& lc_;
   dist::ProcessGroup* tp_;
@@ -105,6 +111,9 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> rope_positions_;           // t % s: Megatron builds RoPE for positions 0..s-1
   std::vector<std::vector<float>> probs_;         // per layer [b, heads, s, s]
   std::vector<float> mask_, norm_dx_, dg_, dqk_;  // scratch
+  dist::ProcessGroup* cp_ = nullptr;
+  std::vector<int32_t> cp_positions_;
+  std::vector<float> cp_full_, cp_dfull_;
 };
 
 }  // namespace laoyao::model

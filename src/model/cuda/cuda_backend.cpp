@@ -38,6 +38,7 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     missing.push_back("LoRA on a Mixture-of-Experts model (peft.scheme lora)");
   if (c.mla) missing.push_back("multi-latent attention (its CPU ops are built; the GPU's are not yet)");
   if (c.mtp_num_layers > 0) missing.push_back("multi-token prediction (built on the CPU backend only)");
+  if (c.context_parallel > 1) missing.push_back("context parallelism (built on the CPU backend only)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
