@@ -182,6 +182,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"--position-embedding-type", Kind::Value, "model.position_embedding_type"},
       {"--rope-type", Kind::Value, "model.rope_type"},
       {"--cp-comm-type", Kind::Value, "model.cp_comm_type"},
+      {"--hierarchical-context-parallel-sizes", Kind::Refuse, nullptr,
+       "hierarchical context parallelism (a2a+p2p) is not implemented"},
       {"--use-rotary-position-embeddings", Kind::True, nullptr, nullptr,
        [](State& s, const std::vector<std::string>&) { s.set_text("model.position_embedding_type", "rope"); }},
       {"--no-position-embedding", Kind::True, nullptr, nullptr,

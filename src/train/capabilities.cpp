@@ -17,7 +17,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   if (m.context_parallel_size > 1) {  // (CPU ranks, dense models with the fused attention, so far)
     const std::string cp = "context parallelism (model.context_parallel_size " +
                            std::to_string(m.context_parallel_size) + ") with ";
-    if (m.tensor_model_parallel_size > 1) out.push_back(cp + "tensor parallelism");
     if (m.num_moe_experts && *m.num_moe_experts > 0) out.push_back(cp + "Mixture of Experts");
     if (m.multi_latent_attention) out.push_back(cp + "multi-latent attention");
     if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(cp + "multi-token prediction");

@@ -809,8 +809,8 @@ TEST(Launch, TwoNodesMeetOverTheMasterPortWithoutASharedFolder) {
 }
 
 // Context parallelism over CPU ranks (each rank two of every sequence's 2 x CP chunks, attention
-// over the whole sequence's keys): CP=2, CP=4 and CP=2 x DP=2 with the distributed optimizer print
-// one rank's losses and grad norms; a CP=2 checkpoint resumes on one rank and a one-rank checkpoint
+// over the whole sequence's keys): CP=2, CP=4, CP=2 x DP=2 with the distributed optimizer and
+// TP=2 x CP=2 with sequence parallelism print one rank's losses and grad norms; a CP=2 checkpoint resumes on one rank and a one-rank checkpoint
 // at CP=2; what it does not take yet is refused by name.
 TEST(Launch, ContextParallelCpuRanksReproduceOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_cp");
@@ -824,7 +824,8 @@ TEST(Launch, ContextParallelCpuRanksReproduceOneRank) {
   const std::vector<std::pair<const char*, std::vector<std::string>>> runs = {
       {"2", {"--context-parallel-size", "2"}},
       {"4", {"--context-parallel-size", "4", "--cp-comm-type", "all_gather"}},
-      {"4", {"--context-parallel-size", "2", "--use-distributed-optimizer"}}};
+      {"4", {"--context-parallel-size", "2", "--use-distributed-optimizer"}},
+      {"4", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}}};
   for (const auto& [n, extra] : runs) {
     const auto r = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
     ASSERT_EQ(r.status, 0) << r.output;
@@ -850,14 +851,13 @@ TEST(Launch, ContextParallelCpuRanksReproduceOneRank) {
                        "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   expect_resumed_tail(resumed.output, want, 1e-5, "one rank resumed at CP=2");
-  // Refused by name: a sequence that does not split into 2 x CP chunks, CP with TP, a2a.
+  // Refused by name: a sequence that does not split into 2 x CP chunks, CP with experts, a2a.
   for (const auto& [extra, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--context-parallel-size", "2", "--seq-length", "30", "--max-position-embeddings", "30"},
             "must be divisible by 2 x --context-parallel-size (4)"},
-           {{"--context-parallel-size", "2", "--tensor-model-parallel-size", "2"}, "with tensor parallelism"},
+           {{"--context-parallel-size", "2", "--num-experts", "4"}, "with Mixture of Experts"},
            {{"--context-parallel-size", "2", "--cp-comm-type", "a2a"}, "--cp-comm-type a2a"}}) {
-    const std::string n = extra.size() > 2 && extra[2] == "--tensor-model-parallel-size" ? "4" : "2";
-    const auto r = run_laoyao(on_ranks(n.c_str(), one, extra), dir, "LAOYAO_DEVICE=cpu");
+    const auto r = run_laoyao(on_ranks("2", one, extra), dir, "LAOYAO_DEVICE=cpu");
     EXPECT_NE(r.status, 0) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
   }
