@@ -266,7 +266,7 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   net_->forward(step_, losses);
   forwarded_ = true;
   // Megatron logs a training forward's MTP losses: the masked mean, scaled as the main loss is.
-  if (train_step && key.training)
+  if (train_step)
     for (size_t k = 0; k < mtp_batches_.size(); ++k) {
       const MtpBatch& m = mtp_batches_[k];
       double sum = 0, count = 0;

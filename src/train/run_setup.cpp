@@ -241,9 +241,6 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
       throw UsageError("model.mtp_num_layers (--mtp-num-layers) with model.calculate_per_token_loss "
                        "(--calculate-per-token-loss) is not built yet");
     if (c.peft.scheme) throw UsageError("PEFT (peft.scheme) with multi-token prediction is not built yet");
-    if (m.num_moe_experts && *m.num_moe_experts > 0 && m.expert_model_parallel_size > 1)
-      throw UsageError("model.mtp_num_layers (--mtp-num-layers) with expert parallelism is not built yet (accepted: "
-                       "expert_model_parallel_size 1)");
   } else if (m.mtp_num_layers && *m.mtp_num_layers < 0) {
     throw UsageError("model.mtp_num_layers (--mtp-num-layers) " + std::to_string(*m.mtp_num_layers) +
                      " (accepted: a positive number, or none)");

@@ -667,7 +667,7 @@ TEST(Launch, TheDeepseekV2LiteRecipeTrainsShrunkAloneAndOverTpAndEpRanks) {
 
 // Multi-token prediction (--mtp-num-layers 2): its losses printed after the lm loss as Megatron's
 // "mtp_1 loss" / "mtp_2 loss"; two data-parallel CPU ranks print one rank's; a checkpoint saved
-// after iteration 2 resumes to the same losses.
+// after iteration 2 resumes to the same losses; an MoE model's MTP layer under expert parallelism.
 TEST(Launch, MultiTokenPredictionLogsItsLossesAndDataParallelRanksReproduceOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_mtp");
   const std::vector<std::string> one =
@@ -701,6 +701,24 @@ TEST(Launch, MultiTokenPredictionLogsItsLossesAndDataParallelRanksReproduceOneRa
   const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   expect_resumed_tail(resumed.output, want, 1e-6, "resumed with MTP layers");
+  // An MoE model's MTP layer is an MoE layer: without dropout, on one rank and at EP=2 the same
+  // losses, the MTP loss among them.
+  const std::vector<std::string> moe =
+      tiny_run({"--train-iters", "3", "--mtp-num-layers", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
+                "--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0.01", "--disable-bias-linear",
+                "--swiglu"});
+  const auto moe_one = run_laoyao(moe, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(moe_one.status, 0) << moe_one.output;
+  const auto moe_mtp = mtp_losses(moe_one.output);
+  ASSERT_EQ(moe_mtp.size(), 3u) << moe_one.output;
+  for (double x : moe_mtp) EXPECT_GT(x, 1.0) << moe_one.output;
+  const auto ep = run_laoyao(on_ranks("2", moe, {"--expert-model-parallel-size", "2"}), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(ep.status, 0) << ep.output;
+  const auto ep_mtp = mtp_losses(ep.output), ep_lm = losses_in(ep.output), moe_lm = losses_in(moe_one.output);
+  ASSERT_EQ(ep_mtp.size(), moe_mtp.size()) << ep.output;
+  for (size_t i = 0; i < moe_mtp.size(); ++i) EXPECT_NEAR(ep_mtp[i], moe_mtp[i], 1e-5 * moe_mtp[i]) << i;
+  ASSERT_EQ(ep_lm.size(), moe_lm.size()) << ep.output;
+  for (size_t i = 0; i < moe_lm.size(); ++i) EXPECT_NEAR(ep_lm[i], moe_lm[i], 1e-5 * moe_lm[i]) << i;
 }
 
 // The DeepSeek-V3 recipe (MLA with a q latent, 3 dense layers then the sigmoid router with its

@@ -83,7 +83,7 @@ TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
     std::vector<float> r(T), losses(T);
     for (int64_t t = 0; t < T; ++t) r[t] = mask[t] * std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
     MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data(), nullptr, mask.data()};
-    const DropoutKey key{99, 5, true};  // (a training forward, no dropout: its MTP losses are logged)
+    const DropoutKey key{99, 5, false};  // (no dropout; a training forward's MTP losses are logged)
     const double weight = tc.cfg.mtp_loss_scaling_factor / static_cast<double>(tc.cfg.mtp_num_layers);
     auto objective = [&] {
       m.forward(mb, key, losses.data(), true);
