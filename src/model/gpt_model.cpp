@@ -192,6 +192,7 @@ void GptModel::finalize_grads() {
   if (!sequence_parallel()) return;
   // Each rank's norm weights and biases saw only its share of the sequence.
   std::vector<int64_t> offs = {layout_.final_w, layout_.final_b};
+  for (const auto& M : layout_.mtp) offs.insert(offs.end(), {M.final_w, M.final_b});  // (on each rank's rows too)
   for (const auto& L : layout_.layers) offs.insert(offs.end(), {L.ln1_w, L.ln1_b, L.ln2_w, L.ln2_b});
   for (int64_t off : offs) {
     if (off < table_.trainable_offset) continue;  // none, or frozen

@@ -231,12 +231,9 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   if (m.multi_latent_attention) mla_spec(c, g);
   g.context_parallel = m.context_parallel_size;
   if (m.mtp_num_layers && *m.mtp_num_layers > 0) {
-    // Megatron-Core's multi-token prediction, on one tensor-parallel rank for now.
+    // Megatron-Core's multi-token prediction.
     g.mtp_num_layers = *m.mtp_num_layers;
     g.mtp_loss_scaling_factor = m.mtp_loss_scaling_factor;
-    if (m.tensor_model_parallel_size > 1)
-      throw UsageError("model.mtp_num_layers (--mtp-num-layers) with tensor parallelism (tensor_model_parallel_size " +
-                       std::to_string(m.tensor_model_parallel_size) + ") is not built yet (accepted: 1)");
     if (m.calculate_per_token_loss)
       throw UsageError("model.mtp_num_layers (--mtp-num-layers) with model.calculate_per_token_loss "
                        "(--calculate-per-token-loss) is not built yet");

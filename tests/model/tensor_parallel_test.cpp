@@ -300,6 +300,19 @@ TEST(TensorParallel, MultiLatentAttentionMatchesOneRank) {
   check_tensor_parallel_model(c, {2});
 }
 
+// Multi-token prediction: the embedding, norms and eh_proj of its layers whole on every rank, their
+// transformer layers split as the decoder's, the output layer vocabulary-parallel.
+TEST(TensorParallel, MultiTokenPredictionMatchesOneRank) {
+  if (!dist::gloo_built()) GTEST_SKIP() << "built without Gloo";
+  GptConfig c = tiny_gpt();
+  c.mtp_num_layers = 2, c.mtp_loss_scaling_factor = 0.5;
+  check_tensor_parallel_model(c, {2, 4});
+  c.sequence_parallel = true;
+  c.norm = Norm::RMSNorm, c.activation = Activation::SwiGLU, c.positions = Positions::Rope;
+  c.query_groups = 2, c.tied_embeddings = false, c.add_bias_linear = false, c.add_qkv_bias = false;
+  check_tensor_parallel_model(c, {2});
+}
+
 // LoRA: the column-parallel layers' adapters with linear_in whole and linear_out split as the
 // layer's rows, the row-parallel ones' with linear_in split as the layer's columns and linear_out
 // whole; the whole adapters' gradients summed over the group (finalize_grads).

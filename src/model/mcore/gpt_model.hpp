@@ -277,7 +277,9 @@ class TransformerBlock {
 // of the ids rolled k + 1 ahead: h_k = final_layernorm(TransformerLayer(eh_proj([enorm(embedding),
 // hnorm(h)]))), and its loss is the shared output layer's cross entropy on the labels rolled alike.
 // The embedding and output layer are GPTModel's (the word embedding shared, its gradient too).
-// One tensor-parallel rank only (model_config refuses the rest).
+// Under tensor parallelism the embedding, the norms and eh_proj run on the whole sequence on every
+// rank (replicated, their gradients the same on each), the transformer layer as the decoder's (on
+// this rank's rows under sequence parallelism), the output layer vocabulary-parallel.
 class MultiTokenPredictionBlock {
  public:
   explicit MultiTokenPredictionBlock(const ModuleContext& m);
@@ -290,17 +292,20 @@ class MultiTokenPredictionBlock {
 
  private:
   struct Layer {
-    Act e, en, hn, cat, y, h, logits;  // embedding, the two norms, [en, hn], layer output, final norm, logits
+    // embedding, the two norms, [en, hn], eh_proj's output (whole; sequence parallel), the layer's
+    // output (this rank's rows), final_layernorm's (whole), the logits
+    Act e, en, hn, cat, x, y, h, logits;
     float *en_mean = nullptr, *en_rstd = nullptr, *hn_mean = nullptr, *hn_rstd = nullptr;
     float *h_mean = nullptr, *h_rstd = nullptr, *ce_stats = nullptr;
   };
   const MtpOffsets& M(size_t k) const { return m_.params.mtp[k]; }
-  tp::Shard vocab() const { return {0, m_.local.vocab}; }
+  tp::Shard vocab() const { return {m_.tp.rank * m_.local.vocab, m_.local.vocab}; }
   Act half(Act a) const;  // a, hidden-size elements on (the second half of a [.., 2h] row)
   const ModuleContext& m_;
   std::vector<TransformerLayer> layers_;
   std::vector<Layer> acts_;
   Act dh_, carry_, dcat_, den_, dhn_, de_, dh0_;  // backward: [T, h] each but dcat_ [T, 2h]
+  Act dx_;  // sequence parallel: the layer's input gradient, all-gathered [T, h]
 };
 
 class GPTModel {
