@@ -828,7 +828,8 @@ TEST(Launch, TwoNodesMeetOverTheMasterPortWithoutASharedFolder) {
 
 // Context parallelism over CPU ranks (each rank two of every sequence's 2 x CP chunks, attention
 // over the whole sequence's keys): CP=2, CP=4, CP=2 x DP=2 with the distributed optimizer and
-// TP=2 x CP=2 with sequence parallelism print one rank's losses and grad norms; a CP=2 checkpoint resumes on one rank and a one-rank checkpoint
+// TP=2 x CP=2 with sequence parallelism print one rank's losses and grad norms, CP=2 with dropout
+// too; a CP=2 checkpoint resumes on one rank and a one-rank checkpoint
 // at CP=2; what it does not take yet is refused by name.
 TEST(Launch, ContextParallelCpuRanksReproduceOneRank) {
   const std::string dir = laoyao::test::fresh_dir("launch_cp");
@@ -852,6 +853,17 @@ TEST(Launch, ContextParallelCpuRanksReproduceOneRank) {
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << n << " " << extra[1];
     EXPECT_EQ(grad_norms_in(r.output), want_norms) << n << " " << extra[1];
   }
+  // With dropout (Megatron-LM's 0.1 defaults): the masks are the whole model's, sliced.
+  const std::vector<std::string> dropout = tiny_run({"--train-iters", "3", "--position-embedding-type", "rope"});
+  const auto drop_one = run_laoyao(dropout, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(drop_one.status, 0) << drop_one.output;
+  const auto drop_cp = run_laoyao(on_ranks("2", dropout, {"--context-parallel-size", "2"}), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(drop_cp.status, 0) << drop_cp.output;
+  const auto drop_want = losses_in(drop_one.output), drop_got = losses_in(drop_cp.output);
+  ASSERT_EQ(drop_got.size(), drop_want.size()) << drop_cp.output;
+  for (size_t i = 0; i < drop_want.size(); ++i)
+    EXPECT_NEAR(drop_got[i], drop_want[i], 1e-5 * std::abs(drop_want[i])) << "with dropout, value " << i;
+  EXPECT_NE(drop_want, want) << "dropout changed nothing";
   // Saved at CP=2 after iteration 2, resumed on one rank; saved on one rank, resumed at CP=2.
   ASSERT_EQ(run_laoyao(on_ranks("2", one, {"--context-parallel-size", "2", "--save", dir + "/cp2", "--save-interval",
                                            "2", "--exit-interval", "2"}),

@@ -204,25 +204,25 @@ void separate_attention_backward(const float* q, const float* k, const float* v,
 
 void context_parallel_attention_forward(const float* qkv, const float* qkv_full, float* ctx, float* probs, int64_t b,
                                         int64_t s, int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                        const int32_t* query_positions) {
+                                        const int32_t* query_positions, const float* dropout_mask) {
   const QkvLayout L("context_parallel_attention", H, G, D);
   for (int64_t t = 0; t < b * s; ++t)
     if (query_positions[t] < 0 || query_positions[t] >= sk)
       throw Error("context_parallel_attention: query " + std::to_string(t) + " at position " +
                   std::to_string(query_positions[t]) + " outside the sequence of " + std::to_string(sk));
-  attention_forward_view(qkv, qkv_full, qkv_full, fused_view(L), ctx, probs, b, s, scale, nullptr,
+  attention_forward_view(qkv, qkv_full, qkv_full, fused_view(L), ctx, probs, b, s, scale, dropout_mask,
                          {sk, nullptr, query_positions});
 }
 
 void context_parallel_attention_backward(const float* qkv, const float* qkv_full, const float* probs,
                                          const float* dctx, float* dqkv, float* dqkv_full, int64_t b, int64_t s,
                                          int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                         const int32_t* query_positions) {
+                                         const int32_t* query_positions, const float* dropout_mask) {
   const QkvLayout L("context_parallel_attention", H, G, D);
   std::fill(dqkv, dqkv + b * s * L.row, 0.0f);  // (k and v slots: written to dqkv_full)
   std::fill(dqkv_full, dqkv_full + b * sk * L.row, 0.0f);  // (q slots: written to dqkv)
   attention_backward_view(qkv, qkv_full, qkv_full, fused_view(L), probs, dctx, dqkv, dqkv_full, dqkv_full, b, s,
-                          scale, nullptr, {sk, nullptr, query_positions});
+                          scale, dropout_mask, {sk, nullptr, query_positions});
 }
 
 }  // namespace laoyao::kernels::cpu

@@ -73,16 +73,17 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
 // ---- a context-parallel rank's attention (fused QKV rows): its s queries of each sequence (rows of
 // qkv [b*s, row]) against the whole sequence's keys and values (qkv_full [b*sk, row], every rank's
 // rows in sequence order); query t sees keys 0 .. query_positions[t] (its place in the sequence,
-// causal). probs [b, H, s, sk]. No dropout, no documents. The backward overwrites dqkv (the q slots;
+// causal). probs [b, H, s, sk]; dropout_mask (null: none) the same shape. No documents. The
+// backward overwrites dqkv (the q slots;
 // k and v slots zero) and dqkv_full (the k and v slots this rank's queries give every key; q slots
 // zero): the ranks' dqkv_full summed, each rank adds its rows to its dqkv.
 void context_parallel_attention_forward(const float* qkv, const float* qkv_full, float* ctx, float* probs, int64_t b,
                                         int64_t s, int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                        const int32_t* query_positions);
+                                        const int32_t* query_positions, const float* dropout_mask = nullptr);
 void context_parallel_attention_backward(const float* qkv, const float* qkv_full, const float* probs,
                                          const float* dctx, float* dqkv, float* dqkv_full, int64_t b, int64_t s,
                                          int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                         const int32_t* query_positions);
+                                         const int32_t* query_positions, const float* dropout_mask = nullptr);
 
 // ---- the same attention on separate q [T, H*Dqk], k [T, H*Dqk], v [T, H*Dv] (one k and v per
 // head) into ctx [T, H*Dv]: multi-latent attention's, whose q/k and v head dims differ. probs,

@@ -218,7 +218,7 @@ void CpuBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_t
 
 const float* CpuBackend::attention_mask(const DropoutSpec& drop, const BatchShape& batch) {
   if (drop.p <= 0) return nullptr;
-  const int64_t n = batch.b * lc_.heads * batch.s * batch.s;
+  const int64_t n = batch.b * lc_.heads * batch.s * batch.s * batch.cp_size;  // (keys: the whole sequence's)
   float* mask = scratch(mask_, n);
   for (int64_t i = 0; i < n; ++i) mask[i] = dropout_factor_host(drop, static_cast<uint64_t>(i));
   return mask;
@@ -229,14 +229,15 @@ void CpuBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Batc
   const GptConfig& c = lc_;
   std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
   if (batch.cp_size > 1) {  // this rank's queries against the whole sequences' keys
-    if (drop.p > 0 || batch.key_start) throw Error("CpuBackend: context parallelism with attention dropout or documents");
+    if (batch.key_start) throw Error("CpuBackend: context parallelism with documents");
     const int64_t row = c.qkv_width(), S = batch.s * batch.cp_size;
     float* full = scratch(cp_full_, batch.b * S * row);
     cp_gather_rows(F(qkv_attn), full, batch, row);
     probs.resize(static_cast<size_t>(batch.b * c.heads * batch.s * S));
     k::context_parallel_attention_forward(F(qkv_attn), full, F(ctx), probs.data(), batch.b, batch.s, S, c.heads,
                                           c.query_groups, c.kv_channels,
-                                          1.0f / std::sqrt(static_cast<float>(c.kv_channels)), cp_positions(batch));
+                                          1.0f / std::sqrt(static_cast<float>(c.kv_channels)), cp_positions(batch),
+                                          attention_mask(drop, batch));
     return;
   }
   probs.resize(static_cast<size_t>(batch.b * c.heads * batch.s * batch.s));
@@ -258,7 +259,7 @@ void CpuBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, 
     const int32_t* pos = cp_positions(batch);
     k::context_parallel_attention_backward(F(qkv_attn), full, probs_.at(static_cast<size_t>(layer)).data(), F(dctx),
                                            F(dqkv), dfull, batch.b, batch.s, S, c.heads, c.query_groups,
-                                           c.kv_channels, scale, pos);
+                                           c.kv_channels, scale, pos, attention_mask(drop, batch));
     cp_->all_reduce_sum(dfull, static_cast<size_t>(batch.b * S * row));
     for (int64_t t = 0; t < batch.T; ++t)
       k::add_inplace(F(dqkv) + t * row, dfull + ((t / batch.s) * S + pos[t]) * row, row);

@@ -136,7 +136,7 @@ void GPTModel::embedding_forward(const Step& st, Act out) {
     if (!st.positions) throw Error("GPTModel: learned positions need position ids");
     be.embedding(st.positions, ctx_.params.pos_emb, x, T, h, {0, ctx_.local.max_positions}, true);
   }
-  be.dropout(x, x, T * h, st.dropout(ctx_.local.hidden_dropout, "dropout.embedding"));
+  be.dropout(x, x, T * h, context_parallel_rows(st.dropout(ctx_.local.hidden_dropout, "dropout.embedding"), st, h));
   if (ctx_.sp()) be.sp_slice(x, out, st.batch, h);
 }
 
@@ -148,7 +148,7 @@ void GPTModel::embedding_backward(const Step& st, Act dx) {
     be.sp_gather(dx, emb_full_, st.batch, h);
     d = emb_full_;
   }
-  be.dropout(d, d, T * h, st.dropout(ctx_.local.hidden_dropout, "dropout.embedding"));
+  be.dropout(d, d, T * h, context_parallel_rows(st.dropout(ctx_.local.hidden_dropout, "dropout.embedding"), st, h));
   be.embedding_backward(st.tokens, d, ctx_.params.word_emb, T, h, vocab());
   if (ctx_.params.pos_emb >= 0)
     be.embedding_backward(st.positions, d, ctx_.params.pos_emb, T, h, {0, ctx_.local.max_positions});

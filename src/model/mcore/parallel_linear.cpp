@@ -14,16 +14,26 @@ std::string dropout_site(int64_t layer, const char* what) {
 }
 
 DropoutSpec attention_dropout(const ModuleContext& m, const Step& st, int64_t layer) {
-  const uint64_t whole_run = static_cast<uint64_t>(m.whole.heads * st.batch.s * st.batch.s);
-  return sliced(st.dropout(m.local.attention_dropout, dropout_site(layer, "probs")), whole_run,
-                static_cast<uint64_t>(m.tp.rank), static_cast<uint64_t>(m.tp.size));
+  // [b, heads, queries, keys]: under context parallelism this rank's query rows of every key.
+  const int64_t s = st.batch.s, keys = s * st.batch.cp_size;
+  const uint64_t whole_run = static_cast<uint64_t>(m.whole.heads * s * keys);
+  const DropoutSpec d = sliced(st.dropout(m.local.attention_dropout, dropout_site(layer, "probs")), whole_run,
+                               static_cast<uint64_t>(m.tp.rank), static_cast<uint64_t>(m.tp.size));
+  return context_parallel(d, static_cast<uint64_t>(s / 2 * keys), static_cast<uint64_t>(st.batch.cp_rank),
+                          static_cast<uint64_t>(st.batch.cp_size));
 }
 
 DropoutSpec hidden_dropout(const ModuleContext& m, const Step& st, const std::string& site) {
-  const DropoutSpec d = st.dropout(m.local.hidden_dropout, site);
-  if (!m.sp()) return d;
-  return sliced(d, static_cast<uint64_t>(st.batch.s * m.local.hidden), static_cast<uint64_t>(m.tp.rank),
-                static_cast<uint64_t>(m.tp.size));
+  DropoutSpec d = st.dropout(m.local.hidden_dropout, site);
+  if (m.sp())
+    d = sliced(d, static_cast<uint64_t>(st.batch.s * m.local.hidden), static_cast<uint64_t>(m.tp.rank),
+               static_cast<uint64_t>(m.tp.size));
+  return context_parallel_rows(d, st, m.local.hidden);
+}
+
+DropoutSpec context_parallel_rows(const DropoutSpec& d, const Step& st, int64_t width) {
+  return context_parallel(d, static_cast<uint64_t>(st.batch.s / 2 * width), static_cast<uint64_t>(st.batch.cp_rank),
+                          static_cast<uint64_t>(st.batch.cp_size));
 }
 
 void reduce_bias_dropout_add(const ModuleContext& m, const Step& st, int64_t b, Act residual, Act out,

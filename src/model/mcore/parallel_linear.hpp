@@ -15,6 +15,9 @@ std::string dropout_site(int64_t layer, const char* what);
 // This rank's heads of the whole model's attention dropout mask of layer `layer`.
 DropoutSpec attention_dropout(const ModuleContext& m, const Step& st, int64_t layer);
 
+// Context parallelism: d over [b, s, width] rows of this rank's chunks, as the whole sequences' mask.
+DropoutSpec context_parallel_rows(const DropoutSpec& d, const Step& st, int64_t width);
+
 // The hidden dropout of `site` on this rank's rows (its share of every sequence under sequence
 // parallelism: the whole model's mask, sliced).
 DropoutSpec hidden_dropout(const ModuleContext& m, const Step& st, const std::string& site);
