@@ -39,4 +39,36 @@ inline void expect_gradients_match_finite_differences(GptModel& m, const std::ve
   }
 }
 
+// Where a whole-model check starts: the model's parameters initialised (seed 7) with the norm
+// weights and biases moved off their defaults (so their gradients are exercised), and a micro-batch
+// of b random sequences of s tokens and labels, with loss weights r in [0.5, 1.5).
+struct GradientCheckBatch {
+  int64_t b = 2, s = 5;
+  std::vector<int64_t> tokens, labels, positions;
+  std::vector<float> r, losses;
+  MicroBatch micro_batch() const { return {b, s, tokens.data(), labels.data(), positions.data()}; }
+  // sum_t r_t * loss_t of a forward with `key`.
+  double weighted_loss(GptModel& m, const DropoutKey& key) {
+    m.forward(micro_batch(), key, losses.data());
+    double L = 0;
+    for (size_t t = 0; t < r.size(); ++t) L += static_cast<double>(r[t]) * losses[t];
+    return L;
+  }
+};
+
+inline GradientCheckBatch prepare_gradient_check(GptModel& m, std::mt19937& rng) {
+  init_parameters(m.table(), m.weights(), 7, false);
+  std::normal_distribution<float> N(0.0f, 0.3f);
+  for (const auto& p : m.table().specs)
+    if (p.init != Init::Normal && !p.buffer)
+      for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] += N(rng);
+  GradientCheckBatch g;
+  const int64_t T = g.b * g.s;
+  g.tokens.resize(T), g.labels.resize(T), g.positions.resize(T), g.r.resize(T), g.losses.resize(T);
+  std::uniform_int_distribution<int64_t> tok(0, m.config().vocab - 1);
+  for (int64_t t = 0; t < T; ++t) g.tokens[t] = tok(rng), g.labels[t] = tok(rng), g.positions[t] = t % g.s;
+  for (auto& x : g.r) x = std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
+  return g;
+}
+
 }  // namespace laoyao::model::test

@@ -111,29 +111,13 @@ TEST(MlaModel, BackwardMatchesFiniteDifferencesOfTheWholeModel) {
   for (const auto& tc : cases) {
     SCOPED_TRACE(tc.name);
     GptModel m(tc.cfg);
-    init_parameters(m.table(), m.weights(), 7, false);
     std::mt19937 rng(11);
-    std::normal_distribution<float> N(0.0f, 0.3f);  // norms and biases off their defaults
-    for (const auto& p : m.table().specs)
-      if (p.init != Init::Normal)
-        for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] += N(rng);
-    const int64_t b = 2, s = 5, T = b * s;
-    std::vector<int64_t> tokens(T), labels(T), positions(T);
-    std::uniform_int_distribution<int64_t> tok(0, tc.cfg.vocab - 1);
-    for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
-    std::vector<float> r(T), losses(T);
-    for (auto& x : r) x = std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
-    MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
-    DropoutKey key{99, 5, tc.training};
-    auto loss = [&] {
-      m.forward(mb, key, losses.data());
-      double L = 0;
-      for (int64_t t = 0; t < T; ++t) L += static_cast<double>(r[t]) * losses[t];
-      return L;
-    };
+    auto g = laoyao::model::test::prepare_gradient_check(m, rng);
+    const DropoutKey key{99, 5, tc.training};
+    auto loss = [&] { return g.weighted_loss(m, key); };
     loss();
     m.zero_grads();
-    m.backward(r.data());
+    m.backward(g.r.data());
     std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
     for (const auto& p : m.table().specs) {  // every MLA parameter has a gradient
       double sq = 0;

@@ -68,27 +68,20 @@ TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
   for (const auto& tc : cases) {
     SCOPED_TRACE(tc.name);
     GptModel m(tc.cfg);
-    init_parameters(m.table(), m.weights(), 7, false);
     std::mt19937 rng(11);
-    std::normal_distribution<float> N(0.0f, 0.3f);
-    for (const auto& p : m.table().specs)
-      if (p.init != Init::Normal && !p.buffer)
-        for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] += N(rng);
-    const int64_t b = 2, s = 5, T = b * s;
-    std::vector<int64_t> tokens(T), labels(T), positions(T);
+    auto g = laoyao::model::test::prepare_gradient_check(m, rng);
+    const int64_t T = g.b * g.s;
     std::vector<float> mask(T);
-    std::uniform_int_distribution<int64_t> tok(0, tc.cfg.vocab - 1);
-    for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
     for (int64_t t = 0; t < T; ++t) mask[t] = t % 4 == 3 ? 0.0f : 1.0f;  // some labels left out
-    std::vector<float> r(T), losses(T);
-    for (int64_t t = 0; t < T; ++t) r[t] = mask[t] * std::uniform_real_distribution<float>(0.5f, 1.5f)(rng);
-    MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data(), nullptr, mask.data()};
+    for (int64_t t = 0; t < T; ++t) g.r[t] *= mask[t];
+    MicroBatch mb = g.micro_batch();
+    mb.loss_mask = mask.data();
     const DropoutKey key{99, 5, false};  // (no dropout; a training forward's MTP losses are logged)
     const double weight = tc.cfg.mtp_loss_scaling_factor / static_cast<double>(tc.cfg.mtp_num_layers);
     auto objective = [&] {
-      m.forward(mb, key, losses.data(), true);
+      m.forward(mb, key, g.losses.data(), true);
       double L = 0;
-      for (int64_t t = 0; t < T; ++t) L += static_cast<double>(r[t]) * losses[t];
+      for (int64_t t = 0; t < T; ++t) L += static_cast<double>(g.r[t]) * g.losses[t];
       for (double x : m.take_mtp_losses()) {
         EXPECT_TRUE(std::isfinite(x) && x > 0);
         L += weight * x;
@@ -99,7 +92,7 @@ TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
     };
     objective();
     m.zero_grads();
-    m.backward(r.data());
+    m.backward(g.r.data());
     (void)m.take_moe_losses();
     std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
     // (Steps of 1e-2 flip a token's top 2 experts here: a kink, not a gradient.)
