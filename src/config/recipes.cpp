@@ -310,9 +310,9 @@ ConfigContainer moe_2b_pretrain() {
   return c;
 }
 
-void deepseek_v2_lite_model(ModelConfig& m) {
-  m.num_layers = 27, m.hidden_size = 2048, m.ffn_hidden_size = 10944;
-  m.num_attention_heads = 16, m.num_query_groups = 16;
+// What Bridge's DeepSeek bridges set on every DeepSeek model: RMSNorm, SwiGLU, no biases, untied,
+// no dropout, multi-latent attention with its latent norms (qk_layernorm) and its head dims.
+void deepseek_common(ModelConfig& m) {
   m.normalization = "RMSNorm";
   m.layernorm_epsilon = 1e-6;
   m.gated_linear_unit = true;
@@ -321,11 +321,17 @@ void deepseek_v2_lite_model(ModelConfig& m) {
   m.hidden_dropout = m.attention_dropout = 0.0;
   m.share_embeddings_and_output_weights = false;
   m.qk_layernorm = true;
+  m.multi_latent_attention = true;
+  m.kv_lora_rank = 512, m.qk_head_dim = 128, m.qk_pos_emb_head_dim = 64, m.v_head_dim = 128;
+}
+
+void deepseek_v2_lite_model(ModelConfig& m) {
+  deepseek_common(m);
+  m.num_layers = 27, m.hidden_size = 2048, m.ffn_hidden_size = 10944;
+  m.num_attention_heads = 16, m.num_query_groups = 16;
   m.make_vocab_size_divisible_by = 3200;
   // MLA without q compression; YaRN positions (HF config values, bridge §4.3).
-  m.multi_latent_attention = true;
   m.q_lora_rank.reset();
-  m.kv_lora_rank = 512, m.qk_head_dim = 128, m.qk_pos_emb_head_dim = 64, m.v_head_dim = 128;
   m.position_embedding_type = "yarn";
   m.rotary_base = 10000;
   m.rotary_scaling_factor = 40.0, m.original_max_position_embeddings = 4096;
@@ -378,21 +384,12 @@ ConfigContainer deepseek_v2_lite_pretrain() {
 // 8 groups of which 4, scaled 2.5, the sequence-level aux loss at aux_loss_alpha, one MTP layer),
 // and the recipe's own settings (deepseek_v3_pretrain_1024gpu_h100_bf16_config).
 void deepseek_v3_model(ModelConfig& m) {
+  deepseek_common(m);
   m.num_layers = 61, m.hidden_size = 7168, m.ffn_hidden_size = 18432;
   m.num_attention_heads = 128, m.num_query_groups = 128;
-  m.normalization = "RMSNorm";
-  m.layernorm_epsilon = 1e-6;
-  m.gated_linear_unit = true;
-  m.activation_func = "silu";
-  m.add_bias_linear = false;
-  m.hidden_dropout = m.attention_dropout = 0.0;
-  m.share_embeddings_and_output_weights = false;
-  m.qk_layernorm = true;
   m.make_vocab_size_divisible_by = 1280;
   m.init_method_std = 0.006;
-  m.multi_latent_attention = true;
   m.q_lora_rank = 1536;
-  m.kv_lora_rank = 512, m.qk_head_dim = 128, m.qk_pos_emb_head_dim = 64, m.v_head_dim = 128;
   m.position_embedding_type = "rope";
   m.rope_type = "yarn";
   m.rotary_base = 10000;

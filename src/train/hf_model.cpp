@@ -87,6 +87,24 @@ class Fields {
   std::string source_;
 };
 
+// The fields of every RMSNorm / SwiGLU / RoPE architecture here: the MLP and vocabulary sizes, the
+// positions, the norm's epsilon, the activation, RoPE's base and the init std.
+void parse_rmsnorm_swiglu_rope(const Fields& f, HfModel& m) {
+  model::GptConfig& g = m.gpt;
+  g.ffn = f.integer("intermediate_size");
+  g.vocab = f.integer("vocab_size");
+  g.max_positions = f.integer("max_position_embeddings");
+  g.norm = model::Norm::RMSNorm;
+  m.norm_eps = f.number("rms_norm_eps", 1e-6);
+  g.norm_eps = static_cast<float>(m.norm_eps);
+  g.activation = model::Activation::SwiGLU;
+  const std::string act = f.string("hidden_act", "silu");
+  if (act != "silu") f.fail("hidden_act", "is \"" + act + "\"; Megatron's SwiGLU is silu");
+  g.positions = model::Positions::Rope;
+  g.rotary_base = f.number("rope_theta", 10000.0);
+  g.init_std = g.embedding_init_std = f.number("initializer_range", 0.02);
+}
+
 // Llama's and Qwen's common fields: RMSNorm, SwiGLU (silu), RoPE, GQA.
 void parse_llama_like(const Fields& f, HfModel& m) {
   model::GptConfig& g = m.gpt;
@@ -100,18 +118,7 @@ void parse_llama_like(const Fields& f, HfModel& m) {
   if (g.heads % g.query_groups != 0)
     f.fail("num_key_value_heads", std::to_string(g.query_groups) + " must divide num_attention_heads, " +
                                       std::to_string(g.heads));
-  g.ffn = f.integer("intermediate_size");
-  g.vocab = f.integer("vocab_size");
-  g.max_positions = f.integer("max_position_embeddings");
-  g.norm = model::Norm::RMSNorm;
-  m.norm_eps = f.number("rms_norm_eps", 1e-6);
-  g.norm_eps = static_cast<float>(m.norm_eps);
-  g.activation = model::Activation::SwiGLU;
-  const std::string act = f.string("hidden_act", "silu");
-  if (act != "silu") f.fail("hidden_act", "is \"" + act + "\"; Megatron's SwiGLU is silu");
-  g.positions = model::Positions::Rope;
-  g.rotary_base = f.number("rope_theta", 10000.0);
-  g.init_std = g.embedding_init_std = f.number("initializer_range", 0.02);
+  parse_rmsnorm_swiglu_rope(f, m);
   if (f.integer("pretraining_tp", 1) != 1) f.fail("pretraining_tp", "must be 1");
   if (f.has("rope_scaling")) {
     const json& rs = f.raw("rope_scaling");
@@ -181,18 +188,7 @@ void parse_deepseek(const Fields& f, HfModel& m) {
   g.heads = g.query_groups = f.integer("num_attention_heads");
   if (f.integer("num_key_value_heads", g.heads) != g.heads)
     f.fail("num_key_value_heads", "differs from num_attention_heads: multi-latent attention has a key per head");
-  g.ffn = f.integer("intermediate_size");
-  g.vocab = f.integer("vocab_size");
-  g.max_positions = f.integer("max_position_embeddings");
-  g.norm = model::Norm::RMSNorm;
-  m.norm_eps = f.number("rms_norm_eps", 1e-6);
-  g.norm_eps = static_cast<float>(m.norm_eps);
-  g.activation = model::Activation::SwiGLU;
-  const std::string act = f.string("hidden_act", "silu");
-  if (act != "silu") f.fail("hidden_act", "is \"" + act + "\"; Megatron's SwiGLU is silu");
-  g.positions = model::Positions::Rope;
-  g.rotary_base = f.number("rope_theta", 10000.0);
-  g.init_std = g.embedding_init_std = f.number("initializer_range", 0.02);
+  parse_rmsnorm_swiglu_rope(f, m);
   g.tied_embeddings = f.boolean("tie_word_embeddings", false);
   g.add_bias_linear = g.add_qkv_bias = false;
   if (f.boolean("attention_bias", false)) f.fail("attention_bias", "is true: MLA's projections have no biases");
