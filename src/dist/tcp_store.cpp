@@ -25,8 +25,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The wire: a request is op (1 byte: 'S' set, 'G' get, 'W' wait), the timeout in ms (8 bytes),
-// then length-prefixed strings (4-byte lengths): the key(s) and, for a set, the value. The reply is
-// a status byte ('+' done, '-' timed out) and, for a get, the length-prefixed value.
+// then length-prefixed strings (4-byte lengths): the key and, for a set, the value. The reply is a
+// status byte ('+' done, '-' timed out) and, for a get, the length-prefixed value.
 bool write_all(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -81,41 +81,30 @@ struct TcpStoreServer::State {
   std::vector<std::thread> handlers;
   std::vector<int> client_fds;
 
-  // Waits until every key is set or the deadline passes (false).
-  bool wait_for(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys, int64_t timeout_ms) {
+  // Waits until the key is set or the deadline passes (false).
+  bool wait_for(std::unique_lock<std::mutex>& lock, const std::string& key, int64_t timeout_ms) {
     const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    return changed.wait_until(lock, until, [&] {
-      if (stopping) return true;
-      for (const auto& k : keys)
-        if (!values.count(k)) return false;
-      return true;
-    }) && !stopping;
+    return changed.wait_until(lock, until, [&] { return stopping || values.count(key) > 0; }) && !stopping;
   }
 
   void serve(int fd) {
     for (;;) {
       char op = 0;
       int64_t timeout_ms = 0;
-      if (!read_all(fd, &op, 1) || !read_all(fd, &timeout_ms, sizeof timeout_ms)) break;
-      uint32_t nkeys = 0;
-      if (!read_all(fd, &nkeys, sizeof nkeys) || nkeys > (1u << 20)) break;
-      std::vector<std::string> keys(nkeys);
-      bool ok = true;
-      for (auto& k : keys) ok = ok && get_string(fd, k);
-      std::string value;
-      if (ok && op == 'S') ok = get_string(fd, value);
-      if (!ok || keys.empty()) break;
+      std::string key, value;
+      if (!read_all(fd, &op, 1) || !read_all(fd, &timeout_ms, sizeof timeout_ms) || !get_string(fd, key)) break;
+      if (op == 'S' && !get_string(fd, value)) break;
       std::vector<char> reply;
       {
         std::unique_lock<std::mutex> lock(mutex);
         if (op == 'S') {
-          values[keys[0]] = std::move(value);
+          values[key] = std::move(value);
           changed.notify_all();
           reply.push_back('+');
         } else if (op == 'G' || op == 'W') {
-          const bool found = wait_for(lock, keys, timeout_ms);
+          const bool found = wait_for(lock, key, timeout_ms);
           reply.push_back(found ? '+' : '-');
-          if (found && op == 'G') put_string(reply, values[keys[0]].data(), values[keys[0]].size());
+          if (found && op == 'G') put_string(reply, values[key].data(), values[key].size());
         } else {
           break;
         }
@@ -177,10 +166,6 @@ int TcpStoreServer::port() const { return state_->port; }
 
 // ---- the client
 
-struct TcpStoreClient::Lock {
-  std::mutex mutex;
-};
-
 namespace {
 
 // A connected socket to host:port, or -1 (errno's reason in `why`).
@@ -215,7 +200,7 @@ int try_connect(const std::string& host, int port, std::string& why) {
 }  // namespace
 
 TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : host_(host), port_(port), timeout_(timeout), lock_(std::make_unique<Lock>()) {
+    : host_(host), port_(port), timeout_(timeout) {
   const auto until = Clock::now() + timeout;
   std::string why = "no answer";
   auto pause = std::chrono::milliseconds(10);
@@ -237,11 +222,9 @@ std::vector<char> TcpStoreClient::request(char op, const std::string& key, const
   std::vector<char> msg;
   msg.push_back(op);
   put_bytes(msg, &timeout_ms, sizeof timeout_ms);
-  const uint32_t one = 1;
-  put_bytes(msg, &one, sizeof one);
   put_string(msg, key.data(), key.size());
   if (op == 'S') put_string(msg, value.data(), value.size());
-  std::lock_guard<std::mutex> lock(lock_->mutex);
+  std::lock_guard<std::mutex> lock(mutex_);
   char status = 0;
   if (!write_all(fd_, msg.data(), msg.size()) || !read_all(fd_, &status, 1))
     throw Error("the rendezvous store at " + address() + " closed the connection (rank 0, which serves it, stopped?)");
@@ -264,7 +247,6 @@ void TcpStoreClient::wait(const std::vector<std::string>& keys, std::chrono::mil
 }
 
 std::string local_address_towards(const std::string& host, int port) {
-  std::string why;
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,7 @@ class TcpStoreClient {
   int port_;
   std::chrono::milliseconds timeout_;
   int fd_ = -1;
-  struct Lock;
-  std::unique_ptr<Lock> lock_;
+  std::mutex mutex_;  // one request at a time on the connection
 };
 
 // The local address this host reaches `host` from (the interface the route to it leaves by),

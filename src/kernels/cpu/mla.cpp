@@ -12,6 +12,7 @@
 // and left in that order (mla_output_remove_interleaving off: q and k share the order, so their
 // dot products are those of the interleaved pairs). YaRN's mscale is in the table's cos and sin.
 // Each product is rounded to fp32, then the sum, as the unfused torch ops compute it.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -70,8 +71,6 @@ void mla_qkv_forward(const float* q, const float* kv, const float* k_pe, int64_t
   for (int64_t t = 0; t < T; ++t) {
     const float* c = table.cos.data() + positions[t] * half;
     const float* s = table.sin.data() + positions[t] * half;
-    std::vector<float> k_rot(static_cast<size_t>(dr));
-    rope_interleaved(k_pe + t * k_pe_ld, k_rot.data(), c, s, half, dr);
     for (int64_t h = 0; h < H; ++h) {
       const float* qh = q + (t * H + h) * dq;
       const float* kvh = kv + (t * H + h) * (dqk + dv);
@@ -79,7 +78,11 @@ void mla_qkv_forward(const float* q, const float* kv, const float* k_pe, int64_t
       float* ko = key + (t * H + h) * dq;
       for (int64_t d = 0; d < dqk; ++d) qo[d] = qh[d], ko[d] = kvh[d];
       rope_interleaved(qh + dqk, qo + dqk, c, s, half, dr);
-      for (int64_t d = 0; d < dr; ++d) ko[dqk + d] = k_rot[static_cast<size_t>(d)];
+      // The shared RoPE key: rotated once, into head 0's key, and copied to the others'.
+      if (h == 0)
+        rope_interleaved(k_pe + t * k_pe_ld, ko + dqk, c, s, half, dr);
+      else
+        for (int64_t d = 0; d < dr; ++d) ko[dqk + d] = key[t * H * dq + dqk + d];
       for (int64_t d = 0; d < dv; ++d) value[(t * H + h) * dv + d] = kvh[dqk + d];
     }
   }
@@ -90,26 +93,29 @@ void mla_qkv_backward(const float* dquery, const float* dkey, const float* dvalu
                       int64_t H, int64_t dqk, int64_t dr, int64_t dv) {
   check_mla_args("mla_qkv_backward", positions, table, T, H, dqk, dr, dv);
   const int64_t dq = dqk + dr, half = table.rot_dim / 2;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < T; ++t) {
-    const float* c = table.cos.data() + positions[t] * half;
-    const float* s = table.sin.data() + positions[t] * half;
-    // k_pe serves every head: its gradient is the heads' sum (in head order), then rotated back.
-    std::vector<double> sum(static_cast<size_t>(dr), 0.0);
-    std::vector<float> rot(static_cast<size_t>(dr)), back(static_cast<size_t>(dr));
-    for (int64_t h = 0; h < H; ++h) {
-      const float* dqo = dquery + (t * H + h) * dq;
-      const float* dko = dkey + (t * H + h) * dq;
-      float* dqh = dq_out + (t * H + h) * dq;
-      float* dkvh = dkv + (t * H + h) * (dqk + dv);
-      for (int64_t d = 0; d < dqk; ++d) dqh[d] = dqo[d], dkvh[d] = dko[d];
-      rope_interleaved_backward(dqo + dqk, dqh + dqk, c, s, half, dr);
-      for (int64_t d = 0; d < dr; ++d) sum[static_cast<size_t>(d)] += dko[dqk + d];
-      for (int64_t d = 0; d < dv; ++d) dkvh[dqk + d] = dvalue[(t * H + h) * dv + d];
+#pragma omp parallel
+  {
+    std::vector<double> sum(static_cast<size_t>(dr));  // (per thread, outside the token loop)
+    std::vector<float> rot(static_cast<size_t>(dr));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* c = table.cos.data() + positions[t] * half;
+      const float* s = table.sin.data() + positions[t] * half;
+      // k_pe serves every head: its gradient is the heads' sum (in head order), then rotated back.
+      std::fill(sum.begin(), sum.end(), 0.0);
+      for (int64_t h = 0; h < H; ++h) {
+        const float* dqo = dquery + (t * H + h) * dq;
+        const float* dko = dkey + (t * H + h) * dq;
+        float* dqh = dq_out + (t * H + h) * dq;
+        float* dkvh = dkv + (t * H + h) * (dqk + dv);
+        for (int64_t d = 0; d < dqk; ++d) dqh[d] = dqo[d], dkvh[d] = dko[d];
+        rope_interleaved_backward(dqo + dqk, dqh + dqk, c, s, half, dr);
+        for (int64_t d = 0; d < dr; ++d) sum[static_cast<size_t>(d)] += dko[dqk + d];
+        for (int64_t d = 0; d < dv; ++d) dkvh[dqk + d] = dvalue[(t * H + h) * dv + d];
+      }
+      for (int64_t d = 0; d < dr; ++d) rot[static_cast<size_t>(d)] = f32(sum[static_cast<size_t>(d)]);
+      rope_interleaved_backward(rot.data(), dk_pe + t * dk_pe_ld, c, s, half, dr);
     }
-    for (int64_t d = 0; d < dr; ++d) rot[static_cast<size_t>(d)] = f32(sum[static_cast<size_t>(d)]);
-    rope_interleaved_backward(rot.data(), back.data(), c, s, half, dr);
-    for (int64_t d = 0; d < dr; ++d) dk_pe[t * dk_pe_ld + d] = back[static_cast<size_t>(d)];
   }
 }
 
