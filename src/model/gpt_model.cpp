@@ -235,23 +235,11 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   st.tokens = tokens_.data(), st.labels = labels_.data();
   st.positions = positions_.empty() ? nullptr : positions_.data();
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;
-  // Multi-token prediction: ids, positions, labels and mask rolled left once more per layer
-  // (Megatron's roll_tensor: torch.roll, then a zero at each sequence's end).
-  mtp_batches_.resize(static_cast<size_t>(cfg_.mtp_num_layers));
-  for (size_t k = 0; k < mtp_batches_.size(); ++k) {
-    MtpBatch& m = mtp_batches_[k];
-    const int64_t shift = static_cast<int64_t>(k) + 1;
-    auto rolled = [&](auto& out, const auto* in) {
-      out.assign(static_cast<size_t>(T), 0);
-      if (!in) return;
-      for (int64_t r = 0; r < mb.b; ++r)
-        for (int64_t i = 0; i + shift < mb.s; ++i) out[static_cast<size_t>(r * mb.s + i)] = in[r * mb.s + i + shift];
-    };
-    rolled(m.tokens, mb.tokens), rolled(m.labels, mb.labels), rolled(m.positions, mb.positions);
-    std::vector<float> ones;
-    if (!mb.loss_mask) ones.assign(static_cast<size_t>(T), 1.0f);
-    rolled(m.mask, mb.loss_mask ? mb.loss_mask : ones.data());
-    m.losses.assign(static_cast<size_t>(T), 0.0f);
+  // Multi-token prediction: ids, positions, labels and mask rolled left once more per layer.
+  mtp_inputs_.resize(static_cast<size_t>(cfg_.mtp_num_layers));
+  for (size_t k = 0; k < mtp_inputs_.size(); ++k) {
+    MtpLayerInputs& m = mtp_inputs_[k];
+    roll_mtp_inputs(m, mb.b, mb.s, mb.tokens, mb.positions, mb.labels, mb.loss_mask, static_cast<int64_t>(k));
     st.mtp.push_back({m.tokens.data(), m.positions.data(), m.labels.data(), m.losses.data(), nullptr});
   }
   return st;
@@ -267,12 +255,8 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   forwarded_ = true;
   // Megatron logs a training forward's MTP losses: the masked mean, scaled as the main loss is.
   if (train_step)
-    for (size_t k = 0; k < mtp_batches_.size(); ++k) {
-      const MtpBatch& m = mtp_batches_[k];
-      double sum = 0, count = 0;
-      for (size_t t = 0; t < m.mask.size(); ++t) sum += static_cast<double>(m.losses[t]) * m.mask[t], count += m.mask[t];
-      mtp_losses_[k] += sum / std::max(count, 1.0) * static_cast<double>(moe_aux_loss_scale_);
-    }
+    for (size_t k = 0; k < mtp_inputs_.size(); ++k)
+      mtp_losses_[k] += mtp_masked_mean(mtp_inputs_[k]) * static_cast<double>(moe_aux_loss_scale_);
 }
 
 void GptModel::backward(const float* dloss) {
@@ -280,15 +264,10 @@ void GptModel::backward(const float* dloss) {
   if (moe_) moe_->count_training_forward();  // a training step's forward: its MoE losses are logged
   // Each MTP layer's loss weights: mtp_loss_scaling_factor / mtp_num_layers of its masked mean,
   // scaled as the main loss (Megatron's MTPLossAutoScaler with the main loss's backward scale).
-  for (size_t k = 0; k < mtp_batches_.size(); ++k) {
-    MtpBatch& m = mtp_batches_[k];
-    double count = 0;
-    for (float x : m.mask) count += x;
-    const double scale = cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers) /
-                         std::max(count, 1.0) * static_cast<double>(moe_aux_loss_scale_);
-    m.dloss.resize(m.mask.size());
-    for (size_t t = 0; t < m.mask.size(); ++t) m.dloss[t] = static_cast<float>(m.mask[t] * scale);
-    step_.mtp[k].dloss = m.dloss.data();
+  for (size_t k = 0; k < mtp_inputs_.size(); ++k) {
+    set_mtp_loss_weights(mtp_inputs_[k], cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers) *
+                                             static_cast<double>(moe_aux_loss_scale_));
+    step_.mtp[k].dloss = mtp_inputs_[k].dloss.data();
   }
   backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);
   net_->backward(step_, dloss, moe_aux_loss_scale_);

@@ -28,6 +28,7 @@
 #include "model/cpu/cpu_backend.hpp"
 #include "model/cpu/moe_layers_cpu.hpp"
 #include "model/mcore/gpt_model.hpp"
+#include "model/mtp_inputs.hpp"
 #include "model/parameters.hpp"
 
 namespace laoyao::model {
@@ -210,13 +211,8 @@ class GptModel {
   // The last forward's micro-batch (the backward reads it again) and its step.
   std::vector<int64_t> tokens_, labels_, positions_;
   std::vector<int32_t> key_start_;  // the micro-batch's documents (empty: plain causal)
-  // Multi-token prediction layer k's rolled ids, positions, labels and loss mask, its losses and
-  // their weights; the logged losses' sums.
-  struct MtpBatch {
-    std::vector<int64_t> tokens, positions, labels;
-    std::vector<float> mask, losses, dloss;
-  };
-  std::vector<MtpBatch> mtp_batches_;
+  // Multi-token prediction layers' inputs (model/mtp_inputs.hpp); the logged losses' sums.
+  std::vector<MtpLayerInputs> mtp_inputs_;
   std::vector<double> mtp_losses_;
   mcore::Step step_;
   bool forwarded_ = false;
