@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 
 declare_parts doctor tests parity parity_llama parity_fused moe moe_quick grouped recipes moe_dp2 \
   moe_ep_speed dp2 dp2_speed four four_moe tp2 ckpt attention gemm profile memory_ops ncu \
-  kernel_profile graph_gaps clocks phases bench hf
+  kernel_profile graph_gaps clocks phases bench hf mla
 # shellcheck disable=SC2034  # read by scripts/gpu_check.sh
 DEFAULT_PARTS=(doctor tests parity parity_llama parity_fused attention gemm profile bench)
 
@@ -103,6 +103,23 @@ declare_case parity_llama parity_yarn TEST 1 900 compare:parity_yarn_compare.txt
 # LoRA (peft.scheme lora) from the same pretrained base: the adapters' GEMMs, the frozen base.
 declare_case parity_llama parity_lora TEST 1 900 compare:parity_lora_compare.txt -- \
   lora_parity_run parity_lora "${small_llama[@]}" --rotary-base 500000 "${untied[@]}"
+
+# ---- mla: multi-latent attention (DeepSeek's) on the GPU: its kernel and model tests, then a
+# small MLA model (query latent, YaRN) trained on the CPU and the GPU, dense and with DeepSeek's
+# MoE layers (dense first layer, sigmoid routing with the expert bias, a shared expert).
+small_mla=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 256 --normalization RMSNorm
+           --swiglu --position-embedding-type yarn --rotary-scaling-factor 4 --multi-latent-attention
+           --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 32 --qk-pos-emb-head-dim 16 --v-head-dim 32
+           --attention-dropout 0 "${untied[@]}")
+declare_case mla mla_gpu_tests TEST 1 600 gtest:gpu_tests_mla.txt -- \
+  gpu_tests "$OUT/gpu_tests_mla.txt" 300 '*Mla*:*Separate*:*DeepseekHeadDims*:*UnequalHeadDims*'
+declare_case mla parity_mla TEST 1 900 compare:parity_mla_compare.txt -- \
+  parity_run parity_mla "${small_mla[@]}" --train-iters 20
+declare_case mla parity_mla_moe TEST 1 900 compare:parity_mla_moe_compare.txt -- \
+  parity_run parity_mla_moe "${small_mla[@]}" --hidden-dropout 0 --num-experts 8 --moe-router-topk 2 \
+  --moe-ffn-hidden-size 64 --moe-layer-freq '[0,1]' --moe-router-score-function sigmoid \
+  --moe-router-enable-expert-bias --moe-shared-expert-intermediate-size 64 --moe-router-topk-scaling-factor 2.5 \
+  --train-iters 20
 
 # The Llama-style config without attention dropout: auto picks cuDNN's fused attention (query heads
 # gathered: 2 heads share one group), hidden dropout still on.

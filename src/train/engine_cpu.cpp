@@ -124,13 +124,18 @@ BackendChoice choose_backend(const model::GptConfig& model) {
     return {false, ""};
   }
   const std::string gaps = cuda_backend_gaps(model);
-  // LoRA on the CUDA backend is built (its model tests and the CPU-vs-GPU and peft cases are
-  // declared) but has not yet run on a GPU: only when asked for by name.
-  if (gaps.empty() && model.lora) {
+  // Features the CUDA backend has built (their model tests and CPU-vs-GPU cases declared) but that
+  // have not yet run on a GPU: only when asked for by name.
+  std::string unchecked;
+  if (model.lora) unchecked = "LoRA";
+  if (model.mla) unchecked += std::string(unchecked.empty() ? "" : " and ") + "multi-latent attention";
+  if (gaps.empty() && !unchecked.empty()) {
     if (want == Device::kCuda)
-      return {true, "laoyao: LoRA on the CUDA backend has not yet been checked on a GPU (LAOYAO_DEVICE=cuda asked for it)"};
-    return {false, "laoyao: a GPU is visible, but LoRA on the CUDA backend has not yet been checked on a GPU: training "
-                   "on the CPU (LAOYAO_DEVICE=cuda runs it on the GPU)"};
+      return {true, "laoyao: " + unchecked +
+                        " on the CUDA backend has not yet been checked on a GPU (LAOYAO_DEVICE=cuda asked for it)"};
+    return {false, "laoyao: a GPU is visible, but " + unchecked +
+                       " on the CUDA backend has not yet been checked on a GPU: training on the CPU (LAOYAO_DEVICE=cuda "
+                       "runs it on the GPU)"};
   }
   if (gaps.empty()) return {true, ""};
   if (want == Device::kCuda)

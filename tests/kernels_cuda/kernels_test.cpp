@@ -54,6 +54,7 @@
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/mla.hpp"
 #include "kernels/cuda/optimizer.hpp"
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/rope.hpp"
@@ -824,6 +825,145 @@ TEST_F(CudaKernels, AttentionCudnnSplitRowsMatchCpu) {
 TEST_F(CudaKernels, AttentionCudnnRefusesHeadDimNotMultipleOf8) {
   EXPECT_FALSE(cuda::CudnnAttention::supports(shape_of({1, 16, 2, 2, 36, 0.0})));
   EXPECT_THROW(cuda::CudnnAttention(shape_of({1, 16, 2, 2, 36, 0.0}), stream_), laoyao::Error);
+}
+
+// ---------------------------------------------------------------- multi-latent attention
+
+// cuDNN's attention over separate q, k and v whose value head dim differs from the query's (MLA),
+// against the CPU's separate_attention (fp32 from the same bf16 inputs): ctx, dq, dk, dv; every
+// gradient element written (poisoned first); a smaller batch than the plans were built for.
+void check_attention_cudnn_separate(int64_t b, int64_t s, int64_t H, int64_t Dqk, int64_t Dv, cudaStream_t stream,
+                                    int64_t run_b = 0) {
+  SCOPED_TRACE("b " + std::to_string(b) + " s " + std::to_string(s) + " H " + std::to_string(H) + " Dqk " +
+               std::to_string(Dqk) + " Dv " + std::to_string(Dv));
+  const int64_t rb = run_b > 0 ? run_b : b, T = rb * s;
+  const uint64_t seed = 9300 + static_cast<uint64_t>(s + Dqk + Dv);
+  const float scale = 0.8f / std::sqrt(static_cast<float>(Dqk));  // (MLA's: YaRN's mscale^2 / sqrt(Dqk))
+  const auto q = randn_bf16(T * H * Dqk, seed, "mla_attn.q"), k = randn_bf16(T * H * Dqk, seed, "mla_attn.k");
+  const auto v = randn_bf16(T * H * Dv, seed, "mla_attn.v"), dctx = randn_bf16(T * H * Dv, seed, "mla_attn.dctx");
+  std::vector<float> ctx(T * H * Dv), probs(rb * H * s * s), dq(q.size()), dk(k.size()), dv(v.size());
+  cpu::separate_attention_forward(q.data(), k.data(), v.data(), ctx.data(), probs.data(), rb, s, H, Dqk, Dv, scale);
+  cpu::separate_attention_backward(q.data(), k.data(), v.data(), probs.data(), dctx.data(), dq.data(), dk.data(),
+                                   dv.data(), rb, s, H, Dqk, Dv, scale);
+
+  cuda::AttentionShape shape{b, s, H, H, Dqk, scale};
+  shape.Dv = Dv;
+  ASSERT_TRUE(cuda::CudnnAttention::supports(shape));
+  cuda::CudnnAttention attn(shape, stream, cuda::QkvRows::Separate);
+  auto dq_in = to_device_bf16(q), dk_in = to_device_bf16(k), dv_in = to_device_bf16(v), ddctx = to_device_bf16(dctx);
+  DeviceBuffer ctx_out(T * H * Dv * sizeof(bf16)), lse(rb * H * s * sizeof(float));
+  DeviceBuffer gq(q.size() * sizeof(bf16)), gk(k.size() * sizeof(bf16)), gv(v.size() * sizeof(bf16));
+  attn.forward(dq_in.as<bf16>(), dk_in.as<bf16>(), dv_in.as<bf16>(), ctx_out.as<bf16>(), lse.as<float>(), rb);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(ctx_out, ctx.size()), to_double(ctx), kAttnNormTol, kAttnElemTol, "ctx");
+  for (DeviceBuffer* g : {&gq, &gk, &gv}) LAOYAO_CUDA_CHECK(cudaMemset(g->ptr, 0x7f, g->bytes));
+  attn.backward(dq_in.as<bf16>(), dk_in.as<bf16>(), dv_in.as<bf16>(), ctx_out.as<bf16>(), ddctx.as<bf16>(),
+                lse.as<float>(), gq.as<bf16>(), gk.as<bf16>(), gv.as<bf16>(), rb);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_rel_norm(from_device_bf16(gq, q.size()), to_double(dq), kAttnNormTol, kAttnElemTol, "dq");
+  expect_rel_norm(from_device_bf16(gk, k.size()), to_double(dk), kAttnNormTol, kAttnElemTol, "dk");
+  expect_rel_norm(from_device_bf16(gv, v.size()), to_double(dv), kAttnNormTol, kAttnElemTol, "dv");
+  // The fused-rows entry points refuse a separate-rows object.
+  EXPECT_THROW(attn.forward(dq_in.as<bf16>(), ctx_out.as<bf16>(), lse.as<float>(), rb), laoyao::Error);
+}
+
+TEST_F(CudaKernels, AttentionCudnnSeparateRowsMatchCpu) {
+  check_attention_cudnn_separate(2, 100, 4, 48, 32, stream_);
+  check_attention_cudnn_separate(3, 64, 2, 48, 32, stream_, 2);  // smaller batch than planned
+}
+// DeepSeek-V2-Lite's head dims: qk_head_dim 128 + qk_pos_emb_head_dim 64, v_head_dim 128.
+TEST_F(CudaKernels, AttentionCudnnDeepseekHeadDimsMatchCpu) { check_attention_cudnn_separate(1, 256, 2, 192, 128, stream_); }
+TEST_F(CudaKernels, AttentionCudnnRefusesUnequalHeadDimsOverQkvRows) {
+  cuda::AttentionShape shape{1, 16, 2, 2, 64, 0.125f};
+  shape.Dv = 32;
+  EXPECT_THROW(cuda::CudnnAttention(shape, stream_, cuda::QkvRows::Fused), laoyao::Error);
+}
+
+// mla_prepare_forward/backward against the CPU's mla_qkv_forward/backward: the no-pe parts copied
+// exactly, MLA's interleaved RoPE (whole or partial, plain or YaRN-scaled table) within one bf16
+// rounding, the shared key's gradient summed over the heads; k_pe's other columns left alone.
+void check_mla_prepare(const cpu::RopeParams& rp, int64_t b, int64_t s, int64_t H, int64_t dqk, int64_t dr,
+                       int64_t dv, cudaStream_t stream) {
+  const int64_t T = b * s, dq = dqk + dr, kv_lora = 24, ld = kv_lora + dr;
+  const cpu::RopeTable table = cpu::rope_table(dr, s + 3, rp);
+  SCOPED_TRACE("H " + std::to_string(H) + " dqk " + std::to_string(dqk) + " dr " + std::to_string(dr) + " rot_dim " +
+               std::to_string(table.rot_dim));
+  std::vector<float> cos_sin = table.cos;
+  cos_sin.insert(cos_sin.end(), table.sin.begin(), table.sin.end());
+  auto dtable = to_device(cos_sin);
+  const cuda::RopeDeviceTable dt{dtable.as<float>(), dtable.as<float>() + table.cos.size(), table.rot_dim,
+                                 table.max_positions};
+  std::vector<int64_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = t % s;
+  const uint64_t seed = 9400 + static_cast<uint64_t>(table.rot_dim);
+  const auto q = randn_bf16(T * H * dq, seed, "mla.q"), kv = randn_bf16(T * H * (dqk + dv), seed, "mla.kv");
+  const auto down = randn_bf16(T * ld, seed, "mla.kv_down");
+  std::vector<float> query(T * H * dq), key(T * H * dq), value(T * H * dv);
+  cpu::mla_qkv_forward(q.data(), kv.data(), down.data() + kv_lora, ld, pos.data(), table, query.data(), key.data(),
+                       value.data(), T, H, dqk, dr, dv);
+  auto gq = to_device_bf16(q), gkv = to_device_bf16(kv), gdown = to_device_bf16(down);
+  DeviceBuffer gquery(query.size() * sizeof(bf16)), gkey(key.size() * sizeof(bf16)), gvalue(value.size() * sizeof(bf16));
+  const cuda::MlaDims d{b, s, H, dqk, dr, dv};
+  cuda::mla_prepare_forward(gq.as<bf16>(), gkv.as<bf16>(), gdown.as<bf16>() + kv_lora, ld, dt, gquery.as<bf16>(),
+                            gkey.as<bf16>(), gvalue.as<bf16>(), d, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_bf16_close(from_device_bf16(gquery, query.size()), to_double(query), 0.0, "query");
+  expect_bf16_close(from_device_bf16(gkey, key.size()), to_double(key), 0.0, "key");
+  expect_equal(from_device_bf16(gvalue, value.size()), value, "value");
+
+  const auto dquery = randn_bf16(query.size(), seed, "mla.dquery"), dkey = randn_bf16(key.size(), seed, "mla.dkey");
+  const auto dvalue = randn_bf16(value.size(), seed, "mla.dvalue");
+  std::vector<float> dqv(q.size()), dkvv(kv.size()), ddown = down;  // (dk_pe's latent columns: down's values)
+  cpu::mla_qkv_backward(dquery.data(), dkey.data(), dvalue.data(), pos.data(), table, dqv.data(), dkvv.data(),
+                        ddown.data() + kv_lora, ld, T, H, dqk, dr, dv);
+  auto gdquery = to_device_bf16(dquery), gdkey = to_device_bf16(dkey), gdvalue = to_device_bf16(dvalue);
+  DeviceBuffer gdq(q.size() * sizeof(bf16)), gdkv(kv.size() * sizeof(bf16));
+  LAOYAO_CUDA_CHECK(cudaMemset(gdq.ptr, 0x7f, gdq.bytes));
+  LAOYAO_CUDA_CHECK(cudaMemset(gdkv.ptr, 0x7f, gdkv.bytes));
+  cuda::mla_prepare_backward(gdquery.as<bf16>(), gdkey.as<bf16>(), gdvalue.as<bf16>(), dt, gdq.as<bf16>(),
+                             gdkv.as<bf16>(), gdown.as<bf16>() + kv_lora, ld, d, stream);
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect_bf16_close(from_device_bf16(gdq, q.size()), to_double(dqv), 0.0, "dq");
+  expect_equal(from_device_bf16(gdkv, kv.size()), dkvv, "dkv");
+  // The heads' sum in fp32 on the GPU, in double on the CPU: one bf16 rounding plus the sum's.
+  const auto got = from_device_bf16(gdown, down.size());
+  std::vector<float> latent_got, latent_want;
+  std::vector<float> pe_got;
+  std::vector<double> pe_want;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < ld; ++c)
+      if (c < kv_lora) {
+        latent_got.push_back(got[t * ld + c]), latent_want.push_back(down[t * ld + c]);
+      } else {
+        pe_got.push_back(got[t * ld + c]), pe_want.push_back(ddown[t * ld + c]);
+      }
+  expect_equal(latent_got, latent_want, "k_pe's row, its latent columns (not written)");
+  expect_bf16_close(pe_got, pe_want, 1e-5, "dk_pe");
+}
+
+TEST_F(CudaKernels, MlaPrepareMatchesCpu) {
+  cpu::RopeParams plain;
+  plain.rotary_base = 10000;
+  check_mla_prepare(plain, 2, 37, 4, 32, 16, 24, stream_);
+  cpu::RopeParams partial = plain;  // a rotary_percent that leaves dims unrotated
+  partial.rotary_percent = 0.5;
+  check_mla_prepare(partial, 1, 20, 3, 16, 16, 16, stream_);
+  cpu::RopeParams yarn = plain;  // DeepSeek's: YaRN with its mscale in cos and sin
+  cpu::YarnParams y;
+  y.scaling_factor = 40, y.original_max_position_embeddings = 16, y.mscale = 0.707, y.mscale_all_dim = 0.707;
+  yarn.yarn = y;
+  check_mla_prepare(yarn, 2, 64, 16, 128, 64, 128, stream_);
+}
+
+TEST_F(CudaKernels, MlaPrepareRefusesATableLongerThanTheRotatedDims) {
+  cpu::RopeParams rp;
+  const cpu::RopeTable table = cpu::rope_table(32, 8, rp);  // rot_dim 32 > dr 16
+  auto dtable = to_device(table.cos);
+  const cuda::RopeDeviceTable dt{dtable.as<float>(), dtable.as<float>(), table.rot_dim, table.max_positions};
+  DeviceBuffer x(4096);
+  EXPECT_THROW(cuda::mla_prepare_forward(x.as<bf16>(), x.as<bf16>(), x.as<bf16>(), 16, dt, x.as<bf16>(), x.as<bf16>(),
+                                         x.as<bf16>(), {1, 4, 1, 8, 16, 8}, stream_),
+               laoyao::Error);
 }
 
 // ---------------------------------------------------------------- optimizer

@@ -558,6 +558,26 @@ TEST(CudaGptModel, GradsReadyHookReportsFinalRangesInBackwardOrder) {
   EXPECT_EQ(covered + embeddings, table.total);
 }
 
+// Multi-latent attention: mla_prepare's kernels and cuDNN over separate q, k, v (head dims 48 and
+// 32), the latent norms of their own widths (with DeepSeek's MoE layers: moe_model_cuda_test.cpp).
+TEST(CudaGptModel, MlaWithoutQueryLatentMatchesCpuModel) { compare(mla_config(0), false); }
+TEST(CudaGptModel, MlaWithQueryLatentAndHiddenDropoutMatchesCpuModel) {
+  compare(mla_config(64), true, /*attention_dropout=*/false);
+}
+TEST(CudaGptModel, MlaRefusesAttentionDropoutAndOurOwnAttentionKernelsByName) {
+  GptConfig c = mla_config(0);
+  c.attention_dropout = 0.1;
+  EXPECT_NE(cuda_unsupported_features(c).find("multi-latent attention with attention dropout"), std::string::npos);
+  c.attention_dropout = 0;
+  c.attention_backend = AttentionBackend::Flash;
+  try {
+    CudaGptModel m(c, 1, 16);
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuDNN's fused attention only"), std::string::npos) << e.what();
+  }
+}
+
 // LoRA (peft.scheme lora): the adapters beside every linear, the base frozen (no gradients).
 TEST(CudaGptModel, LoraMatchesCpuModel) { compare(with_lora(small_config(4, 4)), false); }
 TEST(CudaGptModel, LoraLlamaWithDropoutMatchesCpuModel) { compare(with_lora(llama_config(), 0.1), true); }

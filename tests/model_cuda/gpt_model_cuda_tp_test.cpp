@@ -194,6 +194,10 @@ TEST(CudaGptModelTp, LoraLlamaSequenceParallelWithDropout) {
   c.lora = lora;
   compare_tp({c, true, true});
 }
+// Multi-latent attention: each rank's heads of the up projections, the down projections and
+// latent norms whole on every rank (their gradients summed by finalize_grads).
+TEST(CudaGptModelTp, MlaWithQueryLatentSequenceParallel) { compare_tp({mla_config(64), false, true}); }
+TEST(CudaGptModelTp, MlaWithoutQueryLatent) { compare_tp({mla_config(0), false, false}); }
 TEST(CudaGptModelTp, Qwen3QkLayernormWithFullRecomputation) {
   GptConfig c = qwen3_config();
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;

@@ -116,6 +116,25 @@ inline GptConfig qwen3_config() {
   return c;
 }
 
+// DeepSeek's attention: multi-latent attention (with a query latent of q_lora_rank, or none) on
+// Llama's pieces, YaRN positions on the decoupled dims (mscale in the softmax scale as
+// MLATransformerConfig computes it), 4 heads of 32 + 16 query/key and 32 value dims.
+inline GptConfig mla_config(int64_t q_lora_rank) {
+  GptConfig c = llama_config();
+  c.heads = c.query_groups = 4;
+  c.rope_scaling = false;
+  kernels::cpu::YarnParams y;
+  y.scaling_factor = 40, y.original_max_position_embeddings = 16, y.mscale = y.mscale_all_dim = 0.707;
+  c.yarn = y;
+  MlaSpec m;
+  m.q_lora_rank = q_lora_rank, m.kv_lora_rank = 32, m.qk_head_dim = 32, m.qk_pos_emb_head_dim = 16, m.v_head_dim = 32;
+  const double mscale = 0.1 * y.mscale_all_dim * std::log(y.scaling_factor) + 1.0;
+  m.softmax_scale = mscale * mscale / std::sqrt(48.0);
+  c.mla = m;
+  c.kv_channels = m.v_head_dim;
+  return c;
+}
+
 // A step of two micro-batches: the first backward after zero_grads() writes the GEMMs' weight
 // gradients and zeroes the rest, the second adds to them, so the step's gradients must be each
 // micro-batch's alone, summed (to fp32 rounding). Three such steps: eager, the CUDA graphs' warm-up

@@ -375,6 +375,22 @@ TEST(CudaMoeModel, DenseFirstLayerSharedExpertAndFullRecomputation) {
 TEST(CudaMoeModel, LlamaTop2Of8MatchesCpuModelButForFlippedTies) {
   compare_model(moe_config(llama_config(), 8, 2, 64, 0));
 }
+// DeepSeek's shape: multi-latent attention (the query latent, YaRN) before MoE layers with a dense
+// first layer, sigmoid routing with the expert bias and scaling, a shared expert, seq_aux_loss.
+GptConfig deepseek_like() {
+  GptConfig c = moe_config(mla_config(64), 8, 2, 64, 64);
+  c.num_layers = 3;
+  c.moe.layers = {false, true, true};
+  c.moe.sigmoid = true, c.moe.expert_bias = true, c.moe.topk_scaling_factor = 2.5;
+  c.moe.aux_loss_coeff = 0, c.moe.seq_aux_loss_coeff = 1e-3;
+  return c;
+}
+TEST(CudaMoeModel, MlaWithDeepseekMoeLayersMatchesCpuModelButForFlippedTies) { compare_model(deepseek_like()); }
+TEST(CudaMoeModel, MlaWithFullRecomputation) {
+  GptConfig c = deepseek_like();
+  c.recompute = Recompute::Uniform, c.recompute_num_layers = 2;
+  compare_model(c);
+}
 // The router's, the experts' (grouped; top-1 of 16 over 96 tokens: experts with few tokens, some
 // perhaps none) and the shared expert's weight gradients are written by the step's first
 // backward, added to by the next.

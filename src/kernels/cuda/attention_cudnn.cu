@@ -23,26 +23,36 @@ enum : int64_t { kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kOne, kDO, kDQ, kD
 
 // Where q, k, v, ctx and their gradients sit: element strides [batch, head, position, dim].
 struct Views {
-  Dims q, kv, o;
+  Dims q, kv, v, o;      // kv: the keys' (and, but for separate rows, the values')
   int64_t k_off, v_off;  // element offsets of k and v: within a fused row, or from the split rows' start
 };
 
 // Fused rows: MHA's q read in place, GQA's gathered into [b*s, H*D]. Split rows (qkv_rows.hpp): q
 // as gathered, k and v from the [b*s, G, 2, D] block after it.
+// Separate rows: each tensor token-major in its own buffer.
 Views views_of(const AttentionShape& a, QkvRows rows) {
   const int64_t Q = a.H / a.G, row = a.G * (Q + 2) * a.D, hd = a.H * a.D;
   Views v;
   v.o = {a.s * hd, a.D, hd, 1};
+  if (rows == QkvRows::Separate) {
+    const int64_t dv = a.dv();
+    v.q = v.o;
+    v.kv = {a.s * a.G * a.D, a.D, a.G * a.D, 1};
+    v.v = {a.s * a.G * dv, dv, a.G * dv, 1};
+    v.o = {a.s * a.H * dv, dv, a.H * dv, 1};
+    v.k_off = v.v_off = 0;
+    return v;
+  }
   if (rows == QkvRows::Split) {
     const int64_t kv_row = 2 * a.G * a.D;
     v.q = v.o;
-    v.kv = {a.s * kv_row, 2 * a.D, kv_row, 1};
+    v.kv = v.v = {a.s * kv_row, 2 * a.D, kv_row, 1};
     v.k_off = a.b * a.s * hd;
     v.v_off = v.k_off + a.D;
     return v;
   }
   v.q = a.H != a.G ? v.o : Dims{a.s * row, (Q + 2) * a.D, row, 1};
-  v.kv = {a.s * row, (Q + 2) * a.D, row, 1};
+  v.kv = v.v = {a.s * row, (Q + 2) * a.D, row, 1};
   v.k_off = Q * a.D;
   v.v_off = (Q + 1) * a.D;
   return v;
@@ -69,13 +79,14 @@ struct Inputs {
 };
 
 Inputs bind_inputs(CudnnGraph& g, const AttentionShape& a, const Views& v, bool v_transposed) {
-  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, row_dims{a.b, a.H, a.s, 1};
+  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, vd{a.b, a.G, a.s, a.dv()}, od{a.b, a.H, a.s, a.dv()};
+  const Dims row_dims{a.b, a.H, a.s, 1};
   Inputs in;
   in.q = g.tensor(kQ, qd, v.q, CUDNN_DATA_BFLOAT16);
   in.kt = g.tensor(kK, transposed(kd), transposed(v.kv), CUDNN_DATA_BFLOAT16);
-  in.v = v_transposed ? g.tensor(kV, transposed(kd), transposed(v.kv), CUDNN_DATA_BFLOAT16)
-                      : g.tensor(kV, kd, v.kv, CUDNN_DATA_BFLOAT16);
-  in.o = g.tensor(kO, qd, v.o, CUDNN_DATA_BFLOAT16);
+  in.v = v_transposed ? g.tensor(kV, transposed(vd), transposed(v.v), CUDNN_DATA_BFLOAT16)
+                      : g.tensor(kV, vd, v.v, CUDNN_DATA_BFLOAT16);
+  in.o = g.tensor(kO, od, v.o, CUDNN_DATA_BFLOAT16);
   in.stats = g.tensor(kStats, row_dims, CudnnGraph::packed(row_dims), CUDNN_DATA_FLOAT);
   in.scale = g.scalar(kScale, CUDNN_DATA_FLOAT);
   in.neg_inf = g.scalar(kNegInf, CUDNN_DATA_FLOAT);
@@ -105,13 +116,13 @@ CudnnPlan build_forward(cudnnHandle_t handle, const AttentionShape& a, QkvRows r
 }
 
 // d = a @ b summed over the heads of each query group: straight into `out` for MHA, else through a
-// per-query-head product and a reduction over the group's heads.
-void group_matmul(CudnnGraph& g, const AttentionShape& a, int lhs, int rhs, int out) {
+// per-query-head product ([b, H, s, dim]) and a reduction over the group's heads.
+void group_matmul(CudnnGraph& g, const AttentionShape& a, int64_t dim, int lhs, int rhs, int out) {
   if (a.H == a.G) {
     g.matmul(lhs, rhs, out);
     return;
   }
-  const int full = g.matmul(lhs, rhs, g.virtual_tensor({a.b, a.H, a.s, a.D}, CUDNN_DATA_BFLOAT16));
+  const int full = g.matmul(lhs, rhs, g.virtual_tensor({a.b, a.H, a.s, dim}, CUDNN_DATA_BFLOAT16));
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
@@ -119,20 +130,20 @@ CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, QkvRows 
   const Views v = views_of(a, rows);
   CudnnGraph g;
   const Inputs in = bind_inputs(g, a, v, true);
-  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D};
+  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, vd{a.b, a.G, a.s, a.dv()}, od{a.b, a.H, a.s, a.dv()};
   const Dims row_dims{a.b, a.H, a.s, 1}, s_dims{a.b, a.H, a.s, a.s};
   const Dims s_t_strides{a.H * a.s * a.s, a.s * a.s, 1, a.s};  // [b, H, key, query] over the same memory
-  const int d_o = g.tensor(kDO, qd, v.o, CUDNN_DATA_BFLOAT16);
+  const int d_o = g.tensor(kDO, od, v.o, CUDNN_DATA_BFLOAT16);
   const int dq = g.tensor(kDQ, qd, v.q, CUDNN_DATA_BFLOAT16);
   const int dk = g.tensor(kDK, kd, v.kv, CUDNN_DATA_BFLOAT16);
-  const int dv = g.tensor(kDV, kd, v.kv, CUDNN_DATA_BFLOAT16);
+  const int dv = g.tensor(kDV, vd, v.v, CUDNN_DATA_BFLOAT16);
   const int one = g.scalar(kOne, CUDNN_DATA_FLOAT);
   // Workspace-resident intermediates (in our part of the workspace, bound at execution).
   const int softmax_sum = g.tensor(kSoftmaxSum, row_dims, CudnnGraph::packed(row_dims), CUDNN_DATA_FLOAT);
   const int dq_accum = g.tensor(kDQAccum, qd, CudnnGraph::packed(qd), CUDNN_DATA_FLOAT);
 
   // softmax_sum = rowsum(dO * O): the softmax backward's subtrahend.
-  const int d_o_o = g.pointwise(CUDNN_POINTWISE_MUL, d_o, g.virtual_tensor(qd), in.o);
+  const int d_o_o = g.pointwise(CUDNN_POINTWISE_MUL, d_o, g.virtual_tensor(od), in.o);
   const int rowsum = g.reduction(CUDNN_REDUCE_TENSOR_ADD, d_o_o, g.virtual_tensor(row_dims));
   g.pointwise(CUDNN_POINTWISE_MUL, rowsum, softmax_sum, one);
   // P again from the saved statistics.
@@ -143,7 +154,7 @@ CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, QkvRows 
   const int p = g.pointwise(CUDNN_POINTWISE_EXP, masked, g.virtual_tensor(s_dims));
   // dV = P^T dO.
   const int p_t = g.reshape(p, g.virtual_tensor(transposed(s_dims), s_t_strides, CUDNN_DATA_BFLOAT16));
-  group_matmul(g, a, p_t, d_o, dv);
+  group_matmul(g, a, a.dv(), p_t, d_o, dv);
   // dS = scale * P * (dO V^T - softmax_sum).
   const int dp = g.matmul(d_o, in.v, g.virtual_tensor(s_dims));
   const int centered = g.pointwise(CUDNN_POINTWISE_SUB, dp, g.virtual_tensor(s_dims), softmax_sum);
@@ -151,7 +162,7 @@ CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, QkvRows 
   const int ds = g.pointwise(CUDNN_POINTWISE_MUL, dp_p, g.virtual_tensor(s_dims), in.scale);
   // dK = dS^T Q.
   const int ds_t = g.reshape(ds, g.virtual_tensor(transposed(s_dims), s_t_strides, CUDNN_DATA_BFLOAT16));
-  group_matmul(g, a, ds_t, in.q, dk);
+  group_matmul(g, a, a.D, ds_t, in.q, dk);
   // dQ = dS K, accumulated in fp32, then rounded to bf16.
   const int k = g.reshape(in.kt, g.virtual_tensor(kd, v.kv, CUDNN_DATA_FLOAT));
   g.matmul(ds, k, dq_accum);
@@ -195,13 +206,18 @@ void launch_copy(bf16* fused, bf16* packed, const AttentionShape& a, cudaStream_
 }  // namespace
 
 bool CudnnAttention::supports(const AttentionShape& a) {
-  return a.D % 8 == 0 && a.D >= 8 && a.D <= 128 && a.G > 0 && a.H % a.G == 0 && a.s > 0;
+  const int64_t most = max_head_dim(a);
+  auto fits = [&](int64_t d) { return d % 8 == 0 && d >= 8 && d <= most; };
+  return fits(a.D) && fits(a.dv()) && a.G > 0 && a.H % a.G == 0 && a.s > 0;
 }
 
 CudnnAttention::CudnnAttention(const AttentionShape& shape, cudaStream_t stream, QkvRows rows)
     : shape_(shape), stream_(stream), rows_(rows) {
+  if (rows != QkvRows::Separate && shape.dv() != shape.D)
+    throw Error("cuDNN attention: a value head dim unlike the query's needs separate q, k and v rows");
   if (!supports(shape))
-    throw Error("cuDNN attention: head dim " + std::to_string(shape.D) + " is not a multiple of 8 up to 128");
+    throw Error("cuDNN attention: head dims " + std::to_string(shape.D) + " and " + std::to_string(shape.dv()) +
+                " are not multiples of 8 up to " + std::to_string(max_head_dim(shape)));
   scale_ = shape.scale;
   LAOYAO_CUDA_CHECK(cudnnCreate(&handle_));
   try {
@@ -244,26 +260,47 @@ const bf16* CudnnAttention::query_heads(const bf16* qkv, const AttentionShape& a
 }
 
 void CudnnAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
-  Plans& p = plans_for(b);
+  if (rows_ == QkvRows::Separate) throw Error("cuDNN attention: built for separate q, k and v rows, given one buffer");
   AttentionShape a = shape_;
   a.b = b;
   const Views v = views_of(a, rows_);
-  const bf16* q = query_heads(qkv, a);
+  run_forward(b, query_heads(qkv, a), qkv + v.k_off, qkv + v.v_off, ctx, lse);
+}
+
+void CudnnAttention::forward(const bf16* q, const bf16* k, const bf16* v, bf16* ctx, float* lse, int64_t b) {
+  if (rows_ != QkvRows::Separate) throw Error("cuDNN attention: given separate q, k and v, built for QKV rows");
+  run_forward(b, q, k, v, ctx, lse);
+}
+
+void CudnnAttention::run_forward(int64_t b, const bf16* q, const bf16* k, const bf16* v, bf16* ctx, float* lse) {
+  Plans& p = plans_for(b);
   p.fwd.execute(handle_,
-                {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kStats, lse}, {kScale, &scale_},
-                 {kNegInf, &kNegInfValue}},
+                {{kQ, q}, {kK, k}, {kV, v}, {kO, ctx}, {kStats, lse}, {kScale, &scale_}, {kNegInf, &kNegInfValue}},
                 p.workspace.ptr);
 }
 
 void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse, bf16* dqkv,
                               int64_t b) {
-  Plans& p = plans_for(b);
+  if (rows_ == QkvRows::Separate) throw Error("cuDNN attention: built for separate q, k and v rows, given one buffer");
   AttentionShape a = shape_;
   a.b = b;
   const Views v = views_of(a, rows_);
   // The scratch holds the last forward's layer: gather this layer's query heads again.
   const bf16* q = query_heads(qkv, a);
   bf16* dq = gathers_q() ? dq_.as<bf16>() : dqkv;
+  run_backward(b, q, qkv + v.k_off, qkv + v.v_off, ctx, dctx, lse, dq, dqkv + v.k_off, dqkv + v.v_off);
+  if (gathers_q()) launch_copy<false>(dqkv, dq_.as<bf16>(), a, stream_);
+}
+
+void CudnnAttention::backward(const bf16* q, const bf16* k, const bf16* v, const bf16* ctx, const bf16* dctx,
+                              const float* lse, bf16* dq, bf16* dk, bf16* dv, int64_t b) {
+  if (rows_ != QkvRows::Separate) throw Error("cuDNN attention: given separate q, k and v, built for QKV rows");
+  run_backward(b, q, k, v, ctx, dctx, lse, dq, dk, dv);
+}
+
+void CudnnAttention::run_backward(int64_t b, const bf16* q, const bf16* k, const bf16* v, const bf16* ctx,
+                                  const bf16* dctx, const float* lse, bf16* dq, bf16* dk, bf16* dv) {
+  Plans& p = plans_for(b);
   // Our part of the workspace: the fp32 dQ accumulator (zeroed: cuDNN adds into it) and the
   // softmax row sums.
   char* ws = static_cast<char*>(scratch_.ptr);
@@ -272,11 +309,10 @@ void CudnnAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, sizeof(float) * b * shape_.H * shape_.s * shape_.D, stream_));
   const float one = 1.0f;
   p.bwd.execute(handle_,
-                {{kQ, q}, {kK, qkv + v.k_off}, {kV, qkv + v.v_off}, {kO, ctx}, {kDO, dctx}, {kStats, lse},
-                 {kScale, &scale_}, {kNegInf, &kNegInfValue}, {kOne, &one}, {kDQ, dq}, {kDK, dqkv + v.k_off},
-                 {kDV, dqkv + v.v_off}, {kSoftmaxSum, softmax_sum}, {kDQAccum, dq_accum}},
+                {{kQ, q}, {kK, k}, {kV, v}, {kO, ctx}, {kDO, dctx}, {kStats, lse}, {kScale, &scale_},
+                 {kNegInf, &kNegInfValue}, {kOne, &one}, {kDQ, dq}, {kDK, dk}, {kDV, dv}, {kSoftmaxSum, softmax_sum},
+                 {kDQAccum, dq_accum}},
                 p.workspace.ptr);
-  if (gathers_q()) launch_copy<false>(dqkv, dq_.as<bf16>(), a, stream_);
 }
 
 size_t CudnnAttention::dq_accum_bytes() const { return sizeof(float) * shape_.b * shape_.H * shape_.s * shape_.D; }

@@ -4,8 +4,10 @@
 // QKV rows (k and v in place; the query heads of a GQA group are gathered into a scratch buffer
 // first, since their columns are not an affine function of the head), dqkv in the fused layout.
 // With QkvRows::Split (qkv_rows.hpp, what the QK norm can write), q, k and v are all read in place
-// and dqkv is written in the split layout: no gather, no scatter. ctx is written in [b*s, H*D], lse
-// [b, H, s] (the natural-log softmax denominator of the scaled scores, as cuDNN's "stats").
+// and dqkv is written in the split layout: no gather, no scatter. With QkvRows::Separate, q, k and v
+// (and their gradients) are buffers of their own, the value head dim may differ from the query's
+// (multi-latent attention: 192 and 128 at DeepSeek-V2-Lite's size). ctx is written in [b*s, H*Dv],
+// lse [b, H, s] (the natural-log softmax denominator of the scaled scores, as cuDNN's "stats").
 //
 // Tried and dropped (fifteenth session): one execution a query group, reading the group's Q
 // consecutive query heads and its k and v in place (no gather, no scatter). cuDNN ran those
@@ -43,18 +45,29 @@ class CudnnAttention {
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;
 
-  // Head dims cuDNN's fused kernels take (multiples of 8 up to 128 here).
+  // Head dims cuDNN's fused kernels take: multiples of 8 up to max_head_dim (128 for QKV rows, 256
+  // for separate rows, whose larger dims cuDNN's Hopper engines take; construction says when not).
   static bool supports(const AttentionShape& shape);
+  static int64_t max_head_dim(const AttentionShape& shape) { return shape.Dv > 0 ? 256 : 128; }
 
-  // ctx [b*s, H*D] and lse [b, H, s] overwritten; qkv (and dqkv) in the constructor's rows.
+  // ctx [b*s, H*D] and lse [b, H, s] overwritten; qkv (and dqkv) in the constructor's rows (Fused
+  // or Split).
   void forward(const __nv_bfloat16* qkv, __nv_bfloat16* ctx, float* lse, int64_t b);
   // dqkv overwritten (every element).
   void backward(const __nv_bfloat16* qkv, const __nv_bfloat16* ctx, const __nv_bfloat16* dctx, const float* lse,
                 __nv_bfloat16* dqkv, int64_t b);
+  // QkvRows::Separate: q [b*s, H*D], k [b*s, G*D], v [b*s, G*Dv] -> ctx [b*s, H*Dv], lse; the
+  // backward overwrites dq, dk and dv.
+  void forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* ctx,
+               float* lse, int64_t b);
+  void backward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* ctx,
+                const __nv_bfloat16* dctx, const float* lse, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                int64_t b);
 
   // The engines in use, for `laoyao doctor` and logs: "sdpa forward engine N, sdpa backward engine M".
   std::string engines() const;
   int64_t device_bytes() const;  // workspace and scratch held
+  const AttentionShape& shape() const { return shape_; }
 
  private:
   struct Plans {
@@ -62,6 +75,11 @@ class CudnnAttention {
     DeviceBuffer workspace;  // cuDNN's own, for both plans
   };
   Plans& plans_for(int64_t b);
+  void run_forward(int64_t b, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                   __nv_bfloat16* ctx, float* lse);
+  void run_backward(int64_t b, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                    const __nv_bfloat16* ctx, const __nv_bfloat16* dctx, const float* lse, __nv_bfloat16* dq,
+                    __nv_bfloat16* dk, __nv_bfloat16* dv);
   bool gathers_q() const { return rows_ == QkvRows::Fused && shape_.H != shape_.G; }
   // Where cuDNN reads the query heads: qkv itself (MHA, split rows), or q_ after gathering them.
   const __nv_bfloat16* query_heads(const __nv_bfloat16* qkv, const AttentionShape& a);

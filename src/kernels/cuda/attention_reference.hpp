@@ -25,6 +25,10 @@ struct AttentionShape {
   // --reset-attention-mask; kernels/cpu/ops.hpp). Within a sequence it must not decrease and
   // key_start[i] <= i (what the dataset makes); null is plain causal attention.
   const int32_t* key_start = nullptr;
+  // The value and context head dim where it differs from D (multi-latent attention: query and key
+  // dqk + dr, value dv); 0: D. Only cuDNN's attention over separate rows (qkv_rows.hpp) takes it.
+  int64_t Dv = 0;
+  int64_t dv() const { return Dv > 0 ? Dv : D; }
 };
 
 // ctx and lse overwritten. Throws laoyao::Error on an unsupported shape or a failed launch.

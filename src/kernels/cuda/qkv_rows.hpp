@@ -7,10 +7,12 @@
 // row). cuDNN reads GQA's query heads there with one stride per dimension, so the QK norm can
 // write them where cuDNN reads them, and read cuDNN's dq where cuDNN writes it, instead of a
 // gather before each attention call and a scatter after the backward.
+// Separate: q [T, H, D], k [T, G, D] and v [T, G, Dv] in three buffers of their own (multi-latent
+// attention's query, key and value, whose value head dim differs from the query's).
 #pragma once
 
 namespace laoyao::kernels::cuda {
 
-enum class QkvRows { Fused, Split };
+enum class QkvRows { Fused, Split, Separate };
 
 }  // namespace laoyao::kernels::cuda

@@ -13,6 +13,7 @@
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/layernorm.hpp"
+#include "kernels/cuda/mla.hpp"
 #include "kernels/cuda/moe.hpp"
 #include "kernels/cuda/qk_norm.hpp"
 #include "kernels/cuda/swiglu.hpp"
@@ -36,7 +37,28 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
   if (c.lora && c.moe.num_experts > 0)  // (the MoE layers write every expert's gradient)
     missing.push_back("LoRA on a Mixture-of-Experts model (peft.scheme lora)");
-  if (c.mla) missing.push_back("multi-latent attention (its CPU ops are built; the GPU's are not yet)");
+  if (c.mla) {  // its attention is cuDNN's over separate q, k, v (no dropout masks of ours, no documents)
+    const MlaSpec& m = *c.mla;
+    if (c.attention_dropout > 0)
+      missing.push_back("multi-latent attention with attention dropout (its GPU attention is cuDNN's, whose dropout "
+                        "masks cannot match the CPU's)");
+    if (c.document_attention) missing.push_back("multi-latent attention over documents (--reset-attention-mask)");
+    auto head_dim_fits = [](int64_t d) { return d % 8 == 0 && d <= 256; };
+    if (!head_dim_fits(m.q_head_dim()) || !head_dim_fits(m.v_head_dim))
+      missing.push_back("multi-latent attention with head dims (qk_head_dim + qk_pos_emb_head_dim " +
+                        std::to_string(m.q_head_dim()) + ", v_head_dim " + std::to_string(m.v_head_dim) +
+                        ") that are not multiples of 8 up to 256");
+    if (c.norm == Norm::RMSNorm && m.latent_norms) {  // the RMSNorm kernels' 16-byte rows
+      bool fits = m.kv_lora_rank % 8 == 0 && m.kv_lora_rank <= 4096 && m.q_lora_rank % 8 == 0 && m.q_lora_rank <= 4096;
+      if (fits && c.num_layers > 0 && c.heads > 0)
+        for (const GptLayerOffsets& L : build_gpt_parameters(c).layers)
+          fits = fits && (L.q_ln_w < 0 || L.q_ln_w % 8 == 0) && (L.kv_ln_w < 0 || L.kv_ln_w % 8 == 0);
+      if (!fits)
+        missing.push_back("multi-latent attention with latent ranks (q_lora_rank " + std::to_string(m.q_lora_rank) +
+                          ", kv_lora_rank " + std::to_string(m.kv_lora_rank) +
+                          ") that are not multiples of 8 up to 4096");
+    }
+  }
   if (c.mtp_num_layers > 0) missing.push_back("multi-token prediction (built on the CPU backend only)");
   if (c.context_parallel > 1) missing.push_back("context parallelism (built on the CPU backend only)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
@@ -73,6 +95,8 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
   const GptConfig& c = lc_;
   const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels, L = c.num_layers;
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
+  // The norms' widths: the hidden size, and multi-latent attention's latents.
+  const int64_t norm_width = c.mla ? std::max({h, c.mla->q_lora_rank, c.mla->kv_lora_rank}) : h;
   const kc::AttentionShape shape = attention_shape({max_b, s, T, T, nullptr});
   const bool fused = st_.attention != CudaAttentionPath::Unfused;
   const int64_t heads_elems = fused ? 0 : kc::attention_heads_elems(shape);
@@ -81,7 +105,7 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
   emb_scratch_bytes_ = std::max(kc::embedding_backward_scratch_bytes(T, c.vocab),
                                 kc::embedding_backward_scratch_bytes(T, std::max<int64_t>(c.max_positions, 1)));
   const size_t reduce_floats =
-      std::max({kc::bias_grad_scratch_floats(T, wide), kc::layernorm_backward_scratch_floats(T, h),
+      std::max({kc::bias_grad_scratch_floats(T, wide), kc::layernorm_backward_scratch_floats(T, norm_width),
                 c.qk_layernorm ? kc::qk_rmsnorm_backward_scratch_floats(T, c.heads, c.query_groups, c.kv_channels)
                                : size_t{0}});
   lse_.assign(static_cast<size_t>(L), nullptr);
@@ -290,23 +314,56 @@ void CudaBackend::copy_columns(Act src, int64_t src_ld, Act dst, int64_t dst_ld,
                                       cudaMemcpyDeviceToDevice, st_.stream));
 }
 
-// ---- multi-latent attention: not built on the GPU yet
+// ---- multi-latent attention: its query, key and value (kernels/cuda/mla.hpp), then cuDNN's fused
+// attention over the separate rows (the model built st_.cudnn for them: QkvRows::Separate).
 
-namespace {
-[[noreturn]] void mla_not_built() {
-  throw Error("CudaBackend: multi-latent attention is not built on the GPU yet (it trains on the CPU backend)");
+kc::MlaDims CudaBackend::mla_dims(const BatchShape& batch) const {
+  if (!lc_.mla) throw Error("CudaBackend: a multi-latent attention op in a model without MLA");
+  const MlaSpec& m = *lc_.mla;
+  return {batch.b, batch.s, lc_.heads, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim};
 }
-}  // namespace
 
-void CudaBackend::mla_prepare(Act, Act, Act, int64_t, Act, Act, Act, const BatchShape&) { mla_not_built(); }
-void CudaBackend::mla_prepare_backward(Act, Act, Act, Act, Act, Act, int64_t, const BatchShape&) { mla_not_built(); }
-void CudaBackend::separate_core_attention(int64_t, Act, Act, Act, Act, int64_t, int64_t, float, const BatchShape&,
-                                          const DropoutSpec&) {
-  mla_not_built();
+void CudaBackend::mla_prepare(Act q, Act kv, Act k_pe, int64_t k_pe_ld, Act query, Act key, Act value,
+                              const BatchShape& batch) {
+  kc::mla_prepare_forward(B(q), B(kv), B(k_pe), k_pe_ld, st_.rope, B(query), B(key), B(value), mla_dims(batch),
+                          st_.stream);
+  phase(kQkNormRope);
 }
-void CudaBackend::separate_core_attention_backward(int64_t, Act, Act, Act, Act, Act, Act, Act, int64_t, int64_t, float,
-                                                   const BatchShape&, const DropoutSpec&) {
-  mla_not_built();
+
+void CudaBackend::mla_prepare_backward(Act dquery, Act dkey, Act dvalue, Act dq, Act dkv, Act dk_pe, int64_t dk_pe_ld,
+                                       const BatchShape& batch) {
+  kc::mla_prepare_backward(B(dquery), B(dkey), B(dvalue), st_.rope, B(dq), B(dkv), B(dk_pe), dk_pe_ld,
+                           mla_dims(batch), st_.stream);
+  phase(kQkNormRope);
+}
+
+void CudaBackend::check_separate_attention(int64_t dqk, int64_t dv, float scale, const DropoutSpec& drop) const {
+  if (st_.attention != CudaAttentionPath::Cudnn || !st_.cudnn)
+    throw Error("CudaBackend: attention on separate query, key and value runs through cuDNN only");
+  const kc::AttentionShape& a = st_.cudnn->shape();
+  if (a.D != dqk || a.dv() != dv || a.scale != scale)
+    throw Error("CudaBackend: separate attention with head dims " + std::to_string(dqk) + "/" + std::to_string(dv) +
+                " and scale " + std::to_string(scale) + ", but cuDNN's plans were built for " + std::to_string(a.D) +
+                "/" + std::to_string(a.dv()) + " and " + std::to_string(a.scale));
+  if (drop.p > 0) throw Error("CudaBackend: cuDNN's attention takes no attention dropout");
+}
+
+void CudaBackend::separate_core_attention(int64_t layer, Act q, Act k, Act v, Act ctx, int64_t dqk, int64_t dv,
+                                          float scale, const BatchShape& batch, const DropoutSpec& drop) {
+  check_separate_attention(dqk, dv, scale, drop);
+  const size_t l = static_cast<size_t>(layer);
+  ctx_[l] = B(ctx);
+  st_.cudnn->forward(B(q), B(k), B(v), B(ctx), lse_[l], batch.b);
+  phase(kAttention);
+}
+
+void CudaBackend::separate_core_attention_backward(int64_t layer, Act q, Act k, Act v, Act dctx, Act dquery, Act dkey,
+                                                   Act dvalue, int64_t dqk, int64_t dv, float scale,
+                                                   const BatchShape& batch, const DropoutSpec& drop) {
+  check_separate_attention(dqk, dv, scale, drop);
+  const size_t l = static_cast<size_t>(layer);
+  st_.cudnn->backward(B(q), B(k), B(v), ctx_[l], B(dctx), lse_[l], B(dquery), B(dkey), B(dvalue), batch.b);
+  phase(kAttention);
 }
 
 // ---- the MLP

@@ -28,6 +28,7 @@
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/mla.hpp"
 #include "kernels/cuda/qkv_rows.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "model/backend.hpp"
@@ -73,7 +74,8 @@ struct CudaBackendState {
   bool rope_in_qk_norm = false;         // the QK norm applies RoPE in its pass
   kernels::cuda::QkvRows qkv_rows = kernels::cuda::QkvRows::Fused;
   CudaAttentionPath attention = CudaAttentionPath::Unfused;
-  kernels::cuda::CudnnAttention* cudnn = nullptr;  // with CudaAttentionPath::Cudnn
+  // With CudaAttentionPath::Cudnn (over QkvRows::Separate for multi-latent attention).
+  kernels::cuda::CudnnAttention* cudnn = nullptr;
   bool gelu_epilogue = false;  // tanh-GeLU through cuBLASLt's GELU_AUX / DGELU epilogues
   bool norms_add_in_place = false;  // norms_add_in_place() of the model
   // The norms' backward kernels sum the bias gradients the model asks them to (sums_bias_grad_in_norm).
@@ -131,7 +133,7 @@ class CudaBackend final : public Backend {
   void core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch, const DropoutSpec& drop) override;
   void core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
                                const DropoutSpec& drop) override;
-  // Multi-latent attention: not built on the GPU yet (cuda_unsupported_features refuses it first).
+  // Multi-latent attention: kernels/cuda/mla.hpp, then cuDNN over separate q, k, v (st_.cudnn).
   void mla_prepare(Act q, Act kv, Act k_pe, int64_t k_pe_ld, Act query, Act key, Act value,
                    const BatchShape& batch) override;
   void mla_prepare_backward(Act dquery, Act dkey, Act dvalue, Act dq, Act dkv, Act dk_pe, int64_t dk_pe_ld,
@@ -171,6 +173,9 @@ class CudaBackend final : public Backend {
   // QK norm's backward reads.
   bf16* attention_grad(Act dqkv) const;
   CudaMoeLayers::Context moe_context(int64_t layer) const;
+  kernels::cuda::MlaDims mla_dims(const BatchShape& batch) const;
+  // That the separate attention asked for is the one cuDNN's plans were built for.
+  void check_separate_attention(int64_t dqk, int64_t dv, float scale, const DropoutSpec& drop) const;
 
   const GptConfig& lc_;
   CudaBackendState st_;

@@ -297,6 +297,7 @@ void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape, bool al
 
 void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const GptConfig& c = lc_;
+  if (c.mla) return init_mla_attention(shape);
   const std::string D = std::to_string(c.kv_channels);
   // LAOYAO_QKV_SPLIT=0 keeps cuDNN on the fused rows (to measure the split rows' difference).
   const bool allow_split = runtime_options().qkv_split;
@@ -339,6 +340,27 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       attention_ = kc::attention_flash_supports(shape) ? AttentionPath::Flash : AttentionPath::Unfused;
       return;
   }
+}
+
+// Multi-latent attention: cuDNN's fused attention over the separate query, key and value that
+// mla_prepare writes (query and key heads of qk_head_dim + qk_pos_emb_head_dim values, value heads
+// of v_head_dim), the softmax scale MLA's (YaRN's mscale in it). Our flash and unfused kernels take
+// one head dim, so cuDNN is the only path (cuda_unsupported_features refused what it cannot take).
+void CudaGptModel::init_mla_attention(kc::AttentionShape shape) {
+  const GptConfig& c = lc_;
+  const MlaSpec& m = *c.mla;
+  if (c.attention_backend == AttentionBackend::Flash || c.attention_backend == AttentionBackend::Unfused)
+    throw UsageError(std::string("--attention-backend ") +
+                     (c.attention_backend == AttentionBackend::Flash ? "flash" : "unfused") +
+                     ": multi-latent attention runs on the GPU through cuDNN's fused attention only (its query and "
+                     "value head dims differ); use --attention-backend fused or auto");
+  shape.G = shape.H;
+  shape.D = m.q_head_dim();
+  shape.Dv = m.v_head_dim;
+  shape.scale = static_cast<float>(m.softmax_scale);
+  cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Separate);
+  qkv_rows_ = kc::QkvRows::Separate;
+  attention_ = AttentionPath::Cudnn;
 }
 
 const char* CudaGptModel::attention_path() const {

@@ -185,6 +185,7 @@ class CudaGptModel {
   // Picks the attention path for --attention-backend (and builds cuDNN's plans when it is cuDNN);
   // throws UsageError where the backend asked for cannot serve the model.
   void init_attention(const kernels::cuda::AttentionShape& shape);
+  void init_mla_attention(kernels::cuda::AttentionShape shape);  // multi-latent attention's (cuDNN's)
   // cuDNN's attention, over split rows where it can (and allow_split).
   void make_cudnn_attention(const kernels::cuda::AttentionShape& shape, bool allow_split);
   // The staged micro-batch as the module tree sees it.
