@@ -10,9 +10,19 @@ namespace laoyao::data {
 SftDataset::SftDataset(const std::string& path, const SftTokenizer& tok, const SftSplitConfig& cfg)
     : cfg_(cfg), eos_(tok.eos()) {
   if (cfg.seq_length < 2) throw UsageError("fine-tuning needs a sequence length of at least 2");
-  // Bridge tokenises to max_seq_length = the sequence length (packed: the pack size, with
-  // pad_seq_to_mult 1), so an example's row (its ids but the last) always fits.
-  examples_ = read_prompt_completion_jsonl(path, tok, cfg.format, cfg.seq_length);
+  if (cfg.pad_seq_to_mult < 1)
+    throw UsageError("dataset.pad_seq_to_mult " + std::to_string(cfg.pad_seq_to_mult) + " must be a positive integer");
+  // Bridge tokenises to max_seq_length = the sequence length (packed: the pack size), so an
+  // example's row (its ids but the last) always fits; packing with pad_seq_to_mult > 1 tokenises
+  // to one more and then pads or cuts each example to its rounded length (tokenize_dataset).
+  const bool pre_pad = cfg.packed && cfg.pad_seq_to_mult > 1;
+  const int64_t cap = cfg.seq_length / cfg.pad_seq_to_mult * cfg.pad_seq_to_mult;
+  if (pre_pad && cap == 0)
+    throw UsageError("dataset.seq_length (" + std::to_string(cfg.seq_length) +
+                     ") must be at least dataset.pad_seq_to_mult (" + std::to_string(cfg.pad_seq_to_mult) + ")");
+  examples_ = read_prompt_completion_jsonl(path, tok, cfg.format, cfg.seq_length + (pre_pad ? 1 : 0));
+  if (pre_pad)
+    for (SftExample& ex : examples_) pre_pad_example(ex, cfg.pad_seq_to_mult, cap, eos_);
   if (cfg.packed) {
     packs_ = pack_first_fit_shuffle(examples_, cfg.seq_length, cfg.seed);
     std::vector<SftExample>().swap(examples_);

@@ -18,6 +18,9 @@ struct SftSplitConfig {
   bool packed = false;
   int64_t seed = 1234;         // the packing's np.random.seed
   int64_t num_samples = 0;     // the samples the run reads (size() covers them)
+  // Bridge's pad_seq_to_mult (packed rows only): each example padded so its tokens are a multiple
+  // of it (pre_pad_example), as context parallelism's THD chunks need.
+  int64_t pad_seq_to_mult = 1;
   PromptCompletionConfig format;
 };
 

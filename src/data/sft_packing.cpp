@@ -127,4 +127,11 @@ PackedRow packed_row(const SftPack& pack, int64_t max_length, tokenizer::TokenId
   return r;
 }
 
+void pre_pad_example(SftExample& ex, int64_t mult, int64_t cap, tokenizer::TokenId eos) {
+  const int64_t runtime = std::max<int64_t>(static_cast<int64_t>(ex.input_ids.size()) - 1, 0);
+  const int64_t stored = std::min(cap, (runtime + mult - 1) / mult * mult) + 1;
+  ex.input_ids.resize(static_cast<size_t>(stored), eos);
+  ex.loss_mask.resize(static_cast<size_t>(stored), 0);
+}
+
 }  // namespace laoyao::data

@@ -29,6 +29,13 @@ struct PackingStats {
 std::vector<SftPack> pack_first_fit_shuffle(const std::vector<SftExample>& examples, int64_t pack_size, int64_t seed,
                                             PackingStats* stats = nullptr);
 
+// Bridge's _pre_pad_data_point for packing with pad_seq_to_mult > 1: the example's shifted length
+// (its ids but one) rounded up to a multiple of `mult`, at most `cap` (the pack size rounded down to
+// one); its ids padded with EOS and its mask with 0 to that plus one, or cut to it. Inside a pack
+// the padding stays with its example (positions run on; later tokens never reach back into it), so
+// every example starts at a multiple of `mult`.
+void pre_pad_example(SftExample& ex, int64_t mult, int64_t cap, tokenizer::TokenId eos);
+
 // A pack as one training row of max_length tokens (Bridge's packed collate with pad_to_max_length):
 // each example contributes its ids but the last as tokens, its ids but the first as labels and its
 // rolled mask but the last entry; positions restart at 0 for each example; the tail is padded with

@@ -103,9 +103,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (ds.packed_sequence && c.train.micro_batch_size.value_or(1) != 1)
       out.push_back("packed fine-tuning rows with train.micro_batch_size " +
                     std::to_string(*c.train.micro_batch_size) + " (Megatron-Bridge packs one row a micro-batch: 1)");
-    if (ds.pad_seq_to_mult != 1)
-      out.push_back("dataset.pad_seq_to_mult " + std::to_string(ds.pad_seq_to_mult) +
-                    " (packing with examples padded to a multiple; accepted: 1)");
     if (!c.tokenizer.tokenizer_type || *c.tokenizer.tokenizer_type != "HuggingFaceTokenizer")
       out.push_back("fine-tuning data with tokenizer.tokenizer_type " + c.tokenizer.tokenizer_type.value_or("(none)") +
                     " (accepted: HuggingFaceTokenizer)");

@@ -65,6 +65,7 @@ data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const d
     sc.packed = ds.packed_sequence && k < 2;  // Bridge packs training and validation, never test
     sc.seed = ds.random_seed;
     sc.num_samples = wanted[k];
+    sc.pad_seq_to_mult = ds.pad_seq_to_mult;
     out[static_cast<size_t>(k)] = std::make_shared<data::SftDataset>(path, *tok, sc);
   }
   return out;

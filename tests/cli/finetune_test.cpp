@@ -130,13 +130,15 @@ TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
   EXPECT_EQ(pad_has_no_loss, (std::vector<bool>{true, true})) << r.output;
 
   // The PEFT recipes: LoRA on the same rows from the same import (Llama 3 8B's at dim 8, alpha 16;
-  // single-GPU parallel sizes).
+  // single-GPU parallel sizes; the second with examples padded to multiples of 4, as Qwen3 8B's PEFT
+  // recipe packs them).
   for (const char* recipe : {"llama32_1b_peft_config", "llama3_8b_peft_config"}) {
     std::vector<std::string> peft = base;
     peft[2] = recipe;
     for (const char* a : {"model.tensor_model_parallel_size=1", "model.context_parallel_size=1",
                           "model.sequence_parallel=false"})
       peft.push_back(a);
+    if (std::string(recipe) == "llama3_8b_peft_config") peft.push_back("dataset.pad_seq_to_mult=4");
     r = run_laoyao(peft, dir);
     ASSERT_EQ(r.status, 0) << recipe << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;

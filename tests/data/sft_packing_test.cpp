@@ -115,6 +115,34 @@ TEST(SftPacking, TheOrderIsNumpysSeededShuffleThenFirstFitThenPermutedPerLength)
   }
 }
 
+// pad_seq_to_mult 4 with packs of 10: shifted lengths 2, 4, 5 and 11 become 4, 4, 8 and 8 (the pack
+// rounded down to a multiple, cut), EOS ids with no loss; so in a pack's row every example starts at
+// a multiple of 4, and its padding keeps its positions running.
+TEST(SftPacking, PadSeqToMultRoundsEachExampleUpToAMultipleAndCutsAtThePackSize) {
+  const TokenId eos = 99;
+  std::vector<SftExample> ex = {example(1, 3, 1), example(2, 5, 2), example(3, 6, 3), example(4, 12, 4)};
+  for (SftExample& e : ex) pre_pad_example(e, 4, 8, eos);
+  std::vector<size_t> sizes;
+  for (const SftExample& e : ex) sizes.push_back(e.input_ids.size());
+  EXPECT_EQ(sizes, (std::vector<size_t>{5, 5, 9, 9}));
+  EXPECT_EQ(ex[0].input_ids, (std::vector<TokenId>{1000, 1001, 1002, eos, eos}));
+  EXPECT_EQ(ex[0].loss_mask, (std::vector<uint8_t>{0, 1, 1, 0, 0}));
+  EXPECT_EQ(ex[1].input_ids, (std::vector<TokenId>{2000, 2001, 2002, 2003, 2004}));  // already a multiple
+  EXPECT_EQ(ex[3].input_ids.back(), 4008);  // cut to 8 shifted tokens
+  EXPECT_EQ(ex[3].loss_mask, (std::vector<uint8_t>{0, 0, 0, 0, 1, 1, 1, 1, 1}));
+  PackingStats stats;
+  const std::vector<SftPack> packs = pack_first_fit_shuffle(ex, 10, 1234, &stats);
+  EXPECT_EQ(stats.skipped, 0);
+  for (const SftPack& p : packs) {
+    const PackedRow r = packed_row(p, 10, eos);
+    for (size_t t = 0; t < r.key_start.size(); ++t) {
+      if (t >= static_cast<size_t>(r.cu_seqlens[r.cu_seqlens.size() - 2])) break;  // (the row's tail padding)
+      EXPECT_EQ(r.key_start[t] % 4, 0) << "token " << t;
+      EXPECT_EQ(r.positions[t], static_cast<int64_t>(t) - r.key_start[t]) << "token " << t;
+    }
+  }
+}
+
 TEST(SftPacking, APackIsARowOfShiftedExamplesWithPositionsAndAttentionRestarting) {
   SftPack p;
   // Two examples: ids 10 11 12 (loss on 12) and 20 21 22 23 (loss on 22 23); masks rolled.
