@@ -112,7 +112,7 @@ small_mla=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden
            --q-lora-rank 64 --kv-lora-rank 32 --qk-head-dim 32 --qk-pos-emb-head-dim 16 --v-head-dim 32
            --attention-dropout 0 "${untied[@]}")
 declare_case mla mla_gpu_tests TEST 1 600 gtest:gpu_tests_mla.txt -- \
-  gpu_tests "$OUT/gpu_tests_mla.txt" 300 '*Mla*:*Separate*:*DeepseekHeadDims*:*UnequalHeadDims*'
+  gpu_tests "$OUT/gpu_tests_mla.txt" 300 '*Mla*:*Mtp*:*Separate*:*DeepseekHeadDims*:*UnequalHeadDims*'
 declare_case mla parity_mla TEST 1 900 compare:parity_mla_compare.txt -- \
   parity_run parity_mla "${small_mla[@]}" --train-iters 20
 declare_case mla parity_mla_moe TEST 1 900 compare:parity_mla_moe_compare.txt -- \
@@ -120,6 +120,10 @@ declare_case mla parity_mla_moe TEST 1 900 compare:parity_mla_moe_compare.txt --
   --moe-ffn-hidden-size 64 --moe-layer-freq '[0,1]' --moe-router-score-function sigmoid \
   --moe-router-enable-expert-bias --moe-shared-expert-intermediate-size 64 --moe-router-topk-scaling-factor 2.5 \
   --train-iters 20
+# Multi-token prediction (DeepSeek-V3's MTP block) on the MLA model: the lm loss compared; the logs'
+# mtp_1 loss lines beside it.
+declare_case mla parity_mtp TEST 1 900 compare:parity_mtp_compare.txt -- \
+  parity_run parity_mtp "${small_mla[@]}" --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 --train-iters 20
 
 # The Llama-style config without attention dropout: auto picks cuDNN's fused attention (query heads
 # gathered: 2 heads share one group), hidden dropout still on.

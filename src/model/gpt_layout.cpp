@@ -226,7 +226,9 @@ GradientWriters gradient_writers(const GptParameterLayout& layout) {
       for (size_t i = fc1; i < fc2 + (fc2 - fc1); ++i) w.gemm_written.push_back(specs[i].offset);
     }
   }
-  if (layout.output_w >= 0 && layout.output_w != layout.word_emb) w.gemm_written.push_back(layout.output_w);
+  // (Multi-token prediction's layers use the output layer too: its gradient is added to, not written.)
+  if (layout.output_w >= 0 && layout.output_w != layout.word_emb && layout.mtp.empty())
+    w.gemm_written.push_back(layout.output_w);
   std::sort(w.gemm_written.begin(), w.gemm_written.end());
   int64_t at = 0;
   for (int64_t o : w.gemm_written) {

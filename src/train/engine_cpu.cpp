@@ -129,6 +129,7 @@ BackendChoice choose_backend(const model::GptConfig& model) {
   std::string unchecked;
   if (model.lora) unchecked = "LoRA";
   if (model.mla) unchecked += std::string(unchecked.empty() ? "" : " and ") + "multi-latent attention";
+  if (model.mtp_num_layers > 0) unchecked += std::string(unchecked.empty() ? "" : " and ") + "multi-token prediction";
   if (gaps.empty() && !unchecked.empty()) {
     if (want == Device::kCuda)
       return {true, "laoyao: " + unchecked +

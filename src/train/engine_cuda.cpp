@@ -168,6 +168,7 @@ class CudaEngine final : public Engine {
   }
   void set_moe_aux_loss_scale(double scale) override { gpu_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
   model::GptModel::MoeLosses take_moe_losses() override { return gpu_.take_moe_losses(); }
+  std::vector<double> take_mtp_losses() override { return gpu_.take_mtp_losses(); }
   void finish_moe_step(dist::ProcessGroup* dp) override { gpu_.finish_moe_step(dp); }
   LossSum take_loss_sum() override {
     auto [sum, count] = gpu_.take_loss_sum();

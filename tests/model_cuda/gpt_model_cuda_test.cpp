@@ -578,6 +578,21 @@ TEST(CudaGptModel, MlaRefusesAttentionDropoutAndOurOwnAttentionKernelsByName) {
   }
 }
 
+// Multi-token prediction: one and two MTP layers on Llama's pieces (untied: the output layer's
+// gradient from the main loss and every MTP layer's), with DeepSeek's MLA.
+TEST(CudaGptModel, MtpMatchesCpuModel) {
+  GptConfig c = llama_config();
+  c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.1;
+  compare_mtp(c);
+  c.mtp_num_layers = 2, c.mtp_loss_scaling_factor = 0.3;
+  compare_mtp(c);
+}
+TEST(CudaGptModel, MtpWithMlaMatchesCpuModel) {
+  GptConfig c = mla_config(64);
+  c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.3;
+  compare_mtp(c);
+}
+
 // LoRA (peft.scheme lora): the adapters beside every linear, the base frozen (no gradients).
 TEST(CudaGptModel, LoraMatchesCpuModel) { compare(with_lora(small_config(4, 4)), false); }
 TEST(CudaGptModel, LoraLlamaWithDropoutMatchesCpuModel) { compare(with_lora(llama_config(), 0.1), true); }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -133,6 +134,52 @@ inline GptConfig mla_config(int64_t q_lora_rank) {
   c.mla = m;
   c.kv_channels = m.v_head_dim;
   return c;
+}
+
+// Multi-token prediction (Megatron-Core's MTP block) against the CPU model: the main per-token
+// losses, the logged MTP losses (each layer's masked mean, scaled as the main loss) and every
+// gradient (the shared output layer's and word embedding's from every layer), in three calls:
+// eager, the CUDA graphs' warm-up and their replay. loose: MoE routing, where bf16 can flip a
+// near-tie for a token (moe_model_cuda_test.cpp's compare_model says how much that moves).
+inline void compare_mtp(const GptConfig& c, bool loose = false) {
+  CpuAndGpuModels models(c);
+  GptModel& cpu = models.cpu;
+  CudaGptModel& gpu = models.gpu;
+  const Batch& x = models.x;
+  MicroBatch mb = models.mb;
+  mb.loss_mask = x.mask.data();  // (the GPU's forward takes it apart; MTP rolls it)
+  const DropoutKey key{1234, 17, false};
+  cpu.set_moe_aux_loss_scale(0.5f);
+  gpu.set_moe_aux_loss_scale(0.5f);
+  std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s));
+  cpu.zero_grads();
+  cpu.forward(mb, key, cpu_loss.data(), /*train_step=*/true);
+  cpu.backward(x.dloss.data());
+  const std::vector<double> cpu_mtp = cpu.take_mtp_losses();
+  ASSERT_EQ(cpu_mtp.size(), static_cast<size_t>(c.mtp_num_layers));
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), key, x.dloss.data());
+    gpu.backward();
+    const std::vector<float> gpu_loss = gpu.download_losses();
+    double diff = 0;
+    for (size_t t = 0; t < cpu_loss.size(); ++t) diff = std::max(diff, double(std::abs(gpu_loss[t] - cpu_loss[t])));
+    EXPECT_LT(diff, loose ? 0.15 : 3e-2) << "the main loss, token by token";
+    (void)gpu.take_loss_sum();
+    const std::vector<double> gpu_mtp = gpu.take_mtp_losses();
+    ASSERT_EQ(gpu_mtp.size(), cpu_mtp.size());
+    for (size_t k = 0; k < cpu_mtp.size(); ++k) EXPECT_NEAR(gpu_mtp[k], cpu_mtp[k], 1e-2 * cpu_mtp[k]) << "mtp_" << k + 1;
+    std::vector<float> grads(static_cast<size_t>(gpu.num_parameters()));
+    gpu.download_grads(grads.data());
+    EXPECT_LT(rel_err(grads.data(), cpu.grads(), gpu.num_parameters()), loose ? 0.1 : 2e-2);
+    for (const auto& p : cpu.table().specs) {
+      const bool routed = p.name.find(".mlp.experts.") != std::string::npos ||
+                          p.name.find(".mlp.router.") != std::string::npos;
+      if (loose && routed) continue;
+      EXPECT_LT(rel_err(grads.data() + p.offset, cpu.grads() + p.offset, p.numel), loose ? 0.15 : 6e-2) << p.name;
+    }
+  }
 }
 
 // A step of two micro-batches: the first backward after zero_grads() writes the GEMMs' weight

@@ -386,6 +386,12 @@ GptConfig deepseek_like() {
   return c;
 }
 TEST(CudaMoeModel, MlaWithDeepseekMoeLayersMatchesCpuModelButForFlippedTies) { compare_model(deepseek_like()); }
+// DeepSeek-V3's shape: an MTP layer after the decoder, itself an MoE layer as the last one.
+TEST(CudaMoeModel, MtpWithMlaAndDeepseekMoeLayers) {
+  GptConfig c = deepseek_like();
+  c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.1;
+  compare_mtp(c, /*loose=*/true);
+}
 TEST(CudaMoeModel, MlaWithFullRecomputation) {
   GptConfig c = deepseek_like();
   c.recompute = Recompute::Uniform, c.recompute_num_layers = 2;

@@ -207,6 +207,24 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
   scalar(tail, n);
 }
 
+__global__ void masked_mean_kernel(const float* loss, const float* mask, int64_t T, double scale, double* acc) {
+  __shared__ double sh[32];
+  double s = 0, c = 0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    s += static_cast<double>(loss[t]) * mask[t];
+    c += mask[t];
+  }
+  s = block_sum_double(s, sh);
+  c = block_sum_double(c, sh);
+  if (threadIdx.x == 0 && c > 0) acc[0] += scale * (s / c);
+}
+
+void masked_mean_accumulate(const float* loss, const float* mask, int64_t T, double scale, double* acc,
+                            cudaStream_t stream) {
+  masked_mean_kernel<<<1, 1024, 0, stream>>>(loss, mask, T, scale, acc);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
 void masked_loss_sum(const float* loss, const float* mask, int64_t T, double* acc, cudaStream_t stream) {
   masked_loss_kernel<<<1, 1024, 0, stream>>>(loss, mask, T, acc);
   LAOYAO_CUDA_CHECK(cudaGetLastError());

@@ -40,5 +40,9 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
 
 // acc[0] += sum_t loss[t] * mask[t], acc[1] += sum_t mask[t] (double; one block, fixed order).
 void masked_loss_sum(const float* loss, const float* mask, int64_t T, double* acc, cudaStream_t stream);
+// acc[0] += scale * sum(loss * mask) / sum(mask) (nothing for an empty mask): one forward's masked
+// mean, summed over forwards (multi-token prediction's logged losses, as GptModel sums them).
+void masked_mean_accumulate(const float* loss, const float* mask, int64_t T, double scale, double* acc,
+                            cudaStream_t stream);
 
 }  // namespace laoyao::kernels::cuda

@@ -59,7 +59,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
                           ") that are not multiples of 8 up to 4096");
     }
   }
-  if (c.mtp_num_layers > 0) missing.push_back("multi-token prediction (built on the CPU backend only)");
   if (c.context_parallel > 1) missing.push_back("context parallelism (built on the CPU backend only)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
@@ -93,7 +92,7 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
   if (local.moe.num_experts > 0 && !(st_.moe && st_.layout && st_.logit_keys))
     throw Error("CudaBackend: an MoE model needs its MoE layers, its layout and the logit keys");
   const GptConfig& c = lc_;
-  const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels, L = c.num_layers;
+  const int64_t T = max_b * s, h = c.hidden, HD = c.heads * c.kv_channels, L = c.layer_count();
   const int64_t wide = std::max({c.qkv_width(), c.fc1_width(), HD, h});
   // The norms' widths: the hidden size, and multi-latent attention's latents.
   const int64_t norm_width = c.mla ? std::max({h, c.mla->q_lora_rank, c.mla->kv_lora_rank}) : h;

@@ -134,7 +134,14 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     key_start_ = c.document_attention ? a.take<int32_t>(T) : nullptr;
     mask_ = a.take<float>(T);
     dloss_ = a.take<float>(T);
-    logit_keys_ = a.take<uint64_t>(c.num_layers);  // staged with the inputs: last, inside their span
+    mtp_.assign(static_cast<size_t>(c.mtp_num_layers), MtpBuffers{});
+    for (MtpBuffers& m : mtp_) {
+      m.tokens = a.take<int64_t>(T), m.positions = a.take<int64_t>(T), m.labels = a.take<int64_t>(T);
+      m.mask = a.take<float>(T), m.dloss = a.take<float>(T);
+    }
+    logit_keys_ = a.take<uint64_t>(c.layer_count());  // staged with the inputs: last, inside their span
+    for (MtpBuffers& m : mtp_) m.losses = a.take<float>(T);
+    mtp_acc_ = a.take<double>(c.mtp_num_layers);
   };
   if (c.moe.num_experts > 0) {
     // Under TP (with SP) the layers see the whole sequence and hold their share of every expert
@@ -151,7 +158,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   Carver real{static_cast<char*>(acts_.ptr), 0};
   carve(real);
   inputs_bytes_ =
-      static_cast<size_t>(reinterpret_cast<char*>(logit_keys_ + c.num_layers) - reinterpret_cast<char*>(tokens_));
+      static_cast<size_t>(reinterpret_cast<char*>(logit_keys_ + c.layer_count()) - reinterpret_cast<char*>(tokens_));
+  mtp_host_.resize(mtp_.size());
+  if (!mtp_.empty())
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(mtp_acc_, 0, sizeof(double) * mtp_.size(), stream_));
   for (int i = 0; i < 2; ++i) {
     staging_[i] = kc::PinnedHostBuffer(inputs_bytes_);
     LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
@@ -168,6 +178,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     const size_t head_begin = sync_ranges_.size();
     group("decoder.final_layernorm.");
     if (layout_.output_w != layout_.word_emb) group("output_layer.");
+    group("mtp.");  // (multi-token prediction's layers: their backward runs before the decoder's)
     head_ranges_.push_back({head_begin, sync_ranges_.size()});
     for (int64_t l = 0; l < lc_.num_layers; ++l)
       layer_ranges_.push_back(group("decoder.layers." + std::to_string(l) + "."));
@@ -187,6 +198,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
       if (sp_) sum(L.ln1_w, h), sum(L.ln1_b, h), sum(L.ln2_w, h), sum(L.ln2_b, h);
     }
     if (sp_) sum(layout_.final_w, h), sum(layout_.final_b, h);
+    for (const MtpOffsets& M : layout_.mtp)  // (their final norms see each rank's rows, as the decoder's)
+      if (sp_) sum(M.final_w, h), sum(M.final_b, h);
     for (const auto& [off, n] : tp_partial_grads(layout_)) sum(off, n);
     // Whole experts without EP: each rank's experts saw its share's rows, summed over the TP group
     // (with EP groups of whole TP groups they saw every share's: the trainer's reduction sums them).
@@ -441,6 +454,15 @@ void CudaGptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
 
 GptModel::MoeLosses CudaGptModel::take_moe_losses() { return moe_ ? moe_->take_losses(stream_) : GptModel::MoeLosses{}; }
 
+std::vector<double> CudaGptModel::take_mtp_losses() {
+  std::vector<double> out(mtp_.size());
+  if (out.empty()) return out;
+  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(out.data(), mtp_acc_, sizeof(double) * out.size(), cudaMemcpyDeviceToHost, stream_));
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(mtp_acc_, 0, sizeof(double) * out.size(), stream_));
+  kc::stream_wait(stream_, "the multi-token prediction losses");
+  return out;
+}
+
 void CudaGptModel::finalize_grads() {
   zero_grads_now();  // a step without a backward
   for (const auto& r : tp_summed_)
@@ -484,8 +506,24 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   }
   stage(mask_, loss_mask, sizeof(float) * T);
   if (dloss) stage(dloss_, dloss, sizeof(float) * T);
+  // Multi-token prediction: the micro-batch rolled once more per layer; a training forward's loss
+  // weights (mtp_loss_scaling_factor / mtp_num_layers of each layer's masked mean, scaled as the main
+  // loss: GptModel::backward's).
+  for (size_t k = 0; k < mtp_.size(); ++k) {
+    MtpLayerInputs& in = mtp_host_[k];
+    roll_mtp_inputs(in, b_, s_, mb.tokens, mb.positions, mb.labels, loss_mask, static_cast<int64_t>(k));
+    stage(mtp_[k].tokens, in.tokens.data(), ids);
+    stage(mtp_[k].positions, in.positions.data(), ids);
+    stage(mtp_[k].labels, in.labels.data(), ids);
+    stage(mtp_[k].mask, in.mask.data(), sizeof(float) * T);
+    if (dloss) {
+      set_mtp_loss_weights(in, cfg_.mtp_loss_scaling_factor / static_cast<double>(mtp_.size()) *
+                                   static_cast<double>(moe_aux_loss_scale_));
+      stage(mtp_[k].dloss, in.dloss.data(), sizeof(float) * T);
+    }
+  }
   if (c.moe.force_load_balancing)  // each MoE layer's random logits stream, read by the kernel on the device
-    for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (int64_t l = 0; l < c.layer_count(); ++l) {
       const uint64_t k = random_logits_key(key, l);
       stage(logit_keys_ + l, &k, sizeof k);
     }
@@ -549,6 +587,8 @@ mcore::Step CudaGptModel::tree_step(bool train_step) const {
   st.call = key_.call;
   st.training = key_.training;
   st.train_step = train_step;
+  for (const MtpBuffers& m : mtp_)
+    st.mtp.push_back({m.tokens, m.positions, m.labels, m.losses, train_step ? m.dloss : nullptr});
   return st;
 }
 
@@ -556,6 +596,9 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
   backend_->begin_phases(false);
   tree_->forward(tree_step(with_loss_grad), losses_, with_loss_grad ? dloss_ : nullptr);
   kc::masked_loss_sum(losses_, mask_, b_ * s_, loss_acc_.as<double>(), stream_);
+  if (with_loss_grad)  // Megatron logs a training forward's MTP losses (GptModel::forward)
+    for (size_t k = 0; k < mtp_.size(); ++k)
+      kc::masked_mean_accumulate(mtp_[k].losses, mtp_[k].mask, b_ * s_, moe_aux_loss_scale_, mtp_acc_ + k, stream_);
 }
 
 void CudaGptModel::enqueue_backward() {

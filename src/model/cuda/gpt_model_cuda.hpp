@@ -159,6 +159,9 @@ class CudaGptModel {
   // take (as GptModel::take_moe_losses; synchronises the stream).
   void set_moe_aux_loss_scale(float scale);
   GptModel::MoeLosses take_moe_losses();
+  // Multi-token prediction: each layer's training forwards' losses since the last take (as
+  // GptModel::take_mtp_losses; synchronises the stream); empty without MTP layers.
+  std::vector<double> take_mtp_losses();
   // After a step's micro-batches (GptModel::finish_moe_step): aux-loss-free balancing moves the
   // routers' expert biases by the training tokens counted over dp (null: this rank's), and
   // global_aux_loss's running counts start over.
@@ -239,7 +242,18 @@ class CudaGptModel {
   int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
   int32_t* key_start_ = nullptr;  // with document_attention: each query's first key, else null
   float *mask_ = nullptr, *dloss_ = nullptr;
-  uint64_t* logit_keys_ = nullptr;  // [layers] --moe-router-force-load-balancing's streams of this micro-batch
+  // Multi-token prediction layer k's inputs (model/mtp_inputs.hpp: rolled on the host, staged with
+  // the micro-batch's), its per-token losses, and the sum of its training forwards' masked means
+  // (scaled as the main loss) that take_mtp_losses() reads.
+  struct MtpBuffers {
+    int64_t *tokens = nullptr, *positions = nullptr, *labels = nullptr;
+    float *mask = nullptr, *dloss = nullptr, *losses = nullptr;
+  };
+  std::vector<MtpBuffers> mtp_;
+  std::vector<MtpLayerInputs> mtp_host_;
+  double* mtp_acc_ = nullptr;  // [mtp_num_layers]
+  // [layer_count] --moe-router-force-load-balancing's streams of this micro-batch (MTP layers' too)
+  uint64_t* logit_keys_ = nullptr;
   size_t inputs_bytes_ = 0;
   kernels::cuda::PinnedHostBuffer staging_[2];
   cudaEvent_t staged_[2] = {nullptr, nullptr};

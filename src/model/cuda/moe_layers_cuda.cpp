@@ -64,9 +64,9 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   const bool aux = losses_.aux_coeff > 0 || losses_.seq_aux_coeff > 0 || losses_.global_aux_coeff > 0;
   // The aux losses count their own top-k when the routing's is biased or limited to groups.
   const bool aux_apart = aux && (m.expert_bias || m.num_groups > 0);
-  slot_.assign(static_cast<size_t>(cfg.num_layers), -1);
+  slot_.assign(static_cast<size_t>(cfg.layer_count()), -1);  // (multi-token prediction's layers too)
   int64_t layers = 0;
-  for (int64_t l = 0; l < cfg.num_layers; ++l)
+  for (int64_t l = 0; l < cfg.layer_count(); ++l)
     if (cfg.is_moe_layer(l)) slot_[static_cast<size_t>(l)] = layers++;
 
   auto carve_saved = [&](Carver& a) {
@@ -538,7 +538,7 @@ void CudaMoeLayers::update_expert_bias(float* main, const GptParameterLayout& la
   int32_t* load = expert_load_.as<int32_t>();
   if (dp && dp->size() > 1)
     dp->all_reduce_device(load, expert_load_.bytes / sizeof(int32_t), dist::DeviceType::I32, stream);
-  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+  for (int64_t l = 0; l < cfg_.layer_count(); ++l) {
     const int64_t slot = slot_[static_cast<size_t>(l)];
     if (slot < 0) continue;
     kc::moe_update_expert_bias(load + slot * E_, main + layout.layers[static_cast<size_t>(l)].expert_bias, E_,
