@@ -12,8 +12,8 @@
 #   [BASELINE=BIN] bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
 # Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
-# moe_2b_mbsM_gbsG (default: the first three; moe_2b runs beside pytorch_moe.py, found next to PEER_SCRIPT;
-# seed_command and the moe_2b_* cases have no peer). Run on the GPU machine
+# moe_2b_mbsM_gbsG deepseek_v2_lite_4l (default: the first three; moe_2b runs beside pytorch_moe.py,
+# found next to PEER_SCRIPT; seed_command, the moe_2b_* cases and deepseek_v2_lite_4l have no peer). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -73,6 +73,20 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
       shape_args moe_2b | sed "s/--micro-batch-size 2 --global-batch-size 2 /--micro-batch-size ${mg%_gbs*} --global-batch-size ${mg#*_gbs} /" |
         # 256 sequences a step and more (the recipe's 512): 4 steps, the last two timed (a later flag wins)
         if [ "${mg#*_gbs}" -ge 256 ]; then sed 's/$/ --train-iters 4 --log-interval 2/'; else cat; fi ;;
+    # DeepSeek-V2-Lite's layers (deepseek_v2_lite_pretrain_config's model), 4 of them (the first dense):
+    # multi-latent attention (no query latent, kv latent 512, head dims 192 / 128, YaRN), 64 experts of
+    # ffn 1408, top-6, two shared experts' width, at seq 4096. No peer (the PyTorch peers have no MLA).
+    deepseek_v2_lite_4l) echo --num-layers 4 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 10944 \
+                           --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --disable-bias-linear \
+                           --untie-embeddings-and-output-weights --multi-latent-attention --kv-lora-rank 512 \
+                           --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --position-embedding-type yarn \
+                           --rotary-base 10000 --rotary-scaling-factor 40 --yarn-original-max-position-embeddings 4096 \
+                           --mscale 0.707 --mscale-all-dim 0.707 --seq-length 4096 --max-position-embeddings 4096 \
+                           --micro-batch-size 1 --global-batch-size 4 --vocab-size 102400 --num-experts 64 \
+                           --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 \
+                           --moe-layer-freq '[0,1,1,1]' --moe-router-load-balancing-type seq_aux_loss \
+                           --moe-aux-loss-coeff 1e-3 --moe-router-pre-softmax --moe-grouped-gemm --hidden-dropout 0 \
+                           --attention-dropout 0 --train-iters 20 ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
@@ -124,7 +138,7 @@ for c in $cases; do
   seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
-  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ]; then
+  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ] && [ "${c#deepseek}" = "$c" ]; then
     peer="$PEER"
     [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
     PYTHONUNBUFFERED=1 python3 "$peer" "$c" --compile > "$LOGS/peer_$c.log" 2>&1

@@ -136,15 +136,21 @@ __global__ void adamw_vec4_kernel(float4* p, const float4* g, float4* m, float4*
   }
 }
 
-__global__ void masked_loss_kernel(const float* loss, const float* mask, int64_t T, double* acc) {
+// One block's sums of loss * mask and of mask (valid in thread 0).
+__device__ void masked_sums(const float* loss, const float* mask, int64_t T, double& s, double& c) {
   __shared__ double sh[32];
-  double s = 0, c = 0;
+  s = 0, c = 0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
     s += static_cast<double>(loss[t]) * mask[t];
     c += mask[t];
   }
   s = block_sum_double(s, sh);
   c = block_sum_double(c, sh);
+}
+
+__global__ void masked_loss_kernel(const float* loss, const float* mask, int64_t T, double* acc) {
+  double s, c;
+  masked_sums(loss, mask, T, s, c);
   if (threadIdx.x == 0) acc[0] += s, acc[1] += c;
 }
 
@@ -208,14 +214,8 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
 }
 
 __global__ void masked_mean_kernel(const float* loss, const float* mask, int64_t T, double scale, double* acc) {
-  __shared__ double sh[32];
-  double s = 0, c = 0;
-  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
-    s += static_cast<double>(loss[t]) * mask[t];
-    c += mask[t];
-  }
-  s = block_sum_double(s, sh);
-  c = block_sum_double(c, sh);
+  double s, c;
+  masked_sums(loss, mask, T, s, c);
   if (threadIdx.x == 0 && c > 0) acc[0] += scale * (s / c);
 }
 
