@@ -127,8 +127,8 @@ void GptModel::finish_moe_step(dist::ProcessGroup* dp) {
 
 void GptModel::set_context_parallel_group(dist::ProcessGroup* cp) {
   const bool on = cp && cp->size() > 1;
-  if (on && (cfg_.moe.num_experts > 0 || cfg_.mla || cfg_.mtp_num_layers > 0 || cfg_.document_attention))
-    throw Error("GptModel: context parallelism with experts, MLA, MTP or documents is not built");
+  if (on && (cfg_.moe.num_experts > 0 || cfg_.mtp_num_layers > 0 || cfg_.document_attention))
+    throw Error("GptModel: context parallelism with experts, MTP or documents is not built");
   cp_rank_ = on ? cp->rank() : 0, cp_size_ = on ? cp->size() : 1;
   backend_->set_context_parallel(on ? cp : nullptr);
 }

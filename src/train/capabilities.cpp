@@ -14,11 +14,10 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     out.push_back("more than one rank (world size " + std::to_string(world_size) +
                   "): this build has no Gloo for CPU ranks");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
-  if (m.context_parallel_size > 1) {  // (CPU ranks, dense models with the fused attention, so far)
+  if (m.context_parallel_size > 1) {  // (CPU ranks, dense models, with MLA or not, so far)
     const std::string cp = "context parallelism (model.context_parallel_size " +
                            std::to_string(m.context_parallel_size) + ") with ";
     if (m.num_moe_experts && *m.num_moe_experts > 0) out.push_back(cp + "Mixture of Experts");
-    if (m.multi_latent_attention) out.push_back(cp + "multi-latent attention");
     if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(cp + "multi-token prediction");
     if (c.dataset.reset_attention_mask || (c.dataset.dataset_root && c.dataset.packed_sequence))
       out.push_back(cp + "documents kept apart (--reset-attention-mask, packed sequences)");

@@ -665,6 +665,32 @@ TEST(Launch, TheDeepseekV2LiteRecipeTrainsShrunkAloneAndOverTpAndEpRanks) {
   }
 }
 
+// Multi-latent attention under context parallelism (YaRN on the decoupled dims at the chunks'
+// places; the keys and values gathered, their gradients summed back): CP=2, and TP=2 x CP=2 with
+// sequence parallelism, with hidden dropout, reproduce one rank's losses and grad norms.
+TEST(Launch, ContextParallelCpuRanksWithMultiLatentAttentionReproduceOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_cp_mla");
+  const std::vector<std::string> one =
+      tiny_run({"--train-iters", "3", "--attention-dropout", "0", "--num-attention-heads", "4", "--normalization",
+                "RMSNorm", "--swiglu", "--disable-bias-linear", "--multi-latent-attention", "--q-lora-rank", "24",
+                "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8",
+                "--position-embedding-type", "yarn", "--rotary-scaling-factor", "4"});
+  const auto single = run_laoyao(one, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto want = losses_in(single.output), want_norms = grad_norms_in(single.output);
+  for (const auto& [n, extra] : std::vector<std::pair<const char*, std::vector<std::string>>>{
+           {"2", {"--context-parallel-size", "2"}},
+           {"4", {"--context-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"}}}) {
+    const auto r = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto got = losses_in(r.output);
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << n << " " << i;
+    EXPECT_EQ(grad_norms_in(r.output), want_norms) << n;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Multi-token prediction (--mtp-num-layers 2): its losses printed after the lm loss as Megatron's
 // "mtp_1 loss" / "mtp_2 loss"; two data-parallel CPU ranks print one rank's; a checkpoint saved
 // after iteration 2 resumes to the same losses; an MoE model's MTP layer under expert parallelism.

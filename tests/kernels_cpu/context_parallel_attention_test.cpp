@@ -81,4 +81,55 @@ TEST(ContextParallelAttention, EachRankGetsItsRowsOfTheWholeAttentionAndTheSumOf
   }
 }
 
+// Multi-latent attention's form (separate q, k, v; q/k and v head dims differ): the same two facts.
+TEST(ContextParallelAttention, SeparateQueryKeyValueRowsAndSummedGradientsAreTheWholeAttentions) {
+  for (const CpCase k : {CpCase{2, 8, 2, 2, 5, 2}, CpCase{1, 16, 3, 3, 4, 4}}) {
+    SCOPED_TRACE("S " + std::to_string(k.S) + " cp " + std::to_string(k.cp));
+    std::mt19937 rng(static_cast<unsigned>(k.S * 17 + k.cp));
+    const int64_t dqk = k.D, dv = k.D + 2, s = k.S / k.cp, T = k.b * k.S;
+    const float scale = 0.7f / std::sqrt(static_cast<float>(dqk));
+    const auto q = randn(static_cast<size_t>(T * k.H * dqk), rng), key = randn(q.size(), rng);
+    const auto v = randn(static_cast<size_t>(T * k.H * dv), rng), dctx = randn(v.size(), rng);
+    std::vector<float> ctx(v.size()), probs(static_cast<size_t>(k.b * k.H * k.S * k.S));
+    std::vector<float> dq(q.size()), dk(q.size()), dvv(v.size());
+    separate_attention_forward(q.data(), key.data(), v.data(), ctx.data(), probs.data(), k.b, k.S, k.H, dqk, dv, scale);
+    separate_attention_backward(q.data(), key.data(), v.data(), probs.data(), dctx.data(), dq.data(), dk.data(),
+                                dvv.data(), k.b, k.S, k.H, dqk, dv, scale);
+    std::vector<double> dk_sum(dk.size(), 0.0), dv_sum(dvv.size(), 0.0);
+    for (int64_t r = 0; r < k.cp; ++r) {
+      std::vector<float> q_local, dctx_local;
+      std::vector<int32_t> pos;
+      for (int64_t bi = 0; bi < k.b; ++bi)
+        for (int64_t i = 0; i < s; ++i) {
+          const int64_t p = place(i, r, k), t = bi * k.S + p;
+          q_local.insert(q_local.end(), q.begin() + t * k.H * dqk, q.begin() + (t + 1) * k.H * dqk);
+          dctx_local.insert(dctx_local.end(), dctx.begin() + t * k.H * dv, dctx.begin() + (t + 1) * k.H * dv);
+          pos.push_back(static_cast<int32_t>(p));
+        }
+      std::vector<float> c(static_cast<size_t>(k.b * s * k.H * dv)), pr(static_cast<size_t>(k.b * k.H * s * k.S));
+      context_parallel_separate_attention_forward(q_local.data(), key.data(), v.data(), c.data(), pr.data(), k.b, s,
+                                                  k.S, k.H, dqk, dv, scale, pos.data());
+      std::vector<float> dq_local = nans(q_local.size()), dk_full = nans(dk.size()), dv_full = nans(dvv.size());
+      context_parallel_separate_attention_backward(q_local.data(), key.data(), v.data(), pr.data(), dctx_local.data(),
+                                                   dq_local.data(), dk_full.data(), dv_full.data(), k.b, s, k.S, k.H,
+                                                   dqk, dv, scale, pos.data());
+      for (int64_t bi = 0; bi < k.b; ++bi)
+        for (int64_t i = 0; i < s; ++i) {
+          const int64_t t = bi * k.S + place(i, r, k), u = bi * s + i;
+          for (int64_t e = 0; e < k.H * dv; ++e)
+            ASSERT_NEAR(c[static_cast<size_t>(u * k.H * dv + e)], ctx[static_cast<size_t>(t * k.H * dv + e)], 1e-5)
+                << "rank " << r << " token " << u;
+          for (int64_t e = 0; e < k.H * dqk; ++e)
+            ASSERT_NEAR(dq_local[static_cast<size_t>(u * k.H * dqk + e)], dq[static_cast<size_t>(t * k.H * dqk + e)],
+                        1e-5 + 1e-5 * std::abs(dq[static_cast<size_t>(t * k.H * dqk + e)]))
+                << "dq, rank " << r << " token " << u;
+        }
+      for (size_t e = 0; e < dk_sum.size(); ++e) dk_sum[e] += dk_full[e];
+      for (size_t e = 0; e < dv_sum.size(); ++e) dv_sum[e] += dv_full[e];
+    }
+    for (size_t e = 0; e < dk_sum.size(); ++e) ASSERT_NEAR(dk_sum[e], dk[e], 1e-5 + 1e-5 * std::abs(dk[e])) << "dk " << e;
+    for (size_t e = 0; e < dv_sum.size(); ++e) ASSERT_NEAR(dv_sum[e], dvv[e], 1e-5 + 1e-5 * std::abs(dvv[e])) << "dv " << e;
+  }
+}
+
 }  // namespace laoyao::kernels::cpu::test

@@ -172,6 +172,14 @@ HeadsView separate_view(const char* what, int64_t H, int64_t Dqk, int64_t Dv) {
   return {H, H, Dqk, Dv, H * Dqk, H * Dqk, H * Dv, nullptr};
 }
 
+// Each query's place in the whole sequence of sk keys.
+void check_query_positions(const int32_t* query_positions, int64_t b, int64_t s, int64_t sk) {
+  for (int64_t t = 0; t < b * s; ++t)
+    if (query_positions[t] < 0 || query_positions[t] >= sk)
+      throw Error("context_parallel_attention: query " + std::to_string(t) + " at position " +
+                  std::to_string(query_positions[t]) + " outside the sequence of " + std::to_string(sk));
+}
+
 }  // namespace
 
 void attention_forward(const float* qkv, float* ctx, float* probs, int64_t b, int64_t s, int64_t H, int64_t G,
@@ -206,10 +214,7 @@ void context_parallel_attention_forward(const float* qkv, const float* qkv_full,
                                         int64_t s, int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
                                         const int32_t* query_positions, const float* dropout_mask) {
   const QkvLayout L("context_parallel_attention", H, G, D);
-  for (int64_t t = 0; t < b * s; ++t)
-    if (query_positions[t] < 0 || query_positions[t] >= sk)
-      throw Error("context_parallel_attention: query " + std::to_string(t) + " at position " +
-                  std::to_string(query_positions[t]) + " outside the sequence of " + std::to_string(sk));
+  check_query_positions(query_positions, b, s, sk);
   attention_forward_view(qkv, qkv_full, qkv_full, fused_view(L), ctx, probs, b, s, scale, dropout_mask,
                          {sk, nullptr, query_positions});
 }
@@ -223,6 +228,25 @@ void context_parallel_attention_backward(const float* qkv, const float* qkv_full
   std::fill(dqkv_full, dqkv_full + b * sk * L.row, 0.0f);  // (q slots: written to dqkv)
   attention_backward_view(qkv, qkv_full, qkv_full, fused_view(L), probs, dctx, dqkv, dqkv_full, dqkv_full, b, s,
                           scale, dropout_mask, {sk, nullptr, query_positions});
+}
+
+void context_parallel_separate_attention_forward(const float* q, const float* k_full, const float* v_full, float* ctx,
+                                                 float* probs, int64_t b, int64_t s, int64_t sk, int64_t H,
+                                                 int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
+                                                 const float* dropout_mask) {
+  check_query_positions(query_positions, b, s, sk);
+  attention_forward_view(q, k_full, v_full, separate_view("context_parallel_separate_attention", H, Dqk, Dv), ctx,
+                         probs, b, s, scale, dropout_mask, {sk, nullptr, query_positions});
+}
+
+void context_parallel_separate_attention_backward(const float* q, const float* k_full, const float* v_full,
+                                                  const float* probs, const float* dctx, float* dq, float* dk_full,
+                                                  float* dv_full, int64_t b, int64_t s, int64_t sk, int64_t H,
+                                                  int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
+                                                  const float* dropout_mask) {
+  check_query_positions(query_positions, b, s, sk);  // (one key and value per head: each overwritten once)
+  attention_backward_view(q, k_full, v_full, separate_view("context_parallel_separate_attention", H, Dqk, Dv), probs,
+                          dctx, dq, dk_full, dv_full, b, s, scale, dropout_mask, {sk, nullptr, query_positions});
 }
 
 }  // namespace laoyao::kernels::cpu

@@ -95,6 +95,20 @@ void separate_attention_backward(const float* q, const float* k, const float* v,
                                  float* dq, float* dk, float* dv, int64_t b, int64_t s, int64_t H, int64_t Dqk,
                                  int64_t Dv, float scale, const float* dropout_mask = nullptr,
                                  const int32_t* key_start = nullptr);
+// Its context-parallel form (as context_parallel_attention above): this rank's s queries of each
+// sequence (q [b*s, H*Dqk]) against the whole sequence's keys and values (k_full [b*sk, H*Dqk],
+// v_full [b*sk, H*Dv], every rank's rows in sequence order), query t seeing keys 0 ..
+// query_positions[t]; probs [b, H, s, sk]. The backward overwrites dq (this rank's queries) and
+// dk_full, dv_full (what this rank's queries give every key and value: the ranks' summed).
+void context_parallel_separate_attention_forward(const float* q, const float* k_full, const float* v_full, float* ctx,
+                                                 float* probs, int64_t b, int64_t s, int64_t sk, int64_t H,
+                                                 int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
+                                                 const float* dropout_mask = nullptr);
+void context_parallel_separate_attention_backward(const float* q, const float* k_full, const float* v_full,
+                                                  const float* probs, const float* dctx, float* dq, float* dk_full,
+                                                  float* dv_full, int64_t b, int64_t s, int64_t sk, int64_t H,
+                                                  int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
+                                                  const float* dropout_mask = nullptr);
 
 // ---- rotary position embedding (Megatron-Core RotaryEmbedding + _apply_rotary_pos_emb_bshd,
 // non-interleaved "rotate_half" form), applied to the q heads and k of the fused QKV rows above.

@@ -286,6 +286,18 @@ void CpuBackend::mla_prepare_backward(Act dquery, Act dkey, Act dvalue, Act dq, 
 void CpuBackend::separate_core_attention(int64_t layer, Act q, Act k, Act v, Act ctx, int64_t dqk, int64_t dv,
                                          float scale, const BatchShape& batch, const DropoutSpec& drop) {
   std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
+  if (batch.cp_size > 1) {  // this rank's queries against the whole sequences' keys and values
+    if (batch.key_start) throw Error("CpuBackend: context parallelism with documents");
+    const int64_t H = lc_.heads, S = batch.s * batch.cp_size;
+    float* k_full = scratch(cp_full_, batch.b * S * H * (dqk + dv));
+    float* v_full = k_full + batch.b * S * H * dqk;
+    cp_gather_rows(F(k), k_full, batch, H * dqk);
+    cp_gather_rows(F(v), v_full, batch, H * dv);
+    probs.resize(static_cast<size_t>(batch.b * H * batch.s * S));
+    k::context_parallel_separate_attention_forward(F(q), k_full, v_full, F(ctx), probs.data(), batch.b, batch.s, S, H,
+                                                   dqk, dv, scale, cp_positions(batch), attention_mask(drop, batch));
+    return;
+  }
   probs.resize(static_cast<size_t>(batch.b * lc_.heads * batch.s * batch.s));
   k::separate_attention_forward(F(q), F(k), F(v), F(ctx), probs.data(), batch.b, batch.s, lc_.heads, dqk, dv, scale,
                                 attention_mask(drop, batch), batch.key_start);
@@ -294,6 +306,27 @@ void CpuBackend::separate_core_attention(int64_t layer, Act q, Act k, Act v, Act
 void CpuBackend::separate_core_attention_backward(int64_t layer, Act q, Act k, Act v, Act dctx, Act dquery, Act dkey,
                                                   Act dvalue, int64_t dqk, int64_t dv, float scale,
                                                   const BatchShape& batch, const DropoutSpec& drop) {
+  if (batch.cp_size > 1) {
+    // The keys' and values' gradients from every rank's queries, summed; this rank keeps its rows.
+    const int64_t H = lc_.heads, S = batch.s * batch.cp_size, kw = H * dqk, vw = H * dv;
+    float* k_full = scratch(cp_full_, batch.b * S * (kw + vw));
+    float* v_full = k_full + batch.b * S * kw;
+    float* dk_full = scratch(cp_dfull_, batch.b * S * (kw + vw));
+    float* dv_full = dk_full + batch.b * S * kw;
+    cp_gather_rows(F(k), k_full, batch, kw);
+    cp_gather_rows(F(v), v_full, batch, vw);
+    const int32_t* pos = cp_positions(batch);
+    k::context_parallel_separate_attention_backward(F(q), k_full, v_full, probs_.at(static_cast<size_t>(layer)).data(),
+                                                    F(dctx), F(dquery), dk_full, dv_full, batch.b, batch.s, S, H, dqk,
+                                                    dv, scale, pos, attention_mask(drop, batch));
+    cp_->all_reduce_sum(dk_full, static_cast<size_t>(batch.b * S * (kw + vw)));
+    for (int64_t t = 0; t < batch.T; ++t) {
+      const int64_t full_row = (t / batch.s) * S + pos[t];
+      std::copy(dk_full + full_row * kw, dk_full + (full_row + 1) * kw, F(dkey) + t * kw);
+      std::copy(dv_full + full_row * vw, dv_full + (full_row + 1) * vw, F(dvalue) + t * vw);
+    }
+    return;
+  }
   k::separate_attention_backward(F(q), F(k), F(v), probs_.at(static_cast<size_t>(layer)).data(), F(dctx), F(dquery),
                                  F(dkey), F(dvalue), batch.b, batch.s, lc_.heads, dqk, dv, scale,
                                  attention_mask(drop, batch), batch.key_start);
