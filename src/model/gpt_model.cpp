@@ -237,6 +237,7 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;
   // Multi-token prediction: ids, positions, labels and mask rolled left once more per layer.
   mtp_inputs_.resize(static_cast<size_t>(cfg_.mtp_num_layers));
+  mtp_tokens_ = mtp_tokens(mb.loss_mask, T);
   for (size_t k = 0; k < mtp_inputs_.size(); ++k) {
     MtpLayerInputs& m = mtp_inputs_[k];
     roll_mtp_inputs(m, mb.b, mb.s, mb.tokens, mb.positions, mb.labels, mb.loss_mask, static_cast<int64_t>(k));
@@ -256,17 +257,16 @@ void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losse
   // Megatron logs a training forward's MTP losses: the masked mean, scaled as the main loss is.
   if (train_step)
     for (size_t k = 0; k < mtp_inputs_.size(); ++k)
-      mtp_losses_[k] += mtp_masked_mean(mtp_inputs_[k]) * static_cast<double>(moe_aux_loss_scale_);
+      mtp_losses_[k] += mtp_masked_mean(mtp_inputs_[k]) * mtp_scale_.per_microbatch;
 }
 
 void GptModel::backward(const float* dloss) {
   if (!forwarded_) throw Error("GptModel::backward without a forward");
   if (moe_) moe_->count_training_forward();  // a training step's forward: its MoE losses are logged
-  // Each MTP layer's loss weights: mtp_loss_scaling_factor / mtp_num_layers of its masked mean,
-  // scaled as the main loss (Megatron's MTPLossAutoScaler with the main loss's backward scale).
+  // Each MTP layer's loss weights (Megatron's MTPLossAutoScaler; model/mtp_inputs.hpp).
+  const double factor = cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers);
   for (size_t k = 0; k < mtp_inputs_.size(); ++k) {
-    set_mtp_loss_weights(mtp_inputs_[k], cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers) *
-                                             static_cast<double>(moe_aux_loss_scale_));
+    set_mtp_loss_weights(mtp_inputs_[k], mtp_loss_weight(mtp_scale_, factor, mtp_tokens_));
     step_.mtp[k].dloss = mtp_inputs_[k].dloss.data();
   }
   backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);

@@ -136,6 +136,8 @@ class GptModel {
   // scale (Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches in training).
   void backward(const float* dloss);
   void set_moe_aux_loss_scale(float scale) { moe_aux_loss_scale_ = scale; }
+  // How multi-token prediction's losses are weighed and logged (model/mtp_inputs.hpp).
+  void set_mtp_loss_scale(const MtpLossScale& scale) { mtp_scale_ = scale; }
   // Mixture of Experts: the load-balancing, sequence load-balancing and z losses, each divided by
   // its coefficient (as Megatron logs them) and summed over the MoE layers: of the last forward,
   // and of every forward that a backward followed (training) since the last take, which resets.
@@ -214,6 +216,8 @@ class GptModel {
   // Multi-token prediction layers' inputs (model/mtp_inputs.hpp); the logged losses' sums.
   std::vector<MtpLayerInputs> mtp_inputs_;
   std::vector<double> mtp_losses_;
+  MtpLossScale mtp_scale_;
+  double mtp_tokens_ = 0;  // the micro-batch's loss tokens
   mcore::Step step_;
   bool forwarded_ = false;
   float moe_aux_loss_scale_ = 1.0f;

@@ -43,4 +43,15 @@ void set_mtp_loss_weights(MtpLayerInputs& in, double weight) {
   for (size_t t = 0; t < in.mask.size(); ++t) in.dloss[t] = static_cast<float>(in.mask[t] * scale);
 }
 
+double mtp_loss_weight(const MtpLossScale& scale, double factor, double tokens) {
+  return scale.per_token ? factor * tokens : factor * scale.per_microbatch;
+}
+
+double mtp_tokens(const float* mask, int64_t T) {
+  if (!mask) return static_cast<double>(T);
+  double n = 0;
+  for (int64_t t = 0; t < T; ++t) n += mask[t];
+  return n;
+}
+
 }  // namespace laoyao::model

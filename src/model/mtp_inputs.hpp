@@ -23,4 +23,19 @@ double mtp_masked_mean(const MtpLayerInputs& in);
 // dloss = weight x mask / the mask's sum: the gradient of weight x the masked mean.
 void set_mtp_loss_weights(MtpLayerInputs& in, double weight);
 
+// How a step weighs and logs these losses (Megatron's MTPLossAutoScaler and MTPLossLoggingHelper):
+// logged, each training micro-batch's masked mean times per_microbatch (1 / num_microbatches); its
+// gradient, mtp_loss_scaling_factor / mtp_num_layers of that mean times per_microbatch, or with a
+// per-token loss (--calculate-per-token-loss) of the masked sum times the micro-batch's loss tokens
+// over the layer's (process_mtp_loss; the trainer divides every gradient by the step's tokens).
+struct MtpLossScale {
+  double per_microbatch = 1.0;
+  bool per_token = false;
+};
+// The weight set_mtp_loss_weights takes: factor = mtp_loss_scaling_factor / mtp_num_layers; tokens
+// the micro-batch's loss tokens (its mask's sum before rolling).
+double mtp_loss_weight(const MtpLossScale& scale, double factor, double tokens);
+// The micro-batch's loss tokens (mask null: all T).
+double mtp_tokens(const float* mask, int64_t T);
+
 }  // namespace laoyao::model

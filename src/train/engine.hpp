@@ -62,6 +62,8 @@ class Engine {
   // MoEAuxLossAutoScaler: 1 / num_microbatches), and those losses over the training micro-batches
   // since the last call (model::GptModel::take_moe_losses). Dense models: nothing.
   virtual void set_moe_aux_loss_scale(double /*scale*/) {}
+  // How multi-token prediction's losses are weighed and logged (model::MtpLossScale).
+  virtual void set_mtp_loss_scale(const model::MtpLossScale& /*scale*/) {}
   virtual model::GptModel::MoeLosses take_moe_losses() { return {}; }
   // Multi-token prediction: each layer's logged loss since the last call
   // (model::GptModel::take_mtp_losses); empty without MTP layers.

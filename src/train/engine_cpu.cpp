@@ -32,6 +32,7 @@ class CpuEngine final : public Engine {
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }
   void set_moe_aux_loss_scale(double scale) override { model_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
+  void set_mtp_loss_scale(const model::MtpLossScale& scale) override { model_.set_mtp_loss_scale(scale); }
   model::GptModel::MoeLosses take_moe_losses() override { return model_.take_moe_losses(); }
   std::vector<double> take_mtp_losses() override { return model_.take_mtp_losses(); }
   void finish_moe_step(dist::ProcessGroup* dp) override { model_.finish_moe_step(dp); }

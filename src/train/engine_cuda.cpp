@@ -167,6 +167,7 @@ class CudaEngine final : public Engine {
     if (dloss) gpu_.backward();
   }
   void set_moe_aux_loss_scale(double scale) override { gpu_.set_moe_aux_loss_scale(static_cast<float>(scale)); }
+  void set_mtp_loss_scale(const model::MtpLossScale& scale) override { gpu_.set_mtp_loss_scale(scale); }
   model::GptModel::MoeLosses take_moe_losses() override { return gpu_.take_moe_losses(); }
   std::vector<double> take_mtp_losses() override { return gpu_.take_mtp_losses(); }
   void finish_moe_step(dist::ProcessGroup* dp) override { gpu_.finish_moe_step(dp); }

@@ -234,9 +234,6 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     // Megatron-Core's multi-token prediction.
     g.mtp_num_layers = *m.mtp_num_layers;
     g.mtp_loss_scaling_factor = m.mtp_loss_scaling_factor;
-    if (m.calculate_per_token_loss)
-      throw UsageError("model.mtp_num_layers (--mtp-num-layers) with model.calculate_per_token_loss "
-                       "(--calculate-per-token-loss) is not built yet");
     if (c.peft.scheme) throw UsageError("PEFT (peft.scheme) with multi-token prediction is not built yet");
   } else if (m.mtp_num_layers && *m.mtp_num_layers < 0) {
     throw UsageError("model.mtp_num_layers (--mtp-num-layers) " + std::to_string(*m.mtp_num_layers) +

@@ -67,6 +67,7 @@ StepResult train_step(TrainingRun& run) {
   // to undo the division by the step's tokens.
   engine.set_moe_aux_loss_scale(run.per_token ? run.router_tokens
                                               : 1.0 / static_cast<double>(M));  // a no-op unless it changed
+  engine.set_mtp_loss_scale({1.0 / static_cast<double>(M), run.per_token});
   engine.zero_grads();
   timers.start("forward-backward");
   double step_tokens = 0;  // this rank's loss tokens in the step

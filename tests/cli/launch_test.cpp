@@ -727,6 +727,22 @@ TEST(Launch, MultiTokenPredictionLogsItsLossesAndDataParallelRanksReproduceOneRa
   const auto resumed = run_laoyao(load, dir, "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   expect_resumed_tail(resumed.output, want, 1e-6, "resumed with MTP layers");
+  // --calculate-per-token-loss: Megatron weighs each MTP layer's masked sum by the micro-batch's
+  // tokens over the layer's, then divides every gradient by the step's tokens; with every token
+  // counted (mock data, no EOD masking) that is the same step as the per-micro-batch means, so the
+  // same losses (the later ones after the updates) and grad norms.
+  std::vector<std::string> per_token = one;
+  per_token.push_back("--calculate-per-token-loss");
+  const auto pt = run_laoyao(per_token, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(pt.status, 0) << pt.output;
+  const auto pt_lm = losses_in(pt.output), pt_mtp = mtp_losses(pt.output), pt_norms = grad_norms_in(pt.output);
+  ASSERT_EQ(pt_lm.size(), want.size()) << pt.output;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(pt_lm[i], want[i], 1e-5 * std::abs(want[i])) << "per token " << i;
+  ASSERT_EQ(pt_mtp.size(), want_mtp.size()) << pt.output;
+  for (size_t i = 0; i < want_mtp.size(); ++i) EXPECT_NEAR(pt_mtp[i], want_mtp[i], 1e-5 * want_mtp[i]) << "per token " << i;
+  const auto want_norms = grad_norms_in(single.output);
+  ASSERT_EQ(pt_norms.size(), want_norms.size()) << pt.output;
+  for (size_t i = 0; i < want_norms.size(); ++i) EXPECT_NEAR(pt_norms[i], want_norms[i], 1.5e-3) << "per token " << i;
   // An MoE model's MTP layer is an MoE layer: without dropout, on one rank and at EP=2 the same
   // losses, the MTP loss among them.
   const std::vector<std::string> moe =

@@ -454,6 +454,12 @@ void CudaGptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
 
 GptModel::MoeLosses CudaGptModel::take_moe_losses() { return moe_ ? moe_->take_losses(stream_) : GptModel::MoeLosses{}; }
 
+void CudaGptModel::set_mtp_loss_scale(const MtpLossScale& scale) {
+  if (scale.per_microbatch == mtp_scale_.per_microbatch && scale.per_token == mtp_scale_.per_token) return;
+  mtp_scale_ = scale;
+  drop_graphs();  // their logging kernels hold the old scale
+}
+
 std::vector<double> CudaGptModel::take_mtp_losses() {
   std::vector<double> out(mtp_.size());
   if (out.empty()) return out;
@@ -507,8 +513,9 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   stage(mask_, loss_mask, sizeof(float) * T);
   if (dloss) stage(dloss_, dloss, sizeof(float) * T);
   // Multi-token prediction: the micro-batch rolled once more per layer; a training forward's loss
-  // weights (mtp_loss_scaling_factor / mtp_num_layers of each layer's masked mean, scaled as the main
-  // loss: GptModel::backward's).
+  // weights (GptModel::backward's, model/mtp_inputs.hpp).
+  const double mtp_factor = cfg_.mtp_loss_scaling_factor / static_cast<double>(std::max<size_t>(mtp_.size(), 1));
+  const double mtp_tokens_now = mtp_.empty() ? 0.0 : mtp_tokens(loss_mask, T);
   for (size_t k = 0; k < mtp_.size(); ++k) {
     MtpLayerInputs& in = mtp_host_[k];
     roll_mtp_inputs(in, b_, s_, mb.tokens, mb.positions, mb.labels, loss_mask, static_cast<int64_t>(k));
@@ -517,8 +524,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
     stage(mtp_[k].labels, in.labels.data(), ids);
     stage(mtp_[k].mask, in.mask.data(), sizeof(float) * T);
     if (dloss) {
-      set_mtp_loss_weights(in, cfg_.mtp_loss_scaling_factor / static_cast<double>(mtp_.size()) *
-                                   static_cast<double>(moe_aux_loss_scale_));
+      set_mtp_loss_weights(in, mtp_loss_weight(mtp_scale_, mtp_factor, mtp_tokens_now));
       stage(mtp_[k].dloss, in.dloss.data(), sizeof(float) * T);
     }
   }
@@ -598,7 +604,8 @@ void CudaGptModel::enqueue_forward(bool with_loss_grad) {
   kc::masked_loss_sum(losses_, mask_, b_ * s_, loss_acc_.as<double>(), stream_);
   if (with_loss_grad)  // Megatron logs a training forward's MTP losses (GptModel::forward)
     for (size_t k = 0; k < mtp_.size(); ++k)
-      kc::masked_mean_accumulate(mtp_[k].losses, mtp_[k].mask, b_ * s_, moe_aux_loss_scale_, mtp_acc_ + k, stream_);
+      kc::masked_mean_accumulate(mtp_[k].losses, mtp_[k].mask, b_ * s_, mtp_scale_.per_microbatch, mtp_acc_ + k,
+                                 stream_);
 }
 
 void CudaGptModel::enqueue_backward() {

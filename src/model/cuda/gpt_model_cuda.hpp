@@ -162,6 +162,7 @@ class CudaGptModel {
   // Multi-token prediction: each layer's training forwards' losses since the last take (as
   // GptModel::take_mtp_losses; synchronises the stream); empty without MTP layers.
   std::vector<double> take_mtp_losses();
+  void set_mtp_loss_scale(const MtpLossScale& scale);
   // After a step's micro-batches (GptModel::finish_moe_step): aux-loss-free balancing moves the
   // routers' expert biases by the training tokens counted over dp (null: this rank's), and
   // global_aux_loss's running counts start over.
@@ -252,6 +253,7 @@ class CudaGptModel {
   std::vector<MtpBuffers> mtp_;
   std::vector<MtpLayerInputs> mtp_host_;
   double* mtp_acc_ = nullptr;  // [mtp_num_layers]
+  MtpLossScale mtp_scale_;
   // [layer_count] --moe-router-force-load-balancing's streams of this micro-batch (MTP layers' too)
   uint64_t* logit_keys_ = nullptr;
   size_t inputs_bytes_ = 0;
