@@ -127,9 +127,10 @@ void GptModel::finish_moe_step(dist::ProcessGroup* dp) {
 
 void GptModel::set_context_parallel_group(dist::ProcessGroup* cp) {
   const bool on = cp && cp->size() > 1;
-  if (on && (cfg_.moe.num_experts > 0 || cfg_.mtp_num_layers > 0 || cfg_.document_attention))
-    throw Error("GptModel: context parallelism with experts, MTP or documents is not built");
+  if (on && (cfg_.moe.num_experts > 0 || cfg_.document_attention))
+    throw Error("GptModel: context parallelism with experts or documents is not built");
   cp_rank_ = on ? cp->rank() : 0, cp_size_ = on ? cp->size() : 1;
+  cp_ = on ? cp : nullptr;
   backend_->set_context_parallel(on ? cp : nullptr);
 }
 
@@ -237,13 +238,40 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;
   // Multi-token prediction: ids, positions, labels and mask rolled left once more per layer.
   mtp_inputs_.resize(static_cast<size_t>(cfg_.mtp_num_layers));
-  mtp_tokens_ = mtp_tokens(mb.loss_mask, T);
+  mtp_tokens_ = mtp_tokens(mb.loss_mask, T);  // (this rank's: Megatron normalises each rank's by its own)
+  const MtpLayerInputs whole = mtp_inputs_.empty() || !cp_ ? MtpLayerInputs{} : whole_sequences(mb);
   for (size_t k = 0; k < mtp_inputs_.size(); ++k) {
     MtpLayerInputs& m = mtp_inputs_[k];
-    roll_mtp_inputs(m, mb.b, mb.s, mb.tokens, mb.positions, mb.labels, mb.loss_mask, static_cast<int64_t>(k));
+    if (cp_)
+      roll_mtp_inputs_cp(m, whole, mb.b, mb.s, cp_rank_, cp_size_, static_cast<int64_t>(k));
+    else
+      roll_mtp_inputs(m, mb.b, mb.s, mb.tokens, mb.positions, mb.labels, mb.loss_mask, static_cast<int64_t>(k));
     st.mtp.push_back({m.tokens.data(), m.positions.data(), m.labels.data(), m.losses.data(), nullptr});
   }
   return st;
+}
+
+// Context parallelism: the whole sequences' ids, positions, labels and mask, each rank's chunks put in
+// their places and summed over the group (exact in doubles).
+MtpLayerInputs GptModel::whole_sequences(const MicroBatch& mb) const {
+  const int64_t s = mb.s, S = s * cp_size_, n = mb.b * S;
+  std::vector<double> all(static_cast<size_t>(4 * n), 0.0);
+  for (int64_t t = 0; t < mb.b * s; ++t) {
+    const size_t at = static_cast<size_t>(4 * ((t / s) * S + cp_place(t % s, s, cp_rank_, cp_size_)));
+    all[at] = static_cast<double>(mb.tokens[t]);
+    all[at + 1] = mb.positions ? static_cast<double>(mb.positions[t]) : 0.0;
+    all[at + 2] = static_cast<double>(mb.labels[t]);
+    all[at + 3] = mb.loss_mask ? mb.loss_mask[t] : 1.0;
+  }
+  cp_->all_reduce_sum(all.data(), all.size());
+  MtpLayerInputs w;
+  for (int64_t t = 0; t < n; ++t) {
+    w.tokens.push_back(static_cast<int64_t>(all[static_cast<size_t>(4 * t)]));
+    w.positions.push_back(static_cast<int64_t>(all[static_cast<size_t>(4 * t + 1)]));
+    w.labels.push_back(static_cast<int64_t>(all[static_cast<size_t>(4 * t + 2)]));
+    w.mask.push_back(static_cast<float>(all[static_cast<size_t>(4 * t + 3)]));
+  }
+  return w;
 }
 
 void GptModel::forward(const MicroBatch& mb, const DropoutKey& key, float* losses, bool train_step) {

@@ -200,6 +200,7 @@ class GptModel {
   dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
   int64_t cp_rank_ = 0, cp_size_ = 1;   // set_context_parallel_group's
+  dist::ProcessGroup* cp_ = nullptr;
   GptParameterLayout layout_;
   const ParameterTable& table_ = layout_.table;
   std::vector<float> weights_, grads_;
@@ -214,6 +215,7 @@ class GptModel {
   std::vector<int64_t> tokens_, labels_, positions_;
   std::vector<int32_t> key_start_;  // the micro-batch's documents (empty: plain causal)
   // Multi-token prediction layers' inputs (model/mtp_inputs.hpp); the logged losses' sums.
+  MtpLayerInputs whole_sequences(const MicroBatch& mb) const;  // (context parallelism, for MTP)
   std::vector<MtpLayerInputs> mtp_inputs_;
   std::vector<double> mtp_losses_;
   MtpLossScale mtp_scale_;

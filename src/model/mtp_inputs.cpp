@@ -31,6 +31,28 @@ void roll_mtp_inputs(MtpLayerInputs& out, int64_t b, int64_t s, const int64_t* t
   out.losses.assign(static_cast<size_t>(b * s), 0.0f);
 }
 
+int64_t cp_place(int64_t i, int64_t s, int64_t cp_rank, int64_t cp_size) {
+  const int64_t c = s / 2;
+  return (i < c ? cp_rank : 2 * cp_size - 1 - cp_rank) * c + i % c;
+}
+
+void roll_mtp_inputs_cp(MtpLayerInputs& out, const MtpLayerInputs& whole, int64_t b, int64_t s, int64_t cp_rank,
+                        int64_t cp_size, int64_t k) {
+  const int64_t S = s * cp_size;
+  MtpLayerInputs rolled_whole;
+  roll_mtp_inputs(rolled_whole, b, S, whole.tokens.data(), whole.positions.data(), whole.labels.data(),
+                  whole.mask.empty() ? nullptr : whole.mask.data(), k);
+  auto take = [&](const auto& from, auto& to) {
+    to.resize(static_cast<size_t>(b * s));
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t i = 0; i < s; ++i)
+        to[static_cast<size_t>(r * s + i)] = from[static_cast<size_t>(r * S + cp_place(i, s, cp_rank, cp_size))];
+  };
+  take(rolled_whole.tokens, out.tokens), take(rolled_whole.positions, out.positions);
+  take(rolled_whole.labels, out.labels), take(rolled_whole.mask, out.mask);
+  out.losses.assign(static_cast<size_t>(b * s), 0.0f);
+}
+
 double mtp_masked_mean(const MtpLayerInputs& in) {
   double sum = 0;
   for (size_t t = 0; t < in.mask.size(); ++t) sum += static_cast<double>(in.losses[t]) * in.mask[t];

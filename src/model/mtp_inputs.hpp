@@ -18,6 +18,16 @@ struct MtpLayerInputs {
 // Layer k's rolled inputs of b sequences of s tokens (positions or mask null: zeros, all ones).
 void roll_mtp_inputs(MtpLayerInputs& out, int64_t b, int64_t s, const int64_t* tokens, const int64_t* positions,
                      const int64_t* labels, const float* mask, int64_t k);
+// Under context parallelism (this rank holding chunks cp_rank and 2 cp_size - 1 - cp_rank of each
+// sequence's 2 cp_size, s tokens of its s * cp_size): the place of the rank's i-th token of a
+// sequence, and layer k's inputs at the rank's tokens: the whole sequences' (`whole`: b sequences of
+// s * cp_size, gathered by the caller; mask empty: all ones) rolled, then the rank's chunks taken.
+// Megatron's roll_tensor rolls each chunk and trades the boundary tokens with the neighbouring
+// ranks, which gives the same values.
+int64_t cp_place(int64_t i, int64_t s, int64_t cp_rank, int64_t cp_size);
+void roll_mtp_inputs_cp(MtpLayerInputs& out, const MtpLayerInputs& whole, int64_t b, int64_t s, int64_t cp_rank,
+                        int64_t cp_size, int64_t k);
+
 // The masked mean of the layer's losses (a mask with nothing in it: 0).
 double mtp_masked_mean(const MtpLayerInputs& in);
 // dloss = weight x mask / the mask's sum: the gradient of weight x the masked mean.

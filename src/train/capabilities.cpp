@@ -18,7 +18,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     const std::string cp = "context parallelism (model.context_parallel_size " +
                            std::to_string(m.context_parallel_size) + ") with ";
     if (m.num_moe_experts && *m.num_moe_experts > 0) out.push_back(cp + "Mixture of Experts");
-    if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(cp + "multi-token prediction");
     if (c.dataset.reset_attention_mask || (c.dataset.dataset_root && c.dataset.packed_sequence))
       out.push_back(cp + "documents kept apart (--reset-attention-mask, packed sequences)");
     if (m.cp_comm_type != "p2p" && m.cp_comm_type != "all_gather")

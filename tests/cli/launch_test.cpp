@@ -743,6 +743,17 @@ TEST(Launch, MultiTokenPredictionLogsItsLossesAndDataParallelRanksReproduceOneRa
   const auto want_norms = grad_norms_in(single.output);
   ASSERT_EQ(pt_norms.size(), want_norms.size()) << pt.output;
   for (size_t i = 0; i < want_norms.size(); ++i) EXPECT_NEAR(pt_norms[i], want_norms[i], 1.5e-3) << "per token " << i;
+  // Context parallelism (CP=2): the MTP inputs rolled across the ranks' chunks (Megatron's
+  // roll_tensor), each rank's MTP losses normalised by its own tokens as Megatron's (so the logged
+  // MTP loss is the ranks' mean of their means, within a few percent of one rank's whole-sequence
+  // mean); the main loss of the first iteration (before any update) is one rank's.
+  const auto cp = run_laoyao(on_ranks("2", one, {"--context-parallel-size", "2"}), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(cp.status, 0) << cp.output;
+  const auto cp_lm = losses_in(cp.output), cp_mtp = mtp_losses(cp.output);
+  ASSERT_EQ(cp_lm.size(), want.size()) << cp.output;
+  EXPECT_NEAR(cp_lm[0], want[0], 1e-5 * want[0]) << cp.output;
+  ASSERT_EQ(cp_mtp.size(), want_mtp.size()) << cp.output;
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(cp_mtp[i], want_mtp[i], 0.05 * want_mtp[i]) << "CP=2, the first iteration's";
   // An MoE model's MTP layer is an MoE layer: without dropout, on one rank and at EP=2 the same
   // losses, the MTP loss among them.
   const std::vector<std::string> moe =

@@ -100,3 +100,58 @@ TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
     laoyao::model::test::expect_gradients_match_finite_differences(m, analytic, objective, rng, eps);
   }
 }
+
+// Under context parallelism each rank's MTP inputs are Megatron's roll_tensor of its two chunks:
+// each chunk rolled left by one, its last element then traded with the neighbouring ranks (rank r's
+// first chunk ends with rank r+1's first chunk's first element, the last rank's with its own second
+// chunk's; the second chunk ends with rank r-1's second chunk's first, rank 0's with 0), once per
+// layer. Simulated here rank by rank, against roll_mtp_inputs_cp on the whole sequences.
+TEST(MtpModel, ContextParallelInputsAreMegatronsRollTensorOfEachRanksChunks) {
+  for (const int64_t n : {2, 3}) {
+    const int64_t b = 2, c = 3, s = 2 * c, S = s * n;
+    MtpLayerInputs whole;
+    for (int64_t t = 0; t < b * S; ++t) {
+      whole.tokens.push_back(100 + t), whole.positions.push_back(t % S), whole.labels.push_back(500 + t);
+      whole.mask.push_back(t % 5 == 0 ? 0.0f : 1.0f);
+    }
+    // Each rank's local rows: chunks r and 2n-1-r of each sequence.
+    std::vector<std::vector<int64_t>> ranks(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t q = 0; q < b; ++q)
+        for (const int64_t chunk : {r, 2 * n - 1 - r})
+          for (int64_t i = 0; i < c; ++i) ranks[static_cast<size_t>(r)].push_back(whole.labels[q * S + chunk * c + i]);
+    for (int64_t k = 0; k < 2; ++k) {
+      // One roll_tensor: per sequence, per part, roll left; then the boundary trade.
+      std::vector<std::vector<int64_t>> next = ranks;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t q = 0; q < b; ++q)
+          for (int64_t part = 0; part < 2; ++part) {
+            const auto& src = ranks[static_cast<size_t>(r)];
+            auto& dst = next[static_cast<size_t>(r)];
+            const int64_t base = q * s + part * c;
+            for (int64_t i = 0; i + 1 < c; ++i) dst[static_cast<size_t>(base + i)] = src[static_cast<size_t>(base + i + 1)];
+            int64_t last;
+            if (part == 0)
+              last = r + 1 < n ? ranks[static_cast<size_t>(r + 1)][static_cast<size_t>(q * s)]  // its first chunk's first
+                               : src[static_cast<size_t>(q * s + c)];                          // own second chunk's first
+            else
+              last = r > 0 ? ranks[static_cast<size_t>(r - 1)][static_cast<size_t>(q * s + c)] : 0;
+            dst[static_cast<size_t>(base + c - 1)] = last;
+          }
+      ranks = next;
+      for (int64_t r = 0; r < n; ++r) {
+        MtpLayerInputs got;
+        roll_mtp_inputs_cp(got, whole, b, s, r, n, k);
+        EXPECT_EQ(got.labels, ranks[static_cast<size_t>(r)]) << "cp " << n << " rank " << r << " layer " << k;
+        ASSERT_EQ(got.mask.size(), static_cast<size_t>(b * s));
+        for (int64_t q = 0; q < b; ++q)  // the mask and ids roll alike: the whole sequence's, shifted k + 1
+          for (int64_t i = 0; i < s; ++i) {
+            const int64_t at = cp_place(i, s, r, n) + k + 1;
+            const float want = at < S ? whole.mask[static_cast<size_t>(q * S + at)] : 0.0f;
+            EXPECT_EQ(got.mask[static_cast<size_t>(q * s + i)], want);
+            EXPECT_EQ(got.tokens[static_cast<size_t>(q * s + i)], at < S ? whole.tokens[static_cast<size_t>(q * S + at)] : 0);
+          }
+      }
+    }
+  }
+}
