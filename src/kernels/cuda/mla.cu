@@ -39,9 +39,7 @@ __global__ void mla_forward_kernel(const bf16* __restrict__ q, const bf16* __res
                                    MlaDims d) {
   const int64_t T = d.b * d.s, dq = d.dqk + d.dr, half = table.rot_dim / 2;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const int64_t p = t % d.s;
-    const float* c = table.cos + p * half;
-    const float* s = table.sin + p * half;
+    const float *c = table.cos + (t % d.s) * half, *s = table.sin + (t % d.s) * half;  // (position t % s)
     for (int64_t e = threadIdx.x; e < d.H * dq; e += blockDim.x) {
       const int64_t h = e / dq, j = e % dq;
       const bf16* qh = q + (t * d.H + h) * dq;
@@ -67,9 +65,7 @@ __global__ void mla_backward_kernel(const bf16* __restrict__ dquery, const bf16*
                                     bf16* __restrict__ dkv, bf16* __restrict__ dk_pe, int64_t dk_pe_ld, MlaDims d) {
   const int64_t T = d.b * d.s, dq = d.dqk + d.dr, half = table.rot_dim / 2;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const int64_t p = t % d.s;
-    const float* c = table.cos + p * half;
-    const float* s = table.sin + p * half;
+    const float *c = table.cos + (t % d.s) * half, *s = table.sin + (t % d.s) * half;  // (position t % s)
     for (int64_t e = threadIdx.x; e < d.H * dq; e += blockDim.x) {
       const int64_t h = e / dq, j = e % dq;
       const bf16* g = dquery + (t * d.H + h) * dq;
