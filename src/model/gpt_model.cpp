@@ -292,9 +292,9 @@ void GptModel::backward(const float* dloss) {
   if (!forwarded_) throw Error("GptModel::backward without a forward");
   if (moe_) moe_->count_training_forward();  // a training step's forward: its MoE losses are logged
   // Each MTP layer's loss weights (Megatron's MTPLossAutoScaler; model/mtp_inputs.hpp).
-  const double factor = cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_num_layers);
+  const double weight = mtp_loss_weight(mtp_scale_, cfg_.mtp_loss_scaling_factor, cfg_.mtp_num_layers, mtp_tokens_);
   for (size_t k = 0; k < mtp_inputs_.size(); ++k) {
-    set_mtp_loss_weights(mtp_inputs_[k], mtp_loss_weight(mtp_scale_, factor, mtp_tokens_));
+    set_mtp_loss_weights(mtp_inputs_[k], weight);
     step_.mtp[k].dloss = mtp_inputs_[k].dloss.data();
   }
   backend_->bind(weights_.data(), grads_.data(), table_.trainable_offset);

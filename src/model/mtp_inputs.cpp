@@ -65,7 +65,8 @@ void set_mtp_loss_weights(MtpLayerInputs& in, double weight) {
   for (size_t t = 0; t < in.mask.size(); ++t) in.dloss[t] = static_cast<float>(in.mask[t] * scale);
 }
 
-double mtp_loss_weight(const MtpLossScale& scale, double factor, double tokens) {
+double mtp_loss_weight(const MtpLossScale& scale, double scaling_factor, int64_t num_layers, double tokens) {
+  const double factor = scaling_factor / static_cast<double>(std::max<int64_t>(num_layers, 1));
   return scale.per_token ? factor * tokens : factor * scale.per_microbatch;
 }
 

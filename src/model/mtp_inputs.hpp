@@ -42,9 +42,10 @@ struct MtpLossScale {
   double per_microbatch = 1.0;
   bool per_token = false;
 };
-// The weight set_mtp_loss_weights takes: factor = mtp_loss_scaling_factor / mtp_num_layers; tokens
-// the micro-batch's loss tokens (its mask's sum before rolling).
-double mtp_loss_weight(const MtpLossScale& scale, double factor, double tokens);
+// The weight set_mtp_loss_weights takes for each of num_layers layers (mtp_loss_scaling_factor /
+// num_layers of the scaled mean or sum); tokens: the micro-batch's loss tokens (its mask's sum before
+// rolling).
+double mtp_loss_weight(const MtpLossScale& scale, double scaling_factor, int64_t num_layers, double tokens);
 // The micro-batch's loss tokens (mask null: all T).
 double mtp_tokens(const float* mask, int64_t T);
 

@@ -514,8 +514,9 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   if (dloss) stage(dloss_, dloss, sizeof(float) * T);
   // Multi-token prediction: the micro-batch rolled once more per layer; a training forward's loss
   // weights (GptModel::backward's, model/mtp_inputs.hpp).
-  const double mtp_factor = cfg_.mtp_loss_scaling_factor / static_cast<double>(std::max<size_t>(mtp_.size(), 1));
-  const double mtp_tokens_now = mtp_.empty() ? 0.0 : mtp_tokens(loss_mask, T);
+  const double mtp_weight = mtp_.empty() ? 0.0
+                                          : mtp_loss_weight(mtp_scale_, cfg_.mtp_loss_scaling_factor,
+                                                            cfg_.mtp_num_layers, mtp_tokens(loss_mask, T));
   for (size_t k = 0; k < mtp_.size(); ++k) {
     MtpLayerInputs& in = mtp_host_[k];
     roll_mtp_inputs(in, b_, s_, mb.tokens, mb.positions, mb.labels, loss_mask, static_cast<int64_t>(k));
@@ -524,7 +525,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
     stage(mtp_[k].labels, in.labels.data(), ids);
     stage(mtp_[k].mask, in.mask.data(), sizeof(float) * T);
     if (dloss) {
-      set_mtp_loss_weights(in, mtp_loss_weight(mtp_scale_, mtp_factor, mtp_tokens_now));
+      set_mtp_loss_weights(in, mtp_weight);
       stage(mtp_[k].dloss, in.dloss.data(), sizeof(float) * T);
     }
   }
