@@ -129,8 +129,6 @@ BackendChoice choose_backend(const model::GptConfig& model) {
   // have not yet run on a GPU: only when asked for by name.
   std::string unchecked;
   if (model.lora) unchecked = "LoRA";
-  if (model.mla) unchecked += std::string(unchecked.empty() ? "" : " and ") + "multi-latent attention";
-  if (model.mtp_num_layers > 0) unchecked += std::string(unchecked.empty() ? "" : " and ") + "multi-token prediction";
   if (gaps.empty() && !unchecked.empty()) {
     if (want == Device::kCuda)
       return {true, "laoyao: " + unchecked +

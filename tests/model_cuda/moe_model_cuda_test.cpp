@@ -218,7 +218,8 @@ void compare_global_aux_layer(const GptConfig& c, int64_t b, int64_t s) {
 // routed path to 2e-2 on identical inputs. Every call (eager, warm-up, CUDA graph) gives the same
 // losses, bit for bit.
 void compare_model(const GptConfig& c) {
-  const bool choices = c.moe.topk < c.moe.num_experts;
+  // (Forced routing draws the same random logits on both: no choice can flip either.)
+  const bool choices = c.moe.topk < c.moe.num_experts && !c.moe.force_load_balancing;
   CpuAndGpuModels models(c);
   GptModel& cpu = models.cpu;
   CudaGptModel& gpu = models.gpu;
@@ -377,20 +378,26 @@ TEST(CudaMoeModel, LlamaTop2Of8MatchesCpuModelButForFlippedTies) {
 }
 // DeepSeek's shape: multi-latent attention (the query latent, YaRN) before MoE layers with a dense
 // first layer, sigmoid routing with the expert bias and scaling, a shared expert, seq_aux_loss.
+// DeepSeek's MoE layers (sigmoid scores with the expert bias, a shared expert) after a dense one,
+// routed on forced random logits: its sigmoid routing of bf16 activations flips near-ties against
+// the CPU's fp32 ones (measured on the H200: an expert's gradient off by 0.75, the whole model's by
+// 0.12), which would hide an error in the MLA and MoE paths; the real routing is held to the CPU's
+// by the training curves of scripts/gpu_cases.sh's parity_mla_moe.
 GptConfig deepseek_like() {
   GptConfig c = moe_config(mla_config(64), 8, 2, 64, 64);
   c.num_layers = 3;
   c.moe.layers = {false, true, true};
   c.moe.sigmoid = true, c.moe.expert_bias = true, c.moe.topk_scaling_factor = 2.5;
   c.moe.aux_loss_coeff = 0, c.moe.seq_aux_loss_coeff = 1e-3;
+  c.moe.force_load_balancing = true;
   return c;
 }
-TEST(CudaMoeModel, MlaWithDeepseekMoeLayersMatchesCpuModelButForFlippedTies) { compare_model(deepseek_like()); }
+TEST(CudaMoeModel, MlaWithDeepseekMoeLayersMatchesCpuModel) { compare_model(deepseek_like()); }
 // DeepSeek-V3's shape: an MTP layer after the decoder, itself an MoE layer as the last one.
 TEST(CudaMoeModel, MtpWithMlaAndDeepseekMoeLayers) {
   GptConfig c = deepseek_like();
   c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.1;
-  compare_mtp(c, /*loose=*/true);
+  compare_mtp(c);
 }
 TEST(CudaMoeModel, MlaWithFullRecomputation) {
   GptConfig c = deepseek_like();
