@@ -125,18 +125,6 @@ BackendChoice choose_backend(const model::GptConfig& model) {
     return {false, ""};
   }
   const std::string gaps = cuda_backend_gaps(model);
-  // Features the CUDA backend has built (their model tests and CPU-vs-GPU cases declared) but that
-  // have not yet run on a GPU: only when asked for by name.
-  std::string unchecked;
-  if (model.lora) unchecked = "LoRA";
-  if (gaps.empty() && !unchecked.empty()) {
-    if (want == Device::kCuda)
-      return {true, "laoyao: " + unchecked +
-                        " on the CUDA backend has not yet been checked on a GPU (LAOYAO_DEVICE=cuda asked for it)"};
-    return {false, "laoyao: a GPU is visible, but " + unchecked +
-                       " on the CUDA backend has not yet been checked on a GPU: training on the CPU (LAOYAO_DEVICE=cuda "
-                       "runs it on the GPU)"};
-  }
   if (gaps.empty()) return {true, ""};
   if (want == Device::kCuda)
     throw UsageError("LAOYAO_DEVICE=cuda: the CUDA backend cannot train this model yet: " + gaps +

@@ -62,8 +62,11 @@ if hasattr(transformers, "DeepseekV2Config"):
         rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
                       "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707})
 if hasattr(transformers, "DeepseekV3Config"):
+    # (8 routed experts: with 4, the 4-element expert bias would leave the next RMSNorm weight off
+    # the 16-byte alignment the GPU's norm kernels read; DeepSeek-V3's own 256 keep it.)
     MODELS["DeepseekV3ForCausalLM"] = transformers.DeepseekV3Config(
-        **DEEPSEEK, q_lora_rank=48, n_group=2, topk_group=1, norm_topk_prob=True, num_nextn_predict_layers=0)
+        **{**DEEPSEEK, "n_routed_experts": 8}, q_lora_rank=48, n_group=2, topk_group=1, norm_topk_prob=True,
+        num_nextn_predict_layers=0)
 
 CHECKS = Checks(LAOYAO, OUT)
 check, run = CHECKS.check, CHECKS.run

@@ -188,8 +188,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   // rank's heads gave a part; under SP each rank's rows gave a part of every norm's gradient; an
   // MoE router's gradient comes from each rank's share of the experts' outputs.
   if (tensor_parallel()) {
-    auto sum = [&](int64_t off, int64_t n) {
-      if (off >= 0) tp_summed_.push_back({off, n});
+    auto sum = [&](int64_t off, int64_t n) {  // (PEFT's frozen base has no gradient to sum)
+      if (off >= 0 && off >= layout_.table.trainable_offset) tp_summed_.push_back({off, n});
     };
     const int64_t D = lc_.kv_channels;
     for (const auto& L : layout_.layers) {
@@ -207,7 +207,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   }
   if (same_experts_)
     for (const auto& p : layout_.table.specs)
-      if (is_routed_expert(p.name)) same_experts_summed_.push_back({p.offset, p.numel});
+      if (is_routed_expert(p.name) && p.offset >= layout_.table.trainable_offset)
+        same_experts_summed_.push_back({p.offset, p.numel});
 
   // NCCL calls can be captured too, but the tensor-parallel step is not yet checked that way; the
   // expert-parallel step with the all-to-all dispatcher reads the token counts on the host inside
