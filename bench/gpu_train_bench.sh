@@ -13,7 +13,8 @@
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
 # Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
 # moe_2b_mbsM_gbsG deepseek_v2_lite_4l (default: the first three; moe_2b runs beside pytorch_moe.py,
-# found next to PEER_SCRIPT; seed_command, the moe_2b_* cases and deepseek_v2_lite_4l have no peer). Run on the GPU machine
+# deepseek_v2_lite_4l beside bench/peers/pytorch_deepseek.py, both found next to PEER_SCRIPT;
+# seed_command and the moe_2b_* cases have no peer). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -75,7 +76,8 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
         if [ "${mg#*_gbs}" -ge 256 ]; then sed 's/$/ --train-iters 4 --log-interval 2/'; else cat; fi ;;
     # DeepSeek-V2-Lite's layers (deepseek_v2_lite_pretrain_config's model), 4 of them (the first dense):
     # multi-latent attention (no query latent, kv latent 512, head dims 192 / 128, YaRN), 64 experts of
-    # ffn 1408, top-6, two shared experts' width, at seq 4096. No peer (the PyTorch peers have no MLA).
+    # ffn 1408, top-6, two shared experts' width, at seq 4096. The peer (pytorch_deepseek.py) has no aux
+    # loss and plain RoPE; ours keeps the recipe's seq_aux_loss and YaRN.
     deepseek_v2_lite_4l) echo --num-layers 4 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 10944 \
                            --normalization RMSNorm --norm-epsilon 1e-6 --swiglu --disable-bias-linear \
                            --untie-embeddings-and-output-weights --multi-latent-attention --kv-lora-rank 512 \
@@ -138,9 +140,10 @@ for c in $cases; do
   seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
-  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ] && [ "${c#deepseek}" = "$c" ]; then
+  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ]; then
     peer="$PEER"
     [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
+    [ "$c" = deepseek_v2_lite_4l ] && peer="$(dirname "$PEER")/pytorch_deepseek.py"  # (bench/peers/, staged beside)
     PYTHONUNBUFFERED=1 python3 "$peer" "$c" --compile > "$LOGS/peer_$c.log" 2>&1
     peer_tok=$(sed -n 's/.*tokens\/s=\([0-9,]*\).*/\1/p' "$LOGS/peer_$c.log" | tr -d , | tail -1)
     peer_mem=$(sed -n 's/.*mem_GB=\([0-9.]*\).*/\1/p' "$LOGS/peer_$c.log" | tail -1)

@@ -53,7 +53,7 @@ stage() {
   cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
   # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
   for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
-  cp ../shared/peers/*.py "$C/peers/"
+  cp ../shared/peers/*.py bench/peers/*.py "$C/peers/"  # (the shared peers, and ours: bench/peers)
   du -sh "$C"
 }
 
