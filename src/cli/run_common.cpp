@@ -152,9 +152,10 @@ int start_training(config::Resolved& r) {
       cp_group = make_group(layout.cp_group(env.rank), "cp");
       dp_group = make_group(layout.dp_cp_group(env.rank), "dp_cp");
     }
-    // Expert parallelism: consecutive data-parallel ranks share out the experts; the ranks
-    // holding the same experts average their gradients. With whole experts under TP (expert TP
-    // size 1) the groups fold across the TP ranks: consecutive ranks share out the experts.
+    // Expert parallelism: consecutive data-parallel ranks (with CP, consecutive in cp + CP * dp)
+    // share out the experts; the ranks holding the same experts average their gradients. With
+    // whole experts under TP (expert TP size 1) the groups fold across the TP ranks: consecutive
+    // ranks share out the experts.
     const int64_t tp = layout.sizes().tp;
     const bool folded = tp > 1 && r.cfg.model.expert_tensor_parallel_size.value_or(tp) == 1;
     if (const int64_t ep = r.cfg.model.expert_model_parallel_size; ep > 1 && folded) {
@@ -162,7 +163,8 @@ int start_training(config::Resolved& r) {
       if (env.world_size > ep) expert_dp_group = make_group(layout.folded_expert_dp_group(env.rank, ep), "edp");
     } else if (ep > 1) {
       ep_group = make_group(layout.ep_group(env.rank, ep), "ep");
-      if (layout.dp() > ep) expert_dp_group = make_group(layout.expert_dp_group(env.rank, ep), "edp");
+      if (layout.dp() * layout.sizes().cp > ep)
+        expert_dp_group = make_group(layout.expert_dp_group(env.rank, ep), "edp");
     }
     // A GPU rank that waits on a collective another rank never joins fails after the timeout,
     // as a Gloo collective does, aborting its NCCL communicators so that it can exit.

@@ -263,6 +263,11 @@ struct Checker {
     if (m.context_parallel_size > 1 && m.seq_length % (2 * m.context_parallel_size) != 0)
       fail(n("model.seq_length") + " (" + std::to_string(m.seq_length) + ") must be divisible by 2 x " +
            n("model.context_parallel_size") + " (" + std::to_string(2 * m.context_parallel_size) + ")");
+    // Bridge's ConfigContainer.validate: a CP rank can hold no answer token of a micro-batch, whose
+    // per-rank mean would then be 0/0 and whose other ranks' means would be weighed wrongly.
+    if (m.context_parallel_size > 1 && d.dataset_root && (!m.calculate_per_token_loss || c.ddp.average_in_collective))
+      fail("When finetuning with CP>1, " + n("model.calculate_per_token_loss") + " must be true and " +
+           n("ddp.average_in_collective") + " false (Megatron-Bridge's rule)");
   }
 
   void parallelism() {

@@ -61,40 +61,49 @@ std::vector<int64_t> ParallelLayout::dp_cp_group(int64_t rank) const {
 
 namespace {
 
+// The expert layout with expert TP = TP (Megatron's "tp-ep-dp-pp" beside the dense "tp-cp-dp-pp"):
+// past the TP coordinate, the dense layout's context- and data-parallel coordinates flatten into
+// one index j = cp + CP * dp, which the expert layout reads as ep + EP * edp.
 void check_ep(const ParallelSizes& s, int64_t dp, int64_t ep) {
-  if (ep < 1 || dp % ep != 0)
+  if (ep < 1 || (dp * s.cp) % ep != 0)
     throw UsageError("expert-model-parallel size (" + std::to_string(ep) + ") must divide the data-parallel size (" +
-                     std::to_string(dp) + ")");
-  if (s.cp != 1) throw UsageError("expert parallelism with context parallelism is not supported yet");
+                     std::to_string(dp) + ")" +
+                     (s.cp > 1 ? " times the context-parallel size (" + std::to_string(s.cp) + ")" : std::string()));
 }
 
 }  // namespace
 
+int64_t ParallelLayout::cp_dp_index(const RankCoords& c) const { return c.cp + sizes_.cp * c.dp; }
+
+int64_t ParallelLayout::rank_at_cp_dp_index(RankCoords c, int64_t j) const {
+  c.cp = j % sizes_.cp, c.dp = j / sizes_.cp;
+  return rank_of(c);
+}
+
 std::vector<int64_t> ParallelLayout::ep_group(int64_t rank, int64_t ep) const {
   check_ep(sizes_, dp_, ep);
-  RankCoords c = coords(rank);
-  const int64_t first = c.dp / ep * ep;
+  const RankCoords c = coords(rank);
+  const int64_t first = cp_dp_index(c) / ep * ep;
   std::vector<int64_t> members;
-  for (int64_t i = 0; i < ep; ++i) c.dp = first + i, members.push_back(rank_of(c));
+  for (int64_t i = 0; i < ep; ++i) members.push_back(rank_at_cp_dp_index(c, first + i));
   return members;
 }
 
 std::vector<int64_t> ParallelLayout::expert_dp_group(int64_t rank, int64_t ep) const {
   check_ep(sizes_, dp_, ep);
-  RankCoords c = coords(rank);
-  const int64_t slot = c.dp % ep;
+  const RankCoords c = coords(rank);
+  const int64_t slot = cp_dp_index(c) % ep;
   std::vector<int64_t> members;
-  for (int64_t j = 0; j < dp_ / ep; ++j) c.dp = slot + j * ep, members.push_back(rank_of(c));
+  for (int64_t j = slot; j < dp_ * sizes_.cp; j += ep) members.push_back(rank_at_cp_dp_index(c, j));
   return members;
 }
 
 namespace {
 
-void check_folded_ep(const ParallelSizes& s, int64_t world, int64_t ep, int64_t rank) {
+void check_folded_ep(int64_t world, int64_t ep, int64_t rank) {
   if (ep < 1 || world % ep != 0)
     throw UsageError("expert-model-parallel size (" + std::to_string(ep) + ") must divide the world size (" +
                      std::to_string(world) + ") with an expert tensor-parallel size of 1");
-  if (s.cp != 1) throw UsageError("expert parallelism with context parallelism is not supported yet");
   if (rank < 0 || rank >= world)
     throw Error("rank " + std::to_string(rank) + " outside the world of " + std::to_string(world));
 }
@@ -102,14 +111,14 @@ void check_folded_ep(const ParallelSizes& s, int64_t world, int64_t ep, int64_t 
 }  // namespace
 
 std::vector<int64_t> ParallelLayout::folded_ep_group(int64_t rank, int64_t ep) const {
-  check_folded_ep(sizes_, world_, ep, rank);
+  check_folded_ep(world_, ep, rank);
   std::vector<int64_t> members;
   for (int64_t i = 0; i < ep; ++i) members.push_back(rank / ep * ep + i);
   return members;
 }
 
 std::vector<int64_t> ParallelLayout::folded_expert_dp_group(int64_t rank, int64_t ep) const {
-  check_folded_ep(sizes_, world_, ep, rank);
+  check_folded_ep(world_, ep, rank);
   std::vector<int64_t> members;
   for (int64_t r = rank % ep; r < world_; r += ep) members.push_back(r);
   return members;

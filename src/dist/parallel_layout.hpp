@@ -39,10 +39,11 @@ class ParallelLayout {
   // context-parallel coordinate at `rank`'s TP and PP coordinates, cp-minor (member dp * cp + cp),
   // over which the gradients are averaged and the losses summed.
   std::vector<int64_t> dp_cp_group(int64_t rank) const;
-  // Expert parallelism over ep data-parallel ranks (context parallelism 1; Megatron's expert layout
-  // "tp-ep-dp-pp" with expert TP = TP): `rank`'s expert-parallel group (ep consecutive data-parallel
-  // ranks of its TP rank) and its expert data-parallel group (the ranks holding the same experts'
-  // shards, dp / ep of them). A UsageError when ep does not divide the data-parallel size.
+  // Expert parallelism over ep data-parallel ranks (Megatron's expert layout "tp-ep-dp-pp" with
+  // expert TP = TP): `rank`'s expert-parallel group (ep consecutive data-parallel ranks of its TP
+  // rank; with context parallelism, consecutive in the flattened index cp + CP * dp) and its expert
+  // data-parallel group (the ranks holding the same experts' shards, dp * cp / ep of them). A
+  // UsageError when ep does not divide the data-parallel size (times the context-parallel size).
   std::vector<int64_t> ep_group(int64_t rank, int64_t ep) const;
   std::vector<int64_t> expert_dp_group(int64_t rank, int64_t ep) const;
   // The same with whole experts (expert TP size 1, Megatron's expert layout "tp-ep-dp-pp" with its
@@ -55,6 +56,9 @@ class ParallelLayout {
  private:
   enum class Axis { Tp, Cp, Dp, Pp };
   std::vector<int64_t> group_along(int64_t rank, Axis axis) const;
+  // The context- and data-parallel coordinates flattened (cp-minor), and back at c's TP and PP.
+  int64_t cp_dp_index(const RankCoords& c) const;
+  int64_t rank_at_cp_dp_index(RankCoords c, int64_t j) const;
 
   int64_t world_;
   ParallelSizes sizes_;

@@ -38,8 +38,17 @@ struct BatchShape {
   const int32_t* key_start = nullptr;
   // Context parallelism: this rank holds chunks cp_rank and 2 cp_size - 1 - cp_rank of each
   // sequence's 2 cp_size (s: their tokens, s * cp_size the sequence's); attention meets the whole
-  // sequence's keys, RoPE takes the tokens' places in it.
+  // sequence's keys, RoPE takes the tokens' places in it. With packed documents the chunks are
+  // each document's, and cp_places (host memory, [T]) holds every token's place (key_start's
+  // entries then places too); null: the two chunks of the sequence.
   int64_t cp_rank = 0, cp_size = 1;
+  const int32_t* cp_places = nullptr;
+  // Token t's place in its whole sequence.
+  int64_t cp_place(int64_t t) const {
+    if (cp_places) return cp_places[t];
+    const int64_t i = t % s, c = s / 2;
+    return (i < c ? cp_rank : 2 * cp_size - 1 - cp_rank) * c + i % c;
+  }
 };
 
 class Backend {

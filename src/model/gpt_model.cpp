@@ -127,11 +127,13 @@ void GptModel::finish_moe_step(dist::ProcessGroup* dp) {
 
 void GptModel::set_context_parallel_group(dist::ProcessGroup* cp) {
   const bool on = cp && cp->size() > 1;
-  if (on && (cfg_.moe.num_experts > 0 || cfg_.document_attention))
-    throw Error("GptModel: context parallelism with experts or documents is not built");
+  // (Each document's chunks: the dropout masks' and the MTP rolls' two chunks of a sequence do not apply.)
+  if (on && cfg_.document_attention && (cfg_.mtp_num_layers > 0 || cfg_.hidden_dropout > 0 || cfg_.attention_dropout > 0))
+    throw Error("GptModel: context parallelism with documents and multi-token prediction or dropout is not built");
   cp_rank_ = on ? cp->rank() : 0, cp_size_ = on ? cp->size() : 1;
   cp_ = on ? cp : nullptr;
-  backend_->set_context_parallel(on ? cp : nullptr);
+  backend_->set_context_parallel(cp_);
+  if (moe_) moe_->set_context_parallel_group(cp_);
 }
 
 void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
@@ -214,7 +216,7 @@ void GptModel::finalize_grads() {
 void check_key_start(const MicroBatch& mb) {
   if (!mb.key_start) return;
   for (int64_t t = 0; t < mb.b * mb.s; ++t) {
-    const int64_t i = t % mb.s, first = mb.key_start[t];
+    const int64_t i = mb.cp_places ? mb.cp_places[t] : t % mb.s, first = mb.key_start[t];
     const int64_t before = i > 0 ? mb.key_start[t - 1] : 0;
     if (first < before || first > i)
       throw Error("micro-batch key_start[" + std::to_string(t) + "] = " + std::to_string(first) + " outside [" +
@@ -231,8 +233,12 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   else positions_.clear();
   if (mb.key_start) key_start_.assign(mb.key_start, mb.key_start + T);
   else key_start_.clear();
+  if (mb.cp_places && !cp_) throw Error("GptModel: a micro-batch of context-parallel places without context parallelism");
+  if (mb.cp_places) cp_places_.assign(mb.cp_places, mb.cp_places + T);
+  else cp_places_.clear();
   mcore::Step st;
-  st.batch = {mb.b, mb.s, T, net_->rows(T), key_start_.empty() ? nullptr : key_start_.data(), cp_rank_, cp_size_};
+  st.batch = {mb.b,    mb.s,      T, net_->rows(T), key_start_.empty() ? nullptr : key_start_.data(), cp_rank_,
+              cp_size_, cp_places_.empty() ? nullptr : cp_places_.data()};
   st.tokens = tokens_.data(), st.labels = labels_.data();
   st.positions = positions_.empty() ? nullptr : positions_.data();
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;

@@ -44,10 +44,14 @@ struct MicroBatch {
   const int32_t* key_start = nullptr;
   // [b*s] or null (all ones): which labels count. Multi-token prediction rolls it with the labels.
   const float* loss_mask = nullptr;
+  // [b*s] or null: under context parallelism with documents, each token's place in its whole
+  // sequence (key_start then in places too); null: Megatron's two chunks of the sequence.
+  const int32_t* cp_places = nullptr;
 };
 
 // Throws laoyao::Error unless mb.key_start (when set) is what documents give: along each sequence
-// non-decreasing, with key_start[i] in [0, i]. The fast attention kernels rely on it.
+// non-decreasing, with key_start[i] in [0, i] (i: the token's place, cp_places[i] when set). The
+// fast attention kernels rely on it.
 void check_key_start(const MicroBatch& mb);
 
 // Where dropout masks come from: keyed by seed and a per-call counter, so a run is reproducible
@@ -200,6 +204,7 @@ class GptModel {
   dist::ProcessGroup* folded_edp_ = nullptr;
   dist::ProcessGroup* dp_ = nullptr;  // set_data_parallel_group's (null: one rank)
   int64_t cp_rank_ = 0, cp_size_ = 1;   // set_context_parallel_group's
+  std::vector<int32_t> cp_places_;      // the micro-batch's (MicroBatch::cp_places)
   dist::ProcessGroup* cp_ = nullptr;
   GptParameterLayout layout_;
   const ParameterTable& table_ = layout_.table;

@@ -14,15 +14,21 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     out.push_back("more than one rank (world size " + std::to_string(world_size) +
                   "): this build has no Gloo for CPU ranks");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
-  if (m.context_parallel_size > 1) {  // (CPU ranks, dense models, with MLA or not, so far)
+  if (m.context_parallel_size > 1) {  // (CPU ranks: dense or MoE, with MLA or not, so far)
     const std::string cp = "context parallelism (model.context_parallel_size " +
                            std::to_string(m.context_parallel_size) + ") with ";
-    if (m.num_moe_experts && *m.num_moe_experts > 0) out.push_back(cp + "Mixture of Experts");
-    if (c.dataset.reset_attention_mask || (c.dataset.dataset_root && c.dataset.packed_sequence))
-      out.push_back(cp + "documents kept apart (--reset-attention-mask, packed sequences)");
+    if (c.dataset.reset_attention_mask) out.push_back(cp + "documents kept apart by --reset-attention-mask");
+    if (c.dataset.dataset_root && c.dataset.packed_sequence) {  // (each packed sequence split as the row is)
+      if (c.dataset.pad_seq_to_mult % (2 * m.context_parallel_size) != 0)
+        out.push_back(cp + "packed sequences not padded to a multiple of 2 x CP (dataset.pad_seq_to_mult " +
+                      std::to_string(c.dataset.pad_seq_to_mult) + "; set it to a multiple of " +
+                      std::to_string(2 * m.context_parallel_size) + ", as Megatron-Bridge asks)");
+      if (m.hidden_dropout > 0 || m.attention_dropout > 0)
+        out.push_back(cp + "packed sequences and dropout (model.hidden_dropout, model.attention_dropout)");
+      if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(cp + "packed sequences and multi-token prediction");
+    }
     if (m.cp_comm_type != "p2p" && m.cp_comm_type != "all_gather")
       out.push_back(cp + "--cp-comm-type " + m.cp_comm_type + " (accepted: p2p, all_gather)");
-    if (c.peft.scheme) out.push_back(cp + "PEFT");
   }
   // Mixture of Experts trains data-parallel, expert-parallel, tensor-parallel with its experts
   // split over the same ranks, tensor- and expert-parallel, or tensor-parallel with whole experts
@@ -35,7 +41,8 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     const bool folded = tp > 1 && etp == 1;
     if (ep > 1 && !folded && dp % ep != 0)
       out.push_back("expert parallelism over " + std::to_string(ep) + " ranks with " + std::to_string(dp) +
-                    " data-parallel ranks (model.expert_model_parallel_size must divide the data-parallel size)");
+                    " data- and context-parallel ranks (model.expert_model_parallel_size must divide the "
+                    "data-parallel size times the context-parallel size)");
     if (ep > 1 && folded && world_size % ep != 0)
       out.push_back("expert parallelism over " + std::to_string(ep) + " ranks of a world of " +
                     std::to_string(world_size) + " with whole experts (model.expert_model_parallel_size must divide "

@@ -175,25 +175,54 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
 }
 
 MicroBatchData context_parallel_chunks(const MicroBatchData& mb, int64_t cp_rank, int64_t cp_size) {
-  if (mb.s % (2 * cp_size) != 0)
+  const int64_t n = 2 * cp_size;
+  if (mb.s % n != 0)
     throw UsageError("context parallelism over " + std::to_string(cp_size) + " ranks splits each sequence into " +
-                     std::to_string(2 * cp_size) + " chunks: the sequence length " + std::to_string(mb.s) +
+                     std::to_string(n) + " chunks: the sequence length " + std::to_string(mb.s) +
                      " is not a multiple of it");
-  if (!mb.key_start.empty()) throw UsageError("context parallelism with documents kept apart is not built yet");
-  const int64_t c = mb.s / (2 * cp_size);
+  const bool documents = !mb.key_start.empty();
+  // Each row's places this rank keeps, in its order: the row's (or each document's) chunks
+  // cp_rank and n - 1 - cp_rank.
+  std::vector<int64_t> places;
+  auto keep = [&](int64_t first, int64_t length) {
+    const int64_t c = length / n;
+    for (const int64_t chunk : {cp_rank, n - 1 - cp_rank})
+      for (int64_t i = 0; i < c; ++i) places.push_back(first + chunk * c + i);
+  };
+  for (int64_t r = 0; r < mb.b; ++r) {
+    if (!documents) {
+      keep(0, mb.s);
+      continue;
+    }
+    const int32_t* ks = mb.key_start.data() + r * mb.s;
+    for (int64_t first = 0; first < mb.s;) {
+      int64_t end = first + 1;
+      while (end < mb.s && ks[end] != end) ++end;  // (a document starts where its first key is itself)
+      if ((end - first) % n != 0)
+        throw UsageError("context parallelism over " + std::to_string(cp_size) + " ranks splits each packed sequence "
+                         "into " + std::to_string(n) + " chunks: a sequence of " + std::to_string(end - first) +
+                         " tokens (row " + std::to_string(r) + ", from token " + std::to_string(first) +
+                         ") is not a multiple of it; set dataset.pad_seq_to_mult to a multiple of " + std::to_string(n) +
+                         " (Megatron-Bridge pads each packed sequence to it)");
+      keep(first, end - first);
+      first = end;
+    }
+  }
   MicroBatchData out;
-  out.b = mb.b, out.s = 2 * c;
+  out.b = mb.b, out.s = mb.s / cp_size;
   out.sample_indices = mb.sample_indices;
   auto take = [&](const auto& in, auto& dst) {
     if (in.empty()) return;
     for (int64_t r = 0; r < mb.b; ++r)
-      for (const int64_t chunk : {cp_rank, 2 * cp_size - 1 - cp_rank}) {
-        const auto from = in.begin() + r * mb.s + chunk * c;
-        dst.insert(dst.end(), from, from + c);
-      }
+      for (int64_t i = 0; i < out.s; ++i)
+        dst.push_back(in[static_cast<size_t>(r * mb.s + places[static_cast<size_t>(r * out.s + i)])]);
   };
   take(mb.tokens, out.tokens), take(mb.labels, out.labels), take(mb.positions, out.positions);
   take(mb.loss_mask, out.loss_mask);
+  if (documents) {
+    take(mb.key_start, out.key_start);
+    for (const int64_t p : places) out.cp_places.push_back(static_cast<int32_t>(p));
+  }
   return out;
 }
 

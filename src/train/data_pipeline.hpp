@@ -36,7 +36,11 @@ struct MicroBatchData {
   std::vector<int64_t> tokens, labels, positions;
   std::vector<float> loss_mask;
   std::vector<int32_t> key_start;  // each query's first key (--reset-attention-mask), else empty
+  // A context-parallel rank's packed documents: each token's place in its whole row (key_start then
+  // in those places too); empty otherwise (Megatron's two chunks of the row, or no CP).
+  std::vector<int32_t> cp_places;
   const int32_t* key_start_or_null() const { return key_start.empty() ? nullptr : key_start.data(); }
+  const int32_t* cp_places_or_null() const { return cp_places.empty() ? nullptr : cp_places.data(); }
 };
 
 // Token ids at or above `vocab` (> 0) are a UsageError naming the sample and the id: the data was
@@ -45,7 +49,10 @@ MicroBatchData load_micro_batch(const data::SampleDataset& ds, const std::vector
 
 // Context parallelism: rank cp_rank's chunks of each sequence of mb (Megatron's
 // get_batch_on_this_cp_rank: the sequence in 2 cp_size chunks, this rank's chunks cp_rank and
-// 2 cp_size - 1 - cp_rank, in that order). A UsageError when the sequence does not split so.
+// 2 cp_size - 1 - cp_rank, in that order). With packed documents (key_start), each document is
+// split so (Megatron's THD partition, thd_get_partitioned_indices), the rank's chunks in document
+// order, and cp_places says where each token was. A UsageError when a sequence or a document does
+// not split so (naming dataset.pad_seq_to_mult, which pads each packed example to a multiple).
 MicroBatchData context_parallel_chunks(const MicroBatchData& mb, int64_t cp_rank, int64_t cp_size);
 
 // Dataset indices of training micro-batch `microbatch` (0-based) of the iteration that starts after

@@ -40,8 +40,8 @@ class CpuEngine final : public Engine {
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     const int64_t T = mb.b * mb.s;
     losses_.resize(static_cast<size_t>(T));
-    model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data(),
-                         mb.key_start_or_null(), mb.loss_mask.data()};
+    model::MicroBatch in{mb.b,    mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data(), mb.key_start_or_null(),
+                         mb.loss_mask.data(), mb.cp_places_or_null()};
     model_.forward(in, key, losses_.data(), dloss != nullptr);
     for (int64_t t = 0; t < T; ++t) {
       acc_.sum += static_cast<double>(losses_[t]) * mb.loss_mask[t];

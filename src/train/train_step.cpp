@@ -62,11 +62,13 @@ StepResult train_step(TrainingRun& run) {
   Engine& engine = *run.engine;
   StepTimers& timers = *run.timers;
   const int64_t M = p.M;
-  // Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches; with a per-token loss 1, the router
-  // multiplying its aux and z losses by the tokens it sees (a rank's share of the micro-batch)
-  // to undo the division by the step's tokens.
+  // Megatron's MoEAuxLossAutoScaler: CP / num_microbatches (each context-parallel rank's aux and z
+  // losses are its share of the whole sequences', and the gradients are averaged over dp_cp); with
+  // a per-token loss 1, the router multiplying its aux and z losses by its tokens times the TP x CP
+  // size (a micro-batch's) to undo the division by the step's tokens.
   engine.set_moe_aux_loss_scale(run.per_token ? run.router_tokens
-                                              : 1.0 / static_cast<double>(M));  // a no-op unless it changed
+                                              : static_cast<double>(run.cp_size) /
+                                                    static_cast<double>(M));  // a no-op unless it changed
   engine.set_mtp_loss_scale({1.0 / static_cast<double>(M), run.per_token});
   engine.zero_grads();
   timers.start("forward-backward");
@@ -130,7 +132,10 @@ StepResult train_step(TrainingRun& run) {
     const double dp_size = static_cast<double>(run.dp_size);
     if (run.dp && run.dp_size > 1) run.dp->all_reduce_sum(v, 4);
     const double per = 1.0 / (static_cast<double>(M) * static_cast<double>(run.moe_layers) * dp_size);
-    r.moe.aux = v[0] * per, r.moe.seq_aux = v[1] * per, r.moe.z = v[2] * per;
+    // The context-parallel ranks' aux losses are shares of their sequences': summed over CP (Megatron's
+    // tp_cp reduce group), averaged over DP; their z-losses are means, averaged over both.
+    const double cp = static_cast<double>(run.cp_size);
+    r.moe.aux = v[0] * per * cp, r.moe.seq_aux = v[1] * per * cp, r.moe.z = v[2] * per;
     // Each rank's global aux loss already counts every data-parallel rank's tokens: summed, not averaged.
     r.moe.global_aux = v[3] * per * dp_size;
   }

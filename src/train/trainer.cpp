@@ -97,8 +97,9 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   dropout = c.model.hidden_dropout > 0 || c.model.attention_dropout > 0;
   per_token = c.model.calculate_per_token_loss;
   dp_scale = per_token ? 1.0 : 1.0 / static_cast<double>(dp_size);
-  router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length) /
-                  static_cast<double>(model->tp_size());
+  // Megatron's router tokens (a rank's sequence-parallel, context-parallel share) times the TP x CP
+  // size: the micro-batch's.
+  router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length);
 
   // The run's initial state where the engine keeps it; a checkpoint's parts over it (streamed).
   engine->initialize_weights(seed, c.model.bf16);

@@ -138,7 +138,7 @@ struct TrainingRun {
   // --calculate-per-token-loss: the data-parallel reduction sums, the step's tokens divide after.
   bool per_token = false;
   double dp_scale = 1;
-  // The tokens a Megatron router sees in a micro-batch: its sequence-parallel share under TP.
+  // The tokens a Megatron router sees in a micro-batch (its TP x CP share) times the TP x CP size.
   double router_tokens = 0;
 
   TrainProgress progress;

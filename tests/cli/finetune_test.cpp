@@ -145,6 +145,42 @@ TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
     EXPECT_TRUE(contains(r.output, "validation loss at iteration 3")) << r.output;
   }
 
+  // Context parallelism over two CPU ranks: each packed sequence (padded to a multiple of 2 x CP,
+  // as Bridge asks) split into 4 chunks, each rank two of each (Megatron's THD partition), the
+  // attention within each sequence over the gathered keys: SFT and LoRA, with the per-token loss
+  // Bridge requires with CP, print one rank's losses and grad norms. Sequences not padded so, and
+  // CP fine-tuning without the per-token loss, are refused by name.
+  const std::vector<std::string> per_token = {"model.calculate_per_token_loss=true", "ddp.average_in_collective=false"};
+  for (const char* recipe : {"llama32_1b_sft_config", "llama32_1b_peft_config"}) {
+    SCOPED_TRACE(recipe);
+    std::vector<std::string> one = base;
+    one[2] = recipe;
+    one.push_back("dataset.pad_seq_to_mult=4");
+    one.insert(one.end(), per_token.begin(), per_token.end());
+    const auto single = run_laoyao(one, dir);
+    ASSERT_EQ(single.status, 0) << single.output;
+    std::vector<std::string> cp = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+    cp.insert(cp.end(), one.begin(), one.end());
+    cp.push_back("model.context_parallel_size=2");
+    r = run_laoyao(cp, dir);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto want = losses_in(single.output), got = losses_in(r.output);
+    ASSERT_EQ(want.size(), 6u) << single.output;  // 3 iterations, the validation and the test evaluations
+    ASSERT_EQ(got.size(), want.size()) << r.output;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << i;
+    EXPECT_EQ(grad_norms_in(r.output), grad_norms_in(single.output));
+  }
+  std::vector<std::string> unpadded = {"launch", "--nproc-per-node", "2", "--", "laoyao"};
+  unpadded.insert(unpadded.end(), base.begin(), base.end());
+  unpadded.push_back("model.context_parallel_size=2");
+  r = run_laoyao(unpadded, dir);  // (the launcher exits 1 when a rank fails: torchrun's way)
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "model.calculate_per_token_loss must be true")) << r.output;
+  unpadded.insert(unpadded.end(), per_token.begin(), per_token.end());
+  r = run_laoyao(unpadded, dir);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "dataset.pad_seq_to_mult 1; set it to a multiple of 4")) << r.output;
+
   // The recipe's own dataset (SQuAD from the hub) is not downloaded: refused, naming what to give.
   std::vector<std::string> hub = {"run-recipe", "--recipe", "llama32_1b_sft_config", "model.num_layers=2",
                                   "model.hidden_size=16", "model.num_attention_heads=4", "model.num_query_groups=2",

@@ -13,6 +13,8 @@
 #include "dist/tcp_store.hpp"
 #include "run_binary.hpp"
 
+using laoyao::test::grad_norms_in;
+using laoyao::test::losses_in;
 using laoyao::test::run_laoyao;
 
 TEST(Launch, StartsTheRanksWithTorchrunsEnvironment) {
@@ -73,26 +75,6 @@ TEST(Launch, BadOptionsExitTwoWithAMessage) {
 }
 
 namespace {
-
-// Every "lm loss: X" (training) and "lm loss value: X" (validation) in a log, in order.
-std::vector<double> losses_in(const std::string& log) {
-  std::vector<double> out;
-  size_t at = 0;
-  while ((at = log.find("lm loss", at)) != std::string::npos) {
-    at += 7;
-    for (const std::string key : {": ", " value: "})
-      if (log.compare(at, key.size(), key) == 0) out.push_back(std::stod(log.substr(at + key.size())));
-  }
-  return out;
-}
-
-// Every "grad norm: X" of a log (printed with three decimals), in order.
-std::vector<double> grad_norms_in(const std::string& log) {
-  std::vector<double> out;
-  for (size_t at = 0; (at = log.find("grad norm: ", at)) != std::string::npos; at += 11)
-    out.push_back(std::stod(log.substr(at + 11)));
-  return out;
-}
 
 std::vector<std::string> tiny_run(const std::vector<std::string>& extra) {
   std::vector<std::string> a = {"pretrain-gpt", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads",
@@ -934,15 +916,89 @@ TEST(Launch, ContextParallelCpuRanksReproduceOneRank) {
                        "LAOYAO_DEVICE=cpu");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   expect_resumed_tail(resumed.output, want, 1e-5, "one rank resumed at CP=2");
-  // Refused by name: a sequence that does not split into 2 x CP chunks, CP with experts, a2a.
+  // Refused by name: a sequence that does not split into 2 x CP chunks, a2a.
   for (const auto& [extra, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--context-parallel-size", "2", "--seq-length", "30", "--max-position-embeddings", "30"},
             "must be divisible by 2 x --context-parallel-size (4)"},
-           {{"--context-parallel-size", "2", "--num-experts", "4"}, "with Mixture of Experts"},
            {{"--context-parallel-size", "2", "--cp-comm-type", "a2a"}, "--cp-comm-type a2a"}}) {
     const auto r = run_laoyao(on_ranks("2", one, extra), dir, "LAOYAO_DEVICE=cpu");
     EXPECT_NE(r.status, 0) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Mixture of Experts under context parallelism: each rank routes its chunks' tokens, the aux
+// losses' tokens per expert summed over the CP ranks (Megatron's tp_cp group), the z-loss's
+// coefficient divided by CP, the aux gradients scaled by CP (the gradients are averaged over
+// dp_cp), the logged aux losses summed over CP; expert parallelism over the flattened
+// context- and data-parallel ranks (and folded across TP with whole experts). Each layout prints
+// one rank's losses, load-balancing and z losses and grad norms (CP=2 alone, with EP=2 over the
+// CP ranks, CP=2 x DP=2 with EP=2 and the distributed optimizer, TP=2 x CP=2 with EP=2 over CP and
+// folded across TP); so do the sequence-level aux loss and the expert bias (its counts over
+// dp_cp), and the global aux loss prints two data-parallel ranks' at CP=2 x DP=2 x EP=4 (its
+// running counts are of each forward's data-parallel micro-batches, so they depend on DP, as
+// Megatron's, but not on CP).
+TEST(Launch, ContextParallelCpuRanksWithExpertsReproduceOneRank) {
+  const std::string dir = laoyao::test::fresh_dir("launch_cp_moe");
+  auto values = [](const std::string& log, const std::string& key) {
+    std::vector<double> out;
+    for (size_t at = 0; (at = log.find(key, at)) != std::string::npos; at += key.size())
+      out.push_back(std::stod(log.substr(at + key.size())));
+    return out;
+  };
+  const std::vector<std::string> base = {"--train-iters", "3", "--hidden-dropout", "0", "--attention-dropout", "0",
+                                         "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                                         "--disable-bias-linear", "--num-attention-heads", "4", "--num-experts", "4",
+                                         "--moe-router-topk", "2"};
+  struct Case {
+    std::vector<std::string> router, fields;
+    std::vector<std::pair<const char*, std::vector<std::string>>> layouts;
+    const char* reference_ranks = "1";  // (data-parallel, without CP)
+  };
+  const std::vector<std::string> cp2 = {"--context-parallel-size", "2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), cp2.begin(), cp2.end());
+    return extra;
+  };
+  const std::vector<Case> cases = {
+      {{"--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001"},
+       {"| load_balancing_loss: ", "| z_loss: "},
+       {{"2", cp2},
+        {"2", with({"--expert-model-parallel-size", "2"})},
+        {"4", with({"--expert-model-parallel-size", "2", "--use-distributed-optimizer"})},
+        {"4", with({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size", "2"})},
+        {"4", with({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-model-parallel-size", "2",
+                    "--expert-tensor-parallel-size", "1"})}}},
+      {{"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+        "0.05", "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "0.01"},
+       {"| seq_load_balancing_loss: "},
+       {{"2", cp2}}},
+      {{"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "0.01"},
+       {"| global_load_balancing_loss: "},
+       {{"4", with({"--expert-model-parallel-size", "4"})}},
+       "2"}};
+  for (const Case& c : cases) {
+    std::vector<std::string> flags = base;
+    flags.insert(flags.end(), c.router.begin(), c.router.end());
+    const std::vector<std::string> one = tiny_run(flags);
+    SCOPED_TRACE(c.fields[0]);
+    const auto single = run_laoyao(on_ranks(c.reference_ranks, one, {}), dir, "LAOYAO_DEVICE=cpu");
+    ASSERT_EQ(single.status, 0) << single.output;
+    const auto want = losses_in(single.output), want_norms = grad_norms_in(single.output);
+    for (const auto& f : c.fields) ASSERT_EQ(values(single.output, f).size(), 3u) << f << single.output;
+    for (const auto& [n, extra] : c.layouts) {
+      std::string what = std::string(n) + " ranks";
+      for (const auto& f : extra) what += " " + f;
+      SCOPED_TRACE(what);
+      const auto r = run_laoyao(on_ranks(n, one, extra), dir, "LAOYAO_DEVICE=cpu");
+      ASSERT_EQ(r.status, 0) << r.output;
+      const auto got = losses_in(r.output);
+      ASSERT_EQ(got.size(), want.size()) << r.output;
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << i;
+      EXPECT_EQ(grad_norms_in(r.output), want_norms);
+      for (const auto& f : c.fields) EXPECT_EQ(values(r.output, f), values(single.output, f)) << f;
+    }
   }
   std::filesystem::remove_all(dir);
 }

@@ -62,4 +62,24 @@ inline size_t count_entries(const std::string& dir) {
   return n;
 }
 
+// Every "lm loss: X" (training) and "lm loss value: X" (validation) in a log, in order.
+inline std::vector<double> losses_in(const std::string& log) {
+  std::vector<double> out;
+  size_t at = 0;
+  while ((at = log.find("lm loss", at)) != std::string::npos) {
+    at += 7;
+    for (const std::string key : {": ", " value: "})
+      if (log.compare(at, key.size(), key) == 0) out.push_back(std::stod(log.substr(at + key.size())));
+  }
+  return out;
+}
+
+// Every "grad norm: X" of a log (printed with three decimals), in order.
+inline std::vector<double> grad_norms_in(const std::string& log) {
+  std::vector<double> out;
+  for (size_t at = 0; (at = log.find("grad norm: ", at)) != std::string::npos; at += 11)
+    out.push_back(std::stod(log.substr(at + 11)));
+  return out;
+}
+
 }  // namespace laoyao::test

@@ -80,6 +80,35 @@ TEST(ParallelLayout, ExpertParallelGroupsAreConsecutiveDataParallelRanks) {
   EXPECT_THROW((void)ParallelLayout(8, {2, 1, 1}).ep_group(0, 3), laoyao::UsageError);
 }
 
+// With context parallelism the expert layout (tp-ep-dp) reads the dense layout's context- and
+// data-parallel coordinates as one flattened index (cp + CP * dp): EP groups are consecutive in it.
+TEST(ParallelLayout, ExpertParallelGroupsSpanContextAndDataParallelRanks) {
+  const ParallelLayout cp(4, {1, 2, 1});  // CP=2 x DP=2: rank = cp + 2 dp
+  EXPECT_EQ(cp.ep_group(1, 2), (V{0, 1}));
+  EXPECT_EQ(cp.ep_group(2, 2), (V{2, 3}));
+  EXPECT_EQ(cp.expert_dp_group(1, 2), (V{1, 3}));
+  EXPECT_EQ(cp.ep_group(2, 4), (V{0, 1, 2, 3}));
+  EXPECT_EQ(cp.expert_dp_group(2, 4), (V{2}));
+  const ParallelLayout tp_cp(4, {2, 2, 1});  // TP=2 x CP=2: rank = tp + 2 cp, one data-parallel rank
+  EXPECT_EQ(tp_cp.ep_group(3, 2), (V{1, 3}));
+  EXPECT_EQ(tp_cp.ep_group(0, 2), (V{0, 2}));
+  EXPECT_EQ(tp_cp.expert_dp_group(3, 2), (V{3}));
+  for (const int64_t ep : {1, 2, 4})
+    for (int64_t r = 0; r < 4; ++r) {
+      const V g = cp.ep_group(r, ep), d = cp.expert_dp_group(r, ep);
+      EXPECT_EQ(static_cast<int64_t>(g.size() * d.size()), 4);
+      for (const int64_t m : g) EXPECT_EQ(cp.ep_group(m, ep), g);
+      for (const int64_t m : d) EXPECT_EQ(cp.expert_dp_group(m, ep), d);
+    }
+  try {
+    (void)tp_cp.ep_group(0, 4);
+    FAIL() << "EP 4 over 1 data-parallel x 2 context-parallel ranks";
+  } catch (const laoyao::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("times the context-parallel size (2)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tp_cp.folded_ep_group(1, 4), (V{0, 1, 2, 3}));  // whole experts: consecutive ranks as without CP
+}
+
 // Whole experts under TP (expert TP 1, Megatron's expert order tp-ep-dp with tp = 1): the
 // expert-parallel groups are consecutive ranks across the TP groups ("parallel folding"). With
 // TP=2 on 8 ranks: TP {0,1} {2,3} ...; EP=2 folds each TP pair into one EP group, EP=4 two pairs.

@@ -579,6 +579,60 @@ TEST_P(MoeAuxLossTest, GlobalAuxLossMatchesItsTwinAndFiniteDifferences) {
   for (int64_t i = 0; i < T * E; ++i) EXPECT_NEAR(d_global[i], d_aux[i], 1e-6 * std::abs(d_aux[i]) + 1e-9) << i;
 }
 
+// Context parallelism: each of 2 ranks holds chunks r and 3 - r of every sequence's 4 (Megatron's
+// load-balanced split), scores its own tokens, and takes the tokens per expert summed over both
+// ranks with the whole sequence's length: the ranks' seq-aux (and aux) losses sum to the whole
+// sequences' loss, and each rank's logit gradients are the whole loss's at its tokens.
+TEST_P(MoeAuxLossTest, ContextParallelSharesSumToTheWholeSequencesLoss) {
+  const auto [fn, E, k] = GetParam();
+  std::mt19937 rng(1651 + static_cast<int>(E * 10 + k));
+  const int64_t b = 3, S = 8, T = b * S, cp = 2;
+  const float coeff = 0.3f, dloss = 0.7f;
+  const auto logits = randn(T * E, rng, 1.5f);
+  std::vector<float> scores(T * E);
+  std::vector<int64_t> aux_idx(T * k);
+  moe_aux_loss_scores(logits.data(), scores.data(), aux_idx.data(), T, E, k, fn);
+  for (const bool per_sequence : {true, false}) {
+    // aux_loss is the one-sequence case: all T tokens one sequence, each rank T / cp of them.
+    const int64_t nb = per_sequence ? b : 1, whole = per_sequence ? S : T, local = whole / cp, cw = whole / (2 * cp);
+    const float want = moe_seq_aux_loss_forward(scores.data(), aux_idx.data(), nb, whole, E, k, coeff);
+    std::vector<float> want_grad(T * E, 0.0f);
+    moe_seq_aux_loss_backward(logits.data(), scores.data(), aux_idx.data(), nb, whole, E, k, fn, coeff, dloss,
+                              want_grad.data());
+    std::vector<std::vector<int64_t>> rows(cp);  // each rank's tokens, in its order
+    for (int64_t r = 0; r < cp; ++r)
+      for (int64_t j = 0; j < nb; ++j)
+        for (const int64_t chunk : {r, 2 * cp - 1 - r})
+          for (int64_t i = 0; i < cw; ++i) rows[r].push_back(j * whole + chunk * cw + i);
+    std::vector<double> counts(nb * E, 0.0);
+    std::vector<std::vector<float>> rank_logits(cp), rank_scores(cp);
+    for (int64_t r = 0; r < cp; ++r) {
+      std::vector<int64_t> idx;
+      for (const int64_t t : rows[r]) {
+        rank_logits[r].insert(rank_logits[r].end(), logits.begin() + t * E, logits.begin() + (t + 1) * E);
+        rank_scores[r].insert(rank_scores[r].end(), scores.begin() + t * E, scores.begin() + (t + 1) * E);
+        idx.insert(idx.end(), aux_idx.begin() + t * k, aux_idx.begin() + (t + 1) * k);
+      }
+      const auto own = moe_sequence_counts(idx.data(), nb, local, E, k);
+      for (size_t i = 0; i < counts.size(); ++i) counts[i] += own[i];  // the sum over the CP group
+    }
+    double sum = 0.0;
+    for (int64_t r = 0; r < cp; ++r) {
+      sum += moe_seq_aux_loss_forward(rank_scores[r].data(), counts.data(), nb, local, whole, E, k, coeff);
+      std::vector<float> grad(local * nb * E, 0.0f);
+      moe_seq_aux_loss_backward(rank_logits[r].data(), rank_scores[r].data(), counts.data(), nb, local, whole, E, k,
+                                fn, coeff, dloss, grad.data());
+      for (size_t i = 0; i < rows[r].size(); ++i)
+        for (int64_t e = 0; e < E; ++e)
+          EXPECT_NEAR(grad[i * E + e], want_grad[rows[r][i] * E + e], 1e-6 * std::abs(want_grad[rows[r][i] * E + e]) + 1e-9)
+              << (per_sequence ? "seq_aux" : "aux") << " rank " << r << " token " << rows[r][i];
+    }
+    EXPECT_NEAR(sum, want, 1e-6 * want) << (per_sequence ? "seq_aux" : "aux");
+  }
+  EXPECT_THROW(moe_seq_aux_loss_forward(scores.data(), std::vector<double>(E, 1.0).data(), 1, T, T - 1, E, k, coeff),
+               laoyao::Error);
+}
+
 // Each expert gets exactly T*k/E tokens (and s*k/E per sequence): aux = seq_aux = coeff, whatever
 // the scores, since each token's scores sum to 1.
 TEST(MoeAuxLoss, PerfectlyBalancedRoutingGivesCoeff) {

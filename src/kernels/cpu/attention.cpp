@@ -25,13 +25,16 @@
 namespace laoyao::kernels::cpu {
 namespace {
 
-// Query i of a sequence attends keys [first_key(i), i].
-void check_key_start(const int32_t* key_start, int64_t b, int64_t s) {
+// Query t attends keys [key_start[t], its place]: its place i = t % s, or under context
+// parallelism key_end[t].
+void check_key_start(const int32_t* key_start, const int32_t* key_end, int64_t b, int64_t s) {
   if (!key_start) return;
-  for (int64_t t = 0; t < b * s; ++t)
-    if (key_start[t] < 0 || key_start[t] > t % s)
+  for (int64_t t = 0; t < b * s; ++t) {
+    const int64_t place = key_end ? key_end[t] : t % s;
+    if (key_start[t] < 0 || key_start[t] > place)
       throw Error("attention: key_start[" + std::to_string(t) + "] = " + std::to_string(key_start[t]) +
-                  " is outside [0, " + std::to_string(t % s) + "] (a query's first key is at or before it)");
+                  " is outside [0, " + std::to_string(place) + "] (a query's first key is at or before it)");
+  }
 }
 
 // Where the heads live: q head h at q + row * q_ld + q_col(h), its group's k and v likewise, each
@@ -62,7 +65,7 @@ void attention_forward_view(const float* q, const float* k, const float* v, cons
                             float* probs, int64_t b, int64_t s, float scale, const float* dropout_mask,
                             const KeyRange& keys) {
   if (b == 0 || s == 0) return;
-  if (keys.key_start) check_key_start(keys.key_start, b, s);
+  check_key_start(keys.key_start, keys.key_end, b, s);
   const int64_t H = V.H, HD = H * V.Dv, sk = keys.sk;
 #pragma omp parallel
   {
@@ -109,7 +112,7 @@ void attention_backward_view(const float* q, const float* k, const float* v, con
                              const float* dctx, float* dq, float* dk, float* dv, int64_t b, int64_t s, float scale,
                              const float* dropout_mask, const KeyRange& keys) {
   if (b == 0 || s == 0) return;
-  if (keys.key_start) check_key_start(keys.key_start, b, s);
+  check_key_start(keys.key_start, keys.key_end, b, s);
   const int64_t H = V.H, G = V.G, HD = H * V.Dv, Dqk = V.Dqk, Dv = V.Dv, sk = keys.sk;
   // One work item per (batch, query group): the group's heads all add into the same dk/dv, so they
   // are summed by one thread, in head order (deterministic for any thread count).
@@ -212,41 +215,43 @@ void separate_attention_backward(const float* q, const float* k, const float* v,
 
 void context_parallel_attention_forward(const float* qkv, const float* qkv_full, float* ctx, float* probs, int64_t b,
                                         int64_t s, int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                        const int32_t* query_positions, const float* dropout_mask) {
+                                        const int32_t* query_positions, const float* dropout_mask,
+                                        const int32_t* key_start) {
   const QkvLayout L("context_parallel_attention", H, G, D);
   check_query_positions(query_positions, b, s, sk);
   attention_forward_view(qkv, qkv_full, qkv_full, fused_view(L), ctx, probs, b, s, scale, dropout_mask,
-                         {sk, nullptr, query_positions});
+                         {sk, key_start, query_positions});
 }
 
 void context_parallel_attention_backward(const float* qkv, const float* qkv_full, const float* probs,
                                          const float* dctx, float* dqkv, float* dqkv_full, int64_t b, int64_t s,
                                          int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                         const int32_t* query_positions, const float* dropout_mask) {
+                                         const int32_t* query_positions, const float* dropout_mask,
+                                         const int32_t* key_start) {
   const QkvLayout L("context_parallel_attention", H, G, D);
   std::fill(dqkv, dqkv + b * s * L.row, 0.0f);  // (k and v slots: written to dqkv_full)
   std::fill(dqkv_full, dqkv_full + b * sk * L.row, 0.0f);  // (q slots: written to dqkv)
   attention_backward_view(qkv, qkv_full, qkv_full, fused_view(L), probs, dctx, dqkv, dqkv_full, dqkv_full, b, s,
-                          scale, dropout_mask, {sk, nullptr, query_positions});
+                          scale, dropout_mask, {sk, key_start, query_positions});
 }
 
 void context_parallel_separate_attention_forward(const float* q, const float* k_full, const float* v_full, float* ctx,
                                                  float* probs, int64_t b, int64_t s, int64_t sk, int64_t H,
                                                  int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
-                                                 const float* dropout_mask) {
+                                                 const float* dropout_mask, const int32_t* key_start) {
   check_query_positions(query_positions, b, s, sk);
   attention_forward_view(q, k_full, v_full, separate_view("context_parallel_separate_attention", H, Dqk, Dv), ctx,
-                         probs, b, s, scale, dropout_mask, {sk, nullptr, query_positions});
+                         probs, b, s, scale, dropout_mask, {sk, key_start, query_positions});
 }
 
 void context_parallel_separate_attention_backward(const float* q, const float* k_full, const float* v_full,
                                                   const float* probs, const float* dctx, float* dq, float* dk_full,
                                                   float* dv_full, int64_t b, int64_t s, int64_t sk, int64_t H,
                                                   int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
-                                                  const float* dropout_mask) {
+                                                  const float* dropout_mask, const int32_t* key_start) {
   check_query_positions(query_positions, b, s, sk);  // (one key and value per head: each overwritten once)
   attention_backward_view(q, k_full, v_full, separate_view("context_parallel_separate_attention", H, Dqk, Dv), probs,
-                          dctx, dq, dk_full, dv_full, b, s, scale, dropout_mask, {sk, nullptr, query_positions});
+                          dctx, dq, dk_full, dv_full, b, s, scale, dropout_mask, {sk, key_start, query_positions});
 }
 
 }  // namespace laoyao::kernels::cpu

@@ -118,18 +118,6 @@ void aux_scores_backward_row(const float* logits_row, const float* scores_row, c
     dlogits_row[e] += static_cast<float>((g[e] - dot) / denom * gate_score_grad(fn, logits_row[e]));
 }
 
-// counts[j*E + i] = tokens of sequence j (s tokens each) whose aux top-k holds expert i.
-std::vector<int64_t> sequence_counts(const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E, int64_t k) {
-  std::vector<int64_t> counts(b * E, 0);
-  for (int64_t t = 0; t < b * s; ++t)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = aux_topk_idx[t * k + j];
-      if (e < 0 || e >= E) throw Error("moe aux loss: expert id " + std::to_string(e) + " outside [0, E)");
-      ++counts[(t / s) * E + e];
-    }
-  return counts;
-}
-
 void check_seq(const char* what, int64_t b, int64_t s, int64_t E, int64_t k) {
   check_sizes(what, b * s, E, k);
   if (b < 1 || s < 1)
@@ -294,41 +282,67 @@ void moe_aux_loss_scores(const float* logits, float* scores, int64_t* aux_topk_i
   }
 }
 
-float moe_seq_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E,
-                               int64_t k, float coeff) {
+std::vector<double> moe_sequence_counts(const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E, int64_t k) {
+  check_seq("moe sequence counts", b, s, E, k);
+  std::vector<double> counts(static_cast<size_t>(b * E), 0.0);
+  for (int64_t t = 0; t < b * s; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = aux_topk_idx[t * k + j];
+      if (e < 0 || e >= E) throw Error("moe aux loss: expert id " + std::to_string(e) + " outside [0, E)");
+      counts[static_cast<size_t>((t / s) * E + e)] += 1.0;
+    }
+  return counts;
+}
+
+float moe_seq_aux_loss_forward(const float* scores, const double* counts, int64_t b, int64_t s, int64_t whole,
+                               int64_t E, int64_t k, float coeff) {
   check_seq("moe seq aux loss", b, s, E, k);
-  const auto counts = sequence_counts(aux_topk_idx, b, s, E, k);
+  if (whole < s) throw Error("moe seq aux loss: a sequence's whole length (" + std::to_string(whole) +
+                             ") is less than this rank's share of it (" + std::to_string(s) + ")");
   double total = 0.0;
   for (int64_t j = 0; j < b; ++j) {
     for (int64_t i = 0; i < E; ++i) {
       if (counts[j * E + i] == 0) continue;
       double P = 0.0;  // sum over the sequence's tokens of scores[t, i]
       for (int64_t t = j * s; t < (j + 1) * s; ++t) P += scores[t * E + i];
-      total += P * static_cast<double>(counts[j * E + i]);
+      total += P * counts[j * E + i];
     }
   }
-  const double sd = static_cast<double>(s);
-  return static_cast<float>(total * E * static_cast<double>(coeff) / (static_cast<double>(k) * sd * sd) / b);
+  const double wd = static_cast<double>(whole);
+  return static_cast<float>(total * E * static_cast<double>(coeff) / (static_cast<double>(k) * wd * wd) / b);
 }
 
-void moe_seq_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t b,
-                               int64_t s, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+void moe_seq_aux_loss_backward(const float* logits, const float* scores, const double* counts, int64_t b, int64_t s,
+                               int64_t whole, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
                                float dloss, float* dlogits) {
   check_seq("moe seq aux loss backward", b, s, E, k);
-  const auto counts = sequence_counts(aux_topk_idx, b, s, E, k);
-  // d(loss)/d(scores[t, i]) = dloss * E * coeff / (k s^2 b) * c[seq(t), i]
-  const double sd = static_cast<double>(s);
+  if (whole < s) throw Error("moe seq aux loss backward: a sequence's whole length is less than this rank's share");
+  // d(loss)/d(scores[t, i]) = dloss * E * coeff / (k whole^2 b) * c[seq(t), i]
+  const double wd = static_cast<double>(whole);
   const double unit =
-      static_cast<double>(dloss) * E * static_cast<double>(coeff) / (static_cast<double>(k) * sd * sd) / b;
+      static_cast<double>(dloss) * E * static_cast<double>(coeff) / (static_cast<double>(k) * wd * wd) / b;
 #pragma omp parallel
   {
     std::vector<double> g(E);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < b * s; ++t) {
-      for (int64_t i = 0; i < E; ++i) g[i] = unit * static_cast<double>(counts[(t / s) * E + i]);
+      for (int64_t i = 0; i < E; ++i) g[i] = unit * counts[(t / s) * E + i];
       aux_scores_backward_row(logits + t * E, scores + t * E, g.data(), E, score_function, dlogits + t * E);
     }
   }
+}
+
+float moe_seq_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E,
+                               int64_t k, float coeff) {
+  const auto counts = moe_sequence_counts(aux_topk_idx, b, s, E, k);
+  return moe_seq_aux_loss_forward(scores, counts.data(), b, s, s, E, k, coeff);
+}
+
+void moe_seq_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t b,
+                               int64_t s, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+                               float dloss, float* dlogits) {
+  const auto counts = moe_sequence_counts(aux_topk_idx, b, s, E, k);
+  moe_seq_aux_loss_backward(logits, scores, counts.data(), b, s, s, E, k, score_function, coeff, dloss, dlogits);
 }
 
 float moe_global_aux_loss_forward(const float* scores, const double* counts, int64_t T, double total, int64_t E,
@@ -559,8 +573,16 @@ void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_exp
 
 namespace {
 
+// Megatron's moe_z_loss_coeff / tp_cp_size (the TP ranks here each take the whole gathered sequence).
+float z_loss_coeff(const MoeLayerConfig& c) {
+  return c.z_loss_coeff / static_cast<float>(c.context_parallel_size);
+}
+
 void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T) {
   check_sizes("moe layer", T, c.num_experts, c.topk);
+  if (c.context_parallel_size < 1 || (c.context_parallel_size > 1 && !c.sum_over_context_parallel))
+    throw Error("moe layer: context parallelism over " + std::to_string(c.context_parallel_size) +
+                " ranks needs the sum over them");
   if (c.hidden_size < 1 || c.ffn_hidden_size < 1 || c.shared_expert_intermediate_size < 0)
     throw Error("moe layer: hidden_size and ffn_hidden_size must be >= 1, the shared expert size >= 0");
   if (!w.router_weight || !w.fc1_weight || !w.fc2_weight)
@@ -673,11 +695,15 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
 
   linear_forward(x, w.router_weight, w.router_bias, st.logits.data(), T, H, E);
   if (c.force_load_balancing)
-    for (int64_t i = 0; i < T * E; ++i) st.logits[i] = counter_normal(c.random_logits_key, static_cast<uint64_t>(i));
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t row = c.random_logits_rows ? c.random_logits_rows[t] : t;
+      for (int64_t e = 0; e < E; ++e)
+        st.logits[t * E + e] = counter_normal(c.random_logits_key, static_cast<uint64_t>(row * E + e));
+    }
   if (c.router_bf16_logits)
     for (float& v : st.logits) v = round_to_bf16(v);
   const float* logits = st.logits.data();
-  st.z_loss = c.z_loss_coeff > 0.0f ? moe_z_loss_forward(logits, T, E, c.z_loss_coeff) : 0.0f;
+  st.z_loss = c.z_loss_coeff > 0.0f ? moe_z_loss_forward(logits, T, E, z_loss_coeff(c)) : 0.0f;
   moe_router_topk_forward(logits, w.expert_bias, st.topk_idx.data(), st.topk_probs.data(), T, E, k, c.router);
   if (c.router_bf16_logits)  // Megatron's probs.type_as(logits); the gradient passes straight through
     for (float& p : st.topk_probs) p = round_to_bf16(p);
@@ -702,12 +728,23 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     ensure(st.aux_topk_idx, T * k);
     moe_aux_loss_scores(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
                         c.router.score_function);
-    if (c.aux_loss_coeff > 0.0f)
-      st.aux_loss = moe_aux_loss_forward(st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
-                                         c.aux_loss_coeff);
-    if (c.seq_aux_loss_coeff > 0.0f)
-      st.seq_aux_loss = moe_seq_aux_loss_forward(st.scores_for_aux_loss.data(), st.aux_topk_idx.data(),
-                                                 T / c.seq_length, c.seq_length, E, k, c.seq_aux_loss_coeff);
+    // Tokens per expert over the context-parallel ranks (each rank's scores its own tokens').
+    auto counts_over_cp = [&](int64_t b, int64_t s) {
+      std::vector<double> counts = moe_sequence_counts(st.aux_topk_idx.data(), b, s, E, k);
+      if (c.context_parallel_size > 1) c.sum_over_context_parallel(counts.data(), b * E);
+      return counts;
+    };
+    if (c.aux_loss_coeff > 0.0f && T > 0) {
+      st.aux_counts = counts_over_cp(1, T);
+      st.aux_loss = moe_seq_aux_loss_forward(st.scores_for_aux_loss.data(), st.aux_counts.data(), 1, T,
+                                             T * c.context_parallel_size, E, k, c.aux_loss_coeff);
+    }
+    if (c.seq_aux_loss_coeff > 0.0f) {
+      st.seq_aux_counts = counts_over_cp(T / c.seq_length, c.seq_length);
+      st.seq_aux_loss =
+          moe_seq_aux_loss_forward(st.scores_for_aux_loss.data(), st.seq_aux_counts.data(), T / c.seq_length,
+                                   c.seq_length, c.seq_length * c.context_parallel_size, E, k, c.seq_aux_loss_coeff);
+    }
     if (global) {  // this forward's counts over the data-parallel ranks join the step's running mean
       std::vector<double> counts(static_cast<size_t>(E), 0.0);
       for (int64_t i = 0; i < T * k; ++i) counts[static_cast<size_t>(st.aux_topk_idx[i])] += 1.0;
@@ -800,18 +837,20 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
   const float* logits = st.logits.data();
   float* dlogits = st.dlogits.data();
   moe_router_topk_backward(logits, st.topk_idx.data(), st.dprobs.data(), dlogits, T, E, k, c.router);
-  if (c.aux_loss_coeff > 0.0f)
-    moe_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T, E, k,
-                          c.router.score_function, c.aux_loss_coeff, aux_loss_scale, dlogits);
+  if (c.aux_loss_coeff > 0.0f && T > 0)
+    moe_seq_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.aux_counts.data(), 1, T,
+                              T * c.context_parallel_size, E, k, c.router.score_function, c.aux_loss_coeff,
+                              aux_loss_scale, dlogits);
   if (c.seq_aux_loss_coeff > 0.0f)
-    moe_seq_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.aux_topk_idx.data(), T / c.seq_length,
-                              c.seq_length, E, k, c.router.score_function, c.seq_aux_loss_coeff, aux_loss_scale,
+    moe_seq_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.seq_aux_counts.data(), T / c.seq_length,
+                              c.seq_length, c.seq_length * c.context_parallel_size, E, k, c.router.score_function,
+                              c.seq_aux_loss_coeff, aux_loss_scale,
                               dlogits);
   if (!st.global_counts.empty())
     moe_global_aux_loss_backward(logits, st.scores_for_aux_loss.data(), st.global_counts.data(), T,
                                  static_cast<double>(T * c.data_parallel_size), E, k, c.router.score_function,
                                  c.global_aux_loss_coeff, aux_loss_scale, dlogits);
-  if (c.z_loss_coeff > 0.0f) moe_z_loss_backward(logits, T, E, c.z_loss_coeff, aux_loss_scale, dlogits);
+  if (c.z_loss_coeff > 0.0f) moe_z_loss_backward(logits, T, E, z_loss_coeff(c), aux_loss_scale, dlogits);
   linear_backward(x, w.router_weight, dlogits, st.dx_part.data(), g.router_weight,
                   w.router_bias ? g.router_bias : nullptr, T, H, E);
   add_inplace(dx, st.dx_part.data(), T * H);

@@ -100,6 +100,19 @@ float moe_seq_aux_loss_forward(const float* scores, const int64_t* aux_topk_idx,
 void moe_seq_aux_loss_backward(const float* logits, const float* scores, const int64_t* aux_topk_idx, int64_t b,
                                int64_t s, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
                                float dloss, float* dlogits);  // dlogits += dloss * d(seq_aux)/dlogits
+// c[j*E + i] above, as doubles (this rank's tokens).
+std::vector<double> moe_sequence_counts(const int64_t* aux_topk_idx, int64_t b, int64_t s, int64_t E, int64_t k);
+// The same with the counts given: under context parallelism a rank holds s of each sequence's
+// `whole` tokens, and Megatron sums the counts over the TP x CP group (its
+// get_tokens_per_expert_and_token_count) while the scores stay this rank's:
+//   seq_aux_r = 1/b * sum_j E * coeff / (k * whole^2) * sum_i P_r[j, i] * counts[j, i]
+// so the ranks' values sum to the whole sequences' loss, and each rank's gradient is the whole
+// loss's on its tokens. whole = s with this rank's own counts is the function above.
+float moe_seq_aux_loss_forward(const float* scores, const double* counts, int64_t b, int64_t s, int64_t whole,
+                               int64_t E, int64_t k, float coeff);
+void moe_seq_aux_loss_backward(const float* logits, const float* scores, const double* counts, int64_t b, int64_t s,
+                               int64_t whole, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
+                               float dloss, float* dlogits);
 
 // global_aux_loss: the aux loss with the per-expert counts and the token total given (Megatron's
 // _apply_global_aux_loss: counts = the running mean over the step's micro-batches of the tokens per
@@ -112,7 +125,8 @@ void moe_global_aux_loss_backward(const float* logits, const float* scores, cons
                                   double total, int64_t E, int64_t k, MoeScoreFunction score_function, float coeff,
                                   float dloss, float* dlogits);  // dlogits += dloss * d(global_aux)/dlogits
 
-// z-loss (--moe-z-loss-coeff; Megatron divides the coefficient by the TP x CP size, 1 here):
+// z-loss (--moe-z-loss-coeff; Megatron divides the coefficient by the TP x CP size: the layer
+// passes coeff / CP, its TP ranks each computing the whole gathered sequence's):
 //   z = coeff * mean_t (logsumexp_e logits[t, e])^2, on the router logits (before any score function).
 float moe_z_loss_forward(const float* logits, int64_t T, int64_t E, float coeff);
 // dlogits[t, e] += dloss * coeff * 2 * lse[t] / T * softmax(logits[t])[e].
@@ -210,6 +224,15 @@ struct MoeLayerConfig {
   int64_t data_parallel_size = 1;
   std::function<void(double* counts, int64_t n)> sum_over_data_parallel;
   int64_t seq_length = 0;           // s, for seq_aux_loss: T must be a multiple
+  // Context parallelism: the T tokens are this rank's s of each sequence's s * context_parallel_size.
+  // The aux and seq-aux losses' tokens per expert are summed over the CP ranks by
+  // sum_over_context_parallel (and their token totals are the whole sequences'); the z-loss's
+  // coefficient is divided by the CP size (Megatron's tp_cp group: each rank's share of the mean).
+  int64_t context_parallel_size = 1;
+  std::function<void(double* counts, int64_t n)> sum_over_context_parallel;
+  // Each token's row in the random logits stream of force_load_balancing (null: t): under context
+  // parallelism its place in the whole micro-batch, so the ranks draw one rank's logits.
+  const int64_t* random_logits_rows = nullptr;
   // --moe-router-force-load-balancing: logits[i] = counter_normal(random_logits_key, i) in place of
   // the router's (the backward treats them as the logits: a straight-through gradient).
   bool force_load_balancing = false;
@@ -259,6 +282,7 @@ struct MoeLayerState {
   std::vector<float> topk_probs;           // [T, k]
   std::vector<float> scores_for_aux_loss;  // [T, E] (when an aux loss is on)
   std::vector<int64_t> aux_topk_idx;       // [T, k]
+  std::vector<double> aux_counts, seq_aux_counts;  // [E], [b, E]: tokens per expert (over the CP ranks)
   std::vector<int64_t> tokens_per_expert;  // [E] (the routing's, for logging / expert-bias updates)
   std::vector<int64_t> sorted_indices;     // [T*k]
   std::vector<int64_t> permuted_row;       // [T, k]

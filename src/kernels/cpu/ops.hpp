@@ -73,17 +73,20 @@ void attention_backward(const float* qkv, const float* probs, const float* dctx,
 // ---- a context-parallel rank's attention (fused QKV rows): its s queries of each sequence (rows of
 // qkv [b*s, row]) against the whole sequence's keys and values (qkv_full [b*sk, row], every rank's
 // rows in sequence order); query t sees keys 0 .. query_positions[t] (its place in the sequence,
-// causal). probs [b, H, s, sk]; dropout_mask (null: none) the same shape. No documents. The
+// causal), or with documents key_start[t] (its document's first place, nullable) ..
+// query_positions[t]. probs [b, H, s, sk]; dropout_mask (null: none) the same shape. The
 // backward overwrites dqkv (the q slots;
 // k and v slots zero) and dqkv_full (the k and v slots this rank's queries give every key; q slots
 // zero): the ranks' dqkv_full summed, each rank adds its rows to its dqkv.
 void context_parallel_attention_forward(const float* qkv, const float* qkv_full, float* ctx, float* probs, int64_t b,
                                         int64_t s, int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                        const int32_t* query_positions, const float* dropout_mask = nullptr);
+                                        const int32_t* query_positions, const float* dropout_mask = nullptr,
+                                        const int32_t* key_start = nullptr);
 void context_parallel_attention_backward(const float* qkv, const float* qkv_full, const float* probs,
                                          const float* dctx, float* dqkv, float* dqkv_full, int64_t b, int64_t s,
                                          int64_t sk, int64_t H, int64_t G, int64_t D, float scale,
-                                         const int32_t* query_positions, const float* dropout_mask = nullptr);
+                                         const int32_t* query_positions, const float* dropout_mask = nullptr,
+                                         const int32_t* key_start = nullptr);
 
 // ---- the same attention on separate q [T, H*Dqk], k [T, H*Dqk], v [T, H*Dv] (one k and v per
 // head) into ctx [T, H*Dv]: multi-latent attention's, whose q/k and v head dims differ. probs,
@@ -97,18 +100,19 @@ void separate_attention_backward(const float* q, const float* k, const float* v,
                                  const int32_t* key_start = nullptr);
 // Its context-parallel form (as context_parallel_attention above): this rank's s queries of each
 // sequence (q [b*s, H*Dqk]) against the whole sequence's keys and values (k_full [b*sk, H*Dqk],
-// v_full [b*sk, H*Dv], every rank's rows in sequence order), query t seeing keys 0 ..
-// query_positions[t]; probs [b, H, s, sk]. The backward overwrites dq (this rank's queries) and
+// v_full [b*sk, H*Dv], every rank's rows in sequence order), query t seeing keys 0 (key_start[t]
+// with documents) .. query_positions[t]; probs [b, H, s, sk]. The backward overwrites dq (this rank's queries) and
 // dk_full, dv_full (what this rank's queries give every key and value: the ranks' summed).
 void context_parallel_separate_attention_forward(const float* q, const float* k_full, const float* v_full, float* ctx,
                                                  float* probs, int64_t b, int64_t s, int64_t sk, int64_t H,
                                                  int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
-                                                 const float* dropout_mask = nullptr);
+                                                 const float* dropout_mask = nullptr, const int32_t* key_start = nullptr);
 void context_parallel_separate_attention_backward(const float* q, const float* k_full, const float* v_full,
                                                   const float* probs, const float* dctx, float* dq, float* dk_full,
                                                   float* dv_full, int64_t b, int64_t s, int64_t sk, int64_t H,
                                                   int64_t Dqk, int64_t Dv, float scale, const int32_t* query_positions,
-                                                  const float* dropout_mask = nullptr);
+                                                  const float* dropout_mask = nullptr,
+                                                  const int32_t* key_start = nullptr);
 
 // ---- rotary position embedding (Megatron-Core RotaryEmbedding + _apply_rotary_pos_emb_bshd,
 // non-interleaved "rotate_half" form), applied to the q heads and k of the fused QKV rows above.

@@ -161,12 +161,9 @@ const int64_t* CpuBackend::rope_positions(const BatchShape& batch) {
 }
 
 const int32_t* CpuBackend::cp_positions(const BatchShape& batch) {
-  const int64_t c = batch.s / 2, n = batch.cp_size;
+  if (batch.cp_places) return batch.cp_places;
   cp_positions_.resize(static_cast<size_t>(batch.T));
-  for (int64_t t = 0; t < batch.T; ++t) {
-    const int64_t i = t % batch.s, chunk = i < c ? batch.cp_rank : 2 * n - 1 - batch.cp_rank;
-    cp_positions_[static_cast<size_t>(t)] = static_cast<int32_t>(chunk * c + i % c);
-  }
+  for (int64_t t = 0; t < batch.T; ++t) cp_positions_[static_cast<size_t>(t)] = static_cast<int32_t>(batch.cp_place(t));
   return cp_positions_.data();
 }
 
@@ -229,7 +226,6 @@ void CpuBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Batc
   const GptConfig& c = lc_;
   std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
   if (batch.cp_size > 1) {  // this rank's queries against the whole sequences' keys
-    if (batch.key_start) throw Error("CpuBackend: context parallelism with documents");
     const int64_t row = c.qkv_width(), S = batch.s * batch.cp_size;
     float* full = scratch(cp_full_, batch.b * S * row);
     cp_gather_rows(F(qkv_attn), full, batch, row);
@@ -237,7 +233,7 @@ void CpuBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Batc
     k::context_parallel_attention_forward(F(qkv_attn), full, F(ctx), probs.data(), batch.b, batch.s, S, c.heads,
                                           c.query_groups, c.kv_channels,
                                           1.0f / std::sqrt(static_cast<float>(c.kv_channels)), cp_positions(batch),
-                                          attention_mask(drop, batch));
+                                          attention_mask(drop, batch), batch.key_start);
     return;
   }
   probs.resize(static_cast<size_t>(batch.b * c.heads * batch.s * batch.s));
@@ -259,7 +255,7 @@ void CpuBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, 
     const int32_t* pos = cp_positions(batch);
     k::context_parallel_attention_backward(F(qkv_attn), full, probs_.at(static_cast<size_t>(layer)).data(), F(dctx),
                                            F(dqkv), dfull, batch.b, batch.s, S, c.heads, c.query_groups,
-                                           c.kv_channels, scale, pos, attention_mask(drop, batch));
+                                           c.kv_channels, scale, pos, attention_mask(drop, batch), batch.key_start);
     cp_->all_reduce_sum(dfull, static_cast<size_t>(batch.b * S * row));
     for (int64_t t = 0; t < batch.T; ++t)
       k::add_inplace(F(dqkv) + t * row, dfull + ((t / batch.s) * S + pos[t]) * row, row);
@@ -287,7 +283,6 @@ void CpuBackend::separate_core_attention(int64_t layer, Act q, Act k, Act v, Act
                                          float scale, const BatchShape& batch, const DropoutSpec& drop) {
   std::vector<float>& probs = probs_.at(static_cast<size_t>(layer));
   if (batch.cp_size > 1) {  // this rank's queries against the whole sequences' keys and values
-    if (batch.key_start) throw Error("CpuBackend: context parallelism with documents");
     const int64_t H = lc_.heads, S = batch.s * batch.cp_size;
     float* k_full = scratch(cp_full_, batch.b * S * H * (dqk + dv));
     float* v_full = k_full + batch.b * S * H * dqk;
@@ -295,7 +290,8 @@ void CpuBackend::separate_core_attention(int64_t layer, Act q, Act k, Act v, Act
     cp_gather_rows(F(v), v_full, batch, H * dv);
     probs.resize(static_cast<size_t>(batch.b * H * batch.s * S));
     k::context_parallel_separate_attention_forward(F(q), k_full, v_full, F(ctx), probs.data(), batch.b, batch.s, S, H,
-                                                   dqk, dv, scale, cp_positions(batch), attention_mask(drop, batch));
+                                                   dqk, dv, scale, cp_positions(batch), attention_mask(drop, batch),
+                                                   batch.key_start);
     return;
   }
   probs.resize(static_cast<size_t>(batch.b * lc_.heads * batch.s * batch.s));
@@ -318,7 +314,7 @@ void CpuBackend::separate_core_attention_backward(int64_t layer, Act q, Act k, A
     const int32_t* pos = cp_positions(batch);
     k::context_parallel_separate_attention_backward(F(q), k_full, v_full, probs_.at(static_cast<size_t>(layer)).data(),
                                                     F(dctx), F(dquery), dk_full, dv_full, batch.b, batch.s, S, H, dqk,
-                                                    dv, scale, pos, attention_mask(drop, batch));
+                                                    dv, scale, pos, attention_mask(drop, batch), batch.key_start);
     cp_->all_reduce_sum(dk_full, static_cast<size_t>(batch.b * S * (kw + vw)));
     for (int64_t t = 0; t < batch.T; ++t) {
       const int64_t full_row = (t / batch.s) * S + pos[t];
@@ -336,7 +332,7 @@ void CpuBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch,
                            uint64_t random_logits_key, Act residual) {
   if (pass == MoePass::Recompute)  // (the CPU keeps every activation: model/gpt_model.cpp)
     throw Error("CpuBackend: an MoE layer's recomputation is not built on the CPU");
-  moe_->forward(layer, w_, F(x), F(y), batch.T, batch.s, pass == MoePass::Training, random_logits_key);
+  moe_->forward(layer, w_, F(x), F(y), batch, pass == MoePass::Training, random_logits_key);
   if (residual.p) k::add_inplace(F(y), F(residual), batch.T * lc_.hidden);
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/error.hpp"
 #include "model/moe_expert_parallel.hpp"
 #include "model/moe_share_stage.hpp"
 
@@ -99,14 +100,25 @@ k::MoeLayerGrads CpuMoeLayers::grads_of(int64_t l, float* grads) const {
   return g;
 }
 
-void CpuMoeLayers::forward(int64_t l, const float* weights, const float* x, float* y, int64_t T, int64_t s,
+void CpuMoeLayers::forward(int64_t l, const float* weights, const float* x, float* y, const BatchShape& batch,
                            bool train_step, uint64_t random_logits_key) {
-  cfg_.seq_length = s;
+  if (batch.cp_size != cfg_.context_parallel_size)
+    throw Error("CpuMoeLayers: a micro-batch of " + std::to_string(batch.cp_size) + " context-parallel ranks' chunks "
+                "on a layer set for " + std::to_string(cfg_.context_parallel_size));
+  cfg_.seq_length = batch.s;
   cfg_.random_logits_key = random_logits_key;
   cfg_.global_aux_training = train_step;
+  cfg_.random_logits_rows = nullptr;
+  if (whole_.moe.force_load_balancing && batch.cp_size > 1) {  // the tokens' places in the whole micro-batch
+    random_logits_rows_.resize(static_cast<size_t>(batch.T));
+    const int64_t S = batch.s * batch.cp_size;
+    for (int64_t t = 0; t < batch.T; ++t)
+      random_logits_rows_[static_cast<size_t>(t)] = t / batch.s * S + batch.cp_place(t);
+    cfg_.random_logits_rows = random_logits_rows_.data();
+  }
   auto& stage = stages_[static_cast<size_t>(l)];
-  if (folded_) static_cast<MoeShareStage&>(*stage).set_sequence_length(s);
-  k::moe_layer_forward(cfg_, weights_of(l, weights), x, y, T, states_[static_cast<size_t>(l)], stage.get());
+  if (folded_) static_cast<MoeShareStage&>(*stage).set_sequence_length(batch.s);
+  k::moe_layer_forward(cfg_, weights_of(l, weights), x, y, batch.T, states_[static_cast<size_t>(l)], stage.get());
 }
 
 void CpuMoeLayers::backward(int64_t l, const float* weights, float* grads, const float* x, const float* dy, float* dx,
@@ -123,7 +135,8 @@ MoeLosses CpuMoeLayers::last_losses() const {
     const auto& st = states_[static_cast<size_t>(l)];
     if (m.aux_loss_coeff > 0) out.aux += st.aux_loss / m.aux_loss_coeff;
     if (m.seq_aux_loss_coeff > 0) out.seq_aux += st.seq_aux_loss / m.seq_aux_loss_coeff;
-    if (m.z_loss_coeff > 0) out.z += st.z_loss / m.z_loss_coeff;
+    // (the z-loss of a context-parallel rank's tokens: its coefficient divided by the CP size)
+    if (m.z_loss_coeff > 0) out.z += st.z_loss / (m.z_loss_coeff / static_cast<double>(cfg_.context_parallel_size));
     if (m.global_aux_loss_coeff > 0) out.global_aux += st.global_aux_loss / m.global_aux_loss_coeff;
   }
   return out;
@@ -179,6 +192,18 @@ void CpuMoeLayers::set_data_parallel_group(dist::ProcessGroup* dp) {
   }
   cfg_.data_parallel_size = dp->size();
   cfg_.sum_over_data_parallel = [dp](double* counts, int64_t n) { dp->all_reduce_sum(counts, static_cast<size_t>(n)); };
+}
+
+void CpuMoeLayers::set_context_parallel_group(dist::ProcessGroup* cp) {
+  if (!cp || cp->size() <= 1) {
+    cfg_.context_parallel_size = 1;
+    cfg_.sum_over_context_parallel = nullptr;
+    return;
+  }
+  cfg_.context_parallel_size = cp->size();
+  cfg_.sum_over_context_parallel = [cp](double* counts, int64_t n) {
+    cp->all_reduce_sum(counts, static_cast<size_t>(n));
+  };
 }
 
 std::vector<double> CpuMoeLayers::expert_load(int64_t layer) const {

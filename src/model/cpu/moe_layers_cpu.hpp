@@ -9,6 +9,7 @@
 
 #include "dist/process_group.hpp"
 #include "kernels/cpu/moe.hpp"
+#include "model/backend.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 
@@ -29,8 +30,9 @@ class CpuMoeLayers {
                int64_t tp_size, dist::ProcessGroup* ep, bool folded, float* weights, float* grads);
   ~CpuMoeLayers();
 
-  // Layer l on x[T, h] into y[T, h] (s: the sequence length; train_step: a training forward).
-  void forward(int64_t l, const float* weights, const float* x, float* y, int64_t T, int64_t s, bool train_step,
+  // Layer l on x[T, h] into y[T, h] (batch: the micro-batch's shape, this rank's context-parallel
+  // chunks among it; train_step: a training forward).
+  void forward(int64_t l, const float* weights, const float* x, float* y, const BatchShape& batch, bool train_step,
                uint64_t random_logits_key);
   void backward(int64_t l, const float* weights, float* grads, const float* x, const float* dy, float* dx, int64_t T,
                 float aux_loss_scale);
@@ -44,6 +46,9 @@ class CpuMoeLayers {
   void update_expert_bias(float* weights, dist::ProcessGroup* dp);
   void reset_global_aux();
   void set_data_parallel_group(dist::ProcessGroup* dp);
+  // Context parallelism: the aux losses' tokens per expert summed over cp, the z-loss's
+  // coefficient divided by its size (null or one rank: none).
+  void set_context_parallel_group(dist::ProcessGroup* cp);
   std::vector<double> expert_load(int64_t layer) const;
 
  private:
@@ -59,6 +64,7 @@ class CpuMoeLayers {
   // (null for dense layers, or neither: kernels/cpu/moe runs the experts itself).
   std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> stages_;
   std::vector<std::vector<double>> expert_load_;  // per layer [E]: tokens since update_expert_bias
+  std::vector<int64_t> random_logits_rows_;        // [T] under context parallelism (force_load_balancing)
   MoeLosses losses_;
 };
 
