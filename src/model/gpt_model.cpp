@@ -216,8 +216,9 @@ void GptModel::finalize_grads() {
 void check_key_start(const MicroBatch& mb) {
   if (!mb.key_start) return;
   for (int64_t t = 0; t < mb.b * mb.s; ++t) {
-    const int64_t i = mb.cp_places ? mb.cp_places[t] : t % mb.s, first = mb.key_start[t];
-    const int64_t before = i > 0 ? mb.key_start[t - 1] : 0;
+    // (i: the token's place in its sequence; the previous token is this row's previous one)
+    const int64_t local = t % mb.s, i = mb.cp_places ? mb.cp_places[t] : local, first = mb.key_start[t];
+    const int64_t before = local > 0 ? mb.key_start[t - 1] : 0;
     if (first < before || first > i)
       throw Error("micro-batch key_start[" + std::to_string(t) + "] = " + std::to_string(first) + " outside [" +
                   std::to_string(before) + ", " + std::to_string(i) +
