@@ -46,6 +46,7 @@ struct BatchShape {
   // Token t's place in its whole sequence.
   int64_t cp_place(int64_t t) const {
     if (cp_places) return cp_places[t];
+    if (cp_size <= 1) return t % s;
     const int64_t i = t % s, c = s / 2;
     return (i < c ? cp_rank : 2 * cp_size - 1 - cp_rank) * c + i % c;
   }
