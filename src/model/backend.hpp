@@ -29,6 +29,14 @@ struct Act {
   void* p = nullptr;
 };
 
+// Context parallelism's split of a sequence of 2 cp_size chunks (Megatron's
+// get_batch_on_this_cp_rank): the place in its sequence of rank cp_rank's i-th token of it, s
+// tokens a rank (chunks cp_rank and 2 cp_size - 1 - cp_rank).
+inline int64_t cp_place(int64_t i, int64_t s, int64_t cp_rank, int64_t cp_size) {
+  const int64_t c = s / 2;
+  return (i < c ? cp_rank : 2 * cp_size - 1 - cp_rank) * c + i % c;
+}
+
 // The micro-batch the ops of a forward or backward work on: b sequences of s tokens (T = b * s,
 // batch-major), rows of them on this rank outside the tensor-parallel regions (T, or T / tp under
 // sequence parallelism), and the documents of a packed sequence (key_start: backend memory, null
@@ -46,9 +54,7 @@ struct BatchShape {
   // Token t's place in its whole sequence.
   int64_t cp_place(int64_t t) const {
     if (cp_places) return cp_places[t];
-    if (cp_size <= 1) return t % s;
-    const int64_t i = t % s, c = s / 2;
-    return (i < c ? cp_rank : 2 * cp_size - 1 - cp_rank) * c + i % c;
+    return cp_size <= 1 ? t % s : model::cp_place(t % s, s, cp_rank, cp_size);
   }
 };
 

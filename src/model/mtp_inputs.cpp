@@ -31,11 +31,6 @@ void roll_mtp_inputs(MtpLayerInputs& out, int64_t b, int64_t s, const int64_t* t
   out.losses.assign(static_cast<size_t>(b * s), 0.0f);
 }
 
-int64_t cp_place(int64_t i, int64_t s, int64_t cp_rank, int64_t cp_size) {
-  const int64_t c = s / 2;
-  return (i < c ? cp_rank : 2 * cp_size - 1 - cp_rank) * c + i % c;
-}
-
 void roll_mtp_inputs_cp(MtpLayerInputs& out, const MtpLayerInputs& whole, int64_t b, int64_t s, int64_t cp_rank,
                         int64_t cp_size, int64_t k) {
   const int64_t S = s * cp_size;

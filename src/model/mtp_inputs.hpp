@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/backend.hpp"  // (cp_place)
+
 namespace laoyao::model {
 
 struct MtpLayerInputs {
@@ -19,12 +21,10 @@ struct MtpLayerInputs {
 void roll_mtp_inputs(MtpLayerInputs& out, int64_t b, int64_t s, const int64_t* tokens, const int64_t* positions,
                      const int64_t* labels, const float* mask, int64_t k);
 // Under context parallelism (this rank holding chunks cp_rank and 2 cp_size - 1 - cp_rank of each
-// sequence's 2 cp_size, s tokens of its s * cp_size): the place of the rank's i-th token of a
-// sequence, and layer k's inputs at the rank's tokens: the whole sequences' (`whole`: b sequences of
-// s * cp_size, gathered by the caller; mask empty: all ones) rolled, then the rank's chunks taken.
-// Megatron's roll_tensor rolls each chunk and trades the boundary tokens with the neighbouring
-// ranks, which gives the same values.
-int64_t cp_place(int64_t i, int64_t s, int64_t cp_rank, int64_t cp_size);
+// sequence's 2 cp_size, s tokens of its s * cp_size; backend.hpp's cp_place): layer k's inputs at
+// the rank's tokens: the whole sequences' (`whole`: b sequences of s * cp_size, gathered by the
+// caller; mask empty: all ones) rolled, then the rank's chunks taken. Megatron's roll_tensor rolls
+// each chunk and trades the boundary tokens with the neighbouring ranks, which gives the same values.
 void roll_mtp_inputs_cp(MtpLayerInputs& out, const MtpLayerInputs& whole, int64_t b, int64_t s, int64_t cp_rank,
                         int64_t cp_size, int64_t k);
 
