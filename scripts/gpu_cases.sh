@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 
 declare_parts doctor tests parity parity_llama parity_fused moe moe_quick grouped recipes moe_dp2 \
   moe_ep_speed dp2 dp2_speed four four_moe tp2 ckpt attention gemm profile memory_ops ncu \
-  kernel_profile graph_gaps clocks phases bench hf mla
+  kernel_profile graph_gaps clocks phases bench hf mla host_memory
 # shellcheck disable=SC2034  # read by scripts/gpu_check.sh
 DEFAULT_PARTS=(doctor tests parity parity_llama parity_fused attention gemm profile bench)
 
@@ -626,5 +626,22 @@ declare_case hf hf_transformers TEST 1 900 exit -- run_to "$OUT/hf_transformers.
 # merged export's.
 declare_case hf peft_lora TEST 1 600 exit -- run_to "$OUT/peft_lora.txt" python3 \
   tests/gpu/peft_lora_check.py "$C/laoyao" "$OUT"
+
+# ---- host_memory: a GPU rank's host memory under TP and EP, where one GPU is lent
+
+# The trainer's ranks as threads sharing the GPU (bench/thread_ranks_bench.cpp: collectives through
+# the host, so no speed): the process's peak resident set per rank against 0.5 B/param + 3 GB
+# (#34); exit 1 when over. One rank first, the harness's own cost beside a process of one rank.
+read -r -a llama_8b_4l <<< "$(shape_args llama3_8b_4l_s8k)"
+host_memory_args=(--mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --min-lr 3e-5 --seed 1234 --eval-iters 0
+                  --eval-interval 100000 --log-interval 1 --train-iters 3)
+declare_case host_memory host_memory_1rank TEST 1 300 exit -- run_to "$OUT/host_memory_1rank.txt" \
+  "$C/laoyao_bench_thread_ranks" 1 "${llama_8b_4l[@]}" "${host_memory_args[@]}"
+declare_case host_memory host_memory_tp2 TEST 1 420 exit -- run_to "$OUT/host_memory_tp2.txt" \
+  "$C/laoyao_bench_thread_ranks" 2 "${llama_8b_4l[@]}" "${host_memory_args[@]}" --tensor-model-parallel-size 2 \
+  --sequence-parallel
+declare_case host_memory host_memory_ep2 TEST 1 420 exit -- run_to "$OUT/host_memory_ep2.txt" \
+  "$C/laoyao_bench_thread_ranks" 2 "${flagship[@]}" "${host_memory_args[@]}" --expert-model-parallel-size 2 \
+  --global-batch-size 4
 
 check_declarations

@@ -46,10 +46,10 @@ stage() {
   B="${1:-build/main}"
   [ -f "$B/build.ninja" ] || cmake --preset default -B "$B"
   cmake --build "$B" --target laoyao laoyao_tests_kernels_cuda laoyao_tests_model_cuda laoyao_bench_attention laoyao_bench_step_breakdown \
-    laoyao_bench_gemm laoyao_bench_grouped_gemm laoyao_bench_memory_ops -j2
+    laoyao_bench_gemm laoyao_bench_grouped_gemm laoyao_bench_memory_ops laoyao_bench_thread_ranks -j2
   mkdir -p "$C/lib" "$C/peers"  # not emptied: tests/gpu/crosscheck.sh keeps its vocabularies there too
   cp "$B/laoyao" "$B/laoyao_tests_kernels_cuda" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_attention" "$B/laoyao_bench_step_breakdown" \
-    "$B/laoyao_bench_gemm" "$B/laoyao_bench_grouped_gemm" "$B/laoyao_bench_memory_ops" "$C/"
+    "$B/laoyao_bench_gemm" "$B/laoyao_bench_grouped_gemm" "$B/laoyao_bench_memory_ops" "$B/laoyao_bench_thread_ranks" "$C/"
   cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
   # Gloo and what it pulls in (hiredis, ibverbs, libnl) are Debian's, absent on the GPU machine.
   for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done

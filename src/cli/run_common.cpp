@@ -11,12 +11,12 @@
 #include "core/error.hpp"
 #include "core/file_io.hpp"
 #include "core/runtime_options.hpp"
-#include "dist/parallel_layout.hpp"
 #include "dist/process_group.hpp"
 #include "dist/rank_env.hpp"
 #include "train/capabilities.hpp"
 #include "train/engine.hpp"
 #include "train/memory_estimate.hpp"
+#include "train/rank_groups.hpp"
 #include "train/run_setup.hpp"
 #include "train/trainer.hpp"
 
@@ -122,13 +122,12 @@ int start_training(config::Resolved& r) {
                 "it changes memory, not the numbers)\n");
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
-  std::unique_ptr<dist::ProcessGroup> group, tp_group, dp_group, ep_group, expert_dp_group, cp_group;
+  train::RankGroups groups;
   GpuWaitDeadline deadline;  // after the groups: cleared before they go
   if (r.validated.derived.world_size > 1) {
     const dist::RankEnv env = dist::rank_env_from_environment();
     const double timeout = static_cast<double>(r.cfg.dist.distributed_timeout_minutes);
-    const dist::ParallelLayout layout(env.world_size,
-                                      {r.cfg.model.tensor_model_parallel_size, r.cfg.model.context_parallel_size, 1});
+    std::unique_ptr<dist::ProcessGroup> world;
     if (backend.cuda) {
       const int gpus = cuda_device_count();
       if (env.local_rank >= gpus)
@@ -136,46 +135,21 @@ int start_training(config::Resolved& r) {
                          std::to_string(gpus) + " visible on this node (one GPU per rank; --nproc-per-node at most " +
                          std::to_string(gpus) + ")");
       cuda_set_device(static_cast<int>(env.local_rank));
-      group = dist::make_gpu_process_group(env, timeout);
+      world = dist::make_gpu_process_group(env, timeout);
     } else {
-      group = dist::make_cpu_process_group(env, timeout);
+      world = dist::make_cpu_process_group(env, timeout);
     }
-    auto make_group = [&](const std::vector<int64_t>& members, const std::string& name) {
-      return backend.cuda ? dist::make_gpu_process_group(env, timeout, members, name)
-                          : dist::make_cpu_process_group(env, timeout, members, name);
-    };
-    if (layout.sizes().tp > 1) {  // Megatron's layout: TP ranks consecutive, DP across them
-      tp_group = make_group(layout.tp_group(env.rank), "tp");
-      dp_group = make_group(layout.dp_group(env.rank), "dp");
-    }
-    if (layout.sizes().cp > 1) {  // then the losses and gradients go over Megatron's dp_cp group
-      cp_group = make_group(layout.cp_group(env.rank), "cp");
-      dp_group = make_group(layout.dp_cp_group(env.rank), "dp_cp");
-    }
-    // Expert parallelism: consecutive data-parallel ranks (with CP, consecutive in cp + CP * dp)
-    // share out the experts; the ranks holding the same experts average their gradients. With
-    // whole experts under TP (expert TP size 1) the groups fold across the TP ranks: consecutive
-    // ranks share out the experts.
-    const int64_t tp = layout.sizes().tp;
-    const bool folded = tp > 1 && r.cfg.model.expert_tensor_parallel_size.value_or(tp) == 1;
-    if (const int64_t ep = r.cfg.model.expert_model_parallel_size; ep > 1 && folded) {
-      ep_group = make_group(layout.folded_ep_group(env.rank, ep), "ep");
-      if (env.world_size > ep) expert_dp_group = make_group(layout.folded_expert_dp_group(env.rank, ep), "edp");
-    } else if (ep > 1) {
-      ep_group = make_group(layout.ep_group(env.rank, ep), "ep");
-      if (layout.dp() * layout.sizes().cp > ep)
-        expert_dp_group = make_group(layout.expert_dp_group(env.rank, ep), "edp");
-    }
+    groups = train::make_rank_groups(r.cfg, env.world_size, env.rank, std::move(world),
+                                     [&](const std::vector<int64_t>& members, const std::string& name) {
+                                       return backend.cuda ? dist::make_gpu_process_group(env, timeout, members, name)
+                                                           : dist::make_cpu_process_group(env, timeout, members, name);
+                                     });
     // A GPU rank that waits on a collective another rank never joins fails after the timeout,
     // as a Gloo collective does, aborting its NCCL communicators so that it can exit.
-    if (backend.cuda) {
-      std::vector<dist::ProcessGroup*> groups = {group.get(), tp_group.get(), dp_group.get(), ep_group.get(),
-                                                 expert_dp_group.get(), cp_group.get()};
-      deadline.set(timeout * 60.0, [groups] {
-        for (dist::ProcessGroup* g : groups)
-          if (g) g->abort();
+    if (backend.cuda)
+      deadline.set(timeout * 60.0, [all = groups.all()] {
+        for (dist::ProcessGroup* g : all) g->abort();
       });
-    }
   }
   const std::string path = run_config_path(r.cfg);
   train::TrainOptions opt;
@@ -183,12 +157,7 @@ int start_training(config::Resolved& r) {
     opt.run_config_path = path,
     opt.run_config_yaml = config::to_yaml(r.cfg) + runtime_options_yaml_comment(runtime_options());
   opt.use_cuda = backend.cuda;
-  opt.group = group.get();
-  opt.tp_group = tp_group.get();
-  opt.dp_group = dp_group.get();
-  opt.ep_group = ep_group.get();
-  opt.expert_dp_group = expert_dp_group.get();
-  opt.cp_group = cp_group.get();
+  groups.fill(opt);
   if (!path.empty()) opt.metrics_path = path.substr(0, path.find_last_of('/') + 1) + "metrics.jsonl";
   opt.flavor = r.front_end == config::FrontEnd::MegatronLM ? train::LogFlavor::kMegatronLM : train::LogFlavor::kBridge;
   std::printf("laoyao: runtime options: %s\n", describe_runtime_options(runtime_options()).c_str());

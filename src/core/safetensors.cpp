@@ -489,7 +489,10 @@ void SafetensorsFile::read_f32(const SafetensorsTensor& t, float* out, size_t n)
     case Dtype::BF16:
     case Dtype::F16: {
       const bool bf = t.dtype == Dtype::BF16;
-      for (size_t i = 0; i < count; ++i) {
+      const int64_t n64 = static_cast<int64_t>(count);
+      // (Threads for a large tensor: a checkpoint conversion widens gigabytes of them.)
+#pragma omp parallel for schedule(static) if (n64 > (int64_t{1} << 20))
+      for (int64_t i = 0; i < n64; ++i) {
         const uint16_t bits = static_cast<uint16_t>(t.data[2 * i] | (t.data[2 * i + 1] << 8));
         out[i] = bf ? bf16_to_f32(bits) : f16_to_f32(bits);
       }

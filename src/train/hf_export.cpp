@@ -142,15 +142,18 @@ std::vector<int64_t> hf_shape(const HfTensorMap& m, size_t k, const HfModel& hf)
   return m.shape;
 }
 
-void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const std::vector<float>& src,
-               std::vector<float>& out) {
-  const model::GptConfig& g = hf.gpt;
+int64_t hf_numel(const HfTensorMap& m, size_t k, const HfModel& hf) {
   int64_t numel = 1;
   for (int64_t d : hf_shape(m, k, hf)) numel *= d;
-  out.resize(static_cast<size_t>(numel));
+  return numel;
+}
+
+// out: hf_numel(m, k, hf) values, room the caller makes.
+void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const std::vector<float>& src, float* out) {
+  const model::GptConfig& g = hf.gpt;
   const int64_t row = m.shape.size() > 1 ? m.shape[1] : 1;  // elements per Megatron-Core row
   auto copy_rows = [&](int64_t src_row, int64_t dst_row, int64_t count) {
-    std::memcpy(out.data() + dst_row * row, src.data() + src_row * row, sizeof(float) * static_cast<size_t>(count * row));
+    std::memcpy(out + dst_row * row, src.data() + src_row * row, sizeof(float) * static_cast<size_t>(count * row));
   };
   const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups;
   switch (m.kind) {
@@ -236,7 +239,10 @@ HfExportResult export_adapters(const Source& src, const std::string& out_dir, Dt
       const std::string module = m.hf[k].substr(0, m.hf[k].size() - suffix.size());
       modules.insert(module.substr(module.rfind('.') + 1));
       outs.push_back({"base_model.model." + module + ".lora_A.weight", {r, m.shape[1]}, as_bytes(A, dtype)});
-      if (m.kind != Kind::Copy) hf_values(rows_of_b, k, src.model, B, part);
+      if (m.kind != Kind::Copy) {
+        part.resize(static_cast<size_t>(hf_numel(rows_of_b, k, src.model)));
+        hf_values(rows_of_b, k, src.model, B, part.data());
+      }
       outs.push_back({"base_model.model." + module + ".lora_B.weight", hf_shape(rows_of_b, k, src.model),
                       as_bytes(m.kind == Kind::Copy ? B : part, dtype)});
     }
@@ -331,26 +337,33 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
       const size_t i = shards[f][w];
       if (i != cached_out) {
         const HfTensorMap& m = maps[outs[i].map];
+        // The buffers only grow: a resize down and up again would zero-fill every large tensor
+        // once more (a fifth of the export's time).
         if (outs[i].map != cached_map) {
           int64_t numel = 1;
           for (int64_t d : m.shape) numel *= d;
-          mcore.resize(static_cast<size_t>(numel));
+          if (mcore.size() < static_cast<size_t>(numel)) mcore.resize(static_cast<size_t>(numel));
           src.read(m.mcore, m.shape, mcore);
           cached_map = outs[i].map;
         }
         // A copied tensor is converted from the read values themselves (no third copy of it).
-        if (m.kind != Kind::Copy) hf_values(m, outs[i].k, src.model, mcore, values);
-        const std::vector<float>& v = m.kind == Kind::Copy ? mcore : values;
-        bytes.resize(v.size() * es);
+        const int64_t n_out = static_cast<int64_t>(outs[i].bytes / es);
+        if (m.kind != Kind::Copy) {
+          if (values.size() < static_cast<size_t>(n_out)) values.resize(static_cast<size_t>(n_out));
+          hf_values(m, outs[i].k, src.model, mcore, values.data());
+        }
+        const float* v = m.kind == Kind::Copy ? mcore.data() : values.data();
+        if (bytes.size() < outs[i].bytes) bytes.resize(outs[i].bytes);
         if (dtype == Dtype::F32) {
-          std::memcpy(bytes.data(), v.data(), bytes.size());
+          std::memcpy(bytes.data(), v, outs[i].bytes);
         } else {
           auto* b = reinterpret_cast<uint16_t*>(bytes.data());
-          for (size_t j = 0; j < v.size(); ++j) b[j] = f32_to_bf16(v[j]);
+#pragma omp parallel for schedule(static) if (n_out > (int64_t{1} << 20))
+          for (int64_t j = 0; j < n_out; ++j) b[j] = f32_to_bf16(v[j]);
         }
         cached_out = i;
         result.tensors += 1;
-        result.bytes += bytes.size();
+        result.bytes += outs[i].bytes;
         const auto now = std::chrono::steady_clock::now();
         if (progress && now - last_report > std::chrono::seconds(5)) {
           progress(result.tensors, static_cast<int64_t>(outs.size()), result.bytes,

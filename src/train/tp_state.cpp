@@ -68,15 +68,29 @@ void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf1
                            const std::function<void(const model::ParamSpec&, const float*)>& fill) {
   const std::vector<model::TensorPart> parts = rank_parts(local);
   const model::ParameterTable whole = model::build_gpt_parameters(model::ep_whole_config(local.config())).table;
+  // The whole tensor's values are drawn in order, a window of whole rows at a time (at least 16 MB
+  // of fp32), and the window's overlap with this rank's part kept: the host never holds a whole
+  // embedding table (2 GB at Llama-3's vocabulary) beside the part.
+  constexpr int64_t kWindow = int64_t{1} << 22;
   std::vector<float> values, part;
   for (size_t i = 0; i < parts.size(); ++i) {
     const model::ParamSpec& l = local.table().specs[i];
     const model::ParamSpec* w = whole.find(parts[i].name);
     if (!w || w->shape != parts[i].shape) throw Error("init: the whole model has no parameter " + parts[i].name);
-    values.resize(static_cast<size_t>(w->numel));
-    model::ParameterInit(*w, seed, bf16).next(values.data(), w->numel);
     part.resize(static_cast<size_t>(l.numel));
-    model::copy_overlap({w->name, w->shape, {model::whole_box(w->shape)}}, values.data(), parts[i], part.data());
+    model::ParameterInit init(*w, seed, bf16);
+    const int64_t rows = w->shape.empty() ? 1 : w->shape[0], row = rows > 0 ? w->numel / rows : 0;
+    const int64_t step = std::max<int64_t>(1, kWindow / std::max<int64_t>(row, 1));
+    int64_t copied = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+      const int64_t n_rows = std::min(step, rows - r0);
+      values.resize(static_cast<size_t>(n_rows * row));
+      init.next(values.data(), n_rows * row);
+      model::Box window = model::whole_box(w->shape);
+      if (!window.start.empty()) window.start[0] = r0, window.size[0] = n_rows;
+      copied += model::copy_overlap({w->name, w->shape, {window}}, values.data(), parts[i], part.data());
+    }
+    if (copied != l.numel) throw Error("init: " + parts[i].name + ": the part's values were not all drawn");
     fill(l, part.data());
   }
 }

@@ -51,9 +51,9 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   model->set_data_parallel_group(dp);
   model->set_context_parallel_group(cp);
   seed = static_cast<uint64_t>(c.rng.seed);
+  summary.parameters = model->num_parameters() - model->num_buffer_elements();
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +
-             std::to_string(model->tp_rank()) + ", 0, 0): " +
-             std::to_string(model->num_parameters() - model->num_buffer_elements()));
+             std::to_string(model->tp_rank()) + ", 0, 0): " + std::to_string(summary.parameters));
   moe_layers = model->num_moe_layers();
   if (moe_layers > 0)
     print_line("laoyao: Mixture of Experts: " + std::to_string(model->num_whole_parameters()) + " parameters, " +

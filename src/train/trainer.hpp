@@ -47,6 +47,7 @@ struct TrainOptions {
 struct TrainSummary {
   int64_t iterations = 0;
   int64_t consumed_samples = 0;
+  int64_t parameters = 0;         // this rank's (the log's "number of parameters" line)
   int64_t nan_iterations = 0;
   std::vector<double> lm_loss;    // per iteration, token-weighted over the global batch
   std::vector<double> grad_norm;  // per iteration, before clipping

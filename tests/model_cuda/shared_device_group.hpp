@@ -88,14 +88,7 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
 
   void all_reduce_sum_device(float* data, size_t n, void* stream, double scale) override {
     publish("all_reduce_sum_device", data, stream);
-    std::vector<float> sum(n, 0.0f);
-    for (int r = 0; r < size(); ++r) {
-      const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], 0, n, dist::DeviceType::F32);
-      for (size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(scale) * part[i];
-    }
-    meet(what_);
-    upload(sum, data, dist::DeviceType::F32);
-    meet(what_);
+    summed_in_chunks(data, 0, n, dist::DeviceType::F32, scale);
   }
   void all_gather_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream) override {
     const size_t bytes = n * type_bytes(type);
@@ -107,27 +100,13 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
   void reduce_scatter_device(const void* send, void* recv, size_t n, dist::DeviceType type, void* stream,
                              double scale) override {
     publish("reduce_scatter_device", send, stream);
-    std::vector<float> sum(n, 0.0f);
-    for (int r = 0; r < size(); ++r) {
-      const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], static_cast<size_t>(rank_) * n, n, type);
-      for (size_t i = 0; i < n; ++i) sum[i] += static_cast<float>(scale) * part[i];
-    }
-    meet(what_);  // every member has read its chunks before any recv (maybe a send) is written
-    upload(sum, recv, type);
-    meet(what_);
+    summed_in_chunks(recv, static_cast<size_t>(rank_) * n, n, type, scale);
   }
   void all_reduce_device(void* data, size_t n, dist::DeviceType type, void* stream) override {
     if (type == dist::DeviceType::F64) return exact_all_reduce<double>(data, n, stream);
     if (type == dist::DeviceType::I32) return exact_all_reduce<int32_t>(data, n, stream);
     publish("all_reduce_device", data, stream);
-    std::vector<float> sum(n, 0.0f);
-    for (int r = 0; r < size(); ++r) {
-      const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], 0, n, type);
-      for (size_t i = 0; i < n; ++i) sum[i] += part[i];
-    }
-    meet(what_);
-    upload(sum, data, type);
-    meet(what_);
+    summed_in_chunks(data, 0, n, type, 1.0);
   }
   void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                          dist::DeviceType type, void* stream, bool with_self) override {
@@ -159,6 +138,25 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
     meet(what_);
   }
   void meet(const std::string& what) { m_->wait(rank_, what); }
+  // out[0, n) = the sum over members of scale * (their published buffer)[first, first + n), summed
+  // in fp32 on the host a chunk at a time (the host memory stays small beside a model's gradients:
+  // the trainer's host-memory bench runs on these groups). Every member reads a chunk before any
+  // writes it, since `out` may be a member's published buffer.
+  void summed_in_chunks(void* out, size_t first, size_t n, dist::DeviceType type, double scale) {
+    constexpr size_t kChunk = size_t{1} << 22;
+    const size_t b = type_bytes(type);
+    for (size_t at = 0; at < n; at += kChunk) {
+      const size_t len = std::min(kChunk, n - at);
+      std::vector<float> sum(len, 0.0f);
+      for (int r = 0; r < size(); ++r) {
+        const std::vector<float> part = download(m_->sends[static_cast<size_t>(r)], first + at, len, type);
+        for (size_t i = 0; i < len; ++i) sum[i] += static_cast<float>(scale) * part[i];
+      }
+      meet(what_);
+      upload(sum, static_cast<char*>(out) + at * b, type);
+      meet(what_);
+    }
+  }
   static void copy(void* to, const void* from, size_t bytes) {
     if (bytes > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToDevice));
   }

@@ -82,7 +82,12 @@ TEST(InitialState, ASplitRanksInitialWeightsAreItsPartOfTheWholeModels) {
   };
   GptConfig tp_moe = moe(2, false);
   tp_moe.moe.tensor_parallel = 2;
+  // A vocabulary of 140,000 x 32: the tables are drawn in two row windows of 4M values (131,072
+  // rows, then the rest), each overlapping both ranks' halves.
+  GptConfig wide_vocab = dense();
+  wide_vocab.vocab = 140000;
   const Case cases[] = {{"TP=2, dense", dense(), 2, 1},
+                        {"TP=2, tables drawn in two windows", wide_vocab, 2, 1},
                         {"EP=2", moe(2, false), 1, 2},
                         {"TP=2 x EP=2, experts split by TP", tp_moe, 2, 2},
                         {"TP=2 x EP=2, whole experts", moe(2, true), 2, 2}};
