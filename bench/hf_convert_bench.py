@@ -5,7 +5,8 @@ shards (5 GB files with model.safetensors.index.json).
 
 Usage: python3 bench/hf_convert_bench.py LAOYAO_BINARY WORK_DIR [SHAPE]
   SHAPE: llama3_8b (8.0B parameters, 16 GB), llama32_1b (1.2B, 2.5 GB) or small (0.5B, 1 GB; default)
-Prints a table: step, GB, seconds, GB/s, peak host memory (GB) and its ratio to the largest tensor.
+Prints a table: step, GB, seconds, GB/s, CPU seconds (user + system: against the seconds, how much
+of the time waited on the disk), peak host memory (GB) and its ratio to the largest tensor.
 The folders are removed at the end.
 """
 import json
@@ -93,7 +94,8 @@ def timed(cmd):
     if p.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1))
-    return time.time() - start, peak_kb * 1024
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([0-9.]+)", p.stderr).group(1)) for k in ("User", "System"))
+    return time.time() - start, peak_kb * 1024, cpu
 
 
 def main():
@@ -107,14 +109,15 @@ def main():
         largest = write_folder(os.path.join(root, "hf"), shape)
         total = sum(os.path.getsize(os.path.join(root, "hf", f)) for f in os.listdir(os.path.join(root, "hf")))
         rows = []
-        s, peak = timed([laoyao, "checkpoint", "import-hf", os.path.join(root, "hf"), os.path.join(root, "imported")])
-        rows.append(("import-hf (bf16)", total, s, peak))
-        s, peak = timed([laoyao, "checkpoint", "export-hf", os.path.join(root, "imported"), os.path.join(root, "exported")])
-        rows.append(("export-hf (bf16)", total, s, peak))
+        s, peak, cpu = timed([laoyao, "checkpoint", "import-hf", os.path.join(root, "hf"), os.path.join(root, "imported")])
+        rows.append(("import-hf (bf16)", total, s, peak, cpu))
+        s, peak, cpu = timed([laoyao, "checkpoint", "export-hf", os.path.join(root, "imported"), os.path.join(root, "exported")])
+        rows.append(("export-hf (bf16)", total, s, peak, cpu))
         print(f"\n{name}: {total / 1e9:.2f} GB of BF16 weights, largest tensor {largest / 1e9:.2f} GB\n")
-        print("| step | GB | s | GB/s | peak host GB | peak / largest tensor |\n|---|---|---|---|---|---|")
-        for step, b, s, peak in rows:
-            print(f"| {step} | {b / 1e9:.2f} | {s:.1f} | {b / 1e9 / s:.2f} | {peak / 1e9:.2f} | {peak / largest:.1f} |")
+        print("| step | GB | s | GB/s | CPU s (user + sys) | peak host GB | peak / largest tensor |")
+        print("|---|---|---|---|---|---|---|")
+        for step, b, s, peak, cpu in rows:
+            print(f"| {step} | {b / 1e9:.2f} | {s:.1f} | {b / 1e9 / s:.2f} | {cpu:.1f} | {peak / 1e9:.2f} | {peak / largest:.1f} |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

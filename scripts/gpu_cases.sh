@@ -10,7 +10,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 
 declare_parts doctor tests parity parity_llama parity_fused moe moe_quick grouped recipes moe_dp2 \
   moe_ep_speed dp2 dp2_speed four four_moe tp2 ckpt attention gemm profile memory_ops ncu \
-  kernel_profile graph_gaps clocks phases bench hf mla host_memory
+  kernel_profile graph_gaps clocks phases bench hf mla host_memory hf_convert
 # shellcheck disable=SC2034  # read by scripts/gpu_check.sh
 DEFAULT_PARTS=(doctor tests parity parity_llama parity_fused attention gemm profile bench)
 
@@ -626,6 +626,11 @@ declare_case hf hf_transformers TEST 1 900 exit -- run_to "$OUT/hf_transformers.
 # merged export's.
 declare_case hf peft_lora TEST 1 600 exit -- run_to "$OUT/peft_lora.txt" python3 \
   tests/gpu/peft_lora_check.py "$C/laoyao" "$OUT"
+
+# ---- hf_convert: import-hf and export-hf of an 8B-size folder (random BF16 weights written by the
+# bench itself), GB/s, CPU seconds and peak host memory (#35 asks >= 1 GB/s)
+declare_case hf_convert hf_convert MEASUREMENT 1 400 table:hf_convert.txt -- run_to "$OUT/hf_convert.txt" python3 \
+  bench/hf_convert_bench.py "$C/laoyao" /tmp llama3_8b
 
 # ---- host_memory: a GPU rank's host memory under TP and EP, where one GPU is lent
 

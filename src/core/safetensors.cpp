@@ -9,11 +9,15 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <set>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
@@ -130,7 +134,24 @@ class FileSink {
       }
       c += w;
       n -= static_cast<size_t>(w);
+      written_ += static_cast<uint64_t>(w);
+      write_back();
     }
+  }
+  // The disk starts on each 128 MB as soon as it is written, and the one before it is waited for:
+  // a file of many gigabytes is not left dirty in the page cache for close()'s fsync to write at
+  // the end, after all the work that made it (the disk works while the bytes are made).
+  void write_back() {
+#ifdef __linux__
+    constexpr uint64_t kRange = uint64_t{128} << 20;
+    while (written_ - started_ >= kRange) {
+      (void)::sync_file_range(fd_, static_cast<off_t>(started_), kRange, SYNC_FILE_RANGE_WRITE);
+      if (started_ >= kRange)
+        (void)::sync_file_range(fd_, static_cast<off_t>(started_ - kRange), kRange,
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      started_ += kRange;
+    }
+#endif
   }
   std::string path_;
   bool hash_;
@@ -138,6 +159,67 @@ class FileSink {
   std::vector<uint8_t> buf_;
   Sha256 sha_;
   uint64_t bytes_ = 0;
+  uint64_t written_ = 0, started_ = 0;  // bytes written; bytes whose write-back was started
+};
+
+// Writes filled windows on a thread of its own, so that the caller fills the next window (reads,
+// converts) while the last one is written and hashed. One window in flight: submit() waits for
+// the previous one, so the caller may refill a buffer two submits after it gave it.
+class WindowWriter {
+ public:
+  explicit WindowWriter(FileSink& out) : out_(out), thread_([this] { run(); }) {}
+  ~WindowWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  WindowWriter(const WindowWriter&) = delete;
+  WindowWriter& operator=(const WindowWriter&) = delete;
+
+  void submit(const uint8_t* p, size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    if (error_) std::rethrow_exception(error_);
+    p_ = p, n_ = n, busy_ = true;
+    cv_.notify_all();
+  }
+  // Waits for the window in flight; rethrows its error.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return busy_ || stop_; });
+      if (!busy_) return;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        out_.write(p_, n_);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      if (err) error_ = err;
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+  FileSink& out_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const uint8_t* p_ = nullptr;
+  size_t n_ = 0;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started once the rest is made
 };
 
 void fsync_dir(const std::string& dir) {
@@ -269,20 +351,28 @@ SafetensorsWriteResult write_safetensors(const std::string& path, const std::vec
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
     out.write(len, 8);
     out.write(header.data(), header.size());
-    std::vector<uint8_t> filled;
-    for (size_t i : write_order(tensors)) {
-      const TensorWrite& t = tensors[i];
-      if (t.data || write_nbytes(t) == 0) {
-        out.write(t.data, write_nbytes(t));
-        continue;
+    std::vector<uint8_t> filled[2];
+    int next = 0;
+    {
+      WindowWriter writer(out);
+      for (size_t i : write_order(tensors)) {
+        const TensorWrite& t = tensors[i];
+        if (t.data || write_nbytes(t) == 0) {
+          writer.drain();  // (in file order)
+          out.write(t.data, write_nbytes(t));
+          continue;
+        }
+        const size_t total = write_nbytes(t);
+        for (size_t at = 0; at < total; at += kFillWindow) {
+          const size_t n = std::min(kFillWindow, total - at);
+          std::vector<uint8_t>& buf = filled[next];
+          if (buf.size() < n) buf.resize(std::max(n, std::min(total, kFillWindow)));
+          fill(i, at, n, buf.data());
+          writer.submit(buf.data(), n);
+          next ^= 1;
+        }
       }
-      const size_t total = write_nbytes(t);
-      filled.resize(std::min(total, kFillWindow));
-      for (size_t at = 0; at < total; at += kFillWindow) {
-        const size_t n = std::min(kFillWindow, total - at);
-        fill(i, at, n, filled.data());
-        out.write(filled.data(), n);
-      }
+      writer.drain();
     }
     r.file_bytes = out.bytes();
     r.sha256 = out.close();
