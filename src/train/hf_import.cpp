@@ -131,12 +131,15 @@ void check_shapes(const HfTensorMap& m, const Sources& s, const HfModel& hf) {
   }
 }
 
-// The parameter's bytes, assembled from its sources (each kind a rearrangement of rows).
-void assemble(const HfTensorMap& m, const Sources& s, const HfModel& hf, std::vector<uint8_t>& dst) {
+// The parameter's bytes, assembled from its sources (each kind a rearrangement of rows) at the
+// front of dst; returns their count. dst only grows: shrinking and growing it again would
+// zero-fill each large tensor's bytes once more before they are written over.
+size_t assemble(const HfTensorMap& m, const Sources& s, const HfModel& hf, std::vector<uint8_t>& dst) {
   const size_t es = dtype_size(s.dtype);
   int64_t numel = 1;
   for (int64_t d : m.shape) numel *= d;
-  dst.resize(static_cast<size_t>(numel) * es);
+  const size_t bytes = static_cast<size_t>(numel) * es;
+  if (dst.size() < bytes) dst.resize(bytes);
   const int64_t row = m.shape.size() > 1 ? numel / m.shape[0] : 1;  // elements per row
   const size_t row_bytes = static_cast<size_t>(row) * es;
   uint8_t* out = dst.data();
@@ -173,7 +176,7 @@ void assemble(const HfTensorMap& m, const Sources& s, const HfModel& hf, std::ve
       std::vector<uint8_t> t;
       const uint8_t* src = s.t[0]->data;
       if (m.shape.size() == 2) {
-        t.resize(dst.size());
+        t.resize(bytes);
         transpose(s.t[0]->data, h, 3 * h, t.data());
         src = t.data();
       }
@@ -190,6 +193,7 @@ void assemble(const HfTensorMap& m, const Sources& s, const HfModel& hf, std::ve
       rows(*s.t[1], 0, m.shape[0] / 2);
       break;
   }
+  return bytes;
 }
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
@@ -273,9 +277,8 @@ HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir,
     if (i != current) {
       if (current != SIZE_MAX)
         for (const auto* t : sources[current].t) tensors.files[tensors.file_of.at(t->name)]->release(t->data, t->nbytes);
-      assemble(maps[i], sources[i], hf, buffer);
+      result.bytes += assemble(maps[i], sources[i], hf, buffer);
       current = i;
-      result.bytes += buffer.size();
       result.tensors = static_cast<int64_t>(i) + 1;
       const auto now = std::chrono::steady_clock::now();
       if (progress && now - last_report > std::chrono::seconds(5)) {
