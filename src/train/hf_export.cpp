@@ -148,12 +148,14 @@ int64_t hf_numel(const HfTensorMap& m, size_t k, const HfModel& hf) {
   return numel;
 }
 
-// out: hf_numel(m, k, hf) values, room the caller makes.
-void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const std::vector<float>& src, float* out) {
+// out: hf_numel(m, k, hf) values, room the caller makes. T: float (values), or uint16_t (bf16
+// bits moved as they are stored).
+template <class T>
+void hf_values(const HfTensorMap& m, size_t k, const HfModel& hf, const T* src, T* out) {
   const model::GptConfig& g = hf.gpt;
   const int64_t row = m.shape.size() > 1 ? m.shape[1] : 1;  // elements per Megatron-Core row
   auto copy_rows = [&](int64_t src_row, int64_t dst_row, int64_t count) {
-    std::memcpy(out + dst_row * row, src.data() + src_row * row, sizeof(float) * static_cast<size_t>(count * row));
+    std::memcpy(out + dst_row * row, src + src_row * row, sizeof(T) * static_cast<size_t>(count * row));
   };
   const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups;
   switch (m.kind) {
@@ -241,7 +243,7 @@ HfExportResult export_adapters(const Source& src, const std::string& out_dir, Dt
       outs.push_back({"base_model.model." + module + ".lora_A.weight", {r, m.shape[1]}, as_bytes(A, dtype)});
       if (m.kind != Kind::Copy) {
         part.resize(static_cast<size_t>(hf_numel(rows_of_b, k, src.model)));
-        hf_values(rows_of_b, k, src.model, B, part.data());
+        hf_values(rows_of_b, k, src.model, B.data(), part.data());
       }
       outs.push_back({"base_model.model." + module + ".lora_B.weight", hf_shape(rows_of_b, k, src.model),
                       as_bytes(m.kind == Kind::Copy ? B : part, dtype)});
@@ -322,7 +324,11 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
   // Hugging Face tensor converted at a time.
   size_t cached_map = SIZE_MAX, cached_out = SIZE_MAX;
   std::vector<float> mcore, values;
+  std::vector<uint16_t> bits;
   std::vector<uint8_t> bytes;
+  const SafetensorsTensor* stored = nullptr;  // the cached tensor's stored bf16 entry, when used as is
+  const uint16_t* stored_bits = nullptr;      // its bits, 2-byte aligned
+  const uint8_t* out_bytes = nullptr;         // the current Hugging Face tensor's bytes
   const auto start = std::chrono::steady_clock::now();
   auto last_report = start;
   nlohmann::json weight_map = nlohmann::json::object();
@@ -337,29 +343,54 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
       const size_t i = shards[f][w];
       if (i != cached_out) {
         const HfTensorMap& m = maps[outs[i].map];
-        // The buffers only grow: a resize down and up again would zero-fill every large tensor
-        // once more (a fifth of the export's time).
-        if (outs[i].map != cached_map) {
-          int64_t numel = 1;
-          for (int64_t d : m.shape) numel *= d;
-          if (mcore.size() < static_cast<size_t>(numel)) mcore.resize(static_cast<size_t>(numel));
-          src.read(m.mcore, m.shape, mcore);
-          cached_map = outs[i].map;
-        }
-        // A copied tensor is converted from the read values themselves (no third copy of it).
         const int64_t n_out = static_cast<int64_t>(outs[i].bytes / es);
-        if (m.kind != Kind::Copy) {
-          if (values.size() < static_cast<size_t>(n_out)) values.resize(static_cast<size_t>(n_out));
-          hf_values(m, outs[i].k, src.model, mcore, values.data());
+        if (outs[i].map != cached_map) {
+          if (cached_map != SIZE_MAX) src.store().release_tensor(maps[cached_map].mcore);
+          cached_map = outs[i].map;
+          // Stored whole in bf16 and written in bf16 (no adapters to merge): the stored bits move
+          // as they are (widening to fp32 and rounding back gives the same bits, at twice the
+          // passes); otherwise the tensor is read as fp32.
+          stored = nullptr;
+          if (dtype == Dtype::BF16 && !src.lora)
+            if (const SafetensorsTensor* t = src.store().whole_entry(m.mcore); t && t->dtype == Dtype::BF16)
+              stored = t;
+          if (stored && m.kind != Kind::Copy) {  // its rows rearranged as bf16 bits
+            if (reinterpret_cast<uintptr_t>(stored->data) % alignof(uint16_t) == 0) {
+              stored_bits = reinterpret_cast<const uint16_t*>(stored->data);
+            } else {  // (a file may place an entry at an odd offset)
+              if (bits.size() < stored->nbytes / 2) bits.resize(stored->nbytes / 2);
+              std::memcpy(bits.data(), stored->data, stored->nbytes);
+              stored_bits = bits.data();
+            }
+          }
+          if (!stored) {
+            int64_t numel = 1;
+            for (int64_t d : m.shape) numel *= d;
+            // The buffers only grow: a resize down and up again would zero-fill every large
+            // tensor once more (a fifth of the export's time).
+            if (mcore.size() < static_cast<size_t>(numel)) mcore.resize(static_cast<size_t>(numel));
+            src.read(m.mcore, m.shape, mcore);
+          }
         }
-        const float* v = m.kind == Kind::Copy ? mcore.data() : values.data();
-        if (bytes.size() < outs[i].bytes) bytes.resize(outs[i].bytes);
-        if (dtype == Dtype::F32) {
-          std::memcpy(bytes.data(), v, outs[i].bytes);
+        if (!(stored && m.kind == Kind::Copy) && bytes.size() < outs[i].bytes) bytes.resize(outs[i].bytes);
+        out_bytes = bytes.data();
+        if (stored && m.kind == Kind::Copy) {
+          out_bytes = stored->data;  // straight from the mapping
+        } else if (stored) {
+          hf_values(m, outs[i].k, src.model, stored_bits, reinterpret_cast<uint16_t*>(bytes.data()));
         } else {
-          auto* b = reinterpret_cast<uint16_t*>(bytes.data());
+          if (m.kind != Kind::Copy) {
+            if (values.size() < static_cast<size_t>(n_out)) values.resize(static_cast<size_t>(n_out));
+            hf_values(m, outs[i].k, src.model, mcore.data(), values.data());
+          }
+          const float* v = m.kind == Kind::Copy ? mcore.data() : values.data();
+          if (dtype == Dtype::F32) {
+            std::memcpy(bytes.data(), v, outs[i].bytes);
+          } else {
+            auto* b = reinterpret_cast<uint16_t*>(bytes.data());
 #pragma omp parallel for schedule(static) if (n_out > (int64_t{1} << 20))
-          for (int64_t j = 0; j < n_out; ++j) b[j] = f32_to_bf16(v[j]);
+            for (int64_t j = 0; j < n_out; ++j) b[j] = f32_to_bf16(v[j]);
+          }
         }
         cached_out = i;
         result.tensors += 1;
@@ -371,7 +402,7 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
           last_report = now;
         }
       }
-      std::memcpy(dst, bytes.data() + offset, n);
+      std::memcpy(dst, out_bytes + offset, n);
     };
     write_safetensors(scratch.file(name), writes, {{"format", "pt"}}, fill, /*hash=*/false);
     result.files.push_back(name);

@@ -120,6 +120,25 @@ void TensorStore::verify(File& f) const {
   f.verified = true;
 }
 
+const SafetensorsTensor* TensorStore::whole_entry(const std::string& name) const {
+  const std::vector<Stored>* parts = find(name);
+  if (!parts || parts->size() != 1) return nullptr;
+  const Stored& s = parts->front();
+  if (s.part.boxes.size() != 1 || s.part.boxes.front().size != s.part.shape) return nullptr;
+  File& f = *files_[s.file];
+  verify(f);
+  return f.file.find(s.key);
+}
+
+void TensorStore::release_tensor(const std::string& name) const {
+  if (const std::vector<Stored>* parts = find(name))
+    for (const Stored& s : *parts) {
+      const File& f = *files_[s.file];
+      const SafetensorsTensor& t = *f.file.find(s.key);
+      f.file.release(t.data, t.nbytes);
+    }
+}
+
 void TensorStore::read(const model::TensorPart& want, float* out) const {
   const std::vector<Stored>* parts = find(want.name);
   if (!parts) no_tensor(want.name);

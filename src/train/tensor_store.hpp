@@ -67,6 +67,11 @@ class TensorStore {
   // UsageError naming the tensor, the slice and the files when the parts do not cover it exactly
   // once, or a file fails its checksum.
   void read(const model::TensorPart& want, float* out) const;
+  // The stored entry of tensor `name` when one entry holds it whole (its file checked as read()
+  // checks it), else null: a reader that wants the stored bytes themselves (a conversion that
+  // keeps the dtype) takes them from the mapping. release_tensor gives its pages back after.
+  const SafetensorsTensor* whole_entry(const std::string& name) const;
+  void release_tensor(const std::string& name) const;
 
  private:
   struct File {
