@@ -39,15 +39,17 @@ LoraOffsets add_lora(ParameterTable& t, const LoraSpec& s, const std::string& li
 }
 
 // PEFT: the base frozen, then each targeted linear's adapter (Megatron-Core's registration order
-// within a layer: linear_proj, linear_qkv, linear_fc1, linear_fc2).
+// within a layer: linear_proj, linear_qkv, linear_fc1, linear_fc2), the decoder's layers' and then
+// the multi-token prediction layers' (Bridge matches the target names wherever the modules are).
 void add_lora_adapters(const GptConfig& c, GptParameterLayout& out) {
   const LoraSpec& s = *c.lora;
   if (s.dim <= 0) throw Error("GptModel: the LoRA dim must be positive");
   out.table.freeze_all();
   const int64_t h = c.hidden, attn = c.heads * c.kv_channels;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = 0; l < c.layer_count(); ++l) {
     GptLayerOffsets& L = out.layers[static_cast<size_t>(l)];
-    const std::string p = "decoder.layers." + std::to_string(l) + ".";
+    const std::string p = l < c.num_layers ? "decoder.layers." + std::to_string(l) + "."
+                                           : "mtp.layers." + std::to_string(l - c.num_layers) + ".mtp_model_layer.";
     if (s.proj) L.proj_lora = add_lora(out.table, s, p + "self_attention.linear_proj", attn, h);
     if (s.qkv) L.qkv_lora = add_lora(out.table, s, p + "self_attention.linear_qkv", h, c.qkv_width());
     if (c.is_moe_layer(l)) continue;

@@ -234,7 +234,6 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
     // Megatron-Core's multi-token prediction.
     g.mtp_num_layers = *m.mtp_num_layers;
     g.mtp_loss_scaling_factor = m.mtp_loss_scaling_factor;
-    if (c.peft.scheme) throw UsageError("PEFT (peft.scheme) with multi-token prediction is not built yet");
   } else if (m.mtp_num_layers && *m.mtp_num_layers < 0) {
     throw UsageError("model.mtp_num_layers (--mtp-num-layers) " + std::to_string(*m.mtp_num_layers) +
                      " (accepted: a positive number, or none)");

@@ -4,6 +4,7 @@
 // against finite differences of the forward, for dense and MoE layers, one and two MTP layers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -47,6 +48,19 @@ TEST(MtpModel, ParametersFollowTheDecoderAsMegatronCoreRegistersThem) {
   }
   EXPECT_EQ(first_mtp, final_norm + 1);
   EXPECT_EQ(s.back().name, "mtp.layers.1.final_layernorm.bias");
+  // PEFT: each MTP layer's transformer layer gets the decoder layers' adapters, after theirs.
+  GptConfig peft = tiny(2);
+  peft.lora = LoraSpec{};
+  const GptModel p(peft);
+  const std::string a = "mtp.layers.1.mtp_model_layer.";
+  for (const char* linear : {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1", "mlp.linear_fc2"})
+    for (const char* half : {".adapter.linear_in.weight", ".adapter.linear_out.weight"}) {
+      const ParamSpec* q = p.table().find(a + linear + half);
+      ASSERT_NE(q, nullptr) << a + linear + half;
+      EXPECT_FALSE(q->frozen);
+    }
+  EXPECT_TRUE(p.table().find("mtp.layers.1.eh_proj.weight")->frozen);
+  EXPECT_EQ(p.table().specs.back().name, a + "mlp.linear_fc2.adapter.linear_out.weight");
 }
 
 // d(sum_t r_t * loss_t + f / D * sum_k mtp_k)/d(param), mtp_k the masked mean of layer k's losses
@@ -65,6 +79,10 @@ TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
   moe.moe.num_experts = 4, moe.moe.topk = 2, moe.moe.ffn = 6, moe.moe.layers = {false, true};
   moe.moe.seq_aux_loss_coeff = 0.01, moe.moe.shared_ffn = 6;
   cases.push_back({"moe_last_layer", moe});
+  GptConfig lora = llama;  // PEFT: adapters on the MTP layers' linears too, the base frozen
+  lora.lora = LoraSpec{};
+  lora.lora->dim = 2, lora.lora->alpha = 3;
+  cases.push_back({"lora", lora});
   for (const auto& tc : cases) {
     SCOPED_TRACE(tc.name);
     GptModel m(tc.cfg);
@@ -94,7 +112,13 @@ TEST(MtpModel, BackwardOfTheMainAndMtpLossesMatchesFiniteDifferences) {
     m.zero_grads();
     m.backward(g.r.data());
     (void)m.take_moe_losses();
-    std::vector<float> analytic(m.grads(), m.grads() + m.num_parameters());
+    std::vector<float> analytic(m.grads(), m.grads() + m.table().trainable());
+    if (tc.cfg.lora)  // the MTP layers' adapters are in the MTP losses' path (else their gradient is 0)
+      for (const auto& p : m.table().specs)
+        if (!p.frozen && p.name.rfind("mtp.", 0) == 0) {
+          const float* gp = analytic.data() + (p.offset - m.table().trainable_offset);
+          EXPECT_TRUE(std::any_of(gp, gp + p.numel, [](float v) { return v != 0.0f; })) << p.name;
+        }
     // (Steps of 1e-2 flip a token's top 2 experts here: a kink, not a gradient.)
     const float eps = tc.cfg.moe.num_experts > 0 ? 2e-3f : 1e-2f;
     laoyao::model::test::expect_gradients_match_finite_differences(m, analytic, objective, rng, eps);

@@ -596,6 +596,12 @@ TEST(CudaGptModel, MtpWithMlaMatchesCpuModel) {
 // LoRA (peft.scheme lora): the adapters beside every linear, the base frozen (no gradients).
 TEST(CudaGptModel, LoraMatchesCpuModel) { compare(with_lora(small_config(4, 4)), false); }
 TEST(CudaGptModel, LoraLlamaWithDropoutMatchesCpuModel) { compare(with_lora(llama_config(), 0.1), true); }
+// PEFT with multi-token prediction: the MTP layer's linears carry adapters too.
+TEST(CudaGptModel, LoraWithMtpMatchesCpuModel) {
+  GptConfig c = with_lora(llama_config());
+  c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.3;
+  compare_mtp(c);
+}
 TEST(CudaGptModel, LoraOnAttentionAloneMatchesCpuModel) {
   GptConfig c = with_lora(qwen3_config());
   c.lora->fc1 = c.lora->fc2 = false;
