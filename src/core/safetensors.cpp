@@ -366,7 +366,7 @@ SafetensorsWriteResult write_safetensors(const std::string& path, const std::vec
         for (size_t at = 0; at < total; at += kFillWindow) {
           const size_t n = std::min(kFillWindow, total - at);
           std::vector<uint8_t>& buf = filled[next];
-          if (buf.size() < n) buf.resize(std::max(n, std::min(total, kFillWindow)));
+          if (buf.size() < n) buf.resize(std::min(total, kFillWindow));  // (n is at most that)
           fill(i, at, n, buf.data());
           writer.submit(buf.data(), n);
           next ^= 1;

@@ -366,8 +366,8 @@ HfExportResult export_hf(const std::string& source, const std::string& out_dir, 
           if (!stored) {
             int64_t numel = 1;
             for (int64_t d : m.shape) numel *= d;
-            // The buffers only grow: a resize down and up again would zero-fill every large
-            // tensor once more (a fifth of the export's time).
+            // (The buffers only grow: a resize down and up again would zero-fill each large
+            // tensor once more before it is written over.)
             if (mcore.size() < static_cast<size_t>(numel)) mcore.resize(static_cast<size_t>(numel));
             src.read(m.mcore, m.shape, mcore);
           }

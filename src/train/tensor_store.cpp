@@ -124,7 +124,7 @@ const SafetensorsTensor* TensorStore::whole_entry(const std::string& name) const
   const std::vector<Stored>* parts = find(name);
   if (!parts || parts->size() != 1) return nullptr;
   const Stored& s = parts->front();
-  if (s.part.boxes.size() != 1 || s.part.boxes.front().size != s.part.shape) return nullptr;
+  if (!same_boxes(s.part, {name, s.part.shape, {model::whole_box(s.part.shape)}})) return nullptr;
   File& f = *files_[s.file];
   verify(f);
   return f.file.find(s.key);
