@@ -1,6 +1,10 @@
 // `laoyao launch`: the ranks' environment, prefixed output, and a failing rank stopping the others
 // quickly (never a hang).
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -438,23 +442,57 @@ TEST(Launch, TensorParallelCpuRanksTrainAnMoeModelAsOneRank) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/no_sp")) << refused.output;
 }
 
-// SIGTERM to the launcher (a scheduler's stop, Ctrl-C's sibling) stops every rank promptly.
+// SIGTERM to the launcher (a scheduler's stop, Ctrl-C's sibling) stops every rank promptly. The
+// signal is sent once both ranks have printed, so the launcher's handler is surely in place (a
+// fixed delay raced a slow start on a loaded machine).
 TEST(Launch, ASignalToTheLauncherStopsTheRanks) {
-  const auto start = std::chrono::steady_clock::now();
-  const std::string cmd = "timeout --preserve-status -s TERM 2 " + laoyao::test::shell_word(LAOYAO_BINARY) +
-                          " launch --nproc-per-node 2 -- sh -c 'echo started; sleep 60' 2>&1";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execl(LAOYAO_BINARY, "laoyao", "launch", "--nproc-per-node", "2", "--", "sh", "-c", "echo started; sleep 60",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
   std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bool eof = false;
+  // Reads what the launcher prints until `done` holds, its output ends or `seconds` pass.
+  auto read_until = [&](auto done, double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!eof && !done()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return;
+      pollfd pfd{fds[0], POLLIN, 0};
+      if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n <= 0) eof = true;
+      else out.append(buf, static_cast<size_t>(n));
+    }
+  };
+  auto both_started = [&] {
+    return out.find("[rank0]: started") != std::string::npos && out.find("[rank1]: started") != std::string::npos;
+  };
+  read_until(both_started, 120.0);
+  const bool started = both_started();
+  const auto signalled = std::chrono::steady_clock::now();
+  kill(pid, SIGTERM);
+  read_until([] { return false; }, 30.0);
+  close(fds[0]);
+  if (!eof) kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  ASSERT_TRUE(started) << out;
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
   EXPECT_LT(seconds, 15.0) << out;
   EXPECT_NE(out.find("the launcher received"), std::string::npos) << out;
-  EXPECT_NE(out.find("[rank1]: started"), std::string::npos) << out;
 }
 
 // Tensor parallelism over CPU ranks (Megatron's layout: TP ranks consecutive): TP=2, TP=2 x DP=2
