@@ -278,6 +278,11 @@ struct DatasetConfig {
   OptString dataset_name;
   bool packed_sequence = false;
   int64_t pad_seq_to_mult = 1;
+  // Bridge's GPTSFTDatasetConfig.preprocessing: null (prompt-completion rows {"input", "output"}
+  // with separator " ", as Bridge resolves it for a dataset_root), or a mapping whose _target_
+  // names ChatSFTPreprocessingConfig (loss_mode) or PromptCompletionSFTPreprocessingConfig (its
+  // fields); checked where the datasets are built.
+  Value preprocessing;
 
   template <class V> void visit(V& v);
 };
@@ -291,6 +296,7 @@ struct TokenizerConfig {
   int64_t vocab_extra_ids = 0;
   std::vector<std::string> special_tokens;
   OptString chat_template;
+  OptString chat_template_path;  // Bridge: a file holding the chat template (not with chat_template)
   int64_t tiktoken_num_special_tokens = 1000;
   int64_t make_vocab_size_divisible_by = 1;
   bool use_tokenizer_vocab_size = false;

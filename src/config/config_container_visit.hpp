@@ -227,6 +227,7 @@ template <class V> void DatasetConfig::visit(V& v) {
   v.field("dataset_name", dataset_name);
   v.field("packed_sequence", packed_sequence);
   v.field("pad_seq_to_mult", pad_seq_to_mult);
+  v.field("preprocessing", preprocessing);
 }
 
 template <class V> void TokenizerConfig::visit(V& v) {
@@ -238,6 +239,7 @@ template <class V> void TokenizerConfig::visit(V& v) {
   v.field("vocab_extra_ids", vocab_extra_ids);
   v.field("special_tokens", special_tokens);
   v.field("chat_template", chat_template);
+  v.field("chat_template_path", chat_template_path);
   v.field("tiktoken_num_special_tokens", tiktoken_num_special_tokens);
   v.field("make_vocab_size_divisible_by", make_vocab_size_divisible_by);
   v.field("use_tokenizer_vocab_size", use_tokenizer_vocab_size);

@@ -20,7 +20,10 @@ SftDataset::SftDataset(const std::string& path, const SftTokenizer& tok, const S
   if (pre_pad && cap == 0)
     throw UsageError("dataset.seq_length (" + std::to_string(cfg.seq_length) +
                      ") must be at least dataset.pad_seq_to_mult (" + std::to_string(cfg.pad_seq_to_mult) + ")");
-  examples_ = read_prompt_completion_jsonl(path, tok, cfg.format, cfg.seq_length + (pre_pad ? 1 : 0));
+  // Chat rows are not truncated here (Bridge's _chat_preprocess): a row keeps its first seq_length
+  // tokens, and packing skips examples longer than a pack.
+  examples_ = cfg.chat ? read_chat_jsonl(path, *cfg.chat)
+                       : read_prompt_completion_jsonl(path, tok, cfg.format, cfg.seq_length + (pre_pad ? 1 : 0));
   if (pre_pad)
     for (SftExample& ex : examples_) pre_pad_example(ex, cfg.pad_seq_to_mult, cap, eos_);
   if (cfg.packed) {

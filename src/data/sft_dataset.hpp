@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/gpt_dataset.hpp"
+#include "data/sft_chat.hpp"
 #include "data/sft_packing.hpp"
 
 namespace laoyao::data {
@@ -22,6 +23,9 @@ struct SftSplitConfig {
   // of it (pre_pad_example), as context parallelism's THD chunks need.
   int64_t pad_seq_to_mult = 1;
   PromptCompletionConfig format;
+  // Chat rows (Bridge's ChatSFTPreprocessingConfig) when set: the file's rows are conversations
+  // rendered by this tokenizer's chat template, not prompt-completion pairs.
+  std::shared_ptr<const ChatTokenizer> chat;
 };
 
 class SftDataset final : public SampleDataset {

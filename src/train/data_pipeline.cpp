@@ -4,6 +4,8 @@
 #include <memory>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "core/error.hpp"
 #include "core/hf_hub.hpp"
@@ -41,6 +43,83 @@ data::Blend blend_from_value(const config::Value& v) {
   return b;
 }
 
+// Bridge's dataset.preprocessing: what the rows are and how they are tokenised. Null: the
+// prompt-completion rows Bridge resolves for a dataset_root ({"input", "output"}, separator " ").
+struct SftPreprocessing {
+  bool chat = false;
+  data::ChatLossMode loss_mode = data::ChatLossMode::Assistant;
+  data::PromptCompletionConfig prompt_completion;
+};
+
+SftPreprocessing parse_preprocessing(const config::Value& v) {
+  SftPreprocessing out;
+  if (v.is_null()) return out;
+  const std::string chat_class = "ChatSFTPreprocessingConfig", pc_class = "PromptCompletionSFTPreprocessingConfig";
+  const std::string accepted = "a mapping with _target_: megatron.bridge.data.sft_processing." + chat_class +
+                               " (loss_mode) or ..." + pc_class + " (prompt_column, completion_column, prompt_template, "
+                               "separator, loss_mode, strip_whitespace, add_bos, add_eos, truncation_method)";
+  if (v.kind != config::Value::Kind::Map) throw UsageError("dataset.preprocessing must be null or " + accepted);
+  const config::Value* target = nullptr;
+  for (const auto& e : v.map)
+    if (e.first == "_target_") target = &e.second;
+  if (!target || target->kind != config::Value::Kind::String) throw UsageError("dataset.preprocessing needs " + accepted);
+  const std::string cls = target->s.substr(target->s.rfind('.') == std::string::npos ? 0 : target->s.rfind('.') + 1);
+  if (cls != chat_class && cls != pc_class)
+    throw UsageError("dataset.preprocessing._target_ '" + target->s + "' is neither " + chat_class + " nor " + pc_class);
+  out.chat = cls == chat_class;
+  // Bridge's PromptCompletionSFTPreprocessingConfig defaults (not the SQuAD recipes' values).
+  data::PromptCompletionConfig& pc = out.prompt_completion;
+  pc.prompt_column = "prompt", pc.completion_column = "completion", pc.separator = "";
+  auto text = [](const config::Value::Entry& e) {
+    if (e.second.kind != config::Value::Kind::String)
+      throw UsageError("dataset.preprocessing." + e.first + " must be a string");
+    return e.second.s;
+  };
+  auto flag = [](const config::Value::Entry& e) {
+    if (e.second.kind != config::Value::Kind::Bool)
+      throw UsageError("dataset.preprocessing." + e.first + " must be true or false");
+    return e.second.b;
+  };
+  for (const auto& e : v.map) {
+    const std::string& k = e.first;
+    if (k == "_target_") continue;
+    if (out.chat) {
+      if (k != "loss_mode") throw UsageError("dataset.preprocessing." + k + " is not a field of " + chat_class + " (loss_mode)");
+      out.loss_mode = data::parse_chat_loss_mode(text(e));
+      continue;
+    }
+    if (k == "prompt_column") pc.prompt_column = text(e);
+    else if (k == "completion_column") pc.completion_column = text(e);
+    else if (k == "prompt_template") pc.prompt_template = text(e);
+    else if (k == "separator") pc.separator = text(e);
+    else if (k == "strip_whitespace") pc.strip_whitespace = flag(e);
+    else if (k == "add_bos") pc.add_bos = flag(e);
+    else if (k == "add_eos") pc.add_eos = flag(e);
+    else if (k == "add_sep") {
+      if (flag(e)) throw UsageError("dataset.preprocessing.add_sep: true is not supported (the tokenizers here have no SEP)");
+    } else if (k == "loss_mode") {
+      const std::string m = text(e);
+      if (m != "completion" && m != "full")
+        throw UsageError("bad dataset.preprocessing.loss_mode '" + m + "': choose from completion, full");
+      pc.completion_loss_only = m == "completion";
+    } else if (k == "truncation_method") {
+      const std::string m = text(e);
+      if (m != "left" && m != "right")
+        throw UsageError("bad dataset.preprocessing.truncation_method '" + m + "': choose from left, right");
+      pc.truncate_right = m == "right";
+    } else {
+      throw UsageError("dataset.preprocessing." + k + " is not a field of " + pc_class);
+    }
+  }
+  if (!out.chat) {
+    if (pc.prompt_column.empty() || pc.completion_column.empty() || pc.prompt_column == pc.completion_column)
+      throw UsageError("dataset.preprocessing's prompt_column and completion_column must be two different names");
+    if (pc.prompt_template.find("{prompt}") == std::string::npos)
+      throw UsageError("dataset.preprocessing.prompt_template must contain the {prompt} placeholder");
+  }
+  return out;
+}
+
 // Megatron-Bridge's fine-tuning splits: dataset_root's training.jsonl, validation.jsonl and
 // test.jsonl (a split without its file: none, as Bridge warns and goes on; test only when
 // evaluated), tokenised by the run's Hugging Face tokenizer, packed or a row each.
@@ -49,7 +128,22 @@ data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const d
   const std::string root = *ds.dataset_root;
   if (!std::filesystem::is_directory(root))
     throw UsageError("dataset.dataset_root '" + root + "' is not a directory (it holds training.jsonl, validation.jsonl)");
-  const auto tok = data::hf_sft_tokenizer(resolve_hf_path(c.tokenizer.tokenizer_model.value_or(""), "tokenizer.tokenizer_model"));
+  const std::string tokenizer_path = resolve_hf_path(c.tokenizer.tokenizer_model.value_or(""), "tokenizer.tokenizer_model");
+  const std::shared_ptr<const data::SftTokenizer> tok = data::hf_sft_tokenizer(tokenizer_path);
+  const SftPreprocessing pre = parse_preprocessing(ds.preprocessing);
+  std::shared_ptr<const data::ChatTokenizer> chat;
+  if (pre.chat) {
+    if (c.tokenizer.chat_template && c.tokenizer.chat_template_path)
+      throw UsageError("set only one of tokenizer.chat_template and tokenizer.chat_template_path");
+    std::string override_text = c.tokenizer.chat_template.value_or("");
+    if (c.tokenizer.chat_template_path) {
+      std::ifstream in(*c.tokenizer.chat_template_path, std::ios::binary);
+      if (!in) throw UsageError("cannot read tokenizer.chat_template_path '" + *c.tokenizer.chat_template_path + "'");
+      override_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    chat = std::make_shared<data::ChatTokenizer>(tok, data::load_chat_template(tokenizer_path, override_text),
+                                                 pre.loss_mode);
+  }
   data::SplitDatasets out;
   const char* files[3] = {"training.jsonl", "validation.jsonl", "test.jsonl"};
   const int64_t wanted[3] = {sizes[0].value_or(0), sizes[1].value_or(0), sizes[2].value_or(0)};
@@ -66,6 +160,8 @@ data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const d
     sc.seed = ds.random_seed;
     sc.num_samples = wanted[k];
     sc.pad_seq_to_mult = ds.pad_seq_to_mult;
+    sc.format = pre.prompt_completion;
+    sc.chat = chat;
     out[static_cast<size_t>(k)] = std::make_shared<data::SftDataset>(path, *tok, sc);
   }
   return out;

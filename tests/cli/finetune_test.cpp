@@ -46,17 +46,11 @@ std::vector<std::string> words(const std::string& line) {
   return out;
 }
 
-}  // namespace
-
-TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
-  if (!fs::exists(vocab_dir() + "/tokenizer.json")) {
-    ADD_FAILURE() << "test vocabulary " << vocab_dir() << " is missing: run scripts/fetch_test_vocabs.sh";
-    return;
-  }
-  const std::string dir = fresh_dir("finetune"), hf = dir + "/hf", imported = dir + "/imported", data = dir + "/squad";
+// A tiny Llama with Llama 3's vocabulary and tokenizer, imported as a pretrained checkpoint at
+// DIR/imported (what the fine-tuning recipes' checkpoint.pretrained_checkpoint names).
+std::string import_tiny_llama3(const std::string& dir) {
+  const std::string hf = dir + "/hf", imported = dir + "/imported";
   fs::create_directories(hf);
-  fs::create_directories(data);
-  // A tiny Llama with Llama 3's vocabulary, imported as the pretrained checkpoint.
   HfFolder model{hf, {}, {}};
   model.add("model.embed_tokens.weight", {128256, 16});
   for (int l = 0; l < 2; ++l) add_llama_layer(model, l, 16, 4, 2, 8, 24, false, false);
@@ -67,20 +61,38 @@ TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
   model.write(config, laoyao::Dtype::BF16);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
     fs::copy_file(vocab_dir() + "/" + f, hf + "/" + f);
-  auto r = run_laoyao({"checkpoint", "import-hf", hf, imported}, dir);
-  ASSERT_EQ(r.status, 0) << r.output;
+  const auto r = run_laoyao({"checkpoint", "import-hf", hf, imported}, dir);
+  EXPECT_EQ(r.status, 0) << r.output;
+  return imported;
+}
+
+// The recipe command line over the imported model and a folder of JSONL splits.
+std::vector<std::string> sft_command(const std::string& recipe, const std::string& imported, const std::string& data) {
+  std::vector<std::string> base = {"run-recipe", "--recipe", recipe};
+  for (auto& w : words(laoyao::read_file(imported + "/model_overrides.txt"))) base.push_back(w);
+  base.push_back("dataset.dataset_root=" + data);
+  for (const char* a : {"dataset.seq_length=64", "model.seq_length=64", "train.train_iters=3",
+                        "train.global_batch_size=2", "validation.eval_interval=3", "validation.eval_iters=1",
+                        "scheduler.lr_warmup_iters=1", "checkpoint.save=null", "checkpoint.load=null",
+                        "logger.tensorboard_dir=null"})
+    base.push_back(a);
+  return base;
+}
+
+}  // namespace
+
+TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
+  if (!fs::exists(vocab_dir() + "/tokenizer.json")) {
+    ADD_FAILURE() << "test vocabulary " << vocab_dir() << " is missing: run scripts/fetch_test_vocabs.sh";
+    return;
+  }
+  const std::string dir = fresh_dir("finetune"), imported = import_tiny_llama3(dir), data = dir + "/squad";
+  fs::create_directories(data);
   laoyao::write_file_atomic(data + "/training.jsonl", squad_rows(24, 1));
   laoyao::write_file_atomic(data + "/validation.jsonl", squad_rows(8, 500));
 
-  std::vector<std::string> base = {"run-recipe", "--recipe", "llama32_1b_sft_config"};
-  for (auto& w : words(laoyao::read_file(imported + "/model_overrides.txt"))) base.push_back(w);
-  base.push_back("dataset.dataset_root=" + data);
-  for (const char* a : {"dataset.seq_length=64", "model.seq_length=64",
-                              "train.train_iters=3", "train.global_batch_size=2", "validation.eval_interval=3",
-                              "validation.eval_iters=1", "scheduler.lr_warmup_iters=1", "checkpoint.save=null",
-                              "checkpoint.load=null", "logger.tensorboard_dir=null"})
-    base.push_back(a);
-  r = run_laoyao(base, dir);
+  std::vector<std::string> base = sft_command("llama32_1b_sft_config", imported, data);
+  auto r = run_laoyao(base, dir);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "loaded pretrained weights from " + fs::absolute(imported).string())) << r.output;
   EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
@@ -188,5 +200,93 @@ TEST(FinetuneCli, TheSftRecipeTrainsOnLocalSquadRowsPackedAndUnpacked) {
   r = run_laoyao(hub, dir);
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "dataset.dataset_root")) << r.output;
+  fs::remove_all(dir);
+}
+
+// Chat rows (Bridge's ChatSFTPreprocessingConfig): conversations rendered by the chat template, the
+// loss on the assistant turns; packed and unpacked, LoRA too. A template whose assistant turns
+// cannot be located (the Llama 3 base model's own), a bad preprocessing mapping and prompt-completion
+// rows read as chat are refused by name with exit 2.
+TEST(FinetuneCli, ChatRowsTrainThroughTheChatTemplate) {
+  if (!fs::exists(vocab_dir() + "/tokenizer.json")) {
+    ADD_FAILURE() << "test vocabulary " << vocab_dir() << " is missing: run scripts/fetch_test_vocabs.sh";
+    return;
+  }
+  const std::string dir = fresh_dir("finetune_chat"), imported = import_tiny_llama3(dir), data = dir + "/chat";
+  fs::create_directories(data);
+  auto chat_rows = [](int n, int salt) {
+    std::string out;
+    for (int i = 0; i < n; ++i) {
+      const std::string k = std::to_string(i * 3 + salt);
+      out += "{\"messages\": [{\"role\": \"system\", \"content\": \"Answer briefly.\"}, {\"role\": \"user\", \"content\": "
+             "\"What is " + k + " plus one?\"}, {\"role\": \"assistant\", \"content\": \"" + std::to_string(i * 3 + salt + 1) +
+             ".\"}" + (i % 2 ? ", {\"role\": \"user\", \"content\": \"Sure?\"}, {\"role\": \"assistant\", \"content\": \"Yes.\"}" : "") +
+             "]}\n";
+    }
+    return out;
+  };
+  laoyao::write_file_atomic(data + "/training.jsonl", chat_rows(16, 1));
+  laoyao::write_file_atomic(data + "/validation.jsonl", chat_rows(4, 100));
+  // Meta-Llama-3-8B-Instruct's template (the base model's appends the assistant header always).
+  laoyao::write_file_atomic(dir + "/instruct.jinja",
+                            "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+                            "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+                            "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+                            "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+                            "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}");
+  const std::string chat = "dataset.preprocessing={_target_: megatron.bridge.data.sft_processing.ChatSFTPreprocessingConfig, loss_mode: assistant}";
+  for (const char* recipe : {"llama32_1b_sft_config", "llama32_1b_peft_config"})
+    for (const char* packed : {"true", "false"}) {
+      SCOPED_TRACE(std::string(recipe) + " packed " + packed);
+      std::vector<std::string> cmd = sft_command(recipe, imported, data);
+      cmd.push_back(chat);
+      cmd.push_back("tokenizer.chat_template_path=" + dir + "/instruct.jinja");
+      cmd.push_back(std::string("dataset.packed_sequence=") + packed);
+      const auto r = run_laoyao(cmd, dir);
+      ASSERT_EQ(r.status, 0) << r.output;
+      EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+      EXPECT_TRUE(contains(r.output, "validation loss at iteration 3")) << r.output;
+    }
+  // The rows' loss masks: on the answers and their <|eot_id|> (128009), never on a header.
+  std::vector<std::string> samples = {"data-samples"};
+  std::vector<std::string> cmd = sft_command("llama32_1b_sft_config", imported, data);
+  samples.insert(samples.end(), cmd.begin() + 1, cmd.end());
+  for (const std::string& a : {chat, "tokenizer.chat_template_path=" + dir + "/instruct.jinja", std::string("dataset.packed_sequence=false")})
+    samples.push_back(a);
+  auto r = run_laoyao(samples, dir);
+  ASSERT_EQ(r.status, 0) << r.output;
+  int rows = 0, eot_with_loss = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto j = nlohmann::json::parse(line);
+    const auto labels = j["labels"][0].get<std::vector<int64_t>>();
+    const auto mask = j["loss_mask"][0].get<std::vector<double>>();
+    ++rows;
+    for (size_t k = 0; k < labels.size(); ++k) {
+      if (mask[k] == 0) continue;
+      EXPECT_NE(labels[k], 128006) << "a header token has loss";  // <|start_header_id|>
+      EXPECT_NE(labels[k], 128000) << "BOS has loss";
+      if (labels[k] == 128009) ++eot_with_loss;
+    }
+  }
+  EXPECT_GT(rows, 0) << r.output;
+  EXPECT_GE(eot_with_loss, rows) << "each row's answer ends with <|eot_id|> in the loss";
+
+  auto refused = [&](std::vector<std::string> extra, const std::string& want) {
+    std::vector<std::string> c = sft_command("llama32_1b_sft_config", imported, data);
+    c.insert(c.end(), extra.begin(), extra.end());
+    const auto res = run_laoyao(c, dir);
+    EXPECT_EQ(res.status, 2) << res.output;
+    EXPECT_TRUE(contains(res.output, want)) << want << "\n" << res.output;
+  };
+  refused({chat}, "training.jsonl:1: the chat template's assistant boundaries match no assistant turn");
+  refused({"dataset.preprocessing={_target_: ChatSFTPreprocessingConfig, loss_mode: answers}"},
+          "bad chat loss_mode 'answers': choose from assistant, last_turn, full");
+  refused({"dataset.preprocessing={loss_mode: assistant}"}, "dataset.preprocessing needs a mapping with _target_");
+  refused({"dataset.preprocessing={_target_: ChatSFTPreprocessingConfig, seperator: x}"},
+          "dataset.preprocessing.seperator is not a field of ChatSFTPreprocessingConfig");
+  refused({"dataset.preprocessing={_target_: PromptCompletionSFTPreprocessingConfig}"},
+          "a prompt-completion row needs \"prompt\" and \"completion\"");
   fs::remove_all(dir);
 }
