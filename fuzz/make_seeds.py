@@ -174,6 +174,20 @@ def hf_folder_seeds():
     put("hf_folder", "gpt2", json.dumps(gpt2).encode() + SEP + json.dumps(index).encode())
 
 
+def chat_template_seeds():
+    vocabs = os.path.join(ROOT, "..", "build", "test-vocabs")
+    for model in ("llama3", "qwen3"):
+        path = os.path.join(vocabs, model, "tokenizer_config.json")
+        if os.path.exists(path):
+            put("chat_template", model, json.load(open(path))["chat_template"].encode())
+    put("chat_template", "features",
+        b"{%- set ns = namespace(n=0) -%}{% for m in messages if m.role != 'tool' %}{% set ns.n = ns.n + 1 %}"
+        b"{{ loop.index }}:{{ m['role'] | upper }} {{ m.content.split('</think>')[-1] | trim | tojson }}"
+        b"{% if m.tool_calls is defined %}{{ m.tool_calls[0].function.arguments | tojson(indent=2) }}{% endif %}"
+        b"{% else %}none{% endfor %}{{ ns.n ~ (' ' * 3) ~ [1, 2.5, none][::-1] }}{% raw %}{{x}}{% endraw %}"
+        + SEP + b'[{"role": "user", "content": "hi"}]')
+
+
 if __name__ == "__main__":
     binary = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else None
     config_seeds(binary)
@@ -181,5 +195,6 @@ if __name__ == "__main__":
     safetensors_seed()
     tokenizer_seeds()
     hf_folder_seeds()
+    chat_template_seeds()
     if binary:
         run_records_seeds(binary)

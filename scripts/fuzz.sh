@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the readers of untrusted input (config front ends, .idx/.bin, safetensors, tokenizer
-# files, training logs and checkpoint metadata, Hugging Face config.json and index) with libFuzzer under AddressSanitizer and UBSan,
+# files, training logs and checkpoint metadata, Hugging Face config.json and index, chat templates) with libFuzzer under AddressSanitizer and UBSan,
 # each for a bounded time, starting from the seed corpus in fuzz/corpus/. Installs clang if needed
 # and builds the `fuzz` preset (build/fuzz). Exit status non-zero on any crash, sanitizer report,
 # escaped exception, leak or timeout; the input that caused it is kept as
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 per_target=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config indexed_dataset safetensors tokenizer_files run_records hf_folder)
+[ ${#targets[@]} -gt 0 ] || targets=(config indexed_dataset safetensors tokenizer_files run_records hf_folder chat_template)
 
 LAOYAO_FUZZ_DEPS=1 scripts/setup.sh fuzz
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}

@@ -1,6 +1,9 @@
 #include "core/jinja.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -28,6 +31,37 @@ void Value::set(const std::string& key, Value v) {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw TemplateError("chat template: " + what); }
+
+// Bounds that keep a hostile template (tokenizer files are untrusted input) from exhausting the
+// stack, the memory or the time: nesting of the syntax and of values, the length of any string
+// or list it builds, and the steps one render may take.
+constexpr int kMaxNesting = 200;
+constexpr size_t kMaxLength = size_t{64} << 20;
+constexpr int64_t kMaxSteps = 2'000'000;
+constexpr double kMaxSeconds = 10.0;  // a render's wall time, checked at every step
+
+void check_length(size_t n) {
+  if (n > kMaxLength) fail("a value longer than " + std::to_string(kMaxLength) + " elements");
+}
+
+int nesting(const Value& v) {
+  int d = 0;
+  if (v.kind == Value::Kind::List)
+    for (const auto& e : *v.list) d = std::max(d, nesting(e) + 1);
+  else if (v.kind == Value::Kind::Dict)
+    for (const auto& [k, e] : *v.dict) d = std::max(d, nesting(e) + 1);
+  return d;
+}
+
+// 64-bit integer arithmetic that refuses to overflow (Python's integers are unbounded).
+int64_t int_op(char op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool overflow = op == '+' ? __builtin_add_overflow(a, b, &r)
+                        : op == '-' ? __builtin_sub_overflow(a, b, &r)
+                                    : __builtin_mul_overflow(a, b, &r);
+  if (overflow) fail("integer overflow (Python's integers are unbounded; laoyao's are 64-bit)");
+  return r;
+}
 
 // ---- text helpers: Python strings are code points, our strings UTF-8 --------------------------
 
@@ -446,7 +480,9 @@ size_t lex_tag(std::string_view src, size_t at, std::string_view close, std::vec
             case '"': s += '"'; break;
             case 'u': {
               if (k + 4 >= src.size()) fail("a bad \\u escape" + where());
-              const char32_t cp = static_cast<char32_t>(std::stoul(std::string(src.substr(k + 1, 4)), nullptr, 16));
+              const std::string hex(src.substr(k + 1, 4));
+              if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) fail("a bad \\u escape" + where());
+              const char32_t cp = static_cast<char32_t>(std::stoul(hex, nullptr, 16));
               s += encode(std::u32string(1, cp));
               k += 4;
               break;
@@ -481,7 +517,11 @@ size_t lex_tag(std::string_view src, size_t at, std::string_view close, std::vec
       std::string digits(src.substr(at, k - at));
       digits.erase(std::remove(digits.begin(), digits.end(), '_'), digits.end());
       if (is_float) t.t = Token::T::Float, t.f = std::strtod(digits.c_str(), nullptr);
-      else t.t = Token::T::Int, t.i = std::stoll(digits);
+      else {
+        errno = 0;
+        t.t = Token::T::Int, t.i = std::strtoll(digits.c_str(), nullptr, 10);
+        if (errno == ERANGE) fail("an integer literal out of range" + where());
+      }
       at = k;
     } else if (name_start(c)) {
       size_t k = at;
@@ -681,6 +721,13 @@ class ExprParser {
   }
 
   ExprPtr conditional() {
+    struct Depth {
+      int& d;
+      explicit Depth(int& x, const ExprParser& p) : d(x) {
+        if (++d > kMaxNesting) p.error("expressions nested too deeply");
+      }
+      ~Depth() { --d; }
+    } depth(depth_, *this);
     ExprPtr body = or_expr();
     while (peek_name("if")) {
       ++k_;
@@ -788,6 +835,11 @@ class ExprParser {
     return a;
   }
   ExprPtr unary(bool with_filter) {
+    if (++unary_depth_ > kMaxNesting) error("expressions nested too deeply");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{unary_depth_};
     ExprPtr n;
     if (peek_op("-") || peek_op("+")) {
       auto u = node(Expr::E::Unary);
@@ -973,6 +1025,7 @@ class ExprParser {
   const std::vector<Token>& t_;
   size_t k_;
   int line_;
+  int depth_ = 0, unary_depth_ = 0;
 };
 
 class Parser {
@@ -1026,6 +1079,11 @@ class Parser {
 
   std::unique_ptr<Stmt> statement() {
     const Piece& p = p_[k_];
+    if (++depth_ > kMaxNesting) fail("blocks nested too deeply (line " + std::to_string(p.line) + ")");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     const std::string word = p.tokens[0].s;
     ExprParser e(p.tokens, 1, p.line);
     auto s = std::make_unique<Stmt>();
@@ -1136,6 +1194,7 @@ class Parser {
 
   std::vector<Piece> p_;
   size_t k_ = 0;
+  int depth_ = 0;
 };
 
 // ---- evaluation -------------------------------------------------------------------------------
@@ -1169,7 +1228,15 @@ class Renderer {
     scopes_.back().emplace_back(name, std::move(v));
   }
 
+  void step() {
+    if (++steps_ > kMaxSteps) fail("the template runs more than " + std::to_string(kMaxSteps) + " steps");
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() > kMaxSeconds)
+      fail("the template renders for more than " + std::to_string(static_cast<int>(kMaxSeconds)) + " seconds");
+  }
+
   Flow exec(const Stmt& s, std::string& out) {
+    step();
+    check_length(out.size());
     switch (s.s) {
       case Stmt::S::Text: out += s.text; return Flow::Normal;
       case Stmt::S::Output: out += py_str(eval(*s.expr)); return Flow::Normal;
@@ -1185,6 +1252,13 @@ class Renderer {
           if (ns.kind != Kind::Dict || !ns.is_namespace)
             fail("cannot assign attribute '" + s.targets[1] + "' on a " + type_name(ns) + " (line " +
                  std::to_string(s.line) + "): only a namespace() takes one");
+          std::function<bool(const Value&)> holds_namespace = [&](const Value& e) {
+            if (e.kind == Kind::Dict && (e.is_namespace || std::any_of(e.dict->begin(), e.dict->end(), [&](const auto& p) { return holds_namespace(p.second); })))
+              return true;
+            return e.kind == Kind::List && std::any_of(e.list->begin(), e.list->end(), holds_namespace);
+          };
+          if (holds_namespace(v)) fail("a namespace cannot hold a namespace (line " + std::to_string(s.line) + ")");
+          if (nesting(v) > kMaxNesting) fail("values nested too deeply (line " + std::to_string(s.line) + ")");
           ns.set(s.targets[1], std::move(v));
         } else if (s.targets.size() == 1) {
           assign(s.targets[0], std::move(v));
@@ -1219,6 +1293,7 @@ class Renderer {
     if (s.filter) {
       List kept;
       for (auto& item : items) {
+        step();
         scopes_.emplace_back();
         if (s.targets.size() == 1) assign(s.targets[0], item);
         else unpack(s.targets, item, s.line);
@@ -1231,6 +1306,7 @@ class Renderer {
     if (items.empty()) return run(s.else_body, out);
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      step();
       Value loop = Value::make_dict({{"index", Value::integer(k + 1)},
                                      {"index0", Value::integer(k)},
                                      {"revindex", Value::integer(n - k)},
@@ -1263,7 +1339,7 @@ class Renderer {
       return Value::undefined();
     }
     if (obj.kind == Kind::List) {  // `x.0`
-      if (!name.empty() && std::all_of(name.begin(), name.end(), ::isdigit)) {
+      if (!name.empty() && name.size() < 12 && std::all_of(name.begin(), name.end(), ::isdigit)) {
         const size_t k = std::stoul(name);
         return k < obj.list->size() ? (*obj.list)[k] : Value::undefined();
       }
@@ -1317,9 +1393,10 @@ class Renderer {
     const int64_t a = clamp(start, step > 0 ? 0 : n - 1), b = clamp(stop, step > 0 ? n : -1);
     std::u32string su;
     List sl;
-    for (int64_t k = a; step > 0 ? k < b : k > b; k += step) {
+    for (int64_t k = a; step > 0 ? k < b : k > b;) {
       if (str) su.push_back(u[static_cast<size_t>(k)]);
       else sl.push_back((*obj.list)[static_cast<size_t>(k)]);
+      if (__builtin_add_overflow(k, step, &k)) break;
     }
     return str ? Value::string(encode(su)) : Value::make_list(std::move(sl));
   }
@@ -1334,10 +1411,13 @@ class Renderer {
         return Value::make_list(std::move(l));
       }
     }
+    if (op == "+" && a.kind == Kind::String && b.kind == Kind::String) check_length(a.s.size() + b.s.size());
     if (op == "*") {
       const Value* seq = a.kind == Kind::String || a.kind == Kind::List ? &a : &b;
       const Value* count = seq == &a ? &b : &a;
       if ((seq->kind == Kind::String || seq->kind == Kind::List) && int_like(*count)) {
+        const size_t unit = seq->kind == Kind::String ? seq->s.size() : seq->list->size();
+        if (as_int(*count) > 0 && unit > 0) check_length(unit * static_cast<size_t>(std::min<int64_t>(as_int(*count), int64_t{1} << 40)));
         if (seq->kind == Kind::String) {
           std::string s;
           for (int64_t k = 0; k < as_int(*count); ++k) s += seq->s;
@@ -1352,16 +1432,23 @@ class Renderer {
       err(x, std::string("unsupported operand types for ") + op + ": " + type_name(a) + " and " + type_name(b));
     const bool ints = int_like(a) && int_like(b);
     const double p = num(a), q = num(b);
-    if (op == "+") return ints ? Value::integer(as_int(a) + as_int(b)) : Value::real(p + q);
-    if (op == "-") return ints ? Value::integer(as_int(a) - as_int(b)) : Value::real(p - q);
-    if (op == "*") return ints ? Value::integer(as_int(a) * as_int(b)) : Value::real(p * q);
-    if (op == "**") return ints && as_int(b) >= 0 ? Value::integer(static_cast<int64_t>(std::llround(std::pow(p, q))))
-                                                   : Value::real(std::pow(p, q));
+    if (op == "+") return ints ? Value::integer(int_op('+', as_int(a), as_int(b))) : Value::real(p + q);
+    if (op == "-") return ints ? Value::integer(int_op('-', as_int(a), as_int(b))) : Value::real(p - q);
+    if (op == "*") return ints ? Value::integer(int_op('*', as_int(a), as_int(b))) : Value::real(p * q);
+    if (op == "**") {
+      const double v = std::pow(p, q);
+      if (ints && as_int(b) >= 0) {
+        if (!(std::fabs(v) < 9.0e18)) fail("integer overflow in **");
+        return Value::integer(static_cast<int64_t>(std::llround(v)));
+      }
+      return Value::real(v);
+    }
     if (q == 0) err(x, "division by zero");
     if (op == "/") return Value::real(p / q);
     if (op == "//") {
       if (ints) {
         const int64_t i = as_int(a), j = as_int(b);
+        if (i == INT64_MIN && j == -1) fail("integer overflow in //");
         int64_t d = i / j;
         if ((i % j != 0) && ((i < 0) != (j < 0))) --d;
         return Value::integer(d);
@@ -1371,6 +1458,7 @@ class Renderer {
     if (op == "%") {
       if (ints) {
         const int64_t i = as_int(a), j = as_int(b);
+        if (j == -1) return Value::integer(0);
         int64_t m = i % j;
         if (m != 0 && ((m < 0) != (j < 0))) m += j;
         return Value::integer(m);
@@ -1383,6 +1471,7 @@ class Renderer {
   }
 
   Value eval(const Expr& x) {
+    step();
     switch (x.e) {
       case Expr::E::Const: return x.constant;
       case Expr::E::Name: return lookup(x.name);
@@ -1390,6 +1479,7 @@ class Renderer {
         List l;
         for (const auto& a : x.args) l.push_back(eval(*a));
         Value v = Value::make_list(std::move(l));
+        if (nesting(v) > kMaxNesting) err(x, "values nested too deeply");
         v.is_tuple = x.name == "tuple";
         return v;
       }
@@ -1419,7 +1509,8 @@ class Renderer {
         const Value v = eval(*x.args[0]);
         if (!is_number(v)) err(x, std::string("bad operand for unary ") + x.name + ": " + type_name(v));
         if (x.name == "+") return v;
-        return v.kind == Kind::Float ? Value::real(-v.f) : Value::integer(-as_int(v));
+        if (v.kind == Kind::Float) return Value::real(-v.f);
+        return Value::integer(int_op('-', 0, as_int(v)));
       }
       case Expr::E::Not: return Value::boolean(!truthy(eval(*x.args[0])));
       case Expr::E::And: {
@@ -1435,7 +1526,10 @@ class Renderer {
         return x.args.size() > 2 ? eval(*x.args[2]) : Value::undefined();
       case Expr::E::Concat: {
         std::string s;
-        for (const auto& a : x.args) s += py_str(eval(*a));
+        for (const auto& a : x.args) {
+          s += py_str(eval(*a));
+          check_length(s.size());
+        }
         return Value::string(std::move(s));
       }
       case Expr::E::Binary: {
@@ -1507,8 +1601,13 @@ class Renderer {
       else lo = as_int(a.pos[0]), hi = as_int(a.pos[1]);
       if (a.pos.size() == 3) step = as_int(a.pos[2]);
       if (step == 0) err(x, "range() step cannot be zero");
+      const double count = (static_cast<double>(hi) - static_cast<double>(lo)) / static_cast<double>(step);
+      if (count > 1e6) err(x, "range() of more than a million numbers");
       List l;
-      for (int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) l.push_back(Value::integer(k));
+      for (int64_t k = lo; step > 0 ? k < hi : k > hi;) {
+        l.push_back(Value::integer(k));
+        if (__builtin_add_overflow(k, step, &k)) break;
+      }
       return Value::make_list(std::move(l));
     }
     if (f == "strftime_now") {
@@ -1733,6 +1832,8 @@ class Renderer {
     if (t == "odd" || t == "even" || t == "divisibleby") {
       if (!int_like(v)) err(x, "the test '" + t + "' takes an integer");
       const int64_t d = t == "divisibleby" ? as_int(arg()) : 2;
+      if (d == 0) err(x, "divisibleby 0");
+      if (d == -1) return t != "odd";
       const bool div = as_int(v) % d == 0;
       return t == "odd" ? !div : div;
     }
@@ -1807,7 +1908,10 @@ class Renderer {
     if (f == "list") return Value::make_list(iterate(v));
     if (f == "int") {
       if (int_like(v)) return Value::integer(as_int(v));
-      if (v.kind == Kind::Float) return Value::integer(static_cast<int64_t>(v.f));
+      if (v.kind == Kind::Float) {
+        if (!(std::fabs(v.f) < 9.0e18)) fail("int() of a float out of range");
+        return Value::integer(static_cast<int64_t>(v.f));
+      }
       if (v.kind == Kind::String) {
         try {
           return Value::integer(std::stoll(v.s));
@@ -1829,7 +1933,9 @@ class Renderer {
     }
     if (f == "abs") {
       if (!is_number(v)) err(x, "abs of a " + std::string(type_name(v)));
-      return v.kind == Kind::Float ? Value::real(std::fabs(v.f)) : Value::integer(std::llabs(as_int(v)));
+      if (v.kind == Kind::Float) return Value::real(std::fabs(v.f));
+      if (as_int(v) == INT64_MIN) fail("integer overflow in abs");
+      return Value::integer(std::llabs(as_int(v)));
     }
     if (f == "round") {
       if (!is_number(v)) err(x, "round of a " + std::string(type_name(v)));
@@ -1936,7 +2042,8 @@ class Renderer {
       const Value* w = a.get(0, "width");
       const Value* first = a.get(1, "first");
       const Value* blank = a.get(2, "blank");
-      const std::string pad = w && w->kind == Kind::String ? w->s : std::string(static_cast<size_t>(w && int_like(*w) ? as_int(*w) : 4), ' ');
+      const int64_t width = w && int_like(*w) ? std::clamp<int64_t>(as_int(*w), 0, 1024) : 4;
+      const std::string pad = w && w->kind == Kind::String ? w->s : std::string(static_cast<size_t>(width), ' ');
       std::string out;
       size_t k = 0;
       bool first_line = true;
@@ -1967,6 +2074,8 @@ class Renderer {
   }
 
   std::vector<Scope> scopes_;
+  int64_t steps_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace

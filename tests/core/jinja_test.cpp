@@ -233,3 +233,43 @@ TEST(Jinja, RefusesWhatItDoesNotRenderByName) {
 }
 
 }  // namespace
+
+namespace {
+
+// A tokenizer's chat template is untrusted input: what would exhaust the stack, the memory or the
+// time is refused with a TemplateError naming the bound.
+TEST(Jinja, HostileTemplatesAreRefusedNotRun) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}", "nested too deeply"},
+      {"{{ " + std::string(1000, '-') + "1 }}", "nested too deeply"},
+      {std::string(300 * 10, ' ').replace(0, 0, [] {
+         std::string s;
+         for (int k = 0; k < 300; ++k) s += "{% if true %}";
+         return s;
+       }()),
+       "nested too deeply"},
+      {"{{ range(1000000000) | length }}", "more than a million"},
+      {"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"},
+      {"{% set ns = namespace(s='a' * 60000000) %}{% for i in range(100000) %}{{ ns.s[1:2] }}{% endfor %}", "seconds"},
+      {"{{ 'abc' * 1000000000 }}", "longer than"},
+      {"{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "longer than"},
+      {"{% set ns = namespace(x=1) %}{% set ns.x = ns %}", "cannot hold a namespace"},
+      {"{% set ns = namespace(x=1) %}{% for i in range(300) %}{% set ns.x = [ns.x] %}{% endfor %}", "nested too deeply"},
+      {"{{ 9223372036854775807 + 1 }}", "integer overflow"},
+      {"{{ 99999999999999999999 }}", "out of range"},
+      {"{{ 2 ** 100 }}", "overflow"},
+      {"{{ 7 is divisibleby 0 }}", "divisibleby 0"},
+  };
+  for (const auto& [tmpl, want] : cases) {
+    SCOPED_TRACE(tmpl.substr(0, 120));
+    try {
+      const Template t(tmpl);
+      t.render({});
+      ADD_FAILURE() << "rendered";
+    } catch (const TemplateError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
