@@ -52,7 +52,18 @@ void add_lora_adapters(const GptConfig& c, GptParameterLayout& out) {
                                            : "mtp.layers." + std::to_string(l - c.num_layers) + ".mtp_model_layer.";
     if (s.proj) L.proj_lora = add_lora(out.table, s, p + "self_attention.linear_proj", attn, h);
     if (s.qkv) L.qkv_lora = add_lora(out.table, s, p + "self_attention.linear_qkv", h, c.qkv_width());
-    if (c.is_moe_layer(l)) continue;
+    if (c.is_moe_layer(l)) {
+      // Megatron-Core's MoELayer order: the experts' linear_fc1 and linear_fc2, then the shared
+      // expert's. The routed experts' adapter is one pair whatever the expert (Bridge's shared
+      // ParallelLinearAdapter over the grouped GEMM's rows).
+      const int64_t F = c.moe.ffn, Fs = c.moe.shared_ffn;
+      const int64_t F1 = c.activation == Activation::SwiGLU ? 2 * F : F, F1s = c.activation == Activation::SwiGLU ? 2 * Fs : Fs;
+      if (s.fc1) L.experts_fc1_lora = add_lora(out.table, s, p + "mlp.experts.linear_fc1", h, F1);
+      if (s.fc2) L.experts_fc2_lora = add_lora(out.table, s, p + "mlp.experts.linear_fc2", F, h);
+      if (Fs > 0 && s.fc1) L.shared_fc1_lora = add_lora(out.table, s, p + "mlp.shared_experts.linear_fc1", h, F1s);
+      if (Fs > 0 && s.fc2) L.shared_fc2_lora = add_lora(out.table, s, p + "mlp.shared_experts.linear_fc2", Fs, h);
+      continue;
+    }
     if (s.fc1) L.fc1_lora = add_lora(out.table, s, p + "mlp.linear_fc1", h, c.fc1_width());
     if (s.fc2) L.fc2_lora = add_lora(out.table, s, p + "mlp.linear_fc2", c.ffn, h);
   }

@@ -30,8 +30,11 @@ struct GptLayerOffsets {
   // kind consecutive, expert after expert), the shared expert's (-1: none); -1 in a dense layer.
   int64_t router_w = -1, experts_fc1 = -1, experts_fc2 = -1, shared_fc1 = -1, shared_fc2 = -1;
   int64_t expert_bias = -1;  // the router's expert_bias buffer (aux-loss-free balancing)
-  // PEFT's adapters (after every base parameter in the table: the trained tail).
+  // PEFT's adapters (after every base parameter in the table: the trained tail). An MoE layer's
+  // routed experts share one adapter per linear (Bridge's share_expert_adapters, its default:
+  // mlp.experts.linear_fc1.adapter.*), its shared expert has its own.
   LoraOffsets qkv_lora, proj_lora, fc1_lora, fc2_lora;
+  LoraOffsets experts_fc1_lora, experts_fc2_lora, shared_fc1_lora, shared_fc2_lora;
 };
 
 // A multi-token prediction layer's own parameters (its transformer layer's are in `layers`).

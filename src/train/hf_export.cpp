@@ -44,14 +44,28 @@ struct Source {
   void read(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& out) const;
 };
 
+// The module whose adapter a Megatron-Core linear carries in `adapters`: the linear itself, or for
+// a routed expert's (mlp.experts.local_experts.E.linear_fc1) the experts' one shared pair
+// (mlp.experts.linear_fc1, Bridge's share_expert_adapters); empty when it has none.
+std::string adapter_of(const TensorStore& adapters, const std::string& linear) {
+  if (adapters.find(linear + ".adapter.linear_in.weight")) return linear;
+  const std::string marker = ".mlp.experts.local_experts.";
+  const size_t at = linear.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t dot = linear.find('.', at + marker.size());
+  if (dot == std::string::npos) return "";
+  const std::string shared = linear.substr(0, at) + ".mlp.experts" + linear.substr(dot);
+  return adapters.find(shared + ".adapter.linear_in.weight") ? shared : "";
+}
+
 void Source::read(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>& out) const {
   store().read({name, shape, {model::whole_box(shape)}}, out.data());
   const std::string suffix = ".weight";
   if (!lora || !name.ends_with(suffix)) return;
-  const std::string linear = name.substr(0, name.size() - suffix.size());
   const TensorStore& adapters = checkpoint->model;
+  const std::string linear = adapter_of(adapters, name.substr(0, name.size() - suffix.size()));
+  if (linear.empty()) return;
   const std::string a_name = linear + ".adapter.linear_in.weight", b_name = linear + ".adapter.linear_out.weight";
-  if (!adapters.find(a_name)) return;
   const int64_t rows = shape[0], cols = shape[1], r = lora->dim;
   std::vector<float> A(static_cast<size_t>(r * cols)), B(static_cast<size_t>(rows * r));
   adapters.read({a_name, {r, cols}, {model::whole_box({r, cols})}}, A.data());
@@ -229,8 +243,8 @@ HfExportResult export_adapters(const Source& src, const std::string& out_dir, Dt
   for (const HfTensorMap& m : hf_tensor_maps(src.model)) {
     const std::string suffix = ".weight";
     if (!m.mcore.ends_with(suffix) || m.shape.size() != 2) continue;
-    const std::string linear = m.mcore.substr(0, m.mcore.size() - suffix.size());
-    if (!adapters.find(linear + ".adapter.linear_in.weight")) continue;
+    const std::string linear = adapter_of(adapters, m.mcore.substr(0, m.mcore.size() - suffix.size()));
+    if (linear.empty()) continue;
     std::vector<float> A(static_cast<size_t>(r * m.shape[1])), B(static_cast<size_t>(m.shape[0] * r)), part;
     adapters.read({linear + ".adapter.linear_in.weight", {r, m.shape[1]}, {model::whole_box({r, m.shape[1]})}}, A.data());
     adapters.read({linear + ".adapter.linear_out.weight", {m.shape[0], r}, {model::whole_box({m.shape[0], r})}},

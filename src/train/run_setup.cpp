@@ -87,9 +87,18 @@ model::LoraSpec lora_spec(const config::ConfigContainer& c, const model::GptConf
   if (!(s.qkv || s.proj || s.fc1 || s.fc2)) throw UsageError("peft.target_modules is empty: LoRA would train nothing");
   s.a_init = lora_init(p.lora_A_init_method, "lora_A_init_method");
   s.b_init = lora_init(p.lora_B_init_method, "lora_B_init_method");
-  if (g.moe.num_experts > 0 && (s.fc1 || s.fc2))
-    throw UsageError("peft.target_modules linear_fc1/linear_fc2 on a Mixture-of-Experts model: LoRA on the experts "
-                     "is not built yet (accepted there: linear_qkv, linear_proj)");
+  // linear_fc1 / linear_fc2 name the experts' linears too (and the shared expert's): one adapter
+  // pair shared by every routed expert, as Bridge's default share_expert_adapters.
+  if (g.moe.num_experts > 0 && (s.fc1 || s.fc2)) {
+    if (c.model.tensor_model_parallel_size > 1)
+      throw UsageError("peft.target_modules linear_fc1/linear_fc2 on a Mixture-of-Experts model with tensor "
+                       "parallelism: adapters on split experts are not built yet (accepted: "
+                       "tensor_model_parallel_size 1, or target_modules linear_qkv, linear_proj)");
+    if (s.dropout > 0)
+      throw UsageError("peft.dropout " + std::to_string(s.dropout) + " with adapters on Mixture-of-Experts experts "
+                       "(target_modules linear_fc1/linear_fc2): dropout on the experts' adapters is not built yet "
+                       "(accepted: 0)");
+  }
   if (g.moe.num_experts > 0 && g.moe.expert_parallel > 1)
     throw UsageError("LoRA (peft.scheme lora) with expert parallelism (expert_model_parallel_size " +
                      std::to_string(g.moe.expert_parallel) + ") is not built yet (accepted: 1)");

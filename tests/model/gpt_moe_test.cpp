@@ -176,6 +176,102 @@ TEST(GptMoe, LoraOnTheAttentionOfAnMoeModelMatchesFiniteDifferences) {
   test::expect_gradients_match_finite_differences(m, analytic, objective, rng);
 }
 
+// LoRA on an MoE model's experts (target_modules linear_fc1, linear_fc2, whose names match the
+// experts' and the shared expert's linears as Bridge matches them): one adapter pair shared by
+// every routed expert (Bridge's share_expert_adapters, its default), the shared expert its own.
+// The adapters' gradients, through the routing and the MoE losses, against finite differences; the
+// adapted model computes the losses of the base with W + (alpha/dim) B A merged into every
+// expert's, the shared expert's and the dense layers' weights.
+TEST(GptMoe, LoraOnTheExpertsMatchesFiniteDifferencesAndTheMergedModel) {
+  GptConfig c = moe_config();
+  LoraSpec lora;
+  lora.dim = 2, lora.alpha = 3;
+  c.lora = lora;
+  GptModel m(c);
+  const ParameterTable& t = m.table();
+  auto shape = [&](const std::string& name) {
+    const ParamSpec* p = t.find(name);
+    return p ? p->shape : std::vector<int64_t>{};
+  };
+  const std::string e = "decoder.layers.0.mlp.experts.", sh = "decoder.layers.0.mlp.shared_experts.";
+  EXPECT_EQ(shape(e + "linear_fc1.adapter.linear_in.weight"), (std::vector<int64_t>{2, 8}));
+  EXPECT_EQ(shape(e + "linear_fc1.adapter.linear_out.weight"), (std::vector<int64_t>{12, 2}));
+  EXPECT_EQ(shape(e + "linear_fc2.adapter.linear_in.weight"), (std::vector<int64_t>{2, 6}));
+  EXPECT_EQ(shape(e + "linear_fc2.adapter.linear_out.weight"), (std::vector<int64_t>{8, 2}));
+  EXPECT_EQ(shape(sh + "linear_fc1.adapter.linear_out.weight"), (std::vector<int64_t>{10, 2}));
+  EXPECT_EQ(shape(sh + "linear_fc2.adapter.linear_in.weight"), (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(shape("decoder.layers.1.mlp.linear_fc1.adapter.linear_out.weight"), (std::vector<int64_t>{24, 2}));
+  EXPECT_TRUE(shape(e + "local_experts.0.linear_fc1.adapter.linear_in.weight").empty()) << "one pair for all experts";
+
+  init_parameters(m.table(), m.weights(), 7, false);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> N(0.0f, 0.2f);
+  for (const auto& p : t.specs)
+    if (!p.frozen)  // B too: its zero init would hide A's gradient
+      for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] = N(rng);
+  const int64_t b = 2, s = 5, T = b * s;
+  std::vector<int64_t> tokens(T), labels(T), positions(T);
+  std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
+  for (int64_t i = 0; i < T; ++i) tokens[i] = tok(rng), labels[i] = tok(rng), positions[i] = i % s;
+  std::vector<float> r(T, 1.0f), losses(T);
+  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+  auto objective = [&] {
+    m.forward(mb, DropoutKey{}, losses.data());
+    double L = 0;
+    for (int64_t i = 0; i < T; ++i) L += losses[i];
+    const GptModel::MoeLosses moe = m.last_moe_losses();
+    return L + c.moe.aux_loss_coeff * moe.aux + c.moe.z_loss_coeff * moe.z;
+  };
+  objective();
+  const std::vector<float> adapted = losses;
+  m.zero_grads();
+  m.backward(r.data());
+  std::vector<float> analytic(m.grads(), m.grads() + m.num_trainable());
+  test::expect_gradients_match_finite_differences(m, analytic, objective, rng);
+
+  // The merged base: every adapted linear's weight + (alpha/dim) B A (each routed expert's with
+  // the experts' one pair).
+  GptConfig base_cfg = c;
+  base_cfg.lora.reset();
+  GptModel base(base_cfg);
+  for (const auto& p : base.table().specs) {
+    const ParamSpec* q = t.find(p.name);
+    ASSERT_NE(q, nullptr) << p.name;
+    std::copy(m.weights() + q->offset, m.weights() + q->offset + q->numel, base.weights() + p.offset);
+  }
+  int merged = 0;
+  for (const auto& a : t.specs) {
+    const std::string suffix = ".adapter.linear_in.weight";
+    if (!a.name.ends_with(suffix)) continue;
+    const std::string linear = a.name.substr(0, a.name.size() - suffix.size());
+    const ParamSpec* B = t.find(linear + ".adapter.linear_out.weight");
+    std::vector<std::string> targets = {linear + ".weight"};
+    if (linear.ends_with("mlp.experts.linear_fc1") || linear.ends_with("mlp.experts.linear_fc2")) {
+      targets.clear();
+      const std::string which = linear.substr(linear.rfind('.') + 1), stem = linear.substr(0, linear.rfind('.'));
+      for (int x = 0; x < c.moe.num_experts; ++x)
+        targets.push_back(stem + ".local_experts." + std::to_string(x) + "." + which + ".weight");
+    }
+    for (const auto& name : targets) {
+      const ParamSpec* W = base.table().find(name);
+      ASSERT_NE(W, nullptr) << name;
+      const int64_t rows = W->shape[0], cols = W->shape[1];
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) {
+          double d = 0;
+          for (int64_t k = 0; k < lora.dim; ++k)
+            d += static_cast<double>(m.weights()[B->offset + i * lora.dim + k]) * m.weights()[a.offset + k * cols + j];
+          base.weights()[W->offset + i * cols + j] += static_cast<float>(lora.alpha / lora.dim * d);
+        }
+      ++merged;
+    }
+  }
+  EXPECT_EQ(merged, 8 + 2 + 2 + 4);  // 4 experts x fc1, fc2; the shared expert's; the dense layer's; qkv, proj x 2 layers
+  std::vector<float> base_losses(T);
+  base.forward(mb, DropoutKey{}, base_losses.data());
+  for (int64_t i = 0; i < T; ++i) EXPECT_NEAR(adapted[i], base_losses[i], 2e-5 * std::abs(base_losses[i])) << i;
+}
+
 // The MoE losses are logged for training steps only (a forward a backward follows), each divided
 // by its coefficient: with four experts chosen two at a time a balanced router gives about 1
 // (Megatron's aux / coeff).

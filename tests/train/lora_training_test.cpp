@@ -119,7 +119,8 @@ TEST(LoraConfig, WhatIsNotBuiltIsRefusedByName) {
       {{"peft.dropout_position=middle"}, "peft.dropout_position"},
       {{"peft.lora_A_init_method=orthogonal"}, "peft.lora_A_init_method 'orthogonal'"},
       {{"peft.dim=0"}, "peft.dim 0"},
-      {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false"}, "LoRA on the experts"},
+      {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false", "peft.dropout=0.1"},
+       "dropout on the experts' adapters is not built yet"},
       {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false", "peft.target_modules=[linear_qkv]",
         "model.expert_model_parallel_size=2"},
        "expert parallelism"},
@@ -134,6 +135,55 @@ TEST(LoraConfig, WhatIsNotBuiltIsRefusedByName) {
                                  "peft.target_modules=[linear_qkv,linear_proj]"})),
             "")
       << "an MoE model's attention";
+  EXPECT_EQ(refusal(v, lora_run({"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false"})),
+            "")
+      << "an MoE model's experts";
+}
+
+// LoRA on an MoE model's experts from an MoE base: the base (router and experts among it) stays
+// as loaded, the experts' shared adapter pair and the shared expert's train.
+TEST(LoraTraining, TheExpertsAdaptersTrainFromAnMoeBase) {
+  const std::vector<std::string> moe = {"model.num_moe_experts=4", "model.moe_router_topk=2",
+                                        "model.add_bias_linear=false", "model.moe_ffn_hidden_size=16",
+                                        "model.moe_shared_expert_intermediate_size=8", "model.moe_aux_loss_coeff=0.01"};
+  const std::string base_dir = (fs::temp_directory_path() / ("laoyao_lora_moe_base." + std::to_string(::getpid()))).string();
+  fs::remove_all(base_dir);
+  std::vector<std::string> pre = {"train.train_iters=2", "checkpoint.save=" + base_dir, "checkpoint.save_interval=2"};
+  pre.insert(pre.end(), moe.begin(), moe.end());
+  config::Resolved b = resolve("vanilla_gpt_pretrain_config", pre);
+  train::TrainOptions bopt = quiet();
+  train::train(b.cfg, b.validated.derived, bopt);
+  std::fclose(bopt.out);
+
+  std::vector<std::string> extra = {"peft.scheme=lora", "peft.dim=4", "peft.alpha=8", "train.train_iters=3",
+                                    "optimizer.lr=1e-2", "checkpoint.pretrained_checkpoint=" + base_dir};
+  extra.insert(extra.end(), moe.begin(), moe.end());
+  config::Resolved r = resolve("vanilla_gpt_pretrain_config", extra);
+  train::TrainOptions opt = quiet();
+  train::TrainingRun run(r.cfg, r.validated.derived, opt);
+  const model::ParameterTable& t = run.model->table();
+  ASSERT_NE(t.find("decoder.layers.0.mlp.experts.linear_fc1.adapter.linear_in.weight"), nullptr);
+  ASSERT_NE(t.find("decoder.layers.1.mlp.shared_experts.linear_fc2.adapter.linear_out.weight"), nullptr);
+  const std::vector<float> base(run.model->weights(), run.model->weights() + t.trainable_offset);
+  const std::vector<float> adapters0(run.model->weights() + t.trainable_offset, run.model->weights() + t.total);
+  train::TrainProgress& p = run.progress;
+  for (int i = 0; i < 3; ++i) {
+    p.gbs = run.ramp.running(p.consumed);
+    p.M = p.gbs / run.ramp.micro_times_dp;
+    ++p.iteration;
+    const train::StepResult st = train::train_step(run);
+    EXPECT_TRUE(st.finite);
+    p.consumed += p.gbs;
+  }
+  EXPECT_TRUE(std::equal(base.begin(), base.end(), run.model->weights())) << "the frozen base moved";
+  for (const auto& spec : t.specs) {
+    if (spec.frozen) continue;
+    const float* now = run.model->weights() + spec.offset;
+    const float* was = adapters0.data() + (spec.offset - t.trainable_offset);
+    EXPECT_FALSE(std::equal(now, now + spec.numel, was)) << spec.name << " did not train";
+  }
+  std::fclose(opt.out);
+  fs::remove_all(base_dir);
 }
 
 // The base read from the pretrained checkpoint stays as it was, bit for bit; the adapters train
@@ -306,16 +356,21 @@ std::map<std::string, std::vector<float>> read_tensors(const std::string& dir) {
 
 }  // namespace
 
-// export-hf --adapters: PEFT's adapter_model.safetensors and adapter_config.json, each Hugging Face
-// linear's lora_B A (scaled by alpha / r) the same delta the merged export adds to its weight.
-TEST(LoraTraining, ExportHfAdaptersArePeftFilesOfTheMergedDelta) {
+namespace {
+
+void expect_peft_files_of_the_merged_delta(bool moe) {
+  SCOPED_TRACE(moe ? "Qwen3-MoE" : "Llama");
   const std::string root = (fs::temp_directory_path() / ("laoyao_lora_peft." + std::to_string(::getpid()))).string();
   fs::remove_all(root);
-  const std::vector<std::string> llama = {
+  std::vector<std::string> llama = {
       "model.normalization=RMSNorm",          "model.gated_linear_unit=true",
       "model.position_embedding_type=rope",   "model.add_bias_linear=false",
       "model.share_embeddings_and_output_weights=false", "model.num_query_groups=2",
       "model.hidden_dropout=0",               "model.attention_dropout=0"};
+  if (moe)
+    for (const char* o : {"model.qk_layernorm=true", "model.num_moe_experts=4", "model.moe_router_topk=2",
+                          "model.moe_ffn_hidden_size=16", "model.moe_aux_loss_coeff=0.01"})
+      llama.push_back(o);
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), llama.begin(), llama.end());
     return extra;
@@ -346,7 +401,8 @@ TEST(LoraTraining, ExportHfAdaptersArePeftFilesOfTheMergedDelta) {
             (std::vector<std::string>{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"}));
   const auto lora = read_tensors(root + "/peft"), merged = read_tensors(root + "/merged_hf"),
              before = read_tensors(root + "/base_hf");
-  EXPECT_EQ(lora.size(), 2u * 7 * 2) << "lora_A and lora_B of seven linears in each of two layers";
+  EXPECT_EQ(lora.size(), moe ? 2u * 16 * 2 : 2u * 7 * 2)
+      << "lora_A and lora_B of each linear (Qwen3-MoE: q, k, v, o and 4 experts' three) in each of two layers";
   for (const auto& [name, b] : lora) {
     const std::string tail = ".lora_B.weight";
     if (!name.ends_with(tail)) continue;
@@ -377,4 +433,15 @@ TEST(LoraTraining, ExportHfAdaptersArePeftFilesOfTheMergedDelta) {
   }
   EXPECT_FALSE(fs::exists(root + "/not"));
   fs::remove_all(root);
+}
+
+}  // namespace
+
+// export-hf --adapters: PEFT's adapter_model.safetensors and adapter_config.json, each Hugging Face
+// linear's lora_B A (scaled by alpha / r) the same delta the merged export adds to its weight. An
+// MoE model's experts (Qwen3-MoE's layout) the same: each expert's gate/up/down_proj gets the
+// experts' one pair, as Bridge's export writes a shared expert adapter per expert.
+TEST(LoraTraining, ExportHfAdaptersArePeftFilesOfTheMergedDelta) {
+  expect_peft_files_of_the_merged_delta(false);
+  expect_peft_files_of_the_merged_delta(true);
 }

@@ -519,19 +519,37 @@ void moe_unpermute_backward(const float* expert_out, const int64_t* permuted_row
 // ---------------------------------------------------------------------------------------------
 // experts
 
+namespace {
+// The rows an experts' call computes (their groups' sizes summed); a negative size is an error.
+int64_t expert_rows(const int64_t* tokens_per_expert, int64_t E, const char* what) {
+  int64_t n = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (tokens_per_expert[e] < 0) throw Error(std::string(what) + ": negative token count for expert " + std::to_string(e));
+    n += tokens_per_expert[e];
+  }
+  return n;
+}
+}  // namespace
+
 void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                          const float* fc2_weight, float* fc1_out, float* act_out, float* y, int64_t E, int64_t H,
-                         int64_t F, MoeActivation act) {
+                         int64_t F, MoeActivation act, const MoeAdapters* lora) {
   const int64_t F1 = moe_fc1_rows(act, F);
+  const int64_t N = expert_rows(tokens_per_expert, E, "moe experts");
+  // The fc1 adapter's low-rank rows z1 = x A1^T for every row at once (the pair is every expert's).
+  const bool a1 = lora && lora->fc1_a, a2 = lora && lora->fc2_a;
+  const int64_t r = lora ? lora->dim : 0;
+  std::vector<float> z1(a1 ? static_cast<size_t>(N * r) : 0);
+  if (a1) linear_forward(permuted_x, lora->fc1_a, nullptr, z1.data(), N, H, r);
   int64_t row = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = tokens_per_expert[e];
-    if (n < 0) throw Error("moe experts: negative token count for expert " + std::to_string(e));
     if (n == 0) continue;
     const float* xe = permuted_x + row * H;
     float* h1 = fc1_out + row * F1;
     float* a = act_out + row * F;
     linear_forward(xe, fc1_weight + e * F1 * H, nullptr, h1, n, H, F1);
+    if (a1) linear_accumulate(z1.data() + row * r, lora->fc1_b, h1, n, r, F1, lora->scale);
     switch (act) {
       case MoeActivation::SwiGlu: swiglu_forward(h1, a, n, F); break;
       case MoeActivation::GeluTanh: gelu_forward(h1, a, n * F, Gelu::Tanh); break;
@@ -540,23 +558,39 @@ void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expe
     linear_forward(a, fc2_weight + e * H * F, nullptr, y + row * H, n, F, H);
     row += n;
   }
+  if (a2) {  // y += scale * (a A2^T) B2^T over every row
+    std::vector<float> z2(static_cast<size_t>(N * r));
+    linear_forward(act_out, lora->fc2_a, nullptr, z2.data(), N, F, r);
+    linear_accumulate(z2.data(), lora->fc2_b, y, N, r, H, lora->scale);
+  }
 }
 
 void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                           const float* fc2_weight, const float* fc1_out, const float* act_out, const float* dy,
                           float* dact, float* dfc1_out, float* dx, float* dfc1_weight, float* dfc2_weight, int64_t E,
-                          int64_t H, int64_t F, MoeActivation act) {
+                          int64_t H, int64_t F, MoeActivation act, const MoeAdapters* lora) {
   const int64_t F1 = moe_fc1_rows(act, F);
+  const int64_t N = expert_rows(tokens_per_expert, E, "moe experts backward");
+  const bool a1 = lora && lora->fc1_a, a2 = lora && lora->fc2_a;
+  const int64_t r = lora ? lora->dim : 0;
+  // The fc2 adapter: dz2 = scale dy B2 (dB2 += scale dy^T z2), dA2 += dz2^T a, and its share of the
+  // activation's gradient dz2 A2, added to each expert's below.
+  std::vector<float> z(static_cast<size_t>(N * r)), dz(static_cast<size_t>(N * r)), da2(a2 ? static_cast<size_t>(N * F) : 0);
+  if (a2) {
+    linear_forward(act_out, lora->fc2_a, nullptr, z.data(), N, F, r);
+    linear_backward_scaled(z.data(), lora->fc2_b, dy, dz.data(), lora->dfc2_b, N, r, H, lora->scale, false);
+    linear_backward(act_out, lora->fc2_a, dz.data(), da2.data(), lora->dfc2_a, nullptr, N, F, r);
+  }
   int64_t row = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = tokens_per_expert[e];
-    if (n < 0) throw Error("moe experts backward: negative token count for expert " + std::to_string(e));
     if (n == 0) continue;
     float* da = dact + row * F;
     float* dh1 = dfc1_out + row * F1;
     const float* h1 = fc1_out + row * F1;
     linear_backward(act_out + row * F, fc2_weight + e * H * F, dy + row * H, da,
                     dfc2_weight ? dfc2_weight + e * H * F : nullptr, nullptr, n, F, H);
+    if (a2) add_inplace(da, da2.data() + row * F, n * F);
     switch (act) {
       case MoeActivation::SwiGlu: swiglu_backward(h1, da, dh1, n, F); break;
       case MoeActivation::GeluTanh: gelu_backward(h1, da, dh1, n * F, Gelu::Tanh); break;
@@ -565,6 +599,11 @@ void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_exp
     linear_backward(permuted_x + row * H, fc1_weight + e * F1 * H, dh1, dx ? dx + row * H : nullptr,
                     dfc1_weight ? dfc1_weight + e * F1 * H : nullptr, nullptr, n, H, F1);
     row += n;
+  }
+  if (a1) {  // dz1 = scale dh1 B1 (dB1 += scale dh1^T z1), dA1 += dz1^T x, dx += dz1 A1
+    linear_forward(permuted_x, lora->fc1_a, nullptr, z.data(), N, H, r);
+    linear_backward_scaled(z.data(), lora->fc1_b, dfc1_out, dz.data(), lora->dfc1_b, N, r, F1, lora->scale, false);
+    linear_backward_scaled(permuted_x, lora->fc1_a, dz.data(), dx, lora->dfc1_a, N, H, r, 1.0f, true);
   }
 }
 
@@ -665,7 +704,7 @@ void MoeLocalExpertsStage::forward(const float* permuted_x, const int64_t* /*row
   fc1_out_.resize(static_cast<size_t>(N * moe_fc1_rows(act_, F_)));
   act_out_.resize(static_cast<size_t>(N * F_));
   moe_experts_forward(x_.data(), tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(), expert_out, E_, H_, F_,
-                      act_);
+                      act_, lora_);
 }
 
 void MoeLocalExpertsStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x) {
@@ -674,7 +713,7 @@ void MoeLocalExpertsStage::backward(const float* dexpert_out, int64_t N, float* 
   dact_.resize(static_cast<size_t>(N * F_));
   dfc1_out_.resize(static_cast<size_t>(N * moe_fc1_rows(act_, F_)));
   moe_experts_backward(x_.data(), tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(), dexpert_out, dact_.data(),
-                       dfc1_out_.data(), dpermuted_x, dfc1_, dfc2_, E_, H_, F_, act_);
+                       dfc1_out_.data(), dpermuted_x, dfc1_, dfc2_, E_, H_, F_, act_, lora_);
 }
 
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
@@ -770,7 +809,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
                      st.expert_out.data());
   else
     moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
-                        st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation);
+                        st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation,
+                        w.expert_lora);
   moe_unpermute_forward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), y, T, k, H);
 
   if (c.shared_expert_intermediate_size > 0) {
@@ -781,7 +821,7 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     ensure(st.shared_out, T * H);
     const int64_t all = T;
     moe_experts_forward(x, &all, w.shared_fc1_weight, w.shared_fc2_weight, st.shared_fc1_out.data(),
-                        st.shared_act_out.data(), st.shared_out.data(), 1, H, Fs, c.activation);
+                        st.shared_act_out.data(), st.shared_out.data(), 1, H, Fs, c.activation, w.shared_lora);
     add_inplace(y, st.shared_out.data(), T * H);
   }
 }
@@ -822,14 +862,14 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
     moe_experts_backward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
                          st.fc1_out.data(), st.act_out.data(), st.dexpert_out.data(), st.dact.data(),
                          st.dfc1_out.data(), st.dpermuted_x.data(), g.fc1_weight, g.fc2_weight, E, H, F,
-                         c.activation);
+                         c.activation, w.expert_lora);
   moe_permute_backward(st.dpermuted_x.data(), st.permuted_row.data(), dx, T, k, H);
 
   if (Fs > 0) {
     const int64_t all = T;
     moe_experts_backward(x, &all, w.shared_fc1_weight, w.shared_fc2_weight, st.shared_fc1_out.data(),
                          st.shared_act_out.data(), dy, st.dact.data(), st.dfc1_out.data(), st.dx_part.data(),
-                         g.shared_fc1_weight, g.shared_fc2_weight, 1, H, Fs, c.activation);
+                         g.shared_fc1_weight, g.shared_fc2_weight, 1, H, Fs, c.activation, w.shared_lora);
     add_inplace(dx, st.dx_part.data(), T * H);
   }
 

@@ -184,6 +184,17 @@ void moe_unpermute_backward(const float* expert_out, const int64_t* permuted_row
 enum class MoeActivation { SwiGlu, GeluTanh, GeluErf };
 inline int64_t moe_fc1_rows(MoeActivation act, int64_t F) { return act == MoeActivation::SwiGlu ? 2 * F : F; }
 
+// A LoRA adapter pair shared by every row an experts' call computes (Megatron-Bridge's
+// ParallelLinearAdapter on a grouped expert linear, share_expert_adapters on): linear_fc1's output
+// rows += scale * B1 A1 x, linear_fc2's += scale * B2 A2 a (x a row's input, a its activation).
+// A [dim, in], B [out, dim]; a null pair is no adapter; gradients accumulated (null: skipped).
+struct MoeAdapters {
+  const float *fc1_a = nullptr, *fc1_b = nullptr, *fc2_a = nullptr, *fc2_b = nullptr;
+  float *dfc1_a = nullptr, *dfc1_b = nullptr, *dfc2_a = nullptr, *dfc2_b = nullptr;
+  int64_t dim = 0;
+  float scale = 1.0f;
+};
+
 // fc1_weight[E, F1, H] and fc2_weight[E, H, F] hold the experts' weights one after another
 // (local_experts.{e}.linear_fc1.weight, TEGroupedMLP's weight{e}), F1 = moe_fc1_rows(act, F).
 // With N = sum_e tokens_per_expert[e]: permuted_x[N, H]; fc1_out[N, F1] and act_out[N, F] are
@@ -191,13 +202,13 @@ inline int64_t moe_fc1_rows(MoeActivation act, int64_t F) { return act == MoeAct
 // is the case E = 1, tokens_per_expert = {T}.
 void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                          const float* fc2_weight, float* fc1_out, float* act_out, float* y, int64_t E, int64_t H,
-                         int64_t F, MoeActivation act);
+                         int64_t F, MoeActivation act, const MoeAdapters* lora = nullptr);
 // dx[N, H] overwritten (nullptr to skip); dfc1_weight[E, F1, H], dfc2_weight[E, H, F] accumulated.
 // dact[N, F] and dfc1_out[N, F1] are scratch the caller provides (any contents).
 void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                           const float* fc2_weight, const float* fc1_out, const float* act_out, const float* dy,
                           float* dact, float* dfc1_out, float* dx, float* dfc1_weight, float* dfc2_weight, int64_t E,
-                          int64_t H, int64_t F, MoeActivation act);
+                          int64_t H, int64_t F, MoeActivation act, const MoeAdapters* lora = nullptr);
 
 // ---- the whole MoE layer (MoELayer.forward: router -> permute -> experts -> unpermute, + shared
 // expert): y[T, H] = sum_j probs[t, j] * expert_{idx[t, j]}(x[t]) + shared_expert(x[t]).
@@ -258,6 +269,9 @@ struct MoeLayerWeights {
   const float* fc2_weight = nullptr;         // [E, H, F] experts' linear_fc2
   const float* shared_fc1_weight = nullptr;  // [F1s, H] shared_experts.linear_fc1 (if a shared expert)
   const float* shared_fc2_weight = nullptr;  // [H, Fs] shared_experts.linear_fc2
+  // PEFT: the adapters on the routed experts (without a stage) and on the shared expert; nullable.
+  const MoeAdapters* expert_lora = nullptr;
+  const MoeAdapters* shared_lora = nullptr;
 };
 
 struct MoeLayerGrads {  // accumulated (+=); nullptr skips that gradient
@@ -320,6 +334,7 @@ class MoeLocalExpertsStage final : public MoeExpertsStage {
   void set_weights(const float* fc1, const float* fc2, float* dfc1, float* dfc2) {
     fc1_ = fc1, fc2_ = fc2, dfc1_ = dfc1, dfc2_ = dfc2;
   }
+  void set_lora(const MoeAdapters* lora) { lora_ = lora; }  // PEFT's adapter on every expert (nullable)
   void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
                float* expert_out) override;
   void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
@@ -329,6 +344,7 @@ class MoeLocalExpertsStage final : public MoeExpertsStage {
   MoeActivation act_;
   const float *fc1_ = nullptr, *fc2_ = nullptr;
   float *dfc1_ = nullptr, *dfc2_ = nullptr;
+  const MoeAdapters* lora_ = nullptr;
   int64_t N_ = 0;
   std::vector<int64_t> tpe_;
   std::vector<float> x_, fc1_out_, act_out_, dact_, dfc1_out_;

@@ -44,9 +44,12 @@ CpuMoeLayers::CpuMoeLayers(const GptConfig& whole, const GptConfig& local, const
   cfg_.z_loss_coeff = static_cast<float>(m.z_loss_coeff);
   const size_t L = static_cast<size_t>(whole.layer_count());  // (multi-token prediction layers too)
   states_.resize(L);
+  lora_.resize(L);
   expert_load_.assign(L, std::vector<double>(static_cast<size_t>(m.num_experts), 0.0));
   stages_.resize(L);
   const bool ep_split = ep && ep->size() > 1;
+  if ((ep_split || folded) && whole.lora && (whole.lora->fc1 || whole.lora->fc2))
+    throw Error("CpuMoeLayers: LoRA adapters on experts split over expert or tensor parallelism are not built");
   for (int64_t l = 0; l < whole.layer_count() && (ep_split || folded); ++l) {
     if (!whole.is_moe_layer(l)) continue;
     const GptLayerOffsets& W = layout.layers[static_cast<size_t>(l)];
@@ -72,10 +75,31 @@ CpuMoeLayers::CpuMoeLayers(const GptConfig& whole, const GptConfig& local, const
 
 CpuMoeLayers::~CpuMoeLayers() = default;
 
-k::MoeLayerWeights CpuMoeLayers::weights_of(int64_t l, const float* weights) const {
+k::MoeLayerWeights CpuMoeLayers::weights_of(int64_t l, const float* weights, float* grads) const {
   const GptLayerOffsets& L = layout_.layers[static_cast<size_t>(l)];
   auto opt = [&](int64_t off) { return off >= 0 ? weights + off : nullptr; };
   k::MoeLayerWeights w;
+  if (whole_.lora) {
+    // The adapters' gradients sit after the frozen base (the buffer starts at trainable_offset).
+    const int64_t from = layout_.table.trainable_offset;
+    auto adapters = [&](const LoraOffsets& f1, const LoraOffsets& f2, k::MoeAdapters& a) -> const k::MoeAdapters* {
+      if (!f1.on() && !f2.on()) return nullptr;
+      a = {};
+      a.dim = whole_.lora->dim, a.scale = whole_.lora->scale();
+      if (f1.on()) {
+        a.fc1_a = weights + f1.a, a.fc1_b = weights + f1.b;
+        if (grads) a.dfc1_a = grads + (f1.a - from), a.dfc1_b = grads + (f1.b - from);
+      }
+      if (f2.on()) {
+        a.fc2_a = weights + f2.a, a.fc2_b = weights + f2.b;
+        if (grads) a.dfc2_a = grads + (f2.a - from), a.dfc2_b = grads + (f2.b - from);
+      }
+      return &a;
+    };
+    auto& slot = lora_[static_cast<size_t>(l)];
+    w.expert_lora = adapters(L.experts_fc1_lora, L.experts_fc2_lora, slot.first);
+    w.shared_lora = adapters(L.shared_fc1_lora, L.shared_fc2_lora, slot.second);
+  }
   w.router_weight = weights + L.router_w;
   w.fc1_weight = weights + L.experts_fc1;
   w.fc2_weight = weights + L.experts_fc2;
@@ -123,7 +147,7 @@ void CpuMoeLayers::forward(int64_t l, const float* weights, const float* x, floa
 
 void CpuMoeLayers::backward(int64_t l, const float* weights, float* grads, const float* x, const float* dy, float* dx,
                             int64_t T, float aux_loss_scale) {
-  k::moe_layer_backward(cfg_, weights_of(l, weights), x, dy, dx, grads_of(l, grads), T,
+  k::moe_layer_backward(cfg_, weights_of(l, weights, grads), x, dy, dx, grads_of(l, grads), T,
                         states_[static_cast<size_t>(l)], aux_loss_scale, stages_[static_cast<size_t>(l)].get());
 }
 

@@ -52,7 +52,8 @@ class CpuMoeLayers {
   std::vector<double> expert_load(int64_t layer) const;
 
  private:
-  kernels::cpu::MoeLayerWeights weights_of(int64_t l, const float* weights) const;
+  // grads: null in a forward (PEFT's adapters' gradients are pointed at in the backward).
+  kernels::cpu::MoeLayerWeights weights_of(int64_t l, const float* weights, float* grads = nullptr) const;
   kernels::cpu::MoeLayerGrads grads_of(int64_t l, float* grads) const;
 
   const GptConfig& whole_;
@@ -65,6 +66,8 @@ class CpuMoeLayers {
   std::vector<std::unique_ptr<kernels::cpu::MoeExpertsStage>> stages_;
   std::vector<std::vector<double>> expert_load_;  // per layer [E]: tokens since update_expert_bias
   std::vector<int64_t> random_logits_rows_;        // [T] under context parallelism (force_load_balancing)
+  // PEFT: each layer's adapters on the routed experts and on the shared expert (weights_of's).
+  mutable std::vector<std::pair<kernels::cpu::MoeAdapters, kernels::cpu::MoeAdapters>> lora_;
   MoeLosses losses_;
 };
 
