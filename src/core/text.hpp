@@ -17,6 +17,8 @@ std::string nearest(std::string_view name, const std::vector<std::string>& candi
 std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates);
 
 std::string trim(std::string_view s);
+// c's UTF-8 bytes appended to out.
+void append_utf8(std::string& out, char32_t c);
 std::vector<std::string> split(std::string_view s, char sep);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);

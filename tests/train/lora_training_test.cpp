@@ -80,6 +80,31 @@ std::string refusal(const std::string& recipe, const std::vector<std::string>& e
   return "";
 }
 
+// Runs `steps` training steps of `run` and checks that the frozen base stays bit for bit and that
+// every adapter moved.
+void train_expecting_only_the_adapters_to_move(train::TrainingRun& run, int steps) {
+  const model::ParameterTable& t = run.model->table();
+  const std::vector<float> base(run.model->weights(), run.model->weights() + t.trainable_offset);
+  const std::vector<float> adapters0(run.model->weights() + t.trainable_offset, run.model->weights() + t.total);
+  train::TrainProgress& p = run.progress;
+  for (int i = 0; i < steps; ++i) {
+    p.gbs = run.ramp.running(p.consumed);
+    p.M = p.gbs / run.ramp.micro_times_dp;
+    ++p.iteration;
+    const train::StepResult st = train::train_step(run);
+    EXPECT_TRUE(st.finite);
+    EXPECT_GT(st.norm, 0.0);
+    p.consumed += p.gbs;
+  }
+  EXPECT_TRUE(std::equal(base.begin(), base.end(), run.model->weights())) << "the frozen base moved";
+  for (const auto& spec : t.specs) {
+    if (spec.frozen) continue;
+    const float* now = run.model->weights() + spec.offset;
+    const float* was = adapters0.data() + (spec.offset - t.trainable_offset);
+    EXPECT_FALSE(std::equal(now, now + spec.numel, was)) << spec.name << " did not train";
+  }
+}
+
 }  // namespace
 
 TEST(LoraConfig, BridgesPeftFieldsReachTheModel) {
@@ -164,24 +189,7 @@ TEST(LoraTraining, TheExpertsAdaptersTrainFromAnMoeBase) {
   const model::ParameterTable& t = run.model->table();
   ASSERT_NE(t.find("decoder.layers.0.mlp.experts.linear_fc1.adapter.linear_in.weight"), nullptr);
   ASSERT_NE(t.find("decoder.layers.1.mlp.shared_experts.linear_fc2.adapter.linear_out.weight"), nullptr);
-  const std::vector<float> base(run.model->weights(), run.model->weights() + t.trainable_offset);
-  const std::vector<float> adapters0(run.model->weights() + t.trainable_offset, run.model->weights() + t.total);
-  train::TrainProgress& p = run.progress;
-  for (int i = 0; i < 3; ++i) {
-    p.gbs = run.ramp.running(p.consumed);
-    p.M = p.gbs / run.ramp.micro_times_dp;
-    ++p.iteration;
-    const train::StepResult st = train::train_step(run);
-    EXPECT_TRUE(st.finite);
-    p.consumed += p.gbs;
-  }
-  EXPECT_TRUE(std::equal(base.begin(), base.end(), run.model->weights())) << "the frozen base moved";
-  for (const auto& spec : t.specs) {
-    if (spec.frozen) continue;
-    const float* now = run.model->weights() + spec.offset;
-    const float* was = adapters0.data() + (spec.offset - t.trainable_offset);
-    EXPECT_FALSE(std::equal(now, now + spec.numel, was)) << spec.name << " did not train";
-  }
+  train_expecting_only_the_adapters_to_move(run, 3);
   std::fclose(opt.out);
   fs::remove_all(base_dir);
 }
@@ -204,26 +212,7 @@ TEST(LoraTraining, OnlyTheAdaptersMoveFromThePretrainedBase) {
   ASSERT_EQ(base.model->num_parameters(), t.trainable_offset);
   const std::vector<float> pretrained(base.model->weights(), base.model->weights() + t.trainable_offset);
   EXPECT_TRUE(std::equal(pretrained.begin(), pretrained.end(), run.model->weights())) << "the base as loaded";
-  const std::vector<float> adapters0(run.model->weights() + t.trainable_offset,
-                                     run.model->weights() + t.total);
-
-  train::TrainProgress& p = run.progress;
-  for (int i = 0; i < 3; ++i) {
-    p.gbs = run.ramp.running(p.consumed);
-    p.M = p.gbs / run.ramp.micro_times_dp;
-    ++p.iteration;
-    const train::StepResult s = train::train_step(run);
-    EXPECT_TRUE(s.finite);
-    EXPECT_GT(s.norm, 0.0);
-    p.consumed += p.gbs;
-  }
-  EXPECT_TRUE(std::equal(pretrained.begin(), pretrained.end(), run.model->weights())) << "the frozen base moved";
-  for (const auto& spec : t.specs) {
-    if (spec.frozen) continue;
-    const float* now = run.model->weights() + spec.offset;
-    const float* was = adapters0.data() + (spec.offset - t.trainable_offset);
-    EXPECT_FALSE(std::equal(now, now + spec.numel, was)) << spec.name << " did not train";
-  }
+  train_expecting_only_the_adapters_to_move(run, 3);
   std::fclose(opt.out);
   std::fclose(opt2.out);
 }

@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/text.hpp"
+
 namespace laoyao::tokenizer {
 
 inline constexpr char32_t kReplacementChar = 0xFFFD;
@@ -13,7 +15,7 @@ inline constexpr char32_t kReplacementChar = 0xFFFD;
 size_t utf8_char_len(std::string_view s, size_t i);
 // Decodes the character at s[i] and advances i; invalid sequences give U+FFFD and advance 1.
 char32_t utf8_next(std::string_view s, size_t& i);
-void append_utf8(std::string& out, char32_t c);
+using laoyao::append_utf8;  // (core/text.hpp)
 bool is_valid_utf8(std::string_view s);
 // Python's bytes.decode('utf-8', errors='replace'): each maximal invalid subpart becomes U+FFFD.
 std::string utf8_replace_invalid(std::string_view s);
