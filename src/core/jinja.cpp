@@ -132,16 +132,13 @@ std::string py_float(double x) {
   mant.erase(std::remove(mant.begin(), mant.end(), '.'), mant.end());
   while (mant.size() > 1 && mant.back() == '0') mant.pop_back();
   std::string out;
-  if (exp >= -5 && exp < 16) {
+  if (exp >= -4 && exp < 16) {
     if (exp < 0) {
       out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + mant;
     } else if (static_cast<int>(mant.size()) <= exp + 1) {
       out = mant + std::string(static_cast<size_t>(exp + 1) - mant.size(), '0') + ".0";
     } else {
       out = mant.substr(0, static_cast<size_t>(exp + 1)) + "." + mant.substr(static_cast<size_t>(exp + 1));
-    }
-    if (exp == -5) {  // Python switches to exponent form below 1e-4
-      out.clear();
     }
   }
   if (out.empty()) {
@@ -1025,9 +1022,7 @@ class Parser {
   }
 
  private:
-  static bool is_stmt(const Piece& p, std::string_view word) {
-    return p.p == Piece::P::Statement && !p.tokens.empty() && p.tokens[0].t == Token::T::Name && p.tokens[0].s == word;
-  }
+
   // Statements until one of `ends` (its word in `stop`, its piece consumed).
   Body body(const std::vector<std::string>& ends, std::string& stop) {
     Body out;
@@ -1101,7 +1096,7 @@ class Parser {
       s->targets = e.targets();
       if (!e.peek_name("in")) e.error("expected 'in' in a for loop");
       ExprParser rest(p.tokens, e.position() + 1, p.line);
-      s->expr = rest_expression_without_if(rest);
+      s->expr = rest.without_condition();  // a trailing `if` is the loop's filter
       if (rest.peek_name("if")) {
         ExprParser f(p.tokens, rest.position() + 1, p.line);
         s->filter = f.expression();
@@ -1171,12 +1166,7 @@ class Parser {
     fail("unknown statement {% " + word + " %} (line " + std::to_string(p.line) + ")");
   }
 
-  // The iterable of a for loop stops before a trailing `if` (the loop filter), which the
-  // conditional expression would otherwise take.
-  static ExprPtr rest_expression_without_if(ExprParser& e) {
-    // Parse an or-expression level: conditional() would consume `if`.
-    return e.without_condition();
-  }
+
 
   std::vector<Piece> p_;
   size_t k_ = 0;
@@ -1723,7 +1713,6 @@ class Renderer {
       if (name == "title" || name == "capitalize") return apply_filter(x, name, obj, a);
       if (name == "splitlines") {
         List l;
-        for (auto& part : py_split(s, nullptr, -1)) (void)part;
         size_t k = 0;
         while (k < s.size()) {
           size_t e = s.find('\n', k);
