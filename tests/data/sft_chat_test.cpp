@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "core/error.hpp"
 #include "data/tokenizer/hf_tokenizer.hpp"
@@ -212,6 +213,34 @@ TEST(SftChat, TheTemplateComesFromTheOverrideTheJinjaFileOrTheConfig) {
   std::filesystem::remove(dir + "/chat_template.jinja");
   EXPECT_THROW(load_chat_template(dir), UsageError);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+// transformers' own apply_chat_template ids for 80 random rows (tool calls, reasoning, tools,
+// enable_thinking, Unicode, marker text), printed by transformers 5.17.0 on the GPU machine
+// (tests/gpu/chat_template_reference.py): laoyao's rendering and tokenisation give the same ids.
+TEST(SftChat, IdsAreTransformersOwn) {
+  std::ifstream in(std::string(LAOYAO_SOURCE_DIR) + "/tests/data/chat_template_reference.json");
+  ASSERT_TRUE(in) << "tests/data/chat_template_reference.json";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const jinja::Value ref = jinja::from_json_text(text);
+  const Model llama("llama3"), qwen("qwen3");
+  ChatTemplate llama_tmpl = llama.tmpl;
+  llama_tmpl.source = ref.find("llama3_template")->s;
+  const ChatTokenizer llama_chat(llama.sft, llama_tmpl, ChatLossMode::Full), qwen_chat(qwen.sft, qwen.tmpl, ChatLossMode::Full);
+  int checked = 0;
+  for (const auto& c : *ref.find("cases")->list) {
+    const bool is_llama = c.find("model")->s == "llama3";
+    std::vector<TokenId> want;
+    for (const auto& id : *c.find("input_ids")->list) want.push_back(static_cast<TokenId>(id.i));
+    const SftExample ex = (is_llama ? llama_chat : qwen_chat).tokenize(*c.find("row"));
+    EXPECT_EQ(ex.input_ids, want) << "case " << checked << " (" << c.find("model")->s << ")";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 80);
 }
 
 }  // namespace
