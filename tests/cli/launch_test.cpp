@@ -879,7 +879,9 @@ TEST(Launch, TwoNodesMeetOverTheMasterPortWithoutASharedFolder) {
   ASSERT_EQ(got.size(), want.size()) << node1;
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << i;
 
-  // Node 1's rank is killed 4 seconds into a long run: node 0 stops soon after, naming its rank.
+  // Node 1's rank is killed once it has trained an iteration of a long run (so both ranks have met;
+  // a fixed delay could land before the rendezvous on a loaded machine): node 0 stops soon after,
+  // naming its rank.
   std::string long_run = laoyao::test::shell_word(LAOYAO_BINARY);
   for (const auto& a : tiny_run({"--train-iters", "100000", "--eval-interval", "100000"})) {
     long_run += ' ';
@@ -889,7 +891,10 @@ TEST(Launch, TwoNodesMeetOverTheMasterPortWithoutASharedFolder) {
   for (const auto& a : tiny_run({"--train-iters", "100000", "--eval-interval", "100000"})) node0_run.push_back(a);
   port = free_port();
   const auto start = std::chrono::steady_clock::now();
-  r = run_shell(in_dir + node_command(1, 2, port, {"sh", "-c", "timeout -s KILL 4 " + long_run}) +
+  const std::string kill_after_an_iteration =
+      long_run + " > node1_rank.log 2>&1 & pid=$!; for i in $(seq 600); do grep -q ' iteration ' node1_rank.log && "
+                 "break; sleep 0.1; done; kill -KILL $pid; wait $pid";
+  r = run_shell(in_dir + node_command(1, 2, port, {"sh", "-c", kill_after_an_iteration}) +
                 " > node1_dies.txt 2>&1 & " + node_command(0, 2, port, node0_run) +
                 "; echo \"node 0 exit status $?\"; wait");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
