@@ -1154,7 +1154,6 @@ class Parser {
       // transformers' AssistantTracker: the body renders as is (its span marks assistant tokens).
       e.expect_end();
       s->s = Stmt::S::Block;
-      s->text = word;
       s->body = body({"endgeneration"}, stop);
       ++k_;
       return s;
