@@ -51,6 +51,12 @@ struct BatchShape {
   // entries then places too); null: the two chunks of the sequence.
   int64_t cp_rank = 0, cp_size = 1;
   const int32_t* cp_places = nullptr;
+  // key_start's documents as a list (backend memory, for attention that takes them so: the CUDA
+  // backend's cuDNN path, kernels/cuda/attention_cudnn.hpp): `documents` entries (a bucket, 0:
+  // none), doc_start [documents + 1] their first tokens of the T, doc_length [documents].
+  int64_t documents = 0;
+  const int64_t* doc_start = nullptr;
+  const int32_t* doc_length = nullptr;
   // Token t's place in its whole sequence.
   int64_t cp_place(int64_t t) const {
     if (cp_places) return cp_places[t];

@@ -822,6 +822,85 @@ TEST_F(CudaKernels, AttentionCudnnSplitRowsMatchCpu) {
   check_attention_cudnn({3, 96, 4, 2, 64, 0.0}, stream_, 2, cuda::QkvRows::Split);  // smaller batch: k_off moves
   check_attention_cudnn({2, 100, 4, 4, 64, 0.0}, stream_, 0, cuda::QkvRows::Split);  // MHA
 }
+// cuDNN's attention over documents (its ragged offsets and padding mask, the documents as its
+// batch) against the CPU's attention within documents: fused rows (MHA in place, GQA gathered) and
+// split rows; one object run on two micro-batches whose document counts fall in different buckets
+// (32 and 256), single-token documents among them; every gradient element written.
+void check_attention_cudnn_documents(const AttnCase& c, cudaStream_t stream, cuda::QkvRows rows,
+                                     const std::vector<int64_t>& doc_lens) {
+  SCOPED_TRACE("b " + std::to_string(c.b) + " s " + std::to_string(c.s) + " H " + std::to_string(c.H) + " G " +
+               std::to_string(c.G) + (rows == cuda::QkvRows::Split ? " split rows" : " fused rows"));
+  const cpu::QkvLayout L("test", c.H, c.G, c.D);
+  const int64_t T = c.b * c.s;
+  const bool split = rows == cuda::QkvRows::Split;
+  cuda::CudnnAttention attn(shape_of(c), stream, rows, true);
+  EXPECT_NE(attn.engines().find("over documents"), std::string::npos) << attn.engines();
+  for (const int64_t doc_len : doc_lens) {
+    AttnCase r = c;
+    r.doc_len = doc_len;
+    const uint64_t seed = 9200 + static_cast<uint64_t>(c.s * 100 + c.H * 10 + c.G + doc_len);
+    const auto qkv = randn_bf16(T * L.row, seed, "attn.qkv");
+    const auto dctx = randn_bf16(T * c.H * c.D, seed, "attn.dctx");
+    const auto key_start = key_start_of(r, seed);
+    const auto want = cpu_attention(r, qkv, dctx, nullptr, key_start);
+    std::vector<int64_t> start;
+    std::vector<int32_t> length;
+    const int64_t count = cuda::fill_cudnn_documents(key_start.data(), c.b, c.s, start, length);
+    int64_t docs = 0;
+    for (int64_t t = 0; t < T; ++t) docs += key_start[t] == t % c.s;
+    ASSERT_EQ(count, cuda::documents_bucket(docs));
+    ASSERT_EQ(start[size_t(docs)], T);
+    auto dstart = to_device(start), dlength = to_device(length);
+    const cuda::CudnnDocuments documents{count, dstart.as<int64_t>(), dlength.as<int32_t>()};
+
+    auto dqkv_in = to_device_bf16(split ? split_rows(qkv, L, T, c.H, c.G, c.D, true) : qkv),
+         ddctx = to_device_bf16(dctx);
+    DeviceBuffer dctx_out(T * c.H * c.D * sizeof(bf16)), ddqkv(T * L.row * sizeof(bf16));
+    DeviceBuffer lse(T * c.H * sizeof(float));
+    attn.forward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), lse.as<float>(), c.b, &documents);
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    expect_rel_norm(from_device_bf16(dctx_out, T * c.H * c.D), to_double(want.ctx), kAttnNormTol, kAttnElemTol,
+                    "ctx over " + std::to_string(docs) + " documents");
+    // lse is token-major over documents: [b*s, H] -> [b, H, s] for the CPU comparison.
+    const auto token_major = from_device<float>(lse, T * c.H);
+    std::vector<float> head_major(T * c.H);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < c.H; ++h) head_major[((t / c.s) * c.H + h) * c.s + t % c.s] = token_major[t * c.H + h];
+    expect_lse_matches_cpu_probs(head_major, qkv, want.probs, c, c.b);
+    LAOYAO_CUDA_CHECK(cudaMemset(ddqkv.ptr, 0x7f, ddqkv.bytes));
+    attn.backward(dqkv_in.as<bf16>(), dctx_out.as<bf16>(), ddctx.as<bf16>(), lse.as<float>(), ddqkv.as<bf16>(), c.b,
+                  &documents);
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto dqkv_gpu = from_device_bf16(ddqkv, T * L.row);
+    expect_rel_norm(split ? split_rows(dqkv_gpu, L, T, c.H, c.G, c.D, false) : dqkv_gpu, to_double(want.dqkv),
+                    kAttnNormTol, kAttnElemTol, "dqkv over " + std::to_string(docs) + " documents");
+  }
+}
+
+TEST_F(CudaKernels, AttentionCudnnDocumentsMatchCpu) {
+  check_attention_cudnn_documents({2, 300, 4, 4, 64, 0.0}, stream_, cuda::QkvRows::Fused, {40, 2});
+  check_attention_cudnn_documents({2, 257, 8, 2, 128, 0.0}, stream_, cuda::QkvRows::Fused, {90, 3});
+  check_attention_cudnn_documents({1, 520, 8, 2, 128, 0.0}, stream_, cuda::QkvRows::Split, {150, 4});
+}
+
+TEST_F(CudaKernels, CudnnDocumentsAreKeyStartsDocuments) {
+  // Two sequences of 6: documents [0,2) [2,6) and [0,1) [1,4) [4,6).
+  const std::vector<int32_t> key_start{0, 0, 2, 2, 2, 2, 0, 1, 1, 1, 4, 4};
+  std::vector<int64_t> start;
+  std::vector<int32_t> length;
+  ASSERT_EQ(cuda::fill_cudnn_documents(key_start.data(), 2, 6, start, length), 32);
+  ASSERT_EQ(start.size(), 33u);
+  EXPECT_EQ(std::vector<int64_t>(start.begin(), start.begin() + 6), (std::vector<int64_t>{0, 2, 6, 7, 10, 12}));
+  EXPECT_EQ(std::vector<int32_t>(length.begin(), length.begin() + 6), (std::vector<int32_t>{2, 4, 1, 3, 2, 0}));
+  EXPECT_EQ(start.back(), 12);
+  EXPECT_EQ(cuda::documents_bucket(33), 64);
+  EXPECT_EQ(cuda::documents_bucket(512), 512);
+  EXPECT_EQ(cuda::documents_bucket(513), 1024);
+  // A query that sees part of its document only is not a document.
+  const std::vector<int32_t> window{0, 0, 1, 2, 0, 0};
+  EXPECT_THROW(cuda::fill_cudnn_documents(window.data(), 1, 6, start, length), laoyao::Error);
+}
+
 TEST_F(CudaKernels, AttentionCudnnRefusesHeadDimNotMultipleOf8) {
   EXPECT_FALSE(cuda::CudnnAttention::supports(shape_of({1, 16, 2, 2, 36, 0.0})));
   EXPECT_THROW(cuda::CudnnAttention(shape_of({1, 16, 2, 2, 36, 0.0}), stream_), laoyao::Error);

@@ -153,26 +153,39 @@ TEST(CudaGptModel, AutoPicksCudnnWithoutAttentionDropoutElseFlash) {
   EXPECT_STREQ(CudaGptModel(c, 1, 16).attention_path(), "unfused");
 }
 TEST(CudaGptModel, MatchesCpuModelWithDropout) { compare(small_config(4, 4), true); }
-// --reset-attention-mask: attention within documents (documents_2x48) on our kernels; auto takes
-// flash (head dim 64) or unfused, never cuDNN's, which is refused by name.
+// --reset-attention-mask and packed fine-tuning rows: attention within documents (documents_2x48)
+// on our kernels (auto: flash for head dim 64, unfused else), or through cuDNN's attention over
+// documents where LAOYAO_CUDNN_DOCUMENTS turns it on (auto without attention dropout).
 GptConfig with_documents(GptConfig c, AttentionBackend a) {
   c.document_attention = true;
   return with_attention(c, a);
 }
-TEST(CudaGptModel, DocumentsFlashMatchesCpuModel) {
-  compare(with_documents(small_config(2, 2), AttentionBackend::Auto), false);
-  compare(with_documents(small_config(2, 2), AttentionBackend::Flash), true);
+TEST(CudaGptModel, DocumentsCudnnMatchesCpuModel) {
+  const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
+  compare(with_documents(small_config(2, 2), AttentionBackend::Auto), false);        // head dim 64
+  compare(with_documents(small_config(4, 4), AttentionBackend::Fused), false);       // head dim 32
+  compare(with_documents(small_config(2, 2), AttentionBackend::Fused), true, false);  // hidden dropout
 }
-TEST(CudaGptModel, DocumentsUnfusedMatchesCpuModel) {
-  compare(with_documents(small_config(4, 4), AttentionBackend::Auto), false);
-  compare(with_documents(small_config(2, 2), AttentionBackend::Unfused), true);
-}
-TEST(CudaGptModel, DocumentsQwen3FlashWithGqaMatchesCpuModel) {
+TEST(CudaGptModel, DocumentsQwen3CudnnWithGqaMatchesCpuModel) {  // split rows: the QK norm writes them
+  const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
   GptConfig c = with_documents(qwen3_config(), AttentionBackend::Auto);
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare(c, false);
 }
-TEST(CudaGptModel, DocumentsPickOurKernelsAndRefuseCudnnByName) {
+TEST(CudaGptModel, DocumentsFlashMatchesCpuModel) {
+  compare(with_documents(small_config(2, 2), AttentionBackend::Flash), false);
+  compare(with_documents(small_config(2, 2), AttentionBackend::Flash), true);
+}
+TEST(CudaGptModel, DocumentsUnfusedMatchesCpuModel) {
+  compare(with_documents(small_config(4, 4), AttentionBackend::Unfused), false);
+  compare(with_documents(small_config(2, 2), AttentionBackend::Unfused), true);
+}
+TEST(CudaGptModel, DocumentsQwen3FlashWithGqaMatchesCpuModel) {
+  GptConfig c = with_documents(qwen3_config(), AttentionBackend::Flash);
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  compare(c, false);
+}
+TEST(CudaGptModel, DocumentsPickOurKernelsUnlessCudnnDocumentsIsOn) {
   EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Auto), 1, 16).attention_path(),
                "flash");
   EXPECT_STREQ(CudaGptModel(with_documents(small_config(4, 4), AttentionBackend::Auto), 1, 16).attention_path(),
@@ -181,7 +194,15 @@ TEST(CudaGptModel, DocumentsPickOurKernelsAndRefuseCudnnByName) {
     CudaGptModel m(with_documents(small_config(2, 2), AttentionBackend::Fused), 1, 16);
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--reset-attention-mask"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("LAOYAO_CUDNN_DOCUMENTS"), std::string::npos) << e.what();
+  }
+  {
+    const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
+    EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Auto), 1, 16).attention_path(),
+                 "cudnn");
+    GptConfig dropout = with_documents(small_config(2, 2), AttentionBackend::Auto);
+    dropout.attention_dropout = 0.1;
+    EXPECT_STREQ(CudaGptModel(dropout, 1, 16).attention_path(), "flash");
   }
   // A micro-batch's documents must be what a dataset makes: non-decreasing first keys, none after its query.
   CudaGptModel gpu(with_documents(small_config(2, 2), AttentionBackend::Flash), 1, 4);
@@ -405,6 +426,51 @@ TEST(CudaGptModel, DocumentsChangingBetweenGraphReplaysGiveTheEagerBits) {
     const auto& want = call % 2 == 0 ? want0 : want1;
     EXPECT_EQ(got.first, want.first) << "call " << call;
     EXPECT_EQ(got.second, want.second) << "call " << call;
+  }
+}
+
+// cuDNN's attention over documents inside captured graphs: the documents (and their count's
+// bucket: 6 documents -> 32, 36 -> 64) change between replays; each replay gives the eager step's
+// losses, and its gradients up to the order of cuDNN's dQ accumulation.
+TEST(CudaGptModel, CudnnDocumentsChangingBetweenGraphReplaysGiveTheEagerStep) {
+  const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
+  const GptConfig c = with_documents(small_config(2, 2), AttentionBackend::Fused);
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  std::vector<int32_t> many;  // 20 documents of 2 and 3 tokens in each sequence
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0, start = 0; i < 48; ++i) {
+      if (i == start + 2 + (start / 2) % 2 && i + 1 < 48) start = i;
+      many.push_back(start);
+    }
+  const std::vector<int32_t> docs[2] = {documents_2x48(), many};
+  auto step = [&](CudaGptModel& gpu, const std::vector<int32_t>& ks) {
+    gpu.zero_grads();
+    gpu.forward({x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data(), ks.data()}, x.mask.data(),
+                {1234, 7, true}, x.dloss.data());
+    gpu.backward();
+    std::vector<float> grads(static_cast<size_t>(gpu.num_parameters()));
+    gpu.download_grads(grads.data());
+    (void)gpu.take_loss_sum();
+    return std::make_pair(gpu.download_losses(), grads);
+  };
+  const ScopedRuntimeOptions same_algorithms([](RuntimeOptions& o) { o.gemm_autotune = false; });
+  const auto eager_model = [&] {
+    const ScopedRuntimeOptions no_graphs([](RuntimeOptions& o) { o.cuda_graphs = false; });
+    return std::make_unique<CudaGptModel>(c, 2, 48);
+  }();
+  CudaGptModel& eager = *eager_model;
+  CudaGptModel graphed(c, 2, 48);
+  eager.upload_weights(cpu.weights());
+  graphed.upload_weights(cpu.weights());
+  const auto want0 = step(eager, docs[0]), want1 = step(eager, docs[1]);
+  EXPECT_NE(want0.first, want1.first) << "the two sets of documents give different losses";
+  for (int call = 0; call < 6; ++call) {  // eager warm-up, capture, then replays, alternating documents
+    const auto got = step(graphed, docs[call % 2]);
+    const auto& want = call % 2 == 0 ? want0 : want1;
+    EXPECT_EQ(got.first, want.first) << "call " << call;
+    EXPECT_LT(rel_err(got.second.data(), want.second.data(), graphed.num_parameters()), 1e-3) << "call " << call;
   }
 }
 

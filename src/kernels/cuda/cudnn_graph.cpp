@@ -86,14 +86,15 @@ int CudnnGraph::add(Tensor t) {
       .set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, alignment)
       .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &t.is_virtual);
   if (t.by_value) d.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &t.by_value);
+  if (t.ragged >= 0) d.set_desc(CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, desc(t.ragged));
   d.finalize("tensor");
   tensors_.push_back(t);
   tensor_descs_.push_back(std::move(d));
   return static_cast<int>(tensors_.size()) - 1;
 }
 
-int CudnnGraph::tensor(int64_t uid, Dims dims, Dims strides, cudnnDataType_t type) {
-  return add({uid, dims, strides, type, false, false});
+int CudnnGraph::tensor(int64_t uid, Dims dims, Dims strides, cudnnDataType_t type, int ragged) {
+  return add({uid, dims, strides, type, false, false, ragged});
 }
 
 int CudnnGraph::scalar(int64_t uid, cudnnDataType_t type) {
@@ -102,19 +103,22 @@ int CudnnGraph::scalar(int64_t uid, cudnnDataType_t type) {
 
 int CudnnGraph::virtual_tensor(Dims dims, cudnnDataType_t type) { return virtual_tensor(dims, packed(dims), type); }
 
-int CudnnGraph::virtual_tensor(Dims dims, Dims strides, cudnnDataType_t type) {
-  return add({next_virtual_uid_++, dims, strides, type, true, false});
+int CudnnGraph::virtual_tensor(Dims dims, Dims strides, cudnnDataType_t type, int ragged) {
+  return add({next_virtual_uid_++, dims, strides, type, true, false, ragged});
 }
 
-int CudnnGraph::matmul(int a, int b, int c) {
+int CudnnGraph::matmul(int a, int b, int c, Overrides o) {
   CudnnDescriptor m(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
   m.set_type(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT).finalize("matmul descriptor");
   CudnnDescriptor op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
   op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, desc(a))
       .set_desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, desc(b))
       .set_desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, desc(c))
-      .set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, m)
-      .finalize("matmul operation");
+      .set_desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, m);
+  if (o.m >= 0) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, desc(o.m));
+  if (o.n >= 0) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, desc(o.n));
+  if (o.k >= 0) op.set_desc(CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, desc(o.k));
+  op.finalize("matmul operation");
   op_attrs_.push_back(std::move(m));
   ops_.push_back(std::move(op));
   return c;
@@ -145,12 +149,20 @@ int CudnnGraph::pointwise(cudnnPointwiseMode_t mode, int x, int y, int b, int t)
   return pointwise_op(mode, CUDNN_DATA_FLOAT, x, y, b, t, -1);
 }
 
-int CudnnGraph::gen_index(int x, int y, int64_t axis) {
-  return pointwise_op(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, x, y, -1, -1, axis);
+int CudnnGraph::gen_index(int x, int y, int64_t axis, cudnnDataType_t math) {
+  return pointwise_op(CUDNN_POINTWISE_GEN_INDEX, math, x, y, -1, -1, axis);
 }
 
 int CudnnGraph::compare_ge(int x, int b, int y) {
   return pointwise_op(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, x, y, b, -1, -1);
+}
+
+int CudnnGraph::compare_lt(int x, int b, int y) {
+  return pointwise_op(CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, x, y, b, -1, -1);
+}
+
+int CudnnGraph::logical_and(int x, int b, int y) {
+  return pointwise_op(CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, x, y, b, -1, -1);
 }
 
 int CudnnGraph::reshape(int x, int y) {

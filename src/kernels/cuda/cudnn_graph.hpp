@@ -74,6 +74,12 @@ class CudnnPlan {
   std::string engine_;
 };
 
+// A matmul's actual rows (m), columns (n) and inner size (k) for each batch entry: tensors [batch,
+// 1, 1, 1] of int32 (variable-length sequences), or -1 for its operands' dims.
+struct CudnnMatmulOverrides {
+  int m = -1, n = -1, k = -1;
+};
+
 // Builds one operation graph. Tensor handles are indices into the builder's list.
 class CudnnGraph {
  public:
@@ -83,23 +89,30 @@ class CudnnGraph {
     Dims dims, strides;
     cudnnDataType_t type;
     bool is_virtual, by_value;
+    int ragged = -1;  // the tensor of its batch entries' element offsets, or -1
   };
 
-  // A tensor the caller binds to memory at execution (uid chosen by the caller).
-  int tensor(int64_t uid, Dims dims, Dims strides, cudnnDataType_t type);
+  // A tensor the caller binds to memory at execution (uid chosen by the caller). With `ragged`
+  // (a tensor of dims [batch + 1, 1, 1, 1]), batch entry i starts ragged[i] elements from the bound
+  // pointer (packed variable-length sequences), and the batch stride is unused.
+  int tensor(int64_t uid, Dims dims, Dims strides, cudnnDataType_t type, int ragged = -1);
   // A scalar passed by value at execution (host memory), dims [1,1,1,1].
   int scalar(int64_t uid, cudnnDataType_t type);
   // An intermediate that stays inside the fused kernel; packed strides unless given.
   int virtual_tensor(Dims dims, cudnnDataType_t type = CUDNN_DATA_FLOAT);
-  int virtual_tensor(Dims dims, Dims strides, cudnnDataType_t type);
+  int virtual_tensor(Dims dims, Dims strides, cudnnDataType_t type, int ragged = -1);
   // Packed (row-major) strides of dims.
   static Dims packed(const Dims& dims);
 
-  int matmul(int a, int b, int c);  // c = a @ b over the last two dims, fp32 compute
+  using Overrides = CudnnMatmulOverrides;
+  int matmul(int a, int b, int c, Overrides o = {});  // c = a @ b over the last two dims, fp32 compute
   // y = mode(x [, b] [, t]) with fp32 math (BINARY_SELECT: y = t ? x : b).
   int pointwise(cudnnPointwiseMode_t mode, int x, int y, int b = -1, int t = -1);
-  int gen_index(int x, int y, int64_t axis);  // y = the index of each element along `axis`
+  // y = the index of each element along `axis` (computed in `math`: int32 for the padding mask)
+  int gen_index(int x, int y, int64_t axis, cudnnDataType_t math = CUDNN_DATA_FLOAT);
   int compare_ge(int x, int b, int y);        // y (boolean) = x >= b
+  int compare_lt(int x, int b, int y);        // y (boolean) = x < b
+  int logical_and(int x, int b, int y);       // y (boolean) = x && b
   int reduction(cudnnReduceTensorOp_t op, int x, int y);  // y's unit dims are the reduced ones
   int reshape(int x, int y);                              // y: x under other dims/strides (a transpose)
 

@@ -461,13 +461,21 @@ void CudaBackend::qkv_prepare_backward(Act dqkv, Act qkv, int64_t q_norm, int64_
   phase(kQkNormRope);
 }
 
+namespace {
+// The micro-batch's documents as cuDNN's attention takes them (count 0: none).
+kc::CudnnDocuments documents_of(const BatchShape& batch) {
+  return {batch.documents, batch.doc_start, batch.doc_length};
+}
+}  // namespace
+
 void CudaBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const BatchShape& batch,
                                  const DropoutSpec& drop) {
   const size_t l = static_cast<size_t>(layer);
+  const kc::CudnnDocuments docs = documents_of(batch);
   ctx_[l] = B(ctx);
   switch (st_.attention) {
     case CudaAttentionPath::Cudnn:
-      st_.cudnn->forward(B(qkv_attn), B(ctx), lse_[l], batch.b);
+      st_.cudnn->forward(B(qkv_attn), B(ctx), lse_[l], batch.b, docs.count ? &docs : nullptr);
       break;
     case CudaAttentionPath::Flash:
       kc::attention_flash_forward(B(qkv_attn), B(ctx), lse_[l], attention_shape(batch), drop, st_.stream);
@@ -483,9 +491,11 @@ void CudaBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Bat
 void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx, Act dqkv, const BatchShape& batch,
                                           const DropoutSpec& drop) {
   const size_t l = static_cast<size_t>(layer);
+  const kc::CudnnDocuments docs = documents_of(batch);
   switch (st_.attention) {
     case CudaAttentionPath::Cudnn:
-      st_.cudnn->backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b);
+      st_.cudnn->backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b,
+                          docs.count ? &docs : nullptr);
       break;
     case CudaAttentionPath::Flash:
       kc::attention_flash_backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], delta_, B(dqkv), attention_shape(batch),

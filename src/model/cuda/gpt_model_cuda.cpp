@@ -132,6 +132,9 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     labels_ = a.take<int64_t>(T);
     positions_ = a.take<int64_t>(T);
     key_start_ = c.document_attention ? a.take<int32_t>(T) : nullptr;
+    const bool doc_list = c.document_attention && attention_ == AttentionPath::Cudnn;
+    doc_start_ = doc_list ? a.take<int64_t>(kc::documents_bucket(T) + 1) : nullptr;
+    doc_length_ = doc_list ? a.take<int32_t>(kc::documents_bucket(T)) : nullptr;
     mask_ = a.take<float>(T);
     dloss_ = a.take<float>(T);
     mtp_.assign(static_cast<size_t>(c.mtp_num_layers), MtpBuffers{});
@@ -297,7 +300,8 @@ void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape, bool al
       allow_split && c.qk_layernorm && c.heads != c.query_groups && (rope_.rot_dim == 0 || rope_in_qk_norm_);
   if (split) {
     try {
-      cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Split);
+      cudnn_attention_ =
+          std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Split, c.document_attention);
       qkv_rows_ = kc::QkvRows::Split;
       return;
     } catch (const Error& e) {
@@ -305,7 +309,7 @@ void CudaGptModel::make_cudnn_attention(const kc::AttentionShape& shape, bool al
                    e.what());
     }
   }
-  cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Fused);
+  cudnn_attention_ = std::make_unique<kc::CudnnAttention>(shape, stream_, kc::QkvRows::Fused, c.document_attention);
   qkv_rows_ = kc::QkvRows::Fused;
 }
 
@@ -315,10 +319,13 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const std::string D = std::to_string(c.kv_channels);
   // LAOYAO_QKV_SPLIT=0 keeps cuDNN on the fused rows (to measure the split rows' difference).
   const bool allow_split = runtime_options().qkv_split;
-  if (c.document_attention && c.attention_backend == AttentionBackend::Fused)
-    throw UsageError("--attention-backend fused: cuDNN's fused attention is built here for whole sequences, not for "
-                     "the documents of a packed sequence (--reset-attention-mask); use --attention-backend flash, "
-                     "unfused or auto");
+  // Documents through cuDNN (its attention over ragged sequences) only where LAOYAO_CUDNN_DOCUMENTS
+  // asks for it: not yet passed on a GPU.
+  const bool cudnn_takes_documents = !c.document_attention || runtime_options().cudnn_documents;
+  if (c.attention_backend == AttentionBackend::Fused && !cudnn_takes_documents)
+    throw UsageError("--attention-backend fused: cuDNN's fused attention over the documents of a packed sequence "
+                     "(packed fine-tuning rows, --reset-attention-mask) is not yet checked on a GPU; "
+                     "LAOYAO_CUDNN_DOCUMENTS=1 selects it, or use --attention-backend flash, unfused or auto");
   switch (c.attention_backend) {
     case AttentionBackend::Unfused:
       attention_ = AttentionPath::Unfused;
@@ -340,8 +347,8 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       make_cudnn_attention(shape, allow_split);
       attention_ = AttentionPath::Cudnn;
       return;
-    case AttentionBackend::Auto:  // cuDNN's unless dropout or documents need ours
-      if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
+    case AttentionBackend::Auto:  // cuDNN's unless dropout (or documents, for now) need ours
+      if (c.attention_dropout == 0 && cudnn_takes_documents && kc::CudnnAttention::supports(shape)) {
         try {
           make_cudnn_attention(shape, allow_split);
           attention_ = AttentionPath::Cudnn;
@@ -507,6 +514,11 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
     if (!mb.key_start) throw Error("CudaGptModel: built for documents (--reset-attention-mask), given no key_start");
     check_key_start(mb);
     stage(key_start_, mb.key_start, sizeof(int32_t) * T);
+    if (doc_start_) {
+      documents_ = kc::fill_cudnn_documents(mb.key_start, b_, s_, doc_start_host_, doc_length_host_);
+      stage(doc_start_, doc_start_host_.data(), sizeof(int64_t) * doc_start_host_.size());
+      stage(doc_length_, doc_length_host_.data(), sizeof(int32_t) * doc_length_host_.size());
+    }
   } else if (mb.key_start) {
     throw Error("CudaGptModel: a micro-batch with documents (key_start) for a model built without "
                 "document_attention");
@@ -546,7 +558,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   const bool dropout_now =
       key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0 || (c.lora && c.lora->dropout > 0));
   if (graphs_enabled_ && !dropout_now && !grads_ready_) {
-    const auto graph_key = std::make_tuple(b_, dloss != nullptr, dloss != nullptr && fresh_grads_);
+    const auto graph_key = std::make_tuple(b_, documents_, dloss != nullptr, dloss != nullptr && fresh_grads_);
     auto it = graphs_.find(graph_key);
     if (it == graphs_.end()) {
       enqueue_forward(dloss != nullptr);
@@ -588,6 +600,7 @@ mcore::Step CudaGptModel::tree_step(bool train_step) const {
   mcore::Step st;
   const int64_t T = b_ * s_;
   st.batch = {b_, s_, T, rows_, lc_.document_attention ? key_start_ : nullptr};
+  if (doc_start_) st.batch.documents = documents_, st.batch.doc_start = doc_start_, st.batch.doc_length = doc_length_;
   st.tokens = tokens_;
   st.labels = labels_;
   st.positions = layout_.pos_emb >= 0 ? positions_ : nullptr;

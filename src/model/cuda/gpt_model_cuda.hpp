@@ -242,6 +242,14 @@ class CudaGptModel {
   // from it (two micro-batches back) has run, so the host never waits on the current step.
   int64_t *tokens_ = nullptr, *labels_ = nullptr, *positions_ = nullptr;
   int32_t* key_start_ = nullptr;  // with document_attention: each query's first key, else null
+  // With document_attention through cuDNN: the micro-batch's documents as a list (documents_: its
+  // bucket, kernels/cuda/attention_cudnn.hpp), their first tokens and lengths (capacity: the
+  // bucket of T documents), built on the host from key_start.
+  int64_t* doc_start_ = nullptr;
+  int32_t* doc_length_ = nullptr;
+  int64_t documents_ = 0;
+  std::vector<int64_t> doc_start_host_;
+  std::vector<int32_t> doc_length_host_;
   float *mask_ = nullptr, *dloss_ = nullptr;
   // Multi-token prediction layer k's inputs (model/mtp_inputs.hpp: rolled on the host, staged with
   // the micro-batch's), its per-token losses, and the sum of its training forwards' masked means
@@ -274,8 +282,8 @@ class CudaGptModel {
   // (no hidden dropout, whole rows: no sequence parallelism), which the norms' backward kernels sum
   // as they write it, instead of bias_grad reading it again. LAOYAO_BIAS_GRAD_IN_NORM=0 reads again.
   bool bias_grad_in_norm_ = false;
-  // Keyed by (sequences, with backward, the backward writes the gradients: the step's first).
-  std::map<std::tuple<int64_t, bool, bool>, cudaGraphExec_t> graphs_;
+  // Keyed by (sequences, documents bucket, with backward, the backward writes the gradients: the step's first).
+  std::map<std::tuple<int64_t, int64_t, bool, bool>, cudaGraphExec_t> graphs_;
   // zero_grads() was called and no backward has run since; writing_grads_: the backward being
   // enqueued is that first one. writers_: model/gpt_layout.hpp's gradient_writers, the parameters
   // whose gradients the GEMMs write and the ranges a writing backward zeroes first.
