@@ -1,9 +1,9 @@
-// laoyao doctor [--seed N]
+// laoyao doctor [--seed N] [--no-gpu]
 // Checks that this machine really works before a long run: executes a cuBLASLt GEMM, an attention
 // forward and backward, a fused kernel and (with two or more GPUs) an NCCL all-reduce on every
 // visible GPU, compares each with a CPU reference, prints the library versions compiled against and
 // loaded. Exit 0 only when every check passes; 1 otherwise, and when there is no GPU to check; 2 on
-// a bad option.
+// a bad option. --no-gpu checks what a machine without a GPU can (doctor_host.cpp).
 #include <cstdio>
 #include <random>
 #include <string>
@@ -19,7 +19,7 @@ namespace {
 
 void print_help() {
   std::printf(
-      "usage: laoyao doctor [--seed N]\n"
+      "usage: laoyao doctor [--seed N] [--no-gpu]\n"
       "\n"
       "Executes, on every visible GPU, and compares with a CPU reference on fresh random inputs:\n"
       "  - a bf16 GEMM 4096x4096x4096 through cuBLASLt (TFLOP/s; sampled outputs vs fp64 dot products)\n"
@@ -34,8 +34,13 @@ void print_help() {
       "options:\n"
       "  --seed N   the seed of the random inputs (default: a fresh one, printed, so a failure can\n"
       "             be repeated with the same inputs)\n"
+      "  --no-gpu   what a machine without a GPU can check of this build (a container's build stage):\n"
+      "             the CPU backend's GEMM and causal attention against fp64 loops, the FP8 casts,\n"
+      "             and in a CUDA build the CUDA runtime, cuBLASLt, cuDNN and NCCL loaded against the\n"
+      "             versions compiled against (a major.minor difference fails)\n"
       "\n"
-      "exit status: 0 every check passed; 1 a check failed, or no GPU (or no CUDA backend) to check;\n"
+      "exit status: 0 every check passed; 1 a check failed, or no GPU (or no CUDA backend) to check\n"
+      "(without --no-gpu);\n"
       "2 a bad option.\n");
 }
 
@@ -56,7 +61,7 @@ uint64_t parse_seed(const std::string& text) {
 
 int cmd_doctor(const Args& args) {
   doctor::Options options;
-  bool seed_given = false;
+  bool seed_given = false, no_gpu = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
@@ -75,10 +80,15 @@ int cmd_doctor(const Args& args) {
       seed_given = true;
       continue;
     }
-    throw UsageError("unknown option '" + a + "'" + did_you_mean(a, {"--seed", "--help"}) +
-                     "; `laoyao doctor` takes --seed N and --help");
+    if (a == "--no-gpu") {
+      no_gpu = true;
+      continue;
+    }
+    throw UsageError("unknown option '" + a + "'" + did_you_mean(a, {"--seed", "--no-gpu", "--help"}) +
+                     "; `laoyao doctor` takes --seed N, --no-gpu and --help");
   }
   if (!seed_given) options.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  if (no_gpu) return doctor::run_host_checks(options);
 
   if (!cuda_backend_built()) {
     std::printf("%s\n", doctor::no_gpu_line(false, "").c_str());

@@ -76,10 +76,19 @@ std::string no_gpu_line(bool backend_built, const std::string& reason);
 double median(std::vector<double> v);
 double tflops(double flops, double seconds);
 
-// ---- the GPU part (cmd_doctor_gpu.cpp), built only with the CUDA backend
 struct Options {
   uint64_t seed = 0;
 };
+
+// ---- `laoyao doctor --no-gpu` (doctor_host.cpp): what a machine without a GPU can check of a build,
+// the container recipe's last step. The CPU ops the CPU backend trains with (a GEMM and causal
+// attention against fp64 loops on random inputs), the FP8 casts (every code of both formats back to
+// itself), and in a CUDA build the CUDA runtime, cuBLASLt, cuDNN and NCCL the loader gives against
+// the versions compiled against (a major.minor difference fails). Prints the report, returns the
+// exit status.
+int run_host_checks(const Options& options);
+
+// ---- the GPU part (cmd_doctor_gpu.cpp), built only with the CUDA backend
 #ifdef LAOYAO_HAVE_CUDA
 // Runs every check on every visible GPU, prints the report, returns the exit status.
 int run_gpu_checks(const Options& options);

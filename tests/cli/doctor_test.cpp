@@ -133,10 +133,25 @@ TEST(DoctorCommand, NoGpuIsOneLineAndExitOne) {
   EXPECT_EQ(r.output.find("PASS"), std::string::npos) << r.output;
 }
 
+// --no-gpu (the container recipe's last step): the CPU ops, the FP8 casts and, in a CUDA build, the
+// libraries loaded, each a PASS line; exit 0 with no GPU visible. The seed is printed and repeats.
+TEST(DoctorCommand, NoGpuChecksTheBuildWithoutAGpu) {
+  const auto r = test::run_laoyao({"doctor", "--no-gpu", "--seed", "42"}, ".", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--seed 42"), std::string::npos) << r.output;
+  for (const char* check : {"PASS  cpu gemm", "PASS  cpu causal attention", "PASS  fp8 casts", "checks passed"})
+    EXPECT_NE(r.output.find(check), std::string::npos) << check << "\n" << r.output;
+  EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
+  if (r.output.find("CUDA backend is built") != std::string::npos) {
+    EXPECT_NE(r.output.find("PASS  CUDA libraries loaded"), std::string::npos) << r.output;
+  }
+}
+
 TEST(DoctorCommand, HelpAndBadOptions) {
   const auto help = test::run_laoyao({"doctor", "--help"});
   EXPECT_EQ(help.status, 0) << help.output;
   EXPECT_NE(help.output.find("all-reduce"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--no-gpu"), std::string::npos) << help.output;
 
   const auto bad = test::run_laoyao({"doctor", "--sed", "3"}, ".", "CUDA_VISIBLE_DEVICES=");
   EXPECT_EQ(bad.status, 2) << bad.output;
