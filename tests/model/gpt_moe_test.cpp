@@ -29,6 +29,41 @@ GptConfig moe_config() {
   return c;
 }
 
+// LoRA's gradient checks on an MoE model: the adapters drawn from N(0, sd) (B too: its zero init
+// would hide A's gradient), a random micro-batch of 2 sequences of 5, the objective finite
+// differences take (the tokens' losses plus the MoE losses at their coefficients) and the
+// analytic gradients of the trainable parameters from one backward.
+struct LoraMoeProbe {
+  LoraMoeProbe(GptModel& model, const GptConfig& config, std::mt19937& rng, float sd) : m(model), c(config) {
+    std::normal_distribution<float> N(0.0f, sd);
+    for (const auto& p : m.table().specs)
+      if (!p.frozen)
+        for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] = N(rng);
+    std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
+    for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
+  }
+  double objective() {
+    m.forward(mb, DropoutKey{}, losses.data());
+    double L = 0;
+    for (int64_t t = 0; t < T; ++t) L += losses[t];
+    const GptModel::MoeLosses moe = m.last_moe_losses();
+    return L + c.moe.aux_loss_coeff * moe.aux + c.moe.z_loss_coeff * moe.z;
+  }
+  std::vector<float> analytic() {
+    std::vector<float> r(T, 1.0f);
+    m.zero_grads();
+    m.backward(r.data());
+    return {m.grads(), m.grads() + m.num_trainable()};
+  }
+  GptModel& m;
+  const GptConfig& c;
+  static constexpr int64_t b = 2, s = 5, T = b * s;
+  std::vector<int64_t> tokens = std::vector<int64_t>(T), labels = std::vector<int64_t>(T),
+                       positions = std::vector<int64_t>(T);
+  std::vector<float> losses = std::vector<float>(T);
+  MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+};
+
 }  // namespace
 
 TEST(GptMoe, ParametersFollowMegatronCoresNames) {
@@ -151,29 +186,11 @@ TEST(GptMoe, LoraOnTheAttentionOfAnMoeModelMatchesFiniteDifferences) {
   GptModel m(c);
   init_parameters(m.table(), m.weights(), 7, false);
   std::mt19937 rng(17);
-  std::normal_distribution<float> N(0.0f, 0.1f);
-  for (const auto& p : m.table().specs)
-    if (!p.frozen)  // B too: its zero init would hide A's gradient
-      for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] = N(rng);
-  const int64_t b = 2, s = 5, T = b * s;
-  std::vector<int64_t> tokens(T), labels(T), positions(T);
-  std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
-  for (int64_t t = 0; t < T; ++t) tokens[t] = tok(rng), labels[t] = tok(rng), positions[t] = t % s;
-  std::vector<float> r(T, 1.0f), losses(T);
-  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
-  auto objective = [&] {
-    m.forward(mb, DropoutKey{}, losses.data());
-    double L = 0;
-    for (int64_t t = 0; t < T; ++t) L += losses[t];
-    const GptModel::MoeLosses moe = m.last_moe_losses();
-    return L + c.moe.aux_loss_coeff * moe.aux + c.moe.z_loss_coeff * moe.z;
-  };
-  objective();
-  m.zero_grads();
-  m.backward(r.data());
+  LoraMoeProbe probe(m, c, rng, 0.1f);
+  probe.objective();
+  const std::vector<float> analytic = probe.analytic();
   ASSERT_LT(m.num_trainable(), m.num_parameters() / 2);
-  std::vector<float> analytic(m.grads(), m.grads() + m.num_trainable());
-  test::expect_gradients_match_finite_differences(m, analytic, objective, rng);
+  test::expect_gradients_match_finite_differences(m, analytic, [&] { return probe.objective(); }, rng);
 }
 
 // LoRA on an MoE model's experts (target_modules linear_fc1, linear_fc2, whose names match the
@@ -205,29 +222,11 @@ TEST(GptMoe, LoraOnTheExpertsMatchesFiniteDifferencesAndTheMergedModel) {
 
   init_parameters(m.table(), m.weights(), 7, false);
   std::mt19937 rng(23);
-  std::normal_distribution<float> N(0.0f, 0.2f);
-  for (const auto& p : t.specs)
-    if (!p.frozen)  // B too: its zero init would hide A's gradient
-      for (int64_t i = 0; i < p.numel; ++i) m.weights()[p.offset + i] = N(rng);
-  const int64_t b = 2, s = 5, T = b * s;
-  std::vector<int64_t> tokens(T), labels(T), positions(T);
-  std::uniform_int_distribution<int64_t> tok(0, c.vocab - 1);
-  for (int64_t i = 0; i < T; ++i) tokens[i] = tok(rng), labels[i] = tok(rng), positions[i] = i % s;
-  std::vector<float> r(T, 1.0f), losses(T);
-  const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
-  auto objective = [&] {
-    m.forward(mb, DropoutKey{}, losses.data());
-    double L = 0;
-    for (int64_t i = 0; i < T; ++i) L += losses[i];
-    const GptModel::MoeLosses moe = m.last_moe_losses();
-    return L + c.moe.aux_loss_coeff * moe.aux + c.moe.z_loss_coeff * moe.z;
-  };
-  objective();
-  const std::vector<float> adapted = losses;
-  m.zero_grads();
-  m.backward(r.data());
-  std::vector<float> analytic(m.grads(), m.grads() + m.num_trainable());
-  test::expect_gradients_match_finite_differences(m, analytic, objective, rng);
+  LoraMoeProbe probe(m, c, rng, 0.2f);
+  probe.objective();
+  const std::vector<float> adapted = probe.losses;
+  const std::vector<float> analytic = probe.analytic();
+  test::expect_gradients_match_finite_differences(m, analytic, [&] { return probe.objective(); }, rng);
 
   // The merged base: every adapted linear's weight + (alpha/dim) B A (each routed expert's with
   // the experts' one pair).
@@ -267,9 +266,9 @@ TEST(GptMoe, LoraOnTheExpertsMatchesFiniteDifferencesAndTheMergedModel) {
     }
   }
   EXPECT_EQ(merged, 8 + 2 + 2 + 4);  // 4 experts x fc1, fc2; the shared expert's; the dense layer's; qkv, proj x 2 layers
-  std::vector<float> base_losses(T);
-  base.forward(mb, DropoutKey{}, base_losses.data());
-  for (int64_t i = 0; i < T; ++i) EXPECT_NEAR(adapted[i], base_losses[i], 2e-5 * std::abs(base_losses[i])) << i;
+  std::vector<float> base_losses(LoraMoeProbe::T);
+  base.forward(probe.mb, DropoutKey{}, base_losses.data());
+  for (int64_t i = 0; i < LoraMoeProbe::T; ++i) EXPECT_NEAR(adapted[i], base_losses[i], 2e-5 * std::abs(base_losses[i])) << i;
 }
 
 // The MoE losses are logged for training steps only (a forward a backward follows), each divided
