@@ -9,7 +9,7 @@ For each case, on the GPU machine (its Python has torch, transformers, peft, saf
   2. laoyao runs the recipe as named, only paths given (checkpoint.pretrained_checkpoint,
      tokenizer.tokenizer_model, dataset.dataset_root) plus the iterations, no evaluation or save:
      packed (the recipes' default; attention within each example through our flash kernels, and
-     again through cuDNN's attention over documents, LAOYAO_CUDNN_DOCUMENTS=1) and, for the 1B,
+     again through cuDNN's attention over documents, model.attention_backend=fused) and, for the 1B,
      unpacked (each example its own row of the same length: the packed step's speed against the
      unpacked step's with the same tokens a row);
   3. `laoyao data-samples` prints the rows laoyao trained on (tokens, labels, loss mask, positions);
@@ -238,11 +238,11 @@ def run_case(name):
     gbs, seq = 8, 4096
     runs = {}
     # (label, overrides, environment): packed rows attend within their examples through our flash
-    # kernels by default, through cuDNN's attention over documents with LAOYAO_CUDNN_DOCUMENTS=1.
+    # kernels by default (auto), through cuDNN's attention over documents with fused.
     variants = [("packed", [], {})]
     if not spec["lora"]:
         variants.append(("unpacked", ["dataset.packed_sequence=false"], {}))
-    variants.append(("packed, cuDNN documents", [], {"LAOYAO_CUDNN_DOCUMENTS": "1"}))
+    variants.append(("packed, cuDNN documents", ["model.attention_backend=fused"], {}))
     for label, extra, env in variants:
         rc, text, wall = laoyao(recipe_args(spec, hf, data, extra, ITERS if label == "packed" else ITERS_AUX),
                                 f"{name}_{label.replace(', ', '_').replace(' ', '_')}.txt", env)

@@ -62,7 +62,6 @@ RuntimeOptions runtime_options_from_environment(const GetEnvironment& getenv_in)
     o.norm_rows_per_warp = static_cast<int>(n);
   }
   o.grouped_gemm = static_cast<RuntimeOptions::GroupedGemm>(choice(env, "LAOYAO_GROUPED_GEMM", {"tma", "cp_async"}, 0));
-  o.cudnn_documents = on_off(env, "LAOYAO_CUDNN_DOCUMENTS", o.cudnn_documents);
   o.step_phases = on_off(env, "LAOYAO_STEP_PHASES", o.step_phases);
   o.model_phases = on_off(env, "LAOYAO_MODEL_PHASES", o.model_phases);
   o.moe_phases = on_off(env, "LAOYAO_MOE_PHASES", o.moe_phases);
@@ -83,7 +82,6 @@ std::vector<std::pair<std::string, std::string>> runtime_option_values(const Run
       {"LAOYAO_CE_CLUSTER", flag(o.ce_cluster)},
       {"LAOYAO_NORM_ROWS_PER_WARP", o.norm_rows_per_warp ? std::to_string(o.norm_rows_per_warp) : "auto"},
       {"LAOYAO_GROUPED_GEMM", kGrouped[static_cast<int>(o.grouped_gemm)]},
-      {"LAOYAO_CUDNN_DOCUMENTS", flag(o.cudnn_documents)},
       {"LAOYAO_STEP_PHASES", flag(o.step_phases)},
       {"LAOYAO_MODEL_PHASES", flag(o.model_phases)},
       {"LAOYAO_MOE_PHASES", flag(o.moe_phases)},

@@ -29,10 +29,6 @@ struct RuntimeOptions {
   bool ce_cluster = true;         // LAOYAO_CE_CLUSTER: the cross entropy's row in a cluster's shared memory
   int norm_rows_per_warp = 0;     // LAOYAO_NORM_ROWS_PER_WARP: 0 (auto) by size, else fixed (2 to 4096)
   GroupedGemm grouped_gemm = GroupedGemm::kTma;  // LAOYAO_GROUPED_GEMM: the experts' grouped GEMMs
-  // LAOYAO_CUDNN_DOCUMENTS: documents (packed rows, --reset-attention-mask) through cuDNN's attention
-  // over ragged sequences instead of our flash kernels. Off until it passes on a GPU (its first run
-  // there stopped on an illegal instruction; docs/known-gaps.md).
-  bool cudnn_documents = false;
 
   // Where the time goes, on stderr (CUDA events; graphs off while a model's phases are timed).
   bool step_phases = false;   // LAOYAO_STEP_PHASES: forward+backward, reduction, optimizer

@@ -39,7 +39,7 @@ TEST(RuntimeOptions, UnsetOrEmptyVariablesGiveTheProductsPaths) {
                 o.ce_cluster);
     EXPECT_EQ(o.norm_rows_per_warp, 0);
     EXPECT_EQ(o.grouped_gemm, RuntimeOptions::GroupedGemm::kTma);
-    EXPECT_FALSE(o.step_phases || o.model_phases || o.moe_phases || o.cudnn_documents);
+    EXPECT_FALSE(o.step_phases || o.model_phases || o.moe_phases);
     EXPECT_EQ(o.rendezvous_dir, "");
   }
 }
@@ -55,7 +55,6 @@ TEST(RuntimeOptions, EveryVariableSetsItsField) {
                                  {"LAOYAO_CE_CLUSTER", "0"},
                                  {"LAOYAO_NORM_ROWS_PER_WARP", "16"},
                                  {"LAOYAO_GROUPED_GEMM", "cp_async"},
-                                 {"LAOYAO_CUDNN_DOCUMENTS", "1"},
                                  {"LAOYAO_STEP_PHASES", "1"},
                                  {"LAOYAO_MODEL_PHASES", "1"},
                                  {"LAOYAO_MOE_PHASES", "1"}});
@@ -65,7 +64,7 @@ TEST(RuntimeOptions, EveryVariableSetsItsField) {
                o.ce_cluster);
   EXPECT_EQ(o.norm_rows_per_warp, 16);
   EXPECT_EQ(o.grouped_gemm, RuntimeOptions::GroupedGemm::kCpAsync);
-  EXPECT_TRUE(o.step_phases && o.model_phases && o.moe_phases && o.cudnn_documents);
+  EXPECT_TRUE(o.step_phases && o.model_phases && o.moe_phases);
   EXPECT_EQ(from({{"LAOYAO_DEVICE", "cuda"}}).device, RuntimeOptions::Device::kCuda);
   // Every variable the options print is one the reader knows: each value printed reads back.
   const auto printed = runtime_option_values(o);
@@ -83,8 +82,7 @@ TEST(RuntimeOptions, BadValuesAreRefusedNamingTheVariableAndWhatItAccepts) {
             "environment variable LAOYAO_BIAS_GRAD_IN_NORM='yes': accepted values are 0 or 1 (unset or empty: the "
             "default)");
   for (const char* name : {"LAOYAO_CUDA_GRAPHS", "LAOYAO_GEMM_AUTOTUNE", "LAOYAO_GELU_EPILOGUE", "LAOYAO_QKV_SPLIT",
-                           "LAOYAO_CE_CLUSTER", "LAOYAO_CUDNN_DOCUMENTS", "LAOYAO_STEP_PHASES", "LAOYAO_MODEL_PHASES",
-                           "LAOYAO_MOE_PHASES"})
+                           "LAOYAO_CE_CLUSTER", "LAOYAO_STEP_PHASES", "LAOYAO_MODEL_PHASES", "LAOYAO_MOE_PHASES"})
     EXPECT_NE(refusal({{name, "true"}}).find(std::string(name) + "='true': accepted values are 0 or 1"),
               std::string::npos)
         << name;

@@ -155,20 +155,18 @@ TEST(CudaGptModel, AutoPicksCudnnWithoutAttentionDropoutElseFlash) {
 TEST(CudaGptModel, MatchesCpuModelWithDropout) { compare(small_config(4, 4), true); }
 // --reset-attention-mask and packed fine-tuning rows: attention within documents (documents_2x48)
 // on our kernels (auto: flash for head dim 64, unfused else), or through cuDNN's attention over
-// documents where LAOYAO_CUDNN_DOCUMENTS turns it on (auto without attention dropout).
+// documents (--attention-backend fused).
 GptConfig with_documents(GptConfig c, AttentionBackend a) {
   c.document_attention = true;
   return with_attention(c, a);
 }
 TEST(CudaGptModel, DocumentsCudnnMatchesCpuModel) {
-  const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
-  compare(with_documents(small_config(2, 2), AttentionBackend::Auto), false);        // head dim 64
+  compare(with_documents(small_config(2, 2), AttentionBackend::Fused), false);       // head dim 64
   compare(with_documents(small_config(4, 4), AttentionBackend::Fused), false);       // head dim 32
   compare(with_documents(small_config(2, 2), AttentionBackend::Fused), true, false);  // hidden dropout
 }
 TEST(CudaGptModel, DocumentsQwen3CudnnWithGqaMatchesCpuModel) {  // split rows: the QK norm writes them
-  const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
-  GptConfig c = with_documents(qwen3_config(), AttentionBackend::Auto);
+  GptConfig c = with_documents(qwen3_config(), AttentionBackend::Fused);
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare(c, false);
 }
@@ -185,24 +183,20 @@ TEST(CudaGptModel, DocumentsQwen3FlashWithGqaMatchesCpuModel) {
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare(c, false);
 }
-TEST(CudaGptModel, DocumentsPickOurKernelsUnlessCudnnDocumentsIsOn) {
+TEST(CudaGptModel, DocumentsPickOurKernelsUnlessFusedIsAsked) {
   EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Auto), 1, 16).attention_path(),
                "flash");
   EXPECT_STREQ(CudaGptModel(with_documents(small_config(4, 4), AttentionBackend::Auto), 1, 16).attention_path(),
                "unfused");
+  EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Fused), 1, 16).attention_path(),
+               "cudnn");
+  GptConfig dropout = with_documents(small_config(2, 2), AttentionBackend::Fused);
+  dropout.attention_dropout = 0.1;
   try {
-    CudaGptModel m(with_documents(small_config(2, 2), AttentionBackend::Fused), 1, 16);
+    CudaGptModel m(dropout, 1, 16);
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("LAOYAO_CUDNN_DOCUMENTS"), std::string::npos) << e.what();
-  }
-  {
-    const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
-    EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Auto), 1, 16).attention_path(),
-                 "cudnn");
-    GptConfig dropout = with_documents(small_config(2, 2), AttentionBackend::Auto);
-    dropout.attention_dropout = 0.1;
-    EXPECT_STREQ(CudaGptModel(dropout, 1, 16).attention_path(), "flash");
+    EXPECT_NE(std::string(e.what()).find("--attention-dropout"), std::string::npos) << e.what();
   }
   // A micro-batch's documents must be what a dataset makes: non-decreasing first keys, none after its query.
   CudaGptModel gpu(with_documents(small_config(2, 2), AttentionBackend::Flash), 1, 4);
@@ -441,7 +435,6 @@ TEST(CudaGptModel, DocumentsChangingBetweenGraphReplaysGiveTheEagerBits) {
 // cuDNN's attention over documents in captured graphs, the documents' count changing bucket between
 // replays (6 documents -> 32, 36 -> 64): the gradients up to the order of cuDNN's dQ accumulation.
 TEST(CudaGptModel, CudnnDocumentsChangingBetweenGraphReplaysGiveTheEagerStep) {
-  const ScopedRuntimeOptions cudnn_documents([](RuntimeOptions& o) { o.cudnn_documents = true; });
   std::vector<int32_t> many;  // 18 documents of 2 and 3 tokens in each sequence
   for (int r = 0; r < 2; ++r)
     for (int i = 0, start = 0; i < 48; ++i) {

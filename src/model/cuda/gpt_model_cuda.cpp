@@ -319,13 +319,6 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
   const std::string D = std::to_string(c.kv_channels);
   // LAOYAO_QKV_SPLIT=0 keeps cuDNN on the fused rows (to measure the split rows' difference).
   const bool allow_split = runtime_options().qkv_split;
-  // Documents through cuDNN (its attention over ragged sequences) only where LAOYAO_CUDNN_DOCUMENTS
-  // asks for it: not yet passed on a GPU.
-  const bool cudnn_takes_documents = !c.document_attention || runtime_options().cudnn_documents;
-  if (c.attention_backend == AttentionBackend::Fused && !cudnn_takes_documents)
-    throw UsageError("--attention-backend fused: cuDNN's fused attention over the documents of a packed sequence "
-                     "(packed fine-tuning rows, --reset-attention-mask) is not yet checked on a GPU; "
-                     "LAOYAO_CUDNN_DOCUMENTS=1 selects it, or use --attention-backend flash, unfused or auto");
   switch (c.attention_backend) {
     case AttentionBackend::Unfused:
       attention_ = AttentionPath::Unfused;
@@ -344,11 +337,17 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       if (!kc::CudnnAttention::supports(shape))
         throw UsageError("--attention-backend fused: cuDNN's fused attention takes head dims that are multiples of 8 "
                          "up to 128, not " + D + " (--attention-backend unfused works for any)");
+      if (c.document_attention)
+        std::fprintf(stderr, "note: --attention-backend fused over documents: cuDNN's attention over ragged "
+                             "sequences has not yet passed laoyao's GPU checks (docs/known-gaps.md); auto and flash "
+                             "take laoyao's checked flash kernels\n");
       make_cudnn_attention(shape, allow_split);
       attention_ = AttentionPath::Cudnn;
       return;
-    case AttentionBackend::Auto:  // cuDNN's unless dropout (or documents, for now) need ours
-      if (c.attention_dropout == 0 && cudnn_takes_documents && kc::CudnnAttention::supports(shape)) {
+    // cuDNN's unless dropout or documents need ours: cuDNN's attention over documents (asked for by
+    // --attention-backend fused) is not yet checked on a GPU.
+    case AttentionBackend::Auto:
+      if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
         try {
           make_cudnn_attention(shape, allow_split);
           attention_ = AttentionPath::Cudnn;
