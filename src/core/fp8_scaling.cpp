@@ -31,10 +31,9 @@ void DelayedScaling::update() {
   for (int64_t i = 0; i < n; ++i) {
     auto at = [&](int64_t r) -> float& { return history_[static_cast<size_t>(r * n + i)]; };
     const float last = at(0);
-    float amax = last;
+    float amax = last;  // (a tensor not cast this pass: 0 under either algorithm)
     if (algo_ == AmaxComputeAlgo::Max && last != 0.0f)
       for (int64_t r = 1; r < len_; ++r) amax = std::fmax(amax, at(r));
-    if (algo_ == AmaxComputeAlgo::Max && last == 0.0f) amax = 0.0f;
     if (last != 0.0f) {
       for (int64_t r = 0; r + 1 < len_; ++r) at(r) = at(r + 1);
       at(len_ - 1) = last;
