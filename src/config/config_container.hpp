@@ -97,6 +97,20 @@ struct ModelConfig {
   bool bf16 = false;
   bool fp16 = false;
   std::string params_dtype = "fp32";
+  // FP8 linear layers (TransformerConfig's fields and Megatron's defaults; Megatron-LM's --fp8-*
+  // flags, or mixed_precision's values, which replace them all; docs/reference/fp8-facts.md §1, §6)
+  OptString fp8;                      // e4m3 or hybrid; null: off
+  std::string fp8_recipe = "delayed";  // delayed, tensorwise (blockwise, mxfp8, custom: refused)
+  int64_t fp8_margin = 0;
+  int64_t fp8_amax_history_len = 1;
+  std::string fp8_amax_compute_algo = "most_recent";
+  bool fp8_wgrad = true;  // (Transformer Engine 2 drops it: the weight gradient's GEMM is FP8 either way)
+  bool fp8_param = false;  // --fp8-param-gather
+  bool fp8_dot_product_attention = false;
+  bool fp8_multi_head_attention = false;
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = 1;
+  int64_t num_layers_at_end_in_bf16 = 1;
   // Mixture of Experts (MLM §9.1)
   OptInt num_moe_experts;
   OptInt moe_ffn_hidden_size;

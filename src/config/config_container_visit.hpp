@@ -67,6 +67,18 @@ template <class V> void ModelConfig::visit(V& v) {
   v.field("bf16", bf16);
   v.field("fp16", fp16);
   v.field("params_dtype", params_dtype, Choices{"fp32", "bf16", "fp16"});
+  v.field("fp8", fp8, Choices{"e4m3", "hybrid"});
+  v.field("fp8_recipe", fp8_recipe, Choices{"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
+  v.field("fp8_margin", fp8_margin);
+  v.field("fp8_amax_history_len", fp8_amax_history_len);
+  v.field("fp8_amax_compute_algo", fp8_amax_compute_algo, Choices{"most_recent", "max"});
+  v.field("fp8_wgrad", fp8_wgrad);
+  v.field("fp8_param", fp8_param);
+  v.field("fp8_dot_product_attention", fp8_dot_product_attention);
+  v.field("fp8_multi_head_attention", fp8_multi_head_attention);
+  v.field("first_last_layers_bf16", first_last_layers_bf16);
+  v.field("num_layers_at_start_in_bf16", num_layers_at_start_in_bf16);
+  v.field("num_layers_at_end_in_bf16", num_layers_at_end_in_bf16);
   v.field("num_moe_experts", num_moe_experts);
   v.field("moe_ffn_hidden_size", moe_ffn_hidden_size);
   v.field("moe_router_topk", moe_router_topk);

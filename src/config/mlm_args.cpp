@@ -438,12 +438,19 @@ const std::vector<FlagSpec>& flag_table() {
          s.pending.fp16 = true;
          s.set_text("mixed_precision", "fp16_mixed");
        }},
-      {"--fp8-format", Kind::Refuse, nullptr, "FP8 training is not implemented"},
-      {"--fp8-recipe", Kind::Refuse, nullptr, "FP8 training is not implemented"},
-      {"--fp8-margin", Kind::Refuse, nullptr, "FP8 training is not implemented"},
-      {"--fp8-amax-history-len", Kind::Refuse, nullptr, "FP8 training is not implemented"},
-      {"--fp8-amax-compute-algo", Kind::Refuse, nullptr, "FP8 training is not implemented"},
-      {"--fp8-param-gather", Kind::Refuse, nullptr, "FP8 training is not implemented"},
+      {"--fp8-format", Kind::Value, "model.fp8"},
+      {"--fp8-recipe", Kind::Value, "model.fp8_recipe"},
+      {"--fp8-margin", Kind::Value, "model.fp8_margin"},
+      {"--fp8-amax-history-len", Kind::Value, "model.fp8_amax_history_len"},
+      {"--fp8-amax-compute-algo", Kind::Value, "model.fp8_amax_compute_algo"},
+      {"--fp8-param-gather", Kind::True, "model.fp8_param"},
+      {"--no-fp8-wgrad", Kind::False, "model.fp8_wgrad"},
+      {"--disable-fp8-wgrad", Kind::False, "model.fp8_wgrad"},
+      {"--fp8-interval", Kind::NoOp, nullptr,
+       "deprecated in Megatron-LM: Transformer Engine 1.8 and later update the scales every pass"},
+      {"--first-last-layers-bf16", Kind::True, "model.first_last_layers_bf16"},
+      {"--num-layers-at-start-in-bf16", Kind::Value, "model.num_layers_at_start_in_bf16"},
+      {"--num-layers-at-end-in-bf16", Kind::Value, "model.num_layers_at_end_in_bf16"},
       {"--fp4-format", Kind::Refuse, nullptr, "FP4 training is not implemented"},
       // ---- data
       {"--mock-data", Kind::True, "dataset.mock"},
@@ -661,6 +668,27 @@ ConfigContainer parse_mlm_args(const std::vector<std::string>& args) {
     m.ffn_hidden_size = static_cast<int64_t>(4.0 * static_cast<double>(m.hidden_size) * 2.0 / 3.0 / 64.0) * 64;
   m.bias_activation_fusion = s.pending.swiglu ? s.pending.bias_swiglu_fusion : s.pending.bias_gelu_fusion;
   if (m.add_bias_linear) m.add_qkv_bias = true;  // validate_args forces it
+  if ((m.fp8 || m.fp8_param) && s.cfg.mixed_precision.kind == Value::Kind::String) {
+    // The FP8 flags are the model's fields; --bf16's preset would replace them with
+    // MixedPrecisionConfig's defaults, so the precision becomes the mapping of both.
+    const bool bf16 = s.cfg.mixed_precision.s == "bf16_mixed";
+    s.cfg.mixed_precision = Value::make_map({
+        {"bf16", Value::boolean(bf16)},
+        {"fp16", Value::boolean(!bf16)},
+        {"params_dtype", Value::string(bf16 ? "bf16" : "fp16")},
+        {"grad_reduce_in_fp32", Value::boolean(bf16)},
+        {"fp8", m.fp8 ? Value::string(*m.fp8) : Value::null()},
+        {"fp8_recipe", Value::string(m.fp8_recipe)},
+        {"fp8_margin", Value::integer(m.fp8_margin)},
+        {"fp8_amax_history_len", Value::integer(m.fp8_amax_history_len)},
+        {"fp8_amax_compute_algo", Value::string(m.fp8_amax_compute_algo)},
+        {"fp8_wgrad", Value::boolean(m.fp8_wgrad)},
+        {"fp8_param_gather", Value::boolean(m.fp8_param)},
+        {"first_last_layers_bf16", Value::boolean(m.first_last_layers_bf16)},
+        {"num_layers_at_start_in_bf16", Value::integer(m.num_layers_at_start_in_bf16)},
+        {"num_layers_at_end_in_bf16", Value::integer(m.num_layers_at_end_in_bf16)},
+    });
+  }
   s.cfg.dataset.random_seed = s.cfg.rng.seed;    // GPTDataset's random_seed is --seed
   return s.cfg;
 }

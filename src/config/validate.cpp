@@ -150,6 +150,13 @@ struct Checker {
     // MixedPrecisionConfig's defaults, then the preset's or the mapping's values.
     bool bf16 = false, fp16 = false, grad_reduce_in_fp32 = true;
     std::string params_dtype = "fp32";
+    // Its FP8 fields (Bridge's defaults differ from Megatron's: tensorwise, no BF16 layers). Its
+    // fp8_param follows fp8_param_gather: the dataclass sets fp8_param_gather after fp8_param, and
+    // setting either sets the other.
+    ModelConfig fp8;
+    fp8.fp8_recipe = "tensorwise";
+    fp8.num_layers_at_start_in_bf16 = fp8.num_layers_at_end_in_bf16 = 0;
+    bool fp8_param = false, fp8_param_gather = false;
     if (mp.kind == Value::Kind::String) {
       std::string p = mp.s;
       for (auto& ch : p)
@@ -164,9 +171,38 @@ struct Checker {
       params_dtype = bf16 ? "bf16" : "fp16";
       grad_reduce_in_fp32 = bf16;
       c.mixed_precision = Value::string(p);
+      if (p.find("fp8_delayed_scaling") != std::string::npos) {
+        fp8.fp8 = "hybrid", fp8.fp8_recipe = "delayed", fp8.fp8_amax_history_len = 1024;
+        fp8.fp8_amax_compute_algo = "max", fp8_param_gather = true;
+      } else if (p.find("fp8_current_scaling") != std::string::npos) {
+        fp8.fp8 = "hybrid", fp8.fp8_recipe = "tensorwise", fp8.first_last_layers_bf16 = true;
+        fp8.num_layers_at_start_in_bf16 = fp8.num_layers_at_end_in_bf16 = 1, fp8_param_gather = true;
+      } else if (p.find("fp8_subchannel_scaling") != std::string::npos) {
+        fp8.fp8 = "hybrid", fp8.fp8_recipe = "blockwise";
+      } else if (p.find("mxfp8") != std::string::npos) {
+        fp8.fp8 = "e4m3", fp8.fp8_recipe = "mxfp8", fp8_param_gather = true;
+      }
     } else if (mp.kind == Value::Kind::Map) {
-      static const Choices keys = {"bf16", "fp16", "params_dtype", "pipeline_dtype", "autocast_enabled",
-                                   "grad_reduce_in_fp32", "fp8", "fp8_recipe", "fp4"};
+      static const Choices keys = {"bf16",
+                                   "fp16",
+                                   "params_dtype",
+                                   "pipeline_dtype",
+                                   "autocast_enabled",
+                                   "grad_reduce_in_fp32",
+                                   "fp8",
+                                   "fp8_recipe",
+                                   "fp8_margin",
+                                   "fp8_amax_history_len",
+                                   "fp8_amax_compute_algo",
+                                   "fp8_wgrad",
+                                   "fp8_dot_product_attention",
+                                   "fp8_multi_head_attention",
+                                   "fp8_param",
+                                   "fp8_param_gather",
+                                   "first_last_layers_bf16",
+                                   "num_layers_at_start_in_bf16",
+                                   "num_layers_at_end_in_bf16",
+                                   "fp4"};
       for (const auto& entry : mp.map) {
         const std::string& k = entry.first;  // not a structured binding: clang 14's lambdas cannot capture one
         const Value& v = entry.second;
@@ -176,9 +212,35 @@ struct Checker {
           if (v.kind != Value::Kind::Bool) fail("mixed_precision." + k + " must be true or false");
           out = v.b;
         };
+        auto integer = [&](int64_t& out) {
+          if (v.kind != Value::Kind::Int) fail("mixed_precision." + k + " must be an integer");
+          out = v.i;
+        };
+        auto choice = [&](std::string& out, const Choices& accepted) {
+          if (v.kind != Value::Kind::String || std::find(accepted.begin(), accepted.end(), v.s) == accepted.end())
+            fail("mixed_precision." + k + " must be one of " + join(accepted, ", "));
+          out = v.s;
+        };
         if (k == "bf16") flag(bf16);
         if (k == "fp16") flag(fp16);
         if (k == "grad_reduce_in_fp32") flag(grad_reduce_in_fp32);
+        if (k == "fp8") {
+          std::string f;
+          if (!v.is_null()) choice(f, {"e4m3", "hybrid"});
+          fp8.fp8 = v.is_null() ? OptString{} : OptString{f};
+        }
+        if (k == "fp8_recipe") choice(fp8.fp8_recipe, {"tensorwise", "delayed", "mxfp8", "blockwise", "custom"});
+        if (k == "fp8_margin") integer(fp8.fp8_margin);
+        if (k == "fp8_amax_history_len") integer(fp8.fp8_amax_history_len);
+        if (k == "fp8_amax_compute_algo") choice(fp8.fp8_amax_compute_algo, {"most_recent", "max"});
+        if (k == "fp8_wgrad") flag(fp8.fp8_wgrad);
+        if (k == "fp8_dot_product_attention") flag(fp8.fp8_dot_product_attention);
+        if (k == "fp8_multi_head_attention") flag(fp8.fp8_multi_head_attention);
+        if (k == "fp8_param" && !v.is_null()) flag(fp8_param);
+        if (k == "fp8_param_gather") flag(fp8_param_gather);
+        if (k == "first_last_layers_bf16") flag(fp8.first_last_layers_bf16);
+        if (k == "num_layers_at_start_in_bf16") integer(fp8.num_layers_at_start_in_bf16);
+        if (k == "num_layers_at_end_in_bf16") integer(fp8.num_layers_at_end_in_bf16);
         if (k == "params_dtype") {
           if (v.kind != Value::Kind::String || (v.s != "fp32" && v.s != "bf16" && v.s != "fp16"))
             fail("mixed_precision.params_dtype must be fp32, bf16 or fp16");
@@ -197,6 +259,15 @@ struct Checker {
     c.model.fp16 = c.optimizer.fp16 = fp16;
     c.model.params_dtype = c.optimizer.params_dtype = params_dtype;
     c.ddp.grad_reduce_in_fp32 = grad_reduce_in_fp32;
+    ModelConfig& m = c.model;
+    m.fp8 = fp8.fp8, m.fp8_recipe = fp8.fp8_recipe, m.fp8_margin = fp8.fp8_margin;
+    m.fp8_amax_history_len = fp8.fp8_amax_history_len, m.fp8_amax_compute_algo = fp8.fp8_amax_compute_algo;
+    m.fp8_wgrad = fp8.fp8_wgrad, m.fp8_param = fp8_param_gather;
+    m.fp8_dot_product_attention = fp8.fp8_dot_product_attention;
+    m.fp8_multi_head_attention = fp8.fp8_multi_head_attention;
+    m.first_last_layers_bf16 = fp8.first_last_layers_bf16;
+    m.num_layers_at_start_in_bf16 = fp8.num_layers_at_start_in_bf16;
+    m.num_layers_at_end_in_bf16 = fp8.num_layers_at_end_in_bf16;
   }
 
   void model_shape() {

@@ -9,8 +9,8 @@
 
 namespace laoyao {
 
-Fp8Format fp8_format_of(Fp8Recipe recipe, bool gradient) {
-  return recipe == Fp8Recipe::Hybrid && gradient ? Fp8Format::E5M2 : Fp8Format::E4M3;
+Fp8Format fp8_format_of(Fp8Formats formats, bool gradient) {
+  return formats == Fp8Formats::Hybrid && gradient ? Fp8Format::E5M2 : Fp8Format::E4M3;
 }
 
 DelayedScaling::DelayedScaling(std::vector<Fp8Format> formats, int64_t history_len, AmaxComputeAlgo algo, int margin)
@@ -71,6 +71,10 @@ float fp8_amax(const float* x, int64_t n) {
 
 void fp8_quantize(const float* x, int64_t n, float scale, Fp8Format f, uint8_t* q) {
   for (int64_t i = 0; i < n; ++i) q[i] = fp8_from_float(x[i] * scale, f);
+}
+
+void fp8_quantize_values(const float* x, int64_t n, float scale, Fp8Format f, float* q) {
+  for (int64_t i = 0; i < n; ++i) q[i] = fp8_to_float(fp8_from_float(x[i] * scale, f), f);
 }
 
 void fp8_dequantize(const uint8_t* q, int64_t n, float scale_inv, Fp8Format f, float* x) {

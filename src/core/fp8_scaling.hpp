@@ -18,10 +18,14 @@ namespace laoyao {
 // --fp8-amax-compute-algo: the amax a scale is computed from.
 enum class AmaxComputeAlgo { MostRecent, Max };
 
-// The FP8 format of a tensor under --fp8-format (hybrid: E4M3 in the forward, E5M2 for the
-// gradients; e4m3: E4M3 everywhere).
-enum class Fp8Recipe { Hybrid, E4M3 };
-Fp8Format fp8_format_of(Fp8Recipe recipe, bool gradient);
+// --fp8-format: hybrid (E4M3 in the forward, E5M2 for the gradients) or e4m3 (E4M3 everywhere);
+// fp8_format_of gives a tensor's format under it.
+enum class Fp8Formats { Hybrid, E4M3 };
+Fp8Format fp8_format_of(Fp8Formats formats, bool gradient);
+
+// --fp8-recipe: delayed (DelayedScaling) or tensorwise (Float8CurrentScaling). Megatron's blockwise,
+// mxfp8 and custom are refused by name where the flags are read.
+enum class Fp8ScalingRecipe { Delayed, Tensorwise };
 
 // TE's DelayedScalingRecipeState for n tensors: scale[n] (1 at first), amax_history [len][n] (0 at
 // first), row 0 the amaxes of the pass being recorded; each tensor's format gives its fp8_max.
@@ -66,6 +70,8 @@ float current_scaling_scale(float amax, Fp8Format f, float eps = 0.0f, bool pow2
 float fp8_amax(const float* x, int64_t n);
 // q[i] = x[i] * scale (fp32) cast to the format (core/fp8.hpp: round to nearest even, saturating).
 void fp8_quantize(const float* x, int64_t n, float scale, Fp8Format f, uint8_t* q);
+// The same cast's FP8 values as floats (exact), unscaled: what the CPU backend's FP8 GEMMs multiply.
+void fp8_quantize_values(const float* x, int64_t n, float scale, Fp8Format f, float* q);
 // q's values times scale_inv, in fp32: what the GEMM reads.
 void fp8_dequantize(const uint8_t* q, int64_t n, float scale_inv, Fp8Format f, float* x);
 

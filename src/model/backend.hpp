@@ -24,6 +24,11 @@ namespace laoyao::model {
 // evaluation (no global_aux_loss: Megatron applies it in training only).
 enum class MoePass { Training, Recompute, Evaluation };
 
+// Which pass over the transformer block the ops belong to (FP8's scaling: Backend::fp8_layer): a
+// training micro-batch's forward, an evaluation's, a layer's forward run again before its backward
+// (full recomputation), or the backward.
+enum class Fp8Pass { TrainingForward, EvaluationForward, Recompute, Backward };
+
 // An activation buffer (or a position in one) in the backend's memory and type.
 struct Act {
   void* p = nullptr;
@@ -189,6 +194,20 @@ class Backend {
   virtual void sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) = 0;
   virtual void sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) = 0;
   virtual void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) = 0;
+
+  // ---- FP8 linear layers (GptConfig::fp8), as Transformer Engine's fp8_autocast around the
+  // transformer block: the model says which decoder layer the ops that follow belong to (-1: none,
+  // as the output layer) and in which pass; a backend runs that layer's linear layers in FP8 where
+  // the config asks. Casts record their amaxes except in a recomputation, which casts with the
+  // scales of the forward it repeats.
+  virtual void fp8_layer(int64_t /*layer*/, Fp8Pass /*pass*/) {}
+  // The end of a micro-batch's pass over the block: after a training forward and after a backward
+  // delayed scaling's recorded amaxes update the scales (an evaluation's stay recorded until the
+  // next update, as Transformer Engine's do under no_grad).
+  virtual void fp8_pass_done(Fp8Pass /*pass*/) {}
+  // The weights' FP8 copies are made again at their next use: the first micro-batch of a step or of
+  // an evaluation's iteration (Megatron's is_first_microbatch).
+  virtual void fp8_new_weights() {}
 };
 
 // Carves the activation arena: run the same take() calls once to measure (base null), reserve,

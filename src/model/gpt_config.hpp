@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/fp8_scaling.hpp"
 #include "kernels/cpu/yarn.hpp"
 
 namespace laoyao::model {
@@ -111,6 +112,27 @@ struct MoeConfig {
   int64_t local_experts() const { return expert_parallel > 1 ? num_experts / expert_parallel : num_experts; }
 };
 
+// FP8 linear layers (--fp8-format; docs/reference/fp8-facts.md), as Transformer Engine's Linear runs
+// them under Megatron's recipes: inside the transformer layers every linear layer's GEMMs take FP8
+// operands scaled per tensor (the input and the weight in E4M3; the output gradient in E5M2 under
+// hybrid, E4M3 under e4m3), accumulate in fp32 and write the usual precision; the weight's FP8 copy
+// is made on a step's first micro-batch. Scales: delayed (each tensor's amax history, updated after
+// every forward and every backward of a training micro-batch) or tensorwise (each cast's own amax).
+// The embeddings, the output layer, norms, attention, activations and the router stay as they are.
+struct Fp8Spec {
+  Fp8Formats formats = Fp8Formats::Hybrid;
+  Fp8ScalingRecipe recipe = Fp8ScalingRecipe::Delayed;
+  int margin = 0;                // --fp8-margin (delayed)
+  int64_t amax_history_len = 1;  // --fp8-amax-history-len (delayed)
+  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::MostRecent;
+  // --first-last-layers-bf16: the first and last layers this many keep high-precision GEMMs.
+  int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;
+  // Whether decoder layer `layer` of `num_layers` runs its linear layers in FP8.
+  bool layer_in_fp8(int64_t layer, int64_t num_layers) const {
+    return layer >= bf16_layers_at_start && layer < num_layers - bf16_layers_at_end;
+  }
+};
+
 struct GptConfig {
   int64_t num_layers = 0;
   int64_t hidden = 0;
@@ -175,6 +197,7 @@ struct GptConfig {
   // (model/backend.hpp's BatchShape; the CPU backend's attention gathers the rest).
   int64_t context_parallel = 1;
   std::optional<LoraSpec> lora;  // PEFT: the base frozen, adapters trained
+  std::optional<Fp8Spec> fp8;    // FP8 linear layers (else every GEMM in the model's precision)
 
   int64_t qkv_width() const { return (heads + 2 * query_groups) * kv_channels; }
   int64_t fc1_width() const { return activation == Activation::SwiGLU ? 2 * ffn : ffn; }

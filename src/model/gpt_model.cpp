@@ -58,6 +58,8 @@ GptModel::GptModel(const GptConfig& cfg, dist::ProcessGroup* tp, dist::ProcessGr
 
 GptModel::~GptModel() = default;
 
+const CpuFp8Linears* GptModel::fp8_linears() const { return backend_->fp8_linears(); }
+
 int GptModel::split_kind(const std::string& name) const {
   const bool ep = ep_size_ > 1 && is_routed_expert(name);
   const bool tp = tp_size_ > 1 && tp_split_of(name, cfg_) != TpSplit::Replicated;
@@ -243,6 +245,7 @@ mcore::Step GptModel::step(const MicroBatch& mb, const DropoutKey& key, bool tra
   st.tokens = tokens_.data(), st.labels = labels_.data();
   st.positions = positions_.empty() ? nullptr : positions_.data();
   st.seed = key.seed, st.call = key.call, st.training = key.training, st.train_step = train_step;
+  st.is_first_microbatch = mb.is_first_microbatch;
   // Multi-token prediction: ids, positions, labels and mask rolled left once more per layer.
   mtp_inputs_.resize(static_cast<size_t>(cfg_.mtp_num_layers));
   mtp_tokens_ = mtp_tokens(mb.loss_mask, T);  // (this rank's: Megatron normalises each rank's by its own)

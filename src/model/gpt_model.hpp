@@ -47,6 +47,9 @@ struct MicroBatch {
   // [b*s] or null: under context parallelism with documents, each token's place in its whole
   // sequence (key_start then in places too); null: Megatron's two chunks of the sequence.
   const int32_t* cp_places = nullptr;
+  // The first micro-batch of a step or of an evaluation's iteration (Megatron's is_first_microbatch;
+  // FP8 weight copies are made again).
+  bool is_first_microbatch = true;
 };
 
 // Throws laoyao::Error unless mb.key_start (when set) is what documents give: along each sequence
@@ -140,6 +143,8 @@ class GptModel {
   // scale (Megatron's MoEAuxLossAutoScaler: 1 / num_microbatches in training).
   void backward(const float* dloss);
   void set_moe_aux_loss_scale(float scale) { moe_aux_loss_scale_ = scale; }
+  // FP8 linear layers' scaling state (null without GptConfig::fp8).
+  const CpuFp8Linears* fp8_linears() const;
   // How multi-token prediction's losses are weighed and logged (model/mtp_inputs.hpp).
   void set_mtp_loss_scale(const MtpLossScale& scale) { mtp_scale_ = scale; }
   // Mixture of Experts: the load-balancing, sequence load-balancing and z losses, each divided by

@@ -114,13 +114,23 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   }
   const config::Value& mp = c.mixed_precision;
   const std::string preset = mp.kind == config::Value::Kind::String ? mp.s : "";
-  bool fp8 = preset.find("fp8") != std::string::npos, fp4 = preset.find("fp4") != std::string::npos;
-  for (const auto& [k, v] : mp.map) {
-    if (k == "fp8" && !v.is_null()) fp8 = true;
+  bool fp4 = preset.find("fp4") != std::string::npos;
+  for (const auto& [k, v] : mp.map)
     if (k == "fp4" && !v.is_null()) fp4 = true;
-  }
-  if (fp8) out.push_back("FP8 training (mixed_precision)");
   if (fp4) out.push_back("FP4 training (mixed_precision)");
+  if (m.fp8) {  // FP8 linear layers (model_config checks the recipe and the shapes) with what they have not joined yet
+    const std::string fp8 = "FP8 (model.fp8 " + *m.fp8 + ") with ";
+    if (m.num_moe_experts && *m.num_moe_experts > 0) out.push_back(fp8 + "Mixture of Experts (the experts' FP8 GEMMs)");
+    if (c.peft.scheme) out.push_back(fp8 + "PEFT (peft.scheme " + *c.peft.scheme + ")");
+    if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(fp8 + "multi-token prediction (model.mtp_num_layers)");
+    if (m.tensor_model_parallel_size > 1)
+      out.push_back(fp8 + "tensor parallelism (model.tensor_model_parallel_size " +
+                    std::to_string(m.tensor_model_parallel_size) + ": amaxes reduced over the tensor-parallel group)");
+    if (m.context_parallel_size > 1) out.push_back(fp8 + "context parallelism (model.context_parallel_size > 1)");
+    if (m.fp8_recipe == "delayed" && world_size > 1)
+      out.push_back(fp8 + "delayed scaling over " + std::to_string(world_size) +
+                    " ranks (the amaxes reduced over the data-parallel group; model.fp8_recipe tensorwise needs none)");
+  }
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)
     out.push_back("a constant loss scale (--loss-scale / optimizer.loss_scale): bf16 and fp32 runs train unscaled");

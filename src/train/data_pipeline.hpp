@@ -39,6 +39,9 @@ struct MicroBatchData {
   // A context-parallel rank's packed documents: each token's place in its whole row (key_start then
   // in those places too); empty otherwise (Megatron's two chunks of the row, or no CP).
   std::vector<int32_t> cp_places;
+  // The first micro-batch of a step or of an evaluation's iteration (Megatron's is_first_microbatch:
+  // FP8 linear layers cast their weights again).
+  bool is_first_microbatch = true;
   const int32_t* key_start_or_null() const { return key_start.empty() ? nullptr : key_start.data(); }
   const int32_t* cp_places_or_null() const { return cp_places.empty() ? nullptr : cp_places.data(); }
 };

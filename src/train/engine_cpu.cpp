@@ -41,7 +41,7 @@ class CpuEngine final : public Engine {
     const int64_t T = mb.b * mb.s;
     losses_.resize(static_cast<size_t>(T));
     model::MicroBatch in{mb.b,    mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data(), mb.key_start_or_null(),
-                         mb.loss_mask.data(), mb.cp_places_or_null()};
+                         mb.loss_mask.data(), mb.cp_places_or_null(), mb.is_first_microbatch};
     model_.forward(in, key, losses_.data(), dloss != nullptr);
     for (int64_t t = 0; t < T; ++t) {
       acc_.sum += static_cast<double>(losses_[t]) * mb.loss_mask[t];

@@ -20,6 +20,7 @@ double evaluate(TrainingRun& run, int64_t& consumed_eval, EvalSet set) {
       MicroBatchData mb =
           load_micro_batch(*ds, eval_sample_indices(run.data, split, consumed_eval, m, run.data_rank), run.data.vocab);
       if (run.cp_size > 1) mb = context_parallel_chunks(mb, run.cp_rank, run.cp_size);
+      mb.is_first_microbatch = m == 0;
       run_micro_batch(*run.engine, mb, {run.seed, 0, false}, L.num_microbatches, false, run.dloss);
     }
     consumed_eval += eval_round_samples(run.data, 1);  // the validation stream continues across evaluations

@@ -7,6 +7,7 @@
 #include "core/error.hpp"
 #include "data/tokenizer/tokenizer_factory.hpp"
 #include "model/gpt_tp.hpp"
+#include "train/fp8_setup.hpp"
 
 namespace laoyao::train {
 
@@ -248,6 +249,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
                      " (accepted: a positive number, or none)");
   }
   if (c.peft.scheme && *c.peft.scheme == "lora") g.lora = lora_spec(c, g);
+  g.fp8 = fp8_spec(c, g);
   return g;
 }
 

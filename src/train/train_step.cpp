@@ -76,6 +76,7 @@ StepResult train_step(TrainingRun& run) {
   for (int64_t m = 0; m < M; ++m) {
     timers.start("batch-generator");
     MicroBatchData mb = run.next_batch->take(p.consumed, m);
+    mb.is_first_microbatch = m == 0;
     timers.stop("batch-generator");
     // Keyed by the micro-batch's index in the global batch (its samples' place), so data-parallel
     // ranks draw the masks a single rank would for the same samples.

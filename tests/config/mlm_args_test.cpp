@@ -161,8 +161,8 @@ TEST(MlmArgs, BadValuesNameFlagValueAndWhatIsAccepted) {
 }
 
 TEST(MlmArgs, UnsupportedMegatronFlagsAreRefusedByName) {
-  std::string e = usage_error({"--fp8-format", "hybrid"});
-  EXPECT_NE(e.find("--fp8-format"), std::string::npos);
+  std::string e = usage_error({"--fp4-format", "nvfp4"});
+  EXPECT_NE(e.find("--fp4-format"), std::string::npos);
   EXPECT_NE(e.find("does not support"), std::string::npos);
   EXPECT_NE(usage_error({"--spec", "local"}).find("--spec"), std::string::npos);
 }

@@ -97,6 +97,11 @@ TEST(Fp8Quantize, AmaxSkipsNansAndTheCastSaturates) {
   EXPECT_EQ(back[1], -2.0f);
   EXPECT_EQ(back[2], 224.0f);
   EXPECT_EQ(back[3], fp8_to_float(fp8_from_float(0.02f, Fp8Format::E4M3), Fp8Format::E4M3) * 0.5f);
+  float values[4];  // the same cast's values, unscaled
+  fp8_quantize_values(z, 4, 2.0f, Fp8Format::E5M2, values);
+  fp8_quantize(z, 4, 2.0f, Fp8Format::E5M2, q);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(values[i], fp8_to_float(q[i], Fp8Format::E5M2)) << i;
+  EXPECT_EQ(values[2], 640.0f);  // E5M2 rounds 600 to 640 (steps of 128 there), E4M3 saturated it
 }
 
 // The simulated FP8 GEMM against an fp64 product of the same scaled, rounded inputs: random
@@ -139,9 +144,9 @@ TEST(Fp8Gemm, EqualsAnFp64ProductOfTheRoundedInputs) {
   std::vector<uint8_t> q(4);
   float d[1];
   EXPECT_THROW(fp8_gemm_tn(q.data(), Fp8Format::E5M2, 1, q.data(), Fp8Format::E5M2, 1, d, 1, 1, 4), Error);
-  EXPECT_EQ(fp8_format_of(Fp8Recipe::Hybrid, true), Fp8Format::E5M2);
-  EXPECT_EQ(fp8_format_of(Fp8Recipe::Hybrid, false), Fp8Format::E4M3);
-  EXPECT_EQ(fp8_format_of(Fp8Recipe::E4M3, true), Fp8Format::E4M3);
+  EXPECT_EQ(fp8_format_of(Fp8Formats::Hybrid, true), Fp8Format::E5M2);
+  EXPECT_EQ(fp8_format_of(Fp8Formats::Hybrid, false), Fp8Format::E4M3);
+  EXPECT_EQ(fp8_format_of(Fp8Formats::E4M3, true), Fp8Format::E4M3);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // linear_forward / linear_backward against a naive fp64 twin and finite differences.
 #include <gtest/gtest.h>
 
+#include "core/fp8_scaling.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "test_util.hpp"
 
@@ -151,6 +152,61 @@ TEST(Linear, ScaledBackwardMatchesFiniteDifferences) {
   linear_backward_scaled(inplace.data(), w.data(), r.data(), inplace.data(), dw.data(), T, K, N, alpha, false);
   expect_close(inplace, want_dx, kGradTol, "dx over x");
   expect_close(dw, want_dw, kGradTol, "dw with dx over x");
+}
+
+// The FP8 linear layer's three GEMMs against fp64 over the same FP8 values: random operands cast
+// with their own scales (the forward's E4M3 x E4M3, the gradients' E5M2 output gradient), the
+// dequantization factors applied after the sums; dw accumulates, dx is overwritten.
+TEST(Fp8Linear, GemmsEqualFp64OverTheSameFp8Values) {
+  std::mt19937 rng(104);
+  const int64_t T = 16, K = 48, N = 32;
+  auto x = randn(T * K, rng, 2.0f), w = randn(N * K, rng, 0.05f), dy = randn(T * N, rng, 1e-3f), b = randn(N, rng);
+  auto cast = [](const std::vector<float>& v, Fp8Format f, std::vector<float>& q) {
+    const float scale = current_scaling_scale(fp8_amax(v.data(), static_cast<int64_t>(v.size())), f);
+    q.resize(v.size());
+    fp8_quantize_values(v.data(), static_cast<int64_t>(v.size()), scale, f, q.data());
+    return Fp8Operand{q.data(), 1.0f / scale};
+  };
+  std::vector<float> qx, qw, qdy;
+  const Fp8Operand ox = cast(x, Fp8Format::E4M3, qx), ow = cast(w, Fp8Format::E4M3, qw),
+                   ody = cast(dy, Fp8Format::E5M2, qdy);
+  auto y = nans(T * N);
+  fp8_linear_forward(ox, ow, b.data(), y.data(), T, K, N);
+  auto dx = nans(T * K);
+  auto dw = randn(N * K, rng);
+  const auto dw0 = dw;
+  fp8_linear_backward(ox, ow, ody, dx.data(), dw.data(), T, K, N);
+
+  const double sx = ox.scale_inv, sw = ow.scale_inv, sdy = ody.scale_inv;
+  std::vector<double> want_y(T * N), want_dx(T * K), want_dw(N * K), exact_y(T * N);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0, exact = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(qx[t * K + k]) * qw[n * K + k], exact += double(x[t * K + k]) * w[n * K + k];
+      want_y[t * N + n] = sx * sw * acc + b[n];
+      exact_y[t * N + n] = exact + b[n];
+    }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      double acc = 0;
+      for (int64_t n = 0; n < N; ++n) acc += double(qdy[t * N + n]) * qw[n * K + k];
+      want_dx[t * K + k] = sdy * sw * acc;
+    }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double acc = 0;
+      for (int64_t t = 0; t < T; ++t) acc += double(qdy[t * N + n]) * qx[t * K + k];
+      want_dw[n * K + k] = dw0[n * K + k] + sdy * sx * acc;
+    }
+  expect_close(y, want_y, kForwardTol, "y");
+  expect_close(dx, want_dx, kForwardTol, "dx");
+  expect_close(dw, want_dw, kForwardTol, "dw (accumulated)");
+  // The operands were FP8's, not the inputs as they were: the result differs from the exact one
+  // by FP8's rounding, not more.
+  double diff = 0;
+  for (int64_t i = 0; i < T * N; ++i) diff = std::max(diff, std::abs(exact_y[i] - want_y[i]));
+  EXPECT_GT(diff, 1e-4 * max_abs(exact_y));
+  EXPECT_LT(diff, 0.1 * max_abs(exact_y));
 }
 
 }  // namespace

@@ -58,4 +58,18 @@ void linear_backward_scaled(const float* x, const float* w, const float* dy, flo
               dx, K);
 }
 
+void fp8_linear_forward(Fp8Operand x, Fp8Operand w, const float* bias, float* y, int64_t T, int64_t K, int64_t N) {
+  linear_forward(x.q, w.q, nullptr, y, T, K, N);
+  const float s = x.scale_inv * w.scale_inv;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) y[t * N + n] = s * y[t * N + n] + (bias ? bias[n] : 0.0f);
+}
+
+void fp8_linear_backward(Fp8Operand x, Fp8Operand w, Fp8Operand dy, float* dx, float* dw, int64_t T, int64_t K,
+                         int64_t N) {
+  linear_backward_scaled(x.q, w.q, dy.q, nullptr, dw, T, K, N, dy.scale_inv * x.scale_inv, false);
+  linear_backward_scaled(x.q, w.q, dy.q, dx, nullptr, T, K, N, dy.scale_inv * w.scale_inv, false);
+}
+
 }  // namespace laoyao::kernels::cpu

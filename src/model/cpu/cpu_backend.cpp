@@ -29,6 +29,7 @@ CpuBackend::CpuBackend(const GptConfig& local, dist::ProcessGroup* tp, int64_t t
     rope_ = rotary_table(local);
   }
   probs_.resize(static_cast<size_t>(local.layer_count()));
+  if (local.fp8) fp8_ = std::make_unique<CpuFp8Linears>(*local.fp8);
 }
 
 void* CpuBackend::reserve_activations(size_t bytes) {
@@ -57,17 +58,32 @@ void CpuBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table,
     k::embedding_backward(ids, F(dout), G(table), T, h);
 }
 
+void CpuBackend::gemm(const float* x, int64_t w, int64_t b, float* y, int64_t rows, int64_t K, int64_t N) {
+  if (!fp8_ || !fp8_->on()) return k::linear_forward(x, W(w), W(b), y, rows, K, N);
+  const k::Fp8Operand qx = fp8_->input(w, x, rows * K);
+  k::fp8_linear_forward(qx, fp8_->weight(w, W(w), N * K), W(b), y, rows, K, N);
+}
+
+void CpuBackend::gemm_backward(const float* x, int64_t w, int64_t b, const float* dy, float* dx, int64_t rows,
+                               int64_t K, int64_t N) {
+  if (!fp8_ || !fp8_->on()) return k::linear_backward(x, W(w), dy, dx, G(w), G(b), rows, K, N);
+  // The forward's FP8 input and weight, the output gradient cast now; the bias's gradient from dy.
+  const k::Fp8Operand qx = fp8_->saved_input(w, x, rows * K), qw = fp8_->weight(w, W(w), N * K);
+  k::fp8_linear_backward(qx, qw, fp8_->output_grad(w, dy, rows * N), dx, G(w), rows, K, N);
+  if (G(b)) k::bias_grad_accumulate(dy, G(b), rows, N);
+}
+
 void CpuBackend::linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) {
-  k::linear_forward(F(x), W(w), W(b), F(y), rows, K, N);
+  gemm(F(x), w, b, F(y), rows, K, N);
 }
 
 void CpuBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) {
-  k::linear_backward(F(x), W(w), F(dy), F(dx), G(w), G(b), rows, K, N);
+  gemm_backward(F(x), w, b, F(dy), F(dx), rows, K, N);
 }
 
 void CpuBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
                                          int64_t N, const DropoutSpec& drop) {
-  k::linear_forward(F(x), W(w), W(b), F(out), rows, K, N);
+  gemm(F(x), w, b, F(out), rows, K, N);
   apply_dropout(F(out), rows * N, drop);
   k::add_inplace(F(out), F(residual), rows * N);
 }
@@ -142,14 +158,14 @@ void CpuBackend::lora_backward(Act x, int64_t lora_a, int64_t lora_b, float scal
 }
 
 void CpuBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int64_t rows, int64_t ffn) {
-  k::linear_forward(F(x), W(fc1_w), W(fc1_b), F(u), rows, lc_.hidden, lc_.fc1_rows(ffn));
+  gemm(F(x), fc1_w, fc1_b, F(u), rows, lc_.hidden, lc_.fc1_rows(ffn));
   mlp_activation(u, g, rows, ffn);
 }
 
 void CpuBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t fc2_b, Act du, int64_t rows,
                                   int64_t ffn) {
   float* dg = scratch(dg_, rows * ffn);
-  k::linear_backward(F(g), W(fc2_w), F(dy), dg, G(fc2_w), G(fc2_b), rows, ffn, lc_.hidden);
+  gemm_backward(F(g), fc2_w, fc2_b, F(dy), dg, rows, ffn, lc_.hidden);
   mlp_activation_backward(Act{dg}, u, du, rows, ffn);
 }
 
@@ -372,6 +388,18 @@ void CpuBackend::sp_reduce_scatter(Act full, Act local, const BatchShape& batch,
 
 void CpuBackend::sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) {
   tp::sequence_slice(F(full), F(local), batch.b, batch.s, h, tp_rank_, tp_size_);
+}
+
+void CpuBackend::fp8_layer(int64_t layer, Fp8Pass pass) {
+  if (fp8_) fp8_->set_layer(layer >= 0 && layer < lc_.num_layers && lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
+}
+
+void CpuBackend::fp8_pass_done(Fp8Pass pass) {
+  if (fp8_) fp8_->pass_done(pass);
+}
+
+void CpuBackend::fp8_new_weights() {
+  if (fp8_) fp8_->new_weights();
 }
 
 }  // namespace laoyao::model

@@ -10,6 +10,7 @@
 #include "dist/process_group.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/backend.hpp"
+#include "model/cpu/fp8_linears_cpu.hpp"
 #include "model/cpu/moe_layers_cpu.hpp"
 #include "model/gpt_config.hpp"
 
@@ -85,12 +86,22 @@ class CpuBackend final : public Backend {
   void sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) override;
   void sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) override;
   void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) override;
+  void fp8_layer(int64_t layer, Fp8Pass pass) override;
+  void fp8_pass_done(Fp8Pass pass) override;
+  void fp8_new_weights() override;
+  // The FP8 linear layers' state (null without GptConfig::fp8).
+  const CpuFp8Linears* fp8_linears() const { return fp8_.get(); }
 
  private:
   const float* W(int64_t off) const { return off >= 0 ? w_ + off : nullptr; }
   float* G(int64_t off) const { return off >= trainable_offset_ ? g_ + (off - trainable_offset_) : nullptr; }
   static float* F(Act a) { return static_cast<float*>(a.p); }
   float* scratch(std::vector<float>& v, int64_t n);
+  // A linear layer's GEMMs, y = x w^T + b and its gradients (as kernels/cpu's linear_forward and
+  // linear_backward): on FP8 operands inside a layer that runs in FP8, else in fp32.
+  void gemm(const float* x, int64_t w, int64_t b, float* y, int64_t rows, int64_t K, int64_t N);
+  void gemm_backward(const float* x, int64_t w, int64_t b, const float* dy, float* dx, int64_t rows, int64_t K,
+                     int64_t N);
   // The attention dropout mask of this shape (0 or 1/(1-p) per probability), or null without dropout.
   const float* attention_mask(const DropoutSpec& drop, const BatchShape& batch);
   const int64_t* rope_positions(const BatchShape& batch);
@@ -111,6 +122,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> rope_positions_;           // t % s: Megatron builds RoPE for positions 0..s-1
   std::vector<std::vector<float>> probs_;         // per layer [b, heads, s, s]
   std::vector<float> mask_, norm_dx_, dg_, dqk_;  // scratch
+  std::unique_ptr<CpuFp8Linears> fp8_;
   dist::ProcessGroup* cp_ = nullptr;
   std::vector<int32_t> cp_positions_;
   std::vector<float> cp_full_, cp_dfull_;

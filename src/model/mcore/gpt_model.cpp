@@ -72,8 +72,14 @@ void TransformerBlock::carve(ActivationCarver& c, int64_t T, int64_t rows) {
 }
 
 void TransformerBlock::forward(const Step& st, Scratch& w) {
-  for (size_t l = 0; l < layers_.size(); ++l)
+  Backend& be = m_.backend;
+  const Fp8Pass pass = st.train_step ? Fp8Pass::TrainingForward : Fp8Pass::EvaluationForward;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    be.fp8_layer(static_cast<int64_t>(l), pass);
     layers_[l].forward(st, l + 1 < layers_.size() ? layers_[l + 1].input() : x_final_, w);
+  }
+  be.fp8_layer(-1, pass);
+  be.fp8_pass_done(pass);
   const GptParameterLayout& P = m_.params;
   norm_whole_sequence(m_, st, x_final_, P.final_w, P.final_b, xf_, xf_mean_, xf_rstd_, w);
 }
@@ -85,13 +91,19 @@ void TransformerBlock::backward(const Step& st, Scratch& w, float moe_aux_loss_s
   if (on_backward_done) on_backward_done(-1);
   Step again = st;
   again.recomputing = true;
+  Backend& be = m_.backend;
   for (size_t l = layers_.size(); l-- > 0;) {
     if (chunk_end_[l] == static_cast<int64_t>(l))  // entering a chunk from its end: rebuild its activations
-      for (size_t j = static_cast<size_t>(chunk_start_[l]); j <= l; ++j)
+      for (size_t j = static_cast<size_t>(chunk_start_[l]); j <= l; ++j) {
+        be.fp8_layer(static_cast<int64_t>(j), Fp8Pass::Recompute);
         layers_[j].forward(again, j + 1 < layers_.size() ? layers_[j + 1].input() : x_final_, w);
+      }
+    be.fp8_layer(static_cast<int64_t>(l), Fp8Pass::Backward);
     layers_[l].backward(st, w, moe_aux_loss_scale);
     if (on_backward_done) on_backward_done(static_cast<int64_t>(l));
   }
+  be.fp8_layer(-1, Fp8Pass::Backward);
+  be.fp8_pass_done(Fp8Pass::Backward);
 }
 
 GPTModel::GPTModel(const GptConfig& whole, const GptConfig& local, const GptParameterLayout& params,
@@ -158,6 +170,7 @@ void GPTModel::forward(const Step& st, float* losses, const float* dloss) {
   Backend& be = ctx_.backend;
   const GptConfig& lc = ctx_.local;
   const int64_t T = st.batch.T;
+  if (st.is_first_microbatch) be.fp8_new_weights();
   embedding_forward(st, decoder_.input());
   decoder_.forward(st, w_);
   be.linear(decoder_.output(), ctx_.params.output_w, -1, logits_, T, lc.hidden, lc.vocab);

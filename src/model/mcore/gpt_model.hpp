@@ -43,6 +43,9 @@ struct Step {
   bool training = false;    // dropout on
   bool train_step = false;  // a training micro-batch, whose backward follows
   bool recomputing = false;  // a layer's forward run again before its backward (full recomputation)
+  // The first micro-batch of a step or of an evaluation's iteration (Megatron's is_first_microbatch):
+  // FP8 linear layers cast their weights again.
+  bool is_first_microbatch = true;
   // Multi-token prediction layer k's inputs: the ids, positions and labels rolled left k + 1
   // times with zeros shifted in (each sequence on its own), in backend memory; its losses [T] (out,
   // unmasked) and their weights [T] for the backward (null in the forward).

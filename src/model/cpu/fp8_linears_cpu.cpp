@@ -1,0 +1,85 @@
+#include "model/cpu/fp8_linears_cpu.hpp"
+
+#include "core/error.hpp"
+
+namespace laoyao::model {
+
+namespace k = kernels::cpu;
+
+CpuFp8Linears::Linear& CpuFp8Linears::linear(int64_t w) {
+  auto it = linears_.find(w);
+  if (it != linears_.end()) return it->second;
+  const Fp8Format fwd = fp8_format_of(spec_.formats, false), grad = fp8_format_of(spec_.formats, true);
+  const int64_t len = spec_.amax_history_len;
+  return linears_
+      .emplace(w, Linear(DelayedScaling({fwd, fwd}, len, spec_.amax_compute_algo, spec_.margin),
+                         DelayedScaling({grad}, len, spec_.amax_compute_algo, spec_.margin)))
+      .first->second;
+}
+
+void CpuFp8Linears::new_weights() {
+  for (auto& [w, l] : linears_) l.weight_stale = true;
+}
+
+void CpuFp8Linears::pass_done(Fp8Pass pass) {
+  if (spec_.recipe != Fp8ScalingRecipe::Delayed) return;
+  // One rank: the amaxes need no reduction (capabilities refuses delayed scaling over several).
+  for (auto& [w, l] : linears_) {
+    if (pass == Fp8Pass::TrainingForward) l.forward.update();
+    if (pass == Fp8Pass::Backward) l.backward.update();
+  }
+}
+
+float CpuFp8Linears::scale_for(DelayedScaling& state, int64_t i, float amax, Fp8Format f) const {
+  if (records()) state.record_amax(i, amax);
+  return spec_.recipe == Fp8ScalingRecipe::Delayed ? state.scale(i) : current_scaling_scale(amax, f);
+}
+
+k::Fp8Operand CpuFp8Linears::cast(const float* x, int64_t n, float scale, Fp8Format f, std::vector<float>& buf) {
+  buf.resize(static_cast<size_t>(n));
+  fp8_quantize_values(x, n, scale, f, buf.data());
+  return {buf.data(), 1.0f / scale};
+}
+
+k::Fp8Operand CpuFp8Linears::input(int64_t w, const float* x, int64_t n) {
+  Linear& l = linear(w);
+  const Fp8Format f = fp8_format_of(spec_.formats, false);
+  // A recomputed forward casts with the scale of the forward it repeats.
+  if (records()) l.input_scale = scale_for(l.forward, 0, fp8_amax(x, n), f);
+  return cast(x, n, l.input_scale, f, input_q_);
+}
+
+k::Fp8Operand CpuFp8Linears::weight(int64_t w, const float* values, int64_t n) {
+  Linear& l = linear(w);
+  if (l.weight_stale) {
+    const Fp8Format f = fp8_format_of(spec_.formats, false);
+    const float scale = scale_for(l.forward, 1, fp8_amax(values, n), f);
+    l.weight_scale_inv = cast(values, n, scale, f, l.weight_q).scale_inv;
+    l.weight_stale = false;
+  }
+  return {l.weight_q.data(), l.weight_scale_inv};
+}
+
+k::Fp8Operand CpuFp8Linears::saved_input(int64_t w, const float* x, int64_t n) {
+  auto it = linears_.find(w);
+  if (it == linears_.end()) throw Error("FP8 linear: a backward without its forward");
+  return cast(x, n, it->second.input_scale, fp8_format_of(spec_.formats, false), input_q_);
+}
+
+k::Fp8Operand CpuFp8Linears::output_grad(int64_t w, const float* dy, int64_t n) {
+  Linear& l = linear(w);
+  const Fp8Format f = fp8_format_of(spec_.formats, true);
+  return cast(dy, n, scale_for(l.backward, 0, fp8_amax(dy, n), f), f, grad_q_);
+}
+
+const DelayedScaling* CpuFp8Linears::forward_scaling(int64_t w) const {
+  auto it = linears_.find(w);
+  return it == linears_.end() ? nullptr : &it->second.forward;
+}
+
+const DelayedScaling* CpuFp8Linears::backward_scaling(int64_t w) const {
+  auto it = linears_.find(w);
+  return it == linears_.end() ? nullptr : &it->second.backward;
+}
+
+}  // namespace laoyao::model

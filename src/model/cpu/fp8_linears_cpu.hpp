@@ -1,0 +1,67 @@
+// The CPU backend's FP8 linear layers (GptConfig::fp8): what Transformer Engine keeps per Linear
+// under Megatron's recipes, simulated in fp32 (docs/reference/fp8-facts.md §2-3, §7). Per linear
+// layer, keyed by its weight's place in the parameter table: the scaling state of its FP8 tensors
+// (the input and the weight in the forward, the output gradient in the backward), the weight's FP8
+// values made at its first use after new_weights(), and the scale its input was cast with, which
+// the backward casts the same input with again (the FP8 values TE keeps from the forward).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "core/fp8_scaling.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "model/backend.hpp"
+#include "model/gpt_config.hpp"
+
+namespace laoyao::model {
+
+class CpuFp8Linears {
+ public:
+  explicit CpuFp8Linears(const Fp8Spec& spec) : spec_(spec) {}
+
+  // Backend::fp8_layer's decision (whether the layer's linears run in FP8) and pass.
+  void set_layer(bool fp8, Fp8Pass pass) { on_ = fp8, pass_ = pass; }
+  bool on() const { return on_; }
+  // Backend::fp8_new_weights and fp8_pass_done.
+  void new_weights();
+  void pass_done(Fp8Pass pass);
+
+  // The FP8 operands of linear `w`'s GEMMs, valid until the next call of the same kind: its input
+  // x[n] cast (in a forward; the scale kept for the backward), the weight values[n]'s FP8 copy, the
+  // backward's input cast again with the forward's scale, and the output gradient dy[n] cast.
+  kernels::cpu::Fp8Operand input(int64_t w, const float* x, int64_t n);
+  kernels::cpu::Fp8Operand weight(int64_t w, const float* values, int64_t n);
+  kernels::cpu::Fp8Operand saved_input(int64_t w, const float* x, int64_t n);
+  kernels::cpu::Fp8Operand output_grad(int64_t w, const float* dy, int64_t n);
+
+  // Delayed scaling's state of linear w (tests): tensor 0 the input, 1 the weight; the backward's 0
+  // the output gradient. Null before the linear's first cast.
+  const DelayedScaling* forward_scaling(int64_t w) const;
+  const DelayedScaling* backward_scaling(int64_t w) const;
+
+ private:
+  struct Linear {
+    Linear(DelayedScaling f, DelayedScaling b) : forward(std::move(f)), backward(std::move(b)) {}
+    DelayedScaling forward, backward;  // (tensorwise scales keep no state: their histories stay unused)
+    float input_scale = 1.0f;          // what this micro-batch's forward cast the input with
+    std::vector<float> weight_q;
+    float weight_scale_inv = 1.0f;
+    bool weight_stale = true;
+  };
+  Linear& linear(int64_t w);
+  // The scale a cast of x (amax `amax`) takes: delayed, state's tensor i; tensorwise, its own.
+  float scale_for(DelayedScaling& state, int64_t i, float amax, Fp8Format f) const;
+  bool records() const { return pass_ != Fp8Pass::Recompute; }
+  // x[n] * scale cast into buf: the operand.
+  static kernels::cpu::Fp8Operand cast(const float* x, int64_t n, float scale, Fp8Format f, std::vector<float>& buf);
+
+  Fp8Spec spec_;
+  bool on_ = false;
+  Fp8Pass pass_ = Fp8Pass::TrainingForward;
+  std::map<int64_t, Linear> linears_;
+  std::vector<float> input_q_, grad_q_;
+};
+
+}  // namespace laoyao::model
