@@ -6,26 +6,34 @@
 #   bash bench/finetune_bench.sh run [CASE ...]      there (device tool, carry ["build/ft-carry"]):
 #                                                    the cases, logs and the table under $OUT
 #   bash bench/finetune_bench.sh tests [FILTER]      there: the GPU tests FILTER selects (gtest's)
+#   bash bench/finetune_bench.sh fp8-gemm            there: laoyao's FP8 GEMMs beside bf16 and beside
+#                                                    torch._scaled_mm on the same operands (issue #39)
 set -euo pipefail
 C=build/ft-carry
 case "${1:-}" in
   stage)
     B="${2:-build/default}"
-    cmake --build "$B" --target laoyao laoyao_tests_kernels_cuda laoyao_tests_model_cuda -j2
+    cmake --build "$B" --target laoyao laoyao_tests_kernels_cuda laoyao_tests_model_cuda laoyao_bench_fp8_gemm -j2
     [ -f build/test-vocabs/llama3/tokenizer.json ] || bash scripts/fetch_test_vocabs.sh
     rm -rf "$C" && mkdir -p "$C/lib" "$C/llama3"
-    cp "$B/laoyao" "$B/laoyao_tests_kernels_cuda" "$B/laoyao_tests_model_cuda" "$C/"
+    cp "$B/laoyao" "$B/laoyao_tests_kernels_cuda" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_fp8_gemm" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
     cp build/test-vocabs/llama3/tokenizer.json build/test-vocabs/llama3/tokenizer_config.json "$C/llama3/"
     du -sh "$C" ;;
-  run | tests)
+  run | tests | fp8-gemm)
     what="$1"
     shift
     sp=$(python3 -c 'import site;print(site.getsitepackages()[0])')
     export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$sp/nvidia/cudnn/lib:$sp/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}:$PWD/$C/lib"
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"
+    if [ "$what" = fp8-gemm ]; then
+      mkdir -p /tmp/fp8_gemm
+      "$C/laoyao_bench_fp8_gemm" /tmp/fp8_gemm | tee "$OUT/fp8_gemm_bench.txt"
+      python3 bench/fp8_gemm_vs_torch.py /tmp/fp8_gemm | tee "$OUT/fp8_gemm_vs_torch.txt"
+      exit 0
+    fi
     if [ "$what" = tests ]; then
       rc=0
       for t in laoyao_tests_kernels_cuda laoyao_tests_model_cuda; do
@@ -35,5 +43,5 @@ case "${1:-}" in
       exit "$rc"
     fi
     python3 bench/finetune_bench.py "$C/laoyao" "$OUT" "$@" 2>&1 | tee "$OUT/finetune_bench.txt" ;;
-  *) echo "usage: bash bench/finetune_bench.sh stage [BUILD_DIR] | run [CASE ...] | tests [FILTER]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/finetune_bench.sh stage [BUILD_DIR] | run [CASE ...] | tests [FILTER] | fp8-gemm" >&2; exit 2 ;;
 esac

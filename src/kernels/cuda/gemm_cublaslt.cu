@@ -29,7 +29,15 @@ std::string describe(const GemmProblem& p) {
          " lda=" + std::to_string(p.lda) + " ldb=" + std::to_string(p.ldb) + " ldd=" + std::to_string(p.ldd) +
          (p.bias ? " +bias" : "") + (p.d_fp32 ? " D=fp32" : "") +
          (p.gelu == GemmGelu::GeluAux ? " +gelu(aux)" : p.gelu == GemmGelu::DGelu ? " *dgelu(aux)" : "") +
-         (p.batch > 1 ? " batch=" + std::to_string(p.batch) : "");
+         (p.batch > 1 ? " batch=" + std::to_string(p.batch) : "") +
+         (p.a_type == GemmOperand::Bf16 ? ""
+                                        : std::string(" A=") + (p.a_type == GemmOperand::E4M3 ? "e4m3" : "e5m2") +
+                                              " B=" + (p.b_type == GemmOperand::E4M3 ? "e4m3" : "e5m2") +
+                                              (p.fast_accum ? " fast-accum" : ""));
+}
+
+cudaDataType_t data_type(GemmOperand t) {
+  return t == GemmOperand::E4M3 ? CUDA_R_8F_E4M3 : t == GemmOperand::E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
 }
 
 // The linear layer's forward, y[T, N] = x[T, K] @ w[N, K]^T row-major, as column-major
@@ -190,10 +198,18 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, con
       LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                        sizeof bias));
     }
+    if (p.a_type != GemmOperand::Bf16) {  // FP8: the dequantization factors, read at execution
+      const int8_t fast = p.fast_accum ? 1 : 0;
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ops.a_scale,
+                                                       sizeof ops.a_scale));
+      LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.b_scale,
+                                                       sizeof ops.b_scale));
+    }
     // Stored shapes (rows x cols, column-major): A [k, m] when transposed else [m, k]; likewise B.
-    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, p.trans_a ? p.k : p.m,
+    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.a, data_type(p.a_type), p.trans_a ? p.k : p.m,
                                                  p.trans_a ? p.m : p.k, p.lda));
-    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, p.trans_b ? p.n : p.k,
+    LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.b, data_type(p.b_type), p.trans_b ? p.n : p.k,
                                                  p.trans_b ? p.k : p.n, p.ldb));
     LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.d, p.d_fp32 ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldd));
     if (p.batch > 1) {
@@ -233,8 +249,8 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, con
     }
     LAOYAO_CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (found == 0)
-      throw Error("cuBLASLt has no bf16 algorithm for " + describe(p) + " at " + std::to_string(key.alignment) +
-                  "-byte alignment");
+      throw Error(std::string("cuBLASLt has no ") + (p.a_type == GemmOperand::Bf16 ? "bf16" : "FP8") +
+                  " algorithm for " + describe(p) + " at " + std::to_string(key.alignment) + "-byte alignment");
     plan.tuning.problem = describe(p) + " align=" + std::to_string(key.alignment);
     choose_fastest(plan, key, results, found, ops);
   } catch (...) {
@@ -264,8 +280,35 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
     throw Error("CublasLtGemm::gemm: the bias epilogue is for bf16 outputs only (" + describe(problem) + ")");
   if (problem.m <= 0 || problem.n <= 0 || problem.k <= 0 || problem.batch <= 0)
     throw Error("CublasLtGemm::gemm: empty problem (" + describe(problem) + ")");
-  uint32_t align = alignment_of(A);
-  for (const void* p : {static_cast<const void*>(B), static_cast<const void*>(D), static_cast<const void*>(bias), C,
+  if (problem.a_type != GemmOperand::Bf16 || problem.b_type != GemmOperand::Bf16)
+    throw Error("CublasLtGemm::gemm: FP8 operands go through gemm_fp8 (" + describe(problem) + ")");
+  enqueue(problem, Operands{A, B, D, C, alpha, beta, stream}, bias, aux);
+}
+
+void CublasLtGemm::gemm_fp8(const GemmProblem& problem, const uint8_t* A, const float* a_scale_inv, const uint8_t* B,
+                            const float* b_scale_inv, void* D, const bf16* bias, float alpha, float beta,
+                            cudaStream_t stream, const void* C) {
+  const GemmProblem& p = problem;
+  const bool fp8 = p.a_type != GemmOperand::Bf16 && p.b_type != GemmOperand::Bf16;
+  if (!fp8 || (p.a_type == GemmOperand::E5M2 && p.b_type == GemmOperand::E5M2))
+    throw Error("CublasLtGemm::gemm_fp8: A and B must both be FP8, not both E5M2 (" + describe(p) + ")");
+  if (!p.trans_a || p.trans_b || p.k % 16 != 0 || p.lda % 16 != 0 || p.ldb % 16 != 0 || p.batch != 1 ||
+      p.gelu != GemmGelu::None)
+    throw Error("CublasLtGemm::gemm_fp8: Hopper's FP8 GEMMs take TN operands with k and the leading dimensions "
+                "multiples of 16, one problem, no GeLU epilogue (" + describe(p) + ")");
+  if (!a_scale_inv || !b_scale_inv) throw Error("CublasLtGemm::gemm_fp8: the operands' scale_inv pointers are null");
+  if (p.bias != (bias != nullptr) || (p.bias && p.d_fp32))
+    throw Error("CublasLtGemm::gemm_fp8: a bias pointer exactly when the problem has a bf16 bias epilogue (" +
+                describe(p) + ")");
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0) throw Error("CublasLtGemm::gemm_fp8: empty problem (" + describe(p) + ")");
+  Operands ops{A, B, D, C ? C : D, alpha, beta, stream};
+  ops.a_scale = a_scale_inv, ops.b_scale = b_scale_inv;
+  enqueue(p, ops, bias, nullptr);
+}
+
+void CublasLtGemm::enqueue(const GemmProblem& problem, const Operands& ops, const bf16* bias, bf16* aux) {
+  uint32_t align = alignment_of(ops.A);
+  for (const void* p : {ops.B, static_cast<const void*>(ops.D), static_cast<const void*>(bias), ops.C,
                         static_cast<const void*>(aux)})
     if (p) align = std::min(align, alignment_of(p));
   if (problem.batch > 1) {  // every batch's matrix must meet the alignment the plan assumes
@@ -274,15 +317,21 @@ void CublasLtGemm::gemm(const GemmProblem& problem, const bf16* A, const bf16* B
                                 size_t(problem.stride_d) * d_bytes})
       align = std::min(align, alignment_of(reinterpret_cast<const void*>(stride_bytes)));
   }
-  Plan& plan = plan_for(Key{problem, align}, bias, aux, Operands{A, B, D, C, alpha, beta, stream});
-  // Same problem, perhaps other bias and aux buffers: attribute writes, nothing is rebuilt.
+  Plan& plan = plan_for(Key{problem, align}, bias, aux, ops);
+  // Same problem, perhaps other bias, aux and scale buffers: attribute writes, nothing is rebuilt.
   if (bias)
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   if (aux)
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
                                                      sizeof aux));
-  LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, A, plan.a, B, plan.b, &beta, C, plan.d, D, plan.d,
-                                   &plan.algo, workspace_.ptr, workspace_.bytes, stream));
+  if (ops.a_scale) {
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ops.a_scale,
+                                                     sizeof ops.a_scale));
+    LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.b_scale,
+                                                     sizeof ops.b_scale));
+  }
+  LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &ops.alpha, ops.A, plan.a, ops.B, plan.b, &ops.beta, ops.C,
+                                   plan.d, ops.D, plan.d, &plan.algo, workspace_.ptr, workspace_.bytes, ops.stream));
 }
 
 void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t T, int64_t K,

@@ -39,6 +39,8 @@ using bf16 = __nv_bfloat16;
 // D = product * gelu'(aux) (DGELU), reading that buffer: the MLP's activation and its backward
 // without a kernel of their own.
 enum class GemmGelu : uint8_t { None, GeluAux, DGelu };
+// An operand's element type: bf16, or FP8 (gemm_fp8).
+enum class GemmOperand : uint8_t { Bf16, E4M3, E5M2 };
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
@@ -48,6 +50,10 @@ struct GemmProblem {
   GemmGelu gelu = GemmGelu::None;
   int64_t ld_aux = 0;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
+  // FP8 operands (gemm_fp8): A's and B's types, and cuBLASLt's FAST_ACCUM (Transformer Engine's
+  // forward GEMM; its gradient GEMMs promote the partial sums, fast_accum false).
+  GemmOperand a_type = GemmOperand::Bf16, b_type = GemmOperand::Bf16;
+  bool fast_accum = false;
 };
 
 struct CublasLtGemm {
@@ -63,6 +69,15 @@ struct CublasLtGemm {
   // scales: D itself when C is null.
   void gemm(const GemmProblem& problem, const bf16* A, const bf16* B, void* D, const bf16* bias, float alpha,
             float beta, cudaStream_t stream, const void* C = nullptr, bf16* aux = nullptr);
+
+  // The same with FP8 A and B (problem.a_type, b_type: E4M3 x E4M3 or one E5M2, as cuBLASLt
+  // multiplies them), dequantized by the device floats a_scale_inv and b_scale_inv:
+  // D = alpha * a_scale_inv * b_scale_inv * op(A) op(B) + beta * C (+ bias). Hopper takes TN only
+  // (trans_a, not trans_b), k and the leading dimensions multiples of 16, one problem (no batch),
+  // no GeLU epilogue; anything else throws laoyao::Error.
+  void gemm_fp8(const GemmProblem& problem, const uint8_t* A, const float* a_scale_inv, const uint8_t* B,
+                const float* b_scale_inv, void* D, const bf16* bias, float alpha, float beta, cudaStream_t stream,
+                const void* C = nullptr);
 
   // laoyao's linear layer (kernels/cpu/ops.hpp conventions, row-major): y[T, N] = x[T, K] @ w[N, K]^T
   // (+ bias[N] when bias is non-null). Row-major y is column-major y^T[N, T] = w x^T, so this is
@@ -116,9 +131,10 @@ struct CublasLtGemm {
     uint32_t alignment;  // the smallest alignment (bytes, <= 256) of the operands' pointers
     bool operator<(const Key& o) const {
       return std::tie(p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, p.bias, p.d_fp32, p.gelu, p.ld_aux,
-                      p.batch, p.stride_a, p.stride_b, p.stride_d, alignment) <
+                      p.batch, p.stride_a, p.stride_b, p.stride_d, p.a_type, p.b_type, p.fast_accum, alignment) <
              std::tie(o.p.m, o.p.n, o.p.k, o.p.trans_a, o.p.trans_b, o.p.lda, o.p.ldb, o.p.ldd, o.p.bias, o.p.d_fp32,
-                      o.p.gelu, o.p.ld_aux, o.p.batch, o.p.stride_a, o.p.stride_b, o.p.stride_d, o.alignment);
+                      o.p.gelu, o.p.ld_aux, o.p.batch, o.p.stride_a, o.p.stride_b, o.p.stride_d, o.p.a_type,
+                      o.p.b_type, o.p.fast_accum, o.alignment);
     }
   };
   struct Plan {
@@ -129,12 +145,15 @@ struct CublasLtGemm {
   };
   // One call's operands: what the first call of a problem times its candidates on.
   struct Operands {
-    const bf16 *A, *B;
+    const void *A, *B;
     void* D;
     const void* C;
     float alpha, beta;
     cudaStream_t stream;
+    const float *a_scale = nullptr, *b_scale = nullptr;  // FP8's dequantization factors
   };
+  // gemm's and gemm_fp8's checks passed: the plan (built on first use) run on the operands.
+  void enqueue(const GemmProblem& problem, const Operands& ops, const bf16* bias, bf16* aux);
 
   Plan& plan_for(const Key& key, const bf16* bias, const bf16* aux, const Operands& ops);
   // Times the heuristic's candidates on `ops` and stores the fastest in plan.algo.

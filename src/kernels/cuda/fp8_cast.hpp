@@ -1,0 +1,34 @@
+// FP8 casts on the GPU as Transformer Engine's per-tensor scaled casts run them (the reference is
+// core/fp8_scaling.hpp; docs/reference/fp8-facts.md §2-4): a bf16 tensor times a device scale, cast
+// with saturation to E4M3 or E5M2 (round to nearest even, CUDA's satfinite conversion), its amax
+// (max |x| of the unscaled values, NaNs passed over) max-ed into a device float, and scale_inv =
+// 1 / scale written beside the values for the GEMM that reads them. The transposed copy serves
+// Hopper's FP8 GEMMs, which take TN operands only; and the scale updates of both recipes.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/fp8.hpp"
+
+namespace laoyao::kernels::cuda {
+
+// q[i] = fp8(x[i] * *scale); *scale_inv = 1 / *scale; *amax = max(*amax, max |x|) (amax null:
+// not recorded).
+void fp8_cast(const __nv_bfloat16* x, int64_t n, const float* scale, Fp8Format f, uint8_t* q, float* scale_inv,
+              float* amax, cudaStream_t stream);
+// The same cast of x [rows, cols] into q [rows, cols] and its transpose qt [cols, rows] (either
+// may be null).
+void fp8_cast_transpose(const __nv_bfloat16* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
+                        uint8_t* q, uint8_t* qt, float* scale_inv, float* amax, cudaStream_t stream);
+// *amax = max(*amax, max |x|): current scaling's first pass.
+void fp8_amax(const __nv_bfloat16* x, int64_t n, float* amax, cudaStream_t stream);
+// Current scaling: *scale = current_scaling_scale(*amax, f) (core/fp8_scaling.hpp).
+void fp8_current_scale(const float* amax, Fp8Format f, float* scale, cudaStream_t stream);
+// Delayed scaling's update of n tensors (DelayedScaling::update): history [len][n] (row 0 this
+// pass's amaxes), scale [n], fp8_max [n] each tensor's format's largest value.
+void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t n, int64_t len, bool max_algo,
+                        int margin, cudaStream_t stream);
+
+}  // namespace laoyao::kernels::cuda
