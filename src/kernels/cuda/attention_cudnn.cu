@@ -28,7 +28,7 @@ enum : int64_t {
 };
 
 // The tensors' element offsets of a document, per token of it: their token strides.
-enum RaggedOffset { kOffQ, kOffK, kOffV, kOffO, kOffStats, kOffAccum, kRaggedOffsets };
+enum RaggedOffset { kOffQ, kOffK, kOffV, kOffO, kOffStats, kRaggedOffsets };
 
 // Where q, k, v, ctx and their gradients sit: element strides [batch, head, position, dim].
 struct Views {
@@ -88,7 +88,7 @@ int causal_mask(CudnnGraph& g, int x, int neg_inf, const Dims& s_dims) {
 struct Inputs {
   int q, kt, v, o, stats, scale, neg_inf;
   int seq_q = -1, seq_kv = -1;  // documents: their lengths
-  std::array<int, kRaggedOffsets> off{-1, -1, -1, -1, -1, -1};
+  std::array<int, kRaggedOffsets> off{-1, -1, -1, -1, -1};
   bool documents() const { return seq_q >= 0; }
   CudnnGraph::Overrides scores() const { return {seq_q, seq_kv, -1}; }   // [query, key] products
   CudnnGraph::Overrides by_keys() const { return {seq_kv, -1, seq_q}; }  // [key, dim] = [key, query] @ [query, dim]
@@ -100,7 +100,7 @@ Dims row_strides(const AttentionShape& a, bool documents) {
   return documents ? Dims{a.s * a.H, 1, a.H, 1} : CudnnGraph::packed({a.b, a.H, a.s, 1});
 }
 
-// backward: V bound transposed (the backward's dO V^T), and the dQ accumulator's offsets.
+// backward: V bound transposed (the backward's dO V^T).
 Inputs bind_inputs(CudnnGraph& g, const AttentionShape& a, const Views& v, bool backward, bool documents) {
   const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, vd{a.b, a.G, a.s, a.dv()}, od{a.b, a.H, a.s, a.dv()};
   const Dims row_dims{a.b, a.H, a.s, 1};
@@ -109,10 +109,7 @@ Inputs bind_inputs(CudnnGraph& g, const AttentionShape& a, const Views& v, bool 
     const Dims lengths{a.b, 1, 1, 1}, offsets{a.b + 1, 1, 1, 1}, unit{1, 1, 1, 1};
     in.seq_q = g.tensor(kSeqQ, lengths, unit, CUDNN_DATA_INT32);
     in.seq_kv = g.tensor(kSeqKV, lengths, unit, CUDNN_DATA_INT32);
-    // (The dQ accumulator's only where the backward graph has one: a plan's variant pack holds its
-    // graph's tensors and no others.)
-    for (int i = 0; i < kRaggedOffsets; ++i)
-      if (i != kOffAccum || backward) in.off[size_t(i)] = g.tensor(kOffsets + i, offsets, unit, CUDNN_DATA_INT64);
+    for (int i = 0; i < kRaggedOffsets; ++i) in.off[size_t(i)] = g.tensor(kOffsets + i, offsets, unit, CUDNN_DATA_INT64);
   }
   in.q = g.tensor(kQ, qd, v.q, CUDNN_DATA_BFLOAT16, in.off[kOffQ]);
   in.kt = g.tensor(kK, transposed(kd), transposed(v.kv), CUDNN_DATA_BFLOAT16, in.off[kOffK]);
@@ -185,11 +182,11 @@ CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, QkvRows 
   const int dv = g.tensor(kDV, vd, v.v, CUDNN_DATA_BFLOAT16, in.off[kOffV]);
   const int one = g.scalar(kOne, CUDNN_DATA_FLOAT);
   // Workspace-resident intermediates (in our part of the workspace, bound at execution): with
-  // documents token-major, as the statistics.
+  // documents, as cuDNN's frontend lays them out for ragged tensors (Transformer Engine's THD), the
+  // row sums with the statistics' strides and offsets, the fp32 dQ accumulator with dQ's.
   const int softmax_sum =
       g.tensor(kSoftmaxSum, row_dims, row_strides(a, documents), CUDNN_DATA_FLOAT, in.off[kOffStats]);
-  const Dims accum_strides = documents ? Dims{a.s * a.H * a.D, a.D, a.H * a.D, 1} : CudnnGraph::packed(qd);
-  const int dq_accum = g.tensor(kDQAccum, qd, accum_strides, CUDNN_DATA_FLOAT, in.off[kOffAccum]);
+  const int dq_accum = g.tensor(kDQAccum, qd, documents ? v.q : CudnnGraph::packed(qd), CUDNN_DATA_FLOAT, in.off[kOffQ]);
 
   // softmax_sum = rowsum(dO * O): the softmax backward's subtrahend.
   const int d_o_o = g.pointwise(CUDNN_POINTWISE_MUL, d_o, g.virtual_tensor(od), in.o);
@@ -309,7 +306,7 @@ bool CudnnAttention::supports(const AttentionShape& a) {
 }
 
 CudnnAttention::CudnnAttention(const AttentionShape& shape, cudaStream_t stream, QkvRows rows, bool documents)
-    : shape_(shape), stream_(stream), rows_(rows) {
+    : shape_(shape), stream_(stream), rows_(rows), documents_(documents) {
   if (rows != QkvRows::Separate && shape.dv() != shape.D)
     throw Error("cuDNN attention: a value head dim unlike the query's needs separate q, k and v rows");
   if (!supports(shape))
@@ -338,6 +335,8 @@ CudnnAttention::~CudnnAttention() {
 CudnnAttention::Plans& CudnnAttention::plans_for(int64_t b, int64_t documents) {
   if (b <= 0 || b > shape_.b)
     throw Error("cuDNN attention: batch " + std::to_string(b) + " outside 1.." + std::to_string(shape_.b));
+  if (documents > 0 && !documents_)  // (its scratch is sized for documents only when built for them)
+    throw Error("cuDNN attention: documents given to an object built without them");
   if (documents < 0 || (documents > 0 && documents != documents_bucket(documents)))
     throw Error("cuDNN attention: plans for " + std::to_string(documents) + " documents: not a documents_bucket");
   const auto key = std::make_pair(documents > 0, documents > 0 ? documents : b);
@@ -358,9 +357,9 @@ void CudnnAttention::bind_documents(Plans& p, const CudnnDocuments* docs, std::v
   if (!docs) return;
   if (!docs->start || !docs->length) throw Error("cuDNN attention: documents without their starts and lengths");
   // Token strides as views_of gives them ([batch, head, position, dim]: position's), and the
-  // token-major statistics' and dQ accumulator's.
+  // token-major statistics'.
   const Views v = views_of(shape_, rows_);
-  const TokenStrides strides{{v.q[2], v.kv[2], v.v[2], v.o[2], shape_.H, shape_.H * shape_.D}};
+  const TokenStrides strides{{v.q[2], v.kv[2], v.v[2], v.o[2], shape_.H}};
   const int64_t n = docs->count + 1, stride = offsets_stride(docs->count);
   int64_t* offsets = p.offsets.as<int64_t>();
   document_offsets<<<static_cast<int>((n + 255) / 256), 256, 0, stream_>>>(docs->start, n, stride, strides,
@@ -428,7 +427,7 @@ void CudnnAttention::run_backward(int64_t b, const CudnnDocuments* docs, const b
   char* ws = static_cast<char*>(scratch_.ptr);
   float* dq_accum = reinterpret_cast<float*>(ws);
   float* softmax_sum = reinterpret_cast<float*>(ws + aligned(dq_accum_bytes()));
-  LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, sizeof(float) * b * shape_.H * shape_.s * shape_.D, stream_));
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_accum_bytes(), stream_));
   const float one = 1.0f;
   std::vector<CudnnPlan::Binding> bindings{
       {kQ, q},     {kK, k},     {kV, v},   {kO, ctx},
@@ -439,7 +438,11 @@ void CudnnAttention::run_backward(int64_t b, const CudnnDocuments* docs, const b
   p.bwd.execute(handle_, bindings, p.workspace.ptr);
 }
 
-size_t CudnnAttention::dq_accum_bytes() const { return sizeof(float) * shape_.b * shape_.H * shape_.s * shape_.D; }
+size_t CudnnAttention::dq_accum_bytes() const {
+  // Over documents with dQ's token stride (a fused MHA row's is the whole row).
+  const int64_t per_token = documents_ ? views_of(shape_, rows_).q[2] : shape_.H * shape_.D;
+  return sizeof(float) * static_cast<size_t>(shape_.b * shape_.s * per_token);
+}
 
 size_t CudnnAttention::backward_scratch_bytes() const {
   return aligned(dq_accum_bytes()) + aligned(sizeof(float) * shape_.b * shape_.H * shape_.s);

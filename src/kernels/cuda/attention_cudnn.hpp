@@ -118,12 +118,13 @@ class CudnnAttention {
   bool gathers_q() const { return rows_ == QkvRows::Fused && shape_.H != shape_.G; }
   // Where cuDNN reads the query heads: qkv itself (MHA, split rows), or q_ after gathering them.
   const __nv_bfloat16* query_heads(const __nv_bfloat16* qkv, const AttentionShape& a);
-  size_t dq_accum_bytes() const;          // the fp32 dQ accumulator, full batch
+  size_t dq_accum_bytes() const;          // the fp32 dQ accumulator, full batch (over documents, dQ's layout)
   size_t backward_scratch_bytes() const;  // our part of the workspace: dQ accumulator, row sums
 
   AttentionShape shape_;
   cudaStream_t stream_;
   QkvRows rows_;
+  bool documents_;
   cudnnHandle_t handle_ = nullptr;
   std::map<std::pair<bool, int64_t>, std::unique_ptr<Plans>> plans_;  // by (documents, batch size)
   DeviceBuffer scratch_;  // our part of the backward's workspace (dQ accumulator, row sums), full batch
