@@ -87,6 +87,28 @@ class Fields {
   std::string source_;
 };
 
+// RoPE's scaling: config.json's rope_scaling, or (transformers 5 writes RoPE's base and scaling as
+// one object) rope_parameters unless its rope_type is "default"; the key it came from with it, or
+// null when the model's RoPE is unscaled.
+std::pair<const char*, const json*> rope_scaling_of(const Fields& f) {
+  if (f.has("rope_scaling")) return {"rope_scaling", &f.raw("rope_scaling")};
+  if (!f.has("rope_parameters")) return {"rope_scaling", nullptr};
+  const json& p = f.raw("rope_parameters");
+  if (!p.is_object()) f.fail("rope_parameters", "must be an object or null, not " + p.dump());
+  const bool plain = !p.contains("rope_type") || (p["rope_type"].is_string() && p["rope_type"] == "default");
+  return {"rope_parameters", plain ? nullptr : &p};
+}
+
+// RoPE's base: rope_theta, at the top or in transformers 5's rope_parameters.
+double rope_theta_of(const Fields& f) {
+  if (f.has("rope_theta") || !f.has("rope_parameters") || !f.raw("rope_parameters").is_object()) return f.number("rope_theta", 10000.0);
+  const json& p = f.raw("rope_parameters");
+  if (!p.contains("rope_theta")) return 10000.0;
+  if (!p["rope_theta"].is_number() || !(p["rope_theta"].get<double>() > 0))
+    f.fail("rope_parameters.rope_theta", "must be a positive number, not " + p["rope_theta"].dump());
+  return p["rope_theta"].get<double>();
+}
+
 // The fields of every RMSNorm / SwiGLU / RoPE architecture here: the MLP and vocabulary sizes, the
 // positions, the norm's epsilon, the activation, RoPE's base and the init std.
 void parse_rmsnorm_swiglu_rope(const Fields& f, HfModel& m) {
@@ -101,7 +123,7 @@ void parse_rmsnorm_swiglu_rope(const Fields& f, HfModel& m) {
   const std::string act = f.string("hidden_act", "silu");
   if (act != "silu") f.fail("hidden_act", "is \"" + act + "\"; Megatron's SwiGLU is silu");
   g.positions = model::Positions::Rope;
-  g.rotary_base = f.number("rope_theta", 10000.0);
+  g.rotary_base = rope_theta_of(f);
   g.init_std = g.embedding_init_std = f.number("initializer_range", 0.02);
 }
 
@@ -120,24 +142,24 @@ void parse_llama_like(const Fields& f, HfModel& m) {
                                       std::to_string(g.heads));
   parse_rmsnorm_swiglu_rope(f, m);
   if (f.integer("pretraining_tp", 1) != 1) f.fail("pretraining_tp", "must be 1");
-  if (f.has("rope_scaling")) {
-    const json& rs = f.raw("rope_scaling");
-    if (!rs.is_object()) f.fail("rope_scaling", "must be an object or null, not " + rs.dump());
+  if (const auto [key, scaling] = rope_scaling_of(f); scaling) {
+    const json& rs = *scaling;
+    const std::string at = key;
+    if (!rs.is_object()) f.fail(at, "must be an object or null, not " + rs.dump());
     auto text = [&](const char* k) { return rs.contains(k) && rs[k].is_string() ? rs[k].get<std::string>() : ""; };
     const std::string type = !text("rope_type").empty() ? text("rope_type") : text("type");
     if (type != "llama3")
-      f.fail("rope_scaling", "of type \"" + type + "\" is not supported (Megatron's Llama 3 scaling: \"llama3\")");
+      f.fail(at, "of type \"" + type + "\" is not supported (Megatron's Llama 3 scaling: \"llama3\")");
     // Megatron's _apply_scaling fixes these; a checkpoint with others would compute other angles.
-    auto fixed = [&](const char* key, double want) {
-      if (!rs.contains(key) || !rs[key].is_number() || rs[key].get<double>() != want)
-        f.fail(std::string("rope_scaling.") + key, "must be " + std::to_string(want).substr(0, 6) +
-                                                       " (Megatron's Llama 3 scaling constant)");
+    auto fixed = [&](const char* k, double want) {
+      if (!rs.contains(k) || !rs[k].is_number() || rs[k].get<double>() != want)
+        f.fail(at + "." + k, "must be " + std::to_string(want).substr(0, 6) + " (Megatron's Llama 3 scaling constant)");
     };
     fixed("low_freq_factor", 1.0);
     fixed("high_freq_factor", 4.0);
     fixed("original_max_position_embeddings", 8192.0);
     if (!rs.contains("factor") || !rs["factor"].is_number() || !(rs["factor"].get<double>() > 0))
-      f.fail("rope_scaling.factor", "must be a positive number");
+      f.fail(at + ".factor", "must be a positive number");
     g.rope_scaling = true;
     g.rope_scaling_factor = rs["factor"].get<double>();
   }
@@ -204,12 +226,12 @@ void parse_deepseek(const Fields& f, HfModel& m) {
   s.latent_norms = true;
   g.kv_channels = s.v_head_dim;
   double mscale_all_dim = 1.0, factor = 1.0;  // Bridge's values without YaRN (scale 1)
-  if (f.has("rope_scaling")) {
-    const json& rs = f.raw("rope_scaling");
+  if (const auto [key, scaling] = rope_scaling_of(f); scaling) {
+    const json& rs = *scaling;
     auto text = [&](const char* k) { return rs.contains(k) && rs[k].is_string() ? rs[k].get<std::string>() : ""; };
     const std::string type = rs.is_object() ? (!text("type").empty() ? text("type") : text("rope_type")) : "";
     if (type != "yarn" && type != "default")
-      f.fail("rope_scaling", "of type \"" + type + "\" is not supported for multi-latent attention (yarn)");
+      f.fail(key, "of type \"" + type + "\" is not supported for multi-latent attention (yarn)");
     if (type == "yarn") {
       auto num = [&](const char* k, double fallback) {
         if (!rs.contains(k) || rs[k].is_null()) return fallback;

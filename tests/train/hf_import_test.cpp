@@ -455,3 +455,29 @@ TEST(HfImport, DeepseekConfigsMegatronCannotMatchAreRefusedByField) {
     }
   }
 }
+
+// transformers 5 writes RoPE's base and scaling as one rope_parameters object: read as the older
+// rope_theta and rope_scaling are, its "default" type unscaled, another type refused by name.
+TEST(HfImport, TransformersFiveRopeParametersAreReadAsRopeThetaAndScaling) {
+  auto config = [](const std::string& params) {
+    std::string c = llama_config("LlamaForCausalLM", ", \"rope_parameters\": " + params);
+    const std::string theta = "\"rope_theta\": 500000.0, ";
+    return c.replace(c.find(theta), theta.size(), "");
+  };
+  const HfModel plain = parse_hf_config(config("{\"rope_type\": \"default\", \"rope_theta\": 20000.0}"), "c");
+  EXPECT_EQ(plain.gpt.rotary_base, 20000.0);
+  EXPECT_FALSE(plain.gpt.rope_scaling);
+  const HfModel llama3 = parse_hf_config(
+      config("{\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, \"factor\": 32.0, \"low_freq_factor\": 1.0, "
+             "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}"),
+      "c");
+  EXPECT_EQ(llama3.gpt.rotary_base, 500000.0);
+  EXPECT_TRUE(llama3.gpt.rope_scaling);
+  EXPECT_EQ(llama3.gpt.rope_scaling_factor, 32.0);
+  try {
+    parse_hf_config(config("{\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0}"), "config.json");
+    ADD_FAILURE() << "yarn accepted";
+  } catch (const laoyao::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"rope_parameters\" of type \"yarn\""), std::string::npos) << e.what();
+  }
+}
