@@ -4,6 +4,8 @@
 # the final loss's relative difference from BF16's. Real text: Debian's fortunes, tokenized with the
 # Llama 2 tokenizer (scripts/fetch_test_vocabs.sh) by `laoyao preprocess-data`.
 #   bash bench/fp8_curves.sh [laoyao binary] [iterations]     (the backend as laoyao chooses it)
+# FP8_CURVES_WORK=DIR keeps the work there; a DIR that already holds fortunes_text_document.{bin,idx}
+# (made on this machine and carried) is used as it is, for machines without Debian's fortunes.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${1:-$root/build/default/laoyao}"
