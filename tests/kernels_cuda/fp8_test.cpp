@@ -39,7 +39,8 @@ TEST_F(CudaFp8, CastMatchesTheCpuBitForBit) {
   for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
     SCOPED_TRACE(f == Fp8Format::E4M3 ? "e4m3" : "e5m2");
     auto x = randn_bf16(5003, 31, "fp8.cast", 3.0);
-    x[7] = 3000.0f, x[8] = -1e6f, x[9] = std::numeric_limits<float>::quiet_NaN();
+    // (values a bf16 holds exactly: the device reads bf16)
+    x[7] = 3072.0f, x[8] = -1048576.0f, x[9] = std::numeric_limits<float>::quiet_NaN();
     const float scale = 37.25f;
     auto dx = to_device_bf16(x);
     auto dscale = scalar(scale), dinv = scalar(0.0f), damax = scalar(0.0f);
@@ -130,7 +131,8 @@ TEST_F(CudaFp8, ScaleUpdatesMatchTheCpuRecipes) {
 // E4M3, fast accumulation, bf16 output with the bias), the input gradient dx = dy w through w's
 // transposed copy (E4M3 x E5M2, bf16), and the weight gradient dw += dy^T x through both
 // transposed copies, accumulated into fp32 (beta 1). Each against the fp32 product of the same FP8
-// values (core's fp8_gemm_tn).
+// values (core's fp8_gemm_tn); the fp32 output within 1e-3 of the product's largest entry: Hopper's
+// FP8 tensor cores sum with fewer bits than fp32 between the promotions (an H100 erred by about 1e-4 of it).
 TEST_F(CudaFp8, GemmsMatchTheFp32ProductOfTheSameFp8Values) {
   const int64_t T = 64, K = 128, N = 96;
   const auto x = randn_bf16(T * K, 34, "fp8.x", 2.0), w = randn_bf16(N * K, 34, "fp8.w", 0.05),
@@ -198,7 +200,9 @@ TEST_F(CudaFp8, GemmsMatchTheFp32ProductOfTheSameFp8Values) {
   expect_bf16_close(from_device_bf16(y, T * N), wy, 1e-3, "y = x w^T + b");
   expect_bf16_close(from_device_bf16(dx, T * K), to_double(want_dx), 1e-3, "dx = dy w");
   const auto got_dw = from_device<float>(dw, N * K);
-  std::vector<double> tol(want_dw.size(), 1e-4 * max_abs(to_double(want_dw)));
+  std::vector<double> product(want_dw.size());
+  for (size_t i = 0; i < product.size(); ++i) product[i] = double(want_dw[i]) - dw0[i];
+  std::vector<double> tol(want_dw.size(), 1e-3 * max_abs(product));
   expect_within(got_dw, to_double(want_dw), tol, "dw += dy^T x (fp32)");
 
   // What Hopper's FP8 GEMMs cannot take.

@@ -337,15 +337,12 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       if (!kc::CudnnAttention::supports(shape))
         throw UsageError("--attention-backend fused: cuDNN's fused attention takes head dims that are multiples of 8 "
                          "up to 128, not " + D + " (--attention-backend unfused works for any)");
-      if (c.document_attention)
-        std::fprintf(stderr, "note: --attention-backend fused over documents: cuDNN's attention over ragged "
-                             "sequences has not yet passed laoyao's GPU checks (docs/known-gaps.md); auto and flash "
-                             "take laoyao's checked flash kernels\n");
       make_cudnn_attention(shape, allow_split);
       attention_ = AttentionPath::Cudnn;
       return;
     // cuDNN's unless dropout or documents need ours: cuDNN's attention over documents (asked for by
-    // --attention-backend fused) is not yet checked on a GPU.
+    // --attention-backend fused) matches the CPU, but its speed beside our flash kernels over
+    // documents is not yet measured (bench/finetune_bench.py's "packed, cuDNN documents" run).
     case AttentionBackend::Auto:
       if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
         try {
