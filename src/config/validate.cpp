@@ -152,11 +152,11 @@ struct Checker {
     std::string params_dtype = "fp32";
     // Its FP8 fields (Bridge's defaults differ from Megatron's: tensorwise, no BF16 layers). Its
     // fp8_param follows fp8_param_gather: the dataclass sets fp8_param_gather after fp8_param, and
-    // setting either sets the other.
+    // setting either sets the other (a given fp8_param is only checked).
     ModelConfig fp8;
     fp8.fp8_recipe = "tensorwise";
     fp8.num_layers_at_start_in_bf16 = fp8.num_layers_at_end_in_bf16 = 0;
-    bool fp8_param = false, fp8_param_gather = false;
+    bool fp8_param_gather = false;
     if (mp.kind == Value::Kind::String) {
       std::string p = mp.s;
       for (auto& ch : p)
@@ -236,7 +236,8 @@ struct Checker {
         if (k == "fp8_wgrad") flag(fp8.fp8_wgrad);
         if (k == "fp8_dot_product_attention") flag(fp8.fp8_dot_product_attention);
         if (k == "fp8_multi_head_attention") flag(fp8.fp8_multi_head_attention);
-        if (k == "fp8_param" && !v.is_null()) flag(fp8_param);
+        if (k == "fp8_param" && !v.is_null() && v.kind != Value::Kind::Bool)
+          fail("mixed_precision.fp8_param must be true, false or null");
         if (k == "fp8_param_gather") flag(fp8_param_gather);
         if (k == "first_last_layers_bf16") flag(fp8.first_last_layers_bf16);
         if (k == "num_layers_at_start_in_bf16") integer(fp8.num_layers_at_start_in_bf16);

@@ -101,7 +101,8 @@ std::pair<const char*, const json*> rope_scaling_of(const Fields& f) {
 
 // RoPE's base: rope_theta, at the top or in transformers 5's rope_parameters.
 double rope_theta_of(const Fields& f) {
-  if (f.has("rope_theta") || !f.has("rope_parameters") || !f.raw("rope_parameters").is_object()) return f.number("rope_theta", 10000.0);
+  if (f.has("rope_theta") || !f.has("rope_parameters") || !f.raw("rope_parameters").is_object())
+    return f.number("rope_theta", 10000.0);
   const json& p = f.raw("rope_parameters");
   if (!p.contains("rope_theta")) return 10000.0;
   if (!p["rope_theta"].is_number() || !(p["rope_theta"].get<double>() > 0))

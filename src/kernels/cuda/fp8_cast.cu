@@ -22,16 +22,17 @@ __device__ __forceinline__ void atomic_max_nonnegative(float* at, float v) {
   atomicMax(reinterpret_cast<int*>(at), __float_as_int(v));
 }
 
-// A block's max of its threads' values into *amax.
+// A block's max of its threads' values into *amax (blocks of kThreads threads, in x or in x and y).
 __device__ void block_amax(float local, float* amax) {
   __shared__ float warps[kThreads / 32];
+  const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
   for (int o = 16; o > 0; o >>= 1) local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, o));
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = local;
+  if (t % 32 == 0) warps[t / 32] = local;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    float m = threadIdx.x < blockDim.x / 32 ? warps[threadIdx.x] : 0.0f;
+  if (t < 32) {
+    float m = t < kThreads / 32 ? warps[t] : 0.0f;
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0 && m > 0.0f) atomic_max_nonnegative(amax, m);
+    if (t == 0 && m > 0.0f) atomic_max_nonnegative(amax, m);
   }
 }
 
@@ -48,8 +49,8 @@ __global__ void cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, cons
   if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
 }
 
-// 32 x 32 tiles through shared memory: reads and both writes along rows.
-constexpr int kTile = 32, kRowsPerPass = 8;
+// 32 x 32 tiles through shared memory: reads and both writes along rows; kThreads threads a block.
+constexpr int kTile = 32, kRowsPerPass = kThreads / kTile;
 
 __global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
                                       const float* __restrict__ scale, Fp8Format f, uint8_t* __restrict__ q,
@@ -74,18 +75,7 @@ __global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64
       const int64_t c = c0 + dc, r = r0 + threadIdx.x;
       if (r < rows && c < cols) qt[c * rows + r] = tile[threadIdx.x][dc];
     }
-  if (amax) {
-    // (block_amax's reduction for this block shape: warps are the rows of threads.)
-    __shared__ float warps[kRowsPerPass];
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0) warps[threadIdx.y] = m;
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0) {
-      float b = 0.0f;
-      for (int w = 0; w < kRowsPerPass; ++w) b = fmaxf(b, warps[w]);
-      if (b > 0.0f) atomic_max_nonnegative(amax, b);
-    }
-  }
+  if (amax) block_amax(m, amax);
   if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
 }
 
