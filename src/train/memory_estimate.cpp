@@ -144,6 +144,9 @@ std::vector<Part> activation_parts(const config::ConfigContainer& c, const confi
 ld bytes_per_parameter(const config::ConfigContainer& c, const config::Derived& d, bool cuda) {
   const bool half = cuda && (c.model.bf16 || c.model.fp16);
   const ld weights = half ? 2 : 4, grads = 4, main = half ? 4 : 0;
+  // PEFT trains only its adapters (a small fraction, left out of this lower bound): the frozen base
+  // certainly holds its weights alone.
+  if (c.peft.scheme) return weights;
   const ld state = c.optimizer.optimizer == "adam" ? 8 : (c.optimizer.sgd_momentum != 0 ? 4 : 0);
   // The distributed optimizer shards the main weights and the state: at most over every rank.
   const ld shards = c.optimizer.use_distributed_optimizer ? static_cast<ld>(std::max<int64_t>(1, d.world_size)) : 1;

@@ -8,7 +8,8 @@
 //                 ones over TP, the routed experts' over EP x ETP), w = 2 for half-precision
 //                 weights on the CUDA backend else 4, fp32 gradients (4), an fp32 main copy
 //                 m = 4 beside half-precision weights, optimizer state o = 8 (Adam) or 4 (SGD
-//                 with momentum), sharded over the world with the distributed optimizer;
+//                 with momentum), sharded over the world with the distributed optimizer; with
+//                 PEFT the frozen base counts its weights alone (w) and the adapters nothing;
 //   activations = one micro-batch: each layer's input, b x s x h values (over TP with sequence
 //                 parallelism), the CPU backend's attention probabilities, b x heads/TP x s x s
 //                 floats a layer, and the logits, b x s x V/TP values;

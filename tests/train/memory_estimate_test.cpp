@@ -128,3 +128,25 @@ TEST(MemoryEstimate, TheIndicesAloneBoundWhatDataSamplesBuilds) {
                                                 e.index_bytes * 0.5L),
                UsageError);
 }
+
+// LoRA on Llama 3 8B (llama3_8b_peft_config) fits one 80 GB GPU: the frozen base holds its bf16
+// weights, no gradients or Adam state; the same model trained in full (llama3_8b_sft_config, on one GPU) does not.
+TEST(MemoryEstimate, PeftCountsTheFrozenBasesWeightsAlone) {
+  const auto resolve = [](const std::string& recipe) {
+    config::RecipeInvocation inv;
+    inv.recipe = recipe;
+    inv.overrides = {"tokenizer.vocab_size=128256", "dataset.dataset_root=/nonexistent/rows",
+                     "checkpoint.pretrained_checkpoint=/nonexistent/hf", "model.tensor_model_parallel_size=1"};
+    return config::resolve_recipe(inv, 1);
+  };
+  const config::Resolved peft = resolve("llama3_8b_peft_config"), sft = resolve("llama3_8b_sft_config");
+  const train::MemoryEstimate lora = train::estimate_memory(peft.cfg, peft.validated.derived, true);
+  EXPECT_EQ(lora.bytes_per_parameter, 2);
+  EXPECT_GT(lora.parameters, 6.5e9L);  // the layers; the vocabulary is the tokenizer files'
+  const long double h100 = 79.2L * 1024 * 1024 * 1024;
+  EXPECT_NO_THROW(train::check_memory_fits(peft.cfg, peft.validated.derived, config::FrontEnd::Bridge, true,
+                                           {0, h100}));
+  EXPECT_EQ(train::estimate_memory(sft.cfg, sft.validated.derived, true).bytes_per_parameter, 18);
+  EXPECT_THROW(train::check_memory_fits(sft.cfg, sft.validated.derived, config::FrontEnd::Bridge, true, {0, h100}),
+               UsageError);
+}
