@@ -53,11 +53,12 @@ void range_boxes(Box box, size_t dim, int64_t lo, int64_t hi, std::vector<Box>& 
 
 // Copies the intersection of boxes a and b: from data laid out as a (row-major within a) to data
 // laid out as b. Walks the intersection's rows (all dimensions but the last), one contiguous run
-// each.
-int64_t copy_box_overlap(const Box& a, const float* a_data, const Box& b, float* b_data) {
+// each; run(offset in a's data, destination, count) copies one.
+template <class Run>
+int64_t copy_box_overlap(const Box& a, const Box& b, float* b_data, Run run_copy) {
   const size_t dims = a.start.size();
-  if (dims == 0) {  // scalars
-    b_data[0] = a_data[0];
+  if (dims == 0) {
+    run_copy(0, b_data, 1);
     return 1;
   }
   std::vector<int64_t> lo(dims), hi(dims);
@@ -75,7 +76,7 @@ int64_t copy_box_overlap(const Box& a, const float* a_data, const Box& b, float*
   while (true) {
     int64_t oa = 0, ob = 0;
     for (size_t d = 0; d < dims; ++d) oa += (at[d] - a.start[d]) * sa[d], ob += (at[d] - b.start[d]) * sb[d];
-    std::copy(a_data + oa, a_data + oa + run, b_data + ob);
+    run_copy(oa, b_data + ob, run);
     copied += run;
     // The next row: the last-but-one dimension first.
     size_t d = dims - 1;
@@ -87,6 +88,24 @@ int64_t copy_box_overlap(const Box& a, const float* a_data, const Box& b, float*
     }
     if (dims == 1) return copied;
   }
+}
+
+// copy_overlap's walk over the two parts' boxes; run(offset in src's data, destination, count).
+template <class Run>
+int64_t copy_parts_overlap(const TensorPart& src, const TensorPart& dst, float* dst_data, Run run_copy) {
+  if (src.name != dst.name || src.shape != dst.shape)
+    throw Error("tensor parts of different tensors: " + src.name + " and " + dst.name);
+  int64_t copied = 0, src_at = 0;
+  for (const Box& a : src.boxes) {
+    int64_t dst_at = 0;
+    for (const Box& b : dst.boxes) {
+      copied += copy_box_overlap(a, b, dst_data + dst_at,
+                                 [&](int64_t from, float* to, int64_t n) { run_copy(src_at + from, to, n); });
+      dst_at += b.numel();
+    }
+    src_at += a.numel();
+  }
+  return copied;
 }
 
 }  // namespace
@@ -112,18 +131,16 @@ bool boxes_meet(const Box& a, const Box& b) {
 }
 
 int64_t copy_overlap(const TensorPart& src, const float* src_data, const TensorPart& dst, float* dst_data) {
-  if (src.name != dst.name || src.shape != dst.shape)
-    throw Error("tensor parts of different tensors: " + src.name + " and " + dst.name);
-  int64_t copied = 0, src_at = 0;
-  for (const Box& a : src.boxes) {
-    int64_t dst_at = 0;
-    for (const Box& b : dst.boxes) {
-      copied += copy_box_overlap(a, src_data + src_at, b, dst_data + dst_at);
-      dst_at += b.numel();
-    }
-    src_at += a.numel();
-  }
-  return copied;
+  return copy_parts_overlap(src, dst, dst_data,
+                            [&](int64_t from, float* to, int64_t n) { std::copy(src_data + from, src_data + from + n, to); });
+}
+
+int64_t copy_overlap(const TensorPart& src, const uint8_t* src_halves, float (*widen)(uint16_t), const TensorPart& dst,
+                     float* dst_data) {
+  return copy_parts_overlap(src, dst, dst_data, [&](int64_t from, float* to, int64_t n) {
+    const uint8_t* p = src_halves + 2 * from;
+    for (int64_t i = 0; i < n; ++i) to[i] = widen(static_cast<uint16_t>(p[2 * i] | (p[2 * i + 1] << 8)));
+  });
 }
 
 }  // namespace laoyao::model

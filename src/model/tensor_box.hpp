@@ -37,5 +37,9 @@ bool boxes_meet(const Box& a, const Box& b);
 // that lies in both; the two parts must be of the same tensor and shape (Error otherwise). Returns
 // the number of elements copied.
 int64_t copy_overlap(const TensorPart& src, const float* src_data, const TensorPart& dst, float* dst_data);
+// The same from 16-bit floats (little-endian bf16 or f16 bits, as a safetensors file stores them),
+// each widened by `widen` as it is copied: a window of a large stored entry reads only what it meets.
+int64_t copy_overlap(const TensorPart& src, const uint8_t* src_halves, float (*widen)(uint16_t), const TensorPart& dst,
+                     float* dst_data);
 
 }  // namespace laoyao::model

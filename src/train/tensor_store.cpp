@@ -146,7 +146,6 @@ void TensorStore::read(const model::TensorPart& want, float* out) const {
     throw UsageError(where_ + ": tensor '" + want.name + "' is " + shape_string(parts->front().part.shape) +
                      ", the model's is " + shape_string(want.shape));
   int64_t copied = 0;
-  std::vector<float> buf;
   std::vector<std::string> read_from;
   for (const Stored& s : *parts) {
     if (!parts_meet(s.part, want)) continue;
@@ -161,10 +160,8 @@ void TensorStore::read(const model::TensorPart& want, float* out) const {
     } else if (t.dtype == Dtype::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
       // What meets the wanted part, from the mapping itself (a window of a large entry reads only it).
       copied += model::copy_overlap(s.part, reinterpret_cast<const float*>(t.data), want, out);
-    } else {  // other dtypes widened whole first
-      buf.resize(static_cast<size_t>(t.numel()));
-      f.file.read_f32(t, buf.data(), buf.size());
-      copied += model::copy_overlap(s.part, buf.data(), want, out);
+    } else {  // 16-bit floats widened as they are copied
+      copied += model::copy_overlap(s.part, t.data, t.dtype == Dtype::BF16 ? bf16_to_f32 : f16_to_f32, want, out);
     }
     f.file.release(t.data, t.nbytes);
   }

@@ -1,15 +1,17 @@
-// Tensor parts as boxes (model/tensor_box.hpp): copy_overlap against a naive element-by-element
-// copy over the whole tensor, on random shapes and boxes of one to three dimensions; and TP
-// boxes (model/gpt_tp.hpp) that tile each whole tensor once over the ranks.
+// Tensor parts as boxes (model/tensor_box.hpp): copy_overlap (from floats and from bf16 bits)
+// against a naive element-by-element copy over the whole tensor, on random shapes and boxes of one
+// to three dimensions; and TP boxes (model/gpt_tp.hpp) that tile each whole tensor once over the ranks.
 #include "model/tensor_box.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/safetensors.hpp"
 #include "model/gpt_tp.hpp"
 
 using namespace laoyao;
@@ -80,6 +82,21 @@ TEST(TensorBox, CopyOverlapIsTheNaiveElementwiseCopy) {
     }
     copy_overlap(src, src_data.data(), dst, got.data());
     ASSERT_EQ(got, want) << "trial " << trial;
+    // From bf16 bits (a safetensors entry's bytes), widened as copied: the same as widening every
+    // element first and copying the floats.
+    std::vector<uint8_t> halves;
+    std::vector<float> widened;
+    for (float v : src_data) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      halves.push_back(static_cast<uint8_t>(bits >> 16)), halves.push_back(static_cast<uint8_t>(bits >> 24));
+      widened.push_back(bf16_to_f32(static_cast<uint16_t>(bits >> 16)));
+    }
+    std::vector<float> got16(got.size(), -7.0f), want16 = got16;
+    copy_overlap(src, widened.data(), dst, want16.data());
+    EXPECT_EQ(copy_overlap(src, halves.data(), bf16_to_f32, dst, got16.data()),
+              copy_overlap(src, src_data.data(), dst, got.data()));
+    ASSERT_EQ(got16, want16) << "trial " << trial;
   }
   EXPECT_THROW(copy_overlap({"a", {2}, {whole_box({2})}}, nullptr, {"b", {2}, {whole_box({2})}}, nullptr), Error);
 }
