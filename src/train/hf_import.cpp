@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -204,19 +205,25 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 }  // namespace
 
-HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir, const HfProgress& progress) {
-  const std::string hf_dir = resolve_hf_path(hf_path, "import-hf");
-  std::error_code ec;
-  if (!fs::is_directory(hf_dir, ec)) throw UsageError("Hugging Face folder '" + hf_dir + "' is not a directory");
-  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
-  if (!fs::is_regular_file(config_path, ec))
-    throw UsageError("'" + hf_dir + "' has no config.json: not a Hugging Face model folder");
+namespace {
 
-  HfImportResult result;
-  result.model = parse_hf_config(read_file(config_path), config_path);
-  const HfModel& hf = result.model;
-  const HfTensors tensors = open_tensors(hf_dir);
-  const std::vector<HfTensorMap> maps = hf_tensor_maps(hf);
+// A Hugging Face folder's tensors, each parameter's sources found and checked: what import_hf
+// converts and open_hf_pretrained reads.
+struct CheckedHf {
+  HfModel hf;
+  HfTensors tensors;
+  std::vector<HfTensorMap> maps;
+  std::vector<Sources> sources;  // maps[i]'s
+};
+
+CheckedHf check_hf_folder(const std::string& hf_dir, const std::string& config_path) {
+  CheckedHf c;
+  c.hf = parse_hf_config(read_file(config_path), config_path);
+  const HfModel& hf = c.hf;
+  c.tensors = open_tensors(hf_dir);
+  c.maps = hf_tensor_maps(hf);
+  const HfTensors& tensors = c.tensors;
+  const std::vector<HfTensorMap>& maps = c.maps;
 
   // Find every parameter's sources (GPT-2 folders saved without the "transformer." prefix too).
   auto find = [&](const std::string& name) -> const SafetensorsTensor* {
@@ -224,7 +231,8 @@ HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir,
     if (it == tensors.by_name.end() && name.rfind("transformer.", 0) == 0) it = tensors.by_name.find(name.substr(12));
     return it == tensors.by_name.end() ? nullptr : it->second;
   };
-  std::vector<Sources> sources(maps.size());
+  std::vector<Sources>& sources = c.sources;
+  sources.resize(maps.size());
   std::set<std::string> used;
   std::vector<std::string> missing;
   for (size_t i = 0; i < maps.size(); ++i) {
@@ -261,6 +269,26 @@ HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir,
     }
     check_shapes(maps[i], s, hf);
   }
+  return c;
+}
+
+}  // namespace
+
+HfImportResult import_hf(const std::string& hf_path, const std::string& out_dir, const HfProgress& progress) {
+  const std::string hf_dir = resolve_hf_path(hf_path, "import-hf");
+  std::error_code ec;
+  if (!fs::is_directory(hf_dir, ec)) throw UsageError("Hugging Face folder '" + hf_dir + "' is not a directory");
+  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
+  if (!fs::is_regular_file(config_path, ec))
+    throw UsageError("'" + hf_dir + "' has no config.json: not a Hugging Face model folder");
+
+  CheckedHf checked = check_hf_folder(hf_dir, config_path);
+  HfImportResult result;
+  result.model = checked.hf;
+  const HfModel& hf = result.model;
+  const HfTensors& tensors = checked.tensors;
+  const std::vector<HfTensorMap>& maps = checked.maps;
+  const std::vector<Sources>& sources = checked.sources;
 
   ScratchFolder scratch(out_dir);  // written beside out_dir, moved into place at the end
   const fs::path final_dir = scratch.final_path();
@@ -395,6 +423,75 @@ std::vector<std::string> contradictions(const HfModel& hf, const model::GptConfi
   return out;
 }
 
+// The folder's own files as the pretrained store when every parameter is its sources' rows
+// rearranged (Copy, Qkv, GateUp): each source entry is a part of the parameter whose boxes are the
+// rows it gives, in its own order, so nothing is converted or written before the weights are read.
+PretrainedSource read_in_place(const std::string& dir, CheckedHf c, const std::vector<ParamShape>& expected) {
+  std::map<std::string, size_t> by_name;  // local-spec name: map
+  for (size_t i = 0; i < c.maps.size(); ++i) by_name[local_spec_name(c.maps[i].mcore)] = i;
+  std::vector<std::string> problems;
+  std::set<std::string> wanted;
+  for (const ParamShape& p : expected) {
+    wanted.insert(local_spec_name(p.name));
+    auto it = by_name.find(local_spec_name(p.name));
+    if (it == by_name.end())
+      problems.push_back("missing: " + p.name + " " + shape_string(p.shape));
+    else if (c.maps[it->second].shape != p.shape)
+      problems.push_back(p.name + ": checkpoint " + shape_string(c.maps[it->second].shape) + ", model " +
+                         shape_string(p.shape));
+  }
+  for (const auto& [name, i] : by_name)
+    if (!wanted.count(name)) problems.push_back("unexpected: " + name + " " + shape_string(c.maps[i].shape));
+  if (!problems.empty()) {
+    std::string list;
+    for (const auto& x : problems) list += "\n  " + x;
+    throw UsageError("pretrained checkpoint '" + dir + "' does not match the model's parameters:" + list);
+  }
+  PretrainedSource out{TensorStore("pretrained checkpoint '" + dir + "'"), {}, {}};
+  std::vector<size_t> at(c.tensors.files.size());
+  for (size_t f = 0; f < at.size(); ++f) {
+    out.files.push_back(c.tensors.files[f]->path());
+    at[f] = out.store.add_file(std::move(*c.tensors.files[f]), std::nullopt);
+  }
+  const model::GptConfig& g = c.hf.gpt;
+  for (const ParamShape& p : expected) {
+    const size_t i = by_name.at(local_spec_name(p.name));
+    const HfTensorMap& m = c.maps[i];
+    const std::vector<const SafetensorsTensor*>& src = c.sources[i].t;
+    auto rows = [&](int64_t first, int64_t count) {
+      model::Box b = model::whole_box(p.shape);
+      b.start[0] = first, b.size[0] = count;
+      return b;
+    };
+    auto add = [&](size_t k, std::vector<model::Box> boxes) {
+      out.store.add(at[c.tensors.file_of.at(src[k]->name)], src[k]->name, {p.name, p.shape, std::move(boxes)});
+    };
+    switch (m.kind) {
+      case Kind::Copy:
+        add(0, {model::whole_box(p.shape)});
+        break;
+      case Kind::GateUp:
+        add(0, {rows(0, p.shape[0] / 2)});
+        add(1, {rows(p.shape[0] / 2, p.shape[0] / 2)});
+        break;
+      case Kind::Qkv: {  // group grp's rows: [q heads; k; v], each source giving its rows of every group
+        const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups, stride = (per_group + 2) * D;
+        std::vector<model::Box> q, k, v;
+        for (int64_t grp = 0; grp < g.query_groups; ++grp) {
+          q.push_back(rows(grp * stride, per_group * D));
+          k.push_back(rows(grp * stride + per_group * D, D));
+          v.push_back(rows(grp * stride + (per_group + 1) * D, D));
+        }
+        add(0, std::move(q)), add(1, std::move(k)), add(2, std::move(v));
+        break;
+      }
+      default:
+        throw Error("read_in_place: " + m.mcore + " is not a rearrangement of rows");
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 bool is_hf_folder(const std::string& path) {
@@ -416,6 +513,12 @@ PretrainedSource open_hf_pretrained(const std::string& path, const model::GptCon
                      " whose config.json the run's model contradicts (`laoyao checkpoint import-hf` writes the "
                      "flags that match it):" + list);
   }
+  CheckedHf checked = check_hf_folder(dir, config_path);
+  const bool rows_only = std::all_of(checked.maps.begin(), checked.maps.end(), [](const HfTensorMap& m) {
+    return m.kind == Kind::Copy || m.kind == Kind::Qkv || m.kind == Kind::GateUp;
+  });
+  if (rows_only) return read_in_place(dir, std::move(checked), expected);
+  // GPT-2's transposed weights: converted as import-hf converts them, into a scratch folder.
   const std::string tmp = (fs::temp_directory_path() / ("laoyao_hf_pretrained." + std::to_string(::getpid()))).string();
   std::error_code ec;
   fs::remove_all(tmp, ec);

@@ -54,10 +54,28 @@ QkvRow qkv_source(int64_t r, int64_t H, int64_t G, int64_t D) {
   return {"v", g * D + in - (per + 1) * D};
 }
 
-void expect_pretrained_reads(const std::string& out, const HfModel& m) {
+// The import reads as a pretrained checkpoint; and the Hugging Face folder itself, read in place
+// (its entries as boxes of the parameters, 16-bit values widened as copied), gives every tensor,
+// whole and a window of it, equal to the import's.
+void expect_pretrained_reads(const std::string& in, const std::string& out, const HfModel& m) {
   const auto layout = model::build_gpt_parameters(m.gpt);
-  const PretrainedSource src = open_pretrained(out, param_shapes(layout.table));
+  const std::vector<ParamShape> shapes = param_shapes(layout.table);
+  const PretrainedSource src = open_pretrained(out, shapes);
   EXPECT_EQ(src.files.size(), 1u);
+  const PretrainedSource direct = open_hf_pretrained(in, m.gpt, shapes);
+  EXPECT_FALSE(direct.files.empty());
+  for (const ParamShape& p : shapes) {
+    const model::TensorPart whole{p.name, p.shape, {model::whole_box(p.shape)}};
+    const int64_t n = whole.numel();
+    std::vector<float> want(static_cast<size_t>(n)), got(want.size(), -1.0f);
+    src.store.read(whole, want.data());
+    direct.store.read(whole, got.data());
+    ASSERT_EQ(got, want) << p.name;
+    const int64_t lo = n / 3, hi = std::max(lo + 1, 2 * n / 3);  // a window across rows
+    std::vector<float> window(static_cast<size_t>(hi - lo), -1.0f);
+    direct.store.read(model::sub_part(whole, lo, hi), window.data());
+    ASSERT_EQ(window, std::vector<float>(want.begin() + lo, want.begin() + hi)) << p.name << " window";
+  }
 }
 
 }  // namespace
@@ -101,7 +119,7 @@ TEST(HfImport, LlamaGqaBecomesMegatronCoreNamesElementByElement) {
           ASSERT_EQ(fc1[static_cast<size_t>(row * 16 + c)],
                     row < 24 ? hf.at(s + "mlp.gate_proj.weight", row, c) : hf.at(s + "mlp.up_proj.weight", row - 24, c));
     }
-    expect_pretrained_reads(out, r.model);
+    expect_pretrained_reads(in, out, r.model);
     // The flags describe the shape, name the folder and its tokenizer.
     const std::string flags = read_file(out + "/model_flags.txt");
     for (const char* want : {"--num-layers 2 ", "--hidden-size 16 ", "--ffn-hidden-size 24 ", "--num-attention-heads 4 ",
@@ -159,7 +177,7 @@ TEST(HfImport, Gpt2ConvWeightsAreTransposedAndItsFusedQkvInterleavedPerHead) {
     for (int64_t c = 0; c < h; ++c)
       ASSERT_EQ(fc1[static_cast<size_t>(row * h + c)], hf.at(p + "mlp.c_fc.weight", c, row));
   EXPECT_EQ(got.at("decoder.layers.0.input_layernorm.bias"), hf.value.at(p + "ln_1.bias"));
-  expect_pretrained_reads(out, r.model);
+  expect_pretrained_reads(in, out, r.model);
   const std::string flags = read_file(out + "/model_flags.txt");
   EXPECT_NE(flags.find("--position-embedding-type learned_absolute"), std::string::npos) << flags;
   EXPECT_NE(flags.find("--normalization LayerNorm"), std::string::npos) << flags;
@@ -186,7 +204,7 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
       ASSERT_EQ(b[static_cast<size_t>(row)], hf.at("model.layers.1.self_attn." + std::string(src.which) + "_proj.bias", src.row, 0));
     }
     EXPECT_EQ(got.count("output_layer.weight"), 0u);
-    expect_pretrained_reads(out, r.model);
+    expect_pretrained_reads(in, out, r.model);
     EXPECT_NE(r.flags.find("--disable-bias-linear --add-qkv-bias"), std::string::npos) << r.flags;
   }
   {  // Qwen3: q/k norms
@@ -203,7 +221,7 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
               hf.value.at("model.layers.0.self_attn.q_norm.weight"));
     EXPECT_EQ(got.at("decoder.layers.1.self_attention.k_layernorm.weight"),
               hf.value.at("model.layers.1.self_attn.k_norm.weight"));
-    expect_pretrained_reads(out, r.model);
+    expect_pretrained_reads(in, out, r.model);
     EXPECT_NE(r.flags.find("--qk-layernorm"), std::string::npos);
   }
   // Qwen3-MoE: router and experts one by one; the expert count as the hub's configs name it and as
@@ -229,7 +247,7 @@ TEST(HfImport, Qwen2BiasesQwen3NormsAndQwen3MoeExpertsMap) {
                           : hf.at("model.layers.1.mlp.experts.3.up_proj.weight", row - 8, c));
     EXPECT_EQ(got.at("decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight"),
               hf.value.at("model.layers.0.mlp.experts.2.down_proj.weight"));
-    expect_pretrained_reads(out, r.model);
+    expect_pretrained_reads(in, out, r.model);
     for (const char* want : {"--num-experts 4", "--moe-router-topk 2", "--moe-ffn-hidden-size 8"})
       EXPECT_NE(r.flags.find(want), std::string::npos) << want;
     EXPECT_EQ(r.flags.find("--moe-aux-loss-coeff 0.001") != std::string::npos, aux);
