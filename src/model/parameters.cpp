@@ -70,14 +70,15 @@ void ParameterInit::next(float* w, int64_t n) {
   }
 }
 
-void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16) {
+void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16,
+                     const ParamFilter& drawn) {
   // Each parameter draws from its own stream, so the parameters can be filled in any order (here in
   // parallel, largest first in practice) and the values stay the same.
   const int64_t n = static_cast<int64_t>(table.specs.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t k = 0; k < n; ++k) {
     const ParamSpec& p = table.specs[static_cast<size_t>(k)];
-    ParameterInit(p, seed, round_bf16).next(weights + p.offset, p.numel);
+    if (!drawn || drawn(p)) ParameterInit(p, seed, round_bf16).next(weights + p.offset, p.numel);
   }
 }
 

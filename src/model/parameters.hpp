@@ -1,6 +1,7 @@
 // The model's parameters: one flat fp32 buffer of weights and one of gradients, with a table of
 // Megatron-Core names, shapes and offsets (state-dict order), so checkpoints map one to one.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -60,7 +61,11 @@ struct ParameterTable {
 // Fills `weights` (size table.total) with Megatron's init distributions, drawing from laoyao's
 // generator keyed by (seed, parameter name). With round_bf16, values are rounded to bf16 (the
 // bf16 model's weights, which the fp32 main copy starts from).
-void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16);
+// `drawn` (when given) picks the parameters drawn; the others are left as they are (a checkpoint
+// about to be read overwrites them).
+using ParamFilter = std::function<bool(const ParamSpec&)>;
+void init_parameters(const ParameterTable& table, float* weights, uint64_t seed, bool round_bf16,
+                     const ParamFilter& drawn = {});
 // One parameter's initial values in order, a chunk at a time (a device engine fills its memory
 // through a bounded host buffer): the values init_parameters gives it.
 class ParameterInit {

@@ -77,8 +77,9 @@ class Engine {
   // The CPU engine has nothing to capture.
   virtual void cuda_profiler(bool /*start*/) {}
   // The run's initial weights (train/tp_state.hpp init_model_weights' values) and zero moments,
-  // where the engine keeps them: the start of a run that restores nothing.
-  virtual void initialize_weights(uint64_t seed, bool bf16) = 0;
+  // where the engine keeps them: the start of a run. Only the parameters `drawn` picks (when given)
+  // are drawn; the others, which a checkpoint is about to overwrite, are left zero.
+  virtual void initialize_weights(uint64_t seed, bool bf16, const model::ParamFilter& drawn = {}) = 0;
   // A range of the state, through the host a part at a time (checkpoints): the fp32 main parameters
   // at offsets of the model's buffer (an upload refreshes their bf16 copies; under the distributed
   // optimizer a rank's are up to date in its owned segments only), Adam's moments at offsets of

@@ -28,7 +28,9 @@ class CpuEngine final : public Engine {
   void upload_state(StateBuffer b, int64_t offset, int64_t count, const float* in) override {
     std::copy(in, in + count, buffer(b) + offset);
   }
-  void initialize_weights(uint64_t seed, bool bf16) override { init_model_weights(model_, seed, bf16); }
+  void initialize_weights(uint64_t seed, bool bf16, const model::ParamFilter& drawn) override {
+    init_model_weights(model_, seed, bf16, drawn);
+  }
   void zero_grads() override { model_.zero_grads(); }
   void finalize_grads() override { model_.finalize_grads(); }
   void set_moe_aux_loss_scale(double scale) override { model_.set_moe_aux_loss_scale(static_cast<float>(scale)); }

@@ -297,7 +297,7 @@ class CudaEngine final : public Engine {
   // A split model's parts are cut from the whole model's tensors, one at a time on the host
   // (train/tp_state.hpp); a whole model's parameters come in chunks through a bounded host buffer
   // per thread.
-  void initialize_weights(uint64_t seed, bool bf16) override {
+  void initialize_weights(uint64_t seed, bool bf16, const model::ParamFilter& drawn) override {
     LAOYAO_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
     const int64_t n = gpu_.num_parameters();
     kc::fill_bytes(gpu_.main_params(), 0, n * static_cast<int64_t>(sizeof(float)));  // the tables' gaps too
@@ -305,7 +305,7 @@ class CudaEngine final : public Engine {
     if (split_model(host_)) {
       for_each_initial_part(host_, seed, bf16, [&](const model::ParamSpec& p, const float* values) {
         gpu_.upload_weights(values, p.offset, p.numel);
-      });
+      }, drawn);
     } else {
       constexpr int64_t kChunk = int64_t(1) << 22;  // 16 MB of fp32 a thread
       const auto& specs = gpu_.table().specs;
@@ -319,6 +319,7 @@ class CudaEngine final : public Engine {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t k = 0; k < static_cast<int64_t>(specs.size()); ++k) {
           const model::ParamSpec& p = specs[static_cast<size_t>(k)];
+          if (drawn && !drawn(p)) continue;
           try {
             model::ParameterInit values(p, seed, bf16);
             for (int64_t done = 0; done < p.numel;) {

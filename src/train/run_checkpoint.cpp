@@ -251,6 +251,14 @@ void read_pretrained(const config::CheckpointConfig& k, const model::GptModel& m
 
 }  // namespace
 
+model::ParamFilter initial_params_drawn(const config::CheckpointConfig& k, const model::GptModel& model) {
+  const bool resumes = k.load && checkpoint_exists(*k.load), pretrained = k.pretrained_checkpoint.has_value();
+  if (saved_params(model) != ParamSet::kTrained)
+    return resumes || pretrained ? model::ParamFilter([](const model::ParamSpec&) { return false; })
+                                 : model::ParamFilter();
+  return [resumes, pretrained](const model::ParamSpec& p) { return p.frozen ? !pretrained : !resumes; };
+}
+
 std::optional<TrainStateRecord> restore_run_checkpoint(const config::ConfigContainer& c, const config::Derived& d,
                                                        const model::GptModel& model, const OptimizerShards& shards,
                                                        Engine& engine, std::FILE* out) {

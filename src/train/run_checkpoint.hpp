@@ -56,6 +56,12 @@ void write_run_checkpoint(const RunCheckpointSave& s);
 // every rank (the failing rank its own error).
 void finish_run_checkpoint(const RunCheckpointSave& s, std::exception_ptr write_error, std::FILE* out);
 
+// The parameters whose initial values the run needs: those restore_run_checkpoint will not
+// overwrite (none with a pretrained checkpoint or a checkpoint to load, without PEFT; under PEFT the
+// adapters unless a run's checkpoint holds them, the base unless a pretrained one does). Drawing
+// an 8B base at random only to read it over takes the host minutes.
+model::ParamFilter initial_params_drawn(const config::CheckpointConfig& k, const model::GptModel& model);
+
 // Loads what the config asks for into the engine, which holds the run's initial state: this rank's
 // parts only (its weights, its owned segments' moments laid out by `shards`), from the
 // checkpoint's files that hold them, a part at a time. Returns the saved training state when a run

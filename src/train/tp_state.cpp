@@ -65,7 +65,8 @@ std::vector<model::TensorPart> rank_parts(const model::GptModel& local) {
 }
 
 void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf16,
-                           const std::function<void(const model::ParamSpec&, const float*)>& fill) {
+                           const std::function<void(const model::ParamSpec&, const float*)>& fill,
+                           const model::ParamFilter& drawn) {
   const std::vector<model::TensorPart> parts = rank_parts(local);
   const model::ParameterTable whole = model::build_gpt_parameters(model::ep_whole_config(local.config())).table;
   // The whole tensor's values are drawn in order, a window of whole rows at a time (at least 16 MB
@@ -75,6 +76,7 @@ void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf1
   std::vector<float> values, part;
   for (size_t i = 0; i < parts.size(); ++i) {
     const model::ParamSpec& l = local.table().specs[i];
+    if (drawn && !drawn(l)) continue;
     const model::ParamSpec* w = whole.find(parts[i].name);
     if (!w || w->shape != parts[i].shape) throw Error("init: the whole model has no parameter " + parts[i].name);
     part.resize(static_cast<size_t>(l.numel));
@@ -95,15 +97,15 @@ void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf1
   }
 }
 
-void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16) {
+void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16, const model::ParamFilter& drawn) {
   if (!split_model(model)) {
-    model::init_parameters(model.table(), model.weights(), seed, bf16);
+    model::init_parameters(model.table(), model.weights(), seed, bf16, drawn);
     return;
   }
   float* w = model.weights();
   for_each_initial_part(model, seed, bf16, [w](const model::ParamSpec& p, const float* values) {
     std::copy(values, values + p.numel, w + p.offset);
-  });
+  }, drawn);
 }
 
 HostStateHold::HostStateHold(model::GptModel& model, optim::AdamW& adam)

@@ -22,7 +22,8 @@ inline bool split_model(const model::GptModel& m) { return m.tp_size() > 1 || m.
 // bf16-rounded weights (Megatron initialises the bf16 params; the fp32 main copy is made from
 // them). A split model's rank initialises the whole model from the same seed and keeps its part
 // (Megatron's --use-cpu-initialization): the weights do not depend on the TP or EP size.
-void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16);
+// `drawn` as model::init_parameters'.
+void init_model_weights(model::GptModel& model, uint64_t seed, bool bf16, const model::ParamFilter& drawn = {});
 // Where each of local's parameters lies in the whole model (Megatron-Core names at full shape): the
 // whole tensor (under EP a routed expert's global index) and the boxes of it this rank holds, in
 // table order. A replicated parameter is its whole tensor.
@@ -30,9 +31,10 @@ std::vector<model::TensorPart> rank_parts(const model::GptModel& local);
 
 // The same for a split model a parameter at a time: fill(p, values) for each of local's
 // parameters, in table order, with its p.numel initial values (the host holds one whole tensor at
-// a time, not the whole model).
+// a time, not the whole model); the parameters `drawn` picks, when given.
 void for_each_initial_part(const model::GptModel& local, uint64_t seed, bool bf16,
-                           const std::function<void(const model::ParamSpec&, const float*)>& fill);
+                           const std::function<void(const model::ParamSpec&, const float*)>& fill,
+                           const model::ParamFilter& drawn = {});
 
 // Holds the host weights of `model` and the moments of `adam` for its lifetime, where they are not
 // held already (a GPU rank's, to pull or push its whole state), and frees what it took.

@@ -102,7 +102,7 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   router_tokens = static_cast<double>(data.train_layout.micro_batch_size * data.seq_length);
 
   // The run's initial state where the engine keeps it; a checkpoint's parts over it (streamed).
-  engine->initialize_weights(seed, c.model.bf16);
+  engine->initialize_weights(seed, c.model.bf16, initial_params_drawn(c.checkpoint, *model));
   if (c.checkpoint.load || c.checkpoint.pretrained_checkpoint) load_checkpoint(*this);
   if (resumed) {
     progress.iteration = progress.last_saved = progress.resumed_from = resumed->iteration;

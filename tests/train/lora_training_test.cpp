@@ -13,11 +13,13 @@
 #include "core/file_io.hpp"
 #include "core/safetensors.hpp"
 #include "core/error.hpp"
+#include "model/gpt_model.hpp"
 #include "train/capabilities.hpp"
 #include "train/checkpoint.hpp"
 #include "train/hf_export.hpp"
 #include "train/hf_import.hpp"
 #include "train/run_setup.hpp"
+#include "train/run_checkpoint.hpp"
 #include "train/trainer.hpp"
 #include "train/training_run.hpp"
 
@@ -215,6 +217,37 @@ TEST(LoraTraining, OnlyTheAdaptersMoveFromThePretrainedBase) {
   train_expecting_only_the_adapters_to_move(run, 3);
   std::fclose(opt.out);
   std::fclose(opt2.out);
+}
+
+// What a checkpoint is about to overwrite is not drawn at random first: under PEFT with a
+// pretrained base only the adapters are drawn (and hold their initial values), without PEFT
+// nothing is drawn when a pretrained checkpoint gives every weight, everything without one.
+TEST(LoraTraining, WhatACheckpointOverwritesIsNotDrawnFirst) {
+  config::Resolved r = resolve("vanilla_gpt_pretrain_config", lora_run({"train.train_iters=3"}));
+  train::TrainOptions opt = quiet();
+  train::TrainingRun run(r.cfg, r.validated.derived, opt);
+  const model::ParamFilter drawn = train::initial_params_drawn(r.cfg.checkpoint, *run.model);
+  ASSERT_TRUE(drawn);
+  int64_t adapters = 0;
+  for (const model::ParamSpec& p : run.model->table().specs) {
+    EXPECT_EQ(drawn(p), !p.frozen) << p.name;
+    if (p.frozen) continue;
+    ++adapters;
+    std::vector<float> want(static_cast<size_t>(p.numel));
+    model::ParameterInit(p, static_cast<uint64_t>(r.cfg.rng.seed), r.cfg.model.bf16).next(want.data(), p.numel);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), run.model->weights() + p.offset)) << p.name;
+  }
+  EXPECT_GT(adapters, 0);
+  std::fclose(opt.out);
+
+  config::Resolved plain = resolve("vanilla_gpt_pretrain_config",
+                                   {"train.train_iters=3", "checkpoint.pretrained_checkpoint=" + pretrained_base()});
+  model::GptModel full(train::model_config(plain.cfg, plain.validated.derived));
+  const model::ParamFilter none = train::initial_params_drawn(plain.cfg.checkpoint, full);
+  ASSERT_TRUE(none);
+  for (const model::ParamSpec& p : full.table().specs) EXPECT_FALSE(none(p)) << p.name;
+  plain.cfg.checkpoint.pretrained_checkpoint.reset();
+  EXPECT_FALSE(train::initial_params_drawn(plain.cfg.checkpoint, full)) << "every parameter drawn";
 }
 
 // Against the frozen base on the same batches (the mock data's later batches are harder): the
