@@ -35,9 +35,11 @@ using HfProgress = std::function<void(int64_t done, int64_t total, uint64_t byte
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir, const HfProgress& progress = {});
 
 // --pretrained-checkpoint (checkpoint.pretrained_checkpoint) naming a Hugging Face folder (one with
-// config.json; a hub id is read from the local cache): whether `path` is one, and its weights
-// imported through a temporary folder in the system's temp folder (removed once its files are
-// mapped). Before anything is converted, every setting of the run's model (`run`, the whole model)
+// config.json; a hub id is read from the local cache): whether `path` is one, and its weights read
+// from the folder's own files (every architecture's parameters but GPT-2's are their sources' rows
+// rearranged, each source entry a part of its parameter; GPT-2's transposed weights are imported
+// through a scratch folder in the system's temp folder, removed once its files are mapped).
+// Before anything is read, every setting of the run's model (`run`, the whole model)
 // that contradicts config.json is refused by name: a UsageError listing each flag, its value and
 // config.json's.
 bool is_hf_folder(const std::string& path);

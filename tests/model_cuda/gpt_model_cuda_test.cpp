@@ -183,13 +183,21 @@ TEST(CudaGptModel, DocumentsQwen3FlashWithGqaMatchesCpuModel) {
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare(c, false);
 }
-TEST(CudaGptModel, DocumentsPickOurKernelsUnlessFusedIsAsked) {
+// Documents (packed sequences) take cuDNN's attention over documents under auto, as rows without
+// them do; attention dropout takes our kernels.
+TEST(CudaGptModel, DocumentsTakeCudnnUnlessDropoutNeedsOurKernels) {
   EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Auto), 1, 16).attention_path(),
-               "flash");
-  EXPECT_STREQ(CudaGptModel(with_documents(small_config(4, 4), AttentionBackend::Auto), 1, 16).attention_path(),
-               "unfused");
+               "cudnn");
   EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Fused), 1, 16).attention_path(),
                "cudnn");
+  EXPECT_STREQ(CudaGptModel(with_documents(small_config(2, 2), AttentionBackend::Flash), 1, 16).attention_path(),
+               "flash");
+  GptConfig auto_dropout = with_documents(small_config(2, 2), AttentionBackend::Auto);
+  auto_dropout.attention_dropout = 0.1;
+  EXPECT_STREQ(CudaGptModel(auto_dropout, 1, 16).attention_path(), "flash");
+  GptConfig head_dim_32 = with_documents(small_config(4, 4), AttentionBackend::Auto);  // no flash kernel
+  head_dim_32.attention_dropout = 0.1;
+  EXPECT_STREQ(CudaGptModel(head_dim_32, 1, 16).attention_path(), "unfused");
   GptConfig dropout = with_documents(small_config(2, 2), AttentionBackend::Fused);
   dropout.attention_dropout = 0.1;
   try {

@@ -340,11 +340,11 @@ void CudaGptModel::init_attention(const kc::AttentionShape& shape) {
       make_cudnn_attention(shape, allow_split);
       attention_ = AttentionPath::Cudnn;
       return;
-    // cuDNN's unless dropout or documents need ours: cuDNN's attention over documents (asked for by
-    // --attention-backend fused) matches the CPU, but its speed beside our flash kernels over
-    // documents is not yet measured (bench/finetune_bench.py's "packed, cuDNN documents" run).
+    // cuDNN's unless dropout needs ours, documents (packed sequences) included: a packed fine-tuning
+    // step through cuDNN's attention over documents is 1.04-1.06x our flash kernels' on an H100
+    // (bench/finetune_bench.py, docs/benchmarks.md).
     case AttentionBackend::Auto:
-      if (c.attention_dropout == 0 && !c.document_attention && kc::CudnnAttention::supports(shape)) {
+      if (c.attention_dropout == 0 && kc::CudnnAttention::supports(shape)) {
         try {
           make_cudnn_attention(shape, allow_split);
           attention_ = AttentionPath::Cudnn;
