@@ -135,6 +135,10 @@ def iterations(text):
 
 
 def peak_memory(text):
+    """GB: the memory line's max allocated (Megatron's gigabytes form, or its older megabytes one)."""
+    m = re.findall(r"mem-max-allocated-gigabytes: ([\d.]+)", text)
+    if m:
+        return float(m[-1])
     m = re.findall(r"max allocated: ([\d.]+)", text)
     return float(m[-1]) / 1024 if m else float("nan")
 
