@@ -39,9 +39,14 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   global_rank = group ? group->rank() : 0;
   log_rank = !group || group->rank() == group->size() - 1;
 
+  // Megatron's two setup timers (its model-and-optimizer-setup includes the checkpoint load; the
+  // datasets are built first here, before the model's memory is taken).
+  const auto data_start = Clock::now();
   print_line("> building train, validation, and test datasets for GPT ...");
   data = build_run_data(c, d);
   print_line("> finished creating GPT datasets ...");
+  double data_seconds = std::chrono::duration<double>(Clock::now() - data_start).count();
+  const auto model_start = Clock::now();
 
   model_cfg = model_config(c, d);
   // A GPU rank's weights, gradients and moments live on its GPU: the host model and AdamW then hold
@@ -104,6 +109,8 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   // The run's initial state where the engine keeps it; a checkpoint's parts over it (streamed).
   engine->initialize_weights(seed, c.model.bf16, initial_params_drawn(c.checkpoint, *model));
   if (c.checkpoint.load || c.checkpoint.pretrained_checkpoint) load_checkpoint(*this);
+  const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
+  print_datetime("after model, optimizer, and learning rate scheduler are built");
   if (resumed) {
     progress.iteration = progress.last_saved = progress.resumed_from = resumed->iteration;
     progress.consumed = resumed->consumed_train_samples;
@@ -144,11 +151,20 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   }
   if (c.logger.tensorboard_dir && log_rank) tb = std::make_unique<TensorBoardWriter>(*c.logger.tensorboard_dir);
 
+  const auto iterators_start = Clock::now();
   next_batch = std::make_unique<TrainBatchReader>(data, data_rank, cp_rank, cp_size);
+  data_seconds += std::chrono::duration<double>(Clock::now() - iterators_start).count();
+  print_datetime("after dataloaders are built");
   progress.M = ramp.running(progress.consumed) / ramp.micro_times_dp;
   memory_report.emplace(opt.flavor, loaded_iteration);
   timer_names = megatron_timers_to_log(c.logger.timing_log_level);
   timing_option = parse_timing_log_option(c.logger.timing_log_option);
+  // Both front ends' setup report: its timers at any --timing-log-level (Megatron's log level 0).
+  print_line("done with setup ...");
+  const std::vector<std::string> setup_timers = {"model-and-optimizer-setup", "train/valid/test-data-iterators-setup"};
+  if (const auto block = format_timers_block(setup_timers, gather_timer_seconds({model_seconds, data_seconds}, group),
+                                             1.0, timing_option))
+    print_line(*block);
   timers = std::make_unique<StepTimers>(
       c.logger.timing_log_level, [this] { engine->synchronize(); },
       [this] {
@@ -206,6 +222,10 @@ TrainSummary train(const config::ConfigContainer& c, const config::Derived& d, c
   const bool profiling = prof.use_nsys_profiler && std::find(prof.profile_ranks.begin(), prof.profile_ranks.end(),
                                                              run.global_rank) != prof.profile_ranks.end();
   const std::string nothing_to_capture = opt.use_cuda ? "" : " (the CPU backend: no GPU work to capture)";
+  if (opt.flavor == LogFlavor::kMegatronLM) {  // (Bridge's train prints neither)
+    run.print_line("training ...");
+    run.print_datetime("before the start of training step");
+  }
   while (p.iteration < d.train_iters) {
     run.async_save.finalize(false);  // a save in flight that has finished: reported
     if (profiling && p.iteration == prof.profile_step_start) {
