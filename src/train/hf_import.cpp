@@ -448,6 +448,7 @@ PretrainedSource read_in_place(const std::string& dir, CheckedHf c, const std::v
     throw UsageError("pretrained checkpoint '" + dir + "' does not match the model's parameters:" + list);
   }
   PretrainedSource out{TensorStore("pretrained checkpoint '" + dir + "'"), {}, {}};
+  // (The sources' entry pointers stay good: a file's move keeps its list of entries where it is.)
   std::vector<size_t> at(c.tensors.files.size());
   for (size_t f = 0; f < at.size(); ++f) {
     out.files.push_back(c.tensors.files[f]->path());
