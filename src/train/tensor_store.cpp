@@ -160,8 +160,12 @@ void TensorStore::read(const model::TensorPart& want, float* out) const {
     } else if (t.dtype == Dtype::F32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
       // What meets the wanted part, from the mapping itself (a window of a large entry reads only it).
       copied += model::copy_overlap(s.part, reinterpret_cast<const float*>(t.data), want, out);
-    } else {  // 16-bit floats widened as they are copied
+    } else if (t.dtype != Dtype::F32) {  // 16-bit floats widened as they are copied
       copied += model::copy_overlap(s.part, t.data, t.dtype == Dtype::BF16 ? bf16_to_f32 : f16_to_f32, want, out);
+    } else {  // fp32 off its alignment in the file: read whole first
+      std::vector<float> buf(static_cast<size_t>(t.numel()));
+      f.file.read_f32(t, buf.data(), buf.size());
+      copied += model::copy_overlap(s.part, buf.data(), want, out);
     }
     f.file.release(t.data, t.nbytes);
   }
