@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -72,9 +73,10 @@ TEST(TensorStore, WindowsOfEveryDtypeEqualTheWrittenValues) {
   const size_t bottom_at = data.size();
   add_halves(false, half, n);
   auto entry = [&](const char* name, const char* dtype, int64_t entry_rows, size_t from, size_t bytes) {
-    return "\"" + std::string(name) + "\":{\"dtype\":\"" + dtype + "\",\"shape\":[" + std::to_string(entry_rows) +
-           "," + std::to_string(cols) + "],\"data_offsets\":[" + std::to_string(from) + "," +
-           std::to_string(from + bytes) + "]}";
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}", name,
+                  dtype, static_cast<long long>(entry_rows), static_cast<long long>(cols), from, from + bytes);
+    return std::string(buf);
   };
   const auto bytes = [](int64_t count, size_t size) { return static_cast<size_t>(count) * size; };
   const std::string header = "{\"pad\":{\"dtype\":\"BF16\",\"shape\":[1],\"data_offsets\":[0,2]}," +
