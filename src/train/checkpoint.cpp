@@ -902,6 +902,17 @@ std::string local_spec_name(const std::string& name) {
   return name;
 }
 
+void check_pretrained_store(const TensorStore& store, const std::vector<ParamShape>& expected,
+                            const std::string& path) {
+  std::vector<std::string> problems;
+  std::vector<std::pair<std::string, const ParamShape*>> want;
+  for (const auto& p : expected) want.emplace_back(p.name, &p);
+  compare_tensors(store, want, false, problems);
+  if (!problems.empty())
+    throw UsageError("pretrained checkpoint '" + path + "' does not match the model's parameters:" +
+                     list_problems(problems));
+}
+
 PretrainedSource open_pretrained(const std::string& path, const std::vector<ParamShape>& expected,
                                  bool allow_unexpected) {
   check_unique(expected);
@@ -910,13 +921,7 @@ PretrainedSource open_pretrained(const std::string& path, const std::vector<Para
   if (fs::exists(tracker_path(path)) || fs::exists(join_path(path, kStateFile))) {
     // A laoyao checkpoint: its model parts as they are (names as saved; each file hashed before it is read).
     LoadedCheckpoint ckpt = load_checkpoint(path, std::nullopt, CheckpointVerify::kFilesRead);
-    std::vector<std::string> problems;
-    std::vector<std::pair<std::string, const ParamShape*>> want;
-    for (const auto& p : expected) want.emplace_back(p.name, &p);
-    compare_tensors(ckpt.model, want, false, problems);
-    if (!problems.empty())
-      throw UsageError("pretrained checkpoint '" + path + "' does not match the model's parameters:" +
-                       list_problems(problems));
+    check_pretrained_store(ckpt.model, expected, path);
     PretrainedSource out{std::move(ckpt.model), {}, {}};
     for (size_t i = 0; i < out.store.num_files(); ++i) out.files.push_back(out.store.file(i).path());
     return out;

@@ -209,6 +209,10 @@ struct PretrainedSource {
 };
 PretrainedSource open_pretrained(const std::string& path, const std::vector<ParamShape>& expected,
                                  bool allow_unexpected = false);
+// A pretrained checkpoint's store (`path` names it) against the model's parameters: a UsageError
+// listing each tensor missing, misshapen, unexpected or not stored whole exactly once.
+void check_pretrained_store(const TensorStore& store, const std::vector<ParamShape>& expected,
+                            const std::string& path);
 
 struct PretrainedWeights {
   std::map<std::string, std::vector<float>> tensors;  // exactly the expected names

@@ -427,26 +427,6 @@ std::vector<std::string> contradictions(const HfModel& hf, const model::GptConfi
 // rearranged (Copy, Qkv, GateUp): each source entry is a part of the parameter whose boxes are the
 // rows it gives, in its own order, so nothing is converted or written before the weights are read.
 PretrainedSource read_in_place(const std::string& dir, CheckedHf c, const std::vector<ParamShape>& expected) {
-  std::map<std::string, size_t> by_name;  // local-spec name: map
-  for (size_t i = 0; i < c.maps.size(); ++i) by_name[local_spec_name(c.maps[i].mcore)] = i;
-  std::vector<std::string> problems;
-  std::set<std::string> wanted;
-  for (const ParamShape& p : expected) {
-    wanted.insert(local_spec_name(p.name));
-    auto it = by_name.find(local_spec_name(p.name));
-    if (it == by_name.end())
-      problems.push_back("missing: " + p.name + " " + shape_string(p.shape));
-    else if (c.maps[it->second].shape != p.shape)
-      problems.push_back(p.name + ": checkpoint " + shape_string(c.maps[it->second].shape) + ", model " +
-                         shape_string(p.shape));
-  }
-  for (const auto& [name, i] : by_name)
-    if (!wanted.count(name)) problems.push_back("unexpected: " + name + " " + shape_string(c.maps[i].shape));
-  if (!problems.empty()) {
-    std::string list;
-    for (const auto& x : problems) list += "\n  " + x;
-    throw UsageError("pretrained checkpoint '" + dir + "' does not match the model's parameters:" + list);
-  }
   PretrainedSource out{TensorStore("pretrained checkpoint '" + dir + "'"), {}, {}};
   // (The sources' entry pointers stay good: a file's move keeps its list of entries where it is.)
   std::vector<size_t> at(c.tensors.files.size());
@@ -455,25 +435,24 @@ PretrainedSource read_in_place(const std::string& dir, CheckedHf c, const std::v
     at[f] = out.store.add_file(std::move(*c.tensors.files[f]), std::nullopt);
   }
   const model::GptConfig& g = c.hf.gpt;
-  for (const ParamShape& p : expected) {
-    const size_t i = by_name.at(local_spec_name(p.name));
+  for (size_t i = 0; i < c.maps.size(); ++i) {
     const HfTensorMap& m = c.maps[i];
     const std::vector<const SafetensorsTensor*>& src = c.sources[i].t;
     auto rows = [&](int64_t first, int64_t count) {
-      model::Box b = model::whole_box(p.shape);
+      model::Box b = model::whole_box(m.shape);
       b.start[0] = first, b.size[0] = count;
       return b;
     };
     auto add = [&](size_t k, std::vector<model::Box> boxes) {
-      out.store.add(at[c.tensors.file_of.at(src[k]->name)], src[k]->name, {p.name, p.shape, std::move(boxes)});
+      out.store.add(at[c.tensors.file_of.at(src[k]->name)], src[k]->name, {m.mcore, m.shape, std::move(boxes)});
     };
     switch (m.kind) {
       case Kind::Copy:
-        add(0, {model::whole_box(p.shape)});
+        add(0, {model::whole_box(m.shape)});
         break;
       case Kind::GateUp:
-        add(0, {rows(0, p.shape[0] / 2)});
-        add(1, {rows(p.shape[0] / 2, p.shape[0] / 2)});
+        add(0, {rows(0, m.shape[0] / 2)});
+        add(1, {rows(m.shape[0] / 2, m.shape[0] / 2)});
         break;
       case Kind::Qkv: {  // group grp's rows: [q heads; k; v], each source giving its rows of every group
         const int64_t D = g.kv_channels, per_group = g.heads / g.query_groups, stride = (per_group + 2) * D;
@@ -490,6 +469,7 @@ PretrainedSource read_in_place(const std::string& dir, CheckedHf c, const std::v
         throw Error("read_in_place: " + m.mcore + " is not a rearrangement of rows");
     }
   }
+  check_pretrained_store(out.store, expected, dir);
   return out;
 }
 

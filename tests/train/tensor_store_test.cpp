@@ -31,12 +31,7 @@ std::string le64(uint64_t n) {
 }
 
 uint16_t half_bits(float v, bool bf16) {
-  if (bf16) {
-    const float r = round_to_bf16(v);
-    uint32_t u;
-    std::memcpy(&u, &r, 4);
-    return static_cast<uint16_t>(u >> 16);
-  }
+  if (bf16) return f32_to_bf16(v);
   // f16 of a value that is exact in f16: sign, exponent 15-biased, 10 mantissa bits.
   uint32_t u;
   std::memcpy(&u, &v, 4);
