@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -190,8 +191,8 @@ class CudaEngine final : public Engine {
     return static_cast<int64_t>(read_result());
   }
   double params_norm() override {
-    model_sum(kc::sum_squares, gpu_.main_params(), 0);
-    return std::sqrt(read_result());
+    model_sum(kc::sum_squares, gpu_.main_params(), gpu_.table().trainable_offset);
+    return std::sqrt(read_result() + frozen_sum_squares());
   }
   void finalize_grads() override {
     phases_.mark(StepPhases::kBackwardDone, gpu_.stream());
@@ -213,11 +214,11 @@ class CudaEngine final : public Engine {
       const double coeff = max_norm / (norm + 1e-6);
       if (coeff < 1.0) s.grad_scale = static_cast<float>(coeff);
     }
-    // (Offsets in the gradients' buffer: the parameters' are trainable_offset further, PEFT's frozen
-    // base before them.)
+    // (Offsets in the main weights' and gradients' buffers: the bf16 parameters' are trainable_offset
+    // further, PEFT's frozen base before them.)
     const int64_t at = gpu_.table().trainable_offset;
     auto step = [&](int64_t offset, int64_t moment, int64_t count, const kc::AdamWStep& with) {
-      kc::adamw_step(gpu_.main_params() + at + offset, gpu_.main_grads() + offset, m_.as<float>() + moment,
+      kc::adamw_step(gpu_.main_params() + offset, gpu_.main_grads() + offset, m_.as<float>() + moment,
                      v_.as<float>() + moment, gpu_.params() + at + offset, decay_.as<uint8_t>() + moment, count, with,
                      stream);
     };
@@ -300,8 +301,9 @@ class CudaEngine final : public Engine {
   void initialize_weights(uint64_t seed, bool bf16, const model::ParamFilter& drawn) override {
     LAOYAO_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
     const int64_t n = gpu_.num_parameters();
-    kc::fill_bytes(gpu_.main_params(), 0, n * static_cast<int64_t>(sizeof(float)));  // the tables' gaps too
+    kc::fill_bytes(gpu_.main_params(), 0, gpu_.num_trainable() * static_cast<int64_t>(sizeof(float)));  // gaps too
     kc::fill_bytes(gpu_.params(), 0, n * static_cast<int64_t>(sizeof(*gpu_.params())));
+    frozen_sq_.reset();
     if (split_model(host_)) {
       for_each_initial_part(host_, seed, bf16, [&](const model::ParamSpec& p, const float* values) {
         gpu_.upload_weights(values, p.offset, p.numel);
@@ -346,6 +348,10 @@ class CudaEngine final : public Engine {
   void download_state(StateBuffer b, int64_t offset, int64_t count, float* out) override {
     const std::lock_guard<std::mutex> lock(state_io_);
     LAOYAO_CUDA_CHECK(cudaSetDevice(m_.device));  // (a checkpoint writer's thread may not have it current)
+    if (b == StateBuffer::kWeights) {  // (the frozen base from its bf16 weights)
+      gpu_.download_weights(out, offset, count);
+      return;
+    }
     kc::stream_wait(gpu_.stream(), "the step before the state is read");
     LAOYAO_CUDA_CHECK(cudaMemcpy(out, device_state(b, offset, count), sizeof(float) * static_cast<size_t>(count),
                                  cudaMemcpyDeviceToHost));
@@ -355,6 +361,7 @@ class CudaEngine final : public Engine {
     LAOYAO_CUDA_CHECK(cudaSetDevice(m_.device));
     if (b == StateBuffer::kWeights) {  // with their bf16 copies
       gpu_.upload_weights(in, offset, count);
+      if (offset < gpu_.table().trainable_offset) frozen_sq_.reset();
       return;
     }
     LAOYAO_CUDA_CHECK(cudaStreamSynchronize(gpu_.stream()));
@@ -386,11 +393,9 @@ class CudaEngine final : public Engine {
 
  private:
   double* scratch() { return scratch_.as<double>(); }
-  float* device_state(StateBuffer b, int64_t offset, int64_t count) {
-    float* base = b == StateBuffer::kWeights ? gpu_.main_params()
-                  : b == StateBuffer::kExpAvg ? m_.as<float>()
-                                              : v_.as<float>();
-    const int64_t n = b == StateBuffer::kWeights ? gpu_.num_parameters() : static_cast<int64_t>(m_.bytes / sizeof(float));
+  float* device_state(StateBuffer b, int64_t offset, int64_t count) {  // Adam's moments
+    float* base = b == StateBuffer::kExpAvg ? m_.as<float>() : v_.as<float>();
+    const int64_t n = static_cast<int64_t>(m_.bytes / sizeof(float));
     if (offset < 0 || count < 0 || offset + count > n)
       throw Error("CudaEngine: state elements [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
                   ") of " + std::to_string(n));
@@ -513,6 +518,37 @@ class CudaEngine final : public Engine {
       split->all_reduce_device(result(), 1, dist::DeviceType::F64, stream);
   }
   double* result() { return scratch_.as<double>() + kc::kReduceBlocks; }
+  // PEFT's frozen base in the parameters' norm, from its bf16 weights (Megatron's calc_params_l2_norm
+  // reads a parameter without a main copy as it is): this rank's counted elements, summed over the
+  // groups that split the model (data-parallel replicas hold the same base). Kept until the base is
+  // written again: it never trains.
+  double frozen_sum_squares() {
+    if (frozen_sq_) return *frozen_sq_;
+    const int64_t base = gpu_.table().trainable_offset;
+    constexpr int64_t kChunk = int64_t{1} << 24;
+    std::vector<float> w;
+    std::vector<uint8_t> counted;
+    double local = 0;
+    for (int64_t lo = 0; lo < base; lo += kChunk) {
+      const int64_t n = std::min(kChunk, base - lo);
+      w.resize(static_cast<size_t>(n));
+      gpu_.download_weights(w.data(), lo, n);
+      if (const uint8_t* flags = gpu_.counted_flags()) {
+        counted.resize(w.size());
+        LAOYAO_CUDA_CHECK(cudaMemcpy(counted.data(), flags + lo, counted.size(), cudaMemcpyDeviceToHost));
+      }
+      for (size_t i = 0; i < w.size(); ++i)
+        if (counted.empty() || counted[i]) local += static_cast<double>(w[i]) * w[i];
+    }
+    if (!gpu_.split_groups().empty()) {
+      LAOYAO_CUDA_CHECK(cudaMemcpyAsync(result(), &local, sizeof local, cudaMemcpyHostToDevice, gpu_.stream()));
+      for (dist::ProcessGroup* split : gpu_.split_groups())
+        split->all_reduce_device(result(), 1, dist::DeviceType::F64, gpu_.stream());
+      local = read_result();
+    }
+    frozen_sq_ = local;
+    return local;
+  }
   double read_result() {
     double v = 0;
     LAOYAO_CUDA_CHECK(cudaMemcpyAsync(&v, result(), sizeof v, cudaMemcpyDeviceToHost, gpu_.stream()));
@@ -528,6 +564,7 @@ class CudaEngine final : public Engine {
   model::CudaGptModel gpu_;
   kc::DeviceBuffer m_, v_, decay_, scratch_;
   int64_t counted_begin_ = 0, counted_end_ = 0;  // see count_owned
+  std::optional<double> frozen_sq_;               // see frozen_sum_squares
   std::vector<StepRun> step_runs_;  // --decoupled-lr's runs (train/dist_optimizer.hpp)
   kc::DeviceBuffer counted_;
   cudaStream_t comm_ = nullptr;

@@ -1,10 +1,12 @@
 // A GPU rank's state lives on its device (train/engine_cuda.cpp): the engine initialises the weights
 // there, a parameter at a time, to the values the host's init gives, with zero moments; the host
 // model and AdamW hold nothing except while a checkpoint passes through them (HostStateHold). A
-// step from the device's own init is the step from the same weights pushed from the host. GPU only.
+// step from the device's own init is the step from the same weights pushed from the host. PEFT's
+// frozen base is its bf16 weights alone. GPU only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -89,4 +91,55 @@ TEST(CudaEngineState, InitialisesOnTheDeviceTheHostsValuesAndHoldsNothingOnTheHo
     EXPECT_NE(a.weights, std::vector<float>(reference.weights(), reference.weights() + n)) << "the step moved them";
     EXPECT_FALSE(host.holds_host_weights());
   }
+}
+
+// PEFT's frozen base lives on the device as its bf16 weights alone (no fp32 main copy): it reads
+// back as the bf16 rounding of what was written, the adapters as written; the parameters' norm
+// counts the base from those bf16 values (as Megatron's calc_params_l2_norm reads a parameter
+// without a main copy); a step moves the adapters alone.
+TEST(CudaEngineState, PeftsFrozenBaseHoldsItsBf16WeightsAlone) {
+  GptConfig c = small_config(4, 2);
+  LoraSpec lora;
+  lora.dim = 8, lora.alpha = 16;
+  c.lora = lora;
+  GptModel host(c, nullptr, nullptr, nullptr, /*host_state=*/false);
+  ASSERT_GT(host.table().trainable_offset, 0);
+  auto adam = train::make_whole_adam(host.table(), kAdam, /*hold_moments=*/false);
+  auto engine = train::make_cuda_engine(host, *adam, kAdam, kB, kS);
+  engine->initialize_weights(kSeed, /*bf16=*/false);  // fp32 values: the base's are rounded on the way
+
+  GptModel reference(c);
+  train::init_model_weights(reference, kSeed, false);
+  const int64_t base = host.table().trainable_offset, n = host.num_parameters();
+  std::vector<float> want(reference.weights(), reference.weights() + n);
+  double sum = 0;
+  int64_t rounded = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float& w = want[static_cast<size_t>(i)];
+    if (i < base && round_to_bf16(w) != w) ++rounded, w = round_to_bf16(w);
+    sum += static_cast<double>(w) * w;
+  }
+  ASSERT_GT(rounded, 0) << "the init's fp32 values are not all bf16 values already";
+  std::vector<float> got(static_cast<size_t>(n), -1.0f);
+  engine->download_state(train::Engine::StateBuffer::kWeights, 0, n, got.data());
+  EXPECT_EQ(got, want);
+  // A range across the base's end, from another offset.
+  std::vector<float> part(64, -1.0f);
+  engine->download_state(train::Engine::StateBuffer::kWeights, base - 32, 64, part.data());
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), want.begin() + (base - 32)));
+  EXPECT_NEAR(engine->params_norm(), std::sqrt(sum), 1e-6 * std::sqrt(sum));
+
+  const AfterStep after = step_and_read(*engine, host, *adam, c);
+  EXPECT_TRUE(std::equal(after.weights.begin(), after.weights.begin() + base, want.begin())) << "the base stays";
+  EXPECT_FALSE(std::equal(after.weights.begin() + base, after.weights.end(), want.begin() + base)) << "adapters move";
+  // Written again, the base's norm is read again.
+  std::vector<float> halves(static_cast<size_t>(base));
+  for (int64_t i = 0; i < base; ++i) halves[static_cast<size_t>(i)] = want[static_cast<size_t>(i)] * 0.5f;
+  engine->upload_state(train::Engine::StateBuffer::kWeights, 0, base, halves.data());
+  double moved = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = i < base ? halves[static_cast<size_t>(i)] : after.weights[static_cast<size_t>(i)];
+    moved += v * v;
+  }
+  EXPECT_NEAR(engine->params_norm(), std::sqrt(moved), 1e-6 * std::sqrt(moved));
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/safetensors.hpp"
 #include "core/runtime_options.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -86,8 +87,10 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     rope_in_qk_norm_ = lc_.qk_layernorm && kc::rope_packable(rope_);
   }
   const int64_t N = num_parameters();
-  main_ = kc::DeviceBuffer(sizeof(float) * N);
-  grads_ = kc::DeviceBuffer(sizeof(float) * num_trainable());  // none for PEFT's frozen base
+  // PEFT's frozen base keeps its bf16 weights alone: no fp32 main copy, no gradients (an 8B base
+  // would hold 32 GB of main weights that never change).
+  main_ = kc::DeviceBuffer(sizeof(float) * num_trainable());
+  grads_ = kc::DeviceBuffer(sizeof(float) * num_trainable());
   params_ = kc::DeviceBuffer(sizeof(bf16) * N);
   loss_acc_ = kc::DeviceBuffer(2 * sizeof(double));
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(loss_acc_.ptr, 0, loss_acc_.bytes, stream_));
@@ -235,7 +238,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     state.params = params();
     state.grads = main_grads();
     state.trainable_offset = layout_.table.trainable_offset;
-    state.main = main_params();
+    state.main = main_params();  // (MoE runs have no frozen base: table offsets)
     state.layout = &layout_;
     state.writers = &writers_;
     state.moe = moe_.get();
@@ -395,15 +398,42 @@ void CudaGptModel::upload_weights(const float* host, int64_t offset, int64_t cou
   if (offset < 0 || count < 0 || offset + count > num_parameters())
     throw Error("CudaGptModel::upload_weights: " + std::to_string(count) + " weights at " + std::to_string(offset) +
                 " of " + std::to_string(num_parameters()));
-  LAOYAO_CUDA_CHECK(cudaMemcpyAsync(main_params() + offset, host, sizeof(float) * static_cast<size_t>(count),
-                                    cudaMemcpyHostToDevice, stream_));
-  kc::cast_to_bf16(main_params() + offset, params() + offset, count, stream_);
+  const int64_t base = layout_.table.trainable_offset, frozen_end = std::min(offset + count, base);
+  if (offset < frozen_end) {  // the frozen base: rounded to bf16 here (as cast_to_bf16 rounds), copied as such
+    std::vector<uint16_t> bits(static_cast<size_t>(frozen_end - offset));
+#pragma omp parallel for schedule(static) if (bits.size() > (size_t{1} << 20))
+    for (int64_t i = 0; i < frozen_end - offset; ++i) bits[static_cast<size_t>(i)] = f32_to_bf16(host[i]);
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(params() + offset, bits.data(), sizeof(uint16_t) * bits.size(),
+                                      cudaMemcpyHostToDevice, stream_));
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // (bits is the host's until then)
+  }
+  const int64_t from = std::max(offset, base), n = offset + count - from;
+  if (n > 0) {
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(main_params() + (from - base), host + (from - offset),
+                                      sizeof(float) * static_cast<size_t>(n), cudaMemcpyHostToDevice, stream_));
+    kc::cast_to_bf16(main_params() + (from - base), params() + from, n, stream_);
+  }
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaGptModel::download_weights(float* host) const {
+void CudaGptModel::download_weights(float* host) const { download_weights(host, 0, num_parameters()); }
+
+void CudaGptModel::download_weights(float* host, int64_t offset, int64_t count) const {
+  if (offset < 0 || count < 0 || offset + count > num_parameters())
+    throw Error("CudaGptModel::download_weights: " + std::to_string(count) + " weights at " + std::to_string(offset) +
+                " of " + std::to_string(num_parameters()));
   kc::stream_wait(stream_, "the step before the weights are read");
-  main_.download(host, sizeof(float) * num_parameters());
+  const int64_t base = layout_.table.trainable_offset, frozen_end = std::min(offset + count, base);
+  if (offset < frozen_end) {  // the frozen base: its bf16 weights, widened
+    std::vector<uint16_t> bits(static_cast<size_t>(frozen_end - offset));
+    LAOYAO_CUDA_CHECK(cudaMemcpy(bits.data(), params_.as<bf16>() + offset, sizeof(uint16_t) * bits.size(),
+                                 cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < bits.size(); ++i) host[i] = bf16_to_f32(bits[i]);
+  }
+  const int64_t from = std::max(offset, base), n = offset + count - from;
+  if (n > 0)
+    LAOYAO_CUDA_CHECK(cudaMemcpy(host + (from - offset), main_.as<float>() + (from - base),
+                                 sizeof(float) * static_cast<size_t>(n), cudaMemcpyDeviceToHost));
 }
 
 void CudaGptModel::download_grads(float* host) const {

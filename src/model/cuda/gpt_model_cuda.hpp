@@ -122,17 +122,20 @@ class CudaGptModel {
   int64_t num_trainable() const { return layout_.table.trainable(); }
   cudaStream_t stream() const { return stream_; }
 
-  // fp32 main parameters and bf16 model parameters (device pointers, table offsets); fp32 main
-  // gradients of the trained parameters (at table offset - trainable_offset).
+  // fp32 main parameters and gradients of the trained parameters (device pointers at table offset -
+  // trainable_offset: PEFT's frozen base has its bf16 weights alone), bf16 model parameters (table
+  // offsets).
   float* main_params() { return main_.as<float>(); }
   float* main_grads() { return grads_.as<float>(); }
   bf16* params() { return params_.as<bf16>(); }
 
   // Copies host fp32 weights in as the main parameters and makes the bf16 copy (synchronous): all
-  // of them, or `count` of them at `offset` (a model filled a piece at a time).
+  // of them, or `count` of them at `offset` (a model filled a piece at a time). The frozen base's
+  // are rounded to bf16 on the way and read back as those bf16 values.
   void upload_weights(const float* host);
   void upload_weights(const float* host, int64_t offset, int64_t count);
   void download_weights(float* host) const;
+  void download_weights(float* host, int64_t offset, int64_t count) const;  // (any thread)
   void download_grads(float* host) const;
   // Starts a step's gradients at zero. Lazily: the next backward writes the weight gradients its
   // GEMMs compute (beta 0, so they are neither zeroed nor read first) and zeroes only the others
