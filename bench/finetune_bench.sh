@@ -8,6 +8,12 @@
 #   bash bench/finetune_bench.sh tests [FILTER]      there: the GPU tests FILTER selects (gtest's)
 #   bash bench/finetune_bench.sh fp8-gemm            there: laoyao's FP8 GEMMs beside bf16 and beside
 #                                                    torch._scaled_mm on the same operands (issue #39)
+#   bash bench/finetune_bench.sh fp8-speed [CASE ...] there: bench/gpu_train_bench.sh's cases (default
+#                                                    llama3_8b_4l_s8k qwen3_8b_4l_s4k) in BF16 beside
+#                                                    the PyTorch peer, then in FP8 (hybrid, delayed and
+#                                                    tensorwise); a table of FP8 / BF16 last (#39)
+#   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
+#                                                    recipes on real text; ITERS 500), its data staged
 set -euo pipefail
 C=build/ft-carry
 case "${1:-}" in
@@ -20,8 +26,14 @@ case "${1:-}" in
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
     cp build/test-vocabs/llama3/tokenizer.json build/test-vocabs/llama3/tokenizer_config.json "$C/llama3/"
+    mkdir -p "$C/peers" "$C/fp8data"
+    cp ../shared/peers/pytorch_gpt.py ../shared/peers/pytorch_moe.py "$C/peers/"
+    cp -r build/test-vocabs/llama2-hf "$C/"
+    # fp8_curves.sh's real text (Debian's fortunes, which the GPU machine lacks), preprocessed here.
+    FP8_CURVES_WORK="$PWD/$C/fp8data" FP8_CURVES_PREPARE_ONLY=1 bash bench/fp8_curves.sh "$B/laoyao"
+    rm -f "$C/fp8data/input.jsonl"
     du -sh "$C" ;;
-  run | tests | fp8-gemm)
+  run | tests | fp8-gemm | fp8-speed | fp8-curves)
     what="$1"
     shift
     sp=$(python3 -c 'import site;print(site.getsitepackages()[0])')
@@ -34,6 +46,42 @@ case "${1:-}" in
       python3 bench/fp8_gemm_vs_torch.py /tmp/fp8_gemm | tee "$OUT/fp8_gemm_vs_torch.txt"
       exit 0
     fi
+    if [ "$what" = fp8-speed ]; then
+      cases="${*:-llama3_8b_4l_s8k qwen3_8b_4l_s4k}"
+      runs=(bf16 delayed tensorwise)
+      for r in "${runs[@]}"; do
+        if [ "$r" = bf16 ]; then
+          OUT="$OUT/$r" bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" $cases > "$OUT/fp8_speed_$r.md" 2>&1
+        else
+          OUT="$OUT/$r" NO_PEER=1 LAOYAO_ARGS="--fp8-format hybrid --fp8-recipe $r" \
+            bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" $cases > "$OUT/fp8_speed_$r.md" 2>&1
+        fi
+        tail -n +2 "$OUT/fp8_speed_$r.md" | grep -v "^| case\|^|---" | grep "^|" | sed "s/^/$r /"
+      done | python3 -c '
+import sys
+rows = {}
+for line in sys.stdin:
+    run, cells = line.split(" ", 1)
+    c = [x.strip() for x in cells.strip().strip("|").split("|")]
+    rows.setdefault(c[0], {})[run] = c
+print("| case | BF16 tokens/s | PyTorch BF16 peer | BF16 / peer | FP8 delayed | vs BF16 | FP8 tensorwise | vs BF16 | mem GB (bf16 / delayed / tensorwise) |")
+print("|---|---|---|---|---|---|---|---|---|")
+for case, r in rows.items():
+    b = r.get("bf16")
+    tok = lambda k: float(r[k][1]) if k in r else float("nan")
+    print(f"| {case} | {tok("bf16"):.0f} | {b[2] if b else "n/a"} | {b[3] if b else "n/a"} | "
+          f"{tok("delayed"):.0f} | {tok("delayed") / tok("bf16"):.2f}x | {tok("tensorwise"):.0f} | "
+          f"{tok("tensorwise") / tok("bf16"):.2f}x | "
+          + " / ".join(r[k][7] if k in r else "n/a" for k in ("bf16", "delayed", "tensorwise")) + " |")
+' | tee "$OUT/fp8_speed.md"
+      exit 0
+    fi
+    if [ "$what" = fp8-curves ]; then
+      LAOYAO_TEST_VOCABS="$PWD/$C" FP8_CURVES_WORK="$PWD/$C/fp8data" LAOYAO_DEVICE=cuda \
+        bash bench/fp8_curves.sh "$C/laoyao" "${1:-500}" | tee "$OUT/fp8_curves.txt"
+      cp "$C"/fp8data/*.log "$OUT/" 2>/dev/null || true
+      exit 0
+    fi
     if [ "$what" = tests ]; then
       rc=0
       for t in laoyao_tests_kernels_cuda laoyao_tests_model_cuda; do
@@ -43,5 +91,6 @@ case "${1:-}" in
       exit "$rc"
     fi
     python3 bench/finetune_bench.py "$C/laoyao" "$OUT" "$@" 2>&1 | tee "$OUT/finetune_bench.txt" ;;
-  *) echo "usage: bash bench/finetune_bench.sh stage [BUILD_DIR] | run [CASE ...] | tests [FILTER] | fp8-gemm" >&2; exit 2 ;;
+  *) echo "usage: bash bench/finetune_bench.sh stage [BUILD_DIR] | run [CASE ...] | tests [FILTER] | fp8-gemm |" \
+          "fp8-speed [CASE ...] | fp8-curves [ITERS]" >&2; exit 2 ;;
 esac

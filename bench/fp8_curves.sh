@@ -5,7 +5,8 @@
 # Llama 2 tokenizer (scripts/fetch_test_vocabs.sh) by `laoyao preprocess-data`.
 #   bash bench/fp8_curves.sh [laoyao binary] [iterations]     (the backend as laoyao chooses it)
 # FP8_CURVES_WORK=DIR keeps the work there; a DIR that already holds fortunes_text_document.{bin,idx}
-# (made on this machine and carried) is used as it is, for machines without Debian's fortunes.
+# (made on this machine and carried) is used as it is, for machines without Debian's fortunes;
+# FP8_CURVES_PREPARE_ONLY=1 makes that data and stops.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${1:-$root/build/default/laoyao}"
@@ -27,6 +28,7 @@ fs.writeFileSync(process.argv[1], out.join("\n") + "\n");
   "$bin" preprocess-data --input "$work/input.jsonl" --output-prefix "$work/fortunes" --json-keys text \
     --append-eod --workers 2 --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$vocab" > /dev/null 2>&1
 fi
+[ -z "${FP8_CURVES_PREPARE_ONLY:-}" ] || exit 0
 model=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --group-query-attention --num-query-groups 2
        --ffn-hidden-size 352 --swiglu --normalization RMSNorm --disable-bias-linear --position-embedding-type rope
        --untie-embeddings-and-output-weights --seq-length 64 --max-position-embeddings 64 --micro-batch-size 4

@@ -164,6 +164,7 @@ class CudaEngine final : public Engine {
   void run_micro_batch(const MicroBatchData& mb, const model::DropoutKey& key, const float* dloss) override {
     model::MicroBatch in{mb.b, mb.s, mb.tokens.data(), mb.labels.data(), mb.positions.data(),
                          mb.key_start_or_null()};
+    in.is_first_microbatch = mb.is_first_microbatch;
     gpu_.forward(in, mb.loss_mask.data(), key, dloss);
     if (dloss) gpu_.backward();
   }

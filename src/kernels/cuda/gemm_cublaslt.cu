@@ -297,6 +297,8 @@ void CublasLtGemm::gemm_fp8(const GemmProblem& problem, const uint8_t* A, const 
     throw Error("CublasLtGemm::gemm_fp8: Hopper's FP8 GEMMs take TN operands with k and the leading dimensions "
                 "multiples of 16, one problem, no GeLU epilogue (" + describe(p) + ")");
   if (!a_scale_inv || !b_scale_inv) throw Error("CublasLtGemm::gemm_fp8: the operands' scale_inv pointers are null");
+  if (!p.d_fp32 && beta != 0.0f)
+    throw Error("CublasLtGemm::gemm_fp8: a bf16 D is written (beta 0), not added to (" + describe(p) + ")");
   if (p.bias != (bias != nullptr) || (p.bias && p.d_fp32))
     throw Error("CublasLtGemm::gemm_fp8: a bias pointer exactly when the problem has a bf16 bias epilogue (" +
                 describe(p) + ")");
@@ -330,8 +332,14 @@ void CublasLtGemm::enqueue(const GemmProblem& problem, const Operands& ops, cons
     LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.b_scale,
                                                      sizeof ops.b_scale));
   }
-  LAOYAO_CUDA_CHECK(cublasLtMatmul(handle_, plan.op, &ops.alpha, ops.A, plan.a, ops.B, plan.b, &ops.beta, ops.C,
-                                   plan.d, ops.D, plan.d, &plan.algo, workspace_.ptr, workspace_.bytes, ops.stream));
+  const cublasStatus_t st = cublasLtMatmul(handle_, plan.op, &ops.alpha, ops.A, plan.a, ops.B, plan.b, &ops.beta,
+                                           ops.C, plan.d, ops.D, plan.d, &plan.algo, workspace_.ptr, workspace_.bytes,
+                                           ops.stream);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cublasLtMatmul: ") + cublasLtGetStatusString(st) + " (cublasStatus " +
+                std::to_string(static_cast<int>(st)) + ") for " + describe(problem) + ", beta " +
+                std::to_string(ops.beta) + (ops.C != ops.D ? ", C apart from D" : "") + ", operands aligned to " +
+                std::to_string(align) + " bytes");
 }
 
 void CublasLtGemm::linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t T, int64_t K,

@@ -74,7 +74,9 @@ struct CublasLtGemm {
   // multiplies them), dequantized by the device floats a_scale_inv and b_scale_inv:
   // D = alpha * a_scale_inv * b_scale_inv * op(A) op(B) + beta * C (+ bias). Hopper takes TN only
   // (trans_a, not trans_b), k and the leading dimensions multiples of 16, one problem (no batch),
-  // no GeLU epilogue; anything else throws laoyao::Error.
+  // no GeLU epilogue, and a bf16 D written (beta 0, the only form checked on a GPU; an fp32 D may
+  // accumulate); anything else throws laoyao::Error. cuBLASLt also wants the scale_inv pointers
+  // aligned: an H100 refused 4-byte-aligned ones (cublasStatus 15); 256-byte-aligned ones run.
   void gemm_fp8(const GemmProblem& problem, const uint8_t* A, const float* a_scale_inv, const uint8_t* B,
                 const float* b_scale_inv, void* D, const bf16* bias, float alpha, float beta, cudaStream_t stream,
                 const void* C = nullptr);

@@ -60,7 +60,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     }
   }
   if (c.context_parallel > 1) missing.push_back("context parallelism (built on the CPU backend only)");
-  if (c.fp8) missing.push_back("FP8 linear layers (--fp8-format: simulated on the CPU backend; the GPU's FP8 GEMMs are not built yet)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
@@ -113,7 +112,7 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
   ctx_.assign(static_cast<size_t>(L), nullptr);
   bf16* zeros = nullptr;
   auto carve = [&](Carver& a) {
-    branch_ = a.take<bf16>(c.hidden_dropout > 0 ? T * h : 0);
+    branch_ = a.take<bf16>(c.hidden_dropout > 0 || c.fp8 ? T * h : 0);
     dtmp_ = a.take<bf16>(st_.norms_add_in_place ? 0 : T * h);
     pos_ = a.take<bf16>(c.positions == Positions::LearnedAbsolute ? T * h : 0);
     dg_ = a.take<bf16>(st_.gelu_epilogue ? 0 : T * c.ffn);
@@ -147,9 +146,16 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
   carve(real);
   zero_bias_ = zeros;
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(zeros, 0, sizeof(bf16) * static_cast<size_t>(c.ffn), st_.stream));
+  if (c.fp8) {
+    if (!st_.layout) throw Error("CudaBackend: FP8 linear layers need the parameter layout");
+    if (st_.gelu_epilogue) throw Error("CudaBackend: FP8 GEMMs take no GeLU epilogue (the model turns it off)");
+    fp8_ = std::make_unique<CudaFp8Linears>(c, *st_.layout, T, st_.stream, st_.gemm);
+  }
 }
 
-size_t CudaBackend::device_bytes() const { return arena_.bytes + scratch_.bytes; }
+size_t CudaBackend::device_bytes() const {
+  return arena_.bytes + scratch_.bytes + (fp8_ ? fp8_->device_bytes() : 0);
+}
 
 void* CudaBackend::reserve_activations(size_t bytes) {
   if (bytes > arena_.bytes) arena_ = kc::DeviceBuffer(bytes);
@@ -235,24 +241,36 @@ void CudaBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table
 // ---- linear layers
 
 void CudaBackend::linear(Act x, int64_t w, int64_t b, Act y, int64_t rows, int64_t K, int64_t N) {
-  st_.gemm->linear_forward(B(x), P(w), P(b), B(y), rows, K, N, st_.stream);
+  if (fp8_ && fp8_->runs(w))
+    fp8_->forward(w, B(x), P(b), B(y), rows);
+  else
+    st_.gemm->linear_forward(B(x), P(w), P(b), B(y), rows, K, N, st_.stream);
   phase(gemm_phase(w));
 }
 
 void CudaBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, int64_t rows, int64_t K, int64_t N) {
-  if (dx.p) st_.gemm->linear_backward_input(B(dy), P(w), B(dx), rows, K, N, st_.stream);
-  if (G(w)) st_.gemm->linear_backward_weight(B(dy), B(x), G(w), rows, K, N, st_.stream, accumulates(w));
+  if (fp8_ && fp8_->runs(w)) {
+    fp8_->backward(w, B(x), B(dy), B(dx), G(w), accumulates(w), rows);
+  } else {
+    if (dx.p) st_.gemm->linear_backward_input(B(dy), P(w), B(dx), rows, K, N, st_.stream);
+    if (G(w)) st_.gemm->linear_backward_weight(B(dy), B(x), G(w), rows, K, N, st_.stream, accumulates(w));
+  }
   if (G(b)) kc::bias_grad(B(dy), G(b), reduce_scratch_, rows, N, st_.stream);
   phase(gemm_phase(w));
 }
 
 void CudaBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
                                           int64_t N, const DropoutSpec& drop) {
-  if (!(drop.p > 0)) {
+  // FP8: the GEMM's output, then the residual added (gemm_fp8 writes a bf16 D, beta 0).
+  const bool fp8 = fp8_ && fp8_->runs(w);
+  if (!(drop.p > 0) && !fp8) {
     st_.gemm->linear_forward(B(x), P(w), P(b), B(out), rows, K, N, st_.stream, B(residual));  // residual as C
     return phase(gemm_phase(w));
   }
-  st_.gemm->linear_forward(B(x), P(w), P(b), branch_, rows, K, N, st_.stream);
+  if (fp8)
+    fp8_->forward(w, B(x), P(b), branch_, rows);
+  else
+    st_.gemm->linear_forward(B(x), P(w), P(b), branch_, rows, K, N, st_.stream);
   phase(gemm_phase(w));
   kc::residual_dropout_add(branch_, B(residual), B(out), rows * N, drop, st_.stream);
   phase(kResidual);
@@ -374,7 +392,10 @@ void CudaBackend::mlp_fc1(Act x, int64_t fc1_w, int64_t fc1_b, Act u, Act g, int
     st_.gemm->linear_forward_gelu(B(x), P(fc1_w), P(fc1_b), B(g), B(u), rows, c.hidden, ffn, st_.stream);
     return phase(kMlpGemms);
   }
-  st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, c.fc1_rows(ffn), st_.stream);
+  if (fp8_ && fp8_->runs(fc1_w))
+    fp8_->forward(fc1_w, B(x), P(fc1_b), B(u), rows);
+  else
+    st_.gemm->linear_forward(B(x), P(fc1_w), P(fc1_b), B(u), rows, c.hidden, c.fc1_rows(ffn), st_.stream);
   phase(kMlpGemms);
   mlp_activation(u, g, rows, ffn);
 }
@@ -421,14 +442,19 @@ void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t 
                                    int64_t ffn) {
   const GptConfig& c = lc_;
   const int64_t h = c.hidden;
-  if (st_.gelu_epilogue) {  // d(fc1 output) = (dy @ fc2_w) * gelu'(u) in one GEMM
+  if (fp8_ && fp8_->runs(fc2_w)) {  // (FP8 models take no GeLU epilogue)
+    fp8_->backward(fc2_w, B(g), B(dy), dg_, G(fc2_w), accumulates(fc2_w), rows);
+    phase(kMlpGemms);
+    mlp_activation_backward(Act{dg_}, u, du, rows, ffn);
+  } else if (st_.gelu_epilogue) {  // d(fc1 output) = (dy @ fc2_w) * gelu'(u) in one GEMM
     st_.gemm->linear_backward_input_dgelu(B(dy), P(fc2_w), B(u), B(du), rows, ffn, h, st_.stream);
   } else {
     st_.gemm->linear_backward_input(B(dy), P(fc2_w), dg_, rows, ffn, h, st_.stream);
     phase(kMlpGemms);
     mlp_activation_backward(Act{dg_}, u, du, rows, ffn);
   }
-  if (G(fc2_w)) st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
+  if (G(fc2_w) && !(fp8_ && fp8_->runs(fc2_w)))
+    st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
   if (G(fc2_b)) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);
   phase(kMlpGemms);
 }
@@ -603,6 +629,20 @@ void CudaBackend::cross_entropy_backward(Act logits, const int64_t* labels, cons
                                          int64_t T, tp::Shard vocab) {
   kc::cross_entropy_backward(B(logits), labels, stats, dloss, T, vocab.size, st_.stream, vocab.start);
   phase(kHead);
+}
+
+// ---- FP8 linear layers (model/cuda/fp8_linears_cuda.hpp)
+
+void CudaBackend::fp8_layer(int64_t layer, Fp8Pass pass) {
+  if (fp8_) fp8_->set_layer(layer >= 0 && layer < lc_.num_layers && lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
+}
+
+void CudaBackend::fp8_pass_done(Fp8Pass pass) {
+  if (fp8_) fp8_->pass_done(pass);
+}
+
+void CudaBackend::fp8_new_weights() {
+  if (fp8_) fp8_->new_weights(st_.params);
 }
 
 }  // namespace laoyao::model

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "kernels/cuda/qkv_rows.hpp"
 #include "kernels/cuda/rope.hpp"
 #include "model/backend.hpp"
+#include "model/cuda/fp8_linears_cuda.hpp"
 #include "model/cuda/moe_layers_cuda.hpp"
 #include "model/cuda/stream_timeline.hpp"
 #include "model/gpt_config.hpp"
@@ -155,6 +157,11 @@ class CudaBackend final : public Backend {
   void sp_gather(Act local, Act full, const BatchShape& batch, int64_t h) override;
   void sp_reduce_scatter(Act full, Act local, const BatchShape& batch, int64_t h) override;
   void sp_slice(Act full, Act local, const BatchShape& batch, int64_t h) override;
+  void fp8_layer(int64_t layer, Fp8Pass pass) override;
+  void fp8_pass_done(Fp8Pass pass) override;
+  void fp8_new_weights() override;
+  // The FP8 linear layers' state (null without GptConfig::fp8).
+  const CudaFp8Linears* fp8_linears() const { return fp8_.get(); }
 
  private:
   enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,
@@ -181,7 +188,7 @@ class CudaBackend final : public Backend {
   CudaBackendState st_;
   bool writing_grads_ = false;
   kernels::cuda::DeviceBuffer arena_, scratch_;
-  // Carved from scratch_: a branch before its dropout-add [T, h], a norm's input gradient before
+  // Carved from scratch_: a branch before its dropout-add [T, h] (hidden dropout, or an FP8 GEMM's output), a norm's input gradient before
   // it is added [T, h], the positions' embedding [T, h], fc2's input gradient [T, ffn], split rows'
   // attention gradient [T, qkv], reductions' partial sums, the embedding gradient's sort, the
   // flash backward's row sums and the unfused path's per-call scratch; under TP the sequence-parallel
@@ -201,6 +208,7 @@ class CudaBackend final : public Backend {
   std::vector<kernels::cuda::UnfusedAttentionBuffers> unfused_;
   std::vector<const bf16*> ctx_;
   StreamTimeline phases_;
+  std::unique_ptr<CudaFp8Linears> fp8_;  // GptConfig::fp8's linear layers
   bool backward_ = false;  // the ops being enqueued are a backward's (recomputed forwards included)
 };
 

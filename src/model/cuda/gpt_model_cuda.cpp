@@ -225,7 +225,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   graphs_enabled_ = options.cuda_graphs && !tensor_parallel() &&
                     (!ep_ || (moe_ && moe_->graph_safe())) && !(cfg.moe.global_aux_loss_coeff > 0) &&
                     !options.model_phases;
-  gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 && options.gelu_epilogue;
+  // (FP8's GEMMs take no GeLU epilogue: an FP8 model runs the bias-GeLU kernels.)
+  gelu_epilogue_ = lc_.activation == Activation::GeluTanh && lc_.ffn % 8 == 0 && options.gelu_epilogue && !lc_.fp8;
   bias_grad_in_norm_ = options.bias_grad_in_norm && !(lc_.hidden_dropout > 0) && !sp_ && !layout_.table.has_frozen();
 
   // The gradients a step's first backward writes with its GEMMs, and the ranges it zeroes first.
@@ -519,6 +520,7 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   b_ = mb.b;
   rows_ = sp_ ? b_ * s_ / tp_size_ : b_ * s_;
   key_ = key;
+  first_microbatch_ = mb.is_first_microbatch;
   const int64_t T = b_ * s_;
   if (tensor_parallel()) check_token_ids(mb.tokens, T, cfg_.vocab, "CudaGptModel");
   // Stage every input of the micro-batch in a pinned slot laid out as the device span, then one copy.
@@ -584,7 +586,8 @@ void CudaGptModel::forward(const MicroBatch& mb, const float* loss_mask, const D
   const bool dropout_now =
       key.training && (c.hidden_dropout > 0 || c.attention_dropout > 0 || (c.lora && c.lora->dropout > 0));
   if (graphs_enabled_ && !dropout_now && !grads_ready_) {
-    const auto graph_key = std::make_tuple(b_, documents_, dloss != nullptr, dloss != nullptr && fresh_grads_);
+    const auto graph_key = std::make_tuple(b_, documents_, dloss != nullptr, dloss != nullptr && fresh_grads_,
+                                           lc_.fp8 && first_microbatch_);
     auto it = graphs_.find(graph_key);
     if (it == graphs_.end()) {
       enqueue_forward(dloss != nullptr);
@@ -634,6 +637,7 @@ mcore::Step CudaGptModel::tree_step(bool train_step) const {
   st.call = key_.call;
   st.training = key_.training;
   st.train_step = train_step;
+  st.is_first_microbatch = first_microbatch_;
   for (const MtpBuffers& m : mtp_)
     st.mtp.push_back({m.tokens, m.positions, m.labels, m.losses, train_step ? m.dloss : nullptr});
   return st;

@@ -17,7 +17,8 @@
 // on or off, MHA or GQA, hidden and attention dropout; cuDNN's fused attention, our flash kernels (head dims 64, 128)
 // or the unfused path, by --attention-backend (gpt_config.hpp); Mixture-of-Experts layers
 // (model/cuda/moe_layers_cuda.hpp; expert-parallel over GPU ranks, with or without tensor
-// parallelism).
+// parallelism); FP8 linear layers (model/cuda/fp8_linears_cuda.hpp; the weights cast again on a
+// step's first micro-batch, MicroBatch::is_first_microbatch).
 // cuda_unsupported_features() (model/cuda/cuda_backend.hpp) names what is not (QK-norm head dims and RMSNorm widths its kernels
 // cannot pack).
 //
@@ -182,6 +183,8 @@ class CudaGptModel {
   bool bias_grad_in_norm() const { return bias_grad_in_norm_; }
   // Bytes of device memory this model holds.
   size_t device_bytes() const;
+  // The FP8 linear layers' state (null without GptConfig::fp8; tests read their scaling).
+  const CudaFp8Linears* fp8_linears() const { return backend_->fp8_linears(); }
 
  private:
   bool tensor_parallel() const { return tp_size_ > 1; }
@@ -285,8 +288,10 @@ class CudaGptModel {
   // (no hidden dropout, whole rows: no sequence parallelism), which the norms' backward kernels sum
   // as they write it, instead of bias_grad reading it again. LAOYAO_BIAS_GRAD_IN_NORM=0 reads again.
   bool bias_grad_in_norm_ = false;
-  // Keyed by (sequences, documents bucket, with backward, the backward writes the gradients: the step's first).
-  std::map<std::tuple<int64_t, int64_t, bool, bool>, cudaGraphExec_t> graphs_;
+  // Keyed by (sequences, documents bucket, with backward, the backward writes the gradients: the
+  // step's first, FP8 weights cast again: the first micro-batch of a step or evaluation).
+  std::map<std::tuple<int64_t, int64_t, bool, bool, bool>, cudaGraphExec_t> graphs_;
+  bool first_microbatch_ = true;  // the staged micro-batch's MicroBatch::is_first_microbatch
   // zero_grads() was called and no backward has run since; writing_grads_: the backward being
   // enqueued is that first one. writers_: model/gpt_layout.hpp's gradient_writers, the parameters
   // whose gradients the GEMMs write and the ranges a writing backward zeroes first.

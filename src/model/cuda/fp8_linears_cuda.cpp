@@ -1,0 +1,191 @@
+// The CUDA backend's FP8 linear layers (model/cuda/fp8_linears_cuda.hpp).
+#include "model/cuda/fp8_linears_cuda.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/fp8_cast.hpp"
+#include "model/cuda/carver.hpp"
+
+namespace laoyao::model {
+
+namespace kc = kernels::cuda;
+
+namespace {
+
+kc::GemmOperand operand(Fp8Format f) { return f == Fp8Format::E4M3 ? kc::GemmOperand::E4M3 : kc::GemmOperand::E5M2; }
+
+// Column-major D[m, n] = op(A) B with A stored [k, m] (transposed) and B [k, n]: Hopper's TN FP8 GEMM.
+kc::GemmProblem tn(int64_t m, int64_t n, int64_t k, Fp8Format a, Fp8Format b) {
+  kc::GemmProblem p;
+  p.m = m, p.n = n, p.k = k;
+  p.trans_a = true;
+  p.lda = k, p.ldb = k, p.ldd = m;
+  p.a_type = operand(a), p.b_type = operand(b);
+  return p;
+}
+
+}  // namespace
+
+CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout& layout, int64_t max_rows,
+                               cudaStream_t stream, kc::CublasLtGemm* gemm)
+    : spec_(*local.fp8), stream_(stream), gemm_(gemm), fwd_format_(fp8_format_of(spec_.formats, false)),
+      grad_format_(fp8_format_of(spec_.formats, true)), len_(spec_.amax_history_len), max_rows_(max_rows) {
+  std::map<int64_t, const ParamSpec*> by_offset;
+  for (const ParamSpec& p : layout.table.specs) by_offset[p.offset] = &p;
+  for (int64_t l = 0; l < local.num_layers; ++l) {
+    if (!spec_.layer_in_fp8(l, local.num_layers)) continue;
+    const GptLayerOffsets& L = layout.layers[static_cast<size_t>(l)];
+    for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
+                            L.fc2_w}) {
+      if (w < 0) continue;
+      const ParamSpec& p = *by_offset.at(w);
+      Slot s;
+      s.index = n_++, s.N = p.shape.at(0), s.K = p.shape.at(1);
+      if (s.N % 16 != 0 || s.K % 16 != 0)
+        throw UsageError("FP8 linear layers: " + p.name + " is [" + std::to_string(s.N) + ", " + std::to_string(s.K) +
+                         "]; cuBLASLt's FP8 GEMMs need both sizes multiples of 16");
+      max_k_ = std::max(max_k_, s.K), max_n_ = std::max(max_n_, s.N);
+      slots_.emplace(w, s);
+    }
+  }
+  if (max_rows_ % 16 != 0)
+    throw UsageError("FP8 linear layers: a micro-batch of " + std::to_string(max_rows_) +
+                     " rows; cuBLASLt's FP8 GEMMs need the tokens a multiple of 16");
+  auto carve = [&](Carver& a) {
+    fwd_history_ = a.take<float>(len_ * 2 * n_), fwd_scale_ = a.take<float>(2 * n_), fwd_max_ = a.take<float>(2 * n_);
+    bwd_history_ = a.take<float>(len_ * n_), bwd_scale_ = a.take<float>(n_), bwd_max_ = a.take<float>(n_);
+    input_scale_ = a.take<float>(kStride * n_), input_inv_ = a.take<float>(kStride * n_);
+    weight_scale_ = a.take<float>(kStride * n_), weight_inv_ = a.take<float>(kStride * n_);
+    grad_scale_ = a.take<float>(kStride * n_), grad_inv_ = a.take<float>(kStride * n_);
+    amax_ = a.take<float>(1);
+    for (auto& [w, s] : slots_) s.wq = a.take<uint8_t>(s.N * s.K), s.wqt = a.take<uint8_t>(s.N * s.K);
+  };
+  Carver measure;
+  carve(measure);
+  state_ = kc::DeviceBuffer(measure.used);
+  Carver real{static_cast<char*>(state_.ptr), 0};
+  carve(real);
+  // Transformer Engine's initial state: scales 1, histories 0.
+  std::vector<float> ones(static_cast<size_t>(2 * n_), 1.0f), fwd_max(static_cast<size_t>(2 * n_)),
+      bwd_max(static_cast<size_t>(n_), static_cast<float>(fp8_max(grad_format_)));
+  std::fill(fwd_max.begin(), fwd_max.end(), static_cast<float>(fp8_max(fwd_format_)));
+  auto upload = [&](float* dst, const std::vector<float>& v, size_t count) {
+    LAOYAO_CUDA_CHECK(cudaMemcpyAsync(dst, v.data(), sizeof(float) * count, cudaMemcpyHostToDevice, stream_));
+  };
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(state_.ptr, 0, state_.bytes, stream_));
+  upload(fwd_scale_, ones, ones.size());
+  upload(bwd_scale_, ones, static_cast<size_t>(n_));
+  upload(fwd_max_, fwd_max, fwd_max.size());
+  upload(bwd_max_, bwd_max, bwd_max.size());
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // (the host vectors go out of scope)
+
+  Carver ms;
+  ms.take<uint8_t>(max_rows_ * max_k_), ms.take<uint8_t>(max_rows_ * max_n_), ms.take<uint8_t>(max_rows_ * max_n_);
+  scratch_ = kc::DeviceBuffer(ms.used);
+  Carver rs{static_cast<char*>(scratch_.ptr), 0};
+  xq_ = rs.take<uint8_t>(max_rows_ * max_k_), dyq_ = rs.take<uint8_t>(max_rows_ * max_n_);
+  dyqt_ = rs.take<uint8_t>(max_rows_ * max_n_);
+}
+
+const CudaFp8Linears::Slot& CudaFp8Linears::slot(int64_t w) const {
+  auto it = slots_.find(w);
+  if (it == slots_.end()) throw Error("CudaFp8Linears: parameter " + std::to_string(w) + " is not an FP8 linear");
+  return it->second;
+}
+
+void CudaFp8Linears::current_scale(const bf16* x, int64_t n, Fp8Format f, float* scale) {
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(amax_, 0, sizeof(float), stream_));
+  kc::fp8_amax(x, n, amax_, stream_);
+  kc::fp8_current_scale(amax_, f, scale, stream_);
+}
+
+void CudaFp8Linears::new_weights(const bf16* params) {
+  for (const auto& [w, s] : slots_) {
+    const int64_t i = s.index;
+    // Delayed: the weight's scale as the step's first forward finds it (the forward's scales move
+    // only at that forward's end), its amax recorded into this pass's row.
+    float* scale = delayed() ? fwd_scale_ + 2 * i + 1 : at(weight_scale_, i);
+    if (!delayed()) current_scale(params + w, s.N * s.K, fwd_format_, scale);
+    kc::fp8_cast_transpose(params + w, s.N, s.K, scale, fwd_format_, s.wq, s.wqt, at(weight_inv_, i),
+                           delayed() ? fwd_history_ + 2 * i + 1 : nullptr, stream_);
+  }
+}
+
+void CudaFp8Linears::pass_done(Fp8Pass pass) {
+  if (!delayed() || n_ == 0) return;
+  // One rank: the amaxes need no reduction (capabilities refuses delayed scaling over several).
+  const bool max_algo = spec_.amax_compute_algo == AmaxComputeAlgo::Max;
+  if (pass == Fp8Pass::TrainingForward)
+    kc::fp8_delayed_update(fwd_history_, fwd_scale_, fwd_max_, 2 * n_, len_, max_algo, spec_.margin, stream_);
+  if (pass == Fp8Pass::Backward)
+    kc::fp8_delayed_update(bwd_history_, bwd_scale_, bwd_max_, n_, len_, max_algo, spec_.margin, stream_);
+}
+
+void CudaFp8Linears::forward(int64_t w, const bf16* x, const bf16* bias, bf16* y, int64_t rows) {
+  const Slot& s = slot(w);
+  const int64_t i = s.index;
+  if (rows > max_rows_) throw Error("CudaFp8Linears: " + std::to_string(rows) + " rows, built for " +
+                                    std::to_string(max_rows_));
+  // A recomputed forward casts with the scale of the forward it repeats, recording nothing.
+  if (pass_ != Fp8Pass::Recompute) {
+    if (delayed())
+      LAOYAO_CUDA_CHECK(cudaMemcpyAsync(at(input_scale_, i), fwd_scale_ + 2 * i, sizeof(float), cudaMemcpyDeviceToDevice,
+                                        stream_));
+    else
+      current_scale(x, rows * s.K, fwd_format_, at(input_scale_, i));
+  }
+  const bool record = delayed() && pass_ != Fp8Pass::Recompute;
+  kc::fp8_cast(x, rows * s.K, at(input_scale_, i), fwd_format_, xq_, at(input_inv_, i),
+               record ? fwd_history_ + 2 * i : nullptr, stream_);
+  // y^T [N, rows] = w x^T (column-major): A the weight [K, N] transposed, B the input [K, rows].
+  kc::GemmProblem p = tn(s.N, rows, s.K, fwd_format_, fwd_format_);
+  p.bias = bias != nullptr;
+  p.fast_accum = true;  // Transformer Engine's forward GEMM
+  gemm_->gemm_fp8(p, s.wq, at(weight_inv_, i), xq_, at(input_inv_, i), y, bias, 1.0f, 0.0f, stream_);
+}
+
+void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx, float* dw, bool accumulate,
+                              int64_t rows) {
+  const Slot& s = slot(w);
+  const int64_t i = s.index;
+  // The output gradient (recorded: a backward's amaxes update its scales at the pass's end), with
+  // its transpose for the weight gradient.
+  float* gscale = delayed() ? bwd_scale_ + i : at(grad_scale_, i);
+  if (!delayed()) current_scale(dy, rows * s.N, grad_format_, gscale);
+  kc::fp8_cast_transpose(dy, rows, s.N, gscale, grad_format_, dx ? dyq_ : nullptr, dw ? dyqt_ : nullptr, at(grad_inv_, i),
+                         delayed() ? bwd_history_ + i : nullptr, stream_);
+  if (dx) {
+    // dx^T [K, rows] = w^T dy^T: A the weight's transposed copy, B the output gradient.
+    const kc::GemmProblem p = tn(s.K, rows, s.N, fwd_format_, grad_format_);
+    gemm_->gemm_fp8(p, s.wqt, at(weight_inv_, i), dyq_, at(grad_inv_, i), dx, nullptr, 1.0f, 0.0f, stream_);
+  }
+  if (dw) {
+    // The forward's input cast again with its scale, transposed only: the same FP8 values.
+    kc::fp8_cast_transpose(x, rows, s.K, at(input_scale_, i), fwd_format_, nullptr, xq_, nullptr, nullptr, stream_);
+    // dw^T [K, N] (+)= x^T dy: A the input's transposed copy [rows, K], B the gradient's [rows, N].
+    kc::GemmProblem p = tn(s.K, s.N, rows, fwd_format_, grad_format_);
+    p.d_fp32 = true;
+    gemm_->gemm_fp8(p, xq_, at(input_inv_, i), dyqt_, at(grad_inv_, i), dw, nullptr, 1.0f, accumulate ? 1.0f : 0.0f,
+                    stream_);
+  }
+}
+
+CudaFp8Linears::Scaling CudaFp8Linears::download_scaling(int64_t w, bool backward) const {
+  const int64_t i = slot(w).index, k = backward ? 1 : 2, width = backward ? n_ : 2 * n_;
+  const float* history = backward ? bwd_history_ : fwd_history_;
+  const float* scale = backward ? bwd_scale_ + i : fwd_scale_ + 2 * i;
+  Scaling out;
+  out.scale.resize(static_cast<size_t>(k));
+  out.history.resize(static_cast<size_t>(len_ * k));
+  LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LAOYAO_CUDA_CHECK(cudaMemcpy(out.scale.data(), scale, sizeof(float) * k, cudaMemcpyDeviceToHost));
+  for (int64_t r = 0; r < len_; ++r)
+    LAOYAO_CUDA_CHECK(cudaMemcpy(out.history.data() + r * k, history + r * width + k * i, sizeof(float) * k,
+                                 cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace laoyao::model
