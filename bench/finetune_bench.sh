@@ -14,6 +14,12 @@
 #                                                    tensorwise); a table of FP8 / BF16 last (#39)
 #   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
 #                                                    recipes on real text; ITERS 500), its data staged
+#   bash bench/finetune_bench.sh stage-sft [BUILD_DIR] here: laoyao, its libraries, Qwen3's tokenizer and
+#                                                    Megatron-LM's sft_tokenizer.py (from the tool
+#                                                    library's Megatron-LM mirror) into build/sft-carry
+#   bash bench/finetune_bench.sh mlm-sft             there (carry ["build/sft-carry"]):
+#                                                    tests/gpu/mlm_sft_check.py, pretrain-gpt --sft's
+#                                                    rows against Megatron-LM's SFTTokenizer
 set -euo pipefail
 C=build/ft-carry
 case "${1:-}" in
@@ -33,11 +39,24 @@ case "${1:-}" in
     FP8_CURVES_WORK="$PWD/$C/fp8data" FP8_CURVES_PREPARE_ONLY=1 bash bench/fp8_curves.sh "$B/laoyao"
     rm -f "$C/fp8data/input.jsonl"
     du -sh "$C" ;;
-  run | tests | fp8-gemm | fp8-speed | fp8-curves)
+  stage-sft)
+    B="${2:-build/default}"
+    S=build/sft-carry
+    cmake --build "$B" --target laoyao -j2
+    [ -f build/test-vocabs/qwen3/tokenizer.json ] || bash scripts/fetch_test_vocabs.sh
+    rm -rf "$S" && mkdir -p "$S/lib"
+    cp "$B/laoyao" "$S/"
+    cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$S/lib/"
+    for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$S/lib/"; done
+    cp -r build/test-vocabs/qwen3 "$S/"
+    git --git-dir=../.mirror/NVIDIA+Megatron-LM/repo show \
+      HEAD:megatron/core/tokenizers/text/libraries/sft_tokenizer.py > "$S/megatron_sft_tokenizer.py"
+    du -sh "$S" ;;
+  run | tests | fp8-gemm | fp8-speed | fp8-curves | mlm-sft)
     what="$1"
     shift
     sp=$(python3 -c 'import site;print(site.getsitepackages()[0])')
-    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$sp/nvidia/cudnn/lib:$sp/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}:$PWD/$C/lib"
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$sp/nvidia/cudnn/lib:$sp/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}:$PWD/$C/lib:$PWD/build/sft-carry/lib"
     OUT="${OUT:-/tmp/out}"
     mkdir -p "$OUT"
     if [ "$what" = fp8-gemm ]; then
@@ -82,6 +101,13 @@ for case, r in rows.items():
       cp "$C"/fp8data/*.log "$OUT/" 2>/dev/null || true
       exit 0
     fi
+    if [ "$what" = mlm-sft ]; then
+      mkdir -p /tmp/mlm_sft
+      S=build/sft-carry
+      python3 tests/gpu/mlm_sft_check.py "$S/laoyao" "$S/qwen3" "$S/megatron_sft_tokenizer.py" /tmp/mlm_sft |
+        tee "$OUT/mlm_sft_check.txt"
+      exit "${PIPESTATUS[0]}"
+    fi
     if [ "$what" = tests ]; then
       rc=0
       for t in laoyao_tests_kernels_cuda laoyao_tests_model_cuda; do
@@ -92,5 +118,5 @@ for case, r in rows.items():
     fi
     python3 bench/finetune_bench.py "$C/laoyao" "$OUT" "$@" 2>&1 | tee "$OUT/finetune_bench.txt" ;;
   *) echo "usage: bash bench/finetune_bench.sh stage [BUILD_DIR] | run [CASE ...] | tests [FILTER] | fp8-gemm |" \
-          "fp8-speed [CASE ...] | fp8-curves [ITERS]" >&2; exit 2 ;;
+          "fp8-speed [CASE ...] | fp8-curves [ITERS] | stage-sft | mlm-sft" >&2; exit 2 ;;
 esac

@@ -292,6 +292,9 @@ struct DatasetConfig {
   OptString dataset_name;
   bool packed_sequence = false;
   int64_t pad_seq_to_mult = 1;
+  // Megatron-LM's own SFT (pretrain_gpt.py --sft): data_path is a JSONL file of {"messages": [...]}
+  // rows, SFTDataset's packed conversations (data/mlm_sft_dataset.hpp). laoyao's field for the flag.
+  bool sft = false;
   // Bridge's GPTSFTDatasetConfig.preprocessing: null (prompt-completion rows {"input", "output"}
   // with separator " ", as Bridge resolves it for a dataset_root), or a mapping whose _target_
   // names ChatSFTPreprocessingConfig (loss_mode) or PromptCompletionSFTPreprocessingConfig (its
@@ -311,6 +314,9 @@ struct TokenizerConfig {
   std::vector<std::string> special_tokens;
   OptString chat_template;
   OptString chat_template_path;  // Bridge: a file holding the chat template (not with chat_template)
+  // Bridge's tokenizer_prompt_format (Megatron-LM's --sft-tokenizer-prompt-format): the
+  // SFTTokenizer's prompt format, nemotron-h-aligned when unset.
+  OptString tokenizer_prompt_format;
   int64_t tiktoken_num_special_tokens = 1000;
   int64_t make_vocab_size_divisible_by = 1;
   bool use_tokenizer_vocab_size = false;

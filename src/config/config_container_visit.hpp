@@ -240,6 +240,7 @@ template <class V> void DatasetConfig::visit(V& v) {
   v.field("packed_sequence", packed_sequence);
   v.field("pad_seq_to_mult", pad_seq_to_mult);
   v.field("preprocessing", preprocessing);
+  v.field("sft", sft);
 }
 
 template <class V> void TokenizerConfig::visit(V& v) {
@@ -252,6 +253,7 @@ template <class V> void TokenizerConfig::visit(V& v) {
   v.field("special_tokens", special_tokens);
   v.field("chat_template", chat_template);
   v.field("chat_template_path", chat_template_path);
+  v.field("tokenizer_prompt_format", tokenizer_prompt_format);
   v.field("tiktoken_num_special_tokens", tiktoken_num_special_tokens);
   v.field("make_vocab_size_divisible_by", make_vocab_size_divisible_by);
   v.field("use_tokenizer_vocab_size", use_tokenizer_vocab_size);

@@ -471,7 +471,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"--data-args-path", Kind::Refuse, nullptr, "reading data paths from a file is not implemented; use --data-path"},
       {"--per-split-data-args-path", Kind::Refuse, nullptr,
        "reading data paths from a file is not implemented; use --train-data-path/--valid-data-path/--test-data-path"},
-      {"--sft", Kind::Refuse, nullptr, "SFT through pretrain_gpt.py is not implemented"},
+      {"--sft", Kind::True, "dataset.sft"},
+      {"--sft-tokenizer-prompt-format", Kind::Value, "tokenizer.tokenizer_prompt_format"},
       // ---- tokenizer
       {"--tokenizer-type", Kind::Value, "tokenizer.tokenizer_type"},
       {"--tokenizer-model", Kind::Value, "tokenizer.tokenizer_model"},

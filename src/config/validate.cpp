@@ -668,6 +668,26 @@ struct Checker {
            ", ...): each split reads all of its own files");
     if (!*d.mock && !d.split && (!d.data_path.empty() || !d.blend.is_null())) d.split = "969, 30, 1";
     if (d.num_workers < 0) fail(n("dataset.num_workers") + " must be >= 0");
+    if (d.sft) sft_data();
+  }
+
+  // Megatron-LM's --sft (data/mlm_sft_dataset.hpp): what its SFTDataset and SFTTokenizer assert.
+  void sft_data() {
+    auto& d = c.dataset;
+    const std::string sft = n("dataset.sft");
+    if (*d.mock || d.dataset_root || !d.blend.is_null() || !d.blend_per_split.is_null() || !d.train_data_path.empty() ||
+        !d.valid_data_path.empty() || !d.test_data_path.empty() || d.data_path.size() != 1)
+      fail(sft + " reads one JSONL file of {\"messages\": [...]} rows, split by " + n("dataset.split") + ": give it as " +
+           n("dataset.data_path") + " (one path; blends, per-split paths and mock data are not built for SFT)");
+    if (!c.tokenizer.tokenizer_type || *c.tokenizer.tokenizer_type != "SFTTokenizer")
+      fail(sft + " tokenizes conversations through Megatron-LM's SFTTokenizer: set " + n("tokenizer.tokenizer_type") +
+           " SFTTokenizer (and " + n("tokenizer.tokenizer_model") + " to a Hugging Face tokenizer)");
+    if (d.reset_position_ids || d.reset_attention_mask)
+      fail(sft + " packs conversations with their own positions and attention (Megatron-LM's SFTDataset asserts "
+           "reset_position_ids and reset_attention_mask off)");
+    if (!d.skip_getting_attention_mask_from_dataset)
+      fail(sft + ": Megatron-LM's SFTDataset asserts that the dataloader creates no attention mask; add "
+           "--no-create-attention-mask-in-dataloader (" + n("dataset.skip_getting_attention_mask_from_dataset") + ")");
   }
 
   void tokenizer() {
@@ -676,7 +696,7 @@ struct Checker {
     static const Choices types = {"NullTokenizer",        "GPT2BPETokenizer",      "HuggingFaceTokenizer",
                                   "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
                                   "TikTokenizer",          "MultimodalTokenizer",   "BertWordPieceLowerCase",
-                                  "BertWordPieceCase"};
+                                  "BertWordPieceCase",     "SFTTokenizer"};
     bool known = false;
     for (auto& t : types) known = known || t == *k.tokenizer_type;
     if (!known)

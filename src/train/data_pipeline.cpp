@@ -12,6 +12,8 @@
 #include "core/text.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/indexed_dataset.hpp"
+#include "data/gpt_dataset_split.hpp"
+#include "data/mlm_sft_dataset.hpp"
 #include "data/mock_dataset.hpp"
 #include "data/sft_dataset.hpp"
 #include "train/run_setup.hpp"
@@ -167,6 +169,29 @@ data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const d
   return out;
 }
 
+// Megatron-LM's --sft: the one JSONL file's lines split as a corpus's documents are, each split an
+// SFTDataset of the samples the run reads from it.
+data::SplitDatasets build_mlm_sft_datasets(const config::ConfigContainer& c, const data::SplitSizes& sizes) {
+  const auto& ds = c.dataset;
+  const std::string& path = ds.data_path.front();
+  const std::string tokenizer_path = resolve_hf_path(c.tokenizer.tokenizer_model.value_or(""), "tokenizer.tokenizer_model");
+  auto tok = std::make_shared<const data::MlmSftTokenizer>(
+      tokenizer_path, c.tokenizer.tokenizer_prompt_format.value_or("nemotron-h-aligned"));
+  const auto ranges = data::split_document_ranges(ds.split.value_or("969, 30, 1"), data::count_jsonl_lines(path));
+  data::SplitDatasets out;
+  for (size_t k = 0; k < 3; ++k) {
+    if (!ranges[k] || ranges[k]->size() == 0 || sizes[k].value_or(0) <= 0) continue;
+    data::MlmSftConfig sc;
+    sc.seq_length = *ds.seq_length;
+    sc.context_parallel_size = c.model.context_parallel_size;
+    sc.num_samples = *sizes[k];
+    out[k] = std::make_shared<data::MlmSftDataset>(path, ranges[k]->begin, ranges[k]->end, tok, sc);
+  }
+  if (!out[0]) throw UsageError("the SFT data '" + path + "' leaves the training split no lines (" +
+                                "split " + ds.split.value_or("969, 30, 1") + ")");
+  return out;
+}
+
 }  // namespace
 
 RunData build_run_data(const config::ConfigContainer& c, const config::Derived& d) {
@@ -190,6 +215,10 @@ RunData build_run_data(const config::ConfigContainer& c, const config::Derived& 
   gc.create_attention_mask = !ds.skip_getting_attention_mask_from_dataset;
   gc.eod_mask_loss = ds.eod_mask_loss;
   data::SplitSizes sizes = {r.budget.train, r.budget.valid, r.budget.test};
+  if (ds.sft) {
+    r.datasets = build_mlm_sft_datasets(c, sizes);
+    return r;
+  }
   if (ds.dataset_root) {
     r.datasets = build_sft_datasets(c, sizes);
     if (ds.dataloader_type.value_or("") == "batch")

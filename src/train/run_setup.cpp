@@ -210,8 +210,10 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   g.hidden_dropout = m.hidden_dropout;
   g.attention_dropout = m.attention_dropout;
   g.sequence_parallel = m.sequence_parallel;
-  // Attention within documents: --reset-attention-mask's, or packed fine-tuning rows' examples.
-  g.document_attention = document_mask(c).applied || (c.dataset.dataset_root && c.dataset.packed_sequence);
+  // Attention within documents: --reset-attention-mask's, packed fine-tuning rows' examples, or
+  // Megatron-LM's --sft rows' conversations.
+  g.document_attention =
+      document_mask(c).applied || (c.dataset.dataset_root && c.dataset.packed_sequence) || c.dataset.sft;
   g.bf16 = m.bf16;
   g.fp32_residual_connection = m.fp32_residual_connection;
   g.attention_backend = m.attention_backend == "unfused" || m.attention_backend == "local" ? model::AttentionBackend::Unfused

@@ -12,7 +12,7 @@ namespace laoyao::tokenizer {
 const std::vector<std::string>& supported_tokenizer_types() {
   static const std::vector<std::string> kTypes = {
       "GPT2BPETokenizer",          "HuggingFaceTokenizer", "SentencePieceTokenizer",
-      "GPTSentencePieceTokenizer", "Llama2Tokenizer",      "NullTokenizer"};
+      "GPTSentencePieceTokenizer", "Llama2Tokenizer",      "NullTokenizer", "SFTTokenizer"};
   return kTypes;
 }
 
@@ -25,7 +25,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
     need(s.merge_file, "--merge-file (GPT-2's merges.txt)");
     return std::make_unique<GPT2BPETokenizer>(s.vocab_file, s.merge_file);
   }
-  if (s.type == "HuggingFaceTokenizer") {
+  // SFTTokenizer (pretrain_gpt.py --sft): a Hugging Face tokenizer whose vocabulary is len(tokenizer)
+  // and EOD its eos_token, as the Hugging Face type's; its conversations are data/mlm_sft_dataset's.
+  if (s.type == "HuggingFaceTokenizer" || s.type == "SFTTokenizer") {
     need(s.model, "--tokenizer-model (a directory with tokenizer.json, or the file itself)");
     // A hub id (the recipes name "Qwen/Qwen3-8B") is read from the local Hugging Face cache.
     return std::make_unique<HuggingFaceTokenizer>(resolve_hf_path(s.model, "--tokenizer-model"));
@@ -43,7 +45,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerSpec& s) {
   }
   static const std::vector<std::string> kKnownUnsupported = {
       "BertWordPieceLowerCase", "BertWordPieceCase", "TikTokenizer", "MultimodalTokenizer",
-      "HuggingFaceTokenizerWithChatTemplate", "SFTTokenizer"};
+      "HuggingFaceTokenizerWithChatTemplate"};
   for (const auto& k : kKnownUnsupported) {
     if (s.type == k) {
       throw UsageError("--tokenizer-type " + s.type + " is a Megatron tokenizer laoyao does not support (supported: " +

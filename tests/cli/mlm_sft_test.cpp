@@ -1,0 +1,93 @@
+// Megatron-LM's own SFT as its user runs it: `pretrain-gpt --sft --tokenizer-type SFTTokenizer` on a
+// JSONL file of conversations (data/mlm_sft_dataset.hpp), trained and evaluated on the CPU; the
+// rows as `data-samples` prints them; what Megatron-LM asserts refused by name, exit status 2.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../data/nemotron_like_tokenizer.hpp"
+#include "core/file_io.hpp"
+#include "run_binary.hpp"
+
+using namespace laoyao::test;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string conversations(int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i)
+    out += R"({"messages": [{"role": "system", "content": "Count."}, {"role": "user", "content": "After )" +
+           std::to_string(i) + R"(?"}, {"role": "assistant", "content": ")" + std::to_string(i + 1) + R"(."}]})" + "\n";
+  return out;
+}
+
+std::vector<std::string> sft_flags(const std::string& data, const std::string& tok) {
+  return {"--sft", "--tokenizer-type", "SFTTokenizer", "--tokenizer-model", tok,
+          "--no-create-attention-mask-in-dataloader", "--data-path", data, "--split", "80,20,0",
+          "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "48",
+          "--max-position-embeddings", "48", "--micro-batch-size", "2", "--global-batch-size", "4",
+          "--train-iters", "3", "--lr", "1e-3", "--eval-iters", "1", "--eval-interval", "3",
+          "--position-embedding-type", "rope", "--log-interval", "1"};
+}
+
+}  // namespace
+
+TEST(MlmSftCli, PretrainGptSftTrainsOnConversations) {
+  const std::string dir = fresh_dir("mlm_sft"), tok = nemotron_like_tokenizer(), data = dir + "/chat.jsonl";
+  laoyao::write_file_atomic(data, conversations(20));
+  std::vector<std::string> run = {"pretrain-gpt"};
+  for (const auto& f : sft_flags(data, tok)) run.push_back(f);
+  auto r = run_laoyao(run, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "iteration        3/       3")) << r.output;
+  EXPECT_TRUE(contains(r.output, "validation loss at iteration 3")) << r.output;
+  EXPECT_EQ(losses_in(r.output).size(), 5u) << r.output;  // three iterations, the validation twice (at 3, at the end)
+
+  // The first row: line 0's conversation then line 1's, each from position 0, the loss on the
+  // answers alone ("1.\n" and "2.\n": two tokens each), the padding after them.
+  std::vector<std::string> samples = {"data-samples", "--iterations", "1"};
+  for (const auto& f : sft_flags(data, tok)) samples.push_back(f);
+  r = run_laoyao(samples, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "\"sample_indices\":[0,1]")) << r.output;
+  const size_t mask = r.output.find("\"loss_mask\":[[");
+  ASSERT_NE(mask, std::string::npos) << r.output;
+  const std::string first_row = r.output.substr(mask, r.output.find(']', mask) - mask);
+  size_t ones = 0;
+  for (size_t at = 0; (at = first_row.find("1.0", at)) != std::string::npos; at += 3) ++ones;
+  EXPECT_EQ(ones, 2u) << first_row;
+}
+
+TEST(MlmSftCli, WhatMegatronLmAssertsIsRefusedByName) {
+  const std::string dir = fresh_dir("mlm_sft_bad"), tok = nemotron_like_tokenizer(), data = dir + "/chat.jsonl";
+  laoyao::write_file_atomic(data, conversations(8));
+  auto without = [&](const std::string& flag, int values) {
+    std::vector<std::string> run = {"pretrain-gpt"};
+    const std::vector<std::string> flags = sft_flags(data, tok);
+    for (size_t k = 0; k < flags.size(); ++k) {
+      if (flags[k] == flag) {
+        k += static_cast<size_t>(values);
+        continue;
+      }
+      run.push_back(flags[k]);
+    }
+    return run;
+  };
+  auto r = run_laoyao(without("--no-create-attention-mask-in-dataloader", 0), dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--no-create-attention-mask-in-dataloader")) << r.output;
+  std::vector<std::string> hf = without("--tokenizer-type", 1);
+  hf.insert(hf.end(), {"--tokenizer-type", "HuggingFaceTokenizer"});
+  r = run_laoyao(hf, dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "SFTTokenizer")) << r.output;
+  std::vector<std::string> format = sft_flags(data, tok);
+  format.insert(format.begin(), "pretrain-gpt");
+  format.insert(format.end(), {"--sft-tokenizer-prompt-format", "chatml"});
+  r = run_laoyao(format, dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown --sft-tokenizer-prompt-format 'chatml'")) << r.output;
+}
