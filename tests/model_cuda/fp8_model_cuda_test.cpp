@@ -147,6 +147,12 @@ TEST(CudaFp8Model, LlamaTensorwiseMatchesCpuModel) {
 TEST(CudaFp8Model, GptDelayedScalingMatchesCpuModel) {
   compare_fp8(with_fp8(small_config(4, 4), Fp8ScalingRecipe::Delayed));
 }
+// What the GPU's FP8 has not been checked with goes to the CPU backend, named.
+TEST(CudaFp8Model, UncheckedCombinationsAreNamed) {
+  EXPECT_EQ(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Delayed)), "");
+  EXPECT_NE(cuda_unsupported_features(with_fp8(mla_config(32), Fp8ScalingRecipe::Delayed)).find("multi-latent"),
+            std::string::npos);
+}
 TEST(CudaFp8Model, GptTensorwiseWithTheFirstLayerInBf16MatchesCpuModel) {
   GptConfig c = with_fp8(small_config(2, 2), Fp8ScalingRecipe::Tensorwise);
   c.attention_backend = AttentionBackend::Flash;
