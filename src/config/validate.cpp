@@ -676,9 +676,10 @@ struct Checker {
     auto& d = c.dataset;
     const std::string sft = n("dataset.sft");
     if (*d.mock || d.dataset_root || !d.blend.is_null() || !d.blend_per_split.is_null() || !d.train_data_path.empty() ||
-        !d.valid_data_path.empty() || !d.test_data_path.empty() || d.data_path.size() != 1)
-      fail(sft + " reads one JSONL file of {\"messages\": [...]} rows, split by " + n("dataset.split") + ": give it as " +
-           n("dataset.data_path") + " (one path; blends, per-split paths and mock data are not built for SFT)");
+        !d.valid_data_path.empty() || !d.test_data_path.empty() || d.data_path.empty())
+      fail(sft + " reads JSONL files of {\"messages\": [...]} rows, split by " + n("dataset.split") + ": give them as " +
+           n("dataset.data_path") + " (one file, or weights and files; per-split paths, Bridge's blend and mock data "
+           "are not built for SFT)");
     if (!c.tokenizer.tokenizer_type || *c.tokenizer.tokenizer_type != "SFTTokenizer")
       fail(sft + " tokenizes conversations through Megatron-LM's SFTTokenizer: set " + n("tokenizer.tokenizer_type") +
            " SFTTokenizer (and " + n("tokenizer.tokenizer_model") + " to a Hugging Face tokenizer)");

@@ -169,26 +169,49 @@ data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const d
   return out;
 }
 
-// Megatron-LM's --sft: the one JSONL file's lines split as a corpus's documents are, each split an
-// SFTDataset of the samples the run reads from it.
+// Megatron-LM's --sft: each JSONL file's lines split as a corpus's documents are, each split an
+// SFTDataset of the samples the run reads from it; a weighted blend of files (--data-path W1 F1 W2
+// F2 ...) as Megatron's builder blends any datasets: each file's SFTDataset sized by its weight
+// (with the mid-level surplus), a BlendedDataset over them.
 data::SplitDatasets build_mlm_sft_datasets(const config::ConfigContainer& c, const data::SplitSizes& sizes) {
   const auto& ds = c.dataset;
-  const std::string& path = ds.data_path.front();
+  const data::Blend blend = data::parse_blend(ds.data_path);
+  if (blend.prefixes.size() > 1 && blend.weights.empty())
+    throw UsageError("dataset.sft (--sft) with several --data-path files needs a weight before each (W1 FILE1 W2 "
+                     "FILE2 ...): Megatron-LM's SFTDataset takes its sample count from a weighted blend, and fails "
+                     "on an unweighted one");
   const std::string tokenizer_path = resolve_hf_path(c.tokenizer.tokenizer_model.value_or(""), "tokenizer.tokenizer_model");
   auto tok = std::make_shared<const data::MlmSftTokenizer>(
       tokenizer_path, c.tokenizer.tokenizer_prompt_format.value_or("nemotron-h-aligned"));
-  const auto ranges = data::split_document_ranges(ds.split.value_or("969, 30, 1"), data::count_jsonl_lines(path));
+  const std::string split = ds.split.value_or("969, 30, 1");
+  std::vector<std::array<std::optional<data::DocumentRange>, 3>> ranges;
+  for (const auto& path : blend.prefixes) ranges.push_back(data::split_document_ranges(split, data::count_jsonl_lines(path)));
+  const std::vector<double> weights = blend.weights.empty() ? blend.weights : data::normalize_weights(blend.weights);
   data::SplitDatasets out;
   for (size_t k = 0; k < 3; ++k) {
-    if (!ranges[k] || ranges[k]->size() == 0 || sizes[k].value_or(0) <= 0) continue;
-    data::MlmSftConfig sc;
-    sc.seq_length = *ds.seq_length;
-    sc.context_parallel_size = c.model.context_parallel_size;
-    sc.num_samples = *sizes[k];
-    out[k] = std::make_shared<data::MlmSftDataset>(path, ranges[k]->begin, ranges[k]->end, tok, sc);
+    if (!ranges[0][k] || sizes[k].value_or(0) <= 0) continue;
+    auto sft = [&](size_t d, int64_t samples) {
+      if (!ranges[d][k] || ranges[d][k]->size() == 0)
+        throw UsageError("the SFT data '" + blend.prefixes[d] + "' leaves the " + data::split_name(static_cast<data::Split>(k)) +
+                         " split no lines (split " + split + ")");
+      data::MlmSftConfig sc;
+      sc.seq_length = *ds.seq_length;
+      sc.context_parallel_size = c.model.context_parallel_size;
+      sc.num_samples = samples;
+      return std::make_shared<const data::MlmSftDataset>(blend.prefixes[d], ranges[d][k]->begin, ranges[d][k]->end, tok, sc);
+    };
+    if (weights.empty()) {
+      out[k] = sft(0, *sizes[k]);
+      continue;
+    }
+    const std::vector<int64_t> target = data::samples_per_dataset(weights, *sizes[k], 0.0);
+    const std::vector<int64_t> built = data::samples_per_dataset(weights, *sizes[k], data::kMidLevelDatasetSurplus);
+    std::vector<std::shared_ptr<const data::SampleDataset>> parts;
+    int64_t size = 0;
+    for (size_t d = 0; d < blend.prefixes.size(); ++d) parts.push_back(sft(d, built[d])), size += target[d];
+    out[k] = std::make_shared<const data::BlendedDataset>(std::move(parts), weights, size);
   }
-  if (!out[0]) throw UsageError("the SFT data '" + path + "' leaves the training split no lines (" +
-                                "split " + ds.split.value_or("969, 30, 1") + ")");
+  if (!out[0]) throw UsageError("the SFT data leaves the training split no lines (split " + split + ")");
   return out;
 }
 

@@ -3,6 +3,7 @@
 // rows as `data-samples` prints them; what Megatron-LM asserts refused by name, exit status 2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -90,4 +91,41 @@ TEST(MlmSftCli, WhatMegatronLmAssertsIsRefusedByName) {
   r = run_laoyao(format, dir, "LAOYAO_DEVICE=cpu");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "unknown --sft-tokenizer-prompt-format 'chatml'")) << r.output;
+}
+
+// Several files with weights blend as Megatron's builder blends any datasets (equal weights: the
+// files' rows in turn, each file from its first line); without weights refused, as Megatron-LM's
+// SFTDataset fails on an unweighted blend.
+TEST(MlmSftCli, WeightedFilesBlendInTurn) {
+  const std::string dir = fresh_dir("mlm_sft_blend"), tok = nemotron_like_tokenizer();
+  for (const std::string name : {"alpha", "beta"}) {
+    std::string rows;
+    for (int i = 0; i < 10; ++i)
+      rows += R"({"messages": [{"role": "user", "content": ")" + name + " " + std::to_string(i) +
+              R"("}, {"role": "assistant", "content": "ok"}]})" + "\n";
+    laoyao::write_file_atomic(dir + "/" + name + ".jsonl", rows);
+  }
+  auto flags = [&](const std::vector<std::string>& data) {
+    std::vector<std::string> run = {"data-samples", "--iterations", "4"};
+    for (const auto& f : sft_flags("X", tok)) run.push_back(f);
+    auto at = std::find(run.begin(), run.end(), "X");
+    at = run.erase(at);
+    run.insert(at, data.begin(), data.end());
+    for (auto& f : run)
+      if (f == "80,20,0") f = "100,0,0";
+    run.insert(run.end(), {"--train-iters", "4", "--global-batch-size", "1", "--micro-batch-size", "1"});
+    return run;
+  };
+  auto r = run_laoyao(flags({"0.5", dir + "/alpha.jsonl", "0.5", dir + "/beta.jsonl"}), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  // Each row's source, by the user text's first word (Qwen3's ids of "alpha" and "beta").
+  std::vector<std::string> sources;
+  for (size_t at = 0; (at = r.output.find("\"tokens\":[[", at)) != std::string::npos; ++at) {
+    const std::string row = r.output.substr(at, r.output.find(']', at) - at);
+    sources.push_back(contains(row, ",7141,") ? "alpha" : contains(row, ",19127,") ? "beta" : "?");
+  }
+  EXPECT_EQ(sources, (std::vector<std::string>{"alpha", "beta", "alpha", "beta"})) << r.output;
+  r = run_laoyao(flags({dir + "/alpha.jsonl", dir + "/beta.jsonl"}), dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "needs a weight before each")) << r.output;
 }
