@@ -62,6 +62,7 @@ MODELS = {
                                        max_position_embeddings=8192, tie_word_embeddings=False)),
 }
 RESULTS = []
+CURVES = []  # (case, {iteration: lm loss}) of each case's packed run, printed after the table
 
 
 def log(msg):
@@ -257,6 +258,7 @@ def run_case(name):
                             rows[min(rows)][1], rows[max(rows)][1], f"{len(rows)} iterations, {wall:.0f} s wall"))
     if "packed" not in runs or not runs["packed"][0]:
         return
+    CURVES.append((name, {it: loss for it, (_, loss, _) in runs["packed"][0].items()}))
     rc, samples, _ = laoyao(["data-samples", "--iterations", str(int(os.environ.get("PEER_ITERS", spec["peer_iters"])))]
                             + recipe_args(spec, hf, data, [])[1:], f"{name}_samples.jsonl")
     if rc != 0:
@@ -292,6 +294,9 @@ def main():
     print(f"\n{'run':58s} {'tokens/s':>10s} {'GB':>6s} {'loss first':>10s} {'loss last':>10s}  note")
     for r in RESULTS:
         print(f"{r[0]:58s} {r[1]:10.1f} {r[2]:6.1f} {r[3]:10.4f} {r[4]:10.4f}  {r[5]}")
+    for name, curve in CURVES:  # laoyao's packed run: the loss at iteration 1 and every 5th
+        points = [f"{it}:{curve[it]:.4f}" for it in sorted(curve) if it == 1 or it % 5 == 0]
+        print(f"{name} loss curve (packed): " + " ".join(points))
 
 
 if __name__ == "__main__":
