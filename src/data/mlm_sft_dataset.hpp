@@ -41,8 +41,6 @@ class MlmSftTokenizer {
   void tokenize_conversation(const jinja::Value& conversation, std::vector<tokenizer::TokenId>& tokens,
                              std::vector<tokenizer::TokenId>& targets) const;
   tokenizer::TokenId pad() const { return pad_; }
-  tokenizer::TokenId eod() const { return hf_->eod(); }
-  int64_t vocab_size() const { return hf_->vocab_size(); }  // len(tokenizer)
 
  private:
   std::vector<tokenizer::TokenId> ids(const jinja::Value& messages) const;

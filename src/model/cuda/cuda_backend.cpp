@@ -444,7 +444,8 @@ void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t 
                                    int64_t ffn) {
   const GptConfig& c = lc_;
   const int64_t h = c.hidden;
-  if (fp8_ && fp8_->runs(fc2_w)) {  // (FP8 models take no GeLU epilogue)
+  const bool fp8 = fp8_ && fp8_->runs(fc2_w);
+  if (fp8) {  // both gradients' GEMMs (FP8 models take no GeLU epilogue)
     fp8_->backward(fc2_w, B(g), B(dy), dg_, G(fc2_w), accumulates(fc2_w), rows);
     phase(kMlpGemms);
     mlp_activation_backward(Act{dg_}, u, du, rows, ffn);
@@ -455,7 +456,7 @@ void CudaBackend::mlp_fc2_backward(Act dy, Act g, Act u, int64_t fc2_w, int64_t 
     phase(kMlpGemms);
     mlp_activation_backward(Act{dg_}, u, du, rows, ffn);
   }
-  if (G(fc2_w) && !(fp8_ && fp8_->runs(fc2_w)))
+  if (G(fc2_w) && !fp8)
     st_.gemm->linear_backward_weight(B(dy), B(g), G(fc2_w), rows, ffn, h, st_.stream, accumulates(fc2_w));
   if (G(fc2_b)) kc::bias_grad(B(dy), G(fc2_b), reduce_scratch_, rows, h, st_.stream);
   phase(kMlpGemms);
