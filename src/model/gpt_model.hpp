@@ -179,6 +179,8 @@ class GptModel {
   // chunks of each sequence; micro-batches are then this rank's chunks. Null or one rank: none.
   void set_context_parallel_group(dist::ProcessGroup* cp);
   dist::ProcessGroup* data_parallel_group() const { return dp_; }
+  // The context-parallel group (null: none), set_context_parallel_group's.
+  dist::ProcessGroup* context_parallel_group() const { return cp_; }
   // Those counts for layer l (empty without an expert bias).
   std::vector<double> expert_load(int64_t layer) const;
 

@@ -14,7 +14,7 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     out.push_back("more than one rank (world size " + std::to_string(world_size) +
                   "): this build has no Gloo for CPU ranks");
   if (m.pipeline_model_parallel_size > 1) out.push_back("pipeline parallelism (model.pipeline_model_parallel_size > 1)");
-  if (m.context_parallel_size > 1) {  // (CPU ranks: dense or MoE, with MLA or not, so far)
+  if (m.context_parallel_size > 1) {  // (what GPU ranks add to this: model::cuda_unsupported_features)
     const std::string cp = "context parallelism (model.context_parallel_size " +
                            std::to_string(m.context_parallel_size) + ") with ";
     if (c.dataset.reset_attention_mask) out.push_back(cp + "documents kept apart by --reset-attention-mask");

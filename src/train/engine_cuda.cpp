@@ -42,6 +42,11 @@ namespace {
 
 namespace kc = laoyao::kernels::cuda;
 
+// The ranks each sequence is split over (a rank's micro-batches hold seq / CP tokens of each).
+int64_t context_parallel_size(const model::GptModel& m) {
+  return m.context_parallel_group() ? m.context_parallel_group()->size() : 1;
+}
+
 // LAOYAO_STEP_PHASES=1: where each step's GPU time goes, printed on stderr at the start of the
 // next step (the events have completed by then: the step ends with a wait on the device):
 // forward+backward, the wait for the host between the backward and the gradient reduction, the
@@ -98,7 +103,8 @@ class CudaEngine final : public Engine {
         adam_(adam),
         settings_(s),
         shards_(std::move(shards)),
-        gpu_(host.config(), max_b, seq, host.tp_group(), host.ep_group(), host.folded_expert_dp_group()) {
+        gpu_(host.config(), max_b, seq / context_parallel_size(host), host.tp_group(), host.ep_group(),
+             host.folded_expert_dp_group(), host.context_parallel_group()) {
     gpu_.set_data_parallel_group(host.data_parallel_group());
     const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
     if (adam_.num_params() != n) throw Error("CudaEngine: the AdamW's moments do not match the optimizer shares");

@@ -1,34 +1,18 @@
-// Causal attention through cuDNN's fused flash attention (see attention_cudnn.hpp).
-//
-// cuDNN recognises scaled dot-product attention as a pattern of its graph API and runs it as one
-// fused kernel: the graphs below spell the pattern out op by op (matmul, scale, causal mask,
-// softmax with its statistics, matmul), the way cuDNN's frontend library expands its SDPA node.
-// Tensors are 4-D [batch, heads, sequence, head dim] views with strides into our buffers.
+// Causal attention through cuDNN's fused flash attention (see attention_cudnn.hpp): the graphs are
+// sdpa_graph.hpp's, over views of our buffers.
 #include <algorithm>
-#include <array>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/sdpa_graph.hpp"
 
 namespace laoyao::kernels::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 using Dims = CudnnGraph::Dims;
-
-// Variant-pack ids of the tensors bound to memory.
-enum : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kOne, kDO, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum,
-  // Documents: their lengths (as the queries' and as the keys'), and the element offsets of each
-  // document in q, k, v, o, the statistics and the dQ accumulator (kOffsets + RaggedOffset).
-  kSeqQ, kSeqKV, kOffsets
-};
-
-// The tensors' element offsets of a document, per token of it: their token strides.
-enum RaggedOffset { kOffQ, kOffK, kOffV, kOffO, kOffStats, kRaggedOffsets };
 
 // Where q, k, v, ctx and their gradients sit: element strides [batch, head, position, dim].
 struct Views {
@@ -67,154 +51,35 @@ Views views_of(const AttentionShape& a, QkvRows rows) {
   return v;
 }
 
-// The masked scores' value (the frontend's for cuDNN 9.10 on): exp of it is exactly 0.
-const float kNegInfValue = -std::numeric_limits<float>::infinity();
-
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-Dims transposed(const Dims& d) { return {d[0], d[1], d[3], d[2]}; }
-
-// -inf where the key is later than the query (row index < column index), x elsewhere.
-int causal_mask(CudnnGraph& g, int x, int neg_inf, const Dims& s_dims) {
-  const int row = g.gen_index(x, g.virtual_tensor(s_dims, CUDNN_DATA_INT32), 2);
-  const int col = g.gen_index(x, g.virtual_tensor(s_dims, CUDNN_DATA_INT32), 3);
-  const int keep = g.compare_ge(row, col, g.virtual_tensor(s_dims, CUDNN_DATA_BOOLEAN));
-  return g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, g.virtual_tensor(s_dims), neg_inf, keep);
-}
-
-// The bound tensors both graphs share. With documents (b: the plans' document count), the
-// documents' lengths and each tensor's offsets: q, k, v, o at their rows' token strides, the
-// statistics token-major ([T, H]) instead of [b, H, s].
-struct Inputs {
-  int q, kt, v, o, stats, scale, neg_inf;
-  int seq_q = -1, seq_kv = -1;  // documents: their lengths
-  std::array<int, kRaggedOffsets> off{-1, -1, -1, -1, -1};
-  bool documents() const { return seq_q >= 0; }
-  CudnnGraph::Overrides scores() const { return {seq_q, seq_kv, -1}; }   // [query, key] products
-  CudnnGraph::Overrides by_keys() const { return {seq_kv, -1, seq_q}; }  // [key, dim] = [key, query] @ [query, dim]
-  CudnnGraph::Overrides by_queries() const { return {seq_q, -1, seq_kv}; }
-};
 
 // The statistics' (and the backward's row sums') strides: [b, H, s] dense, [T, H] over documents.
 Dims row_strides(const AttentionShape& a, bool documents) {
   return documents ? Dims{a.s * a.H, 1, a.H, 1} : CudnnGraph::packed({a.b, a.H, a.s, 1});
 }
 
-// backward: V bound transposed (the backward's dO V^T).
-Inputs bind_inputs(CudnnGraph& g, const AttentionShape& a, const Views& v, bool backward, bool documents) {
-  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, vd{a.b, a.G, a.s, a.dv()}, od{a.b, a.H, a.s, a.dv()};
-  const Dims row_dims{a.b, a.H, a.s, 1};
-  Inputs in;
-  if (documents) {
-    const Dims lengths{a.b, 1, 1, 1}, offsets{a.b + 1, 1, 1, 1}, unit{1, 1, 1, 1};
-    in.seq_q = g.tensor(kSeqQ, lengths, unit, CUDNN_DATA_INT32);
-    in.seq_kv = g.tensor(kSeqKV, lengths, unit, CUDNN_DATA_INT32);
-    for (int i = 0; i < kRaggedOffsets; ++i) in.off[size_t(i)] = g.tensor(kOffsets + i, offsets, unit, CUDNN_DATA_INT64);
-  }
-  in.q = g.tensor(kQ, qd, v.q, CUDNN_DATA_BFLOAT16, in.off[kOffQ]);
-  in.kt = g.tensor(kK, transposed(kd), transposed(v.kv), CUDNN_DATA_BFLOAT16, in.off[kOffK]);
-  in.v = backward ? g.tensor(kV, transposed(vd), transposed(v.v), CUDNN_DATA_BFLOAT16, in.off[kOffV])
-                      : g.tensor(kV, vd, v.v, CUDNN_DATA_BFLOAT16, in.off[kOffV]);
-  in.o = g.tensor(kO, od, v.o, CUDNN_DATA_BFLOAT16, in.off[kOffO]);
-  in.stats = g.tensor(kStats, row_dims, row_strides(a, documents), CUDNN_DATA_FLOAT, in.off[kOffStats]);
-  in.scale = g.scalar(kScale, CUDNN_DATA_FLOAT);
-  in.neg_inf = g.scalar(kNegInf, CUDNN_DATA_FLOAT);
-  return in;
-}
-
-// Documents: -inf where the query or the key lies past its document's length (cuDNN's padding
-// mask, which its fused kernels take with the ragged offsets), x elsewhere.
-int padding_mask(CudnnGraph& g, const Inputs& in, int x, const Dims& s_dims) {
-  if (!in.documents()) return x;
-  const int row = g.gen_index(x, g.virtual_tensor(s_dims, CUDNN_DATA_INT32), 2, CUDNN_DATA_INT32);
-  const int col = g.gen_index(x, g.virtual_tensor(s_dims, CUDNN_DATA_INT32), 3, CUDNN_DATA_INT32);
-  const int row_in = g.compare_lt(row, in.seq_q, g.virtual_tensor(s_dims, CUDNN_DATA_BOOLEAN));
-  const int col_in = g.compare_lt(col, in.seq_kv, g.virtual_tensor(s_dims, CUDNN_DATA_BOOLEAN));
-  const int keep = g.logical_and(row_in, col_in, g.virtual_tensor(s_dims, CUDNN_DATA_BOOLEAN));
-  return g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, g.virtual_tensor(s_dims), in.neg_inf, keep);
-}
-
-// (With documents, a.b is the plans' document count.)
-CudnnPlan build_forward(cudnnHandle_t handle, const AttentionShape& a, QkvRows rows, bool documents) {
+// The causal attention of b sequences (or, with documents, a.b documents) as sdpa_graph.hpp's
+// geometry.
+SdpaGeometry geometry_of(const AttentionShape& a, QkvRows rows, bool documents) {
   const Views v = views_of(a, rows);
-  CudnnGraph g;
-  const Inputs in = bind_inputs(g, a, v, false, documents);
-  const Dims row_dims{a.b, a.H, a.s, 1}, s_dims{a.b, a.H, a.s, a.s};
-
-  const int s = g.matmul(in.q, in.kt, g.virtual_tensor(s_dims), in.scores());
-  const int scaled = g.pointwise(CUDNN_POINTWISE_MUL, s, g.virtual_tensor(s_dims), in.scale);
-  const int masked = causal_mask(g, padding_mask(g, in, scaled, s_dims), in.neg_inf, s_dims);
-  // Softmax and its statistics, lse = max + log(sum(exp(x - max))), which the backward reads.
-  const int mx = g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, g.virtual_tensor(row_dims));
-  const int shifted = g.pointwise(CUDNN_POINTWISE_SUB, masked, g.virtual_tensor(s_dims), mx);
-  const int e = g.pointwise(CUDNN_POINTWISE_EXP, shifted, g.virtual_tensor(s_dims));
-  const int sum = g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, g.virtual_tensor(row_dims));
-  const int log_sum = g.pointwise(CUDNN_POINTWISE_LOG, sum, g.virtual_tensor(row_dims));
-  g.pointwise(CUDNN_POINTWISE_ADD, mx, in.stats, log_sum);
-  // The probabilities in the input type: the second matmul takes bf16 operands.
-  const int p = g.pointwise(CUDNN_POINTWISE_DIV, e, g.virtual_tensor(s_dims, CUDNN_DATA_BFLOAT16), sum);
-  g.matmul(p, in.v, in.o, in.by_queries());
-  return g.plan(handle, documents ? "sdpa forward over documents" : "sdpa forward");
+  SdpaGeometry g;
+  g.b = a.b, g.H = a.H, g.G = a.G, g.sq = g.skv = a.s, g.D = a.D, g.Dv = a.dv();
+  g.q = v.q, g.k = v.kv, g.v = v.v, g.o = v.o;
+  g.stats = g.softmax_sum = row_strides(a, documents);
+  g.dq_accum = documents ? v.q : CudnnGraph::packed({a.b, a.H, a.s, a.D});
+  g.causal = true;
+  g.documents = documents;
+  return g;
 }
 
-// d = a @ b summed over the heads of each query group: straight into `out` for MHA, else through a
-// per-query-head product ([b, H, s, dim]) and a reduction over the group's heads.
-void group_matmul(CudnnGraph& g, const AttentionShape& a, int64_t dim, int lhs, int rhs, int out,
-                  CudnnGraph::Overrides o) {
-  if (a.H == a.G) {
-    g.matmul(lhs, rhs, out, o);
-    return;
-  }
-  const int full = g.matmul(lhs, rhs, g.virtual_tensor({a.b, a.H, a.s, dim}, CUDNN_DATA_BFLOAT16), o);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
+CudnnPlan build_forward(cudnnHandle_t handle, const AttentionShape& a, QkvRows rows, bool documents) {
+  return build_sdpa_forward(handle, geometry_of(a, rows, documents),
+                            documents ? "sdpa forward over documents" : "sdpa forward");
 }
 
 CudnnPlan build_backward(cudnnHandle_t handle, const AttentionShape& a, QkvRows rows, bool documents) {
-  const Views v = views_of(a, rows);
-  CudnnGraph g;
-  const Inputs in = bind_inputs(g, a, v, true, documents);
-  const Dims qd{a.b, a.H, a.s, a.D}, kd{a.b, a.G, a.s, a.D}, vd{a.b, a.G, a.s, a.dv()}, od{a.b, a.H, a.s, a.dv()};
-  const Dims row_dims{a.b, a.H, a.s, 1}, s_dims{a.b, a.H, a.s, a.s};
-  const Dims s_t_strides{a.H * a.s * a.s, a.s * a.s, 1, a.s};  // [b, H, key, query] over the same memory
-  const int d_o = g.tensor(kDO, od, v.o, CUDNN_DATA_BFLOAT16, in.off[kOffO]);
-  const int dq = g.tensor(kDQ, qd, v.q, CUDNN_DATA_BFLOAT16, in.off[kOffQ]);
-  const int dk = g.tensor(kDK, kd, v.kv, CUDNN_DATA_BFLOAT16, in.off[kOffK]);
-  const int dv = g.tensor(kDV, vd, v.v, CUDNN_DATA_BFLOAT16, in.off[kOffV]);
-  const int one = g.scalar(kOne, CUDNN_DATA_FLOAT);
-  // Workspace-resident intermediates (in our part of the workspace, bound at execution): with
-  // documents, as cuDNN's frontend lays them out for ragged tensors (Transformer Engine's THD), the
-  // row sums with the statistics' strides and offsets, the fp32 dQ accumulator with dQ's.
-  const int softmax_sum =
-      g.tensor(kSoftmaxSum, row_dims, row_strides(a, documents), CUDNN_DATA_FLOAT, in.off[kOffStats]);
-  const int dq_accum = g.tensor(kDQAccum, qd, documents ? v.q : CudnnGraph::packed(qd), CUDNN_DATA_FLOAT, in.off[kOffQ]);
-
-  // softmax_sum = rowsum(dO * O): the softmax backward's subtrahend.
-  const int d_o_o = g.pointwise(CUDNN_POINTWISE_MUL, d_o, g.virtual_tensor(od), in.o);
-  const int rowsum = g.reduction(CUDNN_REDUCE_TENSOR_ADD, d_o_o, g.virtual_tensor(row_dims));
-  g.pointwise(CUDNN_POINTWISE_MUL, rowsum, softmax_sum, one);
-  // P again from the saved statistics.
-  const int s = g.matmul(in.q, in.kt, g.virtual_tensor(s_dims), in.scores());
-  const int scaled = g.pointwise(CUDNN_POINTWISE_MUL, s, g.virtual_tensor(s_dims), in.scale);
-  const int padded = padding_mask(g, in, scaled, s_dims);
-  const int shifted = g.pointwise(CUDNN_POINTWISE_SUB, padded, g.virtual_tensor(s_dims), in.stats);
-  const int masked = causal_mask(g, shifted, in.neg_inf, s_dims);
-  const int p = g.pointwise(CUDNN_POINTWISE_EXP, masked, g.virtual_tensor(s_dims));
-  // dV = P^T dO.
-  const int p_t = g.reshape(p, g.virtual_tensor(transposed(s_dims), s_t_strides, CUDNN_DATA_BFLOAT16));
-  group_matmul(g, a, a.dv(), p_t, d_o, dv, in.by_keys());
-  // dS = scale * P * (dO V^T - softmax_sum).
-  const int dp = g.matmul(d_o, in.v, g.virtual_tensor(s_dims), in.scores());
-  const int centered = g.pointwise(CUDNN_POINTWISE_SUB, dp, g.virtual_tensor(s_dims), softmax_sum);
-  const int dp_p = g.pointwise(CUDNN_POINTWISE_MUL, centered, g.virtual_tensor(s_dims), p);
-  const int ds = g.pointwise(CUDNN_POINTWISE_MUL, dp_p, g.virtual_tensor(s_dims), in.scale);
-  // dK = dS^T Q.
-  const int ds_t = g.reshape(ds, g.virtual_tensor(transposed(s_dims), s_t_strides, CUDNN_DATA_BFLOAT16));
-  group_matmul(g, a, a.D, ds_t, in.q, dk, in.by_keys());
-  // dQ = dS K, accumulated in fp32, then rounded to bf16.
-  const int k = g.reshape(in.kt, g.virtual_tensor(kd, v.kv, CUDNN_DATA_FLOAT, in.off[kOffK]));
-  g.matmul(ds, k, dq_accum, in.by_queries());
-  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
-  return g.plan(handle, documents ? "sdpa backward over documents" : "sdpa backward");
+  return build_sdpa_backward(handle, geometry_of(a, rows, documents),
+                             documents ? "sdpa backward over documents" : "sdpa backward");
 }
 
 constexpr int kCopyThreads = 256;
@@ -365,9 +230,9 @@ void CudnnAttention::bind_documents(Plans& p, const CudnnDocuments* docs, std::v
   document_offsets<<<static_cast<int>((n + 255) / 256), 256, 0, stream_>>>(docs->start, n, stride, strides,
                                                                             offsets);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
-  bindings.push_back({kSeqQ, docs->length});
-  bindings.push_back({kSeqKV, docs->length});
-  for (int k = 0; k < kRaggedOffsets; ++k) bindings.push_back({kOffsets + k, offsets + k * stride});
+  bindings.push_back({kSdpaSeqQ, docs->length});
+  bindings.push_back({kSdpaSeqKV, docs->length});
+  for (int k = 0; k < kRaggedOffsets; ++k) bindings.push_back({kSdpaOffsets + k, offsets + k * stride});
 }
 
 const bf16* CudnnAttention::query_heads(const bf16* qkv, const AttentionShape& a) {
@@ -393,9 +258,9 @@ void CudnnAttention::forward(const bf16* q, const bf16* k, const bf16* v, bf16* 
 void CudnnAttention::run_forward(int64_t b, const CudnnDocuments* docs, const bf16* q, const bf16* k, const bf16* v,
                                  bf16* ctx, float* lse) {
   Plans& p = plans_for(b, docs ? docs->count : 0);
-  std::vector<CudnnPlan::Binding> bindings{{kQ, q},          {kK, k},          {kV, v},
-                                           {kO, ctx},        {kStats, lse},    {kScale, &scale_},
-                                           {kNegInf, &kNegInfValue}};
+  std::vector<CudnnPlan::Binding> bindings{{kSdpaQ, q},          {kSdpaK, k},          {kSdpaV, v},
+                                           {kSdpaO, ctx},        {kSdpaStats, lse},    {kSdpaScale, &scale_},
+                                           {kSdpaNegInf, &kSdpaNegInfValue}};
   bind_documents(p, docs, bindings);
   p.fwd.execute(handle_, bindings, p.workspace.ptr);
 }
@@ -430,10 +295,10 @@ void CudnnAttention::run_backward(int64_t b, const CudnnDocuments* docs, const b
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, dq_accum_bytes(), stream_));
   const float one = 1.0f;
   std::vector<CudnnPlan::Binding> bindings{
-      {kQ, q},     {kK, k},     {kV, v},   {kO, ctx},
-      {kDO, dctx}, {kStats, lse}, {kScale, &scale_}, {kNegInf, &kNegInfValue},
-      {kOne, &one}, {kDQ, dq},  {kDK, dk}, {kDV, dv},
-      {kSoftmaxSum, softmax_sum}, {kDQAccum, dq_accum}};
+      {kSdpaQ, q},     {kSdpaK, k},     {kSdpaV, v},   {kSdpaO, ctx},
+      {kSdpaDO, dctx}, {kSdpaStats, lse}, {kSdpaScale, &scale_}, {kSdpaNegInf, &kSdpaNegInfValue},
+      {kSdpaOne, &one}, {kSdpaDQ, dq},  {kSdpaDK, dk}, {kSdpaDV, dv},
+      {kSdpaSoftmaxSum, softmax_sum}, {kSdpaDQAccum, dq_accum}};
   bind_documents(p, docs, bindings);
   p.bwd.execute(handle_, bindings, p.workspace.ptr);
 }

@@ -99,6 +99,7 @@ class CudnnAttention {
   std::string engines() const;
   int64_t device_bytes() const;  // workspace and scratch held
   const AttentionShape& shape() const { return shape_; }
+  QkvRows rows() const { return rows_; }
 
  private:
   struct Plans {

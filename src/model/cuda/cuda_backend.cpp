@@ -59,7 +59,16 @@ std::string cuda_unsupported_features(const GptConfig& c) {
                           ") that are not multiples of 8 up to 4096");
     }
   }
-  if (c.context_parallel > 1) missing.push_back("context parallelism (built on the CPU backend only)");
+  if (c.context_parallel > 1) {  // (kernels/cuda/attention_cudnn_cp.hpp; the rest trains on CPU ranks)
+    const std::string cp = "context parallelism (model.context_parallel_size " + std::to_string(c.context_parallel) +
+                           ") with ";
+    if (c.mla) missing.push_back(cp + "multi-latent attention");
+    if (c.moe.num_experts > 0) missing.push_back(cp + "Mixture of Experts layers");
+    if (c.mtp_num_layers > 0) missing.push_back(cp + "multi-token prediction");
+    if (c.document_attention) missing.push_back(cp + "documents or packed sequences");
+    if (c.hidden_dropout > 0 || c.attention_dropout > 0)
+      missing.push_back(cp + "dropout (model.hidden_dropout, model.attention_dropout)");
+  }
   if (c.fp8 && c.mla)  // (CudaFp8Linears takes MLA's projections, but no GPU has checked them yet)
     missing.push_back("FP8 with multi-latent attention (its FP8 projections not yet checked on a GPU)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
@@ -176,6 +185,13 @@ kc::AttentionShape CudaBackend::attention_shape(const BatchShape& batch) const {
 
 CudaBackend::bf16* CudaBackend::attention_grad(Act dqkv) const {
   return st_.qkv_rows == kc::QkvRows::Split ? dsplit_ : B(dqkv);
+}
+
+kc::CudnnCpAttention& CudaBackend::cp_attention(const BatchShape& batch) const {
+  if (!st_.cudnn_cp || batch.cp_places || batch.key_start)
+    throw Error("CudaBackend: a context-parallel micro-batch (" + std::to_string(batch.cp_size) + " ranks" +
+                (batch.key_start ? ", with documents" : "") + ") for a model built without its attention");
+  return *st_.cudnn_cp;
 }
 
 // ---- where the time goes (LAOYAO_MODEL_PHASES)
@@ -503,6 +519,10 @@ void CudaBackend::core_attention(int64_t layer, Act qkv_attn, Act ctx, const Bat
   const size_t l = static_cast<size_t>(layer);
   const kc::CudnnDocuments docs = documents_of(batch);
   ctx_[l] = B(ctx);
+  if (batch.cp_size > 1) {
+    cp_attention(batch).forward(B(qkv_attn), B(ctx), lse_[l], batch.b);
+    return phase(kAttention);
+  }
   switch (st_.attention) {
     case CudaAttentionPath::Cudnn:
       st_.cudnn->forward(B(qkv_attn), B(ctx), lse_[l], batch.b, docs.count ? &docs : nullptr);
@@ -522,6 +542,10 @@ void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx,
                                           const DropoutSpec& drop) {
   const size_t l = static_cast<size_t>(layer);
   const kc::CudnnDocuments docs = documents_of(batch);
+  if (batch.cp_size > 1) {
+    cp_attention(batch).backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b);
+    return phase(kAttention);
+  }
   switch (st_.attention) {
     case CudaAttentionPath::Cudnn:
       st_.cudnn->backward(B(qkv_attn), ctx_[l], B(dctx), lse_[l], attention_grad(dqkv), batch.b,

@@ -26,6 +26,7 @@
 
 #include "dist/process_group.hpp"
 #include "kernels/cuda/attention_cudnn.hpp"
+#include "kernels/cuda/attention_cudnn_cp.hpp"
 #include "kernels/cuda/attention_unfused.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
@@ -78,6 +79,8 @@ struct CudaBackendState {
   CudaAttentionPath attention = CudaAttentionPath::Unfused;
   // With CudaAttentionPath::Cudnn (over QkvRows::Separate for multi-latent attention).
   kernels::cuda::CudnnAttention* cudnn = nullptr;
+  // Context parallelism (BatchShape::cp_size > 1): the attention over the whole sequences' keys.
+  kernels::cuda::CudnnCpAttention* cudnn_cp = nullptr;
   bool gelu_epilogue = false;  // tanh-GeLU through cuBLASLt's GELU_AUX / DGELU epilogues
   bool norms_add_in_place = false;  // norms_add_in_place() of the model
   // The norms' backward kernels sum the bias gradients the model asks them to (sums_bias_grad_in_norm).
@@ -179,6 +182,9 @@ class CudaBackend final : public Backend {
   // Where attention's backward leaves d(qkv_attn): dqkv, or with split rows the split scratch the
   // QK norm's backward reads.
   bf16* attention_grad(Act dqkv) const;
+  // The context-parallel attention for a micro-batch split over batch.cp_size ranks (throws when
+  // the model was built without it, or for another split).
+  kernels::cuda::CudnnCpAttention& cp_attention(const BatchShape& batch) const;
   CudaMoeLayers::Context moe_context(int64_t layer) const;
   kernels::cuda::MlaDims mla_dims(const BatchShape& batch) const;
   // That the separate attention asked for is the one cuDNN's plans were built for.

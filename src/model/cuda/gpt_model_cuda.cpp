@@ -48,7 +48,7 @@ void append_ranges(const ParameterTable& table, const std::string& prefix, bool 
 }  // namespace
 
 CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
-                           dist::ProcessGroup* ep, dist::ProcessGroup* same_experts)
+                           dist::ProcessGroup* ep, dist::ProcessGroup* same_experts, dist::ProcessGroup* cp)
     : cfg_(cfg),
       lc_(tp_local_config(cfg, group_size(tp))),
       tp_(tp),
@@ -68,6 +68,14 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
                                            " (the CPU backend can: set LAOYAO_DEVICE=cpu)");
   }
   if (max_b <= 0 || s <= 0) throw Error("CudaGptModel: empty micro-batch shape");
+  cp_ = group_size(cp) > 1 ? cp : nullptr;
+  if (group_size(cp) != std::max<int64_t>(cfg.context_parallel, 1))
+    throw Error("CudaGptModel: a context-parallel group of " + std::to_string(group_size(cp)) +
+                " ranks for a model configured for " + std::to_string(cfg.context_parallel));
+  // A rank's two chunks of each sequence; cuDNN reads each chunk's statistics 16-byte aligned.
+  if (cp_ && s % 8 != 0)
+    throw UsageError("context parallelism on the GPU: a rank's " + std::to_string(s) + " tokens of each sequence "
+                     "(the sequence length divided by the context-parallel size) must be a multiple of 8");
   if (sp_ && s % tp_size_ != 0)
     throw UsageError("sequence parallelism splits each sequence over the tensor-parallel ranks: the sequence "
                      "length (" + std::to_string(s) + ") must be divisible by the tensor-parallel size (" +
@@ -80,9 +88,23 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     const kernels::cpu::RopeTable table = rotary_table(cfg);
     std::vector<float> cos_sin = table.cos;
     cos_sin.insert(cos_sin.end(), table.sin.begin(), table.sin.end());
+    int64_t positions = table.max_positions;
+    if (cp_) {  // the table in this rank's token order: local token t rotates by its place's angles
+      const int64_t half = table.rot_dim / 2, cp_rank = cp_->rank(), cp_size = cp_->size();
+      if (s * cp_size > table.max_positions)
+        throw Error("CudaGptModel: sequence length " + std::to_string(s * cp_size) + " exceeds the " +
+                    std::to_string(table.max_positions) + " positions of the rotary table");
+      cos_sin.assign(static_cast<size_t>(2 * s * half), 0.0f);
+      for (int64_t t = 0; t < s; ++t) {
+        const size_t from = static_cast<size_t>(cp_place(t, s, cp_rank, cp_size) * half), to = static_cast<size_t>(t * half);
+        std::copy_n(table.cos.begin() + from, half, cos_sin.begin() + to);
+        std::copy_n(table.sin.begin() + from, half, cos_sin.begin() + s * half + to);
+      }
+      positions = s;
+    }
     rope_table_ = kc::DeviceBuffer(sizeof(float) * cos_sin.size());
     rope_table_.upload(cos_sin.data(), rope_table_.bytes);
-    rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + table.cos.size(), table.rot_dim, table.max_positions};
+    rope_ = {rope_table_.as<float>(), rope_table_.as<float>() + cos_sin.size() / 2, table.rot_dim, positions};
     // With QK layernorm the rotation joins the norm's pass where the pack kernels serve the table.
     rope_in_qk_norm_ = lc_.qk_layernorm && kc::rope_packable(rope_);
   }
@@ -127,6 +149,22 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   const int64_t T = max_b * s, h = c.hidden;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
   init_attention({max_b, s, c.heads, c.query_groups, c.kv_channels, scale});
+  if (cp_) {
+    if (attention_ != AttentionPath::Cudnn)
+      throw UsageError("context parallelism on the GPU runs its attention through cuDNN's fused attention "
+                       "(--attention-backend fused or auto), not " + std::string(attention_path()));
+    dist::ProcessGroup* group = cp_;
+    cudaStream_t stream = stream_;
+    kc::CpCollectives comm;
+    comm.all_gather = [group, stream](const bf16* send, bf16* recv, size_t n) {
+      group->all_gather_device(send, recv, n, dist::DeviceType::BF16, stream);
+    };
+    comm.reduce_scatter = [group, stream](const bf16* send, bf16* recv, size_t n) {
+      group->reduce_scatter_device(send, recv, n, dist::DeviceType::BF16, stream);
+    };
+    cp_attention_ = std::make_unique<kc::CudnnCpAttention>(*cudnn_attention_, cp_->rank(), cp_->size(), stream_,
+                                                            std::move(comm));
+  }
   // The activations are the module tree's (carved from backend_'s arena); here the per-token losses
   // and the micro-batch's inputs, one span staged by one copy.
   auto carve = [&](Carver& a) {
@@ -222,7 +260,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
   // counts give each forward its own kernel argument; a graph's replay is not timed by
   // LAOYAO_MODEL_PHASES.
   const RuntimeOptions& options = runtime_options();
-  graphs_enabled_ = options.cuda_graphs && !tensor_parallel() &&
+  graphs_enabled_ = options.cuda_graphs && !tensor_parallel() && !cp_ &&
                     (!ep_ || (moe_ && moe_->graph_safe())) && !(cfg.moe.global_aux_loss_coeff > 0) &&
                     !options.model_phases;
   // (FP8's GEMMs take no GeLU epilogue: an FP8 model runs the bias-GeLU kernels.)
@@ -252,6 +290,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     state.qkv_rows = qkv_rows_;
     state.attention = attention_;
     state.cudnn = cudnn_attention_.get();
+    state.cudnn_cp = cp_attention_.get();
     state.gelu_epilogue = gelu_epilogue_;
     state.norms_add_in_place = norms_add_in_place(lc_, layout_);
     state.bias_grad_in_norm = bias_grad_in_norm_;
@@ -629,6 +668,7 @@ mcore::Step CudaGptModel::tree_step(bool train_step) const {
   mcore::Step st;
   const int64_t T = b_ * s_;
   st.batch = {b_, s_, T, rows_, lc_.document_attention ? key_start_ : nullptr};
+  if (cp_) st.batch.cp_rank = cp_->rank(), st.batch.cp_size = cp_->size();
   if (doc_start_) st.batch.documents = documents_, st.batch.doc_start = doc_start_, st.batch.doc_length = doc_length_;
   st.tokens = tokens_;
   st.labels = labels_;

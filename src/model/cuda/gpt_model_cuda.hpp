@@ -30,6 +30,13 @@
 // and residual adds run on the rank's share of every sequence, between an all-gather and a
 // reduce-scatter. Dropout masks are the whole model's, sliced, so any TP size draws the masks of
 // one rank. Steps under TP run eagerly (no CUDA graphs yet).
+//
+// Context parallelism (a group of CP ranks): each rank holds every weight and its two chunks of each
+// sequence (Megatron's split); the rotary table is uploaded in the rank's token order, so every
+// kernel's position t % s is the token's place; attention meets the whole sequences' keys through
+// kernels/cuda/attention_cudnn_cp.hpp (cuDNN only); the gradients stay this rank's share, summed
+// over the dp_cp group by the trainer. Dense models without dropout or documents so far
+// (cuda_unsupported_features names the rest); steps under CP run eagerly.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -46,6 +53,7 @@
 #include "core/runtime_options.hpp"
 #include "dist/process_group.hpp"
 #include "kernels/cuda/attention_cudnn.hpp"
+#include "kernels/cuda/attention_cudnn_cp.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/rope.hpp"
@@ -74,8 +82,12 @@ class CudaGptModel {
   // trainer's (GptModel::expert_dp_group). EP a divisor of TP (EP groups inside a TP group):
   // same_experts is the group of the ranks holding this rank's experts (GptModel::
   // folded_expert_dp_group), over which finalize_grads sums their gradients.
+  // cp: the context-parallel group (nullptr or one rank: none); s is then this rank's tokens of a
+  // sequence (its two chunks, kernels/cuda/attention_cudnn_cp.hpp), and the micro-batches are its
+  // chunks (train/data_pipeline.hpp context_parallel_chunks).
   CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp = nullptr,
-               dist::ProcessGroup* ep = nullptr, dist::ProcessGroup* same_experts = nullptr);
+               dist::ProcessGroup* ep = nullptr, dist::ProcessGroup* same_experts = nullptr,
+               dist::ProcessGroup* cp = nullptr);
   ~CudaGptModel();
   CudaGptModel(const CudaGptModel&) = delete;
   CudaGptModel& operator=(const CudaGptModel&) = delete;
@@ -236,6 +248,9 @@ class CudaGptModel {
   using AttentionPath = CudaAttentionPath;
   AttentionPath attention_ = AttentionPath::Unfused;
   std::unique_ptr<kernels::cuda::CudnnAttention> cudnn_attention_;  // its plans and workspace
+  // Context parallelism: the group, and the attention over the whole sequences' keys.
+  dist::ProcessGroup* cp_ = nullptr;
+  std::unique_ptr<kernels::cuda::CudnnCpAttention> cp_attention_;
   kernels::cuda::DeviceBuffer counted_;
   std::vector<Range> tp_summed_;  // the gradients finalize_grads sums over the TP group
   // Whole experts whose other holders share this rank's TP group (without EP: the TP group; with

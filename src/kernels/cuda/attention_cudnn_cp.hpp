@@ -1,0 +1,96 @@
+// Context parallelism's attention through cuDNN (Megatron-Core's split, --context-parallel-size):
+// each sequence is cut into 2 cp_size chunks and this rank holds chunks cp_rank and
+// 2 cp_size - 1 - cp_rank, in that order (get_batch_on_this_cp_rank), so its queries meet the
+// whole sequence's keys with balanced causal work. The attention is computed in blocks merged by
+// their log-sum-exp, as Transformer Engine's context-parallel attention merges its steps':
+//   - the rank's own tokens, causal (its two chunks are in order, so one causal block over its 2c
+//     tokens is exactly their attention among themselves): CudnnAttention, as without CP;
+//   - the other ranks' keys, which every rank's keys and values (all-gathered) put in place order,
+//     leaving out this rank's two chunks: chunk cp_rank's queries see the first cp_rank of those
+//     remote chunks, chunk 2 cp_size - 1 - cp_rank's the first 2 cp_size - 2 - cp_rank, each in
+//     full (no mask): two unmasked cuDNN blocks with fewer queries than keys.
+// The backward runs the same blocks against the merged output and statistics (which give each
+// block's exact share of the softmax), adds the blocks' query gradients, and sends each remote
+// key's and value's gradient back to its rank (reduce-scatter), where it joins the local ones.
+//
+// One exchange of keys and values per pass (an all-gather), for --cp-comm-type all_gather and
+// p2p alike: p2p's ring, which overlaps each step's transfer with the previous block, is not
+// built; the math is the same. Fused or split QKV rows (qkv_rows.hpp); not separate ones
+// (multi-latent attention), not documents, no dropout. The collectives are the caller's
+// (kernels know no process group), enqueued on the stream in order.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "kernels/cuda/attention_cudnn.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+
+namespace laoyao::kernels::cuda {
+
+struct CpCollectives {
+  // Every rank's n bf16 elements at send, rank after rank into recv [cp_size * n].
+  std::function<void(const __nv_bfloat16* send, __nv_bfloat16* recv, size_t n)> all_gather;
+  // recv [n] = the sum over the ranks of their send [cp_rank * n, (cp_rank + 1) * n).
+  std::function<void(const __nv_bfloat16* send, __nv_bfloat16* recv, size_t n)> reduce_scatter;
+};
+
+class CudnnCpAttention {
+ public:
+  using bf16 = __nv_bfloat16;
+  // local: the causal attention over this rank's tokens (its shape's s: the rank's 2 chunks of a
+  // sequence; b: the largest batch), on `stream`. Throws laoyao::Error for separate rows, an odd s,
+  // or a cp_rank outside 0..cp_size-1.
+  CudnnCpAttention(CudnnAttention& local, int64_t cp_rank, int64_t cp_size, cudaStream_t stream, CpCollectives comm);
+  ~CudnnCpAttention();
+  CudnnCpAttention(const CudnnCpAttention&) = delete;
+  CudnnCpAttention& operator=(const CudnnCpAttention&) = delete;
+
+  // As CudnnAttention's, for the rank's queries against the whole sequences' keys: ctx [b*s, H*D]
+  // and lse [b, H, s] overwritten.
+  void forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b);
+  // dqkv overwritten (in the local attention's rows).
+  void backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse, bf16* dqkv, int64_t b);
+
+  int64_t device_bytes() const;
+
+ private:
+  enum Half { kFirst = 0, kSecond = 1 };  // the rank's chunk cp_rank, and chunk 2 cp_size - 1 - cp_rank
+  struct Plans {
+    CudnnPlan fwd, bwd;
+    DeviceBuffer workspace;
+  };
+  // The remote chunks half's queries see (a prefix of the remote keys), and their plans for b.
+  int64_t remote_chunks(Half half) const { return half == kFirst ? cp_rank_ : 2 * cp_size_ - 2 - cp_rank_; }
+  Plans& plans_for(int64_t b, Half half);
+  // The queries packed [b*s, H*D] (fused rows: gathered into q_), and every rank's keys and values
+  // gathered and put in place order into remote_ [b, remote chunks, G*2D].
+  const bf16* gather(const bf16* qkv, int64_t b);
+  // The remote chunk index of rank `rank`'s `half`, among the remote chunks in place order.
+  int64_t remote_index(int64_t rank, Half half) const;
+
+  CudnnAttention& local_;
+  AttentionShape shape_;  // the local attention's
+  QkvRows rows_;
+  int64_t cp_rank_, cp_size_, chunk_;  // chunk_: tokens of a chunk (s / 2)
+  cudaStream_t stream_;
+  CpCollectives comm_;
+  cudnnHandle_t handle_ = nullptr;
+  std::map<std::pair<int64_t, int>, std::unique_ptr<Plans>> plans_;  // by (batch, half)
+  float scale_ = 0.0f;
+  // Scratch for the largest batch (T = b*s tokens, a key/value row G*2D): q_ [T, H*D] (fused rows),
+  // kv_ [T, G*2D] (fused rows: the keys and values sent), all_ [cp][T, G*2D] (gathered; in the
+  // backward the gradients sent back), remote_ and dremote_ [b, 2cp - 2 chunks, G*2D], dfirst_ (the
+  // first half's key gradients, remote_'s layout), part_ [T, H*D] (the remote blocks' output, in the
+  // backward their query gradient), part_lse_ [b, H, s], recv_ [T, G*2D], and cuDNN's backward
+  // scratch (dQ accumulator [b, H, c, D], row sums [b, H, c]).
+  DeviceBuffer q_, kv_, all_, remote_, dremote_, dfirst_, part_, part_lse_, recv_, dq_accum_, row_sums_;
+};
+
+}  // namespace laoyao::kernels::cuda

@@ -1,0 +1,337 @@
+// Context parallelism on the GPU: threads play the CP ranks on one GPU, meeting in a
+// SharedDeviceGroup (its collectives copy between their buffers), each holding its two chunks of
+// every sequence (Megatron's split, model/backend.hpp cp_place).
+//   - CudnnCpAttention against cuDNN's attention over the whole sequences (CP = 1): every rank's
+//     output, statistics and q, k, v gradients at its tokens' places;
+//   - the whole model's step: every rank's per-token losses against the CPU reference model of the
+//     whole sequences at the same places, and the ranks' gradients, summed (the trainer's dp_cp
+//     reduction), against the reference's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/rng.hpp"
+#include "kernels/cuda/attention_cudnn.hpp"
+#include "kernels/cuda/attention_cudnn_cp.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "model/backend.hpp"
+#include "model/cuda/gpt_model_cuda.hpp"
+#include "model/gpt_model.hpp"
+#include "model/gpt_tp.hpp"
+#include "model_cuda_test_util.hpp"
+#include "shared_device_group.hpp"
+
+using namespace laoyao;
+using namespace laoyao::model;
+using namespace laoyao::model::test;
+namespace kc = laoyao::kernels::cuda;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+// Runs body(rank, group) on cp threads sharing GPU 0; fails the test with the first rank's error.
+template <class Body>
+void run_ranks(int cp, Body body) {
+  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(cp, "cp");
+  std::vector<std::string> errors(static_cast<size_t>(cp));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < cp; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        cuda_set_device(0);
+        SharedDeviceGroup group(meeting, r);
+        body(r, group);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        meeting->break_off();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < cp; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+// Rank r's token t (of its b * s) is token global(t) of the whole b * S.
+int64_t global_token(int64_t t, int64_t s, int64_t r, int64_t cp) {
+  return t / s * s * cp + cp_place(t % s, s, r, cp);
+}
+
+// ---- the attention alone
+
+struct AttentionCase {
+  int64_t b, S, H, G, D;
+  int cp;
+  kc::QkvRows rows;
+};
+
+// A fused row [G, Q + 2, D] per token as the rows' layout: fused as is, split as q [T, H*D] then
+// k and v [T, G, 2, D].
+std::vector<bf16> as_rows(const std::vector<bf16>& fused, int64_t T, const AttentionCase& k) {
+  if (k.rows == kc::QkvRows::Fused) return fused;
+  const int64_t Q = k.H / k.G, row = k.G * (Q + 2) * k.D;
+  std::vector<bf16> out(fused.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < k.G; ++g)
+      for (int64_t j = 0; j < (Q + 2) * k.D; ++j) {
+        const bf16 v = fused[static_cast<size_t>(t * row + g * (Q + 2) * k.D + j)];
+        const int64_t head = j / k.D, d = j % k.D;
+        const int64_t at = head < Q ? t * k.H * k.D + (g * Q + head) * k.D + d
+                                    : T * k.H * k.D + (t * k.G + g) * 2 * k.D + (head - Q) * k.D + d;
+        out[static_cast<size_t>(at)] = v;
+      }
+  return out;
+}
+
+// The inverse of as_rows.
+std::vector<bf16> as_fused(const std::vector<bf16>& rows, int64_t T, const AttentionCase& k) {
+  if (k.rows == kc::QkvRows::Fused) return rows;
+  const int64_t Q = k.H / k.G, row = k.G * (Q + 2) * k.D;
+  std::vector<bf16> out(rows.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < k.G; ++g)
+      for (int64_t j = 0; j < (Q + 2) * k.D; ++j) {
+        const int64_t head = j / k.D, d = j % k.D;
+        const int64_t at = head < Q ? t * k.H * k.D + (g * Q + head) * k.D + d
+                                    : T * k.H * k.D + (t * k.G + g) * 2 * k.D + (head - Q) * k.D + d;
+        out[static_cast<size_t>(t * row + g * (Q + 2) * k.D + j)] = rows[static_cast<size_t>(at)];
+      }
+  return out;
+}
+
+std::vector<bf16> random_bf16(int64_t n, uint64_t seed, double scale) {
+  Rng rng(seed, "cp attention");
+  std::vector<bf16> v(static_cast<size_t>(n));
+  for (auto& x : v) x = __float2bfloat16(static_cast<float>(scale * rng.normal()));
+  return v;
+}
+
+std::vector<float> to_float(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+template <class T>
+kc::DeviceBuffer device_copy(const std::vector<T>& v) {
+  kc::DeviceBuffer d(sizeof(T) * v.size());
+  d.upload(v.data(), d.bytes);
+  return d;
+}
+
+template <class T>
+std::vector<T> host_copy(const kc::DeviceBuffer& d, size_t n) {
+  std::vector<T> v(n);
+  d.download(v.data(), sizeof(T) * n);
+  return v;
+}
+
+void compare_cp_attention(const AttentionCase& k) {
+  cuda_set_device(0);
+  const int64_t Q = k.H / k.G, row = k.G * (Q + 2) * k.D, T = k.b * k.S, hd = k.H * k.D, s = k.S / k.cp;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(k.D));
+  const std::vector<bf16> qkv = random_bf16(T * row, 3, 1.0), dctx = random_bf16(T * hd, 5, 0.1);
+
+  // CP = 1: the whole sequences.
+  std::vector<float> ref_ctx, ref_lse, ref_dqkv;
+  {
+    cudaStream_t stream = nullptr;
+    LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    kc::CudnnAttention whole({k.b, k.S, k.H, k.G, k.D, scale}, stream, k.rows);
+    kc::DeviceBuffer x = device_copy(as_rows(qkv, T, k)), dy = device_copy(dctx);
+    kc::DeviceBuffer ctx(sizeof(bf16) * T * hd), lse(sizeof(float) * k.b * k.H * k.S), dx(sizeof(bf16) * T * row);
+    whole.forward(x.as<bf16>(), ctx.as<bf16>(), lse.as<float>(), k.b);
+    whole.backward(x.as<bf16>(), ctx.as<bf16>(), dy.as<bf16>(), lse.as<float>(), dx.as<bf16>(), k.b);
+    LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ref_ctx = to_float(host_copy<bf16>(ctx, static_cast<size_t>(T * hd)));
+    ref_lse = host_copy<float>(lse, static_cast<size_t>(k.b * k.H * k.S));
+    ref_dqkv = to_float(as_fused(host_copy<bf16>(dx, static_cast<size_t>(T * row)), T, k));
+    LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+
+  std::vector<std::vector<float>> ctx(k.cp), lse(k.cp), dqkv(k.cp);
+  run_ranks(k.cp, [&](int r, SharedDeviceGroup& group) {
+    const int64_t t_local = k.b * s;
+    std::vector<bf16> my_qkv(static_cast<size_t>(t_local * row)), my_dctx(static_cast<size_t>(t_local * hd));
+    for (int64_t t = 0; t < t_local; ++t) {
+      const int64_t g = global_token(t, s, r, k.cp);
+      std::copy_n(qkv.begin() + g * row, row, my_qkv.begin() + t * row);
+      std::copy_n(dctx.begin() + g * hd, hd, my_dctx.begin() + t * hd);
+    }
+    cudaStream_t stream = nullptr;
+    LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    {
+      kc::CudnnAttention local({k.b, s, k.H, k.G, k.D, scale}, stream, k.rows);
+      kc::CpCollectives comm;
+      comm.all_gather = [&](const bf16* send, bf16* recv, size_t n) {
+        group.all_gather_device(send, recv, n, dist::DeviceType::BF16, stream);
+      };
+      comm.reduce_scatter = [&](const bf16* send, bf16* recv, size_t n) {
+        group.reduce_scatter_device(send, recv, n, dist::DeviceType::BF16, stream, 1.0);
+      };
+      kc::CudnnCpAttention attention(local, r, k.cp, stream, comm);
+      kc::DeviceBuffer x = device_copy(as_rows(my_qkv, t_local, k)), dy = device_copy(my_dctx);
+      kc::DeviceBuffer out(sizeof(bf16) * t_local * hd), l(sizeof(float) * k.b * k.H * s),
+          dx(sizeof(bf16) * t_local * row);
+      attention.forward(x.as<bf16>(), out.as<bf16>(), l.as<float>(), k.b);
+      attention.backward(x.as<bf16>(), out.as<bf16>(), dy.as<bf16>(), l.as<float>(), dx.as<bf16>(), k.b);
+      LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ctx[r] = to_float(host_copy<bf16>(out, static_cast<size_t>(t_local * hd)));
+      lse[r] = host_copy<float>(l, static_cast<size_t>(k.b * k.H * s));
+      dqkv[r] = to_float(as_fused(host_copy<bf16>(dx, static_cast<size_t>(t_local * row)), t_local, k));
+    }
+    LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream));
+  });
+  if (::testing::Test::HasFatalFailure()) return;
+
+  // Each rank's values put at their places in the whole.
+  std::vector<float> got_ctx(ref_ctx.size()), got_lse(ref_lse.size()), got_dqkv(ref_dqkv.size());
+  for (int r = 0; r < k.cp; ++r)
+    for (int64_t t = 0; t < k.b * s; ++t) {
+      const int64_t g = global_token(t, s, r, k.cp), bi = t / s, place = g % k.S;
+      std::copy_n(ctx[r].begin() + t * hd, hd, got_ctx.begin() + g * hd);
+      std::copy_n(dqkv[r].begin() + t * row, row, got_dqkv.begin() + g * row);
+      for (int64_t h = 0; h < k.H; ++h)
+        got_lse[static_cast<size_t>((bi * k.H + h) * k.S + place)] = lse[r][static_cast<size_t>((bi * k.H + h) * s + t % s)];
+    }
+  EXPECT_LT(rel_err(got_ctx.data(), ref_ctx.data(), T * hd), 1e-2);
+  for (size_t i = 0; i < ref_lse.size(); ++i) ASSERT_NEAR(got_lse[i], ref_lse[i], 2e-4) << "statistic " << i;
+  // The gradients of q, of k and of v apart (a wrong share of one would hide in the sum).
+  for (int64_t part = 0; part < 3; ++part) {
+    std::vector<float> a, ref;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t g = 0; g < k.G; ++g) {
+        const int64_t at = t * row + g * (Q + 2) * k.D + (part == 0 ? 0 : (Q + part - 1) * k.D);
+        const int64_t n = part == 0 ? Q * k.D : k.D;
+        a.insert(a.end(), got_dqkv.begin() + at, got_dqkv.begin() + at + n);
+        ref.insert(ref.end(), ref_dqkv.begin() + at, ref_dqkv.begin() + at + n);
+      }
+    EXPECT_LT(rel_err(a.data(), ref.data(), static_cast<int64_t>(a.size())), 2e-2) << "gradient of " << "qkv"[part];
+  }
+}
+
+// ---- the whole model
+
+// tp > 1: the ranks a grid of tp x cp (tensor-parallel rank minor, as Megatron orders them), each
+// holding its TP shard (sequence parallel), meeting its TP group and its CP group.
+void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
+  c.context_parallel = 1;
+  c.sequence_parallel = tp > 1;
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const Batch x = random_batch(b, S, c.vocab);
+  const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  const DropoutKey key{1234, 7, false};
+  std::vector<float> cpu_loss(static_cast<size_t>(b * S));
+  cpu.zero_grads();
+  cpu.forward(whole, key, cpu_loss.data());
+  cpu.backward(x.dloss.data());
+
+  c.context_parallel = cp;
+  const int64_t s = S / cp, T = b * s, n = int64_t(cp) * tp;
+  const ParameterTable local = build_gpt_parameters(tp_local_config(c, tp)).table;
+  std::vector<std::vector<float>> losses(n), grads(n);
+  std::vector<std::string> paths(n);
+  std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp_meetings, cp_meetings;
+  for (int i = 0; i < cp; ++i) tp_meetings.push_back(std::make_shared<SharedDeviceGroup::Meeting>(tp, "tp"));
+  for (int i = 0; i < tp; ++i) cp_meetings.push_back(std::make_shared<SharedDeviceGroup::Meeting>(cp, "cp"));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < n; ++rank)
+    ranks.emplace_back([&, rank] {
+      const int t_rank = rank % tp, c_rank = rank / tp;
+      try {
+        cuda_set_device(0);
+        SharedDeviceGroup tp_group(tp_meetings[size_t(c_rank)], t_rank), cp_group(cp_meetings[size_t(t_rank)], c_rank);
+        std::vector<int64_t> tokens(T), labels(T), positions(T);
+        std::vector<float> mask(T), dloss(T);
+        for (int64_t t = 0; t < T; ++t) {
+          const size_t g = static_cast<size_t>(global_token(t, s, c_rank, cp));
+          tokens[t] = x.tokens[g], labels[t] = x.labels[g], positions[t] = x.positions[g];
+          mask[t] = x.mask[g], dloss[t] = x.dloss[g];
+        }
+        const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+        std::vector<float> w(static_cast<size_t>(local.total));
+        if (tp > 1)
+          tp_shard(c, cpu.table(), cpu.weights(), local, w.data(), t_rank, tp);
+        else
+          w.assign(cpu.weights(), cpu.weights() + cpu.num_parameters());
+        CudaGptModel gpu(c, b, s, tp > 1 ? &tp_group : nullptr, nullptr, nullptr, &cp_group);
+        paths[size_t(rank)] = gpu.attention_path();
+        gpu.upload_weights(w.data());
+        gpu.zero_grads();
+        gpu.forward(mb, mask.data(), key, dloss.data());
+        gpu.backward();
+        gpu.finalize_grads();
+        losses[size_t(rank)] = gpu.download_losses();
+        grads[size_t(rank)].assign(static_cast<size_t>(gpu.num_trainable()), 0.0f);
+        gpu.download_grads(grads[size_t(rank)].data());
+      } catch (const std::exception& e) {
+        errors[size_t(rank)] = e.what();
+        for (auto& m : tp_meetings) m->break_off();
+        for (auto& m : cp_meetings) m->break_off();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int rank = 0; rank < n; ++rank) ASSERT_EQ(errors[size_t(rank)], "") << "rank " << rank;
+  SCOPED_TRACE(std::string("attention: ") + paths[0]);
+  for (int rank = 0; rank < n; ++rank)
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t g = static_cast<size_t>(global_token(t, s, rank / tp, cp));
+      EXPECT_NEAR(losses[size_t(rank)][t], cpu_loss[g], 3e-2) << "rank " << rank << " token " << t << " (place " << g
+                                                               << ")";
+    }
+  // Each CP rank's whole-model gradient (its TP shards put together), summed over the CP ranks.
+  std::vector<float> sum(static_cast<size_t>(cpu.num_parameters()), 0.0f), one(sum.size());
+  for (int c_rank = 0; c_rank < cp; ++c_rank) {
+    if (tp > 1) {
+      std::vector<const float*> shards;
+      for (int t_rank = 0; t_rank < tp; ++t_rank) shards.push_back(grads[size_t(c_rank * tp + t_rank)].data());
+      tp_unshard(c, cpu.table(), one.data(), local, shards);
+    } else {
+      one = grads[size_t(c_rank)];
+    }
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += one[i];
+  }
+  EXPECT_LT(rel_err(sum.data(), cpu.grads(), cpu.num_trainable()), 2e-2);
+  for (const auto& p : cpu.table().specs)
+    EXPECT_LT(rel_err(sum.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+}
+
+}  // namespace
+
+TEST(CudnnCpAttention, TwoRanksFusedGqaRowsMatchWholeSequences) {
+  compare_cp_attention({2, 64, 4, 2, 64, 2, kc::QkvRows::Fused});
+}
+TEST(CudnnCpAttention, TwoRanksFusedMhaRowsMatchWholeSequences) {
+  compare_cp_attention({1, 128, 2, 2, 128, 2, kc::QkvRows::Fused});
+}
+TEST(CudnnCpAttention, FourRanksSplitRowsMatchWholeSequences) {
+  compare_cp_attention({2, 128, 4, 2, 64, 4, kc::QkvRows::Split});
+}
+TEST(CudnnCpAttention, FourRanksFusedRowsMatchWholeSequences) {
+  compare_cp_attention({1, 256, 8, 2, 64, 4, kc::QkvRows::Fused});
+}
+
+// GPT: LayerNorm, biases, learned positions (the ranks' places), tied output, MHA.
+TEST(CudaGptModelCp, GptTwoRanksMatchCpuModel) { compare_cp_model(small_config(4, 4), 2, 2, 48); }
+// Llama: RoPE (the table in each rank's token order), GQA over fused rows.
+TEST(CudaGptModelCp, LlamaTwoRanksMatchCpuModel) { compare_cp_model(llama_config(), 2, 2, 48); }
+TEST(CudaGptModelCp, LlamaFourRanksMatchCpuModel) { compare_cp_model(llama_config(), 4, 1, 64); }
+// Qwen3: the QK norm applying RoPE in its pass, GQA over split rows.
+TEST(CudaGptModelCp, Qwen3TwoRanksMatchCpuModel) {
+  GptConfig c = qwen3_config();
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  compare_cp_model(c, 2, 2, 48);
+}
+// TP = 2 (sequence parallel) x CP = 2: four ranks, each with its heads of its chunks.
+TEST(CudaGptModelCp, LlamaTensorParallelTwoByContextParallelTwo) {
+  GptConfig c = llama_config();
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  compare_cp_model(c, 2, 2, 48, 2);
+}
