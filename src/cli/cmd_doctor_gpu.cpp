@@ -26,6 +26,7 @@
 #include "kernels/cuda/attention_cudnn.hpp"
 #include "kernels/cuda/attention_flash.hpp"
 #include "kernels/cuda/attention_reference.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
 #include "kernels/cuda/bias_gelu.hpp"
 #include "kernels/cuda/cross_entropy.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -203,6 +204,39 @@ CheckResult check_gemm_bias(kc::CublasLtGemm& gemm, uint64_t seed) {
     r.pass = c.pass() && plans == 1;
     r.figure = fmt("all %zu outputs vs CPU linear: %s; %zu plan(s) built for 2 calls", c.count, describe(c).c_str(),
                    plans);
+  });
+}
+
+// ---- the routed experts' grouped GEMM (forward, nt) on uneven groups, every output against fp64
+// dot products of the same bf16 inputs; the figure names the kernels this GPU takes (auto: the
+// wgmma ones on Hopper, the portable ones elsewhere; LAOYAO_GROUPED_GEMM).
+CheckResult check_grouped_gemm(uint64_t seed) {
+  const std::vector<int32_t> offsets = {0, 100, 100, 357, 512};  // an empty group, partial tiles
+  const int64_t G = 4, rows = offsets.back(), N = 384, K = 256;
+  return guarded(fmt("grouped gemm bf16 (MoE experts' forward), %lld groups of %lld rows -> %lld (%s)", (long long)G,
+                     (long long)rows, (long long)N, kc::grouped_gemm_kernels_name(kc::grouped_gemm_kernels())),
+                 [&](CheckResult& r) {
+    const HostBf16 x = random_bf16(size_t(rows * K), seed, "doctor.grouped.x");
+    const HostBf16 w = random_bf16(size_t(G * N * K), seed, "doctor.grouped.w", 1.0 / std::sqrt(double(K)));
+    DeviceBuffer dx = upload(x), dw = upload(w), dy(size_t(rows * N) * sizeof(bf16)),
+                 doff(offsets.size() * sizeof(int32_t));
+    doff.upload(offsets.data(), doff.bytes);
+    LAOYAO_CUDA_CHECK(cudaMemset(dy.ptr, 0xff, dy.bytes));  // NaNs, unless every output is written
+    kc::grouped_gemm_nt(dx.as<bf16>(), dw.as<bf16>(), dy.as<bf16>(), {doff.as<int32_t>(), G, G, rows, 0}, N, K,
+                        nullptr);
+    LAOYAO_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> y = download_bf16(dy, size_t(rows * N));
+    std::vector<double> ref(size_t(rows * N));
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t t = offsets[size_t(g)]; t < offsets[size_t(g + 1)]; ++t)
+        for (int64_t j = 0; j < N; ++j) {
+          double dot = 0.0;
+          for (int64_t k = 0; k < K; ++k) dot += double(x.values[t * K + k]) * double(w.values[(g * N + j) * K + k]);
+          ref[size_t(t * N + j)] = dot;
+        }
+    const Comparison c = compare(y, ref, kGemmTol);
+    r.pass = c.pass();
+    r.figure = fmt("all %zu outputs vs fp64: %s", c.count, describe(c).c_str());
   });
 }
 
@@ -628,6 +662,7 @@ int run_gpu_checks(const Options& options) {
     report(check_attention({2, 384, 8, 2, 64, AttentionKernel::Flash}, seed));
     report(check_attention({2, 256, 4, 4, 128, AttentionKernel::Flash}, seed));
     report(check_attention({2, 200, 4, 2, 128, AttentionKernel::Reference}, seed)); // a partial tile
+    report(check_grouped_gemm(seed));
     report(check_bias_gelu(seed));
     report(check_layernorm(seed));
     report(check_cross_entropy(seed));

@@ -61,7 +61,7 @@ RuntimeOptions runtime_options_from_environment(const GetEnvironment& getenv_in)
                        "size)");
     o.norm_rows_per_warp = static_cast<int>(n);
   }
-  o.grouped_gemm = static_cast<RuntimeOptions::GroupedGemm>(choice(env, "LAOYAO_GROUPED_GEMM", {"tma", "cp_async"}, 0));
+  o.grouped_gemm = static_cast<RuntimeOptions::GroupedGemm>(choice(env, "LAOYAO_GROUPED_GEMM", {"auto", "tma", "cp_async", "portable"}, 0));
   o.step_phases = on_off(env, "LAOYAO_STEP_PHASES", o.step_phases);
   o.model_phases = on_off(env, "LAOYAO_MODEL_PHASES", o.model_phases);
   o.moe_phases = on_off(env, "LAOYAO_MOE_PHASES", o.moe_phases);
@@ -70,7 +70,7 @@ RuntimeOptions runtime_options_from_environment(const GetEnvironment& getenv_in)
 
 std::vector<std::pair<std::string, std::string>> runtime_option_values(const RuntimeOptions& o) {
   static const char* const kDevices[] = {"auto", "cpu", "cuda"};
-  static const char* const kGrouped[] = {"tma", "cp_async"};
+  static const char* const kGrouped[] = {"auto", "tma", "cp_async", "portable"};
   return {
       {"LAOYAO_DEVICE", kDevices[static_cast<int>(o.device)]},
       {"LAOYAO_RENDEZVOUS_DIR", o.rendezvous_dir},

@@ -14,7 +14,7 @@ namespace laoyao {
 
 struct RuntimeOptions {
   enum class Device { kAuto, kCpu, kCuda };
-  enum class GroupedGemm { kTma, kCpAsync };
+  enum class GroupedGemm { kAuto, kTma, kCpAsync, kPortable };
 
   Device device = Device::kAuto;  // LAOYAO_DEVICE: unset the GPU when it can train the model
   // LAOYAO_RENDEZVOUS_DIR: where CPU ranks meet (a Gloo file store); `laoyao launch` sets it.
@@ -28,7 +28,8 @@ struct RuntimeOptions {
   bool qkv_split = true;          // LAOYAO_QKV_SPLIT: split q/k/v rows for cuDNN with GQA and the QK norm
   bool ce_cluster = true;         // LAOYAO_CE_CLUSTER: the cross entropy's row in a cluster's shared memory
   int norm_rows_per_warp = 0;     // LAOYAO_NORM_ROWS_PER_WARP: 0 (auto) by size, else fixed (2 to 4096)
-  GroupedGemm grouped_gemm = GroupedGemm::kTma;  // LAOYAO_GROUPED_GEMM: the experts' grouped GEMMs
+  // LAOYAO_GROUPED_GEMM: the experts' grouped GEMMs (kernels/cuda/grouped_gemm.hpp; auto: by the GPU)
+  GroupedGemm grouped_gemm = GroupedGemm::kAuto;
 
   // Where the time goes, on stderr (CUDA events; graphs off while a model's phases are timed).
   bool step_phases = false;   // LAOYAO_STEP_PHASES: forward+backward, reduction, optimizer

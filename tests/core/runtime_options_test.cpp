@@ -38,7 +38,7 @@ TEST(RuntimeOptions, UnsetOrEmptyVariablesGiveTheProductsPaths) {
     EXPECT_TRUE(o.cuda_graphs && o.gemm_autotune && o.gelu_epilogue && o.bias_grad_in_norm && o.qkv_split &&
                 o.ce_cluster);
     EXPECT_EQ(o.norm_rows_per_warp, 0);
-    EXPECT_EQ(o.grouped_gemm, RuntimeOptions::GroupedGemm::kTma);
+    EXPECT_EQ(o.grouped_gemm, RuntimeOptions::GroupedGemm::kAuto);
     EXPECT_FALSE(o.step_phases || o.model_phases || o.moe_phases);
     EXPECT_EQ(o.rendezvous_dir, "");
   }
@@ -87,8 +87,9 @@ TEST(RuntimeOptions, BadValuesAreRefusedNamingTheVariableAndWhatItAccepts) {
               std::string::npos)
         << name;
   // The experiments' values that went: refused, with what remains.
-  EXPECT_NE(refusal({{"LAOYAO_GROUPED_GEMM", "tma128"}}).find("accepted values are tma or cp_async"),
+  EXPECT_NE(refusal({{"LAOYAO_GROUPED_GEMM", "tma128"}}).find("accepted values are auto, tma, cp_async or portable"),
             std::string::npos);
+  EXPECT_EQ(from({{"LAOYAO_GROUPED_GEMM", "portable"}}).grouped_gemm, RuntimeOptions::GroupedGemm::kPortable);
   for (const char* rows : {"1", "4097", "8x", "-2"})
     EXPECT_NE(refusal({{"LAOYAO_NORM_ROWS_PER_WARP", rows}}).find("integers from 2 to 4096"), std::string::npos)
         << rows;
@@ -100,7 +101,7 @@ TEST(RuntimeOptions, PrintedOnOneLineAndAsYamlComments) {
   const std::string line = describe_runtime_options(o);
   EXPECT_EQ(line.rfind("LAOYAO_DEVICE=auto LAOYAO_CUDA_GRAPHS=0 LAOYAO_GEMM_AUTOTUNE=1 ", 0), 0u) << line;
   EXPECT_EQ(line.find("LAOYAO_RENDEZVOUS_DIR"), std::string::npos) << "unset: not printed";
-  EXPECT_NE(line.find("LAOYAO_NORM_ROWS_PER_WARP=auto LAOYAO_GROUPED_GEMM=tma"), std::string::npos) << line;
+  EXPECT_NE(line.find("LAOYAO_NORM_ROWS_PER_WARP=auto LAOYAO_GROUPED_GEMM=auto"), std::string::npos) << line;
   const std::string yaml = runtime_options_yaml_comment(o);
   size_t lines = 0;
   for (size_t at = 0; (at = yaml.find('\n', at)) != std::string::npos; ++at) ++lines;

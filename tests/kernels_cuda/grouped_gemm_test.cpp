@@ -311,6 +311,18 @@ TEST_F(CudaGroupedGemm, CpAsyncKernelsMixedGroupSizes) {
   check_all(counts, 512, 72, 12);
 }
 
+// The portable kernels (LAOYAO_GROUPED_GEMM=portable; auto's choice off Hopper): the same checks,
+// tile edges, shared weights, later groups of a longer grouping and empty groups included.
+TEST_F(CudaGroupedGemm, PortableKernelsMixedGroupSizes) {
+  const ScopedRuntimeOptions portable([](RuntimeOptions& o) { o.grouped_gemm = RuntimeOptions::GroupedGemm::kPortable; });
+  EXPECT_EQ(kernels::cuda::grouped_gemm_kernels(), kernels::cuda::GroupedGemmKernels::kPortable);
+  const std::vector<int> counts = {0, 1, 37, 128, 130, 0, 255, 64};
+  check_all(counts, 72, 200, 21);
+  check_all(counts, 512, 72, 22);
+  check_all({333}, 128, 96, 23);
+  check_all({0, 70, 0, 65}, 24, 8, 24);
+}
+
 TEST_F(CudaGroupedGemm, SingleGroup) {
   check_all({333}, 128, 96, 4);
   check_all({5}, 8, 8, 5);

@@ -335,3 +335,25 @@ TEST(CudaGptModelCp, LlamaTensorParallelTwoByContextParallelTwo) {
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare_cp_model(c, 2, 2, 48, 2);
 }
+
+// What GPU ranks refuse under CP, by name (the CPU ranks train it).
+TEST(CudaGptModelCp, RefusesWhatItDoesNotBuildByName) {
+  GptConfig c = llama_config();
+  c.context_parallel = 2;
+  EXPECT_EQ(cuda_unsupported_features(c), "");
+  GptConfig dropout = c;
+  dropout.hidden_dropout = 0.1;
+  EXPECT_NE(cuda_unsupported_features(dropout).find("context parallelism (model.context_parallel_size 2) with dropout"),
+            std::string::npos);
+  GptConfig docs = c;
+  docs.document_attention = true;
+  EXPECT_NE(cuda_unsupported_features(docs).find("with documents or packed sequences"), std::string::npos);
+  GptConfig mla = mla_config(64);
+  mla.context_parallel = 2;
+  EXPECT_NE(cuda_unsupported_features(mla).find("with multi-latent attention"), std::string::npos);
+  // A group unlike the configured CP size.
+  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(1, "cp");
+  cuda_set_device(0);
+  SharedDeviceGroup one(meeting, 0);
+  EXPECT_THROW(CudaGptModel(c, 1, 24, nullptr, nullptr, nullptr, &one), Error);
+}

@@ -32,6 +32,7 @@
 //     read-modify-write, its reads pulled into L2 at the block's start) or writes it:
 //     deterministic, no atomics. Accumulating, the blocks of a matrix without rows exit.
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -41,6 +42,7 @@
 #include "core/runtime_options.hpp"
 #include "kernels/cuda/smem_attribute.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
+#include "kernels/cuda/grouped_gemm_portable.hpp"
 #include "kernels/cuda/grouped_gemm_tma.hpp"
 #include "kernels/cuda/grouped_gemm_tiles.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -242,11 +244,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   add_wgrad_tile(acc, smem, Wg, m0, n0, N, K, accumulate, [] { __syncthreads(); });
 }
 
-// LAOYAO_GROUPED_GEMM (core/runtime_options.hpp) picks the kernels: "tma" (the default) the
-// TMA-fed ones with 128 x 256 tiles walked by one block an SM where the output's columns are a
-// multiple of 256 (128 x 128 tiles, a block each, elsewhere and for the weight gradients),
-// "cp_async" these.
-bool tma_kernels() { return runtime_options().grouped_gemm == RuntimeOptions::GroupedGemm::kTma; }
+bool tma_kernels() { return grouped_gemm_kernels() == GroupedGemmKernels::kTma; }
+bool portable_kernels() { return grouped_gemm_kernels() == GroupedGemmKernels::kPortable; }
 bool wide_tiles(int64_t cols) { return cols % 256 == 0; }
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -300,11 +299,60 @@ void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups
 
 }  // namespace
 
+// LAOYAO_GROUPED_GEMM (core/runtime_options.hpp) picks the kernels: "tma" the TMA-fed ones with
+// 128 x 256 tiles walked by one block an SM where the output's columns are a multiple of 256
+// (128 x 128 tiles, a block each, elsewhere and for the weight gradients), "cp_async" these,
+// "portable" grouped_gemm_portable.cu's; "auto" (the default) the TMA-fed ones on a Hopper GPU
+// (compute capability 9.0, the only one wgmma runs on) and the portable ones elsewhere.
+GroupedGemmKernels grouped_gemm_kernels() {
+  // Each device's compute capability (10 major + minor), asked once: every grouped GEMM call asks.
+  static std::array<std::atomic<int>, 64> known{};
+  int device = 0;
+  LAOYAO_CUDA_CHECK(cudaGetDevice(&device));
+  int cc = device < 64 ? known[size_t(device)].load(std::memory_order_relaxed) : 0;
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    LAOYAO_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LAOYAO_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    cc = 10 * major + minor;
+    if (device < 64) known[size_t(device)].store(cc, std::memory_order_relaxed);
+  }
+  const int major = cc / 10, minor = cc % 10;
+  const bool hopper = cc == 90;
+  switch (runtime_options().grouped_gemm) {
+    case RuntimeOptions::GroupedGemm::kPortable:
+      return GroupedGemmKernels::kPortable;
+    case RuntimeOptions::GroupedGemm::kAuto:
+      return hopper ? GroupedGemmKernels::kTma : GroupedGemmKernels::kPortable;
+    case RuntimeOptions::GroupedGemm::kTma:
+    case RuntimeOptions::GroupedGemm::kCpAsync:
+      if (!hopper)
+        throw UsageError("LAOYAO_GROUPED_GEMM=" +
+                         std::string(runtime_options().grouped_gemm == RuntimeOptions::GroupedGemm::kTma ? "tma"
+                                                                                                          : "cp_async") +
+                         ": these kernels run on Hopper (compute capability 9.0) only, this GPU is " +
+                         std::to_string(major) + "." + std::to_string(minor) + " (accepted here: auto, portable)");
+      return runtime_options().grouped_gemm == RuntimeOptions::GroupedGemm::kTma ? GroupedGemmKernels::kTma
+                                                                                 : GroupedGemmKernels::kCpAsync;
+  }
+  return GroupedGemmKernels::kPortable;
+}
+
+const char* grouped_gemm_kernels_name(GroupedGemmKernels k) {
+  switch (k) {
+    case GroupedGemmKernels::kTma: return "tma (Hopper wgmma, TMA-fed)";
+    case GroupedGemmKernels::kCpAsync: return "cp_async (Hopper wgmma, cp.async-fed)";
+    case GroupedGemmKernels::kPortable: return "portable (warp-level MMA, sm_80 and later)";
+  }
+  return "?";
+}
+
 void grouped_gemm_nt(const bf16* X, const bf16* W, bf16* Y, const RowGroups& groups, int64_t N, int64_t K,
                      cudaStream_t stream) {
   check_args("grouped_gemm_nt", X, W, Y, 16, groups, N, K);
   if (rows_done(Y, groups, N, K, stream)) return;
   if (tma_kernels()) return grouped_rows_tma(true, X, W, Y, groups, N, K, wide_tiles(N), stream);
+  if (portable_kernels()) return grouped_rows_portable(true, X, W, Y, groups, N, K, stream);
   launch_rows(true, X, W, Y, groups, N, K, stream);
 }
 
@@ -313,6 +361,7 @@ void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& g
   check_args("grouped_gemm_nn", dY, W, dX, 16, groups, N, K);
   if (rows_done(dX, groups, K, N, stream)) return;
   if (tma_kernels()) return grouped_rows_tma(false, dY, W, dX, groups, K, N, wide_tiles(K), stream);
+  if (portable_kernels()) return grouped_rows_portable(false, dY, W, dX, groups, K, N, stream);
   launch_rows(false, dY, W, dX, groups, K, N, stream);
 }
 
@@ -326,6 +375,7 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
     return;
   }
   if (tma_kernels()) return grouped_wgrad_tma(dY, X, dW, groups, N, K, accumulate, stream);
+  if (portable_kernels()) return grouped_wgrad_portable(dY, X, dW, groups, N, K, accumulate, stream);
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = groups.weights * m_tiles * n_tiles;
   if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");

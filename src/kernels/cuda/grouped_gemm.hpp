@@ -18,10 +18,11 @@
 // row tiles for nt and nn, whose blocks find their group from the offsets; Gw x ceil(N / 128) x
 // ceil(K / 128) tiles for wgrad. No host synchronisation, no allocation: every call is one kernel
 // on `stream`.
-// Two sets of kernels do the work: TMA-fed ones (grouped_gemm_tma.cu), the default, with 128 x 256
-// tiles where the output's columns are a multiple of 256, and cp.async-fed ones (grouped_gemm.cu,
-// LAOYAO_GROUPED_GEMM=cp_async, core/runtime_options.hpp);
-// `scripts/gpu_check.sh run grouped` tests and times each.
+// Three sets of kernels do the work: on Hopper TMA-fed wgmma ones (grouped_gemm_tma.cu), the
+// default, with 128 x 256 tiles where the output's columns are a multiple of 256, and cp.async-fed
+// wgmma ones (grouped_gemm.cu, LAOYAO_GROUPED_GEMM=cp_async, core/runtime_options.hpp); elsewhere
+// (Blackwell) portable warp-level MMA ones (grouped_gemm_portable.cu, LAOYAO_GROUPED_GEMM=portable
+// on any GPU); `scripts/gpu_check.sh run grouped` tests and times each.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -40,6 +41,12 @@ struct RowGroups {
   int64_t rows = 0;                  // offsets[G] - offsets[0], known to the host
   int64_t first = 0;                 // offsets[0], known to the host: the operands hold first + rows rows
 };
+
+// The kernels the calls on the current device take (LAOYAO_GROUPED_GEMM, auto: by its compute
+// capability); a UsageError for Hopper-only kernels asked for on another GPU.
+enum class GroupedGemmKernels { kTma, kCpAsync, kPortable };
+GroupedGemmKernels grouped_gemm_kernels();
+const char* grouped_gemm_kernels_name(GroupedGemmKernels k);
 
 // Forward of each expert's linear: Y[r, :] = X[r, :] @ W_{g % Gw}^T for r in group g.
 // X [first + rows, K], W [Gw][N][K], Y [first + rows, N] (bf16; the groups' rows overwritten).

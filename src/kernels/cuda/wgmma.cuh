@@ -17,6 +17,15 @@
 
 #include <cstdint>
 
+// wgmma runs on sm_90a alone: compiled for another GPU (the one binary's Blackwell code), these
+// helpers trap instead, and the kernels using them are never launched there (grouped_gemm.hpp's
+// grouped_gemm_kernels() takes the portable ones).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LAOYAO_WGMMA(...) __trap()
+#else
+#define LAOYAO_WGMMA(...) asm volatile(__VA_ARGS__)
+#endif
+
 namespace laoyao::kernels::cuda::wgmma {
 
 constexpr int BK = 64;  // reduction a stage: 64 bf16 = one 128-byte swizzle row
@@ -40,12 +49,12 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fence() { LAOYAO_WGMMA("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { LAOYAO_WGMMA("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Waits until at most N of this warpgroup's committed wgmma groups are still in flight.
 template <int N>
 __device__ __forceinline__ void wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+  LAOYAO_WGMMA("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from touching the accumulators before the wgmma that writes them has retired.
 template <int N>
@@ -74,7 +83,7 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 // memory; TA / TB: 1 when A / B is MN-major (read transposed), 0 when K-major.
 template <int TA, int TB>
 __device__ __forceinline__ void mma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-  asm volatile(
+  LAOYAO_WGMMA(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -90,7 +99,7 @@ __device__ __forceinline__ void mma_n128(float (&d)[64], uint64_t da, uint64_t d
 // B (16 x 256).
 template <int TA, int TB>
 __device__ __forceinline__ void mma_n256(float (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
+  LAOYAO_WGMMA(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
