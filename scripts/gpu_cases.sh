@@ -177,15 +177,16 @@ figures_moe_2b_bench() {
 }
 
 # ---- grouped: the grouped GEMMs' kernel sets (LAOYAO_GROUPED_GEMM): tma (the default; TMA-fed,
-# persistent blocks, 128 x 256 tiles where they fit, bulk-stored epilogues) and cp_async
+# persistent blocks, 128 x 256 tiles where they fit, bulk-stored epilogues), cp_async, and portable
+# (warp-level MMAs: what auto takes off Hopper, docs/blackwell.md)
 
 # GROUPED_TESTS: the sets the MoE and grouped-GEMM tests run with (the tests part runs the default).
-for set in ${GROUPED_TESTS:-cp_async}; do
+for set in ${GROUPED_TESTS:-cp_async portable}; do
   declare_case grouped "grouped_tests_$set" TEST 1 660 "gtest:gpu_tests_$set.txt" -- \
     gpu_tests "$OUT/gpu_tests_$set.txt" 300 'CudaMoe*:CudaGroupedGemm*' "LAOYAO_GROUPED_GEMM=$set"
 done
 # GROUPED_BENCH: the grouped-GEMM bench's sets (cuBLASLt beside tma only).
-for set in ${GROUPED_BENCH:-cp_async tma}; do
+for set in ${GROUPED_BENCH:-cp_async portable tma}; do
   ours_only=()
   [ "$set" != tma ] && ours_only=(--ours-only)
   declare_case grouped "grouped_bench_$set" MEASUREMENT 1 210 "table:grouped_gemm_$set.txt" -- \
@@ -193,7 +194,7 @@ for set in ${GROUPED_BENCH:-cp_async tma}; do
     "${ours_only[@]}"
 done
 # GROUPED_FLAGSHIP: the flagship's step (8 micro-batches of 2 x 4096) with each set.
-for set in ${GROUPED_FLAGSHIP:-tma}; do
+for set in ${GROUPED_FLAGSHIP:-tma portable}; do
   declare_case grouped "flagship_$set" MEASUREMENT 1 900 "bench:flagship_$set.txt" -- \
     bench_run "flagship_$set.txt" "LAOYAO_GROUPED_GEMM=$set" moe_2b_gbs16
 done
