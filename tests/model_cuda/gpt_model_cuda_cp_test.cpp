@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -36,24 +37,9 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-// Runs body(rank, group) on cp threads sharing GPU 0; fails the test with the first rank's error.
-template <class Body>
-void run_ranks(int cp, Body body) {
-  auto meeting = std::make_shared<SharedDeviceGroup::Meeting>(cp, "cp");
-  std::vector<std::string> errors(static_cast<size_t>(cp));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < cp; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        cuda_set_device(0);
-        SharedDeviceGroup group(meeting, r);
-        body(r, group);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        meeting->break_off();
-      }
-    });
-  for (auto& t : ranks) t.join();
+// body(rank, group) on cp threads sharing GPU 0; fails the test with each rank's error.
+void run_ranks(int cp, const std::function<void(int, SharedDeviceGroup&)>& body) {
+  const std::vector<std::string> errors = run_on_shared_gpu(cp, body);
   for (int r = 0; r < cp; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
@@ -70,38 +56,27 @@ struct AttentionCase {
   kc::QkvRows rows;
 };
 
-// A fused row [G, Q + 2, D] per token as the rows' layout: fused as is, split as q [T, H*D] then
-// k and v [T, G, 2, D].
-std::vector<bf16> as_rows(const std::vector<bf16>& fused, int64_t T, const AttentionCase& k) {
-  if (k.rows == kc::QkvRows::Fused) return fused;
+// Fused rows [T][G, Q + 2, D] and the rows' layout (fused as is; split: q [T, H*D], then k and v
+// [T, G, 2, D]), one way or the other (to_rows: fused in).
+std::vector<bf16> convert_rows(const std::vector<bf16>& from, int64_t T, const AttentionCase& k, bool to_rows) {
+  if (k.rows == kc::QkvRows::Fused) return from;
   const int64_t Q = k.H / k.G, row = k.G * (Q + 2) * k.D;
-  std::vector<bf16> out(fused.size());
+  std::vector<bf16> out(from.size());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t g = 0; g < k.G; ++g)
       for (int64_t j = 0; j < (Q + 2) * k.D; ++j) {
-        const bf16 v = fused[static_cast<size_t>(t * row + g * (Q + 2) * k.D + j)];
-        const int64_t head = j / k.D, d = j % k.D;
-        const int64_t at = head < Q ? t * k.H * k.D + (g * Q + head) * k.D + d
-                                    : T * k.H * k.D + (t * k.G + g) * 2 * k.D + (head - Q) * k.D + d;
-        out[static_cast<size_t>(at)] = v;
+        const int64_t head = j / k.D, d = j % k.D, fused = t * row + g * (Q + 2) * k.D + j;
+        const int64_t split = head < Q ? t * k.H * k.D + (g * Q + head) * k.D + d
+                                       : T * k.H * k.D + (t * k.G + g) * 2 * k.D + (head - Q) * k.D + d;
+        out[static_cast<size_t>(to_rows ? split : fused)] = from[static_cast<size_t>(to_rows ? fused : split)];
       }
   return out;
 }
-
-// The inverse of as_rows.
+std::vector<bf16> as_rows(const std::vector<bf16>& fused, int64_t T, const AttentionCase& k) {
+  return convert_rows(fused, T, k, true);
+}
 std::vector<bf16> as_fused(const std::vector<bf16>& rows, int64_t T, const AttentionCase& k) {
-  if (k.rows == kc::QkvRows::Fused) return rows;
-  const int64_t Q = k.H / k.G, row = k.G * (Q + 2) * k.D;
-  std::vector<bf16> out(rows.size());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t g = 0; g < k.G; ++g)
-      for (int64_t j = 0; j < (Q + 2) * k.D; ++j) {
-        const int64_t head = j / k.D, d = j % k.D;
-        const int64_t at = head < Q ? t * k.H * k.D + (g * Q + head) * k.D + d
-                                    : T * k.H * k.D + (t * k.G + g) * 2 * k.D + (head - Q) * k.D + d;
-        out[static_cast<size_t>(t * row + g * (Q + 2) * k.D + j)] = rows[static_cast<size_t>(at)];
-      }
-  return out;
+  return convert_rows(rows, T, k, false);
 }
 
 std::vector<bf16> random_bf16(int64_t n, uint64_t seed, double scale) {
