@@ -675,11 +675,12 @@ struct Checker {
   void sft_data() {
     auto& d = c.dataset;
     const std::string sft = n("dataset.sft");
-    if (*d.mock || d.dataset_root || !d.blend.is_null() || !d.blend_per_split.is_null() || !d.train_data_path.empty() ||
-        !d.valid_data_path.empty() || !d.test_data_path.empty() || d.data_path.empty())
-      fail(sft + " reads JSONL files of {\"messages\": [...]} rows, split by " + n("dataset.split") + ": give them as " +
-           n("dataset.data_path") + " (one file, or weights and files; per-split paths, Bridge's blend and mock data "
-           "are not built for SFT)");
+    const bool per_split = !d.train_data_path.empty() || !d.valid_data_path.empty() || !d.test_data_path.empty();
+    if (*d.mock || d.dataset_root || !d.blend.is_null() || !d.blend_per_split.is_null() || (d.data_path.empty() == !per_split))
+      fail(sft + " reads JSONL files of {\"messages\": [...]} rows: give them as " + n("dataset.data_path") +
+           " (one file, or weights and files, split by " + n("dataset.split") + ") or as per-split paths (" +
+           n("dataset.train_data_path") + ", " + n("dataset.valid_data_path") + ", " + n("dataset.test_data_path") +
+           "), not both; Bridge's blend and mock data are not built for SFT");
     if (!c.tokenizer.tokenizer_type || *c.tokenizer.tokenizer_type != "SFTTokenizer")
       fail(sft + " tokenizes conversations through Megatron-LM's SFTTokenizer: set " + n("tokenizer.tokenizer_type") +
            " SFTTokenizer (and " + n("tokenizer.tokenizer_model") + " to a Hugging Face tokenizer)");

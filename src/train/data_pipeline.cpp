@@ -172,38 +172,50 @@ data::SplitDatasets build_sft_datasets(const config::ConfigContainer& c, const d
 // Megatron-LM's --sft: each JSONL file's lines split as a corpus's documents are, each split an
 // SFTDataset of the samples the run reads from it; a weighted blend of files (--data-path W1 F1 W2
 // F2 ...) as Megatron's builder blends any datasets: each file's SFTDataset sized by its weight
-// (with the mid-level surplus), a BlendedDataset over them.
+// (with the mid-level surplus), a BlendedDataset over them. With per-split paths
+// (--train-data-path, --valid-data-path, --test-data-path: Megatron's blend_per_split) each split
+// reads its own files whole, blended the same way.
 data::SplitDatasets build_mlm_sft_datasets(const config::ConfigContainer& c, const data::SplitSizes& sizes) {
   const auto& ds = c.dataset;
-  const data::Blend blend = data::parse_blend(ds.data_path);
-  if (blend.prefixes.size() > 1 && blend.weights.empty())
-    throw UsageError("dataset.sft (--sft) with several --data-path files needs a weight before each (W1 FILE1 W2 "
-                     "FILE2 ...): Megatron-LM's SFTDataset takes its sample count from a weighted blend, and fails "
-                     "on an unweighted one");
+  const std::vector<std::string>* split_paths[3] = {&ds.train_data_path, &ds.valid_data_path, &ds.test_data_path};
+  const char* split_flags[3] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+  const bool per_split = !ds.train_data_path.empty() || !ds.valid_data_path.empty() || !ds.test_data_path.empty();
   const std::string tokenizer_path = resolve_hf_path(c.tokenizer.tokenizer_model.value_or(""), "tokenizer.tokenizer_model");
   auto tok = std::make_shared<const data::MlmSftTokenizer>(
       tokenizer_path, c.tokenizer.tokenizer_prompt_format.value_or("nemotron-h-aligned"));
   const std::string split = ds.split.value_or("969, 30, 1");
-  std::vector<std::array<std::optional<data::DocumentRange>, 3>> ranges;
-  for (const auto& path : blend.prefixes) ranges.push_back(data::split_document_ranges(split, data::count_jsonl_lines(path)));
-  const std::vector<double> weights = blend.weights.empty() ? blend.weights : data::normalize_weights(blend.weights);
   data::SplitDatasets out;
   for (size_t k = 0; k < 3; ++k) {
-    if (!ranges[0][k] || sizes[k].value_or(0) <= 0) continue;
+    if (per_split && split_paths[k]->empty()) continue;
+    const data::Blend blend = data::parse_blend(per_split ? *split_paths[k] : ds.data_path);
+    if (blend.prefixes.size() > 1 && blend.weights.empty())
+      throw UsageError(std::string("dataset.sft (--sft) with several ") + (per_split ? split_flags[k] : "--data-path") +
+                       " files needs a weight before each (W1 FILE1 W2 FILE2 ...): Megatron-LM's SFTDataset takes its "
+                       "sample count from a weighted blend, and fails on an unweighted one");
+    // Each file's lines of this split: its share by dataset.split, or (per-split paths) all of them.
+    std::vector<std::optional<data::DocumentRange>> ranges;
+    for (const auto& path : blend.prefixes) {
+      const int64_t lines = data::count_jsonl_lines(path);
+      ranges.push_back(per_split ? std::optional<data::DocumentRange>(data::DocumentRange{0, lines})
+                                 : data::split_document_ranges(split, lines)[k]);
+    }
+    if (!ranges[0] || sizes[k].value_or(0) <= 0) continue;
     auto sft = [&](size_t d, int64_t samples) {
-      if (!ranges[d][k] || ranges[d][k]->size() == 0)
-        throw UsageError("the SFT data '" + blend.prefixes[d] + "' leaves the " + data::split_name(static_cast<data::Split>(k)) +
-                         " split no lines (split " + split + ")");
+      if (!ranges[d] || ranges[d]->size() == 0)
+        throw UsageError("the SFT data '" + blend.prefixes[d] + "' leaves the " +
+                         data::split_name(static_cast<data::Split>(k)) + " split no lines" +
+                         (per_split ? std::string(" (an empty file)") : " (split " + split + ")"));
       data::MlmSftConfig sc;
       sc.seq_length = *ds.seq_length;
       sc.context_parallel_size = c.model.context_parallel_size;
       sc.num_samples = samples;
-      return std::make_shared<const data::MlmSftDataset>(blend.prefixes[d], ranges[d][k]->begin, ranges[d][k]->end, tok, sc);
+      return std::make_shared<const data::MlmSftDataset>(blend.prefixes[d], ranges[d]->begin, ranges[d]->end, tok, sc);
     };
-    if (weights.empty()) {
+    if (blend.weights.empty()) {
       out[k] = sft(0, *sizes[k]);
       continue;
     }
+    const std::vector<double> weights = data::normalize_weights(blend.weights);
     const std::vector<int64_t> target = data::samples_per_dataset(weights, *sizes[k], 0.0);
     const std::vector<int64_t> built = data::samples_per_dataset(weights, *sizes[k], data::kMidLevelDatasetSurplus);
     std::vector<std::shared_ptr<const data::SampleDataset>> parts;
@@ -211,7 +223,9 @@ data::SplitDatasets build_mlm_sft_datasets(const config::ConfigContainer& c, con
     for (size_t d = 0; d < blend.prefixes.size(); ++d) parts.push_back(sft(d, built[d])), size += target[d];
     out[k] = std::make_shared<const data::BlendedDataset>(std::move(parts), weights, size);
   }
-  if (!out[0]) throw UsageError("the SFT data leaves the training split no lines (split " + split + ")");
+  if (!out[0])
+    throw UsageError(per_split ? std::string("dataset.sft (--sft) with per-split paths needs --train-data-path")
+                               : "the SFT data leaves the training split no lines (split " + split + ")");
   return out;
 }
 

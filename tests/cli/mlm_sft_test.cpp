@@ -129,3 +129,50 @@ TEST(MlmSftCli, WeightedFilesBlendInTurn) {
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "needs a weight before each")) << r.output;
 }
+
+// Per-split paths (Megatron's blend_per_split): each split reads its own files whole; --data-path
+// with them, or neither, refused by name.
+TEST(MlmSftCli, PerSplitPathsReadTheirOwnFilesWhole) {
+  const std::string dir = fresh_dir("mlm_sft_per_split"), tok = nemotron_like_tokenizer();
+  for (const std::string name : {"alpha", "beta"}) {
+    std::string rows;
+    for (int i = 0; i < 6; ++i)
+      rows += R"({"messages": [{"role": "user", "content": ")" + name + " " + std::to_string(i) +
+              R"("}, {"role": "assistant", "content": "ok"}]})" + "\n";
+    laoyao::write_file_atomic(dir + "/" + name + ".jsonl", rows);
+  }
+  auto flags = [&](const std::string& command, const std::vector<std::string>& data) {
+    std::vector<std::string> run = {command};
+    const std::vector<std::string> base = sft_flags("X", tok);
+    for (size_t k = 0; k < base.size(); ++k) {
+      if (base[k] == "--data-path" || base[k] == "--split") {
+        ++k;
+        continue;
+      }
+      run.push_back(base[k]);
+    }
+    run.insert(run.end(), data.begin(), data.end());
+    return run;
+  };
+  const std::vector<std::string> per_split = {"--train-data-path", dir + "/alpha.jsonl", "--valid-data-path",
+                                              dir + "/beta.jsonl"};
+  auto r = run_laoyao(flags("pretrain-gpt", per_split), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "validation loss at iteration 3")) << r.output;
+  // The training rows are alpha's alone, from its first line (Qwen3's ids of "alpha" and "beta").
+  std::vector<std::string> samples = flags("data-samples", per_split);
+  samples.insert(samples.begin() + 1, {"--iterations", "2"});
+  r = run_laoyao(samples, dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, ",7141,")) << r.output;
+  EXPECT_FALSE(contains(r.output, ",19127,")) << r.output;
+  std::vector<std::string> both = per_split;
+  both.insert(both.end(), {"--data-path", dir + "/alpha.jsonl"});
+  r = run_laoyao(flags("pretrain-gpt", both), dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "not both")) << r.output;
+  r = run_laoyao(flags("pretrain-gpt", {"--train-data-path", dir + "/alpha.jsonl", dir + "/beta.jsonl"}), dir,
+                 "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "several --train-data-path files needs a weight before each")) << r.output;
+}
