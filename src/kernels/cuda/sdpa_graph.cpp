@@ -58,7 +58,9 @@ Inputs bind_inputs(CudnnGraph& g, const SdpaGeometry& a, bool backward) {
   in.o = g.tensor(kSdpaO, d.o, a.o, CUDNN_DATA_BFLOAT16, in.off[kOffO]);
   in.stats = g.tensor(kSdpaStats, d.rows, a.stats, CUDNN_DATA_FLOAT, in.off[kOffStats]);
   in.scale = g.scalar(kSdpaScale, CUDNN_DATA_FLOAT);
-  in.neg_inf = g.scalar(kSdpaNegInf, CUDNN_DATA_FLOAT);
+  // (Only where a mask uses it: a bound tensor no operation reads is not in cuDNN's plan, and a
+  // variant pack naming it is refused at execution.)
+  in.neg_inf = a.causal || a.documents ? g.scalar(kSdpaNegInf, CUDNN_DATA_FLOAT) : -1;
   return in;
 }
 
