@@ -14,6 +14,9 @@
 #                                                    tensorwise); a table of FP8 / BF16 last (#39)
 #   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
 #                                                    recipes on real text; ITERS 500), its data staged
+#   bash bench/finetune_bench.sh grouped-speed [SET ...] there: the flagship (gpu_train_bench.sh's moe_2b,
+#                                                    no peer) with each LAOYAO_GROUPED_GEMM set (default
+#                                                    tma portable), one table row each (#39)
 #   bash bench/finetune_bench.sh stage-sft [BUILD_DIR] here: laoyao, its libraries, Qwen3's tokenizer and
 #                                                    Megatron-LM's sft_tokenizer.py (from the tool
 #                                                    library's Megatron-LM mirror) into build/sft-carry
@@ -54,7 +57,7 @@ case "${1:-}" in
     git --git-dir=../.mirror/NVIDIA+Megatron-LM/repo show \
       HEAD:megatron/core/tokenizers/text/libraries/sft_tokenizer.py > "$S/megatron_sft_tokenizer.py"
     du -sh "$S" ;;
-  run | tests | fp8-gemm | fp8-speed | fp8-curves | mlm-sft)
+  run | tests | fp8-gemm | fp8-speed | fp8-curves | mlm-sft | grouped-speed)
     what="$1"
     shift
     sp=$(python3 -c 'import site;print(site.getsitepackages()[0])')
@@ -97,6 +100,14 @@ for case, r in rows.items():
 ' | tee "$OUT/fp8_speed.md"
       exit 0
     fi
+    if [ "$what" = grouped-speed ]; then  # the flagship with each grouped-GEMM kernel set (docs/blackwell.md)
+      for g in ${*:-tma portable}; do
+        OUT="/tmp/grouped_$g" NO_PEER=1 LAOYAO_GROUPED_GEMM=$g \
+          timeout 240 bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b > "$OUT/grouped_$g.md" 2>&1
+        grep "^| moe_2b" "$OUT/grouped_$g.md" | sed "s/^/LAOYAO_GROUPED_GEMM=$g /"
+      done | tee "$OUT/grouped_speed.md"
+      exit 0
+    fi
     if [ "$what" = fp8-curves ]; then
       LAOYAO_TEST_VOCABS="$PWD/$C" FP8_CURVES_WORK="$PWD/$C/fp8data" LAOYAO_DEVICE=cuda \
         bash bench/fp8_curves.sh "$C/laoyao" "${1:-500}" | tee "$OUT/fp8_curves.txt"
@@ -120,5 +131,5 @@ for case, r in rows.items():
     fi
     python3 bench/finetune_bench.py "$C/laoyao" "$OUT" "$@" 2>&1 | tee "$OUT/finetune_bench.txt" ;;
   *) echo "usage: bash bench/finetune_bench.sh stage [BUILD_DIR] | run [CASE ...] | tests [FILTER] | fp8-gemm |" \
-          "fp8-speed [CASE ...] | fp8-curves [ITERS] | stage-sft | mlm-sft" >&2; exit 2 ;;
+          "fp8-speed [CASE ...] | fp8-curves [ITERS] | grouped-speed [SET ...] | stage-sft | mlm-sft" >&2; exit 2 ;;
 esac
