@@ -34,6 +34,17 @@ std::vector<std::string> sft_flags(const std::string& data, const std::string& t
           "--position-embedding-type", "rope", "--log-interval", "1"};
 }
 
+// dir/alpha.jsonl and dir/beta.jsonl: n conversations each, the user saying the file's name.
+void write_alpha_and_beta(const std::string& dir, int n) {
+  for (const std::string name : {"alpha", "beta"}) {
+    std::string rows;
+    for (int i = 0; i < n; ++i)
+      rows += R"({"messages": [{"role": "user", "content": ")" + name + " " + std::to_string(i) +
+              R"("}, {"role": "assistant", "content": "ok"}]})" + "\n";
+    laoyao::write_file_atomic(dir + "/" + name + ".jsonl", rows);
+  }
+}
+
 }  // namespace
 
 TEST(MlmSftCli, PretrainGptSftTrainsOnConversations) {
@@ -98,13 +109,7 @@ TEST(MlmSftCli, WhatMegatronLmAssertsIsRefusedByName) {
 // SFTDataset fails on an unweighted blend.
 TEST(MlmSftCli, WeightedFilesBlendInTurn) {
   const std::string dir = fresh_dir("mlm_sft_blend"), tok = nemotron_like_tokenizer();
-  for (const std::string name : {"alpha", "beta"}) {
-    std::string rows;
-    for (int i = 0; i < 10; ++i)
-      rows += R"({"messages": [{"role": "user", "content": ")" + name + " " + std::to_string(i) +
-              R"("}, {"role": "assistant", "content": "ok"}]})" + "\n";
-    laoyao::write_file_atomic(dir + "/" + name + ".jsonl", rows);
-  }
+  write_alpha_and_beta(dir, 10);
   auto flags = [&](const std::vector<std::string>& data) {
     std::vector<std::string> run = {"data-samples", "--iterations", "4"};
     for (const auto& f : sft_flags("X", tok)) run.push_back(f);
@@ -134,13 +139,7 @@ TEST(MlmSftCli, WeightedFilesBlendInTurn) {
 // with them, or neither, refused by name.
 TEST(MlmSftCli, PerSplitPathsReadTheirOwnFilesWhole) {
   const std::string dir = fresh_dir("mlm_sft_per_split"), tok = nemotron_like_tokenizer();
-  for (const std::string name : {"alpha", "beta"}) {
-    std::string rows;
-    for (int i = 0; i < 6; ++i)
-      rows += R"({"messages": [{"role": "user", "content": ")" + name + " " + std::to_string(i) +
-              R"("}, {"role": "assistant", "content": "ok"}]})" + "\n";
-    laoyao::write_file_atomic(dir + "/" + name + ".jsonl", rows);
-  }
+  write_alpha_and_beta(dir, 6);
   auto flags = [&](const std::string& command, const std::vector<std::string>& data) {
     std::vector<std::string> run = {command};
     const std::vector<std::string> base = sft_flags("X", tok);
