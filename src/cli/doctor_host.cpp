@@ -111,6 +111,22 @@ CheckResult check_library_versions() {
     return {"CUDA libraries loaded", false, e.what()};
   }
 }
+
+// The device code in the binary (nvcc's own list): Hopper's for the wgmma kernels, and any other
+// architecture from sm_80 on runs the portable ones (docs/blackwell.md).
+CheckResult check_device_code() {
+  const std::vector<int> archs = kernels::cuda::compiled_cuda_architectures();
+  std::string list;
+  bool hopper = false, usable = !archs.empty();
+  for (int a : archs) {
+    list += (list.empty() ? "sm_" : ", sm_") + std::to_string(a / 10);
+    hopper = hopper || a == 900;
+    usable = usable && a >= 800;
+  }
+  return {"CUDA device code", hopper && usable,
+          list + (hopper ? "" : " (no sm_90: the Hopper kernels are missing)") +
+              "; the experts' grouped GEMMs: wgmma on sm_90, portable elsewhere"};
+}
 #endif
 
 }  // namespace
@@ -126,6 +142,7 @@ int run_host_checks(const Options& options) {
   };
 #ifdef LAOYAO_HAVE_CUDA
   report(check_library_versions());
+  report(check_device_code());
 #endif
   report(check_cpu_gemm(options.seed));
   report(check_cpu_attention(options.seed));

@@ -144,6 +144,7 @@ TEST(DoctorCommand, NoGpuChecksTheBuildWithoutAGpu) {
   EXPECT_EQ(r.output.find("FAIL"), std::string::npos) << r.output;
   if (r.output.find("CUDA backend is built") != std::string::npos) {
     EXPECT_NE(r.output.find("PASS  CUDA libraries loaded"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("PASS  CUDA device code: sm_90"), std::string::npos) << r.output;
   }
 }
 

@@ -18,4 +18,6 @@ LibraryVersionCodes library_version_codes() {
   return v;
 }
 
+std::vector<int> compiled_cuda_architectures() { return {__CUDA_ARCH_LIST__}; }
+
 }  // namespace laoyao::kernels::cuda

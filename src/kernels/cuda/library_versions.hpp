@@ -2,6 +2,7 @@
 // the ones the dynamic loader actually gave it (asked of each library at run time), as the
 // libraries encode them; cli/doctor.hpp decodes and compares them.
 #pragma once
+#include <vector>
 
 namespace laoyao::kernels::cuda {
 
@@ -15,5 +16,9 @@ struct LibraryVersionCodes {
 
 // Throws laoyao::Error when a library cannot say (every call is checked).
 LibraryVersionCodes library_version_codes();
+
+// The GPU architectures this binary holds device code for, as nvcc compiled it (its
+// __CUDA_ARCH_LIST__: 10 * major + minor, times 10; 900 is sm_90 / sm_90a), ascending.
+std::vector<int> compiled_cuda_architectures();
 
 }  // namespace laoyao::kernels::cuda
