@@ -100,6 +100,8 @@ class CudnnAttention {
   int64_t device_bytes() const;  // workspace and scratch held
   const AttentionShape& shape() const { return shape_; }
   QkvRows rows() const { return rows_; }
+  // Its cuDNN handle, on its stream (for graphs built beside its own: attention_cudnn_cp.hpp).
+  cudnnHandle_t handle() const { return handle_; }
 
  private:
   struct Plans {

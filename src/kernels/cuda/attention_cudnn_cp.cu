@@ -122,19 +122,8 @@ CudnnCpAttention::CudnnCpAttention(CudnnAttention& local, int64_t cp_rank, int64
   recv_ = DeviceBuffer(bf16_bytes(T * kv_row));
   dq_accum_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * chunk_ * a.D));
   row_sums_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * chunk_));
-  LAOYAO_CUDA_CHECK(cudnnCreate(&handle_));
-  try {
-    LAOYAO_CUDA_CHECK(cudnnSetStream(handle_, stream_));
-    plans_for(a.b, kSecond);  // (cuDNN's engines for the blocks checked at construction)
-    if (cp_rank > 0) plans_for(a.b, kFirst);
-  } catch (...) {
-    cudnnDestroy(handle_);
-    throw;
-  }
-}
-
-CudnnCpAttention::~CudnnCpAttention() {
-  if (handle_) cudnnDestroy(handle_);
+  plans_for(a.b, kSecond);  // (cuDNN's engines for the blocks checked at construction)
+  if (cp_rank > 0) plans_for(a.b, kFirst);
 }
 
 CudnnCpAttention::Plans& CudnnCpAttention::plans_for(int64_t b, Half half) {
@@ -154,8 +143,8 @@ CudnnCpAttention::Plans& CudnnCpAttention::plans_for(int64_t b, Half half) {
   g.dq_accum = CudnnGraph::packed({b, a.H, c, a.D});
   g.causal = false;
   auto p = std::make_unique<Plans>();
-  p->fwd = build_sdpa_forward(handle_, g, "context-parallel sdpa forward (remote keys)");
-  p->bwd = build_sdpa_backward(handle_, g, "context-parallel sdpa backward (remote keys)");
+  p->fwd = build_sdpa_forward(local_.handle(), g, "context-parallel sdpa forward (remote keys)");
+  p->bwd = build_sdpa_backward(local_.handle(), g, "context-parallel sdpa backward (remote keys)");
   p->workspace = DeviceBuffer(static_cast<size_t>(std::max<int64_t>({p->fwd.workspace_bytes(),
                                                                       p->bwd.workspace_bytes(), 256})));
   return *plans_.emplace(key, std::move(p)).first->second;
@@ -199,7 +188,7 @@ void CudnnCpAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b
     const std::vector<CudnnPlan::Binding> bindings{
         {kSdpaQ, q + half * c * hd},  {kSdpaK, kv}, {kSdpaV, kv + a.D}, {kSdpaO, part_.as<bf16>() + half * c * hd},
         {kSdpaStats, part_lse_.as<float>() + half * c}, {kSdpaScale, &scale_}, {kSdpaNegInf, &kSdpaNegInfValue}};
-    p.fwd.execute(handle_, bindings, p.workspace.ptr);
+    p.fwd.execute(local_.handle(), bindings, p.workspace.ptr);
   }
   const int64_t rows = b * a.s * a.H;
   merge_blocks<<<blocks_for(rows), kThreads, 0, stream_>>>(ctx, lse, part_.as<bf16>(), part_lse_.as<float>(), b, a.H,
@@ -237,7 +226,7 @@ void CudnnCpAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dc
         {kSdpaOne, &one},                    {kSdpaDQ, dq + half * c * hd},
         {kSdpaDK, dkv},                      {kSdpaDV, dkv + a.D},
         {kSdpaSoftmaxSum, row_sums_.ptr},    {kSdpaDQAccum, dq_accum_.ptr}};
-    p.bwd.execute(handle_, bindings, p.workspace.ptr);
+    p.bwd.execute(local_.handle(), bindings, p.workspace.ptr);
     if (half == kSecond && chunks < 2 * cp_size_ - 2)  // the remote chunks past its prefix: no gradient
       LAOYAO_CUDA_CHECK(cudaMemset2DAsync(dremote_.as<bf16>() + chunks * c * kv_row, bf16_bytes(remote * kv_row), 0,
                                           bf16_bytes((2 * cp_size_ - 2 - chunks) * c * kv_row),

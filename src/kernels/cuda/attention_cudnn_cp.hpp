@@ -21,7 +21,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
 
 #include <cstdint>
 #include <functional>
@@ -47,8 +46,8 @@ class CudnnCpAttention {
   // local: the causal attention over this rank's tokens (its shape's s: the rank's 2 chunks of a
   // sequence; b: the largest batch), on `stream`. Throws laoyao::Error for separate rows, an odd s,
   // or a cp_rank outside 0..cp_size-1.
+  // Its cuDNN graphs run through local's handle (so `stream` must be local's).
   CudnnCpAttention(CudnnAttention& local, int64_t cp_rank, int64_t cp_size, cudaStream_t stream, CpCollectives comm);
-  ~CudnnCpAttention();
   CudnnCpAttention(const CudnnCpAttention&) = delete;
   CudnnCpAttention& operator=(const CudnnCpAttention&) = delete;
 
@@ -81,7 +80,6 @@ class CudnnCpAttention {
   int64_t cp_rank_, cp_size_, chunk_;  // chunk_: tokens of a chunk (s / 2)
   cudaStream_t stream_;
   CpCollectives comm_;
-  cudnnHandle_t handle_ = nullptr;
   std::map<std::pair<int64_t, int>, std::unique_ptr<Plans>> plans_;  // by (batch, half)
   float scale_ = 0.0f;
   // Scratch for the largest batch (T = b*s tokens, a key/value row G*2D): q_ [T, H*D] (fused rows),
