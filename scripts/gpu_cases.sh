@@ -102,7 +102,7 @@ declare_case parity_llama parity_yarn TEST 1 900 compare:parity_yarn_compare.txt
 
 # LoRA (peft.scheme lora) from the same pretrained base: the adapters' GEMMs, the frozen base.
 declare_case parity_llama parity_lora TEST 1 900 compare:parity_lora_compare.txt -- \
-  lora_parity_run parity_lora "${small_llama[@]}" --rotary-base 500000 "${untied[@]}"
+  lora_parity_run parity_lora 0.1 "${small_llama[@]}" --rotary-base 500000 "${untied[@]}"
 
 # ---- mla: multi-latent attention (DeepSeek's) on the GPU: its kernel and model tests, then a
 # small MLA model (query latent, YaRN) trained on the CPU and the GPU, dense and with DeepSeek's
@@ -167,6 +167,11 @@ declare_case moe,moe_quick parity_moe_sqrtsoftplus TEST 1 900 compare:parity_moe
 declare_case moe,moe_quick parity_moe_global TEST 1 900 compare:parity_moe_global_compare.txt -- \
   parity_run parity_moe_global "${small_moe[@]}" --moe-router-load-balancing-type global_aux_loss \
   --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --train-iters 20
+# LoRA from a pretrained MoE base (a dense first layer, a shared expert): the routed experts' shared
+# adapter pair on the grouped GEMMs' rows, the shared expert's, the frozen router and experts.
+declare_case moe,moe_quick parity_lora_moe TEST 1 900 compare:parity_lora_moe_compare.txt -- \
+  lora_parity_run parity_lora_moe 0 "${small_moe[@]}" --moe-aux-loss-coeff 1e-2 --moe-layer-freq '[0,1]' \
+  --moe-shared-expert-intermediate-size 64
 # (moe only) The grouped GEMMs against cuBLASLt, and the 2B flagship against the PyTorch MoE peer.
 declare_case moe grouped_gemm_bench MEASUREMENT 1 180 table:grouped_gemm.txt -- \
   run_to "$OUT/grouped_gemm.txt" timeout 120 "$C/laoyao_bench_grouped_gemm"

@@ -155,12 +155,12 @@ parity_run() {
   train "${name}_cpu" cpu "${args[@]}" && train "${name}_gpu" 1 "${args[@]}" &&
     run_to "$OUT/${name}_compare.txt" "$C/laoyao" compare-logs "$OUT/${name}_cpu.log" "$OUT/${name}_gpu.log"
 }
-# lora_parity_run NAME ARG...: parity_run's model pretrained 10 iterations on the CPU and saved, then
-# LoRA from it (Bridge's run-recipe of the same model, convert-args', with peft.scheme lora) for 20
-# iterations on the CPU and on the GPU, their logs compared.
+# lora_parity_run NAME DROPOUT ARG...: parity_run's model pretrained 10 iterations on the CPU and
+# saved, then LoRA from it (Bridge's run-recipe of the same model, convert-args', with peft.scheme
+# lora and peft.dropout DROPOUT) for 20 iterations on the CPU and on the GPU, their logs compared.
 lora_parity_run() {
-  local name=$1 base=/tmp/${1}_base args recipe
-  read -r -a args <<< "$(parity_args "${@:2}")"
+  local name=$1 dropout=$2 base=/tmp/${1}_base args recipe
+  read -r -a args <<< "$(parity_args "${@:3}")"
   x rm -rf "$base"
   train "${name}_base" cpu pretrain-gpt "${args[@]}" --train-iters 10 --save "$base" --save-interval 10 || return
   if dry; then  # (the binary may not be here)
@@ -171,7 +171,7 @@ lora_parity_run() {
              sed 's/ *\\$//' | tr '\n' ' ') || return
     eval "recipe=($recipe)"
   fi
-  local lora=(peft.scheme=lora peft.dim=8 peft.alpha=16 peft.dropout=0.1 "checkpoint.pretrained_checkpoint=$base")
+  local lora=(peft.scheme=lora peft.dim=8 peft.alpha=16 peft.dropout=$dropout "checkpoint.pretrained_checkpoint=$base")
   train "${name}_cpu" cpu "${recipe[@]:1}" "${lora[@]}" && train "${name}_gpu" 1 "${recipe[@]:1}" "${lora[@]}" &&
     run_to "$OUT/${name}_compare.txt" "$C/laoyao" compare-logs "$OUT/${name}_cpu.log" "$OUT/${name}_gpu.log"
 }

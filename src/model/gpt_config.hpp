@@ -196,6 +196,9 @@ struct GptConfig {
   // --context-parallel-size: each rank holds 2 of every sequence's 2 x context_parallel chunks
   // (model/backend.hpp's BatchShape; the CPU backend's attention gathers the rest).
   int64_t context_parallel = 1;
+  // --cp-comm-type p2p (Megatron's default: the ring, each step's keys and values arriving while the
+  // step before runs) or all_gather (one exchange); the same values either way.
+  bool cp_ring = true;
   std::optional<LoraSpec> lora;  // PEFT: the base frozen, adapters trained
   std::optional<Fp8Spec> fp8;    // FP8 linear layers (else every GEMM in the model's precision)
 

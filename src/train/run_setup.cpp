@@ -242,6 +242,7 @@ model::GptConfig model_config(const config::ConfigContainer& c, const config::De
   }
   if (m.multi_latent_attention) mla_spec(c, g);
   g.context_parallel = m.context_parallel_size;
+  g.cp_ring = m.cp_comm_type == "p2p";
   if (m.mtp_num_layers && *m.mtp_num_layers > 0) {
     // Megatron-Core's multi-token prediction.
     g.mtp_num_layers = *m.mtp_num_layers;

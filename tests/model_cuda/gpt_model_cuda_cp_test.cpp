@@ -27,6 +27,7 @@
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
 #include "model_cuda_test_util.hpp"
+#include "moe_test_util.hpp"
 #include "shared_device_group.hpp"
 
 using namespace laoyao;
@@ -54,6 +55,7 @@ struct AttentionCase {
   int64_t b, S, H, G, D;
   int cp;
   kc::QkvRows rows;
+  bool ring;  // --cp-comm-type p2p's ring, else all_gather's one exchange
 };
 
 // Fused rows [T][G, Q + 2, D] and the rows' layout (fused as is; split: q [T, H*D], then k and v
@@ -142,14 +144,8 @@ void compare_cp_attention(const AttentionCase& k) {
     LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     {
       kc::CudnnAttention local({k.b, s, k.H, k.G, k.D, scale}, stream, k.rows);
-      kc::CpCollectives comm;
-      comm.all_gather = [&](const bf16* send, bf16* recv, size_t n) {
-        group.all_gather_device(send, recv, n, dist::DeviceType::BF16, stream);
-      };
-      comm.reduce_scatter = [&](const bf16* send, bf16* recv, size_t n) {
-        group.reduce_scatter_device(send, recv, n, dist::DeviceType::BF16, stream, 1.0);
-      };
-      kc::CudnnCpAttention attention(local, r, k.cp, stream, comm);
+      kc::CudnnCpAttention attention(local, r, k.cp, stream, cp_collectives(&group, stream, k.ring));
+      if (attention.ring() != k.ring) throw Error("the attention took the other exchange");
       kc::DeviceBuffer x = device_copy(as_rows(my_qkv, t_local, k)), dy = device_copy(my_dctx);
       kc::DeviceBuffer out(sizeof(bf16) * t_local * hd), l(sizeof(float) * k.b * k.H * s),
           dx(sizeof(bf16) * t_local * row);
@@ -194,23 +190,31 @@ void compare_cp_attention(const AttentionCase& k) {
 
 // tp > 1: the ranks a grid of tp x cp (tensor-parallel rank minor, as Megatron orders them), each
 // holding its TP shard (sequence parallel), meeting its TP group and its CP group.
+// MoE layers: each rank routes its own tokens, the aux losses counting every rank's (summed over
+// the CP group), the z-loss its share; the balancing losses summed over the ranks, and the z-losses
+// averaged, are the whole sequences'.
 void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
   c.context_parallel = 1;
   c.sequence_parallel = tp > 1;
+  const bool moe = c.moe.num_experts > 0;
+  const float aux_scale = 0.5f;
   GptModel cpu(c);
   random_weights(cpu, cpu.weights());
   const Batch x = random_batch(b, S, c.vocab);
   const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
   const DropoutKey key{1234, 7, false};
   std::vector<float> cpu_loss(static_cast<size_t>(b * S));
+  if (moe) cpu.set_moe_aux_loss_scale(aux_scale);
   cpu.zero_grads();
   cpu.forward(whole, key, cpu_loss.data());
   cpu.backward(x.dloss.data());
+  const GptModel::MoeLosses cpu_moe = moe ? cpu.take_moe_losses() : GptModel::MoeLosses{};
 
   c.context_parallel = cp;
   const int64_t s = S / cp, T = b * s, n = int64_t(cp) * tp;
   const ParameterTable local = build_gpt_parameters(tp_local_config(c, tp)).table;
   std::vector<std::vector<float>> losses(n), grads(n);
+  std::vector<GptModel::MoeLosses> moe_losses(static_cast<size_t>(n));
   std::vector<std::string> paths(n);
   std::vector<std::shared_ptr<SharedDeviceGroup::Meeting>> tp_meetings, cp_meetings;
   for (int i = 0; i < cp; ++i) tp_meetings.push_back(std::make_shared<SharedDeviceGroup::Meeting>(tp, "tp"));
@@ -239,11 +243,13 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
         CudaGptModel gpu(c, b, s, tp > 1 ? &tp_group : nullptr, nullptr, nullptr, &cp_group);
         paths[size_t(rank)] = gpu.attention_path();
         gpu.upload_weights(w.data());
+        if (moe) gpu.set_moe_aux_loss_scale(aux_scale);
         gpu.zero_grads();
         gpu.forward(mb, mask.data(), key, dloss.data());
         gpu.backward();
         gpu.finalize_grads();
         losses[size_t(rank)] = gpu.download_losses();
+        if (moe) moe_losses[size_t(rank)] = gpu.take_moe_losses();
         grads[size_t(rank)].assign(static_cast<size_t>(gpu.num_trainable()), 0.0f);
         gpu.download_grads(grads[size_t(rank)].data());
       } catch (const std::exception& e) {
@@ -276,21 +282,43 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
   EXPECT_LT(rel_err(sum.data(), cpu.grads(), cpu.num_trainable()), 2e-2);
   for (const auto& p : cpu.table().specs)
     EXPECT_LT(rel_err(sum.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+  if (!moe) return;
+  // (Every TP rank of a CP rank routes the same tokens and logs the same losses: the first's count.)
+  GptModel::MoeLosses got;
+  for (int c_rank = 0; c_rank < cp; ++c_rank) {
+    const GptModel::MoeLosses& r = moe_losses[size_t(c_rank * tp)];
+    got.aux += r.aux, got.seq_aux += r.seq_aux, got.z += r.z / cp;
+  }
+  EXPECT_NEAR(got.aux, cpu_moe.aux, 2e-2 * cpu_moe.aux) << "load_balancing_loss";
+  EXPECT_NEAR(got.seq_aux, cpu_moe.seq_aux, 2e-2 * cpu_moe.seq_aux) << "seq_load_balancing_loss";
+  EXPECT_NEAR(got.z, cpu_moe.z, 2e-2 * cpu_moe.z) << "z_loss";
 }
 
 }  // namespace
 
+// all_gather: the remote keys gathered in place order, two blocks.
 TEST(CudnnCpAttention, TwoRanksFusedGqaRowsMatchWholeSequences) {
-  compare_cp_attention({2, 64, 4, 2, 64, 2, kc::QkvRows::Fused});
+  compare_cp_attention({2, 64, 4, 2, 64, 2, kc::QkvRows::Fused, false});
 }
 TEST(CudnnCpAttention, TwoRanksFusedMhaRowsMatchWholeSequences) {
-  compare_cp_attention({1, 128, 2, 2, 128, 2, kc::QkvRows::Fused});
+  compare_cp_attention({1, 128, 2, 2, 128, 2, kc::QkvRows::Fused, false});
 }
 TEST(CudnnCpAttention, FourRanksSplitRowsMatchWholeSequences) {
-  compare_cp_attention({2, 128, 4, 2, 64, 4, kc::QkvRows::Split});
+  compare_cp_attention({2, 128, 4, 2, 64, 4, kc::QkvRows::Split, false});
 }
 TEST(CudnnCpAttention, FourRanksFusedRowsMatchWholeSequences) {
-  compare_cp_attention({1, 256, 8, 2, 64, 4, kc::QkvRows::Fused});
+  compare_cp_attention({1, 256, 8, 2, 64, 4, kc::QkvRows::Fused, false});
+}
+// p2p: the ring, a block per step against an earlier rank's first chunk or a later rank's two;
+// the key and value gradients travelling home (four ranks: three steps, both kinds of block).
+TEST(CudnnCpAttention, RingTwoRanksFusedGqaRowsMatchWholeSequences) {
+  compare_cp_attention({2, 64, 4, 2, 64, 2, kc::QkvRows::Fused, true});
+}
+TEST(CudnnCpAttention, RingFourRanksSplitRowsMatchWholeSequences) {
+  compare_cp_attention({2, 128, 4, 2, 64, 4, kc::QkvRows::Split, true});
+}
+TEST(CudnnCpAttention, RingFourRanksFusedMhaRowsMatchWholeSequences) {
+  compare_cp_attention({1, 256, 4, 4, 64, 4, kc::QkvRows::Fused, true});
 }
 
 // GPT: LayerNorm, biases, learned positions (the ranks' places), tied output, MHA.
@@ -298,6 +326,12 @@ TEST(CudaGptModelCp, GptTwoRanksMatchCpuModel) { compare_cp_model(small_config(4
 // Llama: RoPE (the table in each rank's token order), GQA over fused rows.
 TEST(CudaGptModelCp, LlamaTwoRanksMatchCpuModel) { compare_cp_model(llama_config(), 2, 2, 48); }
 TEST(CudaGptModelCp, LlamaFourRanksMatchCpuModel) { compare_cp_model(llama_config(), 4, 1, 64); }
+// (The model tests take p2p's ring, Megatron's default; this one all_gather's exchange.)
+TEST(CudaGptModelCp, LlamaFourRanksAllGatherMatchCpuModel) {
+  GptConfig c = llama_config();
+  c.cp_ring = false;
+  compare_cp_model(c, 4, 1, 64);
+}
 // Qwen3: the QK norm applying RoPE in its pass, GQA over split rows.
 TEST(CudaGptModelCp, Qwen3TwoRanksMatchCpuModel) {
   GptConfig c = qwen3_config();
@@ -307,6 +341,24 @@ TEST(CudaGptModelCp, Qwen3TwoRanksMatchCpuModel) {
 // TP = 2 (sequence parallel) x CP = 2: four ranks, each with its heads of its chunks.
 TEST(CudaGptModelCp, LlamaTensorParallelTwoByContextParallelTwo) {
   GptConfig c = llama_config();
+  c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
+  compare_cp_model(c, 2, 2, 48, 2);
+}
+
+// Mixture of Experts (every expert chosen: no near-tie of bf16 activations can flip a choice
+// against the CPU's): the aux loss's tokens per expert and the z-loss over two ranks, the
+// sequence-level aux loss's per sequence over four, and with TP = 2 (the experts split).
+TEST(CudaGptModelCp, MoeTwoRanksMatchCpuModel) {
+  GptConfig c = moe_config(llama_config(), 4, 4, 64, 64);
+  compare_cp_model(c, 2, 2, 48);
+}
+TEST(CudaGptModelCp, MoeSequenceAuxLossFourRanksMatchCpuModel) {
+  GptConfig c = moe_config(qwen3_config(), 4, 4, 64, 0);
+  c.moe.aux_loss_coeff = 0, c.moe.seq_aux_loss_coeff = 1e-2;
+  compare_cp_model(c, 4, 2, 64);
+}
+TEST(CudaGptModelCp, MoeTensorParallelTwoByContextParallelTwo) {
+  GptConfig c = moe_config(llama_config(), 4, 4, 64, 64);
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   compare_cp_model(c, 2, 2, 48, 2);
 }
@@ -323,6 +375,12 @@ TEST(CudaGptModelCp, RefusesWhatItDoesNotBuildByName) {
   GptConfig docs = c;
   docs.document_attention = true;
   EXPECT_NE(cuda_unsupported_features(docs).find("with documents or packed sequences"), std::string::npos);
+  GptConfig moe = moe_config(c, 4, 2, 64, 0);
+  EXPECT_EQ(cuda_unsupported_features(moe), "");
+  moe.moe.expert_parallel = 2;
+  EXPECT_NE(cuda_unsupported_features(moe).find("with expert parallelism"), std::string::npos);
+  moe.moe.expert_parallel = 1, moe.moe.force_load_balancing = true;
+  EXPECT_NE(cuda_unsupported_features(moe).find("with --moe-router-force-load-balancing"), std::string::npos);
   GptConfig mla = mla_config(64);
   mla.context_parallel = 2;
   EXPECT_NE(cuda_unsupported_features(mla).find("with multi-latent attention"), std::string::npos);

@@ -253,14 +253,19 @@ void compare_model(const GptConfig& c) {
     }
     EXPECT_LE(off, static_cast<int64_t>(cpu_loss.size()) / 10) << "tokens off by more than 3e-2";
     EXPECT_NEAR(gpu_mean, cpu_mean, 1e-2);
-    std::vector<float> grads(static_cast<size_t>(gpu.num_parameters()));
+    // The trained parameters' gradients (PEFT: the adapters', from the table's trainable_offset on).
+    const int64_t from = cpu.table().trainable_offset, n = gpu.num_trainable();
+    ASSERT_EQ(n, cpu.num_trainable());
+    std::vector<float> grads(static_cast<size_t>(n));
     gpu.download_grads(grads.data());
-    EXPECT_LT(rel_err(grads.data(), cpu.grads(), gpu.num_parameters()), choices ? 0.1 : 2e-2) << "call " << rep;
+    EXPECT_LT(rel_err(grads.data(), cpu.grads(), n), choices ? 0.1 : 2e-2) << "call " << rep;
     for (const auto& p : cpu.table().specs) {
+      if (p.frozen) continue;
       const bool routed = p.name.find(".mlp.experts.") != std::string::npos ||
                           p.name.find(".mlp.router.") != std::string::npos;
       const double tol = !choices ? 6e-2 : routed ? 0.5 : 0.2;
-      EXPECT_LT(rel_err(grads.data() + p.offset, cpu.grads() + p.offset, p.numel), tol) << p.name << ", call " << rep;
+      EXPECT_LT(rel_err(grads.data() + (p.offset - from), cpu.grads() + (p.offset - from), p.numel), tol)
+          << p.name << ", call " << rep;
     }
   }
   const GptModel::MoeLosses want = cpu.take_moe_losses(), got = gpu.take_moe_losses();
@@ -404,6 +409,34 @@ TEST(CudaMoeModel, MlaWithFullRecomputation) {
   c.recompute = Recompute::Uniform, c.recompute_num_layers = 2;
   compare_model(c);
 }
+// LoRA (peft.scheme lora) over MoE layers, the base frozen (no gradient of the router, the experts
+// or the shared expert is written): the routed experts' shared adapter pair on every row of the
+// grouped GEMMs (Bridge's share_expert_adapters), the shared expert's own pair, beside a dense
+// first layer's adapters; then adapters on attention alone, the MoE layers frozen whole.
+namespace {
+GptConfig with_lora(GptConfig c) {
+  LoraSpec s;
+  s.dim = 8, s.alpha = 16;
+  c.lora = s;
+  return c;
+}
+}  // namespace
+TEST(CudaMoeModel, LoraOnTheExpertsAndTheSharedExpertMatchesCpuModel) {
+  GptConfig c = with_lora(moe_config(qwen3_config(), 4, 4, 64, 64));
+  c.num_layers = 3;
+  c.moe.layers = {false, true, true};
+  EXPECT_EQ(cuda_unsupported_features(c), "");
+  compare_model(c);
+}
+TEST(CudaMoeModel, LoraOnTheExpertsUnderTop2RoutingMatchesCpuModel) {
+  compare_model(with_lora(moe_config(llama_config(), 8, 2, 64, 0)));
+}
+TEST(CudaMoeModel, LoraOnAttentionAloneOverFrozenMoeLayers) {
+  GptConfig c = with_lora(moe_config(qwen3_config(), 4, 4, 64, 64));
+  c.lora->fc1 = c.lora->fc2 = false;
+  compare_model(c);
+}
+
 // The router's, the experts' (grouped; top-1 of 16 over 96 tokens: experts with few tokens, some
 // perhaps none) and the shared expert's weight gradients are written by the step's first
 // backward, added to by the next.
@@ -428,6 +461,10 @@ TEST(CudaMoeModel, NamesTheRoutingItCannotDoYet) {
   GptConfig bias = c;
   bias.moe.sigmoid = true, bias.moe.expert_bias = true;  // aux-loss-free balancing runs on the GPU
   EXPECT_EQ(cuda_unsupported_features(bias), "");
+  GptConfig lora_bias = with_lora(bias);  // (the bias update reads fp32 weights PEFT's frozen base has not)
+  EXPECT_NE(cuda_unsupported_features(lora_bias).find("LoRA on a Mixture-of-Experts model with the router's expert "
+                                                      "bias"),
+            std::string::npos);
   GptConfig capacity = c;
   capacity.moe.capacity_factor = 1.0;  // token dropping runs on the GPU too
   EXPECT_EQ(cuda_unsupported_features(capacity), "");

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "config/front_ends.hpp"
 #include "model/gpt_layout.hpp"
@@ -73,4 +75,22 @@ TEST(RecipeTraining, Moe2bParameterCounts) {
   EXPECT_NEAR(static_cast<double>(total), 2.2e9, 0.05e9) << total;
   EXPECT_NEAR(static_cast<double>(active), 0.6e9, 0.05e9) << active;
   EXPECT_EQ(experts, 24 * 64 * 3 * 384 * 1024);
+}
+
+// Llama 3 8B's recipe asks for CP = 2 with Megatron's default exchange, p2p's ring; all_gather
+// reaches the model as the other exchange (the GPU ranks' attention takes one or the other).
+TEST(RecipeTraining, CpCommTypeReachesTheModel) {
+  for (const auto& [type, ring] : {std::pair<std::string, bool>{"", true}, {"all_gather", false}}) {
+    config::RecipeInvocation inv;
+    inv.recipe = "llama3_8b_pretrain_config";
+    inv.mode = "pretrain";
+    inv.overrides = {"model.num_layers=2", "model.hidden_size=64", "model.ffn_hidden_size=128",
+                     "model.num_attention_heads=4", "model.num_query_groups=2", "model.kv_channels=16",
+                     "dataset.seq_length=64", "train.global_batch_size=4", "train.micro_batch_size=2"};
+    if (!type.empty()) inv.overrides.push_back("model.cp_comm_type=" + type);
+    const config::Resolved r = config::resolve_recipe(inv, 2);
+    const model::GptConfig g = train::model_config(r.cfg, r.validated.derived);
+    EXPECT_EQ(g.context_parallel, 2);
+    EXPECT_EQ(g.cp_ring, ring) << (type.empty() ? "the recipe's" : type);
+  }
 }

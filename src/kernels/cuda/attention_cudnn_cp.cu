@@ -108,39 +108,77 @@ CudnnCpAttention::CudnnCpAttention(CudnnAttention& local, int64_t cp_rank, int64
   if (shape_.s % 2 != 0 || shape_.s <= 0)
     throw Error("context-parallel attention: a rank's " + std::to_string(shape_.s) +
                 " tokens of a sequence are not two equal chunks");
-  if (!comm_.all_gather || !comm_.reduce_scatter) throw Error("context-parallel attention: no collectives");
+  if (!comm_.ring && (!comm_.all_gather || !comm_.reduce_scatter))
+    throw Error("context-parallel attention: no collectives");
   scale_ = shape_.scale;
   const AttentionShape& a = shape_;
   const int64_t T = a.b * a.s, kv_row = 2 * a.G * a.D, remote_tokens = a.b * (2 * cp_size - 2) * chunk_;
   if (rows_ == QkvRows::Fused) q_ = DeviceBuffer(bf16_bytes(T * a.H * a.D)), kv_ = DeviceBuffer(bf16_bytes(T * kv_row));
+  part_ = DeviceBuffer(bf16_bytes(T * a.H * a.D));
+  part_lse_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * a.s));
+  if (ring()) {  // (the earlier ranks' blocks take every query: cuDNN's backward scratch for s rows)
+    ring_kv_ = DeviceBuffer(bf16_bytes(2 * T * kv_row));
+    ring_dkv_ = DeviceBuffer(bf16_bytes(2 * T * kv_row));
+    block_dkv_ = DeviceBuffer(bf16_bytes(T * kv_row));
+    dq_sum_ = DeviceBuffer(bf16_bytes(T * a.H * a.D));
+    dq_accum_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * a.s * a.D));
+    row_sums_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * a.s));
+    LAOYAO_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    LAOYAO_CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
+    if (cp_rank > 0) plans_for(a.b, kRingEarlier);  // (cuDNN's engines checked at construction)
+    if (cp_rank < cp_size - 1) plans_for(a.b, kRingLater);
+    return;
+  }
   all_ = DeviceBuffer(bf16_bytes(cp_size * T * kv_row));
   remote_ = DeviceBuffer(bf16_bytes(remote_tokens * kv_row));
   dremote_ = DeviceBuffer(bf16_bytes(remote_tokens * kv_row));
   if (cp_rank > 0) dfirst_ = DeviceBuffer(bf16_bytes(remote_tokens * kv_row));
-  part_ = DeviceBuffer(bf16_bytes(T * a.H * a.D));
-  part_lse_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * a.s));
   recv_ = DeviceBuffer(bf16_bytes(T * kv_row));
   dq_accum_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * chunk_ * a.D));
   row_sums_ = DeviceBuffer(sizeof(float) * static_cast<size_t>(a.b * a.H * chunk_));
-  plans_for(a.b, kSecond);  // (cuDNN's engines for the blocks checked at construction)
-  if (cp_rank > 0) plans_for(a.b, kFirst);
+  plans_for(a.b, kGatheredSecond);  // (cuDNN's engines for the blocks checked at construction)
+  if (cp_rank > 0) plans_for(a.b, kGatheredFirst);
 }
 
-CudnnCpAttention::Plans& CudnnCpAttention::plans_for(int64_t b, Half half) {
+CudnnCpAttention::~CudnnCpAttention() {
+  if (comm_stream_) {
+    (void)cudaStreamSynchronize(comm_stream_);
+    (void)cudaStreamDestroy(comm_stream_);
+  }
+  for (cudaEvent_t e : {fork_, joined_})
+    if (e) (void)cudaEventDestroy(e);
+}
+
+CudnnCpAttention::Plans& CudnnCpAttention::plans_for(int64_t b, Block block) {
   if (b <= 0 || b > shape_.b)
     throw Error("context-parallel attention: batch " + std::to_string(b) + " outside 1.." + std::to_string(shape_.b));
-  const auto key = std::make_pair(b, static_cast<int>(half));
+  const auto key = std::make_pair(b, static_cast<int>(block));
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
   const AttentionShape& a = shape_;
   const int64_t s = a.s, c = chunk_, kv_row = 2 * a.G * a.D, remote = (2 * cp_size_ - 2) * c;
   SdpaGeometry g;
-  g.b = b, g.H = a.H, g.G = a.G, g.sq = c, g.skv = remote_chunks(half) * c, g.D = g.Dv = a.D;
-  g.q = g.o = {s * a.H * a.D, a.D, a.H * a.D, 1};  // a half of the rank's packed queries / output
-  g.k = g.v = {remote * kv_row, 2 * a.D, kv_row, 1};
-  g.stats = {a.H * s, s, 1, 1};  // a half of the [b, H, s] statistics
-  g.softmax_sum = CudnnGraph::packed({b, a.H, c, 1});
-  g.dq_accum = CudnnGraph::packed({b, a.H, c, a.D});
+  g.b = b, g.H = a.H, g.G = a.G, g.D = g.Dv = a.D;
+  g.q = g.o = {s * a.H * a.D, a.D, a.H * a.D, 1};  // the rank's packed queries / output, or a half of them
+  g.stats = {a.H * s, s, 1, 1};                      // [b, H, s], or a half of it
+  switch (block) {
+    case kGatheredFirst:
+    case kGatheredSecond:  // a half's queries, the remote keys in place order
+      g.sq = c, g.skv = remote_chunks(block == kGatheredFirst ? kFirst : kSecond) * c;
+      g.k = g.v = {remote * kv_row, 2 * a.D, kv_row, 1};
+      break;
+    case kRingEarlier:  // every query, the source's first chunk (its rows' first c of s)
+      g.sq = s, g.skv = c;
+      g.k = g.v = {s * kv_row, 2 * a.D, kv_row, 1};
+      break;
+    case kRingLater:  // the second half's queries, the source's two chunks
+      g.sq = c, g.skv = s;
+      g.k = g.v = {s * kv_row, 2 * a.D, kv_row, 1};
+      break;
+  }
+  g.softmax_sum = CudnnGraph::packed({b, a.H, g.sq, 1});
+  g.dq_accum = CudnnGraph::packed({b, a.H, g.sq, a.D});
   g.causal = false;
   auto p = std::make_unique<Plans>();
   p->fwd = build_sdpa_forward(local_.handle(), g, "context-parallel sdpa forward (remote keys)");
@@ -155,17 +193,21 @@ int64_t CudnnCpAttention::remote_index(int64_t rank, Half half) const {
   return place - (cp_rank_ < place ? 1 : 0) - (2 * cp_size_ - 1 - cp_rank_ < place ? 1 : 0);
 }
 
+std::pair<const CudnnCpAttention::bf16*, const CudnnCpAttention::bf16*> CudnnCpAttention::pack(const bf16* qkv,
+                                                                                                int64_t b) {
+  const AttentionShape& a = shape_;
+  const int64_t T = b * a.s, hd = a.H * a.D, Q = a.H / a.G;
+  if (rows_ != QkvRows::Fused) return {qkv, qkv + T * hd};  // split rows: q [T, H*D], then the keys and values [T, G, 2, D]
+  // Fused rows: a group's Q query heads, then its k and v, in each row.
+  copy_rows(q_.as<bf16>(), Q * a.D, qkv, (Q + 2) * a.D, T * a.G, Q * a.D, false, stream_);
+  copy_rows(kv_.as<bf16>(), 2 * a.D, qkv + Q * a.D, (Q + 2) * a.D, T * a.G, 2 * a.D, false, stream_);
+  return {q_.as<bf16>(), kv_.as<bf16>()};
+}
+
 const CudnnCpAttention::bf16* CudnnCpAttention::gather(const bf16* qkv, int64_t b) {
   const AttentionShape& a = shape_;
-  const int64_t s = a.s, c = chunk_, T = b * s, hd = a.H * a.D, kv_row = 2 * a.G * a.D;
-  const int64_t Q = a.H / a.G, remote = (2 * cp_size_ - 2) * c;
-  const bf16* q = qkv;
-  const bf16* send = qkv + T * hd;  // split rows: q [T, H*D], then the keys and values [T, G, 2, D]
-  if (rows_ == QkvRows::Fused) {    // a group's Q query heads, then its k and v, in each row
-    copy_rows(q_.as<bf16>(), Q * a.D, qkv, (Q + 2) * a.D, T * a.G, Q * a.D, false, stream_);
-    copy_rows(kv_.as<bf16>(), 2 * a.D, qkv + Q * a.D, (Q + 2) * a.D, T * a.G, 2 * a.D, false, stream_);
-    q = q_.as<bf16>(), send = kv_.as<bf16>();
-  }
+  const int64_t s = a.s, c = chunk_, T = b * s, kv_row = 2 * a.G * a.D, remote = (2 * cp_size_ - 2) * c;
+  const auto [q, send] = pack(qkv, b);
   comm_.all_gather(send, all_.as<bf16>(), static_cast<size_t>(T * kv_row));
   for (int64_t r = 0; r < cp_size_; ++r) {
     if (r == cp_rank_) continue;
@@ -177,6 +219,17 @@ const CudnnCpAttention::bf16* CudnnCpAttention::gather(const bf16* qkv, int64_t 
 }
 
 void CudnnCpAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
+  if (ring()) forward_ring(qkv, ctx, lse, b);
+  else forward_gathered(qkv, ctx, lse, b);
+}
+
+void CudnnCpAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse, bf16* dqkv,
+                                int64_t b) {
+  if (ring()) backward_ring(qkv, ctx, dctx, lse, dqkv, b);
+  else backward_gathered(qkv, ctx, dctx, lse, dqkv, b);
+}
+
+void CudnnCpAttention::forward_gathered(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
   const AttentionShape& a = shape_;
   const int64_t c = chunk_, hd = a.H * a.D;
   local_.forward(qkv, ctx, lse, b);
@@ -184,7 +237,7 @@ void CudnnCpAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b
   const bf16* kv = remote_.as<bf16>();
   for (Half half : {kFirst, kSecond}) {
     if (remote_chunks(half) == 0) continue;
-    Plans& p = plans_for(b, half);
+    Plans& p = plans_for(b, half == kFirst ? kGatheredFirst : kGatheredSecond);
     const std::vector<CudnnPlan::Binding> bindings{
         {kSdpaQ, q + half * c * hd},  {kSdpaK, kv}, {kSdpaV, kv + a.D}, {kSdpaO, part_.as<bf16>() + half * c * hd},
         {kSdpaStats, part_lse_.as<float>() + half * c}, {kSdpaScale, &scale_}, {kSdpaNegInf, &kSdpaNegInfValue}};
@@ -196,11 +249,11 @@ void CudnnCpAttention::forward(const bf16* qkv, bf16* ctx, float* lse, int64_t b
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-void CudnnCpAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse, bf16* dqkv,
-                                int64_t b) {
+void CudnnCpAttention::backward_gathered(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse,
+                                         bf16* dqkv, int64_t b) {
   const AttentionShape& a = shape_;
   const int64_t s = a.s, c = chunk_, T = b * s, hd = a.H * a.D, kv_row = 2 * a.G * a.D;
-  const int64_t remote = (2 * cp_size_ - 2) * c, Q = a.H / a.G;
+  const int64_t remote = (2 * cp_size_ - 2) * c;
   local_.backward(qkv, ctx, dctx, lse, dqkv, b);
   const bf16* q = gather(qkv, b);
   const bf16* kv = remote_.as<bf16>();
@@ -213,7 +266,7 @@ void CudnnCpAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dc
                                           static_cast<size_t>(b), stream_));
       continue;
     }
-    Plans& p = plans_for(b, half);
+    Plans& p = plans_for(b, half == kFirst ? kGatheredFirst : kGatheredSecond);
     // The second half's remote keys hold the first's (a prefix of them): its gradients go to
     // dremote_, the first half's to dfirst_ and are added there.
     bf16* dkv = half == kSecond ? dremote_.as<bf16>() : dfirst_.as<bf16>();
@@ -234,15 +287,10 @@ void CudnnCpAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dc
     if (half == kFirst)
       copy_rows(dremote_.as<bf16>(), remote * kv_row, dkv, remote * kv_row, b, chunks * c * kv_row, true, stream_);
   }
-  // The query gradients join the local block's.
-  bf16* dsend = all_.as<bf16>();  // (the gathered keys are in remote_ now: all_ carries the gradients back)
-  if (rows_ == QkvRows::Fused) {
-    copy_rows(dqkv, (Q + 2) * a.D, dq, Q * a.D, T * a.G, Q * a.D, true, stream_);
-  } else {
-    copy_rows(dqkv, T * hd, dq, T * hd, 1, T * hd, true, stream_);
-  }
+  add_q_grads(dqkv, dq, b);
   // Each remote chunk's key and value gradients back to their rank: rank-major slots of that rank's
   // token order, this rank's own slot zeros.
+  bf16* dsend = all_.as<bf16>();  // (the gathered keys are in remote_ now: all_ carries the gradients back)
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(dsend + cp_rank_ * T * kv_row, 0, bf16_bytes(T * kv_row), stream_));
   for (int64_t r = 0; r < cp_size_; ++r) {
     if (r == cp_rank_) continue;
@@ -251,15 +299,126 @@ void CudnnCpAttention::backward(const bf16* qkv, const bf16* ctx, const bf16* dc
                 remote * kv_row, b, c * kv_row, false, stream_);
   }
   comm_.reduce_scatter(dsend, recv_.as<bf16>(), static_cast<size_t>(T * kv_row));
+  add_kv_grads(dqkv, recv_.as<bf16>(), b);
+}
+
+void CudnnCpAttention::add_q_grads(bf16* dqkv, const bf16* dq, int64_t b) {
+  const AttentionShape& a = shape_;
+  const int64_t T = b * a.s, hd = a.H * a.D, Q = a.H / a.G;
   if (rows_ == QkvRows::Fused)
-    copy_rows(dqkv + Q * a.D, (Q + 2) * a.D, recv_.as<bf16>(), 2 * a.D, T * a.G, 2 * a.D, true, stream_);
+    copy_rows(dqkv, (Q + 2) * a.D, dq, Q * a.D, T * a.G, Q * a.D, true, stream_);
   else
-    copy_rows(dqkv + T * hd, T * kv_row, recv_.as<bf16>(), T * kv_row, 1, T * kv_row, true, stream_);
+    copy_rows(dqkv, T * hd, dq, T * hd, 1, T * hd, true, stream_);
+}
+
+void CudnnCpAttention::add_kv_grads(bf16* dqkv, const bf16* dkv, int64_t b) {
+  const AttentionShape& a = shape_;
+  const int64_t T = b * a.s, hd = a.H * a.D, Q = a.H / a.G, kv_row = 2 * a.G * a.D;
+  if (rows_ == QkvRows::Fused)
+    copy_rows(dqkv + Q * a.D, (Q + 2) * a.D, dkv, 2 * a.D, T * a.G, 2 * a.D, true, stream_);
+  else
+    copy_rows(dqkv + T * hd, T * kv_row, dkv, T * kv_row, 1, T * kv_row, true, stream_);
+}
+
+// ---- the ring (--cp-comm-type p2p)
+
+void CudnnCpAttention::ring_exchange(const bf16* send, bf16* recv, size_t n) {
+  LAOYAO_CUDA_CHECK(cudaEventRecord(fork_, stream_));
+  LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, fork_, 0));
+  comm_.ring(send, recv, n, comm_stream_);
+}
+
+void CudnnCpAttention::join() {
+  LAOYAO_CUDA_CHECK(cudaEventRecord(joined_, comm_stream_));
+  LAOYAO_CUDA_CHECK(cudaStreamWaitEvent(stream_, joined_, 0));
+}
+
+void CudnnCpAttention::forward_ring(const bf16* qkv, bf16* ctx, float* lse, int64_t b) {
+  const AttentionShape& a = shape_;
+  const int64_t c = chunk_, T = b * a.s, hd = a.H * a.D, kv_row = 2 * a.G * a.D;
+  const size_t n = static_cast<size_t>(T * kv_row);
+  const auto [q, own] = pack(qkv, b);
+  bf16* slot[2] = {ring_kv_.as<bf16>(), ring_kv_.as<bf16>() + T * kv_row};
+  ring_exchange(own, slot[0], n);  // the previous rank's keys arrive while the local block runs
+  local_.forward(qkv, ctx, lse, b);
+  for (int64_t step = 1; step < cp_size_; ++step) {
+    join();
+    const bf16* kv = slot[(step - 1) % 2];
+    // Passed on while this step's block runs (the other slot's block, the step before, is done:
+    // the exchange waits for what the stream has enqueued).
+    if (step + 1 < cp_size_) ring_exchange(kv, slot[step % 2], n);
+    const Block block = ring_block(step);
+    const int64_t first = block == kRingEarlier ? 0 : c;  // the queries' first token of each sequence
+    Plans& p = plans_for(b, block);
+    const std::vector<CudnnPlan::Binding> bindings{
+        {kSdpaQ, q + first * hd},  {kSdpaK, kv}, {kSdpaV, kv + a.D}, {kSdpaO, part_.as<bf16>() + first * hd},
+        {kSdpaStats, part_lse_.as<float>() + first}, {kSdpaScale, &scale_}, {kSdpaNegInf, &kSdpaNegInfValue}};
+    p.fwd.execute(local_.handle(), bindings, p.workspace.ptr);
+    const int64_t rows = b * a.s * a.H;
+    merge_blocks<<<blocks_for(rows), kThreads, 0, stream_>>>(ctx, lse, part_.as<bf16>(), part_lse_.as<float>(), b,
+                                                            a.H, a.s, a.D, block == kRingEarlier, true);
+    LAOYAO_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+void CudnnCpAttention::backward_ring(const bf16* qkv, const bf16* ctx, const bf16* dctx, const float* lse,
+                                     bf16* dqkv, int64_t b) {
+  const AttentionShape& a = shape_;
+  const int64_t s = a.s, c = chunk_, T = b * s, hd = a.H * a.D, kv_row = 2 * a.G * a.D;
+  const size_t n = static_cast<size_t>(T * kv_row);
+  const auto [q, own] = pack(qkv, b);
+  bf16* slot[2] = {ring_kv_.as<bf16>(), ring_kv_.as<bf16>() + T * kv_row};
+  bf16* dslot[2] = {ring_dkv_.as<bf16>(), ring_dkv_.as<bf16>() + T * kv_row};
+  bf16* dkv = block_dkv_.as<bf16>();
+  bf16* dq = part_.as<bf16>();
+  const float one = 1.0f;
+  ring_exchange(own, slot[0], n);
+  local_.backward(qkv, ctx, dctx, lse, dqkv, b);
+  LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_sum_.ptr, 0, dq_sum_.bytes, stream_));
+  int64_t travelling = 0;  // the key and value gradients in flight arrive in dslot[travelling]
+  for (int64_t step = 1; step < cp_size_; ++step) {
+    join();  // this step's keys and values (and the gradients passed on after the step before)
+    const bf16* kv = slot[(step - 1) % 2];
+    if (step + 1 < cp_size_) ring_exchange(kv, slot[step % 2], n);
+    const Block block = ring_block(step);
+    const int64_t first = block == kRingEarlier ? 0 : c;
+    Plans& p = plans_for(b, block);
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(dq_accum_.ptr, 0, dq_accum_.bytes, stream_));
+    const std::vector<CudnnPlan::Binding> bindings{
+        {kSdpaQ, q + first * hd},         {kSdpaK, kv},
+        {kSdpaV, kv + a.D},               {kSdpaO, ctx + first * hd},
+        {kSdpaDO, dctx + first * hd},     {kSdpaStats, lse + first},
+        {kSdpaScale, &scale_},            {kSdpaNegInf, &kSdpaNegInfValue},
+        {kSdpaOne, &one},                 {kSdpaDQ, dq + first * hd},
+        {kSdpaDK, dkv},                   {kSdpaDV, dkv + a.D},
+        {kSdpaSoftmaxSum, row_sums_.ptr}, {kSdpaDQAccum, dq_accum_.ptr}};
+    p.bwd.execute(local_.handle(), bindings, p.workspace.ptr);
+    if (block == kRingEarlier) {  // every query's gradient; the source's second chunk got none
+      copy_rows(dq_sum_.as<bf16>(), hd, dq, hd, T, hd, true, stream_);
+      LAOYAO_CUDA_CHECK(cudaMemset2DAsync(dkv + c * kv_row, bf16_bytes(s * kv_row), 0, bf16_bytes(c * kv_row),
+                                          static_cast<size_t>(b), stream_));
+    } else {  // the second halves' queries
+      copy_rows(dq_sum_.as<bf16>() + c * hd, s * hd, dq + c * hd, s * hd, b, c * hd, true, stream_);
+    }
+    // The source's gradients so far (from the ranks before this one on the ring) take this block's,
+    // then travel on with its keys: after the last step they reach the source.
+    bf16* send = dslot[travelling];
+    if (step == 1)
+      LAOYAO_CUDA_CHECK(cudaMemcpyAsync(send, dkv, bf16_bytes(T * kv_row), cudaMemcpyDeviceToDevice, stream_));
+    else
+      copy_rows(send, T * kv_row, dkv, T * kv_row, 1, T * kv_row, true, stream_);
+    travelling = 1 - travelling;
+    ring_exchange(send, dslot[travelling], n);
+  }
+  add_q_grads(dqkv, dq_sum_.as<bf16>(), b);
+  join();  // this rank's own key and value gradients, home
+  add_kv_grads(dqkv, dslot[travelling], b);
 }
 
 int64_t CudnnCpAttention::device_bytes() const {
   size_t bytes = q_.bytes + kv_.bytes + all_.bytes + remote_.bytes + dremote_.bytes + dfirst_.bytes + part_.bytes +
-                 part_lse_.bytes + recv_.bytes + dq_accum_.bytes + row_sums_.bytes;
+                 part_lse_.bytes + recv_.bytes + dq_accum_.bytes + row_sums_.bytes + ring_kv_.bytes + ring_dkv_.bytes +
+                 block_dkv_.bytes + dq_sum_.bytes;
   for (const auto& [k, p] : plans_) bytes += p->workspace.bytes;
   return static_cast<int64_t>(bytes);
 }

@@ -11,6 +11,7 @@
 //  - Permutation: per-chunk expert counts, a scan in (expert, chunk) order, then one warp per
 //    chunk hands out rows in entry order (warp match + a running cursor per expert): stable.
 //  - Permute / unpermute: 16-byte bf16 vectors (H % 8 == 0), fp32 sums rounded once.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -515,7 +516,26 @@ struct AuxFinishArgs {
   int64_t T, E, rows, chunks;  // rows of `chunks` partials each (0 rows: no aux loss)
   bool aux, seq, z, global;
   double aux_unit, seq_unit, z_unit, global_unit;  // each loss per unit of its sum, coefficient included
+  // Context parallelism: each row's counts [rows][E] and the tokens per expert [E], summed over the
+  // CP ranks (moe_aux_counts_kernel, then the caller's sum), in place of the partials' and
+  // tokens_per_expert; null without.
+  const float* summed;
 };
+
+// Context parallelism: each row's counts (its chunks' summed) into counts[rows][E], then the
+// tokens per expert as floats into counts[rows * E + e], for the sum over the CP ranks.
+__global__ void moe_aux_counts_kernel(const float* __restrict__ pcount, const int32_t* __restrict__ tokens_per_expert,
+                                      int64_t E, int64_t rows, int64_t chunks, float* __restrict__ counts) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * E) {
+    const int64_t row = i / E, e = i % E;
+    float c = 0.0f;
+    for (int64_t ch = row * chunks; ch < (row + 1) * chunks; ++ch) c += pcount[ch * E + e];
+    counts[i] = c;
+  } else if (i < (rows + 1) * E) {
+    counts[i] = static_cast<float>(tokens_per_expert[i - rows * E]);
+  }
+}
 
 // One block: per expert, the chunks' partials summed in chunk order (double) into P[row, e] and
 // c[row, e]; the losses' sums over experts and tokens reduced in a fixed tree; grad[row, e]
@@ -528,7 +548,9 @@ __global__ void __launch_bounds__(kFinishThreads)
   __shared__ double sh[32];
   double aux = 0.0, seq = 0.0, z = 0.0, global = 0.0;
   for (int64_t e = threadIdx.x; e < a.E && a.rows > 0; e += blockDim.x) {
-    const double tpe = a.aux ? static_cast<double>(tokens_per_expert[e]) : 0.0;
+    const double tpe = !a.aux ? 0.0
+                       : a.summed ? static_cast<double>(a.summed[a.rows * a.E + e])
+                                  : static_cast<double>(tokens_per_expert[e]);
     const double gc = a.global ? static_cast<double>(global_counts[e]) : 0.0;
     double total = 0.0;
     for (int64_t row = 0; row < a.rows; ++row) {
@@ -537,6 +559,7 @@ __global__ void __launch_bounds__(kFinishThreads)
         P += psum[ch * a.E + e];
         c += pcount[ch * a.E + e];
       }
+      if (a.summed) c = a.summed[row * a.E + e];
       if (a.seq && c != 0.0) seq += P * c;  // the CPU skips experts without tokens
       total += P;
       grad[row * a.E + e] =
@@ -941,8 +964,10 @@ void moe_update_expert_bias(int32_t* load, float* bias, int64_t E, float rate, c
 
 size_t moe_aux_stats_floats(int64_t T, int64_t E, const MoeAuxLossSpec& losses) {
   const AuxLayout L = aux_layout("moe_aux_stats_floats", T, losses);
-  // grad[rows][E], then the partial sums and counts [rows * chunks][E].
-  return static_cast<size_t>(L.rows * E * (1 + 2 * L.chunks));
+  // grad[rows][E], then the partial sums and counts [rows * chunks][E]; under context parallelism
+  // the counts summed over the ranks, [rows + 1][E].
+  const int64_t summed = losses.context_parallel_size > 1 && L.rows > 0 ? (L.rows + 1) * E : 0;
+  return static_cast<size_t>(L.rows * E * (1 + 2 * L.chunks) + summed);
 }
 
 void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t* topk_idx,
@@ -959,24 +984,37 @@ void moe_aux_losses_forward(const float* scores, const float* lse, const int32_t
     throw Error(std::string(op) + ": the aux losses need scores and stats");
   if (losses.data_parallel_size < 1)
     throw Error(std::string(op) + ": data_parallel_size must be at least 1");
+  const int64_t cp = losses.context_parallel_size;
+  if (cp < 1 || (cp > 1 && !losses.sum_over_context_parallel))
+    throw Error(std::string(op) + ": context parallelism over " + std::to_string(cp) + " ranks needs the sum over them");
   if (z && !lse) throw Error(std::string(op) + ": the z-loss needs the logits' lse");
   const int64_t E = router.num_experts, k = router.topk;
   float* psum = stats + L.rows * E;
   float* pcount = psum + L.rows * L.chunks * E;
+  float* summed = cp > 1 && L.rows > 0 ? pcount + L.rows * L.chunks * E : nullptr;
   if (L.rows > 0) {
     moe_aux_partials_kernel<<<dim3(unsigned(L.rows * L.chunks), unsigned((E + 31) / 32)), dim3(32, 8), 0, stream>>>(
         scores, topk_idx, E, static_cast<int>(k), L.span, L.chunks, psum, pcount);
     LAOYAO_CUDA_CHECK(cudaGetLastError());
   }
-  // The CPU's formulas: sum * E * coeff / (k * s^2) / b (b = 1, s = T for aux_loss), sum * coeff / T.
-  AuxFinishArgs a{T, E, L.rows, L.chunks, aux, seq, z, global, 0.0, 0.0, 0.0, 0.0};
-  const double Ed = static_cast<double>(E), kd = static_cast<double>(k), Td = static_cast<double>(T);
-  if (aux) a.aux_unit = Ed * losses.aux_coeff / (kd * Td * Td);
+  if (summed) {  // every rank's tokens per expert (each rank's scores stay its own tokens')
+    const int64_t n = (L.rows + 1) * E;
+    moe_aux_counts_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(pcount, tokens_per_expert, E, L.rows,
+                                                                        L.chunks, summed);
+    LAOYAO_CUDA_CHECK(cudaGetLastError());
+    losses.sum_over_context_parallel(summed, n, stream);
+  }
+  // The CPU's formulas: sum * E * coeff / (k * whole^2) / b (b = 1, whole = T * CP for aux_loss; a
+  // sequence's whole length for seq_aux_loss), sum * coeff / (CP * T).
+  AuxFinishArgs a{T, E, L.rows, L.chunks, aux, seq, z, global, 0.0, 0.0, 0.0, 0.0, summed};
+  const double Ed = static_cast<double>(E), kd = static_cast<double>(k), Td = static_cast<double>(T),
+               cpd = static_cast<double>(cp);
+  if (aux) a.aux_unit = Ed * losses.aux_coeff / (kd * Td * cpd * Td * cpd);
   if (seq) {
-    const double s = static_cast<double>(losses.seq_length);
+    const double s = static_cast<double>(losses.seq_length) * cpd;
     a.seq_unit = Ed * losses.seq_aux_coeff / (kd * s * s) / static_cast<double>(L.rows);
   }
-  if (z) a.z_unit = losses.z_coeff / Td;
+  if (z) a.z_unit = losses.z_coeff / cpd / Td;
   if (global) {  // E * coeff / (k * total^2), total = T * data_parallel_size
     const double total = Td * static_cast<double>(losses.data_parallel_size);
     a.global_unit = Ed * losses.global_aux_coeff / (kd * total * total);
@@ -1005,7 +1043,9 @@ void moe_router_backward(const float* logits, const int32_t* topk_idx, const flo
   if (L.rows > 0 && !stats) throw Error(std::string(op) + ": the aux losses need the forward's stats");
   if (z && !lse) throw Error(std::string(op) + ": the z-loss needs the forward's lse");
   RouterGradArgs g{L.rows > 0 ? stats : nullptr, L.span > 0 ? L.span : 1, aux_scale,
-                   z ? 2.0 * losses.z_coeff * aux_scale / static_cast<double>(T) : 0.0};
+                   z ? 2.0 * losses.z_coeff / static_cast<double>(std::max<int64_t>(losses.context_parallel_size, 1)) *
+                           aux_scale / static_cast<double>(T)
+                     : 0.0};
   const RouterArgs a = router_args(router);
   const unsigned blocks = blocks_for(T, kRouterWarps, kRouterMaxBlocks);
   with_slots(router.num_experts, [&](auto per) {

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace laoyao::kernels::cuda {
 
@@ -39,6 +40,13 @@ struct MoeAuxLossSpec {
   int64_t seq_length = 0;           // s for seq_aux_loss: T = b * s tokens, batch-major
   float global_aux_coeff = 0.0f;    // global_aux_loss (with the counts moe_global_counts_accumulate keeps)
   int64_t data_parallel_size = 1;   // global_aux_loss's token total is T times this
+  // Context parallelism (the CPU's MoeLayerConfig): T is this rank's share, seq_length its tokens of
+  // each sequence of seq_length * context_parallel_size. The aux and seq-aux losses' tokens per
+  // expert (fp32 counts, exact below 2^24) are summed over the CP ranks on the stream by
+  // sum_over_context_parallel (required when the size is above 1), their token totals the whole
+  // sequences'; the z-loss's coefficient is divided by the CP size (Megatron's tp_cp group).
+  int64_t context_parallel_size = 1;
+  std::function<void(float* counts, int64_t n, cudaStream_t stream)> sum_over_context_parallel;
 };
 
 // --moe-router-force-load-balancing: logits[i] = counter_normal(*key, i) for i < n (core/counter_normal.hpp,

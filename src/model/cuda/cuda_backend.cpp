@@ -35,8 +35,9 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   std::vector<std::string> missing;
   if (!c.bf16) missing.push_back("fp32 training (without --bf16: the CUDA backend trains in bf16)");
   if (c.fp32_residual_connection) missing.push_back("an fp32 residual stream (--fp32-residual-connection)");
-  if (c.lora && c.moe.num_experts > 0)  // (the MoE layers write every expert's gradient)
-    missing.push_back("LoRA on a Mixture-of-Experts model (peft.scheme lora)");
+  if (c.lora && c.moe.expert_bias)  // (its update reads fp32 main weights, which PEFT's frozen base has not)
+    missing.push_back("LoRA on a Mixture-of-Experts model with the router's expert bias "
+                      "(--moe-router-enable-expert-bias)");
   if (c.mla) {  // its attention is cuDNN's over separate q, k, v (no dropout masks of ours, no documents)
     const MlaSpec& m = *c.mla;
     if (c.attention_dropout > 0)
@@ -63,7 +64,12 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     const std::string cp = "context parallelism (model.context_parallel_size " + std::to_string(c.context_parallel) +
                            ") with ";
     if (c.mla) missing.push_back(cp + "multi-latent attention");
-    if (c.moe.num_experts > 0) missing.push_back(cp + "Mixture of Experts layers");
+    // (MoE layers: each rank routes its own tokens, the aux losses' counts summed over the CP ranks)
+    if (c.moe.num_experts > 0 && c.moe.expert_parallel > 1)
+      missing.push_back(cp + "expert parallelism (--expert-model-parallel-size " +
+                        std::to_string(c.moe.expert_parallel) + ")");
+    if (c.moe.num_experts > 0 && c.moe.force_load_balancing)
+      missing.push_back(cp + "--moe-router-force-load-balancing");
     if (c.mtp_num_layers > 0) missing.push_back(cp + "multi-token prediction");
     if (c.document_attention) missing.push_back(cp + "documents or packed sequences");
     if (c.hidden_dropout > 0 || c.attention_dropout > 0)
@@ -568,7 +574,7 @@ void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx,
 CudaMoeLayers::Context CudaBackend::moe_context(int64_t layer) const {
   // The router, the routed experts and the shared expert are all GEMM-written (gradient_writers).
   return {st_.layout->layers[static_cast<size_t>(layer)], st_.params, st_.grads, *st_.gemm, st_.stream, st_.main,
-          !writing_grads_};
+          !writing_grads_, st_.trainable_offset};
 }
 
 void CudaBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass, uint64_t,

@@ -47,6 +47,26 @@ void append_ranges(const ParameterTable& table, const std::string& prefix, bool 
 
 }  // namespace
 
+kc::CpCollectives cp_collectives(dist::ProcessGroup* group, cudaStream_t stream, bool ring) {
+  using bf16 = __nv_bfloat16;
+  kc::CpCollectives comm;
+  comm.all_gather = [group, stream](const bf16* send, bf16* recv, size_t n) {
+    group->all_gather_device(send, recv, n, dist::DeviceType::BF16, stream);
+  };
+  comm.reduce_scatter = [group, stream](const bf16* send, bf16* recv, size_t n) {
+    group->reduce_scatter_device(send, recv, n, dist::DeviceType::BF16, stream);
+  };
+  if (ring)  // an all-to-all whose only counts are the next rank's (send) and the previous one's (receive)
+    comm.ring = [group](const bf16* send, bf16* recv, size_t n, cudaStream_t on) {
+      const int size = group->size(), rank = group->rank();
+      std::vector<size_t> sends(static_cast<size_t>(size), 0), recvs(static_cast<size_t>(size), 0);
+      sends[static_cast<size_t>((rank + 1) % size)] = n;
+      recvs[static_cast<size_t>((rank + size - 1) % size)] = n;
+      group->all_to_all_device(send, sends.data(), recv, recvs.data(), dist::DeviceType::BF16, on, false);
+    };
+  return comm;
+}
+
 CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist::ProcessGroup* tp,
                            dist::ProcessGroup* ep, dist::ProcessGroup* same_experts, dist::ProcessGroup* cp)
     : cfg_(cfg),
@@ -153,17 +173,8 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     if (attention_ != AttentionPath::Cudnn)
       throw UsageError("context parallelism on the GPU runs its attention through cuDNN's fused attention "
                        "(--attention-backend fused or auto), not " + std::string(attention_path()));
-    dist::ProcessGroup* group = cp_;
-    cudaStream_t stream = stream_;
-    kc::CpCollectives comm;
-    comm.all_gather = [group, stream](const bf16* send, bf16* recv, size_t n) {
-      group->all_gather_device(send, recv, n, dist::DeviceType::BF16, stream);
-    };
-    comm.reduce_scatter = [group, stream](const bf16* send, bf16* recv, size_t n) {
-      group->reduce_scatter_device(send, recv, n, dist::DeviceType::BF16, stream);
-    };
     cp_attention_ = std::make_unique<kc::CudnnCpAttention>(*cudnn_attention_, cp_->rank(), cp_->size(), stream_,
-                                                            std::move(comm));
+                                                            cp_collectives(cp_, stream_, c.cp_ring));
   }
   // The activations are the module tree's (carved from backend_'s arena); here the per-token losses
   // and the micro-batch's inputs, one span staged by one copy.
@@ -195,6 +206,7 @@ CudaGptModel::CudaGptModel(const GptConfig& cfg, int64_t max_b, int64_t s, dist:
     MoeSequenceShares shares;
     if (tensor_parallel()) shares = {tp_rank_, tp_size_, folded_};
     moe_ = std::make_unique<CudaMoeLayers>(c, T, s, ep_, shares);
+    moe_->set_context_parallel_group(cp_);
   }
   Carver measure;
   carve(measure);

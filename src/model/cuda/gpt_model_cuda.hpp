@@ -34,8 +34,9 @@
 // Context parallelism (a group of CP ranks): each rank holds every weight and its two chunks of each
 // sequence (Megatron's split); the rotary table is uploaded in the rank's token order, so every
 // kernel's position t % s is the token's place; attention meets the whole sequences' keys through
-// kernels/cuda/attention_cudnn_cp.hpp (cuDNN only); the gradients stay this rank's share, summed
-// over the dp_cp group by the trainer. Dense models without dropout or documents so far
+// kernels/cuda/attention_cudnn_cp.hpp (cuDNN only; --cp-comm-type p2p's ring or all_gather); MoE
+// layers route each rank's tokens, their aux losses counting the CP group's; the gradients stay
+// this rank's share, summed over the dp_cp group by the trainer. No dropout or documents so far
 // (cuda_unsupported_features names the rest); steps under CP run eagerly.
 #pragma once
 #include <cuda_bf16.h>
@@ -66,6 +67,8 @@
 
 namespace laoyao::model {
 
+// CudnnCpAttention's exchanges over a context-parallel group on `stream` (ring: p2p's ring too).
+kernels::cuda::CpCollectives cp_collectives(dist::ProcessGroup* group, cudaStream_t stream, bool ring);
 
 class CudaGptModel {
  public:

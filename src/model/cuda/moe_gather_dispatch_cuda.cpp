@@ -86,7 +86,7 @@ void CudaMoeLayers::gathered_backward(const Saved& S, const Context& ctx, const 
   fork_comm(st);
   ep_->reduce_scatter_device(dprobs_g_, dprobs_, static_cast<size_t>(T * k_), dist::DeviceType::F32, comm_);
   phases_.mark(kPermute, st);
-  experts_backward_input(S, ctx, local_y_, groups, local_dx_, rows_end);
+  experts_backward_input(S, ctx, S.local_x, local_y_, groups, local_dx_, rows_end);
   phases_.mark(kExperts, st);
   wait_exchange(st);
   if (cfg_.moe.capacity_factor) kc::moe_mask_dropped(dprobs_, S.kept, T * k_, st);

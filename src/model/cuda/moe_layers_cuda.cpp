@@ -37,6 +37,11 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
                 " of a sequence of " + std::to_string(seq_length));
   // Whole experts under TP: only this rank's share's pairs get rows.
   const bool shared_out = shares_.whole_experts && shares_.ranks > 1;
+  // PEFT's adapters on the MoE layers' linear_fc1 / linear_fc2: every row of one rank's experts
+  // (train/run_setup.cpp refuses them with expert or tensor parallelism, as the CPU backend does).
+  const int64_t adapter_dim = cfg.lora && (cfg.lora->fc1 || cfg.lora->fc2) ? cfg.lora->dim : 0;
+  if (adapter_dim > 0 && (ep_ || shares_.ranks > 1))
+    throw Error("CudaMoeLayers: LoRA adapters on experts split over expert or tensor parallelism are not built");
   const bool swiglu = cfg.activation == Activation::SwiGLU;
   F1_ = swiglu ? 2 * F_ : F_;
   Fs1_ = swiglu ? 2 * Fs_ : Fs_;
@@ -57,6 +62,7 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   losses_.z_coeff = static_cast<float>(m.z_loss_coeff);
   losses_.seq_length = seq_length;
   losses_.global_aux_coeff = static_cast<float>(m.global_aux_loss_coeff);
+  losses_.context_parallel_size = std::max<int64_t>(cfg.context_parallel, 1);  // (its group: set_context_parallel_group)
 
   // Nl: rows this rank's experts may get, every rank's every token under expert parallelism
   // (dropless routing bounds nothing tighter).
@@ -114,6 +120,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
     dshared_u_ = a.take<bf16>(T * Fs1_);
     dprobs_ = a.take<float>(N);
     permuted_probs_ = a.take<float>(m.capacity_factor ? N : 0);
+    lora_z_ = a.take<bf16>(N * adapter_dim);  // (N >= T: the shared expert's rows fit too)
+    lora_dz_ = a.take<bf16>(N * adapter_dim);
     perm_scratch_ = a.take<char>(static_cast<int64_t>(std::max(kc::moe_permutation_scratch_bytes(T, E_),
                                                                kc::moe_permutation_scratch_bytes(P_ * T, El_))));
     local_y_ = a.take<bf16>(ep_ ? Nl * H_ : 0);
@@ -245,27 +253,61 @@ void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first;
   kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
+  adapter_forward(ctx, ctx.W.experts_fc1_lora, in + first_row * H_, S.fc1_out + first_row * F1_, groups.rows, H_, F1_);
   activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream, rows_end);
   kc::grouped_gemm_nt(S.act_out, P + ctx.W.experts_fc2, out, groups, H_, F_, ctx.stream);
+  adapter_forward(ctx, ctx.W.experts_fc2_lora, S.act_out + first_row * F_, out + first_row * H_, groups.rows, F_, H_);
 }
 
-void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
+void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                                            const kc::RowGroups& groups, bf16* dx, const int32_t* rows_end) const {
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
-  const int64_t first_row = groups.first;
+  const int64_t first_row = groups.first, rows = groups.rows;
   kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);
-  activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, groups.rows, F_,
+  adapter_backward(ctx, ctx.W.experts_fc2_lora, S.act_out + first_row * F_, dy + first_row * H_, dact_ + first_row * F_,
+                   rows, F_, H_);
+  activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, rows, F_,
                       ctx.stream, rows_end);
   kc::grouped_gemm_nn(dfc1_, P + ctx.W.experts_fc1, dx, groups, F1_, H_, ctx.stream);
+  adapter_backward(ctx, ctx.W.experts_fc1_lora, in + first_row * H_, dfc1_ + first_row * F1_, dx + first_row * H_,
+                   rows, H_, F1_);
+}
+
+void CudaMoeLayers::adapter_forward(const Context& ctx, const LoraOffsets& p, const bf16* x, bf16* y, int64_t rows,
+                                    int64_t in, int64_t out) const {
+  if (!p.on() || rows == 0) return;
+  const int64_t r = cfg_.lora->dim;
+  const bf16 *A = ctx.params + p.a, *B = ctx.params + p.b;
+  ctx.gemm.matmul_rm(x, false, A, true, lora_z_, false, rows, r, in, cfg_.lora->scale(), 0.0f, 1, ctx.stream);
+  ctx.gemm.matmul_rm(lora_z_, false, B, true, y, false, rows, out, r, 1.0f, 1.0f, 1, ctx.stream);
+}
+
+void CudaMoeLayers::adapter_backward(const Context& ctx, const LoraOffsets& p, const bf16* x, const bf16* dy,
+                                     bf16* dx, int64_t rows, int64_t in, int64_t out) const {
+  if (!p.on() || rows == 0) return;
+  const int64_t r = cfg_.lora->dim;
+  const float scale = cfg_.lora->scale();
+  const bf16 *A = ctx.params + p.a, *B = ctx.params + p.b;
+  float *dA = ctx.grad(p.a), *dB = ctx.grad(p.b);
+  if (!dA || !dB) throw Error("CudaMoeLayers: a LoRA adapter without its gradients");
+  // z = scale x A^T again (cheaper than keeping it: dim is small); dB += dy^T z; dz = scale dy B;
+  // dA += dz^T x; dx += dz A.
+  ctx.gemm.matmul_rm(x, false, A, true, lora_z_, false, rows, r, in, scale, 0.0f, 1, ctx.stream);
+  ctx.gemm.matmul_rm(dy, true, lora_z_, false, dB, true, out, r, rows, 1.0f, 1.0f, 1, ctx.stream);
+  ctx.gemm.matmul_rm(dy, false, B, false, lora_dz_, false, rows, r, out, scale, 0.0f, 1, ctx.stream);
+  ctx.gemm.matmul_rm(lora_dz_, true, x, false, dA, true, r, in, rows, 1.0f, 1.0f, 1, ctx.stream);
+  ctx.gemm.matmul_rm(lora_dz_, false, A, false, dx, false, rows, in, r, 1.0f, 1.0f, 1, ctx.stream);
 }
 
 void CudaMoeLayers::shared_expert_forward(const Saved& S, const Context& ctx, const bf16* x, int64_t T) {
   if (Fs_ == 0) return;
   const bf16* P = ctx.params;
   ctx.gemm.linear_forward(x, P + ctx.W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, ctx.stream);
+  adapter_forward(ctx, ctx.W.shared_fc1_lora, x, S.shared_u, T, H_, Fs1_);
   activation_forward(S.shared_u, S.shared_g, T, Fs_, ctx.stream);
   ctx.gemm.linear_forward(S.shared_g, P + ctx.W.shared_fc2, nullptr, shared_out_, T, Fs_, H_, ctx.stream);
+  adapter_forward(ctx, ctx.W.shared_fc2_lora, S.shared_g, shared_out_, T, Fs_, H_);
   phases_.mark(kShared, ctx.stream);
 }
 
@@ -273,13 +315,16 @@ void CudaMoeLayers::shared_expert_backward(const Saved& S, const Context& ctx, c
                                            int64_t T) {
   if (Fs_ == 0) return;
   const bf16* P = ctx.params;
-  float* G = ctx.grads;
   cudaStream_t st = ctx.stream;
   ctx.gemm.linear_backward_input(dy, P + ctx.W.shared_fc2, dshared_g_, T, Fs_, H_, st);
-  ctx.gemm.linear_backward_weight(dy, S.shared_g, G + ctx.W.shared_fc2, T, Fs_, H_, st, ctx.accumulate_grads);
+  if (float* g = ctx.grad(ctx.W.shared_fc2))
+    ctx.gemm.linear_backward_weight(dy, S.shared_g, g, T, Fs_, H_, st, ctx.accumulate_grads);
+  adapter_backward(ctx, ctx.W.shared_fc2_lora, S.shared_g, dy, dshared_g_, T, Fs_, H_);
   activation_backward(S.shared_u, dshared_g_, dshared_u_, T, Fs_, st);
   ctx.gemm.linear_backward_input(dshared_u_, P + ctx.W.shared_fc1, dshared_, T, H_, Fs1_, st);
-  ctx.gemm.linear_backward_weight(dshared_u_, x, G + ctx.W.shared_fc1, T, H_, Fs1_, st, ctx.accumulate_grads);
+  if (float* g = ctx.grad(ctx.W.shared_fc1))
+    ctx.gemm.linear_backward_weight(dshared_u_, x, g, T, H_, Fs1_, st, ctx.accumulate_grads);
+  adapter_backward(ctx, ctx.W.shared_fc1_lora, x, dshared_u_, dshared_, T, H_, Fs1_);
   phases_.mark(kShared, st);
 }
 
@@ -288,7 +333,8 @@ void CudaMoeLayers::router_backward(const Saved& S, const Context& ctx, const bf
   cudaStream_t st = ctx.stream;
   kc::moe_router_backward(S.logits, S.topk_idx, dprobs_, S.lse, S.stats, T, router_, losses_, aux_scale, dlogits_, st);
   ctx.gemm.linear_backward_input(dlogits_, ctx.params + ctx.W.router_w, dx, T, H_, E_, st);
-  ctx.gemm.linear_backward_weight(dlogits_, x, ctx.grads + ctx.W.router_w, T, H_, E_, st, ctx.accumulate_grads);
+  if (float* g = ctx.grad(ctx.W.router_w))
+    ctx.gemm.linear_backward_weight(dlogits_, x, g, T, H_, E_, st, ctx.accumulate_grads);
   phases_.mark(kRouter, st);
 }
 
@@ -297,9 +343,9 @@ void CudaMoeLayers::router_backward(const Saved& S, const Context& ctx, const bf
 // beside them: the flagship's step at 8 micro-batches of 8 x 4096 went 563.4 -> 569.8 ms (one call).
 void CudaMoeLayers::experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                                              const kc::RowGroups& groups) const {
-  float* G = ctx.grads;
-  kc::grouped_gemm_wgrad(dy, S.act_out, G + ctx.W.experts_fc2, groups, H_, F_, ctx.accumulate_grads, ctx.stream);
-  kc::grouped_gemm_wgrad(dfc1_, in, G + ctx.W.experts_fc1, groups, F1_, H_, ctx.accumulate_grads, ctx.stream);
+  float *fc2 = ctx.grad(ctx.W.experts_fc2), *fc1 = ctx.grad(ctx.W.experts_fc1);
+  if (fc2) kc::grouped_gemm_wgrad(dy, S.act_out, fc2, groups, H_, F_, ctx.accumulate_grads, ctx.stream);
+  if (fc1) kc::grouped_gemm_wgrad(dfc1_, in, fc1, groups, F1_, H_, ctx.accumulate_grads, ctx.stream);
 }
 
 void CudaMoeLayers::exchange_counts(Saved& S, cudaStream_t stream) {
@@ -511,11 +557,11 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
   // gradients are computed.
   const kc::RowGroups groups = expert_groups(S, N);
   if (ep_) {  // this rank's own rows first, while the others' arrive
-    experts_backward_input(S, ctx, local_y_, source_groups(S, me_, me_ + 1), local_dx_);
+    experts_backward_input(S, ctx, S.local_x, local_y_, source_groups(S, me_, me_ + 1), local_dx_);
     phases_.mark(kExperts, st);
     wait_exchange(st);
-    experts_backward_input(S, ctx, local_y_, source_groups(S, 0, me_), local_dx_);
-    experts_backward_input(S, ctx, local_y_, source_groups(S, me_ + 1, P_), local_dx_);
+    experts_backward_input(S, ctx, S.local_x, local_y_, source_groups(S, 0, me_), local_dx_);
+    experts_backward_input(S, ctx, S.local_x, local_y_, source_groups(S, me_ + 1, P_), local_dx_);
     phases_.mark(kExperts, st);
     start_combine(S, local_dx_, dpermuted_, st);
     copy_own_rows_back(S, local_dx_, dpermuted_, st);
@@ -523,7 +569,7 @@ void CudaMoeLayers::backward(int64_t l, const Context& ctx, const bf16* x, const
     phases_.mark(kExperts, st);
     wait_exchange(st);
   } else {
-    experts_backward_input(S, ctx, dexpert_, groups, dpermuted_, S.share_idx ? S.offsets + E_ : nullptr);
+    experts_backward_input(S, ctx, S.permuted_x, dexpert_, groups, dpermuted_, S.share_idx ? S.offsets + E_ : nullptr);
     experts_backward_weights(S, ctx, S.permuted_x, dexpert_, groups);
     phases_.mark(kExperts, st);
   }
@@ -551,6 +597,17 @@ void CudaMoeLayers::set_data_parallel_group(dist::ProcessGroup* dp) {
   losses_.data_parallel_size = dp_ ? dp_->size() : 1;
 }
 
+void CudaMoeLayers::set_context_parallel_group(dist::ProcessGroup* cp) {
+  const int64_t size = cp ? cp->size() : 1;
+  if (size != losses_.context_parallel_size)
+    throw Error("CudaMoeLayers: a context-parallel group of " + std::to_string(size) + " ranks for layers set for " +
+                std::to_string(losses_.context_parallel_size));
+  if (size > 1)
+    losses_.sum_over_context_parallel = [cp](float* counts, int64_t n, cudaStream_t stream) {
+      cp->all_reduce_device(counts, static_cast<size_t>(n), dist::DeviceType::F32, stream);
+    };
+}
+
 void CudaMoeLayers::reset_global_aux(cudaStream_t stream) {
   if (!global_running_) return;
   LAOYAO_CUDA_CHECK(cudaMemsetAsync(global_running_, 0, sizeof(double) * global_steps_.size() * E_, stream));
@@ -566,7 +623,8 @@ GptModel::MoeLosses CudaMoeLayers::take_losses(cudaStream_t stream) {
   GptModel::MoeLosses out;
   if (losses_.aux_coeff > 0) out.aux = host[0] / losses_.aux_coeff;
   if (losses_.seq_aux_coeff > 0) out.seq_aux = host[1] / losses_.seq_aux_coeff;
-  if (losses_.z_coeff > 0) out.z = host[2] / losses_.z_coeff;
+  // (a context-parallel rank's z-loss: its coefficient divided by the CP size, as the CPU's)
+  if (losses_.z_coeff > 0) out.z = host[2] / (losses_.z_coeff / static_cast<double>(losses_.context_parallel_size));
   if (losses_.global_aux_coeff > 0) out.global_aux = host[3] / losses_.global_aux_coeff;
   return out;
 }

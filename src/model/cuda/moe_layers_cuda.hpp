@@ -79,6 +79,8 @@ class CudaMoeLayers {
   // router's expert_bias (a buffer kept in fp32, as Megatron's). accumulate_grads false (the step's
   // first backward): the weight-gradient GEMMs of the router, the experts and the shared expert
   // write their gradients instead of adding to them (CudaGptModel zeroes only the others).
+  // trainable_offset: grads holds the parameters from that table offset on (PEFT's frozen base
+  // before it has no gradient, and its weight-gradient GEMMs do not run).
   struct Context {
     const GptLayerOffsets& W;
     const bf16* params;
@@ -87,6 +89,11 @@ class CudaMoeLayers {
     cudaStream_t stream;
     const float* main = nullptr;
     bool accumulate_grads = true;
+    int64_t trainable_offset = 0;
+    // The fp32 gradient of the parameter at table offset off; null when it has none.
+    float* grad(int64_t off) const {
+      return grads && off >= 0 && off >= trainable_offset ? grads + (off - trainable_offset) : nullptr;
+    }
   };
   // What a forward is: a training one (its losses count in the training sums, global_aux_loss's
   // running counts take its tokens), the recomputation of one in the backward (the same losses'
@@ -116,6 +123,10 @@ class CudaMoeLayers {
   // over (Megatron's reset_global_aux_loss_tracker).
   void set_data_parallel_group(dist::ProcessGroup* dp);
   void reset_global_aux(cudaStream_t stream);
+  // Context parallelism (cfg.context_parallel ranks, this rank's T tokens its share of each
+  // sequence): the group the aux losses' tokens per expert are summed over, before the first
+  // forward (kernels/cuda/moe.hpp's MoeAuxLossSpec).
+  void set_context_parallel_group(dist::ProcessGroup* cp);
   ~CudaMoeLayers();
   // For tests: MoE layer l's router logits [T, E] and routing probabilities [T, k] as its last
   // forward left them (device memory).
@@ -165,7 +176,7 @@ class CudaMoeLayers {
   // rows_end (device, optional): the groups' rows end there, groups.rows only bounding them.
   void experts_forward(const Saved& S, const Context& ctx, const bf16* in, const kernels::cuda::RowGroups& groups,
                        bf16* out, const int32_t* rows_end = nullptr) const;
-  void experts_backward_input(const Saved& S, const Context& ctx, const bf16* dy,
+  void experts_backward_input(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                               const kernels::cuda::RowGroups& groups, bf16* dx,
                               const int32_t* rows_end = nullptr) const;
   void experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
@@ -201,6 +212,14 @@ class CudaMoeLayers {
   // The routed experts' rows here under the all-gather dispatcher: El groups, expert-major, their
   // count on the device only (local_offsets[El]); the group's pairs (P * T * k) bound it.
   kernels::cuda::RowGroups gathered_groups(const Saved& S, int64_t T) const;
+  // PEFT (model/gpt_layout.hpp's LoraOffsets; none when !p.on()): y[rows, out] += scale (x A^T) B^T,
+  // the pair A [dim, in], B [out, dim] shared by every row (Bridge's share_expert_adapters on the
+  // routed experts; the shared expert's own pair). The backward from the linear's output gradient
+  // dy: the pair's gradients added to, dx[rows, in] += scale (dy B) A. Both use lora_z_ / lora_dz_.
+  void adapter_forward(const Context& ctx, const LoraOffsets& p, const bf16* x, bf16* y, int64_t rows, int64_t in,
+                       int64_t out) const;
+  void adapter_backward(const Context& ctx, const LoraOffsets& p, const bf16* x, const bf16* dy, bf16* dx,
+                        int64_t rows, int64_t in, int64_t out) const;
   // The shared expert (none when Fs_ == 0): its output into shared_out_; its backward's weight
   // gradients, and its input gradient into dshared_.
   void shared_expert_forward(const Saved& S, const Context& ctx, const bf16* x, int64_t T);
@@ -246,6 +265,9 @@ class CudaMoeLayers {
        *dshared_u_ = nullptr;
   float* dprobs_ = nullptr;
   float* permuted_probs_ = nullptr;  // token dropping's scratch [N]
+  // PEFT's adapters: the low-rank rows z = scale x A^T and their gradient, [N, dim] each (null: no
+  // adapter on the MoE layers' linears).
+  bf16 *lora_z_ = nullptr, *lora_dz_ = nullptr;
   void* perm_scratch_ = nullptr;
   // Expert parallelism: this rank's experts' output (the backward: output gradient) and input
   // gradient (source-major), and the host copy of the counts.
