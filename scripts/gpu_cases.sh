@@ -8,7 +8,7 @@
 # shellcheck source=scripts/gpu_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_lib.sh"
 
-declare_parts doctor tests parity parity_llama parity_fused moe moe_quick grouped recipes moe_dp2 \
+declare_parts doctor tests parity parity_llama parity_fused moe moe_quick peft grouped recipes moe_dp2 \
   moe_ep_speed dp2 dp2_speed four four_moe tp2 ckpt attention gemm profile memory_ops ncu \
   kernel_profile graph_gaps clocks phases bench hf mla host_memory hf_convert
 # shellcheck disable=SC2034  # read by scripts/gpu_check.sh
@@ -101,7 +101,7 @@ declare_case parity_llama parity_yarn TEST 1 900 compare:parity_yarn_compare.txt
   --yarn-original-max-position-embeddings 32 "${untied[@]}" --train-iters 20
 
 # LoRA (peft.scheme lora) from the same pretrained base: the adapters' GEMMs, the frozen base.
-declare_case parity_llama parity_lora TEST 1 900 compare:parity_lora_compare.txt -- \
+declare_case parity_llama,peft parity_lora TEST 1 900 compare:parity_lora_compare.txt -- \
   lora_parity_run parity_lora 0.1 "${small_llama[@]}" --rotary-base 500000 "${untied[@]}"
 
 # ---- mla: multi-latent attention (DeepSeek's) on the GPU: its kernel and model tests, then a
@@ -169,7 +169,7 @@ declare_case moe,moe_quick parity_moe_global TEST 1 900 compare:parity_moe_globa
   --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --train-iters 20
 # LoRA from a pretrained MoE base (a dense first layer, a shared expert): the routed experts' shared
 # adapter pair on the grouped GEMMs' rows, the shared expert's, the frozen router and experts.
-declare_case moe,moe_quick parity_lora_moe TEST 1 900 compare:parity_lora_moe_compare.txt -- \
+declare_case moe,moe_quick,peft parity_lora_moe TEST 1 900 compare:parity_lora_moe_compare.txt -- \
   lora_parity_run parity_lora_moe 0 "${small_moe[@]}" --moe-aux-loss-coeff 1e-2 --moe-layer-freq '[0,1]' \
   --moe-shared-expert-intermediate-size 64
 # (moe only) The grouped GEMMs against cuBLASLt, and the 2B flagship against the PyTorch MoE peer.
