@@ -24,6 +24,7 @@
 #include "kernels/cuda/device_buffer.hpp"
 #include "model/backend.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
+#include "model/gpt_ep.hpp"
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
 #include "model_cuda_test_util.hpp"
@@ -294,6 +295,77 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
   EXPECT_NEAR(got.z, cpu_moe.z, 2e-2 * cpu_moe.z) << "z_loss";
 }
 
+// Expert parallelism over the CP ranks (Megatron's EP group of the flattened data- and
+// context-parallel ranks; here the two CP ranks are the EP group too): each rank holds half the
+// experts, which get both ranks' tokens, so each rank's expert gradients are the whole sequences'
+// and its other gradients its share; their sum over the ranks, each expert from its own rank, is
+// the whole model's.
+void compare_cp_ep_model(GptConfig c, bool allgather) {
+  constexpr int cp = 2;
+  const int64_t b = 2, S = 48, s = S / cp, T = b * s, El = c.moe.num_experts / cp;
+  const float aux_scale = 0.5f;
+  c.context_parallel = 1;
+  c.moe.allgather_dispatcher = allgather;
+  GptModel cpu(c);
+  random_weights(cpu, cpu.weights());
+  const Batch x = random_batch(b, S, c.vocab);
+  const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  const DropoutKey key{1234, 7, false};
+  std::vector<float> cpu_loss(static_cast<size_t>(b * S));
+  cpu.set_moe_aux_loss_scale(aux_scale);
+  cpu.zero_grads();
+  cpu.forward(whole, key, cpu_loss.data());
+  cpu.backward(x.dloss.data());
+
+  c.context_parallel = cp;
+  GptConfig local_cfg = c;
+  local_cfg.moe.expert_parallel = cp;
+  const ParameterTable local = build_gpt_parameters(local_cfg).table;
+  auto ep_meeting = std::make_shared<SharedDeviceGroup::Meeting>(cp, "ep");
+  std::vector<std::vector<float>> losses(cp), placed(cp);
+  run_ranks(cp, [&](int r, SharedDeviceGroup& cp_group) {
+    SharedDeviceGroup ep_group(ep_meeting, r);
+    try {
+      std::vector<int64_t> tokens(T), labels(T), positions(T);
+      std::vector<float> mask(T), dloss(T);
+      for (int64_t t = 0; t < T; ++t) {
+        const size_t g = static_cast<size_t>(global_token(t, s, r, cp));
+        tokens[t] = x.tokens[g], labels[t] = x.labels[g], positions[t] = x.positions[g];
+        mask[t] = x.mask[g], dloss[t] = x.dloss[g];
+      }
+      const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+      std::vector<float> w(static_cast<size_t>(local.total));
+      ep_shard(cpu.table(), cpu.weights(), local, w.data(), r, El);
+      CudaGptModel gpu(local_cfg, b, s, nullptr, &ep_group, nullptr, &cp_group);
+      gpu.upload_weights(w.data());
+      gpu.set_moe_aux_loss_scale(aux_scale);
+      gpu.zero_grads();
+      gpu.forward(mb, mask.data(), key, dloss.data());
+      gpu.backward();
+      gpu.finalize_grads();
+      losses[size_t(r)] = gpu.download_losses();
+      std::vector<float> g(static_cast<size_t>(gpu.num_trainable()));
+      gpu.download_grads(g.data());
+      placed[size_t(r)].assign(static_cast<size_t>(cpu.num_parameters()), 0.0f);
+      ep_place(cpu.table(), placed[size_t(r)].data(), local, g.data(), r, El, true);
+    } catch (...) {
+      ep_meeting->break_off();
+      throw;
+    }
+  });
+  if (::testing::Test::HasFatalFailure()) return;
+  for (int r = 0; r < cp; ++r)
+    for (int64_t t = 0; t < T; ++t)
+      EXPECT_NEAR(losses[size_t(r)][t], cpu_loss[static_cast<size_t>(global_token(t, s, r, cp))], 3e-2)
+          << "rank " << r << " token " << t;
+  std::vector<float> sum(static_cast<size_t>(cpu.num_parameters()), 0.0f);
+  for (const auto& p : placed)
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
+  EXPECT_LT(rel_err(sum.data(), cpu.grads(), cpu.num_parameters()), 2e-2);
+  for (const auto& p : cpu.table().specs)
+    EXPECT_LT(rel_err(sum.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+}
+
 }  // namespace
 
 // all_gather: the remote keys gathered in place order, two blocks.
@@ -357,6 +429,11 @@ TEST(CudaGptModelCp, MoeSequenceAuxLossFourRanksMatchCpuModel) {
   c.moe.aux_loss_coeff = 0, c.moe.seq_aux_loss_coeff = 1e-2;
   compare_cp_model(c, 4, 2, 64);
 }
+TEST(CudaGptModelCp, MoeExpertParallelOverTheContextParallelRanks) {
+  GptConfig c = moe_config(llama_config(), 4, 4, 64, 64);
+  compare_cp_ep_model(c, false);  // the all-to-all dispatcher
+  compare_cp_ep_model(c, true);   // all-gather
+}
 TEST(CudaGptModelCp, MoeTensorParallelTwoByContextParallelTwo) {
   GptConfig c = moe_config(llama_config(), 4, 4, 64, 64);
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
@@ -377,8 +454,8 @@ TEST(CudaGptModelCp, RefusesWhatItDoesNotBuildByName) {
   EXPECT_NE(cuda_unsupported_features(docs).find("with documents or packed sequences"), std::string::npos);
   GptConfig moe = moe_config(c, 4, 2, 64, 0);
   EXPECT_EQ(cuda_unsupported_features(moe), "");
-  moe.moe.expert_parallel = 2;
-  EXPECT_NE(cuda_unsupported_features(moe).find("with expert parallelism"), std::string::npos);
+  moe.moe.expert_parallel = 2;  // (over the flattened data- and context-parallel ranks)
+  EXPECT_EQ(cuda_unsupported_features(moe), "");
   moe.moe.expert_parallel = 1, moe.moe.force_load_balancing = true;
   EXPECT_NE(cuda_unsupported_features(moe).find("with --moe-router-force-load-balancing"), std::string::npos);
   GptConfig mla = mla_config(64);

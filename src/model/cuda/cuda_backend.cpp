@@ -64,10 +64,8 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     const std::string cp = "context parallelism (model.context_parallel_size " + std::to_string(c.context_parallel) +
                            ") with ";
     if (c.mla) missing.push_back(cp + "multi-latent attention");
-    // (MoE layers: each rank routes its own tokens, the aux losses' counts summed over the CP ranks)
-    if (c.moe.num_experts > 0 && c.moe.expert_parallel > 1)
-      missing.push_back(cp + "expert parallelism (--expert-model-parallel-size " +
-                        std::to_string(c.moe.expert_parallel) + ")");
+    // (MoE layers: each rank routes its own tokens, the aux losses' counts summed over the CP ranks;
+    // an expert-parallel group is the engine's, over the flattened data- and context-parallel ranks)
     if (c.moe.num_experts > 0 && c.moe.force_load_balancing)
       missing.push_back(cp + "--moe-router-force-load-balancing");
     if (c.mtp_num_layers > 0) missing.push_back(cp + "multi-token prediction");
