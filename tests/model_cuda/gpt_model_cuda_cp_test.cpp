@@ -189,30 +189,86 @@ void compare_cp_attention(const AttentionCase& k) {
 
 // ---- the whole model
 
+constexpr float kAuxScale = 0.5f;  // the MoE losses' gradient scale, the same on both sides
+
+// The CPU model of the whole sequences (CP = 1) on a random batch: its per-token losses,
+// gradients and MoE losses, the reference every CP rank is compared with at its tokens' places.
+struct WholeRun {
+  GptModel cpu;
+  Batch x;
+  DropoutKey key{1234, 7, false};
+  std::vector<float> loss;
+  GptModel::MoeLosses moe;
+  WholeRun(GptConfig c, int64_t b, int64_t S) : cpu((c.context_parallel = 1, c)), x(random_batch(b, S, c.vocab)) {
+    random_weights(cpu, cpu.weights());
+    const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+    loss.resize(static_cast<size_t>(b * S));
+    if (c.moe.num_experts > 0) cpu.set_moe_aux_loss_scale(kAuxScale);
+    cpu.zero_grads();
+    cpu.forward(whole, key, loss.data());
+    cpu.backward(x.dloss.data());
+    if (c.moe.num_experts > 0) moe = cpu.take_moe_losses();
+  }
+};
+
+// CP rank r's micro-batch: its b * s tokens of the whole batch, in its order.
+struct RankBatch {
+  std::vector<int64_t> tokens, labels, positions;
+  std::vector<float> mask, dloss;
+  MicroBatch mb;
+  RankBatch(const Batch& x, int64_t s, int r, int cp) {
+    const int64_t T = x.b * s;
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t g = static_cast<size_t>(global_token(t, s, r, cp));
+      tokens.push_back(x.tokens[g]), labels.push_back(x.labels[g]), positions.push_back(x.positions[g]);
+      mask.push_back(x.mask[g]), dloss.push_back(x.dloss[g]);
+    }
+    mb = {x.b, s, tokens.data(), labels.data(), positions.data()};
+  }
+};
+
+// One step of a rank's model on its batch; its per-token losses and gradients (of the trained
+// parameters), its MoE losses when it has MoE layers.
+void train_rank(CudaGptModel& gpu, const RankBatch& in, const DropoutKey& key, std::vector<float>& losses,
+                std::vector<float>& grads, GptModel::MoeLosses* moe) {
+  if (moe) gpu.set_moe_aux_loss_scale(kAuxScale);
+  gpu.zero_grads();
+  gpu.forward(in.mb, in.mask.data(), key, in.dloss.data());
+  gpu.backward();
+  gpu.finalize_grads();
+  losses = gpu.download_losses();
+  if (moe) *moe = gpu.take_moe_losses();
+  grads.assign(static_cast<size_t>(gpu.num_trainable()), 0.0f);
+  gpu.download_grads(grads.data());
+}
+
+// Every CP rank's per-token losses are the reference's at its tokens' places (rank_of: the CP
+// rank of a result), and the gradients summed over the CP ranks the whole model's.
+void expect_whole(WholeRun& ref, int cp, int64_t s, const std::vector<std::vector<float>>& losses,
+                  const std::function<int(size_t)>& rank_of, const std::vector<float>& summed_grads) {
+  for (size_t i = 0; i < losses.size(); ++i)
+    for (size_t t = 0; t < losses[i].size(); ++t) {
+      const size_t g = static_cast<size_t>(global_token(static_cast<int64_t>(t), s, rank_of(i), cp));
+      EXPECT_NEAR(losses[i][t], ref.loss[g], 3e-2) << "rank " << i << " token " << t << " (place " << g << ")";
+    }
+  GptModel& cpu = ref.cpu;
+  EXPECT_LT(rel_err(summed_grads.data(), cpu.grads(), cpu.num_trainable()), 2e-2);
+  for (const auto& p : cpu.table().specs)
+    EXPECT_LT(rel_err(summed_grads.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+}
+
 // tp > 1: the ranks a grid of tp x cp (tensor-parallel rank minor, as Megatron orders them), each
 // holding its TP shard (sequence parallel), meeting its TP group and its CP group.
 // MoE layers: each rank routes its own tokens, the aux losses counting every rank's (summed over
 // the CP group), the z-loss its share; the balancing losses summed over the ranks, and the z-losses
 // averaged, are the whole sequences'.
 void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
-  c.context_parallel = 1;
   c.sequence_parallel = tp > 1;
   const bool moe = c.moe.num_experts > 0;
-  const float aux_scale = 0.5f;
-  GptModel cpu(c);
-  random_weights(cpu, cpu.weights());
-  const Batch x = random_batch(b, S, c.vocab);
-  const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
-  const DropoutKey key{1234, 7, false};
-  std::vector<float> cpu_loss(static_cast<size_t>(b * S));
-  if (moe) cpu.set_moe_aux_loss_scale(aux_scale);
-  cpu.zero_grads();
-  cpu.forward(whole, key, cpu_loss.data());
-  cpu.backward(x.dloss.data());
-  const GptModel::MoeLosses cpu_moe = moe ? cpu.take_moe_losses() : GptModel::MoeLosses{};
-
+  WholeRun ref(c, b, S);
+  GptModel& cpu = ref.cpu;
   c.context_parallel = cp;
-  const int64_t s = S / cp, T = b * s, n = int64_t(cp) * tp;
+  const int64_t s = S / cp, n = int64_t(cp) * tp;
   const ParameterTable local = build_gpt_parameters(tp_local_config(c, tp)).table;
   std::vector<std::vector<float>> losses(n), grads(n);
   std::vector<GptModel::MoeLosses> moe_losses(static_cast<size_t>(n));
@@ -228,14 +284,7 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
       try {
         cuda_set_device(0);
         SharedDeviceGroup tp_group(tp_meetings[size_t(c_rank)], t_rank), cp_group(cp_meetings[size_t(t_rank)], c_rank);
-        std::vector<int64_t> tokens(T), labels(T), positions(T);
-        std::vector<float> mask(T), dloss(T);
-        for (int64_t t = 0; t < T; ++t) {
-          const size_t g = static_cast<size_t>(global_token(t, s, c_rank, cp));
-          tokens[t] = x.tokens[g], labels[t] = x.labels[g], positions[t] = x.positions[g];
-          mask[t] = x.mask[g], dloss[t] = x.dloss[g];
-        }
-        const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
+        const RankBatch in(ref.x, s, c_rank, cp);
         std::vector<float> w(static_cast<size_t>(local.total));
         if (tp > 1)
           tp_shard(c, cpu.table(), cpu.weights(), local, w.data(), t_rank, tp);
@@ -244,15 +293,8 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
         CudaGptModel gpu(c, b, s, tp > 1 ? &tp_group : nullptr, nullptr, nullptr, &cp_group);
         paths[size_t(rank)] = gpu.attention_path();
         gpu.upload_weights(w.data());
-        if (moe) gpu.set_moe_aux_loss_scale(aux_scale);
-        gpu.zero_grads();
-        gpu.forward(mb, mask.data(), key, dloss.data());
-        gpu.backward();
-        gpu.finalize_grads();
-        losses[size_t(rank)] = gpu.download_losses();
-        if (moe) moe_losses[size_t(rank)] = gpu.take_moe_losses();
-        grads[size_t(rank)].assign(static_cast<size_t>(gpu.num_trainable()), 0.0f);
-        gpu.download_grads(grads[size_t(rank)].data());
+        train_rank(gpu, in, ref.key, losses[size_t(rank)], grads[size_t(rank)],
+                   moe ? &moe_losses[size_t(rank)] : nullptr);
       } catch (const std::exception& e) {
         errors[size_t(rank)] = e.what();
         for (auto& m : tp_meetings) m->break_off();
@@ -262,12 +304,6 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
   for (auto& t : ranks) t.join();
   for (int rank = 0; rank < n; ++rank) ASSERT_EQ(errors[size_t(rank)], "") << "rank " << rank;
   SCOPED_TRACE(std::string("attention: ") + paths[0]);
-  for (int rank = 0; rank < n; ++rank)
-    for (int64_t t = 0; t < T; ++t) {
-      const size_t g = static_cast<size_t>(global_token(t, s, rank / tp, cp));
-      EXPECT_NEAR(losses[size_t(rank)][t], cpu_loss[g], 3e-2) << "rank " << rank << " token " << t << " (place " << g
-                                                               << ")";
-    }
   // Each CP rank's whole-model gradient (its TP shards put together), summed over the CP ranks.
   std::vector<float> sum(static_cast<size_t>(cpu.num_parameters()), 0.0f), one(sum.size());
   for (int c_rank = 0; c_rank < cp; ++c_rank) {
@@ -280,9 +316,7 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
     }
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += one[i];
   }
-  EXPECT_LT(rel_err(sum.data(), cpu.grads(), cpu.num_trainable()), 2e-2);
-  for (const auto& p : cpu.table().specs)
-    EXPECT_LT(rel_err(sum.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+  expect_whole(ref, cp, s, losses, [tp](size_t i) { return static_cast<int>(i) / tp; }, sum);
   if (!moe) return;
   // (Every TP rank of a CP rank routes the same tokens and logs the same losses: the first's count.)
   GptModel::MoeLosses got;
@@ -290,9 +324,9 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
     const GptModel::MoeLosses& r = moe_losses[size_t(c_rank * tp)];
     got.aux += r.aux, got.seq_aux += r.seq_aux, got.z += r.z / cp;
   }
-  EXPECT_NEAR(got.aux, cpu_moe.aux, 2e-2 * cpu_moe.aux) << "load_balancing_loss";
-  EXPECT_NEAR(got.seq_aux, cpu_moe.seq_aux, 2e-2 * cpu_moe.seq_aux) << "seq_load_balancing_loss";
-  EXPECT_NEAR(got.z, cpu_moe.z, 2e-2 * cpu_moe.z) << "z_loss";
+  EXPECT_NEAR(got.aux, ref.moe.aux, 2e-2 * ref.moe.aux) << "load_balancing_loss";
+  EXPECT_NEAR(got.seq_aux, ref.moe.seq_aux, 2e-2 * ref.moe.seq_aux) << "seq_load_balancing_loss";
+  EXPECT_NEAR(got.z, ref.moe.z, 2e-2 * ref.moe.z) << "z_loss";
 }
 
 // Expert parallelism over the CP ranks (Megatron's EP group of the flattened data- and
@@ -302,21 +336,10 @@ void compare_cp_model(GptConfig c, int cp, int64_t b, int64_t S, int tp = 1) {
 // the whole model's.
 void compare_cp_ep_model(GptConfig c, bool allgather) {
   constexpr int cp = 2;
-  const int64_t b = 2, S = 48, s = S / cp, T = b * s, El = c.moe.num_experts / cp;
-  const float aux_scale = 0.5f;
-  c.context_parallel = 1;
+  const int64_t b = 2, S = 48, s = S / cp, El = c.moe.num_experts / cp;
   c.moe.allgather_dispatcher = allgather;
-  GptModel cpu(c);
-  random_weights(cpu, cpu.weights());
-  const Batch x = random_batch(b, S, c.vocab);
-  const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
-  const DropoutKey key{1234, 7, false};
-  std::vector<float> cpu_loss(static_cast<size_t>(b * S));
-  cpu.set_moe_aux_loss_scale(aux_scale);
-  cpu.zero_grads();
-  cpu.forward(whole, key, cpu_loss.data());
-  cpu.backward(x.dloss.data());
-
+  WholeRun ref(c, b, S);
+  GptModel& cpu = ref.cpu;
   c.context_parallel = cp;
   GptConfig local_cfg = c;
   local_cfg.moe.expert_parallel = cp;
@@ -326,26 +349,13 @@ void compare_cp_ep_model(GptConfig c, bool allgather) {
   run_ranks(cp, [&](int r, SharedDeviceGroup& cp_group) {
     SharedDeviceGroup ep_group(ep_meeting, r);
     try {
-      std::vector<int64_t> tokens(T), labels(T), positions(T);
-      std::vector<float> mask(T), dloss(T);
-      for (int64_t t = 0; t < T; ++t) {
-        const size_t g = static_cast<size_t>(global_token(t, s, r, cp));
-        tokens[t] = x.tokens[g], labels[t] = x.labels[g], positions[t] = x.positions[g];
-        mask[t] = x.mask[g], dloss[t] = x.dloss[g];
-      }
-      const MicroBatch mb{b, s, tokens.data(), labels.data(), positions.data()};
-      std::vector<float> w(static_cast<size_t>(local.total));
+      const RankBatch in(ref.x, s, r, cp);
+      std::vector<float> w(static_cast<size_t>(local.total)), g;
       ep_shard(cpu.table(), cpu.weights(), local, w.data(), r, El);
       CudaGptModel gpu(local_cfg, b, s, nullptr, &ep_group, nullptr, &cp_group);
       gpu.upload_weights(w.data());
-      gpu.set_moe_aux_loss_scale(aux_scale);
-      gpu.zero_grads();
-      gpu.forward(mb, mask.data(), key, dloss.data());
-      gpu.backward();
-      gpu.finalize_grads();
-      losses[size_t(r)] = gpu.download_losses();
-      std::vector<float> g(static_cast<size_t>(gpu.num_trainable()));
-      gpu.download_grads(g.data());
+      GptModel::MoeLosses moe;
+      train_rank(gpu, in, ref.key, losses[size_t(r)], g, &moe);
       placed[size_t(r)].assign(static_cast<size_t>(cpu.num_parameters()), 0.0f);
       ep_place(cpu.table(), placed[size_t(r)].data(), local, g.data(), r, El, true);
     } catch (...) {
@@ -354,16 +364,10 @@ void compare_cp_ep_model(GptConfig c, bool allgather) {
     }
   });
   if (::testing::Test::HasFatalFailure()) return;
-  for (int r = 0; r < cp; ++r)
-    for (int64_t t = 0; t < T; ++t)
-      EXPECT_NEAR(losses[size_t(r)][t], cpu_loss[static_cast<size_t>(global_token(t, s, r, cp))], 3e-2)
-          << "rank " << r << " token " << t;
   std::vector<float> sum(static_cast<size_t>(cpu.num_parameters()), 0.0f);
   for (const auto& p : placed)
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
-  EXPECT_LT(rel_err(sum.data(), cpu.grads(), cpu.num_parameters()), 2e-2);
-  for (const auto& p : cpu.table().specs)
-    EXPECT_LT(rel_err(sum.data() + p.offset, cpu.grads() + p.offset, p.numel), 6e-2) << p.name;
+  expect_whole(ref, cp, s, losses, [](size_t i) { return static_cast<int>(i); }, sum);
 }
 
 }  // namespace
