@@ -28,6 +28,11 @@
 // rank's share's rows, whole, plus the shared expert's partial sums: the reduce-scatter after the
 // layer gives each rank its rows. model/moe_share_stage.hpp is the CPU reference.
 //
+// PEFT (LoRA, linear_fc1 / linear_fc2 targets, one rank's experts): the routed experts' shared
+// adapter pair over every row of the grouped GEMMs and the shared expert's own pair; the frozen
+// router and experts run no weight-gradient GEMM. Context parallelism: each rank routes its own
+// tokens, the aux losses' tokens per expert summed over the CP group (set_context_parallel_group).
+//
 // One object serves all MoE layers of a model. It owns what each layer keeps for its backward
 // (router logits and choices, the permutation, the experts' activations and outputs) and the
 // scratch the layers share (the permuted input, which the backward permutes again rather than keep,
