@@ -191,6 +191,11 @@ void compare_cp_attention(const AttentionCase& k) {
 
 constexpr float kAuxScale = 0.5f;  // the MoE losses' gradient scale, the same on both sides
 
+GptConfig whole_config(GptConfig c) {
+  c.context_parallel = 1;
+  return c;
+}
+
 // The CPU model of the whole sequences (CP = 1) on a random batch: its per-token losses,
 // gradients and MoE losses, the reference every CP rank is compared with at its tokens' places.
 struct WholeRun {
@@ -199,7 +204,7 @@ struct WholeRun {
   DropoutKey key{1234, 7, false};
   std::vector<float> loss;
   GptModel::MoeLosses moe;
-  WholeRun(GptConfig c, int64_t b, int64_t S) : cpu((c.context_parallel = 1, c)), x(random_batch(b, S, c.vocab)) {
+  WholeRun(const GptConfig& c, int64_t b, int64_t S) : cpu(whole_config(c)), x(random_batch(b, S, c.vocab)) {
     random_weights(cpu, cpu.weights());
     const MicroBatch whole{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
     loss.resize(static_cast<size_t>(b * S));

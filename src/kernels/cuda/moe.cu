@@ -557,7 +557,7 @@ __global__ void __launch_bounds__(kFinishThreads)
       double P = 0.0, c = 0.0;
       for (int64_t ch = row * a.chunks; ch < (row + 1) * a.chunks; ++ch) {
         P += psum[ch * a.E + e];
-        c += pcount[ch * a.E + e];
+        if (!a.summed) c += pcount[ch * a.E + e];
       }
       if (a.summed) c = a.summed[row * a.E + e];
       if (a.seq && c != 0.0) seq += P * c;  // the CPU skips experts without tokens

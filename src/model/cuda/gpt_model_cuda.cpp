@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,14 +57,18 @@ kc::CpCollectives cp_collectives(dist::ProcessGroup* group, cudaStream_t stream,
   comm.reduce_scatter = [group, stream](const bf16* send, bf16* recv, size_t n) {
     group->reduce_scatter_device(send, recv, n, dist::DeviceType::BF16, stream);
   };
-  if (ring)  // an all-to-all whose only counts are the next rank's (send) and the previous one's (receive)
-    comm.ring = [group](const bf16* send, bf16* recv, size_t n, cudaStream_t on) {
-      const int size = group->size(), rank = group->rank();
-      std::vector<size_t> sends(static_cast<size_t>(size), 0), recvs(static_cast<size_t>(size), 0);
-      sends[static_cast<size_t>((rank + 1) % size)] = n;
-      recvs[static_cast<size_t>((rank + size - 1) % size)] = n;
+  if (ring) {  // an all-to-all whose only counts are the next rank's (send) and the previous one's (receive)
+    const size_t size = static_cast<size_t>(group->size()), rank = static_cast<size_t>(group->rank());
+    const size_t next = (rank + 1) % size, previous = (rank + size - 1) % size;
+    // The counts, made once: a step's exchanges only set the two that move.
+    auto counts = std::make_shared<std::pair<std::vector<size_t>, std::vector<size_t>>>(std::vector<size_t>(size, 0),
+                                                                                       std::vector<size_t>(size, 0));
+    comm.ring = [group, counts, next, previous](const bf16* send, bf16* recv, size_t n, cudaStream_t on) {
+      auto& [sends, recvs] = *counts;
+      sends[next] = n, recvs[previous] = n;
       group->all_to_all_device(send, sends.data(), recv, recvs.data(), dist::DeviceType::BF16, on, false);
     };
+  }
   return comm;
 }
 
