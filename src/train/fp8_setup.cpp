@@ -29,6 +29,14 @@ std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> fp8_linears(con
   out.push_back({"linear_proj", {g.heads * g.kv_channels, g.hidden}});
   out.push_back({"linear_fc1", {g.hidden, g.fc1_rows(g.ffn)}});
   out.push_back({"linear_fc2", {g.ffn, g.hidden}});
+  if (g.moe.num_experts > 0) {  // the experts' GroupedLinear and the shared expert's Linear
+    out.push_back({"experts' linear_fc1", {g.hidden, g.fc1_rows(g.moe.ffn)}});
+    out.push_back({"experts' linear_fc2", {g.moe.ffn, g.hidden}});
+    if (g.moe.shared_ffn > 0) {
+      out.push_back({"shared_experts' linear_fc1", {g.hidden, g.fc1_rows(g.moe.shared_ffn)}});
+      out.push_back({"shared_experts' linear_fc2", {g.moe.shared_ffn, g.hidden}});
+    }
+  }
   return out;
 }
 

@@ -10,12 +10,14 @@
 #include <omp.h>
 
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
 
 #include "core/counter_normal.hpp"
 #include "core/error.hpp"
+#include "core/fp8_scaling.hpp"
 #include "core/rng.hpp"
 #include "kernels/cpu/moe.hpp"
 #include "test_util.hpp"
@@ -852,6 +854,106 @@ TEST_P(MoeExpertsTest, BackwardMatchesFiniteDifferences) {
   EXPECT_EQ(dx, dx1);
   for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw1[i], 2 * dw1_1[i]);
   for (size_t i = 0; i < dw2.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw2_1[i]);
+}
+
+// FP8 experts: each (linear, expert) casts with its own scale, 2^(e + linear) for inputs and
+// 2^(e + linear + 1) for weights (powers of two: the FP8 values divided by them are exact), and
+// logs its casts.
+class LoggedFp8 final : public MoeExpertsFp8 {
+ public:
+  static float input_scale(int linear, int64_t e) { return std::ldexp(1.0f, int(e) + linear); }
+  static float weight_scale(int linear, int64_t e) { return std::ldexp(1.0f, int(e) + linear + 1); }
+  Fp8Operand input(int linear, int64_t e, const float* x, int64_t n) override {
+    return cast("in", linear, e, x, n, input_scale(linear, e), Fp8Format::E4M3);
+  }
+  Fp8Operand weight(int linear, int64_t e, const float* w, int64_t n) override {
+    return cast("w", linear, e, w, n, weight_scale(linear, e), Fp8Format::E4M3);
+  }
+  Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t n) override {
+    return cast("saved", linear, e, x, n, input_scale(linear, e), Fp8Format::E4M3);
+  }
+  Fp8Operand output_grad(int linear, int64_t e, const float* dy, int64_t n) override {
+    return cast("dy", linear, e, dy, n, 1.0f, Fp8Format::E5M2);
+  }
+  std::vector<std::string> log;
+
+ private:
+  Fp8Operand cast(const char* what, int linear, int64_t e, const float* x, int64_t n, float scale, Fp8Format f) {
+    log.push_back(std::string(what) + std::to_string(linear) + "e" + std::to_string(e));
+    bufs_.emplace_back(size_t(n));
+    fp8_quantize_values(x, n, scale, f, bufs_.back().data());
+    return {bufs_.back().data(), 1.0f / scale};
+  }
+  std::deque<std::vector<float>> bufs_;
+};
+
+// x's FP8 values at scale s, divided back (exact for a power-of-two s), as doubles.
+std::vector<double> fp8_dequantized(const float* x, int64_t n, float s) {
+  std::vector<float> q(static_cast<size_t>(n));
+  fp8_quantize_values(x, n, s, Fp8Format::E4M3, q.data());
+  std::vector<double> d(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) d[size_t(i)] = double(q[size_t(i)]) / s;
+  return d;
+}
+
+// SwiGLU experts with FP8 GEMMs: y equals an fp64 twin over the same FP8 values (each GEMM's input
+// and weight cast with its expert's scale, the activation cast before linear_fc2); every expert's
+// weights are cast, inputs only where an expert has rows; the backward casts each expert's saved
+// inputs and output gradients, and an expert without rows gets no weight gradient.
+TEST(MoeExpertsFp8, GemmsReadEachExpertsFp8Values) {
+  std::mt19937 rng(1903);
+  const std::vector<int64_t> counts = {3, 0, 5, 2};
+  const int64_t E = 4, H = 16, F = 8, N = 10, F1 = 2 * F;
+  const auto x = randn(N * H, rng), w1 = randn(E * F1 * H, rng, 0.5f), w2 = randn(E * H * F, rng, 0.5f);
+  std::vector<float> h1(N * F1), a(N * F), y(N * H);
+  LoggedFp8 fp8;
+  moe_experts_forward(x.data(), counts.data(), w1.data(), w2.data(), h1.data(), a.data(), y.data(), E, H, F,
+                      MoeActivation::SwiGlu, nullptr, &fp8);
+  std::vector<double> want(N * H);
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto q1 = fp8_dequantized(&w1[e * F1 * H], F1 * H, LoggedFp8::weight_scale(0, e));
+    const auto q2 = fp8_dequantized(&w2[e * H * F], H * F, LoggedFp8::weight_scale(1, e));
+    for (int64_t i = 0; i < counts[e]; ++i, ++row) {
+      const auto xq = fp8_dequantized(&x[row * H], H, LoggedFp8::input_scale(0, e));
+      std::vector<float> act(F);
+      for (int64_t f = 0; f < F; ++f) {
+        double g = 0, u = 0;
+        for (int64_t h = 0; h < H; ++h) g += xq[h] * q1[f * H + h], u += xq[h] * q1[(F + f) * H + h];
+        act[f] = float(g / (1.0 + std::exp(-g)) * u);
+      }
+      const auto aq = fp8_dequantized(act.data(), F, LoggedFp8::input_scale(1, e));
+      for (int64_t h = 0; h < H; ++h) {
+        double s = 0;
+        for (int64_t f = 0; f < F; ++f) s += aq[f] * q2[h * F + f];
+        want[row * H + h] = s;
+      }
+    }
+  }
+  expect_close(y, want, kForwardTol, "y");
+  const std::vector<std::string> forward_log = {"w0e0", "w1e0", "w0e1", "w1e1", "w0e2", "w1e2", "w0e3", "w1e3",
+                                                "in0e0", "w0e0", "in1e0", "w1e0", "in0e2", "w0e2", "in1e2", "w1e2",
+                                                "in0e3", "w0e3", "in1e3", "w1e3"};
+  EXPECT_EQ(fp8.log, forward_log);
+
+  fp8.log.clear();
+  const auto r = randn(N * H, rng);
+  std::vector<float> dact(N * F), dh1(N * F1), dx(N * H), dw1(E * F1 * H, 0.0f), dw2(E * H * F, 0.0f);
+  moe_experts_backward(x.data(), counts.data(), w1.data(), w2.data(), h1.data(), a.data(), r.data(), dact.data(),
+                       dh1.data(), dx.data(), dw1.data(), dw2.data(), E, H, F, MoeActivation::SwiGlu, nullptr, &fp8);
+  const std::vector<std::string> backward_log = {"saved1e0", "w1e0", "dy1e0", "saved0e0", "w0e0", "dy0e0",
+                                                 "saved1e2", "w1e2", "dy1e2", "saved0e2", "w0e2", "dy0e2",
+                                                 "saved1e3", "w1e3", "dy1e3", "saved0e3", "w0e3", "dy0e3"};
+  EXPECT_EQ(fp8.log, backward_log);
+  for (int64_t i = 0; i < F1 * H; ++i) ASSERT_EQ(dw1[F1 * H + i], 0.0f);
+  for (int64_t i = 0; i < H * F; ++i) ASSERT_EQ(dw2[H * F + i], 0.0f);
+  double norm = 0;
+  for (float v : dw1) norm += std::abs(v);
+  EXPECT_GT(norm, 0.0);
+  const MoeAdapters lora{};
+  EXPECT_THROW(moe_experts_forward(x.data(), counts.data(), w1.data(), w2.data(), h1.data(), a.data(), y.data(), E, H,
+                                   F, MoeActivation::SwiGlu, &lora, &fp8),
+               Error);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -153,6 +153,13 @@ GptConfig llama(std::optional<Fp8Spec> fp8) {
   return c;
 }
 
+// The same with its second layer an MoE layer: 4 experts of ffn 24 (top-2) and a shared expert of 16.
+GptConfig llama_moe(std::optional<Fp8Spec> fp8) {
+  GptConfig c = llama(fp8);
+  c.moe.num_experts = 4, c.moe.topk = 2, c.moe.ffn = 24, c.moe.shared_ffn = 16, c.moe.layers = {false, true};
+  return c;
+}
+
 struct Batch {
   static constexpr int64_t b = 2, s = 16, T = b * s;
   std::vector<int64_t> tokens = std::vector<int64_t>(T), labels = std::vector<int64_t>(T);
@@ -175,8 +182,8 @@ struct Outcome {
 
 // One training micro-batch (forward and backward) of a model with the given FP8 spec, from the same
 // initial weights.
-Outcome train_micro_batch(std::optional<Fp8Spec> fp8, const Batch& in) {
-  GptModel m(llama(fp8));
+Outcome train_micro_batch(std::optional<Fp8Spec> fp8, const Batch& in, bool moe = false) {
+  GptModel m(moe ? llama_moe(fp8) : llama(fp8));
   init_parameters(m.table(), m.weights(), 9, true);
   Outcome r;
   r.losses.resize(Batch::T);
@@ -262,4 +269,81 @@ TEST(Fp8Model, DelayedScalesFollowTheStepsPasses) {
   in.first = true;
   m.forward(in.micro(), {}, losses.data(), true);
   EXPECT_EQ(m.fp8_linears()->forward_scaling(fc1)->history(3, 1), 2 * wamax);
+}
+
+// An MoE layer in FP8 (Transformer Engine's GroupedLinear: a scaling state per expert's linear, the
+// shared expert's Linear its own): the model's losses and gradients stay near the high-precision
+// model's; with the MoE layer kept in high precision they equal those of the model whose first layer
+// alone is FP8.
+TEST(Fp8Model, ExpertsRunInFp8NearTheHighPrecisionModel) {
+  std::mt19937 rng(6);
+  const Batch in(rng);
+  const Outcome base = train_micro_batch(std::nullopt, in, true);
+  for (const Fp8ScalingRecipe recipe : {Fp8ScalingRecipe::Delayed, Fp8ScalingRecipe::Tensorwise}) {
+    SCOPED_TRACE(static_cast<int>(recipe));
+    Fp8Spec s;
+    s.recipe = recipe;
+    const Outcome fp8 = train_micro_batch(s, in, true);
+    const double dl = relative_difference(fp8.losses, base.losses), dg = relative_difference(fp8.grads, base.grads);
+    EXPECT_GT(dl, 1e-6);
+    EXPECT_LT(dl, 0.02);
+    EXPECT_GT(dg, 1e-4);
+    EXPECT_LT(dg, 0.15);
+  }
+  Fp8Spec first_only;
+  first_only.recipe = Fp8ScalingRecipe::Tensorwise, first_only.bf16_layers_at_end = 1;
+  const Outcome kept = train_micro_batch(first_only, in, true);
+  Fp8Spec both = first_only;
+  both.bf16_layers_at_end = 0;
+  const Outcome all = train_micro_batch(both, in, true);
+  EXPECT_NE(kept.losses, all.losses);  // the MoE layer's FP8 GEMMs change the losses
+  // The dense first layer in FP8 moves the MoE layer's input, so kept is compared with base loosely.
+  EXPECT_LT(relative_difference(kept.losses, base.losses), 0.02);
+}
+
+// Each expert's linears keep their own delayed-scaling state: every expert's weight is cast (its
+// amax recorded) whether or not it got rows, an expert's input amax is the max over its rows only,
+// the shared expert's linears have theirs; the backward records each routed expert's output
+// gradient.
+TEST(Fp8Model, EachExpertHasItsOwnScalingState) {
+  std::mt19937 rng(7);
+  Batch in(rng);
+  GptModel m(llama_moe(delayed(4)));
+  init_parameters(m.table(), m.weights(), 9, true);
+  const GptParameterLayout P = build_gpt_parameters(m.config());
+  const GptLayerOffsets& L = P.layers[1];
+  const int64_t H = m.config().hidden, F = m.config().moe.ffn, F1 = 2 * F, E = m.config().moe.num_experts;
+  std::vector<float> losses(Batch::T);
+  m.zero_grads();
+  m.forward(in.micro(), {}, losses.data(), true);
+  const CpuFp8Linears& f = *m.fp8_linears();
+  int with_input = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    SCOPED_TRACE(e);
+    const DelayedScaling* fc1 = f.forward_scaling(L.experts_fc1 + e * F1 * H);
+    const DelayedScaling* fc2 = f.forward_scaling(L.experts_fc2 + e * H * F);
+    ASSERT_NE(fc1, nullptr);
+    ASSERT_NE(fc2, nullptr);
+    EXPECT_EQ(fc1->history(3, 1), fp8_amax(m.weights() + L.experts_fc1 + e * F1 * H, F1 * H));
+    EXPECT_EQ(fc2->history(3, 1), fp8_amax(m.weights() + L.experts_fc2 + e * H * F, H * F));
+    EXPECT_EQ(fc1->scale(1), 448.0f / fc1->history(3, 1));
+    with_input += fc1->history(3, 0) > 0.0f;
+  }
+  EXPECT_GE(with_input, 2);  // top-2 of 4: at least two experts took rows
+  for (const int64_t w : {L.shared_fc1, L.shared_fc2}) {
+    const DelayedScaling* s = f.forward_scaling(w);
+    ASSERT_NE(s, nullptr);
+    EXPECT_GT(s->history(3, 0), 0.0f);
+    EXPECT_GT(s->history(3, 1), 0.0f);
+  }
+  // Experts' keys are distinct from the dense layer's and the shared expert's.
+  EXPECT_NE(f.forward_scaling(P.layers[0].fc1_w), nullptr);
+  m.backward(in.dloss.data());
+  for (int64_t e = 0; e < E; ++e) {
+    const DelayedScaling* fc1 = f.forward_scaling(L.experts_fc1 + e * F1 * H);
+    const DelayedScaling* g = f.backward_scaling(L.experts_fc2 + e * H * F);
+    ASSERT_NE(g, nullptr);
+    // An expert with rows had its output gradient cast; one without kept an empty history.
+    EXPECT_EQ(g->history(3, 0) > 0.0f, fc1->history(3, 0) > 0.0f) << e;
+  }
 }

@@ -154,7 +154,14 @@ TEST(Fp8Config, WhatMegatronRefusesOrLaoyaoCannotRunIsNamed) {
   const std::string tokens = mlm_refusal({"--fp8-format", "hybrid", "--seq-length", "12", "--micro-batch-size", "1"});
   EXPECT_NE(tokens.find("multiples of 16"), std::string::npos) << tokens;
   // Not joined yet: named, the run refused before anything is written.
-  EXPECT_NE(mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4"}).find("Mixture of Experts"), std::string::npos);
+  // Mixture of Experts: the experts' GEMMs in FP8 too, their sizes checked; not over expert-parallel ranks yet.
+  EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4"}), "");
+  const std::string experts = mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4", "--moe-ffn-hidden-size", "40"});
+  EXPECT_NE(experts.find("experts' linear_fc2 is 40 -> 32"), std::string::npos) << experts;
+  EXPECT_NE(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--num-experts", "4",
+                         "--expert-model-parallel-size", "2"}, 2)
+                .find("expert parallelism"),
+            std::string::npos);
   EXPECT_NE(mlm_refusal({"--fp8-format", "hybrid"}, 2).find("delayed scaling over 2 ranks"), std::string::npos);
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}, 2), "");
 }

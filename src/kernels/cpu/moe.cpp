@@ -531,11 +531,36 @@ int64_t expert_rows(const int64_t* tokens_per_expert, int64_t E, const char* wha
 }
 }  // namespace
 
+namespace {
+
+// Expert e's linear `which` (0: fc1, 1: fc2): y[n, N] = x[n, K] w^T, in FP8 where fp8 says.
+void expert_linear(const float* x, const float* w, float* y, int64_t n, int64_t K, int64_t N, MoeExpertsFp8* fp8,
+                   int which, int64_t e) {
+  if (!fp8) return linear_forward(x, w, nullptr, y, n, K, N);
+  const Fp8Operand qx = fp8->input(which, e, x, n * K);
+  fp8_linear_forward(qx, fp8->weight(which, e, w, N * K), nullptr, y, n, K, N);
+}
+
+// Its backward: dx[n, K] (nullable) and dw[N, K] += (nullable), in FP8 where fp8 says.
+void expert_linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, int64_t n, int64_t K,
+                            int64_t N, MoeExpertsFp8* fp8, int which, int64_t e) {
+  if (!fp8) return linear_backward(x, w, dy, dx, dw, nullptr, n, K, N);
+  const Fp8Operand qx = fp8->saved_input(which, e, x, n * K), qw = fp8->weight(which, e, w, N * K);
+  fp8_linear_backward(qx, qw, fp8->output_grad(which, e, dy, n * N), dx, dw, n, K, N);
+}
+
+}  // namespace
+
 void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                          const float* fc2_weight, float* fc1_out, float* act_out, float* y, int64_t E, int64_t H,
-                         int64_t F, MoeActivation act, const MoeAdapters* lora) {
+                         int64_t F, MoeActivation act, const MoeAdapters* lora, MoeExpertsFp8* fp8) {
   const int64_t F1 = moe_fc1_rows(act, F);
   const int64_t N = expert_rows(tokens_per_expert, E, "moe experts");
+  if (fp8 && lora) throw Error("moe experts: FP8 GEMMs with LoRA adapters are not built");
+  for (int64_t e = 0; fp8 && e < E; ++e) {  // every weight's FP8 copy, as GroupedLinear makes them all
+    fp8->weight(0, e, fc1_weight + e * F1 * H, F1 * H);
+    fp8->weight(1, e, fc2_weight + e * H * F, H * F);
+  }
   // The fc1 adapter's low-rank rows z1 = x A1^T for every row at once (the pair is every expert's).
   const bool a1 = lora && lora->fc1_a, a2 = lora && lora->fc2_a;
   const int64_t r = lora ? lora->dim : 0;
@@ -548,14 +573,14 @@ void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expe
     const float* xe = permuted_x + row * H;
     float* h1 = fc1_out + row * F1;
     float* a = act_out + row * F;
-    linear_forward(xe, fc1_weight + e * F1 * H, nullptr, h1, n, H, F1);
+    expert_linear(xe, fc1_weight + e * F1 * H, h1, n, H, F1, fp8, 0, e);
     if (a1) linear_accumulate(z1.data() + row * r, lora->fc1_b, h1, n, r, F1, lora->scale);
     switch (act) {
       case MoeActivation::SwiGlu: swiglu_forward(h1, a, n, F); break;
       case MoeActivation::GeluTanh: gelu_forward(h1, a, n * F, Gelu::Tanh); break;
       case MoeActivation::GeluErf: gelu_forward(h1, a, n * F, Gelu::Erf); break;
     }
-    linear_forward(a, fc2_weight + e * H * F, nullptr, y + row * H, n, F, H);
+    expert_linear(a, fc2_weight + e * H * F, y + row * H, n, F, H, fp8, 1, e);
     row += n;
   }
   if (a2) {  // y += scale * (a A2^T) B2^T over every row
@@ -568,9 +593,10 @@ void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expe
 void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                           const float* fc2_weight, const float* fc1_out, const float* act_out, const float* dy,
                           float* dact, float* dfc1_out, float* dx, float* dfc1_weight, float* dfc2_weight, int64_t E,
-                          int64_t H, int64_t F, MoeActivation act, const MoeAdapters* lora) {
+                          int64_t H, int64_t F, MoeActivation act, const MoeAdapters* lora, MoeExpertsFp8* fp8) {
   const int64_t F1 = moe_fc1_rows(act, F);
   const int64_t N = expert_rows(tokens_per_expert, E, "moe experts backward");
+  if (fp8 && lora) throw Error("moe experts backward: FP8 GEMMs with LoRA adapters are not built");
   const bool a1 = lora && lora->fc1_a, a2 = lora && lora->fc2_a;
   const int64_t r = lora ? lora->dim : 0;
   // The fc2 adapter: dz2 = scale dy B2 (dB2 += scale dy^T z2), dA2 += dz2^T a, and its share of the
@@ -588,16 +614,16 @@ void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_exp
     float* da = dact + row * F;
     float* dh1 = dfc1_out + row * F1;
     const float* h1 = fc1_out + row * F1;
-    linear_backward(act_out + row * F, fc2_weight + e * H * F, dy + row * H, da,
-                    dfc2_weight ? dfc2_weight + e * H * F : nullptr, nullptr, n, F, H);
+    expert_linear_backward(act_out + row * F, fc2_weight + e * H * F, dy + row * H, da,
+                           dfc2_weight ? dfc2_weight + e * H * F : nullptr, n, F, H, fp8, 1, e);
     if (a2) add_inplace(da, da2.data() + row * F, n * F);
     switch (act) {
       case MoeActivation::SwiGlu: swiglu_backward(h1, da, dh1, n, F); break;
       case MoeActivation::GeluTanh: gelu_backward(h1, da, dh1, n * F, Gelu::Tanh); break;
       case MoeActivation::GeluErf: gelu_backward(h1, da, dh1, n * F, Gelu::Erf); break;
     }
-    linear_backward(permuted_x + row * H, fc1_weight + e * F1 * H, dh1, dx ? dx + row * H : nullptr,
-                    dfc1_weight ? dfc1_weight + e * F1 * H : nullptr, nullptr, n, H, F1);
+    expert_linear_backward(permuted_x + row * H, fc1_weight + e * F1 * H, dh1, dx ? dx + row * H : nullptr,
+                           dfc1_weight ? dfc1_weight + e * F1 * H : nullptr, n, H, F1, fp8, 0, e);
     row += n;
   }
   if (a1) {  // dz1 = scale dh1 B1 (dB1 += scale dh1^T z1), dA1 += dz1^T x, dx += dz1 A1
@@ -617,7 +643,9 @@ float z_loss_coeff(const MoeLayerConfig& c) {
   return c.z_loss_coeff / static_cast<float>(c.context_parallel_size);
 }
 
-void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T) {
+void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T, const MoeExpertsStage* experts) {
+  if (experts && w.expert_fp8)
+    throw Error("moe layer: FP8 experts behind a stage (expert or tensor parallelism) are not built");
   check_sizes("moe layer", T, c.num_experts, c.topk);
   if (c.context_parallel_size < 1 || (c.context_parallel_size > 1 && !c.sum_over_context_parallel))
     throw Error("moe layer: context parallelism over " + std::to_string(c.context_parallel_size) +
@@ -718,7 +746,7 @@ void MoeLocalExpertsStage::backward(const float* dexpert_out, int64_t N, float* 
 
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
                        MoeLayerState& st, MoeExpertsStage* experts) {
-  check_layer(c, w, T);
+  check_layer(c, w, T, experts);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
   const int64_t F1 = moe_fc1_rows(c.activation, F);
   ensure(st.logits, T * E);
@@ -810,7 +838,7 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   else
     moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
                         st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation,
-                        w.expert_lora);
+                        w.expert_lora, w.expert_fp8);
   moe_unpermute_forward(st.expert_out.data(), st.permuted_row.data(), st.topk_probs.data(), y, T, k, H);
 
   if (c.shared_expert_intermediate_size > 0) {
@@ -821,7 +849,8 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
     ensure(st.shared_out, T * H);
     const int64_t all = T;
     moe_experts_forward(x, &all, w.shared_fc1_weight, w.shared_fc2_weight, st.shared_fc1_out.data(),
-                        st.shared_act_out.data(), st.shared_out.data(), 1, H, Fs, c.activation, w.shared_lora);
+                        st.shared_act_out.data(), st.shared_out.data(), 1, H, Fs, c.activation, w.shared_lora,
+                        w.shared_fp8);
     add_inplace(y, st.shared_out.data(), T * H);
   }
 }
@@ -834,7 +863,7 @@ void moe_global_aux_reset(MoeLayerState& st) {
 void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, const float* dy,
                         float* dx, const MoeLayerGrads& g, int64_t T, MoeLayerState& st, float aux_loss_scale,
                         MoeExpertsStage* experts) {
-  check_layer(c, w, T);
+  check_layer(c, w, T, experts);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
   const int64_t F1 = moe_fc1_rows(c.activation, F);
   if (static_cast<int64_t>(st.expert_out.size()) != N * H || static_cast<int64_t>(st.logits.size()) != T * E)
@@ -862,14 +891,15 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
     moe_experts_backward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
                          st.fc1_out.data(), st.act_out.data(), st.dexpert_out.data(), st.dact.data(),
                          st.dfc1_out.data(), st.dpermuted_x.data(), g.fc1_weight, g.fc2_weight, E, H, F,
-                         c.activation, w.expert_lora);
+                         c.activation, w.expert_lora, w.expert_fp8);
   moe_permute_backward(st.dpermuted_x.data(), st.permuted_row.data(), dx, T, k, H);
 
   if (Fs > 0) {
     const int64_t all = T;
     moe_experts_backward(x, &all, w.shared_fc1_weight, w.shared_fc2_weight, st.shared_fc1_out.data(),
                          st.shared_act_out.data(), dy, st.dact.data(), st.dfc1_out.data(), st.dx_part.data(),
-                         g.shared_fc1_weight, g.shared_fc2_weight, 1, H, Fs, c.activation, w.shared_lora);
+                         g.shared_fc1_weight, g.shared_fc2_weight, 1, H, Fs, c.activation, w.shared_lora,
+                         w.shared_fp8);
     add_inplace(dx, st.dx_part.data(), T * H);
   }
 

@@ -195,20 +195,36 @@ struct MoeAdapters {
   float scale = 1.0f;
 };
 
+// FP8 GEMMs of the experts (Transformer Engine's GroupedLinear under fp8_autocast, one quantizer per
+// GEMM; a shared expert's Linear the same with one expert): the FP8 operands of expert e's linear
+// (0: linear_fc1, 1: linear_fc2) as the model's FP8 state casts them (model/cpu/fp8_linears_cpu:
+// each cast records its amax and takes its scale). A forward casts every expert's weights, rows or
+// not, as GroupedLinear casts all of its weights; an expert without rows casts no input.
+class MoeExpertsFp8 {
+ public:
+  virtual ~MoeExpertsFp8() = default;
+  virtual Fp8Operand input(int linear, int64_t e, const float* x, int64_t n) = 0;        // a forward's input
+  virtual Fp8Operand weight(int linear, int64_t e, const float* w, int64_t n) = 0;       // the weight's copy
+  virtual Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t n) = 0;  // the backward's
+  virtual Fp8Operand output_grad(int linear, int64_t e, const float* dy, int64_t n) = 0;
+};
+
 // fc1_weight[E, F1, H] and fc2_weight[E, H, F] hold the experts' weights one after another
 // (local_experts.{e}.linear_fc1.weight, TEGroupedMLP's weight{e}), F1 = moe_fc1_rows(act, F).
 // With N = sum_e tokens_per_expert[e]: permuted_x[N, H]; fc1_out[N, F1] and act_out[N, F] are
 // saved for backward; y[N, H] overwritten. One MLP of T tokens (the shared expert, a dense MLP)
-// is the case E = 1, tokens_per_expert = {T}.
+// is the case E = 1, tokens_per_expert = {T}. fp8: the GEMMs in FP8 (null: fp32); not with lora.
 void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                          const float* fc2_weight, float* fc1_out, float* act_out, float* y, int64_t E, int64_t H,
-                         int64_t F, MoeActivation act, const MoeAdapters* lora = nullptr);
+                         int64_t F, MoeActivation act, const MoeAdapters* lora = nullptr,
+                         MoeExpertsFp8* fp8 = nullptr);
 // dx[N, H] overwritten (nullptr to skip); dfc1_weight[E, F1, H], dfc2_weight[E, H, F] accumulated.
 // dact[N, F] and dfc1_out[N, F1] are scratch the caller provides (any contents).
 void moe_experts_backward(const float* permuted_x, const int64_t* tokens_per_expert, const float* fc1_weight,
                           const float* fc2_weight, const float* fc1_out, const float* act_out, const float* dy,
                           float* dact, float* dfc1_out, float* dx, float* dfc1_weight, float* dfc2_weight, int64_t E,
-                          int64_t H, int64_t F, MoeActivation act, const MoeAdapters* lora = nullptr);
+                          int64_t H, int64_t F, MoeActivation act, const MoeAdapters* lora = nullptr,
+                          MoeExpertsFp8* fp8 = nullptr);
 
 // ---- the whole MoE layer (MoELayer.forward: router -> permute -> experts -> unpermute, + shared
 // expert): y[T, H] = sum_j probs[t, j] * expert_{idx[t, j]}(x[t]) + shared_expert(x[t]).
@@ -272,6 +288,9 @@ struct MoeLayerWeights {
   // PEFT: the adapters on the routed experts (without a stage) and on the shared expert; nullable.
   const MoeAdapters* expert_lora = nullptr;
   const MoeAdapters* shared_lora = nullptr;
+  // FP8: the routed experts' GEMMs (without a stage) and the shared expert's; nullable.
+  MoeExpertsFp8* expert_fp8 = nullptr;
+  MoeExpertsFp8* shared_fp8 = nullptr;
 };
 
 struct MoeLayerGrads {  // accumulated (+=); nullptr skips that gradient

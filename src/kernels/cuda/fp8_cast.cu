@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cfloat>
 
+#include <string>
+
+#include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 
 namespace laoyao::kernels::cuda {
@@ -52,10 +55,20 @@ __global__ void cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, cons
 // 32 x 32 tiles through shared memory: reads and both writes along rows; kThreads threads a block.
 constexpr int kTile = 32, kRowsPerPass = kThreads / kTile;
 
+// Matrix blockIdx.z of a batch (x, q, qt one matrix after another; scale, scale_inv and amax
+// `stride` floats apart).
 __global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
-                                      const float* __restrict__ scale, Fp8Format f, uint8_t* __restrict__ q,
-                                      uint8_t* __restrict__ qt, float* __restrict__ scale_inv, float* amax) {
+                                      const float* __restrict__ scale, int64_t stride, Fp8Format f,
+                                      uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ scale_inv,
+                                      float* amax) {
   __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t z = blockIdx.z, elems = rows * cols;
+  x += z * elems;
+  if (q) q += z * elems;
+  if (qt) qt += z * elems;
+  scale += z * stride;
+  if (scale_inv) scale_inv += z * stride;
+  if (amax) amax += z * stride;
   const float s = *scale;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   float m = 0.0f;
@@ -81,14 +94,16 @@ __global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64
 
 __device__ float fp8_max_of(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0f : 57344.0f; }
 
-__global__ void current_scale_kernel(const float* amax, Fp8Format f, float* scale) {
-  const float a = *amax;
+__global__ void current_scale_kernel(const float* amax, int64_t n, int64_t stride, Fp8Format f, float* scale) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float a = amax[i * stride];
   float s = 1.0f;
   if (isfinite(a) && a > 0.0f) {
     s = __fdiv_rn(fp8_max_of(f), a);
     if (isinf(s)) s = FLT_MAX;
   }
-  *scale = s;
+  scale[i * stride] = s;
 }
 
 __global__ void delayed_update_kernel(float* history, float* scale, const float* fp8_max, int64_t n, int64_t len,
@@ -111,6 +126,80 @@ __global__ void delayed_update_kernel(float* history, float* scale, const float*
   }
 }
 
+// The grouped cast (fp8_grouped_cast_transpose): a block takes a band of kTile rows from `first`,
+// every column in kTile-wide tiles. Row r of group g (offsets[g] <= r < offsets[g + 1]) takes
+// matrix w = g % Gw's scale; a row past offsets[G] none (its transposed column written 0, its q
+// row left). scale null: the amaxes alone. Each row's amax (a warp's lanes share a row) is max-ed
+// into its matrix's slot once per run of the band's rows of one group.
+__global__ void grouped_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t cols, const int32_t* __restrict__ offsets,
+                                    int G, int Gw, int64_t first, int64_t extent, const float* __restrict__ scale,
+                                    int64_t stride, Fp8Format f, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
+                                    int64_t ld, float* __restrict__ scale_inv, float* amax) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  __shared__ int row_group[kTile];
+  __shared__ float row_scale[kTile], row_amax[kTile];
+  const int64_t r0 = first + int64_t(blockIdx.x) * kTile;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  if (ty == 0) {
+    const int64_t r = r0 + tx;
+    int g = -1;
+    if (r < extent && r >= offsets[0] && r < offsets[G]) {  // the last g with offsets[g] <= r
+      int lo = 0, hi = G;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (offsets[mid] <= r) lo = mid; else hi = mid;
+      }
+      g = lo;
+    }
+    row_group[tx] = g;
+    row_scale[tx] = g >= 0 && scale ? scale[int64_t(g % Gw) * stride] : 0.0f;
+  }
+  if (scale_inv && blockIdx.x == 0 && ty == 0)
+    for (int w = tx; w < Gw; w += kTile) scale_inv[int64_t(w) * stride] = 1.0f / scale[int64_t(w) * stride];
+  __syncthreads();
+  float m[kTile / kRowsPerPass] = {};
+  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+#pragma unroll
+    for (int p = 0; p < kTile / kRowsPerPass; ++p) {
+      const int dr = ty + p * kRowsPerPass;
+      const int64_t r = r0 + dr, c = c0 + tx;
+      uint8_t b = 0;
+      if (row_group[dr] >= 0 && c < cols) {
+        const float v = __bfloat162float(x[r * cols + c]);
+        m[p] = fmaxf(m[p], fabsf(v));
+        if (scale) {
+          b = to_fp8(v * row_scale[dr], f);
+          if (q) q[r * cols + c] = b;
+        }
+      }
+      tile[dr][tx] = b;
+    }
+    if (!qt) continue;
+    __syncthreads();
+    for (int dc = ty; dc < kTile; dc += kRowsPerPass) {
+      const int64_t c = c0 + dc, r = r0 + tx;
+      if (r < extent && c < cols) qt[c * ld + r] = tile[tx][dc];
+    }
+    __syncthreads();
+  }
+  if (!amax) return;
+#pragma unroll
+  for (int p = 0; p < kTile / kRowsPerPass; ++p) {
+    float v = m[p];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (tx == 0) row_amax[ty + p * kRowsPerPass] = v;
+  }
+  __syncthreads();
+  if (ty == 0) {  // thread tx: the run of rows of one group that starts at row tx
+    const int g = row_group[tx];
+    if (g >= 0 && (tx == 0 || row_group[tx - 1] != g)) {
+      float v = 0.0f;
+      for (int dr = tx; dr < kTile && row_group[dr] == g; ++dr) v = fmaxf(v, row_amax[dr]);
+      if (v > 0.0f) atomic_max_nonnegative(amax + int64_t(g % Gw) * stride, v);
+    }
+  }
+}
+
 int blocks_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 4096)); }
 
 }  // namespace
@@ -129,13 +218,56 @@ void fp8_amax(const __nv_bfloat16* x, int64_t n, float* amax, cudaStream_t strea
 void fp8_cast_transpose(const __nv_bfloat16* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
                         uint8_t* q, uint8_t* qt, float* scale_inv, float* amax, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, scale, f, q, qt, scale_inv,
+  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, scale, 0, f, q, qt, scale_inv,
                                                                         amax);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
+void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const float* scale,
+                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, float* scale_inv, float* amax,
+                                cudaStream_t stream) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return;
+  if (batch > 65535 || (rows + kTile - 1) / kTile > 65535)
+    throw Error("fp8_batched_cast_transpose: at most 65535 matrices of at most 65535 x 32 rows, got " +
+                std::to_string(batch) + " of " + std::to_string(rows));
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile),
+                  static_cast<unsigned>(batch));
+  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, scale, stride, f, q, qt,
+                                                                        scale_inv, amax);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, const float* scale,
+                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, int64_t ld, float* scale_inv,
+                                float* amax, cudaStream_t stream) {
+  if (g.groups < 1 || g.weights < 1 || g.groups % g.weights != 0 || g.rows < 0 || g.first < 0 || cols < 0 ||
+      !g.offsets || (qt && ld < g.first + g.rows))
+    throw Error("fp8_grouped_cast_transpose: bad arguments (groups " + std::to_string(g.groups) + ", weights " +
+                std::to_string(g.weights) + ", rows " + std::to_string(g.rows) + ", cols " + std::to_string(cols) +
+                ", ld " + std::to_string(ld) + ")");
+  if (!scale && (q || qt || scale_inv)) throw Error("fp8_grouped_cast_transpose: a cast needs its scales");
+  // No rows: a launch still writes every matrix's scale_inv (the GEMMs read them all).
+  const int64_t rows = cols == 0 ? 0 : g.rows;
+  if (rows == 0 && !scale_inv) return;
+  const unsigned bands = static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile));
+  grouped_cast_kernel<<<bands, dim3(kTile, kRowsPerPass), 0, stream>>>(
+      x, cols, g.offsets, int(g.groups), int(g.weights), g.first, g.first + rows, scale, stride, f, q, qt, ld,
+      scale_inv, amax);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+void fp8_grouped_amax(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, float* amax, int64_t stride,
+                      cudaStream_t stream) {
+  fp8_grouped_cast_transpose(x, cols, g, nullptr, stride, Fp8Format::E4M3, nullptr, nullptr, 0, nullptr, amax, stream);
+}
+
 void fp8_current_scale(const float* amax, Fp8Format f, float* scale, cudaStream_t stream) {
-  current_scale_kernel<<<1, 1, 0, stream>>>(amax, f, scale);
+  fp8_current_scales(amax, 1, 0, f, scale, stream);
+}
+
+void fp8_current_scales(const float* amax, int64_t n, int64_t stride, Fp8Format f, float* scale, cudaStream_t stream) {
+  if (n <= 0) return;
+  current_scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(amax, n, stride, f, scale);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

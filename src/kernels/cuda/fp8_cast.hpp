@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/fp8.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
 
 namespace laoyao::kernels::cuda {
 
@@ -22,10 +23,31 @@ void fp8_cast(const __nv_bfloat16* x, int64_t n, const float* scale, Fp8Format f
 // may be null).
 void fp8_cast_transpose(const __nv_bfloat16* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
                         uint8_t* q, uint8_t* qt, float* scale_inv, float* amax, cudaStream_t stream);
+// A batch of matrices each with its own scale (the experts' weights): x [batch][rows][cols] into q
+// [batch][rows][cols] and qt [batch][cols][rows] (either may be null); matrix b's scale, scale_inv
+// and amax at index b * stride.
+void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const float* scale,
+                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, float* scale_inv, float* amax,
+                                cudaStream_t stream);
+// The routed experts' rows (grouped_gemm.hpp's RowGroups; Transformer Engine's GroupedLinear casts
+// each GEMM's input with its own quantizer): x [first + rows][cols], a row of group g cast with
+// scale[(g % Gw) * stride] into q [first + rows][cols] and the transpose qt [cols][ld] (column r;
+// ld >= first + rows), either null to skip. Rows past offsets[G] (a bound's slack) are no group's:
+// q's are left, qt's columns written 0 (the FP8 wgrad's last partial step reads them).
+// scale_inv[w * stride] = 1 / scale[w * stride] for every w < Gw, amax[w * stride] max-ed with its
+// groups' rows' max |x| (null: not recorded).
+void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& groups, const float* scale,
+                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, int64_t ld, float* scale_inv,
+                                float* amax, cudaStream_t stream);
+// The amaxes alone (current scaling's first pass over the experts' rows).
+void fp8_grouped_amax(const __nv_bfloat16* x, int64_t cols, const RowGroups& groups, float* amax, int64_t stride,
+                      cudaStream_t stream);
 // *amax = max(*amax, max |x|): current scaling's first pass.
 void fp8_amax(const __nv_bfloat16* x, int64_t n, float* amax, cudaStream_t stream);
-// Current scaling: *scale = current_scaling_scale(*amax, f) (core/fp8_scaling.hpp).
+// Current scaling: *scale = current_scaling_scale(*amax, f) (core/fp8_scaling.hpp); of n tensors,
+// amax and scale `stride` floats apart.
 void fp8_current_scale(const float* amax, Fp8Format f, float* scale, cudaStream_t stream);
+void fp8_current_scales(const float* amax, int64_t n, int64_t stride, Fp8Format f, float* scale, cudaStream_t stream);
 // Delayed scaling's update of n tensors (DelayedScaling::update): history [len][n] (row 0 this
 // pass's amaxes), scale [n], fp8_max [n] each tensor's format's largest value.
 void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t n, int64_t len, bool max_algo,

@@ -297,15 +297,9 @@ void launch_rows(bool nt, const bf16* A, const bf16* B, bf16* C, const RowGroups
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-}  // namespace
-
-// LAOYAO_GROUPED_GEMM (core/runtime_options.hpp) picks the kernels: "tma" the TMA-fed ones with
-// 128 x 256 tiles walked by one block an SM where the output's columns are a multiple of 256
-// (128 x 128 tiles, a block each, elsewhere and for the weight gradients), "cp_async" these,
-// "portable" grouped_gemm_portable.cu's; "auto" (the default) the TMA-fed ones on a Hopper GPU
-// (compute capability 9.0, the only one wgmma runs on) and the portable ones elsewhere.
-GroupedGemmKernels grouped_gemm_kernels() {
-  // Each device's compute capability (10 major + minor), asked once: every grouped GEMM call asks.
+// The current device's compute capability (10 major + minor), asked once a device: every grouped
+// GEMM call asks.
+int device_cc() {
   static std::array<std::atomic<int>, 64> known{};
   int device = 0;
   LAOYAO_CUDA_CHECK(cudaGetDevice(&device));
@@ -317,6 +311,18 @@ GroupedGemmKernels grouped_gemm_kernels() {
     cc = 10 * major + minor;
     if (device < 64) known[size_t(device)].store(cc, std::memory_order_relaxed);
   }
+  return cc;
+}
+
+}  // namespace
+
+// LAOYAO_GROUPED_GEMM (core/runtime_options.hpp) picks the kernels: "tma" the TMA-fed ones with
+// 128 x 256 tiles walked by one block an SM where the output's columns are a multiple of 256
+// (128 x 128 tiles, a block each, elsewhere and for the weight gradients), "cp_async" these,
+// "portable" grouped_gemm_portable.cu's; "auto" (the default) the TMA-fed ones on a Hopper GPU
+// (compute capability 9.0, the only one wgmma runs on) and the portable ones elsewhere.
+GroupedGemmKernels grouped_gemm_kernels() {
+  const int cc = device_cc();
   const int major = cc / 10, minor = cc % 10;
   const bool hopper = cc == 90;
   switch (runtime_options().grouped_gemm) {
@@ -386,6 +392,47 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
                                                              int(groups.weights), int(m_tiles), int(n_tiles), N, K,
                                                              accumulate);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace {
+
+void check_fp8_args(const char* fn, const void* a, const void* b, const void* c, const RowGroups& g, int64_t N,
+                    int64_t K) {
+  check_args(fn, a, b, c, 8, g, N, K);
+  if (N % 16 != 0 || K % 16 != 0)
+    throw Error(std::string(fn) + ": FP8 needs N and K multiples of 16, got N=" + std::to_string(N) +
+                " K=" + std::to_string(K));
+  const int cc = device_cc();
+  if (cc != 90)
+    throw UsageError(std::string(fn) + ": the FP8 grouped GEMMs run on Hopper (compute capability 9.0) only, this GPU is " +
+                     std::to_string(cc / 10) + "." + std::to_string(cc % 10));
+}
+
+}  // namespace
+
+void grouped_gemm_fp8_nt(const uint8_t* X, Fp8Format fx, const uint8_t* W, bf16* Y, const RowGroups& groups, int64_t N,
+                         int64_t K, const Fp8GroupScales& scales, bool split_accumulator, cudaStream_t stream) {
+  check_fp8_args("grouped_gemm_fp8_nt", X, W, Y, groups, N, K);
+  if (!scales.a || !scales.b) throw Error("grouped_gemm_fp8_nt: the scale_invs are null");
+  if (rows_done(Y, groups, N, K, stream)) return;
+  grouped_rows_tma_fp8(X, fx, W, Y, groups, N, K, scales, split_accumulator, stream);
+}
+
+void grouped_gemm_fp8_wgrad(const uint8_t* dYt, Fp8Format fdy, const uint8_t* Xt, int64_t ld, float* dW,
+                            const RowGroups& groups, int64_t N, int64_t K, const Fp8GroupScales& scales,
+                            bool accumulate, cudaStream_t stream) {
+  check_fp8_args("grouped_gemm_fp8_wgrad", dYt, Xt, dW, groups, N, K);
+  if (!scales.a || !scales.b) throw Error("grouped_gemm_fp8_wgrad: the scale_invs are null");
+  if (ld < groups.first + groups.rows || ld % 16 != 0)
+    throw Error("grouped_gemm_fp8_wgrad: the transposes' pitch ld must be a multiple of 16 and at least first + rows (" +
+                std::to_string(groups.first + groups.rows) + "), got " + std::to_string(ld));
+  if (N == 0 || K == 0) return;
+  if (groups.rows == 0) {
+    if (!accumulate)
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(dW, 0, size_t(groups.weights * N * K) * sizeof(float), stream));
+    return;
+  }
+  grouped_wgrad_tma_fp8(dYt, fdy, Xt, ld, dW, groups, N, K, scales, accumulate, stream);
 }
 
 }  // namespace laoyao::kernels::cuda

@@ -29,6 +29,8 @@
 
 #include <cstdint>
 
+#include "core/fp8.hpp"
+
 namespace laoyao::kernels::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -65,5 +67,30 @@ void grouped_gemm_nn(const bf16* dY, const bf16* W, bf16* dX, const RowGroups& g
 // not X's: those X rows must be finite (0 x inf would leak NaN into this group's dW).
 void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
                         bool accumulate, cudaStream_t stream);
+
+// ---- FP8 (Transformer Engine's GroupedLinear under fp8_autocast, one quantizer per GEMM, i.e. per
+// weight matrix): FP8 operands (fp8_cast.hpp's grouped casts) with one scale_inv per weight
+// matrix, group g's at index g % Gw, `stride` floats apart; fp32 accumulation; the output times
+// the two operands' scale_invs. Hopper only (TMA-fed wgmma kernels, whatever LAOYAO_GROUPED_GEMM
+// picks for bf16; a UsageError elsewhere); N and K multiples of 16 (Megatron's FP8 condition);
+// other checks as above.
+struct Fp8GroupScales {
+  const float* a = nullptr;  // the first operand's scale_invs (X, dY)
+  const float* b = nullptr;  // the second's (W, X)
+  int64_t a_stride = 1, b_stride = 1;
+};
+// Y[r, :] = X[r, :] @ W_{g % Gw}^T: X [first + rows, K] in format fx, W [Gw][N][K] E4M3, Y bf16
+// [first + rows, N]. The forward (X E4M3, split_accumulator false: the forward's fast accumulation)
+// and the input gradient as dX = dY @ W, given the weights' transposes [Gw][K][N] as W (dY E4M3 or
+// E5M2, split_accumulator true, as Transformer Engine's backward GEMMs).
+void grouped_gemm_fp8_nt(const uint8_t* X, Fp8Format fx, const uint8_t* W, bf16* Y, const RowGroups& groups, int64_t N,
+                         int64_t K, const Fp8GroupScales& scales, bool split_accumulator, cudaStream_t stream);
+// Weight gradient, as grouped_gemm_wgrad with the split accumulator, from the operands' transposes
+// (Hopper's FP8 GEMMs read both operands reduction-contiguous): dYt [N][ld] in format fdy, Xt
+// [K][ld] E4M3, a group's rows being their columns (ld >= first + rows, a multiple of 16). Xt's
+// columns offsets[G].. first + rows must be finite (the last group's partial step reads them).
+void grouped_gemm_fp8_wgrad(const uint8_t* dYt, Fp8Format fdy, const uint8_t* Xt, int64_t ld, float* dW,
+                            const RowGroups& groups, int64_t N, int64_t K, const Fp8GroupScales& scales,
+                            bool accumulate, cudaStream_t stream);
 
 }  // namespace laoyao::kernels::cuda

@@ -108,14 +108,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // One box of a 2D / 3D tensor map into shared memory, completing `bar`'s transaction bytes.
-__device__ __forceinline__ void tma_load(bf16* dst, const CUtensorMap& map, uint64_t* bar, int x, int y) {
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap& map, uint64_t* bar, int x, int y) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
           smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(smem_u32(bar)), "r"(x), "r"(y)
       : "memory");
 }
-__device__ __forceinline__ void tma_load(bf16* dst, const CUtensorMap& map, uint64_t* bar, int x, int y, int z) {
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap& map, uint64_t* bar, int x, int y, int z) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
       "[%2];\n" ::"r"(smem_u32(dst)),
@@ -211,23 +211,71 @@ __device__ __forceinline__ void produce(Ring<Tile<W>::kStages>& ring, bf16* smem
   }
 }
 
+// What a kernel's MMAs read. A stage is 128-byte rows either way: BK = 64 bf16 elements (Bf16Mma,
+// either operand K- or MN-major) or 128 FP8 ones (Fp8Mma: E4M3 or E5M2 A, E4M3 B, both K-major),
+// whose epilogue multiplies by the operands' scale_invs. kSplit: Transformer Engine's split
+// accumulator (its FP8 backward GEMMs' use_split_accumulator): each stage's MMAs into partial sums
+// added to the fp32 accumulators by the threads, since the tensor cores' FP8 accumulation keeps
+// fewer bits than fp32 over a long reduction; without it (the forward's fast accumulation) they
+// accumulate in place.
+struct Bf16Mma {
+  static constexpr int kStep = BK;
+  static constexpr bool kFp8 = false, kSplit = false;
+  template <int TA, int TB, int W>
+  static __device__ __forceinline__ void stage(float (&acc)[W / 2], uint32_t a, uint32_t b, bool) {
+    mma_stage<TA, TB, W>(acc, a, b);
+  }
+};
+template <int FA, bool Split>
+struct Fp8Mma {
+  static constexpr int kStep = 2 * BK;
+  static constexpr bool kFp8 = true, kSplit = Split;
+  template <int TA, int TB, int W>
+  static __device__ __forceinline__ void stage(float (&acc)[W / 2], uint32_t a, uint32_t b, bool fresh) {
+    static_assert(TA == 0 && TB == 0, "FP8 operands are K-major");
+    mma_stage_fp8<FA, 0, W>(acc, a, b, fresh);
+  }
+};
+
+// Blocks an SM: the split accumulator's partial sums double the accumulators' registers, more
+// than two blocks of 288 threads have.
+template <class Mma, int W>
+constexpr int blocks_per_sm() {
+  return Mma::kSplit ? 1 : Tile<W>::kBlocksPerSm;
+}
+
 // The computing warpgroups' loop: for each step, wait for its stage, prepare(stage A, kt) (the
-// wgrad's zeroing), issue its MMAs, then retire the previous step's and free that stage.
-template <int TA, int TB, int W, class Prepare>
+// wgrad's zeroing), issue its MMAs, then retire the previous step's and free that stage (split:
+// retire this step's and add its partial sums).
+template <int TA, int TB, int W, class Mma, class Prepare>
 __device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&acc)[W / 2], bf16* smem, int KT,
                                         const Prepare& prepare) {
   constexpr int kStages = Tile<W>::kStages, kStage = Tile<W>::kStage;
   const uint32_t wg_off = (threadIdx.x / 128) * 8192u;  // this warpgroup's 64 rows of A (both layouts)
   const uint32_t base = smem_u32(smem);
   const bool lane0 = (threadIdx.x & 31) == 0;
+  [[maybe_unused]] float part[Mma::kSplit ? W / 2 : 1];
+  if constexpr (Mma::kSplit) {
+#pragma unroll
+    for (int i = 0; i < W / 2; ++i) part[i] = 0.0f;
+  }
   for (int kt = 0; kt < KT; ++kt) {
     const int s = kt % kStages;
     mbar_wait(&ring.full[s], uint32_t((kt / kStages) & 1));
     prepare(smem + s * kStage, kt);
     const uint32_t a = base + uint32_t(s * kStage) * 2u;
-    mma_stage<TA, TB, W>(acc, a + wg_off, a + Tile<W>::kTileA * 2u);
-    wait<1>();
-    if (kt > 0 && lane0) mbar_arrive(&ring.empty[(kt - 1) % kStages]);
+    if constexpr (Mma::kSplit) {
+      Mma::template stage<TA, TB, W>(part, a + wg_off, a + Tile<W>::kTileA * 2u, true);
+      wait<0>();
+      fence_acc(part);
+      if (lane0) mbar_arrive(&ring.empty[s]);
+#pragma unroll
+      for (int i = 0; i < W / 2; ++i) acc[i] += part[i];
+    } else {
+      Mma::template stage<TA, TB, W>(acc, a + wg_off, a + Tile<W>::kTileA * 2u, false);
+      wait<1>();
+      if (kt > 0 && lane0) mbar_arrive(&ring.empty[(kt - 1) % kStages]);
+    }
   }
   wait<0>();
   fence_acc(acc);
@@ -236,16 +284,26 @@ __device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&ac
 
 // A rows kernel's boxes for reduction step kt into stage (sA, sB): A's rows r0.. and B's W columns
 // c0.. of weight matrix w (nt: one box of W rows; nn: W / 64 boxes of 64 columns).
-template <int B_MN, int W>
+template <int B_MN, int W, int kStep = BK>
 __device__ __forceinline__ void load_rows_stage(bf16* sA, bf16* sB, const CUtensorMap& ta, const CUtensorMap& tb,
                                                 uint64_t* full, int kt, int r0, int c0, int w) {
-  tma_load(sA, ta, full, kt * BK, r0);
+  tma_load(sA, ta, full, kt * kStep, r0);
   if constexpr (B_MN) {
 #pragma unroll
     for (int b = 0; b < W / 64; ++b) tma_load(sB + b * 64 * BK, tb, full, c0 + 64 * b, kt * BK, w);
   } else {
-    tma_load(sB, tb, full, kt * BK, c0, w);
+    tma_load(sB, tb, full, kt * kStep, c0, w);
   }
+}
+
+// The FP8 epilogue's factor: group g's operands' scale_invs (one per weight matrix g % Gw).
+__device__ __forceinline__ float fp8_factor(const Fp8GroupScales& sc, int w) {
+  return sc.a[int64_t(w) * sc.a_stride] * sc.b[int64_t(w) * sc.b_stride];
+}
+template <int N>
+__device__ __forceinline__ void scale_acc(float (&acc)[N], float f) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] *= f;
 }
 
 // Thread 0 of a rows kernel: a whole row tile staged by stage_for_bulk<bf16> (W / 64 boxes) into C
@@ -261,12 +319,13 @@ __device__ __forceinline__ void issue_rows_tile(const CUtensorMap& tc, const uns
 
 // nt (B_MN = 0) and nn (B_MN = 1), as rows_kernel of grouped_gemm.cu, with W-wide column tiles.
 // ta: A [extent rows][red]; tb: B as [Gw][cols][red] (nt, boxes of W rows) or [Gw][red][cols]
-// (nn, W / 64 boxes of 64 columns).
-template <int B_MN, int W>
-__global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
+// (nn, W / 64 boxes of 64 columns). FP8 (Fp8Mma): nt only, the output times `sc`'s factor.
+template <int B_MN, int W, class Mma = Bf16Mma>
+__global__ void __launch_bounds__(kThreads, blocks_per_sm<Mma, W>())
     rows_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, bool bulk, bf16* __restrict__ C,
-                    const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles, int64_t cols, int64_t red) {
+                    const int32_t* __restrict__ offsets, int G, int Gw, int col_tiles, int64_t cols, int64_t red,
+                    Fp8GroupScales sc = {}) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ Ring<Tile<W>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
@@ -274,19 +333,20 @@ __global__ void __launch_bounds__(kThreads, Tile<W>::kBlocksPerSm)
   const int c0 = int(blockIdx.x % unsigned(col_tiles)) * W;
   int g, r0, r_end;
   if (!find_row_tile<kThreads>(offsets, G, tile, g, r0, r_end)) return;
-  const int w = g % Gw, KT = int((red + BK - 1) / BK);
+  const int w = g % Gw, KT = int((red + Mma::kStep - 1) / Mma::kStep);
   ring.init();
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
       produce<W>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
-        load_rows_stage<B_MN, W>(sA, sB, ta, tb, full, kt, r0, c0, w);
+        load_rows_stage<B_MN, W, Mma::kStep>(sA, sB, ta, tb, full, kt, r0, c0, w);
       });
     return;
   }
   float acc[W / 2];
 #pragma unroll
   for (int i = 0; i < W / 2; ++i) acc[i] = 0.0f;
-  consume<0, B_MN, W>(ring, acc, smem, KT, [](bf16*, int) {});
+  consume<0, B_MN, W, Mma>(ring, acc, smem, KT, [](bf16*, int) {});
+  if constexpr (Mma::kFp8) scale_acc(acc, fp8_factor(sc, w));
   if (bulk && r0 + BM <= r_end) {  // a whole row tile of its group: its rows are all C's to write
     stage_for_bulk<bf16>(acc, reinterpret_cast<unsigned char*>(smem));
     sync_math();
@@ -423,11 +483,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) bulk_wait_read();
 }
 
-// The wgrad's reduction of weight matrix w: its groups' rows in 64-row steps, ceil(rows / BK) a
-// group, group after group.
+// The wgrad's reduction of weight matrix w: its groups' rows in steps of kStep rows (64 bf16, 128
+// FP8), ceil(rows / kStep) a group, group after group.
+template <int kStep>
 __device__ __forceinline__ int wgrad_steps(const int32_t* __restrict__ offsets, int G, int Gw, int w) {
   int KT = 0;
-  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + BK - 1) / BK;
+  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + kStep - 1) / kStep;
   return KT;
 }
 
@@ -439,11 +500,12 @@ __device__ __forceinline__ int wgrad_steps(const int32_t* __restrict__ offsets, 
 // Each warp finds it alone (no barrier): lane l holds the steps of matrices l, l + 32, ...;
 // kLptSlots slots a lane, so up to 32 kLptSlots matrices (the host passes lpt = false above).
 constexpr int kLptSlots = 8;
+template <int kStep>
 __device__ __forceinline__ int matrix_of_rank(const int32_t* __restrict__ offsets, int G, int Gw, int rank) {
   const int lane = threadIdx.x & 31;
   int steps[kLptSlots];
 #pragma unroll
-  for (int j = 0; j < kLptSlots; ++j) steps[j] = 32 * j + lane < Gw ? wgrad_steps(offsets, G, Gw, 32 * j + lane) : -1;
+  for (int j = 0; j < kLptSlots; ++j) steps[j] = 32 * j + lane < Gw ? wgrad_steps<kStep>(offsets, G, Gw, 32 * j + lane) : -1;
   int found = -1;
 #pragma unroll
   for (int j = 0; j < kLptSlots; ++j) {
@@ -467,21 +529,32 @@ __device__ __forceinline__ int matrix_of_rank(const int32_t* __restrict__ offset
 // Step kt's group: both roles ask for the steps in increasing order, so a cursor (group g, its
 // first step, first row, rows) moves forward only. at() returns the step's first row; `left` its
 // group's rows from there on.
+template <int kStep>
 struct WgradCursor {
   int g, step, row, len;
   __device__ static WgradCursor start(const int32_t* off, int w) { return {w, 0, off[w], off[w + 1] - off[w]}; }
   __device__ int at(const int32_t* off, int Gw, int kt, int& left) {
-    while (kt >= step + (len + BK - 1) / BK) {
-      step += (len + BK - 1) / BK;
+    while (kt >= step + (len + kStep - 1) / kStep) {
+      step += (len + kStep - 1) / kStep;
       g += Gw;
       row = off[g];
       len = off[g + 1] - row;
     }
-    const int done = (kt - step) * BK;
+    const int done = (kt - step) * kStep;
     left = len - done;
     return row + done;
   }
 };
+
+// Zeroed shared memory made visible to the warpgroup's wgmmas: the async proxy's fence, then a
+// barrier over the warpgroup's 128 threads (fixed ids 2 and 3).
+__device__ __forceinline__ void sync_warpgroup_after_zeroing(int wg) {
+  fence_proxy_async();
+  if (wg == 0)
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+}
 
 // A group's last, partial step: warpgroup wg's 64 columns of dY^T in stage A `sA` have reduction
 // rows left.. from the next group (or past the operand): zero them (whole 128-byte rows, the
@@ -489,11 +562,31 @@ struct WgradCursor {
 __device__ __forceinline__ void zero_rows_past_group(bf16* sA, int left, int wg, int t) {
   bf16* block = sA + wg * 64 * BK;
   for (int i = left * 8 + t; i < BK * 8; i += 128) reinterpret_cast<uint4*>(block)[i] = make_uint4(0, 0, 0, 0);
-  fence_proxy_async();
-  if (wg == 0)  // fixed barrier ids: 2 and 3
-    asm volatile("bar.sync 2, 128;\n" ::: "memory");
-  else
-    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  sync_warpgroup_after_zeroing(wg);
+}
+
+// The FP8 wgrad's A is dY^T, K-major (the reduction's rows are its columns): warpgroup wg's 64 rows
+// of stage A keep their first `left` bytes (columns) and the rest, the next group's, are zeroed; a
+// 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+__device__ __forceinline__ void zero_cols_past_group(bf16* sA, int left, int wg, int t) {
+  unsigned char* block = reinterpret_cast<unsigned char*>(sA) + wg * 64 * 128;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {  // 64 rows x 8 chunks, 4 a thread (every thread the same trip count)
+    const int i = t + 128 * u, r = i >> 3, c = i & 7, keep = min(max(left - c * 16, 0), 16);  // bytes kept
+    uint4* chunk = reinterpret_cast<uint4*>(block + r * 128 + ((c ^ (r & 7)) << 4));
+    if (keep < 16) {
+      uint4 v = *chunk;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int k = min(max(keep - 4 * j, 0), 4);  // bytes kept of word j (little-endian: the low ones)
+        w[j] = k == 4 ? w[j] : w[j] & ((1u << (8 * k)) - 1u);
+      }
+      *chunk = v;
+    }
+  }
+  __syncwarp();  // converged again before the warpgroup's .aligned wgmmas
+  sync_warpgroup_after_zeroing(wg);
 }
 
 // Thread 0 of a wgrad block: the staged fp32 tile (stage_for_bulk's boxes of 32 columns) added to
@@ -512,12 +605,15 @@ __device__ __forceinline__ void issue_wgrad_tile(const CUtensorMap& tw, const un
 }
 
 // wgrad, as wgrad_kernel of grouped_gemm.cu (128 x 128 tiles of dW). ta: dY [extent rows][N];
-// tb: X [extent rows][K].
-__global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
+// tb: X [extent rows][K]. FP8 (Fp8Mma): their transposes, ta dY^T [N][extent], tb X^T [K][extent]
+// (K-major: the rows are the columns), the tile times `sc`'s factor.
+template <class Mma = Bf16Mma>
+__global__ void __launch_bounds__(kThreads, blocks_per_sm<Mma, BN>())
     wgrad_kernel_tma(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                      const __grid_constant__ CUtensorMap tw, bool bulk, float* __restrict__ dW,
                      const int32_t* __restrict__ offsets, int G, int Gw, int m_tiles, int n_tiles, int64_t N,
-                     int64_t K, bool accumulate, bool lpt) {
+                     int64_t K, bool accumulate, bool lpt, Fp8GroupScales sc = {}) {
+  constexpr int kStep = Mma::kStep;
   extern __shared__ unsigned char smem_raw[];
   __shared__ Ring<Tile<BN>::kStages> ring;
   bf16* smem = align_1024(smem_raw);
@@ -525,8 +621,8 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
   const int n0 = int(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
   const int m0 = int((b / unsigned(n_tiles)) % unsigned(m_tiles)) * BM;  // rows of dW: N
   const int rank = int(b / unsigned(n_tiles * m_tiles));
-  const int w = lpt ? matrix_of_rank(offsets, G, Gw, rank) : rank;
-  const int KT = wgrad_steps(offsets, G, Gw, w);
+  const int w = lpt ? matrix_of_rank<kStep>(offsets, G, Gw, rank) : rank;
+  const int KT = wgrad_steps<kStep>(offsets, G, Gw, w);
   if (KT == 0 && accumulate) return;  // nothing to add
   float* Wg = dW + int64_t(w) * N * K;
   if (accumulate && !bulk)  // this block's dW tile into L2 now, read in the epilogue
@@ -535,16 +631,21 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
       if (r < N && c < K) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(Wg + r * K + c));
     }
   ring.init();
-  WgradCursor cur = WgradCursor::start(offsets, w);
+  WgradCursor<kStep> cur = WgradCursor<kStep>::start(offsets, w);
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
       produce<BN>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
         int left;
         const int row = cur.at(offsets, Gw, kt, left);
-        tma_load(sA, ta, full, m0, row);
-        tma_load(sA + 64 * BK, ta, full, m0 + 64, row);
-        tma_load(sB, tb, full, n0, row);
-        tma_load(sB + 64 * BK, tb, full, n0 + 64, row);
+        if constexpr (Mma::kFp8) {  // one box of 128 rows (dY^T's, X^T's) x 128 reduction columns each
+          tma_load(sA, ta, full, row, m0);
+          tma_load(sB, tb, full, row, n0);
+        } else {
+          tma_load(sA, ta, full, m0, row);
+          tma_load(sA + 64 * BK, ta, full, m0 + 64, row);
+          tma_load(sB, tb, full, n0, row);
+          tma_load(sB + 64 * BK, tb, full, n0 + 64, row);
+        }
       });
     return;
   }
@@ -552,11 +653,18 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kBlocksPerSm)
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  consume<1, 1, BN>(ring, acc, smem, KT, [&](bf16* sA, int kt) {
+  constexpr int kT = Mma::kFp8 ? 0 : 1;  // bf16 reads both MN-major
+  consume<kT, kT, BN, Mma>(ring, acc, smem, KT, [&](bf16* sA, int kt) {
     int left;
     cur.at(offsets, Gw, kt, left);
-    if (left < BK) zero_rows_past_group(sA, left, wg, t);
+    if (left < kStep) {
+      if constexpr (Mma::kFp8)
+        zero_cols_past_group(sA, left, wg, t);
+      else
+        zero_rows_past_group(sA, left, wg, t);
+    }
   });
+  if constexpr (Mma::kFp8) scale_acc(acc, fp8_factor(sc, w));
   if (bulk) {  // the tile added to dW (or written) by the bulk copies, in L2
     stage_for_bulk<float>(acc, reinterpret_cast<unsigned char*>(smem));
     sync_math();
@@ -658,6 +766,74 @@ void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowG
     launch_rows_tma<128>(nt, A, B, C, g, cols, red, stream);
 }
 
+namespace {
+
+template <int W, class Mma>
+void launch_rows_fp8(const uint8_t* A, const uint8_t* B, bf16* C, const RowGroups& g, int64_t cols, int64_t red,
+                     const Fp8GroupScales& sc, cudaStream_t stream) {
+  const int64_t col_tiles = (cols + W - 1) / W;
+  const int64_t blocks = col_tiles * ((g.rows + BM - 1) / BM + g.groups);
+  if (blocks > INT_MAX) throw Error("grouped_gemm_fp8_nt: the problem is too large for one grid");
+  const uint64_t extent = uint64_t(g.first + g.rows), Gw = uint64_t(g.weights);
+  // 128 FP8 elements a box row: the bf16 kernels' 128-byte rows.
+  const CUtensorMap ta = u8_tensor_map(A, {uint64_t(red), extent}, {uint64_t(red)}, {128, BM});
+  const CUtensorMap tb =
+      u8_tensor_map(B, {uint64_t(red), uint64_t(cols), Gw}, {uint64_t(red), uint64_t(red * cols)}, {128, W, 1});
+  const CUtensorMap tc = bf16_tensor_map(C, {uint64_t(cols), extent}, {uint64_t(cols) * 2}, {64, BM});
+  constexpr size_t smem = Tile<W>::template smem_bytes<bf16>();
+  static SmemSite site;
+  site.once([&] { allow_smem(rows_kernel_tma<0, W, Mma>, smem); });
+  rows_kernel_tma<0, W, Mma><<<unsigned(blocks), kThreads, smem, stream>>>(
+      ta, tb, tc, true, C, g.offsets, int(g.groups), int(Gw), int(col_tiles), cols, red, sc);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Mma>
+void launch_wgrad_fp8(const uint8_t* dYt, const uint8_t* Xt, int64_t ld, float* dW, const RowGroups& g, int64_t N,
+                      int64_t K, const Fp8GroupScales& sc, bool accumulate, cudaStream_t stream) {
+  const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
+  const int64_t blocks = g.weights * m_tiles * n_tiles;
+  if (blocks > INT_MAX) throw Error("grouped_gemm_fp8_wgrad: the problem is too large for one grid");
+  const uint64_t extent = uint64_t(g.first + g.rows);
+  const CUtensorMap ta = u8_tensor_map(dYt, {extent, uint64_t(N)}, {uint64_t(ld)}, {128, BM});
+  const CUtensorMap tb = u8_tensor_map(Xt, {extent, uint64_t(K)}, {uint64_t(ld)}, {128, BN});
+  const bool bulk = aligned16(dW);
+  const CUtensorMap tw =
+      bulk ? f32_tensor_map(dW, {uint64_t(K), uint64_t(N), uint64_t(g.weights)},
+                            {uint64_t(K) * 4, uint64_t(N * K) * 4}, {32, BM, 1})
+           : ta;
+  constexpr size_t smem = Tile<BN>::smem_bytes<float>();
+  static SmemSite site;
+  site.once([&] { allow_smem(wgrad_kernel_tma<Mma>, smem); });
+  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots;
+  wgrad_kernel_tma<Mma><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets,
+                                                                      int(g.groups), int(g.weights), int(m_tiles),
+                                                                      int(n_tiles), N, K, accumulate, lpt, sc);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void grouped_rows_tma_fp8(const uint8_t* A, Fp8Format fa, const uint8_t* B, bf16* C, const RowGroups& g,
+                          int64_t cols, int64_t red, const Fp8GroupScales& sc, bool split, cudaStream_t stream) {
+  const bool e5m2 = fa == Fp8Format::E5M2;
+  if (split)  // the partial sums' registers beside the accumulators: 128-wide tiles
+    return e5m2 ? launch_rows_fp8<128, Fp8Mma<1, true>>(A, B, C, g, cols, red, sc, stream)
+                : launch_rows_fp8<128, Fp8Mma<0, true>>(A, B, C, g, cols, red, sc, stream);
+  if (cols % 256 == 0)
+    return e5m2 ? launch_rows_fp8<256, Fp8Mma<1, false>>(A, B, C, g, cols, red, sc, stream)
+                : launch_rows_fp8<256, Fp8Mma<0, false>>(A, B, C, g, cols, red, sc, stream);
+  return e5m2 ? launch_rows_fp8<128, Fp8Mma<1, false>>(A, B, C, g, cols, red, sc, stream)
+              : launch_rows_fp8<128, Fp8Mma<0, false>>(A, B, C, g, cols, red, sc, stream);
+}
+
+void grouped_wgrad_tma_fp8(const uint8_t* dYt, Fp8Format fdy, const uint8_t* Xt, int64_t ld, float* dW,
+                           const RowGroups& g, int64_t N, int64_t K, const Fp8GroupScales& sc, bool accumulate,
+                           cudaStream_t stream) {
+  if (fdy == Fp8Format::E5M2) return launch_wgrad_fp8<Fp8Mma<1, true>>(dYt, Xt, ld, dW, g, N, K, sc, accumulate, stream);
+  launch_wgrad_fp8<Fp8Mma<0, true>>(dYt, Xt, ld, dW, g, N, K, sc, accumulate, stream);
+}
+
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& g, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream) {
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
@@ -674,9 +850,9 @@ void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups
            : ta;
   constexpr size_t smem = Tile<BN>::smem_bytes<float>();
   static SmemSite site;
-  site.once([&] { allow_smem(wgrad_kernel_tma, smem); });
+  site.once([&] { allow_smem(wgrad_kernel_tma<Bf16Mma>, smem); });
   const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots;  // the longest matrices' blocks first
-  wgrad_kernel_tma<<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
+  wgrad_kernel_tma<Bf16Mma><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
                                                                  int(g.weights), int(m_tiles), int(n_tiles), N, K,
                                                                  accumulate, lpt);
   LAOYAO_CUDA_CHECK(cudaGetLastError());

@@ -18,5 +18,13 @@ void grouped_rows_tma(bool nt, const bf16* A, const bf16* B, bf16* C, const RowG
                       int64_t red, bool wide, cudaStream_t stream);
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& groups, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream);
+// FP8 (grouped_gemm.hpp's grouped_gemm_fp8_*): the nt rows kernels with 128 FP8 elements a stage
+// (split: the split accumulator, 128-wide tiles; else 256-wide where cols % 256 == 0), and the
+// wgrad kernel over the operands' transposes (ld: their row pitch).
+void grouped_rows_tma_fp8(const uint8_t* A, Fp8Format fa, const uint8_t* B, bf16* C, const RowGroups& groups,
+                          int64_t cols, int64_t red, const Fp8GroupScales& scales, bool split, cudaStream_t stream);
+void grouped_wgrad_tma_fp8(const uint8_t* dYt, Fp8Format fdy, const uint8_t* Xt, int64_t ld, float* dW,
+                           const RowGroups& groups, int64_t N, int64_t K, const Fp8GroupScales& scales,
+                           bool accumulate, cudaStream_t stream);
 
 }  // namespace laoyao::kernels::cuda

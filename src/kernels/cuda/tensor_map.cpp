@@ -74,6 +74,11 @@ CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> di
   return tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "bf16", base, dims, strides, box);
 }
 
+CUtensorMap u8_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
+                          std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
+  return tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, "u8", base, dims, strides, box);
+}
+
 CUtensorMap f32_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
                            std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box) {
   return tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, "f32", base, dims, strides, box);

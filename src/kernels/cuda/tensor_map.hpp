@@ -16,6 +16,9 @@ namespace laoyao::kernels::cuda {
 // dims read as zero. Throws laoyao::Error naming what the driver refused.
 CUtensorMap bf16_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
                             std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box);
+// The same for a tensor of bytes (FP8 values; box[0] = 128).
+CUtensorMap u8_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
+                          std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box);
 // The same for an fp32 tensor (box[0] = 32: 128-byte box rows).
 CUtensorMap f32_tensor_map(const void* base, std::initializer_list<uint64_t> dims,
                            std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box);

@@ -115,6 +115,51 @@ __device__ __forceinline__ void mma_n256(float (&d)[128], uint64_t da, uint64_t 
       : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
 }
 
+// FP8 (E4M3 / E5M2) wgmmas, k32: both operands K-major (Hopper's FP8 wgmma transposes neither), the
+// same 128-byte swizzle, so a stage of 128 reduction elements is the bf16 stage's bytes. scale-d
+// (the predicate): 0 overwrites D, as the split accumulator's first MMA of a stage does. FA / FB:
+// 0 E4M3, 1 E5M2 (core/fp8.hpp's Fp8Format order).
+#define LAOYAO_WGMMA_FP8_N128(FA_NAME, FB_NAME)                                                      \
+  LAOYAO_WGMMA(                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                  \
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32." FA_NAME "." FB_NAME " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"               \
+      "}, %64, %65, p, 1, 1;\n}\n"                                                                   \
+      : LAOYAO_WGMMA_ACC64(d, 0)                                                                     \
+      : "l"(da), "l"(db), "r"(accumulate))
+#define LAOYAO_WGMMA_FP8_N256(FA_NAME, FB_NAME)                                                      \
+  LAOYAO_WGMMA(                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                 \
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32." FA_NAME "." FB_NAME " {"                        \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "             \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "             \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "             \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "  \
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+      "}, %128, %129, p, 1, 1;\n}\n"                                                                 \
+      : LAOYAO_WGMMA_ACC64(d, 0), LAOYAO_WGMMA_ACC64(d, 64)                                          \
+      : "l"(da), "l"(db), "r"(accumulate))
+
+// D (64 x W, fp32) = (accumulate ? D : 0) + A (64 x 32) B (32 x W), FP8 from shared memory.
+template <int FA, int FB, int W>
+__device__ __forceinline__ void mma_fp8(float (&d)[W / 2], uint64_t da, uint64_t db, int accumulate) {
+  static_assert(W == 128 || W == 256, "m64n128k32 or m64n256k32");
+  static_assert((FA == 0 || FA == 1) && FB == 0, "E4M3 or E5M2 A, E4M3 B: the forms the FP8 GEMMs use");
+  if constexpr (W == 128) {
+    if constexpr (FA == 0) LAOYAO_WGMMA_FP8_N128("e4m3", "e4m3"); else LAOYAO_WGMMA_FP8_N128("e5m2", "e4m3");
+  } else {
+    if constexpr (FA == 0) LAOYAO_WGMMA_FP8_N256("e4m3", "e4m3"); else LAOYAO_WGMMA_FP8_N256("e5m2", "e4m3");
+  }
+}
+#undef LAOYAO_WGMMA_FP8_N128
+#undef LAOYAO_WGMMA_FP8_N256
+
 // Issues (and commits as one group) this warpgroup's four k16 wgmmas on one stage: its 64 rows of
 // A at shared address a, B (W = 128 or 256 columns) at b.
 template <int TA, int TB, int W = BN>
@@ -130,6 +175,18 @@ __device__ __forceinline__ void mma_stage(float (&acc)[W / 2], uint32_t a, uint3
     else
       mma_n256<TA, TB>(acc, da, db);
   }
+  commit();
+}
+
+// The same for FP8 operands (both K-major): four k32 wgmmas over the stage's 128 reduction
+// elements; `fresh` starts D over (the split accumulator's per-stage partial sums).
+template <int FA, int FB, int W = BN>
+__device__ __forceinline__ void mma_stage_fp8(float (&acc)[W / 2], uint32_t a, uint32_t b, bool fresh = false) {
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    mma_fp8<FA, FB, W>(acc, sw128_desc(a + kk * 32, 16, 1024), sw128_desc(b + kk * 32, 16, 1024),
+                       fresh && kk == 0 ? 0 : 1);
   commit();
 }
 

@@ -26,8 +26,11 @@ class CpuBackend final : public Backend {
   void bind(const float* weights, float* grads, int64_t trainable_offset = 0) {
     w_ = weights, g_ = grads, trainable_offset_ = trainable_offset;
   }
-  // The MoE layers' ops (null for a dense model).
-  void set_moe(CpuMoeLayers* moe) { moe_ = moe; }
+  // The MoE layers' ops (null for a dense model); their experts' GEMMs take this backend's FP8 state.
+  void set_moe(CpuMoeLayers* moe) {
+    moe_ = moe;
+    if (moe_) moe_->set_fp8(fp8_.get());
+  }
   // Context parallelism: the group whose ranks hold the other chunks of each sequence.
   void set_context_parallel(dist::ProcessGroup* cp) { cp_ = cp; }
 

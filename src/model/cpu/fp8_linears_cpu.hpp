@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/fp8_scaling.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/backend.hpp"
 #include "model/gpt_config.hpp"
@@ -62,6 +63,33 @@ class CpuFp8Linears {
   Fp8Pass pass_ = Fp8Pass::TrainingForward;
   std::map<int64_t, Linear> linears_;
   std::vector<float> input_q_, grad_q_;
+};
+
+// One MoE layer's experts in FP8 (kernels/cpu/moe.hpp's MoeExpertsFp8) over the linears' state:
+// Transformer Engine's GroupedLinear keeps a quantizer per GEMM, so each expert's linear is a linear
+// of its own here, keyed by where its weight sits in the table (the experts' [E][out][in] weights
+// one after another: expert e's at offset + e * out * in; a shared expert is expert 0 of one).
+class CpuFp8Experts final : public kernels::cpu::MoeExpertsFp8 {
+ public:
+  CpuFp8Experts(CpuFp8Linears& fp8, int64_t fc1, int64_t fc1_numel, int64_t fc2, int64_t fc2_numel)
+      : fp8_(fp8), offset_{fc1, fc2}, numel_{fc1_numel, fc2_numel} {}
+  kernels::cpu::Fp8Operand input(int linear, int64_t e, const float* x, int64_t n) override {
+    return fp8_.input(key(linear, e), x, n);
+  }
+  kernels::cpu::Fp8Operand weight(int linear, int64_t e, const float* w, int64_t n) override {
+    return fp8_.weight(key(linear, e), w, n);
+  }
+  kernels::cpu::Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t n) override {
+    return fp8_.saved_input(key(linear, e), x, n);
+  }
+  kernels::cpu::Fp8Operand output_grad(int linear, int64_t e, const float* dy, int64_t n) override {
+    return fp8_.output_grad(key(linear, e), dy, n);
+  }
+
+ private:
+  int64_t key(int linear, int64_t e) const { return offset_[linear] + e * numel_[linear]; }
+  CpuFp8Linears& fp8_;
+  int64_t offset_[2], numel_[2];
 };
 
 }  // namespace laoyao::model

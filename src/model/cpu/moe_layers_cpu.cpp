@@ -106,6 +106,22 @@ k::MoeLayerWeights CpuMoeLayers::weights_of(int64_t l, const float* weights, flo
   w.shared_fc1_weight = opt(L.shared_fc1);
   w.shared_fc2_weight = opt(L.shared_fc2);
   w.expert_bias = opt(L.expert_bias);
+  if (fp8_ && fp8_->on()) {
+    fp8_experts_.resize(2 * layout_.layers.size());
+    auto& routed = fp8_experts_[static_cast<size_t>(2 * l)];
+    auto& shared = fp8_experts_[static_cast<size_t>(2 * l + 1)];
+    const int64_t H = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Fs = cfg_.shared_expert_intermediate_size;
+    if (!routed)
+      routed = std::make_unique<CpuFp8Experts>(*fp8_, L.experts_fc1, k::moe_fc1_rows(cfg_.activation, F) * H,
+                                               L.experts_fc2, H * F);
+    w.expert_fp8 = routed.get();
+    if (L.shared_fc1 >= 0) {
+      if (!shared)
+        shared = std::make_unique<CpuFp8Experts>(*fp8_, L.shared_fc1, k::moe_fc1_rows(cfg_.activation, Fs) * H,
+                                                 L.shared_fc2, H * Fs);
+      w.shared_fp8 = shared.get();
+    }
+  }
   return w;
 }
 

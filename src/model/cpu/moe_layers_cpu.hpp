@@ -10,6 +10,7 @@
 #include "dist/process_group.hpp"
 #include "kernels/cpu/moe.hpp"
 #include "model/backend.hpp"
+#include "model/cpu/fp8_linears_cpu.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 
@@ -50,6 +51,9 @@ class CpuMoeLayers {
   // coefficient divided by its size (null or one rank: none).
   void set_context_parallel_group(dist::ProcessGroup* cp);
   std::vector<double> expert_load(int64_t layer) const;
+  // The backend's FP8 linear layers (null: none): where the current layer runs in FP8, the experts'
+  // and the shared expert's GEMMs do.
+  void set_fp8(CpuFp8Linears* fp8) { fp8_ = fp8; }
 
  private:
   // grads: null in a forward (PEFT's adapters' gradients are pointed at in the backward).
@@ -68,6 +72,9 @@ class CpuMoeLayers {
   std::vector<int64_t> random_logits_rows_;        // [T] under context parallelism (force_load_balancing)
   // PEFT: each layer's adapters on the routed experts and on the shared expert (weights_of's).
   mutable std::vector<std::pair<kernels::cpu::MoeAdapters, kernels::cpu::MoeAdapters>> lora_;
+  CpuFp8Linears* fp8_ = nullptr;
+  // FP8: each layer's routed experts' and shared expert's casts (weights_of's), 2 a layer.
+  mutable std::vector<std::unique_ptr<CpuFp8Experts>> fp8_experts_;
   MoeLosses losses_;
 };
 
