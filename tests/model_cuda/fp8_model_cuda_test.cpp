@@ -16,11 +16,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "model/cuda/fp8_linears_cuda.hpp"
 #include "model/gpt_layout.hpp"
 #include "model_cuda_test_util.hpp"
+#include "moe_test_util.hpp"
 
 namespace laoyao::model::test {
 namespace {
@@ -41,37 +43,54 @@ void expect_within(float gpu, float cpu, double tolerance, const std::string& wh
     EXPECT_LE(std::fabs(double(gpu) - cpu) / cpu, tolerance) << what << ": " << gpu << " vs " << cpu;
 }
 
+// The FP8 linears' keys (the CPU backend's): each layer's dense linears or shared expert's, and each
+// routed expert's linear_fc1 and linear_fc2 (the experts' weights one after another), flagged.
+std::vector<std::pair<int64_t, bool>> fp8_linear_keys(const GptConfig& c) {
+  const GptParameterLayout P = build_gpt_parameters(c);
+  std::vector<std::pair<int64_t, bool>> keys;
+  const int64_t H = c.hidden, F = c.moe.ffn;
+  for (const GptLayerOffsets& L : P.layers) {
+    for (const int64_t w : {L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w, L.shared_fc1, L.shared_fc2})
+      if (w >= 0) keys.push_back({w, false});
+    for (int64_t e = 0; L.experts_fc1 >= 0 && e < c.moe.num_experts; ++e) {
+      keys.push_back({L.experts_fc1 + e * c.fc1_rows(F) * H, true});
+      keys.push_back({L.experts_fc2 + e * H * F, true});
+    }
+  }
+  return keys;
+}
+
 // Every FP8 linear's delayed-scaling state against the CPU model's: the weights' bit for bit, the
 // inputs' and output gradients' within the bounds the header measured (with room for bf16 at every
-// layer, not only the embedding).
+// layer, not only the embedding). A routed expert's amaxes are maxima over its own rows, fewer,
+// and a token whose top-k is a near-tie can take other experts on the GPU than on the CPU: its
+// inputs' and output gradients' within 50% (measured on an H100: up to 36%).
 void expect_scaling(const GptModel& cpu, const CudaGptModel& gpu, const GptConfig& c) {
   const int64_t len = c.fp8->amax_history_len;
-  const GptParameterLayout P = build_gpt_parameters(c);
-  for (const GptLayerOffsets& L : P.layers)
-    for (const int64_t w : {L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w})
-      for (const bool backward : {false, true}) {
-        SCOPED_TRACE("linear at " + std::to_string(w) + (backward ? " backward" : " forward"));
-        const DelayedScaling* want =
-            backward ? cpu.fp8_linears()->backward_scaling(w) : cpu.fp8_linears()->forward_scaling(w);
-        ASSERT_NE(want, nullptr);
-        const CudaFp8Linears::Scaling got = gpu.fp8_linears()->download_scaling(w, backward);
-        const int64_t k = want->size();
-        ASSERT_EQ(static_cast<int64_t>(got.scale.size()), k);
-        for (int64_t i = 0; i < k; ++i) {
-          const bool weight = !backward && i == 1;
-          const double tolerance = weight ? 0.0 : backward ? 0.3 : 0.08;
-          const std::string tensor = weight ? "weight" : backward ? "output gradient" : "input";
-          EXPECT_GT(want->history(len - 1, i), 0.0f) << tensor;
-          if (weight) {
-            EXPECT_EQ(got.scale[static_cast<size_t>(i)], want->scale(i)) << "weight scale";
-          } else {
-            expect_within(got.scale[static_cast<size_t>(i)], want->scale(i), tolerance, tensor + " scale");
-          }
-          for (int64_t r = 0; r < len; ++r)
-            expect_within(got.history[static_cast<size_t>(r * k + i)], want->history(r, i), tolerance,
-                          tensor + " history row " + std::to_string(r));
+  for (const auto& [w, expert] : fp8_linear_keys(c))
+    for (const bool backward : {false, true}) {
+      SCOPED_TRACE("linear at " + std::to_string(w) + (backward ? " backward" : " forward"));
+      const DelayedScaling* want =
+          backward ? cpu.fp8_linears()->backward_scaling(w) : cpu.fp8_linears()->forward_scaling(w);
+      ASSERT_NE(want, nullptr);
+      const CudaFp8Linears::Scaling got = gpu.fp8_linears()->download_scaling(w, backward);
+      const int64_t k = want->size();
+      ASSERT_EQ(static_cast<int64_t>(got.scale.size()), k);
+      for (int64_t i = 0; i < k; ++i) {
+        const bool weight = !backward && i == 1;
+        const double tolerance = weight ? 0.0 : expert ? 0.5 : backward ? 0.3 : 0.08;
+        const std::string tensor = weight ? "weight" : backward ? "output gradient" : "input";
+        EXPECT_GT(want->history(len - 1, i), 0.0f) << tensor;
+        if (weight) {
+          EXPECT_EQ(got.scale[static_cast<size_t>(i)], want->scale(i)) << "weight scale";
+        } else {
+          expect_within(got.scale[static_cast<size_t>(i)], want->scale(i), tolerance, tensor + " scale");
         }
+        for (int64_t r = 0; r < len; ++r)
+          expect_within(got.history[static_cast<size_t>(r * k + i)], want->history(r, i), tolerance,
+                        tensor + " history row " + std::to_string(r));
       }
+    }
 }
 
 void compare_fp8(const GptConfig& c) {
@@ -152,6 +171,17 @@ TEST(CudaFp8Model, UncheckedCombinationsAreNamed) {
   EXPECT_EQ(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Delayed)), "");
   EXPECT_NE(cuda_unsupported_features(with_fp8(mla_config(32), Fp8ScalingRecipe::Delayed)).find("multi-latent"),
             std::string::npos);
+}
+// MoE layers (Llama's pieces, 4 experts of ffn 64, top-2, a shared expert of 32): the routed
+// experts through the FP8 grouped GEMMs with a scaling state per expert, the shared expert's FP8
+// Linears; both recipes.
+TEST(CudaFp8Model, MoeDelayedScalingMatchesCpuModel) {
+  compare_fp8(with_fp8(moe_config(llama_config(), 4, 2, 64, 32), Fp8ScalingRecipe::Delayed));
+}
+TEST(CudaFp8Model, MoeTensorwiseMatchesCpuModel) {
+  GptConfig c = with_fp8(moe_config(llama_config(), 4, 2, 64, 32), Fp8ScalingRecipe::Tensorwise);
+  c.attention_backend = AttentionBackend::Flash;
+  compare_fp8(c);
 }
 TEST(CudaFp8Model, GptTensorwiseWithTheFirstLayerInBf16MatchesCpuModel) {
   GptConfig c = with_fp8(small_config(2, 2), Fp8ScalingRecipe::Tensorwise);

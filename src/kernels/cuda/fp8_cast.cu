@@ -55,21 +55,18 @@ __global__ void cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, cons
 // 32 x 32 tiles through shared memory: reads and both writes along rows; kThreads threads a block.
 constexpr int kTile = 32, kRowsPerPass = kThreads / kTile;
 
-// Matrix blockIdx.z of a batch (x, q, qt one matrix after another; scale, scale_inv and amax
-// `stride` floats apart).
-__global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols,
-                                      const float* __restrict__ scale, int64_t stride, Fp8Format f,
-                                      uint8_t* __restrict__ q, uint8_t* __restrict__ qt, float* __restrict__ scale_inv,
-                                      float* amax) {
+// Matrix blockIdx.z of a batch (x, q, qt one matrix after another; its scale, scale_inv and amax at
+// z times their strides).
+__global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols, Fp8Slots sl,
+                                      Fp8Format f, uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const int64_t z = blockIdx.z, elems = rows * cols;
   x += z * elems;
   if (q) q += z * elems;
   if (qt) qt += z * elems;
-  scale += z * stride;
-  if (scale_inv) scale_inv += z * stride;
-  if (amax) amax += z * stride;
-  const float s = *scale;
+  float* scale_inv = sl.scale_inv ? sl.scale_inv + z * sl.inv_stride : nullptr;
+  float* amax = sl.amax ? sl.amax + z * sl.amax_stride : nullptr;
+  const float s = sl.scale ? sl.scale[z * sl.scale_stride] : 1.0f;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   float m = 0.0f;
   for (int dr = threadIdx.y; dr < kTile; dr += kRowsPerPass) {
@@ -94,16 +91,17 @@ __global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64
 
 __device__ float fp8_max_of(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0f : 57344.0f; }
 
-__global__ void current_scale_kernel(const float* amax, int64_t n, int64_t stride, Fp8Format f, float* scale) {
+__global__ void current_scale_kernel(const float* amax, int64_t amax_stride, int64_t n, Fp8Format f, float* scale,
+                                     int64_t scale_stride) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const float a = amax[i * stride];
+  const float a = amax[i * amax_stride];
   float s = 1.0f;
   if (isfinite(a) && a > 0.0f) {
     s = __fdiv_rn(fp8_max_of(f), a);
     if (isinf(s)) s = FLT_MAX;
   }
-  scale[i * stride] = s;
+  scale[i * scale_stride] = s;
 }
 
 __global__ void delayed_update_kernel(float* history, float* scale, const float* fp8_max, int64_t n, int64_t len,
@@ -132,9 +130,9 @@ __global__ void delayed_update_kernel(float* history, float* scale, const float*
 // row left). scale null: the amaxes alone. Each row's amax (a warp's lanes share a row) is max-ed
 // into its matrix's slot once per run of the band's rows of one group.
 __global__ void grouped_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t cols, const int32_t* __restrict__ offsets,
-                                    int G, int Gw, int64_t first, int64_t extent, const float* __restrict__ scale,
-                                    int64_t stride, Fp8Format f, uint8_t* __restrict__ q, uint8_t* __restrict__ qt,
-                                    int64_t ld, float* __restrict__ scale_inv, float* amax) {
+                                    int G, int Gw, int64_t first, int64_t extent, Fp8Slots sl, Fp8Format f,
+                                    uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int64_t ld) {
+  const float* scale = sl.scale;
   __shared__ uint8_t tile[kTile][kTile + 4];
   __shared__ int row_group[kTile];
   __shared__ float row_scale[kTile], row_amax[kTile];
@@ -152,10 +150,10 @@ __global__ void grouped_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t
       g = lo;
     }
     row_group[tx] = g;
-    row_scale[tx] = g >= 0 && scale ? scale[int64_t(g % Gw) * stride] : 0.0f;
+    row_scale[tx] = g >= 0 && scale ? scale[int64_t(g % Gw) * sl.scale_stride] : 0.0f;
   }
-  if (scale_inv && blockIdx.x == 0 && ty == 0)
-    for (int w = tx; w < Gw; w += kTile) scale_inv[int64_t(w) * stride] = 1.0f / scale[int64_t(w) * stride];
+  if (sl.scale_inv && blockIdx.x == 0 && ty == 0)
+    for (int w = tx; w < Gw; w += kTile) sl.scale_inv[int64_t(w) * sl.inv_stride] = 1.0f / scale[int64_t(w) * sl.scale_stride];
   __syncthreads();
   float m[kTile / kRowsPerPass] = {};
   for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
@@ -182,7 +180,7 @@ __global__ void grouped_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t
     }
     __syncthreads();
   }
-  if (!amax) return;
+  if (!sl.amax) return;
 #pragma unroll
   for (int p = 0; p < kTile / kRowsPerPass; ++p) {
     float v = m[p];
@@ -195,7 +193,7 @@ __global__ void grouped_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t
     if (g >= 0 && (tx == 0 || row_group[tx - 1] != g)) {
       float v = 0.0f;
       for (int dr = tx; dr < kTile && row_group[dr] == g; ++dr) v = fmaxf(v, row_amax[dr]);
-      if (v > 0.0f) atomic_max_nonnegative(amax + int64_t(g % Gw) * stride, v);
+      if (v > 0.0f) atomic_max_nonnegative(sl.amax + int64_t(g % Gw) * sl.amax_stride, v);
     }
   }
 }
@@ -218,56 +216,59 @@ void fp8_amax(const __nv_bfloat16* x, int64_t n, float* amax, cudaStream_t strea
 void fp8_cast_transpose(const __nv_bfloat16* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
                         uint8_t* q, uint8_t* qt, float* scale_inv, float* amax, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, scale, 0, f, q, qt, scale_inv,
-                                                                        amax);
+  const Fp8Slots slots{scale, 0, scale_inv, 0, amax, 0};
+  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, slots, f, q, qt);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const float* scale,
-                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, float* scale_inv, float* amax,
-                                cudaStream_t stream) {
+void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const Fp8Slots& slots,
+                                Fp8Format f, uint8_t* q, uint8_t* qt, cudaStream_t stream) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
   if (batch > 65535 || (rows + kTile - 1) / kTile > 65535)
     throw Error("fp8_batched_cast_transpose: at most 65535 matrices of at most 65535 x 32 rows, got " +
                 std::to_string(batch) + " of " + std::to_string(rows));
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile),
                   static_cast<unsigned>(batch));
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, scale, stride, f, q, qt,
-                                                                        scale_inv, amax);
+  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, slots, f, q, qt);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, const float* scale,
-                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, int64_t ld, float* scale_inv,
-                                float* amax, cudaStream_t stream) {
+void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, const Fp8Slots& slots,
+                                Fp8Format f, uint8_t* q, uint8_t* qt, int64_t ld, cudaStream_t stream) {
   if (g.groups < 1 || g.weights < 1 || g.groups % g.weights != 0 || g.rows < 0 || g.first < 0 || cols < 0 ||
       !g.offsets || (qt && ld < g.first + g.rows))
     throw Error("fp8_grouped_cast_transpose: bad arguments (groups " + std::to_string(g.groups) + ", weights " +
                 std::to_string(g.weights) + ", rows " + std::to_string(g.rows) + ", cols " + std::to_string(cols) +
                 ", ld " + std::to_string(ld) + ")");
-  if (!scale && (q || qt || scale_inv)) throw Error("fp8_grouped_cast_transpose: a cast needs its scales");
+  if (!slots.scale && (q || qt || slots.scale_inv)) throw Error("fp8_grouped_cast_transpose: a cast needs its scales");
+  // The transpose's columns from first rounded down to 16 bytes are read by the FP8 wgrad's first
+  // box (TMA starts a box's innermost coordinate at 16-byte multiples only): zeros, not garbage.
+  if (qt && g.first % 16 != 0 && cols > 0)
+    LAOYAO_CUDA_CHECK(cudaMemset2DAsync(qt + g.first / 16 * 16, static_cast<size_t>(ld), 0,
+                                        static_cast<size_t>(g.first % 16), static_cast<size_t>(cols), stream));
   // No rows: a launch still writes every matrix's scale_inv (the GEMMs read them all).
   const int64_t rows = cols == 0 ? 0 : g.rows;
-  if (rows == 0 && !scale_inv) return;
+  if (rows == 0 && !slots.scale_inv) return;
   const unsigned bands = static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile));
   grouped_cast_kernel<<<bands, dim3(kTile, kRowsPerPass), 0, stream>>>(
-      x, cols, g.offsets, int(g.groups), int(g.weights), g.first, g.first + rows, scale, stride, f, q, qt, ld,
-      scale_inv, amax);
+      x, cols, g.offsets, int(g.groups), int(g.weights), g.first, g.first + rows, slots, f, q, qt, ld);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
 void fp8_grouped_amax(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, float* amax, int64_t stride,
                       cudaStream_t stream) {
-  fp8_grouped_cast_transpose(x, cols, g, nullptr, stride, Fp8Format::E4M3, nullptr, nullptr, 0, nullptr, amax, stream);
+  fp8_grouped_cast_transpose(x, cols, g, Fp8Slots{nullptr, 0, nullptr, 0, amax, stride}, Fp8Format::E4M3, nullptr,
+                             nullptr, 0, stream);
 }
 
 void fp8_current_scale(const float* amax, Fp8Format f, float* scale, cudaStream_t stream) {
-  fp8_current_scales(amax, 1, 0, f, scale, stream);
+  fp8_current_scales(amax, 0, 1, f, scale, 0, stream);
 }
 
-void fp8_current_scales(const float* amax, int64_t n, int64_t stride, Fp8Format f, float* scale, cudaStream_t stream) {
+void fp8_current_scales(const float* amax, int64_t amax_stride, int64_t n, Fp8Format f, float* scale,
+                        int64_t scale_stride, cudaStream_t stream) {
   if (n <= 0) return;
-  current_scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(amax, n, stride, f, scale);
+  current_scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(amax, amax_stride, n, f, scale, scale_stride);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 

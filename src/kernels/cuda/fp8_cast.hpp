@@ -23,31 +23,39 @@ void fp8_cast(const __nv_bfloat16* x, int64_t n, const float* scale, Fp8Format f
 // may be null).
 void fp8_cast_transpose(const __nv_bfloat16* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
                         uint8_t* q, uint8_t* qt, float* scale_inv, float* amax, cudaStream_t stream);
+// Per-matrix scaling slots of the casts below: matrix w's scale, scale_inv and amax at index w
+// times each one's stride (scale_inv, amax null: not written).
+struct Fp8Slots {
+  const float* scale = nullptr;
+  int64_t scale_stride = 1;
+  float* scale_inv = nullptr;
+  int64_t inv_stride = 1;
+  float* amax = nullptr;
+  int64_t amax_stride = 1;
+};
 // A batch of matrices each with its own scale (the experts' weights): x [batch][rows][cols] into q
-// [batch][rows][cols] and qt [batch][cols][rows] (either may be null); matrix b's scale, scale_inv
-// and amax at index b * stride.
-void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const float* scale,
-                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, float* scale_inv, float* amax,
-                                cudaStream_t stream);
+// [batch][rows][cols] and qt [batch][cols][rows] (either may be null; both null: the amaxes alone).
+void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const Fp8Slots& slots,
+                                Fp8Format f, uint8_t* q, uint8_t* qt, cudaStream_t stream);
 // The routed experts' rows (grouped_gemm.hpp's RowGroups; Transformer Engine's GroupedLinear casts
 // each GEMM's input with its own quantizer): x [first + rows][cols], a row of group g cast with
 // scale[(g % Gw) * stride] into q [first + rows][cols] and the transpose qt [cols][ld] (column r;
 // ld >= first + rows), either null to skip. Rows past offsets[G] (a bound's slack) are no group's:
-// q's are left, qt's columns written 0 (the FP8 wgrad's last partial step reads them).
-// scale_inv[w * stride] = 1 / scale[w * stride] for every w < Gw, amax[w * stride] max-ed with its
-// groups' rows' max |x| (null: not recorded).
-void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& groups, const float* scale,
-                                int64_t stride, Fp8Format f, uint8_t* q, uint8_t* qt, int64_t ld, float* scale_inv,
-                                float* amax, cudaStream_t stream);
+// q's are left, qt's columns written 0 (the FP8 wgrad's last partial step reads them), as are its
+// columns from first rounded down to 16 up to first (its first step's box starts there). Every
+// matrix w < Gw gets its scale_inv, 1 / its scale; its amax is max-ed with its groups' rows' max |x|.
+void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& groups, const Fp8Slots& slots,
+                                Fp8Format f, uint8_t* q, uint8_t* qt, int64_t ld, cudaStream_t stream);
 // The amaxes alone (current scaling's first pass over the experts' rows).
 void fp8_grouped_amax(const __nv_bfloat16* x, int64_t cols, const RowGroups& groups, float* amax, int64_t stride,
                       cudaStream_t stream);
 // *amax = max(*amax, max |x|): current scaling's first pass.
 void fp8_amax(const __nv_bfloat16* x, int64_t n, float* amax, cudaStream_t stream);
 // Current scaling: *scale = current_scaling_scale(*amax, f) (core/fp8_scaling.hpp); of n tensors,
-// amax and scale `stride` floats apart.
+// amax[i * amax_stride] to scale[i * scale_stride].
 void fp8_current_scale(const float* amax, Fp8Format f, float* scale, cudaStream_t stream);
-void fp8_current_scales(const float* amax, int64_t n, int64_t stride, Fp8Format f, float* scale, cudaStream_t stream);
+void fp8_current_scales(const float* amax, int64_t amax_stride, int64_t n, Fp8Format f, float* scale,
+                        int64_t scale_stride, cudaStream_t stream);
 // Delayed scaling's update of n tensors (DelayedScaling::update): history [len][n] (row 0 this
 // pass's amaxes), scale [n], fp8_max [n] each tensor's format's largest value.
 void fp8_delayed_update(float* history, float* scale, const float* fp8_max, int64_t n, int64_t len, bool max_algo,

@@ -87,8 +87,11 @@ void grouped_gemm_fp8_nt(const uint8_t* X, Fp8Format fx, const uint8_t* W, bf16*
                          int64_t K, const Fp8GroupScales& scales, bool split_accumulator, cudaStream_t stream);
 // Weight gradient, as grouped_gemm_wgrad with the split accumulator, from the operands' transposes
 // (Hopper's FP8 GEMMs read both operands reduction-contiguous): dYt [N][ld] in format fdy, Xt
-// [K][ld] E4M3, a group's rows being their columns (ld >= first + rows, a multiple of 16). Xt's
-// columns offsets[G].. first + rows must be finite (the last group's partial step reads them).
+// [K][ld] E4M3, a group's rows being their columns (ld >= first + rows, a multiple of 16). A
+// group's steps start at its first row rounded down to 16 (TMA's innermost coordinates are 16-byte
+// multiples), dY^T's columns outside the group zeroed in shared memory; Xt's columns read beside
+// them must be finite: from first rounded down to 16, the other groups', and offsets[G] .. first +
+// rows (fp8_grouped_cast_transpose writes those zero).
 void grouped_gemm_fp8_wgrad(const uint8_t* dYt, Fp8Format fdy, const uint8_t* Xt, int64_t ld, float* dW,
                             const RowGroups& groups, int64_t N, int64_t K, const Fp8GroupScales& scales,
                             bool accumulate, cudaStream_t stream);

@@ -213,13 +213,15 @@ __device__ __forceinline__ void produce(Ring<Tile<W>::kStages>& ring, bf16* smem
 
 // What a kernel's MMAs read. A stage is 128-byte rows either way: BK = 64 bf16 elements (Bf16Mma,
 // either operand K- or MN-major) or 128 FP8 ones (Fp8Mma: E4M3 or E5M2 A, E4M3 B, both K-major),
-// whose epilogue multiplies by the operands' scale_invs. kSplit: Transformer Engine's split
+// whose epilogue multiplies by the operands' scale_invs. kAlign: the wgrad's first row of a group
+// rounded down to it (the FP8 wgrad's rows are its boxes' innermost coordinate, which TMA takes at
+// 16-byte multiples only: an unaligned one is an illegal instruction). kSplit: Transformer Engine's split
 // accumulator (its FP8 backward GEMMs' use_split_accumulator): each stage's MMAs into partial sums
 // added to the fp32 accumulators by the threads, since the tensor cores' FP8 accumulation keeps
 // fewer bits than fp32 over a long reduction; without it (the forward's fast accumulation) they
 // accumulate in place.
 struct Bf16Mma {
-  static constexpr int kStep = BK;
+  static constexpr int kStep = BK, kAlign = 1;
   static constexpr bool kFp8 = false, kSplit = false;
   template <int TA, int TB, int W>
   static __device__ __forceinline__ void stage(float (&acc)[W / 2], uint32_t a, uint32_t b, bool) {
@@ -228,7 +230,7 @@ struct Bf16Mma {
 };
 template <int FA, bool Split>
 struct Fp8Mma {
-  static constexpr int kStep = 2 * BK;
+  static constexpr int kStep = 2 * BK, kAlign = 16;
   static constexpr bool kFp8 = true, kSplit = Split;
   template <int TA, int TB, int W>
   static __device__ __forceinline__ void stage(float (&acc)[W / 2], uint32_t a, uint32_t b, bool fresh) {
@@ -483,12 +485,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) bulk_wait_read();
 }
 
-// The wgrad's reduction of weight matrix w: its groups' rows in steps of kStep rows (64 bf16, 128
-// FP8), ceil(rows / kStep) a group, group after group.
-template <int kStep>
+// The wgrad's reduction of a group's rows [begin, end): steps of kStep rows (64 bf16, 128 FP8)
+// from begin rounded down to kAlign; none for an empty group.
+template <int kStep, int kAlign>
+__device__ __forceinline__ int group_steps(int begin, int end) {
+  return end > begin ? (end - (begin & ~(kAlign - 1)) + kStep - 1) / kStep : 0;
+}
+
+// Weight matrix w's: its groups', group after group.
+template <int kStep, int kAlign>
 __device__ __forceinline__ int wgrad_steps(const int32_t* __restrict__ offsets, int G, int Gw, int w) {
   int KT = 0;
-  for (int g = w; g < G; g += Gw) KT += (offsets[g + 1] - offsets[g] + kStep - 1) / kStep;
+  for (int g = w; g < G; g += Gw) KT += group_steps<kStep, kAlign>(offsets[g], offsets[g + 1]);
   return KT;
 }
 
@@ -500,12 +508,12 @@ __device__ __forceinline__ int wgrad_steps(const int32_t* __restrict__ offsets, 
 // Each warp finds it alone (no barrier): lane l holds the steps of matrices l, l + 32, ...;
 // kLptSlots slots a lane, so up to 32 kLptSlots matrices (the host passes lpt = false above).
 constexpr int kLptSlots = 8;
-template <int kStep>
+template <int kStep, int kAlign>
 __device__ __forceinline__ int matrix_of_rank(const int32_t* __restrict__ offsets, int G, int Gw, int rank) {
   const int lane = threadIdx.x & 31;
   int steps[kLptSlots];
 #pragma unroll
-  for (int j = 0; j < kLptSlots; ++j) steps[j] = 32 * j + lane < Gw ? wgrad_steps<kStep>(offsets, G, Gw, 32 * j + lane) : -1;
+  for (int j = 0; j < kLptSlots; ++j) steps[j] = 32 * j + lane < Gw ? wgrad_steps<kStep, kAlign>(offsets, G, Gw, 32 * j + lane) : -1;
   int found = -1;
 #pragma unroll
   for (int j = 0; j < kLptSlots; ++j) {
@@ -527,21 +535,32 @@ __device__ __forceinline__ int matrix_of_rank(const int32_t* __restrict__ offset
 }
 
 // Step kt's group: both roles ask for the steps in increasing order, so a cursor (group g, its
-// first step, first row, rows) moves forward only. at() returns the step's first row; `left` its
-// group's rows from there on.
-template <int kStep>
+// first step, its first row rounded down to kAlign, the rows from there to its end, the rows before
+// its first) moves forward only. at() returns the step's first row; `left` its group's rows from
+// there on, `skip` the rows at its start that are the previous group's (its first step only).
+template <int kStep, int kAlign>
 struct WgradCursor {
-  int g, step, row, len;
-  __device__ static WgradCursor start(const int32_t* off, int w) { return {w, 0, off[w], off[w + 1] - off[w]}; }
-  __device__ int at(const int32_t* off, int Gw, int kt, int& left) {
+  int g, step, row, len, before;
+  __device__ void set(const int32_t* off, int group) {
+    g = group;
+    const int begin = off[g], end = off[g + 1];
+    row = begin & ~(kAlign - 1);
+    len = end > begin ? end - row : 0;
+    before = len > 0 ? begin - row : 0;
+  }
+  __device__ static WgradCursor start(const int32_t* off, int w) {
+    WgradCursor c{};
+    c.set(off, w);
+    return c;
+  }
+  __device__ int at(const int32_t* off, int Gw, int kt, int& left, int& skip) {
     while (kt >= step + (len + kStep - 1) / kStep) {
       step += (len + kStep - 1) / kStep;
-      g += Gw;
-      row = off[g];
-      len = off[g + 1] - row;
+      set(off, g + Gw);
     }
     const int done = (kt - step) * kStep;
     left = len - done;
+    skip = done == 0 ? before : 0;
     return row + done;
   }
 };
@@ -566,22 +585,24 @@ __device__ __forceinline__ void zero_rows_past_group(bf16* sA, int left, int wg,
 }
 
 // The FP8 wgrad's A is dY^T, K-major (the reduction's rows are its columns): warpgroup wg's 64 rows
-// of stage A keep their first `left` bytes (columns) and the rest, the next group's, are zeroed; a
-// 16-byte chunk c of row r sits at chunk c ^ (r % 8).
-__device__ __forceinline__ void zero_cols_past_group(bf16* sA, int left, int wg, int t) {
+// of stage A keep their bytes (columns) skip .. left - 1, the rows of this step's group, and the
+// others, the previous or the next group's, are zeroed; a 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8).
+__device__ __forceinline__ void zero_cols_outside_group(bf16* sA, int skip, int left, int wg, int t) {
   unsigned char* block = reinterpret_cast<unsigned char*>(sA) + wg * 64 * 128;
 #pragma unroll
   for (int u = 0; u < 4; ++u) {  // 64 rows x 8 chunks, 4 a thread (every thread the same trip count)
-    const int i = t + 128 * u, r = i >> 3, c = i & 7, keep = min(max(left - c * 16, 0), 16);  // bytes kept
+    const int i = t + 128 * u, r = i >> 3, c = i & 7;
+    const int lo = min(max(skip - c * 16, 0), 16), hi = min(max(left - c * 16, 0), 16);  // kept: [lo, hi)
     uint4* chunk = reinterpret_cast<uint4*>(block + r * 128 + ((c ^ (r & 7)) << 4));
-    if (keep < 16) {
+    if (lo > 0 || hi < 16) {
       uint4 v = *chunk;
       uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int k = min(max(keep - 4 * j, 0), 4);  // bytes kept of word j (little-endian: the low ones)
-        w[j] = k == 4 ? w[j] : w[j] & ((1u << (8 * k)) - 1u);
-      }
+      for (int j = 0; j < 4; ++j)  // byte b of word j is byte 4 j + b of the chunk (little-endian)
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          if (4 * j + b < lo || 4 * j + b >= hi) w[j] &= ~(0xFFu << (8 * b));
       *chunk = v;
     }
   }
@@ -621,8 +642,9 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Mma, BN>())
   const int n0 = int(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
   const int m0 = int((b / unsigned(n_tiles)) % unsigned(m_tiles)) * BM;  // rows of dW: N
   const int rank = int(b / unsigned(n_tiles * m_tiles));
-  const int w = lpt ? matrix_of_rank<kStep>(offsets, G, Gw, rank) : rank;
-  const int KT = wgrad_steps<kStep>(offsets, G, Gw, w);
+  constexpr int kAlign = Mma::kAlign;
+  const int w = lpt ? matrix_of_rank<kStep, kAlign>(offsets, G, Gw, rank) : rank;
+  const int KT = wgrad_steps<kStep, kAlign>(offsets, G, Gw, w);
   if (KT == 0 && accumulate) return;  // nothing to add
   float* Wg = dW + int64_t(w) * N * K;
   if (accumulate && !bulk)  // this block's dW tile into L2 now, read in the epilogue
@@ -631,12 +653,12 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Mma, BN>())
       if (r < N && c < K) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(Wg + r * K + c));
     }
   ring.init();
-  WgradCursor<kStep> cur = WgradCursor<kStep>::start(offsets, w);
+  WgradCursor<kStep, kAlign> cur = WgradCursor<kStep, kAlign>::start(offsets, w);
   if (threadIdx.x >= kMathThreads) {
     if (threadIdx.x == kMathThreads)
       produce<BN>(ring, smem, KT, [&](bf16* sA, bf16* sB, uint64_t* full, int kt) {
-        int left;
-        const int row = cur.at(offsets, Gw, kt, left);
+        int left, skip;
+        const int row = cur.at(offsets, Gw, kt, left, skip);
         if constexpr (Mma::kFp8) {  // one box of 128 rows (dY^T's, X^T's) x 128 reduction columns each
           tma_load(sA, ta, full, row, m0);
           tma_load(sB, tb, full, row, n0);
@@ -655,11 +677,11 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Mma, BN>())
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   constexpr int kT = Mma::kFp8 ? 0 : 1;  // bf16 reads both MN-major
   consume<kT, kT, BN, Mma>(ring, acc, smem, KT, [&](bf16* sA, int kt) {
-    int left;
-    cur.at(offsets, Gw, kt, left);
-    if (left < kStep) {
+    int left, skip;
+    cur.at(offsets, Gw, kt, left, skip);
+    if (left < kStep || skip > 0) {  // (skip: FP8 alone)
       if constexpr (Mma::kFp8)
-        zero_cols_past_group(sA, left, wg, t);
+        zero_cols_outside_group(sA, skip, left, wg, t);
       else
         zero_rows_past_group(sA, left, wg, t);
     }
@@ -788,15 +810,15 @@ void launch_rows_fp8(const uint8_t* A, const uint8_t* B, bf16* C, const RowGroup
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
+// A wgrad launch over the operands' maps (ta, tb as wgrad_kernel_tma takes them): dW's map for
+// the bulk reductions where dW is 16-byte aligned, the longest reductions' blocks first.
 template <class Mma>
-void launch_wgrad_fp8(const uint8_t* dYt, const uint8_t* Xt, int64_t ld, float* dW, const RowGroups& g, int64_t N,
-                      int64_t K, const Fp8GroupScales& sc, bool accumulate, cudaStream_t stream) {
+void launch_wgrad(const CUtensorMap& ta, const CUtensorMap& tb, float* dW, const RowGroups& g, int64_t N, int64_t K,
+                  bool accumulate, const Fp8GroupScales& sc, cudaStream_t stream) {
   const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
   const int64_t blocks = g.weights * m_tiles * n_tiles;
-  if (blocks > INT_MAX) throw Error("grouped_gemm_fp8_wgrad: the problem is too large for one grid");
-  const uint64_t extent = uint64_t(g.first + g.rows);
-  const CUtensorMap ta = u8_tensor_map(dYt, {extent, uint64_t(N)}, {uint64_t(ld)}, {128, BM});
-  const CUtensorMap tb = u8_tensor_map(Xt, {extent, uint64_t(K)}, {uint64_t(ld)}, {128, BN});
+  if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");
+  // dW's map [Gw][N][K] fp32 (boxes of 32 columns): needs a 16-byte aligned dW (K % 8 == 0 already).
   const bool bulk = aligned16(dW);
   const CUtensorMap tw =
       bulk ? f32_tensor_map(dW, {uint64_t(K), uint64_t(N), uint64_t(g.weights)},
@@ -810,6 +832,16 @@ void launch_wgrad_fp8(const uint8_t* dYt, const uint8_t* Xt, int64_t ld, float* 
                                                                       int(g.groups), int(g.weights), int(m_tiles),
                                                                       int(n_tiles), N, K, accumulate, lpt, sc);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
+
+// The FP8 wgrad's maps: the transposes, 128-element (byte) boxes of 128 rows.
+template <class Mma>
+void launch_wgrad_fp8(const uint8_t* dYt, const uint8_t* Xt, int64_t ld, float* dW, const RowGroups& g, int64_t N,
+                      int64_t K, const Fp8GroupScales& sc, bool accumulate, cudaStream_t stream) {
+  const uint64_t extent = uint64_t(g.first + g.rows);
+  const CUtensorMap ta = u8_tensor_map(dYt, {extent, uint64_t(N)}, {uint64_t(ld)}, {128, BM});
+  const CUtensorMap tb = u8_tensor_map(Xt, {extent, uint64_t(K)}, {uint64_t(ld)}, {128, BN});
+  launch_wgrad<Mma>(ta, tb, dW, g, N, K, accumulate, sc, stream);
 }
 
 }  // namespace
@@ -836,26 +868,10 @@ void grouped_wgrad_tma_fp8(const uint8_t* dYt, Fp8Format fdy, const uint8_t* Xt,
 
 void grouped_wgrad_tma(const bf16* dY, const bf16* X, float* dW, const RowGroups& g, int64_t N, int64_t K,
                        bool accumulate, cudaStream_t stream) {
-  const int64_t m_tiles = (N + BM - 1) / BM, n_tiles = (K + BN - 1) / BN;
-  const int64_t blocks = g.weights * m_tiles * n_tiles;
-  if (blocks > INT_MAX) throw Error("grouped_gemm_wgrad: the problem is too large for one grid");
   const uint64_t extent = uint64_t(g.first + g.rows);
   const CUtensorMap ta = bf16_tensor_map(dY, {uint64_t(N), extent}, {uint64_t(N) * 2}, {64, 64});
   const CUtensorMap tb = bf16_tensor_map(X, {uint64_t(K), extent}, {uint64_t(K) * 2}, {64, 64});
-  // dW's map [Gw][N][K] fp32 (boxes of 32 columns): needs a 16-byte aligned dW (K % 8 == 0 already).
-  const bool bulk = aligned16(dW);  // bulk reductions of whole tiles where dW's map allows
-  const CUtensorMap tw =
-      bulk ? f32_tensor_map(dW, {uint64_t(K), uint64_t(N), uint64_t(g.weights)},
-                            {uint64_t(K) * 4, uint64_t(N * K) * 4}, {32, BM, 1})
-           : ta;
-  constexpr size_t smem = Tile<BN>::smem_bytes<float>();
-  static SmemSite site;
-  site.once([&] { allow_smem(wgrad_kernel_tma<Bf16Mma>, smem); });
-  const bool lpt = g.weights > 1 && g.weights <= 32 * kLptSlots;  // the longest matrices' blocks first
-  wgrad_kernel_tma<Bf16Mma><<<unsigned(blocks), kThreads, smem, stream>>>(ta, tb, tw, bulk, dW, g.offsets, int(g.groups),
-                                                                 int(g.weights), int(m_tiles), int(n_tiles), N, K,
-                                                                 accumulate, lpt);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  launch_wgrad<Bf16Mma>(ta, tb, dW, g, N, K, accumulate, {}, stream);
 }
 
 }  // namespace laoyao::kernels::cuda

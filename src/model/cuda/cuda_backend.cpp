@@ -73,8 +73,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     if (c.hidden_dropout > 0 || c.attention_dropout > 0)
       missing.push_back(cp + "dropout (model.hidden_dropout, model.attention_dropout)");
   }
-  if (c.fp8 && c.moe.num_experts > 0)  // (the FP8 grouped GEMMs exist, kernels/cuda/grouped_gemm.hpp; the layer does not)
-    missing.push_back("FP8 with Mixture of Experts (the experts' FP8 grouped GEMMs are not yet in the GPU's MoE layer)");
   if (c.fp8 && c.mla)  // (CudaFp8Linears takes MLA's projections, but no GPU has checked them yet)
     missing.push_back("FP8 with multi-latent attention (its FP8 projections not yet checked on a GPU)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
@@ -166,7 +164,9 @@ CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, 
   if (c.fp8) {
     if (!st_.layout) throw Error("CudaBackend: FP8 linear layers need the parameter layout");
     if (st_.gelu_epilogue) throw Error("CudaBackend: FP8 GEMMs take no GeLU epilogue (the model turns it off)");
-    fp8_ = std::make_unique<CudaFp8Linears>(c, *st_.layout, T, st_.stream, st_.gemm);
+    // (the experts' rows: every token's top-k, one rank's experts: FP8 is refused under EP)
+    fp8_ = std::make_unique<CudaFp8Linears>(c, *st_.layout, T, c.moe.num_experts > 0 ? T * c.moe.topk : 0, st_.stream,
+                                            st_.gemm);
   }
 }
 
@@ -574,7 +574,7 @@ void CudaBackend::core_attention_backward(int64_t layer, Act qkv_attn, Act dctx,
 CudaMoeLayers::Context CudaBackend::moe_context(int64_t layer) const {
   // The router, the routed experts and the shared expert are all GEMM-written (gradient_writers).
   return {st_.layout->layers[static_cast<size_t>(layer)], st_.params, st_.grads, *st_.gemm, st_.stream, st_.main,
-          !writing_grads_, st_.trainable_offset};
+          !writing_grads_, st_.trainable_offset, fp8_.get()};
 }
 
 void CudaBackend::moe_layer(int64_t layer, Act x, Act y, const BatchShape& batch, MoePass pass, uint64_t,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
@@ -30,16 +31,30 @@ kc::GemmProblem tn(int64_t m, int64_t n, int64_t k, Fp8Format a, Fp8Format b) {
 }  // namespace
 
 CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout& layout, int64_t max_rows,
-                               cudaStream_t stream, kc::CublasLtGemm* gemm)
+                               int64_t expert_rows, cudaStream_t stream, kc::CublasLtGemm* gemm)
     : spec_(*local.fp8), stream_(stream), gemm_(gemm), fwd_format_(fp8_format_of(spec_.formats, false)),
-      grad_format_(fp8_format_of(spec_.formats, true)), len_(spec_.amax_history_len), max_rows_(max_rows) {
+      grad_format_(fp8_format_of(spec_.formats, true)), len_(spec_.amax_history_len), max_rows_(max_rows),
+      expert_rows_(expert_rows) {
   std::map<int64_t, const ParamSpec*> by_offset;
   for (const ParamSpec& p : layout.table.specs) by_offset[p.offset] = &p;
   for (int64_t l = 0; l < local.num_layers; ++l) {
     if (!spec_.layer_in_fp8(l, local.num_layers)) continue;
     const GptLayerOffsets& L = layout.layers[static_cast<size_t>(l)];
+    if (local.is_moe_layer(l)) {  // the routed experts: E slots a linear
+      const int64_t E = local.moe.num_experts, H = local.hidden, F = local.moe.ffn;
+      for (const auto& [w, N, K] : {std::tuple{L.experts_fc1, local.fc1_rows(F), H}, std::tuple{L.experts_fc2, H, F}}) {
+        if (N % 16 != 0 || K % 16 != 0)
+          throw UsageError("FP8 linear layers: the experts' weights are [" + std::to_string(N) + ", " +
+                           std::to_string(K) + "]; the FP8 grouped GEMMs need both sizes multiples of 16");
+        Experts x;
+        x.index = n_, x.E = E, x.N = N, x.K = K;
+        n_ += E;
+        max_k_ = std::max(max_k_, K), max_n_ = std::max(max_n_, N), max_experts_ = std::max(max_experts_, E);
+        experts_.emplace(w, x);
+      }
+    }
     for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
-                            L.fc2_w}) {
+                            L.fc2_w, L.shared_fc1, L.shared_fc2}) {
       if (w < 0) continue;
       const ParamSpec& p = *by_offset.at(w);
       Slot s;
@@ -61,7 +76,9 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
     weight_scale_ = a.take<float>(kStride * n_), weight_inv_ = a.take<float>(kStride * n_);
     grad_scale_ = a.take<float>(kStride * n_), grad_inv_ = a.take<float>(kStride * n_);
     amax_ = a.take<float>(1);
+    expert_amax_ = a.take<float>(max_experts_);
     for (auto& [w, s] : slots_) s.wq = a.take<uint8_t>(s.N * s.K), s.wqt = a.take<uint8_t>(s.N * s.K);
+    for (auto& [w, x] : experts_) x.wq = a.take<uint8_t>(x.E * x.N * x.K), x.wqt = a.take<uint8_t>(x.E * x.N * x.K);
   };
   Carver measure;
   carve(measure);
@@ -82,18 +99,40 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
   upload(bwd_max_, bwd_max, bwd_max.size());
   LAOYAO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // (the host vectors go out of scope)
 
+  // The experts' transposes have a row pitch of 16-byte multiples (the TMA maps' strides).
+  if (experts_.empty()) expert_rows_ = 0;
+  expert_ld_ = (expert_rows_ + 15) / 16 * 16;
+  auto carve_scratch = [&](Carver& a) {
+    xq_ = a.take<uint8_t>(max_rows_ * max_k_), dyq_ = a.take<uint8_t>(max_rows_ * max_n_);
+    dyqt_ = a.take<uint8_t>(max_rows_ * max_n_);
+    exq_ = a.take<uint8_t>(expert_ld_ * max_k_), edyq_ = a.take<uint8_t>(expert_rows_ * max_n_);
+    edyqt_ = a.take<uint8_t>(expert_ld_ * max_n_);
+  };
   Carver ms;
-  ms.take<uint8_t>(max_rows_ * max_k_), ms.take<uint8_t>(max_rows_ * max_n_), ms.take<uint8_t>(max_rows_ * max_n_);
+  carve_scratch(ms);
   scratch_ = kc::DeviceBuffer(ms.used);
   Carver rs{static_cast<char*>(scratch_.ptr), 0};
-  xq_ = rs.take<uint8_t>(max_rows_ * max_k_), dyq_ = rs.take<uint8_t>(max_rows_ * max_n_);
-  dyqt_ = rs.take<uint8_t>(max_rows_ * max_n_);
+  carve_scratch(rs);
 }
 
 const CudaFp8Linears::Slot& CudaFp8Linears::slot(int64_t w) const {
   auto it = slots_.find(w);
   if (it == slots_.end()) throw Error("CudaFp8Linears: parameter " + std::to_string(w) + " is not an FP8 linear");
   return it->second;
+}
+
+const CudaFp8Linears::Experts& CudaFp8Linears::experts(int64_t w) const {
+  auto it = experts_.find(w);
+  if (it == experts_.end())
+    throw Error("CudaFp8Linears: parameter " + std::to_string(w) + " is not an FP8 experts' linear");
+  return it->second;
+}
+
+int64_t CudaFp8Linears::index_of(int64_t w) const {
+  if (auto it = slots_.find(w); it != slots_.end()) return it->second.index;
+  for (const auto& [o, x] : experts_)
+    if (w >= o && w < o + x.E * x.N * x.K && (w - o) % (x.N * x.K) == 0) return x.index + (w - o) / (x.N * x.K);
+  throw Error("CudaFp8Linears: parameter " + std::to_string(w) + " is not an FP8 linear or expert's linear");
 }
 
 void CudaFp8Linears::current_scale(const bf16* x, int64_t n, Fp8Format f, float* scale) {
@@ -111,6 +150,18 @@ void CudaFp8Linears::new_weights(const bf16* params) {
     if (!delayed()) current_scale(params + w, s.N * s.K, fwd_format_, scale);
     kc::fp8_cast_transpose(params + w, s.N, s.K, scale, fwd_format_, s.wq, s.wqt, at(weight_inv_, i),
                            delayed() ? fwd_history_ + 2 * i + 1 : nullptr, stream_);
+  }
+  for (const auto& [w, x] : experts_) {  // every expert's weight, as GroupedLinear casts them all
+    const int64_t i = x.index;
+    kc::Fp8Slots slots{fwd_scale_ + 2 * i + 1, 2, at(weight_inv_, i), kStride, fwd_history_ + 2 * i + 1, 2};
+    if (!delayed()) {  // each expert's weight its own amax
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(expert_amax_, 0, sizeof(float) * static_cast<size_t>(x.E), stream_));
+      kc::fp8_batched_cast_transpose(params + w, x.E, x.N, x.K, {nullptr, 0, nullptr, 0, expert_amax_, 1}, fwd_format_,
+                                     nullptr, nullptr, stream_);
+      kc::fp8_current_scales(expert_amax_, 1, x.E, fwd_format_, at(weight_scale_, i), kStride, stream_);
+      slots = {at(weight_scale_, i), kStride, at(weight_inv_, i), kStride, nullptr, 0};
+    }
+    kc::fp8_batched_cast_transpose(params + w, x.E, x.N, x.K, slots, fwd_format_, x.wq, x.wqt, stream_);
   }
 }
 
@@ -173,8 +224,65 @@ void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx
   }
 }
 
+void CudaFp8Linears::grouped_forward(int64_t w, const bf16* x, const kc::RowGroups& groups, bf16* y) {
+  const Experts& X = experts(w);
+  const int64_t i = X.index;
+  check_expert_rows(groups);
+  // Each expert's input scale (a recomputed forward keeps the one of the forward it repeats).
+  if (pass_ != Fp8Pass::Recompute) {
+    if (delayed()) {
+      LAOYAO_CUDA_CHECK(cudaMemcpy2DAsync(at(input_scale_, i), sizeof(float) * kStride, fwd_scale_ + 2 * i,
+                                          2 * sizeof(float), sizeof(float), static_cast<size_t>(X.E),
+                                          cudaMemcpyDeviceToDevice, stream_));
+    } else {
+      LAOYAO_CUDA_CHECK(cudaMemsetAsync(expert_amax_, 0, sizeof(float) * static_cast<size_t>(X.E), stream_));
+      kc::fp8_grouped_amax(x, X.K, groups, expert_amax_, 1, stream_);
+      kc::fp8_current_scales(expert_amax_, 1, X.E, fwd_format_, at(input_scale_, i), kStride, stream_);
+    }
+  }
+  const bool record = delayed() && pass_ != Fp8Pass::Recompute;
+  const kc::Fp8Slots slots{at(input_scale_, i), kStride, at(input_inv_, i), kStride,
+                           record ? fwd_history_ + 2 * i : nullptr, 2};
+  kc::fp8_grouped_cast_transpose(x, X.K, groups, slots, fwd_format_, exq_, nullptr, 0, stream_);
+  kc::grouped_gemm_fp8_nt(exq_, fwd_format_, X.wq, y, groups, X.N, X.K,
+                          {at(input_inv_, i), at(weight_inv_, i), kStride, kStride}, false, stream_);
+}
+
+void CudaFp8Linears::grouped_backward(int64_t w, const bf16* x, const bf16* dy, const kc::RowGroups& groups, bf16* dx,
+                                      float* dw, bool accumulate) {
+  const Experts& X = experts(w);
+  const int64_t i = X.index;
+  check_expert_rows(groups);
+  // Each expert's output gradient (recorded: the backward's amaxes), with its transpose for dw.
+  kc::Fp8Slots slots{bwd_scale_ + i, 1, at(grad_inv_, i), kStride, delayed() ? bwd_history_ + i : nullptr, 1};
+  if (!delayed()) {
+    LAOYAO_CUDA_CHECK(cudaMemsetAsync(expert_amax_, 0, sizeof(float) * static_cast<size_t>(X.E), stream_));
+    kc::fp8_grouped_amax(dy, X.N, groups, expert_amax_, 1, stream_);
+    kc::fp8_current_scales(expert_amax_, 1, X.E, grad_format_, at(grad_scale_, i), kStride, stream_);
+    slots.scale = at(grad_scale_, i), slots.scale_stride = kStride;
+  }
+  kc::fp8_grouped_cast_transpose(dy, X.N, groups, slots, grad_format_, dx ? edyq_ : nullptr, dw ? edyqt_ : nullptr,
+                                 expert_ld_, stream_);
+  if (dx)  // dX = dY @ W_g: the nt GEMM over the weights' transposes, the split accumulator
+    kc::grouped_gemm_fp8_nt(edyq_, grad_format_, X.wqt, dx, groups, X.K, X.N,
+                            {at(grad_inv_, i), at(weight_inv_, i), kStride, kStride}, true, stream_);
+  if (dw) {
+    // The forward's input cast again with its scales, transposed only: the same FP8 values.
+    kc::fp8_grouped_cast_transpose(x, X.K, groups, {at(input_scale_, i), kStride, nullptr, 0, nullptr, 0}, fwd_format_,
+                                   nullptr, exq_, expert_ld_, stream_);
+    kc::grouped_gemm_fp8_wgrad(edyqt_, grad_format_, exq_, expert_ld_, dw, groups, X.N, X.K,
+                               {at(grad_inv_, i), at(input_inv_, i), kStride, kStride}, accumulate, stream_);
+  }
+}
+
+void CudaFp8Linears::check_expert_rows(const kc::RowGroups& groups) const {
+  if (groups.first + groups.rows > expert_rows_)
+    throw Error("CudaFp8Linears: " + std::to_string(groups.first + groups.rows) + " expert rows, built for " +
+                std::to_string(expert_rows_));
+}
+
 CudaFp8Linears::Scaling CudaFp8Linears::download_scaling(int64_t w, bool backward) const {
-  const int64_t i = slot(w).index, k = backward ? 1 : 2, width = backward ? n_ : 2 * n_;
+  const int64_t i = index_of(w), k = backward ? 1 : 2, width = backward ? n_ : 2 * n_;
   const float* history = backward ? bwd_history_ : fwd_history_;
   const float* scale = backward ? bwd_scale_ + i : fwd_scale_ + 2 * i;
   Scaling out;

@@ -14,6 +14,12 @@
 // epilogue), dx = dy w (the weight's transposed copy, the gradient's format), dw (+)=
 // dy^T x into the fp32 main gradient (both transposed copies). Everything is allocated at
 // construction for up to max_rows rows, and nothing waits for the host: a step stays capturable.
+//
+// An MoE layer's routed experts run as Transformer Engine's GroupedLinear: a quantizer per expert,
+// so each expert's linear_fc1 and linear_fc2 is a slot of its own (E consecutive slots a linear),
+// its casts per group of rows (fp8_cast.hpp's grouped casts, from the device-side offsets) and its
+// GEMMs our FP8 grouped ones (grouped_gemm.hpp: the same three, the backward's with the split
+// accumulator). The shared expert's linears are plain FP8 linears.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +31,7 @@
 #include "core/fp8_scaling.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
 #include "model/backend.hpp"
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
@@ -36,13 +43,16 @@ class CudaFp8Linears {
   using bf16 = __nv_bfloat16;
   // The FP8 linears of `local` (every decoder layer spec.layer_in_fp8 keeps: its qkv or
   // multi-latent projections, linear_proj, linear_fc1, linear_fc2), their weights in `layout`.
-  CudaFp8Linears(const GptConfig& local, const GptParameterLayout& layout, int64_t max_rows, cudaStream_t stream,
-                 kernels::cuda::CublasLtGemm* gemm);
+  // expert_rows: the most rows an MoE layer's experts take (tokens x top-k; 0 without MoE layers).
+  CudaFp8Linears(const GptConfig& local, const GptParameterLayout& layout, int64_t max_rows, int64_t expert_rows,
+                 cudaStream_t stream, kernels::cuda::CublasLtGemm* gemm);
 
   // Backend::fp8_layer's decision (whether the layer's linears run in FP8) and pass.
   void set_layer(bool fp8, Fp8Pass pass) { on_ = fp8, pass_ = pass; }
   // Whether linear w's GEMMs run in FP8 now (the layer is in FP8 and w is one of its linears).
   bool runs(int64_t w) const { return on_ && slots_.count(w) > 0; }
+  // Whether the routed experts' linear w (a layer's experts_fc1 or experts_fc2) runs in FP8 now.
+  bool runs_experts(int64_t w) const { return on_ && experts_.count(w) > 0; }
   // Backend::fp8_new_weights: every FP8 weight cast (with its transpose) from the bf16 table.
   void new_weights(const bf16* params);
   // Backend::fp8_pass_done: delayed scaling's update after a training forward and a backward.
@@ -54,12 +64,19 @@ class CudaFp8Linears {
   // dx[rows, K] = dy @ w (dx null: skipped); dw[N, K] += dy^T x (accumulate false: written; dw
   // null: a frozen weight, skipped). x is the bf16 input the forward cast.
   void backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx, float* dw, bool accumulate, int64_t rows);
+  // The routed experts' linear w over their rows (groups: group g expert g, its rows from the
+  // device-side offsets): y [first + rows, N] = x [first + rows, K] @ W_g^T, and the backward's dx
+  // = dy @ W_g (null: skipped) and dw_g (+)= dy_g^T x_g (null: skipped), as forward / backward.
+  void grouped_forward(int64_t w, const bf16* x, const kernels::cuda::RowGroups& groups, bf16* y);
+  void grouped_backward(int64_t w, const bf16* x, const bf16* dy, const kernels::cuda::RowGroups& groups, bf16* dx,
+                        float* dw, bool accumulate);
 
   size_t device_bytes() const { return state_.bytes + scratch_.bytes; }
 
   // Delayed scaling's state of linear w, downloaded (tests; synchronises): the forward's scales [2]
   // (input, weight) and history [len][2], or the backward's [1] and [len][1], as DelayedScaling
-  // holds them.
+  // holds them. Expert e of an experts' linear at offset o is w = o + e * (its weight's elements),
+  // as the CPU backend keys it.
   struct Scaling {
     std::vector<float> scale, history;
   };
@@ -70,7 +87,16 @@ class CudaFp8Linears {
     int64_t index = 0, N = 0, K = 0;
     uint8_t *wq = nullptr, *wqt = nullptr;  // the weight's FP8 copy [N, K] and its transpose [K, N]
   };
+  // The routed experts' linear: slots index .. index + E - 1, the weights' FP8 copies [E][N][K] and
+  // transposes [E][K][N].
+  struct Experts {
+    int64_t index = 0, E = 0, N = 0, K = 0;
+    uint8_t *wq = nullptr, *wqt = nullptr;
+  };
   const Slot& slot(int64_t w) const;
+  const Experts& experts(int64_t w) const;
+  int64_t index_of(int64_t w) const;  // a linear's slot, or an expert's (download_scaling's keys)
+  void check_expert_rows(const kernels::cuda::RowGroups& groups) const;
   bool delayed() const { return spec_.recipe == Fp8ScalingRecipe::Delayed; }
   // Current scaling: *scale from x's own amax (amax_ scratch) in the format.
   void current_scale(const bf16* x, int64_t n, Fp8Format f, float* scale);
@@ -81,6 +107,8 @@ class CudaFp8Linears {
   Fp8Format fwd_format_, grad_format_;
   int64_t n_ = 0, len_ = 1, max_rows_ = 0, max_k_ = 0, max_n_ = 0;
   std::map<int64_t, Slot> slots_;
+  std::map<int64_t, Experts> experts_;
+  int64_t expert_rows_ = 0, expert_ld_ = 0, max_experts_ = 0;
   bool on_ = false;
   Fp8Pass pass_ = Fp8Pass::TrainingForward;
   kernels::cuda::DeviceBuffer state_, scratch_;
@@ -100,6 +128,11 @@ class CudaFp8Linears {
   // The casts of one GEMM's operands: the input [max_rows, max_k] (the forward's, or the
   // backward's transposed), the output gradient [max_rows, max_n] and its transpose.
   uint8_t *xq_ = nullptr, *dyq_ = nullptr, *dyqt_ = nullptr;
+  // The experts' casts: the input [expert_rows, K] (forward) or its transpose [K, expert_ld]
+  // (backward), the output gradient [expert_rows, N] and its transpose [N, expert_ld]; current
+  // scaling's per-expert amaxes.
+  uint8_t *exq_ = nullptr, *edyq_ = nullptr, *edyqt_ = nullptr;
+  float* expert_amax_ = nullptr;
 };
 
 }  // namespace laoyao::model

@@ -252,6 +252,12 @@ void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first;
+  if (CudaFp8Linears* f = fp8_experts(ctx)) {
+    f->grouped_forward(ctx.W.experts_fc1, in, groups, S.fc1_out);
+    activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream, rows_end);
+    f->grouped_forward(ctx.W.experts_fc2, S.act_out, groups, out);
+    return;
+  }
   kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
   adapter_forward(ctx, ctx.W.experts_fc1_lora, in + first_row * H_, S.fc1_out + first_row * F1_, groups.rows, H_, F1_);
   activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream, rows_end);
@@ -264,6 +270,14 @@ void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, c
   if (groups.rows == 0) return;
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first, rows = groups.rows;
+  if (CudaFp8Linears* f = fp8_experts(ctx)) {  // each linear's input and weight gradients together
+    f->grouped_backward(ctx.W.experts_fc2, S.act_out, dy, groups, dact_, ctx.grad(ctx.W.experts_fc2),
+                        ctx.accumulate_grads);
+    activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, rows, F_,
+                        ctx.stream, rows_end);
+    f->grouped_backward(ctx.W.experts_fc1, in, dfc1_, groups, dx, ctx.grad(ctx.W.experts_fc1), ctx.accumulate_grads);
+    return;
+  }
   kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);
   adapter_backward(ctx, ctx.W.experts_fc2_lora, S.act_out + first_row * F_, dy + first_row * H_, dact_ + first_row * F_,
                    rows, F_, H_);
@@ -300,9 +314,23 @@ void CudaMoeLayers::adapter_backward(const Context& ctx, const LoraOffsets& p, c
   ctx.gemm.matmul_rm(lora_dz_, false, A, false, dx, false, rows, in, r, 1.0f, 1.0f, 1, ctx.stream);
 }
 
+CudaFp8Linears* CudaMoeLayers::fp8_experts(const Context& ctx) const {
+  if (!ctx.fp8 || !ctx.fp8->runs_experts(ctx.W.experts_fc1)) return nullptr;
+  if (ep_ || gather_)
+    throw Error("CudaMoeLayers: FP8 experts under expert parallelism or the all-gather dispatcher are not built");
+  return ctx.fp8;
+}
+
 void CudaMoeLayers::shared_expert_forward(const Saved& S, const Context& ctx, const bf16* x, int64_t T) {
   if (Fs_ == 0) return;
   const bf16* P = ctx.params;
+  if (ctx.fp8 && ctx.fp8->runs(ctx.W.shared_fc1)) {  // the shared expert's Linears in FP8
+    ctx.fp8->forward(ctx.W.shared_fc1, x, nullptr, S.shared_u, T);
+    activation_forward(S.shared_u, S.shared_g, T, Fs_, ctx.stream);
+    ctx.fp8->forward(ctx.W.shared_fc2, S.shared_g, nullptr, shared_out_, T);
+    phases_.mark(kShared, ctx.stream);
+    return;
+  }
   ctx.gemm.linear_forward(x, P + ctx.W.shared_fc1, nullptr, S.shared_u, T, H_, Fs1_, ctx.stream);
   adapter_forward(ctx, ctx.W.shared_fc1_lora, x, S.shared_u, T, H_, Fs1_);
   activation_forward(S.shared_u, S.shared_g, T, Fs_, ctx.stream);
@@ -316,6 +344,13 @@ void CudaMoeLayers::shared_expert_backward(const Saved& S, const Context& ctx, c
   if (Fs_ == 0) return;
   const bf16* P = ctx.params;
   cudaStream_t st = ctx.stream;
+  if (ctx.fp8 && ctx.fp8->runs(ctx.W.shared_fc1)) {
+    ctx.fp8->backward(ctx.W.shared_fc2, S.shared_g, dy, dshared_g_, ctx.grad(ctx.W.shared_fc2), ctx.accumulate_grads, T);
+    activation_backward(S.shared_u, dshared_g_, dshared_u_, T, Fs_, st);
+    ctx.fp8->backward(ctx.W.shared_fc1, x, dshared_u_, dshared_, ctx.grad(ctx.W.shared_fc1), ctx.accumulate_grads, T);
+    phases_.mark(kShared, st);
+    return;
+  }
   ctx.gemm.linear_backward_input(dy, P + ctx.W.shared_fc2, dshared_g_, T, Fs_, H_, st);
   if (float* g = ctx.grad(ctx.W.shared_fc2))
     ctx.gemm.linear_backward_weight(dy, S.shared_g, g, T, Fs_, H_, st, ctx.accumulate_grads);
@@ -343,6 +378,7 @@ void CudaMoeLayers::router_backward(const Saved& S, const Context& ctx, const bf
 // beside them: the flagship's step at 8 micro-batches of 8 x 4096 went 563.4 -> 569.8 ms (one call).
 void CudaMoeLayers::experts_backward_weights(const Saved& S, const Context& ctx, const bf16* in, const bf16* dy,
                                              const kc::RowGroups& groups) const {
+  if (fp8_experts(ctx)) return;  // (computed with the input gradients: experts_backward_input)
   float *fc2 = ctx.grad(ctx.W.experts_fc2), *fc1 = ctx.grad(ctx.W.experts_fc1);
   if (fc2) kc::grouped_gemm_wgrad(dy, S.act_out, fc2, groups, H_, F_, ctx.accumulate_grads, ctx.stream);
   if (fc1) kc::grouped_gemm_wgrad(dfc1_, in, fc1, groups, F1_, H_, ctx.accumulate_grads, ctx.stream);

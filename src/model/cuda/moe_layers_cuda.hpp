@@ -53,6 +53,7 @@
 #include "model/gpt_config.hpp"
 #include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
+#include "model/cuda/fp8_linears_cuda.hpp"
 #include "model/cuda/stream_timeline.hpp"
 
 namespace laoyao::model {
@@ -95,6 +96,9 @@ class CudaMoeLayers {
     const float* main = nullptr;
     bool accumulate_grads = true;
     int64_t trainable_offset = 0;
+    // The backend's FP8 linears (null: none): where they run the layer's routed experts and shared
+    // expert, those GEMMs are FP8 (one rank's experts, the one-exchange dispatcher).
+    CudaFp8Linears* fp8 = nullptr;
     // The fp32 gradient of the parameter at table offset off; null when it has none.
     float* grad(int64_t off) const {
       return grads && off >= 0 && off >= trainable_offset ? grads + (off - trainable_offset) : nullptr;
@@ -227,6 +231,8 @@ class CudaMoeLayers {
                         int64_t rows, int64_t in, int64_t out) const;
   // The shared expert (none when Fs_ == 0): its output into shared_out_; its backward's weight
   // gradients, and its input gradient into dshared_.
+  // The FP8 linears when they run this layer's routed experts, else null.
+  CudaFp8Linears* fp8_experts(const Context& ctx) const;
   void shared_expert_forward(const Saved& S, const Context& ctx, const bf16* x, int64_t T);
   void shared_expert_backward(const Saved& S, const Context& ctx, const bf16* x, const bf16* dy, int64_t T);
   // The router's backward from dprobs_ and the losses' gradients: its weight gradient, and dx
