@@ -11,7 +11,8 @@
 #   bash bench/finetune_bench.sh fp8-speed [CASE ...] there: bench/gpu_train_bench.sh's cases (default
 #                                                    llama3_8b_4l_s8k qwen3_8b_4l_s4k) in BF16 beside
 #                                                    the PyTorch peer, then in FP8 (hybrid, delayed and
-#                                                    tensorwise); a table of FP8 / BF16 last (#39)
+#                                                    tensorwise; FP8_RUNS="bf16 delayed" fewer); a
+#                                                    table of FP8 / BF16 last (#39)
 #   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
 #                                                    recipes on real text; ITERS 500), its data staged
 #   bash bench/finetune_bench.sh grouped-speed [SET ...] there: the flagship (gpu_train_bench.sh's moe_2b,
@@ -72,7 +73,7 @@ case "${1:-}" in
     fi
     if [ "$what" = fp8-speed ]; then
       cases="${*:-llama3_8b_4l_s8k qwen3_8b_4l_s4k}"
-      runs=(bf16 delayed tensorwise)
+      read -ra runs <<< "${FP8_RUNS:-bf16 delayed tensorwise}"  # (a shorter set when device time is short)
       for r in "${runs[@]}"; do
         if [ "$r" = bf16 ]; then
           OUT="$OUT/$r" bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" $cases > "$OUT/fp8_speed_$r.md" 2>&1
