@@ -410,6 +410,8 @@ void check_fp8_args(const char* fn, const void* a, const void* b, const void* c,
 
 }  // namespace
 
+bool grouped_gemm_fp8_supported() { return device_cc() == 90; }
+
 void grouped_gemm_fp8_nt(const uint8_t* X, Fp8Format fx, const uint8_t* W, bf16* Y, const RowGroups& groups, int64_t N,
                          int64_t K, const Fp8GroupScales& scales, bool split_accumulator, cudaStream_t stream) {
   check_fp8_args("grouped_gemm_fp8_nt", X, W, Y, groups, N, K);

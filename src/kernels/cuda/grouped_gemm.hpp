@@ -74,6 +74,8 @@ void grouped_gemm_wgrad(const bf16* dY, const bf16* X, float* dW, const RowGroup
 // the two operands' scale_invs. Hopper only (TMA-fed wgmma kernels, whatever LAOYAO_GROUPED_GEMM
 // picks for bf16; a UsageError elsewhere); N and K multiples of 16 (Megatron's FP8 condition);
 // other checks as above.
+// Whether the current device runs them (Hopper).
+bool grouped_gemm_fp8_supported();
 struct Fp8GroupScales {
   const float* a = nullptr;  // the first operand's scale_invs (X, dY)
   const float* b = nullptr;  // the second's (W, X)

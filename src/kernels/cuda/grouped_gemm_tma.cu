@@ -213,15 +213,13 @@ __device__ __forceinline__ void produce(Ring<Tile<W>::kStages>& ring, bf16* smem
 
 // What a kernel's MMAs read. A stage is 128-byte rows either way: BK = 64 bf16 elements (Bf16Mma,
 // either operand K- or MN-major) or 128 FP8 ones (Fp8Mma: E4M3 or E5M2 A, E4M3 B, both K-major),
-// whose epilogue multiplies by the operands' scale_invs. kAlign: the wgrad's first row of a group
-// rounded down to it (the FP8 wgrad's rows are its boxes' innermost coordinate, which TMA takes at
-// 16-byte multiples only: an unaligned one is an illegal instruction). kSplit: Transformer Engine's split
+// whose epilogue multiplies by the operands' scale_invs. kSplit: Transformer Engine's split
 // accumulator (its FP8 backward GEMMs' use_split_accumulator): each stage's MMAs into partial sums
 // added to the fp32 accumulators by the threads, since the tensor cores' FP8 accumulation keeps
 // fewer bits than fp32 over a long reduction; without it (the forward's fast accumulation) they
 // accumulate in place.
 struct Bf16Mma {
-  static constexpr int kStep = BK, kAlign = 1;
+  static constexpr int kStep = BK;
   static constexpr bool kFp8 = false, kSplit = false;
   template <int TA, int TB, int W>
   static __device__ __forceinline__ void stage(float (&acc)[W / 2], uint32_t a, uint32_t b, bool) {
@@ -230,7 +228,7 @@ struct Bf16Mma {
 };
 template <int FA, bool Split>
 struct Fp8Mma {
-  static constexpr int kStep = 2 * BK, kAlign = 16;
+  static constexpr int kStep = 2 * BK;
   static constexpr bool kFp8 = true, kSplit = Split;
   template <int TA, int TB, int W>
   static __device__ __forceinline__ void stage(float (&acc)[W / 2], uint32_t a, uint32_t b, bool fresh) {
@@ -642,7 +640,10 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm<Mma, BN>())
   const int n0 = int(b % unsigned(n_tiles)) * BN;                        // columns of dW: K
   const int m0 = int((b / unsigned(n_tiles)) % unsigned(m_tiles)) * BM;  // rows of dW: N
   const int rank = int(b / unsigned(n_tiles * m_tiles));
-  constexpr int kAlign = Mma::kAlign;
+  // The FP8 wgrad's rows are its boxes' innermost coordinate, which TMA takes at 16-byte multiples
+  // only (an unaligned one is an illegal instruction): a group's steps start at its first row
+  // rounded down to 16.
+  constexpr int kAlign = Mma::kFp8 ? 16 : 1;
   const int w = lpt ? matrix_of_rank<kStep, kAlign>(offsets, G, Gw, rank) : rank;
   const int KT = wgrad_steps<kStep, kAlign>(offsets, G, Gw, w);
   if (KT == 0 && accumulate) return;  // nothing to add

@@ -66,6 +66,9 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
       slots_.emplace(w, s);
     }
   }
+  if (!experts_.empty() && !kc::grouped_gemm_fp8_supported())  // (before any step: nothing half-written)
+    throw UsageError("FP8 with Mixture of Experts: the experts' FP8 grouped GEMMs run on Hopper GPUs (compute "
+                     "capability 9.0) only; train this model without model.fp8 (--fp8-format) here");
   if (max_rows_ % 16 != 0)
     throw UsageError("FP8 linear layers: a micro-batch of " + std::to_string(max_rows_) +
                      " rows; cuBLASLt's FP8 GEMMs need the tokens a multiple of 16");
