@@ -13,6 +13,8 @@
 #                                                    the PyTorch peer, then in FP8 (hybrid, delayed and
 #                                                    tensorwise; FP8_RUNS="bf16 delayed" fewer); a
 #                                                    table of FP8 / BF16 last (#39)
+#   bash bench/finetune_bench.sh fp8-grouped        there: bench/grouped_fp8_bench.cpp (the experts' FP8
+#                                                    casts and GEMMs piece by piece beside BF16's, #39)
 #   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
 #                                                    recipes on real text; ITERS 500), its data staged
 #   bash bench/finetune_bench.sh grouped-speed [SET ...] there: the flagship (gpu_train_bench.sh's moe_2b,
@@ -31,10 +33,12 @@ case "${1:-}" in
     B="${2:-build/default}"
     # The GPU here is Hopper: device code for sm_90a alone keeps the carry under the 64 MiB a run takes.
     grep -q "^LAOYAO_CUDA_ARCHS:STRING=90a$" "$B/CMakeCache.txt" || cmake "$B" -DLAOYAO_CUDA_ARCHS=90a > /dev/null
-    cmake --build "$B" --target laoyao laoyao_tests_kernels_cuda laoyao_tests_model_cuda laoyao_bench_fp8_gemm -j2
+    cmake --build "$B" --target laoyao laoyao_tests_kernels_cuda laoyao_tests_model_cuda laoyao_bench_fp8_gemm \
+      laoyao_bench_grouped_fp8 -j2
     [ -f build/test-vocabs/llama3/tokenizer.json ] || bash scripts/fetch_test_vocabs.sh
     rm -rf "$C" && mkdir -p "$C/lib" "$C/llama3"
-    cp "$B/laoyao" "$B/laoyao_tests_kernels_cuda" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_fp8_gemm" "$C/"
+    cp "$B/laoyao" "$B/laoyao_tests_kernels_cuda" "$B/laoyao_tests_model_cuda" "$B/laoyao_bench_fp8_gemm" \
+      "$B/laoyao_bench_grouped_fp8" "$C/"
     cp /lib/x86_64-linux-gnu/libyaml-cpp.so.0.7 "$C/lib/"
     for lib in $(ldd "$B/laoyao" | awk '/gloo|hiredis|ibverbs|libnl/ {print $3}'); do cp -L "$lib" "$C/lib/"; done
     cp build/test-vocabs/llama3/tokenizer.json build/test-vocabs/llama3/tokenizer_config.json "$C/llama3/"
@@ -58,7 +62,7 @@ case "${1:-}" in
     git --git-dir=../.mirror/NVIDIA+Megatron-LM/repo show \
       HEAD:megatron/core/tokenizers/text/libraries/sft_tokenizer.py > "$S/megatron_sft_tokenizer.py"
     du -sh "$S" ;;
-  run | tests | fp8-gemm | fp8-speed | fp8-curves | mlm-sft | grouped-speed)
+  run | tests | fp8-gemm | fp8-grouped | fp8-speed | fp8-curves | mlm-sft | grouped-speed)
     what="$1"
     shift
     sp=$(python3 -c 'import site;print(site.getsitepackages()[0])')
@@ -69,6 +73,10 @@ case "${1:-}" in
       mkdir -p /tmp/fp8_gemm
       "$C/laoyao_bench_fp8_gemm" /tmp/fp8_gemm | tee "$OUT/fp8_gemm_bench.txt"
       python3 bench/fp8_gemm_vs_torch.py /tmp/fp8_gemm | tee "$OUT/fp8_gemm_vs_torch.txt"
+      exit 0
+    fi
+    if [ "$what" = fp8-grouped ]; then
+      "$C/laoyao_bench_grouped_fp8" | tee "$OUT/grouped_fp8_bench.txt"
       exit 0
     fi
     if [ "$what" = fp8-speed ]; then

@@ -1,5 +1,5 @@
-// The grouped GEMMs (grouped_gemm.hpp) with their operands brought by the Tensor Memory
-// Accelerator: a producer warp issues one TMA copy a 64-wide box (128-byte swizzle, exactly the
+// The grouped GEMMs (grouped_gemm.hpp; bf16, and the FP8 forms, whose stages hold 128 FP8
+// elements a row: the same bytes) with their operands brought by the Tensor Memory Accelerator: a producer warp issues one TMA copy a 64-wide box (128-byte swizzle, exactly the
 // layout the wgmma descriptors read, wgmma.cuh) into a ring of kStages stages, each guarded by a
 // "full" mbarrier (the copies' bytes arrived) and an "empty" one (both warpgroups' MMAs on it have
 // retired); the two computing warpgroups keep one stage's MMAs in flight while they issue the

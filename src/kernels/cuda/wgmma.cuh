@@ -1,6 +1,7 @@
 // Hopper warpgroup-MMA helpers the grouped GEMMs share (grouped_gemm.cu: cp.async-fed,
 // grouped_gemm_tma.cu: TMA-fed): shared-memory matrix descriptors for the 128-byte swizzle, the
-// wgmma fences, and one stage of four m64n128k16 or m64n256k16 bf16 -> fp32 MMAs.
+// wgmma fences, and one stage of four m64n128k16 or m64n256k16 bf16 -> fp32 MMAs (or, for the FP8
+// grouped GEMMs, four k32 E4M3 / E5M2 ones over the same bytes).
 //
 // Shared tiles (16-byte chunk c of a 128-byte row r stored at chunk c ^ (r % 8): the 128B swizzle
 // of wgmma, the one TMA's CU_TENSOR_MAP_SWIZZLE_128B writes, which also keeps the cp.async stores

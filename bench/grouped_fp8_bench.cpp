@@ -1,0 +1,132 @@
+// The routed experts' FP8 path (docs/fp8.md: CudaFp8Linears' grouped casts and FP8 grouped GEMMs)
+// piece by piece beside the BF16 grouped GEMMs, at the flagship's shapes (hidden 1024, 64 experts,
+// expert FFN 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]) over 65536 rows (two sequences of
+// 4096 x top-8) with one hot expert at 8x the mean rows, as mock data routes them. For each linear:
+// the forward (the input's grouped cast, then the nt GEMM), the input gradient (the output
+// gradient's cast with its transpose, then the nt GEMM over the weights' transposes with the split
+// accumulator) and the weight gradient (the input cast again, transposed, then the wgrad GEMM);
+// each piece's median time (CUDA events, 3 warm-up calls, 20 timed), the GEMMs' TFLOP/s, and the
+// BF16 grouped GEMM of the same problem. What the sum says against BF16 is what the step says.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "bench/cuda_bench_util.hpp"
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/fp8_cast.hpp"
+#include "kernels/cuda/grouped_gemm.hpp"
+
+using namespace laoyao;
+using namespace laoyao::kernels::cuda;
+using laoyao::bench::median_ms;
+using laoyao::bench::random_bf16;
+
+namespace {
+
+constexpr int64_t kExperts = 64, kRows = 65536, kHot = 40;
+constexpr int kReps = 20;
+
+// 64 groups of 65536 rows: expert kHot 8x the mean (and the remainder), the others equal.
+std::vector<int32_t> offsets_with_a_hot_expert() {
+  const int64_t rest = (kRows - 8 * kRows / kExperts) / (kExperts - 1);
+  std::vector<int32_t> off(kExperts + 1, 0);
+  for (int64_t g = 0; g < kExperts; ++g)
+    off[size_t(g) + 1] = off[size_t(g)] + int32_t(g == kHot ? kRows - rest * (kExperts - 1) : rest);
+  return off;
+}
+
+double tflops(int64_t N, int64_t K, float ms) { return 2.0 * double(kRows) * double(N) * double(K) / (ms * 1e9); }
+
+}  // namespace
+
+int main() {
+  laoyao::bench::read_runtime_options();
+  if (!grouped_gemm_fp8_supported()) {
+    std::printf("the FP8 grouped GEMMs run on Hopper only\n");
+    return 2;
+  }
+  cudaStream_t stream;
+  LAOYAO_CUDA_CHECK(cudaStreamCreate(&stream));
+  const std::vector<int32_t> off = offsets_with_a_hot_expert();
+  DeviceBuffer offsets(sizeof(int32_t) * off.size());
+  offsets.upload(off.data(), offsets.bytes);
+  const RowGroups groups{offsets.as<int32_t>(), kExperts, kExperts, kRows, 0};
+  const int64_t ld = kRows;  // (a multiple of 16)
+
+  constexpr int64_t kMaxWidth = 1024, kMaxWeight = 768 * 1024;
+  DeviceBuffer x = random_bf16(kRows * kMaxWidth, "x"), dy = random_bf16(kRows * kMaxWidth, "dy", 1e-3);
+  DeviceBuffer w = random_bf16(kExperts * kMaxWeight, "w", 0.02);
+  DeviceBuffer y(sizeof(bf16) * kRows * kMaxWidth), dw(sizeof(float) * kExperts * kMaxWeight);
+  DeviceBuffer xq(kRows * kMaxWidth), dyq(kRows * kMaxWidth), dyqt(kRows * kMaxWidth), wq(kExperts * kMaxWeight),
+      wqt(kExperts * kMaxWeight);
+  // Per-expert scales (every one 1: the values are what they are), inverses and amaxes.
+  std::vector<float> ones(kExperts, 1.0f);
+  DeviceBuffer scale(sizeof(float) * kExperts), inv(sizeof(float) * kExperts), amax(sizeof(float) * kExperts);
+  scale.upload(ones.data(), scale.bytes);
+  inv.upload(ones.data(), inv.bytes);
+  LAOYAO_CUDA_CHECK(cudaMemset(amax.ptr, 0, amax.bytes));
+  const Fp8Slots slots{scale.as<float>(), 1, inv.as<float>(), 1, amax.as<float>(), 1};
+  const Fp8GroupScales sc{inv.as<float>(), inv.as<float>(), 1, 1};
+
+  cudaDeviceProp prop{};
+  LAOYAO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %lld experts, %lld rows (expert %lld at 8x the mean); ms, GEMMs' TFLOP/s in ()\n\n", prop.name,
+              (long long)kExperts, (long long)kRows, (long long)kHot);
+  std::printf("| linear | N | K | pass | FP8 cast(s) | FP8 GEMM | FP8 total | BF16 GEMM | FP8 / BF16 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  struct Linear { const char* name; int64_t N, K; };
+  for (const Linear& l : {Linear{"fc1", 768, 1024}, Linear{"fc2", 1024, 384}}) {
+    const int64_t N = l.N, K = l.K;
+    fp8_batched_cast_transpose(w.as<bf16>(), kExperts, N, K, slots, Fp8Format::E4M3, wq.as<uint8_t>(),
+                               wqt.as<uint8_t>(), stream);
+    auto row = [&](const char* pass, float cast, float gemm, float bf16_ms, int64_t n, int64_t k) {
+      std::printf("| %s | %lld | %lld | %s | %.3f | %.3f (%.0f) | %.3f | %.3f (%.0f) | %.2f |\n", l.name,
+                  (long long)N, (long long)K, pass, cast, gemm, tflops(n, k, gemm), cast + gemm, bf16_ms,
+                  tflops(n, k, bf16_ms), (cast + gemm) / bf16_ms);
+    };
+    // forward: y = x W^T
+    const float fwd_cast = median_ms([&] {
+      fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, slots, Fp8Format::E4M3, xq.as<uint8_t>(), nullptr, 0, stream);
+    }, stream, kReps);
+    const float fwd_gemm = median_ms([&] {
+      grouped_gemm_fp8_nt(xq.as<uint8_t>(), Fp8Format::E4M3, wq.as<uint8_t>(), y.as<bf16>(), groups, N, K, sc, false,
+                          stream);
+    }, stream, kReps);
+    const float fwd_bf16 = median_ms([&] {
+      grouped_gemm_nt(x.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream);
+    }, stream, kReps);
+    row("forward", fwd_cast, fwd_gemm, fwd_bf16, N, K);
+    // input gradient: dx = dy W (the output gradient's cast with its transpose, shared with dW)
+    const float dgrad_cast = median_ms([&] {
+      fp8_grouped_cast_transpose(dy.as<bf16>(), N, groups, slots, Fp8Format::E5M2, dyq.as<uint8_t>(),
+                                 dyqt.as<uint8_t>(), ld, stream);
+    }, stream, kReps);
+    const float dgrad_gemm = median_ms([&] {
+      grouped_gemm_fp8_nt(dyq.as<uint8_t>(), Fp8Format::E5M2, wqt.as<uint8_t>(), y.as<bf16>(), groups, K, N, sc, true,
+                          stream);
+    }, stream, kReps);
+    const float dgrad_bf16 = median_ms([&] {
+      grouped_gemm_nn(dy.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream);
+    }, stream, kReps);
+    row("input gradient", dgrad_cast, dgrad_gemm, dgrad_bf16, K, N);
+    // weight gradient: dW (+)= dy^T x (the input cast again, transposed)
+    const float wgrad_cast = median_ms([&] {
+      fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, {scale.as<float>(), 1, nullptr, 0, nullptr, 0},
+                                 Fp8Format::E4M3, nullptr, xq.as<uint8_t>(), ld, stream);
+    }, stream, kReps);
+    const float wgrad_gemm = median_ms([&] {
+      grouped_gemm_fp8_wgrad(dyqt.as<uint8_t>(), Fp8Format::E5M2, xq.as<uint8_t>(), ld, dw.as<float>(), groups, N, K,
+                             sc, true, stream);
+    }, stream, kReps);
+    const float wgrad_bf16 = median_ms([&] {
+      grouped_gemm_wgrad(dy.as<bf16>(), x.as<bf16>(), dw.as<float>(), groups, N, K, true, stream);
+    }, stream, kReps);
+    row("weight gradient", wgrad_cast, wgrad_gemm, wgrad_bf16, N, K);
+  }
+  LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
