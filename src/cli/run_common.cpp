@@ -120,6 +120,11 @@ int start_training(config::Resolved& r) {
   else if (r.cfg.model.recompute_granularity == "full" && !backend.cuda)
     std::printf("laoyao: the CPU backend keeps every activation (full recomputation is done on the CUDA backend; "
                 "it changes memory, not the numbers)\n");
+  // (before the ranks meet: nothing is written; CudaGptModel refuses it too)
+  if (backend.cuda && r.validated.derived.world_size > 1 && r.cfg.model.fp8 && r.cfg.model.fp8_recipe == "delayed")
+    throw UsageError("FP8 delayed scaling over " + std::to_string(r.validated.derived.world_size) +
+                     " GPU ranks: the amaxes' reduction over the ranks is built on CPU ranks only (model.fp8_recipe "
+                     "tensorwise needs none; LAOYAO_DEVICE=cpu trains this run on CPU ranks)");
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
   train::RankGroups groups;

@@ -129,9 +129,8 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
       out.push_back(fp8 + "tensor parallelism (model.tensor_model_parallel_size " +
                     std::to_string(m.tensor_model_parallel_size) + ": amaxes reduced over the tensor-parallel group)");
     if (m.context_parallel_size > 1) out.push_back(fp8 + "context parallelism (model.context_parallel_size > 1)");
-    if (m.fp8_recipe == "delayed" && world_size > 1)
-      out.push_back(fp8 + "delayed scaling over " + std::to_string(world_size) +
-                    " ranks (the amaxes reduced over the data-parallel group; model.fp8_recipe tensorwise needs none)");
+    // (delayed scaling over data-parallel CPU ranks reduces its amaxes; GPU ranks refuse it when
+    // their model is given the group: CudaGptModel::set_data_parallel_group)
   }
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)

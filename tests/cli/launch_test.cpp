@@ -142,6 +142,24 @@ std::vector<std::string> on_ranks(const char* n, const std::vector<std::string>&
 
 }  // namespace
 
+// FP8 delayed scaling over two data-parallel CPU ranks: each training pass's amaxes are MAX-reduced
+// over them before the scales move (Megatron's amax reduction group); the run trains as near to the
+// BF16 run on the same ranks as FP8 allows, not on it.
+TEST(Launch, Fp8DelayedScalingOverDataParallelCpuRanks) {
+  const std::string dir = laoyao::test::fresh_dir("launch_fp8_dp");
+  const std::vector<std::string> one = tiny_run({"--train-iters", "3", "--bf16"});
+  const auto bf16 = run_laoyao(on_ranks("2", one), dir, "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  const auto fp8 = run_laoyao(on_ranks("2", one, {"--fp8-format", "hybrid", "--fp8-recipe", "delayed"}), dir,
+                              "LAOYAO_DEVICE=cpu");
+  ASSERT_EQ(fp8.status, 0) << fp8.output;
+  const auto want = losses_in(bf16.output), got = losses_in(fp8.output);
+  ASSERT_EQ(got.size(), want.size()) << fp8.output;
+  ASSERT_FALSE(got.empty());
+  EXPECT_NE(got, want);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 0.02 * std::abs(want[i])) << "value " << i;
+}
+
 // Data parallelism over CPU ranks (Gloo): 2 and 4 ranks print the single rank's losses (dropout on:
 // the masks follow the samples), and a checkpoint saved by 2 ranks resumes on 1.
 TEST(Launch, DataParallelCpuRanksReproduceOneRank) {

@@ -2,9 +2,10 @@
 // per weight matrix): the grouped casts (fp8_cast.hpp) against core/fp8_scaling's cast bit for bit,
 // and the FP8 grouped GEMMs (grouped_gemm.hpp) against fp64 sums of the same FP8 values times the
 // scale_invs, on fresh random inputs. Groups cover empty ones (first, middle, last), single rows,
-// counts that start a group at an odd row (the wgrad's TMA boxes then start mid-16-bytes), counts
-// around the 128-row tile, expert parallelism's source-major groups (G = 2 Gw) and a bound's slack
-// rows past the last group (the all-gather dispatcher's).
+// counts that start a group at an odd row (the wgrad's first box for it then starts below it, at a
+// 16-byte multiple, TMA's only innermost coordinates), counts around the 128-row tile, expert
+// parallelism's source-major groups (G = 2 Gw) and a bound's slack rows past the last group (the
+// all-gather dispatcher's).
 //
 // Tolerances: the FP8 values and scales are exact in fp64, so what differs is the tensor cores' sum,
 // which for FP8 keeps fewer bits than fp32. An output element is checked against

@@ -5,11 +5,15 @@
 // precision where asked.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/fp8_scaling.hpp"
+#include "dist/process_group.hpp"
 #include "model/cpu/fp8_linears_cpu.hpp"
 #include "model/gpt_model.hpp"
 
@@ -90,6 +94,65 @@ TEST(Fp8Linears, DelayedScalingMovesAfterEachTrainingPass) {
   const kernels::cpu::Fp8Operand w2 = f.weight(w, W.data(), n);
   EXPECT_EQ(w2.scale_inv, 1.0f / (448.0f / amax(W)));
   EXPECT_EQ(as_vector(w2, n), fp8_values(W, 448.0f / amax(W), Fp8Format::E4M3));
+}
+
+namespace {
+
+// The other data-parallel rank, played by a fixed array: all_reduce_max maxes with it (the count
+// check's two floats with the same count, so the ranks agree).
+class OtherRankGroup final : public dist::ProcessGroup {
+ public:
+  explicit OtherRankGroup(std::vector<float> other) : other_(std::move(other)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  void all_reduce_sum(float*, size_t) override { throw Error("no sum expected"); }
+  void all_reduce_sum(double*, size_t) override { throw Error("no sum expected"); }
+  void all_reduce_max(float* data, size_t n) override {
+    if (n == 2 && data[0] == -data[1]) return;  // the count check: the other rank holds as many
+    ASSERT_EQ(n, other_.size());
+    for (size_t i = 0; i < n; ++i) data[i] = std::max(data[i], other_[i]);
+    ++reductions;
+  }
+  void barrier() override {}
+  int reductions = 0;
+
+ private:
+  std::vector<float> other_;
+};
+
+}  // namespace
+
+// Delayed scaling over data-parallel ranks: each training pass's amaxes are MAX-reduced over the
+// group before the update (Megatron's amax reduction group), so a rank whose own amax is smaller
+// takes the other rank's scale; an evaluation's pass reduces nothing.
+TEST(Fp8Linears, DelayedScalingReducesAmaxesOverTheDataParallelRanks) {
+  std::mt19937 rng(3);
+  const int64_t n = 64, w1 = 5, w2 = 9;
+  const auto x = randn(n, rng, 1.0f), W = randn(n, rng, 0.1f), dy = randn(n, rng, 1e-3f);
+  // The other rank's amaxes, in the linears' (offset) order: w1's input and weight, w2's.
+  OtherRankGroup fwd({10.0f, 0.0f, 0.5f, 7.0f});
+  CpuFp8Linears f(delayed());
+  f.set_amax_group(&fwd);
+  f.new_weights();
+  f.set_layer(true, Fp8Pass::TrainingForward);
+  for (const int64_t w : {w1, w2}) f.input(w, x.data(), n), f.weight(w, W.data(), n);
+  f.pass_done(Fp8Pass::TrainingForward);
+  EXPECT_EQ(fwd.reductions, 1);
+  EXPECT_EQ(f.forward_scaling(w1)->scale(0), 448.0f / 10.0f);        // the other rank's larger input
+  EXPECT_EQ(f.forward_scaling(w1)->scale(1), 448.0f / amax(W));        // this rank's larger weight
+  EXPECT_EQ(f.forward_scaling(w2)->scale(0), 448.0f / amax(x));        // this rank's larger input
+  EXPECT_EQ(f.forward_scaling(w2)->scale(1), 448.0f / 7.0f);
+  f.set_layer(true, Fp8Pass::EvaluationForward);
+  f.input(w1, x.data(), n);
+  f.pass_done(Fp8Pass::EvaluationForward);
+  EXPECT_EQ(fwd.reductions, 1);
+  OtherRankGroup bwd({1.0f, 0.0f});  // the output gradients: w1's, w2's
+  f.set_amax_group(&bwd);
+  f.set_layer(true, Fp8Pass::Backward);
+  for (const int64_t w : {w1, w2}) f.output_grad(w, dy.data(), n);
+  f.pass_done(Fp8Pass::Backward);
+  EXPECT_EQ(f.backward_scaling(w1)->scale(0), 57344.0f / 1.0f);
+  EXPECT_EQ(f.backward_scaling(w2)->scale(0), 57344.0f / amax(dy));
 }
 
 // An evaluation's casts record their amaxes but move no scale (TE under no_grad); the next training

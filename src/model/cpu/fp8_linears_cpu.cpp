@@ -1,5 +1,9 @@
 #include "model/cpu/fp8_linears_cpu.hpp"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "core/error.hpp"
 
 namespace laoyao::model {
@@ -21,9 +25,33 @@ void CpuFp8Linears::new_weights() {
   for (auto& [w, l] : linears_) l.weight_stale = true;
 }
 
+void CpuFp8Linears::reduce_amaxes(Fp8Pass pass) {
+  // Every rank holds the same linears in the same (offset) order: each was made by the same casts
+  // (every FP8 layer's linears, every expert's weight, in each forward); the count is checked.
+  std::vector<float> a;
+  for (auto& [w, l] : linears_) {
+    DelayedScaling& s = pass == Fp8Pass::Backward ? l.backward : l.forward;
+    a.insert(a.end(), s.pass_amaxes(), s.pass_amaxes() + s.size());
+  }
+  float count[2] = {static_cast<float>(a.size()), -static_cast<float>(a.size())};
+  amax_group_->all_reduce_max(count, 2);
+  if (count[0] != -count[1])
+    throw Error("FP8 delayed scaling: the ranks hold different FP8 linears (" + std::to_string(int64_t(count[0])) +
+                " and " + std::to_string(int64_t(-count[1])) + " amaxes), their amaxes cannot be reduced");
+  amax_group_->all_reduce_max(a.data(), a.size());
+  size_t at = 0;
+  for (auto& [w, l] : linears_) {
+    DelayedScaling& s = pass == Fp8Pass::Backward ? l.backward : l.forward;
+    std::copy(a.begin() + static_cast<std::ptrdiff_t>(at), a.begin() + static_cast<std::ptrdiff_t>(at + s.size()),
+              s.pass_amaxes());
+    at += static_cast<size_t>(s.size());
+  }
+}
+
 void CpuFp8Linears::pass_done(Fp8Pass pass) {
   if (spec_.recipe != Fp8ScalingRecipe::Delayed) return;
-  // One rank: the amaxes need no reduction (capabilities refuses delayed scaling over several).
+  if (pass != Fp8Pass::TrainingForward && pass != Fp8Pass::Backward) return;
+  if (amax_group_) reduce_amaxes(pass);
   for (auto& [w, l] : linears_) {
     if (pass == Fp8Pass::TrainingForward) l.forward.update();
     if (pass == Fp8Pass::Backward) l.backward.update();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/fp8_scaling.hpp"
+#include "dist/process_group.hpp"
 #include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/backend.hpp"
@@ -28,6 +29,10 @@ class CpuFp8Linears {
   // Backend::fp8_new_weights and fp8_pass_done.
   void new_weights();
   void pass_done(Fp8Pass pass);
+  // Delayed scaling over several ranks: each pass's amaxes are MAX-reduced over this group before
+  // the update, as Megatron reduces them over its amax reduction group (TP x DP x CP; here the
+  // data-parallel ranks: FP8 with TP or CP is refused). Null or one rank: none.
+  void set_amax_group(dist::ProcessGroup* group) { amax_group_ = group && group->size() > 1 ? group : nullptr; }
 
   // The FP8 operands of linear `w`'s GEMMs, valid until the next call of the same kind: its input
   // x[n] cast (in a forward; the scale kept for the backward), the weight values[n]'s FP8 copy, the
@@ -58,7 +63,12 @@ class CpuFp8Linears {
   // x[n] * scale cast into buf: the operand.
   static kernels::cpu::Fp8Operand cast(const float* x, int64_t n, float scale, Fp8Format f, std::vector<float>& buf);
 
+  // The pass's amaxes of every linear (forward: input and weight; backward: the output gradient),
+  // MAX-reduced over amax_group_.
+  void reduce_amaxes(Fp8Pass pass);
+
   Fp8Spec spec_;
+  dist::ProcessGroup* amax_group_ = nullptr;
   bool on_ = false;
   Fp8Pass pass_ = Fp8Pass::TrainingForward;
   std::map<int64_t, Linear> linears_;

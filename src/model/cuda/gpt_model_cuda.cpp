@@ -540,6 +540,9 @@ void CudaGptModel::finish_moe_step(dist::ProcessGroup* dp) {
 }
 
 void CudaGptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
+  if (lc_.fp8 && lc_.fp8->recipe == Fp8ScalingRecipe::Delayed && dp && dp->size() > 1)  // (before any step)
+    throw UsageError("FP8 delayed scaling over " + std::to_string(dp->size()) + " data-parallel GPU ranks: the amax "
+                     "reduction is built on CPU ranks only (model.fp8_recipe tensorwise needs none)");
   if (moe_) moe_->set_data_parallel_group(dp);
 }
 
