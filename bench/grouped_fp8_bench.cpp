@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <vector>
 
 #include "bench/cuda_bench_util.hpp"
@@ -83,49 +84,47 @@ int main() {
     const int64_t N = l.N, K = l.K;
     fp8_batched_cast_transpose(w.as<bf16>(), kExperts, N, K, slots, Fp8Format::E4M3, wq.as<uint8_t>(),
                                wqt.as<uint8_t>(), stream);
-    auto row = [&](const char* pass, float cast, float gemm, float bf16_ms, int64_t n, int64_t k) {
+    // One pass: its FP8 cast(s), its FP8 GEMM and the BF16 GEMM of the same problem (n x k a row), timed.
+    using Work = std::function<void()>;
+    auto pass = [&](const char* name, const Work& cast, const Work& gemm, const Work& bf16_gemm, int64_t n, int64_t k) {
+      const float c = median_ms(cast, stream, kReps), g = median_ms(gemm, stream, kReps),
+                  b = median_ms(bf16_gemm, stream, kReps);
       std::printf("| %s | %lld | %lld | %s | %.3f | %.3f (%.0f) | %.3f | %.3f (%.0f) | %.2f |\n", l.name,
-                  (long long)N, (long long)K, pass, cast, gemm, tflops(n, k, gemm), cast + gemm, bf16_ms,
-                  tflops(n, k, bf16_ms), (cast + gemm) / bf16_ms);
+                  (long long)N, (long long)K, name, c, g, tflops(n, k, g), c + g, b, tflops(n, k, b), (c + g) / b);
     };
     // forward: y = x W^T
-    const float fwd_cast = median_ms([&] {
-      fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, slots, Fp8Format::E4M3, xq.as<uint8_t>(), nullptr, 0, stream);
-    }, stream, kReps);
-    const float fwd_gemm = median_ms([&] {
-      grouped_gemm_fp8_nt(xq.as<uint8_t>(), Fp8Format::E4M3, wq.as<uint8_t>(), y.as<bf16>(), groups, N, K, sc, false,
-                          stream);
-    }, stream, kReps);
-    const float fwd_bf16 = median_ms([&] {
-      grouped_gemm_nt(x.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream);
-    }, stream, kReps);
-    row("forward", fwd_cast, fwd_gemm, fwd_bf16, N, K);
+    pass("forward",
+         [&] {
+           fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, slots, Fp8Format::E4M3, xq.as<uint8_t>(), nullptr, 0,
+                                      stream);
+         },
+         [&] {
+           grouped_gemm_fp8_nt(xq.as<uint8_t>(), Fp8Format::E4M3, wq.as<uint8_t>(), y.as<bf16>(), groups, N, K, sc,
+                               false, stream);
+         },
+         [&] { grouped_gemm_nt(x.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream); }, N, K);
     // input gradient: dx = dy W (the output gradient's cast with its transpose, shared with dW)
-    const float dgrad_cast = median_ms([&] {
-      fp8_grouped_cast_transpose(dy.as<bf16>(), N, groups, slots, Fp8Format::E5M2, dyq.as<uint8_t>(),
-                                 dyqt.as<uint8_t>(), ld, stream);
-    }, stream, kReps);
-    const float dgrad_gemm = median_ms([&] {
-      grouped_gemm_fp8_nt(dyq.as<uint8_t>(), Fp8Format::E5M2, wqt.as<uint8_t>(), y.as<bf16>(), groups, K, N, sc, true,
-                          stream);
-    }, stream, kReps);
-    const float dgrad_bf16 = median_ms([&] {
-      grouped_gemm_nn(dy.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream);
-    }, stream, kReps);
-    row("input gradient", dgrad_cast, dgrad_gemm, dgrad_bf16, K, N);
+    pass("input gradient",
+         [&] {
+           fp8_grouped_cast_transpose(dy.as<bf16>(), N, groups, slots, Fp8Format::E5M2, dyq.as<uint8_t>(),
+                                      dyqt.as<uint8_t>(), ld, stream);
+         },
+         [&] {
+           grouped_gemm_fp8_nt(dyq.as<uint8_t>(), Fp8Format::E5M2, wqt.as<uint8_t>(), y.as<bf16>(), groups, K, N, sc,
+                               true, stream);
+         },
+         [&] { grouped_gemm_nn(dy.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream); }, K, N);
     // weight gradient: dW (+)= dy^T x (the input cast again, transposed)
-    const float wgrad_cast = median_ms([&] {
-      fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, {scale.as<float>(), 1, nullptr, 0, nullptr, 0},
-                                 Fp8Format::E4M3, nullptr, xq.as<uint8_t>(), ld, stream);
-    }, stream, kReps);
-    const float wgrad_gemm = median_ms([&] {
-      grouped_gemm_fp8_wgrad(dyqt.as<uint8_t>(), Fp8Format::E5M2, xq.as<uint8_t>(), ld, dw.as<float>(), groups, N, K,
-                             sc, true, stream);
-    }, stream, kReps);
-    const float wgrad_bf16 = median_ms([&] {
-      grouped_gemm_wgrad(dy.as<bf16>(), x.as<bf16>(), dw.as<float>(), groups, N, K, true, stream);
-    }, stream, kReps);
-    row("weight gradient", wgrad_cast, wgrad_gemm, wgrad_bf16, N, K);
+    pass("weight gradient",
+         [&] {
+           fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, {scale.as<float>(), 1, nullptr, 0, nullptr, 0},
+                                      Fp8Format::E4M3, nullptr, xq.as<uint8_t>(), ld, stream);
+         },
+         [&] {
+           grouped_gemm_fp8_wgrad(dyqt.as<uint8_t>(), Fp8Format::E5M2, xq.as<uint8_t>(), ld, dw.as<float>(), groups,
+                                  N, K, sc, true, stream);
+         },
+         [&] { grouped_gemm_wgrad(dy.as<bf16>(), x.as<bf16>(), dw.as<float>(), groups, N, K, true, stream); }, N, K);
   }
   LAOYAO_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;

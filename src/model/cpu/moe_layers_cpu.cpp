@@ -107,22 +107,27 @@ k::MoeLayerWeights CpuMoeLayers::weights_of(int64_t l, const float* weights, flo
   w.shared_fc2_weight = opt(L.shared_fc2);
   w.expert_bias = opt(L.expert_bias);
   if (fp8_ && fp8_->on()) {
-    fp8_experts_.resize(2 * layout_.layers.size());
-    auto& routed = fp8_experts_[static_cast<size_t>(2 * l)];
-    auto& shared = fp8_experts_[static_cast<size_t>(2 * l + 1)];
-    const int64_t H = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Fs = cfg_.shared_expert_intermediate_size;
-    if (!routed)
-      routed = std::make_unique<CpuFp8Experts>(*fp8_, L.experts_fc1, k::moe_fc1_rows(cfg_.activation, F) * H,
-                                               L.experts_fc2, H * F);
-    w.expert_fp8 = routed.get();
-    if (L.shared_fc1 >= 0) {
-      if (!shared)
-        shared = std::make_unique<CpuFp8Experts>(*fp8_, L.shared_fc1, k::moe_fc1_rows(cfg_.activation, Fs) * H,
-                                                 L.shared_fc2, H * Fs);
-      w.shared_fp8 = shared.get();
-    }
+    w.expert_fp8 = fp8_experts_[static_cast<size_t>(2 * l)].get();
+    w.shared_fp8 = fp8_experts_[static_cast<size_t>(2 * l + 1)].get();
   }
   return w;
+}
+
+void CpuMoeLayers::set_fp8(CpuFp8Linears* fp8) {
+  fp8_ = fp8;
+  fp8_experts_.clear();
+  fp8_experts_.resize(static_cast<size_t>(2 * whole_.layer_count()));
+  if (!fp8_) return;
+  const int64_t H = cfg_.hidden_size, F = cfg_.ffn_hidden_size, Fs = cfg_.shared_expert_intermediate_size;
+  for (int64_t l = 0; l < whole_.layer_count(); ++l) {
+    if (!whole_.is_moe_layer(l)) continue;
+    const GptLayerOffsets& L = layout_.layers[static_cast<size_t>(l)];
+    fp8_experts_[static_cast<size_t>(2 * l)] = std::make_unique<CpuFp8Experts>(
+        *fp8_, L.experts_fc1, k::moe_fc1_rows(cfg_.activation, F) * H, L.experts_fc2, H * F);
+    if (L.shared_fc1 >= 0)
+      fp8_experts_[static_cast<size_t>(2 * l + 1)] = std::make_unique<CpuFp8Experts>(
+          *fp8_, L.shared_fc1, k::moe_fc1_rows(cfg_.activation, Fs) * H, L.shared_fc2, H * Fs);
+  }
 }
 
 k::MoeLayerGrads CpuMoeLayers::grads_of(int64_t l, float* grads) const {

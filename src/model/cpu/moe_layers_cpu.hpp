@@ -53,7 +53,7 @@ class CpuMoeLayers {
   std::vector<double> expert_load(int64_t layer) const;
   // The backend's FP8 linear layers (null: none): where the current layer runs in FP8, the experts'
   // and the shared expert's GEMMs do.
-  void set_fp8(CpuFp8Linears* fp8) { fp8_ = fp8; }
+  void set_fp8(CpuFp8Linears* fp8);
 
  private:
   // grads: null in a forward (PEFT's adapters' gradients are pointed at in the backward).
@@ -73,8 +73,8 @@ class CpuMoeLayers {
   // PEFT: each layer's adapters on the routed experts and on the shared expert (weights_of's).
   mutable std::vector<std::pair<kernels::cpu::MoeAdapters, kernels::cpu::MoeAdapters>> lora_;
   CpuFp8Linears* fp8_ = nullptr;
-  // FP8: each layer's routed experts' and shared expert's casts (weights_of's), 2 a layer.
-  mutable std::vector<std::unique_ptr<CpuFp8Experts>> fp8_experts_;
+  // FP8: each MoE layer's routed experts' and shared expert's casts (null: none), 2 a layer.
+  std::vector<std::unique_ptr<CpuFp8Experts>> fp8_experts_;
   MoeLosses losses_;
 };
 
