@@ -123,7 +123,6 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (m.num_moe_experts && *m.num_moe_experts > 0 && m.expert_model_parallel_size > 1)
       out.push_back(fp8 + "expert parallelism (model.expert_model_parallel_size " +
                     std::to_string(m.expert_model_parallel_size) + ": the experts' FP8 GEMMs run on one rank's experts)");
-    if (c.peft.scheme) out.push_back(fp8 + "PEFT (peft.scheme " + *c.peft.scheme + ")");
     if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(fp8 + "multi-token prediction (model.mtp_num_layers)");
     if (m.tensor_model_parallel_size > 1)
       out.push_back(fp8 + "tensor parallelism (model.tensor_model_parallel_size " +

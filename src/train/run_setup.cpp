@@ -95,6 +95,10 @@ model::LoraSpec lora_spec(const config::ConfigContainer& c, const model::GptConf
       throw UsageError("peft.target_modules linear_fc1/linear_fc2 on a Mixture-of-Experts model with tensor "
                        "parallelism: adapters on split experts are not built yet (accepted: "
                        "tensor_model_parallel_size 1, or target_modules linear_qkv, linear_proj)");
+    if (c.model.fp8)  // (Bridge's own MoE adapters refuse FP8 expert quantization too)
+      throw UsageError("peft.target_modules linear_fc1/linear_fc2 on a Mixture-of-Experts model in FP8 (model.fp8 " +
+                       *c.model.fp8 + "): the experts' FP8 GEMMs beside adapters are not built yet (accepted: "
+                       "target_modules linear_qkv, linear_proj, or no FP8)");
     if (s.dropout > 0)
       throw UsageError("peft.dropout " + std::to_string(s.dropout) + " with adapters on Mixture-of-Experts experts "
                        "(target_modules linear_fc1/linear_fc2): dropout on the experts' adapters is not built yet "

@@ -101,7 +101,8 @@ void compare_fp8(const GptConfig& c) {
   high.fp8.reset();
   GptModel cpu_high(high);
   std::copy(cpu.weights(), cpu.weights() + cpu.num_parameters(), cpu_high.weights());
-  const int64_t n = cpu.num_parameters();
+  const int64_t n = cpu.num_trainable();  // (the gradients: of the adapters alone under LoRA)
+  ASSERT_EQ(gpu.num_trainable(), n);
   const bool tensorwise = c.fp8->recipe == Fp8ScalingRecipe::Tensorwise;
   std::vector<Batch> batches = {random_batch(2, 48, c.vocab, 21), random_batch(2, 48, c.vocab, 22)};
   std::vector<std::vector<float>> first_losses, first_grads(1);
@@ -181,6 +182,16 @@ TEST(CudaFp8Model, MoeDelayedScalingMatchesCpuModel) {
 TEST(CudaFp8Model, MoeTensorwiseMatchesCpuModel) {
   GptConfig c = with_fp8(moe_config(llama_config(), 4, 2, 64, 32), Fp8ScalingRecipe::Tensorwise);
   c.attention_backend = AttentionBackend::Flash;
+  compare_fp8(c);
+}
+// LoRA beside the frozen base's FP8 linears, the adapters in BF16 (B drawn rather than zero, so
+// that both halves have gradients from the first step): the adapters' gradients, and the base's
+// scaling state (its output gradients' amaxes recorded without a weight gradient).
+TEST(CudaFp8Model, LoraBesideTheFrozenBaseMatchesCpuModel) {
+  GptConfig c = with_fp8(llama_config(), Fp8ScalingRecipe::Delayed);
+  LoraSpec s;
+  s.dim = 8, s.alpha = 16, s.b_init = LoraInit::Xavier;
+  c.lora = s;
   compare_fp8(c);
 }
 TEST(CudaFp8Model, GptTensorwiseWithTheFirstLayerInBf16MatchesCpuModel) {

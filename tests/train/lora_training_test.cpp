@@ -151,6 +151,9 @@ TEST(LoraConfig, WhatIsNotBuiltIsRefusedByName) {
       {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false", "peft.target_modules=[linear_qkv]",
         "model.expert_model_parallel_size=2"},
        "expert parallelism"},
+      {{"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false",
+        "mixed_precision=bf16_with_fp8_delayed_scaling_mixed"},
+       "Mixture-of-Experts model in FP8"},
   };
   for (const auto& [extra, needle] : cases) {
     const std::string got = refusal(v, lora_run(extra));
@@ -165,6 +168,12 @@ TEST(LoraConfig, WhatIsNotBuiltIsRefusedByName) {
   EXPECT_EQ(refusal(v, lora_run({"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false"})),
             "")
       << "an MoE model's experts";
+  const std::string fp8 = "mixed_precision=bf16_with_fp8_delayed_scaling_mixed";
+  EXPECT_EQ(refusal(v, lora_run({fp8})), "") << "a base in FP8";
+  EXPECT_EQ(refusal(v, lora_run({"model.num_moe_experts=4", "model.moe_router_topk=2", "model.add_bias_linear=false",
+                                 fp8, "peft.target_modules=[linear_qkv,linear_proj]"})),
+            "")
+      << "an MoE model in FP8, its attention's adapters";
 }
 
 // LoRA on an MoE model's experts from an MoE base: the base (router and experts among it) stays
@@ -270,6 +279,38 @@ TEST(LoraTraining, TheAdaptersLearn) {
   double gain = 0;
   for (size_t i = 25; i < 30; ++i) gain += (base[i] - tuned[i]) / 5;
   EXPECT_GT(gain, 0.05) << "the last five iterations' loss, base minus LoRA";
+}
+
+// The frozen base's linears in FP8 (its forward and input-gradient GEMMs; no weight gradient),
+// the adapters beside them in BF16 as Bridge runs them (outside Transformer Engine's FP8 autocast):
+// only the adapters move, and the losses stay within FP8's reach of the BF16 run's, not on them.
+TEST(LoraTraining, TheBaseRunsInFp8BesideBf16Adapters) {
+  auto run = [](std::vector<std::string> fp8) {
+    fp8.insert(fp8.end(), {"train.train_iters=20", "optimizer.lr=3e-3", "optimizer.min_lr=3e-3",
+                           "model.hidden_dropout=0", "model.attention_dropout=0"});
+    config::Resolved r = resolve("vanilla_gpt_pretrain_config", lora_run(fp8));
+    train::TrainOptions opt = quiet();
+    const train::TrainSummary s = train::train(r.cfg, r.validated.derived, opt);
+    std::fclose(opt.out);
+    return s.lm_loss;
+  };
+  const std::vector<double> bf16 = run({});
+  ASSERT_EQ(bf16.size(), 20u);
+  // (current scaling's preset keeps the first and last layers in BF16: all of this 2-layer base)
+  for (const char* mp : {"bf16_with_fp8_delayed_scaling_mixed", "{bf16:true,fp8:hybrid,fp8_recipe:tensorwise}"}) {
+    SCOPED_TRACE(mp);
+    const std::vector<double> fp8 = run({std::string("mixed_precision=") + mp});
+    ASSERT_EQ(fp8.size(), bf16.size());
+    EXPECT_NE(fp8[0], bf16[0]) << "the base's forward in FP8";
+    for (size_t i = 0; i < fp8.size(); ++i) EXPECT_LT(std::abs(fp8[i] - bf16[i]), 0.01 * bf16[i]) << "iteration " << i;
+  }
+  config::Resolved r = resolve("vanilla_gpt_pretrain_config",
+                               lora_run({"mixed_precision=bf16_with_fp8_delayed_scaling_mixed", "optimizer.lr=1e-2"}));
+  train::TrainOptions opt = quiet();
+  train::TrainingRun fp8_run(r.cfg, r.validated.derived, opt);
+  ASSERT_TRUE(fp8_run.model->config().fp8.has_value());
+  train_expecting_only_the_adapters_to_move(fp8_run, 3);
+  std::fclose(opt.out);
 }
 
 // A LoRA run's checkpoint holds the adapters and their moments alone (Bridge's adapter checkpoint);

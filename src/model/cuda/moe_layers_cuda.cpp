@@ -42,6 +42,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
   const int64_t adapter_dim = cfg.lora && (cfg.lora->fc1 || cfg.lora->fc2) ? cfg.lora->dim : 0;
   if (adapter_dim > 0 && (ep_ || shares_.ranks > 1))
     throw Error("CudaMoeLayers: LoRA adapters on experts split over expert or tensor parallelism are not built");
+  if (adapter_dim > 0 && cfg.fp8)  // (the FP8 experts' and shared expert's paths run no adapters)
+    throw Error("CudaMoeLayers: LoRA adapters on FP8 experts are not built (train/run_setup.cpp refuses them)");
   const bool swiglu = cfg.activation == Activation::SwiGLU;
   F1_ = swiglu ? 2 * F_ : F_;
   Fs1_ = swiglu ? 2 * Fs_ : Fs_;
