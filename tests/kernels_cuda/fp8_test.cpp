@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -34,11 +36,12 @@ float read_scalar(const DeviceBuffer& d) { return from_device<float>(d, 1)[0]; }
 }  // namespace
 
 // Values that saturate, a NaN (passed over by the amax, kept by the cast) and an infinity (the amax;
-// cast to the largest value) among random ones.
+// cast to the largest value) among random ones; a length the 8-wide path takes and one it does not.
 TEST_F(CudaFp8, CastMatchesTheCpuBitForBit) {
+  for (const int64_t n : {5003, 5000})
   for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
-    SCOPED_TRACE(f == Fp8Format::E4M3 ? "e4m3" : "e5m2");
-    auto x = randn_bf16(5003, 31, "fp8.cast", 3.0);
+    SCOPED_TRACE(std::string(f == Fp8Format::E4M3 ? "e4m3 " : "e5m2 ") + std::to_string(n));
+    auto x = randn_bf16(n, 31, "fp8.cast", 3.0);
     // (values a bf16 holds exactly: the device reads bf16)
     x[7] = 3072.0f, x[8] = -1048576.0f, x[9] = std::numeric_limits<float>::quiet_NaN();
     const float scale = 37.25f;
@@ -59,29 +62,32 @@ TEST_F(CudaFp8, CastMatchesTheCpuBitForBit) {
   }
 }
 
-// Both copies of a [rows, cols] tensor with edges that are not whole tiles; the amax max-ed into
-// what the slot held (a larger earlier amax stays).
+// Both copies of a [rows, cols] tensor with edges that are not whole tiles (the vector loads and
+// stores where the shape allows them, byte by byte where it does not); the amax max-ed into what
+// the slot held (a larger earlier amax stays).
 TEST_F(CudaFp8, CastTransposeWritesBothLayouts) {
-  const int64_t rows = 70, cols = 48;
-  const auto x = randn_bf16(rows * cols, 32, "fp8.transpose", 0.02);
-  const float scale = current_scaling_scale(fp8_amax(x.data(), rows * cols), Fp8Format::E4M3);
-  auto dx = to_device_bf16(x);
-  auto dscale = scalar(scale), dinv = scalar(0.0f), damax = scalar(0.0f), dbig = scalar(5.0f);
-  DeviceBuffer dq(rows * cols), dqt(rows * cols);
-  cuda::fp8_cast_transpose(dx.as<bf16>(), rows, cols, dscale.as<float>(), Fp8Format::E4M3, dq.as<uint8_t>(),
-                           dqt.as<uint8_t>(), dinv.as<float>(), damax.as<float>(), stream_);
-  cuda::fp8_cast_transpose(dx.as<bf16>(), rows, cols, dscale.as<float>(), Fp8Format::E4M3, nullptr, nullptr, nullptr,
-                           dbig.as<float>(), stream_);
-  sync();
-  const auto want = cpu_cast(x, scale, Fp8Format::E4M3);
-  std::vector<uint8_t> want_t(want.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) want_t[c * rows + r] = want[r * cols + c];
-  expect_equal(codes_as_floats(from_device<uint8_t>(dq, want.size())), codes_as_floats(want), "q");
-  expect_equal(codes_as_floats(from_device<uint8_t>(dqt, want.size())), codes_as_floats(want_t), "q transposed");
-  EXPECT_EQ(read_scalar(damax), fp8_amax(x.data(), rows * cols));
-  EXPECT_EQ(read_scalar(dinv), 1.0f / scale);
-  EXPECT_EQ(read_scalar(dbig), 5.0f);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{70, 48}, {128, 96}, {33, 13}, {80, 200}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    const auto x = randn_bf16(rows * cols, 32, "fp8.transpose", 0.02);
+    const float scale = current_scaling_scale(fp8_amax(x.data(), rows * cols), Fp8Format::E4M3);
+    auto dx = to_device_bf16(x);
+    auto dscale = scalar(scale), dinv = scalar(0.0f), damax = scalar(0.0f), dbig = scalar(5.0f);
+    DeviceBuffer dq(rows * cols), dqt(rows * cols);
+    cuda::fp8_cast_transpose(dx.as<bf16>(), rows, cols, dscale.as<float>(), Fp8Format::E4M3, dq.as<uint8_t>(),
+                             dqt.as<uint8_t>(), dinv.as<float>(), damax.as<float>(), stream_);
+    cuda::fp8_cast_transpose(dx.as<bf16>(), rows, cols, dscale.as<float>(), Fp8Format::E4M3, nullptr, nullptr, nullptr,
+                             dbig.as<float>(), stream_);
+    sync();
+    const auto want = cpu_cast(x, scale, Fp8Format::E4M3);
+    std::vector<uint8_t> want_t(want.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) want_t[c * rows + r] = want[r * cols + c];
+    expect_equal(codes_as_floats(from_device<uint8_t>(dq, want.size())), codes_as_floats(want), "q");
+    expect_equal(codes_as_floats(from_device<uint8_t>(dqt, want.size())), codes_as_floats(want_t), "q transposed");
+    EXPECT_EQ(read_scalar(damax), fp8_amax(x.data(), rows * cols));
+    EXPECT_EQ(read_scalar(dinv), 1.0f / scale);
+    EXPECT_EQ(read_scalar(dbig), 5.0f);
+  }
 }
 
 // Current scaling's scale from an amax, and delayed scaling's update over three passes (amaxes of

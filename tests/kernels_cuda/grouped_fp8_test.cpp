@@ -103,12 +103,18 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
 
 class CudaGroupedFp8 : public CudaStreamTest {
  protected:
-  // The grouped cast of x [rows + slack][cols] with per-matrix scales: q and qt bit for bit, slack
-  // rows' q untouched and qt zero, every matrix's scale_inv, the amaxes max-ed into what they held.
-  void check_cast(const std::vector<int>& counts, int64_t Gw, int64_t cols, int64_t slack, Fp8Format f) {
-    const Groups g = groups_of(counts, Gw);
-    SCOPED_TRACE(counts_text(counts, g.Gw, 0, cols) + " slack " + std::to_string(slack));
-    const int64_t extent = g.rows + slack, ld = (extent + 15) / 16 * 16, stride = 3;
+  // The grouped cast of x [first + rows + slack][cols] with per-matrix scales (the groups' rows
+  // from first): q and qt bit for bit, q's rows outside the groups untouched, qt's columns of slack
+  // rows and from first rounded down to 16 up to first zero and those before untouched, every
+  // matrix's scale_inv, the amaxes max-ed into what they held.
+  void check_cast(const std::vector<int>& counts, int64_t Gw, int64_t cols, int64_t slack, Fp8Format f,
+                  int64_t first = 0) {
+    Groups g = groups_of(counts, Gw);
+    for (auto& o : g.offsets) o += int32_t(first);
+    g.device = to_device(g.offsets);
+    SCOPED_TRACE(counts_text(counts, g.Gw, 0, cols) + " slack " + std::to_string(slack) + " first " +
+                 std::to_string(first));
+    const int64_t extent = first + g.rows + slack, ld = (extent + 15) / 16 * 16, stride = 3;
     const auto x = randn_bf16(size_t(extent * cols), 7, "fp8.grouped.x", 2.0);
     std::vector<float> scale(size_t(g.Gw * stride), -1.0f), amax0(scale.size(), 0.0f);
     for (int64_t w = 0; w < g.Gw; ++w) scale[size_t(w * stride)] = std::ldexp(1.0f + 0.1f * float(w), int(w % 5));
@@ -119,8 +125,10 @@ class CudaGroupedFp8 : public CudaStreamTest {
     LAOYAO_CUDA_CHECK(cudaMemset(dq.ptr, 0xEE, dq.bytes));
     LAOYAO_CUDA_CHECK(cudaMemset(dqt.ptr, 0xEE, dqt.bytes));
     const cuda::Fp8Slots slots{dscale.as<float>(), stride, dinv.as<float>(), stride, damax.as<float>(), stride};
-    cuda::fp8_grouped_cast_transpose(dx.as<bf16>(), cols, g.on_device(slack), slots, f, dq.as<uint8_t>(),
-                                     dqt.as<uint8_t>(), ld, stream_);
+    cuda::RowGroups rg = g.on_device(slack);
+    rg.first = first;
+    cuda::fp8_grouped_cast_transpose(dx.as<bf16>(), cols, rg, slots, f, dq.as<uint8_t>(), dqt.as<uint8_t>(), ld,
+                                     stream_);
     sync();
     const auto q = from_device<uint8_t>(dq, size_t(extent * cols)), qt = from_device<uint8_t>(dqt, size_t(cols * ld));
     const auto inv = from_device<float>(dinv, scale.size()), amax = from_device<float>(damax, scale.size());
@@ -130,14 +138,14 @@ class CudaGroupedFp8 : public CudaStreamTest {
       const int64_t grp = g.group_of(r);
       for (int64_t c = 0; c < cols; ++c) {
         const float v = x[size_t(r * cols + c)];
-        uint8_t want = 0;
+        uint8_t want = r < first / 16 * 16 ? 0xEE : 0;  // (columns before the first box: untouched)
         if (grp >= 0) {
           const int64_t w = grp % g.Gw;
           want = fp8_from_float(v * scale[size_t(w * stride)], f);
           want_amax[size_t(w * stride)] = std::max(want_amax[size_t(w * stride)], std::abs(v));
           wrong_q += q[size_t(r * cols + c)] != want;
         } else {
-          wrong_q += q[size_t(r * cols + c)] != 0xEE;  // a slack row's q is left
+          wrong_q += q[size_t(r * cols + c)] != 0xEE;  // a row outside the groups: its q is left
         }
         wrong_qt += qt[size_t(c * ld + r)] != want;
       }
@@ -151,7 +159,7 @@ class CudaGroupedFp8 : public CudaStreamTest {
     }
     // The amaxes alone, over a fresh slot array.
     auto damax2 = to_device(std::vector<float>(scale.size(), 0.0f));
-    cuda::fp8_grouped_amax(dx.as<bf16>(), cols, g.on_device(slack), damax2.as<float>(), stride, stream_);
+    cuda::fp8_grouped_amax(dx.as<bf16>(), cols, rg, damax2.as<float>(), stride, stream_);
     sync();
     const auto amax2 = from_device<float>(damax2, scale.size());
     for (int64_t w = 1; w < g.Gw; ++w) EXPECT_EQ(amax2[size_t(w * stride)], want_amax[size_t(w * stride)]) << w;
@@ -233,6 +241,10 @@ TEST_F(CudaGroupedFp8, GroupedCastMatchesTheCpuBitForBit) {
   check_cast({0, 37, 130, 1, 0, 256, 77, 0}, 0, 48, 0, Fp8Format::E4M3);
   check_cast({0, 37, 130, 1, 0, 256, 77, 0}, 0, 1024, 21, Fp8Format::E5M2);
   check_cast({5, 0, 129, 64, 3, 40}, 3, 80, 7, Fp8Format::E4M3);  // source-major groups: G = 2 Gw
+  // The groups from a first that is not a multiple of 16 (the all-gather dispatcher's), and a
+  // width that is not a multiple of 8 (the casts' byte-by-byte path).
+  check_cast({3, 200, 0, 61}, 0, 96, 5, Fp8Format::E4M3, 37);
+  check_cast({3, 200, 0, 61}, 2, 20, 0, Fp8Format::E5M2, 64 + 9);
 }
 
 TEST_F(CudaGroupedFp8, BatchedCastGivesEachMatrixItsScale) {

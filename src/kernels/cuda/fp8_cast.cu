@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <cfloat>
-
+#include <climits>
+#include <cstdint>
 #include <string>
 
 #include "core/error.hpp"
@@ -39,54 +40,176 @@ __device__ void block_amax(float local, float* amax) {
   }
 }
 
+// vec (n a multiple of 8, x 16-byte and q 8-byte aligned): 8 values a thread at a time.
 __global__ void cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, const float* __restrict__ scale,
-                            Fp8Format f, uint8_t* __restrict__ q, float* __restrict__ scale_inv, float* amax) {
+                            Fp8Format f, uint8_t* __restrict__ q, float* __restrict__ scale_inv, float* amax, bool vec) {
   const float s = scale ? *scale : 1.0f;
   float m = 0.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = __bfloat162float(x[i]);
-    m = fmaxf(m, fabsf(v));
-    if (q) q[i] = to_fp8(v * s, f);
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  if (vec) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n / 8; i += step) {
+      const uint4 raw = reinterpret_cast<const uint4*>(x)[i];
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      __align__(8) uint8_t b[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 v = __bfloat1622float2(h[j]);
+        m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
+        b[2 * j] = to_fp8(v.x * s, f), b[2 * j + 1] = to_fp8(v.y * s, f);
+      }
+      if (q) reinterpret_cast<uint2*>(q)[i] = *reinterpret_cast<const uint2*>(b);
+    }
+  } else {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += step) {
+      const float v = __bfloat162float(x[i]);
+      m = fmaxf(m, fabsf(v));
+      if (q) q[i] = to_fp8(v * s, f);
+    }
   }
   if (amax) block_amax(m, amax);
   if (scale_inv && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / s;
 }
 
-// 32 x 32 tiles through shared memory: reads and both writes along rows; kThreads threads a block.
-constexpr int kTile = 32, kRowsPerPass = kThreads / kTile;
+// Tiles of 64 rows x 64 columns, kThreads threads a block (fp8_cast_transpose and the batched and
+// grouped casts): a thread loads 8 bf16 of a row (16 bytes) and stores their 8 FP8 bytes, and the
+// transpose goes out 16 rows of a column (16 bytes) a thread, through a shared-memory tile. The
+// vector loads and stores only where alignment allows them (Tiles::vec_x, vec_t), byte by byte
+// otherwise.
+constexpr int kTile = 64, kVec = 8, kRowsPerPass = kThreads / (kTile / kVec), kChunk = 16;
+static_assert(2 * kRowsPerPass == kTile && kThreads / kTile * kChunk == kTile, "two passes of loads, one of stores");
 
-// Matrix blockIdx.z of a batch (x, q, qt one matrix after another; its scale, scale_inv and amax at
-// z times their strides).
-__global__ void cast_transpose_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols, Fp8Slots sl,
-                                      Fp8Format f, uint8_t* __restrict__ q, uint8_t* __restrict__ qt) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  const int64_t z = blockIdx.z, elems = rows * cols;
-  x += z * elems;
-  if (q) q += z * elems;
-  if (qt) qt += z * elems;
-  float* scale_inv = sl.scale_inv ? sl.scale_inv + z * sl.inv_stride : nullptr;
-  float* amax = sl.amax ? sl.amax + z * sl.amax_stride : nullptr;
-  const float s = sl.scale ? sl.scale[z * sl.scale_stride] : 1.0f;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  float m = 0.0f;
-  for (int dr = threadIdx.y; dr < kTile; dr += kRowsPerPass) {
-    const int64_t r = r0 + dr, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) {
-      const float v = __bfloat162float(x[r * cols + c]);
-      m = fmaxf(m, fabsf(v));
-      const uint8_t b = to_fp8(v * s, f);
-      if (q) q[r * cols + c] = b;
-      tile[dr][threadIdx.x] = b;
+// Where a launch's rows come from. Dense (offsets null): matrix blockIdx.z of a batch (x, q, qt
+// one [extent][cols] matrix after another, ld = extent), every row its matrix's scale. Grouped:
+// rows begin..extent of one matrix, row r of group g (offsets[g] <= r < offsets[g + 1]) cast with
+// weight matrix g % Gw's scale; a row before first or past offsets[G] is no group's (its q row
+// left, its transposed column written 0: the FP8 wgrad's boxes read those).
+struct Tiles {
+  int64_t cols = 0, begin = 0, first = 0, extent = 0, ld = 0;
+  const int32_t* offsets = nullptr;
+  int G = 0, Gw = 1;
+  bool vec_x = false, vec_t = false;  // x and q rows 16 / 8-byte aligned; qt's columns 16-byte aligned
+};
+
+__device__ __forceinline__ int group_of_row(const Tiles& tl, int64_t r) {
+  if (r < tl.first || r >= tl.extent || r < tl.offsets[0] || r >= tl.offsets[tl.G]) return -1;
+  int lo = 0, hi = tl.G;  // the last g with offsets[g] <= r
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (tl.offsets[mid] <= r) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// scale null: the amaxes alone (grouped), a cast with scale 1 (dense). amax: the matrix's max |x| (dense), or each run of a tile's rows
+// of one group max-ed into that group's weight matrix's slot (grouped).
+__global__ void __launch_bounds__(kThreads) cast_transpose_tiles(const __nv_bfloat16* __restrict__ x, Tiles tl,
+                                                                 Fp8Slots sl, Fp8Format f, uint8_t* __restrict__ q,
+                                                                 uint8_t* __restrict__ qt) {
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + kVec];
+  __shared__ int row_group[kTile];
+  __shared__ float row_scale[kTile], row_amax[kTile];
+  const bool grouped = tl.offsets != nullptr;
+  const bool cast = !grouped || sl.scale;  // (a dense cast without a scale casts with 1)
+  const int t = threadIdx.x;
+  const int64_t z = blockIdx.z, r0 = tl.begin + int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile;
+  if (!grouped) {
+    const int64_t elems = tl.extent * tl.cols;
+    x += z * elems;
+    if (q) q += z * elems;
+    if (qt) qt += z * elems;
+  }
+  // The loads first (every row below extent is in x), the rows' groups while they are in flight.
+  const int tr = t / (kTile / kVec), tc = (t % (kTile / kVec)) * kVec;
+  const int64_t c = c0 + tc;
+  float v[2][kVec];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const int64_t r = r0 + tr + p * kRowsPerPass;
+    if (r < tl.extent && c < tl.cols && tl.vec_x) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + r * tl.cols + c);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kVec / 2; ++j) {
+        const float2 f2 = __bfloat1622float2(h[j]);
+        v[p][2 * j] = f2.x, v[p][2 * j + 1] = f2.y;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        v[p][j] = r < tl.extent && c + j < tl.cols ? __bfloat162float(x[r * tl.cols + c + j]) : 0.0f;
     }
   }
+  if (t < kTile) {
+    const int64_t r = r0 + t;
+    const int g = grouped ? group_of_row(tl, r) : (r < tl.extent ? 0 : -1);
+    const float* s = sl.scale ? sl.scale + (grouped ? int64_t(g % tl.Gw) : z) * sl.scale_stride : nullptr;
+    row_group[t] = g;
+    row_scale[t] = g < 0 ? 0.0f : s ? *s : 1.0f;
+  }
+  if (sl.scale_inv && blockIdx.x == 0 && blockIdx.y == 0) {
+    if (!grouped && t == 0) sl.scale_inv[z * sl.inv_stride] = 1.0f / (sl.scale ? sl.scale[z * sl.scale_stride] : 1.0f);
+    if (grouped)
+      for (int w = t; w < tl.Gw; w += kThreads) sl.scale_inv[int64_t(w) * sl.inv_stride] = 1.0f / sl.scale[int64_t(w) * sl.scale_stride];
+  }
   __syncthreads();
-  if (qt)
-    for (int dc = threadIdx.y; dc < kTile; dc += kRowsPerPass) {
-      const int64_t c = c0 + dc, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) qt[c * rows + r] = tile[threadIdx.x][dc];
+  float m[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const int lr = tr + p * kRowsPerPass;
+    const int64_t r = r0 + lr;
+    __align__(8) uint8_t b[kVec] = {};
+    if (row_group[lr] >= 0) {
+      const float s = row_scale[lr];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        m[p] = fmaxf(m[p], fabsf(v[p][j]));  // (columns past cols hold 0)
+        if (cast && c + j < tl.cols) b[j] = to_fp8(v[p][j] * s, f);
+      }
+      if (q && cast && c < tl.cols) {
+        if (tl.vec_x)
+          *reinterpret_cast<uint2*>(q + r * tl.cols + c) = *reinterpret_cast<const uint2*>(b);
+        else
+          for (int j = 0; j < kVec && c + j < tl.cols; ++j) q[r * tl.cols + c + j] = b[j];
+      }
     }
-  if (amax) block_amax(m, amax);
-  if (scale_inv && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) *scale_inv = 1.0f / s;
+    *reinterpret_cast<uint2*>(&tile[lr][tc]) = *reinterpret_cast<const uint2*>(b);
+  }
+  if (qt) {
+    __syncthreads();
+    const int lc = t % kTile, chunk = t / kTile;  // (kThreads / kTile chunks of kChunk rows)
+    const int64_t col = c0 + lc, rr = r0 + chunk * kChunk;
+    if (col < tl.cols && rr < tl.extent) {
+      __align__(16) uint8_t b[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) b[i] = tile[chunk * kChunk + i][lc];
+      uint8_t* to = qt + col * tl.ld + rr;
+      if (tl.vec_t && rr + kChunk <= tl.extent)
+        *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(b);
+      else
+        for (int i = 0; i < kChunk && rr + i < tl.extent; ++i) to[i] = b[i];
+    }
+  }
+  if (!sl.amax) return;
+  if (!grouped) {
+    block_amax(fmaxf(m[0], m[1]), sl.amax + z * sl.amax_stride);
+    return;
+  }
+  // Each row's max over the kTile / kVec lanes that share it, then each run of one group's rows.
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    float a = m[p];
+    for (int o = 1; o < kTile / kVec; o <<= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (t % (kTile / kVec) == 0) row_amax[tr + p * kRowsPerPass] = a;
+  }
+  __syncthreads();
+  if (t < kTile) {
+    const int g = row_group[t];
+    if (g >= 0 && (t == 0 || row_group[t - 1] != g)) {
+      float a = 0.0f;
+      for (int lr = t; lr < kTile && row_group[lr] == g; ++lr) a = fmaxf(a, row_amax[lr]);
+      if (a > 0.0f) atomic_max_nonnegative(sl.amax + int64_t(g % tl.Gw) * sl.amax_stride, a);
+    }
+  }
 }
 
 __device__ float fp8_max_of(Fp8Format f) { return f == Fp8Format::E4M3 ? 448.0f : 57344.0f; }
@@ -124,113 +247,55 @@ __global__ void delayed_update_kernel(float* history, float* scale, const float*
   }
 }
 
-// The grouped cast (fp8_grouped_cast_transpose): a block takes a band of kTile rows from `first`,
-// every column in kTile-wide tiles. Row r of group g (offsets[g] <= r < offsets[g + 1]) takes
-// matrix w = g % Gw's scale; a row past offsets[G] none (its transposed column written 0, its q
-// row left). scale null: the amaxes alone. Each row's amax (a warp's lanes share a row) is max-ed
-// into its matrix's slot once per run of the band's rows of one group.
-__global__ void grouped_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t cols, const int32_t* __restrict__ offsets,
-                                    int G, int Gw, int64_t first, int64_t extent, Fp8Slots sl, Fp8Format f,
-                                    uint8_t* __restrict__ q, uint8_t* __restrict__ qt, int64_t ld) {
-  const float* scale = sl.scale;
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  __shared__ int row_group[kTile];
-  __shared__ float row_scale[kTile], row_amax[kTile];
-  const int64_t r0 = first + int64_t(blockIdx.x) * kTile;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  if (ty == 0) {
-    const int64_t r = r0 + tx;
-    int g = -1;
-    if (r < extent && r >= offsets[0] && r < offsets[G]) {  // the last g with offsets[g] <= r
-      int lo = 0, hi = G;
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (offsets[mid] <= r) lo = mid; else hi = mid;
-      }
-      g = lo;
-    }
-    row_group[tx] = g;
-    row_scale[tx] = g >= 0 && scale ? scale[int64_t(g % Gw) * sl.scale_stride] : 0.0f;
-  }
-  if (sl.scale_inv && blockIdx.x == 0 && ty == 0)
-    for (int w = tx; w < Gw; w += kTile) sl.scale_inv[int64_t(w) * sl.inv_stride] = 1.0f / scale[int64_t(w) * sl.scale_stride];
-  __syncthreads();
-  float m[kTile / kRowsPerPass] = {};
-  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-#pragma unroll
-    for (int p = 0; p < kTile / kRowsPerPass; ++p) {
-      const int dr = ty + p * kRowsPerPass;
-      const int64_t r = r0 + dr, c = c0 + tx;
-      uint8_t b = 0;
-      if (row_group[dr] >= 0 && c < cols) {
-        const float v = __bfloat162float(x[r * cols + c]);
-        m[p] = fmaxf(m[p], fabsf(v));
-        if (scale) {
-          b = to_fp8(v * row_scale[dr], f);
-          if (q) q[r * cols + c] = b;
-        }
-      }
-      tile[dr][tx] = b;
-    }
-    if (!qt) continue;
-    __syncthreads();
-    for (int dc = ty; dc < kTile; dc += kRowsPerPass) {
-      const int64_t c = c0 + dc, r = r0 + tx;
-      if (r < extent && c < cols) qt[c * ld + r] = tile[tx][dc];
-    }
-    __syncthreads();
-  }
-  if (!sl.amax) return;
-#pragma unroll
-  for (int p = 0; p < kTile / kRowsPerPass; ++p) {
-    float v = m[p];
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (tx == 0) row_amax[ty + p * kRowsPerPass] = v;
-  }
-  __syncthreads();
-  if (ty == 0) {  // thread tx: the run of rows of one group that starts at row tx
-    const int g = row_group[tx];
-    if (g >= 0 && (tx == 0 || row_group[tx - 1] != g)) {
-      float v = 0.0f;
-      for (int dr = tx; dr < kTile && row_group[dr] == g; ++dr) v = fmaxf(v, row_amax[dr]);
-      if (v > 0.0f) atomic_max_nonnegative(sl.amax + int64_t(g % Gw) * sl.amax_stride, v);
-    }
-  }
+int blocks_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 4096)); }
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+void launch_cast(const __nv_bfloat16* x, int64_t n, const float* scale, Fp8Format f, uint8_t* q, float* scale_inv,
+                 float* amax, cudaStream_t stream) {
+  const bool vec = n % 8 == 0 && aligned(x, 16) && aligned(q, 8);
+  cast_kernel<<<blocks_for(vec ? n / 8 : n), kThreads, 0, stream>>>(x, n, scale, f, q, scale_inv, amax, vec);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-int blocks_for(int64_t n) { return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 4096)); }
+// The tiles' grid: bands of kTile rows from tl.begin to tl.extent in x (at least one: a launch
+// writes the scale_invs), column tiles in y, matrices in z.
+void launch_tiles(const __nv_bfloat16* x, Tiles tl, int64_t batch, const Fp8Slots& slots, Fp8Format f, uint8_t* q,
+                  uint8_t* qt, cudaStream_t stream) {
+  tl.vec_x = tl.cols % kVec == 0 && aligned(x, 16) && aligned(q, 8);
+  tl.vec_t = tl.ld % kChunk == 0 && tl.begin % kChunk == 0 && aligned(qt, 16);
+  const int64_t bands = std::max<int64_t>(1, (tl.extent - tl.begin + kTile - 1) / kTile),
+                tiles = std::max<int64_t>(1, (tl.cols + kTile - 1) / kTile);
+  if (bands > INT32_MAX || tiles > 65535 || batch > 65535)
+    throw Error("fp8 casts: at most 2^31 x 64 rows, 65535 x 64 columns and 65535 matrices, got " +
+                std::to_string(tl.extent - tl.begin) + " x " + std::to_string(tl.cols) + " x " + std::to_string(batch));
+  const dim3 grid(static_cast<unsigned>(bands), static_cast<unsigned>(tiles), static_cast<unsigned>(batch));
+  cast_transpose_tiles<<<grid, kThreads, 0, stream>>>(x, tl, slots, f, q, qt);
+  LAOYAO_CUDA_CHECK(cudaGetLastError());
+}
 
 }  // namespace
 
 void fp8_cast(const __nv_bfloat16* x, int64_t n, const float* scale, Fp8Format f, uint8_t* q, float* scale_inv,
               float* amax, cudaStream_t stream) {
-  cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, scale, f, q, scale_inv, amax);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  launch_cast(x, n, scale, f, q, scale_inv, amax, stream);
 }
 
 void fp8_amax(const __nv_bfloat16* x, int64_t n, float* amax, cudaStream_t stream) {
-  cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, nullptr, Fp8Format::E4M3, nullptr, nullptr, amax);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  launch_cast(x, n, nullptr, Fp8Format::E4M3, nullptr, nullptr, amax, stream);
 }
 
 void fp8_cast_transpose(const __nv_bfloat16* x, int64_t rows, int64_t cols, const float* scale, Fp8Format f,
                         uint8_t* q, uint8_t* qt, float* scale_inv, float* amax, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-  const Fp8Slots slots{scale, 0, scale_inv, 0, amax, 0};
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, slots, f, q, qt);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  fp8_batched_cast_transpose(x, 1, rows, cols, Fp8Slots{scale, 0, scale_inv, 0, amax, 0}, f, q, qt, stream);
 }
 
 void fp8_batched_cast_transpose(const __nv_bfloat16* x, int64_t batch, int64_t rows, int64_t cols, const Fp8Slots& slots,
                                 Fp8Format f, uint8_t* q, uint8_t* qt, cudaStream_t stream) {
   if (batch <= 0 || rows <= 0 || cols <= 0) return;
-  if (batch > 65535 || (rows + kTile - 1) / kTile > 65535)
-    throw Error("fp8_batched_cast_transpose: at most 65535 matrices of at most 65535 x 32 rows, got " +
-                std::to_string(batch) + " of " + std::to_string(rows));
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile),
-                  static_cast<unsigned>(batch));
-  cast_transpose_kernel<<<grid, dim3(kTile, kRowsPerPass), 0, stream>>>(x, rows, cols, slots, f, q, qt);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  Tiles tl;
+  tl.cols = cols, tl.extent = rows, tl.ld = rows;
+  launch_tiles(x, tl, batch, slots, f, q, qt, stream);
 }
 
 void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, const Fp8Slots& slots,
@@ -241,18 +306,15 @@ void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowG
                 std::to_string(g.weights) + ", rows " + std::to_string(g.rows) + ", cols " + std::to_string(cols) +
                 ", ld " + std::to_string(ld) + ")");
   if (!slots.scale && (q || qt || slots.scale_inv)) throw Error("fp8_grouped_cast_transpose: a cast needs its scales");
-  // The transpose's columns from first rounded down to 16 bytes are read by the FP8 wgrad's first
-  // box (TMA starts a box's innermost coordinate at 16-byte multiples only): zeros, not garbage.
-  if (qt && g.first % 16 != 0 && cols > 0)
-    LAOYAO_CUDA_CHECK(cudaMemset2DAsync(qt + g.first / 16 * 16, static_cast<size_t>(ld), 0,
-                                        static_cast<size_t>(g.first % 16), static_cast<size_t>(cols), stream));
   // No rows: a launch still writes every matrix's scale_inv (the GEMMs read them all).
-  const int64_t rows = cols == 0 ? 0 : g.rows;
-  if (rows == 0 && !slots.scale_inv) return;
-  const unsigned bands = static_cast<unsigned>(std::max<int64_t>(1, (rows + kTile - 1) / kTile));
-  grouped_cast_kernel<<<bands, dim3(kTile, kRowsPerPass), 0, stream>>>(
-      x, cols, g.offsets, int(g.groups), int(g.weights), g.first, g.first + rows, slots, f, q, qt, ld);
-  LAOYAO_CUDA_CHECK(cudaGetLastError());
+  if ((g.rows == 0 || cols == 0) && !slots.scale_inv && !(qt && g.first % kChunk != 0)) return;
+  // The bands start at first rounded down to 16: the transpose's columns from there to first are
+  // read by the FP8 wgrad's first box (TMA starts a box's innermost coordinate at 16-byte multiples
+  // only), and the kernel writes them zero, as any row that is no group's.
+  Tiles tl;
+  tl.cols = cols, tl.begin = g.first / kChunk * kChunk, tl.first = g.first, tl.extent = g.first + (cols == 0 ? 0 : g.rows);
+  tl.ld = ld, tl.offsets = g.offsets, tl.G = int(g.groups), tl.Gw = int(g.weights);
+  launch_tiles(x, tl, 1, slots, f, q, qt, stream);
 }
 
 void fp8_grouped_amax(const __nv_bfloat16* x, int64_t cols, const RowGroups& g, float* amax, int64_t stride,

@@ -244,14 +244,33 @@ constexpr int blocks_per_sm() {
   return Mma::kSplit ? 1 : Tile<W>::kBlocksPerSm;
 }
 
+// The split accumulator's turns (named barriers 4 and 5 over both computing warpgroups): the
+// warpgroups issue each step's MMAs one after the other, which the tensor cores run in that order,
+// so one warpgroup adds its partial sums while the other's MMAs run; were they issued together,
+// both would wait for their MMAs at once and the tensor cores would stand idle during the adds.
+// Warpgroup wg waits at barrier 4 + wg for its turn and passes it at 5 - wg.
+__device__ __forceinline__ void turn_wait(int wg) {
+  if (wg == 0)
+    asm volatile("bar.sync 4, %0;\n" ::"n"(kMathThreads) : "memory");
+  else
+    asm volatile("bar.sync 5, %0;\n" ::"n"(kMathThreads) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+  if (wg == 0)
+    asm volatile("bar.arrive 5, %0;\n" ::"n"(kMathThreads) : "memory");
+  else
+    asm volatile("bar.arrive 4, %0;\n" ::"n"(kMathThreads) : "memory");
+}
+
 // The computing warpgroups' loop: for each step, wait for its stage, prepare(stage A, kt) (the
 // wgrad's zeroing), issue its MMAs, then retire the previous step's and free that stage (split:
-// retire this step's and add its partial sums).
+// issue in turn, retire this step's and add its partial sums).
 template <int TA, int TB, int W, class Mma, class Prepare>
 __device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&acc)[W / 2], bf16* smem, int KT,
                                         const Prepare& prepare) {
   constexpr int kStages = Tile<W>::kStages, kStage = Tile<W>::kStage;
-  const uint32_t wg_off = (threadIdx.x / 128) * 8192u;  // this warpgroup's 64 rows of A (both layouts)
+  const int wg = threadIdx.x / 128;
+  const uint32_t wg_off = uint32_t(wg) * 8192u;  // this warpgroup's 64 rows of A (both layouts)
   const uint32_t base = smem_u32(smem);
   const bool lane0 = (threadIdx.x & 31) == 0;
   [[maybe_unused]] float part[Mma::kSplit ? W / 2 : 1];
@@ -265,7 +284,10 @@ __device__ __forceinline__ void consume(Ring<Tile<W>::kStages>& ring, float (&ac
     prepare(smem + s * kStage, kt);
     const uint32_t a = base + uint32_t(s * kStage) * 2u;
     if constexpr (Mma::kSplit) {
+      // Warpgroup 0 goes first; each barrier is waited at as often as it is passed.
+      if (wg == 1 || kt > 0) turn_wait(wg);
       Mma::template stage<TA, TB, W>(part, a + wg_off, a + Tile<W>::kTileA * 2u, true);
+      if (wg == 0 || kt + 1 < KT) turn_pass(wg);
       wait<0>();
       fence_acc(part);
       if (lane0) mbar_arrive(&ring.empty[s]);
