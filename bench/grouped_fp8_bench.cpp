@@ -2,9 +2,10 @@
 // piece by piece beside the BF16 grouped GEMMs, at the flagship's shapes (hidden 1024, 64 experts,
 // expert FFN 384 with SwiGLU: fc1 [768, 1024], fc2 [1024, 384]) over 65536 rows (two sequences of
 // 4096 x top-8) with one hot expert at 8x the mean rows, as mock data routes them. For each linear:
-// the forward (the input's grouped cast, then the nt GEMM), the input gradient (the output
-// gradient's cast with its transpose, then the nt GEMM over the weights' transposes with the split
-// accumulator) and the weight gradient (the input cast again, transposed, then the wgrad GEMM);
+// the forward (the input's grouped cast with the transpose the backward keeps, then the nt GEMM),
+// the input gradient (the output gradient's cast with its transpose, then the nt GEMM over the
+// weights' transposes with the split accumulator) and the weight gradient (the wgrad GEMM over the
+// two transposes);
 // each piece's median time (CUDA events, 3 warm-up calls, 20 timed), the GEMMs' TFLOP/s, and the
 // BF16 grouped GEMM of the same problem. What the sum says against BF16 is what the step says.
 #include <cuda_bf16.h>
@@ -62,7 +63,7 @@ int main() {
   DeviceBuffer x = random_bf16(kRows * kMaxWidth, "x"), dy = random_bf16(kRows * kMaxWidth, "dy", 1e-3);
   DeviceBuffer w = random_bf16(kExperts * kMaxWeight, "w", 0.02);
   DeviceBuffer y(sizeof(bf16) * kRows * kMaxWidth), dw(sizeof(float) * kExperts * kMaxWeight);
-  DeviceBuffer xq(kRows * kMaxWidth), dyq(kRows * kMaxWidth), dyqt(kRows * kMaxWidth), wq(kExperts * kMaxWeight),
+  DeviceBuffer xq(kRows * kMaxWidth), xqt(kRows * kMaxWidth), dyq(kRows * kMaxWidth), dyqt(kRows * kMaxWidth), wq(kExperts * kMaxWeight),
       wqt(kExperts * kMaxWeight);
   // Per-expert scales (every one 1: the values are what they are), inverses and amaxes.
   std::vector<float> ones(kExperts, 1.0f);
@@ -77,6 +78,13 @@ int main() {
   LAOYAO_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %lld experts, %lld rows (expert %lld at 8x the mean); ms, GEMMs' TFLOP/s in ()\n\n", prop.name,
               (long long)kExperts, (long long)kRows, (long long)kHot);
+  // The casts' roofline: a device-to-device copy of x (bytes read plus bytes written a second).
+  const size_t copy_bytes = sizeof(bf16) * kRows * kMaxWidth;
+  const float copy_ms = median_ms(
+      [&] { LAOYAO_CUDA_CHECK(cudaMemcpyAsync(y.ptr, x.ptr, copy_bytes, cudaMemcpyDeviceToDevice, stream)); }, stream,
+      kReps);
+  std::printf("device-to-device copy of %.0f MiB: %.3f ms, %.2f TB/s read + written\n\n", copy_bytes / 1048576.0,
+              copy_ms, 2.0 * copy_bytes / (copy_ms * 1e9));
   std::printf("| linear | N | K | pass | FP8 cast(s) | FP8 GEMM | FP8 total | BF16 GEMM | FP8 / BF16 |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   struct Linear { const char* name; int64_t N, K; };
@@ -87,7 +95,7 @@ int main() {
     // One pass: its FP8 cast(s), its FP8 GEMM and the BF16 GEMM of the same problem (n x k a row), timed.
     using Work = std::function<void()>;
     auto pass = [&](const char* name, const Work& cast, const Work& gemm, const Work& bf16_gemm, int64_t n, int64_t k) {
-      const float c = median_ms(cast, stream, kReps), g = median_ms(gemm, stream, kReps),
+      const float c = cast ? median_ms(cast, stream, kReps) : 0.0f, g = median_ms(gemm, stream, kReps),
                   b = median_ms(bf16_gemm, stream, kReps);
       std::printf("| %s | %lld | %lld | %s | %.3f | %.3f (%.0f) | %.3f | %.3f (%.0f) | %.2f |\n", l.name,
                   (long long)N, (long long)K, name, c, g, tflops(n, k, g), c + g, b, tflops(n, k, b), (c + g) / b);
@@ -95,8 +103,8 @@ int main() {
     // forward: y = x W^T
     pass("forward",
          [&] {
-           fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, slots, Fp8Format::E4M3, xq.as<uint8_t>(), nullptr, 0,
-                                      stream);
+           fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, slots, Fp8Format::E4M3, xq.as<uint8_t>(),
+                                      xqt.as<uint8_t>(), ld, stream);
          },
          [&] {
            grouped_gemm_fp8_nt(xq.as<uint8_t>(), Fp8Format::E4M3, wq.as<uint8_t>(), y.as<bf16>(), groups, N, K, sc,
@@ -114,14 +122,10 @@ int main() {
                                true, stream);
          },
          [&] { grouped_gemm_nn(dy.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream); }, K, N);
-    // weight gradient: dW (+)= dy^T x (the input cast again, transposed)
-    pass("weight gradient",
+    // weight gradient: dW (+)= dy^T x (both transposes from the casts above)
+    pass("weight gradient", nullptr,
          [&] {
-           fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, {scale.as<float>(), 1, nullptr, 0, nullptr, 0},
-                                      Fp8Format::E4M3, nullptr, xq.as<uint8_t>(), ld, stream);
-         },
-         [&] {
-           grouped_gemm_fp8_wgrad(dyqt.as<uint8_t>(), Fp8Format::E5M2, xq.as<uint8_t>(), ld, dw.as<float>(), groups,
+           grouped_gemm_fp8_wgrad(dyqt.as<uint8_t>(), Fp8Format::E5M2, xqt.as<uint8_t>(), ld, dw.as<float>(), groups,
                                   N, K, sc, true, stream);
          },
          [&] { grouped_gemm_wgrad(dy.as<bf16>(), x.as<bf16>(), dw.as<float>(), groups, N, K, true, stream); }, N, K);

@@ -21,6 +21,13 @@ __device__ __forceinline__ uint8_t to_fp8(float v, Fp8Format f) {
                               : __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
 }
 
+// Two values to FP8 at once (one cvt of a pair on Hopper), as to_fp8 casts each.
+__device__ __forceinline__ uint16_t to_fp8x2(float a, float b, Fp8Format f) {
+  const float2 v = make_float2(a, b);
+  return f == Fp8Format::E4M3 ? __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3)
+                              : __nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E5M2);
+}
+
 // Non-negative floats order as their bits do; a NaN never reaches here (fmaxf passed over it).
 __device__ __forceinline__ void atomic_max_nonnegative(float* at, float v) {
   atomicMax(reinterpret_cast<int*>(at), __float_as_int(v));
@@ -55,7 +62,8 @@ __global__ void cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, cons
       for (int j = 0; j < 4; ++j) {
         const float2 v = __bfloat1622float2(h[j]);
         m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
-        b[2 * j] = to_fp8(v.x * s, f), b[2 * j + 1] = to_fp8(v.y * s, f);
+        const uint16_t pair = to_fp8x2(v.x * s, v.y * s, f);
+        b[2 * j] = uint8_t(pair & 0xFF), b[2 * j + 1] = uint8_t(pair >> 8);
       }
       if (q) reinterpret_cast<uint2*>(q)[i] = *reinterpret_cast<const uint2*>(b);
     }
@@ -85,33 +93,41 @@ static_assert(2 * kRowsPerPass == kTile && kThreads / kTile * kChunk == kTile, "
 // left, its transposed column written 0: the FP8 wgrad's boxes read those).
 struct Tiles {
   int64_t cols = 0, begin = 0, first = 0, extent = 0, ld = 0;
+  int64_t col_tiles = 1;  // a band's tiles (blockIdx.x: band x col_tiles + tile)
   const int32_t* offsets = nullptr;
   int G = 0, Gw = 1;
   bool vec_x = false, vec_t = false;  // x and q rows 16 / 8-byte aligned; qt's columns 16-byte aligned
 };
 
-__device__ __forceinline__ int group_of_row(const Tiles& tl, int64_t r) {
-  if (r < tl.first || r >= tl.extent || r < tl.offsets[0] || r >= tl.offsets[tl.G]) return -1;
+// The groups' offsets a block searches: in shared memory up to kSharedGroups groups (one load
+// for the block rather than a dependent global load per step of each row's search).
+constexpr int kSharedGroups = 1024;
+
+__device__ __forceinline__ int group_of_row(const int32_t* offsets, const Tiles& tl, int64_t r) {
+  if (r < tl.first || r >= tl.extent || r < offsets[0] || r >= offsets[tl.G]) return -1;
   int lo = 0, hi = tl.G;  // the last g with offsets[g] <= r
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (tl.offsets[mid] <= r) lo = mid; else hi = mid;
+    if (offsets[mid] <= r) lo = mid; else hi = mid;
   }
   return lo;
 }
 
-// scale null: the amaxes alone (grouped), a cast with scale 1 (dense). amax: the matrix's max |x| (dense), or each run of a tile's rows
-// of one group max-ed into that group's weight matrix's slot (grouped).
+// scale null: the amaxes alone (grouped), a cast with scale 1 (dense). amax: the matrix's max |x|
+// (dense), or each run of a tile's rows of one group max-ed into that group's weight matrix's slot
+// (grouped). Blocks run a band's column tiles one after another: together they read whole rows.
 __global__ void __launch_bounds__(kThreads) cast_transpose_tiles(const __nv_bfloat16* __restrict__ x, Tiles tl,
                                                                  Fp8Slots sl, Fp8Format f, uint8_t* __restrict__ q,
                                                                  uint8_t* __restrict__ qt) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + kVec];
   __shared__ int row_group[kTile];
   __shared__ float row_scale[kTile], row_amax[kTile];
+  __shared__ int32_t shared_offsets[kSharedGroups + 1];
   const bool grouped = tl.offsets != nullptr;
   const bool cast = !grouped || sl.scale;  // (a dense cast without a scale casts with 1)
   const int t = threadIdx.x;
-  const int64_t z = blockIdx.z, r0 = tl.begin + int64_t(blockIdx.x) * kTile, c0 = int64_t(blockIdx.y) * kTile;
+  const int64_t z = blockIdx.z, band = int64_t(blockIdx.x) / tl.col_tiles;
+  const int64_t r0 = tl.begin + band * kTile, c0 = (int64_t(blockIdx.x) - band * tl.col_tiles) * kTile;
   if (!grouped) {
     const int64_t elems = tl.extent * tl.cols;
     x += z * elems;
@@ -121,36 +137,47 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_tiles(const __nv_bflo
   // The loads first (every row below extent is in x), the rows' groups while they are in flight.
   const int tr = t / (kTile / kVec), tc = (t % (kTile / kVec)) * kVec;
   const int64_t c = c0 + tc;
+  uint4 raw[2];
   float v[2][kVec];
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     const int64_t r = r0 + tr + p * kRowsPerPass;
-    if (r < tl.extent && c < tl.cols && tl.vec_x) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + r * tl.cols + c);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kVec / 2; ++j) {
-        const float2 f2 = __bfloat1622float2(h[j]);
-        v[p][2 * j] = f2.x, v[p][2 * j + 1] = f2.y;
-      }
+    if (tl.vec_x) {
+      raw[p] = r < tl.extent && c < tl.cols ? *reinterpret_cast<const uint4*>(x + r * tl.cols + c) : make_uint4(0, 0, 0, 0);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
         v[p][j] = r < tl.extent && c + j < tl.cols ? __bfloat162float(x[r * tl.cols + c + j]) : 0.0f;
     }
   }
+  const int32_t* offsets = tl.offsets;
+  if (grouped && tl.G <= kSharedGroups) {
+    for (int i = t; i <= tl.G; i += kThreads) shared_offsets[i] = tl.offsets[i];
+    offsets = shared_offsets;
+    __syncthreads();
+  }
   if (t < kTile) {
     const int64_t r = r0 + t;
-    const int g = grouped ? group_of_row(tl, r) : (r < tl.extent ? 0 : -1);
+    const int g = grouped ? group_of_row(offsets, tl, r) : (r < tl.extent ? 0 : -1);
     const float* s = sl.scale ? sl.scale + (grouped ? int64_t(g % tl.Gw) : z) * sl.scale_stride : nullptr;
     row_group[t] = g;
     row_scale[t] = g < 0 ? 0.0f : s ? *s : 1.0f;
   }
-  if (sl.scale_inv && blockIdx.x == 0 && blockIdx.y == 0) {
+  if (sl.scale_inv && blockIdx.x == 0) {
     if (!grouped && t == 0) sl.scale_inv[z * sl.inv_stride] = 1.0f / (sl.scale ? sl.scale[z * sl.scale_stride] : 1.0f);
     if (grouped)
       for (int w = t; w < tl.Gw; w += kThreads) sl.scale_inv[int64_t(w) * sl.inv_stride] = 1.0f / sl.scale[int64_t(w) * sl.scale_stride];
   }
+  if (tl.vec_x)
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[p]);
+#pragma unroll
+      for (int j = 0; j < kVec / 2; ++j) {
+        const float2 f2 = __bfloat1622float2(h[j]);
+        v[p][2 * j] = f2.x, v[p][2 * j + 1] = f2.y;
+      }
+    }
   __syncthreads();
   float m[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -161,10 +188,14 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_tiles(const __nv_bflo
     if (row_group[lr] >= 0) {
       const float s = row_scale[lr];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        m[p] = fmaxf(m[p], fabsf(v[p][j]));  // (columns past cols hold 0)
-        if (cast && c + j < tl.cols) b[j] = to_fp8(v[p][j] * s, f);
-      }
+      for (int j = 0; j < kVec; ++j) m[p] = fmaxf(m[p], fabsf(v[p][j]));  // (columns past cols hold 0)
+      if (cast)
+#pragma unroll
+        for (int j = 0; j < kVec; j += 2) {
+          const uint16_t pair = to_fp8x2(v[p][j] * s, v[p][j + 1] * s, f);
+          b[j] = c + j < tl.cols ? uint8_t(pair & 0xFF) : 0;
+          b[j + 1] = c + j + 1 < tl.cols ? uint8_t(pair >> 8) : 0;
+        }
       if (q && cast && c < tl.cols) {
         if (tl.vec_x)
           *reinterpret_cast<uint2*>(q + r * tl.cols + c) = *reinterpret_cast<const uint2*>(b);
@@ -258,18 +289,18 @@ void launch_cast(const __nv_bfloat16* x, int64_t n, const float* scale, Fp8Forma
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }
 
-// The tiles' grid: bands of kTile rows from tl.begin to tl.extent in x (at least one: a launch
-// writes the scale_invs), column tiles in y, matrices in z.
+// The tiles' grid: in x, bands of kTile rows from tl.begin to tl.extent (at least one: a launch
+// writes the scale_invs), each band's column tiles one after another; matrices in z.
 void launch_tiles(const __nv_bfloat16* x, Tiles tl, int64_t batch, const Fp8Slots& slots, Fp8Format f, uint8_t* q,
                   uint8_t* qt, cudaStream_t stream) {
   tl.vec_x = tl.cols % kVec == 0 && aligned(x, 16) && aligned(q, 8);
   tl.vec_t = tl.ld % kChunk == 0 && tl.begin % kChunk == 0 && aligned(qt, 16);
-  const int64_t bands = std::max<int64_t>(1, (tl.extent - tl.begin + kTile - 1) / kTile),
-                tiles = std::max<int64_t>(1, (tl.cols + kTile - 1) / kTile);
-  if (bands > INT32_MAX || tiles > 65535 || batch > 65535)
-    throw Error("fp8 casts: at most 2^31 x 64 rows, 65535 x 64 columns and 65535 matrices, got " +
+  const int64_t bands = std::max<int64_t>(1, (tl.extent - tl.begin + kTile - 1) / kTile);
+  tl.col_tiles = std::max<int64_t>(1, (tl.cols + kTile - 1) / kTile);
+  if (bands * tl.col_tiles > INT32_MAX || batch > 65535)
+    throw Error("fp8 casts: at most 2^31 tiles of 64 x 64 a matrix and 65535 matrices, got " +
                 std::to_string(tl.extent - tl.begin) + " x " + std::to_string(tl.cols) + " x " + std::to_string(batch));
-  const dim3 grid(static_cast<unsigned>(bands), static_cast<unsigned>(tiles), static_cast<unsigned>(batch));
+  const dim3 grid(static_cast<unsigned>(bands * tl.col_tiles), 1, static_cast<unsigned>(batch));
   cast_transpose_tiles<<<grid, kThreads, 0, stream>>>(x, tl, slots, f, q, qt);
   LAOYAO_CUDA_CHECK(cudaGetLastError());
 }

@@ -104,11 +104,11 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
 
   // The experts' transposes have a row pitch of 16-byte multiples (the TMA maps' strides).
   if (experts_.empty()) expert_rows_ = 0;
-  expert_ld_ = (expert_rows_ + 15) / 16 * 16;
+  expert_ld_ = expert_ld(expert_rows_);
   auto carve_scratch = [&](Carver& a) {
     xq_ = a.take<uint8_t>(max_rows_ * max_k_), dyq_ = a.take<uint8_t>(max_rows_ * max_n_);
     dyqt_ = a.take<uint8_t>(max_rows_ * max_n_);
-    exq_ = a.take<uint8_t>(expert_ld_ * max_k_), edyq_ = a.take<uint8_t>(expert_rows_ * max_n_);
+    exq_ = a.take<uint8_t>(expert_rows_ * max_k_), edyq_ = a.take<uint8_t>(expert_rows_ * max_n_);
     edyqt_ = a.take<uint8_t>(expert_ld_ * max_n_);
   };
   Carver ms;
@@ -227,7 +227,7 @@ void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx
   }
 }
 
-void CudaFp8Linears::grouped_forward(int64_t w, const bf16* x, const kc::RowGroups& groups, bf16* y) {
+void CudaFp8Linears::grouped_forward(int64_t w, const bf16* x, const kc::RowGroups& groups, bf16* y, uint8_t* xt) {
   const Experts& X = experts(w);
   const int64_t i = X.index;
   check_expert_rows(groups);
@@ -246,13 +246,15 @@ void CudaFp8Linears::grouped_forward(int64_t w, const bf16* x, const kc::RowGrou
   const bool record = delayed() && pass_ != Fp8Pass::Recompute;
   const kc::Fp8Slots slots{at(input_scale_, i), kStride, at(input_inv_, i), kStride,
                            record ? fwd_history_ + 2 * i : nullptr, 2};
-  kc::fp8_grouped_cast_transpose(x, X.K, groups, slots, fwd_format_, exq_, nullptr, 0, stream_);
+  const bool backward_follows = pass_ == Fp8Pass::TrainingForward || pass_ == Fp8Pass::Recompute;
+  kc::fp8_grouped_cast_transpose(x, X.K, groups, slots, fwd_format_, exq_, backward_follows ? xt : nullptr, expert_ld_,
+                                 stream_);
   kc::grouped_gemm_fp8_nt(exq_, fwd_format_, X.wq, y, groups, X.N, X.K,
                           {at(input_inv_, i), at(weight_inv_, i), kStride, kStride}, false, stream_);
 }
 
-void CudaFp8Linears::grouped_backward(int64_t w, const bf16* x, const bf16* dy, const kc::RowGroups& groups, bf16* dx,
-                                      float* dw, bool accumulate) {
+void CudaFp8Linears::grouped_backward(int64_t w, const uint8_t* xt, const bf16* dy, const kc::RowGroups& groups,
+                                      bf16* dx, float* dw, bool accumulate) {
   const Experts& X = experts(w);
   const int64_t i = X.index;
   check_expert_rows(groups);
@@ -269,13 +271,9 @@ void CudaFp8Linears::grouped_backward(int64_t w, const bf16* x, const bf16* dy, 
   if (dx)  // dX = dY @ W_g: the nt GEMM over the weights' transposes, the split accumulator
     kc::grouped_gemm_fp8_nt(edyq_, grad_format_, X.wqt, dx, groups, X.K, X.N,
                             {at(grad_inv_, i), at(weight_inv_, i), kStride, kStride}, true, stream_);
-  if (dw) {
-    // The forward's input cast again with its scales, transposed only: the same FP8 values.
-    kc::fp8_grouped_cast_transpose(x, X.K, groups, {at(input_scale_, i), kStride, nullptr, 0, nullptr, 0}, fwd_format_,
-                                   nullptr, exq_, expert_ld_, stream_);
-    kc::grouped_gemm_fp8_wgrad(edyqt_, grad_format_, exq_, expert_ld_, dw, groups, X.N, X.K,
+  if (dw)  // (the input's transposed cast from the forward)
+    kc::grouped_gemm_fp8_wgrad(edyqt_, grad_format_, xt, expert_ld_, dw, groups, X.N, X.K,
                                {at(grad_inv_, i), at(input_inv_, i), kStride, kStride}, accumulate, stream_);
-  }
 }
 
 void CudaFp8Linears::check_expert_rows(const kc::RowGroups& groups) const {

@@ -67,9 +67,14 @@ class CudaFp8Linears {
   // The routed experts' linear w over their rows (groups: group g expert g, its rows from the
   // device-side offsets): y [first + rows, N] = x [first + rows, K] @ W_g^T, and the backward's dx
   // = dy @ W_g (null: skipped) and dw_g (+)= dy_g^T x_g (null: skipped), as forward / backward.
-  void grouped_forward(int64_t w, const bf16* x, const kernels::cuda::RowGroups& groups, bf16* y);
-  void grouped_backward(int64_t w, const bf16* x, const bf16* dy, const kernels::cuda::RowGroups& groups, bf16* dx,
-                        float* dw, bool accumulate);
+  // The forward's cast of x, transposed, goes to xt [K][expert_ld(rows)] (the caller's, kept for
+  // the backward; a pass with no backward to follow writes none), which the weight gradient reads.
+  void grouped_forward(int64_t w, const bf16* x, const kernels::cuda::RowGroups& groups, bf16* y, uint8_t* xt);
+  void grouped_backward(int64_t w, const uint8_t* xt, const bf16* dy, const kernels::cuda::RowGroups& groups,
+                        bf16* dx, float* dw, bool accumulate);
+  // The row pitch of the experts' transposed casts over `rows` rows (16-byte multiples: the TMA
+  // maps' strides).
+  static int64_t expert_ld(int64_t rows) { return (rows + 15) / 16 * 16; }
 
   size_t device_bytes() const { return state_.bytes + scratch_.bytes; }
 
@@ -128,9 +133,8 @@ class CudaFp8Linears {
   // The casts of one GEMM's operands: the input [max_rows, max_k] (the forward's, or the
   // backward's transposed), the output gradient [max_rows, max_n] and its transpose.
   uint8_t *xq_ = nullptr, *dyq_ = nullptr, *dyqt_ = nullptr;
-  // The experts' casts: the input [expert_rows, K] (forward) or its transpose [K, expert_ld]
-  // (backward), the output gradient [expert_rows, N] and its transpose [N, expert_ld]; current
-  // scaling's per-expert amaxes.
+  // The experts' casts: the input [expert_rows, K] (forward), the output gradient [expert_rows, N]
+  // and its transpose [N, expert_ld]; current scaling's per-expert amaxes.
   uint8_t *exq_ = nullptr, *edyq_ = nullptr, *edyqt_ = nullptr;
   float* expert_amax_ = nullptr;
 };

@@ -104,6 +104,8 @@ CudaMoeLayers::CudaMoeLayers(const GptConfig& cfg, int64_t max_tokens, int64_t s
       S.local_offsets = a.take<int32_t>(ep_ ? E_ + 1 : 0);
       S.local_x = a.take<bf16>(ep_ ? Nl * H_ : 0);
       S.permuted_x = a.take<bf16>(ep_ ? 0 : N * H_);
+      S.fc1_in_t = a.take<uint8_t>(cfg.fp8 ? H_ * CudaFp8Linears::expert_ld(N) : 0);
+      S.fc2_in_t = a.take<uint8_t>(cfg.fp8 ? F_ * CudaFp8Linears::expert_ld(N) : 0);
       S.kept = a.take<uint8_t>(m.capacity_factor ? N : 0);
       S.probs_g = a.take<float>(gather_ ? Nl : 0);
       S.rows_g = a.take<int32_t>(gather_ ? Nl : 0);
@@ -255,9 +257,9 @@ void CudaMoeLayers::experts_forward(const Saved& S, const Context& ctx, const bf
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first;
   if (CudaFp8Linears* f = fp8_experts(ctx)) {
-    f->grouped_forward(ctx.W.experts_fc1, in, groups, S.fc1_out);
+    f->grouped_forward(ctx.W.experts_fc1, in, groups, S.fc1_out, S.fc1_in_t);
     activation_forward(S.fc1_out + first_row * F1_, S.act_out + first_row * F_, groups.rows, F_, ctx.stream, rows_end);
-    f->grouped_forward(ctx.W.experts_fc2, S.act_out, groups, out);
+    f->grouped_forward(ctx.W.experts_fc2, S.act_out, groups, out, S.fc2_in_t);
     return;
   }
   kc::grouped_gemm_nt(in, P + ctx.W.experts_fc1, S.fc1_out, groups, F1_, H_, ctx.stream);
@@ -273,11 +275,12 @@ void CudaMoeLayers::experts_backward_input(const Saved& S, const Context& ctx, c
   const bf16* P = ctx.params;
   const int64_t first_row = groups.first, rows = groups.rows;
   if (CudaFp8Linears* f = fp8_experts(ctx)) {  // each linear's input and weight gradients together
-    f->grouped_backward(ctx.W.experts_fc2, S.act_out, dy, groups, dact_, ctx.grad(ctx.W.experts_fc2),
+    f->grouped_backward(ctx.W.experts_fc2, S.fc2_in_t, dy, groups, dact_, ctx.grad(ctx.W.experts_fc2),
                         ctx.accumulate_grads);
     activation_backward(S.fc1_out + first_row * F1_, dact_ + first_row * F_, dfc1_ + first_row * F1_, rows, F_,
                         ctx.stream, rows_end);
-    f->grouped_backward(ctx.W.experts_fc1, in, dfc1_, groups, dx, ctx.grad(ctx.W.experts_fc1), ctx.accumulate_grads);
+    f->grouped_backward(ctx.W.experts_fc1, S.fc1_in_t, dfc1_, groups, dx, ctx.grad(ctx.W.experts_fc1),
+                        ctx.accumulate_grads);
     return;
   }
   kc::grouped_gemm_nn(dy, P + ctx.W.experts_fc2, dact_, groups, H_, F_, ctx.stream);

@@ -167,6 +167,10 @@ class CudaMoeLayers {
     // The experts' input rows: in token-permuted order (one rank), or as they arrived (expert
     // parallelism: the permuted rows are the exchange's scratch, permuted_x_).
     bf16 *permuted_x, *local_x;
+    // FP8 experts: the forward's casts of linear_fc1's and linear_fc2's inputs, transposed ([H][ld]
+    // and [F][ld], CudaFp8Linears::expert_ld), which their weight gradients read (Transformer
+    // Engine's GroupedLinear keeps its FP8 inputs for the backward); empty without FP8.
+    uint8_t *fc1_in_t, *fc2_in_t;
     std::vector<size_t> send_elems, recv_elems;
     int64_t local_rows;
     // Per source rank s: its rows here and the first of them (source-major); this rank's rows for
