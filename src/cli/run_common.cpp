@@ -125,6 +125,11 @@ int start_training(config::Resolved& r) {
     throw UsageError("FP8 delayed scaling over " + std::to_string(r.validated.derived.world_size) +
                      " GPU ranks: the amaxes' reduction over the ranks is built on CPU ranks only (model.fp8_recipe "
                      "tensorwise needs none; LAOYAO_DEVICE=cpu trains this run on CPU ranks)");
+  if (backend.cuda && r.cfg.model.fp8 && r.cfg.model.tensor_model_parallel_size > 1)
+    throw UsageError("FP8 with tensor parallelism (model.tensor_model_parallel_size " +
+                     std::to_string(r.cfg.model.tensor_model_parallel_size) +
+                     ") over GPU ranks: built and checked on CPU ranks only (LAOYAO_DEVICE=cpu trains this run on "
+                     "CPU ranks)");
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
   train::RankGroups groups;

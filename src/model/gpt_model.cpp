@@ -141,8 +141,9 @@ void GptModel::set_context_parallel_group(dist::ProcessGroup* cp) {
 void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
   dp_ = dp && dp->size() > 1 ? dp : nullptr;
   if (moe_) moe_->set_data_parallel_group(dp_);
-  backend_->set_fp8_amax_group(dp_);
 }
+
+void GptModel::set_fp8_amax_group(dist::ProcessGroup* group) { backend_->set_fp8_amax_group(group); }
 
 std::vector<double> GptModel::expert_load(int64_t layer) const {
   return moe_ ? moe_->expert_load(layer) : std::vector<double>{};

@@ -175,6 +175,9 @@ class GptModel {
   void finish_moe_step(dist::ProcessGroup* dp);
   // The data-parallel group global_aux_loss sums its tokens per expert over (null: one rank).
   void set_data_parallel_group(dist::ProcessGroup* dp);
+  // FP8 delayed scaling's amax reduction group (Megatron's: the tensor-, data- and context-parallel
+  // ranks; null or one rank: none).
+  void set_fp8_amax_group(dist::ProcessGroup* group);
   // Context parallelism (model/backend.hpp's BatchShape): the group of the ranks holding the other
   // chunks of each sequence; micro-batches are then this rank's chunks. Null or one rank: none.
   void set_context_parallel_group(dist::ProcessGroup* cp);

@@ -124,12 +124,12 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
       out.push_back(fp8 + "expert parallelism (model.expert_model_parallel_size " +
                     std::to_string(m.expert_model_parallel_size) + ": the experts' FP8 GEMMs run on one rank's experts)");
     if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(fp8 + "multi-token prediction (model.mtp_num_layers)");
-    if (m.tensor_model_parallel_size > 1)
-      out.push_back(fp8 + "tensor parallelism (model.tensor_model_parallel_size " +
-                    std::to_string(m.tensor_model_parallel_size) + ": amaxes reduced over the tensor-parallel group)");
+    if (m.tensor_model_parallel_size > 1 && m.num_moe_experts && *m.num_moe_experts > 0)
+      out.push_back(fp8 + "Mixture-of-Experts layers under tensor parallelism (model.tensor_model_parallel_size " +
+                    std::to_string(m.tensor_model_parallel_size) + ": the experts' FP8 GEMMs run on whole experts)");
     if (m.context_parallel_size > 1) out.push_back(fp8 + "context parallelism (model.context_parallel_size > 1)");
-    // (delayed scaling over data-parallel CPU ranks reduces its amaxes; GPU ranks refuse it when
-    // their model is given the group: CudaGptModel::set_data_parallel_group)
+    // (delayed scaling over data- and tensor-parallel CPU ranks reduces its amaxes over them; GPU
+    // ranks refuse it, and FP8 with tensor parallelism, before the ranks meet: cli/run_common.cpp)
   }
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "model/gpt_tp.hpp"
 
 namespace laoyao::train {
 namespace {
@@ -93,10 +94,13 @@ std::optional<model::Fp8Spec> fp8_spec(const config::ConfigContainer& c, const m
     throw UsageError("FP8 needs the tokens of a micro-batch in multiples of 16: model.seq_length (--seq-length) " +
                      std::to_string(m.seq_length) + " x train.micro_batch_size (--micro-batch-size) " +
                      std::to_string(c.train.micro_batch_size.value_or(1)) + " = " + std::to_string(tokens));
-  for (const auto& [name, kn] : fp8_linears(g))
+  // Under tensor parallelism each rank's GEMMs are its shards' (Transformer Engine checks those).
+  const int64_t tp = c.model.tensor_model_parallel_size;
+  for (const auto& [name, kn] : fp8_linears(tp > 1 ? model::tp_local_config(g, tp) : g))
     if (kn.first % 16 != 0 || kn.second % 16 != 0)
-      throw UsageError(std::string("FP8 needs every linear layer's sizes in multiples of 16: ") + name + " is " +
-                       std::to_string(kn.first) + " -> " + std::to_string(kn.second) +
+      throw UsageError(std::string("FP8 needs every linear layer's sizes in multiples of 16") +
+                       (tp > 1 ? " on each of the " + std::to_string(tp) + " tensor-parallel ranks" : "") + ": " +
+                       name + " is " + std::to_string(kn.first) + " -> " + std::to_string(kn.second) +
                        " (pad the model's widths, or train it without model.fp8 / --fp8-format)");
   return s;
 }

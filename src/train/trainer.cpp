@@ -55,6 +55,9 @@ TrainingRun::TrainingRun(const config::ConfigContainer& c_in, const config::Deri
   model = std::make_unique<model::GptModel>(model_cfg, opt.tp_group, opt.ep_group, opt.expert_dp_group, host_state);
   model->set_data_parallel_group(dp);
   model->set_context_parallel_group(cp);
+  // Megatron's amax reduction group is the tensor-, data- and context-parallel ranks: with FP8
+  // there is no pipeline or expert parallelism (refused), so every rank.
+  model->set_fp8_amax_group(group);
   seed = static_cast<uint64_t>(c.rng.seed);
   summary.parameters = model->num_parameters() - model->num_buffer_elements();
   print_line(" > number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (" +

@@ -162,6 +162,14 @@ TEST(Fp8Config, WhatMegatronRefusesOrLaoyaoCannotRunIsNamed) {
                          "--expert-model-parallel-size", "2"}, 2)
                 .find("expert parallelism"),
             std::string::npos);
+  // Tensor parallelism: each rank's shards in multiples of 16; the experts' FP8 GEMMs on whole experts only.
+  EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--tensor-model-parallel-size", "2"}, 2), "");
+  const std::string shard = mlm_refusal({"--fp8-format", "hybrid", "--tensor-model-parallel-size", "2",
+                                         "--ffn-hidden-size", "80"}, 2);
+  EXPECT_NE(shard.find("on each of the 2 tensor-parallel ranks: linear_fc2 is 40 -> 32"), std::string::npos) << shard;
+  EXPECT_NE(mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4", "--tensor-model-parallel-size", "2"}, 2)
+                .find("Mixture-of-Experts layers under tensor parallelism"),
+            std::string::npos);
   // Data-parallel ranks: delayed scaling reduces its amaxes over them (CPU ranks), tensorwise needs none.
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid"}, 2), "");
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}, 2), "");

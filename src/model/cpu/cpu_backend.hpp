@@ -31,9 +31,9 @@ class CpuBackend final : public Backend {
     moe_ = moe;
     if (moe_) moe_->set_fp8(fp8_.get());
   }
-  // FP8 delayed scaling's amax reduction over the data-parallel ranks (CpuFp8Linears::set_amax_group).
-  void set_fp8_amax_group(dist::ProcessGroup* dp) {
-    if (fp8_) fp8_->set_amax_group(dp);
+  // FP8 delayed scaling's amax reduction group (CpuFp8Linears::set_amax_group).
+  void set_fp8_amax_group(dist::ProcessGroup* group) {
+    if (fp8_) fp8_->set_amax_group(group);
   }
   // Context parallelism: the group whose ranks hold the other chunks of each sequence.
   void set_context_parallel(dist::ProcessGroup* cp) { cp_ = cp; }

@@ -30,8 +30,8 @@ class CpuFp8Linears {
   void new_weights();
   void pass_done(Fp8Pass pass);
   // Delayed scaling over several ranks: each pass's amaxes are MAX-reduced over this group before
-  // the update, as Megatron reduces them over its amax reduction group (TP x DP x CP; here the
-  // data-parallel ranks: FP8 with TP or CP is refused). Null or one rank: none.
+  // the update, as Megatron reduces them over its amax reduction group (TP x DP x CP: every rank,
+  // FP8 having no pipeline or expert parallelism). Null or one rank: none.
   void set_amax_group(dist::ProcessGroup* group) { amax_group_ = group && group->size() > 1 ? group : nullptr; }
 
   // The FP8 operands of linear `w`'s GEMMs, valid until the next call of the same kind: its input
