@@ -100,27 +100,24 @@ int main() {
       std::printf("| %s | %lld | %lld | %s | %.3f | %.3f (%.0f) | %.3f | %.3f (%.0f) | %.2f |\n", l.name,
                   (long long)N, (long long)K, name, c, g, tflops(n, k, g), c + g, b, tflops(n, k, b), (c + g) / b);
     };
+    // A pass's operand cast with its transpose (in [rows][width] -> q, qt), and its FP8 nt GEMM
+    // (a [rows][k] times the matrices b [n][k]^T, split accumulator or fast).
+    auto cast = [&](DeviceBuffer& in, int64_t width, Fp8Format f, DeviceBuffer& q, DeviceBuffer& qt) -> Work {
+      return [&, width, f] {
+        fp8_grouped_cast_transpose(in.as<bf16>(), width, groups, slots, f, q.as<uint8_t>(), qt.as<uint8_t>(), ld,
+                                   stream);
+      };
+    };
+    auto fp8_nt = [&](DeviceBuffer& a, Fp8Format f, DeviceBuffer& b, int64_t n, int64_t k, bool split) -> Work {
+      return [&, f, n, k, split] {
+        grouped_gemm_fp8_nt(a.as<uint8_t>(), f, b.as<uint8_t>(), y.as<bf16>(), groups, n, k, sc, split, stream);
+      };
+    };
     // forward: y = x W^T
-    pass("forward",
-         [&] {
-           fp8_grouped_cast_transpose(x.as<bf16>(), K, groups, slots, Fp8Format::E4M3, xq.as<uint8_t>(),
-                                      xqt.as<uint8_t>(), ld, stream);
-         },
-         [&] {
-           grouped_gemm_fp8_nt(xq.as<uint8_t>(), Fp8Format::E4M3, wq.as<uint8_t>(), y.as<bf16>(), groups, N, K, sc,
-                               false, stream);
-         },
+    pass("forward", cast(x, K, Fp8Format::E4M3, xq, xqt), fp8_nt(xq, Fp8Format::E4M3, wq, N, K, false),
          [&] { grouped_gemm_nt(x.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream); }, N, K);
     // input gradient: dx = dy W (the output gradient's cast with its transpose, shared with dW)
-    pass("input gradient",
-         [&] {
-           fp8_grouped_cast_transpose(dy.as<bf16>(), N, groups, slots, Fp8Format::E5M2, dyq.as<uint8_t>(),
-                                      dyqt.as<uint8_t>(), ld, stream);
-         },
-         [&] {
-           grouped_gemm_fp8_nt(dyq.as<uint8_t>(), Fp8Format::E5M2, wqt.as<uint8_t>(), y.as<bf16>(), groups, K, N, sc,
-                               true, stream);
-         },
+    pass("input gradient", cast(dy, N, Fp8Format::E5M2, dyq, dyqt), fp8_nt(dyq, Fp8Format::E5M2, wqt, K, N, true),
          [&] { grouped_gemm_nn(dy.as<bf16>(), w.as<bf16>(), y.as<bf16>(), groups, N, K, stream); }, K, N);
     // weight gradient: dW (+)= dy^T x (both transposes from the casts above)
     pass("weight gradient", nullptr,

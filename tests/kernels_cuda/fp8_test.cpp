@@ -38,27 +38,29 @@ float read_scalar(const DeviceBuffer& d) { return from_device<float>(d, 1)[0]; }
 // Values that saturate, a NaN (passed over by the amax, kept by the cast) and an infinity (the amax;
 // cast to the largest value) among random ones; a length the 8-wide path takes and one it does not.
 TEST_F(CudaFp8, CastMatchesTheCpuBitForBit) {
-  for (const int64_t n : {5003, 5000})
-  for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
-    SCOPED_TRACE(std::string(f == Fp8Format::E4M3 ? "e4m3 " : "e5m2 ") + std::to_string(n));
-    auto x = randn_bf16(n, 31, "fp8.cast", 3.0);
-    // (values a bf16 holds exactly: the device reads bf16)
-    x[7] = 3072.0f, x[8] = -1048576.0f, x[9] = std::numeric_limits<float>::quiet_NaN();
-    const float scale = 37.25f;
-    auto dx = to_device_bf16(x);
-    auto dscale = scalar(scale), dinv = scalar(0.0f), damax = scalar(0.0f);
-    DeviceBuffer dq(x.size());
-    cuda::fp8_cast(dx.as<bf16>(), static_cast<int64_t>(x.size()), dscale.as<float>(), f, dq.as<uint8_t>(),
-                   dinv.as<float>(), damax.as<float>(), stream_);
-    sync();
-    expect_equal(codes_as_floats(from_device<uint8_t>(dq, x.size())), codes_as_floats(cpu_cast(x, scale, f)), "codes");
-    EXPECT_EQ(read_scalar(dinv), 1.0f / scale);
-    EXPECT_EQ(read_scalar(damax), fp8_amax(x.data(), static_cast<int64_t>(x.size())));
-    x[10] = -std::numeric_limits<float>::infinity();  // an infinity is the amax
-    dx = to_device_bf16(x);
-    cuda::fp8_amax(dx.as<bf16>(), static_cast<int64_t>(x.size()), damax.as<float>(), stream_);
-    sync();
-    EXPECT_EQ(read_scalar(damax), std::numeric_limits<float>::infinity());
+  for (const int64_t n : {5003, 5000}) {
+    for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+      SCOPED_TRACE(std::string(f == Fp8Format::E4M3 ? "e4m3 " : "e5m2 ") + std::to_string(n));
+      auto x = randn_bf16(n, 31, "fp8.cast", 3.0);
+      // (values a bf16 holds exactly: the device reads bf16)
+      x[7] = 3072.0f, x[8] = -1048576.0f, x[9] = std::numeric_limits<float>::quiet_NaN();
+      const float scale = 37.25f;
+      auto dx = to_device_bf16(x);
+      auto dscale = scalar(scale), dinv = scalar(0.0f), damax = scalar(0.0f);
+      DeviceBuffer dq(x.size());
+      cuda::fp8_cast(dx.as<bf16>(), static_cast<int64_t>(x.size()), dscale.as<float>(), f, dq.as<uint8_t>(),
+                     dinv.as<float>(), damax.as<float>(), stream_);
+      sync();
+      expect_equal(codes_as_floats(from_device<uint8_t>(dq, x.size())), codes_as_floats(cpu_cast(x, scale, f)),
+                   "codes");
+      EXPECT_EQ(read_scalar(dinv), 1.0f / scale);
+      EXPECT_EQ(read_scalar(damax), fp8_amax(x.data(), static_cast<int64_t>(x.size())));
+      x[10] = -std::numeric_limits<float>::infinity();  // an infinity is the amax
+      dx = to_device_bf16(x);
+      cuda::fp8_amax(dx.as<bf16>(), static_cast<int64_t>(x.size()), damax.as<float>(), stream_);
+      sync();
+      EXPECT_EQ(read_scalar(damax), std::numeric_limits<float>::infinity());
+    }
   }
 }
 

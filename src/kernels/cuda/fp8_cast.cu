@@ -49,7 +49,8 @@ __device__ void block_amax(float local, float* amax) {
 
 // vec (n a multiple of 8, x 16-byte and q 8-byte aligned): 8 values a thread at a time.
 __global__ void cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t n, const float* __restrict__ scale,
-                            Fp8Format f, uint8_t* __restrict__ q, float* __restrict__ scale_inv, float* amax, bool vec) {
+                            Fp8Format f, uint8_t* __restrict__ q, float* __restrict__ scale_inv, float* amax,
+                            bool vec) {
   const float s = scale ? *scale : 1.0f;
   float m = 0.0f;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
@@ -143,7 +144,8 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_tiles(const __nv_bflo
   for (int p = 0; p < 2; ++p) {
     const int64_t r = r0 + tr + p * kRowsPerPass;
     if (tl.vec_x) {
-      raw[p] = r < tl.extent && c < tl.cols ? *reinterpret_cast<const uint4*>(x + r * tl.cols + c) : make_uint4(0, 0, 0, 0);
+      raw[p] = r < tl.extent && c < tl.cols ? *reinterpret_cast<const uint4*>(x + r * tl.cols + c)
+                                            : make_uint4(0, 0, 0, 0);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
@@ -166,7 +168,8 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_tiles(const __nv_bflo
   if (sl.scale_inv && blockIdx.x == 0) {
     if (!grouped && t == 0) sl.scale_inv[z * sl.inv_stride] = 1.0f / (sl.scale ? sl.scale[z * sl.scale_stride] : 1.0f);
     if (grouped)
-      for (int w = t; w < tl.Gw; w += kThreads) sl.scale_inv[int64_t(w) * sl.inv_stride] = 1.0f / sl.scale[int64_t(w) * sl.scale_stride];
+      for (int w = t; w < tl.Gw; w += kThreads)
+        sl.scale_inv[int64_t(w) * sl.inv_stride] = 1.0f / sl.scale[int64_t(w) * sl.scale_stride];
   }
   if (tl.vec_x)
 #pragma unroll
@@ -343,7 +346,8 @@ void fp8_grouped_cast_transpose(const __nv_bfloat16* x, int64_t cols, const RowG
   // read by the FP8 wgrad's first box (TMA starts a box's innermost coordinate at 16-byte multiples
   // only), and the kernel writes them zero, as any row that is no group's.
   Tiles tl;
-  tl.cols = cols, tl.begin = g.first / kChunk * kChunk, tl.first = g.first, tl.extent = g.first + (cols == 0 ? 0 : g.rows);
+  tl.cols = cols, tl.begin = g.first / kChunk * kChunk, tl.first = g.first;
+  tl.extent = g.first + (cols == 0 ? 0 : g.rows);
   tl.ld = ld, tl.offsets = g.offsets, tl.G = int(g.groups), tl.Gw = int(g.weights);
   launch_tiles(x, tl, 1, slots, f, q, qt, stream);
 }

@@ -28,7 +28,8 @@ void CpuFp8Linears::new_weights() {
 void CpuFp8Linears::reduce_amaxes(Fp8Pass pass) {
   // Every rank holds the same linears in the same (offset) order: each was made by the same casts
   // (every FP8 layer's linears, every expert's weight, in each forward); the count is checked.
-  std::vector<float> a;
+  std::vector<float>& a = reduced_;
+  a.clear();
   for (auto& [w, l] : linears_) {
     DelayedScaling& s = pass == Fp8Pass::Backward ? l.backward : l.forward;
     a.insert(a.end(), s.pass_amaxes(), s.pass_amaxes() + s.size());

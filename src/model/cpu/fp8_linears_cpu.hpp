@@ -69,6 +69,7 @@ class CpuFp8Linears {
 
   Fp8Spec spec_;
   dist::ProcessGroup* amax_group_ = nullptr;
+  std::vector<float> reduced_;  // reduce_amaxes' buffer (kept: no allocation a pass)
   bool on_ = false;
   Fp8Pass pass_ = Fp8Pass::TrainingForward;
   std::map<int64_t, Linear> linears_;
