@@ -127,9 +127,12 @@ struct Fp8Spec {
   AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::MostRecent;
   // --first-last-layers-bf16: the first and last layers this many keep high-precision GEMMs.
   int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;
-  // Whether decoder layer `layer` of `num_layers` runs its linear layers in FP8.
+  // Whether layer `layer` runs its linear layers in FP8: a decoder layer of `num_layers` outside
+  // --first-last-layers-bf16's, and a multi-token prediction layer (layer >= num_layers) always, with
+  // its eh_proj: Megatron runs the MTP block under its global FP8 context, whatever the first and
+  // last layers do.
   bool layer_in_fp8(int64_t layer, int64_t num_layers) const {
-    return layer >= bf16_layers_at_start && layer < num_layers - bf16_layers_at_end;
+    return layer >= num_layers || (layer >= bf16_layers_at_start && layer < num_layers - bf16_layers_at_end);
   }
 };
 

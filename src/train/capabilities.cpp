@@ -123,13 +123,12 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (m.num_moe_experts && *m.num_moe_experts > 0 && m.expert_model_parallel_size > 1)
       out.push_back(fp8 + "expert parallelism (model.expert_model_parallel_size " +
                     std::to_string(m.expert_model_parallel_size) + ": the experts' FP8 GEMMs run on one rank's experts)");
-    if (m.mtp_num_layers && *m.mtp_num_layers > 0) out.push_back(fp8 + "multi-token prediction (model.mtp_num_layers)");
     if (m.tensor_model_parallel_size > 1 && m.num_moe_experts && *m.num_moe_experts > 0)
       out.push_back(fp8 + "Mixture-of-Experts layers under tensor parallelism (model.tensor_model_parallel_size " +
                     std::to_string(m.tensor_model_parallel_size) + ": the experts' FP8 GEMMs run on whole experts)");
-    if (m.context_parallel_size > 1) out.push_back(fp8 + "context parallelism (model.context_parallel_size > 1)");
-    // (delayed scaling over data- and tensor-parallel CPU ranks reduces its amaxes over them; GPU
-    // ranks refuse it, and FP8 with tensor parallelism, before the ranks meet: cli/run_common.cpp)
+    // (delayed scaling over data-, tensor- and context-parallel CPU ranks reduces its amaxes over
+    // them; GPU ranks refuse it, and FP8 with tensor parallelism, before the ranks meet:
+    // cli/run_common.cpp; FP8 with context parallelism on GPUs: model/cuda/cuda_backend.cpp)
   }
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)

@@ -1,5 +1,6 @@
 #include "train/fp8_setup.hpp"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,7 @@ std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> fp8_linears(con
       out.push_back({"shared_experts' linear_fc2", {g.moe.shared_ffn, g.hidden}});
     }
   }
+  if (g.mtp_num_layers > 0) out.push_back({"mtp's eh_proj", {2 * g.hidden, g.hidden}});
   return out;
 }
 
@@ -89,10 +91,13 @@ std::optional<model::Fp8Spec> fp8_spec(const config::ConfigContainer& c, const m
   s.amax_compute_algo = m.fp8_amax_compute_algo == "max" ? AmaxComputeAlgo::Max : AmaxComputeAlgo::MostRecent;
   // cuBLASLt's FP8 GEMMs take dimensions in multiples of 16 (Transformer Engine asks callers to pad):
   // every linear layer's features, and the tokens of a micro-batch (the weight gradient's inner size).
-  const int64_t tokens = m.seq_length * c.train.micro_batch_size.value_or(1);
+  // (Under context parallelism each rank's: its 2 chunks of every sequence.)
+  const int64_t cp = std::max<int64_t>(1, m.context_parallel_size);
+  const int64_t tokens = m.seq_length / cp * c.train.micro_batch_size.value_or(1);
   if (tokens % 16 != 0)
     throw UsageError("FP8 needs the tokens of a micro-batch in multiples of 16: model.seq_length (--seq-length) " +
-                     std::to_string(m.seq_length) + " x train.micro_batch_size (--micro-batch-size) " +
+                     std::to_string(m.seq_length) + (cp > 1 ? " / model.context_parallel_size " + std::to_string(cp) : "") +
+                     " x train.micro_batch_size (--micro-batch-size) " +
                      std::to_string(c.train.micro_batch_size.value_or(1)) + " = " + std::to_string(tokens));
   // Under tensor parallelism each rank's GEMMs are its shards' (Transformer Engine checks those).
   const int64_t tp = c.model.tensor_model_parallel_size;

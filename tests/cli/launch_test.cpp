@@ -195,6 +195,35 @@ TEST(Launch, Fp8OverTensorParallelCpuRanks) {
   expect_near(losses("4", "tensorwise", tp2), tensorwise_tp, 1e-5, 1e-5, "tensorwise, TP=2 x DP=2 against TP=2");
 }
 
+// FP8 over context-parallel CPU ranks: each rank casts its own chunks' tokens. Delayed scaling's
+// amaxes are MAX-reduced over the ranks (Megatron's amax reduction group includes the context-parallel
+// ranks), tensorwise scales each rank's tokens by their own amax. CP=2 and CP=2 x DP=2 stay within
+// the attention's reordered sums, magnified by FP8's rounding, of one rank and DP=2 (measured: the
+// first iteration's loss 5.6e-6 from one rank's, the rest up to 6.3e-5; the losses cannot tell the
+// reduction apart, 1.2e-5 without it: Fp8Linears.DelayedScalingReducesAmaxesOverTheDataParallelRanks
+// checks it).
+TEST(Launch, Fp8OverContextParallelCpuRanks) {
+  const std::string dir = laoyao::test::fresh_dir("launch_fp8_cp");
+  const std::vector<std::string> one = tiny_run({"--train-iters", "3", "--bf16"});
+  auto losses = [&](const char* ranks, const char* recipe, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--fp8-format", "hybrid", "--fp8-recipe", recipe});
+    const auto r = run_laoyao(on_ranks(ranks, one, extra), dir, "LAOYAO_DEVICE=cpu");
+    EXPECT_EQ(r.status, 0) << r.output;
+    return losses_in(r.output);
+  };
+  auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want, double first, double rest,
+                        const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    ASSERT_FALSE(got.empty()) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], (i == 0 ? first : rest) * std::abs(want[i])) << what << ", value " << i;
+  };
+  const std::vector<std::string> cp2 = {"--context-parallel-size", "2"};
+  expect_near(losses("2", "delayed", cp2), losses("1", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2");
+  expect_near(losses("4", "delayed", cp2), losses("2", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2 x DP=2 against DP=2");
+  expect_near(losses("2", "tensorwise", cp2), losses("1", "tensorwise", {}), 1e-3, 1e-3, "tensorwise, CP=2");
+}
+
 // Data parallelism over CPU ranks (Gloo): 2 and 4 ranks print the single rank's losses (dropout on:
 // the masks follow the samples), and a checkpoint saved by 2 ranks resumes on 1.
 TEST(Launch, DataParallelCpuRanksReproduceOneRank) {

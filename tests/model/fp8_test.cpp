@@ -406,3 +406,55 @@ TEST(Fp8Model, EachExpertHasItsOwnScalingState) {
     EXPECT_EQ(g->history(3, 0) > 0.0f, fc1->history(3, 0) > 0.0f) << e;
   }
 }
+
+// Multi-token prediction under FP8: Megatron runs the MTP block under its global FP8 context, so
+// an MTP layer's linears and its eh_proj are FP8 even where --first-last-layers-bf16 keeps every
+// decoder layer in high precision; the output layer it shares stays high precision. Their delayed
+// scales move in the same training forward (the pass ends after the MTP block) and backward. With
+// the decoder in high precision the main losses equal the high-precision model's (the MTP block
+// runs after them); the MTP losses and the gradients do not.
+TEST(Fp8Model, MtpLayersRunInFp8WithTheirEhProj) {
+  std::mt19937 rng(8);
+  const Batch in(rng);
+  Fp8Spec s = delayed(4);
+  s.bf16_layers_at_start = 1, s.bf16_layers_at_end = 1;
+  GptConfig c = llama(s);
+  c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.3;
+  GptConfig high = c;
+  high.fp8.reset();
+  GptModel m(c), h(high);
+  init_parameters(m.table(), m.weights(), 9, true);
+  std::copy(m.weights(), m.weights() + m.num_parameters(), h.weights());
+  const GptParameterLayout P = build_gpt_parameters(c);
+  ASSERT_EQ(P.layers.size(), 3u);
+  std::vector<float> losses(Batch::T), high_losses(Batch::T);
+  m.zero_grads(), h.zero_grads();
+  m.forward(in.micro(), {}, losses.data(), true);
+  h.forward(in.micro(), {}, high_losses.data(), true);
+  const CpuFp8Linears& f = *m.fp8_linears();
+  for (const int64_t w : {P.layers[0].qkv_w, P.layers[1].fc2_w, P.output_w}) EXPECT_EQ(f.forward_scaling(w), nullptr);
+  const GptLayerOffsets& L = P.layers[2];
+  for (const int64_t w : {P.mtp[0].eh_proj, L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w}) {
+    SCOPED_TRACE(w);
+    const DelayedScaling* d = f.forward_scaling(w);
+    ASSERT_NE(d, nullptr);
+    EXPECT_GT(d->history(3, 0), 0.0f);
+    EXPECT_EQ(d->scale(0), 448.0f / d->history(3, 0));  // (updated by this forward's end)
+    EXPECT_EQ(d->scale(1), 448.0f / d->history(3, 1));
+  }
+  m.backward(in.dloss.data());
+  h.backward(in.dloss.data());
+  const DelayedScaling* g = f.backward_scaling(P.mtp[0].eh_proj);
+  ASSERT_NE(g, nullptr);
+  EXPECT_GT(g->history(3, 0), 0.0f);
+  EXPECT_EQ(g->scale(0), 57344.0f / g->history(3, 0));
+  EXPECT_EQ(losses, high_losses);
+  const std::vector<double> mtp = m.take_mtp_losses(), mtp_high = h.take_mtp_losses();
+  ASSERT_EQ(mtp.size(), 1u);
+  EXPECT_NE(mtp[0], mtp_high[0]);
+  EXPECT_LT(std::fabs(mtp[0] - mtp_high[0]), 0.02 * mtp_high[0]);
+  const std::vector<float> grads(m.grads(), m.grads() + m.num_trainable());
+  const std::vector<float> high_grads(h.grads(), h.grads() + h.num_trainable());
+  EXPECT_GT(relative_difference(grads, high_grads), 1e-4);
+  EXPECT_LT(relative_difference(grads, high_grads), 0.15);
+}

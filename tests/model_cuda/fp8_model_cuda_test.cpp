@@ -43,14 +43,19 @@ void expect_within(float gpu, float cpu, double tolerance, const std::string& wh
     EXPECT_LE(std::fabs(double(gpu) - cpu) / cpu, tolerance) << what << ": " << gpu << " vs " << cpu;
 }
 
-// The FP8 linears' keys (the CPU backend's): each layer's dense linears or shared expert's, and each
-// routed expert's linear_fc1 and linear_fc2 (the experts' weights one after another), flagged.
+// The FP8 linears' keys (the CPU backend's): each FP8 layer's dense linears (multi-latent attention's
+// projections among them) or shared expert's, each MTP layer's eh_proj, and each routed expert's
+// linear_fc1 and linear_fc2 (the experts' weights one after another), flagged.
 std::vector<std::pair<int64_t, bool>> fp8_linear_keys(const GptConfig& c) {
   const GptParameterLayout P = build_gpt_parameters(c);
   std::vector<std::pair<int64_t, bool>> keys;
   const int64_t H = c.hidden, F = c.moe.ffn;
-  for (const GptLayerOffsets& L : P.layers) {
-    for (const int64_t w : {L.qkv_w, L.proj_w, L.fc1_w, L.fc2_w, L.shared_fc1, L.shared_fc2})
+  for (const MtpOffsets& M : P.mtp) keys.push_back({M.eh_proj, false});
+  for (int64_t l = 0; l < c.layer_count(); ++l) {
+    if (!c.fp8->layer_in_fp8(l, c.num_layers)) continue;
+    const GptLayerOffsets& L = P.layers[static_cast<size_t>(l)];
+    for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
+                            L.fc2_w, L.shared_fc1, L.shared_fc2})
       if (w >= 0) keys.push_back({w, false});
     for (int64_t e = 0; L.experts_fc1 >= 0 && e < c.moe.num_experts; ++e) {
       keys.push_back({L.experts_fc1 + e * c.fc1_rows(F) * H, true});
@@ -113,6 +118,7 @@ void compare_fp8(const GptConfig& c) {
       const Batch& x = batches[static_cast<size_t>(m)];
       MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
       mb.is_first_microbatch = m == 0;
+      if (c.mtp_num_layers > 0) mb.loss_mask = x.mask.data();  // (MTP rolls it)
       const DropoutKey key{1234, static_cast<uint64_t>(step * 2 + m), true};
       std::vector<float> cpu_loss(static_cast<size_t>(x.b * x.s)), high_loss(cpu_loss.size());
       cpu.forward(mb, key, cpu_loss.data(), true);
@@ -167,11 +173,20 @@ TEST(CudaFp8Model, LlamaTensorwiseMatchesCpuModel) {
 TEST(CudaFp8Model, GptDelayedScalingMatchesCpuModel) {
   compare_fp8(with_fp8(small_config(4, 4), Fp8ScalingRecipe::Delayed));
 }
-// What the GPU's FP8 has not been checked with goes to the CPU backend, named.
-TEST(CudaFp8Model, UncheckedCombinationsAreNamed) {
-  EXPECT_EQ(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Delayed)), "");
-  EXPECT_NE(cuda_unsupported_features(with_fp8(mla_config(32), Fp8ScalingRecipe::Delayed)).find("multi-latent"),
-            std::string::npos);
+// DeepSeek's multi-latent attention: its projections (q's direct or through its latent, kv's down
+// and up) as FP8 linears.
+TEST(CudaFp8Model, MlaDelayedScalingMatchesCpuModel) {
+  compare_fp8(with_fp8(mla_config(32), Fp8ScalingRecipe::Delayed));
+  compare_fp8(with_fp8(mla_config(0), Fp8ScalingRecipe::Delayed));
+}
+// Multi-token prediction: the MTP layer's linears and its eh_proj in FP8 (Megatron's global FP8
+// context), with the decoder's last layer kept in bf16 (which the MTP layer is not).
+TEST(CudaFp8Model, MtpDelayedScalingMatchesCpuModel) {
+  GptConfig c = with_fp8(llama_config(), Fp8ScalingRecipe::Delayed);
+  c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.3;
+  c.fp8->bf16_layers_at_end = 1;
+  EXPECT_EQ(cuda_unsupported_features(c), "");
+  compare_fp8(c);
 }
 // MoE layers (Llama's pieces, 4 experts of ffn 64, top-2, a shared expert of 32): the routed
 // experts through the FP8 grouped GEMMs with a scaling state per expert, the shared expert's FP8

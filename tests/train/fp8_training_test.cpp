@@ -173,6 +173,14 @@ TEST(Fp8Config, WhatMegatronRefusesOrLaoyaoCannotRunIsNamed) {
   // Data-parallel ranks: delayed scaling reduces its amaxes over them (CPU ranks), tensorwise needs none.
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid"}, 2), "");
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}, 2), "");
+  // Context-parallel ranks: each rank's tokens (2 of every sequence's 2 x CP chunks) in multiples of 16.
+  EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--context-parallel-size", "2"}, 2), "");
+  const std::string cp = mlm_refusal({"--fp8-format", "hybrid", "--context-parallel-size", "2", "--seq-length", "48",
+                                      "--max-position-embeddings", "48", "--micro-batch-size", "1"}, 2);
+  EXPECT_NE(cp.find("48 / model.context_parallel_size 2 x train.micro_batch_size (--micro-batch-size) 1 = 24"),
+            std::string::npos) << cp;
+  // Multi-token prediction: its layers and eh_proj in FP8 (Megatron's global FP8 context).
+  EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--mtp-num-layers", "1"}), "");
 }
 
 namespace {
@@ -210,3 +218,6 @@ TEST(Fp8Training, CpuMoeRunsInFp8EndNearTheBf16Run) {
   expect_fp8_runs_near_bf16({"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
                              "--moe-shared-expert-intermediate-size", "16", "--moe-aux-loss-coeff", "1e-2"});
 }
+
+// With a multi-token prediction layer: its linears and eh_proj in FP8 too.
+TEST(Fp8Training, CpuMtpRunsInFp8EndNearTheBf16Run) { expect_fp8_runs_near_bf16({"--mtp-num-layers", "1"}); }

@@ -69,12 +69,11 @@ std::string cuda_unsupported_features(const GptConfig& c) {
     if (c.moe.num_experts > 0 && c.moe.force_load_balancing)
       missing.push_back(cp + "--moe-router-force-load-balancing");
     if (c.mtp_num_layers > 0) missing.push_back(cp + "multi-token prediction");
+    if (c.fp8) missing.push_back(cp + "FP8 (model.fp8: checked on CPU ranks only)");
     if (c.document_attention) missing.push_back(cp + "documents or packed sequences");
     if (c.hidden_dropout > 0 || c.attention_dropout > 0)
       missing.push_back(cp + "dropout (model.hidden_dropout, model.attention_dropout)");
   }
-  if (c.fp8 && c.mla)  // (CudaFp8Linears takes MLA's projections, but no GPU has checked them yet)
-    missing.push_back("FP8 with multi-latent attention (its FP8 projections not yet checked on a GPU)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
@@ -667,7 +666,7 @@ void CudaBackend::cross_entropy_backward(Act logits, const int64_t* labels, cons
 // ---- FP8 linear layers (model/cuda/fp8_linears_cuda.hpp)
 
 void CudaBackend::fp8_layer(int64_t layer, Fp8Pass pass) {
-  if (fp8_) fp8_->set_layer(layer >= 0 && layer < lc_.num_layers && lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
+  if (fp8_) fp8_->set_layer(layer >= 0 && lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
 }
 
 void CudaBackend::fp8_pass_done(Fp8Pass pass) {

@@ -37,9 +37,11 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
       expert_rows_(expert_rows) {
   std::map<int64_t, const ParamSpec*> by_offset;
   for (const ParamSpec& p : layout.table.specs) by_offset[p.offset] = &p;
-  for (int64_t l = 0; l < local.num_layers; ++l) {
+  // The decoder's layers, then the MTP layers' (their eh_proj with their layer's linears).
+  for (int64_t l = 0; l < local.layer_count(); ++l) {
     if (!spec_.layer_in_fp8(l, local.num_layers)) continue;
     const GptLayerOffsets& L = layout.layers[static_cast<size_t>(l)];
+    const int64_t eh_proj = l >= local.num_layers ? layout.mtp[static_cast<size_t>(l - local.num_layers)].eh_proj : -1;
     if (local.is_moe_layer(l)) {  // the routed experts: E slots a linear
       const int64_t E = local.moe.num_experts, H = local.hidden, F = local.moe.ffn;
       for (const auto& [w, N, K] : {std::tuple{L.experts_fc1, local.fc1_rows(F), H}, std::tuple{L.experts_fc2, H, F}}) {
@@ -54,7 +56,7 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
       }
     }
     for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
-                            L.fc2_w, L.shared_fc1, L.shared_fc2}) {
+                            L.fc2_w, L.shared_fc1, L.shared_fc2, eh_proj}) {
       if (w < 0) continue;
       const ParamSpec& p = *by_offset.at(w);
       Slot s;

@@ -42,7 +42,8 @@ class CudaFp8Linears {
  public:
   using bf16 = __nv_bfloat16;
   // The FP8 linears of `local` (every decoder layer spec.layer_in_fp8 keeps: its qkv or
-  // multi-latent projections, linear_proj, linear_fc1, linear_fc2), their weights in `layout`.
+  // multi-latent projections, linear_proj, linear_fc1, linear_fc2, its experts' and shared
+  // expert's; and every MTP layer's with its eh_proj), their weights in `layout`.
   // expert_rows: the most rows an MoE layer's experts take (tokens x top-k; 0 without MoE layers).
   CudaFp8Linears(const GptConfig& local, const GptParameterLayout& layout, int64_t max_rows, int64_t expert_rows,
                  cudaStream_t stream, kernels::cuda::CublasLtGemm* gemm);

@@ -78,8 +78,7 @@ void TransformerBlock::forward(const Step& st, Scratch& w) {
     be.fp8_layer(static_cast<int64_t>(l), pass);
     layers_[l].forward(st, l + 1 < layers_.size() ? layers_[l + 1].input() : x_final_, w);
   }
-  be.fp8_layer(-1, pass);
-  be.fp8_pass_done(pass);
+  be.fp8_layer(-1, pass);  // (the pass is done after the MTP block: GPTModel::forward)
   const GptParameterLayout& P = m_.params;
   norm_whole_sequence(m_, st, x_final_, P.final_w, P.final_b, xf_, xf_mean_, xf_rstd_, w);
 }
@@ -177,6 +176,7 @@ void GPTModel::forward(const Step& st, float* losses, const float* dloss) {
   be.cross_entropy(logits_, st.labels, losses, ce_stats_, T, vocab(), dloss);
   loss_grad_taken_ = dloss != nullptr;
   mtp_.forward(st, decoder_.output(), w_);
+  be.fp8_pass_done(st.train_step ? Fp8Pass::TrainingForward : Fp8Pass::EvaluationForward);
 }
 
 void GPTModel::backward(const Step& st, const float* dloss, float moe_aux_loss_scale) {

@@ -52,6 +52,7 @@ void MultiTokenPredictionBlock::forward(const Step& st, Act h0, Scratch& w) {
   const GptConfig& lc = m_.local;
   const GptParameterLayout& P = m_.params;
   const int64_t T = st.batch.T, h = lc.hidden;
+  const Fp8Pass fp8_pass = st.train_step ? Fp8Pass::TrainingForward : Fp8Pass::EvaluationForward;
   Act prev = h0;
   for (size_t k = 0; k < layers_.size(); ++k) {
     const Step::MtpInputs& in = st.mtp[k];
@@ -66,9 +67,11 @@ void MultiTokenPredictionBlock::forward(const Step& st, Act h0, Scratch& w) {
     be.norm(prev, M(k).hnorm_w, M(k).hnorm_b, a.hn, a.hn_mean, a.hn_rstd, T, h);
     be.copy_columns(a.en, h, a.cat, 2 * h, T, h);
     be.copy_columns(a.hn, h, half(a.cat), 2 * h, T, h);
+    be.fp8_layer(lc.num_layers + static_cast<int64_t>(k), fp8_pass);  // (eh_proj and the layer: FP8 where asked)
     be.linear(a.cat, M(k).eh_proj, -1, a.x, T, 2 * h, h);
     if (m_.sp()) be.sp_slice(a.x, layers_[k].input(), st.batch, h);  // (the layer runs this rank's rows)
     layers_[k].forward(st, a.y, w);
+    be.fp8_layer(-1, fp8_pass);  // (the shared output layer: as the main one)
     norm_whole_sequence(m_, st, a.y, M(k).final_w, M(k).final_b, a.h, a.h_mean, a.h_rstd, w);
     be.linear(a.h, P.output_w, -1, a.logits, T, h, lc.vocab);
     be.cross_entropy(a.logits, in.labels, in.losses, a.ce_stats, T, vocab(), nullptr);
@@ -98,10 +101,12 @@ void MultiTokenPredictionBlock::backward(const Step& st, Act h0, Act dh0, Scratc
     Act dy = dh_;
     if (m_.sp()) be.sp_slice(dh_, w.local, st.batch, h), dy = w.local;
     be.norm_backward(dy, a.y, M(k).final_w, M(k).final_b, a.h_mean, a.h_rstd, w.dx, rows, h, false, -1);
+    be.fp8_layer(lc.num_layers + static_cast<int64_t>(k), Fp8Pass::Backward);
     layers_[k].backward(st, w, moe_aux_loss_scale);  // w.dx: now the gradient at eh_proj's output
     Act dx = w.dx;
     if (m_.sp()) be.sp_gather(w.dx, dx_, st.batch, h), dx = dx_;
     be.linear_backward(a.cat, M(k).eh_proj, -1, dx, dcat_, T, 2 * h, h);
+    be.fp8_layer(-1, Fp8Pass::Backward);
     be.copy_columns(dcat_, 2 * h, den_, h, T, h);
     be.copy_columns(half(dcat_), 2 * h, dhn_, h, T, h);
     be.norm_backward(den_, a.e, M(k).enorm_w, M(k).enorm_b, a.en_mean, a.en_rstd, de_, T, h, false, -1);
