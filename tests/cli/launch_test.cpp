@@ -160,6 +160,28 @@ TEST(Launch, Fp8DelayedScalingOverDataParallelCpuRanks) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 0.02 * std::abs(want[i])) << "value " << i;
 }
 
+namespace {
+
+// The losses of `one` in FP8 (hybrid, `recipe`) on `ranks` CPU ranks with `extra` flags.
+std::vector<double> fp8_losses_on_ranks(const std::string& dir, const std::vector<std::string>& one, const char* ranks,
+                                        const char* recipe, std::vector<std::string> extra) {
+  extra.insert(extra.end(), {"--fp8-format", "hybrid", "--fp8-recipe", recipe});
+  const auto r = run_laoyao(on_ranks(ranks, one, extra), dir, "LAOYAO_DEVICE=cpu");
+  EXPECT_EQ(r.status, 0) << r.output;
+  return losses_in(r.output);
+}
+
+// got within first (its first value) and rest (the others) relative to want.
+void expect_losses_near(const std::vector<double>& got, const std::vector<double>& want, double first, double rest,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_FALSE(got.empty()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], (i == 0 ? first : rest) * std::abs(want[i])) << what << ", value " << i;
+}
+
+}  // namespace
+
 // FP8 over tensor-parallel CPU ranks. Delayed scaling MAX-reduces each pass's amaxes over every
 // rank (Megatron's amax reduction group, TP x DP): the scales are the one rank's, so the first
 // iteration's loss (its later micro-batches cast with scales from the earlier ones' amaxes) is the
@@ -170,29 +192,19 @@ TEST(Launch, Fp8DelayedScalingOverDataParallelCpuRanks) {
 TEST(Launch, Fp8OverTensorParallelCpuRanks) {
   const std::string dir = laoyao::test::fresh_dir("launch_fp8_tp");
   const std::vector<std::string> one = tiny_run({"--train-iters", "3", "--bf16", "--num-attention-heads", "4"});
-  auto losses = [&](const char* ranks, const char* recipe, std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"--fp8-format", "hybrid", "--fp8-recipe", recipe});
-    const auto r = run_laoyao(on_ranks(ranks, one, extra), dir, "LAOYAO_DEVICE=cpu");
-    EXPECT_EQ(r.status, 0) << r.output;
-    return losses_in(r.output);
-  };
-  auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want, double first, double rest,
-                        const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    ASSERT_FALSE(got.empty()) << what;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], (i == 0 ? first : rest) * std::abs(want[i])) << what << ", value " << i;
+  auto losses = [&](const char* ranks, const char* recipe, const std::vector<std::string>& extra) {
+    return fp8_losses_on_ranks(dir, one, ranks, recipe, extra);
   };
   const std::vector<std::string> tp2 = {"--tensor-model-parallel-size", "2"};
   std::vector<std::string> tp2_sp = tp2;
   tp2_sp.push_back("--sequence-parallel");
   const auto delayed = losses("1", "delayed", {}), delayed_dp = losses("2", "delayed", {});
-  expect_near(losses("2", "delayed", tp2), delayed, 2e-6, 2e-4, "delayed, TP=2");
-  expect_near(losses("2", "delayed", tp2_sp), delayed, 2e-6, 2e-4, "delayed, TP=2 with sequence parallelism");
-  expect_near(losses("4", "delayed", tp2), delayed_dp, 2e-6, 2e-4, "delayed, TP=2 x DP=2 against DP=2");
+  expect_losses_near(losses("2", "delayed", tp2), delayed, 2e-6, 2e-4, "delayed, TP=2");
+  expect_losses_near(losses("2", "delayed", tp2_sp), delayed, 2e-6, 2e-4, "delayed, TP=2 with sequence parallelism");
+  expect_losses_near(losses("4", "delayed", tp2), delayed_dp, 2e-6, 2e-4, "delayed, TP=2 x DP=2 against DP=2");
   const auto tensorwise = losses("1", "tensorwise", {}), tensorwise_tp = losses("2", "tensorwise", tp2);
-  expect_near(tensorwise_tp, tensorwise, 1e-3, 1e-3, "tensorwise, TP=2");
-  expect_near(losses("4", "tensorwise", tp2), tensorwise_tp, 1e-5, 1e-5, "tensorwise, TP=2 x DP=2 against TP=2");
+  expect_losses_near(tensorwise_tp, tensorwise, 1e-3, 1e-3, "tensorwise, TP=2");
+  expect_losses_near(losses("4", "tensorwise", tp2), tensorwise_tp, 1e-5, 1e-5, "tensorwise, TP=2 x DP=2 against TP=2");
 }
 
 // FP8 over context-parallel CPU ranks: each rank casts its own chunks' tokens. Delayed scaling's
@@ -205,23 +217,13 @@ TEST(Launch, Fp8OverTensorParallelCpuRanks) {
 TEST(Launch, Fp8OverContextParallelCpuRanks) {
   const std::string dir = laoyao::test::fresh_dir("launch_fp8_cp");
   const std::vector<std::string> one = tiny_run({"--train-iters", "3", "--bf16"});
-  auto losses = [&](const char* ranks, const char* recipe, std::vector<std::string> extra) {
-    extra.insert(extra.end(), {"--fp8-format", "hybrid", "--fp8-recipe", recipe});
-    const auto r = run_laoyao(on_ranks(ranks, one, extra), dir, "LAOYAO_DEVICE=cpu");
-    EXPECT_EQ(r.status, 0) << r.output;
-    return losses_in(r.output);
-  };
-  auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want, double first, double rest,
-                        const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    ASSERT_FALSE(got.empty()) << what;
-    for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_NEAR(got[i], want[i], (i == 0 ? first : rest) * std::abs(want[i])) << what << ", value " << i;
+  auto losses = [&](const char* ranks, const char* recipe, const std::vector<std::string>& extra) {
+    return fp8_losses_on_ranks(dir, one, ranks, recipe, extra);
   };
   const std::vector<std::string> cp2 = {"--context-parallel-size", "2"};
-  expect_near(losses("2", "delayed", cp2), losses("1", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2");
-  expect_near(losses("4", "delayed", cp2), losses("2", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2 x DP=2 against DP=2");
-  expect_near(losses("2", "tensorwise", cp2), losses("1", "tensorwise", {}), 1e-3, 1e-3, "tensorwise, CP=2");
+  expect_losses_near(losses("2", "delayed", cp2), losses("1", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2");
+  expect_losses_near(losses("4", "delayed", cp2), losses("2", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2 x DP=2 against DP=2");
+  expect_losses_near(losses("2", "tensorwise", cp2), losses("1", "tensorwise", {}), 1e-3, 1e-3, "tensorwise, CP=2");
 }
 
 // Data parallelism over CPU ranks (Gloo): 2 and 4 ranks print the single rank's losses (dropout on:
