@@ -12,9 +12,9 @@
 #   [BASELINE=BIN] bash bench/gpu_train_bench.sh LAOYAO_BINARY PEER_SCRIPT [CASE ...]
 #   bash bench/gpu_train_bench.sh --shape-args CASE      (the case's laoyao flags, printed)
 # Cases: vanilla_seed gpt2_124m seed_command llama32_1b_s8k llama3_8b_4l_s8k qwen3_8b_4l_s4k moe_2b moe_2b_gbs16
-# moe_2b_mbsM_gbsG deepseek_v2_lite_4l (default: the first three; moe_2b runs beside pytorch_moe.py,
-# deepseek_v2_lite_4l beside bench/peers/pytorch_deepseek.py, both found next to PEER_SCRIPT;
-# seed_command and the moe_2b_* cases have no peer). Run on the GPU machine
+# moe_2b_mbsM_gbsG deepseek_v2_lite_4l CASE_gbsG (default: the first three; moe_2b runs beside
+# pytorch_moe.py, deepseek_v2_lite_4l beside bench/peers/pytorch_deepseek.py, both found next to
+# PEER_SCRIPT; seed_command, the moe_2b_* and the *_gbsG cases have no peer). Run on the GPU machine
 # (scripts/gpu_check.sh run bench does it with the staged binary).
 set -uo pipefail
 BIN="$1"; PEER="$2"; shift 2
@@ -89,6 +89,9 @@ shape_args() {  # the peer's CFG rows (pytorch_gpt.py), as Megatron-LM flags, no
                            --moe-layer-freq '[0,1,1,1]' --moe-router-load-balancing-type seq_aux_loss \
                            --moe-aux-loss-coeff 1e-3 --moe-router-pre-softmax --moe-grouped-gemm --hidden-dropout 0 \
                            --attention-dropout 0 --train-iters 20 ;;
+    # CASE_gbsG (a dense case): G micro-batches a step, the optimizer and FP8's weight casts once per
+    # G sequences as a real run's global batch amortises them. No peer (it takes one micro-batch a step).
+    *_gbs[0-9]*) shape_args "${1%_gbs*}" | sed "s/--global-batch-size [0-9]* /--global-batch-size ${1##*_gbs} /" ;;
     # The README's seed command as it is (32 sequences of 512 an iteration, dropout 0.1).
     seed_command) echo --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 1024 \
                     --seq-length 512 --max-position-embeddings 512 --micro-batch-size 4 --global-batch-size 32 \
@@ -140,7 +143,7 @@ for c in $cases; do
   seq=$(printf '%s\n' "${shape[@]}" | grep -A1 -- --seq-length | tail -1)
   tok=$(python3 -c "print(round($gbs*$seq/($ms/1000)))")
   peer_tok=n/a; peer_mem=n/a; ratio=n/a
-  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ]; then
+  if [ -z "${NO_PEER:-}" ] && [ "$c" != seed_command ] && [ "${c#moe_2b_}" = "$c" ] && [ "${c%_gbs*}" = "$c" ]; then
     peer="$PEER"
     [ "$c" = moe_2b ] && peer="$(dirname "$PEER")/pytorch_moe.py"  # the MoE peer beside the dense one
     [ "$c" = deepseek_v2_lite_4l ] && peer="$(dirname "$PEER")/pytorch_deepseek.py"  # (bench/peers/, staged beside)

@@ -173,6 +173,16 @@ TEST(CudaFp8Model, LlamaTensorwiseMatchesCpuModel) {
 TEST(CudaFp8Model, GptDelayedScalingMatchesCpuModel) {
   compare_fp8(with_fp8(small_config(4, 4), Fp8ScalingRecipe::Delayed));
 }
+// What the GPU's FP8 has not been checked with goes to the CPU backend, named (the two tests below
+// check them; the refusals go when they have passed on a GPU).
+TEST(CudaFp8Model, UncheckedCombinationsAreNamed) {
+  EXPECT_EQ(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Delayed)), "");
+  EXPECT_NE(cuda_unsupported_features(with_fp8(mla_config(32), Fp8ScalingRecipe::Delayed)).find("multi-latent"),
+            std::string::npos);
+  GptConfig mtp = with_fp8(llama_config(), Fp8ScalingRecipe::Delayed);
+  mtp.mtp_num_layers = 1;
+  EXPECT_NE(cuda_unsupported_features(mtp).find("multi-token prediction"), std::string::npos);
+}
 // DeepSeek's multi-latent attention: its projections (q's direct or through its latent, kv's down
 // and up) as FP8 linears.
 TEST(CudaFp8Model, MlaDelayedScalingMatchesCpuModel) {
@@ -185,7 +195,6 @@ TEST(CudaFp8Model, MtpDelayedScalingMatchesCpuModel) {
   GptConfig c = with_fp8(llama_config(), Fp8ScalingRecipe::Delayed);
   c.mtp_num_layers = 1, c.mtp_loss_scaling_factor = 0.3;
   c.fp8->bf16_layers_at_end = 1;
-  EXPECT_EQ(cuda_unsupported_features(c), "");
   compare_fp8(c);
 }
 // MoE layers (Llama's pieces, 4 experts of ffn 64, top-2, a shared expert of 32): the routed
