@@ -127,7 +127,8 @@ for case, r in rows.items():
           fp8=(); [ "$r" = bf16 ] || fp8=(--fp8-format hybrid --fp8-recipe "$r")
           LAOYAO_DEVICE=cuda LAOYAO_MODEL_PHASES=1 LAOYAO_STEP_PHASES=1 timeout 300 "$C/laoyao" pretrain-gpt \
             --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 \
-            --eval-interval 100000 "${shape[@]}" --train-iters 6 --log-interval 1 "${fp8[@]}" > "$OUT/phases_${c}_$r.log" 2>&1
+            --eval-interval 100000 "${shape[@]}" --train-iters 6 --log-interval 1 "${fp8[@]}" \
+            > "$OUT/phases_${c}_$r.log" 2>&1
           grep -E 'laoyao: (model|step) phases' "$OUT/phases_${c}_$r.log" | tail -2 | sed "s/^/$c $r: /"
         done
       done | tee "$OUT/fp8_phases.txt"

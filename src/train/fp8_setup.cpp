@@ -96,7 +96,8 @@ std::optional<model::Fp8Spec> fp8_spec(const config::ConfigContainer& c, const m
   const int64_t tokens = m.seq_length / cp * c.train.micro_batch_size.value_or(1);
   if (tokens % 16 != 0)
     throw UsageError("FP8 needs the tokens of a micro-batch in multiples of 16: model.seq_length (--seq-length) " +
-                     std::to_string(m.seq_length) + (cp > 1 ? " / model.context_parallel_size " + std::to_string(cp) : "") +
+                     std::to_string(m.seq_length) +
+                     (cp > 1 ? " / model.context_parallel_size " + std::to_string(cp) : "") +
                      " x train.micro_batch_size (--micro-batch-size) " +
                      std::to_string(c.train.micro_batch_size.value_or(1)) + " = " + std::to_string(tokens));
   // Under tensor parallelism each rank's GEMMs are its shards' (Transformer Engine checks those).

@@ -222,7 +222,8 @@ TEST(Launch, Fp8OverContextParallelCpuRanks) {
   };
   const std::vector<std::string> cp2 = {"--context-parallel-size", "2"};
   expect_losses_near(losses("2", "delayed", cp2), losses("1", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2");
-  expect_losses_near(losses("4", "delayed", cp2), losses("2", "delayed", {}), 2e-5, 2e-4, "delayed, CP=2 x DP=2 against DP=2");
+  expect_losses_near(losses("4", "delayed", cp2), losses("2", "delayed", {}), 2e-5, 2e-4,
+                     "delayed, CP=2 x DP=2 against DP=2");
   expect_losses_near(losses("2", "tensorwise", cp2), losses("1", "tensorwise", {}), 1e-3, 1e-3, "tensorwise, CP=2");
 }
 
