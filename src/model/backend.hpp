@@ -201,7 +201,8 @@ class Backend {
   // the config asks. Casts record their amaxes except in a recomputation, which casts with the
   // scales of the forward it repeats.
   virtual void fp8_layer(int64_t /*layer*/, Fp8Pass /*pass*/) {}
-  // The end of a micro-batch's pass over the block: after a training forward and after a backward
+  // The end of a micro-batch's pass over its transformer layers (the decoder's, then the MTP
+  // block's, as Megatron runs both under FP8): after a training forward and after a backward
   // delayed scaling's recorded amaxes update the scales (an evaluation's stay recorded until the
   // next update, as Transformer Engine's do under no_grad).
   virtual void fp8_pass_done(Fp8Pass /*pass*/) {}
