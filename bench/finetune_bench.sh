@@ -15,9 +15,6 @@
 #                                                    table of FP8 / BF16 last (#39)
 #   bash bench/finetune_bench.sh fp8-grouped        there: bench/grouped_fp8_bench.cpp (the experts' FP8
 #                                                    casts and GEMMs piece by piece beside BF16's, #39)
-#   bash bench/finetune_bench.sh fp8-phases [CASE ...] there: a case's step by kind of op (LAOYAO_MODEL_PHASES,
-#                                                    LAOYAO_STEP_PHASES; graphs off), BF16 beside FP8
-#                                                    delayed (default llama3_8b_4l_s8k)
 #   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
 #                                                    recipes on real text; ITERS 500), its data staged
 #   bash bench/finetune_bench.sh grouped-speed [SET ...] there: the flagship (gpu_train_bench.sh's moe_2b,
@@ -65,7 +62,7 @@ case "${1:-}" in
     git --git-dir=../.mirror/NVIDIA+Megatron-LM/repo show \
       HEAD:megatron/core/tokenizers/text/libraries/sft_tokenizer.py > "$S/megatron_sft_tokenizer.py"
     du -sh "$S" ;;
-  run | tests | fp8-gemm | fp8-grouped | fp8-speed | fp8-phases | fp8-curves | mlm-sft | grouped-speed)
+  run | tests | fp8-gemm | fp8-grouped | fp8-speed | fp8-curves | mlm-sft | grouped-speed)
     what="$1"
     shift
     sp=$(python3 -c 'import site;print(site.getsitepackages()[0])')
@@ -118,20 +115,6 @@ for case, r in rows.items():
           timeout 240 bash bench/gpu_train_bench.sh "$C/laoyao" "$C/peers/pytorch_gpt.py" moe_2b > "$OUT/grouped_$g.md" 2>&1
         grep "^| moe_2b" "$OUT/grouped_$g.md" | sed "s/^/LAOYAO_GROUPED_GEMM=$g /"
       done | tee "$OUT/grouped_speed.md"
-      exit 0
-    fi
-    if [ "$what" = fp8-phases ]; then  # where a step goes by kind of op, BF16 beside FP8 (CUDA events, graphs off)
-      for c in ${*:-llama3_8b_4l_s8k}; do
-        read -r -a shape <<< "$(bash bench/gpu_train_bench.sh --shape-args "$c")"
-        for r in bf16 delayed; do
-          fp8=(); [ "$r" = bf16 ] || fp8=(--fp8-format hybrid --fp8-recipe "$r")
-          LAOYAO_DEVICE=cuda LAOYAO_MODEL_PHASES=1 LAOYAO_STEP_PHASES=1 timeout 300 "$C/laoyao" pretrain-gpt \
-            --mock-data --bf16 --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 \
-            --eval-interval 100000 "${shape[@]}" --train-iters 6 --log-interval 1 "${fp8[@]}" \
-            > "$OUT/phases_${c}_$r.log" 2>&1
-          grep -E 'laoyao: (model|step) phases' "$OUT/phases_${c}_$r.log" | tail -2 | sed "s/^/$c $r: /"
-        done
-      done | tee "$OUT/fp8_phases.txt"
       exit 0
     fi
     if [ "$what" = fp8-curves ]; then

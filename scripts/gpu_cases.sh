@@ -597,17 +597,19 @@ figures_clocks() { python3 bench/clock_samples.py "$OUT/$1" "$OUT/$2" 2>&1 | tai
 
 # ---- phases: where each case's step goes by kind of op (LAOYAO_MODEL_PHASES, LAOYAO_MOE_PHASES and
 # LAOYAO_STEP_PHASES: CUDA events, graphs off), 6 iterations, the last step's lines. PHASES_CASES picks
-# the bench cases (default: the flagship MoE, Llama-3.2-1B, GPT-2 124M).
+# the bench cases (default: the flagship MoE, Llama-3.2-1B, GPT-2 124M); PHASES_ARGS adds laoyao flags
+# (e.g. "--fp8-format hybrid --fp8-recipe delayed": the same step in FP8).
 
 for bench_case in ${PHASES_CASES:-moe_2b llama32_1b_s8k gpt2_124m}; do
   declare_case phases "phases_$bench_case" MEASUREMENT 1 600 "phases:phases_$bench_case.log" -- phases_run "$bench_case"
 done
+# shellcheck disable=SC2086  # PHASES_ARGS: several words
 phases_run() {
   local shape
   read -r -a shape <<< "$(shape_args "$1")"
   train "phases_$1" 1 LAOYAO_MODEL_PHASES=1 LAOYAO_MOE_PHASES=1 LAOYAO_STEP_PHASES=1 pretrain-gpt --mock-data --bf16 \
     --tokenizer-type NullTokenizer --lr 3e-4 --seed 1234 --eval-iters 0 --eval-interval 100000 --log-interval 1 \
-    "${shape[@]}" --train-iters 6
+    "${shape[@]}" --train-iters 6 ${PHASES_ARGS:-}
 }
 figures_phases() {
   grep 'laoyao: step phases' "$OUT/$1" 2> /dev/null | tail -1 | sed 's/.*step phases/step phases/'

@@ -130,8 +130,9 @@ struct Fp8Spec {
   // Whether layer `layer` runs its linear layers in FP8: a decoder layer of `num_layers` outside
   // --first-last-layers-bf16's, and a multi-token prediction layer (layer >= num_layers) always, with
   // its eh_proj: Megatron runs the MTP block under its global FP8 context, whatever the first and
-  // last layers do.
+  // last layers do. Layer -1 (Backend::fp8_layer's "none": the output layer) never.
   bool layer_in_fp8(int64_t layer, int64_t num_layers) const {
+    if (layer < 0) return false;
     return layer >= num_layers || (layer >= bf16_layers_at_start && layer < num_layers - bf16_layers_at_end);
   }
 };

@@ -391,7 +391,7 @@ void CpuBackend::sp_slice(Act full, Act local, const BatchShape& batch, int64_t 
 }
 
 void CpuBackend::fp8_layer(int64_t layer, Fp8Pass pass) {
-  if (fp8_) fp8_->set_layer(layer >= 0 && lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
+  if (fp8_) fp8_->set_layer(lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
 }
 
 void CpuBackend::fp8_pass_done(Fp8Pass pass) {

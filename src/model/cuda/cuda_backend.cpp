@@ -670,7 +670,7 @@ void CudaBackend::cross_entropy_backward(Act logits, const int64_t* labels, cons
 // ---- FP8 linear layers (model/cuda/fp8_linears_cuda.hpp)
 
 void CudaBackend::fp8_layer(int64_t layer, Fp8Pass pass) {
-  if (fp8_) fp8_->set_layer(layer >= 0 && lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
+  if (fp8_) fp8_->set_layer(lc_.fp8->layer_in_fp8(layer, lc_.num_layers), pass);
 }
 
 void CudaBackend::fp8_pass_done(Fp8Pass pass) {
