@@ -31,7 +31,8 @@ int64_t MoeExpertParallelStage::block_rows(int64_t src, int64_t dst) const {
 }
 
 void MoeExpertParallelStage::forward(const float* permuted_x, const int64_t* /*row_tokens*/,
-                                     const int64_t* tokens_per_expert, int64_t N, float* expert_out) {
+                                     const int64_t* tokens_per_expert, int64_t N, float* expert_out,
+                                     kernels::cpu::MoeExpertsFp8* fp8) {
   // Every rank's tokens per expert (exact in double: counts are far below 2^53).
   std::vector<double> c(static_cast<size_t>(P_ * E_), 0.0);
   int64_t rows = 0;
@@ -52,15 +53,16 @@ void MoeExpertParallelStage::forward(const float* permuted_x, const int64_t* /*r
   local_x_.resize(static_cast<size_t>(R_ * H_));
   local_y_.resize(static_cast<size_t>(R_ * H_));
   dispatch(permuted_x, local_x_.data());
-  local_.forward(local_x_.data(), nullptr, local_tpe_.data(), R_, local_y_.data());
+  local_.forward(local_x_.data(), nullptr, local_tpe_.data(), R_, local_y_.data(), fp8);
   combine(local_y_.data(), expert_out);
 }
 
-void MoeExpertParallelStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x) {
+void MoeExpertParallelStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x,
+                                      kernels::cpu::MoeExpertsFp8* fp8) {
   if (N != N_) throw Error("expert parallelism: backward of " + std::to_string(N) + " rows after a forward of " +
                            std::to_string(N_));
   dispatch(dexpert_out, local_y_.data());  // the output gradients, to the experts' ranks
-  local_.backward(local_y_.data(), R_, local_x_.data());
+  local_.backward(local_y_.data(), R_, local_x_.data(), fp8);
   combine(local_x_.data(), dpermuted_x);
 }
 

@@ -30,8 +30,8 @@ class MoeExpertParallelStage final : public kernels::cpu::MoeExpertsStage {
     local_.set_weights(fc1, fc2, dfc1, dfc2);
   }
   void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
-               float* expert_out) override;
-  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
+               float* expert_out, kernels::cpu::MoeExpertsFp8* fp8) override;
+  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x, kernels::cpu::MoeExpertsFp8* fp8) override;
 
  private:
   // Rows of rank `src`'s tokens for global expert g (after forward's count exchange).

@@ -17,7 +17,7 @@ MoeShareStage::MoeShareStage(std::unique_ptr<kernels::cpu::MoeExpertsStage> inne
 }
 
 void MoeShareStage::forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert,
-                            int64_t N, float* expert_out) {
+                            int64_t N, float* expert_out, kernels::cpu::MoeExpertsFp8* fp8) {
   if (s_ < ranks_ || s_ % ranks_ != 0)
     throw Error("MoeShareStage: a sequence of " + std::to_string(s_) + " does not split into " +
                 std::to_string(ranks_) + " shares");
@@ -42,19 +42,20 @@ void MoeShareStage::forward(const float* permuted_x, const int64_t* row_tokens, 
   share_y_.resize(static_cast<size_t>(n * H_));
   for (int64_t i = 0; i < n; ++i)
     std::copy(permuted_x + rows_[i] * H_, permuted_x + (rows_[i] + 1) * H_, share_x_.begin() + i * H_);
-  inner_->forward(share_x_.data(), row_tokens_.data(), share_tpe_.data(), n, share_y_.data());
+  inner_->forward(share_x_.data(), row_tokens_.data(), share_tpe_.data(), n, share_y_.data(), fp8);
   std::fill(expert_out, expert_out + N * H_, 0.0f);
   for (int64_t i = 0; i < n; ++i)
     std::copy(share_y_.begin() + i * H_, share_y_.begin() + (i + 1) * H_, expert_out + rows_[i] * H_);
 }
 
-void MoeShareStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x) {
+void MoeShareStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x,
+                             kernels::cpu::MoeExpertsFp8* fp8) {
   if (N != N_) throw Error("MoeShareStage: backward of " + std::to_string(N) + " rows after a forward of " +
                            std::to_string(N_));
   const int64_t n = static_cast<int64_t>(rows_.size());
   for (int64_t i = 0; i < n; ++i)
     std::copy(dexpert_out + rows_[i] * H_, dexpert_out + (rows_[i] + 1) * H_, share_y_.begin() + i * H_);
-  inner_->backward(share_y_.data(), n, share_x_.data());
+  inner_->backward(share_y_.data(), n, share_x_.data(), fp8);
   std::fill(dpermuted_x, dpermuted_x + N * H_, 0.0f);
   for (int64_t i = 0; i < n; ++i)
     std::copy(share_x_.begin() + i * H_, share_x_.begin() + (i + 1) * H_, dpermuted_x + rows_[i] * H_);

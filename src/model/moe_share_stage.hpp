@@ -31,8 +31,8 @@ class MoeShareStage final : public kernels::cpu::MoeExpertsStage {
   void set_sequence_length(int64_t s) { s_ = s; }
 
   void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
-               float* expert_out) override;
-  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
+               float* expert_out, kernels::cpu::MoeExpertsFp8* fp8) override;
+  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x, kernels::cpu::MoeExpertsFp8* fp8) override;
 
  private:
   std::unique_ptr<kernels::cpu::MoeExpertsStage> inner_;

@@ -118,18 +118,10 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   for (const auto& [k, v] : mp.map)
     if (k == "fp4" && !v.is_null()) fp4 = true;
   if (fp4) out.push_back("FP4 training (mixed_precision)");
-  if (m.fp8) {  // FP8 linear layers (model_config checks the recipe and the shapes) with what they have not joined yet
-    const std::string fp8 = "FP8 (model.fp8 " + *m.fp8 + ") with ";
-    if (m.num_moe_experts && *m.num_moe_experts > 0 && m.expert_model_parallel_size > 1)
-      out.push_back(fp8 + "expert parallelism (model.expert_model_parallel_size " +
-                    std::to_string(m.expert_model_parallel_size) + ": the experts' FP8 GEMMs run on one rank's experts)");
-    if (m.tensor_model_parallel_size > 1 && m.num_moe_experts && *m.num_moe_experts > 0)
-      out.push_back(fp8 + "Mixture-of-Experts layers under tensor parallelism (model.tensor_model_parallel_size " +
-                    std::to_string(m.tensor_model_parallel_size) + ": the experts' FP8 GEMMs run on whole experts)");
-    // (delayed scaling over data-, tensor- and context-parallel CPU ranks reduces its amaxes over
-    // them; GPU ranks refuse it, and FP8 with tensor parallelism, before the ranks meet:
-    // cli/run_common.cpp; FP8 with context parallelism on GPUs: model/cuda/cuda_backend.cpp)
-  }
+  // (FP8 linear layers, model_config checking the recipe and the shapes: delayed scaling over data-,
+  // tensor-, context- and expert-parallel CPU ranks reduces its amaxes over them all; GPU ranks refuse
+  // it, and FP8 with tensor parallelism, before the ranks meet: cli/run_common.cpp; FP8 with context
+  // or expert parallelism on GPUs: model/cuda/cuda_backend.cpp)
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)
     out.push_back("a constant loss scale (--loss-scale / optimizer.loss_scale): bf16 and fp32 runs train unscaled");

@@ -154,22 +154,23 @@ TEST(Fp8Config, WhatMegatronRefusesOrLaoyaoCannotRunIsNamed) {
   const std::string tokens = mlm_refusal({"--fp8-format", "hybrid", "--seq-length", "12", "--micro-batch-size", "1"});
   EXPECT_NE(tokens.find("multiples of 16"), std::string::npos) << tokens;
   // Not joined yet: named, the run refused before anything is written.
-  // Mixture of Experts: the experts' GEMMs in FP8 too, their sizes checked; not over expert-parallel ranks yet.
+  // Mixture of Experts: the experts' GEMMs in FP8 too, their sizes checked, over expert-parallel ranks too.
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4"}), "");
   const std::string experts = mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4", "--moe-ffn-hidden-size", "40"});
   EXPECT_NE(experts.find("experts' linear_fc2 is 40 -> 32"), std::string::npos) << experts;
-  EXPECT_NE(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--num-experts", "4",
-                         "--expert-model-parallel-size", "2"}, 2)
-                .find("expert parallelism"),
-            std::string::npos);
-  // Tensor parallelism: each rank's shards in multiples of 16; the experts' FP8 GEMMs on whole experts only.
+  EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--num-experts", "4",
+                         "--expert-model-parallel-size", "2"}, 2), "");
+  // Tensor parallelism: each rank's shards in multiples of 16, the experts' shards among them.
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--tensor-model-parallel-size", "2"}, 2), "");
   const std::string shard = mlm_refusal({"--fp8-format", "hybrid", "--tensor-model-parallel-size", "2",
                                          "--ffn-hidden-size", "80"}, 2);
   EXPECT_NE(shard.find("on each of the 2 tensor-parallel ranks: linear_fc2 is 40 -> 32"), std::string::npos) << shard;
-  EXPECT_NE(mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4", "--tensor-model-parallel-size", "2"}, 2)
-                .find("Mixture-of-Experts layers under tensor parallelism"),
-            std::string::npos);
+  EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4", "--tensor-model-parallel-size", "2",
+                         "--sequence-parallel"}, 2), "");
+  const std::string expert_shard = mlm_refusal({"--fp8-format", "hybrid", "--num-experts", "4", "--moe-ffn-hidden-size",
+                                                "48", "--tensor-model-parallel-size", "2", "--sequence-parallel"}, 2);
+  EXPECT_NE(expert_shard.find("on each of the 2 tensor-parallel ranks: experts' linear_fc2 is 24 -> 32"),
+            std::string::npos) << expert_shard;
   // Data-parallel ranks: delayed scaling reduces its amaxes over them (CPU ranks), tensorwise needs none.
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid"}, 2), "");
   EXPECT_EQ(mlm_refusal({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}, 2), "");

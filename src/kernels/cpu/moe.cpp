@@ -643,9 +643,7 @@ float z_loss_coeff(const MoeLayerConfig& c) {
   return c.z_loss_coeff / static_cast<float>(c.context_parallel_size);
 }
 
-void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T, const MoeExpertsStage* experts) {
-  if (experts && w.expert_fp8)
-    throw Error("moe layer: FP8 experts behind a stage (expert or tensor parallelism) are not built");
+void check_layer(const MoeLayerConfig& c, const MoeLayerWeights& w, int64_t T) {
   check_sizes("moe layer", T, c.num_experts, c.topk);
   if (c.context_parallel_size < 1 || (c.context_parallel_size > 1 && !c.sum_over_context_parallel))
     throw Error("moe layer: context parallelism over " + std::to_string(c.context_parallel_size) +
@@ -724,7 +722,8 @@ void moe_capacity_mask_by_share(const int64_t* topk_idx, const float* topk_probs
 }
 
 void MoeLocalExpertsStage::forward(const float* permuted_x, const int64_t* /*row_tokens*/,
-                                   const int64_t* tokens_per_expert, int64_t N, float* expert_out) {
+                                   const int64_t* tokens_per_expert, int64_t N, float* expert_out,
+                                   MoeExpertsFp8* fp8) {
   if (!fc1_ || !fc2_) throw Error("MoeLocalExpertsStage: no weights");
   N_ = N;
   tpe_.assign(tokens_per_expert, tokens_per_expert + E_);
@@ -732,21 +731,21 @@ void MoeLocalExpertsStage::forward(const float* permuted_x, const int64_t* /*row
   fc1_out_.resize(static_cast<size_t>(N * moe_fc1_rows(act_, F_)));
   act_out_.resize(static_cast<size_t>(N * F_));
   moe_experts_forward(x_.data(), tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(), expert_out, E_, H_, F_,
-                      act_, lora_);
+                      act_, lora_, fp8);
 }
 
-void MoeLocalExpertsStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x) {
+void MoeLocalExpertsStage::backward(const float* dexpert_out, int64_t N, float* dpermuted_x, MoeExpertsFp8* fp8) {
   if (N != N_) throw Error("MoeLocalExpertsStage: backward of " + std::to_string(N) + " rows after a forward of " +
                            std::to_string(N_));
   dact_.resize(static_cast<size_t>(N * F_));
   dfc1_out_.resize(static_cast<size_t>(N * moe_fc1_rows(act_, F_)));
   moe_experts_backward(x_.data(), tpe_.data(), fc1_, fc2_, fc1_out_.data(), act_out_.data(), dexpert_out, dact_.data(),
-                       dfc1_out_.data(), dpermuted_x, dfc1_, dfc2_, E_, H_, F_, act_, lora_);
+                       dfc1_out_.data(), dpermuted_x, dfc1_, dfc2_, E_, H_, F_, act_, lora_, fp8);
 }
 
 void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, float* y, int64_t T,
                        MoeLayerState& st, MoeExpertsStage* experts) {
-  check_layer(c, w, T, experts);
+  check_layer(c, w, T);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
   const int64_t F1 = moe_fc1_rows(c.activation, F);
   ensure(st.logits, T * E);
@@ -834,7 +833,7 @@ void moe_layer_forward(const MoeLayerConfig& c, const MoeLayerWeights& w, const 
   moe_permute_forward(x, st.sorted_indices.data(), st.permuted_x.data(), N, H);
   if (experts)
     experts->forward(st.permuted_x.data(), st.sorted_indices.data(), st.tokens_per_expert.data(), N,
-                     st.expert_out.data());
+                     st.expert_out.data(), w.expert_fp8);
   else
     moe_experts_forward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
                         st.fc1_out.data(), st.act_out.data(), st.expert_out.data(), E, H, F, c.activation,
@@ -863,7 +862,7 @@ void moe_global_aux_reset(MoeLayerState& st) {
 void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const float* x, const float* dy,
                         float* dx, const MoeLayerGrads& g, int64_t T, MoeLayerState& st, float aux_loss_scale,
                         MoeExpertsStage* experts) {
-  check_layer(c, w, T, experts);
+  check_layer(c, w, T);
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.topk, F = c.ffn_hidden_size, N = T * k;
   const int64_t F1 = moe_fc1_rows(c.activation, F);
   if (static_cast<int64_t>(st.expert_out.size()) != N * H || static_cast<int64_t>(st.logits.size()) != T * E)
@@ -886,7 +885,7 @@ void moe_layer_backward(const MoeLayerConfig& c, const MoeLayerWeights& w, const
     for (int64_t i = 0; i < T * k; ++i)
       if (!st.kept[i]) st.dprobs[i] = 0.0f;
   if (experts)
-    experts->backward(st.dexpert_out.data(), N, st.dpermuted_x.data());
+    experts->backward(st.dexpert_out.data(), N, st.dpermuted_x.data(), w.expert_fp8);
   else
     moe_experts_backward(st.permuted_x.data(), st.tokens_per_expert.data(), w.fc1_weight, w.fc2_weight,
                          st.fc1_out.data(), st.act_out.data(), st.dexpert_out.data(), st.dact.data(),

@@ -288,7 +288,8 @@ struct MoeLayerWeights {
   // PEFT: the adapters on the routed experts (without a stage) and on the shared expert; nullable.
   const MoeAdapters* expert_lora = nullptr;
   const MoeAdapters* shared_lora = nullptr;
-  // FP8: the routed experts' GEMMs (without a stage) and the shared expert's; nullable.
+  // FP8: the routed experts' GEMMs (here or in the stage, keyed by the stage's own experts) and the
+  // shared expert's; nullable.
   MoeExpertsFp8* expert_fp8 = nullptr;
   MoeExpertsFp8* shared_fp8 = nullptr;
 };
@@ -332,14 +333,16 @@ struct MoeLayerState {
 // ranks that hold their experts and their outputs come back. forward: expert_out[N, H] from
 // permuted_x[N, H], whose rows are grouped by expert as tokens_per_expert[E] says; backward:
 // dpermuted_x[N, H] (overwritten) from dexpert_out[N, H] of the same forward, accumulating the
-// experts' weight gradients wherever the stage keeps them.
+// experts' weight gradients wherever the stage keeps them. fp8 (nullable): the GEMMs of the experts
+// the stage runs in FP8, each keyed by its index among the weights that stage holds (the backward
+// takes the forward's).
 class MoeExpertsStage {
  public:
   virtual ~MoeExpertsStage() = default;
   // row_tokens[N]: the token (row of the layer's input) each permuted row copies.
   virtual void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
-                       float* expert_out) = 0;
-  virtual void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) = 0;
+                       float* expert_out, MoeExpertsFp8* fp8) = 0;
+  virtual void backward(const float* dexpert_out, int64_t N, float* dpermuted_x, MoeExpertsFp8* fp8) = 0;
 };
 
 // E experts here, whole: moe_experts_forward/backward with the forward's input and activations
@@ -355,8 +358,8 @@ class MoeLocalExpertsStage final : public MoeExpertsStage {
   }
   void set_lora(const MoeAdapters* lora) { lora_ = lora; }  // PEFT's adapter on every expert (nullable)
   void forward(const float* permuted_x, const int64_t* row_tokens, const int64_t* tokens_per_expert, int64_t N,
-               float* expert_out) override;
-  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x) override;
+               float* expert_out, MoeExpertsFp8* fp8) override;
+  void backward(const float* dexpert_out, int64_t N, float* dpermuted_x, MoeExpertsFp8* fp8) override;
 
  private:
   int64_t E_, H_, F_;

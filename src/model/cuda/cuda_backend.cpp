@@ -78,6 +78,9 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   // CudaFp8Model.MlaDelayedScalingMatchesCpuModel / MtpDelayedScalingMatchesCpuModel yet.)
   if (c.fp8 && c.mla) missing.push_back("FP8 with multi-latent attention (not yet checked on a GPU)");
   if (c.fp8 && c.mtp_num_layers > 0) missing.push_back("FP8 with multi-token prediction (not yet checked on a GPU)");
+  if (c.fp8 && c.moe.num_experts > 0 && c.moe.expert_parallel > 1)
+    missing.push_back("FP8 experts under expert parallelism (model.expert_model_parallel_size " +
+                      std::to_string(c.moe.expert_parallel) + ": checked on CPU ranks only)");
   if (c.moe.num_experts > kc::kMoeMaxExperts)  // the router holds a token's scores in one warp
     missing.push_back("Mixture of Experts with more than " + std::to_string(kc::kMoeMaxExperts) + " experts");
   // Whole experts under TP: the expert-parallel group, folded across the TP ranks, must be whole TP
