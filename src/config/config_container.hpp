@@ -100,7 +100,7 @@ struct ModelConfig {
   // FP8 linear layers (TransformerConfig's fields and Megatron's defaults; Megatron-LM's --fp8-*
   // flags, or mixed_precision's values, which replace them all; docs/reference/fp8-facts.md §1, §6)
   OptString fp8;                      // e4m3 or hybrid; null: off
-  std::string fp8_recipe = "delayed";  // delayed, tensorwise (blockwise, mxfp8, custom: refused)
+  std::string fp8_recipe = "delayed";  // delayed, tensorwise, blockwise (mxfp8, custom: refused)
   int64_t fp8_margin = 0;
   int64_t fp8_amax_history_len = 1;
   std::string fp8_amax_compute_algo = "most_recent";

@@ -50,6 +50,7 @@ std::vector<std::string> mixed_precision_presets() {
           "fp16_with_fp8_current_scaling_mixed",
           "bf16_with_fp8_subchannel_scaling_mixed",
           "fp16_with_fp8_subchannel_scaling_mixed",
+          "nanov2_bf16_with_fp8_current_scaling_mixed",
           "bf16_with_nvfp4_mixed"};
 }
 
@@ -166,12 +167,15 @@ struct Checker {
         std::string hint = p == "16_mixed" ? " ('16-mixed' is not a preset: use fp16_mixed)" : did_you_mean(p, presets);
         fail("unknown mixed_precision preset '" + mp.s + "'" + hint + "; presets: " + join(presets, ", "));
       }
-      bf16 = starts_with(p, "bf16");
+      bf16 = starts_with(p, "bf16") || starts_with(p, "nanov2_bf16");
       fp16 = !bf16;
       params_dtype = bf16 ? "bf16" : "fp16";
       grad_reduce_in_fp32 = bf16;
       c.mixed_precision = Value::string(p);
-      if (p.find("fp8_delayed_scaling") != std::string::npos) {
+      if (starts_with(p, "nanov2_")) {  // (Nemotron-Nano-v2's preset: block scaling, despite its name)
+        fp8.fp8 = "hybrid", fp8.fp8_recipe = "blockwise", fp8.first_last_layers_bf16 = true;
+        fp8.num_layers_at_start_in_bf16 = fp8.num_layers_at_end_in_bf16 = 2, fp8_param_gather = true;
+      } else if (p.find("fp8_delayed_scaling") != std::string::npos) {
         fp8.fp8 = "hybrid", fp8.fp8_recipe = "delayed", fp8.fp8_amax_history_len = 1024;
         fp8.fp8_amax_compute_algo = "max", fp8_param_gather = true;
       } else if (p.find("fp8_current_scaling") != std::string::npos) {

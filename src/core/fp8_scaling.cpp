@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -75,6 +76,44 @@ void fp8_quantize(const float* x, int64_t n, float scale, Fp8Format f, uint8_t* 
 
 void fp8_quantize_values(const float* x, int64_t n, float scale, Fp8Format f, float* q) {
   for (int64_t i = 0; i < n; ++i) q[i] = fp8_to_float(fp8_from_float(x[i] * scale, f), f);
+}
+
+namespace {
+
+// Each block of x[rows][cols] (br x bc) as `visit(r0, r1, c0, c1, scale, block)` after its amax.
+template <class Visit>
+void for_each_block(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Format f, bool pow2,
+                    Visit visit) {
+  if (rows < 0 || cols < 0 || br < 1 || bc < 1)
+    throw Error("FP8 block cast: a [" + std::to_string(rows) + ", " + std::to_string(cols) + "] tensor in " +
+                std::to_string(br) + " x " + std::to_string(bc) + " blocks");
+  const int64_t col_blocks = (cols + bc - 1) / bc;
+  for (int64_t r0 = 0; r0 < rows; r0 += br)
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      const int64_t r1 = std::min(rows, r0 + br), c1 = std::min(cols, c0 + bc);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r) amax = std::fmax(amax, fp8_amax(x + r * cols + c0, c1 - c0));
+      visit(r0, r1, c0, c1, current_scaling_scale(amax, f, 0.0f, pow2), r0 / br * col_blocks + c0 / bc);
+    }
+}
+
+}  // namespace
+
+void fp8_block_quantize(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Format f, bool pow2,
+                        uint8_t* q, float* scale_inv) {
+  for_each_block(x, rows, cols, br, bc, f, pow2, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, float s, int64_t b) {
+    for (int64_t r = r0; r < r1; ++r) fp8_quantize(x + r * cols + c0, c1 - c0, s, f, q + r * cols + c0);
+    if (scale_inv) scale_inv[b] = 1.0f / s;
+  });
+}
+
+void fp8_block_quantize_dequantized(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Format f,
+                                    bool pow2, float* out) {
+  for_each_block(x, rows, cols, br, bc, f, pow2, [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1, float s, int64_t) {
+    const float inv = 1.0f / s;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) out[r * cols + c] = fp8_to_float(fp8_from_float(x[r * cols + c] * s, f), f) * inv;
+  });
 }
 
 void fp8_dequantize(const uint8_t* q, int64_t n, float scale_inv, Fp8Format f, float* x) {

@@ -4,7 +4,9 @@
 //   delayed ("--fp8-recipe delayed", Megatron's default): per tensor, a history of the amaxes
 //     (max |x| of the unscaled values) its casts recorded, updated after each pass (each
 //     micro-batch's forward, each backward) from the amaxes reduced over Megatron's amax group;
-//   current ("tensorwise", Float8CurrentScaling): from the tensor's own amax at its cast.
+//   current ("tensorwise", Float8CurrentScaling): from the tensor's own amax at its cast;
+//   blockwise (Float8BlockScaling): each block of the tensor (1 x 128 or 128 x 128 values) from
+//     its own amax at its cast, a power of two.
 // The CPU backend's FP8 simulation, and the reference the CUDA path is checked against.
 #pragma once
 #include <cstddef>
@@ -23,9 +25,9 @@ enum class AmaxComputeAlgo { MostRecent, Max };
 enum class Fp8Formats { Hybrid, E4M3 };
 Fp8Format fp8_format_of(Fp8Formats formats, bool gradient);
 
-// --fp8-recipe: delayed (DelayedScaling) or tensorwise (Float8CurrentScaling). Megatron's blockwise,
-// mxfp8 and custom are refused by name where the flags are read.
-enum class Fp8ScalingRecipe { Delayed, Tensorwise };
+// --fp8-recipe: delayed (DelayedScaling), tensorwise (Float8CurrentScaling) or blockwise
+// (Float8BlockScaling). Megatron's mxfp8 and custom are refused by name where the flags are read.
+enum class Fp8ScalingRecipe { Delayed, Tensorwise, Blockwise };
 
 // TE's DelayedScalingRecipeState for n tensors: scale[n] (1 at first), amax_history [len][n] (0 at
 // first), row 0 the amaxes of the pass being recorded; each tensor's format gives its fp8_max.
@@ -64,6 +66,21 @@ class DelayedScaling {
 // an amax that is infinite, NaN or 0 gives 1; else fp8_max / amax in fp32 (FLT_MAX if infinite),
 // rounded down to a power of two when pow2 (NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES).
 float current_scaling_scale(float amax, Fp8Format f, float eps = 0.0f, bool pow2 = false);
+
+// Float8BlockScaling's block edge: 1 x 128 blocks for inputs and output gradients, 128 x 128 for weights.
+constexpr int64_t kFp8Block = 128;
+
+// Float8BlockScaling's cast of x[rows][cols] in blocks of br x bc values (1 x 128: 128 of a row's
+// consecutive values; 128 x 1: 128 consecutive rows of a column; 128 x 128), each block by the
+// scale its own amax gives (current_scaling_scale with eps 0 and, as the recipe's default, pow2);
+// a block at an edge over the values it holds. q[rows][cols] the FP8 bytes; scale_inv (nullable)
+// [ceil(rows / br)][ceil(cols / bc)] each block's 1 / scale.
+void fp8_block_quantize(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Format f, bool pow2,
+                        uint8_t* q, float* scale_inv);
+// The same cast's FP8 values times their block's scale_inv, in fp32 (exact: the scales are powers
+// of two): the operand a block-scaled GEMM multiplies, which the CPU backend's GEMMs take.
+void fp8_block_quantize_dequantized(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Format f,
+                                    bool pow2, float* out);
 
 // max |x[i]| over the n values as the cast kernels take it (fmaxf: a NaN is passed over, an
 // infinity is the amax).

@@ -53,15 +53,12 @@ std::optional<model::Fp8Spec> fp8_spec(const config::ConfigContainer& c, const m
     return std::nullopt;
   }
   const std::string& recipe = m.fp8_recipe;
-  if (recipe == "blockwise")
-    throw UsageError("model.fp8_recipe blockwise (--fp8-recipe blockwise: Transformer Engine's Float8BlockScaling, "
-                     "1x128 and 128x128 block scales) is not built yet; accepted: delayed, tensorwise");
   if (recipe == "mxfp8")
     throw UsageError("model.fp8_recipe mxfp8 (--fp8-recipe mxfp8: MXFP8 block scaling) runs on Blackwell GPUs, "
-                     "which laoyao cannot check yet (docs/fp8.md); accepted: delayed, tensorwise");
+                     "which laoyao cannot check yet (docs/fp8.md); accepted: delayed, tensorwise, blockwise");
   if (recipe == "custom")
     throw UsageError("model.fp8_recipe custom (--fp8-recipe custom) takes a Python quantizer factory "
-                     "(fp8_quantizer_factory), which laoyao has no way to run; accepted: delayed, tensorwise");
+                     "(fp8_quantizer_factory), which laoyao has no way to run; accepted: delayed, tensorwise, blockwise");
   if (m.fp8_dot_product_attention || m.fp8_multi_head_attention)
     throw UsageError("model.fp8_dot_product_attention / model.fp8_multi_head_attention: FP8 attention is not built "
                      "(attention runs in BF16, Megatron's default)");
@@ -85,7 +82,9 @@ std::optional<model::Fp8Spec> fp8_spec(const config::ConfigContainer& c, const m
     throw UsageError("model.fp8_amax_history_len (--fp8-amax-history-len) " + std::to_string(m.fp8_amax_history_len) +
                      " (accepted: 1 or more)");
   s.formats = *m.fp8 == "hybrid" ? Fp8Formats::Hybrid : Fp8Formats::E4M3;
-  s.recipe = delayed ? Fp8ScalingRecipe::Delayed : Fp8ScalingRecipe::Tensorwise;
+  s.recipe = delayed ? Fp8ScalingRecipe::Delayed
+             : recipe == "blockwise" ? Fp8ScalingRecipe::Blockwise
+                                     : Fp8ScalingRecipe::Tensorwise;
   s.margin = static_cast<int>(m.fp8_margin);
   s.amax_history_len = m.fp8_amax_history_len;
   s.amax_compute_algo = m.fp8_amax_compute_algo == "max" ? AmaxComputeAlgo::Max : AmaxComputeAlgo::MostRecent;

@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -102,6 +106,53 @@ TEST(Fp8Quantize, AmaxSkipsNansAndTheCastSaturates) {
   fp8_quantize(z, 4, 2.0f, Fp8Format::E5M2, q);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(values[i], fp8_to_float(q[i], Fp8Format::E5M2)) << i;
   EXPECT_EQ(values[2], 640.0f);  // E5M2 rounds 600 to 640 (steps of 128 there), E4M3 saturated it
+}
+
+// Block scaling's casts against a naive one: each block of 1 x 128, 128 x 1 or 128 x 128 values
+// (edge blocks partial: 200 x 300 leaves 72 and 44) cast by the power of two at or below
+// fp8_max / its own amax; a block of zeros scales by 1; the dequantized form is the FP8 values
+// times their block's scale_inv, within FP8's rounding of x at its block's scale.
+TEST(Fp8BlockScaling, EachBlockCastsWithItsOwnPowerOfTwoScale) {
+  const int64_t rows = 200, cols = 300;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)  // magnitudes from 2^-6 to 2^6 by row band and column band
+      x[size_t(r * cols + c)] = nd(rng) * std::ldexp(1.0f, int((r / 64 + c / 50) % 13) - 6);
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 128; r < rows; ++r)
+      if (c >= 256) x[size_t(r * cols + c)] = 0.0f;  // one whole 128 x 128 edge block of zeros
+  for (const auto& [br, bc] : {std::pair<int64_t, int64_t>{1, 128}, {128, 1}, {128, 128}})
+    for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+      SCOPED_TRACE(std::to_string(br) + " x " + std::to_string(bc));
+      const int64_t rb = (rows + br - 1) / br, cb = (cols + bc - 1) / bc;
+      std::vector<uint8_t> q(x.size());
+      std::vector<float> inv(static_cast<size_t>(rb * cb), -1.0f), deq(x.size());
+      fp8_block_quantize(x.data(), rows, cols, br, bc, f, true, q.data(), inv.data());
+      fp8_block_quantize_dequantized(x.data(), rows, cols, br, bc, f, true, deq.data());
+      for (int64_t i = 0; i < rb; ++i)
+        for (int64_t j = 0; j < cb; ++j) {
+          double amax = 0;
+          for (int64_t r = i * br; r < std::min(rows, (i + 1) * br); ++r)
+            for (int64_t c = j * bc; c < std::min(cols, (j + 1) * bc); ++c)
+              amax = std::max(amax, double(std::fabs(x[size_t(r * cols + c)])));
+          const double scale = amax == 0 ? 1.0 : std::exp2(std::floor(std::log2(fp8_max(f) / amax)));
+          ASSERT_EQ(inv[size_t(i * cb + j)], float(1.0 / scale)) << i << ", " << j;
+          for (int64_t r = i * br; r < std::min(rows, (i + 1) * br); ++r)
+            for (int64_t c = j * bc; c < std::min(cols, (j + 1) * bc); ++c) {
+              const size_t k = size_t(r * cols + c);
+              ASSERT_EQ(q[k], fp8_from_float(float(x[k] * scale), f)) << r << ", " << c;
+              ASSERT_EQ(deq[k], float(fp8_to_float(q[k], f) / scale)) << r << ", " << c;
+              // half a step of the format's mantissa, or of its smallest subnormal, at the scale
+              const double rel = f == Fp8Format::E4M3 ? 0x1p-4 : 0x1p-3, sub = f == Fp8Format::E4M3 ? 0x1p-10 : 0x1p-17;
+              ASSERT_LE(std::fabs(double(deq[k]) - x[k]), rel * std::fabs(x[k]) + sub / scale) << r << ", " << c;
+            }
+        }
+      EXPECT_EQ(inv.back(), 1.0f);  // the last block, every shape's, holds zeros only: scale 1
+      EXPECT_NE(*std::min_element(inv.begin(), inv.end()), *std::max_element(inv.begin(), inv.end()));
+    }
+  EXPECT_THROW(fp8_block_quantize_dequantized(x.data(), rows, cols, 0, 128, Fp8Format::E4M3, true, x.data()), Error);
 }
 
 // The simulated FP8 GEMM against an fp64 product of the same scaled, rounded inputs: random

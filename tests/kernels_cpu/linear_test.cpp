@@ -156,7 +156,8 @@ TEST(Linear, ScaledBackwardMatchesFiniteDifferences) {
 
 // The FP8 linear layer's three GEMMs against fp64 over the same FP8 values: random operands cast
 // with their own scales (the forward's E4M3 x E4M3, the gradients' E5M2 output gradient), the
-// dequantization factors applied after the sums; dw accumulates, dx is overwritten.
+// dequantization factors applied after the sums; dw accumulates, dx is overwritten. The weight
+// gradient reads its own cast of the output gradient (block scaling's along the tokens; here E4M3).
 TEST(Fp8Linear, GemmsEqualFp64OverTheSameFp8Values) {
   std::mt19937 rng(104);
   const int64_t T = 16, K = 48, N = 32;
@@ -167,17 +168,18 @@ TEST(Fp8Linear, GemmsEqualFp64OverTheSameFp8Values) {
     fp8_quantize_values(v.data(), static_cast<int64_t>(v.size()), scale, f, q.data());
     return Fp8Operand{q.data(), 1.0f / scale};
   };
-  std::vector<float> qx, qw, qdy;
+  std::vector<float> qx, qw, qdy, qdy_t;
   const Fp8Operand ox = cast(x, Fp8Format::E4M3, qx), ow = cast(w, Fp8Format::E4M3, qw),
-                   ody = cast(dy, Fp8Format::E5M2, qdy);
+                   ody = cast(dy, Fp8Format::E5M2, qdy), ody_t = cast(dy, Fp8Format::E4M3, qdy_t);
+  ASSERT_NE(qdy, qdy_t);
   auto y = nans(T * N);
   fp8_linear_forward(ox, ow, b.data(), y.data(), T, K, N);
   auto dx = nans(T * K);
   auto dw = randn(N * K, rng);
   const auto dw0 = dw;
-  fp8_linear_backward(ox, ow, ody, dx.data(), dw.data(), T, K, N);
+  fp8_linear_backward(ox, ow, {ody, ody_t}, dx.data(), dw.data(), T, K, N);
 
-  const double sx = ox.scale_inv, sw = ow.scale_inv, sdy = ody.scale_inv;
+  const double sx = ox.scale_inv, sw = ow.scale_inv, sdy = ody.scale_inv, sdy_t = ody_t.scale_inv;
   std::vector<double> want_y(T * N), want_dx(T * K), want_dw(N * K), exact_y(T * N);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < N; ++n) {
@@ -195,8 +197,8 @@ TEST(Fp8Linear, GemmsEqualFp64OverTheSameFp8Values) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       double acc = 0;
-      for (int64_t t = 0; t < T; ++t) acc += double(qdy[t * N + n]) * qx[t * K + k];
-      want_dw[n * K + k] = dw0[n * K + k] + sdy * sx * acc;
+      for (int64_t t = 0; t < T; ++t) acc += double(qdy_t[t * N + n]) * qx[t * K + k];
+      want_dw[n * K + k] = dw0[n * K + k] + sdy_t * sx * acc;
     }
   expect_close(y, want_y, kForwardTol, "y");
   expect_close(dx, want_dx, kForwardTol, "dx");

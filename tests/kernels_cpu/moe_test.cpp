@@ -863,17 +863,18 @@ class LoggedFp8 final : public MoeExpertsFp8 {
  public:
   static float input_scale(int linear, int64_t e) { return std::ldexp(1.0f, int(e) + linear); }
   static float weight_scale(int linear, int64_t e) { return std::ldexp(1.0f, int(e) + linear + 1); }
-  Fp8Operand input(int linear, int64_t e, const float* x, int64_t n) override {
-    return cast("in", linear, e, x, n, input_scale(linear, e), Fp8Format::E4M3);
+  Fp8Operand input(int linear, int64_t e, const float* x, int64_t rows, int64_t cols) override {
+    return cast("in", linear, e, x, rows * cols, input_scale(linear, e), Fp8Format::E4M3);
   }
-  Fp8Operand weight(int linear, int64_t e, const float* w, int64_t n) override {
-    return cast("w", linear, e, w, n, weight_scale(linear, e), Fp8Format::E4M3);
+  Fp8Operand weight(int linear, int64_t e, const float* w, int64_t rows, int64_t cols) override {
+    return cast("w", linear, e, w, rows * cols, weight_scale(linear, e), Fp8Format::E4M3);
   }
-  Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t n) override {
-    return cast("saved", linear, e, x, n, input_scale(linear, e), Fp8Format::E4M3);
+  Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t rows, int64_t cols) override {
+    return cast("saved", linear, e, x, rows * cols, input_scale(linear, e), Fp8Format::E4M3);
   }
-  Fp8Operand output_grad(int linear, int64_t e, const float* dy, int64_t n) override {
-    return cast("dy", linear, e, dy, n, 1.0f, Fp8Format::E5M2);
+  Fp8GradOperands output_grad(int linear, int64_t e, const float* dy, int64_t rows, int64_t cols) override {
+    const Fp8Operand q = cast("dy", linear, e, dy, rows * cols, 1.0f, Fp8Format::E5M2);
+    return {q, q};
   }
   std::vector<std::string> log;
 

@@ -60,8 +60,8 @@ TEST(Fp8Linears, DelayedScalingMovesAfterEachTrainingPass) {
 
   f.new_weights();
   f.set_layer(true, Fp8Pass::TrainingForward);
-  EXPECT_EQ(f.input(w, x1.data(), n).scale_inv, 1.0f);
-  const kernels::cpu::Fp8Operand w1 = f.weight(w, W.data(), n);
+  EXPECT_EQ(f.input(w, x1.data(), 1, n).scale_inv, 1.0f);
+  const kernels::cpu::Fp8Operand w1 = f.weight(w, W.data(), 1, n);
   EXPECT_EQ(w1.scale_inv, 1.0f);
   EXPECT_EQ(as_vector(w1, n), fp8_values(W, 1.0f, Fp8Format::E4M3));
   f.pass_done(Fp8Pass::TrainingForward);
@@ -70,20 +70,20 @@ TEST(Fp8Linears, DelayedScalingMovesAfterEachTrainingPass) {
   EXPECT_EQ(fwd.scale(1), 448.0f / amax(W));
 
   f.set_layer(true, Fp8Pass::Backward);
-  const kernels::cpu::Fp8Operand saved = f.saved_input(w, x1.data(), n);
+  const kernels::cpu::Fp8Operand saved = f.saved_input(w, x1.data(), 1, n);
   EXPECT_EQ(saved.scale_inv, 1.0f);  // the forward's scale, not the moved one
   EXPECT_EQ(as_vector(saved, n), fp8_values(x1, 1.0f, Fp8Format::E4M3));
-  const kernels::cpu::Fp8Operand g = f.output_grad(w, dy.data(), n);
+  const kernels::cpu::Fp8Operand g = f.output_grad(w, dy.data(), 1, n).dgrad;
   EXPECT_EQ(as_vector(g, n), fp8_values(dy, 1.0f, Fp8Format::E5M2));
   f.pass_done(Fp8Pass::Backward);
   EXPECT_EQ(f.backward_scaling(w)->scale(0), 57344.0f / amax(dy));
 
   // The step's second micro-batch: the weight's copy is reused (scale 1, no amax recorded).
   f.set_layer(true, Fp8Pass::TrainingForward);
-  const kernels::cpu::Fp8Operand in2 = f.input(w, x2.data(), n);
+  const kernels::cpu::Fp8Operand in2 = f.input(w, x2.data(), 1, n);
   EXPECT_EQ(in2.scale_inv, 1.0f / (448.0f / amax(x1)));
   EXPECT_EQ(as_vector(in2, n), fp8_values(x2, 448.0f / amax(x1), Fp8Format::E4M3));
-  EXPECT_EQ(f.weight(w, W.data(), n).scale_inv, 1.0f);
+  EXPECT_EQ(f.weight(w, W.data(), 1, n).scale_inv, 1.0f);
   f.pass_done(Fp8Pass::TrainingForward);
   EXPECT_EQ(fwd.scale(0), 448.0f / amax(x2));
   EXPECT_EQ(fwd.scale(1), 448.0f / amax(W));  // unchanged: no cast, no amax
@@ -91,7 +91,7 @@ TEST(Fp8Linears, DelayedScalingMovesAfterEachTrainingPass) {
 
   // The next step casts the weight again, with the scale its last amax gave.
   f.new_weights();
-  const kernels::cpu::Fp8Operand w2 = f.weight(w, W.data(), n);
+  const kernels::cpu::Fp8Operand w2 = f.weight(w, W.data(), 1, n);
   EXPECT_EQ(w2.scale_inv, 1.0f / (448.0f / amax(W)));
   EXPECT_EQ(as_vector(w2, n), fp8_values(W, 448.0f / amax(W), Fp8Format::E4M3));
 }
@@ -135,7 +135,7 @@ TEST(Fp8Linears, DelayedScalingReducesAmaxesOverTheDataParallelRanks) {
   f.set_amax_group(&fwd);
   f.new_weights();
   f.set_layer(true, Fp8Pass::TrainingForward);
-  for (const int64_t w : {w1, w2}) f.input(w, x.data(), n), f.weight(w, W.data(), n);
+  for (const int64_t w : {w1, w2}) f.input(w, x.data(), 1, n), f.weight(w, W.data(), 1, n);
   f.pass_done(Fp8Pass::TrainingForward);
   EXPECT_EQ(fwd.reductions, 1);
   EXPECT_EQ(f.forward_scaling(w1)->scale(0), 448.0f / 10.0f);        // the other rank's larger input
@@ -143,13 +143,13 @@ TEST(Fp8Linears, DelayedScalingReducesAmaxesOverTheDataParallelRanks) {
   EXPECT_EQ(f.forward_scaling(w2)->scale(0), 448.0f / amax(x));        // this rank's larger input
   EXPECT_EQ(f.forward_scaling(w2)->scale(1), 448.0f / 7.0f);
   f.set_layer(true, Fp8Pass::EvaluationForward);
-  f.input(w1, x.data(), n);
+  f.input(w1, x.data(), 1, n);
   f.pass_done(Fp8Pass::EvaluationForward);
   EXPECT_EQ(fwd.reductions, 1);
   OtherRankGroup bwd({1.0f, 0.0f});  // the output gradients: w1's, w2's
   f.set_amax_group(&bwd);
   f.set_layer(true, Fp8Pass::Backward);
-  for (const int64_t w : {w1, w2}) f.output_grad(w, dy.data(), n);
+  for (const int64_t w : {w1, w2}) f.output_grad(w, dy.data(), 1, n);
   f.pass_done(Fp8Pass::Backward);
   EXPECT_EQ(f.backward_scaling(w1)->scale(0), 57344.0f / 1.0f);
   EXPECT_EQ(f.backward_scaling(w2)->scale(0), 57344.0f / amax(dy));
@@ -164,21 +164,21 @@ TEST(Fp8Linears, EvaluationRecordsAndRecomputationRepeats) {
   CpuFp8Linears f(delayed(3, AmaxComputeAlgo::Max));
   const auto big = randn(n, rng, 8.0f), small = randn(n, rng, 0.5f), W = randn(n, rng, 0.1f);
   f.set_layer(true, Fp8Pass::EvaluationForward);
-  f.input(w, big.data(), n);
-  f.weight(w, W.data(), n);
+  f.input(w, big.data(), 1, n);
+  f.weight(w, W.data(), 1, n);
   f.pass_done(Fp8Pass::EvaluationForward);
   EXPECT_EQ(f.forward_scaling(w)->scale(0), 1.0f);
   EXPECT_EQ(f.forward_scaling(w)->history(0, 0), amax(big));
 
   f.set_layer(true, Fp8Pass::TrainingForward);
-  f.input(w, small.data(), n);
+  f.input(w, small.data(), 1, n);
   f.pass_done(Fp8Pass::TrainingForward);
   EXPECT_EQ(f.forward_scaling(w)->scale(0), 448.0f / amax(big));
 
   f.set_layer(true, Fp8Pass::TrainingForward);
-  const float used = f.input(w, small.data(), n).scale_inv;
+  const float used = f.input(w, small.data(), 1, n).scale_inv;
   f.set_layer(true, Fp8Pass::Recompute);
-  const kernels::cpu::Fp8Operand again = f.input(w, big.data(), n);
+  const kernels::cpu::Fp8Operand again = f.input(w, big.data(), 1, n);
   EXPECT_EQ(again.scale_inv, used);
   EXPECT_EQ(f.forward_scaling(w)->history(0, 0), amax(small));  // the recomputation's amax not recorded
 }
@@ -194,14 +194,69 @@ TEST(Fp8Linears, TensorwiseCastsWithEachTensorsOwnScale) {
   const auto x = randn(n, rng, 3.0f), W = randn(n, rng, 0.02f), dy = randn(n, rng, 1e-4f);
   f.set_layer(true, Fp8Pass::TrainingForward);
   const float sx = current_scaling_scale(amax(x), Fp8Format::E4M3);
-  const kernels::cpu::Fp8Operand qx = f.input(w, x.data(), n);
+  const kernels::cpu::Fp8Operand qx = f.input(w, x.data(), 1, n);
   EXPECT_EQ(qx.scale_inv, 1.0f / sx);
   EXPECT_EQ(as_vector(qx, n), fp8_values(x, sx, Fp8Format::E4M3));
-  EXPECT_EQ(f.weight(w, W.data(), n).scale_inv, 1.0f / current_scaling_scale(amax(W), Fp8Format::E4M3));
+  EXPECT_EQ(f.weight(w, W.data(), 1, n).scale_inv, 1.0f / current_scaling_scale(amax(W), Fp8Format::E4M3));
   f.set_layer(true, Fp8Pass::Backward);
   const float sg = current_scaling_scale(amax(dy), Fp8Format::E4M3);
-  EXPECT_EQ(as_vector(f.output_grad(w, dy.data(), n), n), fp8_values(dy, sg, Fp8Format::E4M3));
-  EXPECT_EQ(f.saved_input(w, x.data(), n).scale_inv, 1.0f / sx);
+  EXPECT_EQ(as_vector(f.output_grad(w, dy.data(), 1, n).dgrad, n), fp8_values(dy, sg, Fp8Format::E4M3));
+  EXPECT_EQ(f.saved_input(w, x.data(), 1, n).scale_inv, 1.0f / sx);
+}
+
+// Blockwise (Float8BlockScaling, hybrid): the forward's input in 1 x 128 blocks along its features,
+// the weight in 128 x 128 blocks made once a step, the backward's input in 128 x 1 blocks along the
+// tokens, the output gradient both ways in E5M2; each operand already dequantized (scale_inv 1);
+// no amax recorded, no scale moved by a pass.
+TEST(Fp8Linears, BlockwiseCastsEachOperandInItsBlocks) {
+  std::mt19937 rng(5);
+  const int64_t T = 150, K = 200, N = 144, w = 13;
+  Fp8Spec s;
+  s.recipe = Fp8ScalingRecipe::Blockwise, s.formats = Fp8Formats::Hybrid;
+  CpuFp8Linears f(s);
+  auto x = randn(T * K, rng, 3.0f), dy = randn(T * N, rng, 1e-4f), W = randn(N * K, rng, 0.02f);
+  // Tokens of magnitudes 2^0 .. 2^6 in x, 2^0 .. 2^36 in dy: blocks along the tokens span more than
+  // the format's normal range (the scales being powers of two, only that sets the two directions'
+  // values apart).
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t k = 0; k < K; ++k) x[size_t(t * K + k)] *= std::ldexp(1.0f, int(t % 7));
+    for (int64_t n = 0; n < N; ++n) dy[size_t(t * N + n)] *= std::ldexp(1.0f, 6 * int(t % 7));
+  }
+  auto blocks = [](const std::vector<float>& v, int64_t rows, int64_t cols, int64_t br, int64_t bc, Fp8Format fmt) {
+    std::vector<float> out(v.size());
+    fp8_block_quantize_dequantized(v.data(), rows, cols, br, bc, fmt, true, out.data());
+    return out;
+  };
+  auto values = [](kernels::cpu::Fp8Operand o, int64_t n) {
+    EXPECT_EQ(o.scale_inv, 1.0f);
+    return std::vector<float>(o.q, o.q + n);
+  };
+  f.new_weights();
+  f.set_layer(true, Fp8Pass::TrainingForward);
+  const auto want_x = blocks(x, T, K, 1, 128, Fp8Format::E4M3);
+  EXPECT_EQ(values(f.input(w, x.data(), T, K), T * K), want_x);
+  EXPECT_NE(want_x, blocks(x, T, K, 128, 1, Fp8Format::E4M3));  // (the two directions differ)
+  const auto want_w = blocks(W, N, K, 128, 128, Fp8Format::E4M3);
+  EXPECT_EQ(values(f.weight(w, W.data(), N, K), N * K), want_w);
+  f.pass_done(Fp8Pass::TrainingForward);
+  EXPECT_EQ(f.forward_scaling(w)->scale(0), 1.0f);
+  EXPECT_EQ(f.forward_scaling(w)->history(0, 0), 0.0f);
+
+  f.set_layer(true, Fp8Pass::Backward);
+  EXPECT_EQ(values(f.saved_input(w, x.data(), T, K), T * K), blocks(x, T, K, 128, 1, Fp8Format::E4M3));
+  const kernels::cpu::Fp8GradOperands g = f.output_grad(w, dy.data(), T, N);
+  EXPECT_EQ(values(g.dgrad, T * N), blocks(dy, T, N, 1, 128, Fp8Format::E5M2));
+  EXPECT_EQ(values(g.wgrad, T * N), blocks(dy, T, N, 128, 1, Fp8Format::E5M2));
+  EXPECT_NE(values(g.dgrad, T * N), values(g.wgrad, T * N));
+  f.pass_done(Fp8Pass::Backward);
+  EXPECT_EQ(f.backward_scaling(w)->scale(0), 1.0f);
+
+  // The step's weight copy stays until new_weights(), then the new values are cast.
+  for (float& v : W) v *= 3.0f;
+  f.set_layer(true, Fp8Pass::TrainingForward);
+  EXPECT_EQ(values(f.weight(w, W.data(), N, K), N * K), want_w);
+  f.new_weights();
+  EXPECT_EQ(values(f.weight(w, W.data(), N, K), N * K), blocks(W, N, K, 128, 128, Fp8Format::E4M3));
 }
 
 namespace {

@@ -185,6 +185,8 @@ TEST(CudaFp8Model, UncheckedCombinationsAreNamed) {
   GptConfig ep = with_fp8(moe_config(llama_config(), 4, 2, 64, 32), Fp8ScalingRecipe::Tensorwise);
   ep.moe.expert_parallel = 2;
   EXPECT_NE(cuda_unsupported_features(ep).find("FP8 experts under expert parallelism"), std::string::npos);
+  EXPECT_NE(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Blockwise)).find("block scaling"),
+            std::string::npos);
 }
 // DeepSeek's multi-latent attention: its projections (q's direct or through its latent, kv's down
 // and up) as FP8 linears.

@@ -66,10 +66,10 @@ void fp8_linear_forward(Fp8Operand x, Fp8Operand w, const float* bias, float* y,
     for (int64_t n = 0; n < N; ++n) y[t * N + n] = s * y[t * N + n] + (bias ? bias[n] : 0.0f);
 }
 
-void fp8_linear_backward(Fp8Operand x, Fp8Operand w, Fp8Operand dy, float* dx, float* dw, int64_t T, int64_t K,
+void fp8_linear_backward(Fp8Operand x, Fp8Operand w, Fp8GradOperands dy, float* dx, float* dw, int64_t T, int64_t K,
                          int64_t N) {
-  linear_backward_scaled(x.q, w.q, dy.q, nullptr, dw, T, K, N, dy.scale_inv * x.scale_inv, false);
-  linear_backward_scaled(x.q, w.q, dy.q, dx, nullptr, T, K, N, dy.scale_inv * w.scale_inv, false);
+  linear_backward_scaled(x.q, w.q, dy.wgrad.q, nullptr, dw, T, K, N, dy.wgrad.scale_inv * x.scale_inv, false);
+  linear_backward_scaled(x.q, w.q, dy.dgrad.q, dx, nullptr, T, K, N, dy.dgrad.scale_inv * w.scale_inv, false);
 }
 
 }  // namespace laoyao::kernels::cpu

@@ -537,16 +537,16 @@ namespace {
 void expert_linear(const float* x, const float* w, float* y, int64_t n, int64_t K, int64_t N, MoeExpertsFp8* fp8,
                    int which, int64_t e) {
   if (!fp8) return linear_forward(x, w, nullptr, y, n, K, N);
-  const Fp8Operand qx = fp8->input(which, e, x, n * K);
-  fp8_linear_forward(qx, fp8->weight(which, e, w, N * K), nullptr, y, n, K, N);
+  const Fp8Operand qx = fp8->input(which, e, x, n, K);
+  fp8_linear_forward(qx, fp8->weight(which, e, w, N, K), nullptr, y, n, K, N);
 }
 
 // Its backward: dx[n, K] (nullable) and dw[N, K] += (nullable), in FP8 where fp8 says.
 void expert_linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw, int64_t n, int64_t K,
                             int64_t N, MoeExpertsFp8* fp8, int which, int64_t e) {
   if (!fp8) return linear_backward(x, w, dy, dx, dw, nullptr, n, K, N);
-  const Fp8Operand qx = fp8->saved_input(which, e, x, n * K), qw = fp8->weight(which, e, w, N * K);
-  fp8_linear_backward(qx, qw, fp8->output_grad(which, e, dy, n * N), dx, dw, n, K, N);
+  const Fp8Operand qx = fp8->saved_input(which, e, x, n, K), qw = fp8->weight(which, e, w, N, K);
+  fp8_linear_backward(qx, qw, fp8->output_grad(which, e, dy, n, N), dx, dw, n, K, N);
 }
 
 }  // namespace
@@ -558,8 +558,8 @@ void moe_experts_forward(const float* permuted_x, const int64_t* tokens_per_expe
   const int64_t N = expert_rows(tokens_per_expert, E, "moe experts");
   if (fp8 && lora) throw Error("moe experts: FP8 GEMMs with LoRA adapters are not built");
   for (int64_t e = 0; fp8 && e < E; ++e) {  // every weight's FP8 copy, as GroupedLinear makes them all
-    fp8->weight(0, e, fc1_weight + e * F1 * H, F1 * H);
-    fp8->weight(1, e, fc2_weight + e * H * F, H * F);
+    fp8->weight(0, e, fc1_weight + e * F1 * H, F1, H);
+    fp8->weight(1, e, fc2_weight + e * H * F, H, F);
   }
   // The fc1 adapter's low-rank rows z1 = x A1^T for every row at once (the pair is every expert's).
   const bool a1 = lora && lora->fc1_a, a2 = lora && lora->fc2_a;

@@ -203,10 +203,12 @@ struct MoeAdapters {
 class MoeExpertsFp8 {
  public:
   virtual ~MoeExpertsFp8() = default;
-  virtual Fp8Operand input(int linear, int64_t e, const float* x, int64_t n) = 0;        // a forward's input
-  virtual Fp8Operand weight(int linear, int64_t e, const float* w, int64_t n) = 0;       // the weight's copy
-  virtual Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t n) = 0;  // the backward's
-  virtual Fp8Operand output_grad(int linear, int64_t e, const float* dy, int64_t n) = 0;
+  // Each of a [rows][cols] tensor: a forward's input, the weight's copy, the backward's input, the
+  // output gradient (model/cpu/fp8_linears_cpu.hpp's CpuFp8Linears says how each is cast).
+  virtual Fp8Operand input(int linear, int64_t e, const float* x, int64_t rows, int64_t cols) = 0;
+  virtual Fp8Operand weight(int linear, int64_t e, const float* w, int64_t rows, int64_t cols) = 0;
+  virtual Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t rows, int64_t cols) = 0;
+  virtual Fp8GradOperands output_grad(int linear, int64_t e, const float* dy, int64_t rows, int64_t cols) = 0;
 };
 
 // fc1_weight[E, F1, H] and fc2_weight[E, H, F] hold the experts' weights one after another

@@ -30,16 +30,23 @@ void linear_backward_scaled(const float* x, const float* w, const float* dy, flo
 // ---- FP8 linear layers, as cuBLASLt multiplies per-tensor scaled FP8 operands (core/fp8_scaling.hpp):
 // an operand is its FP8 values (exact as floats, unscaled) and the factor that dequantizes them
 // (scale_inv = 1 / the cast's scale); products are exact, sums fp32, the factors applied after.
+// Under block scaling an operand's values are already dequantized block by block (scale_inv 1):
+// its scales are powers of two, so the products are the same.
 struct Fp8Operand {
   const float* q = nullptr;
   float scale_inv = 1.0f;
 };
+// The output gradient's operands: the data gradient's and the weight gradient's, one cast under the
+// per-tensor recipes; under block scaling two, the weight gradient's in blocks along the tokens.
+struct Fp8GradOperands {
+  Fp8Operand dgrad, wgrad;
+};
 // y[T,N] = x.scale_inv * w.scale_inv * (x.q @ w.q^T) (+ bias[N]).
 void fp8_linear_forward(Fp8Operand x, Fp8Operand w, const float* bias, float* y, int64_t T, int64_t K, int64_t N);
-// dx[T,K] = dy.scale_inv * w.scale_inv * (dy.q @ w.q) (overwrite; nullptr to skip) and
-// dw[N,K] += dy.scale_inv * x.scale_inv * (dy.q^T @ x.q) (nullptr to skip): the data and weight
-// gradient GEMMs (a bias's gradient is the high-precision dy's, linear_backward's).
-void fp8_linear_backward(Fp8Operand x, Fp8Operand w, Fp8Operand dy, float* dx, float* dw, int64_t T, int64_t K,
+// dx[T,K] = dy.dgrad.scale_inv * w.scale_inv * (dy.dgrad.q @ w.q) (overwrite; nullptr to skip) and
+// dw[N,K] += dy.wgrad.scale_inv * x.scale_inv * (dy.wgrad.q^T @ x.q) (nullptr to skip): the data and
+// weight gradient GEMMs (a bias's gradient is the high-precision dy's, linear_backward's).
+void fp8_linear_backward(Fp8Operand x, Fp8Operand w, Fp8GradOperands dy, float* dx, float* dw, int64_t T, int64_t K,
                          int64_t N);
 
 // ---- norms over the last dimension C, statistics in fp32. mean/rstd [T] are saved for backward.

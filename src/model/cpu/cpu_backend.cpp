@@ -60,16 +60,16 @@ void CpuBackend::embedding_backward(const int64_t* ids, Act dout, int64_t table,
 
 void CpuBackend::gemm(const float* x, int64_t w, int64_t b, float* y, int64_t rows, int64_t K, int64_t N) {
   if (!fp8_ || !fp8_->on()) return k::linear_forward(x, W(w), W(b), y, rows, K, N);
-  const k::Fp8Operand qx = fp8_->input(w, x, rows * K);
-  k::fp8_linear_forward(qx, fp8_->weight(w, W(w), N * K), W(b), y, rows, K, N);
+  const k::Fp8Operand qx = fp8_->input(w, x, rows, K);
+  k::fp8_linear_forward(qx, fp8_->weight(w, W(w), N, K), W(b), y, rows, K, N);
 }
 
 void CpuBackend::gemm_backward(const float* x, int64_t w, int64_t b, const float* dy, float* dx, int64_t rows,
                                int64_t K, int64_t N) {
   if (!fp8_ || !fp8_->on()) return k::linear_backward(x, W(w), dy, dx, G(w), G(b), rows, K, N);
   // The forward's FP8 input and weight, the output gradient cast now; the bias's gradient from dy.
-  const k::Fp8Operand qx = fp8_->saved_input(w, x, rows * K), qw = fp8_->weight(w, W(w), N * K);
-  k::fp8_linear_backward(qx, qw, fp8_->output_grad(w, dy, rows * N), dx, G(w), rows, K, N);
+  const k::Fp8Operand qx = fp8_->saved_input(w, x, rows, K), qw = fp8_->weight(w, W(w), N, K);
+  k::fp8_linear_backward(qx, qw, fp8_->output_grad(w, dy, rows, N), dx, G(w), rows, K, N);
   if (G(b)) k::bias_grad_accumulate(dy, G(b), rows, N);
 }
 

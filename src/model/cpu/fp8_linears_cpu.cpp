@@ -70,35 +70,55 @@ k::Fp8Operand CpuFp8Linears::cast(const float* x, int64_t n, float scale, Fp8For
   return {buf.data(), 1.0f / scale};
 }
 
-k::Fp8Operand CpuFp8Linears::input(int64_t w, const float* x, int64_t n) {
+k::Fp8Operand CpuFp8Linears::cast_blocks(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+                                         Fp8Format f, std::vector<float>& buf) {
+  buf.resize(static_cast<size_t>(rows * cols));
+  fp8_block_quantize_dequantized(x, rows, cols, br, bc, f, /*pow2=*/true, buf.data());
+  return {buf.data(), 1.0f};
+}
+
+k::Fp8Operand CpuFp8Linears::input(int64_t w, const float* x, int64_t rows, int64_t cols) {
   Linear& l = linear(w);
   const Fp8Format f = fp8_format_of(spec_.formats, false);
+  if (blockwise()) return cast_blocks(x, rows, cols, 1, kFp8Block, f, input_q_);
+  const int64_t n = rows * cols;
   // A recomputed forward casts with the scale of the forward it repeats.
   if (records()) l.input_scale = scale_for(l.forward, 0, fp8_amax(x, n), f);
   return cast(x, n, l.input_scale, f, input_q_);
 }
 
-k::Fp8Operand CpuFp8Linears::weight(int64_t w, const float* values, int64_t n) {
+k::Fp8Operand CpuFp8Linears::weight(int64_t w, const float* values, int64_t rows, int64_t cols) {
   Linear& l = linear(w);
   if (l.weight_stale) {
     const Fp8Format f = fp8_format_of(spec_.formats, false);
-    const float scale = scale_for(l.forward, 1, fp8_amax(values, n), f);
-    l.weight_scale_inv = cast(values, n, scale, f, l.weight_q).scale_inv;
+    if (blockwise()) {
+      l.weight_scale_inv = cast_blocks(values, rows, cols, kFp8Block, kFp8Block, f, l.weight_q).scale_inv;
+    } else {
+      const int64_t n = rows * cols;
+      const float scale = scale_for(l.forward, 1, fp8_amax(values, n), f);
+      l.weight_scale_inv = cast(values, n, scale, f, l.weight_q).scale_inv;
+    }
     l.weight_stale = false;
   }
   return {l.weight_q.data(), l.weight_scale_inv};
 }
 
-k::Fp8Operand CpuFp8Linears::saved_input(int64_t w, const float* x, int64_t n) {
+k::Fp8Operand CpuFp8Linears::saved_input(int64_t w, const float* x, int64_t rows, int64_t cols) {
   auto it = linears_.find(w);
   if (it == linears_.end()) throw Error("FP8 linear: a backward without its forward");
-  return cast(x, n, it->second.input_scale, fp8_format_of(spec_.formats, false), input_q_);
+  const Fp8Format f = fp8_format_of(spec_.formats, false);
+  if (blockwise()) return cast_blocks(x, rows, cols, kFp8Block, 1, f, input_q_);
+  return cast(x, rows * cols, it->second.input_scale, f, input_q_);
 }
 
-k::Fp8Operand CpuFp8Linears::output_grad(int64_t w, const float* dy, int64_t n) {
+k::Fp8GradOperands CpuFp8Linears::output_grad(int64_t w, const float* dy, int64_t rows, int64_t cols) {
   Linear& l = linear(w);
   const Fp8Format f = fp8_format_of(spec_.formats, true);
-  return cast(dy, n, scale_for(l.backward, 0, fp8_amax(dy, n), f), f, grad_q_);
+  if (blockwise())
+    return {cast_blocks(dy, rows, cols, 1, kFp8Block, f, grad_q_), cast_blocks(dy, rows, cols, kFp8Block, 1, f, grad_t_q_)};
+  const int64_t n = rows * cols;
+  const k::Fp8Operand q = cast(dy, n, scale_for(l.backward, 0, fp8_amax(dy, n), f), f, grad_q_);
+  return {q, q};
 }
 
 const DelayedScaling* CpuFp8Linears::forward_scaling(int64_t w) const {

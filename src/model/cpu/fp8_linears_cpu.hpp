@@ -3,7 +3,10 @@
 // layer, keyed by its weight's place in the parameter table: the scaling state of its FP8 tensors
 // (the input and the weight in the forward, the output gradient in the backward), the weight's FP8
 // values made at its first use after new_weights(), and the scale its input was cast with, which
-// the backward casts the same input with again (the FP8 values TE keeps from the forward).
+// the backward casts the same input with again (the FP8 values TE keeps from the forward). Under
+// block scaling (docs/reference/fp8-blockwise-facts.md) no state but the weight's copy: the input
+// in 1 x 128 blocks along its features for the forward, 128 x 1 along its tokens for the weight
+// gradient; the weight in 128 x 128 blocks; the output gradient both ways.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -35,12 +38,13 @@ class CpuFp8Linears {
   void set_amax_group(dist::ProcessGroup* group) { amax_group_ = group && group->size() > 1 ? group : nullptr; }
 
   // The FP8 operands of linear `w`'s GEMMs, valid until the next call of the same kind: its input
-  // x[n] cast (in a forward; the scale kept for the backward), the weight values[n]'s FP8 copy, the
-  // backward's input cast again with the forward's scale, and the output gradient dy[n] cast.
-  kernels::cpu::Fp8Operand input(int64_t w, const float* x, int64_t n);
-  kernels::cpu::Fp8Operand weight(int64_t w, const float* values, int64_t n);
-  kernels::cpu::Fp8Operand saved_input(int64_t w, const float* x, int64_t n);
-  kernels::cpu::Fp8Operand output_grad(int64_t w, const float* dy, int64_t n);
+  // x[rows][cols] cast (in a forward; the scale kept for the backward), the weight values[rows][cols]'s
+  // FP8 copy, the backward's input cast again (with the forward's scale; under block scaling along
+  // the tokens), and the output gradient dy[rows][cols] cast for the data and weight gradients.
+  kernels::cpu::Fp8Operand input(int64_t w, const float* x, int64_t rows, int64_t cols);
+  kernels::cpu::Fp8Operand weight(int64_t w, const float* values, int64_t rows, int64_t cols);
+  kernels::cpu::Fp8Operand saved_input(int64_t w, const float* x, int64_t rows, int64_t cols);
+  kernels::cpu::Fp8GradOperands output_grad(int64_t w, const float* dy, int64_t rows, int64_t cols);
 
   // Delayed scaling's state of linear w (tests): tensor 0 the input, 1 the weight; the backward's 0
   // the output gradient. Null before the linear's first cast.
@@ -60,8 +64,12 @@ class CpuFp8Linears {
   // The scale a cast of x (amax `amax`) takes: delayed, state's tensor i; tensorwise, its own.
   float scale_for(DelayedScaling& state, int64_t i, float amax, Fp8Format f) const;
   bool records() const { return pass_ != Fp8Pass::Recompute; }
+  bool blockwise() const { return spec_.recipe == Fp8ScalingRecipe::Blockwise; }
   // x[n] * scale cast into buf: the operand.
   static kernels::cpu::Fp8Operand cast(const float* x, int64_t n, float scale, Fp8Format f, std::vector<float>& buf);
+  // x[rows][cols] cast in br x bc blocks into buf, dequantized: the operand.
+  static kernels::cpu::Fp8Operand cast_blocks(const float* x, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+                                              Fp8Format f, std::vector<float>& buf);
 
   // The pass's amaxes of every linear (forward: input and weight; backward: the output gradient),
   // MAX-reduced over amax_group_.
@@ -73,7 +81,7 @@ class CpuFp8Linears {
   bool on_ = false;
   Fp8Pass pass_ = Fp8Pass::TrainingForward;
   std::map<int64_t, Linear> linears_;
-  std::vector<float> input_q_, grad_q_;
+  std::vector<float> input_q_, grad_q_, grad_t_q_;
 };
 
 // One MoE layer's experts in FP8 (kernels/cpu/moe.hpp's MoeExpertsFp8) over the linears' state:
@@ -84,17 +92,18 @@ class CpuFp8Experts final : public kernels::cpu::MoeExpertsFp8 {
  public:
   CpuFp8Experts(CpuFp8Linears& fp8, int64_t fc1, int64_t fc1_numel, int64_t fc2, int64_t fc2_numel)
       : fp8_(fp8), offset_{fc1, fc2}, numel_{fc1_numel, fc2_numel} {}
-  kernels::cpu::Fp8Operand input(int linear, int64_t e, const float* x, int64_t n) override {
-    return fp8_.input(key(linear, e), x, n);
+  kernels::cpu::Fp8Operand input(int linear, int64_t e, const float* x, int64_t rows, int64_t cols) override {
+    return fp8_.input(key(linear, e), x, rows, cols);
   }
-  kernels::cpu::Fp8Operand weight(int linear, int64_t e, const float* w, int64_t n) override {
-    return fp8_.weight(key(linear, e), w, n);
+  kernels::cpu::Fp8Operand weight(int linear, int64_t e, const float* w, int64_t rows, int64_t cols) override {
+    return fp8_.weight(key(linear, e), w, rows, cols);
   }
-  kernels::cpu::Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t n) override {
-    return fp8_.saved_input(key(linear, e), x, n);
+  kernels::cpu::Fp8Operand saved_input(int linear, int64_t e, const float* x, int64_t rows, int64_t cols) override {
+    return fp8_.saved_input(key(linear, e), x, rows, cols);
   }
-  kernels::cpu::Fp8Operand output_grad(int linear, int64_t e, const float* dy, int64_t n) override {
-    return fp8_.output_grad(key(linear, e), dy, n);
+  kernels::cpu::Fp8GradOperands output_grad(int linear, int64_t e, const float* dy, int64_t rows,
+                                            int64_t cols) override {
+    return fp8_.output_grad(key(linear, e), dy, rows, cols);
   }
 
  private:
