@@ -23,6 +23,16 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
+const char* scale_name(GemmScale s) {
+  return s == GemmScale::Vec128 ? "1x128" : s == GemmScale::Blk128 ? "128x128" : "tensor";
+}
+
+cublasLtMatmulMatrixScale_t scale_mode(GemmScale s) {
+  return s == GemmScale::Vec128   ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+         : s == GemmScale::Blk128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                  : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
 std::string describe(const GemmProblem& p) {
   return "m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) + " k=" + std::to_string(p.k) +
          " transA=" + std::to_string(p.trans_a) + " transB=" + std::to_string(p.trans_b) +
@@ -33,7 +43,10 @@ std::string describe(const GemmProblem& p) {
          (p.a_type == GemmOperand::Bf16 ? ""
                                         : std::string(" A=") + (p.a_type == GemmOperand::E4M3 ? "e4m3" : "e5m2") +
                                               " B=" + (p.b_type == GemmOperand::E4M3 ? "e4m3" : "e5m2") +
-                                              (p.fast_accum ? " fast-accum" : ""));
+                                              (p.fast_accum ? " fast-accum" : "")) +
+         (p.a_scale == GemmScale::Tensor && p.b_scale == GemmScale::Tensor
+              ? ""
+              : std::string(" scales ") + scale_name(p.a_scale) + " x " + scale_name(p.b_scale));
 }
 
 cudaDataType_t data_type(GemmOperand t) {
@@ -205,6 +218,13 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const bf16* bias, con
                                                        sizeof ops.a_scale));
       LAOYAO_CUDA_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ops.b_scale,
                                                        sizeof ops.b_scale));
+      if (p.a_scale != GemmScale::Tensor || p.b_scale != GemmScale::Tensor) {
+        const int32_t a_mode = scale_mode(p.a_scale), b_mode = scale_mode(p.b_scale);
+        LAOYAO_CUDA_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode));
+        LAOYAO_CUDA_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode));
+      }
     }
     // Stored shapes (rows x cols, column-major): A [k, m] when transposed else [m, k]; likewise B.
     LAOYAO_CUDA_CHECK(cublasLtMatrixLayoutCreate(&plan.a, data_type(p.a_type), p.trans_a ? p.k : p.m,
@@ -303,6 +323,11 @@ void CublasLtGemm::gemm_fp8(const GemmProblem& problem, const uint8_t* A, const 
     throw Error("CublasLtGemm::gemm_fp8: a bias pointer exactly when the problem has a bf16 bias epilogue (" +
                 describe(p) + ")");
   if (p.m <= 0 || p.n <= 0 || p.k <= 0) throw Error("CublasLtGemm::gemm_fp8: empty problem (" + describe(p) + ")");
+  if ((p.a_scale != GemmScale::Tensor) != (p.b_scale != GemmScale::Tensor) ||
+      (p.a_scale == GemmScale::Blk128 && p.b_scale == GemmScale::Blk128) ||
+      (p.a_scale != GemmScale::Tensor && (p.fast_accum || (p.b_scale == GemmScale::Vec128 && p.n % 8 != 0))))
+    throw Error("CublasLtGemm::gemm_fp8: block scaling takes 1x128 or 128x128 scales on both operands, not 128x128 "
+                "on both, without fast accumulation, n a multiple of 8 under B's 1x128 (" + describe(p) + ")");
   Operands ops{A, B, D, C ? C : D, alpha, beta, stream};
   ops.a_scale = a_scale_inv, ops.b_scale = b_scale_inv;
   enqueue(p, ops, bias, nullptr);

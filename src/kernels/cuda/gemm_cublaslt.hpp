@@ -41,6 +41,10 @@ using bf16 = __nv_bfloat16;
 enum class GemmGelu : uint8_t { None, GeluAux, DGelu };
 // An operand's element type: bf16, or FP8 (gemm_fp8).
 enum class GemmOperand : uint8_t { Bf16, E4M3, E5M2 };
+// How an FP8 operand's scale_inv pointer is read: one float for the tensor; or block scaling's
+// (kernels/cuda/fp8_block_cast.hpp has the layouts): one float per 128 values along k for each of
+// the operand's rows (cuBLASLt's VEC128_32F), or one per 128 x 128 tile (BLK128x128_32F).
+enum class GemmScale : uint8_t { Tensor, Vec128, Blk128 };
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
@@ -54,6 +58,7 @@ struct GemmProblem {
   // forward GEMM; its gradient GEMMs promote the partial sums, fast_accum false).
   GemmOperand a_type = GemmOperand::Bf16, b_type = GemmOperand::Bf16;
   bool fast_accum = false;
+  GemmScale a_scale = GemmScale::Tensor, b_scale = GemmScale::Tensor;
 };
 
 struct CublasLtGemm {
@@ -77,6 +82,9 @@ struct CublasLtGemm {
   // no GeLU epilogue, and a bf16 D written (beta 0, the only form checked on a GPU; an fp32 D may
   // accumulate); anything else throws laoyao::Error. cuBLASLt also wants the scale_inv pointers
   // aligned: an H100 refused 4-byte-aligned ones (cublasStatus 15); 256-byte-aligned ones run.
+  // Block scaling (problem.a_scale, b_scale not Tensor): the scale_inv tensors of fp8_block_cast,
+  // not both Blk128, no fast accumulation (Transformer Engine's split accumulator), n a multiple
+  // of 8 when B's are Vec128 (cuBLAS 12.9+, Hopper).
   void gemm_fp8(const GemmProblem& problem, const uint8_t* A, const float* a_scale_inv, const uint8_t* B,
                 const float* b_scale_inv, void* D, const bf16* bias, float alpha, float beta, cudaStream_t stream,
                 const void* C = nullptr);
@@ -133,10 +141,11 @@ struct CublasLtGemm {
     uint32_t alignment;  // the smallest alignment (bytes, <= 256) of the operands' pointers
     bool operator<(const Key& o) const {
       return std::tie(p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, p.bias, p.d_fp32, p.gelu, p.ld_aux,
-                      p.batch, p.stride_a, p.stride_b, p.stride_d, p.a_type, p.b_type, p.fast_accum, alignment) <
+                      p.batch, p.stride_a, p.stride_b, p.stride_d, p.a_type, p.b_type, p.fast_accum, p.a_scale,
+                      p.b_scale, alignment) <
              std::tie(o.p.m, o.p.n, o.p.k, o.p.trans_a, o.p.trans_b, o.p.lda, o.p.ldb, o.p.ldd, o.p.bias, o.p.d_fp32,
                       o.p.gelu, o.p.ld_aux, o.p.batch, o.p.stride_a, o.p.stride_b, o.p.stride_d, o.p.a_type,
-                      o.p.b_type, o.p.fast_accum, o.alignment);
+                      o.p.b_type, o.p.fast_accum, o.p.a_scale, o.p.b_scale, o.alignment);
     }
   };
   struct Plan {
