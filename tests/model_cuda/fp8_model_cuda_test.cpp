@@ -108,7 +108,8 @@ void compare_fp8(const GptConfig& c) {
   std::copy(cpu.weights(), cpu.weights() + cpu.num_parameters(), cpu_high.weights());
   const int64_t n = cpu.num_trainable();  // (the gradients: of the adapters alone under LoRA)
   ASSERT_EQ(gpu.num_trainable(), n);
-  const bool tensorwise = c.fp8->recipe == Fp8ScalingRecipe::Tensorwise;
+  // (tensorwise and blockwise keep no scaling state: a replayed step repeats the first)
+  const bool tensorwise = c.fp8->recipe != Fp8ScalingRecipe::Delayed;
   std::vector<Batch> batches = {random_batch(2, 48, c.vocab, 21), random_batch(2, 48, c.vocab, 22)};
   std::vector<std::vector<float>> first_losses, first_grads(1);
   for (int step = 0; step < 3; ++step) {
@@ -185,8 +186,18 @@ TEST(CudaFp8Model, UncheckedCombinationsAreNamed) {
   GptConfig ep = with_fp8(moe_config(llama_config(), 4, 2, 64, 32), Fp8ScalingRecipe::Tensorwise);
   ep.moe.expert_parallel = 2;
   EXPECT_NE(cuda_unsupported_features(ep).find("FP8 experts under expert parallelism"), std::string::npos);
-  EXPECT_NE(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Blockwise)).find("block scaling"),
+  EXPECT_EQ(cuda_unsupported_features(with_fp8(llama_config(), Fp8ScalingRecipe::Blockwise)), "");
+  EXPECT_NE(cuda_unsupported_features(with_fp8(moe_config(llama_config(), 4, 2, 64, 32), Fp8ScalingRecipe::Blockwise))
+                .find("block scaling"),
             std::string::npos);
+}
+// Block scaling: the weights' 128 x 128 tiles, the inputs' and output gradients' 1 x 128 blocks
+// (along the tokens for the weight gradient), cuBLASLt's block-scaled GEMMs; the flash kernels as
+// for tensorwise (no atomics: a replayed step repeats the first bit for bit).
+TEST(CudaFp8Model, BlockwiseMatchesCpuModel) {
+  GptConfig c = with_fp8(llama_config(), Fp8ScalingRecipe::Blockwise);
+  c.attention_backend = AttentionBackend::Flash;
+  compare_fp8(c);
 }
 // DeepSeek's multi-latent attention: its projections (q's direct or through its latent, kv's down
 // and up) as FP8 linears.

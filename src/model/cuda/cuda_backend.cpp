@@ -76,9 +76,9 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   }
   // (CudaFp8Linears takes MLA's projections and the MTP layers' linears with eh_proj; no GPU has run
   // CudaFp8Model.MlaDelayedScalingMatchesCpuModel / MtpDelayedScalingMatchesCpuModel yet.)
-  if (c.fp8 && c.fp8->recipe == Fp8ScalingRecipe::Blockwise)
-    missing.push_back("FP8 block scaling (model.fp8_recipe blockwise: simulated on the CPU backend; cuBLASLt's "
-                      "block-scaled GEMMs are not built on the GPU yet)");
+  if (c.fp8 && c.fp8->recipe == Fp8ScalingRecipe::Blockwise && c.moe.num_experts > 0)
+    missing.push_back("FP8 block scaling (model.fp8_recipe blockwise) with Mixture of Experts (the experts' FP8 "
+                      "grouped GEMMs take per-tensor scales)");
   if (c.fp8 && c.mla) missing.push_back("FP8 with multi-latent attention (not yet checked on a GPU)");
   if (c.fp8 && c.mtp_num_layers > 0) missing.push_back("FP8 with multi-token prediction (not yet checked on a GPU)");
   if (c.fp8 && c.moe.num_experts > 0 && c.moe.expert_parallel > 1)

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/fp8_block_cast.hpp"
 #include "kernels/cuda/fp8_cast.hpp"
 #include "model/cuda/carver.hpp"
 
@@ -68,6 +69,9 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
       slots_.emplace(w, s);
     }
   }
+  if (!experts_.empty() && blockwise())
+    throw UsageError("FP8 block scaling (model.fp8_recipe blockwise) with Mixture of Experts: the experts' FP8 "
+                     "grouped GEMMs take per-tensor scales only (LAOYAO_DEVICE=cpu trains it on the CPU backend)");
   if (!experts_.empty() && !kc::grouped_gemm_fp8_supported())  // (before any step: nothing half-written)
     throw UsageError("FP8 with Mixture of Experts: the experts' FP8 grouped GEMMs run on Hopper GPUs (compute "
                      "capability 9.0) only; train this model without model.fp8 (--fp8-format) here");
@@ -82,7 +86,13 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
     grad_scale_ = a.take<float>(kStride * n_), grad_inv_ = a.take<float>(kStride * n_);
     amax_ = a.take<float>(1);
     expert_amax_ = a.take<float>(max_experts_);
-    for (auto& [w, s] : slots_) s.wq = a.take<uint8_t>(s.N * s.K), s.wqt = a.take<uint8_t>(s.N * s.K);
+    for (auto& [w, s] : slots_) {
+      s.wq = a.take<uint8_t>(s.N * s.K), s.wqt = a.take<uint8_t>(s.N * s.K);
+      if (blockwise()) {  // (fp8_block_cast.hpp's layouts of 128 x 128 tiles)
+        const int64_t nb = (s.N + 127) / 128, kb = (s.K + 127) / 128;
+        s.w_inv = a.take<float>(nb * kc::fp8_block_scale_ld(kb)), s.wt_inv = a.take<float>(kb * kc::fp8_block_scale_ld(nb));
+      }
+    }
     for (auto& [w, x] : experts_) x.wq = a.take<uint8_t>(x.E * x.N * x.K), x.wqt = a.take<uint8_t>(x.E * x.N * x.K);
   };
   Carver measure;
@@ -112,6 +122,12 @@ CudaFp8Linears::CudaFp8Linears(const GptConfig& local, const GptParameterLayout&
     dyqt_ = a.take<uint8_t>(max_rows_ * max_n_);
     exq_ = a.take<uint8_t>(expert_rows_ * max_k_), edyq_ = a.take<uint8_t>(expert_rows_ * max_n_);
     edyqt_ = a.take<uint8_t>(expert_ld_ * max_n_);
+    if (blockwise()) {  // 1 x 128 blocks along the features ([blocks][rows]) or the tokens ([blocks][features])
+      const int64_t rb = (max_rows_ + 127) / 128, ld_rows = kc::fp8_block_scale_ld(max_rows_);
+      xq_inv_ = a.take<float>(std::max((max_k_ + 127) / 128 * ld_rows, rb * kc::fp8_block_scale_ld(max_k_)));
+      dyq_inv_ = a.take<float>((max_n_ + 127) / 128 * ld_rows);
+      dyqt_inv_ = a.take<float>(rb * kc::fp8_block_scale_ld(max_n_));
+    }
   };
   Carver ms;
   carve_scratch(ms);
@@ -148,6 +164,10 @@ void CudaFp8Linears::current_scale(const bf16* x, int64_t n, Fp8Format f, float*
 
 void CudaFp8Linears::new_weights(const bf16* params) {
   for (const auto& [w, s] : slots_) {
+    if (blockwise()) {
+      kc::fp8_block_cast_2d(params + w, s.N, s.K, fwd_format_, {s.wq, s.w_inv, s.wqt, s.wt_inv}, stream_);
+      continue;
+    }
     const int64_t i = s.index;
     // Delayed: the weight's scale as the step's first forward finds it (the forward's scales move
     // only at that forward's end), its amax recorded into this pass's row.
@@ -185,6 +205,7 @@ void CudaFp8Linears::forward(int64_t w, const bf16* x, const bf16* bias, bf16* y
   const int64_t i = s.index;
   if (rows > max_rows_) throw Error("CudaFp8Linears: " + std::to_string(rows) + " rows, built for " +
                                     std::to_string(max_rows_));
+  if (blockwise()) return blockwise_forward(s, x, bias, y, rows);
   // A recomputed forward casts with the scale of the forward it repeats, recording nothing.
   if (pass_ != Fp8Pass::Recompute) {
     if (delayed())
@@ -207,6 +228,7 @@ void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx
                               int64_t rows) {
   const Slot& s = slot(w);
   const int64_t i = s.index;
+  if (blockwise()) return blockwise_backward(s, x, dy, dx, dw, accumulate, rows);
   // The output gradient (recorded: a backward's amaxes update its scales at the pass's end), with
   // its transpose for the weight gradient.
   float* gscale = delayed() ? bwd_scale_ + i : at(grad_scale_, i);
@@ -226,6 +248,35 @@ void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx
     p.d_fp32 = true;
     gemm_->gemm_fp8(p, xq_, at(input_inv_, i), dyqt_, at(grad_inv_, i), dw, nullptr, 1.0f, accumulate ? 1.0f : 0.0f,
                     stream_);
+  }
+}
+
+void CudaFp8Linears::blockwise_forward(const Slot& s, const bf16* x, const bf16* bias, bf16* y, int64_t rows) {
+  // y^T [N, rows] = w x^T: the weight's 128 x 128 tiles by the input's 1 x 128 blocks along K, the
+  // split accumulator (Transformer Engine's block-scaled GEMMs all take it).
+  kc::fp8_block_cast_1d(x, rows, s.K, fwd_format_, {xq_, xq_inv_, nullptr, nullptr}, stream_);
+  kc::GemmProblem p = tn(s.N, rows, s.K, fwd_format_, fwd_format_);
+  p.bias = bias != nullptr;
+  p.a_scale = kc::GemmScale::Blk128, p.b_scale = kc::GemmScale::Vec128;
+  gemm_->gemm_fp8(p, s.wq, s.w_inv, xq_, xq_inv_, y, bias, 1.0f, 0.0f, stream_);
+}
+
+void CudaFp8Linears::blockwise_backward(const Slot& s, const bf16* x, const bf16* dy, bf16* dx, float* dw,
+                                        bool accumulate, int64_t rows) {
+  // The output gradient in 1 x 128 blocks both ways: along N for dx, along the tokens for dw.
+  kc::fp8_block_cast_1d(dy, rows, s.N, grad_format_,
+                        {dx ? dyq_ : nullptr, dyq_inv_, dw ? dyqt_ : nullptr, dyqt_inv_}, stream_);
+  if (dx) {  // dx^T [K, rows] = w^T dy^T: the transposed tiles by dy's blocks along N
+    kc::GemmProblem p = tn(s.K, rows, s.N, fwd_format_, grad_format_);
+    p.a_scale = kc::GemmScale::Blk128, p.b_scale = kc::GemmScale::Vec128;
+    gemm_->gemm_fp8(p, s.wqt, s.wt_inv, dyq_, dyq_inv_, dx, nullptr, 1.0f, 0.0f, stream_);
+  }
+  if (dw) {  // dw^T [K, N] (+)= x^T dy: both along the tokens (the input cast again, transposed only)
+    kc::fp8_block_cast_1d(x, rows, s.K, fwd_format_, {nullptr, nullptr, xq_, xq_inv_}, stream_);
+    kc::GemmProblem p = tn(s.K, s.N, rows, fwd_format_, grad_format_);
+    p.d_fp32 = true;
+    p.a_scale = p.b_scale = kc::GemmScale::Vec128;
+    gemm_->gemm_fp8(p, xq_, xq_inv_, dyqt_, dyqt_inv_, dw, nullptr, 1.0f, accumulate ? 1.0f : 0.0f, stream_);
   }
 }
 

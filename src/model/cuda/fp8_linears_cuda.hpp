@@ -15,6 +15,11 @@
 // dy^T x into the fp32 main gradient (both transposed copies). Everything is allocated at
 // construction for up to max_rows rows, and nothing waits for the host: a step stays capturable.
 //
+// Block scaling (Float8BlockScaling) keeps no state but the weights' copies in 128 x 128 tiles with
+// their scales; the input and the output gradient cast per GEMM in 1 x 128 blocks (fp8_block_cast.hpp),
+// along the tokens for the weight gradient, the GEMMs cuBLASLt's block-scaled ones. Dense linears
+// only: the routed experts' grouped GEMMs take per-tensor scales.
+//
 // An MoE layer's routed experts run as Transformer Engine's GroupedLinear: a quantizer per expert,
 // so each expert's linear_fc1 and linear_fc2 is a slot of its own (E consecutive slots a linear),
 // its casts per group of rows (fp8_cast.hpp's grouped casts, from the device-side offsets) and its
@@ -92,6 +97,7 @@ class CudaFp8Linears {
   struct Slot {
     int64_t index = 0, N = 0, K = 0;
     uint8_t *wq = nullptr, *wqt = nullptr;  // the weight's FP8 copy [N, K] and its transpose [K, N]
+    float *w_inv = nullptr, *wt_inv = nullptr;  // block scaling: their tiles' scale_invs
   };
   // The routed experts' linear: slots index .. index + E - 1, the weights' FP8 copies [E][N][K] and
   // transposes [E][K][N].
@@ -104,6 +110,10 @@ class CudaFp8Linears {
   int64_t index_of(int64_t w) const;  // a linear's slot, or an expert's (download_scaling's keys)
   void check_expert_rows(const kernels::cuda::RowGroups& groups) const;
   bool delayed() const { return spec_.recipe == Fp8ScalingRecipe::Delayed; }
+  bool blockwise() const { return spec_.recipe == Fp8ScalingRecipe::Blockwise; }
+  void blockwise_forward(const Slot& s, const bf16* x, const bf16* bias, bf16* y, int64_t rows);
+  void blockwise_backward(const Slot& s, const bf16* x, const bf16* dy, bf16* dx, float* dw, bool accumulate,
+                          int64_t rows);
   // Current scaling: *scale from x's own amax (amax_ scratch) in the format.
   void current_scale(const bf16* x, int64_t n, Fp8Format f, float* scale);
 
@@ -134,6 +144,9 @@ class CudaFp8Linears {
   // The casts of one GEMM's operands: the input [max_rows, max_k] (the forward's, or the
   // backward's transposed), the output gradient [max_rows, max_n] and its transpose.
   uint8_t *xq_ = nullptr, *dyq_ = nullptr, *dyqt_ = nullptr;
+  // Block scaling: their blocks' scale_invs (the input's along its features or along the tokens,
+  // the output gradient's both ways).
+  float *xq_inv_ = nullptr, *dyq_inv_ = nullptr, *dyqt_inv_ = nullptr;
   // The experts' casts: the input [expert_rows, K] (forward), the output gradient [expert_rows, N]
   // and its transpose [N, expert_ld]; current scaling's per-expert amaxes.
   uint8_t *exq_ = nullptr, *edyq_ = nullptr, *edyqt_ = nullptr;
