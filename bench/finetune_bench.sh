@@ -11,8 +11,8 @@
 #   bash bench/finetune_bench.sh fp8-speed [CASE ...] there: bench/gpu_train_bench.sh's cases (default
 #                                                    llama3_8b_4l_s8k qwen3_8b_4l_s4k) in BF16 beside
 #                                                    the PyTorch peer, then in FP8 (hybrid, delayed and
-#                                                    tensorwise; FP8_RUNS="bf16 delayed" fewer); a
-#                                                    table of FP8 / BF16 last (#39)
+#                                                    tensorwise; FP8_RUNS="bf16 delayed blockwise" picks
+#                                                    the recipes); a table of FP8 / BF16 last (#39)
 #   bash bench/finetune_bench.sh fp8-grouped        there: bench/grouped_fp8_bench.cpp (the experts' FP8
 #                                                    casts and GEMMs piece by piece beside BF16's, #39)
 #   bash bench/finetune_bench.sh fp8-curves [ITERS]  there: bench/fp8_curves.sh (BF16 and both FP8
@@ -92,20 +92,22 @@ case "${1:-}" in
         tail -n +2 "$OUT/fp8_speed_$r.md" | grep -v "^| case\|^|---" | grep "^|" | sed "s/^/$r /"
       done | python3 -c '
 import sys
-rows = {}
+rows, recipes, B, NA = {}, [], "bf16", "n/a"
 for line in sys.stdin:
     run, cells = line.split(" ", 1)
     c = [x.strip() for x in cells.strip().strip("|").split("|")]
     rows.setdefault(c[0], {})[run] = c
-print("| case | BF16 tokens/s | PyTorch BF16 peer | BF16 / peer | FP8 delayed | vs BF16 | FP8 tensorwise | vs BF16 | mem GB (bf16 / delayed / tensorwise) |")
-print("|---|---|---|---|---|---|---|---|---|")
+    if run != "bf16" and run not in recipes:
+        recipes.append(run)
+print("| case | BF16 tokens/s | PyTorch BF16 peer | BF16 / peer | " + " | ".join(f"FP8 {r} | vs BF16" for r in recipes)
+      + " | mem GB (" + " / ".join(["bf16"] + recipes) + ") |")
+print("|---|---|---|---|" + "---|---|" * len(recipes) + "---|")
 for case, r in rows.items():
-    b = r.get("bf16")
+    b = r.get(B)
     tok = lambda k: float(r[k][1]) if k in r else float("nan")
-    print(f"| {case} | {tok("bf16"):.0f} | {b[2] if b else "n/a"} | {b[3] if b else "n/a"} | "
-          f"{tok("delayed"):.0f} | {tok("delayed") / tok("bf16"):.2f}x | {tok("tensorwise"):.0f} | "
-          f"{tok("tensorwise") / tok("bf16"):.2f}x | "
-          + " / ".join(r[k][7] if k in r else "n/a" for k in ("bf16", "delayed", "tensorwise")) + " |")
+    print(f"| {case} | {tok(B):.0f} | {b[2] if b else NA} | {b[3] if b else NA} | "
+          + "".join(f"{tok(k):.0f} | {tok(k) / tok(B):.2f}x | " for k in recipes)
+          + " / ".join(r[k][7] if k in r else NA for k in [B] + recipes) + " |")
 ' | tee "$OUT/fp8_speed.md"
       exit 0
     fi
