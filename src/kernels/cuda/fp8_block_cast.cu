@@ -39,6 +39,13 @@ __device__ __forceinline__ float warp_max(float m) {
   return m;
 }
 
+// The scale of a lane's 4 values of a line: the tile's (kTwoD), else the warp's 128 values' own.
+template <bool kTwoD>
+__device__ __forceinline__ float line_scale(const float (&v)[4], float tile_scale, float fp8_max) {
+  if (kTwoD) return tile_scale;
+  return block_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))), fp8_max);
+}
+
 // Four FP8 bytes to dst[0..3], those below `limit` (elements left in the line), one 4-byte store
 // where all four fit and `aligned`.
 __device__ __forceinline__ void store4(uint8_t* dst, uint32_t packed, int64_t limit, bool aligned) {
@@ -96,9 +103,7 @@ __global__ void __launch_bounds__(kThreads)
       if (r >= rows) break;  // (the same for the whole warp)
       float v[4];
       for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(tile[lr][lane * 4 + j]);
-      const float s = kTwoD ? tile_scale
-                            : block_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))),
-                                          fp8_max);
+      const float s = line_scale<kTwoD>(v, tile_scale, fp8_max);
       const int64_t c = c0 + lane * 4;
       if (c < cols) store4(out.q + r * cols + c, to_fp8x4(v[0] * s, v[1] * s, v[2] * s, v[3] * s, f), cols - c, cols % 4 == 0);
       if (!kTwoD && lane == 0 && out.scale_inv) out.scale_inv[int64_t(blockIdx.x) * ld + r] = 1.0f / s;
@@ -110,9 +115,7 @@ __global__ void __launch_bounds__(kThreads)
       if (c >= cols) break;
       float v[4];
       for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(tile[lane * 4 + j][lc]);
-      const float s = kTwoD ? tile_scale
-                            : block_scale(warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])))),
-                                          fp8_max);
+      const float s = line_scale<kTwoD>(v, tile_scale, fp8_max);
       const int64_t r = r0 + lane * 4;
       if (r < rows) store4(out.qt + c * rows + r, to_fp8x4(v[0] * s, v[1] * s, v[2] * s, v[3] * s, f), rows - r, rows % 4 == 0);
       if (!kTwoD && lane == 0 && out.scale_inv_t) out.scale_inv_t[int64_t(blockIdx.y) * ldt + c] = 1.0f / s;
