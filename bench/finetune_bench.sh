@@ -6,6 +6,7 @@
 #   bash bench/finetune_bench.sh run [CASE ...]      there (device tool, carry ["build/ft-carry"]):
 #                                                    the cases, logs and the table under $OUT
 #   bash bench/finetune_bench.sh tests [FILTER]      there: the GPU tests FILTER selects (gtest's)
+#   (FT_CARRY=DIR: the staged files from DIR instead of build/ft-carry, e.g. a stripped subset)
 #   bash bench/finetune_bench.sh fp8-gemm            there: laoyao's FP8 GEMMs beside bf16 and beside
 #                                                    torch._scaled_mm on the same operands (issue #39)
 #   bash bench/finetune_bench.sh fp8-speed [CASE ...] there: bench/gpu_train_bench.sh's cases (default
@@ -27,7 +28,7 @@
 #                                                    tests/gpu/mlm_sft_check.py, pretrain-gpt --sft's
 #                                                    rows against Megatron-LM's SFTTokenizer
 set -euo pipefail
-C=build/ft-carry
+C="${FT_CARRY:-build/ft-carry}"  # (a leaner copy elsewhere when a call must carry more)
 case "${1:-}" in
   stage)
     B="${2:-build/default}"
