@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# BF16 against FP8 (delayed and tensorwise) on real text (issue #39's 500-iteration check): a small
-# Llama from the same seed trained three times on the same data, the loss every 50 iterations and
+# BF16 against FP8 (delayed, tensorwise and blockwise) on real text (issue #39's 500-iteration check):
+# a small Llama from the same seed trained four times on the same data, the loss every 50 iterations and
 # the final loss's relative difference from BF16's. Real text: Debian's fortunes, tokenized with the
 # Llama 2 tokenizer (scripts/fetch_test_vocabs.sh) by `laoyao preprocess-data`.
 #   bash bench/fp8_curves.sh [laoyao binary] [iterations]     (the backend as laoyao chooses it)
@@ -46,13 +46,14 @@ run() {  # run NAME FLAGS...
 run bf16
 run fp8_delayed --fp8-format hybrid --fp8-recipe delayed
 run fp8_tensorwise --fp8-format hybrid --fp8-recipe tensorwise
+run fp8_blockwise --fp8-format hybrid --fp8-recipe blockwise
 grep -m1 "laoyao backend" "$work/bf16.log" || true
-printf '%10s %12s %14s %16s\n' iteration bf16 fp8_delayed fp8_tensorwise
-paste "$work/bf16.loss" "$work/fp8_delayed.loss" "$work/fp8_tensorwise.loss" |
-  awk '($1 % 50 == 0 || $1 == 1) {printf "%10d %12.4f %14.4f %16.4f\n", $1, $2, $4, $6}'
+printf '%10s %12s %14s %16s %15s\n' iteration bf16 fp8_delayed fp8_tensorwise fp8_blockwise
+paste "$work/bf16.loss" "$work/fp8_delayed.loss" "$work/fp8_tensorwise.loss" "$work/fp8_blockwise.loss" |
+  awk '($1 % 50 == 0 || $1 == 1) {printf "%10d %12.4f %14.4f %16.4f %15.4f\n", $1, $2, $4, $6, $8}'
 last() { tail -1 "$work/$1.loss" | awk '{print $2}'; }
 b=$(last bf16)
-for r in fp8_delayed fp8_tensorwise; do
+for r in fp8_delayed fp8_tensorwise fp8_blockwise; do
   awk -v b="$b" -v f="$(last $r)" -v r="$r" 'BEGIN {printf "final loss %s %.4f vs bf16 %.4f: %+.2f%%\n", r, f, b, 100 * (f - b) / b}'
 done
 echo "logs: $work"

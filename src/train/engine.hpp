@@ -121,8 +121,7 @@ struct BackendChoice {
 };
 BackendChoice choose_backend(const model::GptConfig& model);
 
-// What the CUDA backend cannot train in `model`, or has not been checked with on a GPU ("" when it
-// can; "not built" without it).
+// What the CUDA backend cannot train in `model` ("" when it can; "not built" without it).
 std::string cuda_backend_gaps(const model::GptConfig& model);
 
 }  // namespace laoyao::train

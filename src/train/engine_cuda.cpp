@@ -597,10 +597,7 @@ std::unique_ptr<Engine> make_cuda_engine(model::GptModel& model, optim::AdamW& a
                                       shards ? *shards : whole_model_shards(model.num_trainable()));
 }
 
-std::string cuda_backend_gaps(const model::GptConfig& model) {
-  const std::string missing = model::cuda_unsupported_features(model), unchecked = model::cuda_unchecked_features(model);
-  return missing.empty() || unchecked.empty() ? missing + unchecked : missing + ", " + unchecked;
-}
+std::string cuda_backend_gaps(const model::GptConfig& model) { return model::cuda_unsupported_features(model); }
 #else
 std::string cuda_backend_gaps(const model::GptConfig&) { return "the CUDA backend is not built"; }
 

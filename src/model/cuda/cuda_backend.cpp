@@ -106,20 +106,6 @@ std::string cuda_unsupported_features(const GptConfig& c) {
   return out;
 }
 
-std::string cuda_unchecked_features(const GptConfig& c) {
-  // CudaFp8Linears takes MLA's projections, the MTP layers' linears with eh_proj, and block scaling's
-  // tiles and block-scaled GEMMs; CudaFp8Model.MlaDelayedScalingMatchesCpuModel,
-  // MtpDelayedScalingMatchesCpuModel and BlockwiseMatchesCpuModel (and CudaFp8Block.*) check them
-  // against the CPU backend, and no GPU has run them yet.
-  std::vector<std::string> unchecked;
-  if (c.fp8 && c.mla) unchecked.push_back("FP8 with multi-latent attention");
-  if (c.fp8 && c.mtp_num_layers > 0) unchecked.push_back("FP8 with multi-token prediction");
-  if (c.fp8 && c.fp8->recipe == Fp8ScalingRecipe::Blockwise) unchecked.push_back("FP8 block scaling");
-  std::string out;
-  for (const auto& m : unchecked) out += (out.empty() ? "" : ", ") + m;
-  return out.empty() ? out : out + " (built on the CUDA backend, not yet checked on a GPU)";
-}
-
 CudaBackend::CudaBackend(const GptConfig& local, const CudaBackendState& state, int64_t max_b, int64_t s)
     : lc_(local), st_(state), phases_(runtime_options().model_phases, 2 * kPhaseKinds) {
   if (st_.tp_size > 1 && !st_.tp) throw Error("CudaBackend: tensor parallelism without its group");

@@ -47,10 +47,6 @@ enum class CudaAttentionPath { Cudnn, Flash, Unfused };
 // The features of `cfg` this backend cannot train yet ("" when it can all be trained): the one place
 // that says what the CUDA backend supports (the trainer refuses the rest before building anything).
 std::string cuda_unsupported_features(const GptConfig& cfg);
-// The features of `cfg` the CUDA backend has built but no GPU run has checked against the CPU backend
-// yet ("" when none): the trainer takes the CPU backend for them (train/engine_cpu.cpp) while the
-// model builds them, so that the GPU tests that check them can run.
-std::string cuda_unchecked_features(const GptConfig& cfg);
 
 // Whether the norms' backward kernels can add into the residual stream's gradient: layernorm.hpp's
 // accumulate_dx conditions (hidden a multiple of 8 up to 4096, every norm weight and bias 16-byte
