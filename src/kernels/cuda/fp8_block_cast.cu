@@ -12,11 +12,15 @@
 namespace laoyao::kernels::cuda {
 namespace {
 
-// One thread block a 128 x 128 tile of x, staged in shared memory; its 8 warps take 16 of the
-// tile's rows (then 16 of its columns) each, a lane 4 values of a row (of a column), so that one
-// warp's max is one 1 x 128 block's amax.
+// One thread block a 128 x 128 tile of x, staged in shared memory. Along rows, its 8 warps take 16
+// of the tile's rows each, a lane 4 values of a row, so that one warp's max is one 1 x 128 block's
+// amax. Along columns, two threads a column (64 rows each, their amaxes met in shared memory),
+// consecutive threads on consecutive columns so that a warp's reads of the tile hit distinct banks,
+// each writing its 64 bytes of qt 16 at a time.
 constexpr int kBlock = 128, kThreads = 256, kWarps = kThreads / 32, kLines = kBlock / kWarps, kPad = 8;
+constexpr int kLoads = kBlock * (kBlock / 8) / kThreads, kHalf = kBlock / 2, kRun = 16;
 static_assert(kBlock == 32 * 4, "a lane's 4 values of a 128-value line");
+static_assert(kThreads == 2 * kBlock && kHalf % kRun == 0, "two threads a column, runs of 16 bytes");
 
 // The power of two at or below fp8_max / amax (current_scaling_scale with eps 0 and pow2): 1 for an
 // amax of 0, infinity or NaN; FLT_MAX's power of two when the quotient overflows.
@@ -62,25 +66,31 @@ __global__ void __launch_bounds__(kThreads)
     block_cast_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t cols, Fp8Format f, float fp8_max,
                       Fp8BlockOut out, int64_t ld, int64_t ldt) {
   __shared__ __align__(16) __nv_bfloat16 tile[kBlock][kBlock + kPad];
-  __shared__ float warp_amax[kWarps];
+  __shared__ float warp_amax[kWarps], col_amax[2][kBlock];
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int64_t r0 = int64_t(blockIdx.y) * kBlock, c0 = int64_t(blockIdx.x) * kBlock;
   const bool vec = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  // The tile, zeros outside x (a zero changes no amax).
-  for (int i = t; i < kBlock * (kBlock / 8); i += kThreads) {
-    const int lr = i / (kBlock / 8), lc = (i % (kBlock / 8)) * 8;
+  // The tile, zeros outside x (a zero changes no amax): a thread's loads all issued before its stores.
+  uint4 v16[kLoads];
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int i = t + k * kThreads, lr = i / (kBlock / 8), lc = (i % (kBlock / 8)) * 8;
     const int64_t r = r0 + lr, c = c0 + lc;
-    uint4 v = make_uint4(0, 0, 0, 0);
+    v16[k] = make_uint4(0, 0, 0, 0);
     if (r < rows && c < cols) {
       if (vec) {
-        v = *reinterpret_cast<const uint4*>(x + r * cols + c);
+        v16[k] = *reinterpret_cast<const uint4*>(x + r * cols + c);
       } else {
         __align__(16) __nv_bfloat16 e[8];
         for (int j = 0; j < 8; ++j) e[j] = c + j < cols ? x[r * cols + c + j] : __float2bfloat16(0.0f);
-        v = *reinterpret_cast<const uint4*>(e);
+        v16[k] = *reinterpret_cast<const uint4*>(e);
       }
     }
-    *reinterpret_cast<uint4*>(&tile[lr][lc]) = v;
+  }
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int i = t + k * kThreads;
+    *reinterpret_cast<uint4*>(&tile[i / (kBlock / 8)][(i % (kBlock / 8)) * 8]) = v16[k];
   }
   __syncthreads();
   float tile_scale = 1.0f;
@@ -101,25 +111,45 @@ __global__ void __launch_bounds__(kThreads)
       const int lr = warp * kLines + k;
       const int64_t r = r0 + lr;
       if (r >= rows) break;  // (the same for the whole warp)
-      float v[4];
-      for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(tile[lr][lane * 4 + j]);
+      const uint2 u = *reinterpret_cast<const uint2*>(&tile[lr][lane * 4]);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
+                   b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+      const float v[4] = {a.x, a.y, b.x, b.y};
       const float s = line_scale<kTwoD>(v, tile_scale, fp8_max);
       const int64_t c = c0 + lane * 4;
       if (c < cols) store4(out.q + r * cols + c, to_fp8x4(v[0] * s, v[1] * s, v[2] * s, v[3] * s, f), cols - c, cols % 4 == 0);
       if (!kTwoD && lane == 0 && out.scale_inv) out.scale_inv[int64_t(blockIdx.x) * ld + r] = 1.0f / s;
     }
-  if (out.qt)
-    for (int k = 0; k < kLines; ++k) {  // columns: a lane's 4 rows, written as a row of qt
-      const int lc = warp * kLines + k;
-      const int64_t c = c0 + lc;
-      if (c >= cols) break;
-      float v[4];
-      for (int j = 0; j < 4; ++j) v[j] = __bfloat162float(tile[lane * 4 + j][lc]);
-      const float s = line_scale<kTwoD>(v, tile_scale, fp8_max);
-      const int64_t r = r0 + lane * 4;
-      if (r < rows) store4(out.qt + c * rows + r, to_fp8x4(v[0] * s, v[1] * s, v[2] * s, v[3] * s, f), rows - r, rows % 4 == 0);
-      if (!kTwoD && lane == 0 && out.scale_inv_t) out.scale_inv_t[int64_t(blockIdx.y) * ldt + c] = 1.0f / s;
+  if (out.qt) {  // columns: thread t column t % 128's rows from 64 (t / 128), written as a row of qt
+    const int lc = t % kBlock, rb = t / kBlock * kHalf;
+    const int64_t c = c0 + lc;
+    float s = tile_scale;
+    if (!kTwoD) {
+      float m = 0.0f;
+      for (int i = 0; i < kHalf; ++i) m = fmaxf(m, fabsf(__bfloat162float(tile[rb + i][lc])));
+      col_amax[rb / kHalf][lc] = m;
+      __syncthreads();
+      s = block_scale(fmaxf(col_amax[0][lc], col_amax[1][lc]), fp8_max);
+      if (rb == 0 && c < cols && out.scale_inv_t) out.scale_inv_t[int64_t(blockIdx.y) * ldt + c] = 1.0f / s;
     }
+    const bool aligned = rows % kRun == 0 && reinterpret_cast<uintptr_t>(out.qt) % 16 == 0;
+    for (int i = 0; i < kHalf && c < cols; i += kRun) {
+      const int64_t r = r0 + rb + i;
+      if (r >= rows) break;
+      uint32_t w[kRun / 4];
+      for (int j = 0; j < kRun / 4; ++j) {
+        const int lr = rb + i + 4 * j;
+        w[j] = to_fp8x4(__bfloat162float(tile[lr][lc]) * s, __bfloat162float(tile[lr + 1][lc]) * s,
+                        __bfloat162float(tile[lr + 2][lc]) * s, __bfloat162float(tile[lr + 3][lc]) * s, f);
+      }
+      uint8_t* dst = out.qt + c * rows + r;
+      if (aligned && rows - r >= kRun) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        for (int j = 0; j < kRun && r + j < rows; ++j) dst[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+      }
+    }
+  }
 }
 
 void launch(bool two_d, const __nv_bfloat16* x, int64_t rows, int64_t cols, Fp8Format f, const Fp8BlockOut& out,
