@@ -177,6 +177,13 @@ TEST_F(CudaFp8, GemmsMatchTheFp32ProductOfTheSameFp8Values) {
   DeviceBuffer y(T * N * sizeof(bf16));
   gemm.gemm_fp8(p, qw.as<uint8_t>(), iw.as<float>(), qx.as<uint8_t>(), ix.as<float>(), y.ptr, dbias.as<bf16>(), 1.0f,
                 0.0f, stream_);
+  // The same plus a residual stream as C (beta 1): linear_proj's and linear_fc2's bias-dropout-add
+  // without dropout.
+  const auto res = randn_bf16(T * N, 34, "fp8.residual", 4.0);
+  auto dres = to_device_bf16(res);
+  DeviceBuffer yr(T * N * sizeof(bf16));
+  gemm.gemm_fp8(p, qw.as<uint8_t>(), iw.as<float>(), qx.as<uint8_t>(), ix.as<float>(), yr.ptr, dbias.as<bf16>(), 1.0f,
+                1.0f, stream_, dres.as<bf16>());
   // dx^T [K, T] = w^T dy^T: A = w's transposed copy (row-major [K, N]: column-major [N, K], transposed).
   cuda::GemmProblem pd = p;
   pd.m = K, pd.n = T, pd.k = N, pd.lda = N, pd.ldb = N, pd.ldd = K, pd.bias = false;
@@ -206,6 +213,8 @@ TEST_F(CudaFp8, GemmsMatchTheFp32ProductOfTheSameFp8Values) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t n = 0; n < N; ++n) wy[t * N + n] += bias[n];
   expect_bf16_close(from_device_bf16(y, T * N), wy, 1e-3, "y = x w^T + b");
+  for (size_t i = 0; i < wy.size(); ++i) wy[i] += res[i];
+  expect_bf16_close(from_device_bf16(yr, T * N), wy, 1e-3, "y = x w^T + b + residual");
   expect_bf16_close(from_device_bf16(dx, T * K), to_double(want_dx), 1e-3, "dx = dy w");
   const auto got_dw = from_device<float>(dw, N * K);
   std::vector<double> product(want_dw.size());
@@ -225,6 +234,9 @@ TEST_F(CudaFp8, GemmsMatchTheFp32ProductOfTheSameFp8Values) {
                              nullptr, 1.0f, 0.0f, stream_),
                Error);
   EXPECT_THROW(gemm.gemm(p, dbias.as<bf16>(), dbias.as<bf16>(), y.ptr, dbias.as<bf16>(), 1.0f, 0.0f, stream_), Error);
+  EXPECT_THROW(gemm.gemm_fp8(p, qw.as<uint8_t>(), iw.as<float>(), qx.as<uint8_t>(), ix.as<float>(), y.ptr,
+                             dbias.as<bf16>(), 1.0f, 1.0f, stream_),
+               Error);  // (a bf16 D added to in place)
 }
 
 }  // namespace laoyao::kernels::cuda_test

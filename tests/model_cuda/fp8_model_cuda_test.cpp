@@ -45,23 +45,31 @@ void expect_within(float gpu, float cpu, double tolerance, const std::string& wh
 
 // The FP8 linears' keys (the CPU backend's): each FP8 layer's dense linears (multi-latent attention's
 // projections among them) or shared expert's, each MTP layer's eh_proj, and each routed expert's
-// linear_fc1 and linear_fc2 (the experts' weights one after another), flagged.
-std::vector<std::pair<int64_t, bool>> fp8_linear_keys(const GptConfig& c) {
+// linear_fc1 and linear_fc2 (the experts' weights one after another), flagged; and whether an MoE
+// layer's routing comes before the linear.
+struct Fp8Key {
+  int64_t w;
+  bool expert, after_routing;
+};
+std::vector<Fp8Key> fp8_linear_keys(const GptConfig& c) {
   const GptParameterLayout P = build_gpt_parameters(c);
-  std::vector<std::pair<int64_t, bool>> keys;
+  std::vector<Fp8Key> keys;
   const int64_t H = c.hidden, F = c.moe.ffn;
-  for (const MtpOffsets& M : P.mtp) keys.push_back({M.eh_proj, false});
+  bool routed = false;  // (an MoE layer's routing before this layer's linears)
   for (int64_t l = 0; l < c.layer_count(); ++l) {
-    if (!c.fp8->layer_in_fp8(l, c.num_layers)) continue;
     const GptLayerOffsets& L = P.layers[static_cast<size_t>(l)];
-    for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
-                            L.fc2_w, L.shared_fc1, L.shared_fc2})
-      if (w >= 0) keys.push_back({w, false});
-    for (int64_t e = 0; L.experts_fc1 >= 0 && e < c.moe.num_experts; ++e) {
-      keys.push_back({L.experts_fc1 + e * c.fc1_rows(F) * H, true});
-      keys.push_back({L.experts_fc2 + e * H * F, true});
+    if (c.fp8->layer_in_fp8(l, c.num_layers)) {
+      for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
+                              L.fc2_w, L.shared_fc1, L.shared_fc2})
+        if (w >= 0) keys.push_back({w, false, routed});
+      for (int64_t e = 0; L.experts_fc1 >= 0 && e < c.moe.num_experts; ++e) {
+        keys.push_back({L.experts_fc1 + e * c.fc1_rows(F) * H, true, routed});
+        keys.push_back({L.experts_fc2 + e * H * F, true, routed});
+      }
     }
+    routed = routed || c.is_moe_layer(l);
   }
+  for (const MtpOffsets& M : P.mtp) keys.push_back({M.eh_proj, false, routed});
   return keys;
 }
 
@@ -69,10 +77,12 @@ std::vector<std::pair<int64_t, bool>> fp8_linear_keys(const GptConfig& c) {
 // inputs' and output gradients' within the bounds the header measured (with room for bf16 at every
 // layer, not only the embedding). A routed expert's amaxes are maxima over its own rows, fewer,
 // and a token whose top-k is a near-tie can take other experts on the GPU than on the CPU: its
-// inputs' and output gradients' within 50% (measured on an H100: up to 36%).
+// inputs' and output gradients' within 50% (measured on an H100: up to 36%). The tokens those
+// other experts serve carry it into the next layers: their linears' inputs within 15% (measured on
+// an H100: 8.0%, a linear of the second of two MoE layers).
 void expect_scaling(const GptModel& cpu, const CudaGptModel& gpu, const GptConfig& c) {
   const int64_t len = c.fp8->amax_history_len;
-  for (const auto& [w, expert] : fp8_linear_keys(c))
+  for (const auto& [w, expert, after_routing] : fp8_linear_keys(c))
     for (const bool backward : {false, true}) {
       SCOPED_TRACE("linear at " + std::to_string(w) + (backward ? " backward" : " forward"));
       const DelayedScaling* want =
@@ -83,7 +93,7 @@ void expect_scaling(const GptModel& cpu, const CudaGptModel& gpu, const GptConfi
       ASSERT_EQ(static_cast<int64_t>(got.scale.size()), k);
       for (int64_t i = 0; i < k; ++i) {
         const bool weight = !backward && i == 1;
-        const double tolerance = weight ? 0.0 : expert ? 0.5 : backward ? 0.3 : 0.08;
+        const double tolerance = weight ? 0.0 : expert ? 0.5 : backward ? 0.3 : after_routing ? 0.15 : 0.08;
         const std::string tensor = weight ? "weight" : backward ? "output gradient" : "input";
         EXPECT_GT(want->history(len - 1, i), 0.0f) << tensor;
         if (weight) {

@@ -317,8 +317,9 @@ void CublasLtGemm::gemm_fp8(const GemmProblem& problem, const uint8_t* A, const 
     throw Error("CublasLtGemm::gemm_fp8: Hopper's FP8 GEMMs take TN operands with k and the leading dimensions "
                 "multiples of 16, one problem, no GeLU epilogue (" + describe(p) + ")");
   if (!a_scale_inv || !b_scale_inv) throw Error("CublasLtGemm::gemm_fp8: the operands' scale_inv pointers are null");
-  if (!p.d_fp32 && beta != 0.0f)
-    throw Error("CublasLtGemm::gemm_fp8: a bf16 D is written (beta 0), not added to (" + describe(p) + ")");
+  if (!p.d_fp32 && beta != 0.0f && !C)
+    throw Error("CublasLtGemm::gemm_fp8: a bf16 D is written (beta 0) or adds a separate C, not added to in place (" +
+                describe(p) + ")");
   if (p.bias != (bias != nullptr) || (p.bias && p.d_fp32))
     throw Error("CublasLtGemm::gemm_fp8: a bias pointer exactly when the problem has a bf16 bias epilogue (" +
                 describe(p) + ")");

@@ -290,10 +290,12 @@ void CudaBackend::linear_backward(Act x, int64_t w, int64_t b, Act dy, Act dx, i
 
 void CudaBackend::linear_bias_dropout_add(Act x, int64_t w, int64_t b, Act residual, Act out, int64_t rows, int64_t K,
                                           int64_t N, const DropoutSpec& drop) {
-  // FP8: the GEMM's output, then the residual added (gemm_fp8 writes a bf16 D, beta 0).
   const bool fp8 = fp8_ && fp8_->runs(w);
-  if (!(drop.p > 0) && !fp8) {
-    st_.gemm->linear_forward(B(x), P(w), P(b), B(out), rows, K, N, st_.stream, B(residual));  // residual as C
+  if (!(drop.p > 0)) {  // the residual as the GEMM's C
+    if (fp8)
+      fp8_->forward(w, B(x), P(b), B(out), rows, B(residual));
+    else
+      st_.gemm->linear_forward(B(x), P(w), P(b), B(out), rows, K, N, st_.stream, B(residual));
     return phase(gemm_phase(w));
   }
   if (fp8)

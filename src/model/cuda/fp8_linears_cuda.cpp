@@ -200,12 +200,13 @@ void CudaFp8Linears::pass_done(Fp8Pass pass) {
     kc::fp8_delayed_update(bwd_history_, bwd_scale_, bwd_max_, n_, len_, max_algo, spec_.margin, stream_);
 }
 
-void CudaFp8Linears::forward(int64_t w, const bf16* x, const bf16* bias, bf16* y, int64_t rows) {
+void CudaFp8Linears::forward(int64_t w, const bf16* x, const bf16* bias, bf16* y, int64_t rows,
+                             const bf16* residual) {
   const Slot& s = slot(w);
   const int64_t i = s.index;
   if (rows > max_rows_) throw Error("CudaFp8Linears: " + std::to_string(rows) + " rows, built for " +
                                     std::to_string(max_rows_));
-  if (blockwise()) return blockwise_forward(s, x, bias, y, rows);
+  if (blockwise()) return blockwise_forward(s, x, bias, y, rows, residual);
   // A recomputed forward casts with the scale of the forward it repeats, recording nothing.
   if (pass_ != Fp8Pass::Recompute) {
     if (delayed())
@@ -221,7 +222,8 @@ void CudaFp8Linears::forward(int64_t w, const bf16* x, const bf16* bias, bf16* y
   kc::GemmProblem p = tn(s.N, rows, s.K, fwd_format_, fwd_format_);
   p.bias = bias != nullptr;
   p.fast_accum = true;  // Transformer Engine's forward GEMM
-  gemm_->gemm_fp8(p, s.wq, at(weight_inv_, i), xq_, at(input_inv_, i), y, bias, 1.0f, 0.0f, stream_);
+  gemm_->gemm_fp8(p, s.wq, at(weight_inv_, i), xq_, at(input_inv_, i), y, bias, 1.0f, residual ? 1.0f : 0.0f, stream_,
+                  residual);
 }
 
 void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx, float* dw, bool accumulate,
@@ -251,14 +253,15 @@ void CudaFp8Linears::backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx
   }
 }
 
-void CudaFp8Linears::blockwise_forward(const Slot& s, const bf16* x, const bf16* bias, bf16* y, int64_t rows) {
+void CudaFp8Linears::blockwise_forward(const Slot& s, const bf16* x, const bf16* bias, bf16* y, int64_t rows,
+                                       const bf16* residual) {
   // y^T [N, rows] = w x^T: the weight's 128 x 128 tiles by the input's 1 x 128 blocks along K, the
   // split accumulator (Transformer Engine's block-scaled GEMMs all take it).
   kc::fp8_block_cast_1d(x, rows, s.K, fwd_format_, {xq_, xq_inv_, nullptr, nullptr}, stream_);
   kc::GemmProblem p = tn(s.N, rows, s.K, fwd_format_, fwd_format_);
   p.bias = bias != nullptr;
   p.a_scale = kc::GemmScale::Blk128, p.b_scale = kc::GemmScale::Vec128;
-  gemm_->gemm_fp8(p, s.wq, s.w_inv, xq_, xq_inv_, y, bias, 1.0f, 0.0f, stream_);
+  gemm_->gemm_fp8(p, s.wq, s.w_inv, xq_, xq_inv_, y, bias, 1.0f, residual ? 1.0f : 0.0f, stream_, residual);
 }
 
 void CudaFp8Linears::blockwise_backward(const Slot& s, const bf16* x, const bf16* dy, bf16* dx, float* dw,

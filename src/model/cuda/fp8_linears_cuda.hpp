@@ -64,9 +64,10 @@ class CudaFp8Linears {
   // Backend::fp8_pass_done: delayed scaling's update after a training forward and a backward.
   void pass_done(Fp8Pass pass);
 
-  // y[rows, N] = x[rows, K] @ w^T (+ bias), in bf16 (a residual is the caller's to add, as
-  // Megatron's bias-dropout-add does after Transformer Engine's GEMM).
-  void forward(int64_t w, const bf16* x, const bf16* bias, bf16* y, int64_t rows);
+  // y[rows, N] = x[rows, K] @ w^T (+ bias) (+ residual [rows, N]), in bf16: with a residual the
+  // GEMM adds it (beta 1, C the residual) and rounds once, as the BF16 path's linear_forward does
+  // Megatron's bias-dropout-add without dropout.
+  void forward(int64_t w, const bf16* x, const bf16* bias, bf16* y, int64_t rows, const bf16* residual = nullptr);
   // dx[rows, K] = dy @ w (dx null: skipped); dw[N, K] += dy^T x (accumulate false: written; dw
   // null: a frozen weight, skipped). x is the bf16 input the forward cast.
   void backward(int64_t w, const bf16* x, const bf16* dy, bf16* dx, float* dw, bool accumulate, int64_t rows);
@@ -111,7 +112,7 @@ class CudaFp8Linears {
   void check_expert_rows(const kernels::cuda::RowGroups& groups) const;
   bool delayed() const { return spec_.recipe == Fp8ScalingRecipe::Delayed; }
   bool blockwise() const { return spec_.recipe == Fp8ScalingRecipe::Blockwise; }
-  void blockwise_forward(const Slot& s, const bf16* x, const bf16* bias, bf16* y, int64_t rows);
+  void blockwise_forward(const Slot& s, const bf16* x, const bf16* bias, bf16* y, int64_t rows, const bf16* residual);
   void blockwise_backward(const Slot& s, const bf16* x, const bf16* dy, bf16* dx, float* dw, bool accumulate,
                           int64_t rows);
   // Current scaling: *scale from x's own amax (amax_ scratch) in the format.
