@@ -80,8 +80,9 @@ struct CublasLtGemm {
   // D = alpha * a_scale_inv * b_scale_inv * op(A) op(B) + beta * C (+ bias). Hopper takes TN only
   // (trans_a, not trans_b), k and the leading dimensions multiples of 16, one problem (no batch),
   // no GeLU epilogue, and a bf16 D written (beta 0) or the sum with a bf16 C (beta 1: the residual
-  // stream), an fp32 D written or accumulated; anything else throws laoyao::Error. cuBLASLt also wants the scale_inv pointers
-  // aligned: an H100 refused 4-byte-aligned ones (cublasStatus 15); 256-byte-aligned ones run.
+  // stream), an fp32 D written or accumulated; anything else throws laoyao::Error. cuBLASLt also
+  // wants the scale_inv pointers aligned: an H100 refused 4-byte-aligned ones (cublasStatus 15);
+  // 256-byte-aligned ones run.
   // Block scaling (problem.a_scale, b_scale not Tensor): the scale_inv tensors of fp8_block_cast,
   // not both Blk128, no fast accumulation (Transformer Engine's split accumulator), n a multiple
   // of 8 when B's are Vec128 (cuBLAS 12.9+, Hopper).
