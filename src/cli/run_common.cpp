@@ -120,10 +120,11 @@ int start_training(config::Resolved& r) {
   else if (r.cfg.model.recompute_granularity == "full" && !backend.cuda)
     std::printf("laoyao: the CPU backend keeps every activation (full recomputation is done on the CUDA backend; "
                 "it changes memory, not the numbers)\n");
-  // (before the ranks meet: nothing is written; CudaGptModel refuses it too)
+  // (before the ranks meet: nothing is written. The GPU ranks' reduction, CudaFp8Linears::pass_done's
+  // all-reduce, waits for CudaFp8Model.DelayedScalingReducesAmaxesOverDataParallelRanks to run.)
   if (backend.cuda && r.validated.derived.world_size > 1 && r.cfg.model.fp8 && r.cfg.model.fp8_recipe == "delayed")
     throw UsageError("FP8 delayed scaling over " + std::to_string(r.validated.derived.world_size) +
-                     " GPU ranks: the amaxes' reduction over the ranks is built on CPU ranks only (model.fp8_recipe "
+                     " GPU ranks: the amaxes' reduction over the ranks is checked on CPU ranks only (model.fp8_recipe "
                      "tensorwise needs none; LAOYAO_DEVICE=cpu trains this run on CPU ranks)");
   if (backend.cuda && r.cfg.model.fp8 && r.cfg.model.tensor_model_parallel_size > 1)
     throw UsageError("FP8 with tensor parallelism (model.tensor_model_parallel_size " +

@@ -39,6 +39,8 @@ class ProcessGroup {
   virtual void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream);
   virtual void reduce_scatter_device(const void* send, void* recv, size_t n, DeviceType type, void* stream,
                                      double scale = 1.0);
+  // In place, the element-wise maximum over ranks of n device floats (FP8 delayed scaling's amaxes).
+  virtual void all_reduce_max_device(float* data, size_t n, void* stream);
   // All-to-all with per-rank counts (expert parallelism's token exchange): send holds this rank's
   // send_counts[0] elements for rank 0, then send_counts[1] for rank 1, ...; recv gets recv_counts[r]
   // elements from each rank r, in rank order. Both count arrays (host, size() entries) must agree

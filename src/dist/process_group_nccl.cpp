@@ -30,6 +30,7 @@ void ProcessGroup::reduce_scatter_device(const void*, void*, size_t, DeviceType,
 void ProcessGroup::all_to_all_device(const void*, const size_t*, void*, const size_t*, DeviceType, void*, bool) {
   no_device_collectives();
 }
+void ProcessGroup::all_reduce_max_device(float*, size_t, void*) { no_device_collectives(); }
 
 #if LAOYAO_HAVE_CUDA
 namespace {
@@ -102,6 +103,12 @@ class NcclGroup final : public ProcessGroup {
     check_alive();
     check_nccl(ncclAllReduce(data, data, n, nccl_type(type), ncclSum, comm_, static_cast<cudaStream_t>(stream)),
                "ncclAllReduce", rank());
+  }
+  void all_reduce_max_device(float* data, size_t n, void* stream) override {
+    if (n == 0) return;
+    check_alive();
+    check_nccl(ncclAllReduce(data, data, n, ncclFloat32, ncclMax, comm_, static_cast<cudaStream_t>(stream)),
+               "ncclAllReduce (max)", rank());
   }
   void all_gather_device(const void* send, void* recv, size_t n, DeviceType type, void* stream) override {
     if (n == 0) return;

@@ -143,7 +143,10 @@ void GptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
   if (moe_) moe_->set_data_parallel_group(dp_);
 }
 
-void GptModel::set_fp8_amax_group(dist::ProcessGroup* group) { backend_->set_fp8_amax_group(group); }
+void GptModel::set_fp8_amax_group(dist::ProcessGroup* group) {
+  fp8_amax_group_ = group;
+  backend_->set_fp8_amax_group(group);
+}
 
 std::vector<double> GptModel::expert_load(int64_t layer) const {
   return moe_ ? moe_->expert_load(layer) : std::vector<double>{};

@@ -178,6 +178,7 @@ class GptModel {
   // FP8 delayed scaling's amax reduction group (Megatron's: the tensor-, data- and context-parallel
   // ranks; null or one rank: none).
   void set_fp8_amax_group(dist::ProcessGroup* group);
+  dist::ProcessGroup* fp8_amax_group() const { return fp8_amax_group_; }
   // Context parallelism (model/backend.hpp's BatchShape): the group of the ranks holding the other
   // chunks of each sequence; micro-batches are then this rank's chunks. Null or one rank: none.
   void set_context_parallel_group(dist::ProcessGroup* cp);
@@ -216,6 +217,7 @@ class GptModel {
   int64_t cp_rank_ = 0, cp_size_ = 1;   // set_context_parallel_group's
   std::vector<int32_t> cp_places_;      // the micro-batch's (MicroBatch::cp_places)
   dist::ProcessGroup* cp_ = nullptr;
+  dist::ProcessGroup* fp8_amax_group_ = nullptr;  // set_fp8_amax_group's
   GptParameterLayout layout_;
   const ParameterTable& table_ = layout_.table;
   std::vector<float> weights_, grads_;

@@ -105,6 +105,7 @@ class CudaEngine final : public Engine {
         shards_(std::move(shards)),
         gpu_(host.config(), max_b, seq / context_parallel_size(host), host.tp_group(), host.ep_group(),
              host.folded_expert_dp_group(), host.context_parallel_group()) {
+    gpu_.set_fp8_amax_group(host.fp8_amax_group());
     gpu_.set_data_parallel_group(host.data_parallel_group());
     const int64_t n = shards_.owned_total;  // the moments and decay flags of the owned segments
     if (adam_.num_params() != n) throw Error("CudaEngine: the AdamW's moments do not match the optimizer shares");

@@ -15,7 +15,10 @@
 // model's well above bf16's own 1%). GPU only.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "model/gpt_layout.hpp"
 #include "model_cuda_test_util.hpp"
 #include "moe_test_util.hpp"
+#include "shared_device_group.hpp"
 
 namespace laoyao::model::test {
 namespace {
@@ -248,6 +252,59 @@ TEST(CudaFp8Model, GptTensorwiseWithTheFirstLayerInBf16MatchesCpuModel) {
   c.attention_backend = AttentionBackend::Flash;
   c.fp8->bf16_layers_at_start = 1;
   compare_fp8(c);
+}
+
+// Delayed scaling over data-parallel GPU ranks (two threads sharing GPU 0, meeting in a
+// SharedDeviceGroup): each rank steps on its own micro-batch, and each pass's amaxes are
+// MAX-reduced over the ranks before the update, so both ranks end with every linear's history the
+// element-wise maximum of what each micro-batch records alone, and its scales the smaller of the
+// two (the same kernels: equal bit for bit; the flash kernels have no atomics).
+TEST(CudaFp8Model, DelayedScalingReducesAmaxesOverDataParallelRanks) {
+  GptConfig c = with_fp8(llama_config(), Fp8ScalingRecipe::Delayed);
+  c.attention_backend = AttentionBackend::Flash;
+  GptModel host(c);
+  random_weights(host, host.weights());
+  const std::vector<Batch> batches = {random_batch(2, 48, c.vocab, 31), random_batch(2, 48, c.vocab, 32)};
+  const std::vector<Fp8Key> keys = fp8_linear_keys(c);
+  using States = std::map<std::pair<int64_t, bool>, CudaFp8Linears::Scaling>;
+  auto step = [&](CudaGptModel& gpu, const Batch& x, States& out) {
+    gpu.upload_weights(host.weights());
+    gpu.zero_grads();
+    MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+    mb.is_first_microbatch = true;
+    gpu.forward(mb, x.mask.data(), DropoutKey{1234, 0, true}, x.dloss.data());
+    gpu.backward();
+    (void)gpu.take_loss_sum();
+    for (const Fp8Key& k : keys)
+      for (const bool backward : {false, true}) out[{k.w, backward}] = gpu.fp8_linears()->download_scaling(k.w, backward);
+  };
+  std::vector<States> alone(2), ranks(2);
+  for (size_t r = 0; r < 2; ++r) {
+    CudaGptModel gpu(c, 2, 48);
+    step(gpu, batches[r], alone[r]);
+  }
+  const std::vector<std::string> errors = run_on_shared_gpu(2, [&](int r, SharedDeviceGroup& group) {
+    CudaGptModel gpu(c, 2, 48);
+    gpu.set_fp8_amax_group(&group);
+    gpu.set_data_parallel_group(&group);
+    step(gpu, batches[static_cast<size_t>(r)], ranks[static_cast<size_t>(r)]);
+  });
+  for (size_t r = 0; r < 2; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  size_t differing = 0;  // (the micro-batches' amaxes differ: the reduction has something to do)
+  for (const auto& [key, a] : alone[0]) {
+    SCOPED_TRACE("linear at " + std::to_string(key.first) + (key.second ? " backward" : " forward"));
+    const CudaFp8Linears::Scaling& b = alone[1].at(key);
+    for (size_t i = 0; i < a.history.size(); ++i) differing += a.history[i] != b.history[i];
+    for (size_t r = 0; r < 2; ++r) {
+      const CudaFp8Linears::Scaling& got = ranks[r].at(key);
+      ASSERT_EQ(got.history.size(), a.history.size());
+      for (size_t i = 0; i < a.history.size(); ++i)
+        EXPECT_EQ(got.history[i], std::max(a.history[i], b.history[i])) << "rank " << r << " history " << i;
+      for (size_t i = 0; i < a.scale.size(); ++i)
+        EXPECT_EQ(got.scale[i], std::min(a.scale[i], b.scale[i])) << "rank " << r << " scale " << i;
+    }
+  }
+  EXPECT_GT(differing, 0u);
 }
 
 }  // namespace laoyao::model::test

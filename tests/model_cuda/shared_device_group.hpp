@@ -108,6 +108,18 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
     publish("all_reduce_device", data, stream);
     summed_in_chunks(data, 0, n, type, 1.0);
   }
+  void all_reduce_max_device(float* data, size_t n, void* stream) override {
+    publish("all_reduce_max_device", data, stream);
+    std::vector<float> out(n), part(n);
+    for (int r = 0; r < size(); ++r) {
+      if (n > 0)
+        LAOYAO_CUDA_CHECK(cudaMemcpy(part.data(), m_->sends[static_cast<size_t>(r)], n * 4, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; ++i) out[i] = r == 0 ? part[i] : std::max(out[i], part[i]);
+    }
+    meet(what_);
+    if (n > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(data, out.data(), n * 4, cudaMemcpyHostToDevice));
+    meet(what_);
+  }
   void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                          dist::DeviceType type, void* stream, bool with_self) override {
     m_->counts[static_cast<size_t>(rank_)] = send_counts;

@@ -165,6 +165,10 @@ class CudaBackend final : public Backend {
   void fp8_new_weights() override;
   // The FP8 linear layers' state (null without GptConfig::fp8).
   const CudaFp8Linears* fp8_linears() const { return fp8_.get(); }
+  // FP8 delayed scaling's amax reduction group (CudaFp8Linears::set_amax_group).
+  void set_fp8_amax_group(dist::ProcessGroup* group) {
+    if (fp8_) fp8_->set_amax_group(group);
+  }
 
  private:
   enum Phase { kEmbedding, kNorms, kAttentionGemms, kQkNormRope, kAttention, kMlpGemms, kActivations, kMoe, kHead,

@@ -191,13 +191,14 @@ void CudaFp8Linears::new_weights(const bf16* params) {
 }
 
 void CudaFp8Linears::pass_done(Fp8Pass pass) {
-  if (!delayed() || n_ == 0) return;
-  // One rank: the amaxes need no reduction (capabilities refuses delayed scaling over several).
-  const bool max_algo = spec_.amax_compute_algo == AmaxComputeAlgo::Max;
-  if (pass == Fp8Pass::TrainingForward)
-    kc::fp8_delayed_update(fwd_history_, fwd_scale_, fwd_max_, 2 * n_, len_, max_algo, spec_.margin, stream_);
-  if (pass == Fp8Pass::Backward)
-    kc::fp8_delayed_update(bwd_history_, bwd_scale_, bwd_max_, n_, len_, max_algo, spec_.margin, stream_);
+  if (!delayed() || n_ == 0 || (pass != Fp8Pass::TrainingForward && pass != Fp8Pass::Backward)) return;
+  const bool max_algo = spec_.amax_compute_algo == AmaxComputeAlgo::Max, forward = pass == Fp8Pass::TrainingForward;
+  float* history = forward ? fwd_history_ : bwd_history_;
+  const int64_t n = forward ? 2 * n_ : n_;
+  // Row 0 holds the pass's amaxes, every tensor's in a fixed order on every rank.
+  if (amax_group_) amax_group_->all_reduce_max_device(history, static_cast<size_t>(n), stream_);
+  kc::fp8_delayed_update(history, forward ? fwd_scale_ : bwd_scale_, forward ? fwd_max_ : bwd_max_, n, len_, max_algo,
+                         spec_.margin, stream_);
 }
 
 void CudaFp8Linears::forward(int64_t w, const bf16* x, const bf16* bias, bf16* y, int64_t rows,

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/fp8_scaling.hpp"
+#include "dist/process_group.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm_cublaslt.hpp"
 #include "kernels/cuda/grouped_gemm.hpp"
@@ -61,8 +62,14 @@ class CudaFp8Linears {
   bool runs_experts(int64_t w) const { return on_ && experts_.count(w) > 0; }
   // Backend::fp8_new_weights: every FP8 weight cast (with its transpose) from the bf16 table.
   void new_weights(const bf16* params);
-  // Backend::fp8_pass_done: delayed scaling's update after a training forward and a backward.
+  // Backend::fp8_pass_done: delayed scaling's update after a training forward and a backward, the
+  // pass's amaxes first MAX-reduced over the amax group, as Transformer Engine reduces its amax
+  // buffer (every rank holds the same linears in the same order: the reduction is positional).
   void pass_done(Fp8Pass pass);
+  // Delayed scaling's amax reduction group (Megatron's: the tensor-, data- and context-parallel
+  // ranks; null or one rank: none). Its collective runs inside the step: no CUDA graph may hold it.
+  void set_amax_group(dist::ProcessGroup* group) { amax_group_ = group && group->size() > 1 ? group : nullptr; }
+  bool reduces_amaxes() const { return amax_group_ != nullptr && delayed(); }
 
   // y[rows, N] = x[rows, K] @ w^T (+ bias) (+ residual [rows, N]), in bf16: with a residual the
   // GEMM adds it (beta 1, C the residual) and rounds once, as the BF16 path's linear_forward does
@@ -128,6 +135,7 @@ class CudaFp8Linears {
   int64_t expert_rows_ = 0, expert_ld_ = 0, max_experts_ = 0;
   bool on_ = false;
   Fp8Pass pass_ = Fp8Pass::TrainingForward;
+  dist::ProcessGroup* amax_group_ = nullptr;
   kernels::cuda::DeviceBuffer state_, scratch_;
   // Delayed scaling: the forward's history [len][2n] (tensor 2i linear i's input, 2i + 1 its
   // weight), scales [2n] and formats' maxima [2n]; the backward's [len][n], [n], [n].

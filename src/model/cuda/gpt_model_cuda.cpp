@@ -540,10 +540,20 @@ void CudaGptModel::finish_moe_step(dist::ProcessGroup* dp) {
 }
 
 void CudaGptModel::set_data_parallel_group(dist::ProcessGroup* dp) {
-  if (lc_.fp8 && lc_.fp8->recipe == Fp8ScalingRecipe::Delayed && dp && dp->size() > 1)  // (before any step)
-    throw UsageError("FP8 delayed scaling over " + std::to_string(dp->size()) + " data-parallel GPU ranks: the amax "
-                     "reduction is built on CPU ranks only (model.fp8_recipe tensorwise needs none)");
+  const int64_t reducing = fp8_amax_group_ ? fp8_amax_group_->size() : 1;
+  if (lc_.fp8 && lc_.fp8->recipe == Fp8ScalingRecipe::Delayed && dp && dp->size() > reducing)  // (before any step)
+    throw Error("CudaGptModel: FP8 delayed scaling over " + std::to_string(dp->size()) + " data-parallel ranks "
+                "without an amax reduction group holding them (set_fp8_amax_group first)");
   if (moe_) moe_->set_data_parallel_group(dp);
+}
+
+void CudaGptModel::set_fp8_amax_group(dist::ProcessGroup* group) {
+  fp8_amax_group_ = group && group->size() > 1 ? group : nullptr;
+  backend_->set_fp8_amax_group(fp8_amax_group_);
+  if (backend_->fp8_linears() && backend_->fp8_linears()->reduces_amaxes()) {
+    graphs_enabled_ = false;
+    drop_graphs();
+  }
 }
 
 GptModel::MoeLosses CudaGptModel::take_moe_losses() { return moe_ ? moe_->take_losses(stream_) : GptModel::MoeLosses{}; }

@@ -187,8 +187,13 @@ class CudaGptModel {
   // global_aux_loss's running counts start over.
   void finish_moe_step(dist::ProcessGroup* dp);
   // The data-parallel group MoE's global_aux_loss sums its tokens per expert over (null: one rank;
-  // GptModel::set_data_parallel_group), before the first step.
+  // GptModel::set_data_parallel_group), before the first step; under FP8 delayed scaling after
+  // set_fp8_amax_group, whose group must hold it.
   void set_data_parallel_group(dist::ProcessGroup* dp);
+  // FP8 delayed scaling's amax reduction group (GptModel::set_fp8_amax_group; null or one rank:
+  // none), before the first step. Its all-reduce runs inside the step, which then runs without
+  // CUDA graphs (a captured collective is not checked here).
+  void set_fp8_amax_group(dist::ProcessGroup* group);
 
   // "cudnn", "flash" or "unfused": the attention path in use.
   const char* attention_path() const;
@@ -253,6 +258,7 @@ class CudaGptModel {
   std::unique_ptr<kernels::cuda::CudnnAttention> cudnn_attention_;  // its plans and workspace
   // Context parallelism: the group, and the attention over the whole sequences' keys.
   dist::ProcessGroup* cp_ = nullptr;
+  dist::ProcessGroup* fp8_amax_group_ = nullptr;  // FP8 delayed scaling's amax reduction, or null
   std::unique_ptr<kernels::cuda::CudnnCpAttention> cp_attention_;
   kernels::cuda::DeviceBuffer counted_;
   std::vector<Range> tp_summed_;  // the gradients finalize_grads sums over the TP group
