@@ -121,7 +121,8 @@ int start_training(config::Resolved& r) {
     std::printf("laoyao: the CPU backend keeps every activation (full recomputation is done on the CUDA backend; "
                 "it changes memory, not the numbers)\n");
   // (before the ranks meet: nothing is written. The GPU ranks' reduction, CudaFp8Linears::pass_done's
-  // all-reduce, waits for CudaFp8Model.DelayedScalingReducesAmaxesOverDataParallelRanks to run.)
+  // all-reduce, waits for CudaFp8Model.DelayedScalingReducesAmaxesOverDataParallelRanks to run, and
+  // FP8 over TP ranks for CudaGptModelTp.Fp8DelayedScalingSequenceParallelMatchesOneGpu.)
   if (backend.cuda && r.validated.derived.world_size > 1 && r.cfg.model.fp8 && r.cfg.model.fp8_recipe == "delayed")
     throw UsageError("FP8 delayed scaling over " + std::to_string(r.validated.derived.world_size) +
                      " GPU ranks: the amaxes' reduction over the ranks is checked on CPU ranks only (model.fp8_recipe "

@@ -24,7 +24,9 @@
 #include "core/runtime_options.hpp"
 #include "core/device.hpp"
 #include "dist/process_group.hpp"
+#include "model/cuda/fp8_linears_cuda.hpp"
 #include "model/cuda/gpt_model_cuda.hpp"
+#include "model/gpt_layout.hpp"
 #include "model/gpt_model.hpp"
 #include "model/gpt_tp.hpp"
 #include "model_cuda_test_util.hpp"
@@ -203,4 +205,94 @@ TEST(CudaGptModelTp, Qwen3QkLayernormWithFullRecomputation) {
   c.heads = 4, c.query_groups = 2, c.kv_channels = 64;
   c.recompute = Recompute::Uniform, c.recompute_num_layers = 1;
   compare_tp({c, false, true});
+}
+
+// FP8 delayed scaling over TP=2 GPU ranks with sequence parallelism, the TP group also the amax
+// group: each rank casts its own operands (the column-parallel linears' gathered inputs, the
+// row-parallel ones' input columns, its weight shards, its output gradients) and the pass's amaxes
+// are MAX-reduced over the ranks, so every weight's history holds the whole weight's amax, bit for
+// bit the one-GPU FP8 model's, and both ranks hold the same state. Losses, gradients and the other
+// amaxes against the one-GPU FP8 model's within compare_fp8's bounds (fp8_model_cuda_test.cpp: a
+// BF16 difference in a cast's input can move its FP8 value a whole step).
+TEST(CudaGptModelTp, Fp8DelayedScalingSequenceParallelMatchesOneGpu) {
+  constexpr int tp = 2;
+  GptConfig c = llama_tp_config();
+  Fp8Spec fp8;
+  fp8.recipe = Fp8ScalingRecipe::Delayed, fp8.amax_history_len = 4, fp8.amax_compute_algo = AmaxComputeAlgo::Max;
+  c.fp8 = fp8;
+  c.attention_backend = AttentionBackend::Flash;
+  GptModel host(c);
+  random_weights(host, host.weights());
+  const Batch x = random_batch(2, 48, c.vocab);
+  MicroBatch mb{x.b, x.s, x.tokens.data(), x.labels.data(), x.positions.data()};
+  mb.is_first_microbatch = true;
+  const DropoutKey key{1234, 1, false};
+  const GptParameterLayout whole = build_gpt_parameters(c);
+  GptConfig split = c;
+  split.sequence_parallel = true;
+  const GptParameterLayout local = build_gpt_parameters(tp_local_config(split, tp));
+  // Each layer's dense linears: (whole offset, local offset).
+  std::vector<std::pair<int64_t, int64_t>> linears;
+  for (size_t l = 0; l < whole.layers.size(); ++l)
+    for (auto m : {&GptLayerOffsets::qkv_w, &GptLayerOffsets::proj_w, &GptLayerOffsets::fc1_w, &GptLayerOffsets::fc2_w})
+      linears.push_back({whole.layers[l].*m, local.layers[l].*m});
+
+  CudaGptModel one(c, x.b, x.s);
+  one.upload_weights(host.weights());
+  one.zero_grads();
+  one.forward(mb, x.mask.data(), key, x.dloss.data());
+  one.backward();
+  const std::vector<float> one_loss = one.download_losses();
+  std::vector<float> one_grads(static_cast<size_t>(one.num_parameters()));
+  one.download_grads(one_grads.data());
+
+  std::vector<std::vector<float>> losses(tp), grads(tp);
+  std::vector<std::vector<CudaFp8Linears::Scaling>> scaling(tp);
+  const std::vector<std::string> errors = run_on_shared_gpu(tp, [&](int r, SharedDeviceGroup& group) {
+    std::vector<float> w(static_cast<size_t>(local.table.total));
+    tp_shard(split, host.table(), host.weights(), local.table, w.data(), r, tp);
+    CudaGptModel gpu(split, x.b, x.s, &group);
+    gpu.set_fp8_amax_group(&group);
+    gpu.upload_weights(w.data());
+    gpu.zero_grads();
+    gpu.forward(mb, x.mask.data(), key, x.dloss.data());
+    gpu.backward();
+    gpu.finalize_grads();
+    losses[size_t(r)] = gpu.download_losses();
+    grads[size_t(r)].assign(static_cast<size_t>(gpu.num_parameters()), 0.0f);
+    gpu.download_grads(grads[size_t(r)].data());
+    for (const auto& [wo, lo] : linears)
+      for (const bool backward : {false, true})
+        scaling[size_t(r)].push_back(gpu.fp8_linears()->download_scaling(lo, backward));
+  });
+  for (int r = 0; r < tp; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_LT(rel_err(losses[0].data(), one_loss.data(), x.b * x.s), 1.5e-2);
+  std::vector<float> unsharded(static_cast<size_t>(host.num_parameters()));
+  tp_unshard(split, host.table(), unsharded.data(), local.table, {grads[0].data(), grads[1].data()});
+  EXPECT_LT(rel_err(unsharded.data(), one_grads.data(), host.num_parameters()), 0.25);
+  size_t at = 0;
+  for (const auto& [wo, lo] : linears)
+    for (const bool backward : {false, true}) {
+      SCOPED_TRACE("linear at " + std::to_string(wo) + (backward ? " backward" : " forward"));
+      const CudaFp8Linears::Scaling want = one.fp8_linears()->download_scaling(wo, backward);
+      const CudaFp8Linears::Scaling& got = scaling[0][at];
+      EXPECT_EQ(got.history, scaling[1][at].history) << "the ranks' reduced amaxes";
+      EXPECT_EQ(got.scale, scaling[1][at].scale);
+      ++at;
+      ASSERT_EQ(got.history.size(), want.history.size());
+      const size_t k = want.scale.size();
+      for (size_t i = 0; i < got.history.size(); ++i) {
+        const bool weight = !backward && i % k == 1;
+        if (weight) {
+          EXPECT_EQ(got.history[i], want.history[i]) << "the weight's amax, history entry " << i;
+        } else if (want.history[i] != 0.0f) {
+          EXPECT_LE(std::fabs(double(got.history[i]) - want.history[i]) / want.history[i], backward ? 0.3 : 0.08)
+              << "history entry " << i << ": " << got.history[i] << " vs " << want.history[i];
+        } else {
+          EXPECT_EQ(got.history[i], 0.0f) << "history entry " << i;
+        }
+      }
+    }
 }
