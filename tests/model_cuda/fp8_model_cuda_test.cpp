@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/runtime_options.hpp"
 #include "model/cuda/fp8_linears_cuda.hpp"
 #include "model/gpt_layout.hpp"
 #include "model_cuda_test_util.hpp"
@@ -258,8 +259,10 @@ TEST(CudaFp8Model, GptTensorwiseWithTheFirstLayerInBf16MatchesCpuModel) {
 // SharedDeviceGroup): each rank steps on its own micro-batch, and each pass's amaxes are
 // MAX-reduced over the ranks before the update, so both ranks end with every linear's history the
 // element-wise maximum of what each micro-batch records alone, and its scales the smaller of the
-// two (the same kernels: equal bit for bit; the flash kernels have no atomics).
+// two (the same kernels: equal bit for bit; the flash kernels have no atomics, and with the GEMMs'
+// autotuning off every model takes the same cuBLASLt algorithms whatever its timings).
 TEST(CudaFp8Model, DelayedScalingReducesAmaxesOverDataParallelRanks) {
+  const ScopedRuntimeOptions same_algorithms([](RuntimeOptions& o) { o.gemm_autotune = false; });
   GptConfig c = with_fp8(llama_config(), Fp8ScalingRecipe::Delayed);
   c.attention_backend = AttentionBackend::Flash;
   GptModel host(c);

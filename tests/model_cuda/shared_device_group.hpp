@@ -117,7 +117,11 @@ class SharedDeviceGroup final : public dist::ProcessGroup {
       for (size_t i = 0; i < n; ++i) out[i] = r == 0 ? part[i] : std::max(out[i], part[i]);
     }
     meet(what_);
-    if (n > 0) LAOYAO_CUDA_CHECK(cudaMemcpy(data, out.data(), n * 4, cudaMemcpyHostToDevice));
+    if (n > 0) {  // (on the caller's stream, waited for: a pageable upload may return before it lands)
+      auto st = static_cast<cudaStream_t>(stream);
+      LAOYAO_CUDA_CHECK(cudaMemcpyAsync(data, out.data(), n * 4, cudaMemcpyHostToDevice, st));
+      LAOYAO_CUDA_CHECK(cudaStreamSynchronize(st));
+    }
     meet(what_);
   }
   void all_to_all_device(const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
