@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/runtime_options.hpp"
+#include "fp8_linear_keys.hpp"
 #include "model/cuda/fp8_linears_cuda.hpp"
 #include "model/gpt_layout.hpp"
 #include "model_cuda_test_util.hpp"
@@ -46,36 +47,6 @@ void expect_within(float gpu, float cpu, double tolerance, const std::string& wh
     EXPECT_EQ(gpu, 0.0f) << what;
   else
     EXPECT_LE(std::fabs(double(gpu) - cpu) / cpu, tolerance) << what << ": " << gpu << " vs " << cpu;
-}
-
-// The FP8 linears' keys (the CPU backend's): each FP8 layer's dense linears (multi-latent attention's
-// projections among them) or shared expert's, each MTP layer's eh_proj, and each routed expert's
-// linear_fc1 and linear_fc2 (the experts' weights one after another), flagged; and whether an MoE
-// layer's routing comes before the linear.
-struct Fp8Key {
-  int64_t w;
-  bool expert, after_routing;
-};
-std::vector<Fp8Key> fp8_linear_keys(const GptConfig& c) {
-  const GptParameterLayout P = build_gpt_parameters(c);
-  std::vector<Fp8Key> keys;
-  const int64_t H = c.hidden, F = c.moe.ffn;
-  bool routed = false;  // (an MoE layer's routing before this layer's linears)
-  for (int64_t l = 0; l < c.layer_count(); ++l) {
-    const GptLayerOffsets& L = P.layers[static_cast<size_t>(l)];
-    if (c.fp8->layer_in_fp8(l, c.num_layers)) {
-      for (const int64_t w : {L.qkv_w, L.q_proj_w, L.q_down_w, L.q_up_w, L.kv_down_w, L.kv_up_w, L.proj_w, L.fc1_w,
-                              L.fc2_w, L.shared_fc1, L.shared_fc2})
-        if (w >= 0) keys.push_back({w, false, routed});
-      for (int64_t e = 0; L.experts_fc1 >= 0 && e < c.moe.num_experts; ++e) {
-        keys.push_back({L.experts_fc1 + e * c.fc1_rows(F) * H, true, routed});
-        keys.push_back({L.experts_fc2 + e * H * F, true, routed});
-      }
-    }
-    routed = routed || c.is_moe_layer(l);
-  }
-  for (const MtpOffsets& M : P.mtp) keys.push_back({M.eh_proj, false, routed});
-  return keys;
 }
 
 // Every FP8 linear's delayed-scaling state against the CPU model's: the weights' bit for bit, the
