@@ -118,10 +118,9 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
   for (const auto& [k, v] : mp.map)
     if (k == "fp4" && !v.is_null()) fp4 = true;
   if (fp4) out.push_back("FP4 training (mixed_precision)");
-  // (FP8 linear layers, model_config checking the recipe and the shapes: delayed scaling over data-,
-  // tensor-, context- and expert-parallel CPU ranks reduces its amaxes over them all; GPU ranks refuse
-  // it, and FP8 with tensor parallelism, before the ranks meet: cli/run_common.cpp; FP8 with context
-  // or expert parallelism on GPUs: model/cuda/cuda_backend.cpp)
+  // (FP8 linear layers, model_config checking the recipe and the shapes: delayed scaling reduces its
+  // amaxes over every rank, CPU or GPU; what GPU ranks have not run is refused in cli/run_common.cpp
+  // (TP but delayed on dense layers) and model/cuda/cuda_backend.cpp (context or expert parallelism))
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)
     out.push_back("a constant loss scale (--loss-scale / optimizer.loss_scale): bf16 and fp32 runs train unscaled");
