@@ -120,17 +120,6 @@ int start_training(config::Resolved& r) {
   else if (r.cfg.model.recompute_granularity == "full" && !backend.cuda)
     std::printf("laoyao: the CPU backend keeps every activation (full recomputation is done on the CUDA backend; "
                 "it changes memory, not the numbers)\n");
-  // FP8 over TP ranks on GPUs: delayed scaling on dense layers is checked
-  // (CudaGptModelTp.Fp8DelayedScalingSequenceParallelMatchesOneGpu); the other recipes' and MoE
-  // layers' tests beside it have not run on a GPU yet. Before the ranks meet: nothing is written.
-  if (backend.cuda && r.cfg.model.fp8 && r.cfg.model.tensor_model_parallel_size > 1 &&
-      (r.cfg.model.fp8_recipe != "delayed" || r.cfg.model.num_moe_experts.value_or(0) > 0))
-    throw UsageError("FP8 with tensor parallelism (model.tensor_model_parallel_size " +
-                     std::to_string(r.cfg.model.tensor_model_parallel_size) + ") over GPU ranks " +
-                     (r.cfg.model.fp8_recipe != "delayed" ? "and model.fp8_recipe " + r.cfg.model.fp8_recipe
-                                                          : std::string("and Mixture-of-Experts layers")) +
-                     ": checked on CPU ranks only (model.fp8_recipe delayed on dense layers runs on GPU ranks; "
-                     "LAOYAO_DEVICE=cpu trains this run on CPU ranks)");
   // Several ranks: data and tensor parallelism, over CPU ranks (Gloo) or GPU ranks (one GPU each,
   // LOCAL_RANK's, as torch.cuda.set_device(local_rank) in Megatron; device collectives over NCCL).
   train::RankGroups groups;

@@ -119,8 +119,8 @@ std::vector<std::string> missing_features(const config::ConfigContainer& c, int6
     if (k == "fp4" && !v.is_null()) fp4 = true;
   if (fp4) out.push_back("FP4 training (mixed_precision)");
   // (FP8 linear layers, model_config checking the recipe and the shapes: delayed scaling reduces its
-  // amaxes over every rank, CPU or GPU; what GPU ranks have not run is refused in cli/run_common.cpp
-  // (TP but delayed on dense layers) and model/cuda/cuda_backend.cpp (context or expert parallelism))
+  // amaxes over every rank, CPU or GPU; FP8 with context or expert parallelism on GPUs is refused in
+  // model/cuda/cuda_backend.cpp)
   if (c.model.fp16 || preset.rfind("fp16", 0) == 0) out.push_back("fp16 training with loss scaling");
   if (c.optimizer.loss_scale)
     out.push_back("a constant loss scale (--loss-scale / optimizer.loss_scale): bf16 and fp32 runs train unscaled");
